@@ -1,0 +1,42 @@
+# The user's commands. On first use they create .venv with the pinned dependencies.
+# On a host where nothing can be installed (a GPU box with torch already there), pass PYTHON=python3:
+# the harness then runs from this checkout with that interpreter and no virtual environment.
+SUITE ?= smoke
+ARGS ?=
+VENV := .venv
+
+ifdef PYTHON
+RUN := PYTHONPATH=. $(PYTHON)
+DEPS :=
+else
+RUN := $(VENV)/bin/python
+DEPS := $(VENV)/.installed
+endif
+
+.DEFAULT_GOAL := help
+.PHONY: help bench report validate list test
+
+help: ## this list
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@echo "  variables: SUITE=name (suites/NAME.toml, default smoke), ARGS='--force …', PYTHON=python3 (no venv)"
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install -e '.[test]'
+	touch $@
+
+bench: $(DEPS) ## run (or resume) SUITE, then write its table and plots
+	$(RUN) -m bench run $(SUITE) $(ARGS)
+
+report: $(DEPS) ## rebuild results/SUITE/{table.csv,report.md,plots/} from stored records
+	$(RUN) -m bench report $(SUITE)
+
+validate: $(DEPS) ## check every suite file
+	$(RUN) -m bench validate
+
+list: $(DEPS) ## models and techniques with their options
+	$(RUN) -m bench list
+
+test: $(DEPS) ## the test suite (CPU; CUDA tests skip without a GPU)
+	$(RUN) -m pytest

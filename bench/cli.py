@@ -1,0 +1,107 @@
+"""Command line: python -m bench {run,report,validate,list}."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from bench import suite as suites
+
+EXIT_BAD_INPUT = 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, os.getcwd())  # user techniques named "module:Class" import from here
+    args = _parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except suites.SuiteError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("\ninterrupted: finished runs are stored; run the same command again to resume", file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bench", description="Benchmark memory-saving PyTorch training techniques.")
+    sub = p.add_subparsers(required=True, metavar="COMMAND")
+    run = sub.add_parser("run", help="run (or resume) a suite and report it")
+    run.add_argument("suite", help="suite name (suites/NAME.toml) or path")
+    run.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    run.add_argument("--results", type=Path, default=Path("results"), help="results root (default: results)")
+    run.add_argument("--force", action="store_true", help="redo runs that already have a stored record")
+    run.set_defaults(func=_run)
+    rep = sub.add_parser("report", help="tables and plots from stored results (no torch run)")
+    rep.add_argument("suite", help="suite name, or a results/<suite> folder")
+    rep.add_argument("--results", type=Path, default=Path("results"))
+    rep.set_defaults(func=_report)
+    val = sub.add_parser("validate", help="check suite files; every problem at once")
+    val.add_argument("suites", nargs="*", help="suite files (default: suites/*.toml)")
+    val.set_defaults(func=_validate)
+    lst = sub.add_parser("list", help="models and techniques with their options")
+    lst.set_defaults(func=_list)
+    return p
+
+
+def suite_path(name: str) -> Path:
+    path = Path(name)
+    if path.suffix == ".toml" or path.exists():
+        return path
+    return Path("suites") / f"{name}.toml"
+
+
+def _run(args: argparse.Namespace) -> int:
+    from bench.report import build_report
+    from bench.report.tables import markdown, summary
+    from bench.results import to_frame
+    from bench.runner import detect, sweep
+
+    suite = suites.load(suite_path(args.suite))
+    records = sweep(suite, detect(args.device), args.results, force=args.force)
+    print(markdown(summary(to_frame(records))))
+    written = build_report(args.results / suite.name)
+    print(f"report: {', '.join(str(p) for p in written[:2])}", file=sys.stderr)
+    return 0 if all(r["status"] in ("ok", "unsupported") for r in records) else 1
+
+
+def _report(args: argparse.Namespace) -> int:
+    from bench.report import build_report
+
+    folder = Path(args.suite) if Path(args.suite).is_dir() else args.results / args.suite
+    for path in build_report(folder):
+        print(path)
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    paths = [Path(p) for p in args.suites] or sorted(Path("suites").glob("*.toml"))
+    failed = 0
+    for path in paths:
+        try:
+            s = suites.load(path)
+            print(f"ok: {path} ({s.model}, {len(s.runs)} runs)")
+        except suites.SuiteError as exc:
+            print(exc, file=sys.stderr)
+            failed += 1
+    return EXIT_BAD_INPUT if failed else 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from bench.models import MODELS
+    from bench.techniques import TECHNIQUES
+    from bench.techniques.base import options_doc
+
+    print("models:", ", ".join(MODELS.names()))
+    print("techniques:")
+    for name in TECHNIQUES:
+        cls = TECHNIQUES.get(name)
+        print(f"  {name}: {cls.summary}")
+        for opt, kind, default, doc in options_doc(cls):
+            print(f"      {opt} ({kind}, default {default!r}): {doc}")
+    return 0

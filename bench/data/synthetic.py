@@ -1,0 +1,46 @@
+"""Synthetic batches: random inputs of the model's shape and labels in its label space, from a seed."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from bench.models import Inputs, ModelSpec
+    from bench.suite import Shapes
+
+Batch = tuple["Inputs", torch.Tensor]
+
+
+def synthetic_batch(spec: ModelSpec, shapes: Shapes, seed: int, device: torch.device) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    b = shapes.batch_size
+    labels = torch.randint(0, spec.num_classes, (b,), generator=g)
+    if spec.inputs == "image":
+        inputs: Inputs = torch.randn(b, 3, shapes.image_size, shapes.image_size, generator=g)
+    else:
+        ids = torch.randint(0, spec.vocab_size, (b, shapes.seq_len), generator=g)
+        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    return to_device(inputs, device), labels.to(device)
+
+
+def to_device(inputs: Inputs, device: torch.device) -> Inputs:
+    if isinstance(inputs, dict):
+        return {k: v.to(device) for k, v in inputs.items()}
+    return inputs.to(device)
+
+
+def split(batch: Batch, n: int) -> list[Batch]:
+    """``n`` equal micro-batches along the batch dimension (n divides the batch: checked at load)."""
+    inputs, labels = batch
+    label_parts = labels.tensor_split(n)
+    if isinstance(inputs, dict):
+        parts = [{k: v.tensor_split(n)[i] for k, v in inputs.items()} for i in range(n)]
+    else:
+        parts = list(inputs.tensor_split(n))
+    return list(zip(parts, label_parts))
+
+
+def samples_in(batch: Batch) -> int:
+    return int(batch[1].shape[0])

@@ -1,0 +1,1 @@
+"""Measurement: memory (CUDA allocator, NVML, live-tensor tracker, RSS) and step timing."""

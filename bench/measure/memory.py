@@ -1,0 +1,79 @@
+"""Memory figures. CUDA: the caching allocator's own statistics and NVML's view of the process.
+Any device: the peak of live tensor bytes (a dispatch-mode tracker, see tracker.py), the bytes held
+from forward into backward, model-state bytes, and the process's resident-set peak. A figure that cannot be had here is absent, never 0."""
+
+from __future__ import annotations
+
+import os
+import resource
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import nn
+
+from bench.measure.tracker import LiveBytes
+
+def cuda_peaks(device: torch.device) -> dict[str, int]:
+    stats = torch.cuda.memory_stats(device)
+    return {
+        "peak_allocated_bytes": stats["allocated_bytes.all.peak"],
+        "peak_reserved_bytes": stats["reserved_bytes.all.peak"],
+        "peak_active_bytes": stats["active_bytes.all.peak"],
+        "alloc_retries": stats["num_alloc_retries"],
+        "cuda_ooms": stats["num_ooms"],
+    }
+
+
+def nvml_process_bytes(device: torch.device) -> int | None:
+    """GPU memory NVML charges to this process: allocator reserve plus the CUDA context."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        return next((p.usedGpuMemory for p in procs if p.pid == os.getpid()), None)
+    except pynvml.NVMLError:
+        return None
+
+
+def rss_peak_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors``."""
+    storages = {id(t.untyped_storage()): t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values())
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
+
+
+def tracked_step(step: Callable[[], object], model: nn.Module, optimizer: torch.optim.Optimizer,
+                 device: torch.device) -> dict[str, int]:
+    """One step under the live-bytes tracker: its peak, and the bytes each forward leaves alive for
+    backward (saved activations plus the logits), the quantity checkpointing and autocast shrink."""
+    tracker = LiveBytes(device)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    tracker.add([*model.parameters(), *model.buffers(), *grads, *optimizer_state(optimizer)])
+    starts: list[int] = []
+    held: list[int] = []
+    pre = model.register_forward_pre_hook(lambda *_: starts.append(tracker.current))
+    post = model.register_forward_hook(lambda *_: held.append(tracker.current - starts[-1]))
+    try:
+        with tracker:
+            step()
+    finally:
+        pre.remove()
+        post.remove()
+    return {
+        "peak_tensor_bytes": tracker.peak,
+        "activation_bytes": max(held),
+        "param_bytes": tensor_bytes(model.parameters()),
+        "optimizer_state_bytes": tensor_bytes(optimizer_state(optimizer)),
+    }

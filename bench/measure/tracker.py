@@ -1,0 +1,58 @@
+"""Live tensor bytes, counted exactly at every operator on any device.
+
+A TorchDispatchMode sees every tensor an operator returns; each new storage is counted once and
+uncounted when it is freed (a weakref finalizer on the storage). Unlike the caching allocator's
+statistics this works on the CPU, and unlike PyTorch's MemTracker it handles a module called several
+times in one step (gradient accumulation) and reports the bytes held from forward into backward.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Iterable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+CUDA_BLOCK = 512  # the caching allocator rounds every allocation up to this
+
+
+class LiveBytes(TorchDispatchMode):
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.device_type = device.type
+        self._live: dict[int, int] = {}
+        self.current = 0
+        self.peak = 0
+
+    def add(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Count tensors that exist already (parameters, optimizer state, the batch)."""
+        for t in tensors:
+            self._count(t)
+
+    def _count(self, t: torch.Tensor) -> None:
+        if t.device.type != self.device_type:
+            return
+        storage = t.untyped_storage()
+        key = id(storage)
+        if key in self._live:
+            return
+        n = storage.nbytes()
+        if self.device_type == "cuda":
+            n = math.ceil(n / CUDA_BLOCK) * CUDA_BLOCK
+        self._live[key] = n
+        self.current += n
+        self.peak = max(self.peak, self.current)
+        weakref.finalize(storage, self._free, key)
+
+    def _free(self, key: int) -> None:
+        self.current -= self._live.pop(key, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self._count(t)
+        return out

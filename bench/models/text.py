@@ -1,0 +1,48 @@
+"""BERT-base for sequence classification (transformers, random init from BertConfig), plus a tiny variant.
+
+transformers is imported inside the builders: it takes seconds, and vision runs never need it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from torch import nn
+
+from bench.models import ModelSpec, children_of, register
+
+if TYPE_CHECKING:
+    from transformers import BertConfig
+
+    from bench.suite import Shapes
+
+BERT_LAYERS = children_of("bert.encoder.layer")
+NUM_LABELS = 10  # digits' ten classes (the accuracy phase trains on them)
+
+
+def _bert(config: BertConfig, shapes: Shapes) -> nn.Module:
+    from transformers import BertForSequenceClassification
+
+    config.num_labels = NUM_LABELS
+    config.max_position_embeddings = max(config.max_position_embeddings, shapes.seq_len)
+    # SDPA attention, so that attention-kernel choices (flash, memory-efficient) apply to BERT.
+    return BertForSequenceClassification._from_config(config, attn_implementation="sdpa")
+
+
+def _bert_base(shapes: Shapes) -> nn.Module:
+    from transformers import BertConfig
+
+    return _bert(BertConfig(), shapes)
+
+
+def _bert_tiny(shapes: Shapes) -> nn.Module:
+    from transformers import BertConfig
+
+    config = BertConfig(
+        vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=128,
+    )
+    return _bert(config, shapes)
+
+
+register(ModelSpec("bert-base", _bert_base, "tokens", NUM_LABELS, BERT_LAYERS, vocab_size=30522))
+register(ModelSpec("bert-tiny", _bert_tiny, "tokens", NUM_LABELS, BERT_LAYERS, vocab_size=128))

@@ -1,0 +1,43 @@
+"""ResNet-50 and ViT-B/16 from torchvision, plus tiny variants with the same structure for tests."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from torch import nn
+from torchvision.models import resnet50, vit_b_16
+from torchvision.models.resnet import Bottleneck, ResNet
+from torchvision.models.vision_transformer import VisionTransformer
+
+from bench.models import ModelSpec, children_of, register
+
+if TYPE_CHECKING:
+    from bench.suite import Shapes
+
+RESNET_BLOCKS = children_of("layer1,layer2,layer3,layer4")
+
+
+def _resnet50(shapes: Shapes) -> nn.Module:
+    return resnet50(weights=None)
+
+
+def _resnet_tiny(shapes: Shapes) -> nn.Module:
+    # One bottleneck per stage, narrow: the same code paths as ResNet-50 (BN, downsample, residuals).
+    return ResNet(Bottleneck, [1, 1, 1, 1], num_classes=10, width_per_group=16)
+
+
+def _vit_b16(shapes: Shapes) -> nn.Module:
+    return vit_b_16(weights=None, image_size=shapes.image_size)
+
+
+def _vit_tiny(shapes: Shapes) -> nn.Module:
+    return VisionTransformer(
+        image_size=shapes.image_size, patch_size=8, num_layers=2, num_heads=2,
+        hidden_dim=64, mlp_dim=128, num_classes=10,
+    )
+
+
+register(ModelSpec("resnet50", _resnet50, "image", 1000, RESNET_BLOCKS))
+register(ModelSpec("resnet-tiny", _resnet_tiny, "image", 10, RESNET_BLOCKS))
+register(ModelSpec("vit-b16", _vit_b16, "image", 1000, children_of("encoder.layers")))
+register(ModelSpec("vit-tiny", _vit_tiny, "image", 10, children_of("encoder.layers")))

@@ -1,0 +1,70 @@
+"""How a result was obtained: device, versions, allocator and math settings, project revision."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def device_name(device_type: str) -> str:
+    """The card's name, read through NVML where possible so the parent process never initialises CUDA."""
+    if device_type != "cuda":
+        return "cpu"
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+        return name.decode() if isinstance(name, bytes) else name
+    except Exception:  # noqa: BLE001  NVML absent or unusable: ask torch instead
+        return torch.cuda.get_device_name(0)
+
+
+def git_revision(root: Path | None = None) -> str:
+    root = root or Path(__file__).resolve().parent.parent
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return rev.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def runtime_provenance(device: torch.device) -> dict[str, Any]:
+    """Read inside the run's process, after the run, so it reflects the settings the run used."""
+    out: dict[str, Any] = {
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "hostname": platform.node(),
+        "cpu_threads": torch.get_num_threads(),
+        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    if device.type == "cuda":
+        out |= {
+            "cuda_version": torch.version.cuda,
+            "cudnn_version": torch.backends.cudnn.version(),
+            "driver_version": _driver_version(),
+            "allocator_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+            # TF32 silently changes fp32 baselines on Ampere and newer, so every CUDA record says.
+            "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+            "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+        }
+    return out
+
+
+def _driver_version() -> str | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else version
+    except Exception:  # noqa: BLE001
+        return None

@@ -1,0 +1,37 @@
+"""A name → object registry in the style of fvcore's: duplicates and unknown names are errors that say which."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._items: dict[str, T] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        def add(obj: T) -> T:
+            if name in self._items:
+                raise KeyError(f"{self.kind} {name!r} is already registered (by {self._items[name]!r})")
+            self._items[name] = obj
+            return obj
+
+        return add
+
+    def get(self, name: str) -> T:
+        if name not in self._items:
+            raise KeyError(f"unknown {self.kind} {name!r}; known: {', '.join(sorted(self._items))}")
+        return self._items[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._items))
+
+    def names(self) -> list[str]:
+        return sorted(self._items)

@@ -1,0 +1,63 @@
+"""results/<suite>/ → table.csv, report.md and plots/*.png."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from bench.report import plots, tables
+from bench.results import load_records, slug, to_frame
+
+
+def build_report(suite_dir: Path) -> list[Path]:
+    """Aggregate every stored record of the suite; returns the files written."""
+    records = load_records(suite_dir)
+    if not records:
+        raise FileNotFoundError(f"no records under {suite_dir}/*/; run `make bench SUITE={suite_dir.name}` first")
+    table = tables.summary(to_frame(records))
+    plot_dir = suite_dir / "plots"
+    plot_dir.mkdir(exist_ok=True)
+    written = [suite_dir / "table.csv", suite_dir / "report.md"]
+    table.to_csv(written[0], index=False)
+    for device, part in table.groupby("device", sort=True):
+        written += _device_plots(plot_dir, str(device), part)
+    written[1].write_text(_markdown(suite_dir.name, table, records, written[2:], suite_dir))
+    return written
+
+
+def _device_plots(plot_dir: Path, device: str, part: pd.DataFrame) -> list[Path]:
+    out = []
+    for name, draw in (("peak_memory", plots.peak_memory_bars), ("memory_vs_throughput", plots.memory_vs_throughput)):
+        fig, ax = plt.subplots(figsize=(8, 0.35 * len(part) + 2.5) if name == "peak_memory" else (8, 5.5))
+        draw(ax, part, f"{part['suite'].iloc[0]} on {device}")
+        fig.tight_layout()
+        path = plot_dir / f"{name}-{slug(device)}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        out.append(path)
+    return out
+
+
+def _markdown(suite: str, table: pd.DataFrame, records: list[dict], images: list[Path], root: Path) -> str:
+    lines = [f"# {suite}: memory-saving techniques", ""]
+    for device, part in table.groupby("device", sort=True):
+        rec = next(r for r in records if r["device"] == device)
+        lines += [f"## {device}", "", _provenance(rec, part), "", tables.markdown(part), ""]
+        failed = part[part["status"] != "ok"]
+        lines += [f"- **{r.run}**: {r.status}: {r.message}" for r in failed.itertuples()] + [""]
+        lines += [f"![{p.stem}]({p.relative_to(root)})" for p in images if slug(str(device)) in p.stem] + [""]
+    lines += [
+        "Peak memory: CUDA's `max_memory_allocated` on GPUs; on CPUs the peak of live tensor bytes tracked "
+        "by `MemTracker` over one instrumented step. Throughput: batch size over the median step time of "
+        "the measured steps, after warm-up. Ratios are against the suite's baseline on the same device.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _provenance(rec: dict, part: pd.DataFrame) -> str:
+    versions = f"torch {rec.get('torch_version')}" + (f", CUDA {rec['cuda_version']}" if rec.get("cuda_version") else "")
+    return (f"Device: {rec['device']} · {versions} · revision {str(rec.get('git_revision'))[:12]} · "
+            f"seed {rec.get('seed')} · warm-up {rec.get('warmup_steps')} + {rec.get('measure_steps')} measured steps · "
+            f"{len(part)} runs, {int((part['status'] == 'ok').sum())} ok")

@@ -1,0 +1,61 @@
+"""The summary table: one row per run, figures relative to the run's baseline on the same device."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+COLUMNS = [
+    "suite", "run", "model", "techniques", "device", "device_type", "batch_size", "status",
+    "peak_allocated_bytes", "peak_reserved_bytes", "peak_tensor_bytes", "activation_bytes", "rss_peak_bytes",
+    "samples_per_s", "tokens_per_s", "step_time_ms_median", "step_time_ms_p25", "step_time_ms_p75",
+    "memory_vs_baseline", "throughput_vs_baseline", "message",
+]
+
+
+def peak_bytes(df: pd.DataFrame) -> pd.Series:
+    """The peak to compare runs by: CUDA's allocated peak where measured, else tracked live tensor bytes."""
+    allocated = df.get("peak_allocated_bytes", pd.Series(index=df.index, dtype=float))
+    return allocated.fillna(df.get("peak_tensor_bytes", pd.Series(index=df.index, dtype=float)))
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    df = df.copy()
+    for col in COLUMNS:
+        if col not in df:
+            df[col] = None
+        if col.endswith(("_bytes", "_per_s", "_median", "_p25", "_p75")):
+            df[col] = pd.to_numeric(df[col], errors="coerce")  # absent figures become NaN, not 0
+    df["peak_bytes"] = peak_bytes(df)
+    base = df.set_index(["device", "run"])
+    keys = list(zip(df["device"], df["baseline"]))
+    ok = base["status"] == "ok"
+    base_peak = base["peak_bytes"].where(ok).reindex(keys).to_numpy()
+    base_tput = base["samples_per_s"].where(ok).reindex(keys).to_numpy()
+    df["memory_vs_baseline"] = df["peak_bytes"] / base_peak
+    df["throughput_vs_baseline"] = df["samples_per_s"] / base_tput
+    extra = [c for c in df.columns if c.startswith("proof.")]
+    return df[COLUMNS + ["peak_bytes", "baseline"] + extra].sort_values(["device", "run"]).reset_index(drop=True)
+
+
+def markdown(table: pd.DataFrame) -> str:
+    """The human-facing table: MiB, ratios and statuses, one line per run."""
+    show = pd.DataFrame({
+        "run": table["run"],
+        "batch": table["batch_size"],
+        "status": table["status"],
+        "peak MiB": (table["peak_bytes"] / 2**20).round(1),
+        "reserved MiB": (table["peak_reserved_bytes"] / 2**20).round(1),
+        "samples/s": table["samples_per_s"].round(1),
+        "step ms (median)": table["step_time_ms_median"].round(1),
+        "memory ×": table["memory_vs_baseline"].round(3),
+        "throughput ×": table["throughput_vs_baseline"].round(3),
+    })
+    return to_markdown(show)
+
+
+def to_markdown(df: pd.DataFrame) -> str:
+    """A GitHub table; missing values shown as '–' (absent, not zero)."""
+    cells = df.astype(object).where(df.notna(), "–").astype(str)
+    lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
+    lines += ["| " + " | ".join(row) + " |" for row in cells.itertuples(index=False)]
+    return "\n".join(lines)

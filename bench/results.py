@@ -1,0 +1,61 @@
+"""Result records: one flat JSON file per run under results/<suite>/<device>/, written atomically,
+and loaded back into a pandas DataFrame."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
+
+
+def slug(text: str) -> str:
+    """A file-system-safe name: 'NVIDIA H100 80GB HBM3' → 'nvidia-h100-80gb-hbm3'."""
+    return re.sub(r"[^a-z0-9._@+-]+", "-", text.lower()).strip("-")
+
+
+def record_path(results: Path, suite: str, device: str, run: str) -> Path:
+    return results / suite / slug(device) / f"{slug(run)}.json"
+
+
+def write_atomic(path: Path, record: dict[str, Any]) -> None:
+    """Write to a temporary file beside the target, then rename: a reader never sees half a record."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f, indent=1, sort_keys=True, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def read(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def load_records(suite_dir: Path) -> list[dict[str, Any]]:
+    """Every record of a suite, all devices."""
+    return [r for p in sorted(suite_dir.glob("*/*.json")) if (r := read(p)) is not None]
+
+
+def to_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per run; the technique proofs become ``proof.<technique>.<key>`` columns."""
+    rows = []
+    for r in records:
+        row = {k: v for k, v in r.items() if k not in ("proof", "spec")}
+        row |= {f"proof.{k}": v for k, v in (r.get("proof") or {}).items()}
+        rows.append(row)
+    return pd.DataFrame(rows)

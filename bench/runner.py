@@ -1,0 +1,117 @@
+"""A sweep: every run of a suite in a fresh process with a timeout, each record stored as it finishes.
+
+A fresh process per run keeps peaks and allocator state from leaking between runs and lets a
+technique set allocator options before CUDA starts. Resuming skips a run whose stored record has the
+same key (full specification + device); ``force`` redoes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from bench import results
+from bench.provenance import device_name, git_revision
+from bench.suite import RunSpec, Suite
+
+STDERR_TAIL = 2000
+
+
+@dataclass(frozen=True)
+class Device:
+    type: str  # "cuda" or "cpu"
+    name: str  # e.g. "NVIDIA H100 80GB HBM3", or "cpu"
+
+
+def detect(requested: str = "auto") -> Device:
+    import torch
+
+    kind = requested if requested != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    return Device(kind, device_name(kind))
+
+
+def sweep(suite: Suite, device: Device, results_root: Path, force: bool = False,
+          log: TextIO = sys.stderr) -> list[dict[str, Any]]:
+    """Run (or resume) every run of the suite; returns the records, stored and new."""
+    revision, start, records = git_revision(), time.monotonic(), []
+    n = len(suite.runs)
+    for i, spec in enumerate(suite.runs, 1):
+        path = results.record_path(results_root, suite.name, device.name, spec.name)
+        key = spec.key(device.name)
+        old = results.read(path)
+        if old is not None and old.get("run_key") == key and not force:
+            print(f"[{i}/{n}] {spec.name}: kept stored record ({old['status']})", file=log)
+            records.append(old)
+            continue
+        print(f"[{i}/{n}] {spec.name}: running on {device.name} ({_elapsed(start)} elapsed)", file=log, flush=True)
+        record = base_record(spec, device, key, revision) | run_isolated(spec, device)
+        results.write_atomic(path, record)
+        records.append(record)
+        print(f"[{i}/{n}] {spec.name}: {_outcome(record)}", file=log, flush=True)
+    print(f"done: {n} runs in {_elapsed(start)}; records in {path.parent}", file=log)
+    return records
+
+
+def base_record(spec: RunSpec, device: Device, key: str, revision: str) -> dict[str, Any]:
+    shapes = spec.shapes(device.type)
+    return {
+        "suite": spec.suite, "run": spec.name, "model": spec.model, "baseline": spec.baseline,
+        "techniques": " + ".join(t.label for t in spec.techniques) or "baseline",
+        "device": device.name, "device_type": device.type,
+        "batch_size": shapes.batch_size, "image_size": shapes.image_size, "seq_len": shapes.seq_len,
+        "seed": spec.seed, "warmup_steps": spec.warmup_steps, "measure_steps": spec.measure_steps,
+        "git_revision": revision, "run_key": key, "spec": spec.to_dict(),
+    }
+
+
+def run_isolated(spec: RunSpec, device: Device) -> dict[str, Any]:
+    """The run in its own process; a crash or a timeout becomes a status, never an exception."""
+    env = os.environ | {k: v for t in spec.techniques for k, v in t.build().env().items()}
+    with tempfile.TemporaryDirectory(prefix="bench-run-") as tmp:
+        spec_path, out_path, err_path = (Path(tmp) / n for n in ("spec.json", "out.json", "stderr.txt"))
+        spec_path.write_text(json.dumps({"spec": spec.to_dict(), "device_type": device.type}))
+        cmd = [sys.executable, "-m", "bench.worker", str(spec_path), str(out_path)]
+        with open(err_path, "w") as err:
+            proc = subprocess.Popen(cmd, env=env, stdout=err, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                code = proc.wait(timeout=spec.timeout_s)
+            except subprocess.TimeoutExpired:
+                _kill(proc)
+                return {"status": "timeout", "message": f"stopped after {spec.timeout_s:g} s"}
+            except BaseException:  # Ctrl-C: take the run down with us, keep what is stored
+                _kill(proc)
+                raise
+        tail = err_path.read_text(errors="replace")[-STDERR_TAIL:]
+        if code == 0 and out_path.exists():
+            out = json.loads(out_path.read_text())
+            return out | ({"stderr_tail": tail} if out["status"] == "error" else {})
+        why = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+        return {"status": "error", "message": f"run process died: {why}", "stderr_tail": tail}
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _outcome(record: dict[str, Any]) -> str:
+    if record["status"] != "ok":
+        return f"{record['status']}: {record['message']}"
+    peak = record.get("peak_allocated_bytes") or record.get("peak_tensor_bytes") or 0
+    return f"ok, peak {peak / 2**20:,.1f} MiB, {record['samples_per_s']:,.1f} samples/s"
+
+
+def _elapsed(start: float) -> str:
+    s = int(time.monotonic() - start)
+    return f"{s // 60}m{s % 60:02d}s"

@@ -1,0 +1,334 @@
+"""Suite files (TOML) → frozen dataclasses.
+
+Validation follows torchtune's habit: collect every problem, then raise once with all of them, each
+naming the file, the key path and what is allowed. Nothing runs until a suite loads cleanly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+import typing
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Literal
+
+from bench.models import MODELS
+from bench.techniques import Technique, resolve
+
+DEVICES = ("gpu", "cpu")
+TOP_KEYS = {
+    "name": "suite name (defaults to the file name)",
+    "description": "one line shown in reports",
+    "model": f"one of {', '.join(MODELS.names())}",
+    "baseline": "name of the run (or matrix key) every run is compared with",
+    "seed": "integer seed for weights and data",
+    "warmup_steps": "steps before measuring (allocator, autotune, optimizer state)",
+    "measure_steps": "timed steps",
+    "timeout_s": "seconds before a run is stopped and recorded as a timeout",
+    "lr": "learning rate of the default AdamW optimizer",
+    "shapes": "[shapes.gpu] and [shapes.cpu] tables",
+    "runs": "[[runs]] entries with name and techniques",
+    "matrix": "[matrix] with techniques = {name = [...]} and batch_size = {gpu = [...], cpu = [...]}",
+}
+DEFAULTS = {"seed": 0, "warmup_steps": 2, "measure_steps": 5, "timeout_s": 900.0, "lr": 1e-4}
+
+
+class SuiteError(Exception):
+    """Every problem found in a suite file, one per line."""
+
+    def __init__(self, path: Path, problems: list[str]) -> None:
+        self.path, self.problems = path, problems
+        lines = "\n".join(f"  {path}: {p}" for p in problems)
+        super().__init__(f"{len(problems)} problem(s) in suite {path}:\n{lines}")
+
+
+@dataclass(frozen=True)
+class Shapes:
+    batch_size: int
+    image_size: int | None = None
+    seq_len: int | None = None
+
+
+@dataclass(frozen=True)
+class TechniqueSpec:
+    name: str
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def build(self) -> Technique:
+        cls = resolve(self.name)
+        return cls(cls.Config(**dict(self.options)))
+
+    @property
+    def label(self) -> str:
+        opts = ",".join(f"{k}={v}" for k, v in self.options)
+        return f"{self.name}({opts})" if opts else self.name
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    suite: str
+    name: str
+    model: str
+    techniques: tuple[TechniqueSpec, ...]
+    gpu: Shapes
+    cpu: Shapes
+    baseline: str
+    seed: int
+    warmup_steps: int
+    measure_steps: int
+    timeout_s: float
+    lr: float
+
+    def shapes(self, device_type: str) -> Shapes:
+        return self.gpu if device_type == "cuda" else self.cpu
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunSpec:
+        techs = tuple(TechniqueSpec(t["name"], tuple(map(tuple, t["options"]))) for t in d["techniques"])
+        return cls(**{**d, "techniques": techs, "gpu": Shapes(**d["gpu"]), "cpu": Shapes(**d["cpu"])})
+
+    def key(self, device: str) -> str:
+        """Identity of a measurement: the full specification plus the device it ran on."""
+        blob = json.dumps({"spec": self.to_dict(), "device": device}, sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    path: Path
+    model: str
+    description: str
+    baseline: str
+    runs: tuple[RunSpec, ...]
+
+
+def load(path: str | Path) -> Suite:
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise SuiteError(path, [f"cannot read: {exc.strerror}"]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SuiteError(path, [f"TOML syntax: {exc}"]) from None
+    problems: list[str] = []
+    suite = _build(path, raw, problems)
+    if problems:
+        raise SuiteError(path, problems)
+    return suite
+
+
+def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
+    for key in raw.keys() - TOP_KEYS.keys():
+        problems.append(f"{key}: unknown key; allowed: {', '.join(TOP_KEYS)}")
+    name = _typed(raw, "name", str, path.stem, problems)
+    model = _typed(raw, "model", str, None, problems)
+    if model is None:
+        problems.append(f"model: required; {TOP_KEYS['model']}")
+    elif model not in MODELS:
+        problems.append(f"model: unknown model {model!r}; known: {', '.join(MODELS.names())}")
+    common = {k: _typed(raw, k, type(v), v, problems) for k, v in DEFAULTS.items()}
+    for k in ("warmup_steps", "measure_steps", "timeout_s", "lr"):
+        if common[k] is not None and common[k] <= (0 if k != "warmup_steps" else -1):
+            problems.append(f"{k}: must be {'≥ 0' if k == 'warmup_steps' else '> 0'}, got {common[k]}")
+    shapes = _shapes(raw.get("shapes"), model, problems)
+    entries = _entries(raw, problems)
+    baseline = _typed(raw, "baseline", str, None, problems)
+    return _assemble(name, path, model, raw, baseline, shapes, entries, common, problems)
+
+
+def _assemble(name, path, model, raw, baseline, shapes, entries, common, problems) -> Suite:  # noqa: ANN001
+    names = {e[0] for e in entries}
+    keys = {e[3] for e in entries if e[2] is not None}  # matrix keys: one run per batch size
+    if baseline is None:
+        problems.append("baseline: required; the name of a run (or matrix key) to compare against")
+    elif baseline not in names | keys:
+        problems.append(f"baseline: {baseline!r} is not a run name or matrix key; runs: {', '.join(sorted(names))}")
+    runs = []
+    for run_name, techs, batch, key, where in entries:
+        techs = _techniques(techs, where, batch, shapes, problems)
+        if shapes is None or techs is None or model not in MODELS or baseline is None:
+            continue
+        gpu, cpu = (Shapes(**{**asdict(shapes[d]), **({"batch_size": batch[d]} if batch else {})}) for d in DEVICES)
+        base = f"{baseline}@bs{gpu.batch_size}" if batch and baseline in keys else baseline
+        runs.append(RunSpec(name, run_name, model, techs, gpu, cpu, base, **common))
+    description = _typed(raw, "description", str, "", problems)
+    return Suite(name, path, model or "", description, baseline or "", tuple(runs))
+
+
+def _typed(table: dict[str, Any], key: str, kind: type, default: Any, problems: list[str], where: str = "") -> Any:
+    value = table.get(key, default)
+    ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if value is not None and not ok:
+        problems.append(f"{where}{key}: expected {kind.__name__}, got {type(value).__name__} {value!r}")
+        return default
+    return value
+
+
+def _shapes(raw: Any, model: str | None, problems: list[str]) -> dict[str, Shapes] | None:
+    if not isinstance(raw, dict):
+        problems.append("shapes: required table with [shapes.gpu] and [shapes.cpu]")
+        return None
+    for key in raw.keys() - set(DEVICES):
+        problems.append(f"shapes.{key}: unknown device; allowed: gpu, cpu")
+    need = MODELS.get(model).shape_keys if model in MODELS else ()
+    out = {}
+    for dev in DEVICES:
+        table = raw.get(dev)
+        if not isinstance(table, dict):
+            problems.append(f"shapes.{dev}: required table with batch_size and {', '.join(need) or 'the model shapes'}")
+            continue
+        allowed = ("batch_size", *need)
+        for key in table.keys() - set(allowed):
+            problems.append(f"shapes.{dev}.{key}: unknown key for model {model}; allowed: {', '.join(allowed)}")
+        values = {}
+        for key in allowed:
+            v = _typed(table, key, int, None, problems, f"shapes.{dev}.")
+            if v is None or v <= 0:
+                problems.append(f"shapes.{dev}.{key}: required positive integer, got {v!r}")
+            values[key] = v
+        out[dev] = Shapes(**values)
+    return out if len(out) == len(DEVICES) else None
+
+
+Entry = tuple[str, Any, dict[str, int] | None, str, str]  # name, techniques, batch sizes, key, key path
+
+
+def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:
+    entries: list[Entry] = []
+    runs = raw.get("runs", [])
+    if not isinstance(runs, list):
+        problems.append("runs: expected an array of [[runs]] tables")
+        runs = []
+    for i, run in enumerate(runs):
+        where = f"runs[{i}]"
+        if not isinstance(run, dict):
+            problems.append(f"{where}: expected a table with name and techniques")
+            continue
+        for key in run.keys() - {"name", "techniques"}:
+            problems.append(f"{where}.{key}: unknown key; allowed: name, techniques")
+        name = _typed(run, "name", str, None, problems, f"{where}.")
+        if name is None:
+            problems.append(f"{where}.name: required string")
+            continue
+        entries.append((name, run.get("techniques", []), None, name, f"{where}.techniques"))
+    if "matrix" in raw:
+        entries += _matrix(raw["matrix"], problems)
+    if not entries:
+        problems.append("runs: the suite has no runs; add [[runs]] entries or a [matrix]")
+    seen: set[str] = set()
+    for name, *_ in entries:
+        if name in seen:
+            problems.append(f"runs: duplicate run name {name!r}; names must be unique")
+        seen.add(name)
+    return entries
+
+
+def _matrix(raw: Any, problems: list[str]) -> list[Entry]:
+    if not isinstance(raw, dict):
+        problems.append(f"matrix: expected a table; {TOP_KEYS['matrix']}")
+        return []
+    for key in raw.keys() - {"techniques", "batch_size"}:
+        problems.append(f"matrix.{key}: unknown key; allowed: techniques, batch_size")
+    techs, sizes = raw.get("techniques"), raw.get("batch_size")
+    if not isinstance(techs, dict) or not techs:
+        problems.append("matrix.techniques: required table of name = [techniques]")
+        return []
+    if not (isinstance(sizes, dict) and set(sizes) == set(DEVICES) and all(isinstance(v, list) for v in sizes.values())):
+        problems.append("matrix.batch_size: required {gpu = [...], cpu = [...]}, lists of equal length")
+        return []
+    if len(sizes["gpu"]) != len(sizes["cpu"]) or not sizes["gpu"]:
+        problems.append("matrix.batch_size: gpu and cpu lists must be non-empty and of equal length")
+        return []
+    for dev in DEVICES:
+        for j, b in enumerate(sizes[dev]):
+            if not isinstance(b, int) or isinstance(b, bool) or b <= 0:
+                problems.append(f"matrix.batch_size.{dev}[{j}]: must be a positive integer, got {b!r}")
+                return []
+    return [
+        (f"{key}@bs{g}", t, {"gpu": g, "cpu": c}, key, f"matrix.techniques.{key}")
+        for key, t in techs.items()
+        for g, c in zip(sizes["gpu"], sizes["cpu"])
+    ]
+
+
+def _techniques(raw: Any, where: str, batch: dict[str, int] | None, shapes: dict[str, Shapes] | None,
+                problems: list[str]) -> tuple[TechniqueSpec, ...] | None:
+    if not isinstance(raw, list):
+        problems.append(f"{where}: expected a list of names or {{ name = ..., option = ... }} tables")
+        return None
+    specs, classes = [], []
+    for i, item in enumerate(raw):
+        spec = _technique(item, f"{where}[{i}]", problems)
+        if spec is not None:
+            specs.append(spec)
+            classes.append(resolve(spec.name))
+    before = len(problems)
+    _check_combination(where, classes, problems)
+    for spec, cls in zip(specs, classes):
+        for dev in DEVICES:
+            if shapes is not None and dev in shapes:
+                size = batch[dev] if batch else shapes[dev].batch_size
+                for p in spec.build().problems(size):
+                    problems.append(f"{where}: {spec.name} at {dev} batch_size {size}: {p}")
+    ok = len(specs) == len(raw) and len(problems) == before
+    return tuple(specs) if ok else None
+
+
+def _technique(item: Any, where: str, problems: list[str]) -> TechniqueSpec | None:
+    options: dict[str, Any] = {}
+    if isinstance(item, dict):
+        options = {k: v for k, v in item.items() if k != "name"}
+        item = item.get("name")
+    if not isinstance(item, str):
+        problems.append(f"{where}: expected a technique name or a table with name = ...")
+        return None
+    try:
+        cls = resolve(item)
+    except KeyError as exc:
+        problems.append(f"{where}: {exc.args[0]}")
+        return None
+    return _check_options(cls, item, options, where, problems)
+
+
+def _check_options(cls: type[Technique], name: str, options: dict[str, Any], where: str,
+                   problems: list[str]) -> TechniqueSpec | None:
+    hints = typing.get_type_hints(cls.Config)
+    allowed = [f.name for f in fields(cls.Config)]
+    before = len(problems)
+    for key, value in options.items():
+        if key not in allowed:
+            problems.append(f"{where}.{key}: unknown option of {name}; allowed: {', '.join(allowed) or 'none'}")
+        elif (why := _type_error(hints[key], value)) is not None:
+            problems.append(f"{where}.{key}: {why}")
+    if len(problems) > before:
+        return None
+    return TechniqueSpec(name, tuple(sorted(options.items())))
+
+
+def _type_error(hint: Any, value: Any) -> str | None:
+    if typing.get_origin(hint) is Literal:
+        choices = typing.get_args(hint)
+        return None if value in choices else f"must be one of {', '.join(map(repr, choices))}, got {value!r}"
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return None
+    if isinstance(value, hint) and not (hint is not bool and isinstance(value, bool)):
+        return None
+    return f"expected {hint.__name__}, got {type(value).__name__} {value!r}"
+
+
+def _check_combination(where: str, classes: list[type[Technique]], problems: list[str]) -> None:
+    names = [c.name or c.__qualname__ for c in classes]
+    for n in {n for n in names if names.count(n) > 1}:
+        problems.append(f"{where}: technique {n!r} is listed twice")
+    for i, a in enumerate(classes):
+        for b in classes[i + 1:]:
+            if b.name in a.conflicts or a.name in b.conflicts:
+                problems.append(f"{where}: {a.name} and {b.name} cannot be combined; remove one")

@@ -1,0 +1,117 @@
+"""The technique interface and its registry.
+
+A technique is one small class: a typed ``Config`` dataclass (each field documented with ``option``) and
+the hooks for the phases of a run it touches. Most override one hook. Hooks run in the order the suite
+lists the techniques. Every technique reports ``proof()``: evidence, read off the live run, that it was
+really applied.
+"""
+
+from __future__ import annotations
+
+import importlib
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import MISSING, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from bench.registry import Registry
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from bench.models import ModelSpec
+    from bench.suite import Shapes
+
+TECHNIQUES: Registry[type[Technique]] = Registry("technique")
+
+
+def option(default: Any, doc: str) -> Any:
+    """A config field with its one-line documentation (shown by ``bench list``)."""
+    return field(default=default, metadata={"doc": doc})
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """For techniques without options."""
+
+
+@dataclass
+class RunContext:
+    """What a technique may look at while it is applied inside the run's process."""
+
+    device: torch.device
+    model_spec: ModelSpec
+    shapes: Shapes
+
+
+class Technique:
+    """Base class: every hook defaults to 'leave this phase alone'."""
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    Config: ClassVar[type] = NoOptions
+    # Names of techniques this one cannot be combined with; checked both ways at suite load.
+    conflicts: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, config: Any = None) -> None:
+        self.config = config if config is not None else self.Config()
+
+    # -- at suite load, no torch work --
+    def problems(self, batch_size: int) -> list[str]:
+        """Reasons this configuration cannot run at ``batch_size`` (reported as validation errors)."""
+        return []
+
+    # -- in the parent, before the run's process starts (and so before CUDA initialises) --
+    def env(self) -> dict[str, str]:
+        return {}
+
+    # -- inside the run's process --
+    def unsupported(self, ctx: RunContext) -> str | None:
+        """A one-line reason this technique cannot apply here (missing package, device), else None."""
+        return None
+
+    def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        return model
+
+    def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer | None:
+        return None
+
+    def step_context(self) -> AbstractContextManager[Any]:
+        return nullcontext()
+
+    def micro_batches(self) -> int:
+        return 1
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Take the optimizer step; return True if this technique did it (e.g. through a GradScaler)."""
+        return False
+
+    def proof(self, steps: int) -> dict[str, Any]:
+        """Evidence this technique was applied, after ``steps`` optimizer steps; flat JSON values."""
+        return {}
+
+
+def resolve(name: str) -> type[Technique]:
+    """A registered name, or ``"package.module:Class"`` for a user's own technique."""
+    if ":" not in name:
+        return TECHNIQUES.get(name)
+    module_name, _, attr = name.partition(":")
+    try:
+        obj = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise KeyError(f"cannot import technique {name!r}: {exc}") from exc
+    if not (isinstance(obj, type) and issubclass(obj, Technique)):
+        raise KeyError(f"{name!r} is not a subclass of bench.techniques.Technique")
+    return obj
+
+
+def options_doc(cls: type[Technique]) -> list[tuple[str, str, Any, str]]:
+    """(name, type, default, doc) for each config field, for ``bench list``."""
+    rows = []
+    for f in fields(cls.Config):
+        default = f.default if f.default is not MISSING else None
+        rows.append((f.name, str(f.type), default, f.metadata.get("doc", "")))
+    return rows

@@ -1,0 +1,59 @@
+"""One training step with the techniques applied, in the order the suite lists them."""
+
+from __future__ import annotations
+
+import math
+from contextlib import ExitStack
+
+import torch
+from torch import nn
+
+from bench.data.synthetic import Batch, split
+from bench.models import ModelSpec
+from bench.techniques import RunContext, Technique
+
+
+class Trainer:
+    def __init__(self, model: nn.Module, spec: ModelSpec, techniques: list[Technique], ctx: RunContext,
+                 lr: float) -> None:
+        self.spec, self.techniques = spec, techniques
+        for t in techniques:
+            model = t.apply(model, ctx)
+        self.model = model.train()
+        self.optimizer = self._optimizer(lr)
+        self.micro_batches = math.prod(t.micro_batches() for t in techniques)
+        self.steps = 0
+        self.output_dtype: torch.dtype | None = None
+
+    def _optimizer(self, lr: float) -> torch.optim.Optimizer:
+        for t in self.techniques:
+            if (opt := t.make_optimizer(self.model)) is not None:
+                return opt
+        return torch.optim.AdamW(self.model.parameters(), lr=lr)
+
+    def step(self, batch: Batch) -> torch.Tensor:
+        """Forward and backward over every micro-batch, then one optimizer step; returns the mean loss."""
+        total = None
+        for inputs, labels in split(batch, self.micro_batches):
+            with ExitStack() as stack:
+                for t in self.techniques:
+                    stack.enter_context(t.step_context())
+                logits = self.spec.logits(self.model, inputs)
+                loss = nn.functional.cross_entropy(logits, labels) / self.micro_batches
+            self.output_dtype = logits.dtype
+            # Kept on the device: a .item() here would synchronise CUDA inside the timed step.
+            total = loss.detach() if total is None else total + loss.detach()
+            for t in self.techniques:
+                loss = t.scale_loss(loss)
+            loss.backward()
+        if not any(t.optimizer_step(self.optimizer) for t in self.techniques):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
+        return total
+
+    def proof(self) -> dict[str, object]:
+        out: dict[str, object] = {"micro_batches": self.micro_batches, "output_dtype": str(self.output_dtype)}
+        for t in self.techniques:
+            out |= {f"{t.name or type(t).__name__}.{k}": v for k, v in t.proof(self.steps).items()}
+        return out

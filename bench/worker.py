@@ -1,0 +1,92 @@
+"""One run, inside its own process: build, apply techniques, warm up, measure, return a record.
+
+Started by the runner as ``python -m bench.worker SPEC.json OUT.json``; exit status 0 whenever a
+record was written (including status oom/unsupported/error), so the parent only has to deal with
+the deaths it cannot see coming (signals, hard crashes).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.data.synthetic import Batch, samples_in, synthetic_batch
+from bench.measure.memory import cuda_peaks, nvml_process_bytes, rss_peak_bytes, tracked_step
+from bench.measure.timing import summarize, time_steps
+from bench.models import MODELS
+from bench.provenance import runtime_provenance
+from bench.suite import RunSpec
+from bench.techniques import RunContext
+from bench.train import Trainer
+
+OOM_MESSAGES = ("out of memory", "not enough memory", "can't allocate memory")
+
+
+def measure(spec: RunSpec, device: torch.device) -> dict[str, Any]:
+    model_spec = MODELS.get(spec.model)
+    shapes = spec.shapes(device.type)
+    ctx = RunContext(device, model_spec, shapes)
+    techniques = [t.build() for t in spec.techniques]
+    for t in techniques:
+        if reason := t.unsupported(ctx):
+            return {"status": "unsupported", "message": f"{t.name}: {reason}"}
+    torch.manual_seed(spec.seed)
+    model = model_spec.build(shapes).to(device)
+    trainer = Trainer(model, model_spec, techniques, ctx, spec.lr)
+    batch = synthetic_batch(model_spec, shapes, spec.seed, device)
+    for _ in range(spec.warmup_steps):  # allocator, cuDNN autotune, optimizer state
+        trainer.step(batch)
+    # Memory pass: one instrumented step. The tracker slows a step, so it is kept out of the timing.
+    figures = tracked_step(lambda: trainer.step(_clone(batch)), trainer.model, trainer.optimizer, device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    times = time_steps(lambda: trainer.step(batch), spec.measure_steps, device)
+    if device.type == "cuda":
+        figures |= cuda_peaks(device)
+        figures["nvml_process_bytes"] = nvml_process_bytes(device)
+    tokens = shapes.seq_len if model_spec.inputs == "tokens" else None
+    figures |= summarize(times, samples_in(batch), tokens)
+    figures["step_times_ms"] = times
+    figures["rss_peak_bytes"] = rss_peak_bytes()
+    figures["param_count"] = sum(p.numel() for p in trainer.model.parameters())
+    figures["trainable_param_count"] = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    return {"status": "ok", "message": "", **figures, "proof": trainer.proof()}
+
+
+def _clone(batch: Batch) -> Batch:
+    """A fresh copy, allocated inside the tracked step so the batch counts as it does on CUDA."""
+    inputs, labels = batch
+    inputs = {k: v.clone() for k, v in inputs.items()} if isinstance(inputs, dict) else inputs.clone()
+    return inputs, labels.clone()
+
+
+def is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in OOM_MESSAGES)
+
+
+def main(spec_path: str, out_path: str) -> int:
+    job = json.loads(Path(spec_path).read_text())
+    spec, device = RunSpec.from_dict(job["spec"]), torch.device(job["device_type"])
+    try:
+        result = measure(spec, device)
+    except Exception as exc:  # noqa: BLE001  a failed run is a result, not a crash of the sweep
+        traceback.print_exc()
+        status = "oom" if is_oom(exc) else "error"
+        first_line = (str(exc).strip().splitlines() or [""])[0][:500]
+        result = {"status": status, "message": f"{type(exc).__name__}: {first_line}"}
+        if device.type == "cuda":
+            result |= cuda_peaks(device)
+    Path(out_path).write_text(json.dumps(result | runtime_provenance(device), default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:3]))
