@@ -67,7 +67,7 @@ def base_record(spec: RunSpec, device: Device, key: str, revision: str) -> dict[
         "techniques": " + ".join(t.label for t in spec.techniques) or "baseline",
         "device": device.name, "device_type": device.type,
         "batch_size": shapes.batch_size, "image_size": shapes.image_size, "seq_len": shapes.seq_len,
-        "seed": spec.seed, "warmup_steps": spec.warmup_steps, "measure_steps": spec.measure_steps,
+        "seed": spec.seed, "warmup_steps": shapes.warmup_steps, "measure_steps": shapes.measure_steps,
         "git_revision": revision, "run_key": key, "spec": spec.to_dict(),
     }
 

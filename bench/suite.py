@@ -24,8 +24,8 @@ TOP_KEYS = {
     "model": f"one of {', '.join(MODELS.names())}",
     "baseline": "name of the run (or matrix key) every run is compared with",
     "seed": "integer seed for weights and data",
-    "warmup_steps": "steps before measuring (allocator, autotune, optimizer state)",
-    "measure_steps": "timed steps",
+    "warmup_steps": "steps before measuring (allocator, autotune, optimizer state); per device in [shapes.*]",
+    "measure_steps": "timed steps; per device in [shapes.*]",
     "timeout_s": "seconds before a run is stopped and recorded as a timeout",
     "lr": "learning rate of the default AdamW optimizer",
     "shapes": "[shapes.gpu] and [shapes.cpu] tables",
@@ -33,6 +33,7 @@ TOP_KEYS = {
     "matrix": "[matrix] with techniques = {name = [...]} and batch_size = {gpu = [...], cpu = [...]}",
 }
 DEFAULTS = {"seed": 0, "warmup_steps": 2, "measure_steps": 5, "timeout_s": 900.0, "lr": 1e-4}
+STEP_KEYS = ("warmup_steps", "measure_steps")  # suite-wide, and overridable per device in [shapes.*]
 
 
 class SuiteError(Exception):
@@ -46,9 +47,13 @@ class SuiteError(Exception):
 
 @dataclass(frozen=True)
 class Shapes:
+    """What a run does on one kind of device: tensor shapes, and how many steps to warm up and time."""
+
     batch_size: int
     image_size: int | None = None
     seq_len: int | None = None
+    warmup_steps: int = DEFAULTS["warmup_steps"]
+    measure_steps: int = DEFAULTS["measure_steps"]
 
 
 @dataclass(frozen=True)
@@ -76,8 +81,6 @@ class RunSpec:
     cpu: Shapes
     baseline: str
     seed: int
-    warmup_steps: int
-    measure_steps: int
     timeout_s: float
     lr: float
 
@@ -133,10 +136,9 @@ def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
     elif model not in MODELS:
         problems.append(f"model: unknown model {model!r}; known: {', '.join(MODELS.names())}")
     common = {k: _typed(raw, k, type(v), v, problems) for k, v in DEFAULTS.items()}
-    for k in ("warmup_steps", "measure_steps", "timeout_s", "lr"):
-        if common[k] is not None and common[k] <= (0 if k != "warmup_steps" else -1):
-            problems.append(f"{k}: must be {'≥ 0' if k == 'warmup_steps' else '> 0'}, got {common[k]}")
-    shapes = _shapes(raw.get("shapes"), model, problems)
+    _check_ranges(common, "", problems)
+    steps = {k: common.pop(k) for k in STEP_KEYS}
+    shapes = _shapes(raw.get("shapes"), model, steps, problems)
     entries = _entries(raw, problems)
     baseline = _typed(raw, "baseline", str, None, problems)
     return _assemble(name, path, model, raw, baseline, shapes, entries, common, problems)
@@ -172,7 +174,14 @@ def _typed(table: dict[str, Any], key: str, kind: type, default: Any, problems: 
     return value
 
 
-def _shapes(raw: Any, model: str | None, problems: list[str]) -> dict[str, Shapes] | None:
+def _check_ranges(values: dict[str, Any], where: str, problems: list[str]) -> None:
+    for k, v in values.items():
+        low = -1 if k == "warmup_steps" else 0
+        if k in DEFAULTS and k != "seed" and isinstance(v, (int, float)) and v <= low:
+            problems.append(f"{where}{k}: must be {'≥ 0' if low < 0 else '> 0'}, got {v}")
+
+
+def _shapes(raw: Any, model: str | None, steps: dict[str, int], problems: list[str]) -> dict[str, Shapes] | None:
     if not isinstance(raw, dict):
         problems.append("shapes: required table with [shapes.gpu] and [shapes.cpu]")
         return None
@@ -186,15 +195,17 @@ def _shapes(raw: Any, model: str | None, problems: list[str]) -> dict[str, Shape
             problems.append(f"shapes.{dev}: required table with batch_size and {', '.join(need) or 'the model shapes'}")
             continue
         allowed = ("batch_size", *need)
-        for key in table.keys() - set(allowed):
-            problems.append(f"shapes.{dev}.{key}: unknown key for model {model}; allowed: {', '.join(allowed)}")
-        values = {}
-        for key in allowed:
-            v = _typed(table, key, int, None, problems, f"shapes.{dev}.")
-            if v is None or v <= 0:
-                problems.append(f"shapes.{dev}.{key}: required positive integer, got {v!r}")
-            values[key] = v
-        out[dev] = Shapes(**values)
+        for key in table.keys() - {*allowed, *STEP_KEYS}:
+            problems.append(f"shapes.{dev}.{key}: unknown key for model {model}; "
+                            f"allowed: {', '.join(allowed + STEP_KEYS)}")
+        values = {key: _typed(table, key, int, None, problems, f"shapes.{dev}.") for key in allowed}
+        bad = [k for k, v in values.items() if v is None or v <= 0]
+        for key in bad:
+            problems.append(f"shapes.{dev}.{key}: required positive integer, got {table.get(key)!r}")
+        own_steps = {k: _typed(table, k, int, v, problems, f"shapes.{dev}.") for k, v in steps.items()}
+        _check_ranges(own_steps, f"shapes.{dev}.", problems)
+        if not bad:
+            out[dev] = Shapes(**values, **own_steps)
     return out if len(out) == len(DEVICES) else None
 
 

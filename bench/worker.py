@@ -39,14 +39,14 @@ def measure(spec: RunSpec, device: torch.device) -> dict[str, Any]:
     model = model_spec.build(shapes).to(device)
     trainer = Trainer(model, model_spec, techniques, ctx, spec.lr)
     batch = synthetic_batch(model_spec, shapes, spec.seed, device)
-    for _ in range(spec.warmup_steps):  # allocator, cuDNN autotune, optimizer state
+    for _ in range(shapes.warmup_steps):  # allocator, cuDNN autotune, optimizer state
         trainer.step(batch)
     # Memory pass: one instrumented step. The tracker slows a step, so it is kept out of the timing.
     figures = tracked_step(lambda: trainer.step(_clone(batch)), trainer.model, trainer.optimizer, device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-    times = time_steps(lambda: trainer.step(batch), spec.measure_steps, device)
+    times = time_steps(lambda: trainer.step(batch), shapes.measure_steps, device)
     if device.type == "cuda":
         figures |= cuda_peaks(device)
         figures["nvml_process_bytes"] = nvml_process_bytes(device)

@@ -55,7 +55,7 @@ def optimizer_state(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
 
 
 def tracked_step(step: Callable[[], object], model: nn.Module, optimizer: torch.optim.Optimizer,
-                 device: torch.device) -> dict[str, int]:
+                 device: torch.device) -> dict[str, int | str]:
     """One step under the live-bytes tracker: its peak, and the bytes each forward leaves alive for
     backward (saved activations plus the logits), the quantity checkpointing and autocast shrink."""
     tracker = LiveBytes(device)
@@ -63,16 +63,29 @@ def tracked_step(step: Callable[[], object], model: nn.Module, optimizer: torch.
     tracker.add([*model.parameters(), *model.buffers(), *grads, *optimizer_state(optimizer)])
     starts: list[int] = []
     held: list[int] = []
-    pre = model.register_forward_pre_hook(lambda *_: starts.append(tracker.current))
-    post = model.register_forward_hook(lambda *_: held.append(tracker.current - starts[-1]))
+
+    def forward_start(*_: object) -> None:
+        tracker.phase = "forward"
+        starts.append(tracker.current)
+
+    def forward_end(*_: object) -> None:
+        tracker.phase = "backward"
+        held.append(tracker.current - starts[-1])
+
+    hooks = [
+        model.register_forward_pre_hook(forward_start),
+        model.register_forward_hook(forward_end),
+        optimizer.register_step_pre_hook(lambda *_: setattr(tracker, "phase", "optimizer")),
+    ]
     try:
         with tracker:
             step()
     finally:
-        pre.remove()
-        post.remove()
+        for h in hooks:
+            h.remove()
     return {
         "peak_tensor_bytes": tracker.peak,
+        "peak_phase": tracker.peak_phase,
         "activation_bytes": max(held),
         "param_bytes": tensor_bytes(model.parameters()),
         "optimizer_state_bytes": tensor_bytes(optimizer_state(optimizer)),

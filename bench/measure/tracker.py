@@ -26,6 +26,8 @@ class LiveBytes(TorchDispatchMode):
         self._live: dict[int, int] = {}
         self.current = 0
         self.peak = 0
+        self.phase = ""  # set by the caller (forward / backward / optimizer); remembered at the peak
+        self.peak_phase = ""
 
     def add(self, tensors: Iterable[torch.Tensor]) -> None:
         """Count tensors that exist already (parameters, optimizer state, the batch)."""
@@ -44,7 +46,8 @@ class LiveBytes(TorchDispatchMode):
             n = math.ceil(n / CUDA_BLOCK) * CUDA_BLOCK
         self._live[key] = n
         self.current += n
-        self.peak = max(self.peak, self.current)
+        if self.current > self.peak:
+            self.peak, self.peak_phase = self.current, self.phase
         weakref.finalize(storage, self._free, key)
 
     def _free(self, key: int) -> None:

@@ -29,6 +29,13 @@ class Amp(Technique):
     class Config:
         dtype: Literal["bfloat16", "float16"] = option("bfloat16", "autocast compute dtype")
 
+    def unsupported(self, ctx: RunContext) -> str | None:
+        if self.config.dtype == "float16" and ctx.device.type == "cpu":
+            # It runs, but on emulated half-precision kernels (>10x slower than fp32 on this CI CPU),
+            # so its figures would describe nothing a user would run; it is a GPU technique.
+            return "float16 autocast is a CUDA technique; CPU kernels for it are emulated and slow"
+        return None
+
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self.device_type = ctx.device.type
         self.dtype = getattr(torch, self.config.dtype)

@@ -1,0 +1,68 @@
+"""Specs for tests, and techniques that misbehave on purpose (named by import path, as users do)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from bench.suite import RunSpec, Shapes, TechniqueSpec
+from bench.techniques import RunContext, Technique, option
+
+
+def spec(model: str = "vit-tiny", techniques: tuple[TechniqueSpec, ...] = (), batch_size: int = 8,
+         image_size: int = 32, seq_len: int = 16, name: str = "run", **kw: Any) -> RunSpec:
+    text = "bert" in model
+    shapes = Shapes(batch_size, None if text else image_size, seq_len if text else None, warmup_steps=1, measure_steps=2)
+    common = {"seed": 0, "timeout_s": 120.0, "lr": 1e-3} | kw
+    return RunSpec("test", name, model, techniques, shapes, shapes, "baseline", **common)
+
+
+def tech(name: str, **options: Any) -> TechniqueSpec:
+    return TechniqueSpec(name, tuple(sorted(options.items())))
+
+
+class SGD(Technique):
+    """Plain SGD, so one step's update is exactly -lr × gradient."""
+
+    @dataclass(frozen=True)
+    class Config:
+        lr: float = option(1.0, "learning rate")
+
+    def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.SGD(model.parameters(), lr=self.config.lr)
+
+
+class AllocateTooMuch(Technique):
+    """Asks the allocator for an exabyte: an out-of-memory failure on any device."""
+
+    def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        torch.empty(2**60, dtype=torch.uint8, device=ctx.device)
+        return model
+
+
+class Segfault(Technique):
+    """Dies the way a broken kernel does: by a signal, with no Python exception."""
+
+    def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        print("about to crash", flush=True)
+        os.kill(os.getpid(), signal.SIGSEGV)
+        return model
+
+
+class Sleep(Technique):
+    """Sleeps BENCH_TEST_SLEEP seconds (read at run time, so the spec and its key stay the same)."""
+
+    def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        time.sleep(float(os.environ.get("BENCH_TEST_SLEEP", "0")))
+        return model
+
+
+class Unavailable(Technique):
+    def unsupported(self, ctx: RunContext) -> str | None:
+        return "needs a package this machine does not have (pip install nothing-real)"

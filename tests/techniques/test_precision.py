@@ -1,0 +1,31 @@
+import torch
+
+from bench.measure.memory import tracked_step
+from tests.conftest import CPU, build_trainer
+from tests.helpers import spec, tech
+
+
+def run(*techniques):
+    trainer, batch = build_trainer(spec("vit-tiny", techniques, batch_size=16))
+    trainer.step(batch)
+    figures = tracked_step(lambda: trainer.step(batch), trainer.model, trainer.optimizer, CPU)
+    return figures, trainer
+
+
+def test_bf16_autocast_computes_in_bf16_and_saves_fewer_activation_bytes():
+    base, fp32 = run()
+    amp, bf16 = run(tech("amp", dtype="bfloat16"))
+    assert fp32.output_dtype == torch.float32 and bf16.output_dtype == torch.bfloat16
+    assert amp["activation_bytes"] < 0.8 * base["activation_bytes"]
+    # Weights and optimizer state stay fp32: autocast only changes what the forward computes.
+    assert {p.dtype for p in bf16.model.parameters()} == {torch.float32}
+    assert amp["optimizer_state_bytes"] == base["optimizer_state_bytes"]
+    assert bf16.proof()["amp.grad_scaler"] is False
+
+
+def test_fp16_autocast_comes_with_a_grad_scaler_that_steps_the_optimizer():
+    _, fp16 = run(tech("amp", dtype="float16"))
+    proof = fp16.proof()
+    assert fp16.output_dtype == torch.float16
+    assert proof["amp.grad_scaler"] is True and proof["amp.loss_scale"] > 0
+    assert fp16.optimizer.state  # the scaler's step really stepped the optimizer

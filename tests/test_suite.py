@@ -1,0 +1,148 @@
+from pathlib import Path
+
+import pytest
+
+from bench import suite as suites
+from bench.suite import SuiteError, load
+
+SUITES = sorted(Path("suites").glob("*.toml"))
+GOOD = """
+model = "vit-tiny"
+baseline = "baseline"
+[shapes.gpu]
+batch_size = 8
+image_size = 32
+[shapes.cpu]
+batch_size = 4
+image_size = 32
+[[runs]]
+name = "baseline"
+techniques = []
+[[runs]]
+name = "amp"
+techniques = [{ name = "amp", dtype = "float16" }, "checkpoint"]
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "s.toml"
+    path.write_text(text)
+    return path
+
+
+def problems(tmp_path: Path, text: str) -> list[str]:
+    with pytest.raises(SuiteError) as info:
+        load(write(tmp_path, text))
+    return info.value.problems
+
+
+@pytest.mark.parametrize("path", SUITES, ids=[p.stem for p in SUITES])
+def test_every_shipped_suite_loads(path):
+    s = load(path)
+    assert s.runs and s.baseline in {r.name for r in s.runs} | {r.name.split("@")[0] for r in s.runs}
+    assert all(r.baseline in {x.name for x in s.runs} for r in s.runs)
+
+
+def test_shipped_suites_cover_the_three_models():
+    assert {load(p).model for p in SUITES} >= {"resnet50", "bert-base", "vit-b16"}
+
+
+def test_good_suite_loads_into_frozen_dataclasses(tmp_path):
+    s = load(write(tmp_path, GOOD))
+    assert s.name == "s" and [r.name for r in s.runs] == ["baseline", "amp"]
+    amp = s.runs[1]
+    assert [t.name for t in amp.techniques] == ["amp", "checkpoint"]
+    assert dict(amp.techniques[0].options) == {"dtype": "float16"}
+    assert amp.shapes("cuda").batch_size == 8 and amp.shapes("cpu").batch_size == 4
+    with pytest.raises(AttributeError):
+        amp.name = "x"
+
+
+def test_matrix_expands_techniques_by_batch_sizes_with_matching_baselines(tmp_path):
+    text = GOOD.split("[[runs]]")[0] + """
+[matrix]
+techniques = { baseline = [], ckpt = ["checkpoint"] }
+batch_size = { gpu = [16, 32], cpu = [2, 4] }
+"""
+    s = load(write(tmp_path, text))
+    assert [(r.name, r.gpu.batch_size, r.cpu.batch_size, r.baseline) for r in s.runs] == [
+        ("baseline@bs16", 16, 2, "baseline@bs16"), ("baseline@bs32", 32, 4, "baseline@bs32"),
+        ("ckpt@bs16", 16, 2, "baseline@bs16"), ("ckpt@bs32", 32, 4, "baseline@bs32"),
+    ]
+
+
+def test_run_key_changes_with_the_spec_and_the_device(tmp_path):
+    a, b = load(write(tmp_path, GOOD)).runs
+    assert a.key("cpu") == a.key("cpu") != a.key("NVIDIA H100")
+    assert a.key("cpu") != b.key("cpu")
+    assert suites.RunSpec.from_dict(b.to_dict()) == b
+
+
+def test_toml_syntax_error_names_the_file(tmp_path):
+    (msg,) = problems(tmp_path, 'model = "vit-tiny"\nbaseline = ')
+    assert msg.startswith("TOML syntax")
+
+
+def test_every_problem_is_reported_at_once(tmp_path):
+    text = """
+model = "resnet-51"
+baseline = "nope"
+colour = "blue"
+[shapes.gpu]
+batch_size = 0
+[shapes.cpu]
+batch_size = "eight"
+image_size = 32
+[[runs]]
+name = "baseline"
+techniques = ["warp-drive", { name = "amp", dtype = "float8" }, { name = "amp", speed = 3 }]
+[[runs]]
+name = "acc"
+techniques = [{ name = "accumulate", micro_batches = 3 }]
+[[runs]]
+name = "acc"
+techniques = [{ name = "accumulate", micro_batches = "two" }]
+"""
+    found = "\n".join(problems(tmp_path, text))
+    for expected in [
+        "colour: unknown key; allowed: name, description, model",
+        "model: unknown model 'resnet-51'; known: bert-base",
+        "baseline: 'nope' is not a run name",
+        "shapes.gpu.batch_size: required positive integer, got 0",
+        "shapes.cpu.batch_size: expected int, got str 'eight'",
+        "runs[0].techniques[0]: unknown technique 'warp-drive'; known: accumulate, amp, checkpoint",
+        "runs[0].techniques[1].dtype: must be one of 'bfloat16', 'float16', got 'float8'",
+        "runs[0].techniques[2].speed: unknown option of amp; allowed: dtype",
+        "runs[2].techniques[0].micro_batches: expected int, got str 'two'",
+        "runs: duplicate run name 'acc'",
+    ]:
+        assert expected in found, f"missing {expected!r} in:\n{found}"
+
+
+def test_accumulation_must_divide_the_batch_on_each_device(tmp_path):
+    text = GOOD.replace('"checkpoint"]', '{ name = "accumulate", micro_batches = 8 }]')
+    (msg,) = problems(tmp_path, text)
+    assert "accumulate at cpu batch_size 4: micro_batches=8 does not divide" in msg
+
+
+def test_conflicting_and_repeated_techniques_are_rejected(tmp_path, monkeypatch):
+    from bench.techniques.checkpointing import ActivationCheckpointing
+
+    monkeypatch.setattr(ActivationCheckpointing, "conflicts", frozenset({"amp"}))
+    found = problems(tmp_path, GOOD.replace('"checkpoint"]', '"checkpoint", "checkpoint"]'))
+    assert any("amp and checkpoint cannot be combined" in p for p in found)
+    assert any("technique 'checkpoint' is listed twice" in p for p in found)
+
+
+def test_shape_keys_follow_the_model(tmp_path):
+    text = GOOD.replace('"vit-tiny"', '"bert-tiny"')
+    found = problems(tmp_path, text)
+    assert any("shapes.gpu.image_size: unknown key for model bert-tiny; allowed: batch_size, seq_len" in p for p in found)
+    assert any("shapes.gpu.seq_len: required positive integer" in p for p in found)
+
+
+def test_user_technique_by_import_path(tmp_path):
+    s = load(write(tmp_path, GOOD.replace('"checkpoint"]', '"tests.helpers:SGD"]')))
+    assert s.runs[1].techniques[1].name == "tests.helpers:SGD"
+    found = problems(tmp_path, GOOD.replace('"checkpoint"]', '"tests.helpers:Nope"]'))
+    assert "cannot import technique 'tests.helpers:Nope'" in found[0]
