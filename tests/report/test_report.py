@@ -1,0 +1,76 @@
+import math
+
+import pandas as pd
+import pytest
+
+from bench import results
+from bench.report import build_report
+
+MiB = 2**20
+
+
+def record(run, status="ok", device="cpu", peak=None, tput=None, **extra):
+    r = {"suite": "demo", "run": run, "model": "resnet50", "baseline": "baseline", "techniques": run,
+         "device": device, "device_type": "cuda" if device != "cpu" else "cpu", "batch_size": 8,
+         "status": status, "message": "" if status == "ok" else f"{status} happened", "seed": 0,
+         "torch_version": "2.14.1", "git_revision": "abc123", "warmup_steps": 1, "measure_steps": 3}
+    if status == "ok":
+        key = "peak_allocated_bytes" if device != "cpu" else "peak_tensor_bytes"
+        r |= {key: peak * MiB, "samples_per_s": tput, "step_time_ms_median": 8000 / tput}
+    return r | extra
+
+
+@pytest.fixture
+def suite_dir(tmp_path):
+    fixtures = [
+        record("baseline", peak=400, tput=100.0),
+        record("checkpoint", peak=300, tput=75.0, proof={"checkpoint.wrapped_modules": 16}),
+        record("huge", status="oom"),
+        record("broken", status="error", stderr_tail="Traceback ..."),
+        record("fp8", status="unsupported"),
+        record("baseline", device="NVIDIA H100 80GB HBM3", peak=8000, tput=1000.0, peak_reserved_bytes=9000 * MiB),
+        record("checkpoint", device="NVIDIA H100 80GB HBM3", peak=4000, tput=800.0, peak_reserved_bytes=5000 * MiB),
+    ]
+    for r in fixtures:
+        results.write_atomic(results.record_path(tmp_path, "demo", r["device"], r["run"]), r)
+    return tmp_path / "demo"
+
+
+def test_report_writes_table_markdown_and_plots_per_device(suite_dir):
+    written = build_report(suite_dir)
+    names = {p.name for p in written}
+    assert names == {"table.csv", "report.md", "peak_memory-cpu.png", "memory_vs_throughput-cpu.png",
+                     "peak_memory-nvidia-h100-80gb-hbm3.png", "memory_vs_throughput-nvidia-h100-80gb-hbm3.png"}
+    assert all(p.stat().st_size > 0 for p in written)
+
+
+def test_table_has_one_row_per_run_and_ratios_against_the_same_device_baseline(suite_dir):
+    build_report(suite_dir)
+    table = pd.read_csv(suite_dir / "table.csv")
+    assert len(table) == 7
+    for col in ["suite", "run", "model", "techniques", "device", "batch_size", "status", "peak_allocated_bytes",
+                "peak_reserved_bytes", "samples_per_s", "step_time_ms_median"]:
+        assert col in table.columns
+    cpu = table[table.device == "cpu"].set_index("run")
+    gpu = table[table.device != "cpu"].set_index("run")
+    assert cpu.loc["checkpoint", "memory_vs_baseline"] == pytest.approx(0.75)
+    assert cpu.loc["checkpoint", "throughput_vs_baseline"] == pytest.approx(0.75)
+    assert gpu.loc["checkpoint", "memory_vs_baseline"] == pytest.approx(0.5)
+    # No CUDA on the CPU rows: the CUDA figures are absent, never 0.
+    assert cpu["peak_allocated_bytes"].isna().all() and cpu["peak_reserved_bytes"].isna().all()
+    assert math.isnan(cpu.loc["huge", "memory_vs_baseline"])
+    assert cpu.loc["checkpoint", "proof.checkpoint.wrapped_modules"] == 16
+
+
+def test_markdown_lists_failed_runs_with_their_reason_and_provenance(suite_dir):
+    build_report(suite_dir)
+    md = (suite_dir / "report.md").read_text()
+    for line in ["- **huge**: oom: oom happened", "- **broken**: error: error happened",
+                 "- **fp8**: unsupported: unsupported happened", "## NVIDIA H100 80GB HBM3", "torch 2.14.1",
+                 "revision abc123", "](plots/peak_memory-cpu.png)"]:
+        assert line in md
+
+
+def test_report_without_records_says_what_to_run(tmp_path):
+    with pytest.raises(FileNotFoundError, match="make bench SUITE=nothing"):
+        build_report(tmp_path / "nothing")

@@ -1,0 +1,37 @@
+import subprocess
+import sys
+
+from bench.cli import main
+
+
+def bench(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "bench", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_validate_accepts_every_shipped_suite(capsys):
+    assert main(["validate"]) == 0
+    assert "ok: suites/resnet.toml" in capsys.readouterr().out
+
+
+def test_bad_suite_exits_2_listing_every_problem_and_writes_nothing(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('model = "vit-tiny"\nbaseline = "baseline"\nextra = 1\n[[runs]]\nname = "baseline"\n'
+                   'techniques = [{ name = "accumulate", micro_batches = 0 }]\n')
+    out = bench("run", str(bad), "--results", str(tmp_path / "results"))
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert f"{bad}: extra: unknown key" in out.stderr
+    assert f"{bad}: shapes: required table" in out.stderr
+    assert not (tmp_path / "results").exists()
+
+
+def test_list_shows_techniques_with_their_options(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "amp: autocast to bfloat16 or float16" in out
+    assert "micro_batches (int, default 2): micro-batches per optimizer step" in out
+
+
+def test_report_of_a_suite_never_run_exits_2(tmp_path, capsys):
+    assert main(["report", "nothing", "--results", str(tmp_path)]) == 2
+    assert "run `make bench SUITE=nothing` first" in capsys.readouterr().err

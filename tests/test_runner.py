@@ -1,0 +1,100 @@
+"""The runner against runs that fail in every way a real one can; each run is a real process."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench import results
+from bench.runner import Device, run_isolated, sweep
+from bench.suite import Suite
+from tests.helpers import spec, tech
+
+CPU = Device("cpu", "cpu")
+
+
+def suite_of(*runs) -> Suite:
+    return Suite("test", Path("test.toml"), "vit-tiny", "", "baseline", tuple(runs))
+
+
+def test_a_run_that_runs_out_of_memory_is_recorded_as_oom():
+    record = run_isolated(spec(techniques=(tech("tests.helpers:AllocateTooMuch"),)), CPU)
+    assert record["status"] == "oom", record
+    assert "memory" in record["message"]
+
+
+def test_a_crash_by_signal_is_an_error_with_the_tail_of_its_output():
+    record = run_isolated(spec(techniques=(tech("tests.helpers:Segfault"),)), CPU)
+    assert record["status"] == "error"
+    assert record["message"] == "run process died: killed by signal SIGSEGV"
+    assert "about to crash" in record["stderr_tail"]
+
+
+def test_a_run_past_its_time_is_stopped_and_recorded_as_timeout(monkeypatch):
+    monkeypatch.setenv("BENCH_TEST_SLEEP", "60")
+    start = time.monotonic()
+    record = run_isolated(spec(techniques=(tech("tests.helpers:Sleep"),), timeout_s=8.0), CPU)
+    assert record["status"] == "timeout" and time.monotonic() - start < 30
+
+
+def test_an_inapplicable_technique_is_unsupported_with_its_reason():
+    record = run_isolated(spec(techniques=(tech("tests.helpers:Unavailable"),)), CPU)
+    assert record["status"] == "unsupported"
+    assert "pip install nothing-real" in record["message"]
+
+
+def test_sweep_continues_past_failures_and_stores_every_record(tmp_path):
+    runs = [spec(name="broken", techniques=(tech("tests.helpers:Segfault"),)), spec(name="baseline")]
+    records = sweep(suite_of(*runs), CPU, tmp_path)
+    assert [r["status"] for r in records] == ["error", "ok"]
+    stored = results.load_records(tmp_path / "test")
+    assert {r["run"]: r["status"] for r in stored} == {"broken": "error", "baseline": "ok"}
+    ok = next(r for r in stored if r["status"] == "ok")
+    assert ok["peak_tensor_bytes"] > 0 and ok["samples_per_s"] > 0 and "peak_allocated_bytes" not in ok
+    assert ok["device"] == "cpu" and ok["torch_version"] and ok["git_revision"]
+
+
+def test_resume_skips_stored_runs_unless_the_spec_or_device_changed(tmp_path):
+    base = spec(name="baseline")
+    sweep(suite_of(base), CPU, tmp_path)
+    path = results.record_path(tmp_path, "test", "cpu", "baseline")
+    first = path.stat().st_mtime_ns
+    sweep(suite_of(base), CPU, tmp_path)
+    assert path.stat().st_mtime_ns == first  # kept
+    sweep(suite_of(spec(name="baseline", lr=5e-4)), CPU, tmp_path)
+    assert path.stat().st_mtime_ns != first  # edited entry: measured again
+    again = path.stat().st_mtime_ns
+    sweep(suite_of(spec(name="baseline", lr=5e-4)), CPU, tmp_path, force=True)
+    assert path.stat().st_mtime_ns != again  # --force
+
+
+def test_interrupted_sweep_keeps_finished_records_and_resumes(tmp_path):
+    suite = tmp_path / "s.toml"
+    suite.write_text(
+        'model = "vit-tiny"\nbaseline = "baseline"\n'
+        "[shapes.gpu]\nbatch_size = 4\nimage_size = 32\n"
+        "[shapes.cpu]\nbatch_size = 4\nimage_size = 32\nwarmup_steps = 1\nmeasure_steps = 1\n"
+        '[[runs]]\nname = "baseline"\ntechniques = []\n'
+        '[[runs]]\nname = "slow"\ntechniques = ["tests.helpers:Sleep"]\n'
+    )
+    cmd = [sys.executable, "-m", "bench", "run", str(suite), "--device", "cpu", "--results", str(tmp_path / "r")]
+    env = os.environ | {"BENCH_TEST_SLEEP": "120"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    done = tmp_path / "r" / "s" / "cpu" / "baseline.json"
+    deadline = time.monotonic() + 90
+    while not done.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(2)  # now inside the slow run
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 130, out
+    assert "finished runs are stored" in out
+    assert [p.name for p in done.parent.glob("*.json")] == ["baseline.json"]
+    kept = done.stat().st_mtime_ns
+    env["BENCH_TEST_SLEEP"] = "0"
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "[1/2] baseline: kept stored record (ok)" in out.stderr
+    assert done.stat().st_mtime_ns == kept and (done.parent / "slow.json").exists()
