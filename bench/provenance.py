@@ -55,6 +55,7 @@ def runtime_provenance(device: torch.device) -> dict[str, Any]:
             # TF32 silently changes fp32 baselines on Ampere and newer, so every CUDA record says.
             "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
             "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+            "cudnn_benchmark": torch.backends.cudnn.benchmark,
         }
     return out
 

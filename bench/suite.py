@@ -10,9 +10,9 @@ import hashlib
 import json
 import tomllib
 import typing
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from bench.models import MODELS
 from bench.techniques import Technique, resolve
@@ -140,27 +140,32 @@ def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
     steps = {k: common.pop(k) for k in STEP_KEYS}
     shapes = _shapes(raw.get("shapes"), model, steps, problems)
     entries = _entries(raw, problems)
-    baseline = _typed(raw, "baseline", str, None, problems)
-    return _assemble(name, path, model, raw, baseline, shapes, entries, common, problems)
-
-
-def _assemble(name, path, model, raw, baseline, shapes, entries, common, problems) -> Suite:  # noqa: ANN001
-    names = {e[0] for e in entries}
-    keys = {e[3] for e in entries if e[2] is not None}  # matrix keys: one run per batch size
-    if baseline is None:
-        problems.append("baseline: required; the name of a run (or matrix key) to compare against")
-    elif baseline not in names | keys:
-        problems.append(f"baseline: {baseline!r} is not a run name or matrix key; runs: {', '.join(sorted(names))}")
+    baseline = _baseline(raw, entries, problems)
     runs = []
-    for run_name, techs, batch, key, where in entries:
-        techs = _techniques(techs, where, batch, shapes, problems)
-        if shapes is None or techs is None or model not in MODELS or baseline is None:
-            continue
-        gpu, cpu = (Shapes(**{**asdict(shapes[d]), **({"batch_size": batch[d]} if batch else {})}) for d in DEVICES)
-        base = f"{baseline}@bs{gpu.batch_size}" if batch and baseline in keys else baseline
-        runs.append(RunSpec(name, run_name, model, techs, gpu, cpu, base, **common))
+    for e in entries:
+        techniques = _techniques(e.techniques, e.where, e.batch, shapes, problems)
+        if shapes is None or techniques is None or model not in MODELS or baseline is None:
+            continue  # already reported; keep collecting problems from the other entries
+        gpu, cpu = (replace(shapes[d], batch_size=e.batch[d]) if e.batch else shapes[d] for d in DEVICES)
+        base = f"{baseline}@bs{gpu.batch_size}" if e.batch and baseline in _matrix_keys(entries) else baseline
+        runs.append(RunSpec(name, e.name, model, techniques, gpu, cpu, base, **common))
     description = _typed(raw, "description", str, "", problems)
     return Suite(name, path, model or "", description, baseline or "", tuple(runs))
+
+
+def _matrix_keys(entries: list[Entry]) -> set[str]:
+    return {e.key for e in entries if e.batch is not None}
+
+
+def _baseline(raw: dict[str, Any], entries: list[Entry], problems: list[str]) -> str | None:
+    baseline = _typed(raw, "baseline", str, None, problems)
+    names = {e.name for e in entries}
+    if baseline is None:
+        problems.append("baseline: required; the name of a run (or matrix key) to compare against")
+    elif baseline not in names | _matrix_keys(entries):
+        problems.append(f"baseline: {baseline!r} is not a run name or matrix key; runs: {', '.join(sorted(names))}")
+        return None
+    return baseline
 
 
 def _typed(table: dict[str, Any], key: str, kind: type, default: Any, problems: list[str], where: str = "") -> Any:
@@ -209,7 +214,14 @@ def _shapes(raw: Any, model: str | None, steps: dict[str, int], problems: list[s
     return out if len(out) == len(DEVICES) else None
 
 
-Entry = tuple[str, Any, dict[str, int] | None, str, str]  # name, techniques, batch sizes, key, key path
+class Entry(NamedTuple):
+    """A run as written in the file, before its techniques are checked."""
+
+    name: str
+    techniques: Any
+    batch: dict[str, int] | None  # per-device batch sizes from the matrix, else None
+    key: str  # the matrix key, or the run name
+    where: str  # key path for messages
 
 
 def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:
@@ -229,13 +241,13 @@ def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:
         if name is None:
             problems.append(f"{where}.name: required string")
             continue
-        entries.append((name, run.get("techniques", []), None, name, f"{where}.techniques"))
+        entries.append(Entry(name, run.get("techniques", []), None, name, f"{where}.techniques"))
     if "matrix" in raw:
         entries += _matrix(raw["matrix"], problems)
     if not entries:
         problems.append("runs: the suite has no runs; add [[runs]] entries or a [matrix]")
     seen: set[str] = set()
-    for name, *_ in entries:
+    for name in (e.name for e in entries):
         if name in seen:
             problems.append(f"runs: duplicate run name {name!r}; names must be unique")
         seen.add(name)
@@ -264,7 +276,7 @@ def _matrix(raw: Any, problems: list[str]) -> list[Entry]:
                 problems.append(f"matrix.batch_size.{dev}[{j}]: must be a positive integer, got {b!r}")
                 return []
     return [
-        (f"{key}@bs{g}", t, {"gpu": g, "cpu": c}, key, f"matrix.techniques.{key}")
+        Entry(f"{key}@bs{g}", t, {"gpu": g, "cpu": c}, key, f"matrix.techniques.{key}")
         for key, t in techs.items()
         for g, c in zip(sizes["gpu"], sizes["cpu"])
     ]

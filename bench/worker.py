@@ -36,6 +36,8 @@ def measure(spec: RunSpec, device: torch.device) -> dict[str, Any]:
         if reason := t.unsupported(ctx):
             return {"status": "unsupported", "message": f"{t.name}: {reason}"}
     torch.manual_seed(spec.seed)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True  # fixed shapes: let warm-up pick the fastest kernels
     model = model_spec.build(shapes).to(device)
     trainer = Trainer(model, model_spec, techniques, ctx, spec.lr)
     batch = synthetic_batch(model_spec, shapes, spec.seed, device)
@@ -46,6 +48,7 @@ def measure(spec: RunSpec, device: torch.device) -> dict[str, Any]:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
+        torch.cuda.reset_accumulated_memory_stats(device)  # retries and OOMs of the timed steps only
     times = time_steps(lambda: trainer.step(batch), shapes.measure_steps, device)
     if device.type == "cuda":
         figures |= cuda_peaks(device)

@@ -1,0 +1,51 @@
+"""CUDA paths: skipped without a GPU, run whenever one is at hand."""
+
+import pytest
+import torch
+
+from bench.measure.memory import cuda_peaks, tracked_step
+from bench.measure.timing import time_steps
+from bench.runner import Device, run_isolated
+from tests.conftest import build_trainer
+from tests.helpers import spec, tech
+
+pytestmark = pytest.mark.cuda
+GPU = torch.device("cuda")
+
+
+def test_tracked_peak_agrees_with_the_allocator_within_ten_percent():
+    trainer, batch = build_trainer(spec("vit-tiny", batch_size=64, image_size=64), GPU)
+    trainer.step(batch)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    figures = tracked_step(lambda: trainer.step(batch), trainer.model, trainer.optimizer, GPU)
+    active = cuda_peaks(GPU)["peak_active_bytes"]
+    assert figures["peak_tensor_bytes"] == pytest.approx(active, rel=0.10)
+
+
+def test_cuda_event_timing_returns_one_positive_time_per_step():
+    x = torch.randn(512, 512, device=GPU)
+    times = time_steps(lambda: x @ x, 4, GPU)
+    assert len(times) == 4 and all(t > 0 for t in times)
+
+
+def test_isolated_cuda_run_records_allocator_figures_and_bf16_autocast():
+    record = run_isolated(spec("vit-tiny", (tech("amp", dtype="bfloat16"),), batch_size=32, image_size=64),
+                          Device("cuda", torch.cuda.get_device_name(0)))
+    assert record["status"] == "ok", record
+    assert record["peak_allocated_bytes"] > 0 and record["peak_reserved_bytes"] >= record["peak_allocated_bytes"]
+    assert record["proof"]["output_dtype"] == "torch.bfloat16"
+    assert record["cuda_version"] and record["tf32_matmul"] in (True, False)
+
+
+def test_fp16_with_grad_scaler_runs_on_cuda():
+    record = run_isolated(spec("vit-tiny", (tech("amp", dtype="float16"),), batch_size=16, image_size=32),
+                          Device("cuda", torch.cuda.get_device_name(0)))
+    assert record["status"] == "ok", record
+    assert record["proof"]["amp.grad_scaler"] is True
+
+
+def test_out_of_memory_on_cuda_is_recorded_as_oom():
+    record = run_isolated(spec(techniques=(tech("tests.helpers:AllocateTooMuch"),)),
+                          Device("cuda", torch.cuda.get_device_name(0)))
+    assert record["status"] == "oom", record
