@@ -52,7 +52,7 @@ def sweep(suite: Suite, device: Device, results_root: Path, force: bool = False,
             records.append(old)
             continue
         print(f"[{i}/{n}] {spec.name}: running on {device.name} ({_elapsed(start)} elapsed)", file=log, flush=True)
-        record = base_record(spec, device, key, revision) | run_isolated(spec, device)
+        record = base_record(spec, device, key, revision) | {"run_index": i} | run_isolated(spec, device)
         results.write_atomic(path, record)
         records.append(record)
         print(f"[{i}/{n}] {spec.name}: {_outcome(record)}", file=log, flush=True)

@@ -49,9 +49,11 @@ def _markdown(suite: str, table: pd.DataFrame, records: list[dict], images: list
         lines += [f"- **{r.run}**: {r.status}: {r.message}" for r in failed.itertuples()] + [""]
         lines += [f"![{p.stem}]({p.relative_to(root)})" for p in images if slug(str(device)) in p.stem] + [""]
     lines += [
-        "Peak memory: CUDA's `max_memory_allocated` on GPUs; on CPUs the peak of live tensor bytes tracked "
-        "by `MemTracker` over one instrumented step. Throughput: batch size over the median step time of "
-        "the measured steps, after warm-up. Ratios are against the suite's baseline on the same device.",
+        "Peak memory: CUDA's `max_memory_allocated` over the timed steps on GPUs; on CPUs the peak of live "
+        "tensor bytes over one instrumented step (`peak in`: the phase of the step where it happened). "
+        "Activations: bytes a forward leaves alive for backward. Throughput: batch size over the median "
+        "step time of the timed steps, after warm-up. Ratios (×) are against the suite's baseline on the "
+        "same device. `results/README.md` explains every column.",
     ]
     return "\n".join(lines) + "\n"
 

@@ -6,7 +6,8 @@ import pandas as pd
 
 COLUMNS = [
     "suite", "run", "model", "techniques", "device", "device_type", "batch_size", "status",
-    "peak_allocated_bytes", "peak_reserved_bytes", "peak_tensor_bytes", "activation_bytes", "rss_peak_bytes",
+    "peak_allocated_bytes", "peak_reserved_bytes", "peak_tensor_bytes", "peak_phase", "activation_bytes",
+    "rss_peak_bytes",
     "samples_per_s", "tokens_per_s", "step_time_ms_median", "step_time_ms_p25", "step_time_ms_p75",
     "memory_vs_baseline", "throughput_vs_baseline", "message",
 ]
@@ -34,7 +35,9 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     df["memory_vs_baseline"] = df["peak_bytes"] / base_peak
     df["throughput_vs_baseline"] = df["samples_per_s"] / base_tput
     extra = [c for c in df.columns if c.startswith("proof.")]
-    return df[COLUMNS + ["peak_bytes", "baseline"] + extra].sort_values(["device", "run"]).reset_index(drop=True)
+    order = df["run_index"] if "run_index" in df else pd.Series(0, index=df.index)
+    df = df.assign(_order=order).sort_values(["device", "_order", "run"])
+    return df[COLUMNS + ["peak_bytes", "baseline"] + extra].reset_index(drop=True)
 
 
 def markdown(table: pd.DataFrame) -> str:
@@ -44,13 +47,15 @@ def markdown(table: pd.DataFrame) -> str:
         "batch": table["batch_size"],
         "status": table["status"],
         "peak MiB": (table["peak_bytes"] / 2**20).round(1),
+        "peak in": table["peak_phase"],
+        "activations MiB": (table["activation_bytes"] / 2**20).round(1),
         "reserved MiB": (table["peak_reserved_bytes"] / 2**20).round(1),
         "samples/s": table["samples_per_s"].round(1),
         "step ms (median)": table["step_time_ms_median"].round(1),
         "memory ×": table["memory_vs_baseline"].round(3),
         "throughput ×": table["throughput_vs_baseline"].round(3),
     })
-    return to_markdown(show)
+    return to_markdown(show.dropna(axis=1, how="all"))  # e.g. no CUDA columns for a CPU
 
 
 def to_markdown(df: pd.DataFrame) -> str:
