@@ -43,6 +43,7 @@ def sweep(suite: Suite, device: Device, results_root: Path, force: bool = False,
     """Run (or resume) every run of the suite; returns the records, stored and new."""
     revision, start, records = git_revision(), time.monotonic(), []
     n = len(suite.runs)
+    print(f"{suite.name}: {n} runs on {device.name}, records in {results_root / suite.name}", file=log)
     for i, spec in enumerate(suite.runs, 1):
         path = results.record_path(results_root, suite.name, device.name, spec.name)
         key = spec.key(device.name)
@@ -56,7 +57,7 @@ def sweep(suite: Suite, device: Device, results_root: Path, force: bool = False,
         results.write_atomic(path, record)
         records.append(record)
         print(f"[{i}/{n}] {spec.name}: {_outcome(record)}", file=log, flush=True)
-    print(f"done: {n} runs in {_elapsed(start)}; records in {path.parent}", file=log)
+    print(f"done: {n} runs in {_elapsed(start)}", file=log)
     return records
 
 
