@@ -206,7 +206,8 @@ def _shapes(raw: Any, model: str | None, steps: dict[str, int], problems: list[s
         values = {key: _typed(table, key, int, None, problems, f"shapes.{dev}.") for key in allowed}
         bad = [k for k, v in values.items() if v is None or v <= 0]
         for key in bad:
-            problems.append(f"shapes.{dev}.{key}: required positive integer, got {table.get(key)!r}")
+            if values[key] is not None or key not in table:  # a wrong type is reported already
+                problems.append(f"shapes.{dev}.{key}: required positive integer, got {table.get(key)!r}")
         own_steps = {k: _typed(table, k, int, v, problems, f"shapes.{dev}.") for k, v in steps.items()}
         _check_ranges(own_steps, f"shapes.{dev}.", problems)
         if not bad:
@@ -287,19 +288,15 @@ def _techniques(raw: Any, where: str, batch: dict[str, int] | None, shapes: dict
     if not isinstance(raw, list):
         problems.append(f"{where}: expected a list of names or {{ name = ..., option = ... }} tables")
         return None
-    specs, classes = [], []
-    for i, item in enumerate(raw):
-        spec = _technique(item, f"{where}[{i}]", problems)
-        if spec is not None:
-            specs.append(spec)
-            classes.append(resolve(spec.name))
+    specs = [s for i, item in enumerate(raw) if (s := _technique(item, f"{where}[{i}]", problems)) is not None]
+    built = [s.build() for s in specs]
     before = len(problems)
-    _check_combination(where, classes, problems)
-    for spec, cls in zip(specs, classes):
+    _check_combination(where, built, problems)
+    for spec, technique in zip(specs, built):
         for dev in DEVICES:
             if shapes is not None and dev in shapes:
                 size = batch[dev] if batch else shapes[dev].batch_size
-                for p in spec.build().problems(size):
+                for p in technique.problems(size):
                     problems.append(f"{where}: {spec.name} at {dev} batch_size {size}: {p}")
     ok = len(specs) == len(raw) and len(problems) == before
     return tuple(specs) if ok else None
@@ -347,11 +344,13 @@ def _type_error(hint: Any, value: Any) -> str | None:
     return f"expected {hint.__name__}, got {type(value).__name__} {value!r}"
 
 
-def _check_combination(where: str, classes: list[type[Technique]], problems: list[str]) -> None:
-    names = [c.name or c.__qualname__ for c in classes]
-    for n in {n for n in names if names.count(n) > 1}:
+def _check_combination(where: str, techniques: list[Technique], problems: list[str]) -> None:
+    names = [t.name or type(t).__qualname__ for t in techniques]
+    for n in sorted({n for n in names if names.count(n) > 1}):
         problems.append(f"{where}: technique {n!r} is listed twice")
-    for i, a in enumerate(classes):
-        for b in classes[i + 1:]:
+    for i, a in enumerate(techniques):
+        for b in techniques[i + 1:]:
             if b.name in a.conflicts or a.name in b.conflicts:
                 problems.append(f"{where}: {a.name} and {b.name} cannot be combined; remove one")
+            elif why := a.conflict(b) or b.conflict(a):
+                problems.append(f"{where}: {a.name} and {b.name} cannot be combined: {why}")

@@ -34,6 +34,8 @@ class Trainer:
     def step(self, batch: Batch) -> torch.Tensor:
         """Forward and backward over every micro-batch, then one optimizer step; returns the mean loss."""
         total = None
+        for t in self.techniques:
+            batch = t.prepare_batch(batch)
         for inputs, labels in split(batch, self.micro_batches):
             with ExitStack() as stack:
                 for t in self.techniques:
@@ -48,7 +50,10 @@ class Trainer:
             loss.backward()
         if not any(t.optimizer_step(self.optimizer) for t in self.techniques):
             self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        if not any(t.zero_grad(self.optimizer) for t in self.techniques):
+            self.optimizer.zero_grad(set_to_none=True)
+        for t in self.techniques:
+            t.after_step()
         self.steps += 1
         return total
 

@@ -21,7 +21,7 @@ from bench.measure.timing import summarize, time_steps
 from bench.models import MODELS
 from bench.provenance import runtime_provenance
 from bench.suite import RunSpec
-from bench.techniques import RunContext
+from bench.techniques import RunContext, Unsupported
 from bench.train import Trainer
 
 OOM_MESSAGES = ("out of memory", "not enough memory", "can't allocate memory")
@@ -80,6 +80,8 @@ def main(spec_path: str, out_path: str) -> int:
     spec, device = RunSpec.from_dict(job["spec"]), torch.device(job["device_type"])
     try:
         result = measure(spec, device)
+    except Unsupported as exc:
+        result = {"status": "unsupported", "message": str(exc)}
     except Exception as exc:  # noqa: BLE001  a failed run is a result, not a crash of the sweep
         traceback.print_exc()
         status = "oom" if is_oom(exc) else "error"

@@ -66,3 +66,13 @@ class Sleep(Technique):
 class Unavailable(Technique):
     def unsupported(self, ctx: RunContext) -> str | None:
         return "needs a package this machine does not have (pip install nothing-real)"
+
+
+class EnvProbe(Technique):
+    """Asks the runner for an environment variable and reports what the run's process saw."""
+
+    def env(self) -> dict[str, str]:
+        return {"BENCH_PROBE": "set-by-technique"}
+
+    def proof(self, steps: int) -> dict[str, Any]:
+        return {"seen": os.environ.get("BENCH_PROBE")}

@@ -60,6 +60,11 @@ def _markdown(suite: str, table: pd.DataFrame, records: list[dict], images: list
 
 def _provenance(rec: dict, part: pd.DataFrame) -> str:
     versions = f"torch {rec.get('torch_version')}" + (f", CUDA {rec['cuda_version']}" if rec.get("cuda_version") else "")
-    return (f"Device: {rec['device']} · {versions} · revision {str(rec.get('git_revision'))[:12]} · "
+    return (f"Device: {rec['device']} · {versions} · revision {_short(rec.get('git_revision'))} · "
             f"seed {rec.get('seed')} · warm-up {rec.get('warmup_steps')} + {rec.get('measure_steps')} measured steps · "
             f"{len(part)} runs, {int((part['status'] == 'ok').sum())} ok")
+
+
+def _short(revision: str | None) -> str:
+    rev, dirty, _ = str(revision).partition("-dirty")
+    return rev[:12] + ("-dirty" if dirty else "")

@@ -1,7 +1,9 @@
 """Techniques: the interface and registry in ``base``, one module per technique family."""
 
-from bench.techniques.base import TECHNIQUES, NoOptions, RunContext, Technique, option, resolve
+from bench.techniques.base import TECHNIQUES, NoOptions, RunContext, Technique, Unsupported, option, resolve
 
-from bench.techniques import accumulation, checkpointing, precision  # noqa: E402,F401,I001  (register)
+from bench.techniques import (  # noqa: E402,F401,I001  (each module registers its techniques)
+    accumulation, allocator, checkpointing, kernels, offload, optimizers, precision, sharing,
+)
 
-__all__ = ["TECHNIQUES", "NoOptions", "RunContext", "Technique", "option", "resolve"]
+__all__ = ["TECHNIQUES", "NoOptions", "RunContext", "Technique", "Unsupported", "option", "resolve"]

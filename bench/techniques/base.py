@@ -9,9 +9,10 @@ really applied.
 from __future__ import annotations
 
 import importlib
+import typing
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import MISSING, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from bench.registry import Registry
 
@@ -19,10 +20,16 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from bench.data.synthetic import Batch
     from bench.models import ModelSpec
     from bench.suite import Shapes
 
 TECHNIQUES: Registry[type[Technique]] = Registry("technique")
+
+
+class Unsupported(Exception):
+    """Raised by a technique, at any point of a run, when it cannot apply here; the run's status
+    becomes ``unsupported`` with this message instead of ``error``."""
 
 
 def option(default: Any, doc: str) -> Any:
@@ -61,6 +68,10 @@ class Technique:
         """Reasons this configuration cannot run at ``batch_size`` (reported as validation errors)."""
         return []
 
+    def conflict(self, other: Technique) -> str | None:
+        """Why this cannot run with ``other`` when that depends on options (names go in ``conflicts``)."""
+        return None
+
     # -- in the parent, before the run's process starts (and so before CUDA initialises) --
     def env(self) -> dict[str, str]:
         return {}
@@ -76,6 +87,10 @@ class Technique:
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer | None:
         return None
 
+    def prepare_batch(self, batch: Batch) -> Batch:
+        """Transform each batch as it enters the step (memory format, dtype)."""
+        return batch
+
     def step_context(self) -> AbstractContextManager[Any]:
         return nullcontext()
 
@@ -88,6 +103,13 @@ class Technique:
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
         """Take the optimizer step; return True if this technique did it (e.g. through a GradScaler)."""
         return False
+
+    def zero_grad(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Clear gradients after the step; return True if this technique did it."""
+        return False
+
+    def after_step(self) -> None:
+        """Housekeeping once the step is complete (e.g. emptying the allocator cache)."""
 
     def proof(self, steps: int) -> dict[str, Any]:
         """Evidence this technique was applied, after ``steps`` optimizer steps; flat JSON values."""
@@ -111,7 +133,10 @@ def resolve(name: str) -> type[Technique]:
 def options_doc(cls: type[Technique]) -> list[tuple[str, str, Any, str]]:
     """(name, type, default, doc) for each config field, for ``bench list``."""
     rows = []
+    hints = typing.get_type_hints(cls.Config)
     for f in fields(cls.Config):
         default = f.default if f.default is not MISSING else None
-        rows.append((f.name, str(f.type), default, f.metadata.get("doc", "")))
+        hint = hints[f.name]
+        kind = " | ".join(map(repr, typing.get_args(hint))) if typing.get_origin(hint) is Literal else hint.__name__
+        rows.append((f.name, kind, default, f.metadata.get("doc", "")))
     return rows

@@ -1,15 +1,18 @@
-"""Mixed precision."""
+"""Numeric precision: autocast, pure bfloat16, TF32."""
 
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
 
 from bench.techniques.base import TECHNIQUES, RunContext, Technique, option
+
+if TYPE_CHECKING:
+    from bench.data.synthetic import Batch
 
 
 @TECHNIQUES.register("amp")
@@ -59,3 +62,58 @@ class Amp(Technique):
     def proof(self, steps: int) -> dict[str, Any]:
         scale = self.scaler.get_scale() if self.scaler else None
         return {"autocast_dtype": self.config.dtype, "grad_scaler": self.scaler is not None, "loss_scale": scale}
+
+
+@TECHNIQUES.register("bf16")
+class PureBF16(Technique):
+    """Parameters, gradients, optimizer state and activations all in bfloat16; no fp32 master copy.
+
+    Expected: model states halve (AdamW: 16 → 8 bytes per parameter; ZeRO's 16-byte figure assumes an fp32
+    master copy, arXiv:1910.02054), activations halve. Accuracy: updates smaller than bf16's resolution
+    (8 bits of mantissa) are lost, so training can stall where autocast would not.
+    """
+
+    name = "bf16"
+    summary = "pure bfloat16: weights, gradients, optimizer state (no fp32 master weights)"
+    conflicts = frozenset({"amp"})
+
+    def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        self.model = model.to(torch.bfloat16)
+        return self.model
+
+    def prepare_batch(self, batch: Batch) -> Batch:
+        inputs, labels = batch
+        if isinstance(inputs, torch.Tensor) and inputs.is_floating_point():
+            inputs = inputs.to(torch.bfloat16)
+        return inputs, labels
+
+    def proof(self, steps: int) -> dict[str, Any]:
+        return {"param_dtypes": ",".join(sorted({str(p.dtype) for p in self.model.parameters()}))}
+
+
+@TECHNIQUES.register("tf32")
+class TF32(Technique):
+    """TensorFloat-32 for fp32 matmuls and convolutions on Ampere and newer (10-bit mantissa inputs).
+
+    Expected: no memory change; fp32 matmul throughput several times higher on A100/H100 (NVIDIA
+    DeepLearningExamples run their "FP32" rows as TF32). Every CUDA record states both settings anyway,
+    because PyTorch's defaults differ for matmul (off) and cuDNN (on).
+    """
+
+    name = "tf32"
+    summary = "TF32 matmul and cuDNN convolutions on or off (CUDA)"
+
+    @dataclass(frozen=True)
+    class Config:
+        enabled: bool = option(True, "allow TF32 in fp32 matmuls and cuDNN convolutions")
+
+    def unsupported(self, ctx: RunContext) -> str | None:
+        return None if ctx.device.type == "cuda" else "TF32 is a CUDA tensor-core mode; a CPU has no such setting"
+
+    def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        torch.backends.cuda.matmul.allow_tf32 = self.config.enabled
+        torch.backends.cudnn.allow_tf32 = self.config.enabled
+        return model
+
+    def proof(self, steps: int) -> dict[str, Any]:
+        return {"matmul": torch.backends.cuda.matmul.allow_tf32, "cudnn": torch.backends.cudnn.allow_tf32}

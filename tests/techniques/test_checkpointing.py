@@ -35,3 +35,23 @@ def test_same_gradients_as_without_checkpointing():
         loss.backward()
         grads.append(torch.cat([p.grad.flatten() for p in trainer.model.parameters()]))
     torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
+
+
+def test_every_k_and_selective_sit_between_none_and_full():
+    held = {}
+    for label, techniques in {
+        "none": (), "full": (tech("checkpoint"),), "every-2": (tech("checkpoint", every=2),),
+        "selective": (tech("selective-checkpoint"),),
+    }.items():
+        figures, trainer = held_and_trainer("vit-tiny", *techniques, batch_size=32)
+        held[label] = figures["activation_bytes"]
+        if label == "every-2":
+            assert trainer.proof()["checkpoint.wrapped_modules"] == 1
+        if label == "selective":
+            proof = trainer.proof()
+            # Per layer: q/k/v in-projection, out-projection, two MLP linears are saved ...
+            assert proof["selective-checkpoint.saved_ops_per_step"] > 0
+            # ... and the rest (norms, GELU, adds, views) is recomputed.
+            assert proof["selective-checkpoint.recomputed_ops_per_step"] > proof["selective-checkpoint.saved_ops_per_step"]
+    assert held["full"] < held["every-2"] < held["none"]
+    assert held["full"] < held["selective"] < held["none"]

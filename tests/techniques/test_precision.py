@@ -29,3 +29,22 @@ def test_fp16_autocast_comes_with_a_grad_scaler_that_steps_the_optimizer():
     assert fp16.output_dtype == torch.float16
     assert proof["amp.grad_scaler"] is True and proof["amp.loss_scale"] > 0
     assert fp16.optimizer.state  # the scaler's step really stepped the optimizer
+
+
+def test_pure_bf16_halves_model_states_and_keeps_no_fp32_copy():
+    base, _ = run()
+    pure, trainer = run(tech("bf16"))
+    assert {p.dtype for p in trainer.model.parameters()} == {torch.bfloat16}
+    assert pure["param_bytes"] * 2 == base["param_bytes"]
+    # exp_avg and exp_avg_sq follow the parameters' dtype; the step counters stay fp32 scalars.
+    assert pure["optimizer_state_bytes"] < 0.51 * base["optimizer_state_bytes"]
+    assert trainer.proof()["bf16.param_dtypes"] == "torch.bfloat16"
+
+
+def test_tf32_is_unsupported_off_cuda():
+    from bench.models import MODELS
+    from bench.techniques import RunContext
+    from bench.techniques.precision import TF32
+
+    ctx = RunContext(CPU, MODELS.get("vit-tiny"), None)
+    assert "CUDA" in TF32().unsupported(ctx)

@@ -1,0 +1,56 @@
+"""Activation offloading."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from bench.techniques.base import TECHNIQUES, RunContext, Technique, option
+
+
+@TECHNIQUES.register("offload")
+class ActivationOffload(Technique):
+    """Move every tensor saved for backward to host memory during forward and bring it back in backward
+    (``torch.autograd.graph.save_on_cpu``).
+
+    Expected: GPU activation memory close to zero, paid for in PCIe transfers: the step slows by the
+    time to copy the activations twice, less with pinned memory. Accuracy: identical.
+    """
+
+    name = "offload"
+    summary = "offload saved activations to CPU memory (save_on_cpu), optionally pinned"
+
+    @dataclass(frozen=True)
+    class Config:
+        pin_memory: bool = option(True, "copy through page-locked host memory (faster, not pageable)")
+
+    def unsupported(self, ctx: RunContext) -> str | None:
+        return None if ctx.device.type == "cuda" else "activations already live in host memory on a CPU"
+
+    def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        self.packed = 0
+        return model
+
+    def step_context(self) -> AbstractContextManager[Any]:
+        return _CountingSaveOnCpu(self, self.config.pin_memory)
+
+    def proof(self, steps: int) -> dict[str, Any]:
+        return {"tensors_offloaded_per_step": self.packed / max(steps, 1), "pin_memory": self.config.pin_memory}
+
+
+class _CountingSaveOnCpu(torch.autograd.graph.save_on_cpu):
+    """save_on_cpu that counts the tensors it moves, as proof that it did."""
+
+    def __init__(self, owner: ActivationOffload, pin_memory: bool) -> None:
+        super().__init__(pin_memory=pin_memory)
+        pack = self.pack_hook
+
+        def counting_pack(t: torch.Tensor) -> Any:
+            owner.packed += 1
+            return pack(t)
+
+        self.pack_hook = counting_pack

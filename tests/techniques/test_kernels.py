@@ -1,0 +1,55 @@
+import torch
+
+from bench.measure.memory import tracked_step
+from bench.runner import Device, run_isolated
+from tests.conftest import CPU, build_trainer
+from tests.helpers import spec, tech
+
+
+def run(model, *techniques, **shape):
+    trainer, batch = build_trainer(spec(model, techniques, **shape))
+    trainer.step(batch)
+    return tracked_step(lambda: trainer.step(batch), trainer.model, trainer.optimizer, CPU), trainer
+
+
+def test_channels_last_converts_every_conv_weight_and_the_inputs():
+    _, trainer = run("resnet-tiny", tech("channels-last"))
+    convs = [p for p in trainer.model.parameters() if p.dim() == 4]
+    assert all(p.is_contiguous(memory_format=torch.channels_last) for p in convs)
+    assert trainer.proof()["channels-last.conv_weights_channels_last"] == f"{len(convs)}/{len(convs)}"
+
+
+def test_sdpa_records_the_kernel_that_ran_and_math_holds_the_attention_matrix():
+    """ViT-tiny at 128 px: 257 tokens, 2 heads, 2 layers, no attention dropout."""
+    math, t_math = run("vit-tiny", tech("sdpa", backend="math"), batch_size=4, image_size=128)
+    flash, t_flash = run("vit-tiny", tech("sdpa", backend="flash"), batch_size=4, image_size=128)
+    assert t_flash.proof()["sdpa.kernel"] == "_scaled_dot_product_flash_attention_for_cpu"
+    assert t_math.proof()["sdpa.kernel"] == "math (decomposed)"
+    # math keeps softmax(QKᵀ) per head for backward: 4 × 2 heads × 257² fp32 in each of 2 layers.
+    assert math["activation_bytes"] - flash["activation_bytes"] >= 2 * 4 * 2 * 257 * 257 * 4
+
+
+def test_a_kernel_that_refuses_the_models_call_makes_the_run_unsupported():
+    # CPU flash attention has no dropout; BERT trains with attention dropout 0.1.
+    record = run_isolated(spec("bert-tiny", (tech("sdpa", backend="flash"),)), Device("cpu", "cpu"))
+    assert record["status"] == "unsupported", record
+    assert "flash attention refuses this model's attention call" in record["message"]
+
+
+def test_unavailable_kernels_and_devices_are_unsupported_with_a_reason():
+    cpu = Device("cpu", "cpu")
+    for technique, model, reason in [
+        (tech("sdpa", backend="efficient"), "vit-tiny", "no efficient attention kernel on cpu"),
+        (tech("sdpa"), "resnet-tiny", "the model has no attention"),
+        (tech("channels-last"), "bert-tiny", "image models only"),
+        (tech("offload"), "vit-tiny", "already live in host memory"),
+        (tech("allocator"), "vit-tiny", "CUDA allocator setting"),
+        (tech("empty-cache"), "vit-tiny", "nothing to empty on a CPU"),
+    ]:
+        record = run_isolated(spec(model, (technique,)), cpu)
+        assert record["status"] == "unsupported" and reason in record["message"], record
+
+
+def test_technique_environment_reaches_the_run_process():
+    record = run_isolated(spec("vit-tiny", (tech("tests.helpers:EnvProbe"),)), Device("cpu", "cpu"))
+    assert record["proof"]["EnvProbe.seen"] == "set-by-technique"

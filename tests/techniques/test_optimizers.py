@@ -1,0 +1,67 @@
+import pytest
+import torch
+
+from bench.measure.memory import tracked_step
+from bench.suite import SuiteError, load
+from tests.conftest import CPU, build_trainer
+from tests.helpers import spec, tech
+
+
+def run(*techniques, model="vit-tiny", batch_size=8):
+    trainer, batch = build_trainer(spec(model, techniques, batch_size=batch_size))
+    trainer.step(batch)
+    return tracked_step(lambda: trainer.step(batch), trainer.model, trainer.optimizer, CPU), trainer
+
+
+@pytest.mark.parametrize("kind, impl, state_per_param", [
+    ("adamw", "single", 2.0), ("adamw", "foreach", 2.0), ("sgd", "default", 1.0),
+])
+def test_optimizer_state_bytes_per_parameter_byte(kind, impl, state_per_param):
+    figures, trainer = run(tech("optimizer", kind=kind, impl=impl))
+    counters = 4 * len(list(trainer.model.parameters())) if kind == "adamw" else 0  # fp32 step scalars
+    assert figures["optimizer_state_bytes"] == state_per_param * figures["param_bytes"] + counters
+    assert trainer.proof()["optimizer.optimizer"] == {"adamw": "AdamW", "sgd": "SGD"}[kind]
+
+
+def test_adafactor_factors_its_second_moment():
+    adamw, _ = run()
+    ada, trainer = run(tech("optimizer", kind="adafactor", lr=1e-2))
+    assert trainer.proof()["optimizer.optimizer"] == "Adafactor"
+    assert ada["optimizer_state_bytes"] < 0.2 * adamw["optimizer_state_bytes"]
+
+
+def test_fused_adamw_is_recorded():
+    _, trainer = run(tech("optimizer", kind="adamw", impl="fused"))
+    assert trainer.proof()["optimizer.impl"] == "fused"
+
+
+def test_zero_grad_keep_holds_gradients_between_steps():
+    _, default = run()
+    kept, trainer = run(tech("zero-grad-keep"))
+    assert all(p.grad is None for p in default.model.parameters())
+    assert all(p.grad is not None and not p.grad.any() for p in trainer.model.parameters())
+    assert trainer.proof()["zero-grad-keep.grads_kept_between_steps"] == len(list(trainer.model.parameters()))
+
+
+def test_optimizer_in_backward_gives_adamw_updates_without_holding_all_gradients():
+    base, adamw = run(tech("optimizer", kind="adamw", impl="single", lr=1e-4), model="bert-tiny", batch_size=4)
+    fused, inbwd = run(tech("optimizer-in-backward", lr=1e-4), model="bert-tiny", batch_size=4)
+    for a, b in zip(adamw.model.parameters(), inbwd.model.parameters()):
+        torch.testing.assert_close(a, b)
+    n_params = len(list(inbwd.model.parameters()))
+    assert inbwd.proof()["optimizer-in-backward.parameters_stepped_in_backward"] == n_params
+    assert fused["optimizer_state_bytes"] == base["optimizer_state_bytes"]
+    assert fused["peak_tensor_bytes"] < base["peak_tensor_bytes"]
+
+
+def test_optimizer_in_backward_rejects_accumulation_and_fp16_scaling(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text('model = "vit-tiny"\nbaseline = "a"\n[shapes.gpu]\nbatch_size = 8\nimage_size = 32\n'
+                    '[shapes.cpu]\nbatch_size = 8\nimage_size = 32\n'
+                    '[[runs]]\nname = "a"\ntechniques = ["optimizer-in-backward", "accumulate"]\n'
+                    '[[runs]]\nname = "b"\ntechniques = ["optimizer-in-backward", { name = "amp", dtype = "float16" }]\n')
+    with pytest.raises(SuiteError) as info:
+        load(path)
+    found = "\n".join(info.value.problems)
+    assert "optimizer-in-backward and accumulate cannot be combined" in found
+    assert "float16 loss scaling must see every gradient" in found
