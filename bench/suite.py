@@ -24,7 +24,7 @@ TOP_KEYS = {
     "model": f"one of {', '.join(MODELS.names())}",
     "baseline": "name of the run (or matrix key) every run is compared with",
     "seed": "integer seed for weights and data",
-    "warmup_steps": "steps before measuring (allocator, autotune, optimizer state); per device in [shapes.*]",
+    "warmup_steps": "steps before measuring, at least 1 (allocator, autotune, compile); per device in [shapes.*]",
     "measure_steps": "timed steps; per device in [shapes.*]",
     "timeout_s": "seconds before a run is stopped and recorded as a timeout",
     "lr": "learning rate of the default AdamW optimizer",
@@ -181,9 +181,8 @@ def _typed(table: dict[str, Any], key: str, kind: type, default: Any, problems: 
 
 def _check_ranges(values: dict[str, Any], where: str, problems: list[str]) -> None:
     for k, v in values.items():
-        low = -1 if k == "warmup_steps" else 0
-        if k in DEFAULTS and k != "seed" and isinstance(v, (int, float)) and v <= low:
-            problems.append(f"{where}{k}: must be {'≥ 0' if low < 0 else '> 0'}, got {v}")
+        if k in DEFAULTS and k != "seed" and isinstance(v, (int, float)) and v <= 0:
+            problems.append(f"{where}{k}: must be > 0, got {v}")
 
 
 def _shapes(raw: Any, model: str | None, steps: dict[str, int], problems: list[str]) -> dict[str, Shapes] | None:

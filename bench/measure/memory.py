@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
-from bench.measure.tracker import LiveBytes
+from bench.measure.tracker import LiveBytes, storages
 
 def cuda_peaks(device: torch.device) -> dict[str, int]:
     stats = torch.cuda.memory_stats(device)
@@ -46,8 +46,8 @@ def rss_peak_bytes() -> int:
 
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes of the distinct storages behind ``tensors``."""
-    storages = {id(t.untyped_storage()): t.untyped_storage().nbytes() for t in tensors}
-    return sum(storages.values())
+    unique = {s.data_ptr(): s.nbytes() for t in tensors for s in storages(t)}  # views share a storage
+    return sum(unique.values())
 
 
 def optimizer_state(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -87,6 +87,11 @@ def tracked_step(step: Callable[[], object], model: nn.Module, optimizer: torch.
         "peak_tensor_bytes": tracker.peak,
         "peak_phase": tracker.peak_phase,
         "activation_bytes": max(held),
+    } | model_state_bytes(model, optimizer)
+
+
+def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    return {
         "param_bytes": tensor_bytes(model.parameters()),
         "optimizer_state_bytes": tensor_bytes(optimizer_state(optimizer)),
     }

@@ -13,10 +13,22 @@ import weakref
 from collections.abc import Iterable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
 CUDA_BLOCK = 512  # the caching allocator rounds every allocation up to this
+
+
+def inner_tensors(t: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors holding a wrapper subclass's data (quantized weights, 8-bit states)."""
+    names, _ = t.__tensor_flatten__()
+    return [getattr(t, n) for n in names]
+
+
+def storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
+    if is_traceable_wrapper_subclass(t):
+        return [s for inner in inner_tensors(t) for s in storages(inner)]
+    return [t.untyped_storage()]
 
 
 class LiveBytes(TorchDispatchMode):
@@ -36,6 +48,10 @@ class LiveBytes(TorchDispatchMode):
 
     def _count(self, t: torch.Tensor) -> None:
         if t.device.type != self.device_type:
+            return
+        if is_traceable_wrapper_subclass(t):  # e.g. an 8-bit optimizer state: count what it wraps
+            for inner in inner_tensors(t):
+                self._count(inner)
             return
         storage = t.untyped_storage()
         key = id(storage)

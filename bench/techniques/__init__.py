@@ -3,7 +3,8 @@
 from bench.techniques.base import TECHNIQUES, NoOptions, RunContext, Technique, Unsupported, option, resolve
 
 from bench.techniques import (  # noqa: E402,F401,I001  (each module registers its techniques)
-    accumulation, allocator, checkpointing, kernels, offload, optimizers, precision, sharing,
+    accumulation, adapters, allocator, checkpointing, compile, kernels, lowbit, offload, optimizers, precision,
+    sharing,
 )
 
 __all__ = ["TECHNIQUES", "NoOptions", "RunContext", "Technique", "Unsupported", "option", "resolve"]

@@ -59,6 +59,8 @@ class Technique:
     Config: ClassVar[type] = NoOptions
     # Names of techniques this one cannot be combined with; checked both ways at suite load.
     conflicts: ClassVar[frozenset[str]] = frozenset()
+    # False where the live-tensor tracker cannot see what the technique runs (compiled graphs).
+    trackable: ClassVar[bool] = True
 
     def __init__(self, config: Any = None) -> None:
         self.config = config if config is not None else self.Config()

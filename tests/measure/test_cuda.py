@@ -49,3 +49,20 @@ def test_out_of_memory_on_cuda_is_recorded_as_oom():
     record = run_isolated(spec(techniques=(tech("tests.helpers:AllocateTooMuch"),)),
                           Device("cuda", torch.cuda.get_device_name(0)))
     assert record["status"] == "oom", record
+
+
+def test_fp8_converts_linear_layers_on_hopper():
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 needs compute capability 8.9+")
+    record = run_isolated(spec("bert-tiny", (tech("fp8"),), batch_size=16, seq_len=64),
+                          Device("cuda", torch.cuda.get_device_name(0)))
+    assert record["status"] in ("ok", "unsupported"), record  # unsupported: no torchao on the host
+    if record["status"] == "ok":
+        assert record["proof"]["fp8.float8_linears"] > 0
+
+
+def test_offload_moves_saved_tensors_to_the_host():
+    record = run_isolated(spec("vit-tiny", (tech("offload"),), batch_size=32, image_size=64),
+                          Device("cuda", torch.cuda.get_device_name(0)))
+    assert record["status"] == "ok", record
+    assert record["proof"]["offload.tensors_offloaded_per_step"] > 0
