@@ -6,6 +6,7 @@ naming the file, the key path and what is allowed. Nothing runs until a suite lo
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import tomllib
@@ -124,6 +125,16 @@ def load(path: str | Path) -> Suite:
     if problems:
         raise SuiteError(path, problems)
     return suite
+
+
+def select(suite: Suite, patterns: list[str]) -> Suite:
+    """The runs matching any of the names or globs, always with the baselines they are compared with."""
+    chosen = {r.name for r in suite.runs if any(fnmatch.fnmatchcase(r.name, p) for p in patterns)}
+    if not chosen:
+        raise SuiteError(suite.path, [f"--only {','.join(patterns)}: no run matches; runs: "
+                                      f"{', '.join(r.name for r in suite.runs)}"])
+    chosen |= {r.baseline for r in suite.runs if r.name in chosen}
+    return replace(suite, runs=tuple(r for r in suite.runs if r.name in chosen))
 
 
 def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:

@@ -110,7 +110,7 @@ techniques = [{ name = "accumulate", micro_batches = "two" }]
         "baseline: 'nope' is not a run name",
         "shapes.gpu.batch_size: required positive integer, got 0",
         "shapes.cpu.batch_size: expected int, got str 'eight'",
-        "runs[0].techniques[0]: unknown technique 'warp-drive'; known: accumulate, allocator, amp",
+        "runs[0].techniques[0]: unknown technique 'warp-drive'; known: accumulate, adamw-8bit, allocator, amp",
         "runs[0].techniques[1].dtype: must be one of 'bfloat16', 'float16', got 'float8'",
         "runs[0].techniques[2].speed: unknown option of amp; allowed: dtype",
         "runs[2].techniques[0].micro_batches: expected int, got str 'two'",
@@ -146,3 +146,10 @@ def test_user_technique_by_import_path(tmp_path):
     assert s.runs[1].techniques[1].name == "tests.helpers:SGD"
     found = problems(tmp_path, GOOD.replace('"checkpoint"]', '"tests.helpers:Nope"]'))
     assert "cannot import technique 'tests.helpers:Nope'" in found[0]
+
+
+def test_selecting_runs_keeps_their_baselines(tmp_path):
+    s = suites.select(load(write(tmp_path, GOOD)), ["am*"])
+    assert [r.name for r in s.runs] == ["baseline", "amp"]
+    with pytest.raises(SuiteError, match="no run matches"):
+        suites.select(s, ["nothing"])
