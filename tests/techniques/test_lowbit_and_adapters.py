@@ -69,3 +69,11 @@ def test_missing_optional_package_gives_the_install_hint(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     ctx = RunContext(CPU, MODELS.get("vit-tiny"), None)
     assert "pip install torchao" in AdamW8bit().unsupported(ctx)
+
+
+def test_int8_weights_leave_torchvision_attention_projections_alone():
+    """torchvision's attention calls out_proj's weight directly (transposed), which int8 storage cannot."""
+    pytest.importorskip("torchao")
+    pytest.importorskip("peft")
+    _, trainer = run("vit-tiny", tech("lora"), tech("int8-weights"))
+    assert trainer.proof()["int8-weights.quantized_linears"] == 2 * 2  # the two MLP linears per block
