@@ -90,7 +90,8 @@ class Int8FrozenWeights(Technique):
         self.quantized: list[str] = []
 
         def frozen_linear(module: nn.Module, fqn: str) -> bool:
-            pick = isinstance(module, nn.Linear) and not _is_head(fqn) and "lora_" not in fqn
+            # Exact type: torchvision attention's out_proj (a Linear subclass) is used transposed, unsupported.
+            pick = type(module) is nn.Linear and not _is_head(fqn) and "lora_" not in fqn
             if pick:
                 module.requires_grad_(False)
                 self.quantized.append(fqn)
