@@ -83,8 +83,7 @@ class SelectiveCheckpointing(ActivationCheckpointing):
     conflicts = frozenset({"checkpoint"})
 
     @dataclass(frozen=True)
-    class Config:
-        every: int = option(1, "wrap every k-th block (1: all of them)")
+    class Config(ActivationCheckpointing.Config):
         save: Literal["matmuls", "matmuls+attention"] = option("matmuls", "which op outputs to keep")
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:

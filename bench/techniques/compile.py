@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import torch
 from torch import nn
 
 from bench.techniques.base import TECHNIQUES, RunContext, Technique, option
