@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +13,13 @@ import torch
 
 
 def device_name(device_type: str) -> str:
-    """The card's name, read through NVML where possible so the parent process never initialises CUDA."""
+    """The card's name, read through NVML where possible so the parent process never initialises CUDA.
+
+    On CPU, the processor model and thread count: both change the figures, so both are part of the
+    name that keys stored records (another machine measures afresh instead of reusing them).
+    """
     if device_type != "cuda":
-        return "cpu"
+        return f"{cpu_model()}, {torch.get_num_threads()} threads"
     try:
         import pynvml
 
@@ -24,6 +28,16 @@ def device_name(device_type: str) -> str:
         return name.decode() if isinstance(name, bytes) else name
     except Exception:  # noqa: BLE001  NVML absent or unusable: ask torch instead
         return torch.cuda.get_device_name(0)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
 
 
 def git_revision(root: Path | None = None) -> str:
@@ -44,7 +58,7 @@ def runtime_provenance(device: torch.device) -> dict[str, Any]:
         "python_version": platform.python_version(),
         "hostname": platform.node(),
         "cpu_threads": torch.get_num_threads(),
-        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     if device.type == "cuda":
         out |= {

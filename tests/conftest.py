@@ -1,11 +1,11 @@
 import pytest
 import torch
 
+from bench.data.synthetic import synthetic_batch
 from bench.models import MODELS
 from bench.suite import RunSpec
 from bench.techniques import RunContext
 from bench.train import Trainer
-from bench.data.synthetic import synthetic_batch
 
 CPU = torch.device("cpu")
 

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def readme_file(name: str) -> str:
     """The code block that follows ``<!-- file: NAME -->`` in the README."""
     text = (ROOT / "README.md").read_text()
-    match = re.search(rf"<!-- file: {re.escape(name)} -->\s*```\w*\n(.*?)```", text, re.S)
+    match = re.search(rf"<!-- file: {re.escape(name)} -->\s*```\w*\n(.*?)```", text, re.DOTALL)
     assert match, f"README has no block for {name}"
     return match.group(1)
 

@@ -7,7 +7,10 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 from bench import results
+from bench.provenance import device_name
 from bench.runner import Device, run_isolated, sweep
 from bench.suite import Suite
 from tests.helpers import spec, tech
@@ -82,7 +85,7 @@ def test_interrupted_sweep_keeps_finished_records_and_resumes(tmp_path):
     cmd = [sys.executable, "-m", "bench", "run", str(suite), "--device", "cpu", "--results", str(tmp_path / "r")]
     env = os.environ | {"BENCH_TEST_SLEEP": "120"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    done = tmp_path / "r" / "s" / "cpu" / "baseline.json"
+    done = results.record_path(tmp_path / "r", "s", device_name("cpu"), "baseline")
     deadline = time.monotonic() + 90
     while not done.exists() and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -98,3 +101,9 @@ def test_interrupted_sweep_keeps_finished_records_and_resumes(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "[1/2] baseline: kept stored record (ok)" in out.stderr
     assert done.stat().st_mtime_ns == kept and (done.parent / "slow.json").exists()
+
+
+def test_cpu_device_name_carries_the_processor_and_thread_count():
+    # Stored CPU records must not be reused on another processor or thread count.
+    name = device_name("cpu")
+    assert name.endswith(f", {torch.get_num_threads()} threads") and not name.startswith(",")

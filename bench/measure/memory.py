@@ -13,6 +13,7 @@ from torch import nn
 
 from bench.measure.tracker import LiveBytes, storages
 
+
 def cuda_peaks(device: torch.device) -> dict[str, int]:
     stats = torch.cuda.memory_stats(device)
     return {

@@ -69,7 +69,7 @@ class LiveBytes(TorchDispatchMode):
     def _free(self, key: int) -> None:
         self.current -= self._live.pop(key, 0)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):

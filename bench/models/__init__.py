@@ -58,4 +58,4 @@ def children_of(container: str) -> Callable[[nn.Module], list[str]]:
     return names
 
 
-from bench.models import text, vision  # noqa: E402,F401  (registers the models)
+from bench.models import text, vision  # noqa: F401  (registers the models)

@@ -6,8 +6,8 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; no display on CI or GPU hosts
 
-import pandas as pd  # noqa: E402
-from matplotlib.axes import Axes  # noqa: E402
+import pandas as pd
+from matplotlib.axes import Axes
 
 
 def byte_unit(largest: float) -> tuple[float, str]:

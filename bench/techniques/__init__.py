@@ -1,10 +1,18 @@
 """Techniques: the interface and registry in ``base``, one module per technique family."""
 
-from bench.techniques.base import TECHNIQUES, NoOptions, RunContext, Technique, Unsupported, option, resolve
-
-from bench.techniques import (  # noqa: E402,F401,I001  (each module registers its techniques)
-    accumulation, adapters, allocator, checkpointing, compile, kernels, lowbit, offload, optimizers, precision,
+from bench.techniques import (  # noqa: F401  (each module registers its techniques)
+    accumulation,
+    adapters,
+    allocator,
+    checkpointing,
+    compile,
+    kernels,
+    lowbit,
+    offload,
+    optimizers,
+    precision,
     sharing,
 )
+from bench.techniques.base import TECHNIQUES, NoOptions, RunContext, Technique, Unsupported, option, resolve
 
 __all__ = ["TECHNIQUES", "NoOptions", "RunContext", "Technique", "Unsupported", "option", "resolve"]

@@ -60,7 +60,7 @@ class _AttentionOps(TorchDispatchMode):
         super().__init__()
         self.seen: set[str] = set()
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if "scaled_dot_product" in func.__name__:
             self.seen.add(func.__name__.split(".")[0])
         return func(*args, **(kwargs or {}))
