@@ -43,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--results", type=Path, default=Path("results"))
     rep.set_defaults(func=_report)
     val = sub.add_parser("validate", help="check suite files; every problem at once")
-    val.add_argument("suites", nargs="*", help="suite files (default: suites/*.toml)")
+    val.add_argument("suites", nargs="*", help="suite names or files (default: suites/*.toml)")
     val.set_defaults(func=_validate)
     lst = sub.add_parser("list", help="models and techniques with their options")
     lst.set_defaults(func=_list)
@@ -84,7 +84,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    paths = [Path(p) for p in args.suites] or sorted(Path("suites").glob("*.toml"))
+    paths = [suite_path(p) for p in args.suites] or sorted(Path("suites").glob("*.toml"))
     failed = 0
     for path in paths:
         try:
@@ -98,14 +98,15 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _list(args: argparse.Namespace) -> int:
     from bench.models import MODELS
-    from bench.techniques import TECHNIQUES
+    from bench.techniques import TECHNIQUES, TRAIN
     from bench.techniques.base import options_doc
 
     print("models:", ", ".join(MODELS.names()))
     print("techniques:")
     for name in TECHNIQUES:
         cls = TECHNIQUES.get(name)
-        print(f"  {name}: {cls.summary}")
+        modes = "" if cls.modes == TRAIN else f" [{', '.join(sorted(cls.modes))}]"
+        print(f"  {name}: {cls.summary}{modes}")
         for opt, kind, default, doc in options_doc(cls):
             print(f"      {opt} ({kind}, default {default!r}): {doc}")
     return 0

@@ -19,10 +19,12 @@ from bench.models import MODELS
 from bench.techniques import Technique, resolve
 
 DEVICES = ("gpu", "cpu")
+MODES = ("train", "inference")
 TOP_KEYS = {
     "name": "suite name (defaults to the file name)",
     "description": "one line shown in reports",
     "model": f"one of {', '.join(MODELS.names())}",
+    "mode": '"train" (default: training steps) or "inference" (forward passes only, no gradients)',
     "baseline": "name of the run (or matrix key) every run is compared with",
     "seed": "integer seed for weights and data",
     "warmup_steps": "steps before measuring, at least 1 (allocator, autotune, compile); per device in [shapes.*]",
@@ -84,12 +86,16 @@ class RunSpec:
     seed: int
     timeout_s: float
     lr: float
+    mode: str = "train"
 
     def shapes(self, device_type: str) -> Shapes:
         return self.gpu if device_type == "cuda" else self.cpu
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if d["mode"] == "train":  # implicit in records made before suites had modes; keeps their keys valid
+            del d["mode"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunSpec:
@@ -146,6 +152,9 @@ def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
         problems.append(f"model: required; {TOP_KEYS['model']}")
     elif model not in MODELS:
         problems.append(f"model: unknown model {model!r}; known: {', '.join(MODELS.names())}")
+    mode = _typed(raw, "mode", str, "train", problems)
+    if mode not in MODES:
+        problems.append(f"mode: {mode!r} is not a mode; allowed: {', '.join(MODES)}")
     common = {k: _typed(raw, k, type(v), v, problems) for k, v in DEFAULTS.items()}
     _check_ranges(common, "", problems)
     steps = {k: common.pop(k) for k in STEP_KEYS}
@@ -154,12 +163,12 @@ def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
     baseline = _baseline(raw, entries, problems)
     runs = []
     for e in entries:
-        techniques = _techniques(e.techniques, e.where, e.batch, shapes, problems)
+        techniques = _techniques(e.techniques, e.where, e.batch, shapes, mode, problems)
         if shapes is None or techniques is None or model not in MODELS or baseline is None:
             continue  # already reported; keep collecting problems from the other entries
         gpu, cpu = (replace(shapes[d], batch_size=e.batch[d]) if e.batch else shapes[d] for d in DEVICES)
         base = f"{baseline}@bs{gpu.batch_size}" if e.batch and baseline in _matrix_keys(entries) else baseline
-        runs.append(RunSpec(name, e.name, model, techniques, gpu, cpu, base, **common))
+        runs.append(RunSpec(name, e.name, model, techniques, gpu, cpu, base, **common, mode=mode))
     description = _typed(raw, "description", str, "", problems)
     return Suite(name, path, model or "", description, baseline or "", tuple(runs))
 
@@ -294,13 +303,17 @@ def _matrix(raw: Any, problems: list[str]) -> list[Entry]:
 
 
 def _techniques(raw: Any, where: str, batch: dict[str, int] | None, shapes: dict[str, Shapes] | None,
-                problems: list[str]) -> tuple[TechniqueSpec, ...] | None:
+                mode: str, problems: list[str]) -> tuple[TechniqueSpec, ...] | None:
     if not isinstance(raw, list):
         problems.append(f"{where}: expected a list of names or {{ name = ..., option = ... }} tables")
         return None
     specs = [s for i, item in enumerate(raw) if (s := _technique(item, f"{where}[{i}]", problems)) is not None]
     built = [s.build() for s in specs]
     before = len(problems)
+    for spec, technique in zip(specs, built):
+        if mode in MODES and mode not in technique.modes:
+            problems.append(f"{where}: {spec.name} does not apply to {mode} suites; "
+                            f"it works in: {', '.join(sorted(technique.modes))}")
     _check_combination(where, built, problems)
     for spec, technique in zip(specs, built):
         for dev in DEVICES:

@@ -58,7 +58,13 @@ class Trainer:
         return total
 
     def proof(self) -> dict[str, object]:
-        out: dict[str, object] = {"micro_batches": self.micro_batches, "output_dtype": str(self.output_dtype)}
-        for t in self.techniques:
-            out |= {f"{t.name or type(t).__name__}.{k}": v for k, v in t.proof(self.steps).items()}
-        return out
+        own = {"micro_batches": self.micro_batches, "output_dtype": str(self.output_dtype)}
+        return own | techniques_proof(self.techniques, self.steps)
+
+
+def techniques_proof(techniques: list[Technique], steps: int) -> dict[str, object]:
+    """Each technique's evidence of application, under its name."""
+    out: dict[str, object] = {}
+    for t in techniques:
+        out |= {f"{t.name or type(t).__name__}.{k}": v for k, v in t.proof(steps).items()}
+    return out

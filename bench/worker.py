@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from bench.data.synthetic import Batch, samples_in, synthetic_batch
+from bench.infer import Predictor
 from bench.measure.memory import cuda_peaks, model_state_bytes, nvml_process_bytes, rss_peak_bytes, tracked_step
 from bench.measure.timing import summarize, time_steps
 from bench.models import MODELS
@@ -39,7 +40,8 @@ def measure(spec: RunSpec, device: torch.device) -> dict[str, Any]:
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed shapes: let warm-up pick the fastest kernels
     model = model_spec.build(shapes).to(device)
-    trainer = Trainer(model, model_spec, techniques, ctx, spec.lr)
+    trainer = (Predictor(model, model_spec, techniques, ctx) if spec.mode == "inference"
+               else Trainer(model, model_spec, techniques, ctx, spec.lr))
     batch = synthetic_batch(model_spec, shapes, spec.seed, device)
     # Warm-up: allocator, cuDNN autotune, optimizer state, compilation. The first step is timed on its
     # own, since that is where one-off costs (compilation above all) land.

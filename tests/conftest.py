@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from bench.data.synthetic import synthetic_batch
+from bench.infer import Predictor
 from bench.models import MODELS
 from bench.suite import RunSpec
 from bench.techniques import RunContext
@@ -19,12 +20,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def build_trainer(spec: RunSpec, device: torch.device = CPU) -> tuple[Trainer, object]:
-    """The model and techniques of a spec, applied in this process, with its synthetic batch."""
+def build_trainer(spec: RunSpec, device: torch.device = CPU) -> tuple[Trainer | Predictor, object]:
+    """The model and techniques of a spec, applied in this process, with its synthetic batch
+    (a Predictor for inference specs)."""
     model_spec = MODELS.get(spec.model)
     shapes = spec.shapes(device.type)
     torch.manual_seed(spec.seed)
     model = model_spec.build(shapes).to(device)
-    trainer = Trainer(model, model_spec, [t.build() for t in spec.techniques], RunContext(device, model_spec, shapes),
-                      spec.lr)
+    techniques, ctx = [t.build() for t in spec.techniques], RunContext(device, model_spec, shapes)
+    trainer = (Predictor(model, model_spec, techniques, ctx) if spec.mode == "inference"
+               else Trainer(model, model_spec, techniques, ctx, spec.lr))
     return trainer, synthetic_batch(model_spec, shapes, spec.seed, device)

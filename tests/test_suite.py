@@ -153,3 +153,20 @@ def test_selecting_runs_keeps_their_baselines(tmp_path):
     assert [r.name for r in s.runs] == ["baseline", "amp"]
     with pytest.raises(SuiteError, match="no run matches"):
         suites.select(s, ["nothing"])
+
+
+def test_techniques_must_fit_the_suite_mode(tmp_path):
+    infer = GOOD.replace('baseline = "baseline"', 'baseline = "baseline"\nmode = "inference"')
+    (msg,) = problems(tmp_path, infer)  # amp applies to both modes; checkpointing has no backward to save for
+    assert "runs[1].techniques: checkpoint does not apply to inference suites; it works in: train" in msg
+    (msg,) = problems(tmp_path, GOOD.replace('"checkpoint"]', '"inference-mode"]'))
+    assert "inference-mode does not apply to train suites; it works in: inference" in msg
+    assert "mode: 'serve' is not a mode" in problems(tmp_path, GOOD.replace('model =', 'mode = "serve"\nmodel ='))[0]
+
+
+def test_train_mode_stays_out_of_the_key_so_older_records_keep_theirs(tmp_path):
+    train = load(write(tmp_path, GOOD)).runs[0]
+    infer = load(write(tmp_path, GOOD.replace('"checkpoint"]', "]").replace("model =", 'mode = "inference"\nmodel ='))).runs[0]
+    assert "mode" not in train.to_dict() and infer.to_dict()["mode"] == "inference"
+    assert suites.RunSpec.from_dict(train.to_dict()) == train and suites.RunSpec.from_dict(infer.to_dict()) == infer
+    assert train.key("cpu") != infer.key("cpu")

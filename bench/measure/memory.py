@@ -51,11 +51,13 @@ def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
     return sum(unique.values())
 
 
-def optimizer_state(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+def optimizer_state(optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+    if optimizer is None:  # inference
+        return []
     return [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
 
 
-def tracked_step(step: Callable[[], object], model: nn.Module, optimizer: torch.optim.Optimizer,
+def tracked_step(step: Callable[[], object], model: nn.Module, optimizer: torch.optim.Optimizer | None,
                  device: torch.device) -> dict[str, int | str]:
     """One step under the live-bytes tracker: its peak, and the bytes each forward leaves alive for
     backward (saved activations plus the logits), the quantity checkpointing and autocast shrink."""
@@ -73,11 +75,9 @@ def tracked_step(step: Callable[[], object], model: nn.Module, optimizer: torch.
         tracker.phase = "backward"
         held.append(tracker.current - starts[-1])
 
-    hooks = [
-        model.register_forward_pre_hook(forward_start),
-        model.register_forward_hook(forward_end),
-        optimizer.register_step_pre_hook(lambda *_: setattr(tracker, "phase", "optimizer")),
-    ]
+    hooks = [model.register_forward_pre_hook(forward_start), model.register_forward_hook(forward_end)]
+    if optimizer is not None:
+        hooks.append(optimizer.register_step_pre_hook(lambda *_: setattr(tracker, "phase", "optimizer")))
     try:
         with tracker:
             step()
@@ -91,7 +91,7 @@ def tracked_step(step: Callable[[], object], model: nn.Module, optimizer: torch.
     } | model_state_bytes(model, optimizer)
 
 
-def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, int]:
     return {
         "param_bytes": tensor_bytes(model.parameters()),
         "optimizer_state_bytes": tensor_bytes(optimizer_state(optimizer)),

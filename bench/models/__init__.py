@@ -35,7 +35,7 @@ class ModelSpec:
 
     def logits(self, model: nn.Module, inputs: Inputs) -> torch.Tensor:
         if isinstance(inputs, dict):
-            return model(**inputs).logits
+            return model(**inputs)["logits"]  # a ModelOutput, or the plain dict a traced model returns
         return model(inputs)
 
 

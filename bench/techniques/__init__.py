@@ -6,6 +6,7 @@ from bench.techniques import (  # noqa: F401  (each module registers its techniq
     allocator,
     checkpointing,
     compile,
+    inference,
     kernels,
     lowbit,
     offload,
@@ -13,6 +14,6 @@ from bench.techniques import (  # noqa: F401  (each module registers its techniq
     precision,
     sharing,
 )
-from bench.techniques.base import TECHNIQUES, NoOptions, RunContext, Technique, Unsupported, option, resolve
+from bench.techniques.base import ANY_MODE, INFERENCE, TECHNIQUES, TRAIN, NoOptions, RunContext, Technique, Unsupported, option, resolve
 
-__all__ = ["TECHNIQUES", "NoOptions", "RunContext", "Technique", "Unsupported", "option", "resolve"]
+__all__ = ["ANY_MODE", "INFERENCE", "TECHNIQUES", "TRAIN", "NoOptions", "RunContext", "Technique", "Unsupported", "option", "resolve"]

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench.techniques.base import TECHNIQUES, RunContext, Technique, option
+from bench.techniques.base import ANY_MODE, TECHNIQUES, RunContext, Technique, option
 
 
 @TECHNIQUES.register("allocator")
@@ -23,6 +23,7 @@ class AllocatorConfig(Technique):
     """
 
     name = "allocator"
+    modes = ANY_MODE
     summary = "PYTORCH_CUDA_ALLOC_CONF for the run (e.g. expandable_segments:True)"
 
     @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class EmptyCacheEveryStep(Technique):
     """
 
     name = "empty-cache"
+    modes = ANY_MODE
     summary = "torch.cuda.empty_cache() after every step"
 
     def unsupported(self, ctx: RunContext) -> str | None:

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from bench.suite import Shapes
 
 TECHNIQUES: Registry[type[Technique]] = Registry("technique")
+TRAIN, INFERENCE = frozenset({"train"}), frozenset({"inference"})
+ANY_MODE = TRAIN | INFERENCE  # the suite modes: training steps, or forward passes only
 
 
 class Unsupported(Exception):
@@ -61,6 +63,8 @@ class Technique:
     conflicts: ClassVar[frozenset[str]] = frozenset()
     # False where the live-tensor tracker cannot see what the technique runs (compiled graphs).
     trackable: ClassVar[bool] = True
+    # Suite modes this technique means something in (checked at suite load).
+    modes: ClassVar[frozenset[str]] = TRAIN
 
     def __init__(self, config: Any = None) -> None:
         self.config = config if config is not None else self.Config()

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from torch import nn
 
-from bench.techniques.base import TECHNIQUES, RunContext, Technique, option
+from bench.techniques.base import ANY_MODE, TECHNIQUES, RunContext, Technique, option
 
 
 @TECHNIQUES.register("compile")
@@ -22,6 +22,7 @@ class Compile(Technique):
     """
 
     name = "compile"
+    modes = ANY_MODE
     summary = "torch.compile the model (first step's compile time recorded separately)"
     trackable = False
 

@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bench.techniques.base import TECHNIQUES, RunContext, Technique, Unsupported, option
+from bench.techniques.base import ANY_MODE, TECHNIQUES, RunContext, Technique, Unsupported, option
 
 if TYPE_CHECKING:
     from bench.data.synthetic import Batch
@@ -28,6 +28,7 @@ class ChannelsLast(Technique):
     """
 
     name = "channels-last"
+    modes = ANY_MODE
     summary = "channels_last (NHWC) memory format for conv weights and input images"
 
     def unsupported(self, ctx: RunContext) -> str | None:
@@ -77,6 +78,7 @@ class AttentionBackend(Technique):
     """
 
     name = "sdpa"
+    modes = ANY_MODE
     summary = "attention backend for BERT/ViT: math, flash, efficient or cudnn (records which ran)"
 
     @dataclass(frozen=True)

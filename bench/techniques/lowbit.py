@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench.techniques.base import TECHNIQUES, RunContext, Technique, option
+from bench.techniques.base import ANY_MODE, TECHNIQUES, RunContext, Technique, option
 
 HEADS = ("classifier", "heads", "fc")  # classification heads stay in full precision and trainable
 
@@ -75,6 +75,7 @@ class Int8FrozenWeights(Technique):
     """
 
     name = "int8-weights"
+    modes = ANY_MODE
     summary = "int8 weight-only storage for frozen linear layers (torchao); pair with lora"
 
     def unsupported(self, ctx: RunContext) -> str | None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import nn
 
-from bench.techniques.base import TECHNIQUES, RunContext, Technique, option
+from bench.techniques.base import ANY_MODE, TECHNIQUES, RunContext, Technique, option
 
 if TYPE_CHECKING:
     from bench.data.synthetic import Batch
@@ -26,6 +26,7 @@ class Amp(Technique):
     """
 
     name = "amp"
+    modes = ANY_MODE
     summary = "autocast to bfloat16 or float16 (float16 with a GradScaler)"
 
     @dataclass(frozen=True)
@@ -77,14 +78,18 @@ class PureBF16(Technique):
     summary = "pure bfloat16: weights, gradients, optimizer state (no fp32 master weights)"
     conflicts = frozenset({"amp"})
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.bfloat16
+
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
-        self.model = model.to(torch.bfloat16)
+        self.model = model.to(self.dtype)
         return self.model
 
     def prepare_batch(self, batch: Batch) -> Batch:
         inputs, labels = batch
         if isinstance(inputs, torch.Tensor) and inputs.is_floating_point():
-            inputs = inputs.to(torch.bfloat16)
+            inputs = inputs.to(self.dtype)
         return inputs, labels
 
     def proof(self, steps: int) -> dict[str, Any]:
@@ -101,6 +106,7 @@ class TF32(Technique):
     """
 
     name = "tf32"
+    modes = ANY_MODE
     summary = "TF32 matmul and cuDNN convolutions on or off (CUDA)"
 
     @dataclass(frozen=True)

@@ -66,3 +66,19 @@ def test_offload_moves_saved_tensors_to_the_host():
                           Device("cuda", torch.cuda.get_device_name(0)))
     assert record["status"] == "ok", record
     assert record["proof"]["offload.tensors_offloaded_per_step"] > 0
+
+
+def test_inference_run_on_cuda_in_half_precision_with_inference_mode():
+    techniques = (tech("half", dtype="float16"), tech("inference-mode"))
+    record = run_isolated(spec("vit-tiny", techniques, batch_size=64, image_size=64, mode="inference"),
+                          Device("cuda", torch.cuda.get_device_name(0)))
+    assert record["status"] == "ok", record
+    assert record["proof"]["output_dtype"] == "torch.float16" and record["proof"]["inference_tensors"] is True
+    assert record["optimizer_state_bytes"] == 0 and record["peak_allocated_bytes"] > record["param_bytes"]
+
+
+def test_expandable_segments_reach_the_run_process():
+    record = run_isolated(spec("vit-tiny", (tech("allocator", conf="expandable_segments:True"),), batch_size=16),
+                          Device("cuda", torch.cuda.get_device_name(0)))
+    assert record["status"] == "ok", record
+    assert record["allocator_conf"] == "expandable_segments:True"

@@ -1,0 +1,46 @@
+"""One inference step (forward only) with the techniques applied, for suites with ``mode = "inference"``."""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+
+import torch
+from torch import nn
+
+from bench.data.synthetic import Batch
+from bench.models import ModelSpec
+from bench.techniques import RunContext, Technique
+from bench.train import techniques_proof
+
+
+class Predictor:
+    """Eval mode, no optimizer, and no gradients: ``torch.no_grad()`` always, inside which a technique may
+    enter a stronger context (``inference_mode``). Same interface as ``Trainer`` for the worker."""
+
+    optimizer = None
+
+    def __init__(self, model: nn.Module, spec: ModelSpec, techniques: list[Technique], ctx: RunContext) -> None:
+        self.spec, self.techniques = spec, techniques
+        for t in techniques:
+            model = t.apply(model, ctx)
+        self.model = model.eval()
+        self.steps = 0
+        self.output_dtype: torch.dtype | None = None
+        self.inference_tensors = False
+
+    @torch.no_grad()
+    def step(self, batch: Batch) -> torch.Tensor:
+        for t in self.techniques:
+            batch = t.prepare_batch(batch)
+        with ExitStack() as stack:
+            for t in self.techniques:
+                stack.enter_context(t.step_context())
+            logits = self.spec.logits(self.model, batch[0])
+        # Flags only: holding the logits would keep them alive into the next measured step.
+        self.output_dtype, self.inference_tensors = logits.dtype, logits.is_inference()
+        self.steps += 1
+        return logits
+
+    def proof(self) -> dict[str, object]:
+        own = {"output_dtype": str(self.output_dtype), "inference_tensors": self.inference_tensors}
+        return own | techniques_proof(self.techniques, self.steps)

@@ -1,0 +1,148 @@
+"""Forward-only techniques, for suites with ``mode = "inference"``.
+
+The inference baseline runs the model in eval mode under ``torch.no_grad()``, the way most serving
+code is written; these techniques are what practitioners weigh against it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from bench.techniques.base import INFERENCE, TECHNIQUES, RunContext, Technique, Unsupported, option
+from bench.techniques.lowbit import _has, _is_head
+from bench.techniques.precision import PureBF16
+
+
+@TECHNIQUES.register("inference-mode")
+class InferenceMode(Technique):
+    """``torch.inference_mode()`` instead of ``torch.no_grad()``: outputs are inference tensors, which
+    skip autograd's version counters and view tracking.
+
+    Expected: the same memory (``no_grad`` already saves nothing for backward) and a little less
+    per-operator overhead, visible at small batches on CPU (PyTorch docs, "Inference Mode"). Outputs are
+    bit-identical.
+    """
+
+    name = "inference-mode"
+    summary = "torch.inference_mode() instead of torch.no_grad() (inference suites)"
+    modes = INFERENCE
+
+    def step_context(self) -> AbstractContextManager[Any]:
+        return torch.inference_mode()
+
+
+@TECHNIQUES.register("half")
+class HalfWeights(PureBF16):
+    """Weights and inputs cast to 16 bits for serving: ``model.to(dtype)``, no fp32 copy anywhere.
+
+    Expected: weight bytes and activations halve; on tensor-core GPUs 2–3× the fp32 throughput. Accuracy:
+    predictions almost always agree with fp32 (float16 keeps 3 more mantissa bits than bfloat16 but
+    overflows above 65504).
+    """
+
+    name = "half"
+    summary = "weights and inputs in float16 or bfloat16 (inference suites)"
+    modes = INFERENCE
+    conflicts = frozenset({"amp", "bf16"})
+
+    @dataclass(frozen=True)
+    class Config:
+        dtype: Literal["bfloat16", "float16"] = option("float16", "16-bit type of weights and inputs")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return getattr(torch, self.config.dtype)
+
+
+@TECHNIQUES.register("dynamic-int8")
+class DynamicInt8(Technique):
+    """Dynamic int8 quantization of every linear layer except the classification head: int8 weights
+    with per-channel scales, activations quantized per token at run time (torchao
+    ``Int8DynamicActivationInt8WeightConfig``, the successor of ``torch.ao.quantization.quantize_dynamic``).
+
+    Expected: linear weights 4 → ~1 byte per parameter; int8 matmuls where the backend has them (x86
+    VNNI/AMX, CUDA with ``torch.compile``), else slower than fp32 in eager mode. Accuracy: typically a
+    fraction of a point on classification (torchao's README reports the same for LLM perplexity).
+    """
+
+    name = "dynamic-int8"
+    summary = "int8 weights and dynamically quantized activations for linear layers (torchao; inference)"
+    modes = INFERENCE
+
+    def unsupported(self, ctx: RunContext) -> str | None:
+        if not _has("torchao"):
+            return "needs torchao: pip install torchao (or pip install -e '.[extras]')"
+        if ctx.model_spec.name.startswith("resnet"):
+            return "ResNet's only linear layer is its head, which stays in full precision"
+        return None
+
+    def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+
+        self.quantized: list[str] = []
+
+        def body_linear(module: nn.Module, fqn: str) -> bool:
+            # Exact type: torchvision attention reads out_proj.weight directly, which a subclass cannot serve.
+            pick = type(module) is nn.Linear and not _is_head(fqn)
+            if pick:
+                self.quantized.append(fqn)
+            return pick
+
+        quantize_(model, Int8DynamicActivationInt8WeightConfig(), filter_fn=body_linear)
+        return model
+
+    def proof(self, steps: int) -> dict[str, Any]:
+        return {"quantized_linears": len(self.quantized)}
+
+
+class _TraceOnFirstCall(nn.Module):
+    """Traces the wrapped model with the first real inputs (already shaped and cast by the techniques
+    before it), then runs the traced graph; the first step's time is the tracing time."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.traced: torch.jit.ScriptModule | None = None
+
+    def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor) -> Any:
+        if self.traced is None:
+            with warnings.catch_warnings():
+                # Deprecated in favour of compile/export; and shapes are fixed, so traced constants are fine.
+                warnings.simplefilter("ignore", FutureWarning)
+                warnings.simplefilter("ignore", torch.jit.TracerWarning)
+                try:
+                    self.traced = (torch.jit.trace(self.model, example_kwarg_inputs=kwargs, strict=False) if kwargs
+                                   else torch.jit.trace(self.model, args, strict=False))
+                except Exception as exc:  # noqa: BLE001  any tracing failure means this model cannot be traced
+                    raise Unsupported(f"torch.jit.trace failed: {type(exc).__name__}: {exc}") from exc
+        return self.traced(**kwargs) if kwargs else self.traced(*args)
+
+
+@TECHNIQUES.register("jit-trace")
+class JitTrace(Technique):
+    """``torch.jit.trace`` the model with the first batch and run the TorchScript graph, the older
+    alternative to ``torch.compile`` (deprecated by PyTorch in favour of compile and export, still widely
+    deployed).
+
+    Expected: same memory as eager; TorchScript's profiling executor fuses some pointwise ops on CUDA after
+    a few calls, so gains are small next to ``compile``. Outputs identical up to fusion rounding.
+    """
+
+    name = "jit-trace"
+    summary = "torch.jit.trace the model on the first batch (inference suites)"
+    modes = INFERENCE
+    conflicts = frozenset({"compile"})
+
+    def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        self.wrapper = _TraceOnFirstCall(model)
+        return self.wrapper
+
+    def proof(self, steps: int) -> dict[str, Any]:
+        graph = self.wrapper.traced.inlined_graph if self.wrapper.traced is not None else None
+        return {"traced": graph is not None, "graph_nodes": sum(1 for _ in graph.nodes()) if graph else 0}
