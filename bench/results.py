@@ -51,6 +51,17 @@ def load_records(suite_dir: Path) -> list[dict[str, Any]]:
     return [r for p in sorted(suite_dir.glob("*/*.json")) if (r := read(p)) is not None]
 
 
+def accuracy_vs_baseline(record: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, Any]:
+    """The accuracy delta against the baseline's first seed (same initial weights and data order), and the
+    noise band: the spread (max − min) of the baseline's accuracies over its seeds."""
+    acc, base = record.get("accuracy"), (baseline or {}).get("accuracy")
+    if acc is None or base is None:
+        return {}
+    seeds = baseline.get("accuracy_seeds") or [base]
+    delta, band = acc - base, max(seeds) - min(seeds)
+    return {"accuracy_delta": delta, "accuracy_band": band, "outside_band": abs(delta) > band}
+
+
 def to_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     """One row per run; the technique proofs become ``proof.<technique>.<key>`` columns."""
     rows = []

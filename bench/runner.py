@@ -54,6 +54,8 @@ def sweep(suite: Suite, device: Device, results_root: Path, force: bool = False,
             continue
         print(f"[{i}/{n}] {spec.name}: running on {device.name} ({_elapsed(start)} elapsed)", file=log, flush=True)
         record = base_record(spec, device, key, revision) | {"run_index": i} | run_isolated(spec, device)
+        baseline = record if spec.name == spec.baseline else next((r for r in records if r["run"] == spec.baseline), None)
+        record |= results.accuracy_vs_baseline(record, baseline)
         results.write_atomic(path, record)
         records.append(record)
         print(f"[{i}/{n}] {spec.name}: {_outcome(record)}", file=log, flush=True)

@@ -34,6 +34,17 @@ TOP_KEYS = {
     "shapes": "[shapes.gpu] and [shapes.cpu] tables",
     "runs": "[[runs]] entries with name and techniques",
     "matrix": "[matrix] with techniques = {name = [...]} and batch_size = {gpu = [...], cpu = [...]}",
+    "fidelity": "[fidelity] table: train on real data and report the accuracy delta (see FIDELITY_KEYS)",
+}
+FIDELITY_KEYS = {
+    "dataset": "'digits' (scikit-learn, offline), 'imagefolder:PATH' or 'hf:PATH' (save_to_disk)",
+    "steps": "optimizer steps of training from the run's initial weights",
+    "batch_size": "training batch size",
+    "lr": "learning rate of the default AdamW optimizer",
+    "seeds": "seeds the baseline is trained with, for the noise band (at least 2)",
+    "image_size": "image side for image models (digits are upsampled from 8 px)",
+    "model": "model to train instead of the suite's (e.g. its tiny variant, so CPU runs stay short)",
+    "enabled": "false switches the phase off (per device in [fidelity.gpu] / [fidelity.cpu])",
 }
 DEFAULTS = {"seed": 0, "warmup_steps": 2, "measure_steps": 5, "timeout_s": 900.0, "lr": 1e-4}
 STEP_KEYS = ("warmup_steps", "measure_steps")  # suite-wide, and overridable per device in [shapes.*]
@@ -57,6 +68,19 @@ class Shapes:
     seq_len: int | None = None
     warmup_steps: int = DEFAULTS["warmup_steps"]
     measure_steps: int = DEFAULTS["measure_steps"]
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    """The fidelity phase on one kind of device: what to train on, for how long, and on which model."""
+
+    dataset: str = "digits"
+    steps: int = 100
+    batch_size: int = 32
+    lr: float = 1e-3
+    seeds: int = 3
+    image_size: int = 32
+    model: str | None = None
 
 
 @dataclass(frozen=True)
@@ -87,20 +111,28 @@ class RunSpec:
     timeout_s: float
     lr: float
     mode: str = "train"
+    fidelity_gpu: Fidelity | None = None
+    fidelity_cpu: Fidelity | None = None
 
     def shapes(self, device_type: str) -> Shapes:
         return self.gpu if device_type == "cuda" else self.cpu
 
+    def fidelity(self, device_type: str) -> Fidelity | None:
+        return self.fidelity_gpu if device_type == "cuda" else self.fidelity_cpu
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        if d["mode"] == "train":  # implicit in records made before suites had modes; keeps their keys valid
-            del d["mode"]
+        # Defaults stay out: records made before suites had these keys keep their keys valid.
+        for key, default in (("mode", "train"), ("fidelity_gpu", None), ("fidelity_cpu", None)):
+            if d[key] == default:
+                del d[key]
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunSpec:
         techs = tuple(TechniqueSpec(t["name"], tuple(map(tuple, t["options"]))) for t in d["techniques"])
-        return cls(**{**d, "techniques": techs, "gpu": Shapes(**d["gpu"]), "cpu": Shapes(**d["cpu"])})
+        fid = {k: Fidelity(**d[k]) for k in ("fidelity_gpu", "fidelity_cpu") if d.get(k)}
+        return cls(**{**d, "techniques": techs, "gpu": Shapes(**d["gpu"]), "cpu": Shapes(**d["cpu"]), **fid})
 
     def key(self, device: str) -> str:
         """Identity of a measurement: the full specification plus the device it ran on."""
@@ -161,16 +193,70 @@ def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
     shapes = _shapes(raw.get("shapes"), model, steps, problems)
     entries = _entries(raw, problems)
     baseline = _baseline(raw, entries, problems)
+    fidelity = _fidelity(raw.get("fidelity"), model, problems)
     runs = []
     for e in entries:
         techniques = _techniques(e.techniques, e.where, e.batch, shapes, mode, problems)
         if shapes is None or techniques is None or model not in MODELS or baseline is None:
             continue  # already reported; keep collecting problems from the other entries
+        _check_fidelity_batch(techniques, fidelity, e.where, problems)
         gpu, cpu = (replace(shapes[d], batch_size=e.batch[d]) if e.batch else shapes[d] for d in DEVICES)
         base = f"{baseline}@bs{gpu.batch_size}" if e.batch and baseline in _matrix_keys(entries) else baseline
-        runs.append(RunSpec(name, e.name, model, techniques, gpu, cpu, base, **common, mode=mode))
+        fid = {f"fidelity_{d}": fidelity.get(d) if e.fidelity else None for d in DEVICES}
+        runs.append(RunSpec(name, e.name, model, techniques, gpu, cpu, base, **common, mode=mode, **fid))
     description = _typed(raw, "description", str, "", problems)
     return Suite(name, path, model or "", description, baseline or "", tuple(runs))
+
+
+def _fidelity(raw: Any, model: str | None, problems: list[str]) -> dict[str, Fidelity | None]:
+    """Per device, the fidelity phase's settings: the table's keys, overridden by [fidelity.gpu/cpu]."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        problems.append("fidelity: expected a table; keys: " + ", ".join(FIDELITY_KEYS))
+        return {}
+    out: dict[str, Fidelity | None] = {}
+    shared = {k: v for k, v in raw.items() if k not in DEVICES}
+    for key in shared.keys() - FIDELITY_KEYS.keys():
+        problems.append(f"fidelity.{key}: unknown key; allowed: {', '.join(FIDELITY_KEYS)}")
+    for dev in DEVICES:
+        own = raw.get(dev, {}) if isinstance(raw.get(dev), dict) else {}
+        for key in own.keys() - FIDELITY_KEYS.keys():
+            problems.append(f"fidelity.{dev}.{key}: unknown key; allowed: {', '.join(FIDELITY_KEYS)}")
+        table, found = shared | own, []
+
+        def where(key: str) -> str:
+            return f"fidelity.{dev}." if key in own else "fidelity."  # noqa: B023  (used within this iteration)
+
+        if not _typed(table, "enabled", bool, True, found, where("enabled")):
+            out[dev] = None
+            continue
+        values = {f.name: _typed(table, f.name, _kind(f.type), f.default, found, where(f.name))
+                  for f in fields(Fidelity)}
+        for key in ("steps", "batch_size", "image_size", "seeds"):
+            if not values[key] or values[key] <= 0 or (key == "seeds" and values[key] < 2):
+                found.append(f"{where(key)}{key}: must be {'at least 2' if key == 'seeds' else 'positive'}")
+        if values["model"] is not None and model in MODELS:
+            other = MODELS.get(values["model"]) if values["model"] in MODELS else None
+            if other is None or other.inputs != MODELS.get(model).inputs:
+                found.append(f"{where('model')}model: {values['model']!r} is not a known model taking the suite "
+                             f"model's inputs; known: {', '.join(MODELS.names())}")
+        problems.extend(p for p in found if p not in problems)  # shared keys: reported once, not per device
+        out[dev] = Fidelity(**values)
+    return out
+
+
+def _kind(annotation: Any) -> type:
+    """The runtime type of a Fidelity field's annotation (``str | None`` → str)."""
+    return {"str": str, "int": int, "float": float, "str | None": str}[str(annotation)]
+
+
+def _check_fidelity_batch(techniques: tuple[TechniqueSpec, ...], fidelity: dict[str, Fidelity | None], where: str,
+                          problems: list[str]) -> None:
+    for dev, fid in fidelity.items():
+        for spec in techniques if fid is not None else ():
+            for p in spec.build().problems(fid.batch_size):
+                problems.append(f"{where}: {spec.name} at fidelity.{dev} batch_size {fid.batch_size}: {p}")
 
 
 def _matrix_keys(entries: list[Entry]) -> set[str]:
@@ -242,6 +328,7 @@ class Entry(NamedTuple):
     batch: dict[str, int] | None  # per-device batch sizes from the matrix, else None
     key: str  # the matrix key, or the run name
     where: str  # key path for messages
+    fidelity: bool = True  # false: this entry skips the fidelity phase
 
 
 def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:
@@ -255,13 +342,14 @@ def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:
         if not isinstance(run, dict):
             problems.append(f"{where}: expected a table with name and techniques")
             continue
-        for key in run.keys() - {"name", "techniques"}:
-            problems.append(f"{where}.{key}: unknown key; allowed: name, techniques")
+        for key in run.keys() - {"name", "techniques", "fidelity"}:
+            problems.append(f"{where}.{key}: unknown key; allowed: name, techniques, fidelity")
         name = _typed(run, "name", str, None, problems, f"{where}.")
         if name is None:
             problems.append(f"{where}.name: required string")
             continue
-        entries.append(Entry(name, run.get("techniques", []), None, name, f"{where}.techniques"))
+        fidelity = _typed(run, "fidelity", bool, True, problems, f"{where}.")
+        entries.append(Entry(name, run.get("techniques", []), None, name, f"{where}.techniques", fidelity))
     if "matrix" in raw:
         entries += _matrix(raw["matrix"], problems)
     if not entries:
@@ -278,8 +366,9 @@ def _matrix(raw: Any, problems: list[str]) -> list[Entry]:
     if not isinstance(raw, dict):
         problems.append(f"matrix: expected a table; {TOP_KEYS['matrix']}")
         return []
-    for key in raw.keys() - {"techniques", "batch_size"}:
-        problems.append(f"matrix.{key}: unknown key; allowed: techniques, batch_size")
+    for key in raw.keys() - {"techniques", "batch_size", "fidelity"}:
+        problems.append(f"matrix.{key}: unknown key; allowed: techniques, batch_size, fidelity")
+    fidelity = _typed(raw, "fidelity", bool, True, problems, "matrix.")
     techs, sizes = raw.get("techniques"), raw.get("batch_size")
     if not isinstance(techs, dict) or not techs:
         problems.append("matrix.techniques: required table of name = [techniques]")
@@ -296,7 +385,7 @@ def _matrix(raw: Any, problems: list[str]) -> list[Entry]:
                 problems.append(f"matrix.batch_size.{dev}[{j}]: must be a positive integer, got {b!r}")
                 return []
     return [
-        Entry(f"{key}@bs{g}", t, {"gpu": g, "cpu": c}, key, f"matrix.techniques.{key}")
+        Entry(f"{key}@bs{g}", t, {"gpu": g, "cpu": c}, key, f"matrix.techniques.{key}", fidelity)
         for key, t in techs.items()
         for g, c in zip(sizes["gpu"], sizes["cpu"])
     ]

@@ -16,12 +16,13 @@ from typing import Any
 import torch
 
 from bench.data.synthetic import Batch, samples_in, synthetic_batch
+from bench.fidelity import run_fidelity
 from bench.infer import Predictor
 from bench.measure.memory import cuda_peaks, model_state_bytes, nvml_process_bytes, rss_peak_bytes, tracked_step
 from bench.measure.timing import summarize, time_steps
 from bench.models import MODELS
 from bench.provenance import runtime_provenance
-from bench.suite import RunSpec
+from bench.suite import Fidelity, RunSpec
 from bench.techniques import RunContext, Unsupported
 from bench.train import Trainer
 
@@ -67,7 +68,24 @@ def measure(spec: RunSpec, device: torch.device) -> dict[str, Any]:
     figures["rss_peak_bytes"] = rss_peak_bytes()
     figures["param_count"] = sum(p.numel() for p in trainer.model.parameters())
     figures["trainable_param_count"] = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
-    return {"status": "ok", "message": "", **figures, "proof": trainer.proof()}
+    figures["proof"] = trainer.proof()
+    if (fid := spec.fidelity(device.type)) is not None:
+        del trainer, batch  # free the measured model before training another
+        figures |= _fidelity(spec, fid, device)
+    return {"status": "ok", "message": "", **figures}
+
+
+def _fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str, Any]:
+    """The fidelity phase's figures; a failure there is recorded beside the measurement, never instead of it."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    try:
+        return run_fidelity(spec, fid, device)
+    except Unsupported as exc:
+        return {"fidelity_error": f"unsupported: {exc}"}
+    except Exception as exc:  # noqa: BLE001
+        traceback.print_exc()
+        return {"fidelity_error": f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"}
 
 
 def _clone(batch: Batch) -> Batch:

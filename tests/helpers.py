@@ -77,3 +77,10 @@ class EnvProbe(Technique):
 
     def proof(self, steps: int) -> dict[str, Any]:
         return {"seen": os.environ.get("BENCH_PROBE")}
+
+
+class ZeroLearningRate(Technique):
+    """Harmful on purpose: an optimizer that never moves the weights, so the model learns nothing."""
+
+    def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.SGD(model.parameters(), lr=0.0)

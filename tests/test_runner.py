@@ -12,7 +12,7 @@ import torch
 from bench import results
 from bench.provenance import device_name
 from bench.runner import Device, run_isolated, sweep
-from bench.suite import Suite
+from bench.suite import Suite, load
 from tests.helpers import spec, tech
 
 CPU = Device("cpu", "cpu")
@@ -107,3 +107,23 @@ def test_cpu_device_name_carries_the_processor_and_thread_count():
     # Stored CPU records must not be reused on another processor or thread count.
     name = device_name("cpu")
     assert name.endswith(f", {torch.get_num_threads()} threads") and not name.startswith(",")
+
+
+def test_records_carry_the_accuracy_delta_and_the_baselines_noise_band(tmp_path):
+    suite = tmp_path / "fid.toml"
+    suite.write_text(
+        'model = "vit-tiny"\nbaseline = "baseline"\n'
+        "[shapes.gpu]\nbatch_size = 4\nimage_size = 16\n"
+        "[shapes.cpu]\nbatch_size = 4\nimage_size = 16\nwarmup_steps = 1\nmeasure_steps = 1\n"
+        "[fidelity]\nsteps = 60\nseeds = 3\nimage_size = 16\n"
+        '[[runs]]\nname = "baseline"\ntechniques = []\n'
+        '[[runs]]\nname = "checkpoint"\ntechniques = ["checkpoint"]\n'
+        '[[runs]]\nname = "frozen"\ntechniques = ["tests.helpers:ZeroLearningRate"]\n'
+        '[[runs]]\nname = "skipped"\nfidelity = false\ntechniques = ["checkpoint"]\n'
+    )
+    base, ckpt, frozen, skipped = sweep(load(suite), Device("cpu", "cpu"), tmp_path / "r")
+    assert len(base["accuracy_seeds"]) == 3 and base["accuracy_band"] == max(base["accuracy_seeds"]) - min(
+        base["accuracy_seeds"])
+    assert ckpt["accuracy_delta"] == 0.0 and ckpt["outside_band"] is False
+    assert frozen["accuracy_delta"] < -0.2 and frozen["outside_band"] is True
+    assert "accuracy" not in skipped and skipped["status"] == "ok"

@@ -170,3 +170,40 @@ def test_train_mode_stays_out_of_the_key_so_older_records_keep_theirs(tmp_path):
     assert "mode" not in train.to_dict() and infer.to_dict()["mode"] == "inference"
     assert suites.RunSpec.from_dict(train.to_dict()) == train and suites.RunSpec.from_dict(infer.to_dict()) == infer
     assert train.key("cpu") != infer.key("cpu")
+
+
+FIDELITY = GOOD + """
+[fidelity]
+steps = 50
+seeds = 2
+[fidelity.cpu]
+model = "vit-tiny"
+batch_size = 16
+[fidelity.gpu]
+enabled = false
+"""
+
+
+def test_fidelity_table_with_per_device_overrides_and_a_per_run_switch(tmp_path):
+    text = FIDELITY.replace('name = "amp"\ntechniques', 'name = "amp"\nfidelity = false\ntechniques')
+    base, amp = load(write(tmp_path, text)).runs
+    assert base.fidelity("cpu") == suites.Fidelity(steps=50, batch_size=16, seeds=2, model="vit-tiny")
+    assert base.fidelity("cuda") is None and amp.fidelity("cpu") is None
+    assert suites.RunSpec.from_dict(base.to_dict()) == base
+
+
+def test_fidelity_problems_are_reported_with_their_keys(tmp_path):
+    text = GOOD.replace('"checkpoint"]', '{ name = "accumulate", micro_batches = 2 }]') + """
+[fidelity]
+seeds = 1
+colour = 3
+[fidelity.cpu]
+model = "bert-tiny"
+batch_size = 15
+"""
+    found = problems(tmp_path, text)
+    assert "fidelity.colour: unknown key; allowed: dataset, steps, batch_size, lr, seeds, image_size, model, enabled" in found
+    assert "fidelity.seeds: must be at least 2" in found  # a shared key: reported once, where it is written
+    assert any("fidelity.cpu.model: 'bert-tiny' is not a known model taking the suite model's inputs" in p
+               for p in found)
+    assert any("accumulate at fidelity.cpu batch_size 15: micro_batches=2 does not divide" in p for p in found)

@@ -47,6 +47,8 @@ def _markdown(suite: str, table: pd.DataFrame, records: list[dict], images: list
         lines += [f"## {device}", "", _provenance(rec, part), "", tables.markdown(part), ""]
         failed = part[part["status"] != "ok"]
         lines += [f"- **{r.run}**: {r.status}: {r.message}" for r in failed.itertuples()] + [""]
+        base = next((r for r in records if r["device"] == device and r["run"] == r.get("baseline")), rec)
+        lines += [_fidelity_line(base), ""] if base.get("fidelity_model") else []
         lines += [f"![{p.stem}]({p.relative_to(root)})" for p in images if slug(str(device)) in p.stem] + [""]
     lines += [
         "Peak memory: CUDA's `max_memory_allocated` over the timed steps on GPUs; on CPUs the peak of live "
@@ -54,8 +56,22 @@ def _markdown(suite: str, table: pd.DataFrame, records: list[dict], images: list
         "Activations: bytes a forward leaves alive for backward. Throughput: batch size over the median "
         "step time of the timed steps, after warm-up. Ratios (×) are against the suite's baseline on the "
         "same device. `results/README.md` explains every column.",
+        "",
+        "Accuracy (where a fidelity phase ran): after the measured steps, each run's process trains the model "
+        "named above with the run's techniques on the training split, from the same initial weights and in the "
+        "same data order as the baseline, then evaluates on the held-out split (inference suites: the plain "
+        "model is trained, then evaluated under the run's techniques; `agreement` is the share of predictions "
+        "equal to the fp32 model's). Δ accuracy is in points against the baseline; the band (±) is the spread "
+        "(max − min) of the baseline's accuracy over its seeds, and ⚠ marks a delta outside it. `grad cos` is "
+        "the cosine similarity of the run's first-step gradient to the plain model's on the same batch.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _fidelity_line(rec: dict) -> str:
+    return (f"Fidelity phase: {rec['fidelity_model']} on {rec['fidelity_dataset']} "
+            f"({rec.get('fidelity_train_size')} training / {rec.get('fidelity_test_size')} held-out samples), "
+            f"{rec.get('fidelity_steps')} steps; baseline over {len(rec.get('accuracy_seeds') or [1])} seeds.")
 
 
 def _provenance(rec: dict, part: pd.DataFrame) -> str:

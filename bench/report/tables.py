@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import pandas as pd
 
+from bench.results import accuracy_vs_baseline
+
 COLUMNS = [
     "suite", "run", "model", "techniques", "device", "device_type", "batch_size", "status",
     "peak_allocated_bytes", "peak_reserved_bytes", "peak_tensor_bytes", "peak_phase", "activation_bytes",
     "rss_peak_bytes",
     "samples_per_s", "tokens_per_s", "step_time_ms_median", "step_time_ms_p25", "step_time_ms_p75",
-    "memory_vs_baseline", "throughput_vs_baseline", "message",
+    "memory_vs_baseline", "throughput_vs_baseline",
+    "accuracy", "accuracy_delta", "accuracy_band", "outside_band", "grad_cosine", "fidelity_agreement",
+    "final_loss", "message",
 ]
 
 
@@ -34,10 +38,29 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     base_tput = base["samples_per_s"].where(ok).reindex(keys).to_numpy()
     df["memory_vs_baseline"] = df["peak_bytes"] / base_peak
     df["throughput_vs_baseline"] = df["samples_per_s"] / base_tput
+    df = _accuracy(df, base, keys)
     extra = [c for c in df.columns if c.startswith("proof.")]
     order = df["run_index"] if "run_index" in df else pd.Series(0, index=df.index)
     df = df.assign(_order=order).sort_values(["device", "_order", "run"])
     return df[COLUMNS + ["peak_bytes", "baseline"] + extra].reset_index(drop=True)
+
+
+def _accuracy(df: pd.DataFrame, base: pd.DataFrame, keys: list[tuple[str, str]]) -> pd.DataFrame:
+    """Recomputed from the accuracies, so a re-measured baseline updates every delta."""
+    if "accuracy" not in base:
+        return df
+    baselines = base.reindex(keys)[["accuracy", "accuracy_seeds"] if "accuracy_seeds" in base else ["accuracy"]]
+    rows = [accuracy_vs_baseline({"accuracy": a}, b.dropna().to_dict() if isinstance(b, pd.Series) else None)
+            for a, (_, b) in zip(df["accuracy"], baselines.iterrows())]
+    delta = pd.DataFrame(rows, index=df.index)
+    return df.drop(columns=[c for c in delta.columns if c in df]).join(delta)
+
+
+def _delta_cell(row: pd.Series) -> str | None:
+    if pd.isna(row.get("accuracy_delta")):
+        return None
+    flag = " ⚠" if row["outside_band"] else ""
+    return f"{100 * row['accuracy_delta']:+.1f} ±{100 * row['accuracy_band']:.1f}{flag}"
 
 
 def markdown(table: pd.DataFrame) -> str:
@@ -54,6 +77,10 @@ def markdown(table: pd.DataFrame) -> str:
         "step ms (median)": table["step_time_ms_median"].round(1),
         "memory ×": table["memory_vs_baseline"].round(3),
         "throughput ×": table["throughput_vs_baseline"].round(3),
+        "accuracy %": (100 * pd.to_numeric(table["accuracy"], errors="coerce")).round(1),
+        "Δ accuracy pt (band)": table.apply(_delta_cell, axis=1) if len(table) else None,
+        "grad cos": pd.to_numeric(table["grad_cosine"], errors="coerce").round(4),
+        "agreement %": (100 * pd.to_numeric(table["fidelity_agreement"], errors="coerce")).round(1),
     })
     return to_markdown(show.dropna(axis=1, how="all"))  # e.g. no CUDA columns for a CPU
 

@@ -31,7 +31,9 @@ class ActivationCheckpointing(Technique):
     extra forward (~30% more step time; Chen et al. 2016, arXiv:1604.06174; Korthikanti et al. 2022:
     2·s·b·h bytes per transformer layer with full recomputation). ``every`` = k wraps every k-th block,
     a knob between the two. Accuracy: identical without dropout or batch norm; BatchNorm's running
-    statistics are updated twice per step.
+    statistics are updated twice per step (once more in the recomputation), as if with a larger momentum;
+    ``bn_momentum_correction`` sets each wrapped BatchNorm's momentum to 1 − √(1 − m), so that two updates
+    with the same batch statistics equal one with m.
     """
 
     name = "checkpoint"
@@ -41,6 +43,7 @@ class ActivationCheckpointing(Technique):
     @dataclass(frozen=True)
     class Config:
         every: int = option(1, "wrap every k-th block (1: all of them)")
+        bn_momentum_correction: bool = option(False, "compensate BatchNorm's second running-stats update")
 
     def problems(self, batch_size: int) -> list[str]:
         return [] if self.config.every >= 1 else [f"every must be ≥ 1, got {self.config.every}"]
@@ -52,8 +55,15 @@ class ActivationCheckpointing(Technique):
             parent, _, child = path.rpartition(".")
             block = model.get_submodule(path)
             block.register_forward_pre_hook(self._count)
+            if self.config.bn_momentum_correction:
+                self._correct_momentum(block)
             setattr(model.get_submodule(parent), child, self.wrap(block))
         return model
+
+    def _correct_momentum(self, block: nn.Module) -> None:
+        for bn in (m for m in block.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)):
+            if bn.momentum is not None:  # None: a cumulative average, which no momentum can correct
+                bn.momentum = 1 - (1 - bn.momentum) ** 0.5
 
     def wrap(self, block: nn.Module) -> nn.Module:
         return checkpoint_wrapper(block, CheckpointImpl.NO_REENTRANT)

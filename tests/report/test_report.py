@@ -74,3 +74,21 @@ def test_markdown_lists_failed_runs_with_their_reason_and_provenance(suite_dir):
 def test_report_without_records_says_what_to_run(tmp_path):
     with pytest.raises(FileNotFoundError, match="make bench SUITE=nothing"):
         build_report(tmp_path / "nothing")
+
+
+def test_accuracy_deltas_sit_next_to_the_baselines_band_and_are_flagged_outside_it():
+    from bench.report.tables import markdown, summary
+
+    frame = results.to_frame([
+        record("baseline", peak=400, tput=100.0, accuracy=0.90, accuracy_seeds=[0.90, 0.88, 0.91]),
+        record("checkpoint", peak=300, tput=75.0, accuracy=0.89),
+        record("frozen", peak=300, tput=75.0, accuracy=0.10),
+        record("no-fidelity", peak=300, tput=75.0),
+    ])
+    table = summary(frame).set_index("run")
+    assert table.loc["checkpoint", "accuracy_delta"] == pytest.approx(-0.01)
+    assert table.loc["checkpoint", "accuracy_band"] == pytest.approx(0.03)
+    assert not table.loc["checkpoint", "outside_band"] and table.loc["frozen", "outside_band"]
+    assert math.isnan(table.loc["no-fidelity", "accuracy_delta"])
+    text = markdown(summary(frame))
+    assert "| -1.0 ±3.0 |" in text and "| -80.0 ±3.0 ⚠ |" in text

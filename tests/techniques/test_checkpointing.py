@@ -55,3 +55,22 @@ def test_every_k_and_selective_sit_between_none_and_full():
             assert proof["selective-checkpoint.recomputed_ops_per_step"] > proof["selective-checkpoint.saved_ops_per_step"]
     assert held["full"] < held["every-2"] < held["none"]
     assert held["full"] < held["selective"] < held["none"]
+
+
+def running_means(trainer) -> dict[str, torch.Tensor]:
+    return {n.replace("_checkpoint_wrapped_module.", ""): b.clone()
+            for n, b in trainer.model.named_buffers() if n.endswith("running_mean")}
+
+
+@pytest.mark.parametrize("correct", [False, True])
+def test_batch_norm_stats_update_twice_unless_the_momentum_is_corrected(correct):
+    plain, batch = build_trainer(spec("resnet-tiny", batch_size=8))
+    ckpt, _ = build_trainer(spec("resnet-tiny", (tech("checkpoint", bn_momentum_correction=correct),), batch_size=8))
+    plain.step(batch)
+    ckpt.step(batch)
+    expected, got = running_means(plain), running_means(ckpt)
+    in_blocks = [n for n in expected if n.startswith("layer")]
+    same = [torch.allclose(got[n], expected[n], rtol=1e-5, atol=1e-6) for n in in_blocks]
+    # Corrected: two updates with momentum 1 - sqrt(1 - m) equal one with m. Uncorrected: none match.
+    assert all(same) if correct else not any(same)
+    assert torch.equal(got["bn1.running_mean"], expected["bn1.running_mean"])  # the stem is not wrapped

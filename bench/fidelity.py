@@ -1,0 +1,148 @@
+"""The fidelity phase: does the technique change what the model learns?
+
+Inside the run's process, after the measured steps: train the run's model (or the suite's stand-in) with
+its techniques on real data from the same initial weights and the same data order as the baseline
+(both follow the seed), then evaluate on the held-out split. The baseline is trained with several seeds;
+the spread of their accuracies is the noise band a delta is held against.
+
+Inference suites train the plain model instead, then evaluate it under the run's techniques, and also
+report how often its predictions agree with the fp32 model's.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import ExitStack
+from typing import Any
+
+import torch
+from torch import nn
+
+from bench.data import real
+from bench.data.synthetic import Batch
+from bench.infer import Predictor
+from bench.models import MODELS, ModelSpec
+from bench.suite import Fidelity, RunSpec, Shapes
+from bench.techniques import RunContext
+from bench.train import Trainer
+
+EVAL_BATCH = 256
+LAST_STEPS = 10  # final_loss: mean training loss over the last steps, less noisy than the very last one
+
+
+def run_fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str, Any]:
+    model_spec = MODELS.get(fid.model or spec.model)
+    train, test = real.load(fid.dataset, model_spec.inputs, fid.image_size)
+    if train.num_classes > model_spec.num_classes:
+        raise real.DataError(f"dataset {fid.dataset!r} has {train.num_classes} classes; "
+                             f"model {model_spec.name} predicts {model_spec.num_classes}")
+    shapes = Shapes(fid.batch_size, fid.image_size if model_spec.inputs == "image" else None,
+                    int(train.inputs.shape[1]) if model_spec.inputs == "tokens" else None)
+    seeds = range(spec.seed, spec.seed + fid.seeds) if spec.name == spec.baseline else [spec.seed]
+    one = _inference_seed if spec.mode == "inference" else _train_seed
+    results = [one(spec, fid, model_spec, shapes, train, test, seed, device) for seed in seeds]
+    out = {f"fidelity_{k}" if k not in ("accuracy", "final_loss", "grad_cosine") else k: v
+           for k, v in results[0].items()}
+    out |= {"fidelity_model": model_spec.name, "fidelity_dataset": fid.dataset, "fidelity_steps": fid.steps,
+            "fidelity_train_size": len(train), "fidelity_test_size": len(test)}
+    if len(results) > 1:
+        out["accuracy_seeds"] = [r["accuracy"] for r in results]
+    return out
+
+
+def _train_seed(spec: RunSpec, fid: Fidelity, model_spec: ModelSpec, shapes: Shapes, train: real.Labelled,
+                test: real.Labelled, seed: int, device: torch.device) -> dict[str, Any]:
+    torch.manual_seed(seed)
+    model = model_spec.build(shapes).to(device)
+    batches = _batches(train, fid, seed, device)
+    first = next(batches)
+    plain = copy.deepcopy(model)
+    captured: dict[str, torch.Tensor] = {}
+    # Registered before the techniques apply, on the plain model's names, so these hooks run before any
+    # that free gradients early (optimizer-in-backward); with accumulation the last call holds the whole
+    # batch's gradient. Copies: zero_grad(set_to_none=False) would zero a kept reference.
+    def keep(name: str) -> Any:
+        return lambda p: captured.__setitem__(name, p.grad.detach().float().clone())
+
+    hooks = [p.register_post_accumulate_grad_hook(keep(n)) for n, p in model.named_parameters()]
+    trainer = Trainer(model, model_spec, [t.build() for t in spec.techniques], RunContext(device, model_spec, shapes),
+                      fid.lr)
+    # The plain model's gradient on the same weights and batch, with the random state the run's first step
+    # will see (the same dropout masks), restored afterwards.
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        reference = _gradients(plain, model_spec, first)
+    losses = [trainer.step(first)]
+    for h in hooks:
+        h.remove()
+    losses += [trainer.step(next(batches)) for _ in range(fid.steps - 1)]
+    final = torch.stack(losses[-LAST_STEPS:]).float().mean().item()
+    figures = _evaluate(trainer, test, device)
+    del figures["predictions"]
+    return figures | {"final_loss": final, "grad_cosine": _cosine(reference, captured)}
+
+
+def _inference_seed(spec: RunSpec, fid: Fidelity, model_spec: ModelSpec, shapes: Shapes, train: real.Labelled,
+                    test: real.Labelled, seed: int, device: torch.device) -> dict[str, Any]:
+    torch.manual_seed(seed)
+    ctx = RunContext(device, model_spec, shapes)
+    plain = Trainer(model_spec.build(shapes).to(device), model_spec, [], ctx, fid.lr)
+    batches = _batches(train, fid, seed, device)
+    losses = [plain.step(next(batches)) for _ in range(fid.steps)]
+    reference = _evaluate(Predictor(plain.model, model_spec, [], ctx), test, device)
+    served = Predictor(plain.model, model_spec, [t.build() for t in spec.techniques], ctx)
+    figures = _evaluate(served, test, device)
+    agree = (figures.pop("predictions") == reference["predictions"]).float().mean().item()
+    final = torch.stack(losses[-LAST_STEPS:]).float().mean().item()
+    return figures | {"final_loss": final, "agreement": agree}
+
+
+def _batches(data: real.Labelled, fid: Fidelity, seed: int, device: torch.device) -> Iterator[Batch]:
+    """Shuffled batches from a seeded generator, epoch after epoch: the same order for every technique."""
+    g = torch.Generator().manual_seed(seed)
+    while True:
+        order = torch.randperm(len(data), generator=g)
+        for i in range(0, len(order) - fid.batch_size + 1, fid.batch_size):
+            yield data.batch(order[i:i + fid.batch_size], device)
+
+
+def _gradients(model: nn.Module, model_spec: ModelSpec, batch: Batch) -> dict[str, torch.Tensor]:
+    model.train()
+    nn.functional.cross_entropy(model_spec.logits(model, batch[0]), batch[1]).backward()
+    return {n: p.grad.detach().float() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _cosine(reference: dict[str, torch.Tensor], captured: dict[str, torch.Tensor]) -> float | None:
+    """Cosine similarity of the two first-step gradients over the parameters both have (a technique that
+    freezes or replaces parameters, like LoRA or sharing, is compared on what is left)."""
+    common = [n for n in reference if n in captured and captured[n].shape == reference[n].shape]
+    if not common:
+        return None
+    a = torch.cat([reference[n].flatten() for n in common]).double()  # float32 sums drift past 1 at this size
+    b = torch.cat([captured[n].flatten().to(a.device) for n in common]).double()
+    return nn.functional.cosine_similarity(a, b, dim=0).item()
+
+
+def _evaluate(runner: Trainer | Predictor, test: real.Labelled, device: torch.device) -> dict[str, Any]:
+    """Held-out accuracy and loss, through the techniques' own batch preparation and step contexts
+    (autocast, 16-bit inputs, channels_last). Every batch has the same size (the last is padded with
+    repeats, dropped afterwards): traced and compiled models keep the shape they were built for."""
+    model, techniques, n = runner.model, runner.techniques, len(test)
+    was_training = model.training
+    model.eval()
+    predictions, loss = [], 0.0
+    with torch.no_grad():
+        for i in range(0, n, EVAL_BATCH):
+            batch = test.batch(torch.arange(i, i + EVAL_BATCH) % n, device)
+            for t in techniques:
+                batch = t.prepare_batch(batch)
+            with ExitStack() as stack:
+                for t in techniques:
+                    stack.enter_context(t.step_context())
+                logits = runner.spec.logits(model, batch[0]).float()[: n - i]
+            loss += nn.functional.cross_entropy(logits, batch[1][: n - i], reduction="sum").item()
+            predictions.append(logits.argmax(dim=1).cpu())
+    model.train(was_training)
+    predicted = torch.cat(predictions)
+    return {"accuracy": (predicted == test.labels).float().mean().item(), "test_loss": loss / len(test),
+            "predictions": predicted}

@@ -1,0 +1,46 @@
+import torch
+
+from bench.fidelity import run_fidelity
+from bench.results import accuracy_vs_baseline
+from bench.suite import Fidelity
+from tests.helpers import spec, tech
+
+CPU = torch.device("cpu")
+QUICK = Fidelity(steps=60, batch_size=32, lr=1e-3, seeds=2, image_size=16)
+
+
+def fidelity(*techniques, name="run", model="vit-tiny", **kw):
+    return run_fidelity(spec(model, tuple(techniques), name=name, **kw), QUICK, CPU)
+
+
+def test_baseline_training_is_deterministic_and_learns_digits_above_chance():
+    first, again = fidelity(name="baseline"), fidelity(name="baseline")
+    assert first["accuracy_seeds"] == again["accuracy_seeds"] and len(first["accuracy_seeds"]) == 2
+    assert first["accuracy"] == first["accuracy_seeds"][0] > 0.3  # chance is 0.1
+    assert abs(first["grad_cosine"] - 1) < 1e-9 and first["fidelity_test_size"] == 359
+
+
+def test_checkpointing_without_dropout_or_batch_norm_changes_nothing():
+    base, ckpt = fidelity(name="baseline"), fidelity(tech("checkpoint"))
+    assert ckpt["accuracy"] == base["accuracy"] and ckpt["final_loss"] == base["final_loss"]
+    assert abs(ckpt["grad_cosine"] - 1) < 1e-6
+    delta = accuracy_vs_baseline(ckpt, base)
+    assert delta["accuracy_delta"] == 0.0 and delta["outside_band"] is False
+
+
+def test_a_technique_that_stops_learning_falls_outside_the_band():
+    base, broken = fidelity(name="baseline"), fidelity(tech("tests.helpers:ZeroLearningRate"))
+    delta = accuracy_vs_baseline(broken, base)
+    assert delta["accuracy_delta"] < -0.2 and delta["outside_band"] is True
+    assert broken["grad_cosine"] > 0.999  # its first gradient was right; only the update is broken
+
+
+def test_dropout_gets_the_same_masks_in_the_reference_gradient():
+    assert fidelity(model="bert-tiny", name="baseline")["grad_cosine"] > 0.9999
+
+
+def test_inference_runs_train_the_plain_model_then_evaluate_under_the_technique():
+    base = fidelity(name="baseline", mode="inference")
+    half = fidelity(tech("half", dtype="bfloat16"), mode="inference")
+    assert base["fidelity_agreement"] == 1.0 and 0.9 < half["fidelity_agreement"] < 1.0 + 1e-9
+    assert abs(half["accuracy"] - base["accuracy"]) < 0.05
