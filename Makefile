@@ -14,7 +14,7 @@ DEPS := $(VENV)/.installed
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: help bench report validate list test
+.PHONY: help bench report predict validate list test
 
 help: ## this list
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -28,6 +28,9 @@ $(VENV)/.installed: pyproject.toml
 
 bench: $(DEPS) ## run (or resume) SUITE, then write its table and plots
 	$(RUN) -m bench run $(SUITE) $(ARGS)
+
+predict: $(DEPS) ## predicted peak memory of SUITE at GPU shapes, no GPU needed (BUDGET=16GiB: what fits)
+	$(RUN) -m bench predict $(SUITE) $(if $(BUDGET),--budget $(BUDGET)) $(ARGS)
 
 report: $(DEPS) ## rebuild results/SUITE/{table.csv,report.md,plots/} from stored records
 	$(RUN) -m bench report $(SUITE)

@@ -42,6 +42,12 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("suite", help="suite name, or a results/<suite> folder")
     rep.add_argument("--results", type=Path, default=Path("results"))
     rep.set_defaults(func=_report)
+    pre = sub.add_parser("predict", help="predicted peak memory at GPU shapes, on this machine (fake tensors)")
+    pre.add_argument("suite", help="suite name (suites/NAME.toml) or path")
+    pre.add_argument("--budget", help="memory to fit in, e.g. 16GiB: which runs fit, and the largest batch that does")
+    pre.add_argument("--only", metavar="PATTERNS", help="comma-separated run names or globs")
+    pre.add_argument("--results", type=Path, default=Path("results"), help="where GPU measurements are read from")
+    pre.set_defaults(func=_predict)
     val = sub.add_parser("validate", help="check suite files; every problem at once")
     val.add_argument("suites", nargs="*", help="suite names or files (default: suites/*.toml)")
     val.set_defaults(func=_validate)
@@ -80,6 +86,27 @@ def _report(args: argparse.Namespace) -> int:
     folder = Path(args.suite) if Path(args.suite).is_dir() else args.results / args.suite
     for path in build_report(folder):
         print(path)
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from bench.predict import ASSUMPTIONS, markdown, parse_size, suite_table
+    from bench.results import load_records
+
+    try:
+        budget = parse_size(args.budget) if args.budget else None
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    suite = suites.load(suite_path(args.suite))
+    if args.only:
+        suite = suites.select(suite, args.only.split(","))
+    measured = {r["run"]: r for r in load_records(args.results / suite.name)
+                if r.get("device_type") == "cuda" and r.get("status") == "ok" and r.get("run_key")}
+    print(f"{suite.name}: predicting {len(suite.runs)} runs at GPU shapes (fake tensors, nothing allocated)",
+          file=sys.stderr)
+    print(markdown(suite_table(list(suite.runs), measured, budget)))
+    print(f"\nAssumed: {ASSUMPTIONS}.", file=sys.stderr)
     return 0
 
 

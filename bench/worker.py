@@ -18,9 +18,11 @@ import torch
 from bench.data.synthetic import Batch, samples_in, synthetic_batch
 from bench.fidelity import run_fidelity
 from bench.infer import Predictor
+from bench.measure.flops import mfu
 from bench.measure.memory import cuda_peaks, model_state_bytes, nvml_process_bytes, rss_peak_bytes, tracked_step
 from bench.measure.timing import summarize, time_steps
 from bench.models import MODELS
+from bench.predict import predict
 from bench.provenance import runtime_provenance
 from bench.suite import Fidelity, RunSpec
 from bench.techniques import RunContext, Unsupported
@@ -37,6 +39,7 @@ def measure(spec: RunSpec, device: torch.device) -> dict[str, Any]:
     for t in techniques:
         if reason := t.unsupported(ctx):
             return {"status": "unsupported", "message": f"{t.name}: {reason}"}
+    prediction = _prediction(spec, device)  # before anything real is allocated
     torch.manual_seed(spec.seed)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed shapes: let warm-up pick the fastest kernels
@@ -69,10 +72,22 @@ def measure(spec: RunSpec, device: torch.device) -> dict[str, Any]:
     figures["param_count"] = sum(p.numel() for p in trainer.model.parameters())
     figures["trainable_param_count"] = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     figures["proof"] = trainer.proof()
+    figures |= prediction | {"flops_per_step": prediction.get("predicted_flops_per_step")}
+    if device.type == "cuda":
+        figures |= mfu(figures | runtime_provenance(device) | {"device": torch.cuda.get_device_name(device)})
     if (fid := spec.fidelity(device.type)) is not None:
         del trainer, batch  # free the measured model before training another
         figures |= _fidelity(spec, fid, device)
     return {"status": "ok", "message": "", **figures}
+
+
+def _prediction(spec: RunSpec, device: torch.device) -> dict[str, Any]:
+    """The run's own prediction (fake tensors), so the table can hold it against the measurement: at the
+    run's shapes, modelling CUDA on CUDA, and the CPU run exactly on a CPU."""
+    try:
+        return predict(spec, spec.shapes(device.type), cuda=device.type == "cuda")
+    except Exception as exc:  # noqa: BLE001  a failed prediction never costs the measurement
+        return {"predicted_status": "error", "predicted_message": f"{type(exc).__name__}: {exc}"[:300]}
 
 
 def _fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str, Any]:

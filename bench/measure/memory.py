@@ -47,7 +47,8 @@ def rss_peak_bytes() -> int:
 
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes of the distinct storages behind ``tensors``."""
-    unique = {s.data_ptr(): s.nbytes() for t in tensors for s in storages(t)}  # views share a storage
+    # Keyed by the C++ storage object: views share one, and fake tensors (prediction) have no addresses.
+    unique = {s._cdata: s.nbytes() for t in tensors for s in storages(t)}
     return sum(unique.values())
 
 
@@ -58,10 +59,10 @@ def optimizer_state(optimizer: torch.optim.Optimizer | None) -> list[torch.Tenso
 
 
 def tracked_step(step: Callable[[], object], model: nn.Module, optimizer: torch.optim.Optimizer | None,
-                 device: torch.device) -> dict[str, int | str]:
+                 device: torch.device, rounding: int | None = None) -> dict[str, int | str]:
     """One step under the live-bytes tracker: its peak, and the bytes each forward leaves alive for
     backward (saved activations plus the logits), the quantity checkpointing and autocast shrink."""
-    tracker = LiveBytes(device)
+    tracker = LiveBytes(device, rounding)
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     tracker.add([*model.parameters(), *model.buffers(), *grads, *optimizer_state(optimizer)])
     starts: list[int] = []
@@ -76,8 +77,14 @@ def tracked_step(step: Callable[[], object], model: nn.Module, optimizer: torch.
         held.append(tracker.current - starts[-1])
 
     hooks = [model.register_forward_pre_hook(forward_start), model.register_forward_hook(forward_end)]
+    grads: list[int] = []
+
+    def optimizer_start(*_: object) -> None:
+        tracker.phase = "optimizer"
+        grads.append(tensor_bytes(p.grad for p in model.parameters() if p.grad is not None))
+
     if optimizer is not None:
-        hooks.append(optimizer.register_step_pre_hook(lambda *_: setattr(tracker, "phase", "optimizer")))
+        hooks.append(optimizer.register_step_pre_hook(optimizer_start))
     try:
         with tracker:
             step()
@@ -88,6 +95,8 @@ def tracked_step(step: Callable[[], object], model: nn.Module, optimizer: torch.
         "peak_tensor_bytes": tracker.peak,
         "peak_phase": tracker.peak_phase,
         "activation_bytes": max(held),
+        # What the optimizer found in .grad (absent where gradients are freed in backward, or no optimizer).
+        "gradient_bytes": grads[-1] if grads else None,
     } | model_state_bytes(model, optimizer)
 
 

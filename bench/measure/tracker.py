@@ -32,9 +32,12 @@ def storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
 
 
 class LiveBytes(TorchDispatchMode):
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, rounding: int | None = None) -> None:
+        """``rounding``: allocation granularity to count in; CUDA's 512 bytes by default on CUDA, so a
+        prediction on a CPU can model the CUDA allocator too."""
         super().__init__()
         self.device_type = device.type
+        self.rounding = rounding or (CUDA_BLOCK if device.type == "cuda" else 1)
         self._live: dict[int, int] = {}
         self.current = 0
         self.peak = 0
@@ -57,9 +60,7 @@ class LiveBytes(TorchDispatchMode):
         key = id(storage)
         if key in self._live:
             return
-        n = storage.nbytes()
-        if self.device_type == "cuda":
-            n = math.ceil(n / CUDA_BLOCK) * CUDA_BLOCK
+        n = math.ceil(storage.nbytes() / self.rounding) * self.rounding
         self._live[key] = n
         self.current += n
         if self.current > self.peak:

@@ -13,7 +13,7 @@ COLUMNS = [
     "samples_per_s", "tokens_per_s", "step_time_ms_median", "step_time_ms_p25", "step_time_ms_p75",
     "memory_vs_baseline", "throughput_vs_baseline",
     "accuracy", "accuracy_delta", "accuracy_band", "outside_band", "grad_cosine", "fidelity_agreement",
-    "final_loss", "message",
+    "final_loss", "predicted_peak_tensor_bytes", "predicted_vs_measured", "flops_per_step", "mfu", "message",
 ]
 
 
@@ -39,6 +39,7 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     df["memory_vs_baseline"] = df["peak_bytes"] / base_peak
     df["throughput_vs_baseline"] = df["samples_per_s"] / base_tput
     df = _accuracy(df, base, keys)
+    df["predicted_vs_measured"] = pd.to_numeric(df["predicted_peak_tensor_bytes"], errors="coerce") / df["peak_bytes"]
     extra = [c for c in df.columns if c.startswith("proof.")]
     order = df["run_index"] if "run_index" in df else pd.Series(0, index=df.index)
     df = df.assign(_order=order).sort_values(["device", "_order", "run"])
@@ -81,6 +82,8 @@ def markdown(table: pd.DataFrame) -> str:
         "Δ accuracy pt (band)": table.apply(_delta_cell, axis=1) if len(table) else None,
         "grad cos": pd.to_numeric(table["grad_cosine"], errors="coerce").round(4),
         "agreement %": (100 * pd.to_numeric(table["fidelity_agreement"], errors="coerce")).round(1),
+        "predicted ×": table["predicted_vs_measured"].round(3),
+        "MFU %": (100 * pd.to_numeric(table["mfu"], errors="coerce")).round(1),
     })
     return to_markdown(show.dropna(axis=1, how="all"))  # e.g. no CUDA columns for a CPU
 

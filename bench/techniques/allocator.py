@@ -38,7 +38,7 @@ class AllocatorConfig(Technique):
         return {"PYTORCH_CUDA_ALLOC_CONF": self.config.conf}
 
     def unsupported(self, ctx: RunContext) -> str | None:
-        return None if ctx.device.type == "cuda" else "a CUDA allocator setting; the CPU allocator has none"
+        return None if ctx.cuda else "a CUDA allocator setting; the CPU allocator has none"
 
     def proof(self, steps: int) -> dict[str, Any]:
         return {"conf_in_process": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
@@ -58,7 +58,7 @@ class EmptyCacheEveryStep(Technique):
     summary = "torch.cuda.empty_cache() after every step"
 
     def unsupported(self, ctx: RunContext) -> str | None:
-        return None if ctx.device.type == "cuda" else "empties the CUDA caching allocator; nothing to empty on a CPU"
+        return None if ctx.cuda else "empties the CUDA caching allocator; nothing to empty on a CPU"
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self.calls = 0

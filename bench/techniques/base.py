@@ -51,6 +51,14 @@ class RunContext:
     device: torch.device
     model_spec: ModelSpec
     shapes: Shapes
+    # True in ``bench predict``: fake tensors on the CPU standing for a CUDA run. Techniques answer
+    # ``unsupported`` as they would on CUDA and skip what needs real values (a GradScaler's checks).
+    predicting: bool = False
+
+    @property
+    def cuda(self) -> bool:
+        """Whether the run is (or stands for) a CUDA run."""
+        return self.device.type == "cuda" or self.predicting
 
 
 class Technique:
@@ -65,6 +73,8 @@ class Technique:
     trackable: ClassVar[bool] = True
     # Suite modes this technique means something in (checked at suite load).
     modes: ClassVar[frozenset[str]] = TRAIN
+    # Why fake tensors on a CPU cannot predict this technique's CUDA memory, if they cannot.
+    unpredictable: ClassVar[str] = ""
 
     def __init__(self, config: Any = None) -> None:
         self.config = config if config is not None else self.Config()

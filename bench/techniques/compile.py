@@ -22,6 +22,7 @@ class Compile(Technique):
     """
 
     name = "compile"
+    unpredictable = "compiled graphs fuse and free differently from eager; run it to know"
     modes = ANY_MODE
     summary = "torch.compile the model (first step's compile time recorded separately)"
     trackable = False

@@ -135,6 +135,7 @@ class JitTrace(Technique):
     """
 
     name = "jit-trace"
+    unpredictable = "TorchScript tracing needs real values"
     summary = "torch.jit.trace the model on the first batch (inference suites)"
     modes = INFERENCE
     conflicts = frozenset({"compile"})

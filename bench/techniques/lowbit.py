@@ -37,6 +37,7 @@ class AdamW8bit(Technique):
     """
 
     name = "adamw-8bit"
+    unpredictable = "torchao compiles its update; neither fake tensors nor the tracker see inside"
     summary = "AdamW with 8-bit moments (torchao, or bitsandbytes on CUDA)"
     trackable = False  # torchao compiles its update with fullgraph=True, which a dispatch mode breaks
     conflicts = frozenset({"optimizer", "optimizer-in-backward"})
@@ -117,6 +118,7 @@ class FP8Training(Technique):
     """
 
     name = "fp8"
+    unpredictable = "torchao's float8 training needs a CUDA device of compute capability 8.9+"
     summary = "FP8 training of linear layers (torchao float8; CUDA compute capability ≥ 8.9)"
 
     def unsupported(self, ctx: RunContext) -> str | None:

@@ -22,6 +22,7 @@ class ActivationOffload(Technique):
     """
 
     name = "offload"
+    unpredictable = "fake tensors on a CPU cannot tell offloaded activations from device ones"
     summary = "offload saved activations to CPU memory (save_on_cpu), optionally pinned"
 
     @dataclass(frozen=True)

@@ -34,7 +34,7 @@ class Amp(Technique):
         dtype: Literal["bfloat16", "float16"] = option("bfloat16", "autocast compute dtype")
 
     def unsupported(self, ctx: RunContext) -> str | None:
-        if self.config.dtype == "float16" and ctx.device.type == "cpu":
+        if self.config.dtype == "float16" and not ctx.cuda:
             # It runs, but on emulated half-precision kernels (>10x slower than fp32 on this CI CPU),
             # so its figures would describe nothing a user would run; it is a GPU technique.
             return "float16 autocast is a CUDA technique; CPU kernels for it are emulated and slow"
@@ -43,7 +43,8 @@ class Amp(Technique):
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self.device_type = ctx.device.type
         self.dtype = getattr(torch, self.config.dtype)
-        fp16 = self.config.dtype == "float16"
+        # A prediction leaves the GradScaler out: its inf checks need real values, and it holds a few scalars.
+        fp16 = self.config.dtype == "float16" and not ctx.predicting
         self.scaler = torch.amp.GradScaler(self.device_type) if fp16 else None
         return model
 
@@ -65,6 +66,17 @@ class Amp(Technique):
         return {"autocast_dtype": self.config.dtype, "grad_scaler": self.scaler is not None, "loss_scale": scale}
 
 
+def cast_(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """``model.to(dtype)`` in place, as ``Module.to`` does for plain tensors (floating-point parameters
+    and buffers only). Written out because ``Module.to`` swaps fake tensors (``bench predict``), which
+    the fake mode's own references forbid."""
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            if t.is_floating_point():
+                t.data = t.data.to(dtype)
+    return model
+
+
 @TECHNIQUES.register("bf16")
 class PureBF16(Technique):
     """Parameters, gradients, optimizer state and activations all in bfloat16; no fp32 master copy.
@@ -83,7 +95,7 @@ class PureBF16(Technique):
         return torch.bfloat16
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
-        self.model = model.to(self.dtype)
+        self.model = cast_(model, self.dtype)
         return self.model
 
     def prepare_batch(self, batch: Batch) -> Batch:
@@ -114,7 +126,7 @@ class TF32(Technique):
         enabled: bool = option(True, "allow TF32 in fp32 matmuls and cuDNN convolutions")
 
     def unsupported(self, ctx: RunContext) -> str | None:
-        return None if ctx.device.type == "cuda" else "TF32 is a CUDA tensor-core mode; a CPU has no such setting"
+        return None if ctx.cuda else "TF32 is a CUDA tensor-core mode; a CPU has no such setting"
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         torch.backends.cuda.matmul.allow_tf32 = self.config.enabled

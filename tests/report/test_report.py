@@ -92,3 +92,16 @@ def test_accuracy_deltas_sit_next_to_the_baselines_band_and_are_flagged_outside_
     assert math.isnan(table.loc["no-fidelity", "accuracy_delta"])
     text = markdown(summary(frame))
     assert "| -1.0 ±3.0 |" in text and "| -80.0 ±3.0 ⚠ |" in text
+
+
+def test_predicted_peak_is_held_against_the_measured_one():
+    from bench.report.tables import summary
+
+    frame = results.to_frame([
+        record("baseline", device="NVIDIA H100 80GB HBM3", peak=8000, tput=1000.0,
+               predicted_peak_tensor_bytes=7920 * MiB),
+        record("checkpoint", device="NVIDIA H100 80GB HBM3", peak=4000, tput=800.0),
+    ])
+    table = summary(frame).set_index("run")
+    assert table.loc["baseline", "predicted_vs_measured"] == pytest.approx(0.99)
+    assert math.isnan(table.loc["checkpoint", "predicted_vs_measured"])

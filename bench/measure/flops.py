@@ -1,0 +1,33 @@
+"""Model-FLOPs utilisation: the step's counted FLOPs against the card's dense peak for the dtype in use."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Dense (no sparsity) tensor-core peaks in TFLOP/s, from NVIDIA's datasheets (SXM parts).
+PEAK_TFLOPS = {
+    "H100": {"float32": 66.9, "tf32": 494.7, "bfloat16": 989.4, "float16": 989.4, "float8": 1978.9},
+    "H200": {"float32": 66.9, "tf32": 494.7, "bfloat16": 989.4, "float16": 989.4, "float8": 1978.9},
+    "A100": {"float32": 19.5, "tf32": 156.0, "bfloat16": 312.0, "float16": 312.0},
+}
+
+
+def compute_dtype(record: dict[str, Any]) -> str:
+    """The dtype the step's matmuls ran in, from the record: FP8, the logits' dtype, TF32, else fp32."""
+    proof = record.get("proof") or {}
+    if any(k.startswith("fp8.") for k in proof):
+        return "float8"
+    dtype = str(proof.get("output_dtype", "")).removeprefix("torch.")
+    if dtype in ("bfloat16", "float16"):
+        return dtype
+    return "tf32" if record.get("tf32_matmul") else "float32"
+
+
+def mfu(record: dict[str, Any]) -> dict[str, Any]:
+    """``mfu`` where the card's peak is known: FLOPs per step / median step time / peak."""
+    flops, step_ms = record.get("flops_per_step"), record.get("step_time_ms_median")
+    card = next((PEAK_TFLOPS[k] for k in PEAK_TFLOPS if k in str(record.get("device", ""))), None)
+    dtype = compute_dtype(record)
+    if not (flops and step_ms and card and dtype in card):
+        return {}
+    return {"mfu": flops / (step_ms / 1e3) / (card[dtype] * 1e12), "mfu_dtype": dtype}

@@ -1,0 +1,79 @@
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import pytest
+
+from bench.measure.memory import tracked_step
+from bench.predict import largest_batch, parse_size, predict
+from bench.suite import load, select
+from tests.conftest import CPU, build_trainer
+from tests.helpers import spec, tech
+
+
+@pytest.mark.parametrize("model, techniques", [
+    ("vit-tiny", ()),
+    ("vit-tiny", (tech("checkpoint"),)),
+    ("vit-tiny", (tech("amp", dtype="bfloat16"), tech("accumulate", micro_batches=2))),
+    ("resnet-tiny", (tech("optimizer", kind="sgd"),)),
+    ("vit-tiny", (tech("bf16"),)),
+])
+def test_fake_tensor_prediction_equals_the_real_tracked_step_on_cpu(model, techniques):
+    run = spec(model, techniques, batch_size=16)
+    trainer, batch = build_trainer(run)
+    trainer.step(batch)
+    real = tracked_step(lambda: trainer.step(batch), trainer.model, trainer.optimizer, CPU)
+    fake = predict(run, run.cpu, cuda=False)
+    assert fake["predicted_status"] == "ok", fake
+    for key in ("peak_tensor_bytes", "activation_bytes", "param_bytes", "optimizer_state_bytes", "peak_phase"):
+        assert fake[f"predicted_{key}"] == real[key], key
+
+
+def test_cuda_prediction_counts_in_allocator_blocks_and_counts_flops():
+    run = spec("vit-tiny", batch_size=16)
+    cpu, cuda = predict(run, run.cpu, cuda=False), predict(run, run.cpu, cuda=True)
+    assert cuda["predicted_peak_tensor_bytes"] % 512 == 0
+    assert cuda["predicted_peak_tensor_bytes"] > cpu["predicted_peak_tensor_bytes"]
+    # Training FLOPs are about 3× the forward's (backward computes two matmuls per forward matmul).
+    assert cuda["predicted_flops_per_step"] > 0
+
+
+def test_techniques_that_cannot_be_predicted_say_why():
+    for name in ("compile", "offload"):
+        out = predict(spec("vit-tiny", (tech(name),)))
+        assert out["predicted_status"] == "unpredictable" and out["predicted_message"].startswith(name)
+
+
+def test_full_size_models_predict_at_gpu_shapes_in_seconds():
+    start = time.monotonic()
+    for name in ("resnet", "bert", "vit"):
+        for run in select(load(f"suites/{name}.toml"), ["baseline", "checkpoint"]).runs:
+            out = predict(run)
+            assert out["predicted_status"] == "ok" and out["predicted_peak_tensor_bytes"] > 2**30, (name, out)
+    assert time.monotonic() - start < 90  # six full-size runs: about 15 s on a two-core CI machine
+
+
+def test_budget_bisection_finds_the_largest_batch_that_fits():
+    run = spec("vit-tiny", (tech("accumulate", micro_batches=2),), batch_size=16)
+    budget = predict(run, replace(run.gpu, batch_size=40))["predicted_peak_tensor_bytes"]
+    best = largest_batch(run, budget)
+    assert best is not None and best % 2 == 0 and best >= 40
+    over = predict(run, replace(run.gpu, batch_size=best + 2))["predicted_peak_tensor_bytes"]
+    assert predict(run, replace(run.gpu, batch_size=best))["predicted_peak_tensor_bytes"] <= budget < over
+    assert largest_batch(run, 1000) is None
+
+
+def test_sizes_parse_with_binary_and_decimal_units():
+    assert parse_size("16GiB") == 16 * 2**30 and parse_size("80GB") == 80 * 10**9 and parse_size("512") == 512
+    with pytest.raises(ValueError, match="expected a size"):
+        parse_size("lots")
+
+
+def test_predict_command_prints_the_table_and_rejects_a_bad_budget(tmp_path):
+    cmd = [sys.executable, "-m", "bench", "predict", "smoke", "--only", "checkpoint", "--results", str(tmp_path)]
+    out = subprocess.run(cmd + ["--budget", "1GiB"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "| checkpoint | 32 | ok |" in out.stdout and "largest batch" in out.stdout and "Assumed:" in out.stderr
+    bad = subprocess.run(cmd + ["--budget", "lots"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "expected a size" in bad.stderr
