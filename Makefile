@@ -14,7 +14,7 @@ DEPS := $(VENV)/.installed
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: help bench report predict validate list test
+.PHONY: help bench report predict validate list test perf
 
 help: ## this list
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -43,3 +43,6 @@ list: $(DEPS) ## models and techniques with their options
 
 test: $(DEPS) ## the test suite (CPU; CUDA tests skip without a GPU)
 	$(RUN) -m pytest
+
+perf: $(DEPS) ## the harness's step against a hand-written loop: throughput and peak ratios (not in make test)
+	$(RUN) -m pytest tests/perf -m perf --benchmark-enable -s

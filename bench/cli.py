@@ -37,6 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--results", type=Path, default=Path("results"), help="results root (default: results)")
     run.add_argument("--force", action="store_true", help="redo runs that already have a stored record")
     run.add_argument("--only", metavar="PATTERNS", help="comma-separated run names or globs, e.g. 'baseline,amp-*'")
+    run.add_argument("--snapshot", action="store_true",
+                     help="CUDA: save each run's instrumented step as <run>.snapshot.pickle for memory_viz")
     run.set_defaults(func=_run)
     rep = sub.add_parser("report", help="tables and plots from stored results (no torch run)")
     rep.add_argument("suite", help="suite name, or a results/<suite> folder")
@@ -72,7 +74,7 @@ def _run(args: argparse.Namespace) -> int:
     suite = suites.load(suite_path(args.suite))
     if args.only:
         suite = suites.select(suite, args.only.split(","))
-    records = sweep(suite, detect(args.device), args.results, force=args.force)
+    records = sweep(suite, detect(args.device), args.results, force=args.force, snapshot=args.snapshot)
     print(markdown(summary(to_frame(records))))
     written = build_report(args.results / suite.name)
     print(f"report: {', '.join(str(p) for p in written[:2])}", file=sys.stderr)

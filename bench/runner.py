@@ -39,7 +39,7 @@ def detect(requested: str = "auto") -> Device:
 
 
 def sweep(suite: Suite, device: Device, results_root: Path, force: bool = False,
-          log: TextIO = sys.stderr) -> list[dict[str, Any]]:
+          log: TextIO = sys.stderr, snapshot: bool = False) -> list[dict[str, Any]]:
     """Run (or resume) every run of the suite; returns the records, stored and new."""
     revision, start, records = git_revision(), time.monotonic(), []
     n = len(suite.runs)
@@ -53,7 +53,8 @@ def sweep(suite: Suite, device: Device, results_root: Path, force: bool = False,
             records.append(old)
             continue
         print(f"[{i}/{n}] {spec.name}: running on {device.name} ({_elapsed(start)} elapsed)", file=log, flush=True)
-        record = base_record(spec, device, key, revision) | {"run_index": i} | run_isolated(spec, device)
+        shot = path.with_suffix(".snapshot.pickle") if snapshot and device.type == "cuda" else None
+        record = base_record(spec, device, key, revision) | {"run_index": i} | run_isolated(spec, device, shot)
         baseline = record if spec.name == spec.baseline else next((r for r in records if r["run"] == spec.baseline), None)
         record |= results.accuracy_vs_baseline(record, baseline)
         results.write_atomic(path, record)
@@ -75,12 +76,14 @@ def base_record(spec: RunSpec, device: Device, key: str, revision: str) -> dict[
     }
 
 
-def run_isolated(spec: RunSpec, device: Device) -> dict[str, Any]:
-    """The run in its own process; a crash or a timeout becomes a status, never an exception."""
+def run_isolated(spec: RunSpec, device: Device, snapshot: Path | None = None) -> dict[str, Any]:
+    """The run in its own process; a crash or a timeout becomes a status, never an exception. With
+    ``snapshot`` (CUDA), the instrumented step's memory history is dumped there for memory_viz."""
     env = os.environ | {k: v for t in spec.techniques for k, v in t.build().env().items()}
     with tempfile.TemporaryDirectory(prefix="bench-run-") as tmp:
         spec_path, out_path, err_path = (Path(tmp) / n for n in ("spec.json", "out.json", "stderr.txt"))
-        spec_path.write_text(json.dumps({"spec": spec.to_dict(), "device_type": device.type}))
+        job = {"spec": spec.to_dict(), "device_type": device.type, "snapshot": str(snapshot) if snapshot else None}
+        spec_path.write_text(json.dumps(job))
         cmd = [sys.executable, "-m", "bench.worker", str(spec_path), str(out_path)]
         with open(err_path, "w") as err:
             proc = subprocess.Popen(cmd, env=env, stdout=err, stderr=subprocess.STDOUT, start_new_session=True)

@@ -43,6 +43,7 @@ class Trainer:
                 logits = self.spec.logits(self.model, inputs)
                 loss = nn.functional.cross_entropy(logits, labels) / self.micro_batches
             self.output_dtype = logits.dtype
+            del logits  # a plain training loop would not hold the logits through backward either
             # Kept on the device: a .item() here would synchronise CUDA inside the timed step.
             total = loss.detach() if total is None else total + loss.detach()
             for t in self.techniques:

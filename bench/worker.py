@@ -31,7 +31,7 @@ from bench.train import Trainer
 OOM_MESSAGES = ("out of memory", "not enough memory", "can't allocate memory")
 
 
-def measure(spec: RunSpec, device: torch.device) -> dict[str, Any]:
+def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None) -> dict[str, Any]:
     model_spec = MODELS.get(spec.model)
     shapes = spec.shapes(device.type)
     ctx = RunContext(device, model_spec, shapes)
@@ -53,10 +53,16 @@ def measure(spec: RunSpec, device: torch.device) -> dict[str, Any]:
     for _ in range(shapes.warmup_steps - 1):
         trainer.step(batch)
     # Memory pass: one instrumented step. The tracker slows a step, so it is kept out of the timing.
+    if snapshot:  # the allocator's history of the instrumented step, for pytorch.org/memory_viz
+        torch.cuda.memory._record_memory_history(max_entries=200_000)
     if all(t.trackable for t in techniques):
         figures |= tracked_step(lambda: trainer.step(_clone(batch)), trainer.model, trainer.optimizer, device)
     else:  # compiled code (torch.compile, torchao's optimizers) runs no Python the tracker could see
         figures |= model_state_bytes(trainer.model, trainer.optimizer)
+    if snapshot:
+        torch.cuda.memory._dump_snapshot(snapshot)
+        torch.cuda.memory._record_memory_history(enabled=None)
+        figures["snapshot"] = Path(snapshot).name
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -120,7 +126,7 @@ def main(spec_path: str, out_path: str) -> int:
     job = json.loads(Path(spec_path).read_text())
     spec, device = RunSpec.from_dict(job["spec"]), torch.device(job["device_type"])
     try:
-        result = measure(spec, device)
+        result = measure(spec, device, job.get("snapshot"))
     except Unsupported as exc:
         result = {"status": "unsupported", "message": str(exc)}
     except Exception as exc:  # noqa: BLE001  a failed run is a result, not a crash of the sweep

@@ -127,3 +127,10 @@ def test_records_carry_the_accuracy_delta_and_the_baselines_noise_band(tmp_path)
     assert ckpt["accuracy_delta"] == 0.0 and ckpt["outside_band"] is False
     assert frozen["accuracy_delta"] < -0.2 and frozen["outside_band"] is True
     assert "accuracy" not in skipped and skipped["status"] == "ok"
+
+
+def test_snapshot_is_ignored_on_a_cpu(tmp_path):
+    suite = Suite("s", tmp_path / "s.toml", "vit-tiny", "", "run", (spec(name="run", batch_size=4),))
+    (record,) = sweep(suite, CPU, tmp_path, snapshot=True)
+    assert record["status"] == "ok" and "snapshot" not in record
+    assert not list(tmp_path.rglob("*.pickle"))

@@ -82,3 +82,12 @@ def test_expandable_segments_reach_the_run_process():
                           Device("cuda", torch.cuda.get_device_name(0)))
     assert record["status"] == "ok", record
     assert record["allocator_conf"] == "expandable_segments:True"
+
+
+def test_snapshot_of_the_instrumented_step_is_saved_for_memory_viz(tmp_path):
+    import pickle
+
+    path = tmp_path / "run.snapshot.pickle"
+    record = run_isolated(spec("vit-tiny", batch_size=16), Device("cuda", torch.cuda.get_device_name(0)), path)
+    assert record["status"] == "ok", record
+    assert record["snapshot"] == path.name and pickle.loads(path.read_bytes())["segments"]
