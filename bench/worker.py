@@ -19,7 +19,7 @@ from bench.data.synthetic import Batch, samples_in, synthetic_batch
 from bench.fidelity import run_fidelity
 from bench.infer import Predictor
 from bench.measure.flops import mfu
-from bench.measure.memory import cuda_peaks, model_state_bytes, nvml_process_bytes, rss_peak_bytes, tracked_step
+from bench.measure.memory import cuda_peaks, overheads, model_state_bytes, nvml_process_bytes, rss_peak_bytes, tracked_step
 from bench.measure.timing import summarize, time_steps
 from bench.models import MODELS
 from bench.predict import predict
@@ -71,6 +71,7 @@ def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None) ->
     if device.type == "cuda":
         figures |= cuda_peaks(device)
         figures["nvml_process_bytes"] = nvml_process_bytes(device)
+        figures |= overheads(figures)
     tokens = shapes.seq_len if model_spec.inputs == "tokens" else None
     figures |= summarize(times, samples_in(batch), tokens)
     figures["step_times_ms"] = times

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import resource
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -103,5 +104,17 @@ def tracked_step(step: Callable[[], object], model: nn.Module, optimizer: torch.
 def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, int]:
     return {
         "param_bytes": tensor_bytes(model.parameters()),
+        "buffer_bytes": tensor_bytes(model.buffers()),
         "optimizer_state_bytes": tensor_bytes(optimizer_state(optimizer)),
     }
+
+
+def overheads(figures: dict[str, Any]) -> dict[str, int]:
+    """CUDA memory beyond the tensors: the context and libraries (NVML's process figure minus what the
+    allocator reserved) and the cache's slack (reserved minus allocated at their peaks)."""
+    out = {}
+    if figures.get("peak_reserved_bytes") is not None and figures.get("peak_allocated_bytes") is not None:
+        out["cache_slack_bytes"] = figures["peak_reserved_bytes"] - figures["peak_allocated_bytes"]
+    if figures.get("nvml_process_bytes") and figures.get("peak_reserved_bytes") is not None:
+        out["context_bytes"] = figures["nvml_process_bytes"] - figures["peak_reserved_bytes"]
+    return out

@@ -46,3 +46,12 @@ def test_mlp_step_under_adam_matches_the_analytic_figures():
     # temporaries (64 KiB for the first weight) outweigh the 33 KiB of activations held in backward.
     assert figures["peak_phase"] == "optimizer"
     assert tensor_bytes([x, x[1:]]) == x.numel() * 4
+
+
+def test_cuda_overheads_split_context_from_cache_slack():
+    from bench.measure.memory import overheads
+
+    figures = {"peak_allocated_bytes": 700, "peak_reserved_bytes": 1000, "nvml_process_bytes": 1500}
+    assert overheads(figures) == {"cache_slack_bytes": 300, "context_bytes": 500}
+    assert overheads({"peak_allocated_bytes": 1, "peak_reserved_bytes": 2, "nvml_process_bytes": None}) == {
+        "cache_slack_bytes": 1}
