@@ -26,7 +26,7 @@ def test_user_technique_from_the_readme_runs_and_proves_itself(tmp_path):
     out = subprocess.run([sys.executable, "-m", "bench", "run", "mine", "--device", "cpu"], cwd=tmp_path,
                          env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    records = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "results/mine/cpu").glob("*.json")}
+    records = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "results/mine").glob("*/*.json")}
     adamw, sgd = records["baseline"], records["sgd-momentum"]
     assert sgd["status"] == "ok" and sgd["proof"]["SGDMomentum.optimizer"] == "SGD"
     # One momentum buffer per parameter instead of AdamW's two moments (+ step counters).
