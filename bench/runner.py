@@ -55,7 +55,8 @@ def sweep(suite: Suite, device: Device, results_root: Path, force: bool = False,
         print(f"[{i}/{n}] {spec.name}: running on {device.name} ({_elapsed(start)} elapsed)", file=log, flush=True)
         shot = path.with_suffix(".snapshot.pickle") if snapshot and device.type == "cuda" else None
         record = base_record(spec, device, key, revision) | {"run_index": i} | run_isolated(spec, device, shot)
-        baseline = record if spec.name == spec.baseline else next((r for r in records if r["run"] == spec.baseline), None)
+        baseline = record if spec.name == spec.baseline else next(
+            (r for r in records if r["run"] == spec.baseline), None)
         record |= results.accuracy_vs_baseline(record, baseline)
         results.write_atomic(path, record)
         records.append(record)

@@ -373,7 +373,8 @@ def _matrix(raw: Any, problems: list[str]) -> list[Entry]:
     if not isinstance(techs, dict) or not techs:
         problems.append("matrix.techniques: required table of name = [techniques]")
         return []
-    if not (isinstance(sizes, dict) and set(sizes) == set(DEVICES) and all(isinstance(v, list) for v in sizes.values())):
+    lists = isinstance(sizes, dict) and all(isinstance(v, list) for v in sizes.values())
+    if not (lists and set(sizes) == set(DEVICES)):
         problems.append("matrix.batch_size: required {gpu = [...], cpu = [...]}, lists of equal length")
         return []
     if len(sizes["gpu"]) != len(sizes["cpu"]) or not sizes["gpu"]:

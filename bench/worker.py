@@ -19,7 +19,14 @@ from bench.data.synthetic import Batch, samples_in, synthetic_batch
 from bench.fidelity import run_fidelity
 from bench.infer import Predictor
 from bench.measure.flops import mfu
-from bench.measure.memory import cuda_peaks, overheads, model_state_bytes, nvml_process_bytes, rss_peak_bytes, tracked_step
+from bench.measure.memory import (
+    cuda_peaks,
+    model_state_bytes,
+    nvml_process_bytes,
+    overheads,
+    rss_peak_bytes,
+    tracked_step,
+)
 from bench.measure.timing import summarize, time_steps
 from bench.models import MODELS
 from bench.predict import predict

@@ -14,6 +14,20 @@ from bench.techniques import (  # noqa: F401  (each module registers its techniq
     precision,
     sharing,
 )
-from bench.techniques.base import ANY_MODE, INFERENCE, TECHNIQUES, TRAIN, NoOptions, RunContext, Technique, Unsupported, option, resolve
+from bench.techniques.base import (
+    ANY_MODE,
+    INFERENCE,
+    TECHNIQUES,
+    TRAIN,
+    NoOptions,
+    RunContext,
+    Technique,
+    Unsupported,
+    option,
+    resolve,
+)
 
-__all__ = ["ANY_MODE", "INFERENCE", "TECHNIQUES", "TRAIN", "NoOptions", "RunContext", "Technique", "Unsupported", "option", "resolve"]
+__all__ = [
+    "ANY_MODE", "INFERENCE", "TECHNIQUES", "TRAIN", "NoOptions", "RunContext", "Technique", "Unsupported", "option",
+    "resolve",
+]
