@@ -66,7 +66,7 @@ def _train_seed(spec: RunSpec, fid: Fidelity, model_spec: ModelSpec, shapes: Sha
         return lambda p: captured.__setitem__(name, p.grad.detach().float().clone())
 
     hooks = [p.register_post_accumulate_grad_hook(keep(n)) for n, p in model.named_parameters()]
-    trainer = Trainer(model, model_spec, [t.build() for t in spec.techniques], RunContext(device, model_spec, shapes),
+    trainer = Trainer(model, model_spec, [t.build() for t in spec.techniques], RunContext(device, model_spec, shapes, fid.lr),
                       fid.lr)
     # The plain model's gradient on the same weights and batch, with the random state the run's first step
     # will see (the same dropout masks), restored afterwards.
@@ -85,7 +85,7 @@ def _train_seed(spec: RunSpec, fid: Fidelity, model_spec: ModelSpec, shapes: Sha
 def _inference_seed(spec: RunSpec, fid: Fidelity, model_spec: ModelSpec, shapes: Shapes, train: real.Labelled,
                     test: real.Labelled, seed: int, device: torch.device) -> dict[str, Any]:
     torch.manual_seed(seed)
-    ctx = RunContext(device, model_spec, shapes)
+    ctx = RunContext(device, model_spec, shapes, fid.lr)
     plain = Trainer(model_spec.build(shapes).to(device), model_spec, [], ctx, fid.lr)
     batches = _batches(train, fid, seed, device)
     losses = [plain.step(next(batches)) for _ in range(fid.steps)]

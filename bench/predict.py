@@ -76,7 +76,7 @@ def predict(spec: RunSpec, shapes: Shapes | None = None, cuda: bool = True) -> d
     if reason := next((f"{t.name}: {t.unpredictable}" for t in techniques if t.unpredictable), None):
         return {"predicted_status": "unpredictable", "predicted_message": reason}
     model_spec = MODELS.get(spec.model)
-    ctx = RunContext(CPU, model_spec, shapes, predicting=cuda)
+    ctx = RunContext(CPU, model_spec, shapes, spec.lr, predicting=cuda)
     if reason := next((f"{t.name}: {r}" for t in techniques if (r := t.unsupported(ctx))), None):
         return {"predicted_status": "unsupported", "predicted_message": reason}
     try:

@@ -447,6 +447,8 @@ def _check_options(cls: type[Technique], name: str, options: dict[str, Any], whe
 
 
 def _type_error(hint: Any, value: Any) -> str | None:
+    if type(None) in typing.get_args(hint):  # an optional option: its value has the other type
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
     if typing.get_origin(hint) is Literal:
         choices = typing.get_args(hint)
         return None if value in choices else f"must be one of {', '.join(map(repr, choices))}, got {value!r}"

@@ -41,7 +41,7 @@ OOM_MESSAGES = ("out of memory", "not enough memory", "can't allocate memory")
 def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None) -> dict[str, Any]:
     model_spec = MODELS.get(spec.model)
     shapes = spec.shapes(device.type)
-    ctx = RunContext(device, model_spec, shapes)
+    ctx = RunContext(device, model_spec, shapes, spec.lr)
     techniques = [t.build() for t in spec.techniques]
     for t in techniques:
         if reason := t.unsupported(ctx):

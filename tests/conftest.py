@@ -27,7 +27,7 @@ def build_trainer(spec: RunSpec, device: torch.device = CPU) -> tuple[Trainer | 
     shapes = spec.shapes(device.type)
     torch.manual_seed(spec.seed)
     model = model_spec.build(shapes).to(device)
-    techniques, ctx = [t.build() for t in spec.techniques], RunContext(device, model_spec, shapes)
+    techniques, ctx = [t.build() for t in spec.techniques], RunContext(device, model_spec, shapes, spec.lr)
     trainer = (Predictor(model, model_spec, techniques, ctx) if spec.mode == "inference"
                else Trainer(model, model_spec, techniques, ctx, spec.lr))
     return trainer, synthetic_batch(model_spec, shapes, spec.seed, device)

@@ -51,6 +51,7 @@ class RunContext:
     device: torch.device
     model_spec: ModelSpec
     shapes: Shapes
+    lr: float = 1e-4  # the run's learning rate (the suite's lr, or [fidelity] lr in the fidelity phase)
     # True in ``bench predict``: fake tensors on the CPU standing for a CUDA run. Techniques answer
     # ``unsupported`` as they would on CUDA and skip what needs real values (a GradScaler's checks).
     predicting: bool = False
@@ -153,6 +154,7 @@ def options_doc(cls: type[Technique]) -> list[tuple[str, str, Any, str]]:
     for f in fields(cls.Config):
         default = f.default if f.default is not MISSING else None
         hint = hints[f.name]
-        kind = " | ".join(map(repr, typing.get_args(hint))) if typing.get_origin(hint) is Literal else hint.__name__
+        kind = (" | ".join(map(repr, typing.get_args(hint))) if typing.get_origin(hint) is Literal
+                else getattr(hint, "__name__", str(hint)))
         rows.append((f.name, kind, default, f.metadata.get("doc", "")))
     return rows

@@ -44,12 +44,16 @@ class AdamW8bit(Technique):
 
     @dataclass(frozen=True)
     class Config:
-        lr: float = option(1e-4, "learning rate")
+        lr: float | None = option(None, "learning rate (default: the run's, as the default AdamW uses)")
 
     def unsupported(self, ctx: RunContext) -> str | None:
         if _has("torchao") or (_has("bitsandbytes") and ctx.device.type == "cuda"):
             return None
         return "needs torchao (pip install torchao) or, on CUDA, bitsandbytes"
+
+    def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        self.lr = self.config.lr or ctx.lr
+        return model
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         params = [p for p in model.parameters() if p.requires_grad]
@@ -57,7 +61,7 @@ class AdamW8bit(Technique):
             from torchao.optim import AdamW8bit as Optimizer
         else:
             from bitsandbytes.optim import AdamW8bit as Optimizer
-        self.optimizer = Optimizer(params, lr=self.config.lr)
+        self.optimizer = Optimizer(params, lr=self.lr)
         return self.optimizer
 
     def proof(self, steps: int) -> dict[str, Any]:

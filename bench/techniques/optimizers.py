@@ -31,7 +31,7 @@ class OptimizerChoice(Technique):
         kind: Literal["sgd", "adamw", "adafactor"] = option("adamw", "which optimizer")
         impl: Literal["default", "single", "foreach", "fused"] = option(
             "default", "adamw/sgd update implementation; default lets PyTorch choose")
-        lr: float = option(1e-4, "learning rate")
+        lr: float | None = option(None, "learning rate (default: the run's, as the default AdamW uses)")
         momentum: float = option(0.9, "sgd momentum")
 
     def problems(self, batch_size: int) -> list[str]:
@@ -44,15 +44,19 @@ class OptimizerChoice(Technique):
             return f"no fused {self.config.kind} on {ctx.device.type}"
         return None
 
+    def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        self.lr = self.config.lr or ctx.lr
+        return model
+
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         params, c = [p for p in model.parameters() if p.requires_grad], self.config
         impl = {} if c.impl == "default" else {"foreach": c.impl == "foreach"} if c.impl != "fused" else {"fused": True}
         if c.kind == "sgd":
-            self.optimizer = torch.optim.SGD(params, lr=c.lr, momentum=c.momentum, **impl)
+            self.optimizer = torch.optim.SGD(params, lr=self.lr, momentum=c.momentum, **impl)
         elif c.kind == "adafactor":
-            self.optimizer = torch.optim.Adafactor(params, lr=c.lr, **impl)
+            self.optimizer = torch.optim.Adafactor(params, lr=self.lr, **impl)
         else:
-            self.optimizer = torch.optim.AdamW(params, lr=c.lr, **impl)
+            self.optimizer = torch.optim.AdamW(params, lr=self.lr, **impl)
         return self.optimizer
 
     def proof(self, steps: int) -> dict[str, Any]:
@@ -130,7 +134,7 @@ class OptimizerInBackward(Technique):
 
     @dataclass(frozen=True)
     class Config:
-        lr: float = option(1e-4, "learning rate")
+        lr: float | None = option(None, "learning rate (default: the run's, as the default AdamW uses)")
 
     def conflict(self, other: Technique) -> str | None:
         if other.name == "amp" and other.config.dtype == "float16":
@@ -138,7 +142,7 @@ class OptimizerInBackward(Technique):
         return None
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
-        self.optimizers = {p: torch.optim.AdamW([p], lr=self.config.lr, foreach=False)
+        self.optimizers = {p: torch.optim.AdamW([p], lr=self.config.lr or ctx.lr, foreach=False)
                            for p in model.parameters() if p.requires_grad}
         self.updates = 0
         for p in self.optimizers:

@@ -65,3 +65,12 @@ def test_optimizer_in_backward_rejects_accumulation_and_fp16_scaling(tmp_path):
     found = "\n".join(info.value.problems)
     assert "optimizer-in-backward and accumulate cannot be combined" in found
     assert "float16 loss scaling must see every gradient" in found
+
+
+def test_optimizer_techniques_follow_the_runs_learning_rate_unless_given_one():
+    for technique, expected in [(tech("optimizer", kind="sgd"), 3e-3), (tech("optimizer", kind="sgd", lr=0.01), 0.01),
+                                (tech("adamw-8bit"), 3e-3)]:
+        if technique.name == "adamw-8bit":
+            pytest.importorskip("torchao")
+        trainer, _ = build_trainer(spec("vit-tiny", (technique,), lr=3e-3))
+        assert trainer.optimizer.param_groups[0]["lr"] == expected
