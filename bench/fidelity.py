@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
-from contextlib import ExitStack
 from typing import Any
 
 import torch
@@ -21,7 +20,7 @@ from torch import nn
 
 from bench.data import real
 from bench.data.synthetic import Batch
-from bench.infer import Predictor
+from bench.infer import Predictor, forward
 from bench.models import MODELS, ModelSpec
 from bench.suite import Fidelity, RunSpec, Shapes
 from bench.techniques import RunContext
@@ -66,8 +65,8 @@ def _train_seed(spec: RunSpec, fid: Fidelity, model_spec: ModelSpec, shapes: Sha
         return lambda p: captured.__setitem__(name, p.grad.detach().float().clone())
 
     hooks = [p.register_post_accumulate_grad_hook(keep(n)) for n, p in model.named_parameters()]
-    trainer = Trainer(model, model_spec, [t.build() for t in spec.techniques], RunContext(device, model_spec, shapes, fid.lr),
-                      fid.lr)
+    ctx = RunContext(device, model_spec, shapes, fid.lr)
+    trainer = Trainer(model, model_spec, [t.build() for t in spec.techniques], ctx, fid.lr)
     # The plain model's gradient on the same weights and batch, with the random state the run's first step
     # will see (the same dropout masks), restored afterwards.
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -124,8 +123,8 @@ def _cosine(reference: dict[str, torch.Tensor], captured: dict[str, torch.Tensor
 
 
 def _evaluate(runner: Trainer | Predictor, test: real.Labelled, device: torch.device) -> dict[str, Any]:
-    """Held-out accuracy and loss, through the techniques' own batch preparation and step contexts
-    (autocast, 16-bit inputs, channels_last). Every batch has the same size (the last is padded with
+    """Held-out accuracy and loss, through the techniques' own batch preparation and step contexts.
+    Every batch has the same size (the last is padded with
     repeats, dropped afterwards): traced and compiled models keep the shape they were built for."""
     model, techniques, n = runner.model, runner.techniques, len(test)
     was_training = model.training
@@ -133,14 +132,10 @@ def _evaluate(runner: Trainer | Predictor, test: real.Labelled, device: torch.de
     predictions, loss = [], 0.0
     with torch.no_grad():
         for i in range(0, n, EVAL_BATCH):
-            batch = test.batch(torch.arange(i, i + EVAL_BATCH) % n, device)
-            for t in techniques:
-                batch = t.prepare_batch(batch)
-            with ExitStack() as stack:
-                for t in techniques:
-                    stack.enter_context(t.step_context())
-                logits = runner.spec.logits(model, batch[0]).float()[: n - i]
-            loss += nn.functional.cross_entropy(logits, batch[1][: n - i], reduction="sum").item()
+            logits, labels = forward(runner.spec, model, techniques, test.batch(torch.arange(i, i + EVAL_BATCH) % n,
+                                                                                  device))
+            logits = logits.float()[: n - i]
+            loss += nn.functional.cross_entropy(logits, labels[: n - i], reduction="sum").item()
             predictions.append(logits.argmax(dim=1).cpu())
     model.train(was_training)
     predicted = torch.cat(predictions)

@@ -13,6 +13,17 @@ from bench.techniques import RunContext, Technique
 from bench.train import techniques_proof
 
 
+def forward(spec: ModelSpec, model: nn.Module, techniques: list[Technique], batch: Batch) -> Batch:
+    """The logits of one batch through the techniques' batch preparation and step contexts (autocast,
+    16-bit inputs, channels_last, inference mode), with the labels as prepared."""
+    for t in techniques:
+        batch = t.prepare_batch(batch)
+    with ExitStack() as stack:
+        for t in techniques:
+            stack.enter_context(t.step_context())
+        return spec.logits(model, batch[0]), batch[1]
+
+
 class Predictor:
     """Eval mode, no optimizer, and no gradients: ``torch.no_grad()`` always, inside which a technique may
     enter a stronger context (``inference_mode``). Same interface as ``Trainer`` for the worker."""
@@ -30,12 +41,7 @@ class Predictor:
 
     @torch.no_grad()
     def step(self, batch: Batch) -> torch.Tensor:
-        for t in self.techniques:
-            batch = t.prepare_batch(batch)
-        with ExitStack() as stack:
-            for t in self.techniques:
-                stack.enter_context(t.step_context())
-            logits = self.spec.logits(self.model, batch[0])
+        logits, _ = forward(self.spec, self.model, self.techniques, batch)
         # Flags only: holding the logits would keep them alive into the next measured step.
         self.output_dtype, self.inference_tensors = logits.dtype, logits.is_inference()
         self.steps += 1

@@ -25,7 +25,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from bench.data.synthetic import synthetic_batch
+from bench.data.synthetic import clone_batch, synthetic_batch
 from bench.infer import Predictor
 from bench.measure.memory import tracked_step
 from bench.measure.tracker import CUDA_BLOCK
@@ -102,7 +102,8 @@ def _fake_step(spec: RunSpec, techniques: list[Technique], ctx: RunContext, roun
         # measured step.
         with FlopCounterMode(display=False) as flops:
             runner.step(batch)
-        figures = tracked_step(lambda: runner.step(batch), runner.model, runner.optimizer, CPU, rounding)
+        step = lambda: runner.step(clone_batch(batch))  # noqa: E731  the batch counts, as in the worker
+        figures = tracked_step(step, runner.model, runner.optimizer, CPU, rounding)
     return {**figures, "flops_per_step": flops.get_total_flops()}
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from bench.data.synthetic import Batch, samples_in, synthetic_batch
+from bench.data.synthetic import clone_batch, samples_in, synthetic_batch
 from bench.fidelity import run_fidelity
 from bench.infer import Predictor
 from bench.measure.flops import mfu
@@ -63,7 +63,7 @@ def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None) ->
     if snapshot:  # the allocator's history of the instrumented step, for pytorch.org/memory_viz
         torch.cuda.memory._record_memory_history(max_entries=200_000)
     if all(t.trackable for t in techniques):
-        figures |= tracked_step(lambda: trainer.step(_clone(batch)), trainer.model, trainer.optimizer, device)
+        figures |= tracked_step(lambda: trainer.step(clone_batch(batch)), trainer.model, trainer.optimizer, device)
     else:  # compiled code (torch.compile, torchao's optimizers) runs no Python the tracker could see
         figures |= model_state_bytes(trainer.model, trainer.optimizer)
     if snapshot:
@@ -88,7 +88,8 @@ def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None) ->
     figures["proof"] = trainer.proof()
     figures |= prediction | {"flops_per_step": prediction.get("predicted_flops_per_step")}
     if device.type == "cuda":
-        figures |= mfu(figures | runtime_provenance(device) | {"device": torch.cuda.get_device_name(device)})
+        figures |= mfu(figures | {"tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+                                  "device": torch.cuda.get_device_name(device)})
     if (fid := spec.fidelity(device.type)) is not None:
         del trainer, batch  # free the measured model before training another
         figures |= _fidelity(spec, fid, device)
@@ -115,13 +116,6 @@ def _fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str, A
     except Exception as exc:  # noqa: BLE001
         traceback.print_exc()
         return {"fidelity_error": f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"}
-
-
-def _clone(batch: Batch) -> Batch:
-    """A fresh copy, allocated inside the tracked step so the batch counts as it does on CUDA."""
-    inputs, labels = batch
-    inputs = {k: v.clone() for k, v in inputs.items()} if isinstance(inputs, dict) else inputs.clone()
-    return inputs, labels.clone()
 
 
 def is_oom(exc: BaseException) -> bool:

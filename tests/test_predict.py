@@ -5,6 +5,7 @@ from dataclasses import replace
 
 import pytest
 
+from bench.data.synthetic import clone_batch
 from bench.measure.memory import tracked_step
 from bench.predict import largest_batch, parse_size, predict
 from bench.suite import load, select
@@ -23,7 +24,7 @@ def test_fake_tensor_prediction_equals_the_real_tracked_step_on_cpu(model, techn
     run = spec(model, techniques, batch_size=16)
     trainer, batch = build_trainer(run)
     trainer.step(batch)
-    real = tracked_step(lambda: trainer.step(batch), trainer.model, trainer.optimizer, CPU)
+    real = tracked_step(lambda: trainer.step(clone_batch(batch)), trainer.model, trainer.optimizer, CPU)
     fake = predict(run, run.cpu, cuda=False)
     assert fake["predicted_status"] == "ok", fake
     for key in ("peak_tensor_bytes", "activation_bytes", "param_bytes", "optimizer_state_bytes", "peak_phase"):

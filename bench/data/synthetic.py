@@ -31,6 +31,13 @@ def to_device(inputs: Inputs, device: torch.device) -> Inputs:
     return inputs.to(device)
 
 
+def clone_batch(batch: Batch) -> Batch:
+    """A fresh copy: allocated inside a tracked step, the batch counts as it does on CUDA."""
+    inputs, labels = batch
+    inputs = {k: v.clone() for k, v in inputs.items()} if isinstance(inputs, dict) else inputs.clone()
+    return inputs, labels.clone()
+
+
 def split(batch: Batch, n: int) -> list[Batch]:
     """``n`` equal micro-batches along the batch dimension (n divides the batch: checked at load)."""
     inputs, labels = batch

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from bench.techniques.base import INFERENCE, TECHNIQUES, RunContext, Technique, Unsupported, option
-from bench.techniques.lowbit import _has, _is_head
+from bench.techniques.lowbit import _has, quantize_body_linears
 from bench.techniques.precision import PureBF16
 
 
@@ -83,18 +83,9 @@ class DynamicInt8(Technique):
         return None
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
-        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig
 
-        self.quantized: list[str] = []
-
-        def body_linear(module: nn.Module, fqn: str) -> bool:
-            # Exact type: torchvision attention reads out_proj.weight directly, which a subclass cannot serve.
-            pick = type(module) is nn.Linear and not _is_head(fqn)
-            if pick:
-                self.quantized.append(fqn)
-            return pick
-
-        quantize_(model, Int8DynamicActivationInt8WeightConfig(), filter_fn=body_linear)
+        self.quantized = quantize_body_linears(model, Int8DynamicActivationInt8WeightConfig(), freeze=False)
         return model
 
     def proof(self, steps: int) -> dict[str, Any]:

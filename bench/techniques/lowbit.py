@@ -26,6 +26,26 @@ def _is_head(fqn: str) -> bool:
     return any(part in HEADS for part in fqn.split("."))
 
 
+def quantize_body_linears(model: nn.Module, config: Any, freeze: bool) -> list[str]:
+    """torchao ``quantize_`` with ``config`` on every plain ``nn.Linear`` except the classification head
+    and LoRA adapters (optionally frozen first); returns their names. Exact type: torchvision
+    attention's out_proj (a Linear subclass) is used transposed, which torchao's tensors cannot serve."""
+    from torchao.quantization import quantize_
+
+    picked: list[str] = []
+
+    def body_linear(module: nn.Module, fqn: str) -> bool:
+        pick = type(module) is nn.Linear and not _is_head(fqn) and "lora_" not in fqn
+        if pick:
+            if freeze:
+                module.requires_grad_(False)
+            picked.append(fqn)
+        return pick
+
+    quantize_(model, config, filter_fn=body_linear)
+    return picked
+
+
 @TECHNIQUES.register("adamw-8bit")
 class AdamW8bit(Technique):
     """AdamW with both moments stored blockwise-quantized in 8 bits (torchao ``AdamW8bit``; else
@@ -91,19 +111,9 @@ class Int8FrozenWeights(Technique):
         return None
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
-        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+        from torchao.quantization import Int8WeightOnlyConfig
 
-        self.quantized: list[str] = []
-
-        def frozen_linear(module: nn.Module, fqn: str) -> bool:
-            # Exact type: torchvision attention's out_proj (a Linear subclass) is used transposed, unsupported.
-            pick = type(module) is nn.Linear and not _is_head(fqn) and "lora_" not in fqn
-            if pick:
-                module.requires_grad_(False)
-                self.quantized.append(fqn)
-            return pick
-
-        quantize_(model, Int8WeightOnlyConfig(), filter_fn=frozen_linear)
+        self.quantized = quantize_body_linears(model, Int8WeightOnlyConfig(), freeze=True)
         return model
 
     def proof(self, steps: int) -> dict[str, Any]:
