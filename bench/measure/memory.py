@@ -59,13 +59,23 @@ def optimizer_state(optimizer: torch.optim.Optimizer | None) -> list[torch.Tenso
     return [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
 
 
+# What each storage alive at the peak was: model states by what holds them, else by the phase that made
+# it (the batch, cloned before the forward, counts with the activations it feeds).
+AT_PEAK = {"parameters": "parameters", "buffers": "buffers", "gradients": "gradients",
+           "optimizer_state": "optimizer_state", "": "activations", "forward": "activations",
+           "backward": "temporaries", "optimizer": "temporaries"}
+
+
 def tracked_step(step: Callable[[], object], model: nn.Module, optimizer: torch.optim.Optimizer | None,
                  device: torch.device, rounding: int | None = None) -> dict[str, int | str]:
-    """One step under the live-bytes tracker: its peak, and the bytes each forward leaves alive for
-    backward (saved activations plus the logits), the quantity checkpointing and autocast shrink."""
+    """One step under the live-bytes tracker: its peak, what was alive at that peak (``at_peak_*_bytes``,
+    summing to the peak), and the bytes each forward leaves alive for backward (saved activations plus the
+    logits), the quantity checkpointing and autocast shrink."""
     tracker = LiveBytes(device, rounding)
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    tracker.add([*model.parameters(), *model.buffers(), *grads, *optimizer_state(optimizer)])
+    tracker.add(model.parameters(), "parameters")
+    tracker.add(model.buffers(), "buffers")
+    tracker.add(_grads(model), "gradients")
+    tracker.add(optimizer_state(optimizer), "optimizer_state")
     starts: list[int] = []
     held: list[int] = []
 
@@ -82,7 +92,8 @@ def tracked_step(step: Callable[[], object], model: nn.Module, optimizer: torch.
 
     def optimizer_start(*_: object) -> None:
         tracker.phase = "optimizer"
-        grads.append(tensor_bytes(p.grad for p in model.parameters() if p.grad is not None))
+        tracker.label(_grads(model), "gradients")
+        grads.append(tensor_bytes(_grads(model)))
 
     if optimizer is not None:
         hooks.append(optimizer.register_step_pre_hook(optimizer_start))
@@ -92,13 +103,23 @@ def tracked_step(step: Callable[[], object], model: nn.Module, optimizer: torch.
     finally:
         for h in hooks:
             h.remove()
+    tracker.label(_grads(model), "gradients")  # kept past the step (no optimizer, or zero_grad keeps them)
+    tracker.label(optimizer_state(optimizer), "optimizer_state")  # made in the step (a first step)
+    at_peak = dict.fromkeys(sorted(set(AT_PEAK.values())), 0)
+    for label, n in tracker.at_peak().items():
+        at_peak[AT_PEAK[label]] += n
     return {
         "peak_tensor_bytes": tracker.peak,
         "peak_phase": tracker.peak_phase,
         "activation_bytes": max(held),
         # What the optimizer found in .grad (absent where gradients are freed in backward, or no optimizer).
         "gradient_bytes": grads[-1] if grads else None,
+        **{f"at_peak_{k}_bytes": v for k, v in at_peak.items()},
     } | model_state_bytes(model, optimizer)
+
+
+def _grads(model: nn.Module) -> list[torch.Tensor]:
+    return [p.grad for p in model.parameters() if p.grad is not None]
 
 
 def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, int]:

@@ -4,6 +4,9 @@ A TorchDispatchMode sees every tensor an operator returns; each new storage is c
 uncounted when it is freed (a weakref finalizer on the storage). Unlike the caching allocator's
 statistics this works on the CPU, and unlike PyTorch's MemTracker it handles a module called several
 times in one step (gradient accumulation) and reports the bytes held from forward into backward.
+
+Every storage's life is kept as (bytes, label, born, freed) on one event clock, so what was alive at
+the peak, and what it was, can be read off afterwards without copying the live set at every new peak.
 """
 
 from __future__ import annotations
@@ -38,37 +41,65 @@ class LiveBytes(TorchDispatchMode):
         super().__init__()
         self.device_type = device.type
         self.rounding = rounding or (CUDA_BLOCK if device.type == "cuda" else 1)
-        self._live: dict[int, int] = {}
+        self._live: dict[int, int] = {}  # id(storage) → its index in _lives
+        self._lives: list[list] = []  # [bytes, label, born, freed or None] per storage ever counted
+        self._clock = 0
+        self._peak_clock = 0
         self.current = 0
         self.peak = 0
         self.phase = ""  # set by the caller (forward / backward / optimizer); remembered at the peak
         self.peak_phase = ""
 
-    def add(self, tensors: Iterable[torch.Tensor]) -> None:
-        """Count tensors that exist already (parameters, optimizer state, the batch)."""
+    def add(self, tensors: Iterable[torch.Tensor], label: str = "") -> None:
+        """Count tensors that exist already (parameters, optimizer state), labelled by what they are."""
         for t in tensors:
-            self._count(t)
+            self._count(t, label)
 
-    def _count(self, t: torch.Tensor) -> None:
+    def label(self, tensors: Iterable[torch.Tensor], label: str) -> None:
+        """Name what live storages are (gradients are only known as such once backward has made them)."""
+        for t in tensors:
+            for storage in storages(t):
+                if (index := self._live.get(id(storage))) is not None:
+                    self._lives[index][1] = label
+
+    def at_peak(self) -> dict[str, int]:
+        """Bytes alive at the peak by label; storages counted while running carry the phase they were
+        made in. The values sum to ``peak``."""
+        out: dict[str, int] = {}
+        for n, label, born, freed in self._lives:
+            if born <= self._peak_clock and (freed is None or freed > self._peak_clock):
+                out[label] = out.get(label, 0) + n
+        return out
+
+    def _count(self, t: torch.Tensor, label: str | None = None) -> None:
         if t.device.type != self.device_type:
             return
         if is_traceable_wrapper_subclass(t):  # e.g. an 8-bit optimizer state: count what it wraps
             for inner in inner_tensors(t):
-                self._count(inner)
+                self._count(inner, label)
             return
         storage = t.untyped_storage()
         key = id(storage)
         if key in self._live:
             return
         n = math.ceil(storage.nbytes() / self.rounding) * self.rounding
-        self._live[key] = n
+        index = len(self._lives)
+        self._lives.append([n, self.phase if label is None else label, self._tick(), None])
+        self._live[key] = index
         self.current += n
         if self.current > self.peak:
-            self.peak, self.peak_phase = self.current, self.phase
-        weakref.finalize(storage, self._free, key)
+            self.peak, self.peak_phase, self._peak_clock = self.current, self.phase, self._lives[index][2]
+        weakref.finalize(storage, self._free, key, index)
 
-    def _free(self, key: int) -> None:
-        self.current -= self._live.pop(key, 0)
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def _free(self, key: int, index: int) -> None:
+        if self._live.get(key) == index:
+            del self._live[key]
+        self._lives[index][3] = self._tick()
+        self.current -= self._lives[index][0]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))

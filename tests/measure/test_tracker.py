@@ -45,7 +45,31 @@ def test_mlp_step_under_adam_matches_the_analytic_figures():
     # Here the peak comes in the optimizer step: model states, all gradients, and AdamW's per-parameter
     # temporaries (64 KiB for the first weight) outweigh the 33 KiB of activations held in backward.
     assert figures["peak_phase"] == "optimizer"
+    # What was alive at that peak, exactly: the model states, and two temporaries the size of the first
+    # weight (AdamW's per-parameter update); the activations were freed in backward.
+    assert {k: v for k, v in figures.items() if k.startswith("at_peak_")} == {
+        "at_peak_parameters_bytes": params, "at_peak_buffers_bytes": 0, "at_peak_gradients_bytes": params,
+        "at_peak_optimizer_state_bytes": 2 * params + 16, "at_peak_activations_bytes": 0,
+        "at_peak_temporaries_bytes": 2 * 64 * 256 * 4}
+    assert sum(v for k, v in figures.items() if k.startswith("at_peak_")) == figures["peak_tensor_bytes"]
     assert tensor_bytes([x, x[1:]]) == x.numel() * 4
+
+
+def test_at_peak_splits_what_forward_made_from_what_backward_made():
+    """A forward-only peak holds the activations; the labels follow the phase a storage was made in."""
+    tracker = LiveBytes(CPU)
+    weight = torch.ones(100)
+    tracker.add([weight], "parameters")
+    with tracker:
+        tracker.phase = "forward"
+        kept = torch.zeros(50)  # 200 bytes, alive at the peak
+        gone = torch.zeros(25)  # 100 bytes, alive at the peak, freed before the end
+        del gone
+        tracker.phase = "backward"
+        after = torch.zeros(10)  # made after the peak (current is lower): not part of it
+    assert tracker.peak == 400 + 200 + 100
+    assert tracker.at_peak() == {"parameters": 400, "forward": 300}
+    del kept, after
 
 
 def test_cuda_overheads_split_context_from_cache_slack():
