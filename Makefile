@@ -14,7 +14,7 @@ DEPS := $(VENV)/.installed
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: help bench report predict validate list test perf
+.PHONY: help bench report overview compare predict validate list test perf
 
 help: ## this list
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -32,8 +32,14 @@ bench: $(DEPS) ## run (or resume) SUITE, then write its table and plots
 predict: $(DEPS) ## predicted peak memory of SUITE at GPU shapes, no GPU needed (BUDGET=16GiB: what fits)
 	$(RUN) -m bench predict $(SUITE) $(if $(BUDGET),--budget $(BUDGET)) $(ARGS)
 
-report: $(DEPS) ## rebuild results/SUITE/{table.csv,report.md,plots/} from stored records
+report: $(DEPS) ## rebuild results/SUITE/{table.csv,report.md,report.html,plots/} from stored records
 	$(RUN) -m bench report $(SUITE)
+
+overview: $(DEPS) ## one page over every suite in results/: what to use, per model
+	$(RUN) -m bench overview
+
+compare: $(DEPS) ## per-run changes from A to B (result folders), regressions flagged: make compare A=… B=…
+	$(RUN) -m bench compare $(A) $(B) $(ARGS)
 
 validate: $(DEPS) ## check every suite file
 	$(RUN) -m bench validate

@@ -1,4 +1,4 @@
-"""Command line: python -m bench {run,report,validate,list}."""
+"""Command line: python -m bench {run,report,predict,overview,compare,validate,list}."""
 
 from __future__ import annotations
 
@@ -50,6 +50,16 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument("--only", metavar="PATTERNS", help="comma-separated run names or globs")
     pre.add_argument("--results", type=Path, default=Path("results"), help="where GPU measurements are read from")
     pre.set_defaults(func=_predict)
+    ovr = sub.add_parser("overview", help="one page over every suite: the best combination per model")
+    ovr.add_argument("--results", type=Path, default=Path("results"))
+    ovr.set_defaults(func=_overview)
+    cmp = sub.add_parser("compare", help="per-run changes between two result folders, regressions flagged")
+    cmp.add_argument("a", type=Path, help="results/, results/<suite>/ or results/<suite>/<device>/ (before)")
+    cmp.add_argument("b", type=Path, help="the same for the other side (after)")
+    cmp.add_argument("--device", help="where a folder holds several devices: which one (part of its name)")
+    cmp.add_argument("--out", type=Path, default=Path("results/compare"), help="folder for compare.{md,csv,png}")
+    cmp.add_argument("--strict", action="store_true", help="exit 1 when a run regressed (for CI)")
+    cmp.set_defaults(func=_compare)
     val = sub.add_parser("validate", help="check suite files; every problem at once")
     val.add_argument("suites", nargs="*", help="suite names or files (default: suites/*.toml)")
     val.set_defaults(func=_validate)
@@ -110,6 +120,28 @@ def _predict(args: argparse.Namespace) -> int:
     print(markdown(suite_table(list(suite.runs), measured, budget)))
     print(f"\nAssumed: {ASSUMPTIONS}.", file=sys.stderr)
     return 0
+
+
+def _overview(args: argparse.Namespace) -> int:
+    from bench.report.overview import build_overview
+
+    for path in build_overview(args.results):
+        print(path)
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from bench.report import compare
+
+    a, b = compare.load_side(args.a, args.device), compare.load_side(args.b, args.device)
+    table = compare.compare(a, b)
+    if table.empty:
+        print(f"error: no run (suite and name) is in both {args.a} and {args.b}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    written = compare.write(table, (args.a, a), (args.b, b), args.out)
+    print(written[0].read_text())
+    print(f"written: {', '.join(str(p) for p in written)}", file=sys.stderr)
+    return 1 if args.strict and (table["regression"] != "").any() else 0
 
 
 def _validate(args: argparse.Namespace) -> int:

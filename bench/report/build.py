@@ -1,71 +1,99 @@
-"""results/<suite>/ → table.csv, report.md and plots/*.png."""
+"""results/<suite>/ → table.csv, report.md, report.html and plots/*.{png,svg}."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
 
 from bench.report import plots, tables
+from bench.report.page import Block, html_page, markdown
 from bench.results import load_records, slug, to_frame
+
+Draw = Callable[[plt.Axes, pd.DataFrame, str], None]
 
 
 def build_report(suite_dir: Path) -> list[Path]:
-    """Aggregate every stored record of the suite; returns the files written."""
+    """Aggregate every stored record of the suite; returns the files written (table, Markdown, HTML, plots)."""
     records = load_records(suite_dir)
     if not records:
         raise FileNotFoundError(f"no records under {suite_dir}/*/; run `make bench SUITE={suite_dir.name}` first")
     table = tables.summary(to_frame(records))
     plot_dir = suite_dir / "plots"
     plot_dir.mkdir(exist_ok=True)
-    written = [suite_dir / "table.csv", suite_dir / "report.md"]
-    table.to_csv(written[0], index=False)
+    written = [suite_dir / "table.csv", suite_dir / "report.md", suite_dir / "report.html"]
+    table.drop(columns=["step_times_ms"]).to_csv(written[0], index=False)
+    blocks = [Block("h1", f"{suite_dir.name}: memory-saving techniques")]
     for device, part in table.groupby("device", sort=True):
-        written += _device_plots(plot_dir, str(device), part)
-    written[1].write_text(_markdown(suite_dir.name, table, records, written[2:], suite_dir))
+        images = device_plots(plot_dir, str(device), part)
+        blocks += _device_section(str(device), part, records, images)
+        written += [p for png in images for p in (png, png.with_suffix(".svg"))]
+    blocks += [Block("h2", "How these figures were measured"), *[Block("p", t) for t in EXPLAINED]]
+    written[1].write_text(markdown(blocks, suite_dir))
+    written[2].write_text(html_page(blocks, f"{suite_dir.name}: memory-saving techniques"))
+    for stale in (set(plot_dir.glob("*.png")) | set(plot_dir.glob("*.svg"))) - set(written):
+        stale.unlink()  # plots of views or devices no longer in the records
     return written
 
 
-def _device_plots(plot_dir: Path, device: str, part: pd.DataFrame) -> list[Path]:
+def device_plots(plot_dir: Path, device: str, part: pd.DataFrame) -> list[Path]:
+    """The plots that have something to show for this device, each as PNG and SVG; returns the PNGs."""
+    title = f"{part['suite'].iloc[0]} on {device}"
+    views: list[tuple[str, Draw, tuple[float, float]]] = [
+        ("pareto", plots.pareto, (9, 6.5)),
+        ("peak_memory", plots.peak_memory_bars, (8, 0.3 * len(part) + 2)),
+    ]
+    if len(plots.breakdown_frame(part)):
+        views.append(("breakdown", plots.breakdown_bars, (9, 0.3 * len(plots.breakdown_frame(part)) + 2)))
+    if part["step_times_ms"].map(lambda v: isinstance(v, list)).any():
+        views.append(("step_times", plots.step_time_boxes, (8, 0.3 * len(part) + 2)))
+    if (part["predicted_peak_tensor_bytes"].notna() & part["peak_bytes"].notna()).any():
+        n = int((part["predicted_peak_tensor_bytes"].notna() & part["peak_bytes"].notna()).sum())
+        views.append(("predicted_vs_measured", plots.predicted_vs_measured, (7, 0.3 * n + 2)))
     out = []
-    for name, draw in (("peak_memory", plots.peak_memory_bars), ("memory_vs_throughput", plots.memory_vs_throughput)):
-        fig, ax = plt.subplots(figsize=(8, 0.35 * len(part) + 2.5) if name == "peak_memory" else (8, 5.5))
-        draw(ax, part, f"{part['suite'].iloc[0]} on {device}")
+    for name, draw, size in views:
+        fig, ax = plt.subplots(figsize=size)
+        draw(ax, part, title)
         fig.tight_layout()
         path = plot_dir / f"{name}-{slug(device)}.png"
         fig.savefig(path, dpi=120)
+        fig.savefig(path.with_suffix(".svg"))
         plt.close(fig)
         out.append(path)
     return out
 
 
-def _markdown(suite: str, table: pd.DataFrame, records: list[dict], images: list[Path], root: Path) -> str:
-    lines = [f"# {suite}: memory-saving techniques", ""]
-    for device, part in table.groupby("device", sort=True):
-        rec = next(r for r in records if r["device"] == device)
-        lines += [f"## {device}", "", _provenance(rec, part), "", tables.markdown(part), ""]
-        failed = part[part["status"] != "ok"]
-        lines += [f"- **{r.run}**: {r.status}: {r.message}" for r in failed.itertuples()] + [""]
-        base = next((r for r in records if r["device"] == device and r["run"] == r.get("baseline")), rec)
-        lines += [_fidelity_line(base), ""] if base.get("fidelity_model") else []
-        lines += [f"![{p.stem}]({p.relative_to(root)})" for p in images if slug(str(device)) in p.stem] + [""]
-    lines += [
-        "Peak memory: CUDA's `max_memory_allocated` over the timed steps on GPUs; on CPUs the peak of live "
-        "tensor bytes over one instrumented step (`peak in`: the phase of the step where it happened). "
-        "Activations: bytes a forward leaves alive for backward. Throughput: batch size over the median "
-        "step time of the timed steps, after warm-up. Ratios (×) are against the suite's baseline on the "
-        "same device. `results/README.md` explains every column.",
-        "",
-        "Accuracy (where a fidelity phase ran): after the measured steps, each run's process trains the model "
-        "named above with the run's techniques on the training split, from the same initial weights and in the "
-        "same data order as the baseline, then evaluates on the held-out split (inference suites: the plain "
-        "model is trained, then evaluated under the run's techniques; `agreement` is the share of predictions "
-        "equal to the fp32 model's). Δ accuracy is in points against the baseline; the band (±) is the spread "
-        "(max − min) of the baseline's accuracy over its seeds, and ⚠ marks a delta outside it. `grad cos` is "
-        "the cosine similarity of the run's first-step gradient to the plain model's on the same batch.",
-    ]
-    return "\n".join(lines) + "\n"
+def _device_section(device: str, part: pd.DataFrame, records: list[dict], images: list[Path]) -> list[Block]:
+    rec = next(r for r in records if r["device"] == device)
+    base = next((r for r in records if r["device"] == device and r["run"] == r.get("baseline")), rec)
+    failed = part[part["status"] != "ok"]
+    blocks = [Block("h2", device), Block("p", provenance(part, rec)), Block("table", tables.display(part))]
+    if len(failed):
+        blocks.append(Block("list", [f"**{r.run}**: {r.status}: {r.message}" for r in failed.itertuples()]))
+    if base.get("fidelity_model"):
+        blocks.append(Block("p", _fidelity_line(base)))
+    blocks += [Block("h3", "Against the baseline, largest memory saving first"),
+               Block("table", tables.savings(part))]
+    no_breakdown = sorted(set(part.loc[part["status"] == "ok", "run"]) - set(plots.breakdown_frame(part).index))
+    if any("breakdown" in p.stem for p in images) and no_breakdown:
+        blocks.append(Block("p", "No at-peak breakdown (compiled code the tracker cannot see, or a record "
+                                 f"older than the breakdown): {', '.join(no_breakdown)}."))
+    return blocks + [Block("image", p) for p in images]
+
+
+def provenance(part: pd.DataFrame, rec: dict) -> str:
+    """How the figures were obtained: device, software, when, from which revision(s)."""
+    versions = ", ".join(f"torch {v}" for v in sorted(part["torch_version"].dropna().unique()))
+    if rec.get("cuda_version"):
+        versions += f", CUDA {rec['cuda_version']}"
+    dates = sorted(str(d)[:10] for d in part["finished_at"].dropna())
+    when = f"measured {dates[0]}" + (f" to {dates[-1]}" if dates[-1] != dates[0] else "") if dates else ""
+    revisions = ", ".join(sorted({_short(r) for r in part["git_revision"].dropna()}))
+    return (f"Device: {rec['device']} · {versions} · {when} · revision {revisions or 'unknown'} · "
+            f"seed {rec.get('seed')} · warm-up {rec.get('warmup_steps')} + {rec.get('measure_steps')} measured "
+            f"steps · {len(part)} runs, {int((part['status'] == 'ok').sum())} ok")
 
 
 def _fidelity_line(rec: dict) -> str:
@@ -74,13 +102,32 @@ def _fidelity_line(rec: dict) -> str:
             f"{rec.get('fidelity_steps')} steps; baseline over {len(rec.get('accuracy_seeds') or [1])} seeds.")
 
 
-def _provenance(rec: dict, part: pd.DataFrame) -> str:
-    versions = f"torch {rec.get('torch_version')}" + (f", CUDA {rec['cuda_version']}" if rec.get("cuda_version") else "")
-    return (f"Device: {rec['device']} · {versions} · revision {_short(rec.get('git_revision'))} · "
-            f"seed {rec.get('seed')} · warm-up {rec.get('warmup_steps')} + {rec.get('measure_steps')} measured steps · "
-            f"{len(part)} runs, {int((part['status'] == 'ok').sum())} ok")
-
-
 def _short(revision: str | None) -> str:
     rev, dirty, _ = str(revision).partition("-dirty")
     return rev[:12] + ("-dirty" if dirty else "")
+
+
+EXPLAINED = [
+    "**Peak memory**: CUDA's `max_memory_allocated` over the timed steps on GPUs; on CPUs the peak of live "
+    "tensor bytes over one instrumented step (`peak in`: the phase of the step where it happened). "
+    "Activations: bytes a forward leaves alive for backward. Throughput: batch size over the median step "
+    "time of the timed steps, after warm-up. Ratios (×) are against the suite's baseline on the same device. "
+    "`results/README.md` explains every column.",
+    "**Breakdown**: what was alive at the peak of the instrumented step, by what holds it: parameters, "
+    "buffers, gradients, optimizer state, activations (made by the forward, the input batch included, and "
+    "still alive) and temporaries (made in backward or the optimizer step: gradients of activations, "
+    "recomputed activations, update buffers). The parts sum to the tracked peak; on CUDA the allocator's "
+    "cache slack (reserved − allocated) is stacked on top.",
+    "**Pareto plot**: a run is on the front when no other run needs less memory and gives more throughput. "
+    "Up and to the left is better. The marker says whether its accuracy delta lies within the baseline's "
+    "noise band. Colours follow the run's first technique and are the same in every plot and suite.",
+    "**Accuracy** (where a fidelity phase ran): after the measured steps, each run's process trains the model "
+    "named above with the run's techniques on the training split, from the same initial weights and in the "
+    "same data order as the baseline, then evaluates on the held-out split (inference suites: the plain "
+    "model is trained, then evaluated under the run's techniques; `agreement` is the share of predictions "
+    "equal to the fp32 model's). Δ accuracy is in points against the baseline; the band (±) is the spread "
+    "(max − min) of the baseline's accuracy over its seeds, and ⚠ marks a delta outside it. `grad cos` is "
+    "the cosine similarity of the run's first-step gradient to the plain model's on the same batch.",
+    "**Step times**: every timed step as a box plot (quartiles; whiskers to 1.5 × IQR). A wide box is a "
+    "noisy run; on a shared CPU, throughput ratios are indicative only.",
+]

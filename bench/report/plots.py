@@ -1,4 +1,7 @@
-"""Plot helpers: small pure functions that draw one view of the summary table onto an Axes."""
+"""Plot helpers: small pure functions that draw one view of the summary table onto an Axes.
+
+Every run has one colour wherever it appears, in every plot and suite: the colour of its first
+technique (techniques in registry order on a fixed palette), grey for the baseline."""
 
 from __future__ import annotations
 
@@ -6,8 +9,23 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; no display on CI or GPU hosts
 
+import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
+from matplotlib.lines import Line2D
+
+from bench.report.tables import BREAKDOWN, pareto_front
+
+BASELINE_COLOUR = "#7f7f7f"
+# tab20's pairs split (dark ones first), then Dark2, without the greys the baseline wears: 25 colours.
+PALETTE = [c for c in (*matplotlib.colormaps["tab20"].colors[0::2], *matplotlib.colormaps["tab20"].colors[1::2],
+                       *matplotlib.colormaps["Dark2"].colors) if len(set(c)) > 1]
+BREAKDOWN_COLOURS = {"parameters": "#1f77b4", "buffers": "#aec7e8", "gradients": "#ff7f0e",
+                     "optimizer_state": "#2ca02c", "activations": "#d62728", "temporaries": "#9467bd",
+                     "allocator": "#c7c7c7"}
+# Accuracy against the baseline's noise band, as the Pareto plot's marker.
+ACCURACY_MARKERS = {"within band": "o", "worse, outside band": "v", "better, outside band": "^",
+                    "not measured": "s"}
 
 
 def byte_unit(largest: float) -> tuple[float, str]:
@@ -20,13 +38,27 @@ def memory_label(device_type: str, unit: str) -> str:
     return f"{what} ({unit}{', CUDA allocator' if device_type == 'cuda' else ', tracked'})"
 
 
+def technique_colour(techniques: str, is_baseline: bool = False) -> tuple | str:
+    """The colour of a run's first technique ('amp(dtype=bfloat16) + checkpoint' → amp's)."""
+    from bench.techniques import TECHNIQUES
+
+    first = str(techniques).split(" + ")[0].split("(")[0].strip()
+    names = sorted(TECHNIQUES.names())
+    if is_baseline or first not in names:
+        return BASELINE_COLOUR
+    return PALETTE[names.index(first) % len(PALETTE)]
+
+
+def _colours(table: pd.DataFrame) -> list:
+    return [technique_colour(t, r == b) for t, r, b in zip(table["techniques"], table["run"], table["baseline"])]
+
+
 def peak_memory_bars(ax: Axes, table: pd.DataFrame, title: str) -> None:
-    """Peak memory per run in suite order, baseline in grey, each bar labelled with its ratio to it;
-    runs without a figure are named with their status."""
+    """Peak memory per run in suite order, each bar labelled with its ratio to the baseline; runs without a
+    figure are named with their status."""
     divisor, unit = byte_unit(table["peak_bytes"].max())
     peaks = table["peak_bytes"] / divisor
-    colors = ["tab:gray" if r == b else "tab:blue" for r, b in zip(table["run"], table["baseline"])]
-    ax.barh(table["run"], peaks.fillna(0), color=colors)
+    ax.barh(table["run"], peaks.fillna(0), color=_colours(table))
     for y, (peak, ratio, status) in enumerate(zip(peaks, table["memory_vs_baseline"], table["status"])):
         text = f" {peak:,.1f} ({ratio:.2f}×)" if status == "ok" and pd.notna(ratio) else f" {status}"
         ax.text(0 if pd.isna(peak) else peak, y, text, va="center", fontsize=8,
@@ -37,20 +69,143 @@ def peak_memory_bars(ax: Axes, table: pd.DataFrame, title: str) -> None:
     ax.set_title(title)
 
 
-def memory_vs_throughput(ax: Axes, table: pd.DataFrame, title: str) -> None:
-    """One point per successful run: towards the upper left is better (less memory, more samples/s)."""
-    ok = table[table["status"] == "ok"]
-    divisor, unit = byte_unit(ok["peak_bytes"].max() if len(ok) else 0)
-    is_base = ok["run"] == ok["baseline"]
-    for subset, style in ((ok[~is_base], {"color": "tab:blue"}),
-                          (ok[is_base], {"color": "tab:gray", "marker": "*", "s": 150, "label": "baseline"})):
-        ax.scatter(subset["peak_bytes"] / divisor, subset["samples_per_s"], zorder=3, **style)
-    for r in ok.itertuples():
-        ax.annotate(r.run, (r.peak_bytes / divisor, r.samples_per_s), fontsize=7,
-                    xytext=(4, 4), textcoords="offset points")
+def accuracy_class(row: pd.Series) -> str:
+    if pd.isna(row.get("accuracy_delta")) or pd.isna(row.get("outside_band")):
+        return "not measured"
+    if not row["outside_band"]:
+        return "within band"
+    return "worse, outside band" if row["accuracy_delta"] < 0 else "better, outside band"
+
+
+def pareto(ax: Axes, table: pd.DataFrame, title: str) -> None:
+    """Peak memory against throughput, one point per measured run; the front (runs no other run beats on
+    both) joined by a line. Marker: accuracy against the baseline's band. Up and left is better."""
+    ok = table[(table["status"] == "ok") & table["peak_bytes"].notna() & table["samples_per_s"].notna()]
+    if ok.empty:
+        ax.text(0.5, 0.5, "no run with both peak memory and throughput", ha="center", transform=ax.transAxes)
+        ax.set_title(title)
+        return
+    divisor, unit = byte_unit(ok["peak_bytes"].max())
+    x, y = ok["peak_bytes"].to_numpy() / divisor, ok["samples_per_s"].to_numpy()
+    front = pareto_front(x, y)
+    order = np.argsort(x[front])
+    ax.step(x[front][order], y[front][order], where="post", color="black", lw=1, alpha=0.6, zorder=2)
+    is_base = (ok["run"] == ok["baseline"]).to_numpy()
+    classes = ok.apply(accuracy_class, axis=1).to_numpy()
+    for i, colour in enumerate(_colours(ok)):
+        marker = "*" if is_base[i] else ACCURACY_MARKERS[classes[i]]
+        ax.scatter(x[i], y[i], color=colour, marker=marker, s=160 if is_base[i] else 60, zorder=3,
+                   edgecolors="black" if front[i] else "none", linewidths=1.2)
+    labels = [f"{r}{' (baseline)' if b and 'baseline' not in r else ''}" for r, b in zip(ok["run"], is_base)]
+    place_labels(ax, x, y, labels)
+    handles = [Line2D([], [], color="black", lw=1, alpha=0.6, label="Pareto front (black edge: on it)"),
+               Line2D([], [], marker="*", ls="", color=BASELINE_COLOUR, ms=12, label="baseline")]
+    handles += [Line2D([], [], marker=m, ls="", color="dimgray", label=f"accuracy {c}")
+                for c, m in ACCURACY_MARKERS.items() if c in set(classes)]
+    ax.legend(handles=handles, loc="best", fontsize=7, framealpha=0.8)
     ax.set_xlabel(memory_label(table["device_type"].iloc[0], unit))
     ax.set_ylabel("throughput (samples/s)")
     ax.grid(alpha=0.3)
     ax.set_title(title)
-    if is_base.any():
-        ax.legend(loc="best", fontsize=8)
+
+
+def place_labels(ax: Axes, x: np.ndarray, y: np.ndarray, labels: list[str], fontsize: float = 7) -> None:
+    """Each label at the first of a ring of offsets around its point where it overlaps no label placed
+    before it and no point; a leader line where it had to move away. Greedy, dependency-free."""
+    fig = ax.figure
+    fig.canvas.draw()  # fixes the axes' limits and transform
+    renderer = fig.canvas.get_renderer()
+    points = ax.transData.transform(np.column_stack([x, y]))
+    taken: list = []
+    offsets = [(dx * r, dy * r) for r in (6, 16, 28, 42) for dx, dy in
+               ((1, 1), (1, -1), (-1, 1), (-1, -1), (0, 1.4), (0, -1.4), (1.4, 0), (-1.4, 0))]
+    for i in np.argsort(-y):  # top points first: they have the least room above
+        others = [pt for j, pt in enumerate(points) if j != i]
+        for dx, dy in offsets:
+            text = _label(ax, labels[i], (x[i], y[i]), (dx, dy), fontsize)
+            box = text.get_window_extent(renderer).expanded(1.05, 1.1)
+            if not any(box.overlaps(t) for t in taken) and not any(box.contains(*pt) for pt in others):
+                break
+            text.remove()
+        else:  # nowhere clear: the nearest place, overlapping
+            dx, dy = offsets[0]
+            text = _label(ax, labels[i], (x[i], y[i]), (dx, dy), fontsize)
+            box = text.get_window_extent(renderer)
+        if (dx, dy) != offsets[0]:  # moved away: a leader line says whose label it is
+            text.remove()
+            _label(ax, labels[i], (x[i], y[i]), (dx, dy), fontsize, leader=True)
+        taken.append(box)
+
+
+def _label(ax: Axes, text: str, xy: tuple[float, float], offset: tuple[float, float], fontsize: float,
+           leader: bool = False):
+    return ax.annotate(text, xy, xytext=offset, textcoords="offset points", fontsize=fontsize,
+                       ha="left" if offset[0] >= 0 else "right", va="bottom" if offset[1] >= 0 else "top",
+                       arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "gray"} if leader else None)
+
+
+def breakdown_bars(ax: Axes, table: pd.DataFrame, title: str) -> None:
+    """What was alive at each run's peak, stacked, runs sorted by total; on CUDA the allocator's cache
+    slack (reserved − allocated) on top."""
+    parts = breakdown_frame(table)
+    divisor, unit = byte_unit(parts.sum(axis=1).max() if len(parts) else 0)
+    left = np.zeros(len(parts))
+    for part in parts.columns:
+        values = parts[part].to_numpy() / divisor
+        ax.barh(parts.index, values, left=left, color=BREAKDOWN_COLOURS[part], label=part.replace("_", " "))
+        left += values
+    ax.invert_yaxis()
+    ax.set_xlabel(f"bytes alive at the peak ({unit}), by what holds them")
+    ax.legend(loc="lower right", fontsize=7, ncol=2)
+    ax.set_title(title)
+
+
+def breakdown_frame(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per run that has an at-peak breakdown (tracked step), columns in BREAKDOWN order plus the
+    allocator's slack where measured; sorted by total, largest first."""
+    cols = [f"at_peak_{p}_bytes" for p in BREAKDOWN]
+    have = table.dropna(subset=[c for c in cols if c in table]) if all(c in table for c in cols) else table.iloc[:0]
+    have = have[have["status"] == "ok"]
+    parts = pd.DataFrame({p: have[f"at_peak_{p}_bytes"].astype(float) for p in BREAKDOWN}, index=have.index)
+    if "cache_slack_bytes" in have and have["cache_slack_bytes"].notna().any():
+        parts["allocator"] = pd.to_numeric(have["cache_slack_bytes"], errors="coerce").fillna(0)
+    parts.index = have["run"]
+    return parts.loc[parts.sum(axis=1).sort_values(ascending=False).index]
+
+
+def step_time_boxes(ax: Axes, table: pd.DataFrame, title: str) -> None:
+    """Every timed step of every run as a box (quartiles, whiskers to 1.5 IQR, outliers as dots): a wide
+    box is a noisy run, whose ratios deserve less trust."""
+    ok = table[(table["status"] == "ok") & table["step_times_ms"].map(lambda v: isinstance(v, list) and len(v) > 0)]
+    boxes = ax.boxplot(list(ok["step_times_ms"]), orientation="horizontal", patch_artist=True, widths=0.6,
+                       flierprops={"markersize": 3})
+    for patch, colour in zip(boxes["boxes"], _colours(ok)):
+        patch.set_facecolor(colour)
+        patch.set_alpha(0.7)
+    ax.set_yticks(range(1, len(ok) + 1), ok["run"])
+    ax.invert_yaxis()
+    times = [t for ts in ok["step_times_ms"] for t in ts]
+    if times and max(times) / max(min(times), 1e-9) > 20:
+        ax.set_xscale("log")  # a slow outlier run would squash every other box
+    ax.set_xlabel("step time (ms)")
+    ax.grid(alpha=0.3, axis="x")
+    ax.set_title(title)
+
+
+def predicted_vs_measured(ax: Axes, table: pd.DataFrame, title: str) -> None:
+    """The fake-tensor prediction over the measured peak, per run: 1 is exact, the band is ±10%."""
+    both = table[table["predicted_peak_tensor_bytes"].notna() & table["peak_bytes"].notna()]
+    ratio = pd.to_numeric(both["predicted_peak_tensor_bytes"]) / both["peak_bytes"]
+    ax.axvspan(0.9, 1.1, color="gray", alpha=0.15, label="±10%")
+    ax.axvline(1.0, color="black", lw=1)
+    ax.scatter(ratio, range(len(both)), color=_colours(both), zorder=3)
+    for y, r in enumerate(ratio):
+        ax.annotate(f"{r:.3f}", (r, y), xytext=(6, 0), textcoords="offset points", va="center", fontsize=7)
+    ax.set_yticks(range(len(both)), both["run"])
+    ax.invert_yaxis()
+    low, high = min(ratio.min(), 0.85), max(ratio.max(), 1.15)
+    ax.set_xlim(low - 0.02, high + 0.05)
+    ax.set_xlabel("predicted ÷ measured peak memory (bytes / bytes)")
+    ax.legend(loc="lower right", fontsize=7)
+    ax.grid(alpha=0.3, axis="x")
+    ax.set_title(title)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from bench.results import accuracy_vs_baseline
+
+# What holds the bytes alive at a run's peak (bench/measure/memory.py: tracked_step).
+BREAKDOWN = ["parameters", "buffers", "gradients", "optimizer_state", "activations", "temporaries"]
 
 COLUMNS = [
     "suite", "run", "model", "techniques", "device", "device_type", "batch_size", "status",
@@ -13,7 +17,9 @@ COLUMNS = [
     "samples_per_s", "tokens_per_s", "step_time_ms_median", "step_time_ms_p25", "step_time_ms_p75",
     "memory_vs_baseline", "throughput_vs_baseline",
     "accuracy", "accuracy_delta", "accuracy_band", "outside_band", "grad_cosine", "fidelity_agreement",
-    "final_loss", "predicted_peak_tensor_bytes", "predicted_vs_measured", "flops_per_step", "mfu", "message",
+    "final_loss", "predicted_peak_tensor_bytes", "predicted_vs_measured", "flops_per_step", "mfu",
+    *[f"at_peak_{p}_bytes" for p in BREAKDOWN], "cache_slack_bytes", "context_bytes", "git_revision",
+    "torch_version", "finished_at", "message",
 ]
 
 
@@ -43,7 +49,32 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     extra = [c for c in df.columns if c.startswith("proof.")]
     order = df["run_index"] if "run_index" in df else pd.Series(0, index=df.index)
     df = df.assign(_order=order).sort_values(["device", "_order", "run"])
-    return df[COLUMNS + ["peak_bytes", "baseline"] + extra].reset_index(drop=True)
+    df["step_times_ms"] = df.get("step_times_ms")
+    return df[COLUMNS + ["peak_bytes", "baseline", "step_times_ms"] + extra].reset_index(drop=True)
+
+
+def pareto_front(memory: np.ndarray, throughput: np.ndarray) -> np.ndarray:
+    """True for each point no other point beats: as little memory or less and as much throughput or more,
+    strictly better in one."""
+    m, t = np.asarray(memory, dtype=float), np.asarray(throughput, dtype=float)
+    no_worse = (m[None, :] <= m[:, None]) & (t[None, :] >= t[:, None])
+    better = (m[None, :] < m[:, None]) | (t[None, :] > t[:, None])
+    return ~(no_worse & better).any(axis=1)
+
+
+def savings(table: pd.DataFrame) -> pd.DataFrame:
+    """Against the baseline, largest saving first: memory and throughput as × and %, accuracy with its band.
+    Runs without figures are left to the list of failed runs."""
+    ok = table[(table["status"] == "ok") & table["memory_vs_baseline"].notna()]
+    ok = ok.sort_values("memory_vs_baseline", kind="stable")
+    return pd.DataFrame({
+        "run": ok["run"],
+        "memory ×": ok["memory_vs_baseline"].round(3),
+        "memory saved %": (100 * (1 - ok["memory_vs_baseline"])).round(1),
+        "throughput ×": ok["throughput_vs_baseline"].round(3),
+        "throughput change %": (100 * (ok["throughput_vs_baseline"] - 1)).round(1),
+        "Δ accuracy pt (band)": ok.apply(_delta_cell, axis=1) if len(ok) else None,
+    })
 
 
 def _accuracy(df: pd.DataFrame, base: pd.DataFrame, keys: list[tuple[str, str]]) -> pd.DataFrame:
@@ -65,7 +96,12 @@ def _delta_cell(row: pd.Series) -> str | None:
 
 
 def markdown(table: pd.DataFrame) -> str:
-    """The human-facing table: MiB, ratios and statuses, one line per run."""
+    return to_markdown(display(table))
+
+
+def display(table: pd.DataFrame) -> pd.DataFrame:
+    """The human-facing table: MiB, ratios and statuses, one line per run; columns no run has are left out
+    (e.g. no CUDA columns for a CPU)."""
     show = pd.DataFrame({
         "run": table["run"],
         "batch": table["batch_size"],
@@ -85,7 +121,7 @@ def markdown(table: pd.DataFrame) -> str:
         "predicted ×": table["predicted_vs_measured"].round(3),
         "MFU %": (100 * pd.to_numeric(table["mfu"], errors="coerce")).round(1),
     })
-    return to_markdown(show.dropna(axis=1, how="all"))  # e.g. no CUDA columns for a CPU
+    return show.dropna(axis=1, how="all")
 
 
 def to_markdown(df: pd.DataFrame) -> str:

@@ -7,6 +7,8 @@ from bench import results
 from bench.report import build_report
 
 MiB = 2**20
+BREAKDOWN = {"parameters": 100, "buffers": 0, "gradients": 100, "optimizer_state": 50, "activations": 30,
+             "temporaries": 20}
 
 
 def record(run, status="ok", device="cpu", peak=None, tput=None, **extra):
@@ -24,7 +26,9 @@ def record(run, status="ok", device="cpu", peak=None, tput=None, **extra):
 def suite_dir(tmp_path):
     fixtures = [
         record("baseline", peak=400, tput=100.0),
-        record("checkpoint", peak=300, tput=75.0, proof={"checkpoint.wrapped_modules": 16}),
+        record("checkpoint", peak=300, tput=75.0, proof={"checkpoint.wrapped_modules": 16},
+               step_times_ms=[100.0, 104.0, 98.0], predicted_peak_tensor_bytes=297 * MiB,
+               **{f"at_peak_{k}_bytes": v * MiB for k, v in BREAKDOWN.items()}),
         record("huge", status="oom"),
         record("broken", status="error", stderr_tail="Traceback ..."),
         record("fp8", status="unsupported"),
@@ -36,12 +40,51 @@ def suite_dir(tmp_path):
     return tmp_path / "demo"
 
 
-def test_report_writes_table_markdown_and_plots_per_device(suite_dir):
+def test_report_writes_table_markdown_html_and_each_plot_that_has_data(suite_dir):
+    (suite_dir / "plots").mkdir()
+    (suite_dir / "plots" / "memory_vs_throughput-cpu.png").write_bytes(b"old view")
     written = build_report(suite_dir)
     names = {p.name for p in written}
-    assert names == {"table.csv", "report.md", "peak_memory-cpu.png", "memory_vs_throughput-cpu.png",
-                     "peak_memory-nvidia-h100-80gb-hbm3.png", "memory_vs_throughput-nvidia-h100-80gb-hbm3.png"}
+    # The CPU records have a breakdown, step times and a prediction (one run each); the GPU ones do not.
+    cpu = {f"{v}-cpu.{ext}" for v in ("pareto", "peak_memory", "breakdown", "step_times", "predicted_vs_measured")
+           for ext in ("png", "svg")}
+    gpu = {f"{v}-nvidia-h100-80gb-hbm3.{ext}" for v in ("pareto", "peak_memory") for ext in ("png", "svg")}
+    assert names == {"table.csv", "report.md", "report.html"} | cpu | gpu
     assert all(p.stat().st_size > 0 for p in written)
+    assert {p.name for p in (suite_dir / "plots").iterdir()} == cpu | gpu  # the stale view is gone
+
+
+def test_html_report_is_self_contained(suite_dir):
+    build_report(suite_dir)
+    page = (suite_dir / "report.html").read_text()
+    assert page.count("<img ") == 7 and page.count("src='data:image/png;base64,") == 7
+    for external in ("http://", "https://", "<link", "<script", "src='plots", 'src="'):
+        assert external not in page
+    assert "<table" in page and "oom happened" in page
+
+
+def test_pareto_front_on_a_hand_made_set():
+    from bench.report.tables import pareto_front
+
+    memory = [1.0, 2.0, 2.0, 3.0, 4.0, 1.0]
+    throughput = [1.0, 3.0, 2.0, 3.0, 5.0, 1.0]
+    # (2,2) is beaten by (2,3); (3,3) by (2,3); the duplicate (1,1) points beat neither each other nor are
+    # beaten, so both stay.
+    assert list(pareto_front(memory, throughput)) == [True, True, False, False, True, True]
+
+
+def test_breakdown_sums_to_the_peak_and_savings_table_is_relative_to_the_baseline(suite_dir):
+    from bench.report.plots import breakdown_frame
+    from bench.report.tables import savings, summary
+
+    table = summary(results.to_frame(results.load_records(suite_dir)))
+    cpu = table[table.device == "cpu"]
+    parts = breakdown_frame(cpu)
+    assert list(parts.index) == ["checkpoint"] and parts.loc["checkpoint"].sum() == 300 * MiB
+    rows = savings(cpu).set_index("run")
+    assert list(rows.index) == ["checkpoint", "baseline"]  # failed runs are listed elsewhere, not here
+    assert rows.loc["checkpoint", "memory saved %"] == 25.0
+    assert rows.loc["checkpoint", "throughput change %"] == -25.0
 
 
 def test_table_has_one_row_per_run_and_ratios_against_the_same_device_baseline(suite_dir):
@@ -67,7 +110,8 @@ def test_markdown_lists_failed_runs_with_their_reason_and_provenance(suite_dir):
     md = (suite_dir / "report.md").read_text()
     for line in ["- **huge**: oom: oom happened", "- **broken**: error: error happened",
                  "- **fp8**: unsupported: unsupported happened", "## NVIDIA H100 80GB HBM3", "torch 2.14.1",
-                 "revision abc123", "](plots/peak_memory-cpu.png)"]:
+                 "revision abc123", "](plots/peak_memory-cpu.png)", "](plots/breakdown-cpu.png)",
+                 "### Against the baseline, largest memory saving first", "| checkpoint | 0.75 | 25.0 |"]:
         assert line in md
 
 

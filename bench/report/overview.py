@@ -1,0 +1,120 @@
+"""One page over every suite in a results folder: per model and device, which combination of techniques
+gives the most memory for the throughput it costs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from bench.report import plots
+from bench.report.page import Block, html_page, markdown
+from bench.report.tables import pareto_front, summary
+from bench.results import load_records, slug, to_frame
+
+NEAR_FREE = 0.95  # "costs nothing": throughput within 5% of the baseline's
+
+
+def candidates(table: pd.DataFrame) -> pd.DataFrame:
+    """Runs a practitioner could pick: measured, at the baseline's batch size (matrix rows that change the
+    batch are left out), and not known to hurt accuracy (a delta outside the baseline's band)."""
+    base_batch = table.set_index("run")["batch_size"].reindex(table["baseline"]).to_numpy()
+    keep = ((table["status"] == "ok") & table["memory_vs_baseline"].notna() & table["throughput_vs_baseline"].notna()
+            & (table["batch_size"].to_numpy() == base_batch) & ~table["outside_band"].eq(True))
+    out = table[keep].copy()
+    saved, lost = 1 - out["memory_vs_baseline"], (1 - out["throughput_vs_baseline"]).clip(lower=0)
+    out["memory_per_throughput"] = saved / lost.clip(lower=0.01)  # a free saving scores as if it cost 1%
+    return out
+
+
+def picks(table: pd.DataFrame) -> dict[str, pd.Series | None]:
+    """The largest saving; the largest that costs under 5% throughput; the most saving per throughput lost."""
+    c = candidates(table)
+    saving = c[c["memory_vs_baseline"] < 1]
+    cheap = saving[saving["throughput_vs_baseline"] >= NEAR_FREE]
+    return {
+        "largest memory saving": saving.loc[saving["memory_vs_baseline"].idxmin()] if len(saving) else None,
+        f"largest saving within {100 * (1 - NEAR_FREE):.0f}% of baseline throughput":
+            cheap.loc[cheap["memory_vs_baseline"].idxmin()] if len(cheap) else None,
+        "most memory saved per throughput lost":
+            saving.loc[saving["memory_per_throughput"].idxmax()] if len(saving) else None,
+    }
+
+
+def _pick_cell(row: pd.Series | None) -> str:
+    if row is None:
+        return "–"
+    return (f"**{row['run']}**: {row['memory_vs_baseline']:.2f}× memory, "
+            f"{row['throughput_vs_baseline']:.2f}× throughput")
+
+
+def build_overview(results: Path) -> list[Path]:
+    """results/overview/{overview.md, overview.html, *.png, *.svg} from every suite under ``results``."""
+    suites = sorted(p for p in results.iterdir() if p.is_dir() and any(p.glob("*/*.json")))
+    tables = [summary(to_frame(load_records(p))) for p in suites]
+    if not tables:
+        raise FileNotFoundError(f"no suite records under {results}/*/*/; run `make bench SUITE=…` first")
+    everything = pd.concat(tables, ignore_index=True)
+    out = results / "overview"
+    out.mkdir(exist_ok=True)
+    blocks = [Block("h1", "All suites: what to use"), Block("p", INTRO)]
+    written = [out / "overview.md", out / "overview.html"]
+    for device, part in everything.groupby("device", sort=True):
+        rows = []
+        for suite, t in part.groupby("suite", sort=True):
+            base = t[t["run"] == t["baseline"]]
+            best = picks(t)
+            rows.append({"suite": suite, "model": t["model"].iloc[0],
+                         "baseline peak GiB": round(base["peak_bytes"].iloc[0] / 2**30, 3) if len(base) else None,
+                         "baseline samples/s": round(base["samples_per_s"].iloc[0], 1) if len(base) else None,
+                         **{k: _pick_cell(v) for k, v in best.items()}})
+        png = out / f"overview-{slug(str(device))}.png"
+        _suite_grid(part, str(device), png)
+        written += [png, png.with_suffix(".svg")]
+        blocks += [Block("h2", str(device)), Block("table", pd.DataFrame(rows)), Block("image", png)]
+    written[0].write_text(markdown(blocks, out))
+    written[1].write_text(html_page(blocks, "All suites: what to use"))
+    return written
+
+
+def _suite_grid(table: pd.DataFrame, device: str, path: Path) -> None:
+    """One panel per suite: memory × against throughput × of every run, relative to its baseline, so the
+    models can be read on one scale; the Pareto front joined, colours per technique as in every plot."""
+    groups = list(table.groupby("suite", sort=True))
+    cols = min(3, len(groups))
+    rows = int(np.ceil(len(groups) / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 4.5 * rows), squeeze=False)
+    for ax, (suite, t) in zip(axes.flat, groups):
+        c = candidates(t)
+        x, y = c["memory_vs_baseline"].to_numpy(), c["throughput_vs_baseline"].to_numpy()
+        if len(c):
+            front = pareto_front(x, y)
+            order = np.argsort(x[front])
+            ax.step(x[front][order], y[front][order], where="post", color="black", lw=1, alpha=0.6)
+            ax.scatter(x, y, color=[plots.technique_colour(tq, r == b)
+                                    for tq, r, b in zip(c["techniques"], c["run"], c["baseline"])], zorder=3)
+            plots.place_labels(ax, x[front], y[front], list(c["run"][front]))
+        ax.axhline(1, color="gray", lw=0.8, ls="--")
+        ax.axvline(1, color="gray", lw=0.8, ls="--")
+        ax.set_title(f"{suite} ({t['model'].iloc[0]})")
+        ax.set_xlabel("peak memory × baseline")
+        ax.set_ylabel("throughput × baseline")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(groups):]:
+        ax.set_visible(False)
+    fig.suptitle(f"Every suite on {device}: up and left of the dashed cross is better than the baseline "
+                 "(front labelled)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    fig.savefig(path.with_suffix(".svg"))
+    plt.close(fig)
+
+
+INTRO = ("Per suite and device, three picks among the runs measured at the baseline's batch size whose accuracy "
+         "delta (where measured) lies within the baseline's noise band: the largest memory saving, the largest "
+         "that keeps throughput within 5% of the baseline's, and the one that saves the most memory per unit of "
+         "throughput lost ((1 − memory ×) ÷ (1 − throughput ×), a loss under 1% counted as 1%). "
+         "Figures are relative to each suite's own baseline on the same device; each suite's `report.md` has "
+         "the full tables.")

@@ -1,0 +1,69 @@
+"""A report as a list of blocks, written out twice: Markdown for the repository, and a self-contained
+HTML page (styles inline, images embedded as data URIs) that opens from disk and can be mailed around."""
+
+from __future__ import annotations
+
+import base64
+import html
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from bench.report.tables import to_markdown
+
+
+@dataclass(frozen=True)
+class Block:
+    kind: str  # h1 | h2 | h3 | p | table | list | image
+    content: object  # text, a DataFrame, a list of strings, or an image Path
+
+
+def markdown(blocks: list[Block], root: Path) -> str:
+    out = []
+    for b in blocks:
+        if b.kind in ("h1", "h2", "h3"):
+            out.append("#" * int(b.kind[1]) + f" {b.content}")
+        elif b.kind == "p":
+            out.append(str(b.content))
+        elif b.kind == "table":
+            out.append(to_markdown(b.content))
+        elif b.kind == "list":
+            out.append("\n".join(f"- {item}" for item in b.content))
+        elif b.kind == "image":
+            out.append(f"![{b.content.stem}]({b.content.relative_to(root).as_posix()})")
+        out.append("")
+    return "\n".join(out)
+
+
+STYLE = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
+table{border-collapse:collapse;font-size:13px;margin:1em 0}th,td{border:1px solid #ccc;padding:3px 6px;
+text-align:right}th{background:#f2f2f2}td:first-child,th:first-child{text-align:left}img{max-width:100%}
+code{background:#f4f4f4;padding:0 3px}"""
+
+
+def html_page(blocks: list[Block], title: str) -> str:
+    out = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+           f"<style>{STYLE}</style></head><body>"]
+    for b in blocks:
+        if b.kind in ("h1", "h2", "h3"):
+            out.append(f"<{b.kind}>{html.escape(str(b.content))}</{b.kind}>")
+        elif b.kind == "p":
+            out.append(f"<p>{_inline(str(b.content))}</p>")
+        elif b.kind == "table":
+            df: pd.DataFrame = b.content
+            out.append(df.astype(object).where(df.notna(), "–").to_html(index=False, border=0))
+        elif b.kind == "list":
+            out.append("<ul>" + "".join(f"<li>{_inline(str(i))}</li>" for i in b.content) + "</ul>")
+        elif b.kind == "image":
+            data = base64.b64encode(Path(b.content).read_bytes()).decode()
+            out.append(f"<p><img alt='{html.escape(b.content.stem)}' src='data:image/png;base64,{data}'></p>")
+    return "\n".join(out) + "\n</body></html>\n"
+
+
+def _inline(text: str) -> str:
+    """Escaped text with Markdown's `code` and **bold** kept."""
+    parts = html.escape(text).split("`")
+    text = "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+    parts = text.split("**")
+    return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))

@@ -1,0 +1,71 @@
+import pandas as pd
+import pytest
+
+from bench import results
+from bench.cli import main
+from bench.report.compare import compare, load_side
+
+MiB = 2**20
+
+
+def rec(run, peak, step_ms, spread, device="NVIDIA H100 80GB HBM3", **extra):
+    """A record whose step times have median ``step_ms`` and quartiles ``spread`` ms either side."""
+    return {"suite": "demo", "run": run, "device": device, "device_type": "cuda", "status": "ok",
+            "baseline": "baseline", "batch_size": 8, "techniques": run, "model": "m", "torch_version": "2.11",
+            "git_revision": "abc", "peak_allocated_bytes": peak * MiB, "samples_per_s": 8000 / step_ms,
+            "step_time_ms_median": step_ms, "step_time_ms_p25": step_ms - spread,
+            "step_time_ms_p75": step_ms + spread} | extra
+
+
+def write(root, records):
+    for r in records:
+        results.write_atomic(results.record_path(root, r["suite"], r["device"], r["run"]), r)
+    return root / "demo"
+
+
+@pytest.fixture
+def sides(tmp_path):
+    before = write(tmp_path / "a", [
+        rec("baseline", 1000, 100.0, 1.0, accuracy=0.90, accuracy_band=0.02),
+        rec("slower", 800, 100.0, 1.0),
+        rec("noisy", 800, 100.0, 10.0),
+        rec("fatter", 500, 100.0, 1.0),
+        rec("rounding", 500, 100.0, 1.0),
+        rec("worse", 500, 100.0, 1.0, accuracy=0.90, accuracy_band=0.02),
+    ])
+    after = write(tmp_path / "b", [
+        rec("baseline", 1000, 100.0, 1.0, accuracy=0.91, accuracy_band=0.02),
+        rec("slower", 800, 120.0, 1.0),  # planted: 20% slower, well outside a ±1 ms spread
+        rec("noisy", 800, 106.0, 10.0),  # 6% slower, but inside its own ±10 ms spread: noise
+        rec("fatter", 560, 100.0, 1.0),  # planted: 12% more memory
+        rec("rounding", 502, 100.0, 1.0),  # 0.4%: allocator rounding, not a change
+        rec("worse", 500, 100.0, 1.0, accuracy=0.80, accuracy_band=0.02),  # planted: -10 pt against a 2 pt band
+        rec("only-after", 1, 1.0, 0.1),
+    ])
+    return before, after
+
+
+def test_compare_flags_planted_regressions_and_not_noise(sides):
+    table = compare(load_side(sides[0]), load_side(sides[1])).set_index("run")
+    assert table["regression"].to_dict() == {"baseline": "", "fatter": "memory", "noisy": "", "rounding": "",
+                                             "slower": "throughput", "worse": "accuracy"}
+    assert table.loc["fatter", "memory_ratio"] == pytest.approx(1.12)
+    assert table.loc["slower", "throughput_ratio"] == pytest.approx(100 / 120)
+
+
+def test_compare_command_writes_table_and_plot_and_fails_in_strict_mode(sides, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    assert main(["compare", str(sides[0]), str(sides[1]), "--out", str(out)]) == 0
+    assert main(["compare", str(sides[0]), str(sides[1]), "--out", str(out), "--strict"]) == 1
+    assert {p.name for p in out.iterdir()} == {"compare.md", "compare.csv", "compare.png", "compare.svg"}
+    text = capsys.readouterr().out
+    assert "| demo | slower |" in text and "⚠ throughput" in text and "4 regressed" not in text
+    assert "3 regressed beyond their spread: fatter, slower, worse." in text
+    assert len(pd.read_csv(out / "compare.csv")) == 6
+
+
+def test_a_folder_with_several_devices_must_name_one(tmp_path, capsys):
+    root = write(tmp_path, [rec("baseline", 1, 1.0, 0.1), rec("baseline", 1, 1.0, 0.1, device="cpu")])
+    assert main(["compare", str(root), str(root)]) == 2
+    assert "--device" in capsys.readouterr().err
+    assert len(load_side(root, "h100")) == 1
