@@ -23,9 +23,10 @@ CUDA_BLOCK = 512  # the caching allocator rounds every allocation up to this
 
 
 def inner_tensors(t: torch.Tensor) -> list[torch.Tensor]:
-    """The plain tensors holding a wrapper subclass's data (quantized weights, 8-bit states)."""
+    """The plain tensors holding a wrapper subclass's data (quantized weights, 8-bit states, a DTensor's
+    local shard; a DTensor also names its device mesh, which holds no data)."""
     names, _ = t.__tensor_flatten__()
-    return [getattr(t, n) for n in names]
+    return [x for n in names if isinstance(x := getattr(t, n), torch.Tensor)]
 
 
 def storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
