@@ -29,18 +29,20 @@ STDERR_TAIL = 2000
 class Device:
     type: str  # "cuda" or "cpu"
     name: str  # e.g. "NVIDIA H100 80GB HBM3", or "cpu"
+    count: int = 1  # GPUs visible on this node (a run's nproc may not exceed it)
 
 
 def detect(requested: str = "auto") -> Device:
     import torch
 
     kind = requested if requested != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    return Device(kind, device_name(kind))
+    return Device(kind, device_name(kind), torch.cuda.device_count() if kind == "cuda" else 1)
 
 
 def sweep(suite: Suite, device: Device, results_root: Path, force: bool = False,
-          log: TextIO = sys.stderr, snapshot: bool = False) -> list[dict[str, Any]]:
-    """Run (or resume) every run of the suite; returns the records, stored and new."""
+          log: TextIO = sys.stderr, snapshot: bool = False, torchrun: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Run (or resume) every run of the suite; returns the records, stored and new. ``torchrun``: launcher
+    arguments for multi-process runs instead of ``--standalone`` (``--nnodes 2 --rdzv-endpoint host:port``)."""
     revision, start, records = git_revision(), time.monotonic(), []
     n = len(suite.runs)
     print(f"{suite.name}: {n} runs on {device.name}, records in {results_root / suite.name}", file=log)
@@ -54,15 +56,21 @@ def sweep(suite: Suite, device: Device, results_root: Path, force: bool = False,
             continue
         print(f"[{i}/{n}] {spec.name}: running on {device.name} ({_elapsed(start)} elapsed)", file=log, flush=True)
         shot = path.with_suffix(".snapshot.pickle") if snapshot and device.type == "cuda" else None
-        record = base_record(spec, device, key, revision) | {"run_index": i} | run_isolated(spec, device, shot)
-        baseline = record if spec.name == spec.baseline else next(
-            (r for r in records if r["run"] == spec.baseline), None)
-        record |= results.accuracy_vs_baseline(record, baseline)
-        results.write_atomic(path, record)
-        records.append(record)
+        record = base_record(spec, device, key, revision) | {"run_index": i} | run_isolated(spec, device, shot, torchrun)
+        finish(record, records, results_root)
         print(f"[{i}/{n}] {spec.name}: {_outcome(record)}", file=log, flush=True)
     print(f"done: {n} runs in {_elapsed(start)}", file=log)
     return records
+
+
+def finish(record: dict[str, Any], records: list[dict[str, Any]], results_root: Path) -> None:
+    """Add the accuracy delta against the baseline's record (this one, or one stored before it), store
+    the record atomically, and keep it with the others."""
+    baseline = record if record["run"] == record["baseline"] else next(
+        (r for r in records if r["run"] == record["baseline"] and r["device"] == record["device"]), None)
+    record |= results.accuracy_vs_baseline(record, baseline)
+    results.write_atomic(results.record_path(results_root, record["suite"], record["device"], record["run"]), record)
+    records.append(record)
 
 
 def base_record(spec: RunSpec, device: Device, key: str, revision: str) -> dict[str, Any]:
@@ -73,19 +81,27 @@ def base_record(spec: RunSpec, device: Device, key: str, revision: str) -> dict[
         "device": device.name, "device_type": device.type,
         "batch_size": shapes.batch_size, "image_size": shapes.image_size, "seq_len": shapes.seq_len,
         "seed": spec.seed, "warmup_steps": shapes.warmup_steps, "measure_steps": shapes.measure_steps,
+        "nproc": spec.nproc,
         "git_revision": revision, "run_key": key, "spec": spec.to_dict(),
     }
 
 
-def run_isolated(spec: RunSpec, device: Device, snapshot: Path | None = None) -> dict[str, Any]:
-    """The run in its own process; a crash or a timeout becomes a status, never an exception. With
-    ``snapshot`` (CUDA), the instrumented step's memory history is dumped there for memory_viz."""
+def run_isolated(spec: RunSpec, device: Device, snapshot: Path | None = None,
+                 torchrun: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The run in its own process (``nproc`` > 1: its own torchrun, one process per rank); a crash or a
+    timeout becomes a status, never an exception. With ``snapshot`` (CUDA), the instrumented step's
+    memory history is dumped there for memory_viz."""
+    if device.type == "cuda" and spec.nproc > device.count:
+        return {"status": "unsupported", "message": f"needs {spec.nproc} GPUs per node; {device.count} visible"}
     env = os.environ | {k: v for t in spec.techniques for k, v in t.build().env().items()}
     with tempfile.TemporaryDirectory(prefix="bench-run-") as tmp:
         spec_path, out_path, err_path = (Path(tmp) / n for n in ("spec.json", "out.json", "stderr.txt"))
         job = {"spec": spec.to_dict(), "device_type": device.type, "snapshot": str(snapshot) if snapshot else None}
         spec_path.write_text(json.dumps(job))
         cmd = [sys.executable, "-m", "bench.worker", str(spec_path), str(out_path)]
+        if spec.nproc > 1:
+            cmd[1:2] = ["-m", "torch.distributed.run", f"--nproc-per-node={spec.nproc}",
+                        *(torchrun or ("--standalone",)), "-m"]
         with open(err_path, "w") as err:
             proc = subprocess.Popen(cmd, env=env, stdout=err, stderr=subprocess.STDOUT, start_new_session=True)
             try:
@@ -100,7 +116,11 @@ def run_isolated(spec: RunSpec, device: Device, snapshot: Path | None = None) ->
         if code == 0 and out_path.exists():
             out = json.loads(out_path.read_text())
             return out | ({"stderr_tail": tail} if out["status"] == "error" else {})
-        why = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+        if failed := sorted(Path(tmp).glob("out.json.rank*")):  # a rank's own record of why it stopped
+            return json.loads(failed[0].read_text()) | {"stderr_tail": tail}
+        why = (f"killed by signal {signal.Signals(-code).name}" if code < 0 else
+               "no record written (under a multi-node torchrun, rank 0 is on another node)" if code == 0
+               else f"exit status {code}")
         return {"status": "error", "message": f"run process died: {why}", "stderr_tail": tail}
 
 

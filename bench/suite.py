@@ -32,7 +32,7 @@ TOP_KEYS = {
     "timeout_s": "seconds before a run is stopped and recorded as a timeout",
     "lr": "learning rate of the default AdamW optimizer",
     "shapes": "[shapes.gpu] and [shapes.cpu] tables",
-    "runs": "[[runs]] entries with name and techniques",
+    "runs": "[[runs]] entries with name and techniques (optional: fidelity = false, nproc = N processes)",
     "matrix": "[matrix] with techniques = {name = [...]} and batch_size = {gpu = [...], cpu = [...]}",
     "fidelity": "[fidelity] table: train on real data and report the accuracy delta (see FIDELITY_KEYS)",
 }
@@ -113,6 +113,7 @@ class RunSpec:
     mode: str = "train"
     fidelity_gpu: Fidelity | None = None
     fidelity_cpu: Fidelity | None = None
+    nproc: int = 1  # processes (torchrun) for distributed techniques; batch_size is per process
 
     def shapes(self, device_type: str) -> Shapes:
         return self.gpu if device_type == "cuda" else self.cpu
@@ -123,7 +124,7 @@ class RunSpec:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         # Defaults stay out: records made before suites had these keys keep their keys valid.
-        for key, default in (("mode", "train"), ("fidelity_gpu", None), ("fidelity_cpu", None)):
+        for key, default in (("mode", "train"), ("fidelity_gpu", None), ("fidelity_cpu", None), ("nproc", 1)):
             if d[key] == default:
                 del d[key]
         return d
@@ -200,10 +201,12 @@ def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
         if shapes is None or techniques is None or model not in MODELS or baseline is None:
             continue  # already reported; keep collecting problems from the other entries
         _check_fidelity_batch(techniques, fidelity, e.where, problems)
+        nproc = _nproc(e, techniques, problems)
         gpu, cpu = (replace(shapes[d], batch_size=e.batch[d]) if e.batch else shapes[d] for d in DEVICES)
         base = f"{baseline}@bs{gpu.batch_size}" if e.batch and baseline in _matrix_keys(entries) else baseline
-        fid = {f"fidelity_{d}": fidelity.get(d) if e.fidelity else None for d in DEVICES}
-        runs.append(RunSpec(name, e.name, model, techniques, gpu, cpu, base, **common, mode=mode, **fid))
+        # The fidelity phase trains in one process: a distributed run has none.
+        fid = {f"fidelity_{d}": fidelity.get(d) if e.fidelity and nproc == 1 else None for d in DEVICES}
+        runs.append(RunSpec(name, e.name, model, techniques, gpu, cpu, base, **common, mode=mode, **fid, nproc=nproc))
     description = _typed(raw, "description", str, "", problems)
     return Suite(name, path, model or "", description, baseline or "", tuple(runs))
 
@@ -244,6 +247,19 @@ def _fidelity(raw: Any, model: str | None, problems: list[str]) -> dict[str, Fid
         problems.extend(p for p in found if p not in problems)  # shared keys: reported once, not per device
         out[dev] = Fidelity(**values)
     return out
+
+
+def _nproc(entry: Entry, techniques: tuple[TechniqueSpec, ...], problems: list[str]) -> int:
+    """Processes for the run: as written, else 2 where a technique is distributed; checked both ways."""
+    distributed = [t.name for t in techniques if t.build().distributed]
+    nproc = entry.nproc or (2 if distributed else 1)
+    where = entry.where.removesuffix(".techniques")
+    if distributed and nproc < 2:
+        problems.append(f"{where}.nproc: {distributed[0]} needs at least 2 processes, got {nproc}")
+    if not distributed and nproc > 1:
+        problems.append(f"{where}.nproc: {nproc} processes without ddp, fsdp or tensor-parallel would train "
+                        "independent copies; add one of them or remove nproc")
+    return nproc
 
 
 def _kind(annotation: Any) -> type:
@@ -329,6 +345,7 @@ class Entry(NamedTuple):
     key: str  # the matrix key, or the run name
     where: str  # key path for messages
     fidelity: bool = True  # false: this entry skips the fidelity phase
+    nproc: int | None = None  # processes, as written (None: 2 with a distributed technique, else 1)
 
 
 def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:
@@ -342,14 +359,17 @@ def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:
         if not isinstance(run, dict):
             problems.append(f"{where}: expected a table with name and techniques")
             continue
-        for key in run.keys() - {"name", "techniques", "fidelity"}:
-            problems.append(f"{where}.{key}: unknown key; allowed: name, techniques, fidelity")
+        for key in run.keys() - {"name", "techniques", "fidelity", "nproc"}:
+            problems.append(f"{where}.{key}: unknown key; allowed: name, techniques, fidelity, nproc")
         name = _typed(run, "name", str, None, problems, f"{where}.")
         if name is None:
             problems.append(f"{where}.name: required string")
             continue
         fidelity = _typed(run, "fidelity", bool, True, problems, f"{where}.")
-        entries.append(Entry(name, run.get("techniques", []), None, name, f"{where}.techniques", fidelity))
+        nproc = _typed(run, "nproc", int, None, problems, f"{where}.")
+        if nproc is not None and nproc < 1:
+            problems.append(f"{where}.nproc: must be at least 1, got {nproc}")
+        entries.append(Entry(name, run.get("techniques", []), None, name, f"{where}.techniques", fidelity, nproc))
     if "matrix" in raw:
         entries += _matrix(raw["matrix"], problems)
     if not entries:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from bench import distributed
 from bench.data.synthetic import clone_batch, samples_in, synthetic_batch
 from bench.fidelity import run_fidelity
 from bench.infer import Predictor
@@ -38,10 +39,11 @@ from bench.train import Trainer
 OOM_MESSAGES = ("out of memory", "not enough memory", "can't allocate memory")
 
 
-def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None) -> dict[str, Any]:
+def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None,
+            group: distributed.Group = distributed.Group()) -> dict[str, Any]:
     model_spec = MODELS.get(spec.model)
     shapes = spec.shapes(device.type)
-    ctx = RunContext(device, model_spec, shapes, spec.lr)
+    ctx = RunContext(device, model_spec, shapes, spec.lr, world_size=group.world_size, rank=group.rank)
     techniques = [t.build() for t in spec.techniques]
     for t in techniques:
         if reason := t.unsupported(ctx):
@@ -80,11 +82,16 @@ def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None) ->
         figures["nvml_process_bytes"] = nvml_process_bytes(device)
         figures |= overheads(figures)
     tokens = shapes.seq_len if model_spec.inputs == "tokens" else None
-    figures |= summarize(times, samples_in(batch), tokens)
+    # Data-parallel ranks each take their own batch: a step of the group processes world_size of them.
+    batches = group.world_size if any(t.data_parallel for t in techniques) else 1
+    figures |= summarize(times, samples_in(batch) * batches, tokens)
     figures["step_times_ms"] = times
     figures["rss_peak_bytes"] = rss_peak_bytes()
     figures["param_count"] = sum(p.numel() for p in trainer.model.parameters())
     figures["trainable_param_count"] = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    # Model states as the sharding formulas count them (ZeRO: 16·Ψ per rank for Adam, 16·Ψ/N fully sharded).
+    figures["model_state_bytes"] = sum(figures.get(k) or 0 for k in ("param_bytes", "gradient_bytes",
+                                                                       "optimizer_state_bytes"))
     figures["proof"] = trainer.proof()
     figures |= prediction | {"flops_per_step": prediction.get("predicted_flops_per_step")}
     if device.type == "cuda":
@@ -125,10 +132,15 @@ def is_oom(exc: BaseException) -> bool:
 
 
 def main(spec_path: str, out_path: str) -> int:
+    """Alone, or as one rank under torchrun: every rank measures, rank 0 writes the merged record. A rank
+    that fails writes its own record beside it and exits 1, so torchrun stops the others at once instead
+    of leaving them waiting in a collective."""
     job = json.loads(Path(spec_path).read_text())
-    spec, device = RunSpec.from_dict(job["spec"]), torch.device(job["device_type"])
+    spec = RunSpec.from_dict(job["spec"])
+    group = distributed.join(job["device_type"], spec.timeout_s)
+    device = distributed.device_of(job["device_type"], group)
     try:
-        result = measure(spec, device, job.get("snapshot"))
+        result = measure(spec, device, job.get("snapshot") if group.rank == 0 else None, group)
     except Unsupported as exc:
         result = {"status": "unsupported", "message": str(exc)}
     except Exception as exc:  # noqa: BLE001  a failed run is a result, not a crash of the sweep
@@ -138,7 +150,14 @@ def main(spec_path: str, out_path: str) -> int:
         result = {"status": status, "message": f"{type(exc).__name__}: {first_line}"}
         if device.type == "cuda":
             result |= cuda_peaks(device)
-    Path(out_path).write_text(json.dumps(result | runtime_provenance(device), default=str))
+        if group.world_size > 1:
+            result |= {"failed_rank": group.rank, "world_size": group.world_size}
+            Path(f"{out_path}.rank{group.rank}").write_text(json.dumps(result | runtime_provenance(device), default=str))
+            return 1
+    per_rank = distributed.gather(result | runtime_provenance(device), group)
+    if per_rank is not None:
+        Path(out_path).write_text(json.dumps(distributed.merge(per_rank), default=str))
+    distributed.leave(group)
     return 0
 
 

@@ -84,3 +84,14 @@ class ZeroLearningRate(Technique):
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         return torch.optim.SGD(model.parameters(), lr=0.0)
+
+
+class FailOnRank1(Technique):
+    """Breaks on one rank of a multi-process run only, as a rank with a bad GPU would."""
+
+    distributed = True
+
+    def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        if ctx.rank == 1:
+            raise RuntimeError("rank 1 gave up")
+        return model

@@ -11,9 +11,9 @@ from bench.results import accuracy_vs_baseline
 BREAKDOWN = ["parameters", "buffers", "gradients", "optimizer_state", "activations", "temporaries"]
 
 COLUMNS = [
-    "suite", "run", "model", "techniques", "device", "device_type", "batch_size", "status",
+    "suite", "run", "model", "techniques", "device", "device_type", "batch_size", "world_size", "status",
     "peak_allocated_bytes", "peak_reserved_bytes", "peak_tensor_bytes", "peak_phase", "activation_bytes",
-    "rss_peak_bytes",
+    "rss_peak_bytes", "model_state_bytes",
     "samples_per_s", "tokens_per_s", "step_time_ms_median", "step_time_ms_p25", "step_time_ms_p75",
     "memory_vs_baseline", "throughput_vs_baseline",
     "accuracy", "accuracy_delta", "accuracy_band", "outside_band", "grad_cosine", "fidelity_agreement",
@@ -109,6 +109,10 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
         "peak MiB": (table["peak_bytes"] / 2**20).round(1),
         "peak in": table["peak_phase"],
         "activations MiB": (table["activation_bytes"] / 2**20).round(1),
+        "ranks": table["world_size"],
+        # Shown in suites with multi-process runs, for every run there (the single-process one included).
+        "model states MiB/rank": (table["model_state_bytes"] / 2**20).round(2) if table["world_size"].notna().any()
+        else None,
         "reserved MiB": (table["peak_reserved_bytes"] / 2**20).round(1),
         "samples/s": table["samples_per_s"].round(1),
         "step ms (median)": table["step_time_ms_median"].round(1),

@@ -55,6 +55,9 @@ class RunContext:
     # True in ``bench predict``: fake tensors on the CPU standing for a CUDA run. Techniques answer
     # ``unsupported`` as they would on CUDA and skip what needs real values (a GradScaler's checks).
     predicting: bool = False
+    # Processes in the run (torchrun's WORLD_SIZE) and this one's rank; the process group is up when > 1.
+    world_size: int = 1
+    rank: int = 0
 
     @property
     def cuda(self) -> bool:
@@ -76,6 +79,10 @@ class Technique:
     modes: ClassVar[frozenset[str]] = TRAIN
     # Why fake tensors on a CPU cannot predict this technique's CUDA memory, if they cannot.
     unpredictable: ClassVar[str] = ""
+    # Runs over several processes (the suite entry's nproc, default 2); data_parallel: each rank takes
+    # its own batch, so a step processes nproc batches (tensor parallelism shares one).
+    distributed: ClassVar[bool] = False
+    data_parallel: ClassVar[bool] = False
 
     def __init__(self, config: Any = None) -> None:
         self.config = config if config is not None else self.Config()

@@ -1,0 +1,175 @@
+"""Beyond one device: data parallelism, fully sharded model states and tensor parallelism, on PyTorch's
+own engine (torch.distributed). The runner starts these runs under torchrun with ``nproc`` processes;
+the worker joins the process group (NCCL on GPUs, gloo on CPUs) before the techniques apply."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from bench.measure.memory import tensor_bytes
+from bench.techniques.base import TECHNIQUES, RunContext, Technique, Unsupported, option
+
+DISTRIBUTED = frozenset({"ddp", "fsdp", "tensor-parallel"})
+
+
+class _Distributed(Technique):
+    distributed = True
+    conflicts = DISTRIBUTED  # one parallelism per run here; 2-D (FSDP × TP) is not offered
+    unpredictable = "the prediction runs one process; sharded runs need the process group"
+
+    def unsupported(self, ctx: RunContext) -> str | None:
+        if ctx.world_size < 2:
+            return f"needs at least 2 processes (nproc in the suite entry); this run has {ctx.world_size}"
+        return None
+
+    def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        self.world_size = ctx.world_size
+        self.full_param_bytes = tensor_bytes(model.parameters())
+        return self.parallelize(model, ctx)
+
+    def parallelize(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        raise NotImplementedError
+
+    def proof(self, steps: int) -> dict[str, Any]:
+        local = tensor_bytes(self.model.parameters())
+        return {"world_size": self.world_size, "param_bytes_per_rank": local,
+                "param_fraction_per_rank": round(local / self.full_param_bytes, 4)}
+
+
+def _mesh(ctx: RunContext):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(ctx.device.type, (ctx.world_size,))
+
+
+@TECHNIQUES.register("ddp")
+class DataParallel(_Distributed):
+    """DistributedDataParallel: every rank holds the whole model and its own slice of the data; gradients
+    are all-reduced in buckets during backward. The multi-GPU baseline.
+
+    Expected: per-rank memory as on one GPU plus the communication buckets (about one more copy of the
+    gradients, unless ``gradient_as_bucket_view``); throughput about ``nproc`` times one GPU's.
+    """
+
+    name = "ddp"
+    data_parallel = True
+    summary = "DistributedDataParallel over nproc processes (batch_size is per rank)"
+
+    @dataclass(frozen=True)
+    class Config:
+        gradient_as_bucket_view: bool = option(False, "gradients are views into the all-reduce buckets (saves a copy)")
+
+    def parallelize(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+        self.model = nn.parallel.DistributedDataParallel(
+            model, device_ids=ids, gradient_as_bucket_view=self.config.gradient_as_bucket_view)
+        return self.model
+
+    def proof(self, steps: int) -> dict[str, Any]:
+        """Also that the ranks' parameters are still identical after the steps: the all-reduce happened."""
+        import torch.distributed as dist
+
+        checksum = torch.stack([p.detach().double().sum() for p in self.model.parameters()]).sum().cpu()
+        sums = [None] * self.world_size
+        dist.all_gather_object(sums, float(checksum))
+        return super().proof(steps) | {"params_in_sync": max(sums) - min(sums) <= 1e-9 * max(1.0, abs(sums[0]))}
+
+
+@TECHNIQUES.register("fsdp")
+class FullyShard(_Distributed):
+    """FSDP2 (``torch.distributed.fsdp.fully_shard``) on every repeated block, then the root: parameters,
+    gradients and optimizer state are split across ranks (ZeRO-3); each block's parameters are
+    all-gathered just before use and freed after.
+
+    Expected: per-rank model states of 16·Ψ/N bytes for Adam in fp32 (and for mixed-precision Adam),
+    against DDP's 16·Ψ; activations as DDP's; throughput a little below DDP's from the extra gathers.
+    """
+
+    name = "fsdp"
+    data_parallel = True
+    summary = "FSDP2 fully_shard per block: parameters, gradients and optimizer state sharded over nproc"
+
+    @dataclass(frozen=True)
+    class Config:
+        reshard_after_forward: bool = option(True, "free gathered parameters after forward (ZeRO-3); false: keep them to backward (ZeRO-2-like)")
+        mixed_precision: Literal["none", "bfloat16", "float16"] = option(
+            "none", "parameter dtype in forward and backward (gradients reduced in float32)")
+        cpu_offload: bool = option(False, "keep sharded parameters, gradients and optimizer step on the host (CUDA)")
+
+    def unsupported(self, ctx: RunContext) -> str | None:
+        if self.config.cpu_offload and not ctx.cuda:
+            return "cpu_offload moves sharded states to host memory; on a CPU they are there already"
+        return super().unsupported(ctx)
+
+    def parallelize(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+        kwargs: dict[str, Any] = {"mesh": _mesh(ctx), "reshard_after_forward": self.config.reshard_after_forward,
+                                  "offload_policy": CPUOffloadPolicy() if self.config.cpu_offload else OffloadPolicy()}
+        if self.config.mixed_precision != "none":
+            dtype = getattr(torch, self.config.mixed_precision)
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        self.blocks = ctx.model_spec.blocks(model)
+        for name in self.blocks:
+            fully_shard(model.get_submodule(name), **kwargs)
+        self.model = fully_shard(model, **kwargs)
+        return self.model
+
+    def proof(self, steps: int) -> dict[str, Any]:
+        return super().proof(steps) | {"sharded_modules": len(self.blocks) + 1}
+
+
+@TECHNIQUES.register("tensor-parallel")
+class TensorParallel(_Distributed):
+    """Megatron-style tensor parallelism (``torch.distributed.tensor.parallel``): in each transformer
+    layer the first linear of a pair is split by output columns and the second by input rows, so the
+    pair needs one all-reduce. BERT: query/key/value column-wise, the attention output row-wise, the MLP
+    column- then row-wise. torchvision's ViT: its MLP (its attention is one packed
+    ``nn.MultiheadAttention`` that this plan leaves whole). Every rank sees the same batch.
+
+    Expected: the sharded layers' weights, gradients and optimizer state divided by N per rank, and the
+    activations inside each pair; embeddings, norms and the head stay whole.
+    """
+
+    name = "tensor-parallel"
+    summary = "column- then row-wise sharded linear pairs in attention and MLP (transformer models)"
+
+    def parallelize(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        plan = _tp_plan(model)
+        if not plan:
+            raise Unsupported(f"{ctx.model_spec.name} has no transformer linear pairs to shard")
+        heads = getattr(getattr(model, "config", None), "num_attention_heads", ctx.world_size)
+        if heads % ctx.world_size:
+            raise Unsupported(f"{heads} attention heads do not split over {ctx.world_size} processes")
+        self.sharded = len(plan)
+        self.model = parallelize_module(model, _mesh(ctx), plan)
+        return self.model
+
+    def proof(self, steps: int) -> dict[str, Any]:
+        return super().proof(steps) | {"sharded_linears": self.sharded}
+
+
+def _tp_plan(model: nn.Module) -> dict[str, Any]:
+    """Module name → ColwiseParallel / RowwiseParallel, found by the layer classes of the two families."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    plan: dict[str, Any] = {}
+    for name, module in model.named_modules():
+        kind = type(module).__name__
+        if kind.endswith("SelfAttention") and all(hasattr(module, k) for k in ("query", "key", "value")):
+            plan |= {f"{name}.{k}": ColwiseParallel() for k in ("query", "key", "value")}
+        elif kind.endswith("SelfOutput"):  # attention's output projection
+            plan[f"{name}.dense"] = RowwiseParallel()
+        elif kind.endswith("Intermediate"):
+            plan[f"{name}.dense"] = ColwiseParallel()
+        elif kind.endswith("Output") and hasattr(module, "dense") and f"{name}.dense" not in plan:
+            plan[f"{name}.dense"] = RowwiseParallel()  # the MLP's down projection (BertOutput)
+        elif kind == "MLPBlock":  # torchvision ViT: Linear, GELU, Dropout, Linear, Dropout
+            plan |= {f"{name}.0": ColwiseParallel(), f"{name}.3": RowwiseParallel()}
+    return plan

@@ -1,0 +1,102 @@
+"""Multi-process runs under torchrun, 2 gloo processes on the CPU: per-rank records, and model states
+per rank against the ZeRO formulas."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from bench.distributed import merge
+from bench.models import MODELS
+from bench.runner import Device, run_isolated, sweep
+from bench.suite import Shapes, SuiteError, load
+from tests.helpers import spec, tech
+from tests.test_suite import problems
+
+CPU = Device("cpu", "cpu")
+PSI = sum(p.numel() for p in MODELS.get("bert-tiny").build(Shapes(8, seq_len=64)).parameters())
+ADAM_FP32 = 16  # bytes per parameter: fp32 weight 4, gradient 4, Adam's two moments 8
+STEP_COUNTERS = 4 * 41  # AdamW's per-parameter step counter (a 0-d float32 tensor): 41 parameter tensors
+
+
+@pytest.fixture(scope="module")
+def dist_records(tmp_path_factory):
+    """ddp, fsdp and tensor-parallel from the shipped dist-smoke suite, each as 2 gloo processes."""
+    suite = load("suites/dist-smoke.toml")
+    chosen = dataclasses.replace(suite, runs=tuple(r for r in suite.runs if r.name in
+                                                   ("ddp", "fsdp", "tensor-parallel")))
+    records = sweep(chosen, CPU, tmp_path_factory.mktemp("dist"))
+    return {r["run"]: r for r in records}
+
+
+def test_every_rank_reports_and_the_record_keeps_each_ranks_figure(dist_records):
+    for r in dist_records.values():
+        assert r["status"] == "ok", r.get("stderr_tail", r)
+        assert r["world_size"] == 2 and r["nproc"] == 2
+        assert len(r["rank_peak_tensor_bytes"]) == 2 and r["peak_tensor_bytes"] == max(r["rank_peak_tensor_bytes"])
+
+
+def test_per_rank_model_states_match_the_zero_formulas(dist_records):
+    """DDP replicates: 16·Ψ bytes per rank for fp32 Adam. FSDP (ZeRO-3) shards all three states:
+    16·Ψ/N. Tolerance: FSDP pads each flat shard to a multiple of N elements (< 0.1% here)."""
+    ddp, fsdp = dist_records["ddp"]["rank_model_state_bytes"], dist_records["fsdp"]["rank_model_state_bytes"]
+    assert ddp == [ADAM_FP32 * PSI + STEP_COUNTERS] * 2
+    for per_rank in fsdp:
+        assert per_rank == pytest.approx(ADAM_FP32 * PSI / 2, rel=1e-3)
+    assert dist_records["ddp"]["proof"]["ddp.params_in_sync"] is True
+    assert dist_records["fsdp"]["proof"]["fsdp.param_fraction_per_rank"] == pytest.approx(0.5, abs=1e-3)
+
+
+def test_tensor_parallel_shards_the_attention_and_mlp_pairs_exactly(dist_records):
+    """bert-tiny: 2 layers × (query, key, value, attention output, intermediate, output) = 12 linears.
+    Column-wise linears split weight and bias, row-wise ones the weight (their bias is added once, whole);
+    embeddings, norms, pooler and head stay whole on every rank."""
+    model = MODELS.get("bert-tiny").build(Shapes(8, seq_len=64))
+    halved = 0
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Linear) and ".layer." in name:
+            rowwise = name.endswith("output.dense")
+            halved += m.weight.numel() + (0 if rowwise else m.bias.numel())
+    tp = dist_records["tensor-parallel"]
+    assert tp["proof"]["tensor-parallel.sharded_linears"] == 12
+    assert tp["proof"]["tensor-parallel.param_fraction_per_rank"] == round((PSI - halved / 2) / PSI, 4)
+    # Every rank takes the same batch: the group's throughput is one batch per step, not two.
+    assert tp["samples_per_s"] == pytest.approx(8 / tp["step_time_ms_median"] * 1000, rel=1e-6)
+    ddp = dist_records["ddp"]
+    assert ddp["samples_per_s"] == pytest.approx(2 * 8 / ddp["step_time_ms_median"] * 1000, rel=1e-6)
+
+
+def test_a_failing_rank_ends_the_run_at_once_with_its_reason():
+    record = run_isolated(spec("bert-tiny", (tech("tests.helpers:FailOnRank1"),), nproc=2), CPU)
+    assert record["status"] == "error" and record["failed_rank"] == 1, record
+    assert "rank 1 gave up" in record["message"]
+
+
+def test_more_processes_than_gpus_is_unsupported_without_starting_anything():
+    record = run_isolated(spec("bert-tiny", (tech("ddp"),), nproc=4), Device("cuda", "NVIDIA H100", count=2))
+    assert record == {"status": "unsupported", "message": "needs 4 GPUs per node; 2 visible"}
+
+
+def test_merge_takes_the_worst_rank_and_the_slowest_pace():
+    ranks = [{"status": "ok", "peak_tensor_bytes": 10, "samples_per_s": 100.0, "step_time_ms_median": 5.0},
+             {"status": "ok", "peak_tensor_bytes": 30, "samples_per_s": 80.0, "step_time_ms_median": 6.0}]
+    out = merge(ranks)
+    assert out["peak_tensor_bytes"] == 30 and out["peak_rank"] == 1 and out["rank_peak_tensor_bytes"] == [10, 30]
+    assert out["samples_per_s"] == 80.0 and out["step_time_ms_median"] == 6.0 and out["world_size"] == 2
+
+
+def test_suite_checks_nproc_against_the_techniques(tmp_path):
+    base = 'model = "bert-tiny"\nbaseline = "a"\n[shapes.gpu]\nbatch_size = 2\nseq_len = 8\n' \
+           '[shapes.cpu]\nbatch_size = 2\nseq_len = 8\n[[runs]]\nname = "a"\ntechniques = []\n'
+    found = problems(tmp_path, base + '[[runs]]\nname = "b"\ntechniques = ["ddp"]\nnproc = 1\n'
+                     '[[runs]]\nname = "c"\ntechniques = []\nnproc = 4\n')
+    assert "runs[1].nproc: ddp needs at least 2 processes, got 1" in found
+    assert any(p.startswith("runs[2].nproc: 4 processes without ddp, fsdp or tensor-parallel") for p in found)
+    path = tmp_path / "ok.toml"
+    path.write_text(base + '[[runs]]\nname = "b"\ntechniques = ["fsdp"]\n[fidelity]\nsteps = 1\n')
+    runs = {r.name: r for r in load(path).runs}
+    assert runs["b"].nproc == 2 and runs["a"].nproc == 1  # implied by the technique
+    assert runs["b"].fidelity("cpu") is None and runs["a"].fidelity("cpu") is not None  # one process trains
+    with pytest.raises(SuiteError):
+        path.write_text(base + '[[runs]]\nname = "b"\ntechniques = ["fsdp", "ddp"]\n')
+        load(path)
