@@ -23,7 +23,7 @@ help: ## this list
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install -e '.[test,extras,data]'
+	$(VENV)/bin/pip install -e '.[test,extras,data,cluster]'
 	touch $@
 
 bench: $(DEPS) ## run (or resume) SUITE, then write its table and plots

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -39,6 +40,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--only", metavar="PATTERNS", help="comma-separated run names or globs, e.g. 'baseline,amp-*'")
     run.add_argument("--snapshot", action="store_true",
                      help="CUDA: save each run's instrumented step as <run>.snapshot.pickle for memory_viz")
+    run.add_argument("--torchrun", metavar="ARGS", default="",
+                     help="launcher arguments for multi-process runs instead of --standalone, e.g. "
+                          "'--nnodes 2 --rdzv-backend c10d --rdzv-endpoint node1:29500'")
+    run.add_argument("--slurm", metavar="OPTIONS",
+                     help="submit each run as a Slurm job (submitit): 'partition=gpu,timeout_min=60,…'; "
+                          "'cluster=local' runs the jobs as local processes")
     run.set_defaults(func=_run)
     rep = sub.add_parser("report", help="tables and plots from stored results (no torch run)")
     rep.add_argument("suite", help="suite name, or a results/<suite> folder")
@@ -84,7 +91,20 @@ def _run(args: argparse.Namespace) -> int:
     suite = suites.load(suite_path(args.suite))
     if args.only:
         suite = suites.select(suite, args.only.split(","))
-    records = sweep(suite, detect(args.device), args.results, force=args.force, snapshot=args.snapshot)
+    torchrun = tuple(shlex.split(args.torchrun))
+    if args.slurm is not None:
+        from bench.cluster import parse_options, sweep_slurm
+
+        try:
+            options = parse_options(args.slurm)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        device_type = "cuda" if args.device == "auto" else args.device  # the nodes', not this machine's
+        records = sweep_slurm(suite, device_type, args.results, options, args.force, torchrun)
+    else:
+        records = sweep(suite, detect(args.device), args.results, force=args.force, snapshot=args.snapshot,
+                        torchrun=torchrun)
     print(markdown(summary(to_frame(records))))
     written = build_report(args.results / suite.name)
     print(f"report: {', '.join(str(p) for p in written[:2])}", file=sys.stderr)

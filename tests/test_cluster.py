@@ -1,0 +1,48 @@
+"""Sweeps as Slurm jobs, through submitit's local executor (each job a local process, as on a node)."""
+
+import pytest
+
+from bench import results
+from bench.cluster import parse_options, sweep_slurm
+from bench.suite import load
+
+SUITE = """
+model = "resnet-tiny"
+baseline = "baseline"
+warmup_steps = 1
+measure_steps = 2
+[shapes.gpu]
+batch_size = 4
+image_size = 32
+[shapes.cpu]
+batch_size = 4
+image_size = 32
+[[runs]]
+name = "baseline"
+techniques = []
+[[runs]]
+name = "checkpoint"
+techniques = ["checkpoint"]
+"""
+
+
+def test_each_run_is_a_job_and_its_record_lands_in_the_results_folder(tmp_path):
+    (tmp_path / "jobs.toml").write_text(SUITE)
+    suite = load(tmp_path / "jobs.toml")
+    root = tmp_path / "results"
+    records = sweep_slurm(suite, "cpu", root, {"cluster": "local", "timeout_min": 5})
+    assert [r["status"] for r in records] == ["ok", "ok"], records
+    stored = results.load_records(root / "jobs")
+    assert {r["run"] for r in stored} == {"baseline", "checkpoint"}
+    # The key is the one a local `bench run` on that node would compute: the sweep resumes across launchers.
+    assert all(r["run_key"] == s.key(r["device"]) for r, s in zip(sorted(stored, key=lambda r: r["run"]),
+                                                                     suite.runs))
+    again = sweep_slurm(suite, "cpu", root, {"cluster": "local"})
+    assert [r["finished_at"] for r in again] == [r["finished_at"] for r in records]  # kept, not resubmitted
+
+
+def test_slurm_options_parse_to_executor_parameters():
+    assert parse_options("partition=gpu, gpus_per_node=8,timeout_min=60") == {
+        "partition": "gpu", "gpus_per_node": 8, "timeout_min": 60}
+    with pytest.raises(ValueError, match="key=value"):
+        parse_options("partition")
