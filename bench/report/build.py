@@ -58,8 +58,8 @@ def device_plots(plot_dir: Path, device: str, part: pd.DataFrame) -> list[Path]:
         draw(ax, part, title)
         fig.tight_layout()
         path = plot_dir / f"{name}-{slug(device)}.png"
-        fig.savefig(path, dpi=120)
-        fig.savefig(path.with_suffix(".svg"))
+        fig.savefig(path, dpi=120, bbox_inches="tight")  # legends placed outside the axes stay in
+        fig.savefig(path.with_suffix(".svg"), bbox_inches="tight")
         plt.close(fig)
         out.append(path)
     return out

@@ -156,7 +156,7 @@ def breakdown_bars(ax: Axes, table: pd.DataFrame, title: str) -> None:
         left += values
     ax.invert_yaxis()
     ax.set_xlabel(f"bytes alive at the peak ({unit}), by what holds them")
-    ax.legend(loc="lower right", fontsize=7, ncol=2)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7)  # outside: bars fill the axes
     ax.set_title(title)
 
 
