@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn import functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from bench.data.synthetic import clone_batch, synthetic_batch
@@ -39,7 +40,8 @@ ASSUMPTIONS = (
     "fake CPU tensors stand for CUDA ones, in 512-byte blocks; attention runs CUDA's fused kernels as CUDA "
     "picks them (flash for 16-bit inputs without a mask, else memory-efficient; the sdpa technique's "
     "backend where named); autocast uses CPU's op lists; batch norm saves no cuDNN reserve space; "
-    "allocator workspaces and fragmentation are not modelled; float16 autocast leaves out its GradScaler"
+    "allocator workspaces and fragmentation are not modelled; float16 autocast leaves out its GradScaler; "
+    "a value read off a tensor (.item(), as Adafactor's norms) reads as 1"
 )
 CPU = torch.device("cpu")
 aten = torch.ops.aten
@@ -68,6 +70,16 @@ def cuda_attention(backend: str | None) -> Iterator[None]:
         yield
 
 
+class ScalarsReadAsOne(TorchDispatchMode):
+    """Fake tensors hold no values, so reading one (``.item()``) fails; an optimizer that scales its step by
+    a norm (Adafactor) would be unpredictable. Memory does not depend on such a value: it reads as 1."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is aten._local_scalar_dense.default:
+            return True if args[0].dtype == torch.bool else 1
+        return func(*args, **(kwargs or {}))
+
+
 def predict(spec: RunSpec, shapes: Shapes | None = None, cuda: bool = True) -> dict[str, Any]:
     """Predicted peak and breakdown of one run at ``shapes`` (default: its GPU shapes); ``cuda`` models
     the CUDA allocator's granularity and CUDA-only techniques, else the CPU run as measured here."""
@@ -92,7 +104,7 @@ def _fake_step(spec: RunSpec, techniques: list[Technique], ctx: RunContext, roun
     with torch.device("meta"):  # no initialisation work, and none of the init ops fake tensors refuse
         model = ctx.model_spec.build(ctx.shapes)
     routing = cuda_attention(backend) if ctx.predicting else nullcontext()  # a CPU run keeps CPU's kernels
-    with FakeTensorMode(allow_non_fake_inputs=True), routing:
+    with FakeTensorMode(allow_non_fake_inputs=True), ScalarsReadAsOne(), routing:
         model = _fake_copy(model)
         runner = (Predictor(model, ctx.model_spec, techniques, ctx) if spec.mode == "inference"
                   else Trainer(model, ctx.model_spec, techniques, ctx, spec.lr))

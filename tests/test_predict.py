@@ -19,6 +19,7 @@ from tests.helpers import spec, tech
     ("vit-tiny", (tech("amp", dtype="bfloat16"), tech("accumulate", micro_batches=2))),
     ("resnet-tiny", (tech("optimizer", kind="sgd"),)),
     ("vit-tiny", (tech("bf16"),)),
+    ("vit-tiny", (tech("optimizer", kind="adafactor"),)),  # reads norms with .item(): they read as 1
 ])
 def test_fake_tensor_prediction_equals_the_real_tracked_step_on_cpu(model, techniques):
     run = spec(model, techniques, batch_size=16)
@@ -27,8 +28,23 @@ def test_fake_tensor_prediction_equals_the_real_tracked_step_on_cpu(model, techn
     real = tracked_step(lambda: trainer.step(clone_batch(batch)), trainer.model, trainer.optimizer, CPU)
     fake = predict(run, run.cpu, cuda=False)
     assert fake["predicted_status"] == "ok", fake
-    for key in ("peak_tensor_bytes", "activation_bytes", "param_bytes", "optimizer_state_bytes", "peak_phase"):
+    at_peak = [k for k in real if k.startswith("at_peak_")]
+    for key in ("peak_tensor_bytes", "activation_bytes", "param_bytes", "optimizer_state_bytes", "peak_phase",
+                *at_peak):
         assert fake[f"predicted_{key}"] == real[key], key
+
+
+def test_lora_is_predicted_within_half_a_percent():
+    """peft's adapters, made on fake tensors: the prediction holds 2.5 KiB more activations than the real
+    step on bert-tiny (0.2% of its peak), a difference not tracked down."""
+    run = spec("bert-tiny", (tech("lora"),), batch_size=16)
+    trainer, batch = build_trainer(run)
+    trainer.step(batch)
+    real = tracked_step(lambda: trainer.step(clone_batch(batch)), trainer.model, trainer.optimizer, CPU)
+    fake = predict(run, run.cpu, cuda=False)
+    assert fake["predicted_param_bytes"] == real["param_bytes"]
+    assert fake["predicted_optimizer_state_bytes"] == real["optimizer_state_bytes"]
+    assert fake["predicted_peak_tensor_bytes"] == pytest.approx(real["peak_tensor_bytes"], rel=0.005)
 
 
 def test_cuda_prediction_counts_in_allocator_blocks_and_counts_flops():
