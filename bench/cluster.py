@@ -75,5 +75,7 @@ def _collect(spec: RunSpec, job: Any) -> dict[str, Any]:
         first = (str(exc).strip().splitlines() or [""])[-1][:300]
         return {"suite": spec.suite, "run": spec.name, "device": "unknown", "status": "error",
                 "message": f"slurm job {job.job_id} failed: {first}", "baseline": spec.baseline}
+    if not isinstance(out, list):
+        return out
     # Multi-node jobs return one record per node; the node holding rank 0 has the merged one.
-    return next((r for r in out if r.get("world_size") or r["status"] == "ok"), out[0]) if isinstance(out, list) else out
+    return next((r for r in out if r.get("world_size") or r["status"] == "ok"), out[0])

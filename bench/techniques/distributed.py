@@ -61,7 +61,8 @@ class DataParallel(_Distributed):
 
     @dataclass(frozen=True)
     class Config:
-        gradient_as_bucket_view: bool = option(False, "gradients are views into the all-reduce buckets (saves a copy)")
+        gradient_as_bucket_view: bool = option(
+            False, "gradients are views into the all-reduce buckets (saves a copy)")
 
     def parallelize(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         ids = [ctx.device.index] if ctx.device.type == "cuda" else None
@@ -95,7 +96,8 @@ class FullyShard(_Distributed):
 
     @dataclass(frozen=True)
     class Config:
-        reshard_after_forward: bool = option(True, "free gathered parameters after forward (ZeRO-3); false: keep them to backward (ZeRO-2-like)")
+        reshard_after_forward: bool = option(
+            True, "free gathered parameters after forward (ZeRO-3); false: keep them to backward (ZeRO-2-like)")
         mixed_precision: Literal["none", "bfloat16", "float16"] = option(
             "none", "parameter dtype in forward and backward (gradients reduced in float32)")
         cpu_offload: bool = option(False, "keep sharded parameters, gradients and optimizer step on the host (CUDA)")
