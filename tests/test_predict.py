@@ -34,19 +34,6 @@ def test_fake_tensor_prediction_equals_the_real_tracked_step_on_cpu(model, techn
         assert fake[f"predicted_{key}"] == real[key], key
 
 
-def test_lora_is_predicted_within_half_a_percent():
-    """peft's adapters, made on fake tensors: the prediction holds 2.5 KiB more activations than the real
-    step on bert-tiny (0.2% of its peak), a difference not tracked down."""
-    run = spec("bert-tiny", (tech("lora"),), batch_size=16)
-    trainer, batch = build_trainer(run)
-    trainer.step(batch)
-    real = tracked_step(lambda: trainer.step(clone_batch(batch)), trainer.model, trainer.optimizer, CPU)
-    fake = predict(run, run.cpu, cuda=False)
-    assert fake["predicted_param_bytes"] == real["param_bytes"]
-    assert fake["predicted_optimizer_state_bytes"] == real["optimizer_state_bytes"]
-    assert fake["predicted_peak_tensor_bytes"] == pytest.approx(real["peak_tensor_bytes"], rel=0.005)
-
-
 def test_cuda_prediction_counts_in_allocator_blocks_and_counts_flops():
     run = spec("vit-tiny", batch_size=16)
     cpu, cuda = predict(run, run.cpu, cuda=False), predict(run, run.cpu, cuda=True)
@@ -57,7 +44,7 @@ def test_cuda_prediction_counts_in_allocator_blocks_and_counts_flops():
 
 
 def test_techniques_that_cannot_be_predicted_say_why():
-    for name in ("compile", "offload"):
+    for name in ("compile", "offload", "lora"):
         out = predict(spec("vit-tiny", (tech(name),)))
         assert out["predicted_status"] == "unpredictable" and out["predicted_message"].startswith(name)
 
