@@ -109,7 +109,7 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
         "peak MiB": (table["peak_bytes"] / 2**20).round(1),
         "peak in": table["peak_phase"],
         "activations MiB": (table["activation_bytes"] / 2**20).round(1),
-        "ranks": table["world_size"],
+        "ranks": pd.to_numeric(table["world_size"], errors="coerce").astype("Int64"),
         # Shown in suites with multi-process runs, for every run there (the single-process one included).
         "model states MiB/rank": (table["model_state_bytes"] / 2**20).round(2) if table["world_size"].notna().any()
         else None,
