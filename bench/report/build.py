@@ -59,7 +59,7 @@ def device_plots(plot_dir: Path, device: str, part: pd.DataFrame) -> list[Path]:
         fig.tight_layout()
         path = plot_dir / f"{name}-{slug(device)}.png"
         fig.savefig(path, dpi=120, bbox_inches="tight")  # legends placed outside the axes stay in
-        fig.savefig(path.with_suffix(".svg"), bbox_inches="tight")
+        fig.savefig(path.with_suffix(".svg"), bbox_inches="tight", metadata=plots.SVG_METADATA)
         plt.close(fig)
         out.append(path)
     return out

@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from bench.report import plots
 from bench.report.tables import to_markdown
 from bench.results import read, slug, to_frame
 
@@ -135,5 +136,5 @@ def side_by_side(table: pd.DataFrame, name_a: str, name_b: str, path: Path) -> N
     fig.suptitle(f"{name_a} → {name_b} (red: a regression beyond the runs' spread)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    fig.savefig(path.with_suffix(".svg"))
+    fig.savefig(path.with_suffix(".svg"), metadata=plots.SVG_METADATA)
     plt.close(fig)

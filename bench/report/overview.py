@@ -108,7 +108,7 @@ def _suite_grid(table: pd.DataFrame, device: str, path: Path) -> None:
                  "(front labelled)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    fig.savefig(path.with_suffix(".svg"))
+    fig.savefig(path.with_suffix(".svg"), metadata=plots.SVG_METADATA)
     plt.close(fig)
 
 

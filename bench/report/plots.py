@@ -8,6 +8,8 @@ from __future__ import annotations
 import matplotlib
 
 matplotlib.use("Agg")  # files only; no display on CI or GPU hosts
+matplotlib.rcParams["svg.hashsalt"] = "memsave-bench"  # fixed element ids: a rebuilt report changes no file
+SVG_METADATA = {"Date": None}  # nor a timestamp
 
 import numpy as np
 import pandas as pd
