@@ -45,22 +45,19 @@ def device_plots(plot_dir: Path, device: str, part: pd.DataFrame) -> list[Path]:
         ("pareto", plots.pareto, (9, 6.5)),
         ("peak_memory", plots.peak_memory_bars, (8, 0.3 * len(part) + 2)),
     ]
-    if len(plots.breakdown_frame(part)):
-        views.append(("breakdown", plots.breakdown_bars, (9, 0.3 * len(plots.breakdown_frame(part)) + 2)))
+    if broken_down := len(plots.breakdown_frame(part)):
+        views.append(("breakdown", plots.breakdown_bars, (9, 0.3 * broken_down + 2)))
     if part["step_times_ms"].map(lambda v: isinstance(v, list)).any():
         views.append(("step_times", plots.step_time_boxes, (8, 0.3 * len(part) + 2)))
-    if (part["predicted_peak_tensor_bytes"].notna() & part["peak_bytes"].notna()).any():
-        n = int((part["predicted_peak_tensor_bytes"].notna() & part["peak_bytes"].notna()).sum())
-        views.append(("predicted_vs_measured", plots.predicted_vs_measured, (7, 0.3 * n + 2)))
+    if predicted := int((part["predicted_peak_tensor_bytes"].notna() & part["peak_bytes"].notna()).sum()):
+        views.append(("predicted_vs_measured", plots.predicted_vs_measured, (7, 0.3 * predicted + 2)))
     out = []
     for name, draw, size in views:
         fig, ax = plt.subplots(figsize=size)
         draw(ax, part, title)
         fig.tight_layout()
         path = plot_dir / f"{name}-{slug(device)}.png"
-        fig.savefig(path, dpi=120, bbox_inches="tight")  # legends placed outside the axes stay in
-        fig.savefig(path.with_suffix(".svg"), bbox_inches="tight", metadata=plots.SVG_METADATA)
-        plt.close(fig)
+        plots.save(fig, path)
         out.append(path)
     return out
 

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from bench.report import plots
-from bench.report.tables import to_markdown
+from bench.report.tables import peak_bytes, to_markdown
 from bench.results import read, slug, to_frame
 
 # Peak memory is deterministic up to the allocator's rounding: a change under 1% is not a change.
@@ -41,8 +41,7 @@ def compare(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame(index=both)
     for side, frame in (("a", a), ("b", b)):
         f = frame.reindex(both)
-        # CUDA's allocated peak where measured, else the tracked one (as in the suite's own table)
-        out[f"peak_{side}"] = _num(f, "peak_allocated_bytes").fillna(_num(f, "peak_tensor_bytes"))
+        out[f"peak_{side}"] = pd.to_numeric(peak_bytes(f), errors="coerce")  # as in the suite's own table
         out[f"samples_per_s_{side}"] = _num(f, "samples_per_s")
         for q in ("p25", "median", "p75"):
             out[f"step_ms_{q}_{side}"] = _num(f, f"step_time_ms_{q}")
@@ -135,6 +134,4 @@ def side_by_side(table: pd.DataFrame, name_a: str, name_b: str, path: Path) -> N
     axes[0].legend(fontsize=8)
     fig.suptitle(f"{name_a} → {name_b} (red: a regression beyond the runs' spread)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    fig.savefig(path.with_suffix(".svg"), metadata=plots.SVG_METADATA)
-    plt.close(fig)
+    plots.save(fig, path)

@@ -107,9 +107,7 @@ def _suite_grid(table: pd.DataFrame, device: str, path: Path) -> None:
     fig.suptitle(f"Every suite on {device}: up and left of the dashed cross is better than the baseline "
                  "(front labelled)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    fig.savefig(path.with_suffix(".svg"), metadata=plots.SVG_METADATA)
-    plt.close(fig)
+    plots.save(fig, path, dpi=110)
 
 
 INTRO = ("Per suite and device, three picks among the runs measured at the baseline's batch size whose accuracy "

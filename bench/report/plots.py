@@ -11,6 +11,7 @@ matplotlib.use("Agg")  # files only; no display on CI or GPU hosts
 matplotlib.rcParams["svg.hashsalt"] = "memsave-bench"  # fixed element ids: a rebuilt report changes no file
 SVG_METADATA = {"Date": None}  # nor a timestamp
 
+import matplotlib.pyplot
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
@@ -28,6 +29,14 @@ BREAKDOWN_COLOURS = {"parameters": "#1f77b4", "buffers": "#aec7e8", "gradients":
 # Accuracy against the baseline's noise band, as the Pareto plot's marker.
 ACCURACY_MARKERS = {"within band": "o", "worse, outside band": "v", "better, outside band": "^",
                     "not measured": "s"}
+
+
+def save(fig, path, dpi: int = 120) -> None:
+    """The figure as PNG at ``path`` and SVG beside it, with tight bounds (legends outside the axes stay in),
+    then closed."""
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    fig.savefig(path.with_suffix(".svg"), bbox_inches="tight", metadata=SVG_METADATA)
+    matplotlib.pyplot.close(fig)
 
 
 def byte_unit(largest: float) -> tuple[float, str]:
