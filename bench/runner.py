@@ -101,7 +101,7 @@ def run_isolated(spec: RunSpec, device: Device, snapshot: Path | None = None,
         cmd = [sys.executable, "-m", "bench.worker", str(spec_path), str(out_path)]
         if spec.nproc > 1:
             cmd[1:2] = ["-m", "torch.distributed.run", f"--nproc-per-node={spec.nproc}",
-                        *(torchrun or ("--standalone",)), "-m"]
+                        "--tee=3", f"--log-dir={Path(tmp) / 'ranks'}", *(torchrun or ("--standalone",)), "-m"]
         with open(err_path, "w") as err:
             proc = subprocess.Popen(cmd, env=env, stdout=err, stderr=subprocess.STDOUT, start_new_session=True)
             try:
@@ -112,7 +112,7 @@ def run_isolated(spec: RunSpec, device: Device, snapshot: Path | None = None,
             except BaseException:  # Ctrl-C: take the run down with us, keep what is stored
                 _kill(proc)
                 raise
-        tail = err_path.read_text(errors="replace")[-STDERR_TAIL:]
+        tail = _tail(err_path, Path(tmp) / "ranks")
         if code == 0 and out_path.exists():
             out = json.loads(out_path.read_text())
             return out | ({"stderr_tail": tail} if out["status"] == "error" else {})
@@ -122,6 +122,16 @@ def run_isolated(spec: RunSpec, device: Device, snapshot: Path | None = None,
                "no record written (under a multi-node torchrun, rank 0 is on another node)" if code == 0
                else f"exit status {code}")
         return {"status": "error", "message": f"run process died: {why}", "stderr_tail": tail}
+
+
+def _tail(err_path: Path, rank_logs: Path) -> str:
+    """The end of the run's output; under torchrun, each rank's own stderr too, since the launcher's
+    closing report would otherwise push the failing rank's last words (an abort message) out of the tail."""
+    tail = err_path.read_text(errors="replace")[-STDERR_TAIL:]
+    for log in sorted(rank_logs.glob("*/attempt_*/*/stderr.log")):
+        if text := log.read_text(errors="replace").strip():
+            tail += f"\n--- rank {log.parent.name} stderr ---\n{text[-STDERR_TAIL:]}"
+    return tail
 
 
 def _kill(proc: subprocess.Popen) -> None:

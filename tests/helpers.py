@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -94,4 +95,16 @@ class FailOnRank1(Technique):
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         if ctx.rank == 1:
             raise RuntimeError("rank 1 gave up")
+        return model
+
+
+class AbortOnRank1(Technique):
+    """Kills rank 1 from inside, as a C++ abort in a collective would: no Python record is written."""
+
+    distributed = True
+
+    def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        if ctx.rank == 1:
+            print("rank 1: about to abort", file=sys.stderr, flush=True)
+            os.abort()
         return model

@@ -72,6 +72,12 @@ def test_a_failing_rank_ends_the_run_at_once_with_its_reason():
     assert "rank 1 gave up" in record["message"]
 
 
+def test_a_rank_that_aborts_leaves_its_own_last_words_in_the_record():
+    record = run_isolated(spec("bert-tiny", (tech("tests.helpers:AbortOnRank1"),), nproc=2), CPU)
+    assert record["status"] == "error" and "run process died" in record["message"], record
+    assert "--- rank 1 stderr ---" in record["stderr_tail"] and "rank 1: about to abort" in record["stderr_tail"]
+
+
 def test_more_processes_than_gpus_is_unsupported_without_starting_anything():
     record = run_isolated(spec("bert-tiny", (tech("ddp"),), nproc=4), Device("cuda", "NVIDIA H100", count=2))
     assert record == {"status": "unsupported", "message": "needs 4 GPUs per node; 2 visible"}

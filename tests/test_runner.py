@@ -84,7 +84,10 @@ def test_interrupted_sweep_keeps_finished_records_and_resumes(tmp_path):
     )
     cmd = [sys.executable, "-m", "bench", "run", str(suite), "--device", "cpu", "--results", str(tmp_path / "r")]
     env = os.environ | {"BENCH_TEST_SLEEP": "120"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # A shell that starts the tests in the background (`make test &`) leaves SIGINT ignored, and Python
+    # then installs no KeyboardInterrupt handler: give the sweep the default disposition a terminal has.
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     done = results.record_path(tmp_path / "r", "s", device_name("cpu"), "baseline")
     seen = ""
     for line in proc.stdout:  # wait until the slow run has started, however loaded the machine is
