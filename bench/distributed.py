@@ -62,6 +62,7 @@ def leave(group: Group) -> None:
     if group.world_size > 1:
         import torch.distributed as dist
 
+        dist.barrier()  # no rank tears its connections down while another still talks to it
         dist.destroy_process_group()
 
 

@@ -56,7 +56,11 @@ def sweep(suite: Suite, device: Device, results_root: Path, force: bool = False,
             continue
         print(f"[{i}/{n}] {spec.name}: running on {device.name} ({_elapsed(start)} elapsed)", file=log, flush=True)
         shot = path.with_suffix(".snapshot.pickle") if snapshot and device.type == "cuda" else None
-        record = base_record(spec, device, key, revision) | {"run_index": i} | run_isolated(spec, device, shot, torchrun)
+        clock = time.monotonic()
+        outcome = run_isolated(spec, device, shot, torchrun)
+        # wall_s: the run's whole process (start-up, prediction, measurement, fidelity phase)
+        record = base_record(spec, device, key, revision) | {"run_index": i, "wall_s": round(time.monotonic() - clock, 1)}
+        record |= outcome
         finish(record, records, results_root)
         print(f"[{i}/{n}] {spec.name}: {_outcome(record)}", file=log, flush=True)
     print(f"done: {n} runs in {_elapsed(start)}", file=log)
@@ -127,11 +131,17 @@ def run_isolated(spec: RunSpec, device: Device, snapshot: Path | None = None,
 def _tail(err_path: Path, rank_logs: Path) -> str:
     """The end of the run's output; under torchrun, each rank's own stderr too, since the launcher's
     closing report would otherwise push the failing rank's last words (an abort message) out of the tail."""
-    tail = err_path.read_text(errors="replace")[-STDERR_TAIL:]
+    tail = _last_words(err_path)
     for log in sorted(rank_logs.glob("*/attempt_*/*/stderr.log")):
-        if text := log.read_text(errors="replace").strip():
-            tail += f"\n--- rank {log.parent.name} stderr ---\n{text[-STDERR_TAIL:]}"
+        if text := _last_words(log):
+            tail += f"\n--- rank {log.parent.name} stderr ---\n{text}"
     return tail
+
+
+def _last_words(log: Path) -> str:
+    # faulthandler's list of loaded extension modules would fill the tail and tell nothing
+    lines = log.read_text(errors="replace").strip().splitlines()
+    return "\n".join(x for x in lines if not x.startswith("Extension modules:"))[-STDERR_TAIL:]
 
 
 def _kill(proc: subprocess.Popen) -> None:

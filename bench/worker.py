@@ -7,8 +7,11 @@ the deaths it cannot see coming (signals, hard crashes).
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import os
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -48,7 +51,10 @@ def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None,
     for t in techniques:
         if reason := t.unsupported(ctx):
             return {"status": "unsupported", "message": f"{t.name}: {reason}"}
+    clock = time.perf_counter()
     prediction = _prediction(spec, device)  # before anything real is allocated
+    prediction["prediction_s"] = round(time.perf_counter() - clock, 2)
+    clock = time.perf_counter()
     torch.manual_seed(spec.seed)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed shapes: let warm-up pick the fastest kernels
@@ -97,9 +103,12 @@ def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None,
     if device.type == "cuda":
         figures |= mfu(figures | {"tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
                                   "device": torch.cuda.get_device_name(device)})
+    figures["measure_s"] = round(time.perf_counter() - clock, 2)  # build, warm-up, instrumented and timed steps
     if (fid := spec.fidelity(device.type)) is not None:
         del trainer, batch  # free the measured model before training another
+        clock = time.perf_counter()
         figures |= _fidelity(spec, fid, device)
+        figures["fidelity_s"] = round(time.perf_counter() - clock, 2)
     return {"status": "ok", "message": "", **figures}
 
 
@@ -135,6 +144,7 @@ def main(spec_path: str, out_path: str) -> int:
     """Alone, or as one rank under torchrun: every rank measures, rank 0 writes the merged record. A rank
     that fails writes its own record beside it and exits 1, so torchrun stops the others at once instead
     of leaving them waiting in a collective."""
+    faulthandler.enable()  # a hard crash (abort, segfault) leaves its Python stack in the run's stderr tail
     job = json.loads(Path(spec_path).read_text())
     spec = RunSpec.from_dict(job["spec"])
     group = distributed.join(job["device_type"], spec.timeout_s)
@@ -158,6 +168,13 @@ def main(spec_path: str, out_path: str) -> int:
     if per_rank is not None:
         Path(out_path).write_text(json.dumps(distributed.merge(per_rank), default=str))
     distributed.leave(group)
+    if group.world_size > 1:
+        # Skip interpreter teardown: gloo's threads can still hold tensors then, and freeing them without
+        # a live interpreter aborts the process (about 1 run in 20 under tensor-parallel) after the record
+        # is already written. Nothing is left to flush but the standard streams.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

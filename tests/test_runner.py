@@ -133,6 +133,9 @@ def test_records_carry_the_accuracy_delta_and_the_baselines_noise_band(tmp_path)
     assert ckpt["accuracy_delta"] == 0.0 and ckpt["outside_band"] is False
     assert frozen["accuracy_delta"] < -0.2 and frozen["outside_band"] is True
     assert "accuracy" not in skipped and skipped["status"] == "ok"
+    # Where the time went: the whole process covers its prediction, measurement and fidelity phase.
+    assert base["wall_s"] >= base["prediction_s"] + base["measure_s"] + base["fidelity_s"] > 0
+    assert "fidelity_s" not in skipped
 
 
 def test_snapshot_is_ignored_on_a_cpu(tmp_path):
