@@ -1,5 +1,7 @@
+import signal
 import sys
 
-from bench.cli import main
+from bench.cli import interrupt, main
 
+signal.signal(signal.SIGTERM, interrupt)
 sys.exit(main())

@@ -29,6 +29,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def interrupt(signum: int, frame: object) -> None:
+    """SIGTERM (kill, a scheduler's time limit) stops a sweep as Ctrl-C does: the running run's process
+    group is killed on the way out and finished records are kept."""
+    raise KeyboardInterrupt
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench", description="Benchmark memory-saving PyTorch training techniques.")
     sub = p.add_subparsers(required=True, metavar="COMMAND")

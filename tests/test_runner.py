@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from bench import results
@@ -107,6 +108,30 @@ def test_interrupted_sweep_keeps_finished_records_and_resumes(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "[1/2] baseline: kept stored record (ok)" in out.stderr
     assert done.stat().st_mtime_ns == kept and (done.parent / "slow.json").exists()
+
+
+def test_a_terminated_sweep_takes_its_run_down_with_it(tmp_path):
+    """SIGTERM (kill, a batch scheduler's time limit) must not leave the run's process behind."""
+    suite = tmp_path / "s.toml"
+    suite.write_text(
+        'model = "vit-tiny"\nbaseline = "slow"\n'
+        "[shapes.gpu]\nbatch_size = 4\nimage_size = 32\n"
+        "[shapes.cpu]\nbatch_size = 4\nimage_size = 32\n"
+        '[[runs]]\nname = "slow"\ntechniques = ["tests.helpers:Sleep"]\n'
+    )
+    pid_file = tmp_path / "worker.pid"
+    env = os.environ | {"BENCH_TEST_SLEEP": "120", "BENCH_TEST_PID_FILE": str(pid_file)}
+    cmd = [sys.executable, "-m", "bench", "run", str(suite), "--device", "cpu", "--results", str(tmp_path / "r")]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    worker = int(pid_file.read_text())
+    proc.terminate()
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in out, out
+    with pytest.raises(ProcessLookupError):
+        os.kill(worker, 0)
 
 
 def test_cpu_device_name_carries_the_processor_and_thread_count():

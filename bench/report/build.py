@@ -90,7 +90,16 @@ def provenance(part: pd.DataFrame, rec: dict) -> str:
     revisions = ", ".join(sorted({_short(r) for r in part["git_revision"].dropna()}))
     return (f"Device: {rec['device']} · {versions} · {when} · revision {revisions or 'unknown'} · "
             f"seed {rec.get('seed')} · warm-up {rec.get('warmup_steps')} + {rec.get('measure_steps')} measured "
-            f"steps · {len(part)} runs, {int((part['status'] == 'ok').sum())} ok")
+            f"steps · {len(part)} runs, {int((part['status'] == 'ok').sum())} ok" + _run_time(part))
+
+
+def _run_time(part: pd.DataFrame) -> str:
+    """The runs' process time added up: what a sweep of these runs costs on this device."""
+    if part["wall_s"].isna().all():
+        return ""  # records from before run times were kept
+    seconds = int(part["wall_s"].sum())
+    missing = int(part["wall_s"].isna().sum())
+    return f" · {seconds // 60} min {seconds % 60:02d} s of runs" + (f" ({missing} without a time)" if missing else "")
 
 
 def _fidelity_line(rec: dict) -> str:

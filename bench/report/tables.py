@@ -19,7 +19,7 @@ COLUMNS = [
     "accuracy", "accuracy_delta", "accuracy_band", "outside_band", "grad_cosine", "fidelity_agreement",
     "final_loss", "predicted_peak_tensor_bytes", "predicted_vs_measured", "flops_per_step", "mfu",
     *[f"at_peak_{p}_bytes" for p in BREAKDOWN], "cache_slack_bytes", "context_bytes", "git_revision",
-    "torch_version", "finished_at", "message",
+    "torch_version", "finished_at", "wall_s", "message",
 ]
 
 
@@ -34,7 +34,7 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     for col in COLUMNS:
         if col not in df:
             df[col] = None
-        if col.endswith(("_bytes", "_per_s", "_median", "_p25", "_p75")):
+        if col.endswith(("_bytes", "_s", "_median", "_p25", "_p75")):
             df[col] = pd.to_numeric(df[col], errors="coerce")  # absent figures become NaN, not 0
     df["peak_bytes"] = peak_bytes(df)
     base = df.set_index(["device", "run"])

@@ -25,11 +25,11 @@ def record(run, status="ok", device="cpu", peak=None, tput=None, **extra):
 @pytest.fixture
 def suite_dir(tmp_path):
     fixtures = [
-        record("baseline", peak=400, tput=100.0),
+        record("baseline", peak=400, tput=100.0, wall_s=61.5),
         record("checkpoint", peak=300, tput=75.0, proof={"checkpoint.wrapped_modules": 16},
-               step_times_ms=[100.0, 104.0, 98.0], predicted_peak_tensor_bytes=297 * MiB,
+               step_times_ms=[100.0, 104.0, 98.0], predicted_peak_tensor_bytes=297 * MiB, wall_s=60.0,
                **{f"at_peak_{k}_bytes": v * MiB for k, v in BREAKDOWN.items()}),
-        record("huge", status="oom"),
+        record("huge", status="oom", wall_s=4.9),
         record("broken", status="error", stderr_tail="Traceback ..."),
         record("fp8", status="unsupported"),
         record("baseline", device="NVIDIA H100 80GB HBM3", peak=8000, tput=1000.0, peak_reserved_bytes=9000 * MiB),
@@ -111,8 +111,10 @@ def test_markdown_lists_failed_runs_with_their_reason_and_provenance(suite_dir):
     for line in ["- **huge**: oom: oom happened", "- **broken**: error: error happened",
                  "- **fp8**: unsupported: unsupported happened", "## NVIDIA H100 80GB HBM3", "torch 2.14.1",
                  "revision abc123", "](plots/peak_memory-cpu.png)", "](plots/breakdown-cpu.png)",
-                 "### Against the baseline, largest memory saving first", "| checkpoint | 0.75 | 25.0 |"]:
+                 "### Against the baseline, largest memory saving first", "| checkpoint | 0.75 | 25.0 |",
+                 "· 2 min 06 s of runs (2 without a time)"]:
         assert line in md
+    assert md.count("of runs") == 1  # the H100 records kept no run times: nothing is claimed for them
 
 
 def test_report_without_records_says_what_to_run(tmp_path):
