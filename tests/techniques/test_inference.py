@@ -23,7 +23,7 @@ def test_inference_mode_makes_inference_tensors_with_identical_outputs():
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_stores_weights_in_16_bits_and_halves_their_bytes(dtype):
-    base, _, expected = infer()
+    base, _, _ = infer()  # (vit-tiny's head starts at zero, so its logits cannot be compared)
     half, predictor, logits = infer("vit-tiny", tech("half", dtype=dtype))
     assert {p.dtype for p in predictor.model.parameters()} == {getattr(torch, dtype)}
     assert half["param_bytes"] * 2 == base["param_bytes"]

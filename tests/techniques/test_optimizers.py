@@ -36,10 +36,13 @@ def test_fused_adamw_is_recorded():
 
 
 def test_zero_grad_keep_holds_gradients_between_steps():
-    _, default = run()
+    fresh, default = run()
     kept, trainer = run(tech("zero-grad-keep"))
     assert all(p.grad is None for p in default.model.parameters())
     assert all(p.grad is not None and not p.grad.any() for p in trainer.model.parameters())
+    # The price: every gradient is alive through backward, so the peak holds all of them.
+    assert kept["at_peak_gradients_bytes"] == kept["param_bytes"] > fresh["at_peak_gradients_bytes"]
+    assert kept["peak_tensor_bytes"] > fresh["peak_tensor_bytes"]
     assert trainer.proof()["zero-grad-keep.grads_kept_between_steps"] == len(list(trainer.model.parameters()))
 
 
