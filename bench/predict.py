@@ -15,10 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from unittest.mock import patch
 
-import pandas as pd
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -31,10 +30,12 @@ from bench.infer import Predictor
 from bench.measure.memory import tracked_step
 from bench.measure.tracker import CUDA_BLOCK
 from bench.models import MODELS
-from bench.report.tables import to_markdown
 from bench.suite import RunSpec, Shapes
 from bench.techniques import RunContext, Technique
 from bench.train import Trainer
+
+if TYPE_CHECKING:  # the table is built in the CLI only: every run's worker imports this module
+    import pandas as pd
 
 ASSUMPTIONS = (
     "fake CPU tensors stand for CUDA ones, in 512-byte blocks; attention runs CUDA's fused kernels as CUDA "
@@ -170,6 +171,8 @@ def parse_size(text: str) -> int:
 def suite_table(runs: list[RunSpec], measured: dict[str, dict[str, Any]], budget: int | None) -> pd.DataFrame:
     """One row per run: predicted peak and breakdown at GPU shapes, FLOPs, and where a GPU measured the
     run, its allocated peak and the ratio; with a budget, whether it fits and the largest batch that does."""
+    import pandas as pd
+
     rows = []
     for spec in runs:
         out = predict(spec)
@@ -185,6 +188,10 @@ def suite_table(runs: list[RunSpec], measured: dict[str, dict[str, Any]], budget
 
 
 def markdown(table: pd.DataFrame) -> str:
+    import pandas as pd
+
+    from bench.report.tables import to_markdown
+
     gib = lambda col: (pd.to_numeric(table.get(col), errors="coerce") / 2**30).round(2)  # noqa: E731
     show = pd.DataFrame({
         "run": table["run"], "batch": table["batch"], "status": table["status"],
