@@ -12,10 +12,11 @@ tensor bytes: the CUDA allocator's peak adds workspaces (cuBLAS, cuDNN) and frag
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 from unittest.mock import patch
 
 import torch
@@ -168,13 +169,15 @@ def parse_size(text: str) -> int:
         raise ValueError(f"--budget {text!r}: expected a size such as 16GiB, 80GB or 512MiB") from None
 
 
-def suite_table(runs: list[RunSpec], measured: dict[str, dict[str, Any]], budget: int | None) -> pd.DataFrame:
+def suite_table(runs: list[RunSpec], measured: dict[str, dict[str, Any]], budget: int | None,
+                log: TextIO = sys.stderr) -> pd.DataFrame:
     """One row per run: predicted peak and breakdown at GPU shapes, FLOPs, and where a GPU measured the
-    run, its allocated peak and the ratio; with a budget, whether it fits and the largest batch that does."""
+    run, its allocated peak and the ratio; with a budget, whether it fits and the largest batch that does.
+    A progress line per run goes to ``log``: a budget's bisection predicts each run a dozen times."""
     import pandas as pd
 
     rows = []
-    for spec in runs:
+    for i, spec in enumerate(runs, 1):
         out = predict(spec)
         row: dict[str, Any] = {"run": spec.name, "batch": spec.gpu.batch_size, "status": out["predicted_status"]}
         row |= {k.removeprefix("predicted_"): v for k, v in out.items() if k.startswith("predicted_")}
@@ -184,7 +187,15 @@ def suite_table(runs: list[RunSpec], measured: dict[str, dict[str, Any]], budget
             row["fits"] = out["predicted_peak_tensor_bytes"] <= budget
             row["largest_batch"] = largest_batch(spec, budget)
         rows.append(row)
+        print(f"[{i}/{len(runs)}] {spec.name}: {_said(row)}", file=log, flush=True)
     return pd.DataFrame(rows)
+
+
+def _said(row: dict[str, Any]) -> str:
+    if row["status"] != "ok":
+        return f"{row['status']}: {row.get('message', '')}"
+    fit = f", largest batch {row['largest_batch']}" if "largest_batch" in row else ""
+    return f"{row['peak_tensor_bytes'] / 2**30:,.2f} GiB at batch {row['batch']}, peak in {row['peak_phase']}{fit}"
 
 
 def markdown(table: pd.DataFrame) -> str:

@@ -153,10 +153,18 @@ def _kill(proc: subprocess.Popen) -> None:
 
 
 def _outcome(record: dict[str, Any]) -> str:
+    """The progress line's summary: what a user watching the sweep wants first."""
     if record["status"] != "ok":
         return f"{record['status']}: {record['message']}"
-    peak = record.get("peak_allocated_bytes") or record.get("peak_tensor_bytes") or 0
-    return f"ok, peak {peak / 2**20:,.1f} MiB, {record['samples_per_s']:,.1f} samples/s"
+    peak = record.get("peak_allocated_bytes") or record.get("peak_tensor_bytes")
+    # No peak: compiled code runs nothing the tracker sees, and a CPU has no allocator peak. Not a zero.
+    parts = [f"peak {peak / 2**20:,.1f} MiB" if peak else "peak not tracked",
+             f"{record['samples_per_s']:,.1f} samples/s"]
+    if record.get("accuracy") is not None:
+        delta = record.get("accuracy_delta")
+        shown = delta is not None and record["run"] != record["baseline"]
+        parts.append(f"accuracy {record['accuracy']:.1%}" + (f" ({delta * 100:+.1f} pt)" if shown else ""))
+    return "ok, " + ", ".join(parts)
 
 
 def _elapsed(start: float) -> str:

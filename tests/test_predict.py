@@ -1,3 +1,4 @@
+import re
 import subprocess
 import sys
 import time
@@ -79,5 +80,6 @@ def test_predict_command_prints_the_table_and_rejects_a_bad_budget(tmp_path):
     out = subprocess.run(cmd + ["--budget", "1GiB"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "| checkpoint | 32 | ok |" in out.stdout and "largest batch" in out.stdout and "Assumed:" in out.stderr
+    assert re.search(r"^\[2/\d+\] checkpoint: [\d.]+ GiB at batch 32, peak in \w+, largest batch \d+$", out.stderr, re.M)
     bad = subprocess.run(cmd + ["--budget", "lots"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "expected a size" in bad.stderr

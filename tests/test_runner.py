@@ -12,7 +12,7 @@ import torch
 
 from bench import results
 from bench.provenance import device_name
-from bench.runner import Device, run_isolated, sweep
+from bench.runner import Device, _outcome, run_isolated, sweep
 from bench.suite import Suite, load
 from tests.helpers import spec, tech
 
@@ -168,3 +168,12 @@ def test_snapshot_is_ignored_on_a_cpu(tmp_path):
     (record,) = sweep(suite, CPU, tmp_path, snapshot=True)
     assert record["status"] == "ok" and "snapshot" not in record
     assert not list(tmp_path.rglob("*.pickle"))
+
+
+def test_the_progress_line_shows_an_untracked_peak_as_absent_and_the_accuracy_as_it_comes():
+    ok = {"status": "ok", "run": "compile", "baseline": "baseline", "samples_per_s": 3.0}
+    assert _outcome(ok) == "ok, peak not tracked, 3.0 samples/s"  # compiled code: no tracked step, not 0 MiB
+    ran = ok | {"peak_tensor_bytes": 3 * 2**20, "accuracy": 0.8523, "accuracy_delta": -0.0167}
+    assert _outcome(ran) == "ok, peak 3.0 MiB, 3.0 samples/s, accuracy 85.2% (-1.7 pt)"
+    base = ran | {"run": "baseline", "accuracy_delta": 0.0}
+    assert _outcome(base).endswith("accuracy 85.2%")
