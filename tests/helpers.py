@@ -83,6 +83,14 @@ class EnvProbe(Technique):
         return {"seen": os.environ.get("BENCH_PROBE")}
 
 
+class TinyLoss(Technique):
+    """A loss 1e-5 of the usual size, as a sum-free loss late in training can be: its float16 gradients
+    fall below float16's smallest subnormal unless they are scaled."""
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * 1e-5
+
+
 class ZeroLearningRate(Technique):
     """Harmful on purpose: an optimizer that never moves the weights, so the model learns nothing."""
 

@@ -125,6 +125,12 @@ def test_accumulation_must_divide_the_batch_on_each_device(tmp_path):
     assert "accumulate at cpu batch_size 4: micro_batches=8 does not divide" in msg
 
 
+def test_an_option_that_would_be_ignored_is_rejected(tmp_path):
+    text = GOOD.replace('"checkpoint"]', '{ name = "amp", dtype = "bfloat16", scaler = false }]')
+    found = problems(tmp_path, text)
+    assert any("amp at cpu batch_size 4: scaler = false applies to float16 only" in p for p in found), found
+
+
 def test_conflicting_and_repeated_techniques_are_rejected(tmp_path, monkeypatch):
     from bench.techniques.checkpointing import ActivationCheckpointing
 

@@ -23,15 +23,23 @@ class Amp(Technique):
     unchanged; on tensor-core GPUs 2.6-3.3× ResNet-50 throughput (NVIDIA DeepLearningExamples: V100
     367 → 1200 img/s, A100 938 → 2470). float16 needs loss scaling or small gradients underflow, so it
     comes with a GradScaler; bfloat16 has fp32's range and needs none. Accuracy: on par with fp32.
+    ``scaler = false`` drops the GradScaler from float16, to show what it prevents: gradients below
+    float16's smallest subnormal (6e-8) flush to zero and those weights stop learning.
     """
 
     name = "amp"
     modes = ANY_MODE
-    summary = "autocast to bfloat16 or float16 (float16 with a GradScaler)"
+    summary = "autocast to bfloat16 or float16 (float16 with a GradScaler unless scaler = false)"
 
     @dataclass(frozen=True)
     class Config:
         dtype: Literal["bfloat16", "float16"] = option("bfloat16", "autocast compute dtype")
+        scaler: bool = option(True, "float16: loss scaling by a GradScaler (false shows the underflow it prevents)")
+
+    def problems(self, batch_size: int) -> list[str]:
+        if not self.config.scaler and self.config.dtype != "float16":
+            return ["scaler = false applies to float16 only: bfloat16 has fp32's range and is never scaled"]
+        return []
 
     def unsupported(self, ctx: RunContext) -> str | None:
         if self.config.dtype == "float16" and not ctx.cuda:
@@ -44,8 +52,8 @@ class Amp(Technique):
         self.device_type = ctx.device.type
         self.dtype = getattr(torch, self.config.dtype)
         # A prediction leaves the GradScaler out: its inf checks need real values, and it holds a few scalars.
-        fp16 = self.config.dtype == "float16" and not ctx.predicting
-        self.scaler = torch.amp.GradScaler(self.device_type) if fp16 else None
+        scaled = self.config.dtype == "float16" and self.config.scaler and not ctx.predicting
+        self.scaler = torch.amp.GradScaler(self.device_type) if scaled else None
         return model
 
     def step_context(self) -> AbstractContextManager[Any]:

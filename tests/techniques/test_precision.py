@@ -31,6 +31,29 @@ def test_fp16_autocast_comes_with_a_grad_scaler_that_steps_the_optimizer():
     assert fp16.optimizer.state  # the scaler's step really stepped the optimizer
 
 
+def test_fp16_without_its_scaler_loses_small_gradients_to_underflow():
+    """resnet-tiny (vit-tiny's zero-initialised head zeroes its whole first gradient) on a tiny loss:
+    scaled, the gradients keep what fp32 would; unscaled, almost every element flushes to zero."""
+    def zero_fraction(scaler: bool) -> tuple[float, dict]:
+        techniques = (tech("tests.helpers:TinyLoss"), tech("amp", dtype="float16", scaler=scaler))
+        trainer, batch = build_trainer(spec("resnet-tiny", techniques, batch_size=16))
+        zeros, total = [], []
+
+        def count(p: torch.nn.Parameter) -> None:  # read before the step and zero_grad free them
+            zeros.append(int((p.grad == 0).sum()))
+            total.append(p.grad.numel())
+
+        for p in trainer.model.parameters():
+            p.register_post_accumulate_grad_hook(count)
+        trainer.step(batch)
+        return sum(zeros) / sum(total), trainer.proof()
+
+    scaled, proof = zero_fraction(True)
+    unscaled, no_scaler = zero_fraction(False)
+    assert proof["amp.grad_scaler"] is True and no_scaler["amp.grad_scaler"] is False
+    assert scaled < 0.05 and unscaled > 0.9  # measured: 0.024 (unused elements) and 0.994
+
+
 def test_pure_bf16_halves_model_states_and_keeps_no_fp32_copy():
     base, _ = run()
     pure, trainer = run(tech("bf16"))
