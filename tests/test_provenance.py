@@ -1,0 +1,20 @@
+import subprocess
+
+from bench.provenance import git_revision
+
+
+def test_revision_is_dirty_for_changed_code_but_not_for_the_harness_own_results(tmp_path):
+    git = lambda *args: subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],  # noqa: E731
+                                       cwd=tmp_path, check=True, capture_output=True)
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "run.json").write_text("{}")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "first")
+    clean = git_revision(tmp_path)
+    assert len(clean) == 40
+    (tmp_path / "results" / "run.json").write_text('{"peak": 1}')  # a sweep wrote a record
+    assert git_revision(tmp_path) == clean
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert git_revision(tmp_path) == clean + "-dirty"
