@@ -84,8 +84,8 @@ class EnvProbe(Technique):
 
 
 class TinyLoss(Technique):
-    """A loss 1e-5 of the usual size, as a sum-free loss late in training can be: its float16 gradients
-    fall below float16's smallest subnormal unless they are scaled."""
+    """A loss 1e-5 of the usual size, as a mean-reduced loss near convergence can be: its float16
+    gradients fall below float16's smallest subnormal (6e-8) unless they are scaled."""
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         return loss * 1e-5
