@@ -188,7 +188,7 @@ def _list(args: argparse.Namespace) -> int:
     from bench.techniques import TECHNIQUES, TRAIN
     from bench.techniques.base import options_doc
 
-    print("models:", ", ".join(MODELS.names()))
+    print("models:", ", ".join(MODELS.names()), "(or 'module:NAME' naming your own bench.models.ModelSpec)")
     print("techniques:")
     for name in TECHNIQUES:
         cls = TECHNIQUES.get(name)

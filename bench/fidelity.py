@@ -18,10 +18,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from bench import models
 from bench.data import real
 from bench.data.synthetic import Batch
 from bench.infer import Predictor, forward
-from bench.models import MODELS, ModelSpec
+from bench.models import ModelSpec
 from bench.suite import Fidelity, RunSpec, Shapes
 from bench.techniques import RunContext
 from bench.train import Trainer
@@ -31,7 +32,7 @@ LAST_STEPS = 10  # final_loss: mean training loss over the last steps, less nois
 
 
 def run_fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str, Any]:
-    model_spec = MODELS.get(fid.model or spec.model)
+    model_spec = models.resolve(fid.model or spec.model)
     train, test = real.load(fid.dataset, model_spec.inputs, fid.image_size)
     if train.num_classes > model_spec.num_classes:
         raise real.DataError(f"dataset {fid.dataset!r} has {train.num_classes} classes; "
@@ -43,8 +44,8 @@ def run_fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str
     results = [one(spec, fid, model_spec, shapes, train, test, seed, device) for seed in seeds]
     out = {f"fidelity_{k}" if k not in ("accuracy", "final_loss", "grad_cosine") else k: v
            for k, v in results[0].items()}
-    out |= {"fidelity_model": model_spec.name, "fidelity_dataset": fid.dataset, "fidelity_steps": fid.steps,
-            "fidelity_train_size": len(train), "fidelity_test_size": len(test)}
+    out |= {"fidelity_model": model_spec.name, "fidelity_weights": fid.weights, "fidelity_dataset": fid.dataset,
+            "fidelity_steps": fid.steps, "fidelity_train_size": len(train), "fidelity_test_size": len(test)}
     if len(results) > 1:
         out["accuracy_seeds"] = [r["accuracy"] for r in results]
     return out
@@ -53,7 +54,7 @@ def run_fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str
 def _train_seed(spec: RunSpec, fid: Fidelity, model_spec: ModelSpec, shapes: Shapes, train: real.Labelled,
                 test: real.Labelled, seed: int, device: torch.device) -> dict[str, Any]:
     torch.manual_seed(seed)
-    model = model_spec.build(shapes).to(device)
+    model = models.build_model(model_spec, shapes, fid.weights)[0].to(device)
     batches = _batches(train, fid, seed, device)
     first = next(batches)
     plain = copy.deepcopy(model)
@@ -85,7 +86,7 @@ def _inference_seed(spec: RunSpec, fid: Fidelity, model_spec: ModelSpec, shapes:
                     test: real.Labelled, seed: int, device: torch.device) -> dict[str, Any]:
     torch.manual_seed(seed)
     ctx = RunContext(device, model_spec, shapes, fid.lr)
-    plain = Trainer(model_spec.build(shapes).to(device), model_spec, [], ctx, fid.lr)
+    plain = Trainer(models.build_model(model_spec, shapes, fid.weights)[0].to(device), model_spec, [], ctx, fid.lr)
     batches = _batches(train, fid, seed, device)
     losses = [plain.step(next(batches)) for _ in range(fid.steps)]
     reference = _evaluate(Predictor(plain.model, model_spec, [], ctx), test, device)

@@ -26,11 +26,11 @@ from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from bench import models
 from bench.data.synthetic import clone_batch, synthetic_batch
 from bench.infer import Predictor
 from bench.measure.memory import tracked_step
 from bench.measure.tracker import CUDA_BLOCK
-from bench.models import MODELS
 from bench.suite import RunSpec, Shapes
 from bench.techniques import RunContext, Technique
 from bench.train import Trainer
@@ -89,7 +89,7 @@ def predict(spec: RunSpec, shapes: Shapes | None = None, cuda: bool = True) -> d
     techniques = [t.build() for t in spec.techniques]
     if reason := next((f"{t.name}: {t.unpredictable}" for t in techniques if t.unpredictable), None):
         return {"predicted_status": "unpredictable", "predicted_message": reason}
-    model_spec = MODELS.get(spec.model)
+    model_spec = models.resolve(spec.model)
     ctx = RunContext(CPU, model_spec, shapes, spec.lr, predicting=cuda)
     if reason := next((f"{t.name}: {r}" for t in techniques if (r := t.unsupported(ctx))), None):
         return {"predicted_status": "unsupported", "predicted_message": reason}
@@ -103,6 +103,7 @@ def predict(spec: RunSpec, shapes: Shapes | None = None, cuda: bool = True) -> d
 
 def _fake_step(spec: RunSpec, techniques: list[Technique], ctx: RunContext, rounding: int) -> dict[str, Any]:
     backend = next((dict(t.options).get("backend", "flash") for t in spec.techniques if t.name == "sdpa"), None)
+    # Pretrained weights (spec.weights) are not read: their values change no tensor's size.
     with torch.device("meta"):  # no initialisation work, and none of the init ops fake tensors refuse
         model = ctx.model_spec.build(ctx.shapes)
     routing = cuda_attention(backend) if ctx.predicting else nullcontext()  # a CPU run keeps CPU's kernels

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -35,3 +36,12 @@ class Registry(Generic[T]):
 
     def names(self) -> list[str]:
         return sorted(self._items)
+
+
+def import_object(path: str, kind: str) -> Any:
+    """``"package.module:attr"`` imported; a KeyError that says what failed, like an unknown name."""
+    module_name, _, attr = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except Exception as exc:  # noqa: BLE001  a user's module may fail in any way while it loads
+        raise KeyError(f"cannot import {kind} {path!r}: {type(exc).__name__}: {exc}") from exc

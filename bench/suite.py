@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-from bench.models import MODELS
+from bench import models
+from bench.models import MODELS, ModelSpec
 from bench.techniques import Technique, resolve
 
 DEVICES = ("gpu", "cpu")
@@ -23,7 +24,9 @@ MODES = ("train", "inference")
 TOP_KEYS = {
     "name": "suite name (defaults to the file name)",
     "description": "one line shown in reports",
-    "model": f"one of {', '.join(MODELS.names())}",
+    "model": f"one of {', '.join(MODELS.names())}, or 'module:NAME' naming your own bench.models.ModelSpec",
+    "weights": "pretrained weights loaded into the model before techniques apply: a state_dict file "
+               "(.pt, .bin, .safetensors) or a save_pretrained folder",
     "mode": '"train" (default: training steps) or "inference" (forward passes only, no gradients)',
     "baseline": "name of the run (or matrix key) every run is compared with",
     "seed": "integer seed for weights and data",
@@ -44,6 +47,7 @@ FIDELITY_KEYS = {
     "seeds": "seeds the baseline is trained with, for the noise band (at least 2)",
     "image_size": "image side for image models (digits are upsampled from 8 px)",
     "model": "model to train instead of the suite's (e.g. its tiny variant, so CPU runs stay short)",
+    "weights": "pretrained weights for the phase's model (default: the suite's, when it trains the suite's model)",
     "enabled": "false switches the phase off (per device in [fidelity.gpu] / [fidelity.cpu])",
 }
 DEFAULTS = {"seed": 0, "warmup_steps": 2, "measure_steps": 5, "timeout_s": 900.0, "lr": 1e-4}
@@ -81,6 +85,7 @@ class Fidelity:
     seeds: int = 3
     image_size: int = 32
     model: str | None = None
+    weights: str | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,7 @@ class RunSpec:
     fidelity_gpu: Fidelity | None = None
     fidelity_cpu: Fidelity | None = None
     nproc: int = 1  # processes (torchrun) for distributed techniques; batch_size is per process
+    weights: str | None = None  # a local path the model's weights are loaded from (else random)
 
     def shapes(self, device_type: str) -> Shapes:
         return self.gpu if device_type == "cuda" else self.cpu
@@ -124,9 +130,13 @@ class RunSpec:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         # Defaults stay out: records made before suites had these keys keep their keys valid.
-        for key, default in (("mode", "train"), ("fidelity_gpu", None), ("fidelity_cpu", None), ("nproc", 1)):
+        for key, default in (("mode", "train"), ("fidelity_gpu", None), ("fidelity_cpu", None), ("nproc", 1),
+                             ("weights", None)):
             if d[key] == default:
                 del d[key]
+        for fid in (d.get("fidelity_gpu"), d.get("fidelity_cpu")):
+            if fid is not None and fid["weights"] is None:
+                del fid["weights"]
         return d
 
     @classmethod
@@ -183,22 +193,22 @@ def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
     model = _typed(raw, "model", str, None, problems)
     if model is None:
         problems.append(f"model: required; {TOP_KEYS['model']}")
-    elif model not in MODELS:
-        problems.append(f"model: unknown model {model!r}; known: {', '.join(MODELS.names())}")
+    spec = _model_spec(model, "model", problems)
+    weights = _weights(raw, "", problems)
     mode = _typed(raw, "mode", str, "train", problems)
     if mode not in MODES:
         problems.append(f"mode: {mode!r} is not a mode; allowed: {', '.join(MODES)}")
     common = {k: _typed(raw, k, type(v), v, problems) for k, v in DEFAULTS.items()}
     _check_ranges(common, "", problems)
     steps = {k: common.pop(k) for k in STEP_KEYS}
-    shapes = _shapes(raw.get("shapes"), model, steps, problems)
+    shapes = _shapes(raw.get("shapes"), spec, steps, problems)
     entries = _entries(raw, problems)
     baseline = _baseline(raw, entries, problems)
-    fidelity = _fidelity(raw.get("fidelity"), model, problems)
+    fidelity = _fidelity(raw.get("fidelity"), model, spec, weights, problems)
     runs = []
     for e in entries:
         techniques = _techniques(e.techniques, e.where, e.batch, shapes, mode, problems)
-        if shapes is None or techniques is None or model not in MODELS or baseline is None:
+        if shapes is None or techniques is None or spec is None or baseline is None:
             continue  # already reported; keep collecting problems from the other entries
         _check_fidelity_batch(techniques, fidelity, e.where, problems)
         nproc = _nproc(e, techniques, problems)
@@ -206,12 +216,30 @@ def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
         base = f"{baseline}@bs{gpu.batch_size}" if e.batch and baseline in _matrix_keys(entries) else baseline
         # The fidelity phase trains in one process: a distributed run has none.
         fid = {f"fidelity_{d}": fidelity.get(d) if e.fidelity and nproc == 1 else None for d in DEVICES}
-        runs.append(RunSpec(name, e.name, model, techniques, gpu, cpu, base, **common, mode=mode, **fid, nproc=nproc))
+        runs.append(RunSpec(name, e.name, model, techniques, gpu, cpu, base, **common, mode=mode, **fid, nproc=nproc,
+                            weights=weights))
     description = _typed(raw, "description", str, "", problems)
     return Suite(name, path, model or "", description, baseline or "", tuple(runs))
 
 
-def _fidelity(raw: Any, model: str | None, problems: list[str]) -> dict[str, Fidelity | None]:
+def _model_spec(name: str | None, where: str, problems: list[str]) -> ModelSpec | None:
+    """The named model's spec, or None with the reason among the problems (an unknown name, a failed import)."""
+    try:
+        return None if name is None else models.resolve(name)
+    except KeyError as exc:
+        problems.append(f"{where}: {exc.args[0]}")
+        return None
+
+
+def _weights(table: dict[str, Any], where: str, problems: list[str]) -> str | None:
+    path = _typed(table, "weights", str, None, problems, where)
+    if path is not None and not Path(path).exists():
+        problems.append(f"{where}weights: no file or folder {path!r} (relative paths start where bench runs)")
+    return path
+
+
+def _fidelity(raw: Any, model: str | None, spec: ModelSpec | None, weights: str | None,
+              problems: list[str]) -> dict[str, Fidelity | None]:
     """Per device, the fidelity phase's settings: the table's keys, overridden by [fidelity.gpu/cpu]."""
     if raw is None:
         return {}
@@ -235,15 +263,17 @@ def _fidelity(raw: Any, model: str | None, problems: list[str]) -> dict[str, Fid
             out[dev] = None
             continue
         values = {f.name: _typed(table, f.name, _kind(f.type), f.default, found, where(f.name))
-                  for f in fields(Fidelity)}
+                  for f in fields(Fidelity) if f.name != "weights"}
+        values["weights"] = _weights(table, where("weights"), found)
+        if values["weights"] is None and values["model"] in (None, model):
+            values["weights"] = weights  # the suite's model, so the suite's weights
         for key in ("steps", "batch_size", "image_size", "seeds"):
             if not values[key] or values[key] <= 0 or (key == "seeds" and values[key] < 2):
                 found.append(f"{where(key)}{key}: must be {'at least 2' if key == 'seeds' else 'positive'}")
-        if values["model"] is not None and model in MODELS:
-            other = MODELS.get(values["model"]) if values["model"] in MODELS else None
-            if other is None or other.inputs != MODELS.get(model).inputs:
-                found.append(f"{where('model')}model: {values['model']!r} is not a known model taking the suite "
-                             f"model's inputs; known: {', '.join(MODELS.names())}")
+        other = _model_spec(values["model"], f"{where('model')}model", found)
+        if other is not None and spec is not None and other.inputs != spec.inputs:
+            found.append(f"{where('model')}model: {values['model']!r} takes {other.inputs} inputs and the suite's "
+                         f"model {spec.inputs} inputs; choose a model of the same kind")
         problems.extend(p for p in found if p not in problems)  # shared keys: reported once, not per device
         out[dev] = Fidelity(**values)
     return out
@@ -307,13 +337,13 @@ def _check_ranges(values: dict[str, Any], where: str, problems: list[str]) -> No
             problems.append(f"{where}{k}: must be > 0, got {v}")
 
 
-def _shapes(raw: Any, model: str | None, steps: dict[str, int], problems: list[str]) -> dict[str, Shapes] | None:
+def _shapes(raw: Any, spec: ModelSpec | None, steps: dict[str, int], problems: list[str]) -> dict[str, Shapes] | None:
     if not isinstance(raw, dict):
         problems.append("shapes: required table with [shapes.gpu] and [shapes.cpu]")
         return None
     for key in raw.keys() - set(DEVICES):
         problems.append(f"shapes.{key}: unknown device; allowed: gpu, cpu")
-    need = MODELS.get(model).shape_keys if model in MODELS else ()
+    need = spec.shape_keys if spec is not None else ()
     out = {}
     for dev in DEVICES:
         table = raw.get(dev)
@@ -321,8 +351,8 @@ def _shapes(raw: Any, model: str | None, steps: dict[str, int], problems: list[s
             problems.append(f"shapes.{dev}: required table with batch_size and {', '.join(need) or 'the model shapes'}")
             continue
         allowed = ("batch_size", *need)
-        for key in table.keys() - {*allowed, *STEP_KEYS}:
-            problems.append(f"shapes.{dev}.{key}: unknown key for model {model}; "
+        for key in table.keys() - {*allowed, *STEP_KEYS} if spec is not None else ():  # else: model reported
+            problems.append(f"shapes.{dev}.{key}: unknown key for model {spec.name}; "
                             f"allowed: {', '.join(allowed + STEP_KEYS)}")
         values = {key: _typed(table, key, int, None, problems, f"shapes.{dev}.") for key in allowed}
         bad = [k for k, v in values.items() if v is None or v <= 0]

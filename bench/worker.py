@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from bench import distributed
+from bench import distributed, models
 from bench.data.synthetic import clone_batch, samples_in, synthetic_batch
 from bench.fidelity import run_fidelity
 from bench.infer import Predictor
@@ -32,7 +32,6 @@ from bench.measure.memory import (
     tracked_step,
 )
 from bench.measure.timing import summarize, time_steps
-from bench.models import MODELS
 from bench.predict import predict
 from bench.provenance import runtime_provenance
 from bench.suite import Fidelity, RunSpec
@@ -44,7 +43,7 @@ OOM_MESSAGES = ("out of memory", "not enough memory", "can't allocate memory")
 
 def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None,
             group: distributed.Group = distributed.Group()) -> dict[str, Any]:
-    model_spec = MODELS.get(spec.model)
+    model_spec = models.resolve(spec.model)
     shapes = spec.shapes(device.type)
     ctx = RunContext(device, model_spec, shapes, spec.lr, world_size=group.world_size, rank=group.rank)
     techniques = [t.build() for t in spec.techniques]
@@ -58,13 +57,14 @@ def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None,
     torch.manual_seed(spec.seed)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed shapes: let warm-up pick the fastest kernels
-    model = model_spec.build(shapes).to(device)
+    model, figures = models.build_model(model_spec, shapes, spec.weights)
+    model = model.to(device)
     trainer = (Predictor(model, model_spec, techniques, ctx) if spec.mode == "inference"
                else Trainer(model, model_spec, techniques, ctx, spec.lr))
     batch = synthetic_batch(model_spec, shapes, spec.seed, device)
     # Warm-up: allocator, cuDNN autotune, optimizer state, compilation. The first step is timed on its
     # own, since that is where one-off costs (compilation above all) land.
-    figures: dict[str, Any] = {"first_step_ms": time_steps(lambda: trainer.step(batch), 1, device)[0]}
+    figures["first_step_ms"] = time_steps(lambda: trainer.step(batch), 1, device)[0]
     for _ in range(shapes.warmup_steps - 1):
         trainer.step(batch)
     # Memory pass: one instrumented step. The tracker slows a step, so it is kept out of the timing.

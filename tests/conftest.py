@@ -3,7 +3,7 @@ import torch
 
 from bench.data.synthetic import synthetic_batch
 from bench.infer import Predictor
-from bench.models import MODELS
+from bench import models
 from bench.suite import RunSpec
 from bench.techniques import RunContext
 from bench.train import Trainer
@@ -23,10 +23,10 @@ def pytest_collection_modifyitems(config, items):
 def build_trainer(spec: RunSpec, device: torch.device = CPU) -> tuple[Trainer | Predictor, object]:
     """The model and techniques of a spec, applied in this process, with its synthetic batch
     (a Predictor for inference specs)."""
-    model_spec = MODELS.get(spec.model)
+    model_spec = models.resolve(spec.model)
     shapes = spec.shapes(device.type)
     torch.manual_seed(spec.seed)
-    model = model_spec.build(shapes).to(device)
+    model = models.build_model(model_spec, shapes, spec.weights)[0].to(device)
     techniques, ctx = [t.build() for t in spec.techniques], RunContext(device, model_spec, shapes, spec.lr)
     trainer = (Predictor(model, model_spec, techniques, ctx) if spec.mode == "inference"
                else Trainer(model, model_spec, techniques, ctx, spec.lr))

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from bench.models import ModelSpec
 from bench.suite import RunSpec, Shapes, TechniqueSpec
 from bench.techniques import RunContext, Technique, option
 
@@ -119,3 +120,23 @@ class AbortOnRank1(Technique):
             print("rank 1: about to abort", file=sys.stderr, flush=True)
             os.abort()
         return model
+
+
+class _Residual(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(width, 2 * width), nn.Linear(2 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.relu(self.fc1(x)))
+
+
+def _image_mlp(shapes: Shapes) -> nn.Module:
+    """An image MLP: flatten, project, three residual blocks, head. A structure no built-in model has."""
+    width = 32
+    return nn.Sequential(nn.Flatten(), nn.Linear(3 * shapes.image_size**2, width),
+                         nn.Sequential(*(_Residual(width) for _ in range(3))), nn.Linear(width, 10))
+
+
+# A user's own model as a suite names it ("tests.helpers:IMAGE_MLP"): no blocks given, so they are found.
+IMAGE_MLP = ModelSpec("image-mlp", _image_mlp, "image", num_classes=10)

@@ -2,9 +2,11 @@ from dataclasses import replace
 
 import torch
 
+from bench.data import real
 from bench.fidelity import run_fidelity
+from bench.models import MODELS
 from bench.results import accuracy_vs_baseline
-from bench.suite import Fidelity
+from bench.suite import Fidelity, Shapes
 from tests.helpers import spec, tech
 
 CPU = torch.device("cpu")
@@ -53,3 +55,18 @@ def test_inference_runs_train_the_plain_model_then_evaluate_under_the_technique(
     half = fidelity(tech("half", dtype="bfloat16"), mode="inference")
     assert base["fidelity_agreement"] == 1.0 and 0.9 < half["fidelity_agreement"] < 1.0 + 1e-9
     assert abs(half["accuracy"] - base["accuracy"]) < 0.05
+
+
+def test_the_phase_trains_from_the_pretrained_weights(tmp_path):
+    # A head that always says 3, and a learning rate of zero: what is evaluated is exactly what was loaded.
+    torch.manual_seed(1)
+    state = MODELS.get("resnet-tiny").build(Shapes(1, image_size=16)).state_dict()
+    state["fc.weight"].zero_()
+    state["fc.bias"].zero_()[3] = 100.0
+    torch.save(state, tmp_path / "threes.pt")
+    fid = replace(QUICK, steps=1, lr=0.0, weights=str(tmp_path / "threes.pt"))
+    out = run_fidelity(spec("resnet-tiny", ()), fid, CPU)
+    test_labels = real.load("digits", "image", 16)[1].labels
+    assert out["accuracy"] == (test_labels == 3).float().mean().item()
+    assert out["fidelity_test_loss"] > 80  # 100 for every digit but the threes; about 2.3 from random weights
+    assert out["fidelity_weights"] == str(tmp_path / "threes.pt")

@@ -33,3 +33,18 @@ def test_user_technique_from_the_readme_runs_and_proves_itself(tmp_path):
     assert sgd["optimizer_state_bytes"] == sgd["param_bytes"]
     assert adamw["optimizer_state_bytes"] > 2 * adamw["param_bytes"]
     assert (tmp_path / "results/mine/report.md").exists()
+
+
+def test_user_model_from_the_readme_runs_with_its_blocks_found(tmp_path):
+    for name in ("my_models.py", "suites/convnext.toml"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(readme_file(name))
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-m", "bench", "run", "convnext", "--device", "cpu"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    records = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "results/convnext").glob("*/*.json")}
+    assert {r["status"] for r in records.values()} == {"ok"}, records
+    proof = records["checkpoint"]["proof"]
+    assert proof["checkpoint.wrapped_modules"] == 18 and proof["checkpoint.block_forwards_per_step"] == 2.0
+    assert records["checkpoint"]["activation_bytes"] < records["baseline"]["activation_bytes"]

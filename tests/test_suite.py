@@ -208,8 +208,48 @@ model = "bert-tiny"
 batch_size = 15
 """
     found = problems(tmp_path, text)
-    assert "fidelity.colour: unknown key; allowed: dataset, steps, batch_size, lr, seeds, image_size, model, enabled" in found
+    assert ("fidelity.colour: unknown key; allowed: dataset, steps, batch_size, lr, seeds, image_size, model, weights, "
+            "enabled") in found
     assert "fidelity.seeds: must be at least 2" in found  # a shared key: reported once, where it is written
-    assert any("fidelity.cpu.model: 'bert-tiny' is not a known model taking the suite model's inputs" in p
-               for p in found)
+    assert ("fidelity.cpu.model: 'bert-tiny' takes tokens inputs and the suite's model image inputs; "
+            "choose a model of the same kind") in found
     assert any("accumulate at fidelity.cpu batch_size 15: micro_batches=2 does not divide" in p for p in found)
+
+
+def test_a_users_model_by_import_path(tmp_path):
+    s = load(write(tmp_path, GOOD.replace('"vit-tiny"', '"tests.helpers:IMAGE_MLP"')))
+    assert s.model == "tests.helpers:IMAGE_MLP" and {r.model for r in s.runs} == {"tests.helpers:IMAGE_MLP"}
+    (msg,) = problems(tmp_path, GOOD.replace('"vit-tiny"', '"tests.helpers:NOPE"'))  # nothing else: shapes wait
+    assert msg.startswith("model: cannot import model 'tests.helpers:NOPE': AttributeError")
+
+
+WEIGHTS = GOOD.replace('baseline = "baseline"', 'baseline = "baseline"\nweights = "WEIGHTS"') + """
+[fidelity]
+steps = 10
+[fidelity.cpu]
+model = "vit-tiny"
+[fidelity.gpu]
+model = "resnet-tiny"
+"""
+
+
+def test_weights_go_to_the_suite_model_wherever_it_is_trained(tmp_path):
+    weights = tmp_path / "vit.pt"
+    weights.write_bytes(b"")  # existence is checked at load; reading it waits for the run
+    base = load(write(tmp_path, WEIGHTS.replace("WEIGHTS", str(weights)))).runs[0]
+    assert base.weights == str(weights) and base.fidelity("cpu").weights == str(weights)
+    assert base.fidelity("cuda").weights is None  # another model: the suite's weights would not fit it
+    assert suites.RunSpec.from_dict(base.to_dict()) == base
+
+
+def test_a_suite_without_weights_keeps_the_run_keys_it_had(tmp_path):
+    spec = load(write(tmp_path, WEIGHTS.replace('weights = "WEIGHTS"\n', ""))).runs[0]
+    d = spec.to_dict()
+    assert "weights" not in d and "weights" not in d["fidelity_cpu"] and "weights" not in d["fidelity_gpu"]
+
+
+def test_weights_that_are_not_there_are_reported_where_they_are_named(tmp_path):
+    text = WEIGHTS.replace("WEIGHTS", "nope.pt").replace('model = "resnet-tiny"', 'weights = "gone/"')
+    found = problems(tmp_path, text)
+    assert "weights: no file or folder 'nope.pt' (relative paths start where bench runs)" in found
+    assert "fidelity.gpu.weights: no file or folder 'gone/' (relative paths start where bench runs)" in found

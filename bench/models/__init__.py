@@ -1,16 +1,18 @@
 """Model registry: each entry builds a randomly initialised model from its config (nothing downloaded)
-and says what its inputs look like and which blocks repeat (the units checkpointing wraps)."""
+and says what its inputs look like and which blocks repeat (the units checkpointing wraps).
+
+A user's own model is a ``ModelSpec`` in their own module, named in a suite as ``"module:NAME"``."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
 
-from bench.registry import Registry
+from bench.registry import Registry, import_object
 
 if TYPE_CHECKING:
     from bench.suite import Shapes
@@ -18,15 +20,44 @@ if TYPE_CHECKING:
 Inputs = torch.Tensor | dict[str, torch.Tensor]
 
 
+def repeated_blocks(model: nn.Module) -> list[str]:
+    """The children of every ModuleList or Sequential whose two or more children share one class, outermost
+    first: this finds torchvision's ResNet stages and ViT encoder and BERT's layers, and most block stacks."""
+    found: list[str] = []
+    for name, module in model.named_modules():
+        if any(name == b or name.startswith(f"{b}.") for b in found):
+            continue  # inside a block already found: its own lists are not separate units
+        children = list(module.named_children())
+        if (isinstance(module, (nn.ModuleList, nn.Sequential)) and len(children) >= 2
+                and len({type(c) for _, c in children}) == 1):
+            found += [f"{name}.{n}" if name else n for n, _ in children]
+    return found
+
+
 @dataclass(frozen=True)
 class ModelSpec:
+    """A model as the harness needs it: how to build it at a run's shapes and what it takes and predicts."""
+
     name: str
-    build: Callable[[Shapes], nn.Module]
+    build: Callable[[Shapes], nn.Module]  # random weights, built from a config: nothing downloaded
+    # "image": float (batch, 3, image_size, image_size); "tokens": input_ids and attention_mask keyword
+    # arguments of (batch, seq_len), returning a mapping with "logits" as transformers' models do.
     inputs: Literal["image", "tokens"]
     num_classes: int
-    # Dotted module names of the repeated blocks (residual blocks, encoder layers).
-    blocks: Callable[[nn.Module], list[str]]
-    vocab_size: int = 0
+    # Dotted module names of the repeated blocks (residual blocks, encoder layers): the units that
+    # checkpointing, offloading, layer sharing and FSDP wrap.
+    blocks: Callable[[nn.Module], list[str]] = repeated_blocks
+    vocab_size: int = 0  # token models: ids are drawn below this
+    # The layout this model shares with a built-in one ("resnet": torchvision's ResNet, "vit": torchvision's
+    # ViT, "bert": transformers' BERT), for the techniques that name layers (lora, shared-basis).
+    family: str = ""
+    attention: bool = False  # attention through F.scaled_dot_product_attention (the sdpa technique)
+
+    def __post_init__(self) -> None:
+        if self.inputs not in ("image", "tokens"):
+            raise ValueError(f"model {self.name}: inputs must be 'image' or 'tokens', got {self.inputs!r}")
+        if self.num_classes < 1 or (self.inputs == "tokens" and self.vocab_size < 1):
+            raise ValueError(f"model {self.name}: num_classes (and vocab_size for tokens) must be at least 1")
 
     @property
     def shape_keys(self) -> tuple[str, ...]:
@@ -44,6 +75,25 @@ MODELS: Registry[ModelSpec] = Registry("model")
 
 def register(spec: ModelSpec) -> ModelSpec:
     return MODELS.register(spec.name)(spec)
+
+
+def resolve(name: str) -> ModelSpec:
+    """A registered name, or ``"package.module:NAME"`` for a user's own ModelSpec."""
+    if ":" not in name:
+        return MODELS.get(name)
+    spec = import_object(name, "model")
+    if not isinstance(spec, ModelSpec):
+        raise KeyError(f"model {name!r} is a {type(spec).__name__}, not a bench.models.ModelSpec")
+    return spec
+
+
+def build_model(spec: ModelSpec, shapes: Shapes, weights: str | None = None) -> tuple[nn.Module, dict[str, Any]]:
+    """The model at these shapes, initialised from the current seed, then its pretrained weights if a path is
+    given; with what was loaded (for the record)."""
+    from bench.models.weights import load_weights
+
+    model = spec.build(shapes)
+    return model, load_weights(model, weights) if weights else {}
 
 
 def children_of(container: str) -> Callable[[nn.Module], list[str]]:

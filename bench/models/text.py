@@ -15,7 +15,6 @@ if TYPE_CHECKING:
 
     from bench.suite import Shapes
 
-BERT_LAYERS = children_of("bert.encoder.layer")
 NUM_LABELS = 10  # digits' ten classes (the accuracy phase trains on them)
 
 
@@ -49,5 +48,6 @@ def _bert_tiny(shapes: Shapes) -> nn.Module:
     return _bert(config, shapes)
 
 
-register(ModelSpec("bert-base", _bert_base, "tokens", NUM_LABELS, BERT_LAYERS, vocab_size=30522))
-register(ModelSpec("bert-tiny", _bert_tiny, "tokens", NUM_LABELS, BERT_LAYERS, vocab_size=128))
+BERT = {"blocks": children_of("bert.encoder.layer"), "family": "bert", "attention": True}
+register(ModelSpec("bert-base", _bert_base, "tokens", NUM_LABELS, vocab_size=30522, **BERT))
+register(ModelSpec("bert-tiny", _bert_tiny, "tokens", NUM_LABELS, vocab_size=128, **BERT))

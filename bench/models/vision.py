@@ -14,9 +14,6 @@ from bench.models import ModelSpec, children_of, register
 if TYPE_CHECKING:
     from bench.suite import Shapes
 
-RESNET_BLOCKS = children_of("layer1,layer2,layer3,layer4")
-
-
 def _resnet50(shapes: Shapes) -> nn.Module:
     return resnet50(weights=None)
 
@@ -37,7 +34,9 @@ def _vit_tiny(shapes: Shapes) -> nn.Module:
     )
 
 
-register(ModelSpec("resnet50", _resnet50, "image", 1000, RESNET_BLOCKS))
-register(ModelSpec("resnet-tiny", _resnet_tiny, "image", 10, RESNET_BLOCKS))
-register(ModelSpec("vit-b16", _vit_b16, "image", 1000, children_of("encoder.layers")))
-register(ModelSpec("vit-tiny", _vit_tiny, "image", 10, children_of("encoder.layers")))
+RESNET = {"blocks": children_of("layer1,layer2,layer3,layer4"), "family": "resnet"}
+VIT = {"blocks": children_of("encoder.layers"), "family": "vit", "attention": True}
+register(ModelSpec("resnet50", _resnet50, "image", 1000, **RESNET))
+register(ModelSpec("resnet-tiny", _resnet_tiny, "image", 10, **RESNET))
+register(ModelSpec("vit-b16", _vit_b16, "image", 1000, **VIT))
+register(ModelSpec("vit-tiny", _vit_tiny, "image", 10, **VIT))

@@ -89,8 +89,17 @@ def provenance(part: pd.DataFrame, rec: dict) -> str:
     when = f"measured {dates[0]}" + (f" to {dates[-1]}" if dates[-1] != dates[0] else "") if dates else ""
     revisions = ", ".join(sorted({_short(r) for r in part["git_revision"].dropna()}))
     return (f"Device: {rec['device']} · {versions} · {when} · revision {revisions or 'unknown'} · "
-            f"seed {rec.get('seed')} · warm-up {rec.get('warmup_steps')} + {rec.get('measure_steps')} measured "
-            f"steps · {len(part)} runs, {int((part['status'] == 'ok').sum())} ok" + _run_time(part))
+            f"seed {rec.get('seed')}{_weights(part)} · warm-up {rec.get('warmup_steps')} + {rec.get('measure_steps')} "
+            f"measured steps · {len(part)} runs, {int((part['status'] == 'ok').sum())} ok" + _run_time(part))
+
+
+def _weights(part: pd.DataFrame) -> str:
+    """The pretrained weights the runs started from, with their digests; nothing for random weights."""
+    if "weights" not in part:
+        return ""
+    loaded = part.dropna(subset=["weights"])
+    return "".join(f" · weights {w} (sha256 {h})" for w, h in sorted(set(zip(loaded["weights"],
+                                                                              loaded["weights_sha256"]))))
 
 
 def _run_time(part: pd.DataFrame) -> str:
@@ -103,7 +112,8 @@ def _run_time(part: pd.DataFrame) -> str:
 
 
 def _fidelity_line(rec: dict) -> str:
-    return (f"Fidelity phase: {rec['fidelity_model']} on {rec['fidelity_dataset']} "
+    start = f" from {rec['fidelity_weights']}" if rec.get("fidelity_weights") else ""
+    return (f"Fidelity phase: {rec['fidelity_model']}{start} on {rec['fidelity_dataset']} "
             f"({rec.get('fidelity_train_size')} training / {rec.get('fidelity_test_size')} held-out samples), "
             f"{rec.get('fidelity_steps')} steps; baseline over {len(rec.get('accuracy_seeds') or [1])} seeds.")
 

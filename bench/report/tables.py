@@ -19,7 +19,7 @@ COLUMNS = [
     "accuracy", "accuracy_delta", "accuracy_band", "outside_band", "grad_cosine", "fidelity_agreement",
     "final_loss", "predicted_peak_tensor_bytes", "predicted_vs_measured", "flops_per_step", "mfu",
     *[f"at_peak_{p}_bytes" for p in BREAKDOWN], "cache_slack_bytes", "context_bytes", "git_revision",
-    "torch_version", "finished_at", "wall_s", "message",
+    "weights", "weights_sha256", "torch_version", "finished_at", "wall_s", "message",
 ]
 
 

@@ -30,12 +30,16 @@ class LoRA(Technique):
     # Skipping peft's device moves let fake tensors through, but peft then reads their data pointers,
     # which fake tensors do not have: one ViT run died of heap corruption. Not worth a wrong prediction.
     unpredictable = "peft moves and inspects the weights it wraps in ways fake tensors cannot stand in for"
-    summary = "peft LoRA adapters on BERT/ViT; base frozen, head trainable"
+    summary = "peft LoRA adapters (BERT/ViT, or the linears you name); base frozen, head trainable"
 
     @dataclass(frozen=True)
     class Config:
         rank: int = option(8, "adapter rank r")
         alpha: int = option(16, "scaling numerator (scale = alpha / rank)")
+        targets: str | None = option(None, "comma-separated names (or suffixes) of the linears to adapt; "
+                                           "default: BERT query,value; ViT mlp.0,mlp.3")
+        trainable: str | None = option(None, "comma-separated modules trained in full (the head); "
+                                             "default: BERT classifier; ViT heads")
 
     def problems(self, batch_size: int) -> list[str]:
         return [] if self.config.rank >= 1 else [f"rank must be ≥ 1, got {self.config.rank}"]
@@ -43,14 +47,16 @@ class LoRA(Technique):
     def unsupported(self, ctx: RunContext) -> str | None:
         if importlib.util.find_spec("peft") is None:
             return "needs peft: pip install peft (or pip install -e '.[extras]')"
-        if not any(ctx.model_spec.name.startswith(family) for family in TARGETS):
-            return "adapters are defined here for BERT and ViT linear layers only"
+        if self.config.targets is None and ctx.model_spec.family not in TARGETS:
+            return "no default layers to adapt for this model: set targets = 'name,name' (and trainable)"
         return None
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         from peft import LoraConfig, get_peft_model
 
-        targets, head = next(v for k, v in TARGETS.items() if ctx.model_spec.name.startswith(k))
+        targets, head = TARGETS.get(ctx.model_spec.family, ([], []))
+        targets = _names(self.config.targets) or targets
+        head = _names(self.config.trainable) or head
         config = LoraConfig(r=self.config.rank, lora_alpha=self.config.alpha, target_modules=targets,
                             modules_to_save=head)
         self.model = get_peft_model(model, config)
@@ -61,3 +67,6 @@ class LoRA(Technique):
         adapters = sum(n.endswith("lora_A") for n, _ in self.model.named_modules())
         return {"trainable_params": trainable, "total_params": total, "adapted_layers": adapters}
 
+
+def _names(option: str | None) -> list[str]:
+    return [n.strip() for n in (option or "").split(",") if n.strip()]

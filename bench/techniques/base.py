@@ -8,13 +8,12 @@ really applied.
 
 from __future__ import annotations
 
-import importlib
 import typing
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from bench.registry import Registry
+from bench.registry import Registry, import_object
 
 if TYPE_CHECKING:
     import torch
@@ -144,11 +143,7 @@ def resolve(name: str) -> type[Technique]:
     """A registered name, or ``"package.module:Class"`` for a user's own technique."""
     if ":" not in name:
         return TECHNIQUES.get(name)
-    module_name, _, attr = name.partition(":")
-    try:
-        obj = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise KeyError(f"cannot import technique {name!r}: {exc}") from exc
+    obj = import_object(name, "technique")
     if not (isinstance(obj, type) and issubclass(obj, Technique)):
         raise KeyError(f"{name!r} is not a subclass of bench.techniques.Technique")
     return obj

@@ -78,7 +78,7 @@ class DynamicInt8(Technique):
     def unsupported(self, ctx: RunContext) -> str | None:
         if not _has("torchao"):
             return "needs torchao: pip install torchao (or pip install -e '.[extras]')"
-        if ctx.model_spec.name.startswith("resnet"):
+        if ctx.model_spec.family == "resnet":
             return "ResNet's only linear layer is its head, which stays in full precision"
         return None
 

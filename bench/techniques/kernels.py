@@ -86,7 +86,7 @@ class AttentionBackend(Technique):
         backend: Literal["math", "flash", "efficient", "cudnn"] = option("flash", "SDPA backend to allow")
 
     def unsupported(self, ctx: RunContext) -> str | None:
-        if ctx.model_spec.inputs == "image" and "vit" not in ctx.model_spec.name:
+        if not ctx.model_spec.attention:
             return "the model has no attention"
         if ctx.predicting:  # bench.predict routes attention to the CUDA kernel itself
             return None

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench.techniques.base import ANY_MODE, TECHNIQUES, RunContext, Technique, option
+from bench.techniques.base import ANY_MODE, TECHNIQUES, RunContext, Technique, Unsupported, option
 
 HEADS = ("classifier", "heads", "fc")  # classification heads stay in full precision and trainable
 
@@ -43,6 +43,8 @@ def quantize_body_linears(model: nn.Module, config: Any, freeze: bool) -> list[s
         return pick
 
     quantize_(model, config, filter_fn=body_linear)
+    if not picked:  # a model of convolutions, say: a run that quantized nothing would pass for one that did
+        raise Unsupported(f"no nn.Linear outside the head ({', '.join(HEADS)}) to quantize")
     return picked
 
 
@@ -106,7 +108,7 @@ class Int8FrozenWeights(Technique):
     def unsupported(self, ctx: RunContext) -> str | None:
         if not _has("torchao"):
             return "needs torchao: pip install torchao (or pip install -e '.[extras]')"
-        if ctx.model_spec.name.startswith("resnet"):
+        if ctx.model_spec.family == "resnet":
             return "ResNet's only linear layer is its head; int8 convolutions for training are out of scope"
         return None
 

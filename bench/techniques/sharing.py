@@ -108,7 +108,7 @@ class SharedBasisConvolution(Technique):
         return [] if 1 <= self.config.basis < 9 else [f"basis must be between 1 and 8, got {self.config.basis}"]
 
     def unsupported(self, ctx: RunContext) -> str | None:
-        return None if ctx.model_spec.name.startswith("resnet") else "only ResNet's stages have 3×3 convolutions"
+        return None if ctx.model_spec.family == "resnet" else "only ResNet's stages have 3×3 convolutions"
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self.params_before = sum(p.numel() for p in model.parameters())

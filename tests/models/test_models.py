@@ -1,11 +1,20 @@
+import re
+
 import pytest
 import torch
+from torch import nn
 
+from bench import models
 from bench.data.synthetic import split, synthetic_batch
-from bench.models import MODELS
+from bench.models import MODELS, ModelSpec, repeated_blocks
+from bench.runner import Device, run_isolated
 from bench.suite import Shapes
+from bench.techniques import RunContext
+from tests.conftest import build_trainer
+from tests.helpers import spec, tech
 
 CPU = torch.device("cpu")
+USER = "tests.helpers:IMAGE_MLP"  # a model of the user's, named by import path
 
 
 @pytest.mark.parametrize("name, params, blocks", [
@@ -36,3 +45,65 @@ def test_synthetic_batches_are_reproducible_from_the_seed():
     shapes = Shapes(4, seq_len=8)
     a, b = (synthetic_batch(spec, shapes, seed=3, device=CPU) for _ in range(2))
     assert torch.equal(a[0]["input_ids"], b[0]["input_ids"]) and torch.equal(a[1], b[1])
+
+
+@pytest.mark.parametrize("name, shapes", [
+    ("resnet50", Shapes(1, image_size=224)), ("vit-b16", Shapes(1, image_size=224)),
+    ("bert-base", Shapes(1, seq_len=128)), ("vit-tiny", Shapes(1, image_size=32)), ("bert-tiny", Shapes(1, seq_len=16)),
+])
+def test_blocks_found_in_the_module_tree_are_the_ones_the_registry_names(name, shapes):
+    # The default for a user's model, checked against the hand-written lists of the built-in ones.
+    spec = MODELS.get(name)
+    with torch.device("meta"):
+        model = spec.build(shapes)
+    assert repeated_blocks(model) == spec.blocks(model)
+
+
+def test_a_users_model_is_named_by_import_path_and_its_blocks_found():
+    spec = models.resolve("tests.helpers:IMAGE_MLP")
+    assert spec.name == "image-mlp" and not spec.attention and spec.family == ""
+    assert spec.blocks(spec.build(Shapes(1, image_size=8))) == ["2.0", "2.1", "2.2"]
+
+
+@pytest.mark.parametrize("name, message", [
+    ("tests.helpers:NOPE", "cannot import model 'tests.helpers:NOPE': AttributeError"),
+    ("no_such_module:SPEC", "cannot import model 'no_such_module:SPEC': ModuleNotFoundError"),
+    ("tests.helpers:spec", "model 'tests.helpers:spec' is a function, not a bench.models.ModelSpec"),
+    ("resnet-51", "unknown model 'resnet-51'; known: bert-base"),
+])
+def test_a_model_that_cannot_be_resolved_says_why(name, message):
+    with pytest.raises(KeyError, match=re.escape(message)):
+        models.resolve(name)
+
+
+def test_a_model_spec_with_impossible_inputs_is_refused_where_it_is_written():
+    with pytest.raises(ValueError, match="vocab_size"):
+        ModelSpec("words", lambda shapes: nn.Identity(), "tokens", num_classes=2)
+
+
+def test_a_users_model_runs_in_its_own_process_with_its_blocks_checkpointed():
+    record = run_isolated(spec(USER, (tech("checkpoint"),)), Device("cpu", "cpu"))
+    assert record["status"] == "ok", record
+    assert record["proof"]["checkpoint.wrapped_modules"] == 3
+    assert record["proof"]["checkpoint.block_forwards_per_step"] == 2.0  # each block ran twice: really wrapped
+
+
+def test_lora_adapts_the_linears_named_on_a_users_model():
+    pytest.importorskip("peft")
+    trainer, batch = build_trainer(spec(USER, (tech("lora", targets="fc1,fc2", trainable="3"),)))
+    trainer.step(batch)
+    proof = trainer.proof()
+    assert proof["lora.adapted_layers"] == 6  # fc1 and fc2 of three blocks
+    head = 32 * 10 + 10
+    adapters = 6 * 8 * (32 + 64)  # rank 8: A (r × in) and B (out × r), 32 ↔ 64 features
+    assert proof["lora.trainable_params"] == head + adapters
+
+
+@pytest.mark.parametrize("technique, reason", [
+    (tech("sdpa"), "the model has no attention"),
+    (tech("lora"), "no default layers to adapt for this model: set targets"),
+    (tech("shared-basis"), "only ResNet's stages have 3×3 convolutions"),
+])
+def test_techniques_that_need_a_layout_say_so_on_a_users_model(technique, reason):
+    model_spec = models.resolve(USER)
+    assert technique.build().unsupported(RunContext(CPU, model_spec, Shapes(2, image_size=8), 1e-3)).startswith(reason)

@@ -151,3 +151,12 @@ def test_predicted_peak_is_held_against_the_measured_one():
     table = summary(frame).set_index("run")
     assert table.loc["baseline", "predicted_vs_measured"] == pytest.approx(0.99)
     assert math.isnan(table.loc["checkpoint", "predicted_vs_measured"])
+
+
+def test_the_provenance_line_names_the_pretrained_weights_and_their_digest(tmp_path):
+    weights = {"weights": "ckpt/resnet50.pt", "weights_sha256": "0123456789abcdef"}
+    for r in (record("baseline", peak=400, tput=100.0, **weights), record("fp8", status="unsupported")):
+        results.write_atomic(results.record_path(tmp_path, "demo", r["device"], r["run"]), r)
+    build_report(tmp_path / "demo")
+    md = (tmp_path / "demo" / "report.md").read_text()
+    assert "seed 0 · weights ckpt/resnet50.pt (sha256 0123456789abcdef) · warm-up 1 + 3 measured steps" in md

@@ -52,7 +52,7 @@ def test_adamw_8bit_keeps_moments_in_about_a_quarter_of_the_bytes():
 @pytest.mark.parametrize("technique, model, reason", [
     ("fp8", "vit-tiny", "FP8 tensor cores are a GPU feature"),
     ("int8-weights", "resnet-tiny", "ResNet's only linear layer is its head"),
-    ("lora", "resnet-tiny", "BERT and ViT linear layers only"),
+    ("lora", "resnet-tiny", "no default layers to adapt for this model: set targets"),
 ])
 def test_inapplicable_low_bit_runs_are_unsupported(technique, model, reason):
     record = run_isolated(spec(model, (tech(technique),)), CPU_DEVICE)
@@ -77,3 +77,17 @@ def test_int8_weights_leave_torchvision_attention_projections_alone():
     pytest.importorskip("peft")
     _, trainer = run("vit-tiny", tech("lora"), tech("int8-weights"))
     assert trainer.proof()["int8-weights.quantized_linears"] == 2 * 2  # the two MLP linears per block
+
+
+def test_int8_weights_on_a_model_with_no_linear_but_its_head_is_unsupported_not_a_silent_no_op():
+    pytest.importorskip("torchao")
+    from torchao.quantization import Int8WeightOnlyConfig
+
+    from bench.models import MODELS
+    from bench.suite import Shapes
+    from bench.techniques import Unsupported
+    from bench.techniques.lowbit import quantize_body_linears
+
+    convolutions = MODELS.get("resnet-tiny").build(Shapes(1, image_size=32))  # as a user's CNN would be
+    with pytest.raises(Unsupported, match=r"no nn.Linear outside the head \(classifier, heads, fc\)"):
+        quantize_body_linears(convolutions, Int8WeightOnlyConfig(), freeze=True)
