@@ -18,32 +18,30 @@ def readme_file(name: str) -> str:
     return match.group(1)
 
 
-def test_user_technique_from_the_readme_runs_and_proves_itself(tmp_path):
-    for name in ("my_techniques.py", "suites/mine.toml"):
+def run_readme_suite(tmp_path: Path, module: str, suite: str) -> dict[str, dict]:
+    """Write the README's module and suite as a user would, run the suite on the CPU; its records by run."""
+    for name in (module, f"suites/{suite}.toml"):
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text(readme_file(name))
     env = os.environ | {"PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-m", "bench", "run", "mine", "--device", "cpu"], cwd=tmp_path,
+    out = subprocess.run([sys.executable, "-m", "bench", "run", suite, "--device", "cpu"], cwd=tmp_path,
                          env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    records = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "results/mine").glob("*/*.json")}
+    assert (tmp_path / f"results/{suite}/report.md").exists()
+    return {p.stem: json.loads(p.read_text()) for p in (tmp_path / f"results/{suite}").glob("*/*.json")}
+
+
+def test_user_technique_from_the_readme_runs_and_proves_itself(tmp_path):
+    records = run_readme_suite(tmp_path, "my_techniques.py", "mine")
     adamw, sgd = records["baseline"], records["sgd-momentum"]
     assert sgd["status"] == "ok" and sgd["proof"]["SGDMomentum.optimizer"] == "SGD"
     # One momentum buffer per parameter instead of AdamW's two moments (+ step counters).
     assert sgd["optimizer_state_bytes"] == sgd["param_bytes"]
     assert adamw["optimizer_state_bytes"] > 2 * adamw["param_bytes"]
-    assert (tmp_path / "results/mine/report.md").exists()
 
 
 def test_user_model_from_the_readme_runs_with_its_blocks_found(tmp_path):
-    for name in ("my_models.py", "suites/convnext.toml"):
-        (tmp_path / name).parent.mkdir(exist_ok=True)
-        (tmp_path / name).write_text(readme_file(name))
-    env = os.environ | {"PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-m", "bench", "run", "convnext", "--device", "cpu"], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    records = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "results/convnext").glob("*/*.json")}
+    records = run_readme_suite(tmp_path, "my_models.py", "convnext")
     assert {r["status"] for r in records.values()} == {"ok"}, records
     proof = records["checkpoint"]["proof"]
     assert proof["checkpoint.wrapped_modules"] == 18 and proof["checkpoint.block_forwards_per_step"] == 2.0
