@@ -32,6 +32,7 @@ from bench.measure.memory import (
     tracked_step,
 )
 from bench.measure.timing import summarize, time_steps
+from bench.models.weights import digest
 from bench.predict import predict
 from bench.provenance import runtime_provenance
 from bench.suite import Fidelity, RunSpec
@@ -58,6 +59,8 @@ def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None,
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed shapes: let warm-up pick the fastest kernels
     model, figures = models.build_model(model_spec, shapes, spec.weights)
+    if spec.weights:  # once per run: the fidelity phase loads the same file again for each seed
+        figures["weights_sha256"] = digest(spec.weights)
     model = model.to(device)
     trainer = (Predictor(model, model_spec, techniques, ctx) if spec.mode == "inference"
                else Trainer(model, model_spec, techniques, ctx, spec.lr))

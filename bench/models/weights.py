@@ -29,20 +29,20 @@ class WeightsError(Exception):
 
 def load_weights(model: nn.Module, path: str) -> dict[str, Any]:
     """Copy the matching tensors of ``path`` into ``model``; what was loaded and what was not, for the record."""
-    files = _files(Path(path))
-    state = _read(files)
+    state = _read(_files(Path(path)))
     own = model.state_dict()
     mapping = max(_alignments(state, own), key=len)
     if not mapping:
         raise WeightsError(f"weights {path}: none of its {len(state)} tensors matches a name and shape of the "
                            f"model (e.g. {next(iter(own), '?')!r}); is it a checkpoint of this model?")
     model.load_state_dict({mine: state[theirs] for theirs, mine in mapping.items()}, strict=False)
-    missing = [n for n in own if n not in mapping.values()]
+    mapped = set(mapping.values())
+    missing = [n for n in own if n not in mapped]
     unused = [n for n in state if n not in mapping]
     if missing:  # in the run's log as well as its record: a partly loaded model should never go unnoticed
         print(f"weights {path}: {len(mapping)} tensors loaded; {len(missing)} keep their initialisation "
               f"({', '.join(missing[:SHOWN])}{', …' if len(missing) > SHOWN else ''})", file=sys.stderr)
-    return {"weights": path, "weights_sha256": _digest(files), "weights_loaded": len(mapping),
+    return {"weights": path, "weights_loaded": len(mapping),
             "weights_missing": len(missing), "weights_missing_names": missing[:SHOWN],
             "weights_unused": len(unused), "weights_unused_names": unused[:SHOWN]}
 
@@ -91,9 +91,10 @@ def _alignments(state: Tensors, own: Tensors) -> list[dict[str, str]]:
     return out
 
 
-def _digest(files: list[Path]) -> str:
+def digest(path: str) -> str:
+    """The first 16 hex digits of the SHA-256 over the files the weights are read from, for provenance."""
     h = hashlib.sha256()
-    for f in files:
+    for f in _files(Path(path)):
         with f.open("rb") as stream:
             while chunk := stream.read(1 << 24):
                 h.update(chunk)

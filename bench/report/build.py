@@ -95,8 +95,6 @@ def provenance(part: pd.DataFrame, rec: dict) -> str:
 
 def _weights(part: pd.DataFrame) -> str:
     """The pretrained weights the runs started from, with their digests; nothing for random weights."""
-    if "weights" not in part:
-        return ""
     loaded = part.dropna(subset=["weights"])
     return "".join(f" · weights {w} (sha256 {h})" for w, h in sorted(set(zip(loaded["weights"],
                                                                               loaded["weights_sha256"]))))
