@@ -1,0 +1,10 @@
+"""Suites: TOML files → frozen dataclasses, every problem in a file reported at once.
+
+``spec`` holds what the rest of the harness reads (Suite, RunSpec, Shapes, Fidelity, TechniqueSpec).
+``load`` reads a file; ``techniques`` and ``fidelity`` check those parts of it, ``values`` single values.
+"""
+
+from bench.suite.load import load, select
+from bench.suite.spec import Fidelity, RunSpec, Shapes, Suite, SuiteError, TechniqueSpec
+
+__all__ = ["Fidelity", "RunSpec", "Shapes", "Suite", "SuiteError", "TechniqueSpec", "load", "select"]

@@ -1,0 +1,232 @@
+"""Reading a suite file: TOML → a Suite of RunSpecs (bench.suite.spec), or every problem at once.
+
+Validation follows torchtune's habit: collect every problem, then raise once with all of them, each
+naming the file, the key path and what is allowed. Nothing runs until a suite loads cleanly.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from bench.models import MODELS, ModelSpec
+from bench.suite import fidelity as fidelity_table
+from bench.suite.spec import DEFAULTS, DEVICES, MODES, STEP_KEYS, RunSpec, Shapes, Suite, SuiteError, TechniqueSpec
+from bench.suite.techniques import check_fidelity_batch, techniques
+from bench.suite.values import check_ranges, model_spec, typed, weights
+
+TOP_KEYS = {
+    "name": "suite name (defaults to the file name)",
+    "description": "one line shown in reports",
+    "model": f"one of {', '.join(MODELS.names())}, or 'module:NAME' naming your own bench.models.ModelSpec",
+    "weights": "pretrained weights loaded into the model before techniques apply: a state_dict file "
+               "(.pt, .bin, .safetensors) or a save_pretrained folder",
+    "mode": '"train" (default: training steps) or "inference" (forward passes only, no gradients)',
+    "baseline": "name of the run (or matrix key) every run is compared with",
+    "seed": "integer seed for weights and data",
+    "warmup_steps": "steps before measuring, at least 1 (allocator, autotune, compile); per device in [shapes.*]",
+    "measure_steps": "timed steps; per device in [shapes.*]",
+    "timeout_s": "seconds before a run is stopped and recorded as a timeout",
+    "lr": "learning rate of the default AdamW optimizer",
+    "shapes": "[shapes.gpu] and [shapes.cpu] tables",
+    "runs": "[[runs]] entries with name and techniques (optional: fidelity = false, nproc = N processes)",
+    "matrix": "[matrix] with techniques = {name = [...]} and batch_size = {gpu = [...], cpu = [...]}",
+    "fidelity": "[fidelity] table: train on real data and report the accuracy delta (see FIDELITY_KEYS)",
+}
+
+
+def load(path: str | Path) -> Suite:
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise SuiteError(path, [f"cannot read: {exc.strerror}"]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SuiteError(path, [f"TOML syntax: {exc}"]) from None
+    problems: list[str] = []
+    suite = _build(path, raw, problems)
+    if problems:
+        raise SuiteError(path, problems)
+    return suite
+
+
+def select(suite: Suite, patterns: list[str]) -> Suite:
+    """The runs matching any of the names or globs, always with the baselines they are compared with."""
+    chosen = {r.name for r in suite.runs if any(fnmatch.fnmatchcase(r.name, p) for p in patterns)}
+    if not chosen:
+        raise SuiteError(suite.path, [f"--only {','.join(patterns)}: no run matches; runs: "
+                                      f"{', '.join(r.name for r in suite.runs)}"])
+    chosen |= {r.baseline for r in suite.runs if r.name in chosen}
+    return replace(suite, runs=tuple(r for r in suite.runs if r.name in chosen))
+
+
+def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
+    for key in raw.keys() - TOP_KEYS.keys():
+        problems.append(f"{key}: unknown key; allowed: {', '.join(TOP_KEYS)}")
+    name = typed(raw, "name", str, path.stem, problems)
+    model = typed(raw, "model", str, None, problems)
+    if model is None:
+        problems.append(f"model: required; {TOP_KEYS['model']}")
+    spec = model_spec(model, "model", problems)
+    suite_weights = weights(raw, "", problems)
+    mode = typed(raw, "mode", str, "train", problems)
+    if mode not in MODES:
+        problems.append(f"mode: {mode!r} is not a mode; allowed: {', '.join(MODES)}")
+    common = {k: typed(raw, k, type(v), v, problems) for k, v in DEFAULTS.items()}
+    check_ranges(common, "", problems)
+    steps = {k: common.pop(k) for k in STEP_KEYS}
+    shapes = _shapes(raw.get("shapes"), spec, steps, problems)
+    entries = _entries(raw, problems)
+    baseline = _baseline(raw, entries, problems)
+    fidelity = fidelity_table.parse(raw.get("fidelity"), model, spec, suite_weights, problems)
+    runs = []
+    for e in entries:
+        specs = techniques(e.techniques, e.where, e.batch, shapes, mode, problems)
+        if shapes is None or specs is None or spec is None or baseline is None:
+            continue  # already reported; keep collecting problems from the other entries
+        check_fidelity_batch(specs, fidelity, e.where, problems)
+        nproc = _nproc(e, specs, problems)
+        gpu, cpu = (replace(shapes[d], batch_size=e.batch[d]) if e.batch else shapes[d] for d in DEVICES)
+        base = f"{baseline}@bs{gpu.batch_size}" if e.batch and baseline in _matrix_keys(entries) else baseline
+        # The fidelity phase trains in one process: a distributed run has none.
+        fid = {f"fidelity_{d}": fidelity.get(d) if e.fidelity and nproc == 1 else None for d in DEVICES}
+        runs.append(RunSpec(name, e.name, model, specs, gpu, cpu, base, **common, mode=mode, **fid, nproc=nproc,
+                            weights=suite_weights))
+    description = typed(raw, "description", str, "", problems)
+    return Suite(name, path, model or "", description, baseline or "", tuple(runs))
+
+
+def _nproc(entry: Entry, specs: tuple[TechniqueSpec, ...], problems: list[str]) -> int:
+    """Processes for the run: as written, else 2 where a technique is distributed; checked both ways."""
+    distributed = [t.name for t in specs if t.build().distributed]
+    nproc = entry.nproc or (2 if distributed else 1)
+    where = entry.where.removesuffix(".techniques")
+    if distributed and nproc < 2:
+        problems.append(f"{where}.nproc: {distributed[0]} needs at least 2 processes, got {nproc}")
+    if not distributed and nproc > 1:
+        problems.append(f"{where}.nproc: {nproc} processes without ddp, fsdp or tensor-parallel would train "
+                        "independent copies; add one of them or remove nproc")
+    return nproc
+
+
+def _matrix_keys(entries: list[Entry]) -> set[str]:
+    return {e.key for e in entries if e.batch is not None}
+
+
+def _baseline(raw: dict[str, Any], entries: list[Entry], problems: list[str]) -> str | None:
+    baseline = typed(raw, "baseline", str, None, problems)
+    names = {e.name for e in entries}
+    if baseline is None:
+        problems.append("baseline: required; the name of a run (or matrix key) to compare against")
+    elif baseline not in names | _matrix_keys(entries):
+        problems.append(f"baseline: {baseline!r} is not a run name or matrix key; runs: {', '.join(sorted(names))}")
+        return None
+    return baseline
+
+
+def _shapes(raw: Any, spec: ModelSpec | None, steps: dict[str, int], problems: list[str]) -> dict[str, Shapes] | None:
+    if not isinstance(raw, dict):
+        problems.append("shapes: required table with [shapes.gpu] and [shapes.cpu]")
+        return None
+    for key in raw.keys() - set(DEVICES):
+        problems.append(f"shapes.{key}: unknown device; allowed: gpu, cpu")
+    need = spec.shape_keys if spec is not None else ()
+    out = {}
+    for dev in DEVICES:
+        table = raw.get(dev)
+        if not isinstance(table, dict):
+            problems.append(f"shapes.{dev}: required table with batch_size and {', '.join(need) or 'the model shapes'}")
+            continue
+        allowed = ("batch_size", *need)
+        for key in table.keys() - {*allowed, *STEP_KEYS} if spec is not None else ():  # else: model reported
+            problems.append(f"shapes.{dev}.{key}: unknown key for model {spec.name}; "
+                            f"allowed: {', '.join(allowed + STEP_KEYS)}")
+        values = {key: typed(table, key, int, None, problems, f"shapes.{dev}.") for key in allowed}
+        bad = [k for k, v in values.items() if v is None or v <= 0]
+        for key in bad:
+            if values[key] is not None or key not in table:  # a wrong type is reported already
+                problems.append(f"shapes.{dev}.{key}: required positive integer, got {table.get(key)!r}")
+        own_steps = {k: typed(table, k, int, v, problems, f"shapes.{dev}.") for k, v in steps.items()}
+        check_ranges(own_steps, f"shapes.{dev}.", problems)
+        if not bad:
+            out[dev] = Shapes(**values, **own_steps)
+    return out if len(out) == len(DEVICES) else None
+
+
+class Entry(NamedTuple):
+    """A run as written in the file, before its techniques are checked."""
+
+    name: str
+    techniques: Any
+    batch: dict[str, int] | None  # per-device batch sizes from the matrix, else None
+    key: str  # the matrix key, or the run name
+    where: str  # key path for messages
+    fidelity: bool = True  # false: this entry skips the fidelity phase
+    nproc: int | None = None  # processes, as written (None: 2 with a distributed technique, else 1)
+
+
+def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:
+    entries: list[Entry] = []
+    runs = raw.get("runs", [])
+    if not isinstance(runs, list):
+        problems.append("runs: expected an array of [[runs]] tables")
+        runs = []
+    for i, run in enumerate(runs):
+        where = f"runs[{i}]"
+        if not isinstance(run, dict):
+            problems.append(f"{where}: expected a table with name and techniques")
+            continue
+        for key in run.keys() - {"name", "techniques", "fidelity", "nproc"}:
+            problems.append(f"{where}.{key}: unknown key; allowed: name, techniques, fidelity, nproc")
+        name = typed(run, "name", str, None, problems, f"{where}.")
+        if name is None:
+            problems.append(f"{where}.name: required string")
+            continue
+        fidelity = typed(run, "fidelity", bool, True, problems, f"{where}.")
+        nproc = typed(run, "nproc", int, None, problems, f"{where}.")
+        if nproc is not None and nproc < 1:
+            problems.append(f"{where}.nproc: must be at least 1, got {nproc}")
+        entries.append(Entry(name, run.get("techniques", []), None, name, f"{where}.techniques", fidelity, nproc))
+    if "matrix" in raw:
+        entries += _matrix(raw["matrix"], problems)
+    if not entries:
+        problems.append("runs: the suite has no runs; add [[runs]] entries or a [matrix]")
+    seen: set[str] = set()
+    for name in (e.name for e in entries):
+        if name in seen:
+            problems.append(f"runs: duplicate run name {name!r}; names must be unique")
+        seen.add(name)
+    return entries
+
+
+def _matrix(raw: Any, problems: list[str]) -> list[Entry]:
+    if not isinstance(raw, dict):
+        problems.append(f"matrix: expected a table; {TOP_KEYS['matrix']}")
+        return []
+    for key in raw.keys() - {"techniques", "batch_size", "fidelity"}:
+        problems.append(f"matrix.{key}: unknown key; allowed: techniques, batch_size, fidelity")
+    fidelity = typed(raw, "fidelity", bool, True, problems, "matrix.")
+    techs, sizes = raw.get("techniques"), raw.get("batch_size")
+    if not isinstance(techs, dict) or not techs:
+        problems.append("matrix.techniques: required table of name = [techniques]")
+        return []
+    lists = isinstance(sizes, dict) and all(isinstance(v, list) for v in sizes.values())
+    if not (lists and set(sizes) == set(DEVICES)):
+        problems.append("matrix.batch_size: required {gpu = [...], cpu = [...]}, lists of equal length")
+        return []
+    if len(sizes["gpu"]) != len(sizes["cpu"]) or not sizes["gpu"]:
+        problems.append("matrix.batch_size: gpu and cpu lists must be non-empty and of equal length")
+        return []
+    for dev in DEVICES:
+        for j, b in enumerate(sizes[dev]):
+            if not isinstance(b, int) or isinstance(b, bool) or b <= 0:
+                problems.append(f"matrix.batch_size.{dev}[{j}]: must be a positive integer, got {b!r}")
+                return []
+    return [
+        Entry(f"{key}@bs{g}", t, {"gpu": g, "cpu": c}, key, f"matrix.techniques.{key}", fidelity)
+        for key, t in techs.items()
+        for g, c in zip(sizes["gpu"], sizes["cpu"])
+    ]

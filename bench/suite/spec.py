@@ -1,0 +1,123 @@
+"""What a loaded suite is: frozen dataclasses the rest of the harness reads, and a run's identity."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.techniques import Technique, resolve
+
+DEVICES = ("gpu", "cpu")
+MODES = ("train", "inference")
+DEFAULTS = {"seed": 0, "warmup_steps": 2, "measure_steps": 5, "timeout_s": 900.0, "lr": 1e-4}
+STEP_KEYS = ("warmup_steps", "measure_steps")  # suite-wide, and overridable per device in [shapes.*]
+
+
+class SuiteError(Exception):
+    """Every problem found in a suite file, one per line."""
+
+    def __init__(self, path: Path, problems: list[str]) -> None:
+        self.path, self.problems = path, problems
+        lines = "\n".join(f"  {path}: {p}" for p in problems)
+        super().__init__(f"{len(problems)} problem(s) in suite {path}:\n{lines}")
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """What a run does on one kind of device: tensor shapes, and how many steps to warm up and time."""
+
+    batch_size: int
+    image_size: int | None = None
+    seq_len: int | None = None
+    warmup_steps: int = DEFAULTS["warmup_steps"]
+    measure_steps: int = DEFAULTS["measure_steps"]
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    """The fidelity phase on one kind of device: what to train on, for how long, and on which model."""
+
+    dataset: str = "digits"
+    steps: int = 100
+    batch_size: int = 32
+    lr: float = 1e-3
+    seeds: int = 3
+    image_size: int = 32
+    model: str | None = None
+    weights: str | None = None
+
+
+@dataclass(frozen=True)
+class TechniqueSpec:
+    name: str
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def build(self) -> Technique:
+        cls = resolve(self.name)
+        return cls(cls.Config(**dict(self.options)))
+
+    @property
+    def label(self) -> str:
+        opts = ",".join(f"{k}={v}" for k, v in self.options)
+        return f"{self.name}({opts})" if opts else self.name
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    suite: str
+    name: str
+    model: str
+    techniques: tuple[TechniqueSpec, ...]
+    gpu: Shapes
+    cpu: Shapes
+    baseline: str
+    seed: int
+    timeout_s: float
+    lr: float
+    mode: str = "train"
+    fidelity_gpu: Fidelity | None = None
+    fidelity_cpu: Fidelity | None = None
+    nproc: int = 1  # processes (torchrun) for distributed techniques; batch_size is per process
+    weights: str | None = None  # a local path the model's weights are loaded from (else random)
+
+    def shapes(self, device_type: str) -> Shapes:
+        return self.gpu if device_type == "cuda" else self.cpu
+
+    def fidelity(self, device_type: str) -> Fidelity | None:
+        return self.fidelity_gpu if device_type == "cuda" else self.fidelity_cpu
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        # Defaults stay out: records made before suites had these keys keep their keys valid.
+        for key, default in (("mode", "train"), ("fidelity_gpu", None), ("fidelity_cpu", None), ("nproc", 1),
+                             ("weights", None)):
+            if d[key] == default:
+                del d[key]
+        for fid in (d.get("fidelity_gpu"), d.get("fidelity_cpu")):
+            if fid is not None and fid["weights"] is None:
+                del fid["weights"]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunSpec:
+        techs = tuple(TechniqueSpec(t["name"], tuple(map(tuple, t["options"]))) for t in d["techniques"])
+        fid = {k: Fidelity(**d[k]) for k in ("fidelity_gpu", "fidelity_cpu") if d.get(k)}
+        return cls(**{**d, "techniques": techs, "gpu": Shapes(**d["gpu"]), "cpu": Shapes(**d["cpu"]), **fid})
+
+    def key(self, device: str) -> str:
+        """Identity of a measurement: the full specification plus the device it ran on."""
+        blob = json.dumps({"spec": self.to_dict(), "device": device}, sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    path: Path
+    model: str
+    description: str
+    baseline: str
+    runs: tuple[RunSpec, ...]
