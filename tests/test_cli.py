@@ -35,3 +35,16 @@ def test_list_shows_techniques_with_their_options(capsys):
 def test_report_of_a_suite_never_run_exits_2(tmp_path, capsys):
     assert main(["report", "nothing", "--results", str(tmp_path)]) == 2
     assert "run `make bench SUITE=nothing` first" in capsys.readouterr().err
+
+
+def test_torchaos_pytree_deprecation_lines_are_dropped_and_nothing_else(caplog):
+    import logging
+
+    import bench  # noqa: F401  (installs the filter)
+
+    pytree = logging.getLogger("torch.utils._pytree")
+    with caplog.at_level(logging.WARNING, logger="torch.utils._pytree"):
+        pytree.warning("<enum 'KernelPreference'> is an Enum subclass and is now natively supported by "
+                       "torch.compile as an opaque value type.")
+        pytree.warning("another warning")
+    assert [r.getMessage() for r in caplog.records] == ["another warning"]
