@@ -11,7 +11,7 @@ from bench.models import MODELS
 from bench.runner import Device, run_isolated, sweep
 from bench.suite import Shapes, SuiteError, load
 from tests.helpers import spec, tech
-from tests.test_suite import problems
+from tests.suite.test_load import problems
 
 CPU = Device("cpu", "cpu")
 PSI = sum(p.numel() for p in MODELS.get("bert-tiny").build(Shapes(8, seq_len=64)).parameters())
