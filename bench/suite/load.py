@@ -43,7 +43,9 @@ def load(path: str | Path) -> Suite:
     try:
         raw = tomllib.loads(path.read_text())
     except OSError as exc:
-        raise SuiteError(path, [f"cannot read: {exc.strerror}"]) from None
+        nearby = sorted(p.stem for p in path.parent.glob("*.toml")) if path.parent.is_dir() else []
+        hint = f"; suites in {path.parent}: {', '.join(nearby)}" if nearby and not path.exists() else ""
+        raise SuiteError(path, [f"cannot read: {exc.strerror}{hint}"]) from None
     except tomllib.TOMLDecodeError as exc:
         raise SuiteError(path, [f"TOML syntax: {exc}"]) from None
     problems: list[str] = []

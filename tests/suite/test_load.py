@@ -83,6 +83,14 @@ def test_toml_syntax_error_names_the_file(tmp_path):
     assert msg.startswith("TOML syntax")
 
 
+def test_a_suite_that_is_not_there_lists_the_ones_that_are(tmp_path):
+    (tmp_path / "resnet.toml").write_text(GOOD)
+    (tmp_path / "bert.toml").write_text(GOOD)
+    with pytest.raises(SuiteError) as info:
+        load(tmp_path / "renset.toml")
+    assert info.value.problems == [f"cannot read: No such file or directory; suites in {tmp_path}: bert, resnet"]
+
+
 def test_every_problem_is_reported_at_once(tmp_path):
     text = """
 model = "resnet-51"
