@@ -21,7 +21,7 @@ from unittest.mock import patch
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
@@ -72,6 +72,40 @@ def cuda_attention(backend: str | None) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def parameters_as_real() -> Iterator[None]:
+    """Fake parameters copied and converted as real ones are. ``Module.to()`` sets a real parameter's
+    converted copy in place (``.data =``) but swaps a fake one for it, which fake tensors' weak references
+    refuse; and a deep-copied fake tensor's views get storages of their own, so the tracker would count a
+    view of it as new bytes. channels-last converts the model; peft casts its adapters and copies the head."""
+    swap = torch.utils.swap_tensors
+
+    def set_in_place(t1: torch.Tensor, t2: torch.Tensor) -> None:
+        if not (isinstance(t1, FakeTensor) and isinstance(t2, FakeTensor)):  # noqa: ISINSTANCE_FAKE_TENSOR
+            return swap(t1, t2)
+        t1.data = t2.detach()
+
+    def deepcopy(t: FakeTensor, memo: dict[int, Any]) -> torch.Tensor:
+        if id(t) not in memo:
+            twin = t.detach().clone()
+            memo[id(t)] = nn.Parameter(twin, t.requires_grad) if isinstance(t, nn.Parameter) else twin
+        return memo[id(t)]
+
+    with patch.object(torch.utils, "swap_tensors", set_in_place), \
+            patch.object(FakeTensor, "__deepcopy__", deepcopy, create=True):
+        yield
+
+
+@contextmanager
+def masks_as_real() -> Iterator[None]:
+    """transformers takes fake tensors for tracing, and then always builds the attention mask; a real run
+    without padding (every synthetic batch) skips it, so SDPA may pick flash. Here fake inputs are not taken
+    for tracing: the mask's check reads True (ScalarsReadAsOne) and the prediction takes the real run's path."""
+    utils = sys.modules.get("transformers.utils.import_utils")  # imported by then if the model needs it
+    with patch.object(utils, "is_fake_tensor", lambda _: False) if utils is not None else nullcontext():
+        yield
+
+
 class ScalarsReadAsOne(TorchDispatchMode):
     """Fake tensors hold no values, so reading one (``.item()``) fails; an optimizer that scales its step by
     a norm (Adafactor) would be unpredictable. Memory does not depend on such a value: it reads as 1."""
@@ -107,7 +141,8 @@ def _fake_step(spec: RunSpec, techniques: list[Technique], ctx: RunContext, roun
     with torch.device("meta"):  # no initialisation work, and none of the init ops fake tensors refuse
         model = ctx.model_spec.build(ctx.shapes)
     routing = cuda_attention(backend) if ctx.predicting else nullcontext()  # a CPU run keeps CPU's kernels
-    with FakeTensorMode(allow_non_fake_inputs=True), ScalarsReadAsOne(), routing:
+    with FakeTensorMode(allow_non_fake_inputs=True), ScalarsReadAsOne(), parameters_as_real(), masks_as_real(), \
+            routing:
         model = _fake_copy(model)
         runner = (Predictor(model, ctx.model_spec, techniques, ctx) if spec.mode == "inference"
                   else Trainer(model, ctx.model_spec, techniques, ctx, spec.lr))

@@ -27,9 +27,6 @@ class LoRA(Technique):
     """
 
     name = "lora"
-    # Skipping peft's device moves let fake tensors through, but peft then reads their data pointers,
-    # which fake tensors do not have: one ViT run died of heap corruption. Not worth a wrong prediction.
-    unpredictable = "peft moves and inspects the weights it wraps in ways fake tensors cannot stand in for"
     summary = "peft LoRA adapters (BERT/ViT, or the linears you name); base frozen, head trainable"
 
     @dataclass(frozen=True)
