@@ -82,7 +82,7 @@ def parameters_as_real() -> Iterator[None]:
     swap = torch.utils.swap_tensors
 
     def set_in_place(t1: torch.Tensor, t2: torch.Tensor) -> None:
-        if not (isinstance(t1, FakeTensor) and isinstance(t2, FakeTensor)):  # noqa: ISINSTANCE_FAKE_TENSOR
+        if not (isinstance(t1, FakeTensor) and isinstance(t2, FakeTensor)):
             return swap(t1, t2)
         t1.data = t2.detach()
 
