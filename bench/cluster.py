@@ -60,7 +60,7 @@ def sweep_slurm(suite: Suite, device_type: str, results_root: Path, options: dic
         print(f"{spec.name}: submitted as job {job.job_id} (logs in {folder})", file=log, flush=True)
         jobs.append((spec, job))
     for i, (spec, job) in enumerate(jobs, 1):
-        record = _collect(spec, job) | {"run_index": suite.runs.index(spec) + 1}
+        record = _collect(spec, job) | {"run_index": suite.position(spec.name)}
         finish(record, records, results_root)
         print(f"[{i}/{len(jobs)}] {spec.name} on {record['device']}: {record['status']} "
               f"({int(time.monotonic() - start)} s)", file=log, flush=True)

@@ -59,7 +59,8 @@ def sweep(suite: Suite, device: Device, results_root: Path, force: bool = False,
         clock = time.monotonic()
         outcome = run_isolated(spec, device, shot, torchrun)
         # wall_s: the run's whole process (start-up, prediction, measurement, fidelity phase)
-        record = base_record(spec, device, key, revision) | {"run_index": i, "wall_s": round(time.monotonic() - clock, 1)}
+        record = base_record(spec, device, key, revision) | {"run_index": suite.position(spec.name),
+                                                             "wall_s": round(time.monotonic() - clock, 1)}
         record |= outcome
         finish(record, records, results_root)
         print(f"[{i}/{n}] {spec.name}: {_outcome(record)}", file=log, flush=True)

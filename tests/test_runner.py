@@ -13,7 +13,7 @@ import torch
 from bench import results
 from bench.provenance import device_name
 from bench.runner import Device, _outcome, run_isolated, sweep
-from bench.suite import Suite, load
+from bench.suite import Suite, load, select
 from tests.helpers import spec, tech
 
 CPU = Device("cpu", "cpu")
@@ -58,6 +58,12 @@ def test_sweep_continues_past_failures_and_stores_every_record(tmp_path):
     ok = next(r for r in stored if r["status"] == "ok")
     assert ok["peak_tensor_bytes"] > 0 and ok["samples_per_s"] > 0 and "peak_allocated_bytes" not in ok
     assert ok["device"] == "cpu" and ok["torch_version"] and ok["git_revision"]
+
+
+def test_a_selected_run_keeps_its_place_in_the_suite(tmp_path):
+    full = suite_of(spec(name="baseline"), spec(name="second"), spec(name="third"))
+    (record,) = [r for r in sweep(select(full, ["third"]), CPU, tmp_path) if r["run"] == "third"]
+    assert record["run_index"] == 3  # reports list runs in the file's order, not the order they last ran
 
 
 def test_resume_skips_stored_runs_unless_the_spec_or_device_changed(tmp_path):

@@ -62,7 +62,8 @@ def select(suite: Suite, patterns: list[str]) -> Suite:
         raise SuiteError(suite.path, [f"--only {','.join(patterns)}: no run matches; runs: "
                                       f"{', '.join(r.name for r in suite.runs)}"])
     chosen |= {r.baseline for r in suite.runs if r.name in chosen}
-    return replace(suite, runs=tuple(r for r in suite.runs if r.name in chosen))
+    return replace(suite, runs=tuple(r for r in suite.runs if r.name in chosen),
+                   order=suite.order or tuple(r.name for r in suite.runs))
 
 
 def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:

@@ -121,3 +121,8 @@ class Suite:
     description: str
     baseline: str
     runs: tuple[RunSpec, ...]
+    order: tuple[str, ...] = ()  # after select(): every run's name as the file lists them (empty: runs are all)
+
+    def position(self, run: str) -> int:
+        """The run's 1-based place in the suite file: reports list runs in it, whichever were run last."""
+        return (self.order or tuple(r.name for r in self.runs)).index(run) + 1
