@@ -46,8 +46,8 @@ def git_revision(root: Path | None = None) -> str:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
         # Records and reports under results/ are the harness's own output: a sweep that follows another
         # would otherwise call its code dirty. What decides the figures is everything else.
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-                                ":(exclude)results"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+        status = ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results"]
+        dirty = subprocess.run(status, cwd=root, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return rev.stdout.strip() + ("-dirty" if dirty else "")

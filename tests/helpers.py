@@ -10,11 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from torch import nn
 
 from bench.models import ModelSpec
-from bench.suite import RunSpec, Shapes, TechniqueSpec
+from bench.suite import RunSpec, Shapes, SuiteError, TechniqueSpec, load
 from bench.techniques import RunContext, Technique, option
 
 
@@ -29,6 +30,19 @@ def spec(model: str = "vit-tiny", techniques: tuple[TechniqueSpec, ...] = (), ba
 
 def tech(name: str, **options: Any) -> TechniqueSpec:
     return TechniqueSpec(name, tuple(sorted(options.items())))
+
+
+def write_suite(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "s.toml"
+    path.write_text(text)
+    return path
+
+
+def suite_problems(tmp_path: Path, text: str) -> list[str]:
+    """Every problem the loader reports for this suite text (it must refuse it)."""
+    with pytest.raises(SuiteError) as info:
+        load(write_suite(tmp_path, text))
+    return info.value.problems
 
 
 class SGD(Technique):

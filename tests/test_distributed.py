@@ -10,8 +10,7 @@ from bench.distributed import merge
 from bench.models import MODELS
 from bench.runner import Device, run_isolated, sweep
 from bench.suite import Shapes, SuiteError, load
-from tests.helpers import spec, tech
-from tests.suite.test_load import problems
+from tests.helpers import spec, suite_problems, tech
 
 CPU = Device("cpu", "cpu")
 PSI = sum(p.numel() for p in MODELS.get("bert-tiny").build(Shapes(8, seq_len=64)).parameters())
@@ -94,7 +93,7 @@ def test_merge_takes_the_worst_rank_and_the_slowest_pace():
 def test_suite_checks_nproc_against_the_techniques(tmp_path):
     base = 'model = "bert-tiny"\nbaseline = "a"\n[shapes.gpu]\nbatch_size = 2\nseq_len = 8\n' \
            '[shapes.cpu]\nbatch_size = 2\nseq_len = 8\n[[runs]]\nname = "a"\ntechniques = []\n'
-    found = problems(tmp_path, base + '[[runs]]\nname = "b"\ntechniques = ["ddp"]\nnproc = 1\n'
+    found = suite_problems(tmp_path, base + '[[runs]]\nname = "b"\ntechniques = ["ddp"]\nnproc = 1\n'
                      '[[runs]]\nname = "c"\ntechniques = []\nnproc = 4\n')
     assert "runs[1].nproc: ddp needs at least 2 processes, got 1" in found
     assert any(p.startswith("runs[2].nproc: 4 processes without ddp, fsdp or tensor-parallel") for p in found)

@@ -4,6 +4,7 @@ import pytest
 
 from bench import suite as suites
 from bench.suite import SuiteError, load
+from tests.helpers import suite_problems, write_suite
 
 SUITES = sorted(Path("suites").glob("*.toml"))
 GOOD = """
@@ -24,18 +25,6 @@ techniques = [{ name = "amp", dtype = "float16" }, "checkpoint"]
 """
 
 
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "s.toml"
-    path.write_text(text)
-    return path
-
-
-def problems(tmp_path: Path, text: str) -> list[str]:
-    with pytest.raises(SuiteError) as info:
-        load(write(tmp_path, text))
-    return info.value.problems
-
-
 @pytest.mark.parametrize("path", SUITES, ids=[p.stem for p in SUITES])
 def test_every_shipped_suite_loads(path):
     s = load(path)
@@ -48,7 +37,7 @@ def test_shipped_suites_cover_the_three_models():
 
 
 def test_good_suite_loads_into_frozen_dataclasses(tmp_path):
-    s = load(write(tmp_path, GOOD))
+    s = load(write_suite(tmp_path, GOOD))
     assert s.name == "s" and [r.name for r in s.runs] == ["baseline", "amp"]
     amp = s.runs[1]
     assert [t.name for t in amp.techniques] == ["amp", "checkpoint"]
@@ -64,7 +53,7 @@ def test_matrix_expands_techniques_by_batch_sizes_with_matching_baselines(tmp_pa
 techniques = { baseline = [], ckpt = ["checkpoint"] }
 batch_size = { gpu = [16, 32], cpu = [2, 4] }
 """
-    s = load(write(tmp_path, text))
+    s = load(write_suite(tmp_path, text))
     assert [(r.name, r.gpu.batch_size, r.cpu.batch_size, r.baseline) for r in s.runs] == [
         ("baseline@bs16", 16, 2, "baseline@bs16"), ("baseline@bs32", 32, 4, "baseline@bs32"),
         ("ckpt@bs16", 16, 2, "baseline@bs16"), ("ckpt@bs32", 32, 4, "baseline@bs32"),
@@ -72,14 +61,14 @@ batch_size = { gpu = [16, 32], cpu = [2, 4] }
 
 
 def test_run_key_changes_with_the_spec_and_the_device(tmp_path):
-    a, b = load(write(tmp_path, GOOD)).runs
+    a, b = load(write_suite(tmp_path, GOOD)).runs
     assert a.key("cpu") == a.key("cpu") != a.key("NVIDIA H100")
     assert a.key("cpu") != b.key("cpu")
     assert suites.RunSpec.from_dict(b.to_dict()) == b
 
 
 def test_toml_syntax_error_names_the_file(tmp_path):
-    (msg,) = problems(tmp_path, 'model = "vit-tiny"\nbaseline = ')
+    (msg,) = suite_problems(tmp_path, 'model = "vit-tiny"\nbaseline = ')
     assert msg.startswith("TOML syntax")
 
 
@@ -111,7 +100,7 @@ techniques = [{ name = "accumulate", micro_batches = 3 }]
 name = "acc"
 techniques = [{ name = "accumulate", micro_batches = "two" }]
 """
-    found = "\n".join(problems(tmp_path, text))
+    found = "\n".join(suite_problems(tmp_path, text))
     for expected in [
         "colour: unknown key; allowed: name, description, model",
         "model: unknown model 'resnet-51'; known: bert-base",
@@ -129,13 +118,13 @@ techniques = [{ name = "accumulate", micro_batches = "two" }]
 
 def test_accumulation_must_divide_the_batch_on_each_device(tmp_path):
     text = GOOD.replace('"checkpoint"]', '{ name = "accumulate", micro_batches = 8 }]')
-    (msg,) = problems(tmp_path, text)
+    (msg,) = suite_problems(tmp_path, text)
     assert "accumulate at cpu batch_size 4: micro_batches=8 does not divide" in msg
 
 
 def test_an_option_that_would_be_ignored_is_rejected(tmp_path):
     text = GOOD.replace('"checkpoint"]', '{ name = "amp", dtype = "bfloat16", scaler = false }]')
-    found = problems(tmp_path, text)
+    found = suite_problems(tmp_path, text)
     assert any("amp at cpu batch_size 4: scaler = false applies to float16 only" in p for p in found), found
 
 
@@ -143,27 +132,28 @@ def test_conflicting_and_repeated_techniques_are_rejected(tmp_path, monkeypatch)
     from bench.techniques.checkpointing import ActivationCheckpointing
 
     monkeypatch.setattr(ActivationCheckpointing, "conflicts", frozenset({"amp"}))
-    found = problems(tmp_path, GOOD.replace('"checkpoint"]', '"checkpoint", "checkpoint"]'))
+    found = suite_problems(tmp_path, GOOD.replace('"checkpoint"]', '"checkpoint", "checkpoint"]'))
     assert any("amp and checkpoint cannot be combined" in p for p in found)
     assert any("technique 'checkpoint' is listed twice" in p for p in found)
 
 
 def test_shape_keys_follow_the_model(tmp_path):
     text = GOOD.replace('"vit-tiny"', '"bert-tiny"')
-    found = problems(tmp_path, text)
-    assert any("shapes.gpu.image_size: unknown key for model bert-tiny; allowed: batch_size, seq_len" in p for p in found)
+    found = suite_problems(tmp_path, text)
+    unknown = "shapes.gpu.image_size: unknown key for model bert-tiny; allowed: batch_size, seq_len"
+    assert any(unknown in p for p in found)
     assert any("shapes.gpu.seq_len: required positive integer" in p for p in found)
 
 
 def test_user_technique_by_import_path(tmp_path):
-    s = load(write(tmp_path, GOOD.replace('"checkpoint"]', '"tests.helpers:SGD"]')))
+    s = load(write_suite(tmp_path, GOOD.replace('"checkpoint"]', '"tests.helpers:SGD"]')))
     assert s.runs[1].techniques[1].name == "tests.helpers:SGD"
-    found = problems(tmp_path, GOOD.replace('"checkpoint"]', '"tests.helpers:Nope"]'))
+    found = suite_problems(tmp_path, GOOD.replace('"checkpoint"]', '"tests.helpers:Nope"]'))
     assert "cannot import technique 'tests.helpers:Nope'" in found[0]
 
 
 def test_selecting_runs_keeps_their_baselines(tmp_path):
-    s = suites.select(load(write(tmp_path, GOOD)), ["am*"])
+    s = suites.select(load(write_suite(tmp_path, GOOD)), ["am*"])
     assert [r.name for r in s.runs] == ["baseline", "amp"]
     with pytest.raises(SuiteError, match="no run matches"):
         suites.select(s, ["nothing"])
@@ -171,16 +161,18 @@ def test_selecting_runs_keeps_their_baselines(tmp_path):
 
 def test_techniques_must_fit_the_suite_mode(tmp_path):
     infer = GOOD.replace('baseline = "baseline"', 'baseline = "baseline"\nmode = "inference"')
-    (msg,) = problems(tmp_path, infer)  # amp applies to both modes; checkpointing has no backward to save for
+    (msg,) = suite_problems(tmp_path, infer)  # amp applies to both modes; checkpointing has no backward to save for
     assert "runs[1].techniques: checkpoint does not apply to inference suites; it works in: train" in msg
-    (msg,) = problems(tmp_path, GOOD.replace('"checkpoint"]', '"inference-mode"]'))
+    (msg,) = suite_problems(tmp_path, GOOD.replace('"checkpoint"]', '"inference-mode"]'))
     assert "inference-mode does not apply to train suites; it works in: inference" in msg
-    assert "mode: 'serve' is not a mode" in problems(tmp_path, GOOD.replace('model =', 'mode = "serve"\nmodel ='))[0]
+    serve = GOOD.replace("model =", 'mode = "serve"\nmodel =')
+    assert "mode: 'serve' is not a mode" in suite_problems(tmp_path, serve)[0]
 
 
 def test_train_mode_stays_out_of_the_key_so_older_records_keep_theirs(tmp_path):
-    train = load(write(tmp_path, GOOD)).runs[0]
-    infer = load(write(tmp_path, GOOD.replace('"checkpoint"]', "]").replace("model =", 'mode = "inference"\nmodel ='))).runs[0]
+    train = load(write_suite(tmp_path, GOOD)).runs[0]
+    inference = GOOD.replace('"checkpoint"]', "]").replace("model =", 'mode = "inference"\nmodel =')
+    infer = load(write_suite(tmp_path, inference)).runs[0]
     assert "mode" not in train.to_dict() and infer.to_dict()["mode"] == "inference"
     assert suites.RunSpec.from_dict(train.to_dict()) == train and suites.RunSpec.from_dict(infer.to_dict()) == infer
     assert train.key("cpu") != infer.key("cpu")
@@ -200,7 +192,7 @@ enabled = false
 
 def test_fidelity_table_with_per_device_overrides_and_a_per_run_switch(tmp_path):
     text = FIDELITY.replace('name = "amp"\ntechniques', 'name = "amp"\nfidelity = false\ntechniques')
-    base, amp = load(write(tmp_path, text)).runs
+    base, amp = load(write_suite(tmp_path, text)).runs
     assert base.fidelity("cpu") == suites.Fidelity(steps=50, batch_size=16, seeds=2, model="vit-tiny")
     assert base.fidelity("cuda") is None and amp.fidelity("cpu") is None
     assert suites.RunSpec.from_dict(base.to_dict()) == base
@@ -215,7 +207,7 @@ colour = 3
 model = "bert-tiny"
 batch_size = 15
 """
-    found = problems(tmp_path, text)
+    found = suite_problems(tmp_path, text)
     assert ("fidelity.colour: unknown key; allowed: dataset, steps, batch_size, lr, seeds, image_size, model, weights, "
             "enabled") in found
     assert "fidelity.seeds: must be at least 2" in found  # a shared key: reported once, where it is written
@@ -225,9 +217,9 @@ batch_size = 15
 
 
 def test_a_users_model_by_import_path(tmp_path):
-    s = load(write(tmp_path, GOOD.replace('"vit-tiny"', '"tests.helpers:IMAGE_MLP"')))
+    s = load(write_suite(tmp_path, GOOD.replace('"vit-tiny"', '"tests.helpers:IMAGE_MLP"')))
     assert s.model == "tests.helpers:IMAGE_MLP" and {r.model for r in s.runs} == {"tests.helpers:IMAGE_MLP"}
-    (msg,) = problems(tmp_path, GOOD.replace('"vit-tiny"', '"tests.helpers:NOPE"'))  # nothing else: shapes wait
+    (msg,) = suite_problems(tmp_path, GOOD.replace('"vit-tiny"', '"tests.helpers:NOPE"'))  # nothing else: shapes wait
     assert msg.startswith("model: cannot import model 'tests.helpers:NOPE': AttributeError")
 
 
@@ -244,20 +236,20 @@ model = "resnet-tiny"
 def test_weights_go_to_the_suite_model_wherever_it_is_trained(tmp_path):
     weights = tmp_path / "vit.pt"
     weights.write_bytes(b"")  # existence is checked at load; reading it waits for the run
-    base = load(write(tmp_path, WEIGHTS.replace("WEIGHTS", str(weights)))).runs[0]
+    base = load(write_suite(tmp_path, WEIGHTS.replace("WEIGHTS", str(weights)))).runs[0]
     assert base.weights == str(weights) and base.fidelity("cpu").weights == str(weights)
     assert base.fidelity("cuda").weights is None  # another model: the suite's weights would not fit it
     assert suites.RunSpec.from_dict(base.to_dict()) == base
 
 
 def test_a_suite_without_weights_keeps_the_run_keys_it_had(tmp_path):
-    spec = load(write(tmp_path, WEIGHTS.replace('weights = "WEIGHTS"\n', ""))).runs[0]
+    spec = load(write_suite(tmp_path, WEIGHTS.replace('weights = "WEIGHTS"\n', ""))).runs[0]
     d = spec.to_dict()
     assert "weights" not in d and "weights" not in d["fidelity_cpu"] and "weights" not in d["fidelity_gpu"]
 
 
 def test_weights_that_are_not_there_are_reported_where_they_are_named(tmp_path):
     text = WEIGHTS.replace("WEIGHTS", "nope.pt").replace('model = "resnet-tiny"', 'weights = "gone/"')
-    found = problems(tmp_path, text)
+    found = suite_problems(tmp_path, text)
     assert "weights: no file or folder 'nope.pt' (relative paths start where bench runs)" in found
     assert "fidelity.gpu.weights: no file or folder 'gone/' (relative paths start where bench runs)" in found
