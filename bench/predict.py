@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.nn import functional as F
+from torch.optim import optimizer as torch_optimizer
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -42,8 +43,8 @@ if TYPE_CHECKING:  # the table is built in the CLI only: every run's worker impo
 ASSUMPTIONS = (
     "fake CPU tensors stand for CUDA ones, in 512-byte blocks; attention runs CUDA's fused kernels as CUDA "
     "picks them (flash for 16-bit inputs without a mask, else memory-efficient; the sdpa technique's "
-    "backend where named); autocast uses CPU's op lists; batch norm saves no cuDNN reserve space; "
-    "allocator workspaces and fragmentation are not modelled; float16 autocast leaves out its GradScaler; "
+    "backend where named); an optimizer left to choose runs foreach; autocast uses CPU's op lists; "
+    "batch norm saves no cuDNN reserve space; allocator workspaces and fragmentation are not modelled; float16 autocast leaves out its GradScaler; "
     "a value read off a tensor (.item(), as Adafactor's norms) reads as 1"
 )
 CPU = torch.device("cpu")
@@ -108,6 +109,18 @@ def masks_as_real() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def optimizers_as_cuda() -> Iterator[None]:
+    """An optimizer left to choose its implementation picks foreach for CUDA tensors: one kernel per step
+    over all parameters, whose temporaries (Adam's √v) are the size of all parameters at once. For CPU tensors,
+    and fake ones, it picks the loop over single tensors, whose temporaries are one parameter's size."""
+    devices = [*torch_optimizer._get_foreach_kernels_supported_devices(), "cpu"]
+    types = [*torch_optimizer._foreach_supported_types, FakeTensor]
+    with patch.object(torch_optimizer, "_get_foreach_kernels_supported_devices", lambda: devices), \
+            patch.object(torch_optimizer, "_foreach_supported_types", types):
+        yield
+
+
 class ScalarsReadAsOne(TorchDispatchMode):
     """Fake tensors hold no values, so reading one (``.item()``) fails; an optimizer that scales its step by
     a norm (Adafactor) would be unpredictable. Memory does not depend on such a value: it reads as 1."""
@@ -142,9 +155,9 @@ def _fake_step(spec: RunSpec, techniques: list[Technique], ctx: RunContext, roun
     # Pretrained weights (spec.weights) are not read: their values change no tensor's size.
     with torch.device("meta"):  # no initialisation work, and none of the init ops fake tensors refuse
         model = ctx.model_spec.build(ctx.shapes)
-    routing = cuda_attention(backend) if ctx.predicting else nullcontext()  # a CPU run keeps CPU's kernels
+    cuda = ctx.predicting  # a CPU run keeps CPU's kernels
     with FakeTensorMode(allow_non_fake_inputs=True), ScalarsReadAsOne(), parameters_as_real(), masks_as_real(), \
-            routing:
+            cuda_attention(backend) if cuda else nullcontext(), optimizers_as_cuda() if cuda else nullcontext():
         model = _fake_copy(model)
         runner = (Predictor(model, ctx.model_spec, techniques, ctx) if spec.mode == "inference"
                   else Trainer(model, ctx.model_spec, techniques, ctx, spec.lr))
@@ -178,38 +191,41 @@ def _fake_copy(model: nn.Module) -> nn.Module:
 def largest_batch(spec: RunSpec, budget: int, limit: int = 1 << 16,
                   own: dict[str, Any] | None = None) -> int | None:
     """The largest GPU batch whose predicted peak fits ``budget`` bytes (in multiples of the micro-batch
-    count, so every candidate is a valid run); None if none fits. A peak is close to linear in the batch,
-    so the line through the last two predictions guesses the answer and its neighbour confirms it: four to
-    seven predictions a run, where doubling and bisection took about seventeen. Where a guess leaves the
-    bracket open the next step doubles or bisects, so a peak far from linear still gets the right answer.
+    count, so every candidate is a valid run); None if none fits. A peak is close to linear in the batch
+    (past the small batches where the optimizer step holds it), so the line through the last two
+    predictions guesses the answer, and a guess the line gives again is confirmed by its neighbour: four
+    to seven predictions a run, where doubling and bisection took about seventeen. A guess that does not
+    halve the bracket twice in a row is followed by a doubling or bisection step, so a peak far from
+    linear still gets the right answer in at most three times bisection's count.
     ``own``: the prediction at the run's own batch, if made already (the line starts from it)."""
     unit = max(int(dict(t.options).get("micro_batches", 1)) for t in spec.techniques) if spec.techniques else 1
     lo, hi = 0, limit // unit + 1  # in units: lo fits (0: none yet), hi does not (past the limit: assumed)
     points: list[tuple[int, float]] = []
 
-    def probe(n: int, out: dict[str, Any] | None = None) -> bool:
+    def probe(n: int, out: dict[str, Any] | None = None) -> None:
         nonlocal lo, hi
         out = out or predict(spec, replace(spec.gpu, batch_size=n * unit))
         peak = out["predicted_peak_tensor_bytes"] if out["predicted_status"] == "ok" else math.inf
         points.append((n, peak))
         lo, hi = (max(lo, n), hi) if peak <= budget else (lo, min(hi, n))
-        return peak <= budget
 
-    if not probe(1):
+    probe(1)
+    if lo == 0:
         return None
     if lo < (mine := spec.gpu.batch_size // unit) < hi:  # far from 1, so the line through both is a good one
         probe(mine, own)
-    guessed = False
+    misses = 0  # guesses in a row that did not halve the bracket
     while hi - lo > 1:
-        guess = None if guessed else _on_the_line(points, budget)
-        if guess is None:  # no line, or the last guess left the bracket open: double, or halve the bracket
+        width, guess = hi - lo, _on_the_line(points, budget) if misses < 2 else None
+        if guess is None:  # no line, or the line is not converging: double, or halve the bracket
             probe(min(2 * lo, hi - 1) if hi > limit // unit else (lo + hi) // 2)
-        else:
-            n = min(max(guess, lo + 1), hi - 1)
-            other = n + 1 if probe(n) else n - 1
-            if lo < other < hi:
-                probe(other)  # the neighbour that closes the bracket if the guess was right
-        guessed = guess is not None
+            misses = 0
+            continue
+        n = min(max(guess, lo + 1), hi - 1)
+        if any(n == m for m, _ in points):  # the line agrees with itself: its neighbour closes the bracket
+            n = n + 1 if n == lo else n - 1
+        probe(n)
+        misses = 0 if hi - lo <= width // 2 else misses + 1
     return lo * unit
 
 

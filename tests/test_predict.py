@@ -24,6 +24,7 @@ from tests.helpers import spec, tech
     ("resnet-tiny", (tech("channels-last"),)),  # fake tensors cannot be swapped: it converts in place
     ("vit-tiny", (tech("bf16"),)),
     ("vit-tiny", (tech("optimizer", kind="adafactor"),)),  # reads norms with .item(): they read as 1
+    ("vit-tiny", (tech("optimizer", kind="adamw", impl="foreach"),)),  # temporaries over all parameters
     ("bert-tiny", (tech("lora"),)),  # peft casts its adapters with .to(): set in place, as on real tensors
     ("vit-tiny", (tech("lora"),)),
 ])
@@ -47,6 +48,22 @@ def test_cuda_prediction_counts_in_allocator_blocks_and_counts_flops():
     assert cuda["predicted_peak_tensor_bytes"] > cpu["predicted_peak_tensor_bytes"]
     # Training FLOPs are about 3× the forward's (backward computes two matmuls per forward matmul).
     assert cuda["predicted_flops_per_step"] > 0
+
+
+def test_cuda_prediction_takes_the_optimizer_implementation_cuda_would():
+    """At batch 1 the optimizer step holds the peak: the default AdamW is predicted as foreach (its √v for all
+    parameters at once), as CUDA runs it, not as the single-tensor loop CPU tensors get."""
+    def peak(*techniques):
+        run = spec("vit-tiny", techniques, batch_size=1)
+        out = predict(run, run.cpu, cuda=True)
+        assert out["predicted_peak_phase"] == "optimizer"
+        return out["predicted_peak_tensor_bytes"]
+
+    default = peak()
+    assert default == peak(tech("optimizer", kind="adamw", impl="foreach"))
+    assert default > peak(tech("optimizer", kind="adamw", impl="single"))
+    run = spec("vit-tiny", batch_size=1)
+    assert predict(run, run.cpu, cuda=False)["predicted_peak_tensor_bytes"] < default  # as this CPU runs it
 
 
 def test_techniques_that_cannot_be_predicted_say_why():
@@ -82,11 +99,14 @@ def test_budget_search_finds_the_largest_batch_that_fits_in_a_handful_of_predict
     lambda b: 10_000 + 300 * b + 4_000 * (b // 7),  # steps: a guess off the line, bisection finishes
     lambda b: 10_000 + 3 * b * b,  # convex
     lambda b: 10_000 + 300 * b if b < 50 else float("nan"),  # unpredictable past 50: does not fit
+    lambda b: max(30_000, 10_000 + 300 * b),  # the optimizer step holds the peak at small batches
 ])
 def test_budget_search_agrees_with_trying_every_batch(monkeypatch, peak):
     run = spec("vit-tiny", batch_size=16)
+    calls = []
 
     def fake(spec, shapes):
+        calls.append(shapes.batch_size)
         value = peak(shapes.batch_size)
         return {"predicted_status": "ok", "predicted_peak_tensor_bytes": value} if value == value else \
             {"predicted_status": "unpredictable"}
@@ -94,7 +114,9 @@ def test_budget_search_agrees_with_trying_every_batch(monkeypatch, peak):
     monkeypatch.setattr(prediction, "predict", fake)
     for budget in (5_000, 10_300, 20_000, 24_567, 60_000, 10**9):
         fits = [b for b in range(1, (1 << 16) + 1) if (p := peak(b)) == p and p <= budget]
+        calls.clear()
         assert largest_batch(run, budget, limit=1 << 16) == (max(fits) if fits else None), budget
+        assert len(calls) <= 3 * 17, calls  # bounded by three times doubling then bisection over 1…65536
 
 
 def test_sizes_parse_with_binary_and_decimal_units():
