@@ -2,6 +2,7 @@ import re
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 
 import pytest
@@ -64,6 +65,17 @@ def test_cuda_prediction_takes_the_optimizer_implementation_cuda_would():
     assert default > peak(tech("optimizer", kind="adamw", impl="single"))
     run = spec("vit-tiny", batch_size=1)
     assert predict(run, run.cpu, cuda=False)["predicted_peak_tensor_bytes"] < default  # as this CPU runs it
+
+
+def test_cuda_prediction_saves_dropout_masks_of_one_byte(monkeypatch):
+    """CUDA's dropout is the fused kernel, which keeps a bool mask; CPU's keeps float32 noise: three bytes
+    more per element. bert-tiny drops out five times at batch × sequence × hidden (16·16·64: embeddings,
+    then attention output and feed-forward in each of two layers) and once on the pooled output (16·64)."""
+    run = spec("bert-tiny", batch_size=16, seq_len=16)
+    fused = predict(run, run.cpu, cuda=True)["predicted_activation_bytes"]
+    monkeypatch.setattr(prediction, "cuda_dropout", nullcontext)
+    noise = predict(run, run.cpu, cuda=True)["predicted_activation_bytes"]
+    assert noise - fused == 3 * (5 * 16 * 16 * 64 + 16 * 64)
 
 
 def test_techniques_that_cannot_be_predicted_say_why():
