@@ -25,7 +25,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        print("\ninterrupted: finished runs are stored; run the same command again to resume", file=sys.stderr)
+        stored = ": finished runs are stored; run the same command again to resume" if args.func is _run else ""
+        print(f"\ninterrupted{stored}", file=sys.stderr)
         return 130
 
 
@@ -33,6 +34,12 @@ def interrupt(signum: int, frame: object) -> None:
     """SIGTERM (kill, a scheduler's time limit) stops a sweep as Ctrl-C does: the running run's process
     group is killed on the way out and finished records are kept."""
     raise KeyboardInterrupt
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return int(text)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -62,6 +69,8 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument("--budget", help="memory to fit in, e.g. 16GiB: which runs fit, and the largest batch that does")
     pre.add_argument("--only", metavar="PATTERNS", help="comma-separated run names or globs")
     pre.add_argument("--results", type=Path, default=Path("results"), help="where GPU measurements are read from")
+    pre.add_argument("--jobs", type=_positive, default=min(os.cpu_count() or 1, 4),
+                     help="processes predicting at once (default: the cores, at most 4; each takes about 1 GB)")
     pre.set_defaults(func=_predict)
     ovr = sub.add_parser("overview", help="one page over every suite: the best combination per model")
     ovr.add_argument("--results", type=Path, default=Path("results"))
@@ -143,7 +152,7 @@ def _predict(args: argparse.Namespace) -> int:
                 if r.get("device_type") == "cuda" and r.get("status") == "ok" and r.get("run_key")}
     print(f"{suite.name}: predicting {len(suite.runs)} runs at GPU shapes (fake tensors, nothing allocated)",
           file=sys.stderr)
-    print(markdown(suite_table(list(suite.runs), measured, budget)))
+    print(markdown(suite_table(list(suite.runs), measured, budget, jobs=args.jobs)))
     print(f"\nAssumed: {ASSUMPTIONS}.", file=sys.stderr)
     return 0
 

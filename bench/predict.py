@@ -13,6 +13,8 @@ tensor bytes: the CUDA allocator's peak adds workspaces (cuBLAS, cuDNN) and frag
 from __future__ import annotations
 
 import math
+import multiprocessing
+import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -275,25 +277,49 @@ def parse_size(text: str) -> int:
 
 
 def suite_table(runs: list[RunSpec], measured: dict[str, dict[str, Any]], budget: int | None,
-                log: TextIO = sys.stderr) -> pd.DataFrame:
+                log: TextIO = sys.stderr, jobs: int = 1) -> pd.DataFrame:
     """One row per run: predicted peak and breakdown at GPU shapes, FLOPs, and where a GPU measured the
     run, its allocated peak and the ratio; with a budget, whether it fits and the largest batch that does.
-    A progress line per run goes to ``log``: under a budget each run is predicted three to six times more."""
+    Runs are predicted in ``jobs`` spawned processes (each prediction is single-threaded Python); a
+    progress line per run goes to ``log`` as it is done, numbered by its place in the suite."""
     import pandas as pd
 
-    rows = []
-    for i, spec in enumerate(runs, 1):
-        out = predict(spec)
-        row: dict[str, Any] = {"run": spec.name, "batch": spec.gpu.batch_size, "status": out["predicted_status"]}
-        row |= {k.removeprefix("predicted_"): v for k, v in out.items() if k.startswith("predicted_")}
-        if (rec := measured.get(spec.name)) and rec.get("peak_allocated_bytes"):
+    rows: list[dict[str, Any]] = [{} for _ in runs]
+    for i, row in _predicted_rows(runs, budget, jobs):
+        if (rec := measured.get(runs[i].name)) and rec.get("peak_allocated_bytes"):
             row["measured_bytes"], row["measured_on"] = rec["peak_allocated_bytes"], rec["device"]
-        if budget is not None and out["predicted_status"] == "ok":
-            row["fits"] = out["predicted_peak_tensor_bytes"] <= budget
-            row["largest_batch"] = largest_batch(spec, budget, own=out)
-        rows.append(row)
-        print(f"[{i}/{len(runs)}] {spec.name}: {_said(row)}", file=log, flush=True)
+        rows[i] = row
+        print(f"[{i + 1}/{len(runs)}] {runs[i].name}: {_said(row)}", file=log, flush=True)
     return pd.DataFrame(rows)
+
+
+def _predicted_rows(runs: list[RunSpec], budget: int | None, jobs: int) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(index, row) for each run as it is done: here, or in spawned processes (fork is unsafe once torch
+    has started threads). A process costs an import of torch (about 5 s and 1 GB), so there is one per run
+    at most. Ctrl-C reaches the parent only, which stops the processes on its way out."""
+    work = [(i, spec, budget) for i, spec in enumerate(runs)]
+    if min(jobs, len(runs)) <= 1:
+        yield from map(_indexed_row, work)
+        return
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(min(jobs, len(runs)), initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)) \
+            as pool:  # leaving the block terminates the processes, finished or not
+        yield from pool.imap_unordered(_indexed_row, work)
+
+
+def _indexed_row(work: tuple[int, RunSpec, int | None]) -> tuple[int, dict[str, Any]]:
+    index, spec, budget = work
+    return index, _row(spec, budget)
+
+
+def _row(spec: RunSpec, budget: int | None) -> dict[str, Any]:
+    out = predict(spec)
+    row: dict[str, Any] = {"run": spec.name, "batch": spec.gpu.batch_size, "status": out["predicted_status"]}
+    row |= {k.removeprefix("predicted_"): v for k, v in out.items() if k.startswith("predicted_")}
+    if budget is not None and out["predicted_status"] == "ok":
+        row["fits"] = out["predicted_peak_tensor_bytes"] <= budget
+        row["largest_batch"] = largest_batch(spec, budget, own=out)
+    return row
 
 
 def _said(row: dict[str, Any]) -> str:

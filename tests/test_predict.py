@@ -1,10 +1,14 @@
+import io
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
 from contextlib import nullcontext
 from dataclasses import replace
 
+import pandas as pd
 import pytest
 
 from bench.data.synthetic import clone_batch
@@ -147,6 +151,32 @@ def test_predict_command_prints_the_table_and_rejects_a_bad_budget(tmp_path):
     assert re.search(line, out.stderr, re.M)
     bad = subprocess.run(cmd + ["--budget", "lots"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "expected a size" in bad.stderr
+
+
+def test_predicting_in_processes_gives_the_same_table_in_the_suite_order():
+    runs = list(select(load("suites/smoke.toml"), ["baseline", "checkpoint", "amp-bf16"]).runs)
+    log = io.StringIO()
+    here = prediction.suite_table(runs, {}, 2**30, log=io.StringIO(), jobs=1)
+    spawned = prediction.suite_table(runs, {}, 2**30, log=log, jobs=2)
+    pd.testing.assert_frame_equal(here, spawned)
+    assert list(spawned["run"]) == ["baseline", "checkpoint", "amp-bf16"]
+    assert sorted(re.findall(r"^\[(\d)/3\]", log.getvalue(), re.M)) == ["1", "2", "3"]
+
+
+def test_ctrl_c_stops_predict_and_its_processes():
+    cmd = [sys.executable, "-m", "bench", "predict", "smoke", "--budget", "1GiB", "--jobs", "2"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as in a terminal
+    first = proc.stderr.readline() + proc.stderr.readline()
+    assert "[" in first, first  # a run is done: the processes are up and predicting the others
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground group
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=60) == 130 and "interrupted" in rest and "Traceback" not in rest, rest
+    deadline = time.monotonic() + 10  # multiprocessing's resource tracker exits once it sees the parent go
+    with pytest.raises(ProcessLookupError):
+        while time.monotonic() < deadline:
+            os.killpg(proc.pid, 0)  # raises once nothing of the group is left
+            time.sleep(0.2)
 
 
 def test_a_transformers_without_the_fake_tensor_check_is_left_as_it_is(monkeypatch):
