@@ -5,6 +5,9 @@ its techniques on real data from the same initial weights and the same data orde
 (both follow the seed), then evaluate on the held-out split. The baseline is trained with several seeds;
 the spread of their accuracies is the noise band a delta is held against.
 
+A language model (objective "next-token") trains on each sequence followed by its class as one more token,
+and is scored on predicting that token.
+
 Inference suites train the plain model instead, then evaluate it under the run's techniques, and also
 report how often its predictions agree with the fp32 model's.
 """
@@ -34,14 +37,21 @@ LAST_STEPS = 10  # final_loss: mean training loss over the last steps, less nois
 def run_fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str, Any]:
     model_spec = models.resolve(fid.model or spec.model)
     train, test = real.load(fid.dataset, model_spec.inputs, fid.image_size)
-    if train.num_classes > model_spec.num_classes:
-        raise real.DataError(f"dataset {fid.dataset!r} has {train.num_classes} classes; "
+    classes = train.num_classes
+    if model_spec.objective == "next-token":
+        train, test = real.with_label_token(train), real.with_label_token(test)
+        if real.LABEL_TOKEN + classes > model_spec.num_classes:
+            raise real.DataError(f"dataset {fid.dataset!r}: language model {model_spec.name} has "
+                                 f"{model_spec.num_classes} tokens; its {classes} classes are tokens "
+                                 f"{real.LABEL_TOKEN}…{real.LABEL_TOKEN + classes - 1}")
+    elif classes > model_spec.num_classes:
+        raise real.DataError(f"dataset {fid.dataset!r} has {classes} classes; "
                              f"model {model_spec.name} predicts {model_spec.num_classes}")
     shapes = Shapes(fid.batch_size, fid.image_size if model_spec.inputs == "image" else None,
                     int(train.inputs.shape[1]) if model_spec.inputs == "tokens" else None)
     seeds = range(spec.seed, spec.seed + fid.seeds) if spec.name == spec.baseline else [spec.seed]
     one = _inference_seed if spec.mode == "inference" else _train_seed
-    results = [one(spec, fid, model_spec, shapes, train, test, seed, device) for seed in seeds]
+    results = [one(spec, fid, model_spec, shapes, train, test, seed, device, classes) for seed in seeds]
     out = {f"fidelity_{k}" if k not in ("accuracy", "final_loss", "grad_cosine") else k: v
            for k, v in results[0].items()}
     out |= {"fidelity_model": model_spec.name, "fidelity_weights": fid.weights, "fidelity_dataset": fid.dataset,
@@ -52,10 +62,10 @@ def run_fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str
 
 
 def _train_seed(spec: RunSpec, fid: Fidelity, model_spec: ModelSpec, shapes: Shapes, train: real.Labelled,
-                test: real.Labelled, seed: int, device: torch.device) -> dict[str, Any]:
+                test: real.Labelled, seed: int, device: torch.device, classes: int) -> dict[str, Any]:
     torch.manual_seed(seed)
     model = models.build_model(model_spec, shapes, fid.weights)[0].to(device)
-    batches = _batches(train, fid, seed, device)
+    batches = _batches(train, fid, seed, device, model_spec)
     first = next(batches)
     plain = copy.deepcopy(model)
     captured: dict[str, torch.Tensor] = {}
@@ -77,38 +87,41 @@ def _train_seed(spec: RunSpec, fid: Fidelity, model_spec: ModelSpec, shapes: Sha
         h.remove()
     losses += [trainer.step(next(batches)) for _ in range(fid.steps - 1)]
     final = torch.stack(losses[-LAST_STEPS:]).float().mean().item()
-    figures = _evaluate(trainer, test, device)
+    figures = _evaluate(trainer, test, device, classes)
     del figures["predictions"]
     return figures | {"final_loss": final, "grad_cosine": _cosine(reference, captured)}
 
 
 def _inference_seed(spec: RunSpec, fid: Fidelity, model_spec: ModelSpec, shapes: Shapes, train: real.Labelled,
-                    test: real.Labelled, seed: int, device: torch.device) -> dict[str, Any]:
+                    test: real.Labelled, seed: int, device: torch.device, classes: int) -> dict[str, Any]:
     torch.manual_seed(seed)
     ctx = RunContext(device, model_spec, shapes, fid.lr)
     plain = Trainer(models.build_model(model_spec, shapes, fid.weights)[0].to(device), model_spec, [], ctx, fid.lr)
-    batches = _batches(train, fid, seed, device)
+    batches = _batches(train, fid, seed, device, model_spec)
     losses = [plain.step(next(batches)) for _ in range(fid.steps)]
-    reference = _evaluate(Predictor(plain.model, model_spec, [], ctx), test, device)
+    reference = _evaluate(Predictor(plain.model, model_spec, [], ctx), test, device, classes)
     served = Predictor(plain.model, model_spec, [t.build() for t in spec.techniques], ctx)
-    figures = _evaluate(served, test, device)
+    figures = _evaluate(served, test, device, classes)
     agree = (figures.pop("predictions") == reference["predictions"]).float().mean().item()
     final = torch.stack(losses[-LAST_STEPS:]).float().mean().item()
     return figures | {"final_loss": final, "agreement": agree}
 
 
-def _batches(data: real.Labelled, fid: Fidelity, seed: int, device: torch.device) -> Iterator[Batch]:
-    """Shuffled batches from a seeded generator, epoch after epoch: the same order for every technique."""
+def _batches(data: real.Labelled, fid: Fidelity, seed: int, device: torch.device,
+             model_spec: ModelSpec) -> Iterator[Batch]:
+    """Shuffled batches from a seeded generator, epoch after epoch: the same order for every technique.
+    A language model's targets are its input ids (the class is the last of them)."""
     g = torch.Generator().manual_seed(seed)
     while True:
         order = torch.randperm(len(data), generator=g)
         for i in range(0, len(order) - fid.batch_size + 1, fid.batch_size):
-            yield data.batch(order[i:i + fid.batch_size], device)
+            inputs, labels = data.batch(order[i:i + fid.batch_size], device)
+            yield inputs, inputs["input_ids"] if model_spec.objective == "next-token" else labels
 
 
 def _gradients(model: nn.Module, model_spec: ModelSpec, batch: Batch) -> dict[str, torch.Tensor]:
     model.train()
-    nn.functional.cross_entropy(model_spec.logits(model, batch[0]), batch[1]).backward()
+    model_spec.loss(model_spec.logits(model, batch[0]), batch[1]).backward()
     return {n: p.grad.detach().float() for n, p in model.named_parameters() if p.grad is not None}
 
 
@@ -123,9 +136,18 @@ def _cosine(reference: dict[str, torch.Tensor], captured: dict[str, torch.Tensor
     return nn.functional.cosine_similarity(a, b, dim=0).item()
 
 
-def _evaluate(runner: Trainer | Predictor, test: real.Labelled, device: torch.device) -> dict[str, Any]:
-    """Held-out accuracy and loss, through the techniques' own batch preparation and step contexts.
-    Every batch has the same size (the last is padded with
+def _class_scores(model_spec: ModelSpec, logits: torch.Tensor, classes: int) -> torch.Tensor:
+    """A language model's scores for the classes are its logits for the class tokens at the position before
+    the class token (causal: it has seen the sequence, not the class)."""
+    if model_spec.objective == "classify":
+        return logits
+    return logits[:, -2, real.LABEL_TOKEN:real.LABEL_TOKEN + classes]
+
+
+def _evaluate(runner: Trainer | Predictor, test: real.Labelled, device: torch.device,
+              classes: int) -> dict[str, Any]:
+    """Held-out accuracy and loss over the classes, through the techniques' own batch preparation and step
+    contexts. Every batch has the same size (the last is padded with
     repeats, dropped afterwards): traced and compiled models keep the shape they were built for."""
     model, techniques, n = runner.model, runner.techniques, len(test)
     was_training = model.training
@@ -135,7 +157,7 @@ def _evaluate(runner: Trainer | Predictor, test: real.Labelled, device: torch.de
         for i in range(0, n, EVAL_BATCH):
             logits, labels = forward(runner.spec, model, techniques, test.batch(torch.arange(i, i + EVAL_BATCH) % n,
                                                                                   device))
-            logits = logits.float()[: n - i]
+            logits = _class_scores(runner.spec, logits, classes).float()[: n - i]
             loss += nn.functional.cross_entropy(logits, labels[: n - i], reduction="sum").item()
             predictions.append(logits.argmax(dim=1).cpu())
     model.train(was_training)

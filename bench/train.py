@@ -41,7 +41,7 @@ class Trainer:
                 for t in self.techniques:
                     stack.enter_context(t.step_context())
                 logits = self.spec.logits(self.model, inputs)
-                loss = nn.functional.cross_entropy(logits, labels) / self.micro_batches
+                loss = self.spec.loss(logits, labels) / self.micro_batches
             self.output_dtype = logits.dtype
             del logits  # a plain training loop would not hold the logits through backward either
             # Kept on the device: a .item() here would synchronise CUDA inside the timed step.

@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch import nn
 
+from bench import models
 from bench.models import ModelSpec
 from bench.suite import RunSpec, Shapes, SuiteError, TechniqueSpec, load
 from bench.techniques import RunContext, Technique, option
@@ -22,7 +23,7 @@ from bench.techniques import RunContext, Technique, option
 def spec(model: str = "vit-tiny", techniques: tuple[TechniqueSpec, ...] = (), batch_size: int = 8,
          image_size: int = 32, seq_len: int = 16, name: str = "run", warmup_steps: int = 1,
          measure_steps: int = 2, **kw: Any) -> RunSpec:
-    text = "bert" in model
+    text = models.resolve(model).inputs == "tokens"
     shapes = Shapes(batch_size, None if text else image_size, seq_len if text else None, warmup_steps, measure_steps)
     common = {"seed": 0, "timeout_s": 120.0, "lr": 1e-3} | kw
     return RunSpec("test", name, model, techniques, shapes, shapes, "baseline", **common)
@@ -154,3 +155,41 @@ def _image_mlp(shapes: Shapes) -> nn.Module:
 
 # A user's own model as a suite names it ("tests.helpers:IMAGE_MLP"): no blocks given, so they are found.
 IMAGE_MLP = ModelSpec("image-mlp", _image_mlp, "image", num_classes=10)
+
+
+LM_VOCAB = 48  # the digits' tokens and their ten class tokens, for the fidelity phase
+
+
+def _tiny_llama(shapes: Shapes) -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=LM_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, use_cache=False,
+                         max_position_embeddings=max(128, shapes.seq_len))
+    return LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
+
+
+# A causal language model, trained on every position's next token.
+TINY_LM = ModelSpec("tiny-llama", _tiny_llama, "tokens", num_classes=LM_VOCAB, vocab_size=LM_VOCAB,
+                    objective="next-token", attention=True)
+# Too few tokens for the digits' class tokens: the fidelity phase refuses it before building it.
+SMALL_VOCAB_LM = ModelSpec("small-vocab", _tiny_llama, "tokens", num_classes=24, vocab_size=24,
+                           objective="next-token")
+
+
+class _ClassTokenOracle(nn.Module):
+    """Reads the class token at the end of a sequence and predicts it at the position before: a language
+    model that is always right, if it is scored where the class token is predicted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(()))  # something for the optimizer to hold
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        logits = torch.zeros(*input_ids.shape, LM_VOCAB) + self.weight
+        logits[:, -2] += nn.functional.one_hot(input_ids[:, -1], LM_VOCAB)
+        return {"logits": logits}
+
+
+ORACLE_LM = ModelSpec("oracle", lambda shapes: _ClassTokenOracle(), "tokens", num_classes=LM_VOCAB,
+                      vocab_size=LM_VOCAB, objective="next-token")

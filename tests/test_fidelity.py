@@ -1,5 +1,6 @@
 from dataclasses import replace
 
+import pytest
 import torch
 
 from bench.data import real
@@ -44,6 +45,22 @@ def test_bert_tiny_learns_digit_sequences_well_above_chance():
     hidden 768, left bert-tiny at 18-19% after these 100 steps."""
     out = run_fidelity(spec("bert-tiny", (), name="baseline"), replace(QUICK, steps=100), CPU)
     assert min(out["accuracy_seeds"]) > 0.3  # chance is 0.1
+
+
+def test_a_language_model_is_scored_on_the_class_token_it_predicts():
+    """An oracle that always predicts the class token one position early scores 100% only if the scores are
+    read at that position, over the class tokens (that a real one learns: the README's Llama test)."""
+    oracle = run_fidelity(spec("tests.helpers:ORACLE_LM"), replace(QUICK, steps=2, seeds=1), CPU)
+    assert oracle["accuracy"] == 1.0
+    train, _ = real.load("digits", "tokens", 8)
+    sequences = real.with_label_token(train)
+    assert torch.equal(sequences.inputs[:, -1], real.LABEL_TOKEN + train.labels)
+
+
+def test_a_language_model_too_small_for_the_class_tokens_is_refused():
+    small = replace(spec("tests.helpers:TINY_LM"), model="tests.helpers:SMALL_VOCAB_LM")
+    with pytest.raises(real.DataError, match=r"has 24 tokens; its 10 classes are tokens 20…29"):
+        run_fidelity(small, QUICK, CPU)
 
 
 def test_dropout_gets_the_same_masks_in_the_reference_gradient():

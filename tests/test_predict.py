@@ -32,6 +32,8 @@ from tests.helpers import spec, tech
     ("vit-tiny", (tech("optimizer", kind="adamw", impl="foreach"),)),  # temporaries over all parameters
     ("bert-tiny", (tech("lora"),)),  # peft casts its adapters with .to(): set in place, as on real tensors
     ("vit-tiny", (tech("lora"),)),
+    ("tests.helpers:TINY_LM", ()),  # a language model: logits for every position, scored on the next token
+    ("tests.helpers:TINY_LM", (tech("checkpoint"),)),
 ])
 def test_fake_tensor_prediction_equals_the_real_tracked_step_on_cpu(model, techniques):
     run = spec(model, techniques, batch_size=16)

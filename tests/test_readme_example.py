@@ -46,3 +46,13 @@ def test_user_model_from_the_readme_runs_with_its_blocks_found(tmp_path):
     proof = records["checkpoint"]["proof"]
     assert proof["checkpoint.wrapped_modules"] == 18 and proof["checkpoint.block_forwards_per_step"] == 2.0
     assert records["checkpoint"]["activation_bytes"] < records["baseline"]["activation_bytes"]
+
+
+def test_a_language_model_from_the_readme_trains_on_its_next_tokens(tmp_path):
+    records = run_readme_suite(tmp_path, "my_lm.py", "llama")
+    base, ckpt = records["baseline"], records["checkpoint"]
+    assert base["status"] == ckpt["status"] == "ok", records
+    assert ckpt["proof"]["checkpoint.wrapped_modules"] == 2  # the two decoder layers, found in the tree
+    assert ckpt["activation_bytes"] < base["activation_bytes"]
+    assert base["predicted_peak_tensor_bytes"] == base["peak_tensor_bytes"]  # the CPU run, predicted exactly
+    assert base["accuracy"] > 0.2  # chance is 0.1: it learned the class as its last next token

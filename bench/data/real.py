@@ -24,6 +24,7 @@ from bench.data.synthetic import Batch
 HELD_OUT = 0.2  # fraction held out when a source has no split of its own
 SPLIT_SEED = 0  # the split never changes with the run's seed: every run is evaluated on the same images
 PAD, CLS, SEP, FIRST_TOKEN = 0, 1, 2, 3  # digit intensity v is token FIRST_TOKEN + v
+LABEL_TOKEN = FIRST_TOKEN + 17  # for a language model, class c is token LABEL_TOKEN + c
 
 
 class DataError(ValueError):
@@ -47,6 +48,12 @@ class Labelled:
         if x.dtype == torch.long:  # token ids; every position is real (sequences are padded only by PAD)
             return {"input_ids": x, "attention_mask": (x != PAD).long()}, y
         return x, y
+
+
+def with_label_token(data: Labelled) -> Labelled:
+    """Sequences for a language model: the class appended as one more token, which it learns as the last
+    next token of the sequence and is scored on predicting (the labels stay the classes)."""
+    return Labelled(torch.cat([data.inputs, LABEL_TOKEN + data.labels[:, None]], dim=1), data.labels)
 
 
 def load(source: str, kind: str, image_size: int) -> tuple[Labelled, Labelled]:

@@ -1,4 +1,5 @@
-"""Synthetic batches: random inputs of the model's shape and labels in its label space, from a seed."""
+"""Synthetic batches: random inputs of the model's shape and labels in its label space (for a language
+model, its input ids), from a seed."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ def synthetic_batch(spec: ModelSpec, shapes: Shapes, seed: int, device: torch.de
     else:
         ids = torch.randint(0, spec.vocab_size, (b, shapes.seq_len), generator=g)
         inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        if spec.objective == "next-token":  # a language model's targets are its own inputs
+            labels = ids.clone()
     return to_device(inputs, device), labels.to(device)
 
 

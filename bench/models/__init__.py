@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from bench.registry import Registry, import_object
 
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from bench.suite import Shapes
 
 Inputs = torch.Tensor | dict[str, torch.Tensor]
+IGNORE = -100  # a language model's target after its last position, where there is no next token
 
 
 def repeated_blocks(model: nn.Module) -> list[str]:
@@ -52,10 +54,18 @@ class ModelSpec:
     # ViT, "bert": transformers' BERT), for the techniques that name layers (lora, shared-basis).
     family: str = ""
     attention: bool = False  # attention through F.scaled_dot_product_attention (the sdpa technique)
+    # "classify": logits (batch, num_classes) against one label per sample. "next-token": a causal language
+    # model's logits (batch, seq_len, vocab_size), each position against the next token, as it trains.
+    objective: Literal["classify", "next-token"] = "classify"
 
     def __post_init__(self) -> None:
         if self.inputs not in ("image", "tokens"):
             raise ValueError(f"model {self.name}: inputs must be 'image' or 'tokens', got {self.inputs!r}")
+        if self.objective not in ("classify", "next-token"):
+            raise ValueError(f"model {self.name}: objective must be 'classify' or 'next-token', "
+                             f"got {self.objective!r}")
+        if self.objective == "next-token" and self.inputs != "tokens":
+            raise ValueError(f"model {self.name}: objective 'next-token' needs inputs = 'tokens'")
         if self.num_classes < 1 or (self.inputs == "tokens" and self.vocab_size < 1):
             raise ValueError(f"model {self.name}: num_classes (and vocab_size for tokens) must be at least 1")
 
@@ -68,6 +78,15 @@ class ModelSpec:
         if isinstance(inputs, dict):
             return model(**inputs)["logits"]  # a ModelOutput, or the plain dict a traced model returns
         return model(inputs)
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy. For next-token, ``labels`` are the input ids and position i is scored on
+        token i + 1; the labels are shifted rather than the logits, so no copy of the (batch, seq, vocab)
+        logits is made (transformers' causal-LM loss does the same)."""
+        if self.objective == "classify":
+            return F.cross_entropy(logits, labels)
+        following = F.pad(labels[:, 1:], (0, 1), value=IGNORE)
+        return F.cross_entropy(logits.flatten(0, 1), following.flatten(), ignore_index=IGNORE)
 
 
 MODELS: Registry[ModelSpec] = Registry("model")

@@ -3,6 +3,7 @@ import re
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from bench import models
 from bench.data.synthetic import split, synthetic_batch
@@ -15,6 +16,7 @@ from tests.helpers import spec, tech
 
 CPU = torch.device("cpu")
 USER = "tests.helpers:IMAGE_MLP"  # a model of the user's, named by import path
+LM = "tests.helpers:TINY_LM"  # a causal language model of the user's
 
 
 @pytest.mark.parametrize("name, params, blocks", [
@@ -79,6 +81,21 @@ def test_a_model_that_cannot_be_resolved_says_why(name, message):
 def test_a_model_spec_with_impossible_inputs_is_refused_where_it_is_written():
     with pytest.raises(ValueError, match="vocab_size"):
         ModelSpec("words", lambda shapes: nn.Identity(), "tokens", num_classes=2)
+
+
+def test_a_language_model_is_a_token_model():
+    with pytest.raises(ValueError, match="objective 'next-token' needs inputs = 'tokens'"):
+        ModelSpec("pixels", lambda shapes: nn.Identity(), "image", num_classes=2, objective="next-token")
+
+
+def test_a_language_models_loss_scores_each_position_on_the_next_token():
+    lm = models.resolve(LM)
+    batch = synthetic_batch(lm, Shapes(2, seq_len=5), seed=0, device=CPU)
+    ids = batch[0]["input_ids"]
+    assert torch.equal(batch[1], ids)  # the targets are the inputs themselves
+    logits = torch.randn(2, 5, lm.vocab_size)
+    expected = F.cross_entropy(logits[:, :-1].reshape(-1, lm.vocab_size), ids[:, 1:].reshape(-1))
+    assert torch.allclose(lm.loss(logits, ids), expected)
 
 
 def test_a_users_model_runs_in_its_own_process_with_its_blocks_checkpointed():
