@@ -193,3 +193,18 @@ class _ClassTokenOracle(nn.Module):
 
 ORACLE_LM = ModelSpec("oracle", lambda shapes: _ClassTokenOracle(), "tokens", num_classes=LM_VOCAB,
                       vocab_size=LM_VOCAB, objective="next-token")
+
+
+def _bert_base_layers(layers: int) -> ModelSpec:
+    """BERT-base with another number of layers: their difference is one layer's figures."""
+    def build(shapes: Shapes) -> nn.Module:
+        from transformers import BertConfig
+
+        from bench.models.text import _bert
+
+        return _bert(BertConfig(num_hidden_layers=layers), shapes)
+
+    return ModelSpec(f"bert-base-{layers}", build, "tokens", num_classes=10, vocab_size=30522, attention=True)
+
+
+BERT_BASE_2, BERT_BASE_3 = _bert_base_layers(2), _bert_base_layers(3)

@@ -84,6 +84,20 @@ def test_cuda_prediction_saves_dropout_masks_of_one_byte(monkeypatch):
     assert noise - fused == 3 * (5 * 16 * 16 * 64 + 16 * 64)
 
 
+@pytest.mark.parametrize("techniques, per_layer", [((tech("bf16"),), 34), ((tech("bf16"), tech("checkpoint")), 2)])
+def test_a_transformer_layer_keeps_what_korthikanti_counts(techniques, per_layer):
+    """Korthikanti et al. 2022 (arXiv:2205.05198): in 16-bit a transformer layer keeps s·b·h·(34 + 5·a·s/h)
+    bytes for backward, 2·s·b·h with full recomputation. Flash attention keeps no s×s matrix (the second
+    term), only per-token statistics; the 34 counts one-byte dropout masks, as CUDA keeps them (CPU's
+    dropout would make it 36). One layer is the difference between BERT-base with three and with two."""
+    s, b, h = 512, 16, 768
+    kept = []
+    for model in ("tests.helpers:BERT_BASE_2", "tests.helpers:BERT_BASE_3"):
+        run = spec(model, techniques, batch_size=b, seq_len=s)
+        kept.append(predict(run, run.cpu, cuda=True)["predicted_activation_bytes"])
+    assert per_layer <= (kept[1] - kept[0]) / (s * b * h) < per_layer + 0.1  # 34.07: the statistics
+
+
 def test_techniques_that_cannot_be_predicted_say_why():
     for name in ("compile", "offload", "adamw-8bit"):
         out = predict(spec("vit-tiny", (tech(name),)))
