@@ -208,3 +208,12 @@ def _bert_base_layers(layers: int) -> ModelSpec:
 
 
 BERT_BASE_2, BERT_BASE_3 = _bert_base_layers(2), _bert_base_layers(3)
+
+
+def _vit_l16(shapes: Shapes) -> nn.Module:
+    from torchvision.models import vit_l_16
+
+    return vit_l_16(weights=None, image_size=shapes.image_size)
+
+
+VIT_L16 = ModelSpec("vit-l16", _vit_l16, "image", num_classes=1000, attention=True)
