@@ -179,6 +179,8 @@ def test_predict_command_prints_the_table_and_rejects_a_bad_budget(tmp_path):
     assert re.search(line, out.stderr, re.M)
     bad = subprocess.run(cmd + ["--budget", "lots"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "expected a size" in bad.stderr
+    bad = subprocess.run(cmd + ["--jobs", "0"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--jobs: expected a whole number of at least 1, got '0'" in bad.stderr
 
 
 def test_predicting_in_processes_gives_the_same_table_in_the_suite_order():
