@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.optim import optimizer as torch_optimizer
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
@@ -44,8 +45,8 @@ if TYPE_CHECKING:  # the table is built in the CLI only: every run's worker impo
 
 ASSUMPTIONS = (
     "fake CPU tensors stand for CUDA ones, in 512-byte blocks; attention runs CUDA's fused kernels as CUDA "
-    "picks them (flash for 16-bit inputs without a mask, else memory-efficient; the sdpa technique's "
-    "backend where named); dropout saves a one-byte mask; an optimizer left to choose runs foreach; "
+    "picks them (flash for 16-bit inputs without a mask, else memory-efficient, or math for grouped keys; "
+    "the sdpa technique's backend where named); dropout saves a one-byte mask; an optimizer left to choose runs foreach; "
     "autocast uses CPU's op lists; batch norm saves no cuDNN reserve space; allocator workspaces and "
     "fragmentation are not modelled; float16 autocast leaves out its GradScaler; a value read off a tensor "
     "(.item(), as Adafactor's norms) reads as 1"
@@ -63,11 +64,21 @@ def cuda_attention(backend: str | None) -> Iterator[None]:
     (in backward) takes the same route as the forward."""
     original = F.scaled_dot_product_attention
 
-    def routed(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
+    def routed(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
+               **kwargs):
+        if torch.is_autocast_enabled("cpu"):  # CUDA's autocast casts attention's inputs (CPU's stands in for it)
+            dtype = torch.get_autocast_dtype("cpu")
+            query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
         flash = query.dtype in (torch.float16, torch.bfloat16) and attn_mask is None and query.shape[-1] <= 256
-        if backend == "math" or kwargs:  # e.g. enable_gqa: leave such calls to PyTorch
-            return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **kwargs)
-        if backend in ("flash", "cudnn") or (backend is None and flash):
+        fused = backend in ("flash", "cudnn") or (backend is None and flash)
+        # Grouped keys (fewer key/value heads than query heads, as Llama's): flash and cuDNN take them as they
+        # are, CUDA's memory-efficient kernel does not, and such a call runs the math path there.
+        grouped = enable_gqa and key.shape[-3] != query.shape[-3]
+        if backend == "math" or kwargs or (grouped and not fused):
+            with sdpa_kernel(SDPBackend.MATH):
+                return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+                                enable_gqa=enable_gqa, **kwargs)
+        if fused:
             return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False,
                                                             scale=scale)[0]
         return aten._scaled_dot_product_efficient_attention(query, key, value, attn_mask, query.requires_grad,

@@ -110,6 +110,19 @@ def test_vit_l16_at_batch_1_needs_what_the_optimizer_in_backward_tutorial_measur
     assert 3.5 < peak(tech("optimizer-in-backward")) < 4.5  # 4.01
 
 
+def test_grouped_keys_take_flash_in_16_bit_and_the_math_path_otherwise_as_on_cuda():
+    """Llama-style attention with fewer key/value heads than query heads: CUDA's flash kernel takes the grouped
+    keys, its memory-efficient one does not, so float32 falls back to math (s×s scores). Under autocast the
+    inputs are cast to 16-bit first (rotary embeddings leave the query in float32)."""
+    def peak(*techniques):
+        run = spec("tests.helpers:TINY_LM", techniques, batch_size=4, seq_len=256)
+        return predict(run, run.cpu, cuda=True)["predicted_peak_tensor_bytes"]
+
+    amp = tech("amp", dtype="bfloat16")
+    assert peak() == peak(tech("sdpa", backend="math"))
+    assert peak(amp) == peak(amp, tech("sdpa", backend="flash")) < peak(amp, tech("sdpa", backend="math"))
+
+
 def test_techniques_that_cannot_be_predicted_say_why():
     for name in ("compile", "offload", "adamw-8bit"):
         out = predict(spec("vit-tiny", (tech(name),)))
