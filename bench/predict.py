@@ -46,10 +46,10 @@ if TYPE_CHECKING:  # the table is built in the CLI only: every run's worker impo
 ASSUMPTIONS = (
     "fake CPU tensors stand for CUDA ones, in 512-byte blocks; attention runs CUDA's fused kernels as CUDA "
     "picks them (flash for 16-bit inputs without a mask, else memory-efficient, or math for grouped keys; "
-    "the sdpa technique's backend where named); dropout saves a one-byte mask; an optimizer left to choose runs foreach; "
-    "autocast uses CPU's op lists; batch norm saves no cuDNN reserve space; allocator workspaces and "
-    "fragmentation are not modelled; float16 autocast leaves out its GradScaler; a value read off a tensor "
-    "(.item(), as Adafactor's norms) reads as 1"
+    "the sdpa technique's backend where named); dropout saves a one-byte mask; an optimizer left to "
+    "choose runs foreach; autocast uses CPU's op lists; batch norm saves no cuDNN reserve space; allocator "
+    "workspaces and fragmentation are not modelled; float16 autocast leaves out its GradScaler; a value read "
+    "off a tensor (.item(), as Adafactor's norms) reads as 1"
 )
 CPU = torch.device("cpu")
 aten = torch.ops.aten
