@@ -186,9 +186,9 @@ def _fake_step(spec: RunSpec, techniques: list[Technique], ctx: RunContext, roun
     # Pretrained weights (spec.weights) are not read: their values change no tensor's size.
     with torch.device("meta"):  # no initialisation work, and none of the init ops fake tensors refuse
         model = ctx.model_spec.build(ctx.shapes)
-    cuda = ctx.predicting  # a CPU run keeps CPU's kernels
+    kernels = _as_cuda(backend) if ctx.predicting else nullcontext()  # a CPU run keeps CPU's kernels
     with FakeTensorMode(allow_non_fake_inputs=True), ScalarsReadAsOne(), parameters_as_real(), masks_as_real(), \
-            _as_cuda(backend) if cuda else nullcontext():
+            kernels:
         model = _fake_copy(model)
         runner = (Predictor(model, ctx.model_spec, techniques, ctx) if spec.mode == "inference"
                   else Trainer(model, ctx.model_spec, techniques, ctx, spec.lr))
@@ -309,12 +309,12 @@ def _predicted_rows(runs: list[RunSpec], budget: int | None, jobs: int) -> Itera
     """(index, row) for each run as it is done: here, or in spawned processes (fork is unsafe once torch
     has started threads). A process costs an import of torch (about 5 s and 1 GB), so there is one per run
     at most. Ctrl-C reaches the parent only, which stops the processes on its way out."""
-    work = [(i, spec, budget) for i, spec in enumerate(runs)]
-    if min(jobs, len(runs)) <= 1:
+    work, processes = [(i, spec, budget) for i, spec in enumerate(runs)], min(jobs, len(runs))
+    if processes <= 1:
         yield from map(_indexed_row, work)
         return
     context = multiprocessing.get_context("spawn")
-    with context.Pool(min(jobs, len(runs)), initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)) \
+    with context.Pool(processes, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)) \
             as pool:  # leaving the block terminates the processes, finished or not
         yield from pool.imap_unordered(_indexed_row, work)
 

@@ -7,6 +7,7 @@ import sys
 import time
 from contextlib import nullcontext
 from dataclasses import replace
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -15,7 +16,7 @@ from bench.data.synthetic import clone_batch
 from bench.measure.memory import tracked_step
 from bench import predict as prediction
 from bench.predict import largest_batch, parse_size, predict
-from bench.suite import load, select
+from bench.suite import TechniqueSpec, load, select
 from tests.conftest import CPU, build_trainer
 from tests.helpers import spec, tech
 
@@ -57,12 +58,17 @@ def test_cuda_prediction_counts_in_allocator_blocks_and_counts_flops():
     assert cuda["predicted_flops_per_step"] > 0
 
 
+def cuda_prediction(model: str, *techniques: TechniqueSpec, **shapes: Any) -> dict[str, Any]:
+    """A run's CUDA-modelled prediction at the shapes given (``spec``'s keywords), small enough for tests."""
+    run = spec(model, techniques, **shapes)
+    return predict(run, run.cpu, cuda=True)
+
+
 def test_cuda_prediction_takes_the_optimizer_implementation_cuda_would():
     """At batch 1 the optimizer step holds the peak: the default AdamW is predicted as foreach (its √v for all
     parameters at once), as CUDA runs it, not as the single-tensor loop CPU tensors get."""
     def peak(*techniques):
-        run = spec("vit-tiny", techniques, batch_size=1)
-        out = predict(run, run.cpu, cuda=True)
+        out = cuda_prediction("vit-tiny", *techniques, batch_size=1)
         assert out["predicted_peak_phase"] == "optimizer"
         return out["predicted_peak_tensor_bytes"]
 
@@ -77,10 +83,9 @@ def test_cuda_prediction_saves_dropout_masks_of_one_byte(monkeypatch):
     """CUDA's dropout is the fused kernel, which keeps a bool mask; CPU's keeps float32 noise: three bytes
     more per element. bert-tiny drops out five times at batch × sequence × hidden (16·16·64: embeddings,
     then attention output and feed-forward in each of two layers) and once on the pooled output (16·64)."""
-    run = spec("bert-tiny", batch_size=16, seq_len=16)
-    fused = predict(run, run.cpu, cuda=True)["predicted_activation_bytes"]
+    fused = cuda_prediction("bert-tiny", batch_size=16, seq_len=16)["predicted_activation_bytes"]
     monkeypatch.setattr(prediction, "cuda_dropout", nullcontext)
-    noise = predict(run, run.cpu, cuda=True)["predicted_activation_bytes"]
+    noise = cuda_prediction("bert-tiny", batch_size=16, seq_len=16)["predicted_activation_bytes"]
     assert noise - fused == 3 * (5 * 16 * 16 * 64 + 16 * 64)
 
 
@@ -91,10 +96,8 @@ def test_a_transformer_layer_keeps_what_korthikanti_counts(techniques, per_layer
     term), only per-token statistics; the 34 counts one-byte dropout masks, as CUDA keeps them (CPU's
     dropout would make it 36). One layer is the difference between BERT-base with three and with two."""
     s, b, h = 512, 16, 768
-    kept = []
-    for model in ("tests.helpers:BERT_BASE_2", "tests.helpers:BERT_BASE_3"):
-        run = spec(model, techniques, batch_size=b, seq_len=s)
-        kept.append(predict(run, run.cpu, cuda=True)["predicted_activation_bytes"])
+    kept = [cuda_prediction(model, *techniques, batch_size=b, seq_len=s)["predicted_activation_bytes"]
+            for model in ("tests.helpers:BERT_BASE_2", "tests.helpers:BERT_BASE_3")]
     assert per_layer <= (kept[1] - kept[0]) / (s * b * h) < per_layer + 0.1  # 34.07: the statistics
 
 
@@ -103,8 +106,8 @@ def test_vit_l16_at_batch_1_needs_what_the_optimizer_in_backward_tutorial_measur
     about 4 GB with the step fused into backward. The first holds only if Adam is predicted as foreach:
     the single-tensor loop's temporaries would make it 4.9 GB."""
     def peak(*techniques):
-        run = spec("tests.helpers:VIT_L16", techniques, batch_size=1, image_size=224)
-        return predict(run, run.cpu, cuda=True)["predicted_peak_tensor_bytes"] / 1e9
+        return cuda_prediction("tests.helpers:VIT_L16", *techniques, batch_size=1,
+                               image_size=224)["predicted_peak_tensor_bytes"] / 1e9
 
     assert 5.5 < peak() < 6.5  # 6.09
     assert 3.5 < peak(tech("optimizer-in-backward")) < 4.5  # 4.01
@@ -115,8 +118,8 @@ def test_grouped_keys_take_flash_in_16_bit_and_the_math_path_otherwise_as_on_cud
     keys, its memory-efficient one does not, so float32 falls back to math (s×s scores). Under autocast the
     inputs are cast to 16-bit first (rotary embeddings leave the query in float32)."""
     def peak(*techniques):
-        run = spec("tests.helpers:TINY_LM", techniques, batch_size=4, seq_len=256)
-        return predict(run, run.cpu, cuda=True)["predicted_peak_tensor_bytes"]
+        return cuda_prediction("tests.helpers:TINY_LM", *techniques, batch_size=4,
+                               seq_len=256)["predicted_peak_tensor_bytes"]
 
     amp = tech("amp", dtype="bfloat16")
     assert peak() == peak(tech("sdpa", backend="math"))
