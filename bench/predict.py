@@ -46,10 +46,10 @@ if TYPE_CHECKING:  # the table is built in the CLI only: every run's worker impo
 ASSUMPTIONS = (
     "fake CPU tensors stand for CUDA ones, in 512-byte blocks; attention runs CUDA's fused kernels as CUDA "
     "picks them (flash for 16-bit inputs without a mask, else memory-efficient, or math for grouped keys; "
-    "the sdpa technique's backend where named); dropout saves a one-byte mask; an optimizer left to "
-    "choose runs foreach; autocast uses CPU's op lists; batch norm saves no cuDNN reserve space; allocator "
-    "workspaces and fragmentation are not modelled; float16 autocast leaves out its GradScaler; a value read "
-    "off a tensor (.item(), as Adafactor's norms) reads as 1"
+    "the sdpa technique's backend where named); dropout, the math path's too, saves a one-byte mask; an "
+    "optimizer left to choose runs foreach; autocast uses CPU's op lists; batch norm saves no cuDNN reserve "
+    "space; allocator workspaces and fragmentation are not modelled; float16 autocast leaves out its "
+    "GradScaler; a value read off a tensor (.item(), as Adafactor's norms) reads as 1"
 )
 CPU = torch.device("cpu")
 aten = torch.ops.aten
@@ -74,6 +74,8 @@ def cuda_attention(backend: str | None) -> Iterator[None]:
         # Grouped keys (fewer key/value heads than query heads, as Llama's): flash and cuDNN take them as they
         # are, CUDA's memory-efficient kernel does not, and such a call runs the math path there.
         grouped = enable_gqa and key.shape[-3] != query.shape[-3]
+        if (backend == "math" or (grouped and not fused)) and dropout_p > 0 and not kwargs:
+            return math_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, grouped)[0]
         if backend == "math" or kwargs or (grouped and not fused):
             with sdpa_kernel(SDPBackend.MATH):
                 return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
@@ -86,6 +88,43 @@ def cuda_attention(backend: str | None) -> Iterator[None]:
 
     with patch.object(F, "scaled_dot_product_attention", routed):
         yield
+
+
+def math_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
+                   dropout_p: float, is_causal: bool, scale: float | None,
+                   grouped: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """ATen's math path (``_scaled_dot_product_attention_math``) step for step, with its dropout as CUDA runs
+    it: output and attention weights. That composite calls ``at::dropout`` from C++, out of cuda_dropout's
+    reach, which on a CPU tensor keeps float32 noise the size of the s×s scores where CUDA's fused kernel
+    keeps a one-byte mask."""
+    dtype = query.dtype
+    if attn_mask is not None and attn_mask.dtype == torch.bool:  # as SDPA converts it, before the math path
+        attn_mask = torch.where(attn_mask, torch.tensor(0.0, dtype=dtype), torch.tensor(-math.inf, dtype=dtype))
+    # Names as ATen's locals, so each tensor lives as long as there: the float32 copies (the math path
+    # computes in float32) and the repeated heads until it returns, the scores only until softmax.
+    query_acc, key_acc, value_acc = (t.float() if dtype in (torch.float16, torch.bfloat16) else t
+                                     for t in (query, key, value))
+    factor = math.sqrt(abs(scale) if scale is not None else 1 / math.sqrt(query.shape[-1]))
+    query = query_acc * factor  # q and k each scaled by √scale, for stability
+    if is_causal:
+        attn_mask = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool).tril()
+        attn_mask = torch.where(attn_mask, torch.tensor(0.0), torch.tensor(-math.inf))
+    # each key/value head repeated for its group of query heads
+    key_expanded, value_expanded = ((_repeat_heads(t, query.shape[-3]) for t in (key_acc, value_acc)) if grouped
+                                    else (key_acc, value_acc))
+    attn = query @ (key_expanded.transpose(-2, -1) * factor)
+    if attn_mask is not None:
+        attn = attn + attn_mask
+    attn = aten._safe_softmax(attn, -1)
+    if dropout_p > 0:
+        attn = torch.native_dropout(attn, dropout_p, True)[0]
+    weights = attn.to(dtype)  # ATen casts the weights it returns first, then the output
+    return (attn @ value_expanded).to(dtype), weights
+
+
+def _repeat_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+    *batch, kv, s, d = t.shape
+    return t.unsqueeze(-3).expand(*batch, kv, heads // kv, s, d).reshape(*batch, heads, s, d)
 
 
 @contextmanager

@@ -11,9 +11,13 @@ from typing import Any
 
 import pandas as pd
 import pytest
+import torch
+from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from bench.data.synthetic import clone_batch
 from bench.measure.memory import tracked_step
+from bench.measure.tracker import LiveBytes
 from bench import predict as prediction
 from bench.predict import largest_batch, parse_size, predict
 from bench.suite import TechniqueSpec, load, select
@@ -87,6 +91,63 @@ def test_cuda_prediction_saves_dropout_masks_of_one_byte(monkeypatch):
     monkeypatch.setattr(prediction, "cuda_dropout", nullcontext)
     noise = cuda_prediction("bert-tiny", batch_size=16, seq_len=16)["predicted_activation_bytes"]
     assert noise - fused == 3 * (5 * 16 * 16 * 64 + 16 * 64)
+
+
+def attention_bytes(fn, inputs: tuple[torch.Tensor, ...]) -> tuple[list[torch.Tensor], int, int]:
+    """fn's output and its inputs' gradients, the bytes of the storages autograd keeps for backward, and the
+    peak live bytes of forward and backward as the tracker counts them."""
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with LiveBytes(CPU) as live:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = fn()
+        grads = torch.autograd.grad(out.sum(), inputs)
+    return [out.detach(), *grads], sum(storages.values()), live.peak
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kv_heads, mask, causal", [(4, None, False), (2, None, True), (4, "bool", False),
+                                                    (2, "float", False)])
+def test_the_math_path_is_atens_step_for_step_with_cudas_one_byte_dropout_mask(dtype, kv_heads, mask, causal):
+    """predict's copy of ATen's math attention computes the same values and gradients, keeps the same tensors
+    and peaks at the same bytes as ATen's own; with dropout on, it keeps a bool mask where CPU's kept float32
+    noise over the 2·4·8·8 weights (float32 in 16-bit too: the math path computes in float32)."""
+    torch.manual_seed(0)
+    qkv = tuple(torch.randn(2, heads, 8, 16, dtype=dtype, requires_grad=True) for heads in (4, kv_heads, kv_heads))
+    m = {None: None, "bool": torch.rand(2, 1, 8, 8) > 0.3, "float": torch.randn(2, 1, 8, 8, dtype=dtype)}[mask]
+
+    def aten_math(p: float) -> torch.Tensor:
+        with sdpa_kernel(SDPBackend.MATH):
+            return F.scaled_dot_product_attention(*qkv, m, p, causal, scale=0.3, enable_gqa=True)
+
+    def copy(p: float) -> torch.Tensor:
+        return prediction.math_attention(*qkv, m, p, causal, 0.3, grouped=kv_heads != 4)[0]
+
+    (theirs, kept, peak), (mine, mine_kept, mine_peak) = (attention_bytes(lambda: f(0.0), qkv)
+                                                          for f in (aten_math, copy))
+    assert all(torch.equal(a, b) and a.dtype == b.dtype == dtype for a, b in zip(mine, theirs))
+    assert (mine_kept, mine_peak) == (kept, peak)
+    noise, fused = (attention_bytes(lambda: f(0.1), qkv)[1] for f in (aten_math, copy))
+    assert noise - fused == 3 * 2 * 4 * 8 * 8
+
+
+def test_cuda_prediction_of_the_math_path_saves_its_attention_dropout_mask_in_one_byte(monkeypatch):
+    """bert-tiny with sdpa's math backend drops out its s×s attention weights (p 0.1) in each of two layers of
+    two heads: a bool mask apiece on CUDA, where ATen's composite on a CPU tensor keeps float32 noise."""
+    aten_math = F.scaled_dot_product_attention  # the prediction routes the module's name to its own
+
+    def cpu_noise(q, k, v, m, p, causal, scale, grouped):
+        with sdpa_kernel(SDPBackend.MATH):
+            return aten_math(q, k, v, m, p, causal, scale=scale, enable_gqa=grouped), None
+
+    fused = cuda_prediction("bert-tiny", tech("sdpa", backend="math"), batch_size=16, seq_len=16)
+    monkeypatch.setattr(prediction, "math_attention", cpu_noise)
+    noise = cuda_prediction("bert-tiny", tech("sdpa", backend="math"), batch_size=16, seq_len=16)
+    assert noise["predicted_activation_bytes"] - fused["predicted_activation_bytes"] == 3 * 2 * 16 * 2 * 16 * 16
 
 
 @pytest.mark.parametrize("techniques, per_layer", [((tech("bf16"),), 34), ((tech("bf16"), tech("checkpoint")), 2)])
