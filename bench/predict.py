@@ -192,13 +192,28 @@ def optimizers_as_cuda() -> Iterator[None]:
 
 
 class ScalarsReadAsOne(TorchDispatchMode):
-    """Fake tensors hold no values, so reading one (``.item()``) fails; an optimizer that scales its step by
-    a norm (Adafactor) would be unpredictable. Memory does not depend on such a value: it reads as 1."""
+    """Fake tensors hold no values, so reading one (``.item()``, ``bool()``) fails; an optimizer that scales
+    its step by a norm (Adafactor) would be unpredictable. Memory does not depend on such a value: it reads
+    as 1. Under ``inference_mode`` the read reaches this mode undecomposed, as ``item`` or ``is_nonzero``."""
+
+    READS = (aten._local_scalar_dense.default, aten.item.default, aten.is_nonzero.default)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is aten._local_scalar_dense.default:
-            return True if args[0].dtype == torch.bool else 1
+        if func in self.READS:
+            return True if args[0].dtype == torch.bool or func is aten.is_nonzero.default else 1
         return func(*args, **(kwargs or {}))
+
+
+class BatchNormStatsAsReal(TorchDispatchMode):
+    """Batch norm saves its batch mean and inverse std for backward in the weight's dtype, as CPU's kernel
+    and cuDNN's do (float32 under autocast); the meta kernel fake tensors run gives them the input's."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        weight = args[1] if len(args) > 1 else None
+        if func is aten.native_batch_norm.default and weight is not None and out[1].dtype != weight.dtype:
+            return out[0], out[1].to(weight.dtype), out[2].to(weight.dtype)
+        return out
 
 
 def predict(spec: RunSpec, shapes: Shapes | None = None, cuda: bool = True) -> dict[str, Any]:
@@ -226,8 +241,8 @@ def _fake_step(spec: RunSpec, techniques: list[Technique], ctx: RunContext, roun
     with torch.device("meta"):  # no initialisation work, and none of the init ops fake tensors refuse
         model = ctx.model_spec.build(ctx.shapes)
     kernels = _as_cuda(backend) if ctx.predicting else nullcontext()  # a CPU run keeps CPU's kernels
-    with FakeTensorMode(allow_non_fake_inputs=True), ScalarsReadAsOne(), parameters_as_real(), masks_as_real(), \
-            kernels:
+    with FakeTensorMode(allow_non_fake_inputs=True), ScalarsReadAsOne(), BatchNormStatsAsReal(), \
+            parameters_as_real(), masks_as_real(), kernels:
         model = _fake_copy(model)
         runner = (Predictor(model, ctx.model_spec, techniques, ctx) if spec.mode == "inference"
                   else Trainer(model, ctx.model_spec, techniques, ctx, spec.lr))

@@ -39,9 +39,19 @@ from tests.helpers import spec, tech
     ("vit-tiny", (tech("lora"),)),
     ("tests.helpers:TINY_LM", ()),  # a language model: logits for every position, scored on the next token
     ("tests.helpers:TINY_LM", (tech("checkpoint"),)),
+    ("resnet-tiny", (tech("amp", dtype="bfloat16"),)),  # batch norm's statistics in the weight's dtype, float32
 ])
 def test_fake_tensor_prediction_equals_the_real_tracked_step_on_cpu(model, techniques):
-    run = spec(model, techniques, batch_size=16)
+    assert_predicted_exactly(spec(model, techniques, batch_size=16))
+
+
+def test_inference_mode_predicts_exactly_though_its_reads_come_undecomposed():
+    """Under inference_mode, transformers' padding check (bool of a tensor) reaches the fake mode as
+    is_nonzero, not as the value read it decomposes into elsewhere."""
+    assert_predicted_exactly(spec("bert-tiny", (tech("inference-mode"),), batch_size=16, mode="inference"))
+
+
+def assert_predicted_exactly(run) -> None:
     trainer, batch = build_trainer(run)
     trainer.step(batch)
     real = tracked_step(lambda: trainer.step(clone_batch(batch)), trainer.model, trainer.optimizer, CPU)
