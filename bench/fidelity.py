@@ -5,8 +5,8 @@ its techniques on real data from the same initial weights and the same data orde
 (both follow the seed), then evaluate on the held-out split. The baseline is trained with several seeds;
 the spread of their accuracies is the noise band a delta is held against.
 
-A language model (objective "next-token") trains on each sequence followed by its class as one more token,
-and is scored on predicting that token.
+A language model (objective "next-token") trains on each sequence followed by its class as one more token
+(padding is no target), and is scored on predicting that token.
 
 Inference suites train the plain model instead, then evaluate it under the run's techniques, and also
 report how often its predictions agree with the fp32 model's.
@@ -38,6 +38,9 @@ def run_fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str
     model_spec = models.resolve(fid.model or spec.model)
     train, test = real.load(fid.dataset, model_spec.inputs, fid.image_size)
     classes = train.num_classes
+    if len(train) < fid.batch_size:  # no full batch to draw: training would wait for one forever
+        raise real.DataError(f"dataset {fid.dataset!r}: {len(train)} training samples, fewer than [fidelity] "
+                             f"batch_size = {fid.batch_size}; lower batch_size or use a larger dataset")
     if model_spec.objective == "next-token":
         train, test = real.with_label_token(train), real.with_label_token(test)
         if real.LABEL_TOKEN + classes > model_spec.num_classes:
@@ -110,13 +113,15 @@ def _inference_seed(spec: RunSpec, fid: Fidelity, model_spec: ModelSpec, shapes:
 def _batches(data: real.Labelled, fid: Fidelity, seed: int, device: torch.device,
              model_spec: ModelSpec) -> Iterator[Batch]:
     """Shuffled batches from a seeded generator, epoch after epoch: the same order for every technique.
-    A language model's targets are its input ids (the class is the last of them)."""
+    A language model's targets are its input ids (the class is the last of them), padding left out."""
     g = torch.Generator().manual_seed(seed)
     while True:
         order = torch.randperm(len(data), generator=g)
         for i in range(0, len(order) - fid.batch_size + 1, fid.batch_size):
             inputs, labels = data.batch(order[i:i + fid.batch_size], device)
-            yield inputs, inputs["input_ids"] if model_spec.objective == "next-token" else labels
+            if model_spec.objective == "next-token":
+                labels = inputs["input_ids"].masked_fill(inputs["input_ids"] == real.PAD, models.IGNORE)
+            yield inputs, labels
 
 
 def _gradients(model: nn.Module, model_spec: ModelSpec, batch: Batch) -> dict[str, torch.Tensor]:
@@ -136,12 +141,13 @@ def _cosine(reference: dict[str, torch.Tensor], captured: dict[str, torch.Tensor
     return nn.functional.cosine_similarity(a, b, dim=0).item()
 
 
-def _class_scores(model_spec: ModelSpec, logits: torch.Tensor, classes: int) -> torch.Tensor:
+def _class_scores(model_spec: ModelSpec, logits: torch.Tensor, inputs: Any, classes: int) -> torch.Tensor:
     """A language model's scores for the classes are its logits for the class tokens at the position before
-    the class token (causal: it has seen the sequence, not the class)."""
+    the class token, each sequence's last (causal: it has seen the sequence, not the class)."""
     if model_spec.objective == "classify":
         return logits
-    return logits[:, -2, real.LABEL_TOKEN:real.LABEL_TOKEN + classes]
+    before = real.lengths(inputs["input_ids"]) - 2
+    return logits[torch.arange(len(logits)), before, real.LABEL_TOKEN:real.LABEL_TOKEN + classes]
 
 
 def _evaluate(runner: Trainer | Predictor, test: real.Labelled, device: torch.device,
@@ -155,9 +161,9 @@ def _evaluate(runner: Trainer | Predictor, test: real.Labelled, device: torch.de
     predictions, loss = [], 0.0
     with torch.no_grad():
         for i in range(0, n, EVAL_BATCH):
-            logits, labels = forward(runner.spec, model, techniques, test.batch(torch.arange(i, i + EVAL_BATCH) % n,
-                                                                                  device))
-            logits = _class_scores(runner.spec, logits, classes).float()[: n - i]
+            batch = test.batch(torch.arange(i, i + EVAL_BATCH) % n, device)
+            logits, labels = forward(runner.spec, model, techniques, batch)
+            logits = _class_scores(runner.spec, logits, batch[0], classes).float()[: n - i]
             loss += nn.functional.cross_entropy(logits, labels[: n - i], reduction="sum").item()
             predictions.append(logits.argmax(dim=1).cpu())
     model.train(was_training)

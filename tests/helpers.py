@@ -178,8 +178,8 @@ SMALL_VOCAB_LM = ModelSpec("small-vocab", _tiny_llama, "tokens", num_classes=24,
 
 
 class _ClassTokenOracle(nn.Module):
-    """Reads the class token at the end of a sequence and predicts it at the position before: a language
-    model that is always right, if it is scored where the class token is predicted."""
+    """Reads the class token, each sequence's last before its padding, and predicts it at the position
+    before: a language model that is always right, if it is scored where the class token is predicted."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -187,7 +187,8 @@ class _ClassTokenOracle(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:
         logits = torch.zeros(*input_ids.shape, LM_VOCAB) + self.weight
-        logits[:, -2] += nn.functional.one_hot(input_ids[:, -1], LM_VOCAB)
+        rows, last = torch.arange(len(input_ids)), attention_mask.sum(dim=1) - 1
+        logits[rows, last - 1] += nn.functional.one_hot(input_ids[rows, last], LM_VOCAB)
         return {"logits": logits}
 
 

@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from bench.data import real
-from bench.fidelity import run_fidelity
-from bench.models import MODELS
+from bench.fidelity import _batches, run_fidelity
+from bench.models import IGNORE, MODELS
 from bench.results import accuracy_vs_baseline
 from bench.suite import Fidelity, Shapes
-from tests.helpers import spec, tech
+from tests.helpers import TINY_LM, spec, tech
 
 CPU = torch.device("cpu")
 QUICK = Fidelity(steps=60, batch_size=32, lr=1e-3, seeds=2, image_size=16)
@@ -55,6 +55,30 @@ def test_a_language_model_is_scored_on_the_class_token_it_predicts():
     train, _ = real.load("digits", "tokens", 8)
     sequences = real.with_label_token(train)
     assert torch.equal(sequences.inputs[:, -1], real.LABEL_TOKEN + train.labels)
+
+
+def test_a_language_model_on_padded_sequences_gets_its_class_token_after_the_last_token_and_no_padding_targets(
+        tmp_path):
+    """Saved token ids of three lengths, padded to the longest: the class token follows each sequence's own
+    last token, padding is no target, and the oracle is scored where each sequence's class is predicted."""
+    datasets = pytest.importorskip("datasets")
+    rows = [[real.CLS, 5, 6], [real.CLS, 7], [real.CLS, 8, 9, 4]] * 8
+    saved = datasets.Dataset.from_dict({"input_ids": rows, "labels": [0, 1, 2] * 8})
+    datasets.DatasetDict({"train": saved, "test": saved.select(range(3))}).save_to_disk(tmp_path / "tok")
+    fid = replace(QUICK, dataset=f"hf:{tmp_path / 'tok'}", batch_size=4, steps=2, seeds=1)
+    assert run_fidelity(spec("tests.helpers:ORACLE_LM"), fid, CPU)["accuracy"] == 1.0
+    c, pad = real.LABEL_TOKEN, real.PAD
+    padded = torch.tensor([[real.CLS, 5, 6, pad], [real.CLS, 7, pad, pad], [real.CLS, 8, 9, 4]])
+    sequences = real.with_label_token(real.Labelled(padded, torch.tensor([0, 1, 2])))
+    assert sequences.inputs.tolist() == [[real.CLS, 5, 6, c, pad], [real.CLS, 7, c + 1, pad, pad],
+                                         [real.CLS, 8, 9, 4, c + 2]]
+    inputs, targets = next(_batches(sequences, replace(fid, batch_size=3), 0, CPU, TINY_LM))
+    assert torch.equal(targets == IGNORE, inputs["input_ids"] == real.PAD) and (targets == IGNORE).sum() == 3
+
+
+def test_a_dataset_smaller_than_the_batch_is_refused_instead_of_waiting_forever():
+    with pytest.raises(real.DataError, match=r"1438 training samples, fewer than \[fidelity\] batch_size = 2000"):
+        run_fidelity(spec("vit-tiny"), replace(QUICK, batch_size=2000), CPU)
 
 
 def test_a_language_model_too_small_for_the_class_tokens_is_refused():

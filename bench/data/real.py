@@ -51,9 +51,17 @@ class Labelled:
 
 
 def with_label_token(data: Labelled) -> Labelled:
-    """Sequences for a language model: the class appended as one more token, which it learns as the last
-    next token of the sequence and is scored on predicting (the labels stay the classes)."""
-    return Labelled(torch.cat([data.inputs, LABEL_TOKEN + data.labels[:, None]], dim=1), data.labels)
+    """Sequences for a language model: the class as one more token right after each sequence's last token,
+    before its padding, which it learns as that sequence's last next token and is scored on predicting (the
+    labels stay the classes)."""
+    ids = F.pad(data.inputs, (0, 1), value=PAD)
+    ids[torch.arange(len(ids)), lengths(data.inputs)] = LABEL_TOKEN + data.labels
+    return Labelled(ids, data.labels)
+
+
+def lengths(ids: torch.Tensor) -> torch.Tensor:
+    """Each sequence's length: the position after its last token that is not padding (padding trails)."""
+    return ((ids != PAD) * torch.arange(1, ids.shape[1] + 1, device=ids.device)).amax(dim=1)
 
 
 def load(source: str, kind: str, image_size: int) -> tuple[Labelled, Labelled]:
