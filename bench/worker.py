@@ -165,7 +165,8 @@ def main(spec_path: str, out_path: str) -> int:
             result |= cuda_peaks(device)
         if group.world_size > 1:
             result |= {"failed_rank": group.rank, "world_size": group.world_size}
-            Path(f"{out_path}.rank{group.rank}").write_text(json.dumps(result | runtime_provenance(device), default=str))
+            own = result | runtime_provenance(device)
+            Path(f"{out_path}.rank{group.rank}").write_text(json.dumps(own, default=str))
             return 1
     per_rank = distributed.gather(result | runtime_provenance(device), group)
     if per_rank is not None:

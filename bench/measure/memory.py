@@ -1,6 +1,7 @@
 """Memory figures. CUDA: the caching allocator's own statistics and NVML's view of the process.
 Any device: the peak of live tensor bytes (a dispatch-mode tracker, see tracker.py), the bytes held
-from forward into backward, model-state bytes, and the process's resident-set peak. A figure that cannot be had here is absent, never 0."""
+from forward into backward, model-state bytes, and the process's resident-set peak. A figure that cannot
+be had here is absent, never 0."""
 
 from __future__ import annotations
 

@@ -33,7 +33,8 @@ def test_full_size_models_match_their_published_sizes(name, params, blocks):
 @pytest.mark.parametrize("name", ["resnet-tiny", "vit-tiny", "bert-tiny"])
 def test_tiny_models_take_their_synthetic_batch(name):
     spec = MODELS.get(name)
-    shapes = Shapes(6, image_size=32 if spec.inputs == "image" else None, seq_len=16 if spec.inputs == "tokens" else None)
+    image = spec.inputs == "image"
+    shapes = Shapes(6, image_size=32 if image else None, seq_len=None if image else 16)
     model = spec.build(shapes)
     inputs, labels = synthetic_batch(spec, shapes, seed=0, device=CPU)
     assert labels.shape == (6,) and int(labels.max()) < spec.num_classes

@@ -43,8 +43,10 @@ def test_harness_step_is_as_fast_and_as_small_as_a_hand_written_loop(benchmark):
             times.append(time.perf_counter() - start)
     ratio = statistics.median(theirs) / statistics.median(ours)  # throughput of the harness / of the hand loop
     # Batches cloned inside the tracked step, as the worker does, so both count the batch alike.
-    peak = tracked_step(lambda: trainer.step(clone_batch(batch)), trainer.model, trainer.optimizer, CPU)["peak_tensor_bytes"]
-    hand = tracked_step(lambda: hand_loop(model, optimizer, clone_batch(batch)), model, optimizer, CPU)["peak_tensor_bytes"]
+    peak = tracked_step(lambda: trainer.step(clone_batch(batch)), trainer.model, trainer.optimizer,
+                        CPU)["peak_tensor_bytes"]
+    hand = tracked_step(lambda: hand_loop(model, optimizer, clone_batch(batch)), model, optimizer,
+                        CPU)["peak_tensor_bytes"]
     print(f"\nthroughput harness / hand loop: {ratio:.3f}; peak memory harness / hand loop: {peak / hand:.4f}")
     benchmark.extra_info |= {"throughput_ratio": ratio, "peak_ratio": peak / hand}
     benchmark.pedantic(lambda: trainer.step(batch), rounds=5, iterations=1)

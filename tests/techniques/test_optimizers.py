@@ -62,7 +62,8 @@ def test_optimizer_in_backward_rejects_accumulation_and_fp16_scaling(tmp_path):
     path.write_text('model = "vit-tiny"\nbaseline = "a"\n[shapes.gpu]\nbatch_size = 8\nimage_size = 32\n'
                     '[shapes.cpu]\nbatch_size = 8\nimage_size = 32\n'
                     '[[runs]]\nname = "a"\ntechniques = ["optimizer-in-backward", "accumulate"]\n'
-                    '[[runs]]\nname = "b"\ntechniques = ["optimizer-in-backward", { name = "amp", dtype = "float16" }]\n')
+                    '[[runs]]\nname = "b"\n'
+                    'techniques = ["optimizer-in-backward", { name = "amp", dtype = "float16" }]\n')
     with pytest.raises(SuiteError) as info:
         load(path)
     found = "\n".join(info.value.problems)
