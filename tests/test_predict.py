@@ -173,7 +173,7 @@ def test_a_transformer_layer_keeps_what_korthikanti_counts(techniques, per_layer
     s, b, h = 512, 16, 768
     kept = [cuda_prediction(model, *techniques, batch_size=b, seq_len=s)["predicted_activation_bytes"]
             for model in ("tests.helpers:BERT_BASE_2", "tests.helpers:BERT_BASE_3")]
-    assert per_layer <= (kept[1] - kept[0]) / (s * b * h) < per_layer + 0.1  # 34.07: the statistics
+    assert per_layer <= (kept[1] - kept[0]) / (s * b * h) < per_layer + 0.1  # 34.08: the statistics
 
 
 def test_vit_l16_at_batch_1_needs_what_the_optimizer_in_backward_tutorial_measured():
