@@ -37,7 +37,7 @@ from bench.infer import Predictor
 from bench.measure.memory import tracked_step
 from bench.measure.tracker import CUDA_BLOCK
 from bench.suite import RunSpec, Shapes
-from bench.techniques import RunContext, Technique
+from bench.techniques import RunContext, Technique, Unsupported
 from bench.train import Trainer
 
 if TYPE_CHECKING:  # the table is built in the CLI only: every run's worker imports this module
@@ -75,6 +75,8 @@ def cuda_attention(backend: str | None) -> Iterator[None]:
         # Grouped keys (fewer key/value heads than query heads, as Llama's): flash and cuDNN take them as they
         # are, CUDA's memory-efficient kernel does not, and such a call runs the math path there.
         grouped = enable_gqa and key.shape[-3] != query.shape[-3]
+        if why := _refused(backend, query, attn_mask, grouped):
+            raise Unsupported(f"{backend} attention on CUDA {why}")
         if (backend == "math" or (grouped and not fused)) and dropout_p > 0 and not kwargs:
             return math_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, grouped)[0]
         if backend == "math" or kwargs or (grouped and not fused):
@@ -89,6 +91,20 @@ def cuda_attention(backend: str | None) -> Iterator[None]:
 
     with patch.object(F, "scaled_dot_product_attention", routed):
         yield
+
+
+def _refused(backend: str | None, query: torch.Tensor, attn_mask: torch.Tensor | None, grouped: bool) -> str | None:
+    """Why the kernel the sdpa technique pins would refuse this call on CUDA (its checks in sdp_utils), as the
+    run there would find out; None where it takes the call."""
+    if backend in ("flash", "cudnn") and query.dtype not in (torch.float16, torch.bfloat16):
+        return f"takes 16-bit inputs only; this call's are {query.dtype}"
+    if backend == "flash" and attn_mask is not None:
+        return "takes no attention mask; this call has one"
+    if backend == "flash" and query.shape[-1] > 256:
+        return f"takes head sizes up to 256; this call's is {query.shape[-1]}"
+    if backend == "efficient" and grouped:
+        return "takes no grouped keys (fewer key/value heads than query heads)"
+    return None
 
 
 def math_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
@@ -239,6 +255,8 @@ def predict(spec: RunSpec, shapes: Shapes | None = None, cuda: bool = True) -> d
         return {"predicted_status": "unsupported", "predicted_message": reason}
     try:
         figures = _fake_step(spec, techniques, ctx, CUDA_BLOCK if cuda else 1)
+    except Unsupported as exc:  # a kernel CUDA would refuse: the run would be unsupported there too
+        return {"predicted_status": "unsupported", "predicted_message": str(exc)}
     except Exception as exc:  # noqa: BLE001  a technique that needs real values (e.g. .item()) cannot be predicted
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         return {"predicted_status": "unpredictable", "predicted_message": f"{type(exc).__name__}: {first}"}

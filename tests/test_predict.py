@@ -201,6 +201,20 @@ def test_grouped_keys_take_flash_in_16_bit_and_the_math_path_otherwise_as_on_cud
     assert peak(amp) == peak(amp, tech("sdpa", backend="flash")) < peak(amp, tech("sdpa", backend="math"))
 
 
+@pytest.mark.parametrize("model, techniques, why", [
+    ("bert-tiny", (tech("sdpa", backend="flash"),), "flash attention on CUDA takes 16-bit inputs only"),
+    ("bert-tiny", (tech("sdpa", backend="cudnn"),), "cudnn attention on CUDA takes 16-bit inputs only"),
+    ("tests.helpers:TINY_LM", (tech("sdpa", backend="efficient"),), "efficient attention on CUDA takes no grouped"),
+])
+def test_a_pinned_attention_kernel_cuda_would_refuse_makes_the_prediction_unsupported(model, techniques, why):
+    """As the run on CUDA would be (the sdpa technique turns the kernel's refusal into `unsupported`), instead
+    of a figure for a kernel that never runs; under autocast the same kernels take the call."""
+    out = cuda_prediction(model, *techniques, batch_size=4, seq_len=16)
+    assert out["predicted_status"] == "unsupported" and out["predicted_message"].startswith(why)
+    amp = cuda_prediction(model, *techniques[:1], tech("amp", dtype="bfloat16"), batch_size=4, seq_len=16)
+    assert amp["predicted_status"] == ("unsupported" if "grouped" in why else "ok")
+
+
 def test_techniques_that_cannot_be_predicted_say_why():
     for name in ("compile", "offload", "adamw-8bit"):
         out = predict(spec("vit-tiny", (tech(name),)))
