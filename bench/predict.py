@@ -70,11 +70,11 @@ def cuda_attention(backend: str | None) -> Iterator[None]:
         if torch.is_autocast_enabled("cpu"):  # CUDA's autocast casts attention's inputs (CPU's stands in for it)
             dtype = torch.get_autocast_dtype("cpu")
             query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
-        flash = query.dtype in (torch.float16, torch.bfloat16) and attn_mask is None and query.shape[-1] <= 256
-        fused = backend in ("flash", "cudnn") or (backend is None and flash)
         # Grouped keys (fewer key/value heads than query heads, as Llama's): flash and cuDNN take them as they
         # are, CUDA's memory-efficient kernel does not, and such a call runs the math path there.
         grouped = enable_gqa and key.shape[-3] != query.shape[-3]
+        flash = _refused("flash", query, attn_mask, grouped) is None  # what CUDA picks first, left to choose
+        fused = backend in ("flash", "cudnn") or (backend is None and flash)
         if why := _refused(backend, query, attn_mask, grouped):
             raise Unsupported(f"{backend} attention on CUDA {why}")
         if (backend == "math" or (grouped and not fused)) and dropout_p > 0 and not kwargs:
@@ -94,8 +94,8 @@ def cuda_attention(backend: str | None) -> Iterator[None]:
 
 
 def _refused(backend: str | None, query: torch.Tensor, attn_mask: torch.Tensor | None, grouped: bool) -> str | None:
-    """Why the kernel the sdpa technique pins would refuse this call on CUDA (its checks in sdp_utils), as the
-    run there would find out; None where it takes the call."""
+    """Why this kernel would refuse this call on CUDA (its checks in sdp_utils), as a run there pinned to it
+    would find out; None where it takes the call."""
     if backend in ("flash", "cudnn") and query.dtype not in (torch.float16, torch.bfloat16):
         return f"takes 16-bit inputs only; this call's are {query.dtype}"
     if backend == "flash" and attn_mask is not None:

@@ -1,5 +1,4 @@
 import io
-import json
 import os
 import re
 import signal
@@ -17,6 +16,7 @@ import torch
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from bench import results
 from bench.data.synthetic import clone_batch
 from bench.measure.memory import tracked_step
 from bench.measure.tracker import LiveBytes
@@ -327,8 +327,9 @@ def test_a_transformers_without_the_fake_tensor_check_is_left_as_it_is(monkeypat
 @pytest.mark.parametrize("run", ["bf16-pure", "amp-bf16"])
 def test_vit_activations_equal_what_the_h100_tracked_byte_for_byte(run):
     """The tracker on an H100 counted what forward kept for backward in ViT-B/16 at batch 64 (records under
-    results/). The prediction counts the same bytes only with layer norm's statistics in float32, as CUDA
-    keeps them for 16-bit inputs (CPU's kernel, and the meta one, keep bfloat16: 1.2 MB less in pure bf16)."""
-    record = json.loads(next(RESULTS.glob(f"vit/nvidia-h100*/{run}.json")).read_text())
+    results/). In pure bf16 the prediction counts the same bytes only with layer norm's statistics in float32,
+    as CUDA keeps them for 16-bit inputs (CPU's kernel, and the meta one, keep bfloat16: 1.2 MB less); under
+    autocast layer norm runs in float32 already, and that run guards the rest of the path."""
+    record = results.read(next(RESULTS.glob(f"vit/nvidia-h100*/{run}.json")))
     out = predict(RunSpec.from_dict(record["spec"]))
     assert out["predicted_activation_bytes"] == record["activation_bytes"]
