@@ -35,7 +35,7 @@ from bench import models
 from bench.data.synthetic import clone_batch, synthetic_batch
 from bench.infer import Predictor
 from bench.measure.memory import tracked_step
-from bench.measure.tracker import CUDA_BLOCK
+from bench.measure.tracker import CUDA_BLOCK, on_host
 from bench.suite import RunSpec, Shapes
 from bench.techniques import RunContext, Technique, Unsupported
 from bench.train import Trainer
@@ -44,13 +44,13 @@ if TYPE_CHECKING:  # the table is built in the CLI only: every run's worker impo
     import pandas as pd
 
 ASSUMPTIONS = (
-    "fake CPU tensors stand for CUDA ones, in 512-byte blocks; attention runs CUDA's fused kernels as CUDA "
-    "picks them (flash for 16-bit inputs without a mask, else memory-efficient, or math for grouped keys; "
-    "the sdpa technique's backend where named); dropout, the math path's too, saves a one-byte mask; an "
-    "optimizer left to choose runs foreach; norms save their statistics in CUDA's dtypes; autocast uses "
-    "CPU's op lists; batch norm saves no cuDNN reserve space; allocator workspaces and fragmentation are not "
-    "modelled; float16 autocast leaves out its GradScaler; a value read off a tensor (.item(), as Adafactor's "
-    "norms) reads as 1"
+    "fake CPU tensors stand for CUDA ones, in 512-byte blocks; attention runs CUDA's fused kernels as CUDA picks "
+    "them (flash for 16-bit inputs without a mask, else memory-efficient, or math for grouped keys; the sdpa "
+    "technique's backend where named); dropout, the math path's too, saves a one-byte mask; an optimizer left to "
+    "choose runs foreach; norms save their statistics in CUDA's dtypes; Adam's step counters and the "
+    "memory-efficient kernel's RNG seed and offset live on the host, as on CUDA; autocast uses CPU's op lists; "
+    "batch norm saves no cuDNN reserve space; allocator workspaces and fragmentation are not modelled; float16 "
+    "autocast leaves out its GradScaler; a value read off a tensor (.item(), as Adafactor's norms) reads as 1"
 )
 CPU = torch.device("cpu")
 aten = torch.ops.aten
@@ -221,11 +221,13 @@ class ScalarsReadAsOne(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-class NormStatisticsAsReal(TorchDispatchMode):
-    """The mean and inverse std a norm saves for backward, in the dtype the real kernel gives them, where the
-    meta kernels fake tensors run give them the input's. Batch norm: the weight's (float32 under autocast), in
-    CPU's kernel and cuDNN's alike. Layer norm on CUDA (``cuda``): float32 for 16-bit inputs, its accumulation
-    type, where CPU's kernel keeps the input's (pure bf16 ViT-B at batch 64: 1.2 MB)."""
+class OutputsAsReal(TorchDispatchMode):
+    """Outputs as the real kernels return them, where the meta kernels fake tensors run differ in what is counted.
+    The mean and inverse std a norm saves for backward, in the real kernel's dtype where the meta kernel gives
+    the input's. Batch norm: the weight's (float32 under autocast), in CPU's kernel and cuDNN's alike. Layer
+    norm on CUDA (``cuda``): float32 for 16-bit inputs, its accumulation type, where CPU's kernel keeps the
+    input's (pure bf16 ViT-B at batch 64: 1.2 MB). And on CUDA, the memory-efficient attention kernel's RNG
+    seed and offset, which it keeps on the host outside CUDA-graph capture (two 512-byte blocks a layer)."""
 
     def __init__(self, cuda: bool) -> None:
         super().__init__()
@@ -233,6 +235,8 @@ class NormStatisticsAsReal(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if func is aten._scaled_dot_product_efficient_attention.default and self.cuda:
+            return out[0], out[1], on_host(out[2]), on_host(out[3])
         if func is aten.native_batch_norm.default and args[1] is not None:
             dtype = args[1].dtype
         elif func is aten.native_layer_norm.default and self.cuda and args[0].dtype in (torch.float16, torch.bfloat16):
@@ -240,6 +244,16 @@ class NormStatisticsAsReal(TorchDispatchMode):
         else:
             return out
         return out[0], out[1].to(dtype), out[2].to(dtype)
+
+
+def host_state(optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+    """The optimizer state CUDA keeps on the host: torch.optim's scalar state (Adam's step counter, one per
+    parameter) outside capturable and fused groups."""
+    if optimizer is None:
+        return []
+    on_device = {id(p) for g in optimizer.param_groups if g.get("capturable") or g.get("fused") for p in g["params"]}
+    return [v for p, state in optimizer.state.items() if id(p) not in on_device
+            for v in state.values() if torch.is_tensor(v) and v.dim() == 0]
 
 
 def predict(spec: RunSpec, shapes: Shapes | None = None, cuda: bool = True) -> dict[str, Any]:
@@ -269,7 +283,7 @@ def _fake_step(spec: RunSpec, techniques: list[Technique], ctx: RunContext, roun
     with torch.device("meta"):  # no initialisation work, and none of the init ops fake tensors refuse
         model = ctx.model_spec.build(ctx.shapes)
     kernels = _as_cuda(backend) if ctx.predicting else nullcontext()  # a CPU run keeps CPU's kernels
-    with FakeTensorMode(allow_non_fake_inputs=True), ScalarsReadAsOne(), NormStatisticsAsReal(ctx.predicting), \
+    with FakeTensorMode(allow_non_fake_inputs=True), ScalarsReadAsOne(), OutputsAsReal(ctx.predicting), \
             parameters_as_real(), masks_as_real(), kernels:
         model = _fake_copy(model)
         runner = (Predictor(model, ctx.model_spec, techniques, ctx) if spec.mode == "inference"
@@ -280,6 +294,9 @@ def _fake_step(spec: RunSpec, techniques: list[Technique], ctx: RunContext, roun
         # measured step.
         with FlopCounterMode(display=False) as flops:
             runner.step(batch)
+        if ctx.predicting:  # the counters that first step made
+            for t in host_state(runner.optimizer):
+                on_host(t)
         step = lambda: runner.step(clone_batch(batch))  # noqa: E731  the batch counts, as in the worker
         figures = tracked_step(step, runner.model, runner.optimizer, CPU, rounding)
     return {**figures, "flops_per_step": flops.get_total_flops()}

@@ -29,6 +29,13 @@ def inner_tensors(t: torch.Tensor) -> list[torch.Tensor]:
     return [x for n in names if isinstance(x := getattr(t, n), torch.Tensor)]
 
 
+def on_host(t: torch.Tensor) -> torch.Tensor:
+    """Marks ``t`` as standing for a tensor the modelled device keeps on the host, so it is not counted:
+    a prediction's fake CPU tensors stand for CUDA ones, and a few of those live on the host there."""
+    t.on_host = True
+    return t
+
+
 def storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
     if is_traceable_wrapper_subclass(t):
         return [s for inner in inner_tensors(t) for s in storages(inner)]
@@ -73,7 +80,7 @@ class LiveBytes(TorchDispatchMode):
         return out
 
     def _count(self, t: torch.Tensor, label: str | None = None) -> None:
-        if t.device.type != self.device_type:
+        if t.device.type != self.device_type or getattr(t, "on_host", False):
             return
         if is_traceable_wrapper_subclass(t):  # e.g. an 8-bit optimizer state: count what it wraps
             for inner in inner_tensors(t):

@@ -2,7 +2,7 @@ import torch
 from torch import nn
 
 from bench.measure.memory import tensor_bytes, tracked_step
-from bench.measure.tracker import LiveBytes
+from bench.measure.tracker import LiveBytes, on_host
 
 CPU = torch.device("cpu")
 
@@ -19,6 +19,14 @@ def test_counts_new_storages_once_and_uncounts_them_when_freed():
     assert tracker.peak == 6000
     del b
     assert tracker.current == 0
+
+
+def test_a_tensor_marked_as_on_the_host_is_not_counted():
+    """A prediction's fake CPU tensors stand for CUDA ones; the few CUDA keeps on the host are marked so."""
+    tracker = LiveBytes(CPU)
+    state = [torch.zeros(1000), on_host(torch.zeros(())), on_host(torch.zeros(()))]
+    tracker.add(state, "optimizer_state")
+    assert tracker.current == 4000
 
 
 def test_mlp_step_under_adam_matches_the_analytic_figures():
