@@ -51,6 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--results", type=Path, default=Path("results"), help="results root (default: results)")
     run.add_argument("--force", action="store_true", help="redo runs that already have a stored record")
     run.add_argument("--only", metavar="PATTERNS", help="comma-separated run names or globs, e.g. 'baseline,amp-*'")
+    run.add_argument("--no-fidelity", action="store_true",
+                     help="skip every run's fidelity phase (the accuracy delta): memory and speed only, sooner")
     run.add_argument("--snapshot", action="store_true",
                      help="CUDA: save each run's instrumented step as <run>.snapshot.pickle for memory_viz")
     run.add_argument("--torchrun", metavar="ARGS", default="",
@@ -106,6 +108,8 @@ def _run(args: argparse.Namespace) -> int:
     suite = suites.load(suite_path(args.suite))
     if args.only:
         suite = suites.select(suite, args.only.split(","))
+    if args.no_fidelity:
+        suite = suites.without_fidelity(suite)
     torchrun = tuple(shlex.split(args.torchrun))
     if args.slurm is not None:
         from bench.cluster import parse_options, sweep_slurm

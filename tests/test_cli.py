@@ -1,6 +1,7 @@
 import subprocess
 import sys
 
+from bench import results
 from bench.cli import main
 
 
@@ -23,6 +24,14 @@ def test_bad_suite_exits_2_listing_every_problem_and_writes_nothing(tmp_path):
     assert f"{bad}: extra: unknown key" in out.stderr
     assert f"{bad}: shapes: required table" in out.stderr
     assert not (tmp_path / "results").exists()
+
+
+def test_no_fidelity_measures_without_the_accuracy_phase(tmp_path):
+    out = bench("run", "smoke", "--only", "baseline", "--device", "cpu", "--no-fidelity", "--results", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    (record,) = results.load_records(tmp_path / "smoke")
+    assert record["status"] == "ok" and record["peak_tensor_bytes"] > 0
+    assert "accuracy" not in record and "fidelity_cpu" not in record["spec"]
 
 
 def test_list_shows_techniques_with_their_options(capsys):

@@ -4,7 +4,8 @@
 ``load`` reads a file; ``techniques`` and ``fidelity`` check those parts of it, ``values`` single values.
 """
 
-from bench.suite.load import load, select
+from bench.suite.load import load, select, without_fidelity
 from bench.suite.spec import Fidelity, RunSpec, Shapes, Suite, SuiteError, TechniqueSpec
 
-__all__ = ["Fidelity", "RunSpec", "Shapes", "Suite", "SuiteError", "TechniqueSpec", "load", "select"]
+__all__ = ["Fidelity", "RunSpec", "Shapes", "Suite", "SuiteError", "TechniqueSpec", "load", "select",
+           "without_fidelity"]

@@ -66,6 +66,12 @@ def select(suite: Suite, patterns: list[str]) -> Suite:
                    order=suite.order or tuple(r.name for r in suite.runs))
 
 
+def without_fidelity(suite: Suite) -> Suite:
+    """Every run without its fidelity phase (``--no-fidelity``): memory and speed only, sooner. The runs are
+    keyed as entries with ``fidelity = false``, so a record made with the phase is not taken for one without."""
+    return replace(suite, runs=tuple(replace(r, fidelity_gpu=None, fidelity_cpu=None) for r in suite.runs))
+
+
 def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
     for key in raw.keys() - TOP_KEYS.keys():
         problems.append(f"{key}: unknown key; allowed: {', '.join(TOP_KEYS)}")

@@ -198,6 +198,14 @@ def test_fidelity_table_with_per_device_overrides_and_a_per_run_switch(tmp_path)
     assert suites.RunSpec.from_dict(base.to_dict()) == base
 
 
+def test_no_fidelity_drops_the_phase_and_keys_runs_as_fidelity_false(tmp_path):
+    suite = load(write_suite(tmp_path, FIDELITY))
+    off = load(write_suite(tmp_path, FIDELITY.replace('techniques = []', 'fidelity = false\ntechniques = []')))
+    base = suites.without_fidelity(suite).runs[0]
+    assert base.fidelity("cpu") is None and base.fidelity("cuda") is None
+    assert base.key("cpu") == off.runs[0].key("cpu") != suite.runs[0].key("cpu")
+
+
 def test_fidelity_problems_are_reported_with_their_keys(tmp_path):
     text = GOOD.replace('"checkpoint"]', '{ name = "accumulate", micro_batches = 2 }]') + """
 [fidelity]
