@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from bench import distributed, models
-from bench.data.synthetic import clone_batch, samples_in, synthetic_batch
+from bench.data.synthetic import Batch, clone_batch, samples_in, synthetic_batch
 from bench.fidelity import run_fidelity
 from bench.infer import Predictor
 from bench.measure.flops import mfu
@@ -36,14 +36,17 @@ from bench.models.weights import digest
 from bench.predict import predict
 from bench.provenance import runtime_provenance
 from bench.suite import Fidelity, RunSpec
-from bench.techniques import RunContext, Unsupported
+from bench.techniques import RunContext, Technique, Unsupported
 from bench.train import Trainer
 
+Runner = Trainer | Predictor
 OOM_MESSAGES = ("out of memory", "not enough memory", "can't allocate memory")
 
 
 def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None,
             group: distributed.Group = distributed.Group()) -> dict[str, Any]:
+    """One run, phase by phase: its own prediction, build, warm-up, one instrumented step, the timed steps,
+    and the fidelity phase; a technique that cannot run here ends it as unsupported before any of them."""
     model_spec = models.resolve(spec.model)
     shapes = spec.shapes(device.type)
     ctx = RunContext(device, model_spec, shapes, spec.lr, world_size=group.world_size, rank=group.rank)
@@ -55,54 +58,17 @@ def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None,
     prediction = _prediction(spec, device)  # before anything real is allocated
     prediction["prediction_s"] = round(time.perf_counter() - clock, 2)
     clock = time.perf_counter()
-    torch.manual_seed(spec.seed)
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = True  # fixed shapes: let warm-up pick the fastest kernels
-    model, figures = models.build_model(model_spec, shapes, spec.weights)
-    if spec.weights:  # once per run: the fidelity phase loads the same file again for each seed
-        figures["weights_sha256"] = digest(spec.weights)
-    model = model.to(device)
-    trainer = (Predictor(model, model_spec, techniques, ctx) if spec.mode == "inference"
-               else Trainer(model, model_spec, techniques, ctx, spec.lr))
-    batch = synthetic_batch(model_spec, shapes, spec.seed, device)
+    trainer, batch, figures = _build(spec, techniques, ctx)
     # Warm-up: allocator, cuDNN autotune, optimizer state, compilation. The first step is timed on its
     # own, since that is where one-off costs (compilation above all) land.
     figures["first_step_ms"] = time_steps(lambda: trainer.step(batch), 1, device)[0]
     for _ in range(shapes.warmup_steps - 1):
         trainer.step(batch)
-    # Memory pass: one instrumented step. The tracker slows a step, so it is kept out of the timing.
-    if snapshot:  # the allocator's history of the instrumented step, for pytorch.org/memory_viz
-        torch.cuda.memory._record_memory_history(max_entries=200_000)
-    if all(t.trackable for t in techniques):
-        figures |= tracked_step(lambda: trainer.step(clone_batch(batch)), trainer.model, trainer.optimizer, device)
-    else:  # compiled code (torch.compile, torchao's optimizers) runs no Python the tracker could see
-        figures |= model_state_bytes(trainer.model, trainer.optimizer)
-    if snapshot:
-        torch.cuda.memory._dump_snapshot(snapshot)
-        torch.cuda.memory._record_memory_history(enabled=None)
-        figures["snapshot"] = Path(snapshot).name
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        torch.cuda.reset_accumulated_memory_stats(device)  # retries and OOMs of the timed steps only
-    times = time_steps(lambda: trainer.step(batch), shapes.measure_steps, device)
-    if device.type == "cuda":
-        figures |= cuda_peaks(device)
-        figures["nvml_process_bytes"] = nvml_process_bytes(device)
-        figures |= overheads(figures)
-    tokens = shapes.seq_len if model_spec.inputs == "tokens" else None
+    figures |= _memory_pass(trainer, batch, all(t.trackable for t in techniques), device, snapshot)
     # Data-parallel ranks each take their own batch: a step of the group processes world_size of them.
     batches = group.world_size if any(t.data_parallel for t in techniques) else 1
-    figures |= summarize(times, samples_in(batch) * batches, tokens)
-    figures["step_times_ms"] = times
-    figures["rss_peak_bytes"] = rss_peak_bytes()
-    figures["param_count"] = sum(p.numel() for p in trainer.model.parameters())
-    figures["trainable_param_count"] = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
-    # Model states as the sharding formulas count them (ZeRO: 16·Ψ per rank for Adam, 16·Ψ/N fully sharded).
-    figures["model_state_bytes"] = sum(figures.get(k) or 0 for k in ("param_bytes", "gradient_bytes",
-                                                                       "optimizer_state_bytes"))
-    figures["proof"] = trainer.proof()
-    figures |= prediction | {"flops_per_step": prediction.get("predicted_flops_per_step")}
+    figures |= _timed_pass(trainer, batch, samples_in(batch) * batches, ctx)
+    figures |= _counts(trainer, figures) | prediction | {"flops_per_step": prediction.get("predicted_flops_per_step")}
     if device.type == "cuda":
         figures |= mfu(figures | {"tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
                                   "device": torch.cuda.get_device_name(device)})
@@ -113,6 +79,68 @@ def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None,
         figures |= _fidelity(spec, fid, device)
         figures["fidelity_s"] = round(time.perf_counter() - clock, 2)
     return {"status": "ok", "message": "", **figures}
+
+
+def _build(spec: RunSpec, techniques: list[Technique], ctx: RunContext) -> tuple[Runner, Batch, dict[str, Any]]:
+    """The model on its device, wrapped with its techniques in a trainer (or predictor); the synthetic batch
+    every step takes; and what the build reports (what loading the weights found, their digest)."""
+    torch.manual_seed(spec.seed)
+    if ctx.device.type == "cuda":
+        torch.backends.cudnn.benchmark = True  # fixed shapes: let warm-up pick the fastest kernels
+    model, figures = models.build_model(ctx.model_spec, ctx.shapes, spec.weights)
+    if spec.weights:  # once per run: the fidelity phase loads the same file again for each seed
+        figures["weights_sha256"] = digest(spec.weights)
+    model = model.to(ctx.device)
+    trainer = (Predictor(model, ctx.model_spec, techniques, ctx) if spec.mode == "inference"
+               else Trainer(model, ctx.model_spec, techniques, ctx, spec.lr))
+    return trainer, synthetic_batch(ctx.model_spec, ctx.shapes, spec.seed, ctx.device), figures
+
+
+def _memory_pass(trainer: Runner, batch: Batch, trackable: bool, device: torch.device,
+                 snapshot: str | None) -> dict[str, Any]:
+    """One instrumented step, kept out of the timing since the tracker slows it; with ``snapshot``, the
+    allocator's history of that step is saved there, for pytorch.org/memory_viz."""
+    if snapshot:
+        torch.cuda.memory._record_memory_history(max_entries=200_000)
+    if trackable:
+        figures = tracked_step(lambda: trainer.step(clone_batch(batch)), trainer.model, trainer.optimizer, device)
+    else:  # compiled code (torch.compile, torchao's optimizers) runs no Python the tracker could see
+        figures = model_state_bytes(trainer.model, trainer.optimizer)
+    if snapshot:
+        torch.cuda.memory._dump_snapshot(snapshot)
+        torch.cuda.memory._record_memory_history(enabled=None)
+        figures["snapshot"] = Path(snapshot).name
+    return figures
+
+
+def _timed_pass(trainer: Runner, batch: Batch, samples: int, ctx: RunContext) -> dict[str, Any]:
+    """The timed steps, and on CUDA the allocator's and NVML's figures over them alone."""
+    device = ctx.device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        torch.cuda.reset_accumulated_memory_stats(device)  # retries and OOMs of the timed steps only
+    times = time_steps(lambda: trainer.step(batch), ctx.shapes.measure_steps, device)
+    figures: dict[str, Any] = {}
+    if device.type == "cuda":
+        figures |= cuda_peaks(device)
+        figures["nvml_process_bytes"] = nvml_process_bytes(device)
+        figures |= overheads(figures)
+    tokens = ctx.shapes.seq_len if ctx.model_spec.inputs == "tokens" else None
+    return figures | summarize(times, samples, tokens) | {"step_times_ms": times, "rss_peak_bytes": rss_peak_bytes()}
+
+
+def _counts(trainer: Runner, figures: dict[str, Any]) -> dict[str, Any]:
+    """Parameter counts, model states as the sharding formulas count them (ZeRO: 16·Ψ per rank for Adam,
+    16·Ψ/N fully sharded), and the trainer's proof that each technique took effect."""
+    params = list(trainer.model.parameters())
+    return {
+        "param_count": sum(p.numel() for p in params),
+        "trainable_param_count": sum(p.numel() for p in params if p.requires_grad),
+        "model_state_bytes": sum(figures.get(k) or 0 for k in ("param_bytes", "gradient_bytes",
+                                                                "optimizer_state_bytes")),
+        "proof": trainer.proof(),
+    }
 
 
 def _prediction(spec: RunSpec, device: torch.device) -> dict[str, Any]:
