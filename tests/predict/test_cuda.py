@@ -1,70 +1,20 @@
-import io
-import os
-import re
-import signal
-import subprocess
-import sys
-import time
 from contextlib import nullcontext
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import pytest
 import torch
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from bench import results
-from bench.data.synthetic import clone_batch
-from bench.measure.memory import tracked_step
 from bench.measure.tracker import LiveBytes
-from bench import predict as prediction
-from bench.predict import largest_batch, parse_size, predict
-from bench.suite import RunSpec, TechniqueSpec, load, select
-from tests.conftest import CPU, build_trainer
+from bench.predict import cuda, predict
+from bench.suite import RunSpec, TechniqueSpec
+from tests.conftest import CPU
 from tests.helpers import spec, tech
 
-RESULTS = Path(__file__).parent.parent / "results"
-
-
-@pytest.mark.parametrize("model, techniques", [
-    ("vit-tiny", ()),
-    ("vit-tiny", (tech("checkpoint"),)),
-    ("bert-tiny", ()),  # transformers skips the attention mask of an unpadded batch, fake or real
-    ("vit-tiny", (tech("amp", dtype="bfloat16"), tech("accumulate", micro_batches=2))),
-    ("resnet-tiny", (tech("optimizer", kind="sgd"),)),
-    ("resnet-tiny", (tech("channels-last"),)),  # fake tensors cannot be swapped: it converts in place
-    ("vit-tiny", (tech("bf16"),)),
-    ("vit-tiny", (tech("optimizer", kind="adafactor"),)),  # reads norms with .item(): they read as 1
-    ("vit-tiny", (tech("optimizer", kind="adamw", impl="foreach"),)),  # temporaries over all parameters
-    ("bert-tiny", (tech("lora"),)),  # peft casts its adapters with .to(): set in place, as on real tensors
-    ("vit-tiny", (tech("lora"),)),
-    ("tests.helpers:TINY_LM", ()),  # a language model: logits for every position, scored on the next token
-    ("tests.helpers:TINY_LM", (tech("checkpoint"),)),
-    ("resnet-tiny", (tech("amp", dtype="bfloat16"),)),  # batch norm's statistics in the weight's dtype, float32
-])
-def test_fake_tensor_prediction_equals_the_real_tracked_step_on_cpu(model, techniques):
-    assert_predicted_exactly(spec(model, techniques, batch_size=16))
-
-
-def test_inference_mode_predicts_exactly_though_its_reads_come_undecomposed():
-    """Under inference_mode, transformers' padding check (bool of a tensor) reaches the fake mode as
-    is_nonzero, not as the value read it decomposes into elsewhere."""
-    assert_predicted_exactly(spec("bert-tiny", (tech("inference-mode"),), batch_size=16, mode="inference"))
-
-
-def assert_predicted_exactly(run) -> None:
-    trainer, batch = build_trainer(run)
-    trainer.step(batch)
-    real = tracked_step(lambda: trainer.step(clone_batch(batch)), trainer.model, trainer.optimizer, CPU)
-    fake = predict(run, run.cpu, cuda=False)
-    assert fake["predicted_status"] == "ok", fake
-    at_peak = [k for k in real if k.startswith("at_peak_")]
-    for key in ("peak_tensor_bytes", "activation_bytes", "param_bytes", "optimizer_state_bytes", "peak_phase",
-                *at_peak):
-        assert fake[f"predicted_{key}"] == real[key], key
+RESULTS = Path(__file__).parent.parent.parent / "results"
 
 
 def test_cuda_prediction_counts_in_allocator_blocks_and_counts_flops():
@@ -102,7 +52,7 @@ def test_cuda_prediction_saves_dropout_masks_of_one_byte(monkeypatch):
     more per element. bert-tiny drops out five times at batch × sequence × hidden (16·16·64: embeddings,
     then attention output and feed-forward in each of two layers) and once on the pooled output (16·64)."""
     fused = cuda_prediction("bert-tiny", batch_size=16, seq_len=16)["predicted_activation_bytes"]
-    monkeypatch.setattr(prediction, "cuda_dropout", nullcontext)
+    monkeypatch.setattr(cuda, "cuda_dropout", nullcontext)
     noise = cuda_prediction("bert-tiny", batch_size=16, seq_len=16)["predicted_activation_bytes"]
     assert noise - fused == 3 * (5 * 16 * 16 * 64 + 16 * 64)
 
@@ -139,7 +89,7 @@ def test_the_math_path_is_atens_step_for_step_with_cudas_one_byte_dropout_mask(d
             return F.scaled_dot_product_attention(*qkv, m, p, causal, scale=0.3, enable_gqa=True)
 
     def copy(p: float) -> torch.Tensor:
-        return prediction.math_attention(*qkv, m, p, causal, 0.3, grouped=kv_heads != 4)[0]
+        return cuda.math_attention(*qkv, m, p, causal, 0.3, grouped=kv_heads != 4)[0]
 
     (theirs, kept, peak), (mine, mine_kept, mine_peak) = (attention_bytes(lambda: f(0.0), qkv)
                                                           for f in (aten_math, copy))
@@ -159,7 +109,7 @@ def test_cuda_prediction_of_the_math_path_saves_its_attention_dropout_mask_in_on
             return aten_math(q, k, v, m, p, causal, scale=scale, enable_gqa=grouped), None
 
     fused = cuda_prediction("bert-tiny", tech("sdpa", backend="math"), batch_size=16, seq_len=16)
-    monkeypatch.setattr(prediction, "math_attention", cpu_noise)
+    monkeypatch.setattr(cuda, "math_attention", cpu_noise)
     noise = cuda_prediction("bert-tiny", tech("sdpa", backend="math"), batch_size=16, seq_len=16)
     assert noise["predicted_activation_bytes"] - fused["predicted_activation_bytes"] == 3 * 2 * 16 * 2 * 16 * 16
 
@@ -215,123 +165,14 @@ def test_a_pinned_attention_kernel_cuda_would_refuse_makes_the_prediction_unsupp
     assert amp["predicted_status"] == ("unsupported" if "grouped" in why else "ok")
 
 
-def test_techniques_that_cannot_be_predicted_say_why():
-    for name in ("compile", "offload", "adamw-8bit"):
-        out = predict(spec("vit-tiny", (tech(name),)))
-        assert out["predicted_status"] == "unpredictable" and out["predicted_message"].startswith(name)
-
-
-def test_full_size_models_predict_at_gpu_shapes_in_seconds():
-    start = time.monotonic()
-    for name in ("resnet", "bert", "vit"):
-        for run in select(load(f"suites/{name}.toml"), ["baseline", "checkpoint"]).runs:
-            out = predict(run)
-            assert out["predicted_status"] == "ok" and out["predicted_peak_tensor_bytes"] > 2**30, (name, out)
-    assert time.monotonic() - start < 90  # six full-size runs: about 15 s on a two-core CI machine
-
-
-def test_budget_search_finds_the_largest_batch_that_fits_in_a_handful_of_predictions(monkeypatch):
-    run = spec("vit-tiny", (tech("accumulate", micro_batches=2),), batch_size=16)
-    budget = predict(run, replace(run.gpu, batch_size=40))["predicted_peak_tensor_bytes"]
-    calls = []
-    monkeypatch.setattr(prediction, "predict", lambda *a: calls.append(a) or predict(*a))
-    best = largest_batch(run, budget)
-    assert best is not None and best % 2 == 0 and best >= 40
-    over = predict(run, replace(run.gpu, batch_size=best + 2))["predicted_peak_tensor_bytes"]
-    assert predict(run, replace(run.gpu, batch_size=best))["predicted_peak_tensor_bytes"] <= budget < over
-    assert len(calls) <= 6  # the peak is near linear in the batch: two points, a guess and its neighbour
-    assert largest_batch(run, 1000) is None
-
-
-@pytest.mark.parametrize("peak", [
-    lambda b: 10_000 + 300 * b,  # linear
-    lambda b: 10_000 + 300 * b + 4_000 * (b // 7),  # steps: a guess off the line, bisection finishes
-    lambda b: 10_000 + 3 * b * b,  # convex
-    lambda b: 10_000 + 300 * b if b < 50 else float("nan"),  # unpredictable past 50: does not fit
-    lambda b: max(30_000, 10_000 + 300 * b),  # the optimizer step holds the peak at small batches
-])
-def test_budget_search_agrees_with_trying_every_batch(monkeypatch, peak):
-    run = spec("vit-tiny", batch_size=16)
-    calls = []
-
-    def fake(spec, shapes):
-        calls.append(shapes.batch_size)
-        value = peak(shapes.batch_size)
-        return {"predicted_status": "ok", "predicted_peak_tensor_bytes": value} if value == value else \
-            {"predicted_status": "unpredictable"}
-
-    monkeypatch.setattr(prediction, "predict", fake)
-    for budget in (5_000, 10_300, 20_000, 24_567, 60_000, 10**9):
-        fits = [b for b in range(1, (1 << 16) + 1) if (p := peak(b)) == p and p <= budget]
-        calls.clear()
-        assert largest_batch(run, budget, limit=1 << 16) == (max(fits) if fits else None), budget
-        assert len(calls) <= 3 * 17, calls  # bounded by three times doubling then bisection over 1…65536
-
-
-def test_sizes_parse_with_binary_and_decimal_units():
-    assert parse_size("16GiB") == 16 * 2**30 and parse_size("80GB") == 80 * 10**9 and parse_size("512") == 512
-    with pytest.raises(ValueError, match="expected a size"):
-        parse_size("lots")
-
-
-def test_predict_command_prints_the_table_and_rejects_a_bad_budget(tmp_path):
-    cmd = [sys.executable, "-m", "bench", "predict", "smoke", "--only", "checkpoint", "--results", str(tmp_path)]
-    out = subprocess.run(cmd + ["--budget", "1GiB"], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert re.search(r"^\| checkpoint \| 32 \| ok \|.* \| yes \| \d+ \|", out.stdout, re.M), out.stdout  # no 194.0
-    assert "largest batch" in out.stdout and "Assumed:" in out.stderr
-    line = r"^\[2/\d+\] checkpoint: [\d.]+ GiB at batch 32, peak in \w+, largest batch \d+$"
-    assert re.search(line, out.stderr, re.M)
-    bad = subprocess.run(cmd + ["--budget", "lots"], capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and "expected a size" in bad.stderr
-    bad = subprocess.run(cmd + ["--jobs", "0"], capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and "--jobs: expected a whole number of at least 1, got '0'" in bad.stderr
-
-
-def test_predicting_in_processes_gives_the_same_table_in_the_suite_order():
-    runs = list(select(load("suites/smoke.toml"), ["baseline", "checkpoint", "amp-bf16"]).runs)
-    log = io.StringIO()
-    here = prediction.suite_table(runs, {}, None, log=io.StringIO(), jobs=1)
-    spawned = prediction.suite_table(runs, {}, None, log=log, jobs=2)  # the CLI test covers a budget
-    pd.testing.assert_frame_equal(here, spawned)
-    assert list(spawned["run"]) == ["baseline", "checkpoint", "amp-bf16"]
-    assert sorted(re.findall(r"^\[(\d)/3\]", log.getvalue(), re.M)) == ["1", "2", "3"]
-
-
-def test_ctrl_c_stops_predict_and_its_processes():
-    cmd = [sys.executable, "-m", "bench", "predict", "smoke", "--budget", "1GiB", "--jobs", "2"]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as in a terminal
-    first = proc.stderr.readline() + proc.stderr.readline()
-    assert "[" in first, first  # a run is done: the processes are up and predicting the others
-    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground group
-    rest = proc.stderr.read()
-    assert proc.wait(timeout=60) == 130 and "interrupted" in rest and "Traceback" not in rest, rest
-    deadline = time.monotonic() + 10  # multiprocessing's resource tracker exits once it sees the parent go
-    with pytest.raises(ProcessLookupError):
-        while time.monotonic() < deadline:
-            os.killpg(proc.pid, 0)  # raises once nothing of the group is left
-            time.sleep(0.2)
-
-
-def test_a_transformers_without_the_fake_tensor_check_is_left_as_it_is(monkeypatch):
-    import transformers.utils.import_utils as utils
-
-    from bench.predict import masks_as_real
-
-    monkeypatch.delattr(utils, "is_fake_tensor")
-    with masks_as_real():  # the GPU host's older transformers: nothing to patch, nothing raised
-        assert not hasattr(utils, "is_fake_tensor")
-
-
 def test_the_host_state_is_adams_step_counters_outside_fused_groups():
     params = [torch.nn.Parameter(torch.zeros(4, 4)) for _ in range(3)]
     plain, fused = torch.optim.AdamW(params[:2]), torch.optim.AdamW(params[2:], fused=True)
     for p in params:
         p.grad = torch.ones_like(p)
     plain.step(), fused.step()
-    assert prediction.host_state(plain) == [plain.state[p]["step"] for p in params[:2]]
-    assert prediction.host_state(fused) == []  # fused and capturable steps keep their counters on the device
+    assert cuda.host_state(plain) == [plain.state[p]["step"] for p in params[:2]]
+    assert cuda.host_state(fused) == []  # fused and capturable steps keep their counters on the device
 
 
 @pytest.mark.parametrize("path", sorted(RESULTS.glob("*/nvidia-h100*/*.json")),

@@ -1,0 +1,93 @@
+"""A suite's predictions as a table (``bench predict``): one row per run, predicted in processes, with
+the measured peak beside it where a GPU measured the run, and what fits a budget."""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, TextIO
+
+from bench.predict.budget import largest_batch
+from bench.predict.fake import predict
+from bench.suite import RunSpec
+
+if TYPE_CHECKING:  # the table is built in the CLI only: every run's worker imports this package
+    import pandas as pd
+
+
+def suite_table(runs: list[RunSpec], measured: dict[str, dict[str, Any]], budget: int | None,
+                log: TextIO = sys.stderr, jobs: int = 1) -> pd.DataFrame:
+    """One row per run: predicted peak and breakdown at GPU shapes, FLOPs, and where a GPU measured the
+    run, its allocated peak and the ratio; with a budget, whether it fits and the largest batch that does.
+    Runs are predicted in ``jobs`` spawned processes (each prediction is single-threaded Python); a
+    progress line per run goes to ``log`` as it is done, numbered by its place in the suite."""
+    import pandas as pd
+
+    rows: list[dict[str, Any]] = [{} for _ in runs]
+    for i, row in _predicted_rows(runs, budget, jobs):
+        if (rec := measured.get(runs[i].name)) and rec.get("peak_allocated_bytes"):
+            row["measured_bytes"], row["measured_on"] = rec["peak_allocated_bytes"], rec["device"]
+        rows[i] = row
+        print(f"[{i + 1}/{len(runs)}] {runs[i].name}: {_said(row)}", file=log, flush=True)
+    return pd.DataFrame(rows)
+
+
+def _predicted_rows(runs: list[RunSpec], budget: int | None, jobs: int) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(index, row) for each run as it is done: here, or in spawned processes (fork is unsafe once torch
+    has started threads). A process costs an import of torch (about 5 s and 1 GB), so there is one per run
+    at most. Ctrl-C reaches the parent only, which stops the processes on its way out."""
+    work, processes = [(i, spec, budget) for i, spec in enumerate(runs)], min(jobs, len(runs))
+    if processes <= 1:
+        yield from map(_indexed_row, work)
+        return
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(processes, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)) \
+            as pool:  # leaving the block terminates the processes, finished or not
+        yield from pool.imap_unordered(_indexed_row, work)
+
+
+def _indexed_row(work: tuple[int, RunSpec, int | None]) -> tuple[int, dict[str, Any]]:
+    index, spec, budget = work
+    return index, _row(spec, budget)
+
+
+def _row(spec: RunSpec, budget: int | None) -> dict[str, Any]:
+    out = predict(spec)
+    row: dict[str, Any] = {"run": spec.name, "batch": spec.gpu.batch_size, "status": out["predicted_status"]}
+    row |= {k.removeprefix("predicted_"): v for k, v in out.items() if k.startswith("predicted_")}
+    if budget is not None and out["predicted_status"] == "ok":
+        row["fits"] = out["predicted_peak_tensor_bytes"] <= budget
+        row["largest_batch"] = largest_batch(spec, budget, own=out)
+    return row
+
+
+def _said(row: dict[str, Any]) -> str:
+    if row["status"] != "ok":
+        return f"{row['status']}: {row.get('message', '')}"
+    fit = f", largest batch {row['largest_batch']}" if "largest_batch" in row else ""
+    return f"{row['peak_tensor_bytes'] / 2**30:,.2f} GiB at batch {row['batch']}, peak in {row['peak_phase']}{fit}"
+
+
+def markdown(table: pd.DataFrame) -> str:
+    import pandas as pd
+
+    from bench.report.tables import to_markdown
+
+    gib = lambda col: (pd.to_numeric(table.get(col), errors="coerce") / 2**30).round(2)  # noqa: E731
+    show = pd.DataFrame({
+        "run": table["run"], "batch": table["batch"], "status": table["status"],
+        "peak GiB": gib("peak_tensor_bytes"), "peak in": table.get("peak_phase"),
+        "params GiB": gib("param_bytes"), "grads GiB": gib("gradient_bytes"),
+        "optimizer GiB": gib("optimizer_state_bytes"), "activations GiB": gib("activation_bytes"),
+        "TFLOP/step": (pd.to_numeric(table.get("flops_per_step"), errors="coerce") / 1e12).round(2),
+    })
+    if "measured_bytes" in table:
+        show["measured GiB"] = gib("measured_bytes")
+        show["predicted / measured"] = (table["peak_tensor_bytes"] / table["measured_bytes"]).round(3)
+    if "fits" in table:
+        show["fits"] = table["fits"].map({True: "yes", False: "no"})
+        show["largest batch"] = pd.to_numeric(table["largest_batch"], errors="coerce").astype("Int64")
+    show["note"] = table.get("message", pd.Series(dtype=object)).fillna("")
+    return to_markdown(show.dropna(axis=1, how="all"))

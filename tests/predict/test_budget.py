@@ -1,0 +1,50 @@
+from dataclasses import replace
+
+import pytest
+
+from bench.predict import largest_batch, parse_size, predict
+from tests.helpers import spec, tech
+
+
+def test_budget_search_finds_the_largest_batch_that_fits_in_a_handful_of_predictions(monkeypatch):
+    run = spec("vit-tiny", (tech("accumulate", micro_batches=2),), batch_size=16)
+    budget = predict(run, replace(run.gpu, batch_size=40))["predicted_peak_tensor_bytes"]
+    calls = []
+    monkeypatch.setattr("bench.predict.budget.predict", lambda *a: calls.append(a) or predict(*a))
+    best = largest_batch(run, budget)
+    assert best is not None and best % 2 == 0 and best >= 40
+    over = predict(run, replace(run.gpu, batch_size=best + 2))["predicted_peak_tensor_bytes"]
+    assert predict(run, replace(run.gpu, batch_size=best))["predicted_peak_tensor_bytes"] <= budget < over
+    assert len(calls) <= 6  # the peak is near linear in the batch: two points, a guess and its neighbour
+    assert largest_batch(run, 1000) is None
+
+
+@pytest.mark.parametrize("peak", [
+    lambda b: 10_000 + 300 * b,  # linear
+    lambda b: 10_000 + 300 * b + 4_000 * (b // 7),  # steps: a guess off the line, bisection finishes
+    lambda b: 10_000 + 3 * b * b,  # convex
+    lambda b: 10_000 + 300 * b if b < 50 else float("nan"),  # unpredictable past 50: does not fit
+    lambda b: max(30_000, 10_000 + 300 * b),  # the optimizer step holds the peak at small batches
+])
+def test_budget_search_agrees_with_trying_every_batch(monkeypatch, peak):
+    run = spec("vit-tiny", batch_size=16)
+    calls = []
+
+    def fake(spec, shapes):
+        calls.append(shapes.batch_size)
+        value = peak(shapes.batch_size)
+        return {"predicted_status": "ok", "predicted_peak_tensor_bytes": value} if value == value else \
+            {"predicted_status": "unpredictable"}
+
+    monkeypatch.setattr("bench.predict.budget.predict", fake)
+    for budget in (5_000, 10_300, 20_000, 24_567, 60_000, 10**9):
+        fits = [b for b in range(1, (1 << 16) + 1) if (p := peak(b)) == p and p <= budget]
+        calls.clear()
+        assert largest_batch(run, budget, limit=1 << 16) == (max(fits) if fits else None), budget
+        assert len(calls) <= 3 * 17, calls  # bounded by three times doubling then bisection over 1…65536
+
+
+def test_sizes_parse_with_binary_and_decimal_units():
+    assert parse_size("16GiB") == 16 * 2**30 and parse_size("80GB") == 80 * 10**9 and parse_size("512") == 512
+    with pytest.raises(ValueError, match="expected a size"):
+        parse_size("lots")

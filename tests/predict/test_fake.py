@@ -1,0 +1,72 @@
+import time
+
+import pytest
+
+from bench.data.synthetic import clone_batch
+from bench.measure.memory import tracked_step
+from bench.predict import predict
+from bench.predict.fake import masks_as_real
+from bench.suite import load, select
+from tests.conftest import CPU, build_trainer
+from tests.helpers import spec, tech
+
+
+@pytest.mark.parametrize("model, techniques", [
+    ("vit-tiny", ()),
+    ("vit-tiny", (tech("checkpoint"),)),
+    ("bert-tiny", ()),  # transformers skips the attention mask of an unpadded batch, fake or real
+    ("vit-tiny", (tech("amp", dtype="bfloat16"), tech("accumulate", micro_batches=2))),
+    ("resnet-tiny", (tech("optimizer", kind="sgd"),)),
+    ("resnet-tiny", (tech("channels-last"),)),  # fake tensors cannot be swapped: it converts in place
+    ("vit-tiny", (tech("bf16"),)),
+    ("vit-tiny", (tech("optimizer", kind="adafactor"),)),  # reads norms with .item(): they read as 1
+    ("vit-tiny", (tech("optimizer", kind="adamw", impl="foreach"),)),  # temporaries over all parameters
+    ("bert-tiny", (tech("lora"),)),  # peft casts its adapters with .to(): set in place, as on real tensors
+    ("vit-tiny", (tech("lora"),)),
+    ("tests.helpers:TINY_LM", ()),  # a language model: logits for every position, scored on the next token
+    ("tests.helpers:TINY_LM", (tech("checkpoint"),)),
+    ("resnet-tiny", (tech("amp", dtype="bfloat16"),)),  # batch norm's statistics in the weight's dtype, float32
+])
+def test_fake_tensor_prediction_equals_the_real_tracked_step_on_cpu(model, techniques):
+    assert_predicted_exactly(spec(model, techniques, batch_size=16))
+
+
+def test_inference_mode_predicts_exactly_though_its_reads_come_undecomposed():
+    """Under inference_mode, transformers' padding check (bool of a tensor) reaches the fake mode as
+    is_nonzero, not as the value read it decomposes into elsewhere."""
+    assert_predicted_exactly(spec("bert-tiny", (tech("inference-mode"),), batch_size=16, mode="inference"))
+
+
+def assert_predicted_exactly(run) -> None:
+    trainer, batch = build_trainer(run)
+    trainer.step(batch)
+    real = tracked_step(lambda: trainer.step(clone_batch(batch)), trainer.model, trainer.optimizer, CPU)
+    fake = predict(run, run.cpu, cuda=False)
+    assert fake["predicted_status"] == "ok", fake
+    at_peak = [k for k in real if k.startswith("at_peak_")]
+    for key in ("peak_tensor_bytes", "activation_bytes", "param_bytes", "optimizer_state_bytes", "peak_phase",
+                *at_peak):
+        assert fake[f"predicted_{key}"] == real[key], key
+
+
+def test_techniques_that_cannot_be_predicted_say_why():
+    for name in ("compile", "offload", "adamw-8bit"):
+        out = predict(spec("vit-tiny", (tech(name),)))
+        assert out["predicted_status"] == "unpredictable" and out["predicted_message"].startswith(name)
+
+
+def test_full_size_models_predict_at_gpu_shapes_in_seconds():
+    start = time.monotonic()
+    for name in ("resnet", "bert", "vit"):
+        for run in select(load(f"suites/{name}.toml"), ["baseline", "checkpoint"]).runs:
+            out = predict(run)
+            assert out["predicted_status"] == "ok" and out["predicted_peak_tensor_bytes"] > 2**30, (name, out)
+    assert time.monotonic() - start < 90  # six full-size runs: about 15 s on a two-core CI machine
+
+
+def test_a_transformers_without_the_fake_tensor_check_is_left_as_it_is(monkeypatch):
+    import transformers.utils.import_utils as utils
+
+    monkeypatch.delattr(utils, "is_fake_tensor")
+    with masks_as_real():  # the GPU host's older transformers: nothing to patch, nothing raised
+        assert not hasattr(utils, "is_fake_tensor")
