@@ -165,6 +165,16 @@ def test_a_pinned_attention_kernel_cuda_would_refuse_makes_the_prediction_unsupp
     assert amp["predicted_status"] == ("unsupported" if "grouped" in why else "ok")
 
 
+def test_fp8_is_predicted_keeping_the_activations_it_had_and_adding_its_casts():
+    """torchao saves each float8 linear's input for backward in its own precision and casts it again there, so
+    FP8 keeps what the model kept; the casts' temporaries (the float8 copies, their scales) raise the peak."""
+    pytest.importorskip("torchao")
+    base, fp8 = (cuda_prediction("vit-tiny", *techniques, batch_size=16) for techniques in ((), (tech("fp8"),)))
+    assert fp8["predicted_status"] == "ok", fp8
+    assert fp8["predicted_activation_bytes"] == base["predicted_activation_bytes"]
+    assert fp8["predicted_peak_tensor_bytes"] > base["predicted_peak_tensor_bytes"]
+
+
 def test_the_host_state_is_adams_step_counters_outside_fused_groups():
     params = [torch.nn.Parameter(torch.zeros(4, 4)) for _ in range(3)]
     plain, fused = torch.optim.AdamW(params[:2]), torch.optim.AdamW(params[2:], fused=True)

@@ -3,10 +3,13 @@ import time
 import pytest
 
 from bench.data.synthetic import clone_batch
+from bench.infer import Predictor
 from bench.measure.memory import tracked_step
 from bench.predict import predict
 from bench.predict.fake import masks_as_real
 from bench.suite import load, select
+from bench.techniques.lowbit import FP8Training
+from bench.train import Trainer
 from tests.conftest import CPU, build_trainer
 from tests.helpers import spec, tech
 
@@ -37,7 +40,19 @@ def test_inference_mode_predicts_exactly_though_its_reads_come_undecomposed():
     assert_predicted_exactly(spec("bert-tiny", (tech("inference-mode"),), batch_size=16, mode="inference"))
 
 
-def assert_predicted_exactly(run) -> None:
+@pytest.mark.parametrize("techniques", [(tech("fp8"),), (tech("fp8"), tech("amp", dtype="bfloat16")),
+                                        (tech("fp8"), tech("bf16"))])
+def test_fp8_predicts_exactly_what_its_real_kernels_keep_on_this_cpu(monkeypatch, techniques):
+    """torchao's float8 linears run on a CPU too (torch has a CPU ``_scaled_mm``). The harness refuses an FP8
+    run there only because FP8 is a matter of GPU speed, so the test lets one through to hold the fake step
+    against the real one: the casts' temporaries, the float8 copies and the saved inputs, byte for byte."""
+    pytest.importorskip("torchao")
+    monkeypatch.setattr(FP8Training, "unsupported", lambda self, ctx: None)
+    trainer = assert_predicted_exactly(spec("vit-tiny", techniques, batch_size=16))
+    assert trainer.proof()["fp8.float8_linears"] == 6  # attention out and two MLP linears a block; the head's 10
+
+
+def assert_predicted_exactly(run) -> Trainer | Predictor:
     trainer, batch = build_trainer(run)
     trainer.step(batch)
     real = tracked_step(lambda: trainer.step(clone_batch(batch)), trainer.model, trainer.optimizer, CPU)
@@ -47,6 +62,7 @@ def assert_predicted_exactly(run) -> None:
     for key in ("peak_tensor_bytes", "activation_bytes", "param_bytes", "optimizer_state_bytes", "peak_phase",
                 *at_peak):
         assert fake[f"predicted_{key}"] == real[key], key
+    return trainer
 
 
 def test_techniques_that_cannot_be_predicted_say_why():

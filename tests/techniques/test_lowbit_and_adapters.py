@@ -91,3 +91,12 @@ def test_int8_weights_on_a_model_with_no_linear_but_its_head_is_unsupported_not_
     convolutions = MODELS.get("resnet-tiny").build(Shapes(1, image_size=32))  # as a user's CNN would be
     with pytest.raises(Unsupported, match=r"no nn.Linear outside the head \(classifier, heads, fc\)"):
         quantize_body_linears(convolutions, Int8WeightOnlyConfig(), freeze=True)
+
+
+def test_fp8_on_a_model_without_an_eligible_linear_is_unsupported_not_a_silent_no_op():
+    """ResNet's one linear is its head (to 10 classes here, 1000 at full size): FP8 would convert nothing."""
+    pytest.importorskip("torchao")
+    from bench.techniques import Unsupported
+
+    with pytest.raises(Unsupported, match=r"\(linears: fc 2048→10\): nothing would run in FP8"):
+        build_trainer(spec("resnet-tiny", (tech("fp8"),)))
