@@ -36,6 +36,10 @@ def on_host(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def is_on_host(t: torch.Tensor) -> bool:
+    return getattr(t, "on_host", False)
+
+
 def storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
     if is_traceable_wrapper_subclass(t):
         return [s for inner in inner_tensors(t) for s in storages(inner)]
@@ -80,7 +84,7 @@ class LiveBytes(TorchDispatchMode):
         return out
 
     def _count(self, t: torch.Tensor, label: str | None = None) -> None:
-        if t.device.type != self.device_type or getattr(t, "on_host", False):
+        if t.device.type != self.device_type or is_on_host(t):
             return
         if is_traceable_wrapper_subclass(t):  # e.g. an 8-bit optimizer state: count what it wraps
             for inner in inner_tensors(t):

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 
+from bench.measure.tracker import is_on_host
 from bench.techniques.base import TECHNIQUES, RunContext, Technique, option
 
 
@@ -22,7 +24,6 @@ class ActivationOffload(Technique):
     """
 
     name = "offload"
-    unpredictable = "fake tensors on a CPU cannot tell offloaded activations from device ones"
     summary = "offload saved activations to CPU memory (save_on_cpu), optionally pinned"
 
     @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class ActivationOffload(Technique):
         pin_memory: bool = option(True, "copy through page-locked host memory (faster, not pageable)")
 
     def unsupported(self, ctx: RunContext) -> str | None:
-        return None if ctx.device.type == "cuda" else "activations already live in host memory on a CPU"
+        return None if ctx.cuda else "activations already live in host memory on a CPU"
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self.packed = 0
@@ -43,15 +44,31 @@ class ActivationOffload(Technique):
         return {"tensors_offloaded_per_step": self.packed / max(steps, 1), "pin_memory": self.config.pin_memory}
 
 
-class _CountingSaveOnCpu(torch.autograd.graph.save_on_cpu):
-    """save_on_cpu that counts the tensors it moves, as proof that it did."""
+class _DeviceCopy(NamedTuple):
+    """What bench predict keeps of an offloaded fake tensor: its host copy is no device memory."""
+
+    shape: torch.Size
+    dtype: torch.dtype
+
+
+class _CountingSaveOnCpu(torch.autograd.graph.saved_tensors_hooks):
+    """save_on_cpu that counts the tensors it moves, as proof that it did. A fake tensor (bench predict's,
+    standing for a CUDA one) keeps only its shape and dtype, and unpacking it makes the device copy that
+    save_on_cpu's ``.to(device)`` makes, contiguous as the pinned copy is; one standing for a host tensor
+    stays as it is, as on CUDA, where it never reaches the device."""
 
     def __init__(self, owner: ActivationOffload, pin_memory: bool) -> None:
-        super().__init__(pin_memory=pin_memory)
-        pack = self.pack_hook
+        host = torch.autograd.graph.save_on_cpu(pin_memory=pin_memory)
 
-        def counting_pack(t: torch.Tensor) -> Any:
+        def pack(t: torch.Tensor) -> Any:
             owner.packed += 1
-            return pack(t)
+            if not isinstance(t, FakeTensor):
+                return host.pack_hook(t)
+            return t if is_on_host(t) else _DeviceCopy(t.shape, t.dtype)
 
-        self.pack_hook = counting_pack
+        def unpack(packed: Any) -> torch.Tensor:
+            if isinstance(packed, _DeviceCopy):
+                return torch.empty(packed.shape, dtype=packed.dtype)
+            return packed if isinstance(packed, FakeTensor) else host.unpack_hook(packed)
+
+        super().__init__(pack, unpack)

@@ -66,6 +66,7 @@ def test_offload_moves_saved_tensors_to_the_host():
                           Device("cuda", torch.cuda.get_device_name(0)))
     assert record["status"] == "ok", record
     assert record["proof"]["offload.tensors_offloaded_per_step"] > 0
+    assert record["activation_bytes"] == record["predicted_activation_bytes"]  # the logits: all else on the host
 
 
 def test_inference_run_on_cuda_in_half_precision_with_inference_mode():

@@ -175,6 +175,14 @@ def test_fp8_is_predicted_keeping_the_activations_it_had_and_adding_its_casts():
     assert fp8["predicted_peak_tensor_bytes"] > base["predicted_peak_tensor_bytes"]
 
 
+def test_offload_leaves_only_the_logits_on_the_device_after_forward():
+    """save_on_cpu moves every tensor saved for backward to the host, so what forward leaves on the device is the
+    logits (16 × 10 in float32: 640 bytes, two 512-byte blocks); backward brings each back while its node runs."""
+    base, offload = (cuda_prediction("vit-tiny", *techniques, batch_size=16) for techniques in ((), (tech("offload"),)))
+    assert offload["predicted_activation_bytes"] == 1024
+    assert offload["predicted_peak_tensor_bytes"] < base["predicted_peak_tensor_bytes"]
+
+
 def test_the_host_state_is_adams_step_counters_outside_fused_groups():
     params = [torch.nn.Parameter(torch.zeros(4, 4)) for _ in range(3)]
     plain, fused = torch.optim.AdamW(params[:2]), torch.optim.AdamW(params[2:], fused=True)
