@@ -29,8 +29,8 @@ $(VENV)/.installed: pyproject.toml
 bench: $(DEPS) ## run (or resume) SUITE, then write its table and plots
 	$(RUN) -m bench run $(SUITE) $(ARGS)
 
-predict: $(DEPS) ## predicted peak memory of SUITE at GPU shapes, no GPU needed (BUDGET=16GiB: what fits)
-	$(RUN) -m bench predict $(SUITE) $(if $(BUDGET),--budget $(BUDGET)) $(ARGS)
+predict: $(DEPS) ## predicted peak memory of SUITE at GPU shapes, no GPU needed (BUDGET=16GiB: what fits on a 16 GiB card)
+	$(RUN) -m bench predict $(SUITE) $(if $(BUDGET),--budget $(BUDGET)) $(if $(RESERVE),--reserve $(RESERVE)) $(ARGS)
 
 report: $(DEPS) ## rebuild results/SUITE/{table.csv,report.md,report.html,plots/} from stored records
 	$(RUN) -m bench report $(SUITE)

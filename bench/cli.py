@@ -68,7 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     rep.set_defaults(func=_report)
     pre = sub.add_parser("predict", help="predicted peak memory at GPU shapes, on this machine (fake tensors)")
     pre.add_argument("suite", help="suite name (suites/NAME.toml) or path")
-    pre.add_argument("--budget", help="memory to fit in, e.g. 16GiB: which runs fit, and the largest batch that does")
+    pre.add_argument("--budget", help="the card's memory, e.g. 16GiB: which runs fit, and the largest batch that does")
+    pre.add_argument("--reserve", help="held back from the budget for the CUDA context and the allocator's "
+                                       "workspaces (default 1GiB, what the H100 records needed; 0: none)")
     pre.add_argument("--only", metavar="PATTERNS", help="comma-separated run names or globs")
     pre.add_argument("--results", type=Path, default=Path("results"), help="where GPU measurements are read from")
     pre.add_argument("--jobs", type=_positive, default=min(os.cpu_count() or 1, 4),
@@ -141,11 +143,14 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from bench.predict import ASSUMPTIONS, markdown, parse_size, suite_table
+    from bench.predict import ASSUMPTIONS, RESERVE, markdown, suite_table, tensor_budget
     from bench.results import load_records
 
+    reserve = args.reserve or RESERVE
     try:
-        budget = parse_size(args.budget) if args.budget else None
+        if args.reserve and not args.budget:  # else it would be taken and ignored
+            raise ValueError(f"--reserve {args.reserve} is held back from a --budget, and none was given")
+        budget = tensor_budget(args.budget, reserve) if args.budget else None
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -156,6 +161,9 @@ def _predict(args: argparse.Namespace) -> int:
                 if r.get("device_type") == "cuda" and r.get("status") == "ok" and r.get("run_key")}
     print(f"{suite.name}: predicting {len(suite.runs)} runs at GPU shapes (fake tensors, nothing allocated)",
           file=sys.stderr)
+    if budget is not None:
+        print(f"budget {args.budget} less {reserve} for the CUDA context and the allocator's workspaces "
+              f"(--reserve): {budget / 2**30:.2f} GiB for tensors", file=sys.stderr)
     print(markdown(suite_table(list(suite.runs), measured, budget, jobs=args.jobs)))
     print(f"\nAssumed: {ASSUMPTIONS}.", file=sys.stderr)
     return 0

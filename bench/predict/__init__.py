@@ -13,9 +13,10 @@ tensor bytes: the CUDA allocator's peak adds workspaces (cuBLAS, cuDNN) and frag
 ``budget`` finds the largest batch under a budget; ``table`` predicts a suite, in processes, as a table.
 """
 
-from bench.predict.budget import largest_batch, parse_size
+from bench.predict.budget import RESERVE, largest_batch, parse_size, tensor_budget
 from bench.predict.cuda import ASSUMPTIONS
 from bench.predict.fake import predict
 from bench.predict.table import markdown, suite_table
 
-__all__ = ["ASSUMPTIONS", "largest_batch", "markdown", "parse_size", "predict", "suite_table"]
+__all__ = ["ASSUMPTIONS", "RESERVE", "largest_batch", "markdown", "parse_size", "predict", "suite_table",
+           "tensor_budget"]

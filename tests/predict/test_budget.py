@@ -1,9 +1,13 @@
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from bench.predict import largest_batch, parse_size, predict
+from bench.predict import RESERVE, largest_batch, parse_size, predict, tensor_budget
 from tests.helpers import spec, tech
+
+RESULTS = Path(__file__).parent.parent.parent / "results"
 
 
 def test_budget_search_finds_the_largest_batch_that_fits_in_a_handful_of_predictions(monkeypatch):
@@ -48,3 +52,23 @@ def test_sizes_parse_with_binary_and_decimal_units():
     assert parse_size("16GiB") == 16 * 2**30 and parse_size("80GB") == 80 * 10**9 and parse_size("512") == 512
     with pytest.raises(ValueError, match="expected a size"):
         parse_size("lots")
+
+
+def test_a_budget_is_the_cards_memory_less_the_reserve():
+    assert tensor_budget("16GiB") == 15 * 2**30 and tensor_budget("80GB", "0") == 80 * 10**9
+    with pytest.raises(ValueError, match="--reserve 'some': expected a size"):
+        tensor_budget("16GiB", "some")
+    with pytest.raises(ValueError, match="--reserve 1GiB leaves nothing of --budget 1GiB for tensors"):
+        tensor_budget("1GiB")
+
+
+def test_the_default_reserve_holds_what_every_cuda_record_held_besides_tensors():
+    """The CUDA context (NVML's process memory less the allocator's reserve) and the allocator's own share of
+    its peak (its allocated peak less the tracked tensors'), summed, in every committed CUDA record."""
+    records = [json.loads(p.read_text()) for p in RESULTS.glob("*/*/*.json")]
+    cuda = [r for r in records if r.get("device_type") == "cuda" and r.get("nvml_process_bytes")]
+    assert len(cuda) >= 14
+    for r in cuda:
+        context = r["nvml_process_bytes"] - r["peak_reserved_bytes"]
+        allocator = r["peak_allocated_bytes"] - r["peak_tensor_bytes"]
+        assert 0 < context and 0 < allocator and context + allocator <= parse_size(RESERVE), (r["suite"], r["run"])
