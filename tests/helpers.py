@@ -157,6 +157,16 @@ def _image_mlp(shapes: Shapes) -> nn.Module:
 IMAGE_MLP = ModelSpec("image-mlp", _image_mlp, "image", num_classes=10)
 
 
+def _convnext_tiny(shapes: Shapes) -> nn.Module:
+    from torchvision.models import convnext_tiny
+
+    return convnext_tiny(num_classes=10)
+
+
+# Layer norms on convolutions' outputs: 16-bit inputs under autocast, which CUDA runs in float32.
+CONVNEXT = ModelSpec("convnext-tiny", _convnext_tiny, "image", num_classes=10)
+
+
 LM_VOCAB = 48  # the digits' tokens and their ten class tokens, for the fidelity phase
 
 

@@ -9,8 +9,9 @@ Fake CUDA tensors cannot run backward without a CUDA context, so the fake tensor
 stand for CUDA ones; where the two differ the prediction assumes (see ``ASSUMPTIONS``). What it counts is
 tensor bytes: the CUDA allocator's peak adds workspaces (cuBLAS, cuDNN) and fragmentation on top.
 
-``fake`` runs and counts the step; ``cuda`` makes it CUDA's (its kernels, and what it keeps on the host);
-``budget`` finds the largest batch under a budget; ``table`` predicts a suite, in processes, as a table.
+``fake`` runs and counts the step; ``cuda`` makes it CUDA's (its kernels, and what it keeps on the host),
+``autocast`` casts by CUDA's autocast lists; ``budget`` finds the largest batch under a budget; ``table``
+predicts a suite, in processes, as a table.
 """
 
 from bench.predict.budget import RESERVE, largest_batch, parse_size, tensor_budget

@@ -1,6 +1,7 @@
 """What makes the fake step on a CPU stand for CUDA's: the kernels and implementations CUDA picks where
-they keep other tensors than CPU's (attention, dropout, the optimizer's loop), and the state CUDA keeps on
-the host. ``ASSUMPTIONS`` says each of them, and what is not modelled, to the table's reader."""
+they keep other tensors than CPU's (attention, dropout, the optimizer's loop; autocast's op lists are in
+``autocast``), and the state CUDA keeps on the host. ``ASSUMPTIONS`` says each of them, and what is not
+modelled, to the table's reader."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.optim import optimizer as torch_optimizer
 
+from bench.predict.autocast import cuda_autocast
 from bench.techniques import Unsupported
 
 ASSUMPTIONS = (
@@ -22,7 +24,7 @@ ASSUMPTIONS = (
     "them (flash for 16-bit inputs without a mask, else memory-efficient, or math for grouped keys; the sdpa "
     "technique's backend where named); dropout, the math path's too, saves a one-byte mask; an optimizer left to "
     "choose runs foreach; norms save their statistics in CUDA's dtypes; Adam's step counters and the "
-    "memory-efficient kernel's RNG seed and offset live on the host, as on CUDA; autocast uses CPU's op lists; "
+    "memory-efficient kernel's RNG seed and offset live on the host, as on CUDA; autocast casts by CUDA's op lists; "
     "batch norm saves no cuDNN reserve space; allocator workspaces and fragmentation are not modelled; float16 "
     "autocast leaves out its GradScaler; a value read off a tensor (.item(), as Adafactor's norms) reads as 1"
 )
@@ -32,7 +34,7 @@ aten = torch.ops.aten
 @contextmanager
 def as_cuda(backend: str | None) -> Iterator[None]:
     """The kernels and implementations CUDA would pick where they differ from CPU's in what they keep."""
-    with cuda_attention(backend), cuda_dropout(), optimizers_as_cuda():
+    with cuda_attention(backend), cuda_dropout(), optimizers_as_cuda(), cuda_autocast():
         yield
 
 

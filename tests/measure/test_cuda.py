@@ -71,6 +71,15 @@ def test_offload_moves_saved_tensors_to_the_host():
     assert record["peak_tensor_bytes"] == record["predicted_peak_tensor_bytes"]
 
 
+def test_autocast_is_predicted_by_cudas_op_lists():
+    """ConvNeXt's layer norms take bf16 convolution outputs, which CUDA's autocast runs in float32 (CPU's would
+    not): what forward keeps is predicted to the byte."""
+    record = run_isolated(spec("tests.helpers:CONVNEXT", (tech("amp"),), batch_size=8, image_size=64),
+                          Device("cuda", torch.cuda.get_device_name(0)))
+    assert record["status"] == "ok", record
+    assert record["activation_bytes"] == record["predicted_activation_bytes"]
+
+
 def test_inference_run_on_cuda_in_half_precision_with_inference_mode():
     techniques = (tech("half", dtype="float16"), tech("inference-mode"))
     record = run_isolated(spec("vit-tiny", techniques, batch_size=64, image_size=64, mode="inference"),

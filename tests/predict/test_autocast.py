@@ -1,0 +1,123 @@
+"""CUDA's autocast on fake CPU tensors, held against CUDA's own autocast kernels: this torch registers them
+without a GPU, and they run forward on fake CUDA tensors (backward would need a CUDA context)."""
+
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.nn import functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torchvision.models import convnext_tiny
+
+from bench.predict import autocast
+from bench.techniques import Unsupported
+
+BF16, F32 = torch.bfloat16, torch.float32
+
+
+@contextmanager
+def autocast_on(device: str) -> Iterator[None]:
+    """bfloat16 autocast for ``device``, set directly: ``torch.autocast("cuda")`` turns itself off without a GPU."""
+    torch.set_autocast_enabled(device, True)
+    torch.set_autocast_dtype(device, BF16)
+    torch.autocast_increment_nesting()
+    try:
+        yield
+    finally:
+        torch.set_autocast_enabled(device, False)
+        if torch.autocast_decrement_nesting() == 0:
+            torch.clear_autocast_cache()
+
+
+def on(device: str, call, emulate: bool = False):
+    """``call(make)`` under bf16 autocast on fake ``device`` tensors; ``make(shape, dtype)`` makes an input."""
+    with FakeTensorMode(), autocast.cuda_autocast() if emulate else nullcontext(), autocast_on(device):
+        return call(lambda *shape, dtype=F32: torch.empty(shape, dtype=dtype, device=device, requires_grad=True))
+
+
+def test_the_rules_cover_exactly_the_ops_cudas_autocast_registers():
+    ruled = {*autocast.LOWER, *autocast.FP32, *autocast.FP32_DTYPE, *autocast.FP32_APPEND, *autocast.PROMOTE,
+             *autocast.BANNED}
+    assert ruled == autocast._registered("AutocastCUDA")
+
+
+CALLS = {  # one op or more of each rule, and ops only CPU's autocast casts
+    "layer_norm": lambda t: F.layer_norm(t(4, 8, dtype=BF16), (8,), t(8), t(8)),
+    "exp, pow": lambda t: (t(4, dtype=BF16).exp(), t(4, dtype=BF16).pow(2)),
+    "softmax, sum": lambda t: (F.softmax(t(4, 8, dtype=BF16), -1), t(4, dtype=BF16).sum(), t(4, 2, dtype=BF16).sum(1)),
+    "sum with a dtype": lambda t: t(4, dtype=BF16).sum(dtype=BF16),
+    "norm": lambda t: (t(4, dtype=BF16).norm(), t(4, 2, dtype=BF16).norm(2, 1)),
+    "einsum, mv": lambda t: (torch.einsum("ij,jk->ik", t(4, 8), t(8, 2)), torch.mv(t(4, 8), t(8))),
+    "linear, conv": lambda t: (F.linear(t(4, 8), t(2, 8)), F.conv2d(t(1, 3, 8, 8), t(4, 3, 3, 3))),
+    "addcmul": lambda t: torch.addcmul(t(4, dtype=BF16), t(4), t(4, dtype=BF16)),
+    "cross_entropy": lambda t: F.cross_entropy(t(4, 10, dtype=BF16), t(4, 10)),  # CPU's own rule, not CUDA's
+    "avg_pool3d, stack": lambda t: (F.avg_pool3d(t(1, 2, 4, 4, 4, dtype=BF16), 2),
+                                    torch.stack([t(2), t(2, dtype=BF16)])),
+}
+
+
+@pytest.mark.parametrize("call", CALLS.values(), ids=CALLS.keys())
+def test_each_rule_gives_what_cudas_own_kernel_gives(call):
+    dtypes = lambda out: [o.dtype for o in (out if isinstance(out, tuple) else (out,))]  # noqa: E731
+    cuda, cpu = dtypes(on("cuda", call)), dtypes(on("cpu", call))
+    assert dtypes(on("cpu", call, emulate=True)) == cuda
+    assert not (call is CALLS["layer_norm"] and cpu == cuda)  # the difference the rules are there for
+
+
+def test_an_op_cudas_autocast_refuses_is_unsupported():
+    bce = lambda t: F.binary_cross_entropy(t(4, dtype=BF16).sigmoid(), t(4, dtype=BF16))  # noqa: E731
+    with pytest.raises(RuntimeError, match="unsafe to autocast"):
+        on("cuda", bce)
+    with pytest.raises(Unsupported, match="refuses binary_cross_entropy"):
+        on("cpu", bce, emulate=True)
+
+
+class CountingCasts(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.casts = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.casts += func is torch.ops.aten._to_copy.default
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_weight_is_cast_once_per_autocast_region():
+    def twice(t):
+        x, y, w = t(2, 8), t(3, 8), t(8, 4)
+        with CountingCasts() as counted:
+            torch.einsum("ij,jk->ik", x, w), torch.einsum("ij,jk->ik", y, w)
+        return counted.casts
+
+    assert on("cpu", twice, emulate=True) == on("cuda", twice) == 3  # x, y and w once
+
+
+def saved_for_backward(device: str, emulate: bool = False) -> Counter:
+    """(shape, dtype) of every tensor ConvNeXt-T's forward saves for backward under bf16 autocast."""
+    kept = Counter()
+
+    def forward(t):
+        with torch.device("meta"):
+            model = convnext_tiny(num_classes=10)
+        for module in model.modules():
+            for name, p in module._parameters.items():
+                module._parameters[name] = torch.nn.Parameter(t(*p.shape).detach())
+        with torch.autograd.graph.saved_tensors_hooks(lambda s: kept.update([(tuple(s.shape), s.dtype)]) or s,
+                                                      lambda s: s):
+            model(t(2, 3, 32, 32))
+
+    on(device, forward, emulate)
+    return kept
+
+
+def test_convnext_keeps_for_backward_what_cudas_autocast_keeps():
+    """ConvNeXt's layer norms take a 16-bit convolution's output. CUDA's autocast runs them in float32, so each
+    keeps a float32 copy of its input (and float32 statistics) where CPU's would keep the 16-bit input."""
+    cuda = saved_for_backward("cuda")
+    assert saved_for_backward("cpu", emulate=True) == cuda
+    cpu = saved_for_backward("cpu")
+    stage_1 = (2, 8, 8, 96)  # channels last at 32 px: the stem's layer norm and the first stage's three blocks'
+    assert (cuda - cpu)[(stage_1, F32)] == (cpu - cuda)[(stage_1, BF16)] == 4
