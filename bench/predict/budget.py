@@ -84,6 +84,9 @@ def parse_size(text: str, option: str = "--budget") -> int:
     number = text.strip().rstrip("BbIiKkMmGgTt")
     unit = text.strip()[len(number):].lower()
     try:
-        return int(float(number) * units[unit])
-    except (ValueError, KeyError):
-        raise ValueError(f"{option} {text!r}: expected a size such as 16GiB, 80GB or 512MiB") from None
+        size = int(float(number) * units[unit])
+    except (ValueError, KeyError, OverflowError):  # not a number, an unknown unit, infinity
+        size = -1  # refused below, with the negative sizes
+    if size < 0:
+        raise ValueError(f"{option} {text!r}: expected a size such as 16GiB, 80GB or 512MiB")
+    return size

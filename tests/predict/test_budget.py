@@ -50,8 +50,9 @@ def test_budget_search_agrees_with_trying_every_batch(monkeypatch, peak):
 
 def test_sizes_parse_with_binary_and_decimal_units():
     assert parse_size("16GiB") == 16 * 2**30 and parse_size("80GB") == 80 * 10**9 and parse_size("512") == 512
-    with pytest.raises(ValueError, match="expected a size"):
-        parse_size("lots")
+    for wrong in ("lots", "-1GiB", "infGB", "16XB"):
+        with pytest.raises(ValueError, match="expected a size"):
+            parse_size(wrong)
 
 
 def test_a_budget_is_the_cards_memory_less_the_reserve():
