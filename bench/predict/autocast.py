@@ -1,7 +1,7 @@
 """CUDA's autocast for the fake CPU tensors that stand for CUDA ones.
 
 Autocast keeps other op lists per device: CUDA runs layer norm, softmax, ``exp`` or ``sum`` in float32
-when handed 16-bit tensors, where CPU runs them as given; it runs ``einsum`` or ``mv`` in 16 bits, where
+when handed 16-bit tensors, where CPU runs them as given; it runs ``mv`` or ``addmv`` in 16 bits, where
 CPU leaves them in float32; and CPU's float32 losses and padding ops are not on CUDA's lists at all. What
 each op keeps for backward follows (ConvNeXt's layer norms, on a 16-bit convolution's output, keep a
 float32 copy of their input on CUDA). So while predicting, the CPU autocast key runs CUDA's lists: ops

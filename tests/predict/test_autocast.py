@@ -59,12 +59,20 @@ CALLS = {  # one op or more of each rule, and ops only CPU's autocast casts
 }
 
 
+def dtypes(out) -> list[torch.dtype]:
+    return [o.dtype for o in (out if isinstance(out, tuple) else (out,))]
+
+
 @pytest.mark.parametrize("call", CALLS.values(), ids=CALLS.keys())
 def test_each_rule_gives_what_cudas_own_kernel_gives(call):
-    dtypes = lambda out: [o.dtype for o in (out if isinstance(out, tuple) else (out,))]  # noqa: E731
-    cuda, cpu = dtypes(on("cuda", call)), dtypes(on("cpu", call))
-    assert dtypes(on("cpu", call, emulate=True)) == cuda
-    assert not (call is CALLS["layer_norm"] and cpu == cuda)  # the difference the rules are there for
+    assert dtypes(on("cpu", call, emulate=True)) == dtypes(on("cuda", call))
+
+
+def test_cpus_own_lists_give_other_dtypes_for_most_of_these_ops():
+    """The difference the rules are there for (mv in float32, layer norm or sum in 16 bits, avg_pool3d in
+    float32 on a CPU), and the ops where CPU's lists already agree with CUDA's."""
+    differ = {name for name, call in CALLS.items() if dtypes(on("cpu", call)) != dtypes(on("cuda", call))}
+    assert differ == {"layer_norm", "exp, pow", "softmax, sum", "norm", "einsum, mv", "avg_pool3d, stack"}
 
 
 def test_an_op_cudas_autocast_refuses_is_unsupported():
