@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +57,10 @@ class LoRA(Technique):
         head = _names(self.config.trainable) or head
         config = LoraConfig(r=self.config.rank, lora_alpha=self.config.alpha, target_modules=targets,
                             modules_to_save=head)
-        self.model = get_peft_model(model, config)
+        with warnings.catch_warnings():
+            # peft reads transformers' deprecated is_gradient_checkpointing alias: noise the user cannot act on.
+            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+            self.model = get_peft_model(model, config)
         return self.model
 
     def proof(self, steps: int) -> dict[str, Any]:
