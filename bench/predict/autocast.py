@@ -14,6 +14,7 @@ autocast, and holds the rules to CUDA's own kernels run on fake CUDA tensors.
 from __future__ import annotations
 
 import functools
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -57,11 +58,13 @@ def cuda_autocast() -> Iterator[None]:
     """While it lasts, CPU autocast casts as CUDA's does (the registrations are undone on exit)."""
     lib, casts = Library("aten", "IMPL"), _Casts()
     try:
-        for name in _registered("AutocastCPU") - _registered("AutocastCUDA"):
-            lib.impl(name, fallthrough_kernel, "AutocastCPU")
-        for name in _registered("AutocastCUDA"):
-            if not (name in LOWER and name in _registered("AutocastCPU")):  # else CPU's kernel does as CUDA's
-                lib.impl(name, _kernel(name, casts), "AutocastCPU")
+        with warnings.catch_warnings():  # overriding CPU's kernels is the point (torch 2.11 warns of it)
+            warnings.filterwarnings("ignore", "Warning only once for all operators", UserWarning)
+            for name in _registered("AutocastCPU") - _registered("AutocastCUDA"):
+                lib.impl(name, fallthrough_kernel, "AutocastCPU")
+            for name in _registered("AutocastCUDA"):
+                if not (name in LOWER and name in _registered("AutocastCPU")):  # else CPU's kernel does as CUDA's
+                    lib.impl(name, _kernel(name, casts), "AutocastCPU")
         with patch.object(torch, "clear_autocast_cache", casts.clear_with(torch.clear_autocast_cache)):
             yield
     finally:
