@@ -106,10 +106,11 @@ class Int8FrozenWeights(Technique):
     summary = "int8 weight-only storage for frozen linear layers (torchao); pair with lora"
 
     def unsupported(self, ctx: RunContext) -> str | None:
-        if not _has("torchao"):
-            return "needs torchao: pip install torchao (or pip install -e '.[extras]')"
+        # What no install changes first: installing torchao would not make it apply.
         if ctx.model_spec.family == "resnet":
             return "ResNet's only linear layer is its head; int8 convolutions for training are out of scope"
+        if not _has("torchao"):
+            return "needs torchao: pip install torchao (or pip install -e '.[extras]')"
         return None
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
