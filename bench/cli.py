@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shlex
 import sys
@@ -116,6 +117,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.slurm is not None:
         from bench.cluster import parse_options, sweep_slurm
 
+        if importlib.util.find_spec("submitit") is None:
+            print("error: --slurm needs submitit: pip install -e '.[cluster]' (or pip install submitit)",
+                  file=sys.stderr)
+            return EXIT_BAD_INPUT
         try:
             options = parse_options(args.slurm)
         except ValueError as exc:

@@ -1,8 +1,11 @@
 """Sweeps as Slurm jobs, through submitit's local executor (each job a local process, as on a node)."""
 
+import importlib.util
+
 import pytest
 
 from bench import results
+from bench.cli import main
 from bench.cluster import parse_options, sweep_slurm
 from bench.suite import load
 
@@ -27,6 +30,7 @@ techniques = ["checkpoint"]
 
 
 def test_each_run_is_a_job_and_its_record_lands_in_the_results_folder(tmp_path):
+    pytest.importorskip("submitit")  # an optional extra: the CUDA host has none
     (tmp_path / "jobs.toml").write_text(SUITE)
     suite = load(tmp_path / "jobs.toml")
     root = tmp_path / "results"
@@ -46,3 +50,12 @@ def test_slurm_options_parse_to_executor_parameters():
         "partition": "gpu", "gpus_per_node": 8, "timeout_min": 60}
     with pytest.raises(ValueError, match="key=value"):
         parse_options("partition")
+
+
+def test_slurm_without_submitit_exits_2_with_the_install_hint_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "submitit" else find_spec(name, *a))
+    assert main(["run", "smoke", "--slurm", "cluster=local", "--results", str(tmp_path / "results")]) == 2
+    assert "pip install -e '.[cluster]'" in capsys.readouterr().err
+    assert not (tmp_path / "results").exists()
