@@ -5,7 +5,7 @@ real ones where that changes what is counted (values read, kernels' outputs, cop
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 from unittest.mock import patch
@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from bench import models
 from bench.data.synthetic import clone_batch, synthetic_batch
@@ -66,7 +66,7 @@ def _fake_step(spec: RunSpec, techniques: list[Technique], ctx: RunContext, roun
         # The warm-up step, as in the worker (optimizer state exists before the measured step), counts the
         # FLOPs: the counter's module tracking keeps recomputed activations alive, so it stays out of the
         # measured step.
-        with FlopCounterMode(display=False) as flops:
+        with flop_counter() as flops:
             runner.step(batch)
         if ctx.predicting:  # the counters that first step made
             for t in host_state(runner.optimizer):
@@ -74,6 +74,24 @@ def _fake_step(spec: RunSpec, techniques: list[Technique], ctx: RunContext, roun
         step = lambda: runner.step(clone_batch(batch))  # noqa: E731  the batch counts, as in the worker
         figures = tracked_step(step, runner.model, runner.optimizer, CPU, rounding)
     return {**figures, "flops_per_step": flops.get_total_flops()}
+
+
+def flop_counter() -> FlopCounterMode:
+    """torch's FLOP counter, counting flash attention over grouped keys (fewer key and value heads than query
+    heads, as Llama's) as the kernel runs it, each key and value head serving its group of query heads. torch
+    2.11's formulas (the CUDA host's) refuse those shapes, which would leave such a model unpredicted."""
+    query_at = {aten._scaled_dot_product_flash_attention: 0, aten._scaled_dot_product_flash_attention_backward: 1}
+    return FlopCounterMode(display=False, custom_mapping={
+        op: _keys_per_query_head(flop_registry[op], at) for op, at in query_at.items()})
+
+
+def _keys_per_query_head(formula: Callable[..., int], query_at: int) -> Callable[..., int]:
+    """``formula`` given shapes whose key and value (after the query, at ``query_at``) have the query's heads."""
+    def count(*shapes: Any, out_shape: Any = None, **kwargs: Any) -> int:
+        q, k, v = shapes[query_at:query_at + 3]
+        k, v = ((*s[:1], q[1], *s[2:]) for s in (k, v))
+        return formula(*shapes[:query_at], q, k, v, *shapes[query_at + 3:], out_val=out_shape, **kwargs)
+    return count
 
 
 def _fake_copy(model: nn.Module) -> nn.Module:

@@ -2,13 +2,14 @@ import time
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import _disable_current_modes
 
 from bench.data.synthetic import clone_batch
 from bench.infer import Predictor
 from bench.measure.memory import tracked_step
 from bench.predict import predict
-from bench.predict.fake import masks_as_real
+from bench.predict.fake import flop_counter, masks_as_real
 from bench.suite import load, select
 from bench.techniques.lowbit import FP8Training
 from bench.techniques.offload import ActivationOffload
@@ -117,3 +118,17 @@ def test_a_transformers_without_the_fake_tensor_check_is_left_as_it_is(monkeypat
     monkeypatch.delattr(utils, "is_fake_tensor")
     with masks_as_real():  # the GPU host's older transformers: nothing to patch, nothing raised
         assert not hasattr(utils, "is_fake_tensor")
+
+
+def test_flash_attention_over_grouped_keys_counts_every_query_head():
+    """Two key/value heads serving eight query heads: forward's two s×s products and backward's five (the
+    scores recomputed, then four gradients) per query head, 2·s·s·d FLOPs each. torch 2.11's own formula
+    refuses the shapes."""
+    b, h_q, h_kv, s, d = 2, 8, 2, 64, 32
+    with FakeTensorMode(), flop_counter() as flops:
+        q = torch.empty(b, h_q, s, d, dtype=torch.bfloat16, requires_grad=True)
+        k, v = (torch.empty(b, h_kv, s, d, dtype=torch.bfloat16, requires_grad=True) for _ in "kv")
+        out = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v)[0]
+        out.backward(torch.ones_like(out))
+    assert k.grad.shape == k.shape
+    assert flops.get_total_flops() == (2 + 5) * 2 * b * h_q * s * s * d
