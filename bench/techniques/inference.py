@@ -104,8 +104,10 @@ class _TraceOnFirstCall(nn.Module):
     def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor) -> Any:
         if self.traced is None:
             with warnings.catch_warnings():
-                # Deprecated in favour of compile/export; and shapes are fixed, so traced constants are fine.
+                # Deprecated in favour of compile/export (a DeprecationWarning in torch 2.11, a FutureWarning
+                # since); and shapes are fixed, so traced constants are fine.
                 warnings.simplefilter("ignore", FutureWarning)
+                warnings.simplefilter("ignore", DeprecationWarning)
                 warnings.simplefilter("ignore", torch.jit.TracerWarning)
                 try:
                     self.traced = (torch.jit.trace(self.model, example_kwarg_inputs=kwargs, strict=False) if kwargs
