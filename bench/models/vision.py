@@ -1,33 +1,42 @@
-"""ResNet-50 and ViT-B/16 from torchvision, plus tiny variants with the same structure for tests."""
+"""ResNet-50 and ViT-B/16 from torchvision, plus tiny variants with the same structure for tests.
+
+torchvision is imported inside the builders: its models import torch._dynamo (about 1.4 s), which
+every bench command (suites name models) and every text model's run would otherwise pay for."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from torch import nn
-from torchvision.models import resnet50, vit_b_16
-from torchvision.models.resnet import Bottleneck, ResNet
-from torchvision.models.vision_transformer import VisionTransformer
 
 from bench.models import ModelSpec, children_of, register
 
 if TYPE_CHECKING:
     from bench.suite import Shapes
 
+
 def _resnet50(shapes: Shapes) -> nn.Module:
+    from torchvision.models import resnet50
+
     return resnet50(weights=None)
 
 
 def _resnet_tiny(shapes: Shapes) -> nn.Module:
+    from torchvision.models.resnet import Bottleneck, ResNet
+
     # One bottleneck per stage, narrow: the same code paths as ResNet-50 (BN, downsample, residuals).
     return ResNet(Bottleneck, [1, 1, 1, 1], num_classes=10, width_per_group=16)
 
 
 def _vit_b16(shapes: Shapes) -> nn.Module:
+    from torchvision.models import vit_b_16
+
     return vit_b_16(weights=None, image_size=shapes.image_size)
 
 
 def _vit_tiny(shapes: Shapes) -> nn.Module:
+    from torchvision.models.vision_transformer import VisionTransformer
+
     return VisionTransformer(
         image_size=shapes.image_size, patch_size=8, num_layers=2, num_heads=2,
         hidden_dim=64, mlp_dim=128, num_classes=10,
