@@ -8,9 +8,13 @@ VENV := .venv
 ifdef PYTHON
 RUN := PYTHONPATH=. $(PYTHON)
 DEPS :=
+# The host's pytest may lack pytest-xdist: the tests run in one process.
+TEST_PROCESSES :=
 else
 RUN := $(VENV)/bin/python
 DEPS := $(VENV)/.installed
+# pytest-xdist: a test process per core, at most 4 (each holds torch and the runs it starts: 2-3 GB).
+TEST_PROCESSES := -n auto --maxprocesses 4
 endif
 
 .DEFAULT_GOAL := help
@@ -48,7 +52,7 @@ list: $(DEPS) ## models and techniques with their options
 	$(RUN) -m bench list
 
 test: $(DEPS) ## the test suite (CPU; CUDA tests skip without a GPU)
-	$(RUN) -m pytest
+	$(RUN) -m pytest $(TEST_PROCESSES)
 
 perf: $(DEPS) ## the harness's step against a hand-written loop: throughput and peak ratios (not in make test)
 	$(RUN) -m pytest tests/perf -m perf --benchmark-enable -s
