@@ -13,7 +13,7 @@ TEST_PROCESSES :=
 else
 RUN := $(VENV)/bin/python
 DEPS := $(VENV)/.installed
-# pytest-xdist: a test process per core, at most 4 (each holds torch and the runs it starts: 2-3 GB).
+# pytest-xdist: a test process per core, at most 4 (each, with the runs it starts, held up to about 2 GB).
 TEST_PROCESSES := -n auto --maxprocesses 4
 endif
 
