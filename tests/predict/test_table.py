@@ -9,11 +9,12 @@ import time
 import pandas as pd
 import pytest
 
+from bench.cli import main
 from bench.predict import table
 from bench.suite import load, select
 
 
-def test_predict_command_prints_the_table_and_rejects_a_bad_budget(tmp_path):
+def test_predict_command_prints_the_table_with_what_fits_the_budget(tmp_path):
     cmd = [sys.executable, "-m", "bench", "predict", "smoke", "--only", "checkpoint", "--results", str(tmp_path)]
     out = subprocess.run(cmd + ["--budget", "2GiB"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
@@ -23,14 +24,19 @@ def test_predict_command_prints_the_table_and_rejects_a_bad_budget(tmp_path):
     assert "largest batch" in out.stdout and "Assumed:" in out.stderr
     line = r"^\[2/\d+\] checkpoint: [\d.]+ GiB at batch 32, peak in \w+, largest batch \d+$"
     assert re.search(line, out.stderr, re.M)
-    bad = subprocess.run(cmd + ["--budget", "lots"], capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and "--budget 'lots': expected a size" in bad.stderr
-    for wrong, said in ((["--budget", "1GiB"], "--reserve 1GiB leaves nothing of --budget 1GiB"),
+
+
+def test_bad_budget_reserve_or_jobs_exit_2_naming_the_option_and_print_no_table(tmp_path, capsys):
+    args = ["predict", "smoke", "--only", "checkpoint", "--results", str(tmp_path)]
+    for wrong, said in ((["--budget", "lots"], "--budget 'lots': expected a size"),
+                        (["--budget", "1GiB"], "--reserve 1GiB leaves nothing of --budget 1GiB"),
                         (["--reserve", "0"], "--reserve 0 is held back from a --budget, and none was given")):
-        bad = subprocess.run(cmd + wrong, capture_output=True, text=True, timeout=300)
-        assert bad.returncode == 2 and said in bad.stderr and not bad.stdout, bad.stderr
-    bad = subprocess.run(cmd + ["--jobs", "0"], capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and "--jobs: expected a whole number of at least 1, got '0'" in bad.stderr
+        assert main(args + wrong) == 2
+        out = capsys.readouterr()
+        assert said in out.err and not out.out, out.err
+    with pytest.raises(SystemExit) as exit_:  # argparse's own exit
+        main(args + ["--jobs", "0"])
+    assert exit_.value.code == 2 and "--jobs: expected a whole number of at least 1, got '0'" in capsys.readouterr().err
 
 
 def test_predicting_in_processes_gives_the_same_table_in_the_suite_order():

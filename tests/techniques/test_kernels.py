@@ -2,6 +2,7 @@ import torch
 
 from bench.measure.memory import tracked_step
 from bench.runner import Device, run_isolated
+from bench.worker import measure
 from tests.conftest import CPU, build_trainer
 from tests.helpers import spec, tech
 
@@ -37,7 +38,8 @@ def test_a_kernel_that_refuses_the_models_call_makes_the_run_unsupported():
 
 
 def test_unavailable_kernels_and_devices_are_unsupported_with_a_reason():
-    cpu = Device("cpu", "cpu")
+    # Each is decided before anything runs, so the worker's measure() is called here, not in a process of its
+    # own (test_runner holds an unsupported run's record end to end).
     for technique, model, reason in [
         (tech("sdpa", backend="efficient"), "vit-tiny", "no efficient attention kernel on cpu"),
         (tech("sdpa"), "resnet-tiny", "the model has no attention"),
@@ -46,7 +48,7 @@ def test_unavailable_kernels_and_devices_are_unsupported_with_a_reason():
         (tech("allocator"), "vit-tiny", "CUDA allocator setting"),
         (tech("empty-cache"), "vit-tiny", "nothing to empty on a CPU"),
     ]:
-        record = run_isolated(spec(model, (technique,)), cpu)
+        record = measure(spec(model, (technique,)), CPU)
         assert record["status"] == "unsupported" and reason in record["message"], record
 
 

@@ -4,11 +4,9 @@ unsupported with an install hint where it is not."""
 import pytest
 
 from bench.measure.memory import model_state_bytes, tracked_step
-from bench.runner import Device, run_isolated
+from bench.worker import measure
 from tests.conftest import CPU, build_trainer
 from tests.helpers import spec, tech
-
-CPU_DEVICE = Device("cpu", "cpu")
 
 
 def run(model, *techniques):
@@ -55,7 +53,7 @@ def test_adamw_8bit_keeps_moments_in_about_a_quarter_of_the_bytes():
     ("lora", "resnet-tiny", "no default layers to adapt for this model: set targets"),
 ])
 def test_inapplicable_low_bit_runs_are_unsupported(technique, model, reason):
-    record = run_isolated(spec(model, (tech(technique),)), CPU_DEVICE)
+    record = measure(spec(model, (tech(technique),)), CPU)  # decided before anything runs: no process needed
     assert record["status"] == "unsupported" and reason in record["message"], record
 
 
