@@ -145,24 +145,26 @@ class FP8Training(Technique):
         # A prediction stands for a card that has them: what the step keeps does not depend on which card.
         if ctx.device.type == "cuda" and torch.cuda.get_device_capability(ctx.device) < (8, 9):
             return f"FP8 needs compute capability ≥ 8.9, this GPU has {torch.cuda.get_device_capability(ctx.device)}"
-        if not _has("torchao"):
-            return "needs torchao: pip install torchao"
-        return None
+        return None  # torchao is asked for in apply, once the model shows FP8 would convert something
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
-        from torchao.float8 import convert_to_float8_training
-
-        def eligible(module: nn.Module, fqn: str) -> bool:
-            return isinstance(module, nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0
-
         linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
-        convert_to_float8_training(model, module_filter_fn=eligible)
-        self.converted = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
-        if not self.converted:  # else the run would be the baseline under another name
+        if not any(_fp8_eligible(m) for _, m in linears):  # else the run would be the baseline under another name
             found = ", ".join(f"{n} {m.in_features}→{m.out_features}" for n, m in linears[:3]) or "none"
             raise Unsupported(f"no linear layer with both dimensions divisible by 16, as FP8 matmuls need "
                               f"(linears: {found}): nothing would run in FP8")
+        # What no install changes comes first: installing torchao would not make FP8 apply to such a model.
+        if not _has("torchao"):
+            raise Unsupported("needs torchao: pip install torchao")
+        from torchao.float8 import convert_to_float8_training
+
+        convert_to_float8_training(model, module_filter_fn=lambda module, fqn: _fp8_eligible(module))
+        self.converted = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
         return model
 
     def proof(self, steps: int) -> dict[str, Any]:
         return {"float8_linears": self.converted}
+
+
+def _fp8_eligible(module: nn.Module) -> bool:
+    return isinstance(module, nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0

@@ -1,6 +1,8 @@
 """Techniques from optional packages: run where the package is installed (`make test` installs them),
 unsupported with an install hint where it is not."""
 
+import re
+
 import pytest
 
 from bench.measure.memory import model_state_bytes, tracked_step
@@ -91,10 +93,22 @@ def test_int8_weights_on_a_model_with_no_linear_but_its_head_is_unsupported_not_
         quantize_body_linears(convolutions, Int8WeightOnlyConfig(), freeze=True)
 
 
-def test_fp8_on_a_model_without_an_eligible_linear_is_unsupported_not_a_silent_no_op():
-    """ResNet's one linear is its head (to 10 classes here, 1000 at full size): FP8 would convert nothing."""
-    pytest.importorskip("torchao")
-    from bench.techniques import Unsupported
+@pytest.mark.parametrize("model, torchao, reason", [
+    # ResNet's one linear is its head (to 10 classes here, 1000 at full size): FP8 would convert nothing,
+    # whether or not torchao is there to be asked for.
+    ("resnet-tiny", True, r"\(linears: fc 2048→10\): nothing would run in FP8"),
+    ("resnet-tiny", False, r"\(linears: fc 2048→10\): nothing would run in FP8"),
+    ("bert-tiny", False, "needs torchao: pip install torchao"),
+])
+def test_fp8_says_first_what_no_install_changes(monkeypatch, model, torchao, reason):
+    """As on a CUDA host without torchao (the prediction stands for one; a CPU run is refused as FP8 on a CPU)."""
+    from bench.predict.fake import predict
+    from bench.techniques import lowbit
 
-    with pytest.raises(Unsupported, match=r"\(linears: fc 2048→10\): nothing would run in FP8"):
-        build_trainer(spec("resnet-tiny", (tech("fp8"),)))
+    if torchao:
+        pytest.importorskip("torchao")
+    else:
+        monkeypatch.setattr(lowbit, "_has", lambda package: False)
+    run = spec(model, (tech("fp8"),))
+    out = predict(run, run.cpu, cuda=True)
+    assert out["predicted_status"] == "unsupported" and re.search(reason, out["predicted_message"]), out
