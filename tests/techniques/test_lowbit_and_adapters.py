@@ -101,7 +101,8 @@ def test_int8_weights_on_a_model_with_no_linear_but_its_head_is_unsupported_not_
     ("bert-tiny", False, "needs torchao: pip install torchao"),
 ])
 def test_fp8_says_first_what_no_install_changes(monkeypatch, model, torchao, reason):
-    """As on a CUDA host without torchao (the prediction stands for one; a CPU run is refused as FP8 on a CPU)."""
+    """What a CUDA host without torchao would say, through the prediction (which stands for a CUDA run: on
+    a CPU, fp8 is refused first as a GPU feature)."""
     from bench.predict.fake import predict
     from bench.techniques import lowbit
 
