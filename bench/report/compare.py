@@ -72,6 +72,17 @@ def _regressions(row) -> list[str]:
     return found
 
 
+def shared_shift(table: pd.DataFrame) -> str:
+    """The throughput change every run shares. A step's spread is measured within one process, so a slower
+    machine (other load, clocks), driver, torch or harness moves every run at once and flags each."""
+    ratios = table["throughput_ratio"].dropna()
+    if ratios.empty:
+        return "No run has a throughput on both sides."
+    return (f"Throughput × over the {len(ratios)} runs: median {ratios.median():.3f}, from {ratios.min():.3f} to "
+            f"{ratios.max():.3f}. A change every run shares points at the machine (other load, clocks), the driver, "
+            "torch or the harness, not at one technique.")
+
+
 def describe(frame: pd.DataFrame, folder: Path) -> str:
     """Where one side's figures come from: folder, device, software and revision."""
     first = frame.iloc[0]
@@ -87,7 +98,7 @@ def write(table: pd.DataFrame, a: tuple[Path, pd.DataFrame], b: tuple[Path, pd.D
     lines = ["# Comparison: A → B", "", f"- A = {describe(a[1], a[0])}", f"- B = {describe(b[1], b[0])}", "",
              markdown(table, "A", "B"), "",
              f"{len(table)} runs on both sides; {len(flagged)} regressed beyond their spread"
-             + (f": {', '.join(flagged['run'])}." if len(flagged) else "."), "",
+             + (f": {', '.join(flagged['run'])}." if len(flagged) else "."), "", shared_shift(table), "",
              "Regression rules: memory more than 1% above A (peaks are deterministic up to allocator rounding); "
              "throughput when B's step-time quartiles lie wholly above A's middle half (p25 of B > p75 of A); "
              "accuracy when it drops by more than the wider of the two baselines' seed bands.", "",

@@ -61,6 +61,7 @@ def test_compare_command_writes_table_and_plot_and_fails_in_strict_mode(sides, t
     text = capsys.readouterr().out
     assert "| demo | slower |" in text and "⚠ throughput" in text and "4 regressed" not in text
     assert "3 regressed beyond their spread: fatter, slower, worse." in text
+    assert "Throughput × over the 6 runs: median 1.000, from 0.833 to 1.000." in text  # only-after has no pair
     assert len(pd.read_csv(out / "compare.csv")) == 6
 
 
