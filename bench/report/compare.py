@@ -76,8 +76,6 @@ def shared_shift(table: pd.DataFrame) -> str:
     """The throughput change every run shares. A step's spread is measured within one process, so a slower
     machine (other load, clocks), driver, torch or harness moves every run at once and flags each."""
     ratios = table["throughput_ratio"].dropna()
-    if ratios.empty:
-        return "No run has a throughput on both sides."
     return (f"Throughput × over the {len(ratios)} runs: median {ratios.median():.3f}, from {ratios.min():.3f} to "
             f"{ratios.max():.3f}. A change every run shares points at the machine (other load, clocks), the driver, "
             "torch or the harness, not at one technique.")
