@@ -117,6 +117,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.slurm is not None:
         from bench.cluster import parse_options, sweep_slurm
 
+        if args.snapshot:
+            print("error: --snapshot does not go with --slurm (the file would be written on the node); "
+                  "take one on a GPU node with `bench run SUITE --only RUN --snapshot`", file=sys.stderr)
+            return EXIT_BAD_INPUT
+
         if importlib.util.find_spec("submitit") is None:
             print("error: --slurm needs submitit: pip install -e '.[cluster]' (or pip install submitit)",
                   file=sys.stderr)

@@ -46,16 +46,20 @@ def sweep(suite: Suite, device: Device, results_root: Path, force: bool = False,
     revision, start, records = git_revision(), time.monotonic(), []
     n = len(suite.runs)
     print(f"{suite.name}: {n} runs on {device.name}, records in {results_root / suite.name}", file=log)
+    if snapshot and device.type != "cuda":
+        print(f"--snapshot: the allocator history is CUDA's; none is saved on {device.name}", file=log)
     for i, spec in enumerate(suite.runs, 1):
         path = results.record_path(results_root, suite.name, device.name, spec.name)
         key = spec.key(device.name)
         old = results.read(path)
+        shot = path.with_suffix(".snapshot.pickle") if snapshot and device.type == "cuda" else None
         if old is not None and old.get("run_key") == key and not force:
-            print(f"[{i}/{n}] {spec.name}: kept stored record ({old['status']})", file=log)
+            # A snapshot is taken only while a run is measured: say so rather than leave the user looking for it.
+            missing = ", no snapshot: --force re-measures it with one" if shot and not shot.exists() else ""
+            print(f"[{i}/{n}] {spec.name}: kept stored record ({old['status']}{missing})", file=log)
             records.append(old)
             continue
         print(f"[{i}/{n}] {spec.name}: running on {device.name} ({_elapsed(start)} elapsed)", file=log, flush=True)
-        shot = path.with_suffix(".snapshot.pickle") if snapshot and device.type == "cuda" else None
         clock = time.monotonic()
         outcome = run_isolated(spec, device, shot, torchrun)
         # wall_s: the run's whole process (start-up, prediction, measurement, fidelity phase)

@@ -59,3 +59,9 @@ def test_slurm_without_submitit_exits_2_with_the_install_hint_and_writes_nothing
     assert main(["run", "smoke", "--slurm", "cluster=local", "--results", str(tmp_path / "results")]) == 2
     assert "pip install -e '.[cluster]'" in capsys.readouterr().err
     assert not (tmp_path / "results").exists()
+
+
+def test_snapshot_with_slurm_exits_2_before_anything_is_submitted(tmp_path, capsys):
+    assert main(["run", "smoke", "--slurm", "cluster=local", "--snapshot", "--results", str(tmp_path / "r")]) == 2
+    assert "--snapshot does not go with --slurm" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

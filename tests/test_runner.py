@@ -1,5 +1,6 @@
 """The runner against runs that fail in every way a real one can; each run is a real process."""
 
+import io
 import os
 import signal
 import subprocess
@@ -169,11 +170,26 @@ def test_records_carry_the_accuracy_delta_and_the_baselines_noise_band(tmp_path)
     assert "fidelity_s" not in skipped
 
 
-def test_snapshot_is_ignored_on_a_cpu(tmp_path):
+def test_snapshot_is_ignored_on_a_cpu_and_the_log_says_so(tmp_path):
     suite = Suite("s", tmp_path / "s.toml", "vit-tiny", "", "run", (spec(name="run", batch_size=4),))
-    (record,) = sweep(suite, CPU, tmp_path, snapshot=True)
+    log = io.StringIO()
+    (record,) = sweep(suite, CPU, tmp_path, snapshot=True, log=log)
     assert record["status"] == "ok" and "snapshot" not in record
     assert not list(tmp_path.rglob("*.pickle"))
+    assert "--snapshot: the allocator history is CUDA's; none is saved on cpu" in log.getvalue()
+
+
+def test_a_kept_record_without_a_snapshot_says_how_to_get_one(tmp_path):
+    gpu, run = Device("cuda", "NVIDIA X"), spec(name="run", batch_size=4)
+    path = results.record_path(tmp_path, "s", gpu.name, "run")
+    results.write_atomic(path, {"run": "run", "status": "ok", "run_key": run.key(gpu.name)})
+    suite = Suite("s", tmp_path / "s.toml", "vit-tiny", "", "run", (run,))
+    log = io.StringIO()
+    sweep(suite, gpu, tmp_path, snapshot=True, log=log)  # nothing runs: the stored record is kept
+    assert "[1/1] run: kept stored record (ok, no snapshot: --force re-measures it with one)" in log.getvalue()
+    path.with_suffix(".snapshot.pickle").write_bytes(b"")
+    sweep(suite, gpu, tmp_path, snapshot=True, log=(log := io.StringIO()))
+    assert "[1/1] run: kept stored record (ok)\n" in log.getvalue()
 
 
 def test_the_progress_line_shows_an_untracked_peak_as_absent_and_the_accuracy_as_it_comes():
