@@ -134,6 +134,12 @@ def _run(args: argparse.Namespace) -> int:
         device_type = "cuda" if args.device == "auto" else args.device  # the nodes', not this machine's
         records = sweep_slurm(suite, device_type, args.results, options, args.force, torchrun)
     else:
+        import torch
+
+        if args.device == "cuda" and not torch.cuda.is_available():
+            print(f"error: --device cuda, but torch {torch.__version__} (CUDA {torch.version.cuda}) finds no CUDA "
+                  "device here; leave --device out to run on this machine's CPU", file=sys.stderr)
+            return EXIT_BAD_INPUT
         records = sweep(suite, detect(args.device), args.results, force=args.force, snapshot=args.snapshot,
                         torchrun=torchrun)
     print(markdown(summary(to_frame(records))))

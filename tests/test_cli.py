@@ -1,6 +1,9 @@
 import subprocess
 import sys
 
+import pytest
+import torch
+
 from bench import results
 from bench.cli import main
 
@@ -44,6 +47,13 @@ def test_list_shows_techniques_with_their_options(capsys):
 def test_report_of_a_suite_never_run_exits_2(tmp_path, capsys):
     assert main(["report", "nothing", "--results", str(tmp_path)]) == 2
     assert "run `make bench SUITE=nothing` first" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_device_cuda_without_a_gpu_exits_2_and_writes_nothing(tmp_path, capsys):
+    assert main(["run", "smoke", "--device", "cuda", "--results", str(tmp_path / "r")]) == 2
+    assert "--device cuda, but torch" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
 
 
 def test_torchaos_pytree_deprecation_lines_are_dropped_and_nothing_else(caplog):
