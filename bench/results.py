@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -40,10 +41,26 @@ def write_atomic(path: Path, record: dict[str, Any]) -> None:
 
 
 def read(path: Path) -> dict[str, Any] | None:
+    """The stored record, or None. One that cannot be parsed (a hand edit, a git merge conflict) is named
+    on stderr: silently leaving a measured run out of a report would hide it."""
     try:
         return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+    except FileNotFoundError:
         return None
+    except (OSError, json.JSONDecodeError) as exc:
+        print(f"warning: {path}: unreadable record, treated as absent ({exc})", file=sys.stderr)
+        return None
+
+
+def set_aside_if_unreadable(path: Path) -> None:
+    """Before a record is written over: one that cannot be parsed (a merge conflict may hold two
+    measurements) moves to <run>.json.unreadable rather than being lost."""
+    try:
+        json.loads(path.read_text())
+    except FileNotFoundError:
+        pass
+    except (OSError, json.JSONDecodeError):
+        path.replace(path.with_name(path.name + ".unreadable"))
 
 
 def load_records(suite_dir: Path) -> list[dict[str, Any]]:

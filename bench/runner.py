@@ -78,7 +78,9 @@ def finish(record: dict[str, Any], records: list[dict[str, Any]], results_root: 
     baseline = record if record["run"] == record["baseline"] else next(
         (r for r in records if r["run"] == record["baseline"] and r["device"] == record["device"]), None)
     record |= results.accuracy_vs_baseline(record, baseline)
-    results.write_atomic(results.record_path(results_root, record["suite"], record["device"], record["run"]), record)
+    path = results.record_path(results_root, record["suite"], record["device"], record["run"])
+    results.set_aside_if_unreadable(path)
+    results.write_atomic(path, record)
     records.append(record)
 
 

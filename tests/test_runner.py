@@ -179,6 +179,17 @@ def test_snapshot_is_ignored_on_a_cpu_and_the_log_says_so(tmp_path):
     assert "--snapshot: the allocator history is CUDA's; none is saved on cpu" in log.getvalue()
 
 
+def test_an_unreadable_record_is_moved_aside_and_the_run_measured_again(tmp_path, capsys):
+    suite = Suite("test", tmp_path / "s.toml", "vit-tiny", "", "run", (spec(name="run", batch_size=4),))
+    path = results.record_path(tmp_path, "test", "cpu", "run")
+    path.parent.mkdir(parents=True)
+    path.write_text("<<<<<<< HEAD\n")
+    (record,) = sweep(suite, CPU, tmp_path)
+    assert record["status"] == "ok" and results.read(path)["run"] == "run"
+    assert path.with_name("run.json.unreadable").read_text() == "<<<<<<< HEAD\n"
+    assert f"{path}: unreadable record" in capsys.readouterr().err
+
+
 def test_a_kept_record_without_a_snapshot_says_how_to_get_one(tmp_path):
     gpu, run = Device("cuda", "NVIDIA X"), spec(name="run", batch_size=4)
     path = results.record_path(tmp_path, "s", gpu.name, "run")

@@ -122,6 +122,14 @@ def test_report_without_records_says_what_to_run(tmp_path):
         build_report(tmp_path / "nothing")
 
 
+def test_an_unreadable_record_is_named_and_the_others_are_reported(suite_dir, capsys):
+    broken = suite_dir / "cpu" / "huge.json"
+    broken.write_text('{"run": "huge",\n<<<<<<< HEAD\n')  # a merge conflict in a committed record
+    assert sorted(r["run"] for r in results.load_records(suite_dir) if r["device"] == "cpu") == [
+        "baseline", "broken", "checkpoint", "fp8"]
+    assert f"warning: {broken}: unreadable record, treated as absent" in capsys.readouterr().err
+
+
 def test_accuracy_deltas_sit_next_to_the_baselines_band_and_are_flagged_outside_it():
     from bench.report.tables import markdown, summary
 
