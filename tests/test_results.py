@@ -1,0 +1,21 @@
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_key_of_the_committed_records_is_explained_in_the_results_readme():
+    """A record is self-describing only if its keys are explained: every key the committed records hold
+    is named in results/README.md or README.md (`rank_` and `predicted_` keys by the figure they repeat,
+    `at_peak_*` and `step_time_ms_*` by their family's short form)."""
+    docs = (ROOT / "results" / "README.md").read_text() + (ROOT / "README.md").read_text()
+    keys = {k for p in ROOT.glob("results/*/*/*.json") for k in json.loads(p.read_text())}
+    assert len(keys) > 50  # the committed records are there to check
+
+    def named(key: str) -> bool:
+        key = re.sub(r"^(rank_|predicted_)", "", key)
+        family = re.fullmatch(r"(?:at_peak|step_time_ms)_(\w+?)(?:_bytes)?", key)
+        return f"`{key}`" in docs or bool(family and re.search(rf"`_{family[1]}_?`", docs))
+
+    assert sorted(k for k in keys if not named(k)) == []
