@@ -85,7 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     cmp.add_argument("b", type=Path, help="the same for the other side (after)")
     cmp.add_argument("--device", help="where a folder holds several devices: which one (part of its name)")
     cmp.add_argument("--out", type=Path, default=Path("results/compare"), help="folder for compare.{md,csv,png}")
-    cmp.add_argument("--strict", action="store_true", help="exit 1 when a run regressed (for CI)")
+    cmp.add_argument("--strict", nargs="?", const="all", metavar="KINDS",
+                     help="exit 1 when a run regressed (for CI); KINDS limits it to some of memory, throughput, "
+                          "accuracy: 'memory,accuracy' on a shared machine whose load moves throughput")
     cmp.set_defaults(func=_compare)
     val = sub.add_parser("validate", help="check suite files; every problem at once")
     val.add_argument("suites", nargs="*", help="suite names or files (default: suites/*.toml)")
@@ -196,6 +198,11 @@ def _overview(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     from bench.report import compare
 
+    gate = set(compare.REGRESSIONS if args.strict == "all" else (args.strict or "").split(",")) - {""}
+    if unknown := sorted(gate - set(compare.REGRESSIONS)):
+        print(f"error: --strict {args.strict}: unknown {', '.join(map(repr, unknown))}; expected some of "
+              f"{', '.join(compare.REGRESSIONS)}, comma-separated, after the two folders", file=sys.stderr)
+        return EXIT_BAD_INPUT
     a, b = compare.load_side(args.a, args.device), compare.load_side(args.b, args.device)
     table = compare.compare(a, b)
     if table.empty:
@@ -204,7 +211,7 @@ def _compare(args: argparse.Namespace) -> int:
     written = compare.write(table, (args.a, a), (args.b, b), args.out)
     print(written[0].read_text())
     print(f"written: {', '.join(str(p) for p in written)}", file=sys.stderr)
-    return 1 if args.strict and (table["regression"] != "").any() else 0
+    return 1 if any(gate & set(r.split(", ")) for r in table["regression"]) else 0
 
 
 def _validate(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ from bench.results import read, slug, to_frame
 
 # Peak memory is deterministic up to the allocator's rounding: a change under 1% is not a change.
 MEMORY_TOLERANCE = 0.01
+REGRESSIONS = ("memory", "throughput", "accuracy")  # what a run can regress in; --strict picks among them
 
 
 def load_side(folder: Path, device: str | None = None) -> pd.DataFrame:

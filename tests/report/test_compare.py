@@ -65,6 +65,18 @@ def test_compare_command_writes_table_and_plot_and_fails_in_strict_mode(sides, t
     assert len(pd.read_csv(out / "compare.csv")) == 6
 
 
+def test_strict_can_gate_some_kinds_only(sides, tmp_path, capsys):
+    common = ["compare", str(sides[0]), str(sides[1]), "--out", str(tmp_path / "cmp"), "--strict"]
+    assert main(common + ["memory,accuracy"]) == 1  # fatter, worse
+    assert main(common + ["throughput"]) == 1  # slower
+    only_slower = write(tmp_path / "c", [rec("slower", 800, 120.0, 1.0)])
+    assert main(["compare", str(sides[0]), str(only_slower), "--out", str(tmp_path / "cmp"),
+                 "--strict", "memory,accuracy"]) == 0  # a shared machine's load does not fail the gate
+    capsys.readouterr()
+    assert main(common + ["memroy"]) == 2
+    assert "--strict memroy: unknown 'memroy'; expected some of memory, throughput, accuracy" in capsys.readouterr().err
+
+
 def test_a_folder_with_several_devices_must_name_one(tmp_path, capsys):
     root = write(tmp_path, [rec("baseline", 1, 1.0, 0.1), rec("baseline", 1, 1.0, 0.1, device="cpu")])
     assert main(["compare", str(root), str(root)]) == 2
