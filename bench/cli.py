@@ -14,6 +14,10 @@ from bench import suite as suites
 EXIT_BAD_INPUT = 2
 
 
+class BadInput(Exception):
+    """A flag or value the user can fix: printed as one line, exit status 2."""
+
+
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, os.getcwd())  # user techniques named "module:Class" import from here
     args = _parser().parse_args(argv)
@@ -22,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     except suites.SuiteError as exc:
         print(exc, file=sys.stderr)
         return EXIT_BAD_INPUT
-    except FileNotFoundError as exc:
+    except (BadInput, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
@@ -110,6 +114,7 @@ def _run(args: argparse.Namespace) -> int:
     from bench.results import to_frame
     from bench.runner import detect, sweep
 
+    refuse_unusable_flags(args)
     suite = suites.load(suite_path(args.suite))
     if args.only:
         suite = suites.select(suite, args.only.split(","))
@@ -119,29 +124,13 @@ def _run(args: argparse.Namespace) -> int:
     if args.slurm is not None:
         from bench.cluster import parse_options, sweep_slurm
 
-        if args.snapshot:
-            print("error: --snapshot does not go with --slurm (the file would be written on the node); "
-                  "take one on a GPU node with `bench run SUITE --only RUN --snapshot`", file=sys.stderr)
-            return EXIT_BAD_INPUT
-
-        if importlib.util.find_spec("submitit") is None:
-            print("error: --slurm needs submitit: pip install -e '.[cluster]' (or pip install submitit)",
-                  file=sys.stderr)
-            return EXIT_BAD_INPUT
         try:
             options = parse_options(args.slurm)
         except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return EXIT_BAD_INPUT
+            raise BadInput(str(exc)) from exc
         device_type = "cuda" if args.device == "auto" else args.device  # the nodes', not this machine's
         records = sweep_slurm(suite, device_type, args.results, options, args.force, torchrun)
     else:
-        import torch
-
-        if args.device == "cuda" and not torch.cuda.is_available():
-            print(f"error: --device cuda, but torch {torch.__version__} (CUDA {torch.version.cuda}) finds no CUDA "
-                  "device here; leave --device out to run on this machine's CPU", file=sys.stderr)
-            return EXIT_BAD_INPUT
         records = sweep(suite, detect(args.device), args.results, force=args.force, snapshot=args.snapshot,
                         torchrun=torchrun)
     print(markdown(summary(to_frame(records))))
@@ -149,6 +138,22 @@ def _run(args: argparse.Namespace) -> int:
     print(f"report: {', '.join(str(p) for p in written[:2])}", file=sys.stderr)
     # oom, timeout and unsupported are findings about the configuration; error means something broke.
     return 1 if any(r["status"] == "error" for r in records) else 0
+
+
+def refuse_unusable_flags(args: argparse.Namespace) -> None:
+    """Flags this machine cannot honour, refused before a results folder is made."""
+    if args.slurm is not None:
+        if args.snapshot:
+            raise BadInput("--snapshot does not go with --slurm (the file would be written on the node); "
+                           "take one on a GPU node with `bench run SUITE --only RUN --snapshot`")
+        if importlib.util.find_spec("submitit") is None:
+            raise BadInput("--slurm needs submitit: pip install -e '.[cluster]' (or pip install submitit)")
+    elif args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise BadInput(f"--device cuda, but torch {torch.__version__} (CUDA {torch.version.cuda}) finds no "
+                           "CUDA device here; leave --device out to run on this machine's CPU")
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -200,9 +205,8 @@ def _compare(args: argparse.Namespace) -> int:
 
     gate = set(compare.REGRESSIONS if args.strict == "all" else (args.strict or "").split(",")) - {""}
     if unknown := sorted(gate - set(compare.REGRESSIONS)):
-        print(f"error: --strict {args.strict}: unknown {', '.join(map(repr, unknown))}; expected some of "
-              f"{', '.join(compare.REGRESSIONS)}, comma-separated, after the two folders", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        raise BadInput(f"--strict {args.strict}: unknown {', '.join(map(repr, unknown))}; expected some of "
+                       f"{', '.join(compare.REGRESSIONS)}, comma-separated, after the two folders")
     a, b = compare.load_side(args.a, args.device), compare.load_side(args.b, args.device)
     table = compare.compare(a, b)
     if table.empty:
