@@ -3,6 +3,7 @@ and loaded back into a pandas DataFrame."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -54,13 +55,14 @@ def read(path: Path) -> dict[str, Any] | None:
 
 def set_aside_if_unreadable(path: Path) -> None:
     """Before a record is written over: one that cannot be parsed (a merge conflict may hold two
-    measurements) moves to <run>.json.unreadable rather than being lost."""
+    measurements) moves to <run>.json.unreadable (.unreadable-2, … beside earlier ones) rather than being lost."""
     try:
         json.loads(path.read_text())
     except FileNotFoundError:
         pass
     except (OSError, json.JSONDecodeError):
-        path.replace(path.with_name(path.name + ".unreadable"))
+        asides = (path.with_name(path.name + ".unreadable" + (f"-{n}" if n > 1 else "")) for n in itertools.count(1))
+        path.replace(next(a for a in asides if not a.exists()))
 
 
 def load_records(suite_dir: Path) -> list[dict[str, Any]]:

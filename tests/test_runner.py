@@ -188,6 +188,10 @@ def test_an_unreadable_record_is_moved_aside_and_the_run_measured_again(tmp_path
     assert record["status"] == "ok" and results.read(path)["run"] == "run"
     assert path.with_name("run.json.unreadable").read_text() == "<<<<<<< HEAD\n"
     assert f"{path}: unreadable record" in capsys.readouterr().err
+    path.write_text(">>>>>>> other\n")  # a second conflict keeps the first one's bytes too
+    sweep(suite, CPU, tmp_path)
+    assert path.with_name("run.json.unreadable-2").read_text() == ">>>>>>> other\n"
+    assert path.with_name("run.json.unreadable").read_text() == "<<<<<<< HEAD\n"
 
 
 def test_a_kept_record_without_a_snapshot_says_how_to_get_one(tmp_path):
