@@ -170,13 +170,12 @@ def _predict(args: argparse.Namespace) -> int:
     from bench.results import load_records
 
     reserve = args.reserve or RESERVE
+    if args.reserve and not args.budget:  # else it would be taken and ignored
+        raise BadInput(f"--reserve {args.reserve} is held back from a --budget, and none was given")
     try:
-        if args.reserve and not args.budget:  # else it would be taken and ignored
-            raise ValueError(f"--reserve {args.reserve} is held back from a --budget, and none was given")
         budget = tensor_budget(args.budget, reserve) if args.budget else None
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        raise BadInput(str(exc)) from exc
     suite = suites.load(suite_path(args.suite))
     if args.only:
         suite = suites.select(suite, args.only.split(","))
@@ -203,6 +202,7 @@ def _overview(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     from bench.report import compare
 
+    # --strict alone gates every kind; --strict KINDS those named; no --strict, none.
     gate = set(compare.REGRESSIONS if args.strict == "all" else (args.strict or "").split(",")) - {""}
     if unknown := sorted(gate - set(compare.REGRESSIONS)):
         raise BadInput(f"--strict {args.strict}: unknown {', '.join(map(repr, unknown))}; expected some of "
@@ -210,8 +210,7 @@ def _compare(args: argparse.Namespace) -> int:
     a, b = compare.load_side(args.a, args.device), compare.load_side(args.b, args.device)
     table = compare.compare(a, b)
     if table.empty:
-        print(f"error: no run (suite and name) is in both {args.a} and {args.b}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        raise BadInput(f"no run (suite and name) is in both {args.a} and {args.b}")
     written = compare.write(table, (args.a, a), (args.b, b), args.out)
     print(written[0].read_text())
     print(f"written: {', '.join(str(p) for p in written)}", file=sys.stderr)

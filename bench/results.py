@@ -41,7 +41,7 @@ def write_atomic(path: Path, record: dict[str, Any]) -> None:
         raise
 
 
-def read(path: Path) -> dict[str, Any] | None:
+def read(path: Path, warn: bool = True) -> dict[str, Any] | None:
     """The stored record, or None. One that cannot be parsed (a hand edit, a git merge conflict) is named
     on stderr: silently leaving a measured run out of a report would hide it."""
     try:
@@ -49,18 +49,15 @@ def read(path: Path) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except (OSError, json.JSONDecodeError) as exc:
-        print(f"warning: {path}: unreadable record, treated as absent ({exc})", file=sys.stderr)
+        if warn:
+            print(f"warning: {path}: unreadable record, treated as absent ({exc})", file=sys.stderr)
         return None
 
 
 def set_aside_if_unreadable(path: Path) -> None:
     """Before a record is written over: one that cannot be parsed (a merge conflict may hold two
     measurements) moves to <run>.json.unreadable (.unreadable-2, … beside earlier ones) rather than being lost."""
-    try:
-        json.loads(path.read_text())
-    except FileNotFoundError:
-        pass
-    except (OSError, json.JSONDecodeError):
+    if path.exists() and read(path, warn=False) is None:  # named already, when the sweep read it
         asides = (path.with_name(path.name + ".unreadable" + (f"-{n}" if n > 1 else "")) for n in itertools.count(1))
         path.replace(next(a for a in asides if not a.exists()))
 
