@@ -64,7 +64,7 @@ def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None,
     figures["first_step_ms"] = time_steps(lambda: trainer.step(batch), 1, device)[0]
     for _ in range(shapes.warmup_steps - 1):
         trainer.step(batch)
-    figures |= _memory_pass(trainer, batch, all(t.trackable for t in techniques), device, snapshot)
+    figures |= _memory_pass(trainer, batch, techniques, device, snapshot)
     # Data-parallel ranks each take their own batch: a step of the group processes world_size of them.
     batches = group.world_size if any(t.data_parallel for t in techniques) else 1
     figures |= _timed_pass(trainer, batch, samples_in(batch) * batches, ctx)
@@ -96,15 +96,16 @@ def _build(spec: RunSpec, techniques: list[Technique], ctx: RunContext) -> tuple
     return trainer, synthetic_batch(ctx.model_spec, ctx.shapes, spec.seed, ctx.device), figures
 
 
-def _memory_pass(trainer: Runner, batch: Batch, trackable: bool, device: torch.device,
+def _memory_pass(trainer: Runner, batch: Batch, techniques: list[Technique], device: torch.device,
                  snapshot: str | None) -> dict[str, Any]:
     """One instrumented step, kept out of the timing since the tracker slows it; with ``snapshot``, the
     allocator's history of that step is saved there, for pytorch.org/memory_viz."""
     if snapshot:
         torch.cuda.memory._record_memory_history(max_entries=200_000)
-    if trackable:
-        figures = tracked_step(lambda: trainer.step(clone_batch(batch)), trainer.model, trainer.optimizer, device)
-    else:  # compiled code (torch.compile, torchao's optimizers) runs no Python the tracker could see
+    if all(t.trackable for t in techniques):
+        figures = tracked_step(lambda: trainer.step(clone_batch(batch)), trainer.model, trainer.optimizer, device,
+                               compiled_update=any(t.compiled_update for t in techniques))
+    else:  # a compiled model (torch.compile) runs no Python the tracker could see
         figures = model_state_bytes(trainer.model, trainer.optimizer)
     if snapshot:
         torch.cuda.memory._dump_snapshot(snapshot)

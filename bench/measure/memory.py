@@ -8,7 +8,9 @@ from __future__ import annotations
 import os
 import resource
 from collections.abc import Callable, Iterable
+from contextlib import nullcontext
 from typing import Any
+from unittest.mock import patch
 
 import torch
 from torch import nn
@@ -68,10 +70,12 @@ AT_PEAK = {"parameters": "parameters", "buffers": "buffers", "gradients": "gradi
 
 
 def tracked_step(step: Callable[[], object], model: nn.Module, optimizer: torch.optim.Optimizer | None,
-                 device: torch.device, rounding: int | None = None) -> dict[str, int | str]:
+                 device: torch.device, rounding: int | None = None,
+                 compiled_update: bool = False) -> dict[str, int | str]:
     """One step under the live-bytes tracker: its peak, what was alive at that peak (``at_peak_*_bytes``,
     summing to the peak), and the bytes each forward leaves alive for backward (saved activations plus the
-    logits), the quantity checkpointing and autocast shrink."""
+    logits), the quantity checkpointing and autocast shrink. ``compiled_update``: the optimizer's step runs
+    compiled code, which the tracker steps aside for; its state is counted, its own temporaries are not."""
     tracker = LiveBytes(device, rounding)
     tracker.add(model.parameters(), "parameters")
     tracker.add(model.buffers(), "buffers")
@@ -98,8 +102,10 @@ def tracked_step(step: Callable[[], object], model: nn.Module, optimizer: torch.
 
     if optimizer is not None:
         hooks.append(optimizer.register_step_pre_hook(optimizer_start))
+    aside = (patch.object(optimizer, "step", _stepped_aside(optimizer.step, tracker)) if compiled_update
+             else nullcontext())
     try:
-        with tracker:
+        with tracker, aside:
             step()
     finally:
         for h in hooks:
@@ -117,6 +123,13 @@ def tracked_step(step: Callable[[], object], model: nn.Module, optimizer: torch.
         "gradient_bytes": grads[-1] if grads else None,
         **{f"at_peak_{k}_bytes": v for k, v in at_peak.items()},
     } | model_state_bytes(model, optimizer)
+
+
+def _stepped_aside(step: Callable[..., Any], tracker: LiveBytes) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with tracker.stepped_aside():
+            return step(*args, **kwargs)
+    return run
 
 
 def _grads(model: nn.Module) -> list[torch.Tensor]:

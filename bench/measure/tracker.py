@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode_temporarily, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
 CUDA_BLOCK = 512  # the caching allocator rounds every allocation up to this
@@ -82,6 +83,14 @@ class LiveBytes(TorchDispatchMode):
             if born <= self._peak_clock and (freed is None or freed > self._peak_clock):
                 out[label] = out.get(label, 0) + n
         return out
+
+    @contextmanager
+    def stepped_aside(self) -> Iterator[None]:
+        """The block runs without this mode, as compiled code must (dynamo refuses to trace under a dispatch
+        mode): what it allocates is not counted, what it frees still is (the finalizers stay)."""
+        with _pop_mode_temporarily() as mode:
+            assert mode is self, "the tracker must be the innermost dispatch mode to step aside"
+            yield
 
     def _count(self, t: torch.Tensor, label: str | None = None) -> None:
         if t.device.type != self.device_type or is_on_host(t):

@@ -26,7 +26,8 @@ ASSUMPTIONS = (
     "choose runs foreach; norms save their statistics in CUDA's dtypes; Adam's step counters and the "
     "memory-efficient kernel's RNG seed and offset live on the host, as on CUDA; autocast casts by CUDA's op lists; "
     "batch norm saves no cuDNN reserve space; allocator workspaces and fragmentation are not modelled; float16 "
-    "autocast leaves out its GradScaler; a value read off a tensor (.item(), as Adafactor's norms) reads as 1"
+    "autocast leaves out its GradScaler; a value read off a tensor (.item(), as Adafactor's norms) reads as 1; "
+    "an optimizer update its package compiles (torchao's 8-bit AdamW) counts its state, not the kernel's temporaries"
 )
 aten = torch.ops.aten
 

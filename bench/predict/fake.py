@@ -62,6 +62,9 @@ def _fake_step(spec: RunSpec, techniques: list[Technique], ctx: RunContext, roun
         model = _fake_copy(model)
         runner = (Predictor(model, ctx.model_spec, techniques, ctx) if spec.mode == "inference"
                   else Trainer(model, ctx.model_spec, techniques, ctx, spec.lr))
+        compiled_update = any(t.compiled_update for t in techniques)
+        if compiled_update:
+            runner.optimizer.step = compiled_as_eager(runner.optimizer.step)
         batch = synthetic_batch(ctx.model_spec, ctx.shapes, spec.seed, CPU)
         # The warm-up step, as in the worker (optimizer state exists before the measured step), counts the
         # FLOPs: the counter's module tracking keeps recomputed activations alive, so it stays out of the
@@ -72,7 +75,7 @@ def _fake_step(spec: RunSpec, techniques: list[Technique], ctx: RunContext, roun
             for t in host_state(runner.optimizer):
                 on_host(t)
         step = lambda: runner.step(clone_batch(batch))  # noqa: E731  the batch counts, as in the worker
-        figures = tracked_step(step, runner.model, runner.optimizer, CPU, rounding)
+        figures = tracked_step(step, runner.model, runner.optimizer, CPU, rounding, compiled_update)
     return {**figures, "flops_per_step": flops.get_total_flops()}
 
 
@@ -181,3 +184,18 @@ def masks_as_real() -> Iterator[None]:
     known = hasattr(utils, "is_fake_tensor")  # a transformers without the check builds masks as it would
     with patch.object(utils, "is_fake_tensor", lambda _: False) if known else nullcontext():
         yield
+
+
+def compiled_as_eager(step: Callable[..., Any]) -> Callable[..., Any]:
+    """The optimizer's ``step`` with ``torch.compile`` handing back the function itself: fake tensors cannot
+    enter compiled code (dynamo refuses to trace under the fake mode). The tracker steps aside for that step as
+    on a real run (``Technique.compiled_update``), so the state is counted and the eager update's temporaries,
+    which the compiled kernel would not keep, are not. Patched for the step alone, so that nothing compiled
+    elsewhere in the process (an import's decorator) stays eager."""
+    def eager(model: Callable[..., Any] | None = None, **_: Any) -> Any:
+        return model if model is not None else (lambda fn: fn)
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with patch.object(torch, "compile", eager):
+            return step(*args, **kwargs)
+    return run

@@ -74,6 +74,9 @@ class Technique:
     conflicts: ClassVar[frozenset[str]] = frozenset()
     # False where the live-tensor tracker cannot see what the technique runs (compiled graphs).
     trackable: ClassVar[bool] = True
+    # True where the optimizer's step runs compiled code (torchao's update): the tracker steps aside for that
+    # step only, so its state is counted and its temporaries are not; fake tensors run the update eager.
+    compiled_update: ClassVar[bool] = False
     # Suite modes this technique means something in (checked at suite load).
     modes: ClassVar[frozenset[str]] = TRAIN
     # Why fake tensors on a CPU cannot predict this technique's CUDA memory, if they cannot.

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import _disable_current_modes
 
 from bench.techniques.base import ANY_MODE, TECHNIQUES, RunContext, Technique, Unsupported, option
 
@@ -59,9 +60,8 @@ class AdamW8bit(Technique):
     """
 
     name = "adamw-8bit"
-    unpredictable = "torchao compiles its update; neither fake tensors nor the tracker see inside"
     summary = "AdamW with 8-bit moments (torchao, or bitsandbytes on CUDA)"
-    trackable = False  # torchao compiles its update with fullgraph=True, which a dispatch mode breaks
+    compiled_update = True  # torchao compiles each parameter's update with fullgraph=True
     conflicts = frozenset({"optimizer", "optimizer-in-backward"})
 
     @dataclass(frozen=True)
@@ -81,6 +81,14 @@ class AdamW8bit(Technique):
         params = [p for p in model.parameters() if p.requires_grad]
         if _has("torchao"):
             from torchao.optim import AdamW8bit as Optimizer
+            from torchao.optim.subclass_8bit import OptimState8bit
+
+            # torchao caches its two code books on first use. Made from a prediction's fake tensors, whose values
+            # read as 1, they would quantize every real moment after it in this process to ones; so they are
+            # made here from real ones, whatever mode is active.
+            with _disable_current_modes():
+                for signed in (True, False):
+                    OptimState8bit.zeros((256,), signed)
         else:
             from bitsandbytes.optim import AdamW8bit as Optimizer
         self.optimizer = Optimizer(params, lr=self.lr)

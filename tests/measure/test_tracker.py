@@ -29,6 +29,20 @@ def test_a_tensor_marked_as_on_the_host_is_not_counted():
     assert tracker.current == 4000
 
 
+def test_stepping_aside_leaves_what_the_block_makes_uncounted_but_still_counts_what_it_frees():
+    """Compiled code cannot run under a dispatch mode, so the tracker steps aside for it (torchao's update)."""
+    tracker = LiveBytes(CPU)
+    with tracker:
+        kept = torch.zeros(100)
+        with tracker.stepped_aside():
+            unseen = torch.zeros(1000)
+            del kept
+        assert tracker.current == 0
+        seen = torch.zeros(10)
+    assert (tracker.peak, tracker.current) == (400, 40)
+    del unseen, seen
+
+
 def test_mlp_step_under_adam_matches_the_analytic_figures():
     """Linear(64→256)→ReLU→Linear(256→10), batch 32, AdamW after its first step."""
     torch.manual_seed(0)

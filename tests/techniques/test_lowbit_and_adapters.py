@@ -4,6 +4,8 @@ unsupported with an install hint where it is not."""
 import re
 
 import pytest
+import torch
+from torch import nn
 
 from bench.measure.memory import model_state_bytes, tracked_step
 from bench.worker import measure
@@ -39,14 +41,60 @@ def test_int8_weights_store_frozen_linears_in_a_quarter_of_the_bytes():
     assert int8["param_bytes"] < lora["param_bytes"]
 
 
-def test_adamw_8bit_keeps_moments_in_about_a_quarter_of_the_bytes():
+def adamw_8bit_state_bytes(numel: int) -> int:
+    """torchao's AdamW8bit state for one parameter: each moment as a byte per value, a float32 scale per block of
+    256 values and its 256-entry float32 code book, for tensors of 4096+ values in whole blocks (smaller ones stay
+    float32, as bitsandbytes does); and a float32 step counter."""
+    moment = numel + numel // 256 * 4 + 256 * 4 if numel >= 4096 and numel % 256 == 0 else 4 * numel
+    return 2 * moment + 4
+
+
+def test_adamw_8bit_keeps_its_moments_in_a_byte_per_value():
     pytest.importorskip("torchao")
     trainer, batch = build_trainer(spec("vit-tiny", (tech("adamw-8bit"),), batch_size=8))
     trainer.step(batch)
     figures = model_state_bytes(trainer.model, trainer.optimizer)
     assert trainer.proof()["adamw-8bit.optimizer"] == "torchao.optim.adam.AdamW8bit"
-    # Small tensors stay fp32 (torchao quantizes tensors of 4096+ elements), so compare with fp32 AdamW.
-    assert figures["optimizer_state_bytes"] < 0.6 * 2 * figures["param_bytes"]
+    assert figures["optimizer_state_bytes"] == sum(adamw_8bit_state_bytes(p.numel())
+                                                   for p in trainer.model.parameters())
+
+
+def test_adamw_8bit_step_is_tracked_with_its_state_but_not_its_compiled_temporaries():
+    """Linear(64→256)→ReLU→Linear(256→10), batch 32, as the AdamW test in tests/measure/test_tracker.py. torchao
+    compiles each parameter's update, which the tracker steps aside for: the state it keeps is counted, the
+    kernel's temporaries are not, so the peak is backward's where AdamW's own was its step's."""
+    AdamW8bit = pytest.importorskip("torchao.optim").AdamW8bit
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+    opt = AdamW8bit(model.parameters())
+    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+
+    def step():
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()
+    figures = tracked_step(step, model, opt, CPU, compiled_update=True)
+    params = (64 * 256 + 256 + 256 * 10 + 10) * 4
+    state = 2 * (64 * 256 + 64 * 4 + 1024) + 2 * 4 * (256 + 256 * 10 + 10) + 4 * 4  # only the first weight is 8-bit
+    assert state == sum(adamw_8bit_state_bytes(p.numel()) for p in model.parameters())
+    assert figures["optimizer_state_bytes"] == state
+    # At backward's peak: the model states, every gradient, the hidden layer's gradient (32 × 256 floats) as
+    # the first weight's is made, and the loss with its gradient (4 bytes each).
+    assert figures["peak_phase"] == "backward"
+    assert {k: v for k, v in figures.items() if k.startswith("at_peak_")} == {
+        "at_peak_parameters_bytes": params, "at_peak_buffers_bytes": 0, "at_peak_gradients_bytes": params,
+        "at_peak_optimizer_state_bytes": state, "at_peak_activations_bytes": 0,
+        "at_peak_temporaries_bytes": 32 * 256 * 4 + 2 * 4}
+
+
+def test_adamw_8bit_runs_record_a_tracked_peak_and_its_breakdown():
+    pytest.importorskip("torchao")
+    record = measure(spec("vit-tiny", (tech("adamw-8bit"),), batch_size=8), CPU)
+    assert record["status"] == "ok", record
+    assert record["at_peak_optimizer_state_bytes"] == record["optimizer_state_bytes"] > 0
+    assert sum(v for k, v in record.items() if k.startswith("at_peak_")) == record["peak_tensor_bytes"]
 
 
 @pytest.mark.parametrize("technique, model, reason", [
