@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import subprocess
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -53,10 +55,16 @@ def git_revision(root: Path | None = None) -> str:
     return rev.stdout.strip() + ("-dirty" if dirty else "")
 
 
+# Packages whose code a run may execute and whose version can change its figures: a model's implementation
+# (torchvision, transformers, timm), a technique's (peft, torchao, bitsandbytes, accelerate).
+PACKAGES = ("torchvision", "transformers", "timm", "peft", "accelerate", "torchao", "bitsandbytes")
+
+
 def runtime_provenance(device: torch.device) -> dict[str, Any]:
     """Read inside the run's process, after the run, so it reflects the settings the run used."""
     out: dict[str, Any] = {
         "torch_version": torch.__version__,
+        "packages": package_versions(),
         "python_version": platform.python_version(),
         "hostname": platform.node(),
         "cpu_threads": torch.get_num_threads(),
@@ -73,6 +81,18 @@ def runtime_provenance(device: torch.device) -> dict[str, Any]:
             "tf32_cudnn": torch.backends.cudnn.allow_tf32,
             "cudnn_benchmark": torch.backends.cudnn.benchmark,
         }
+    return out
+
+
+def package_versions() -> dict[str, str]:
+    """The versions of the PACKAGES this process imported: those the run used, and no others."""
+    out = {}
+    for name in PACKAGES:
+        if name in sys.modules:
+            try:
+                out[name] = importlib.metadata.version(name)
+            except importlib.metadata.PackageNotFoundError:  # imported from a path, not installed
+                out[name] = getattr(sys.modules[name], "__version__", "unknown")
     return out
 
 

@@ -79,10 +79,12 @@ def accuracy_vs_baseline(record: dict[str, Any], baseline: dict[str, Any] | None
 
 
 def to_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
-    """One row per run; the technique proofs become ``proof.<technique>.<key>`` columns."""
+    """One row per run; the technique proofs become ``proof.<technique>.<key>`` columns, the versions of the
+    packages the run imported ``package.<name>`` columns."""
     rows = []
     for r in records:
-        row = {k: v for k, v in r.items() if k not in ("proof", "spec")}
+        row = {k: v for k, v in r.items() if k not in ("proof", "spec", "packages")}
         row |= {f"proof.{k}": v for k, v in (r.get("proof") or {}).items()}
+        row |= {f"package.{k}": v for k, v in (r.get("packages") or {}).items()}
         rows.append(row)
     return pd.DataFrame(rows)

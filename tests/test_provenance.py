@@ -18,3 +18,17 @@ def test_revision_is_dirty_for_changed_code_but_not_for_the_harness_own_results(
     assert git_revision(tmp_path) == clean
     (tmp_path / "code.py").write_text("x = 2\n")
     assert git_revision(tmp_path) == clean + "-dirty"
+
+
+def test_a_record_names_the_packages_its_run_imported_and_no_others(monkeypatch):
+    import sys
+
+    import torch
+    import torchvision
+
+    from bench.provenance import PACKAGES, runtime_provenance
+
+    monkeypatch.delitem(sys.modules, "bitsandbytes", raising=False)  # a package the run did not import
+    packages = runtime_provenance(torch.device("cpu"))["packages"]
+    assert torchvision.__version__.startswith(packages["torchvision"])  # the installed release, build tag aside
+    assert "bitsandbytes" not in packages and set(packages) <= set(PACKAGES)

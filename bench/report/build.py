@@ -82,7 +82,9 @@ def _device_section(device: str, part: pd.DataFrame, records: list[dict], images
 
 def provenance(part: pd.DataFrame, rec: dict) -> str:
     """How the figures were obtained: device, software, when, from which revision(s)."""
-    versions = ", ".join(f"torch {v}" for v in sorted(part["torch_version"].dropna().unique()))
+    packages = ["torch_version", *sorted(c for c in part.columns if c.startswith("package."))]
+    versions = ", ".join(f"{c.removeprefix('package.').removesuffix('_version')} {v}"
+                         for c in packages for v in sorted(part[c].dropna().unique()))
     if rec.get("cuda_version"):
         versions += f", CUDA {rec['cuda_version']}"
     dates = sorted(str(d)[:10] for d in part["finished_at"].dropna())

@@ -46,7 +46,8 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     df["throughput_vs_baseline"] = df["samples_per_s"] / base_tput
     df = _accuracy(df, base, keys)
     df["predicted_vs_measured"] = pd.to_numeric(df["predicted_peak_tensor_bytes"], errors="coerce") / df["peak_bytes"]
-    extra = [c for c in df.columns if c.startswith("proof.")]
+    packages = sorted(c for c in df.columns if c.startswith("package."))
+    extra = packages + [c for c in df.columns if c.startswith("proof.")]
     order = df["run_index"] if "run_index" in df else pd.Series(0, index=df.index)
     df = df.assign(_order=order).sort_values(["device", "_order", "run"])
     df["step_times_ms"] = df.get("step_times_ms")

@@ -168,3 +168,14 @@ def test_the_provenance_line_names_the_pretrained_weights_and_their_digest(tmp_p
     build_report(tmp_path / "demo")
     md = (tmp_path / "demo" / "report.md").read_text()
     assert "seed 0 · weights ckpt/resnet50.pt (sha256 0123456789abcdef) · warm-up 1 + 3 measured steps" in md
+
+
+def test_the_provenance_line_and_table_name_the_package_versions_the_runs_imported(tmp_path):
+    for r in (record("baseline", peak=400, tput=100.0, packages={"torchvision": "0.29.1"}),
+              record("adamw-8bit", peak=300, tput=90.0, packages={"torchvision": "0.29.1", "torchao": "0.18.0"})):
+        results.write_atomic(results.record_path(tmp_path, "demo", r["device"], r["run"]), r)
+    build_report(tmp_path / "demo")
+    md = (tmp_path / "demo" / "report.md").read_text()
+    assert "Device: cpu · torch 2.14.1, torchao 0.18.0, torchvision 0.29.1 · " in md
+    table = pd.read_csv(tmp_path / "demo" / "table.csv").set_index("run")
+    assert table.loc["adamw-8bit", "package.torchao"] == "0.18.0" and pd.isna(table.loc["baseline", "package.torchao"])
