@@ -33,6 +33,26 @@ def tech(name: str, **options: Any) -> TechniqueSpec:
     return TechniqueSpec(name, tuple(sorted(options.items())))
 
 
+MLP_PARAM_BYTES = (64 * 256 + 256 + 256 * 10 + 10) * 4
+
+
+def mlp_step(optimizer: type[torch.optim.Optimizer], **options: Any):
+    """Linear(64→256)→ReLU→Linear(256→10) on a batch of 32 (seed 0), with ``optimizer``: the model, the optimizer
+    and its training step (cross entropy, gradients set to None after the update), one step taken already."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+    opt = optimizer(model.parameters(), **options)
+    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+
+    def step() -> None:
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()
+    return model, opt, step
+
+
 def write_suite(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "s.toml"
     path.write_text(text)

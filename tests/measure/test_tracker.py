@@ -1,8 +1,8 @@
 import torch
-from torch import nn
 
 from bench.measure.memory import tensor_bytes, tracked_step
 from bench.measure.tracker import LiveBytes, on_host
+from tests.helpers import MLP_PARAM_BYTES, mlp_step
 
 CPU = torch.device("cpu")
 
@@ -45,19 +45,9 @@ def test_stepping_aside_leaves_what_the_block_makes_uncounted_but_still_counts_w
 
 def test_mlp_step_under_adam_matches_the_analytic_figures():
     """Linear(64→256)→ReLU→Linear(256→10), batch 32, AdamW after its first step."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
-    opt = torch.optim.AdamW(model.parameters(), foreach=False)
-    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
-
-    def step():
-        nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    step()
+    model, opt, step = mlp_step(torch.optim.AdamW, foreach=False)
     figures = tracked_step(step, model, opt, CPU)
-    params = (64 * 256 + 256 + 256 * 10 + 10) * 4
+    params = MLP_PARAM_BYTES
     assert figures["param_bytes"] == params
     assert figures["optimizer_state_bytes"] == 2 * params + 4 * 4  # exp_avg, exp_avg_sq, 4 fp32 step counters
     # Held from forward into backward: the ReLU output (ReLU saves its result, the second Linear its
@@ -74,7 +64,8 @@ def test_mlp_step_under_adam_matches_the_analytic_figures():
         "at_peak_optimizer_state_bytes": 2 * params + 16, "at_peak_activations_bytes": 0,
         "at_peak_temporaries_bytes": 2 * 64 * 256 * 4}
     assert sum(v for k, v in figures.items() if k.startswith("at_peak_")) == figures["peak_tensor_bytes"]
-    assert tensor_bytes([x, x[1:]]) == x.numel() * 4
+    x = torch.randn(32, 64)
+    assert tensor_bytes([x, x[1:]]) == x.numel() * 4  # a view shares its tensor's storage
 
 
 def test_at_peak_splits_what_forward_made_from_what_backward_made():

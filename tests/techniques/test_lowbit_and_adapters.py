@@ -4,13 +4,11 @@ unsupported with an install hint where it is not."""
 import re
 
 import pytest
-import torch
-from torch import nn
 
 from bench.measure.memory import model_state_bytes, tracked_step
 from bench.worker import measure
 from tests.conftest import CPU, build_trainer
-from tests.helpers import spec, tech
+from tests.helpers import MLP_PARAM_BYTES, mlp_step, spec, tech
 
 
 def run(model, *techniques):
@@ -63,20 +61,9 @@ def test_adamw_8bit_step_is_tracked_with_its_state_but_not_its_compiled_temporar
     """Linear(64→256)→ReLU→Linear(256→10), batch 32, as the AdamW test in tests/measure/test_tracker.py. torchao
     compiles each parameter's update, which the tracker steps aside for: the state it keeps is counted, the
     kernel's temporaries are not, so the peak is backward's where AdamW's own was its step's."""
-    AdamW8bit = pytest.importorskip("torchao.optim").AdamW8bit
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
-    opt = AdamW8bit(model.parameters())
-    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
-
-    def step():
-        nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    step()
+    model, opt, step = mlp_step(pytest.importorskip("torchao.optim").AdamW8bit)
     figures = tracked_step(step, model, opt, CPU, compiled_update=True)
-    params = (64 * 256 + 256 + 256 * 10 + 10) * 4
+    params = MLP_PARAM_BYTES
     state = 2 * (64 * 256 + 64 * 4 + 1024) + 2 * 4 * (256 + 256 * 10 + 10) + 4 * 4  # only the first weight is 8-bit
     assert state == sum(adamw_8bit_state_bytes(p.numel()) for p in model.parameters())
     assert figures["optimizer_state_bytes"] == state
