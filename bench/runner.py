@@ -164,7 +164,7 @@ def _outcome(record: dict[str, Any]) -> str:
     if record["status"] != "ok":
         return f"{record['status']}: {record['message']}"
     peak = record.get("peak_allocated_bytes") or record.get("peak_tensor_bytes")
-    # No peak: compiled code runs nothing the tracker sees, and a CPU has no allocator peak. Not a zero.
+    # No peak: a compiled model runs nothing the tracker sees, and a CPU has no allocator peak. Not a zero.
     parts = [f"peak {peak / 2**20:,.1f} MiB" if peak else "peak not tracked",
              f"{record['samples_per_s']:,.1f} samples/s"]
     if record.get("accuracy") is not None:

@@ -209,7 +209,7 @@ def test_a_kept_record_without_a_snapshot_says_how_to_get_one(tmp_path):
 
 def test_the_progress_line_shows_an_untracked_peak_as_absent_and_the_accuracy_as_it_comes():
     ok = {"status": "ok", "run": "compile", "baseline": "baseline", "samples_per_s": 3.0}
-    assert _outcome(ok) == "ok, peak not tracked, 3.0 samples/s"  # compiled code: no tracked step, not 0 MiB
+    assert _outcome(ok) == "ok, peak not tracked, 3.0 samples/s"  # a compiled model: no tracked step, not 0 MiB
     ran = ok | {"peak_tensor_bytes": 3 * 2**20, "accuracy": 0.8523, "accuracy_delta": -0.0167}
     assert _outcome(ran) == "ok, peak 3.0 MiB, 3.0 samples/s, accuracy 85.2% (-1.7 pt)"
     base = ran | {"run": "baseline", "accuracy_delta": 0.0}

@@ -75,7 +75,7 @@ def _device_section(device: str, part: pd.DataFrame, records: list[dict], images
                Block("table", tables.savings(part))]
     no_breakdown = sorted(set(part.loc[part["status"] == "ok", "run"]) - set(plots.breakdown_frame(part).index))
     if any("breakdown" in p.stem for p in images) and no_breakdown:
-        blocks.append(Block("p", "No at-peak breakdown (compiled code the tracker cannot see, or a record "
+        blocks.append(Block("p", "No at-peak breakdown (a compiled model the tracker cannot see, or a record "
                                  f"older than the breakdown): {', '.join(no_breakdown)}."))
     return blocks + [Block("image", p) for p in images]
 
