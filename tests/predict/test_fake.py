@@ -54,7 +54,7 @@ def test_predictions_leave_nothing_behind_that_changes_the_real_runs_after_them(
     """A worker predicts, then measures and trains, in one process. Every technique combination of the shipped
     suites, all predicted before any runs for real, must then train to the losses of a process that predicted
     nothing: torchao once cached its 8-bit code books from fake values (read as 1), and every real 8-bit update
-    after a prediction went wrong (ResNet-50's fidelity run: 96% → 8%). About 2 min of one core."""
+    after a prediction went wrong (ResNet-50's fidelity run: 96% → 8%). One to two minutes of one core."""
     fresh, after = (_probe(*args) for args in ((), ("predict-first",)))
     assert len(fresh) > 30, fresh  # every family's baseline and the suites' combinations that run on a CPU
     assert {k: v for k, v in after.items() if v != fresh.get(k)} == {}

@@ -1,9 +1,10 @@
 """Run by test_fake.py in fresh processes: ``python -m tests.predict.trace_probe [predict-first]``.
 
 Every technique combination of the shipped suites, on the tiny model of its family: with ``predict-first``,
-all are predicted (as CUDA and as this CPU, as workers do) before any runs for real. Then each takes three
-real steps from its seed (a state written by one update is read back by the next: its effect shows in the
-third loss); the losses (inference: the outputs' sums) are printed as JSON. A prediction that left anything
+all are predicted (as CUDA and as this CPU, as workers do) before any runs for real. Then each takes four
+real steps from its seed: a state written by one update is read back by the next, and a head that starts at
+zero (ViT's) sends the body no gradient in the first, so a bad state can first show in the fourth loss. The
+losses (inference: the outputs' sums) are printed as JSON. A prediction that left anything
 behind in the process (a cache filled from fake values, which read as 1) shows as a loss that differs from
 the same run's in a process that predicted nothing.
 """
@@ -17,16 +18,18 @@ import torch
 
 from bench import models
 from bench.predict import predict
-from bench.suite import load
+from bench.suite import RunSpec, load
 from bench.techniques import RunContext, Unsupported
 from tests.conftest import CPU, build_trainer
 from tests.helpers import spec
 
-SUITES = ("smoke", "resnet", "bert", "vit", "resnet-infer", "bert-infer", "vit-infer")
+# ViT first: a combination the suites share runs on vit-tiny, whose few parameter shapes keep torchao's
+# per-shape compilation short (ResNet's dozens of kernel shapes took 90 s of it, cold).
+SUITES = ("vit", "bert", "resnet", "smoke", "vit-infer", "bert-infer", "resnet-infer")
 TINY = {"resnet": "resnet-tiny", "bert": "bert-tiny", "vit": "vit-tiny"}
 
 
-def runs() -> dict[str, object]:
+def runs() -> dict[str, RunSpec]:
     """One spec per combination of techniques in the shipped suites (and mode), on the tiny model of the family
     it first appears with; and each family's plain model."""
     out = {}
@@ -38,8 +41,9 @@ def runs() -> dict[str, object]:
     return out
 
 
-def runnable(run) -> bool:
-    """What runs here for real: one process (no sharding), no compilation (minutes), supported on a CPU."""
+def runnable(run: RunSpec) -> bool:
+    """What runs here for real: one process (no sharding), supported on a CPU, and predicted at all (compile and
+    jit-trace are not, so they can leave nothing behind; compiling would take minutes)."""
     built = [t.build() for t in run.techniques]
     if any(t.distributed or t.unpredictable for t in built):
         return False
@@ -58,7 +62,7 @@ def main(predict_first: bool) -> None:
         if runnable(run):
             trainer, batch = build_trainer(run)
             try:
-                out[key] = [_value(trainer.step(batch)) for _ in range(3)]
+                out[key] = [_value(trainer.step(batch)) for _ in range(4)]
             except Unsupported:  # found out only when it runs (a kernel that refuses the call)
                 continue
     print(json.dumps(out))
