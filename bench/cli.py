@@ -9,13 +9,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from bench import suite as suites
+from bench.errors import BadInput, SuiteError
 
 EXIT_BAD_INPUT = 2
-
-
-class BadInput(Exception):
-    """A flag or value the user can fix: printed as one line, exit status 2."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return args.func(args)
-    except suites.SuiteError as exc:
+    except SuiteError as exc:
         print(exc, file=sys.stderr)
         return EXIT_BAD_INPUT
     except (BadInput, FileNotFoundError) as exc:
@@ -109,6 +105,7 @@ def suite_path(name: str) -> Path:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from bench import suite as suites
     from bench.report import build_report
     from bench.report.tables import markdown, summary
     from bench.results import to_frame
@@ -166,6 +163,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _predict(args: argparse.Namespace) -> int:
+    from bench import suite as suites
     from bench.predict import ASSUMPTIONS, RESERVE, markdown, suite_table, tensor_budget
     from bench.results import load_records
 
@@ -218,13 +216,15 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from bench import suite as suites
+
     paths = [suite_path(p) for p in args.suites] or sorted(Path("suites").glob("*.toml"))
     failed = 0
     for path in paths:
         try:
             s = suites.load(path)
             print(f"ok: {path} ({s.model}, {len(s.runs)} runs)")
-        except suites.SuiteError as exc:
+        except SuiteError as exc:
             print(exc, file=sys.stderr)
             failed += 1
     return EXIT_BAD_INPUT if failed else 0

@@ -4,8 +4,9 @@
 ``load`` reads a file; ``techniques`` and ``fidelity`` check those parts of it, ``values`` single values.
 """
 
+from bench.errors import SuiteError
 from bench.suite.load import load, select, without_fidelity
-from bench.suite.spec import Fidelity, RunSpec, Shapes, Suite, SuiteError, TechniqueSpec
+from bench.suite.spec import Fidelity, RunSpec, Shapes, Suite, TechniqueSpec
 
 __all__ = ["Fidelity", "RunSpec", "Shapes", "Suite", "SuiteError", "TechniqueSpec", "load", "select",
            "without_fidelity"]

@@ -12,9 +12,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from bench.errors import SuiteError
 from bench.models import MODELS, ModelSpec
 from bench.suite import fidelity as fidelity_table
-from bench.suite.spec import DEFAULTS, DEVICES, MODES, STEP_KEYS, RunSpec, Shapes, Suite, SuiteError, TechniqueSpec
+from bench.suite.spec import DEFAULTS, DEVICES, MODES, STEP_KEYS, RunSpec, Shapes, Suite, TechniqueSpec
 from bench.suite.techniques import check_fidelity_batch, techniques
 from bench.suite.values import check_ranges, model_spec, typed, weights
 

@@ -16,15 +16,6 @@ DEFAULTS = {"seed": 0, "warmup_steps": 2, "measure_steps": 5, "timeout_s": 900.0
 STEP_KEYS = ("warmup_steps", "measure_steps")  # suite-wide, and overridable per device in [shapes.*]
 
 
-class SuiteError(Exception):
-    """Every problem found in a suite file, one per line."""
-
-    def __init__(self, path: Path, problems: list[str]) -> None:
-        self.path, self.problems = path, problems
-        lines = "\n".join(f"  {path}: {p}" for p in problems)
-        super().__init__(f"{len(problems)} problem(s) in suite {path}:\n{lines}")
-
-
 @dataclass(frozen=True)
 class Shapes:
     """What a run does on one kind of device: tensor shapes, and how many steps to warm up and time."""

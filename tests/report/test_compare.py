@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import pandas as pd
 import pytest
 
@@ -82,3 +85,12 @@ def test_a_folder_with_several_devices_must_name_one(tmp_path, capsys):
     assert main(["compare", str(root), str(root)]) == 2
     assert "--device" in capsys.readouterr().err
     assert len(load_side(root, "h100")) == 1
+
+
+def test_compare_starts_without_importing_torch(sides, tmp_path):
+    """It only reads records: on a laptop holding results, torch's import would be most of its time."""
+    code = ("import sys; from bench.cli import main; rc = main(sys.argv[1:]); "
+            "sys.exit(rc if 'torch' not in sys.modules else 99)")
+    args = ["compare", str(sides[0]), str(sides[1]), "--out", str(tmp_path / "c")]
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

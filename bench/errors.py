@@ -1,0 +1,20 @@
+"""Errors the user can fix, printed without a traceback with exit status 2. They live apart from the
+suite loader, which imports torch, so that the commands reading stored results (report, overview,
+compare) start without it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class BadInput(Exception):
+    """A flag or value the user can fix: printed as one line."""
+
+
+class SuiteError(Exception):
+    """Every problem found in a suite file, one per line."""
+
+    def __init__(self, path: Path, problems: list[str]) -> None:
+        self.path, self.problems = path, problems
+        lines = "\n".join(f"  {path}: {p}" for p in problems)
+        super().__init__(f"{len(problems)} problem(s) in suite {path}:\n{lines}")
