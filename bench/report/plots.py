@@ -5,6 +5,8 @@ technique (techniques in registry order on a fixed palette), grey for the baseli
 
 from __future__ import annotations
 
+import zlib
+
 import matplotlib
 
 matplotlib.use("Agg")  # files only; no display on CI or GPU hosts
@@ -50,14 +52,17 @@ def memory_label(device_type: str, unit: str) -> str:
 
 
 def technique_colour(techniques: str, is_baseline: bool = False) -> tuple | str:
-    """The colour of a run's first technique ('amp(dtype=bfloat16) + checkpoint' → amp's)."""
+    """The colour of a run's first technique ('amp(dtype=bfloat16) + checkpoint' → amp's), the same in every
+    report: a built-in's by its place among the registered names, a user's own ('module:Class') by a hash of
+    its name, so it is never the baseline's grey."""
     from bench.techniques import TECHNIQUES
 
     first = str(techniques).split(" + ")[0].split("(")[0].strip()
     names = sorted(TECHNIQUES.names())
-    if is_baseline or first not in names:
+    if is_baseline or first in ("", "baseline"):
         return BASELINE_COLOUR
-    return PALETTE[names.index(first) % len(PALETTE)]
+    index = names.index(first) if first in names else zlib.crc32(first.encode())
+    return PALETTE[index % len(PALETTE)]
 
 
 def _colours(table: pd.DataFrame) -> list:

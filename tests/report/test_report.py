@@ -179,3 +179,12 @@ def test_the_provenance_line_and_table_name_the_package_versions_the_runs_import
     assert "Device: cpu · torch 2.14.1, torchao 0.18.0, torchvision 0.29.1 · " in md
     table = pd.read_csv(tmp_path / "demo" / "table.csv").set_index("run")
     assert table.loc["adamw-8bit", "package.torchao"] == "0.18.0" and pd.isna(table.loc["baseline", "package.torchao"])
+
+
+def test_every_technique_has_its_own_colour_across_reports_and_only_the_baseline_is_grey():
+    from bench.report.plots import BASELINE_COLOUR, PALETTE, technique_colour
+
+    assert technique_colour("amp(dtype=bfloat16) + checkpoint") == technique_colour("amp(dtype=float16)")
+    assert technique_colour("amp") != technique_colour("checkpoint")
+    assert technique_colour("amp", is_baseline=True) == technique_colour("baseline") == BASELINE_COLOUR
+    assert technique_colour("my_techniques:SGDMomentum(lr=0.05)") in PALETTE  # a user's own, not grey
