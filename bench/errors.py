@@ -1,6 +1,6 @@
 """Errors the user can fix, printed without a traceback with exit status 2. They live apart from the
-suite loader, which imports torch, so that the commands reading stored results (report, overview,
-compare) start without it."""
+suite loader, which imports torch, so that a command reading only stored records need not import it:
+compare does not (report and overview still do, for the technique registry that colours their plots)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Plot helpers: small pure functions that draw one view of the summary table onto an Axes.
 
 Every run has one colour wherever it appears, in every plot and suite: the colour of its first
-technique (techniques in registry order on a fixed palette), grey for the baseline."""
+technique (built-ins in registry order on a fixed palette, a user's own by a hash of its name), grey for the
+baseline."""
 
 from __future__ import annotations
 
