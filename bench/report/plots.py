@@ -23,9 +23,11 @@ from matplotlib.lines import Line2D
 from bench.report.tables import BREAKDOWN, pareto_front
 
 BASELINE_COLOUR = "#7f7f7f"
-# tab20's pairs split (dark ones first), then Dark2, without the greys the baseline wears: 25 colours.
+# tab20's pairs split (dark ones first), then Dark2, then tab20b's darkest of each hue, without the greys the
+# baseline wears: 30 colours, one for each built-in technique with room for a few more.
 PALETTE = [c for c in (*matplotlib.colormaps["tab20"].colors[0::2], *matplotlib.colormaps["tab20"].colors[1::2],
-                       *matplotlib.colormaps["Dark2"].colors) if len(set(c)) > 1]
+                       *matplotlib.colormaps["Dark2"].colors, *matplotlib.colormaps["tab20b"].colors[0::4])
+           if len(set(c)) > 1]
 BREAKDOWN_COLOURS = {"parameters": "#1f77b4", "buffers": "#aec7e8", "gradients": "#ff7f0e",
                      "optimizer_state": "#2ca02c", "activations": "#d62728", "temporaries": "#9467bd",
                      "allocator": "#c7c7c7"}

@@ -183,6 +183,10 @@ def test_the_provenance_line_and_table_name_the_package_versions_the_runs_import
 
 def test_every_technique_has_its_own_colour_across_reports_and_only_the_baseline_is_grey():
     from bench.report.plots import BASELINE_COLOUR, PALETTE, technique_colour
+    from bench.techniques import TECHNIQUES
+
+    names = TECHNIQUES.names()
+    assert len({technique_colour(n) for n in names}) == len(names)  # once, tf32 wore adamw-8bit's colour
 
     assert technique_colour("amp(dtype=bfloat16) + checkpoint") == technique_colour("amp(dtype=float16)")
     assert technique_colour("amp") != technique_colour("checkpoint")
