@@ -23,10 +23,12 @@ from matplotlib.lines import Line2D
 from bench.report.tables import BREAKDOWN, pareto_front
 
 BASELINE_COLOUR = "#7f7f7f"
-# tab20's pairs split (dark ones first), then Dark2, then tab20b's darkest of each hue, without the greys the
-# baseline wears: 30 colours, one for each built-in technique with room for a few more.
+# tab20's pairs split (dark ones first), then Dark2, then tab20b's darkest and middle shade of each hue, without
+# the greys the baseline wears: 35 colours. The built-in techniques take the first ones in registry order; a
+# user's own hash into the rest, so one never wears a built-in's colour in a plot beside it.
 PALETTE = [c for c in (*matplotlib.colormaps["tab20"].colors[0::2], *matplotlib.colormaps["tab20"].colors[1::2],
-                       *matplotlib.colormaps["Dark2"].colors, *matplotlib.colormaps["tab20b"].colors[0::4])
+                       *matplotlib.colormaps["Dark2"].colors, *matplotlib.colormaps["tab20b"].colors[0::4],
+                       *matplotlib.colormaps["tab20b"].colors[2::4])
            if len(set(c)) > 1]
 BREAKDOWN_COLOURS = {"parameters": "#1f77b4", "buffers": "#aec7e8", "gradients": "#ff7f0e",
                      "optimizer_state": "#2ca02c", "activations": "#d62728", "temporaries": "#9467bd",
@@ -57,15 +59,16 @@ def memory_label(device_type: str, unit: str) -> str:
 def technique_colour(techniques: str, is_baseline: bool = False) -> tuple | str:
     """The colour of a run's first technique ('amp(dtype=bfloat16) + checkpoint' → amp's), the same in every
     report: a built-in's by its place among the registered names, a user's own ('module:Class') by a hash of
-    its name, so it is never the baseline's grey."""
+    its name into the colours after those, so it is neither a built-in's nor the baseline's grey."""
     from bench.techniques import TECHNIQUES
 
     first = str(techniques).split(" + ")[0].split("(")[0].strip()
     names = sorted(TECHNIQUES.names())
     if is_baseline or first in ("", "baseline"):
         return BASELINE_COLOUR
-    index = names.index(first) if first in names else zlib.crc32(first.encode())
-    return PALETTE[index % len(PALETTE)]
+    if first in names:
+        return PALETTE[names.index(first)]
+    return PALETTE[len(names) + zlib.crc32(first.encode()) % (len(PALETTE) - len(names))]
 
 
 def _colours(table: pd.DataFrame) -> list:

@@ -191,4 +191,6 @@ def test_every_technique_has_its_own_colour_across_reports_and_only_the_baseline
     assert technique_colour("amp(dtype=bfloat16) + checkpoint") == technique_colour("amp(dtype=float16)")
     assert technique_colour("amp") != technique_colour("checkpoint")
     assert technique_colour("amp", is_baseline=True) == technique_colour("baseline") == BASELINE_COLOUR
-    assert technique_colour("my_techniques:SGDMomentum(lr=0.05)") in PALETTE  # a user's own, not grey
+    own = {technique_colour(f"my_techniques:Own{i}(lr=0.05)") for i in range(50)}
+    assert own <= set(PALETTE) and len(own) > 1  # a user's own: spread over the palette, never grey
+    assert not own & {technique_colour(n) for n in names}  # once, SGDMomentum wore a built-in's colour
