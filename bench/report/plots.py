@@ -1,7 +1,7 @@
 """Plot helpers: small pure functions that draw one view of the summary table onto an Axes.
 
 Every run has one colour wherever it appears, in every plot and suite: the colour of its first
-technique (built-ins in registry order on a fixed palette, a user's own by a hash of its name), grey for the
+technique (built-ins in name order on a fixed palette, a user's own by a hash of its name), grey for the
 baseline."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from bench.report.tables import BREAKDOWN, pareto_front
 
 BASELINE_COLOUR = "#7f7f7f"
 # tab20's pairs split (dark ones first), then Dark2, then tab20b's darkest and middle shade of each hue, without
-# the greys the baseline wears: 35 colours. The built-in techniques take the first ones in registry order; a
+# the greys the baseline wears: 35 colours. The built-in techniques take the first ones in name order; a
 # user's own hash into the rest, so one never wears a built-in's colour in a plot beside it.
 PALETTE = [c for c in (*matplotlib.colormaps["tab20"].colors[0::2], *matplotlib.colormaps["tab20"].colors[1::2],
                        *matplotlib.colormaps["Dark2"].colors, *matplotlib.colormaps["tab20b"].colors[0::4],
