@@ -63,9 +63,9 @@ def technique_colour(techniques: str, is_baseline: bool = False) -> tuple | str:
     from bench.techniques import TECHNIQUES
 
     first = str(techniques).split(" + ")[0].split("(")[0].strip()
-    names = sorted(TECHNIQUES.names())
     if is_baseline or first in ("", "baseline"):
         return BASELINE_COLOUR
+    names = TECHNIQUES.names()  # sorted, so a built-in's colour does not hang on import order
     if first in names:
         return PALETTE[names.index(first)]
     return PALETTE[len(names) + zlib.crc32(first.encode()) % (len(PALETTE) - len(names))]

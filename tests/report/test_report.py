@@ -186,6 +186,7 @@ def test_every_technique_has_its_own_colour_across_reports_and_only_the_baseline
     from bench.techniques import TECHNIQUES
 
     names = TECHNIQUES.names()
+    assert len(PALETTE) > len(names), "every built-in needs its own colour and users' own a spare: extend PALETTE"
     assert len({technique_colour(n) for n in names}) == len(names)  # once, tf32 wore adamw-8bit's colour
 
     assert technique_colour("amp(dtype=bfloat16) + checkpoint") == technique_colour("amp(dtype=float16)")
