@@ -1,4 +1,4 @@
-"""Command line: python -m bench {run,report,predict,overview,compare,validate,list}."""
+"""Command line: python -m bench {run,campaign,report,predict,overview,compare,validate,list}."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from pathlib import Path
 from bench.errors import BadInput, SuiteError
 
 EXIT_BAD_INPUT = 2
+# make gpu's order: the training suites (with their fidelity phases), then inference, then the small ones.
+CAMPAIGN = ("resnet", "vit", "bert", "resnet-infer", "vit-infer", "bert-infer", "smoke", "dist-smoke")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        stored = ": finished runs are stored; run the same command again to resume" if args.func is _run else ""
+        stored = ": finished runs are stored; run the same command again to resume" if args.func in (_run, _campaign) else ""
         print(f"\ninterrupted{stored}", file=sys.stderr)
         return 130
 
@@ -50,12 +52,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("suite", help="suite name (suites/NAME.toml) or path")
     run.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     run.add_argument("--results", type=Path, default=Path("results"), help="results root (default: results)")
-    run.add_argument("--force", action="store_true", help="redo runs that already have a stored record")
     run.add_argument("--only", metavar="PATTERNS", help="comma-separated run names or globs, e.g. 'baseline,amp-*'")
-    run.add_argument("--no-fidelity", action="store_true",
-                     help="skip every run's fidelity phase (the accuracy delta): memory and speed only, sooner")
     run.add_argument("--snapshot", action="store_true",
                      help="CUDA: save each run's instrumented step as <run>.snapshot.pickle for memory_viz")
+    _sweep_flags(run)
     run.add_argument("--torchrun", metavar="ARGS", default="",
                      help="launcher arguments for multi-process runs instead of --standalone, e.g. "
                           "'--nnodes 2 --rdzv-backend c10d --rdzv-endpoint node1:29500'")
@@ -63,6 +63,13 @@ def _parser() -> argparse.ArgumentParser:
                      help="submit each run as a Slurm job (submitit): 'partition=gpu,timeout_min=60,…'; "
                           "'cluster=local' runs the jobs as local processes")
     run.set_defaults(func=_run)
+    camp = sub.add_parser("campaign", help="every default suite in one sweep, runs never measured here first "
+                                           "(make gpu); resumes, with an ETA")
+    camp.add_argument("suites", nargs="*", default=list(CAMPAIGN), help=f"default: {' '.join(CAMPAIGN)}")
+    camp.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    camp.add_argument("--results", type=Path, default=Path("results"), help="results root (default: results)")
+    _sweep_flags(camp)
+    camp.set_defaults(func=_campaign)
     rep = sub.add_parser("report", help="tables and plots from stored results (no torch run)")
     rep.add_argument("suite", help="suite name, or a results/<suite> folder")
     rep.add_argument("--results", type=Path, default=Path("results"))
@@ -97,6 +104,31 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _sweep_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--force", action="store_true",
+                   help="re-measure runs stored before this sweep began (interrupted, the same command resumes)")
+    p.add_argument("--keep-failures", action="store_true",
+                   help="keep stored error and timeout records instead of retrying them")
+    p.add_argument("--no-fidelity", action="store_true",
+                   help="skip every run's fidelity phase (the accuracy delta): memory and speed only, sooner; "
+                        "a stored record with the phase is kept")
+    p.add_argument("--launcher", choices=["fork", "fresh"], default="fork",
+                   help="how each run's process starts: forked from a server that imported torch once "
+                        "(default), or a fresh interpreter")
+    p.add_argument("--predict-jobs", type=int, default=None, metavar="N",
+                   help="processes predicting the pending runs while the device measures (default: on CUDA "
+                        "the spare cores, at most 4; on a CPU 0, each run predicting itself, so that "
+                        "predictions do not slow the measured steps)")
+
+
+def _sweep_options(args: argparse.Namespace, device_type: str) -> dict[str, object]:
+    jobs = args.predict_jobs
+    if jobs is None:
+        jobs = min(4, (os.cpu_count() or 1) - 1) if device_type == "cuda" else 0
+    return {"force": args.force, "keep_failures": args.keep_failures, "fidelity": not args.no_fidelity,
+            "launcher": args.launcher, "predict_jobs": max(jobs, 0)}
+
+
 def suite_path(name: str) -> Path:
     path = Path(name)
     if path.suffix == ".toml" or path.exists():
@@ -115,8 +147,6 @@ def _run(args: argparse.Namespace) -> int:
     suite = suites.load(suite_path(args.suite))
     if args.only:
         suite = suites.select(suite, args.only.split(","))
-    if args.no_fidelity:
-        suite = suites.without_fidelity(suite)
     torchrun = tuple(shlex.split(args.torchrun))
     if args.slurm is not None:
         from bench.cluster import parse_options, sweep_slurm
@@ -126,15 +156,36 @@ def _run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise BadInput(str(exc)) from exc
         device_type = "cuda" if args.device == "auto" else args.device  # the nodes', not this machine's
+        if args.no_fidelity:
+            suite = suites.without_fidelity(suite)
         records = sweep_slurm(suite, device_type, args.results, options, args.force, torchrun)
     else:
-        records = sweep(suite, detect(args.device), args.results, force=args.force, snapshot=args.snapshot,
-                        torchrun=torchrun)
+        device = detect(args.device)
+        records = sweep(suite, device, args.results, snapshot=args.snapshot, torchrun=torchrun,
+                        **_sweep_options(args, device.type))
     print(markdown(summary(to_frame(records))))
     written = build_report(args.results / suite.name)
     print(f"report: {', '.join(str(p) for p in written[:2])}", file=sys.stderr)
     # oom, timeout and unsupported are findings about the configuration; error means something broke.
     return 1 if any(r["status"] == "error" for r in records) else 0
+
+
+def _campaign(args: argparse.Namespace) -> int:
+    from bench import suite as suites
+    from bench.report import build_report
+    from bench.report.overview import build_overview
+    from bench.runner import campaign, detect
+
+    args.slurm, args.snapshot = None, False
+    refuse_unusable_flags(args)
+    chosen = [suites.load(suite_path(name)) for name in args.suites]  # every file checked before anything runs
+    device = detect(args.device)
+    records = campaign(chosen, device, args.results, never_measured_first=True, **_sweep_options(args, device.type))
+    for suite in chosen:
+        build_report(args.results / suite.name)
+    print(f"reports: {', '.join(str(args.results / s.name / 'report.html') for s in chosen)}; "
+          f"overview: {build_overview(args.results)[0]}", file=sys.stderr)
+    return 1 if any(r["status"] == "error" for rs in records.values() for r in rs) else 0
 
 
 def refuse_unusable_flags(args: argparse.Namespace) -> None:

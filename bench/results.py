@@ -3,52 +3,111 @@ and loaded back into a pandas DataFrame."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
 import re
 import sys
 import tempfile
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
+REQUIRED = {"suite", "run", "device", "status"}  # what every reader of a record relies on
 
 
 def slug(text: str) -> str:
-    """A file-system-safe name: 'NVIDIA H100 80GB HBM3' → 'nvidia-h100-80gb-hbm3'."""
-    return re.sub(r"[^a-z0-9._@+-]+", "-", text.lower()).strip("-")
+    """A file-system-safe name in any script: 'NVIDIA H100 80GB HBM3' → 'nvidia-h100-80gb-hbm3', 'Базовый' →
+    'базовый'."""
+    return re.sub(r"[^\w.@+-]+", "-", text.lower()).strip("-.")
+
+
+def run_stem(run: str) -> str:
+    """A run's file name: its slug where that is the name itself, else the slug and a digest of the name, so
+    that no two names ('amp bf16', 'AMP-bf16'; '🚀', '🔥') share a file and one record never replaces another."""
+    stem = slug(run)
+    return stem if stem == run else f"{stem}~{hashlib.sha256(run.encode()).hexdigest()[:8]}"
+
+
+def suite_folder(results: Path, suite: str, device: str) -> Path:
+    return results / suite / slug(device)
 
 
 def record_path(results: Path, suite: str, device: str, run: str) -> Path:
-    return results / suite / slug(device) / f"{slug(run)}.json"
+    return suite_folder(results, suite, device) / f"{run_stem(run)}.json"
 
 
-def write_atomic(path: Path, record: dict[str, Any]) -> None:
-    """Write to a temporary file beside the target, then rename: a reader never sees half a record."""
+def write_atomic(path: Path, record: dict[str, Any] | str) -> None:
+    """Write to a temporary file beside the target, then rename: a reader never sees half a record. Readable
+    by all, as every other file of a checkout (mkstemp's own mode, 0600, would be committed with it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(record, f, indent=1, sort_keys=True, default=str)
+            f.write(record if isinstance(record, str) else json.dumps(record, indent=1, sort_keys=True, default=str))
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
         raise
 
 
+def store(path: Path, record: dict[str, Any]) -> None:
+    """Write the record; where that fails (a full disk, a folder made read-only meanwhile), keep the
+    measurement in a file of the temporary folder and name it on stderr rather than lose it."""
+    try:
+        write_atomic(path, record)
+    except OSError as exc:
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+        kept = Path(tempfile.gettempdir()) / f"bench-unsaved-{slug(record['suite'])}-{path.stem}-{stamp}.json"
+        kept.write_text(json.dumps(record, indent=1, sort_keys=True, default=str))
+        print(f"error: could not write {path} ({exc.strerror or exc}); the measurement is kept in {kept}: "
+              f"copy it there once the folder can be written", file=sys.stderr)
+
+
+def save_beside(path: Path, suffix: str, text: str) -> str:
+    """A text file beside a record (``<run>.memory.txt``); returns its name, for the record to point at."""
+    side = path.with_suffix(suffix)
+    try:
+        write_atomic(side, text)
+    except OSError as exc:
+        print(f"warning: could not write {side}: {exc}", file=sys.stderr)
+    return side.name
+
+
+def check_writable(results: Path, suites: list[str], device: str) -> None:
+    """Before the first run: each suite's record folder can be made and written, so that a measurement is
+    never taken only to be lost. Raises BadInput naming the folder."""
+    from bench.errors import BadInput
+
+    for suite in suites:
+        folder = suite_folder(results, suite, device)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=folder).close()
+        except OSError as exc:
+            raise BadInput(f"cannot write records in {folder}: {exc.strerror or exc}; make it writable or "
+                           "pass --results FOLDER") from None
+
+
 def read(path: Path, warn: bool = True) -> dict[str, Any] | None:
     """The stored record, or None. One that cannot be parsed (a hand edit, a git merge conflict) is named
     on stderr: silently leaving a measured run out of a report would hide it."""
     try:
-        return json.loads(path.read_text())
+        record = json.loads(path.read_text())
+        if not (isinstance(record, dict) and REQUIRED <= record.keys() and record["status"] in STATUSES):
+            raise ValueError(f"not a record: expected an object with {', '.join(sorted(REQUIRED))} and a status "
+                             f"among {', '.join(STATUSES)}")
+        return record
     except FileNotFoundError:
         return None
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
         if warn:
             print(f"warning: {path}: unreadable record, treated as absent ({exc})", file=sys.stderr)
         return None

@@ -1,8 +1,9 @@
 """A sweep: every run of a suite in a fresh process with a timeout, each record stored as it finishes.
 
 A fresh process per run keeps peaks and allocator state from leaking between runs and lets a
-technique set allocator options before CUDA starts. Resuming skips a run whose stored record has the
-same key (full specification + device); ``force`` redoes it.
+technique set allocator options before CUDA starts. What a sweep keeps and what it measures again is
+bench.resume's; how a run's process starts (a fork of a preloaded server, or a fresh interpreter) is
+bench.launch's.
 """
 
 from __future__ import annotations
@@ -15,14 +16,18 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from bench import results
+from bench import launch, results, resume
+from bench.launch import Launcher
+from bench.predict import Ahead
 from bench.provenance import device_name, git_revision
 from bench.suite import RunSpec, Suite
 
 STDERR_TAIL = 2000
+MEMORY_SUMMARY = "memory_summary_text"  # the worker's torch.cuda.memory_summary(), saved beside the record
 
 
 @dataclass(frozen=True)
@@ -39,37 +44,74 @@ def detect(requested: str = "auto") -> Device:
     return Device(kind, device_name(kind), torch.cuda.device_count() if kind == "cuda" else 1)
 
 
-def sweep(suite: Suite, device: Device, results_root: Path, force: bool = False,
-          log: TextIO = sys.stderr, snapshot: bool = False, torchrun: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+def sweep(suite: Suite, device: Device, results_root: Path, force: bool = False, log: TextIO = sys.stderr,
+          snapshot: bool = False, torchrun: tuple[str, ...] = (), **options: Any) -> list[dict[str, Any]]:
     """Run (or resume) every run of the suite; returns the records, stored and new. ``torchrun``: launcher
-    arguments for multi-process runs instead of ``--standalone`` (``--nnodes 2 --rdzv-endpoint host:port``)."""
-    revision, start, records = git_revision(), time.monotonic(), []
-    n = len(suite.runs)
-    print(f"{suite.name}: {n} runs on {device.name}, records in {results_root / suite.name}", file=log)
+    arguments for multi-process runs instead of ``--standalone`` (``--nnodes 2 --rdzv-endpoint host:port``);
+    ``options``: those of ``campaign``."""
+    return campaign([suite], device, results_root, force, log, snapshot, torchrun, **options)[suite.name]
+
+
+def campaign(suites: list[Suite], device: Device, results_root: Path, force: bool = False,
+             log: TextIO = sys.stderr, snapshot: bool = False, torchrun: tuple[str, ...] = (),
+             fidelity: bool = True, keep_failures: bool = False, launcher: Launcher = "fork",
+             predict_jobs: int = 0, never_measured_first: bool = False) -> dict[str, list[dict[str, Any]]]:
+    """Every run of the suites in one sweep (see bench.resume for what is kept); returns each suite's
+    records, stored and new. ``never_measured_first``: runs with no record of this device and key go before
+    retries and re-measurements, so a lease that ends early has added the most. ``predict_jobs``: processes
+    that predict the pending runs while the device measures (0: each run predicts itself)."""
+    revision, start = git_revision(), time.monotonic()
+    if launcher == "fork":
+        launch.start_server()  # its imports go on while the sweep plans
+    forced = {s.name: resume.forced_since(results.suite_folder(results_root, s.name, device.name), force)
+              for s in suites}
+    tasks = [t for s in suites for t in resume.plan(s, device.name, results_root, fidelity, keep_failures,
+                                                      forced[s.name])]
+    records = {s.name: [t.stored for t in tasks if t.suite is s and not t.measure] for s in suites}
+    todo = [t for t in tasks if t.measure]
+    if never_measured_first:
+        todo.sort(key=lambda t: not t.never_measured)  # stable: the suites' order within each group
+    label = (lambda t: t.spec.name) if len(suites) == 1 else (lambda t: f"{t.suite.name}/{t.spec.name}")
+    for i, t in enumerate(tasks, 1):
+        if not t.measure:
+            print(f"[{i}/{len(tasks)}] {label(t)}: {t.reason}{_missing_snapshot(t, snapshot, device)}", file=log)
+    print(f"{len(todo)} of {len(tasks)} runs to measure on {device.name}, records in {results_root}", file=log)
     if snapshot and device.type != "cuda":
         print(f"--snapshot: the allocator history is CUDA's; none is saved on {device.name}", file=log)
-    for i, spec in enumerate(suite.runs, 1):
-        path = results.record_path(results_root, suite.name, device.name, spec.name)
-        key = spec.key(device.name)
-        old = results.read(path)
-        shot = path.with_suffix(".snapshot.pickle") if snapshot and device.type == "cuda" else None
-        if old is not None and old.get("run_key") == key and not force:
-            # A snapshot is taken only while a run is measured: say so rather than leave the user looking for it.
-            missing = ", no snapshot: --force re-measures it with one" if shot and not shot.exists() else ""
-            print(f"[{i}/{n}] {spec.name}: kept stored record ({old['status']}{missing})", file=log)
-            records.append(old)
-            continue
-        print(f"[{i}/{n}] {spec.name}: running on {device.name} ({_elapsed(start)} elapsed)", file=log, flush=True)
-        clock = time.monotonic()
-        outcome = run_isolated(spec, device, shot, torchrun)
-        # wall_s: the run's whole process (start-up, prediction, measurement, fidelity phase)
-        record = base_record(spec, device, key, revision) | {"run_index": suite.position(spec.name),
-                                                             "wall_s": round(time.monotonic() - clock, 1)}
-        record |= outcome
-        finish(record, records, results_root)
-        print(f"[{i}/{n}] {spec.name}: {_outcome(record)}", file=log, flush=True)
-    print(f"done: {n} runs in {_elapsed(start)}", file=log)
+    results.check_writable(results_root, [s.name for s in suites], device.name)
+    launcher = _usable(launcher, device, log) if todo else launcher
+    with Ahead([t.spec for t in todo], device.type, predict_jobs) as ahead:
+        for i, t in enumerate(todo, 1):
+            print(f"[{i}/{len(todo)}] {label(t)}: running ({t.reason}; {_elapsed(start)} elapsed"
+                  f"{_eta(start, i - 1, len(todo))})", file=log, flush=True)
+            shot = t.path.with_suffix(".snapshot.pickle") if snapshot and device.type == "cuda" else None
+            clock = time.monotonic()
+            outcome = run_isolated(t.spec, device, shot, torchrun, launcher, ahead.get(t.spec))
+            # wall_s: the run's whole process (start-up, prediction, measurement, fidelity phase)
+            record = base_record(t.spec, device, t.key, revision) | {
+                "run_index": t.suite.position(t.spec.name), "wall_s": round(time.monotonic() - clock, 1)}
+            finish(record | outcome, records[t.suite.name], results_root)
+            print(f"[{i}/{len(todo)}] {label(t)}: {_outcome(records[t.suite.name][-1])}",
+                  file=log, flush=True)
+    for s in suites:
+        resume.force_done(results.suite_folder(results_root, s.name, device.name))
+    print(f"done: {len(todo)} runs measured in {_elapsed(start)}", file=log)
     return records
+
+
+def _usable(launcher: Launcher, device: Device, log: TextIO) -> Launcher:
+    """The fork server, where a forked child can use this device; else fresh processes, saying why."""
+    if launcher == "fork" and device.type == "cuda" and (why := launch.fork_works_on_cuda()):
+        print(f"warning: {why}; every run starts a fresh interpreter instead", file=log)
+        return "fresh"
+    return launcher
+
+
+def _missing_snapshot(task: resume.Task, snapshot: bool, device: Device) -> str:
+    # A snapshot is taken only while a run is measured: say so rather than leave the user looking for it.
+    if snapshot and device.type == "cuda" and not task.path.with_suffix(".snapshot.pickle").exists():
+        return ", no snapshot: --force re-measures it with one"
+    return ""
 
 
 def finish(record: dict[str, Any], records: list[dict[str, Any]], results_root: Path) -> None:
@@ -78,9 +120,12 @@ def finish(record: dict[str, Any], records: list[dict[str, Any]], results_root: 
     baseline = record if record["run"] == record["baseline"] else next(
         (r for r in records if r["run"] == record["baseline"] and r["device"] == record["device"]), None)
     record |= results.accuracy_vs_baseline(record, baseline)
+    record["stored_at"] = datetime.now(UTC).isoformat(timespec="microseconds")  # what --force compares
     path = results.record_path(results_root, record["suite"], record["device"], record["run"])
+    if summary := record.pop(MEMORY_SUMMARY, None):
+        record["memory_summary"] = results.save_beside(path, ".memory.txt", summary)
     results.set_aside_if_unreadable(path)
-    results.write_atomic(path, record)
+    results.store(path, record)
     records.append(record)
 
 
@@ -97,42 +142,44 @@ def base_record(spec: RunSpec, device: Device, key: str, revision: str) -> dict[
     }
 
 
-def run_isolated(spec: RunSpec, device: Device, snapshot: Path | None = None,
-                 torchrun: tuple[str, ...] = ()) -> dict[str, Any]:
+def run_isolated(spec: RunSpec, device: Device, snapshot: Path | None = None, torchrun: tuple[str, ...] = (),
+                 launcher: Launcher = "fork", prediction: dict[str, Any] | None = None) -> dict[str, Any]:
     """The run in its own process (``nproc`` > 1: its own torchrun, one process per rank); a crash or a
     timeout becomes a status, never an exception. With ``snapshot`` (CUDA), the instrumented step's
-    memory history is dumped there for memory_viz."""
+    memory history is dumped there for memory_viz; with ``prediction``, made ahead, the run skips its own."""
     if device.type == "cuda" and spec.nproc > device.count:
         return {"status": "unsupported", "message": f"needs {spec.nproc} GPUs per node; {device.count} visible"}
-    env = os.environ | {k: v for t in spec.techniques for k, v in t.build().env().items()}
+    own_env = {k: v for t in spec.techniques for k, v in t.build().env().items()}
+    if own_env or spec.nproc > 1:
+        launcher = "fresh"  # see bench.launch: a fork would start with the server's environment, or one process
     with tempfile.TemporaryDirectory(prefix="bench-run-") as tmp:
         spec_path, out_path, err_path = (Path(tmp) / n for n in ("spec.json", "out.json", "stderr.txt"))
-        job = {"spec": spec.to_dict(), "device_type": device.type, "snapshot": str(snapshot) if snapshot else None}
+        job = {"spec": spec.to_dict(), "device_type": device.type, "snapshot": str(snapshot) if snapshot else None,
+               "prediction": prediction, "launched_at": time.time()}
         spec_path.write_text(json.dumps(job))
-        cmd = [sys.executable, "-m", "bench.worker", str(spec_path), str(out_path)]
+        argv = ["bench.worker", str(spec_path), str(out_path)]
         if spec.nproc > 1:
-            cmd[1:2] = ["-m", "torch.distributed.run", f"--nproc-per-node={spec.nproc}",
-                        "--tee=3", f"--log-dir={Path(tmp) / 'ranks'}", *(torchrun or ("--standalone",)), "-m"]
-        with open(err_path, "w") as err:
-            proc = subprocess.Popen(cmd, env=env, stdout=err, stderr=subprocess.STDOUT, start_new_session=True)
-            try:
-                code = proc.wait(timeout=spec.timeout_s)
-            except subprocess.TimeoutExpired:
-                _kill(proc)
-                return {"status": "timeout", "message": f"stopped after {spec.timeout_s:g} s"}
-            except BaseException:  # Ctrl-C: take the run down with us, keep what is stored
-                _kill(proc)
-                raise
+            argv = ["torch.distributed.run", f"--nproc-per-node={spec.nproc}", "--tee=3",
+                    f"--log-dir={Path(tmp) / 'ranks'}", *(torchrun or ("--standalone",)), "-m", *argv]
+        proc = launch.Process(argv, os.environ | own_env, err_path, launcher)
+        try:
+            code = proc.wait(timeout=spec.timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return {"status": "timeout", "message": f"stopped after {spec.timeout_s:g} s"}
+        except BaseException:  # Ctrl-C: take the run down with us, keep what is stored
+            proc.kill()
+            raise
         tail = _tail(err_path, Path(tmp) / "ranks")
         if code == 0 and out_path.exists():
             out = json.loads(out_path.read_text())
-            return out | ({"stderr_tail": tail} if out["status"] == "error" else {})
+            return out | {"launcher": launcher} | ({"stderr_tail": tail} if out["status"] == "error" else {})
         if failed := sorted(Path(tmp).glob("out.json.rank*")):  # a rank's own record of why it stopped
             return json.loads(failed[0].read_text()) | {"stderr_tail": tail}
         why = (f"killed by signal {signal.Signals(-code).name}" if code < 0 else
                "no record written (under a multi-node torchrun, rank 0 is on another node)" if code == 0
                else f"exit status {code}")
-        return {"status": "error", "message": f"run process died: {why}", "stderr_tail": tail}
+        return {"status": "error", "message": f"run process died: {why}", "stderr_tail": tail, "launcher": launcher}
 
 
 def _tail(err_path: Path, rank_logs: Path) -> str:
@@ -151,14 +198,6 @@ def _last_words(log: Path) -> str:
     return "\n".join(x for x in lines if not x.startswith("Extension modules:"))[-STDERR_TAIL:]
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
 def _outcome(record: dict[str, Any]) -> str:
     """The progress line's summary: what a user watching the sweep wants first."""
     if record["status"] != "ok":
@@ -172,6 +211,14 @@ def _outcome(record: dict[str, Any]) -> str:
         shown = delta is not None and record["run"] != record["baseline"]
         parts.append(f"accuracy {record['accuracy']:.1%}" + (f" ({delta * 100:+.1f} pt)" if shown else ""))
     return "ok, " + ", ".join(parts)
+
+
+def _eta(start: float, done: int, total: int) -> str:
+    """The time left, from the mean of the runs measured so far in this sweep."""
+    if not done or done >= total:
+        return ""
+    left = int((time.monotonic() - start) / done * (total - done))
+    return f", about {left // 60}m{left % 60:02d}s left"
 
 
 def _elapsed(start: float) -> str:

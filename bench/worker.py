@@ -33,20 +33,23 @@ from bench.measure.memory import (
 )
 from bench.measure.timing import summarize, time_steps
 from bench.models.weights import digest
-from bench.predict import predict
+from bench.predict import predict_run
 from bench.provenance import runtime_provenance
 from bench.suite import Fidelity, RunSpec
 from bench.techniques import RunContext, Technique, Unsupported
 from bench.train import Trainer
 
 Runner = Trainer | Predictor
+MEMORY_SUMMARY = "memory_summary_text"  # the runner saves it as <run>.memory.txt beside the record
 OOM_MESSAGES = ("out of memory", "not enough memory", "can't allocate memory")
 
 
 def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None,
-            group: distributed.Group = distributed.Group()) -> dict[str, Any]:
-    """One run, phase by phase: its own prediction, build, warm-up, one instrumented step, the timed steps,
-    and the fidelity phase; a technique that cannot run here ends it as unsupported before any of them."""
+            group: distributed.Group = distributed.Group(), prediction: dict[str, Any] | None = None,
+            launched_at: float | None = None) -> dict[str, Any]:
+    """One run, phase by phase: its own prediction (unless made ahead), build, warm-up, one instrumented step,
+    the timed steps, and the fidelity phase; a technique that cannot run here ends it as unsupported before
+    any of them. ``launched_at``: when the sweep launched the process (``startup_s`` counts from there)."""
     model_spec = models.resolve(spec.model)
     shapes = spec.shapes(device.type)
     ctx = RunContext(device, model_spec, shapes, spec.lr, world_size=group.world_size, rank=group.rank)
@@ -54,11 +57,12 @@ def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None,
     for t in techniques:
         if reason := t.unsupported(ctx):
             return {"status": "unsupported", "message": f"{t.name}: {reason}"}
-    clock = time.perf_counter()
-    prediction = _prediction(spec, device)  # before anything real is allocated
-    prediction["prediction_s"] = round(time.perf_counter() - clock, 2)
+    if prediction is None:
+        prediction = predict_run(spec, device.type)  # before anything real is allocated
     clock = time.perf_counter()
     trainer, batch, figures = _build(spec, techniques, ctx)
+    if launched_at is not None:  # process start, imports, prediction and build: what the device waited for
+        figures["startup_s"] = round(time.time() - launched_at, 2)
     # Warm-up: allocator, cuDNN autotune, optimizer state, compilation. The first step is timed on its
     # own, since that is where one-off costs (compilation above all) land.
     figures["first_step_ms"] = time_steps(lambda: trainer.step(batch), 1, device)[0]
@@ -127,6 +131,8 @@ def _timed_pass(trainer: Runner, batch: Batch, samples: int, ctx: RunContext) ->
         figures |= cuda_peaks(device)
         figures["nvml_process_bytes"] = nvml_process_bytes(device)
         figures |= overheads(figures)
+        # The seed article's monitor, over the timed steps: the runner saves it beside the record.
+        figures[MEMORY_SUMMARY] = torch.cuda.memory_summary(device)
     tokens = ctx.shapes.seq_len if ctx.model_spec.inputs == "tokens" else None
     return figures | summarize(times, samples, tokens) | {"step_times_ms": times, "rss_peak_bytes": rss_peak_bytes()}
 
@@ -142,15 +148,6 @@ def _counts(trainer: Runner, figures: dict[str, Any]) -> dict[str, Any]:
                                                                 "optimizer_state_bytes")),
         "proof": trainer.proof(),
     }
-
-
-def _prediction(spec: RunSpec, device: torch.device) -> dict[str, Any]:
-    """The run's own prediction (fake tensors), so the table can hold it against the measurement: at the
-    run's shapes, modelling CUDA on CUDA, and the CPU run exactly on a CPU."""
-    try:
-        return predict(spec, spec.shapes(device.type), cuda=device.type == "cuda")
-    except Exception as exc:  # noqa: BLE001  a failed prediction never costs the measurement
-        return {"predicted_status": "error", "predicted_message": f"{type(exc).__name__}: {exc}"[:300]}
 
 
 def _fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str, Any]:
@@ -182,7 +179,8 @@ def main(spec_path: str, out_path: str) -> int:
     group = distributed.join(job["device_type"], spec.timeout_s)
     device = distributed.device_of(job["device_type"], group)
     try:
-        result = measure(spec, device, job.get("snapshot") if group.rank == 0 else None, group)
+        result = measure(spec, device, job.get("snapshot") if group.rank == 0 else None, group,
+                         job.get("prediction"), job.get("launched_at"))
     except Unsupported as exc:
         result = {"status": "unsupported", "message": str(exc)}
     except Exception as exc:  # noqa: BLE001  a failed run is a result, not a crash of the sweep

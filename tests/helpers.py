@@ -248,3 +248,18 @@ def _vit_l16(shapes: Shapes) -> nn.Module:
 
 
 VIT_L16 = ModelSpec("vit-l16", _vit_l16, "image", num_classes=1000, attention=True)
+
+
+class HoldHalfAGibibyte(Technique):
+    """Fills half a GiB of host memory once, then frees it: the process's RSS peak carries it afterwards."""
+
+    def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        torch.ones(2**29, dtype=torch.uint8)
+        return model
+
+
+class ReportEnv(Technique):
+    """Reports BENCH_PROBE as the run's process sees it, asking the runner for nothing."""
+
+    def proof(self, steps: int) -> dict[str, Any]:
+        return {"seen": os.environ.get("BENCH_PROBE")}

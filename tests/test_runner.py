@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -13,7 +14,9 @@ import torch
 
 from bench import results
 from bench.provenance import device_name
-from bench.runner import Device, _outcome, run_isolated, sweep
+from bench.errors import BadInput
+from bench.report import build_report
+from bench.runner import MEMORY_SUMMARY, Device, _outcome, finish, run_isolated, sweep
 from bench.suite import Suite, load, select
 from tests.helpers import spec, tech
 
@@ -197,11 +200,12 @@ def test_an_unreadable_record_is_moved_aside_and_the_run_measured_again(tmp_path
 def test_a_kept_record_without_a_snapshot_says_how_to_get_one(tmp_path):
     gpu, run = Device("cuda", "NVIDIA X"), spec(name="run", batch_size=4)
     path = results.record_path(tmp_path, "s", gpu.name, "run")
-    results.write_atomic(path, {"run": "run", "status": "ok", "run_key": run.key(gpu.name)})
+    results.write_atomic(path, {"suite": "s", "run": "run", "device": gpu.name, "status": "ok",
+                                "run_key": run.key(gpu.name)})
     suite = Suite("s", tmp_path / "s.toml", "vit-tiny", "", "run", (run,))
     log = io.StringIO()
     sweep(suite, gpu, tmp_path, snapshot=True, log=log)  # nothing runs: the stored record is kept
-    assert "[1/1] run: kept stored record (ok, no snapshot: --force re-measures it with one)" in log.getvalue()
+    assert "[1/1] run: kept stored record (ok), no snapshot: --force re-measures it with one" in log.getvalue()
     path.with_suffix(".snapshot.pickle").write_bytes(b"")
     sweep(suite, gpu, tmp_path, snapshot=True, log=(log := io.StringIO()))
     assert "[1/1] run: kept stored record (ok)\n" in log.getvalue()
@@ -214,3 +218,36 @@ def test_the_progress_line_shows_an_untracked_peak_as_absent_and_the_accuracy_as
     assert _outcome(ran) == "ok, peak 3.0 MiB, 3.0 samples/s, accuracy 85.2% (-1.7 pt)"
     base = ran | {"run": "baseline", "accuracy_delta": 0.0}
     assert _outcome(base).endswith("accuracy 85.2%")
+
+
+def test_a_cuda_runs_memory_summary_is_saved_beside_its_record_and_linked_from_the_report(tmp_path):
+    record = {"suite": "s", "run": "baseline", "baseline": "baseline", "device": "NVIDIA X", "status": "ok",
+              "run_index": 1, "samples_per_s": 1.0, "peak_allocated_bytes": 2**20,
+              MEMORY_SUMMARY: "|   PyTorch CUDA memory summary, device ID 0   |"}
+    finish(record, [], tmp_path)
+    path = results.record_path(tmp_path, "s", "NVIDIA X", "baseline")
+    assert path.with_suffix(".memory.txt").read_text().startswith("|   PyTorch CUDA memory summary")
+    stored = results.read(path)
+    assert stored["memory_summary"] == "baseline.memory.txt" and MEMORY_SUMMARY not in stored
+    build_report(tmp_path / "s")
+    assert "[baseline](nvidia-x/baseline.memory.txt)" in (tmp_path / "s" / "report.md").read_text()
+    assert "<a href='nvidia-x/baseline.memory.txt'>baseline</a>" in (tmp_path / "s" / "report.html").read_text()
+
+
+def test_a_record_that_cannot_be_written_is_kept_elsewhere_and_named(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "kept"))
+    (tmp_path / "kept").mkdir()
+    record = {"suite": "s", "run": "baseline", "baseline": "baseline", "device": "cpu", "status": "ok"}
+    blocked = tmp_path / "results"
+    blocked.write_text("a file where the results folder should be")
+    finish(record, [], blocked)
+    (kept,) = (tmp_path / "kept").glob("bench-unsaved-s-baseline-*.json")
+    assert results.read(kept)["run"] == "baseline"
+    assert f"the measurement is kept in {kept}" in capsys.readouterr().err
+
+
+def test_a_results_folder_that_cannot_be_written_stops_the_sweep_before_any_run(tmp_path):
+    blocked = tmp_path / "results"
+    blocked.write_text("a file where the results folder should be")
+    with pytest.raises(BadInput, match=f"cannot write records in {blocked}/test/cpu"):
+        sweep(suite_of(spec(name="baseline")), CPU, blocked)

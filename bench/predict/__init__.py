@@ -11,13 +11,14 @@ tensor bytes: the CUDA allocator's peak adds workspaces (cuBLAS, cuDNN) and frag
 
 ``fake`` runs and counts the step; ``cuda`` makes it CUDA's (its kernels, and what it keeps on the host),
 ``autocast`` casts by CUDA's autocast lists; ``budget`` finds the largest batch under a budget; ``table``
-predicts a suite, in processes, as a table.
+predicts a suite, in processes, as a table; ``ahead`` makes a sweep's predictions beside its runs.
 """
 
+from bench.predict.ahead import Ahead, predict_run
 from bench.predict.budget import RESERVE, largest_batch, parse_size, tensor_budget
 from bench.predict.cuda import ASSUMPTIONS
 from bench.predict.fake import predict
 from bench.predict.table import markdown, suite_table
 
-__all__ = ["ASSUMPTIONS", "RESERVE", "largest_batch", "markdown", "parse_size", "predict", "suite_table",
-           "tensor_budget"]
+__all__ = ["ASSUMPTIONS", "Ahead", "RESERVE", "largest_batch", "markdown", "parse_size", "predict", "predict_run",
+           "suite_table", "tensor_budget"]

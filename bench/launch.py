@@ -1,0 +1,139 @@
+"""How a run's process starts: a fresh interpreter, or a fork of a server that has imported torch already.
+
+A fresh interpreter pays for torch's, torchvision's and transformers' imports on every run (4 to 12 s on
+a CI core). The fork server is multiprocessing's: a fresh interpreter, started once per sweep, that
+imports ``PRELOAD`` and forks one child per run. The server never touches CUDA (its imports see NVML for
+any availability check), so each child still creates its own CUDA context and caching allocator, and
+starts with zeroed peaks; the child takes the run's environment and its own session before the worker
+starts.
+
+A run starts fresh where a fork cannot give it what it needs: several processes (torchrun), or an
+environment variable set by a technique (torch reads some, like its allocator settings, at import or at
+CUDA's start, and a fork would start with the server's).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from multiprocessing import forkserver
+from pathlib import Path
+from typing import Literal
+
+Launcher = Literal["fork", "fresh"]
+LAUNCHERS: tuple[Launcher, ...] = ("fork", "fresh")
+PRELOAD = ["bench.preload"]  # what a run imports, so that a forked one finds it imported
+# torch.cuda.is_available() through NVML: a check by the CUDA runtime would initialise its driver in the
+# server, which every forked child would inherit unusable.
+SERVER_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+
+
+class Process:
+    """A run's process, forked or fresh, in its own session: ``wait`` and ``kill`` as for a Popen."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path, launcher: Launcher) -> None:
+        self.started = time.time()
+        if launcher == "fresh":
+            with open(log, "w") as out:
+                self._popen = subprocess.Popen([sys.executable, "-m", *argv], env=env, stdout=out,
+                                               stderr=subprocess.STDOUT, start_new_session=True)
+            self.pid = self._popen.pid
+            return
+        self._popen = None
+        self._forked = _context().Process(target=_child, args=(argv, env, str(log)), daemon=False)
+        self._forked.start()
+        self.pid = self._forked.pid
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The exit status (negative: killed by that signal); subprocess.TimeoutExpired past ``timeout``."""
+        if self._popen is not None:
+            return self._popen.wait(timeout)
+        self._forked.join(timeout)
+        if self._forked.exitcode is None:
+            raise subprocess.TimeoutExpired("forked run", timeout or 0)
+        return self._forked.exitcode
+
+    def kill(self) -> None:
+        """The run and everything it started (compile workers, torchrun's ranks)."""
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:  # a fork killed before it made its own session
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.wait()
+
+
+def start_server() -> None:
+    """Start the fork server now, so that its imports overlap the caller's own work."""
+    _context()
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    """The fork server, started on first use with ``PRELOAD`` imported and ``SERVER_ENV`` in its environment."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    saved = {k: os.environ.get(k) for k in SERVER_ENV}
+    os.environ.update(SERVER_ENV)
+    try:
+        forkserver.ensure_running()  # a no-op while it runs; it starts with this environment
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    return context
+
+
+def _child(argv: list[str], env: dict[str, str], log: str) -> None:
+    """In the forked child: its own session (a kill takes its group), the run's environment and output file,
+    then the module as ``python -m`` would run it."""
+    os.setsid()
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    os.environ.clear()
+    os.environ.update(env)
+    refuse_inherited_cuda()
+    module, *args = argv
+    if module != "bench.worker":
+        raise ValueError(f"the fork server starts bench.worker only, not {module}")
+    from bench.worker import main  # preloaded: no import cost
+
+    sys.argv = [module, *args]
+    sys.exit(main(*args))
+
+
+def refuse_inherited_cuda() -> None:
+    """A child forked from a process that had started CUDA cannot use it: fail loudly, never measure that."""
+    import torch
+
+    if torch.cuda.is_initialized():
+        raise RuntimeError("the fork server had initialised CUDA; run with --launcher fresh")
+
+
+def fork_works_on_cuda(timeout_s: float = 120.0) -> str | None:
+    """On a CUDA host, before a sweep forks its runs: why a forked child cannot allocate on the GPU, or None.
+    One small fork (about a second) instead of a sweep of failed runs."""
+    probe = _context().Process(target=_cuda_probe)
+    probe.start()
+    probe.join(timeout_s)
+    if probe.exitcode is None:
+        probe.kill()
+        return f"a forked CUDA probe did not finish in {timeout_s:g} s"
+    return None if probe.exitcode == 0 else f"a forked CUDA probe failed (exit status {probe.exitcode})"
+
+
+def _cuda_probe() -> None:
+    import torch
+
+    refuse_inherited_cuda()
+    # Poisoned: the server asked the CUDA runtime (not NVML) how many GPUs there are. Harmless to a CPU run.
+    if torch.cuda._is_in_bad_fork():  # noqa: SLF001
+        raise RuntimeError("the fork server asked the CUDA runtime for its devices")
+    torch.zeros(1, device="cuda").add_(1)
+    torch.cuda.synchronize()

@@ -1,0 +1,58 @@
+"""A run's own prediction, made in the run's process or ahead of it on the host's spare cores.
+
+Every record carries the prediction of its own run, so the table can hold prediction against measurement.
+Made inside the run's process it costs 1 to 6 s of the device's clock; on a GPU host the sweep makes the
+pending runs' predictions ahead, in processes on the CPU cores, while the GPU measures the runs before them.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+import time
+from multiprocessing.pool import AsyncResult
+from typing import Any
+
+from bench.predict.fake import predict
+from bench.suite import RunSpec
+
+
+def predict_run(spec: RunSpec, device_type: str) -> dict[str, Any]:
+    """The run's prediction at the run's shapes, modelling CUDA for a CUDA run and the CPU run exactly on
+    a CPU, with the seconds it took; a failed prediction is a status, never a cost to the measurement."""
+    clock = time.perf_counter()
+    try:
+        out = predict(spec, spec.shapes(device_type), cuda=device_type == "cuda")
+    except Exception as exc:  # noqa: BLE001
+        out = {"predicted_status": "error", "predicted_message": f"{type(exc).__name__}: {exc}"[:300]}
+    return out | {"prediction_s": round(time.perf_counter() - clock, 2)}
+
+
+class Ahead:
+    """Predictions of runs still to be measured, computed in ``jobs`` spawned processes in the order given
+    (spawned: a fork of a process that has run torch ops may deadlock in its thread pools). ``jobs`` = 0
+    makes none, and each run predicts itself."""
+
+    def __init__(self, specs: list[RunSpec], device_type: str, jobs: int) -> None:
+        self._pool = None
+        self._pending: dict[tuple[str, str], AsyncResult] = {}
+        if jobs < 1 or not specs:
+            return
+        context = multiprocessing.get_context("spawn")
+        # Ctrl-C reaches the sweep only, which closes the pool on its way out.
+        self._pool = context.Pool(min(jobs, len(specs)), initializer=signal.signal,
+                                  initargs=(signal.SIGINT, signal.SIG_IGN))
+        self._pending = {(s.suite, s.name): self._pool.apply_async(predict_run, (s, device_type)) for s in specs}
+
+    def get(self, spec: RunSpec) -> dict[str, Any] | None:
+        """The run's prediction (waiting for it if it is still being made), or None: the run makes its own."""
+        result = self._pending.pop((spec.suite, spec.name), None)
+        return None if result is None else result.get() | {"predicted_ahead": True}
+
+    def __enter__(self) -> Ahead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.terminate()  # predictions of runs never reached (an interrupted sweep) are dropped
+            self._pool.join()

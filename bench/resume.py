@@ -1,0 +1,91 @@
+"""What a sweep keeps and what it measures: each run's stored record held against the run as it is now.
+
+A stored record is kept when it measured this run (same key: the full specification and the device) and
+its status would come out the same again: ``ok``, ``oom`` and ``unsupported`` are deterministic, while
+``error`` and ``timeout`` may be transient (a killed worker, a busy machine) and are retried unless the
+user keeps them. A record made with the fidelity phase stands for the run without it too, so a quick
+``--no-fidelity`` look never replaces the complete measurement.
+
+``--force`` re-measures every run stored before the forced sweep began. That moment is kept in a marker
+file beside the records until the sweep completes, so an interrupted ``--force`` sweep resumes, with or
+without ``--force``, where it stopped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench import results
+from bench.suite import RunSpec, Suite
+
+DETERMINISTIC = ("ok", "oom", "unsupported")
+FORCE_MARKER = ".forced-since"
+
+
+@dataclass(frozen=True)
+class Task:
+    """One run of a sweep: where its record goes, its key, the stored record, and the decision."""
+
+    suite: Suite
+    spec: RunSpec  # as it will run (without its fidelity phase under --no-fidelity)
+    path: Path
+    key: str
+    stored: dict[str, Any] | None
+    reason: str  # why it is measured ("" when the stored record is kept), or why it is kept
+
+    @property
+    def measure(self) -> bool:
+        return self.stored is None or not self.reason.startswith("kept")
+
+    @property
+    def never_measured(self) -> bool:
+        """No record of this run (this device, this key) at all: a campaign measures these first."""
+        return self.stored is None or self.stored.get("run_key") != self.key
+
+
+def plan(suite: Suite, device_name: str, root: Path, fidelity: bool = True, keep_failures: bool = False,
+         forced_since: str | None = None) -> list[Task]:
+    """Every run of the suite with what the sweep will do about it."""
+    tasks = []
+    for full in suite.runs:
+        spec = full if fidelity else replace(full, fidelity_gpu=None, fidelity_cpu=None)
+        path = results.record_path(root, suite.name, device_name, spec.name)
+        key, stored = spec.key(device_name), results.read(path)
+        keys = {key, full.key(device_name)}  # a record with the fidelity phase stands for one without
+        tasks.append(Task(suite, spec, path, key, stored, _decide(stored, keys, keep_failures, forced_since)))
+    return tasks
+
+
+def _decide(stored: dict[str, Any] | None, keys: set[str], keep_failures: bool, forced_since: str | None) -> str:
+    if stored is None:
+        return "no stored record"
+    if stored.get("run_key") not in keys:
+        return "the stored record measured another specification or device"
+    if forced_since is not None and str(stored.get("stored_at") or stored.get("finished_at", "")) < forced_since:
+        return f"stored before --force began ({forced_since})"
+    status = stored["status"]
+    if status in DETERMINISTIC or keep_failures:
+        return f"kept stored record ({status})"
+    return f"retried: the stored record is {status!r}, which may not recur (--keep-failures keeps it)"
+
+
+def forced_since(folder: Path, force: bool) -> str | None:
+    """The moment the current --force sweep of this folder began: from its marker (an interrupted one
+    resumes), else now with ``force`` (the marker is written), else None."""
+    marker = folder / FORCE_MARKER
+    if marker.exists():
+        return marker.read_text().strip()
+    if not force:
+        return None
+    now = datetime.now(UTC).isoformat(timespec="microseconds")
+    folder.mkdir(parents=True, exist_ok=True)
+    marker.write_text(now + "\n")
+    return now
+
+
+def force_done(folder: Path) -> None:
+    """A forced sweep completed: later sweeps keep its records again."""
+    (folder / FORCE_MARKER).unlink(missing_ok=True)

@@ -1,0 +1,105 @@
+"""The fork server against the guarantees a fresh interpreter gives: its own environment, its own peaks,
+its own session, and no CUDA inherited from the server."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from bench import launch
+from bench.runner import Device, run_isolated
+from tests.helpers import spec, tech
+
+CPU = Device("cpu", "cpu")
+
+
+def _imports_in_a_fork() -> None:
+    """Exit 0 when the forked child finds what the server preloaded, without torchao and without CUDA."""
+    assert "transformers.models.bert.modeling_bert" in sys.modules and "torchvision.models" in sys.modules
+    assert "torchao" not in sys.modules  # its import asks the GPU for its properties: never in the server
+    assert not torch.cuda.is_initialized()
+
+
+def test_a_forked_child_finds_the_imports_done_and_cuda_untouched():
+    child = launch._context().Process(target=_imports_in_a_fork)
+    child.start()
+    child.join(120)
+    assert child.exitcode == 0
+
+
+def test_a_forked_run_takes_the_environment_of_its_own_launch(monkeypatch):
+    launch.start_server()  # the server's environment is fixed now; the run's is set later
+    monkeypatch.setenv("BENCH_PROBE", "set-after-the-server-started")
+    record = run_isolated(spec(techniques=(tech("tests.helpers:ReportEnv"),)), CPU)
+    assert record["launcher"] == "fork" and record["status"] == "ok", record
+    assert record["proof"]["ReportEnv.seen"] == "set-after-the-server-started"
+    assert 0 < record["startup_s"] < 120
+
+
+def test_a_technique_that_sets_the_environment_gets_a_fresh_interpreter():
+    record = run_isolated(spec(techniques=(tech("tests.helpers:EnvProbe"),)), CPU)
+    assert record["launcher"] == "fresh"
+    assert record["proof"]["EnvProbe.seen"] == "set-by-technique"
+
+
+def test_a_forked_run_starts_with_its_own_peak_not_its_predecessors():
+    big = run_isolated(spec(techniques=(tech("tests.helpers:HoldHalfAGibibyte"),)), CPU)
+    small = run_isolated(spec(), CPU)
+    assert big["launcher"] == small["launcher"] == "fork"
+    assert big["rss_peak_bytes"] - small["rss_peak_bytes"] > 2**28  # the half GiB stayed with its own run
+
+
+@pytest.mark.parametrize("launcher", launch.LAUNCHERS)
+def test_a_crash_or_a_hang_is_a_status_under_either_launcher(launcher, monkeypatch):
+    crashed = run_isolated(spec(techniques=(tech("tests.helpers:Segfault"),)), CPU, launcher=launcher)
+    assert crashed["message"] == "run process died: killed by signal SIGSEGV"
+    assert "about to crash" in crashed["stderr_tail"]
+    monkeypatch.setenv("BENCH_TEST_SLEEP", "60")
+    hung = run_isolated(spec(techniques=(tech("tests.helpers:Sleep"),), timeout_s=5.0), CPU, launcher=launcher)
+    assert hung["status"] == "timeout"
+
+
+def test_the_fork_server_refuses_a_child_that_inherited_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(RuntimeError, match="--launcher fresh"):
+        launch.refuse_inherited_cuda()
+
+
+@pytest.mark.cuda
+def test_a_forked_child_can_use_the_gpu_and_starts_with_zeroed_peaks():
+    assert launch.fork_works_on_cuda() is None
+    gpu = Device("cuda", torch.cuda.get_device_name(0))
+    big = run_isolated(spec(batch_size=64), gpu)
+    small = run_isolated(spec(batch_size=2), gpu)
+    assert big["launcher"] == small["launcher"] == "fork"
+    assert small["peak_allocated_bytes"] < big["peak_allocated_bytes"]
+    assert not torch.cuda.is_initialized()  # this process launched both and never started CUDA
+
+
+def test_the_offline_wheel_script_installs_a_wheel_folder_into_a_target(tmp_path):
+    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    _tiny_wheel(wheels, "benchdemo", "0.1")
+    env = {"OFFLINE_WHEELS": str(wheels), "OFFLINE_SITE": str(site), "OFFLINE_PACKAGES": "benchdemo==0.1",
+           "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(["scripts/offline-wheels", "install", sys.executable], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (site / "benchdemo" / "__init__.py").read_text() == "VERSION = '0.1'\n"
+    again = subprocess.run(["scripts/offline-wheels", "install", sys.executable], capture_output=True, text=True,
+                           env=env | {"PYTHONPATH": str(site), "OFFLINE_SITE": str(tmp_path / "other")}, timeout=120)
+    assert "has every optional package already" in again.stdout  # the host's own copy is never shadowed
+
+
+def _tiny_wheel(folder, name: str, version: str) -> None:
+    import zipfile
+
+    folder.mkdir()
+    info = f"{name}-{version}.dist-info"
+    files = {f"{name}/__init__.py": f"VERSION = '{version}'\n",
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files[f"{info}/RECORD"] = "".join(f"{p},,\n" for p in files) + f"{info}/RECORD,,\n"
+    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as whl:
+        for path, text in files.items():
+            whl.writestr(path, text)

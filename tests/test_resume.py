@@ -1,0 +1,79 @@
+"""What a sweep keeps and what it measures again, and a campaign's order over several suites."""
+
+import io
+from dataclasses import replace
+from pathlib import Path
+
+from bench import resume, results
+from bench.runner import Device, campaign, sweep
+from bench.suite import Fidelity, Suite
+from tests.helpers import spec
+
+CPU = Device("cpu", "cpu")
+
+
+def suite_of(name: str, *runs) -> Suite:
+    return Suite(name, Path(f"{name}.toml"), "vit-tiny", "", "baseline",
+                 tuple(replace(r, suite=name) for r in runs))
+
+
+def store(root: Path, suite: Suite, run, status: str, **extra) -> Path:
+    path = results.record_path(root, suite.name, CPU.name, run.name)
+    results.write_atomic(path, {"suite": suite.name, "run": run.name, "device": CPU.name, "status": status,
+                                "run_key": run.key(CPU.name), "baseline": "baseline"} | extra)
+    return path
+
+
+def test_failures_that_may_be_transient_are_retried_and_deterministic_ones_kept(tmp_path):
+    runs = [spec(name=n, batch_size=2) for n in ("baseline", "hit-oom", "killed", "slow")]
+    suite = suite_of("s", *runs)
+    for run, status in zip(suite.runs, ("ok", "oom", "error", "timeout")):
+        store(tmp_path, suite, run, status)
+    decided = {t.spec.name: t.measure for t in resume.plan(suite, CPU.name, tmp_path)}
+    assert decided == {"baseline": False, "hit-oom": False, "killed": True, "slow": True}
+    kept = {t.spec.name: t.measure for t in resume.plan(suite, CPU.name, tmp_path, keep_failures=True)}
+    assert not any(kept.values())
+    log = io.StringIO()
+    records = sweep(suite, CPU, tmp_path, log=log)
+    assert {r["run"]: r["status"] for r in records} == {"baseline": "ok", "hit-oom": "oom", "killed": "ok",
+                                                        "slow": "ok"}
+    assert "running (retried: the stored record is 'error'" in log.getvalue()
+
+
+def test_an_interrupted_force_sweep_resumes_instead_of_starting_over(tmp_path):
+    runs = [spec(name="baseline", batch_size=2), spec(name="second", batch_size=2)]
+    suite = suite_of("s", *runs)
+    runs = suite.runs
+    old = [store(tmp_path, suite, r, "ok", stored_at="2020-01-01T00:00:00+00:00") for r in runs]
+    folder = results.suite_folder(tmp_path, "s", CPU.name)
+    since = resume.forced_since(folder, force=True)  # a --force sweep began ...
+    store(tmp_path, suite, runs[0], "ok", stored_at=since[:-6] + "9+00:00")  # ... measured the first, and stopped
+    decided = [t.measure for t in resume.plan(suite, CPU.name, tmp_path, forced_since=since)]
+    assert decided == [False, True]  # the same command, with or without --force, goes on from there
+    assert resume.forced_since(folder, force=False) == since
+    sweep(suite, CPU, tmp_path)  # without --force: the marker still holds, so 'second' is re-measured
+    assert results.read(old[1])["stored_at"] > since
+    assert not (folder / resume.FORCE_MARKER).exists()  # complete: later sweeps keep records again
+    assert not any(t.measure for t in resume.plan(suite, CPU.name, tmp_path))
+
+
+def test_a_quick_look_without_fidelity_keeps_the_complete_record(tmp_path):
+    full = spec(name="baseline", batch_size=2, fidelity_cpu=Fidelity(steps=2, seeds=1, batch_size=8))
+    suite = suite_of("s", full)
+    path = store(tmp_path, suite, suite.runs[0], "ok", accuracy=0.5)
+    (task,) = resume.plan(suite, CPU.name, tmp_path, fidelity=False)
+    assert not task.measure and task.spec.fidelity_cpu is None
+    (record,) = sweep(suite, CPU, tmp_path, fidelity=False)
+    assert record["accuracy"] == 0.5 and results.read(path)["accuracy"] == 0.5
+
+
+def test_a_campaign_measures_runs_never_measured_here_before_the_others(tmp_path):
+    first = suite_of("first", spec(name="baseline", batch_size=2), spec(name="retried", batch_size=2))
+    second = suite_of("second", spec(name="baseline", batch_size=2))
+    store(tmp_path, first, first.runs[1], "timeout")  # measured here before: a retry waits for the new runs
+    log = io.StringIO()
+    records = campaign([first, second], CPU, tmp_path, log=log, never_measured_first=True, predict_jobs=1)
+    order = [line.split("] ")[1].split(":")[0] for line in log.getvalue().splitlines() if ": running (" in line]
+    assert order == ["first/baseline", "second/baseline", "first/retried"]
+    assert "left)" in log.getvalue()  # the ETA, from the runs measured so far
+    assert all(r["predicted_ahead"] and r["predicted_status"] == "ok" for rs in records.values() for r in rs)
