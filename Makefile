@@ -5,8 +5,12 @@ SUITE ?= smoke
 ARGS ?=
 VENV := .venv
 
+# The optional packages a GPU host lacks, installed from wheels/ by scripts/offline-wheels (see docs/gpu.md).
+OFFLINE_SITE := .wheels/site
+
 ifdef PYTHON
-RUN := PYTHONPATH=. $(PYTHON)
+# The user's own PYTHONPATH (their techniques and models) is kept, after this checkout.
+RUN := PYTHONPATH=.:$(OFFLINE_SITE)$(if $(PYTHONPATH),:$(PYTHONPATH)) $(PYTHON)
 DEPS :=
 # The host's pytest may lack pytest-xdist: the tests run in one process.
 TEST_PROCESSES :=
@@ -18,7 +22,7 @@ TEST_PROCESSES := -n auto --maxprocesses 4
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: help bench report overview compare predict validate list test perf
+.PHONY: help bench gpu report overview compare predict validate list test perf
 
 help: ## this list
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -32,6 +36,11 @@ $(VENV)/.installed: pyproject.toml
 
 bench: $(DEPS) ## run (or resume) SUITE, then write its table and plots
 	$(RUN) -m bench run $(SUITE) $(ARGS)
+
+gpu: $(DEPS) ## on a CUDA host: every default suite, runs never measured there first (resumes; ETA), then CUDA tests
+	@if [ -d wheels ]; then scripts/offline-wheels install "$(or $(PYTHON),$(VENV)/bin/python)"; fi
+	$(RUN) -m bench campaign --device cuda $(ARGS)
+	$(RUN) -m pytest -m cuda -p no:cacheprovider
 
 predict: $(DEPS) ## predicted peak memory of SUITE at GPU shapes, no GPU needed (BUDGET=16GiB: what fits on a 16 GiB card)
 	$(RUN) -m bench predict $(SUITE) $(if $(BUDGET),--budget $(BUDGET)) $(if $(RESERVE),--reserve $(RESERVE)) $(ARGS)
@@ -54,5 +63,5 @@ list: $(DEPS) ## models and techniques with their options
 test: $(DEPS) ## the test suite (CPU; CUDA tests skip without a GPU)
 	$(RUN) -m pytest $(TEST_PROCESSES)
 
-perf: $(DEPS) ## the harness's step against a hand-written loop: throughput and peak ratios (not in make test)
+perf: $(DEPS) ## the harness's step against a hand-written loop, and the run launchers side by side (not in make test)
 	$(RUN) -m pytest tests/perf -m perf --benchmark-enable -s

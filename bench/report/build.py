@@ -71,6 +71,9 @@ def _device_section(device: str, part: pd.DataFrame, records: list[dict], images
         blocks.append(Block("list", [f"**{r.run}**: {r.status}: {r.message}" for r in failed.itertuples()]))
     if base.get("fidelity_model"):
         blocks.append(Block("p", _fidelity_line(base)))
+    if monitors := _monitor_links(records, device):
+        blocks.append(Block("p", "The allocator's own account of each run's timed steps "
+                                 f"(`torch.cuda.memory_summary()`, the seed article's monitor): {monitors}."))
     blocks += [Block("h3", "Against the baseline, largest memory saving first"),
                Block("table", tables.savings(part))]
     no_breakdown = sorted(set(part.loc[part["status"] == "ok", "run"]) - set(plots.breakdown_frame(part).index))
@@ -78,6 +81,15 @@ def _device_section(device: str, part: pd.DataFrame, records: list[dict], images
         blocks.append(Block("p", "No at-peak breakdown (a compiled model the tracker cannot see, or a record "
                                  f"older than the breakdown): {', '.join(no_breakdown)}."))
     return blocks + [Block("image", p) for p in images]
+
+
+def _monitor_links(records: list[dict], device: str) -> str:
+    """Links to the files saved beside this device's records: memory summaries, and snapshots for memory_viz."""
+    folder = slug(device)
+    return ", ".join(f"[{r['run']}]({folder}/{r['memory_summary']})"
+                     + (f" ([snapshot]({folder}/{r['snapshot']}))" if r.get("snapshot") else "")
+                     for r in sorted(records, key=lambda r: r.get("run_index", 0))
+                     if r["device"] == device and r.get("memory_summary"))
 
 
 def provenance(part: pd.DataFrame, rec: dict) -> str:

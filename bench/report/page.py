@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,8 +63,9 @@ def html_page(blocks: list[Block], title: str) -> str:
 
 
 def _inline(text: str) -> str:
-    """Escaped text with Markdown's `code` and **bold** kept."""
-    parts = html.escape(text).split("`")
+    """Escaped text with Markdown's `code`, **bold** and [links](target) kept."""
+    text = re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", r"<a href='\2'>\1</a>", html.escape(text))
+    parts = text.split("`")
     text = "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
     parts = text.split("**")
     return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
