@@ -1,4 +1,4 @@
-"""Command line: python -m bench {run,campaign,report,predict,overview,compare,validate,list}."""
+"""Command line: python -m bench {run,campaign,fit,report,predict,overview,compare,validate,list}."""
 
 from __future__ import annotations
 
@@ -84,6 +84,16 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument("--jobs", type=_positive, default=min(os.cpu_count() or 1, 4),
                      help="processes predicting at once (default: the cores, at most 4; each takes about 1 GB)")
     pre.set_defaults(func=_predict)
+    fit = sub.add_parser("fit", help="the largest batch that really fits a budget, measured in probes, beside "
+                                     "the predicted one")
+    fit.add_argument("suite", help="suite name (suites/NAME.toml) or path")
+    fit.add_argument("--budget", required=True, help="the card's memory, e.g. 16GiB (on CUDA less --reserve "
+                                                     "is left to tensors; on a CPU, tracked tensor bytes)")
+    fit.add_argument("--reserve", default=None, help="CUDA: held back for the context and workspaces (default 1GiB)")
+    fit.add_argument("--only", metavar="PATTERNS", help="comma-separated run names or globs")
+    fit.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    fit.add_argument("--results", type=Path, default=Path("results"))
+    fit.set_defaults(func=_fit)
     ovr = sub.add_parser("overview", help="one page over every suite: the best combination per model")
     ovr.add_argument("--results", type=Path, default=Path("results"))
     ovr.set_defaults(func=_overview)
@@ -238,6 +248,34 @@ def _predict(args: argparse.Namespace) -> int:
     print(markdown(suite_table(list(suite.runs), measured, budget, jobs=args.jobs)))
     print(f"\nAssumed: {ASSUMPTIONS}.", file=sys.stderr)
     return 0
+
+
+def _fit(args: argparse.Namespace) -> int:
+    from bench import suite as suites
+    from bench.fit import fit_suite
+    from bench.predict import RESERVE, parse_size, tensor_budget
+    from bench.runner import detect
+
+    args.slurm, args.snapshot = None, False
+    refuse_unusable_flags(args)
+    device = detect(args.device)
+    try:
+        budget = (tensor_budget(args.budget, args.reserve or RESERVE) if device.type == "cuda"
+                  else parse_size(args.budget))
+    except ValueError as exc:
+        raise BadInput(str(exc)) from exc
+    suite = suites.load(suite_path(args.suite))
+    if args.only:
+        suite = suites.select(suite, args.only.split(","))
+    rows = fit_suite([r for r in suite.runs if r.mode == "train" and r.nproc == 1], device, budget, args.results)
+    print("| run | measured largest batch | predicted | prediction |\n|---|---|---|---|")
+    for r in rows:
+        verdict = ("error: " + r["message"] if r["status"] != "ok" else
+                   "nothing fits" if r.get("measured_largest_batch") is None else
+                   "⚠ promises an OOM" if r.get("promises_oom") else
+                   "within 5% below" if r.get("within_5pct_below") else "safe, more than 5% below")
+        print(f"| {r['run']} | {r.get('measured_largest_batch')} | {r['predicted_largest_batch']} | {verdict} |")
+    return 1 if any(r.get("promises_oom") or r["status"] != "ok" for r in rows) else 0
 
 
 def _overview(args: argparse.Namespace) -> int:

@@ -14,7 +14,10 @@ class BadInput(Exception):
 class SuiteError(Exception):
     """Every problem found in a suite file, one per line."""
 
+    SHOWN = 50  # a generated suite can hold thousands; the first ones say what is wrong
+
     def __init__(self, path: Path, problems: list[str]) -> None:
         self.path, self.problems = path, problems
-        lines = "\n".join(f"  {path}: {p}" for p in problems)
-        super().__init__(f"{len(problems)} problem(s) in suite {path}:\n{lines}")
+        lines = "\n".join(f"  {path}: {p}" for p in problems[:self.SHOWN])
+        more = f"\n  … and {len(problems) - self.SHOWN} more" if len(problems) > self.SHOWN else ""
+        super().__init__(f"{len(problems)} problem(s) in suite {path}:\n{lines}{more}")

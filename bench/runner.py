@@ -44,7 +44,7 @@ def detect(requested: str = "auto") -> Device:
     return Device(kind, device_name(kind), torch.cuda.device_count() if kind == "cuda" else 1)
 
 
-def sweep(suite: Suite, device: Device, results_root: Path, force: bool = False, log: TextIO = sys.stderr,
+def sweep(suite: Suite, device: Device, results_root: Path, force: bool = False, log: TextIO | None = None,
           snapshot: bool = False, torchrun: tuple[str, ...] = (), **options: Any) -> list[dict[str, Any]]:
     """Run (or resume) every run of the suite; returns the records, stored and new. ``torchrun``: launcher
     arguments for multi-process runs instead of ``--standalone`` (``--nnodes 2 --rdzv-endpoint host:port``);
@@ -53,14 +53,14 @@ def sweep(suite: Suite, device: Device, results_root: Path, force: bool = False,
 
 
 def campaign(suites: list[Suite], device: Device, results_root: Path, force: bool = False,
-             log: TextIO = sys.stderr, snapshot: bool = False, torchrun: tuple[str, ...] = (),
+             log: TextIO | None = None, snapshot: bool = False, torchrun: tuple[str, ...] = (),
              fidelity: bool = True, keep_failures: bool = False, launcher: Launcher = "fork",
              predict_jobs: int = 0, never_measured_first: bool = False) -> dict[str, list[dict[str, Any]]]:
     """Every run of the suites in one sweep (see bench.resume for what is kept); returns each suite's
     records, stored and new. ``never_measured_first``: runs with no record of this device and key go before
     retries and re-measurements, so a lease that ends early has added the most. ``predict_jobs``: processes
     that predict the pending runs while the device measures (0: each run predicts itself)."""
-    revision, start = git_revision(), time.monotonic()
+    revision, start, log = git_revision(), time.monotonic(), log or sys.stderr  # stderr as it is now, not at import
     if launcher == "fork":
         launch.start_server()  # its imports go on while the sweep plans
     forced = {s.name: resume.forced_since(results.suite_folder(results_root, s.name, device.name), force)
@@ -143,10 +143,12 @@ def base_record(spec: RunSpec, device: Device, key: str, revision: str) -> dict[
 
 
 def run_isolated(spec: RunSpec, device: Device, snapshot: Path | None = None, torchrun: tuple[str, ...] = (),
-                 launcher: Launcher = "fork", prediction: dict[str, Any] | None = None) -> dict[str, Any]:
+                 launcher: Launcher = "fork", prediction: dict[str, Any] | None = None,
+                 budget: int | None = None) -> dict[str, Any]:
     """The run in its own process (``nproc`` > 1: its own torchrun, one process per rank); a crash or a
     timeout becomes a status, never an exception. With ``snapshot`` (CUDA), the instrumented step's
-    memory history is dumped there for memory_viz; with ``prediction``, made ahead, the run skips its own."""
+    memory history is dumped there for memory_viz; with ``prediction``, made ahead, the run skips its own;
+    with ``budget`` (bytes), more memory than that is out of memory (bench fit)."""
     if device.type == "cuda" and spec.nproc > device.count:
         return {"status": "unsupported", "message": f"needs {spec.nproc} GPUs per node; {device.count} visible"}
     own_env = {k: v for t in spec.techniques for k, v in t.build().env().items()}
@@ -155,7 +157,7 @@ def run_isolated(spec: RunSpec, device: Device, snapshot: Path | None = None, to
     with tempfile.TemporaryDirectory(prefix="bench-run-") as tmp:
         spec_path, out_path, err_path = (Path(tmp) / n for n in ("spec.json", "out.json", "stderr.txt"))
         job = {"spec": spec.to_dict(), "device_type": device.type, "snapshot": str(snapshot) if snapshot else None,
-               "prediction": prediction, "launched_at": time.time()}
+               "prediction": prediction, "launched_at": time.time(), "budget_bytes": budget}
         spec_path.write_text(json.dumps(job))
         argv = ["bench.worker", str(spec_path), str(out_path)]
         if spec.nproc > 1:
@@ -210,6 +212,10 @@ def _outcome(record: dict[str, Any]) -> str:
         delta = record.get("accuracy_delta")
         shown = delta is not None and record["run"] != record["baseline"]
         parts.append(f"accuracy {record['accuracy']:.1%}" + (f" ({delta * 100:+.1f} pt)" if shown else ""))
+    if record.get("fidelity_error"):
+        parts.append(f"fidelity phase failed: {record['fidelity_error']}")
+    if record.get("warning"):
+        parts.append(f"warning: {record['warning']}")
     return "ok, " + ", ".join(parts)
 
 

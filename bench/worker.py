@@ -41,6 +41,7 @@ from bench.train import Trainer
 
 Runner = Trainer | Predictor
 MEMORY_SUMMARY = "memory_summary_text"  # the runner saves it as <run>.memory.txt beside the record
+SLOW_FIRST_STEP = 3.0  # × the other timed steps' median: a first step this slow was not warmed up
 OOM_MESSAGES = ("out of memory", "not enough memory", "can't allocate memory")
 
 
@@ -134,7 +135,19 @@ def _timed_pass(trainer: Runner, batch: Batch, samples: int, ctx: RunContext) ->
         # The seed article's monitor, over the timed steps: the runner saves it beside the record.
         figures[MEMORY_SUMMARY] = torch.cuda.memory_summary(device)
     tokens = ctx.shapes.seq_len if ctx.model_spec.inputs == "tokens" else None
-    return figures | summarize(times, samples, tokens) | {"step_times_ms": times, "rss_peak_bytes": rss_peak_bytes()}
+    return (figures | summarize(times, samples, tokens) | _warm_up_check(times, ctx.shapes.warmup_steps)
+            | {"step_times_ms": times, "rss_peak_bytes": rss_peak_bytes()})
+
+
+def _warm_up_check(times: list[float], warmup_steps: int) -> dict[str, str]:
+    """A warning when the first timed step is far slower than the others: a one-off cost (compilation,
+    autotuning, torchao's first update) landed in the timed steps, and warm-up was too short for it."""
+    rest = sorted(times[1:])
+    if not rest or times[0] <= SLOW_FIRST_STEP * rest[len(rest) // 2]:
+        return {}
+    return {"warning": f"the first timed step took {times[0]:,.0f} ms against {rest[len(rest) // 2]:,.0f} ms for "
+                       f"the others: {warmup_steps} warm-up step(s) did not absorb a one-off cost; raise "
+                       "warmup_steps"}
 
 
 def _counts(trainer: Runner, figures: dict[str, Any]) -> dict[str, Any]:
@@ -163,6 +176,15 @@ def _fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str, A
         return {"fidelity_error": f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"}
 
 
+def over_budget(result: dict[str, Any], budget: int) -> dict[str, Any]:
+    """On a CPU, where no allocator can be limited, a budget holds against the tracked peak of live tensor
+    bytes, the figure a CPU run is measured by: a run over it is out of memory as it would be on a card."""
+    peak = result.get("peak_tensor_bytes")
+    if result["status"] != "ok" or peak is None or peak <= budget:
+        return {}
+    return {"status": "oom", "message": f"tracked peak {peak:,} bytes is over the budget of {budget:,} bytes"}
+
+
 def is_oom(exc: BaseException) -> bool:
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
         return True
@@ -178,9 +200,15 @@ def main(spec_path: str, out_path: str) -> int:
     spec = RunSpec.from_dict(job["spec"])
     group = distributed.join(job["device_type"], spec.timeout_s)
     device = distributed.device_of(job["device_type"], group)
+    budget = job.get("budget_bytes")
     try:
+        if budget and device.type == "cuda":  # a smaller card: the allocator refuses past the budget
+            torch.cuda.set_per_process_memory_fraction(budget / torch.cuda.get_device_properties(device).total_memory,
+                                                       device)
         result = measure(spec, device, job.get("snapshot") if group.rank == 0 else None, group,
                          job.get("prediction"), job.get("launched_at"))
+        if budget and device.type == "cpu":
+            result |= over_budget(result, budget)
     except Unsupported as exc:
         result = {"status": "unsupported", "message": str(exc)}
     except Exception as exc:  # noqa: BLE001  a failed run is a result, not a crash of the sweep

@@ -263,3 +263,10 @@ class ReportEnv(Technique):
 
     def proof(self, steps: int) -> dict[str, Any]:
         return {"seen": os.environ.get("BENCH_PROBE")}
+
+
+class RaisingChecks(Technique):
+    """A user's technique whose own validation has a bug."""
+
+    def problems(self, batch_size: int) -> list[str]:
+        raise ZeroDivisionError("division by zero")

@@ -45,8 +45,11 @@ def test_list_shows_techniques_with_their_options(capsys):
 
 
 def test_report_of_a_suite_never_run_exits_2(tmp_path, capsys):
+    assert main(["report", "smoke", "--results", str(tmp_path)]) == 2
+    assert "run `make bench SUITE=smoke` first" in capsys.readouterr().err
     assert main(["report", "nothing", "--results", str(tmp_path)]) == 2
-    assert "run `make bench SUITE=nothing` first" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "make bench SUITE=nothing" not in err and "no suite suites/nothing.toml either" in err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")

@@ -1,4 +1,4 @@
-"""The README's own-technique example, run exactly as written there."""
+"""The documentation's own-technique example (docs/techniques.md), run exactly as written there."""
 
 import json
 import os
@@ -11,10 +11,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def readme_file(name: str) -> str:
-    """The code block that follows ``<!-- file: NAME -->`` in the README."""
-    text = (ROOT / "README.md").read_text()
+    """The code block that follows ``<!-- file: NAME -->`` in docs/."""
+    text = "\n".join(p.read_text() for p in (ROOT / "docs").glob("*.md"))
     match = re.search(rf"<!-- file: {re.escape(name)} -->\s*```\w*\n(.*?)```", text, re.DOTALL)
-    assert match, f"README has no block for {name}"
+    assert match, f"docs/ has no block for {name}"
     return match.group(1)
 
 

@@ -251,3 +251,26 @@ def test_a_results_folder_that_cannot_be_written_stops_the_sweep_before_any_run(
     blocked.write_text("a file where the results folder should be")
     with pytest.raises(BadInput, match=f"cannot write records in {blocked}/test/cpu"):
         sweep(suite_of(spec(name="baseline")), CPU, blocked)
+
+
+def test_a_failed_fidelity_phase_shows_in_the_progress_line_the_table_and_the_report(tmp_path):
+    record = {"suite": "s", "run": "baseline", "baseline": "baseline", "device": "cpu", "status": "ok",
+              "run_index": 1, "samples_per_s": 2.0, "peak_tensor_bytes": 2**20,
+              "fidelity_error": "DataError: dataset 'mnist': expected 'digits'"}
+    assert _outcome(record).endswith("fidelity phase failed: DataError: dataset 'mnist': expected 'digits'")
+    finish(record, [], tmp_path)
+    build_report(tmp_path / "s")
+    report = (tmp_path / "s" / "report.md").read_text()
+    assert "| ok, fidelity failed |" in report
+    assert "**baseline**: fidelity phase failed: DataError: dataset 'mnist'" in report
+    assert "fidelity_error" in (tmp_path / "s" / "table.csv").read_text().splitlines()[0]
+
+
+def test_a_first_timed_step_far_slower_than_the_rest_warns_that_warm_up_was_short():
+    from bench.worker import _warm_up_check
+
+    assert _warm_up_check([30.0, 10.0, 11.0], 1) == {}
+    warned = _warm_up_check([900.0, 10.0, 11.0], 1)["warning"]
+    assert warned.startswith("the first timed step took 900 ms against 11 ms") and "raise warmup_steps" in warned
+    assert _outcome({"status": "ok", "run": "r", "baseline": "r", "samples_per_s": 1.0, "warning": warned}
+                    ).endswith(f"warning: {warned}")

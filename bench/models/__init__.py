@@ -83,6 +83,9 @@ class ModelSpec:
         """Mean cross-entropy. For next-token, ``labels`` are the input ids and position i is scored on
         token i + 1; the labels are shifted rather than the logits, so no copy of the (batch, seq, vocab)
         logits is made (transformers' causal-LM loss does the same)."""
+        if logits.shape[-1] < self.num_classes:  # else cross-entropy's 'Target 9 is out of bounds'
+            raise ValueError(f"model {self.name}: its logits are {logits.shape[-1]} wide but its spec says "
+                             f"num_classes = {self.num_classes}; make the model's output as wide as num_classes")
         if self.objective == "classify":
             return F.cross_entropy(logits, labels)
         following = F.pad(labels[:, 1:], (0, 1), value=IGNORE)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -17,31 +18,38 @@ from bench.suite import RunSpec
 RESERVE = "1GiB"
 
 
-def largest_batch(spec: RunSpec, budget: int, limit: int = 1 << 16,
-                  own: dict[str, Any] | None = None) -> int | None:
-    """The largest GPU batch whose predicted peak fits ``budget`` bytes (in multiples of the micro-batch
+def largest_batch(spec: RunSpec, budget: int, limit: int = 1 << 16, own: dict[str, Any] | None = None,
+                  peak: Callable[[int], float] | None = None, device_type: str = "cuda") -> int | None:
+    """The largest batch whose predicted peak fits ``budget`` bytes (in multiples of the micro-batch
     count, so every candidate is a valid run); None if none fits. A peak is close to linear in the batch
     (past the small batches where the optimizer step holds it), so the line through the last two
     predictions guesses the answer, and a guess the line gives again is confirmed by its neighbour: four
     to seven predictions a run, where doubling and bisection took about seventeen. A guess that does not
     halve the bracket twice in a row is followed by a doubling or bisection step, so a peak far from
     linear still gets the right answer in at most three times bisection's count.
-    ``own``: the prediction at the run's own batch, if made already (the line starts from it)."""
+    ``own``: the prediction at the run's own batch, if made already (the line starts from it). ``peak``: the
+    peak at a batch size (inf: it does not fit), instead of the prediction at ``device_type``'s shapes
+    (``bench fit`` measures it)."""
+    shapes = spec.shapes(device_type)
+
+    def predicted(batch: int, out: dict[str, Any] | None = None) -> float:
+        out = out or predict(spec, replace(shapes, batch_size=batch), cuda=device_type == "cuda")
+        return out["predicted_peak_tensor_bytes"] if out["predicted_status"] == "ok" else math.inf
+
     unit = max(int(dict(t.options).get("micro_batches", 1)) for t in spec.techniques) if spec.techniques else 1
     lo, hi = 0, limit // unit + 1  # in units: lo fits (0: none yet), hi does not (past the limit: assumed)
     points: list[tuple[int, float]] = []
 
     def probe(n: int, out: dict[str, Any] | None = None) -> None:
         nonlocal lo, hi
-        out = out or predict(spec, replace(spec.gpu, batch_size=n * unit))
-        peak = out["predicted_peak_tensor_bytes"] if out["predicted_status"] == "ok" else math.inf
-        points.append((n, peak))
-        lo, hi = (max(lo, n), hi) if peak <= budget else (lo, min(hi, n))
+        at = peak(n * unit) if peak is not None else predicted(n * unit, out)
+        points.append((n, at))
+        lo, hi = (max(lo, n), hi) if at <= budget else (lo, min(hi, n))
 
     probe(1)
     if lo == 0:
         return None
-    if lo < (mine := spec.gpu.batch_size // unit) < hi:  # far from 1, so the line through both is a good one
+    if lo < (mine := shapes.batch_size // unit) < hi:  # far from 1, so the line through both is a good one
         probe(mine, own)
     misses = 0  # guesses in a row that did not halve the bracket
     while hi - lo > 1:

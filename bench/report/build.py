@@ -19,7 +19,11 @@ def build_report(suite_dir: Path) -> list[Path]:
     """Aggregate every stored record of the suite; returns the files written (table, Markdown, HTML, plots)."""
     records = load_records(suite_dir)
     if not records:
-        raise FileNotFoundError(f"no records under {suite_dir}/*/; run `make bench SUITE={suite_dir.name}` first")
+        suite_file = Path("suites") / f"{suite_dir.name}.toml"
+        known = sorted({p.parent.parent.name for p in suite_dir.parent.glob("*/*/*.json")})
+        hint = (f"run `make bench SUITE={suite_dir.name}` first" if suite_file.exists() else
+                f"there is no suite {suite_file} either; suites with records: {', '.join(known) or 'none'}")
+        raise FileNotFoundError(f"no records under {suite_dir}/*/; {hint}")
     table = tables.summary(to_frame(records))
     plot_dir = suite_dir / "plots"
     plot_dir.mkdir(exist_ok=True)
@@ -69,6 +73,11 @@ def _device_section(device: str, part: pd.DataFrame, records: list[dict], images
     blocks = [Block("h2", device), Block("p", provenance(part, rec)), Block("table", tables.display(part))]
     if len(failed):
         blocks.append(Block("list", [f"**{r.run}**: {r.status}: {r.message}" for r in failed.itertuples()]))
+    if len(no_accuracy := part[part["fidelity_error"].notna()]):  # measured, but its accuracy is missing
+        blocks.append(Block("list", [f"**{r.run}**: fidelity phase failed: {r.fidelity_error}"
+                                     for r in no_accuracy.itertuples()]))
+    if len(warned := part[part["warning"].notna()]):
+        blocks.append(Block("list", [f"**{r.run}**: {r.warning}" for r in warned.itertuples()]))
     if base.get("fidelity_model"):
         blocks.append(Block("p", _fidelity_line(base)))
     if monitors := _monitor_links(records, device):

@@ -21,6 +21,9 @@ REGRESSIONS = ("memory", "throughput", "accuracy")  # what a run can regress in;
 def load_side(folder: Path, device: str | None = None) -> pd.DataFrame:
     """The ok records under a device folder (results/resnet/nvidia-h100…), a suite folder or a whole
     results root, from one device: ``device`` (a substring of its name) picks one where there are several."""
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: no such folder (expected results/, results/<suite>/ or "
+                                "results/<suite>/<device>/)")
     records = [r for depth in ("*.json", "*/*.json", "*/*/*.json") for p in sorted(folder.glob(depth))
                if (r := read(p)) is not None and "run" in r and "device" in r]
     if device:

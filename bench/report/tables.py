@@ -17,6 +17,7 @@ COLUMNS = [
     "samples_per_s", "tokens_per_s", "step_time_ms_median", "step_time_ms_p25", "step_time_ms_p75",
     "memory_vs_baseline", "throughput_vs_baseline",
     "accuracy", "accuracy_delta", "accuracy_band", "outside_band", "grad_cosine", "fidelity_agreement",
+    "fidelity_error", "warning",
     "final_loss", "predicted_peak_tensor_bytes", "predicted_vs_measured", "flops_per_step", "mfu",
     *[f"at_peak_{p}_bytes" for p in BREAKDOWN], "cache_slack_bytes", "context_bytes", "git_revision",
     "weights", "weights_sha256", "torch_version", "finished_at", "wall_s", "message",
@@ -106,7 +107,7 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
     show = pd.DataFrame({
         "run": table["run"],
         "batch": table["batch_size"],
-        "status": table["status"],
+        "status": table["status"].where(table["fidelity_error"].isna(), table["status"] + ", fidelity failed"),
         "peak MiB": (table["peak_bytes"] / 2**20).round(1),
         "peak in": table["peak_phase"],
         "activations MiB": (table["activation_bytes"] / 2**20).round(1),

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 from bench.models import ModelSpec
 from bench.suite.spec import DEVICES, Fidelity
-from bench.suite.values import model_spec, typed, weights
+from bench.suite.values import check_ranges, model_spec, typed, weights
 
 FIDELITY_KEYS = {
     "dataset": "'digits' (scikit-learn, offline), 'imagefolder:PATH' or 'hf:PATH' (save_to_disk)",
@@ -60,6 +61,13 @@ def _device(table: dict[str, Any], dev: str, own: Any, model: str | None, spec: 
     for key in ("steps", "batch_size", "image_size", "seeds"):
         if not values[key] or values[key] <= 0 or (key == "seeds" and values[key] < 2):
             found.append(f"{where(key)}{key}: must be {'at least 2' if key == 'seeds' else 'positive'}")
+    check_ranges({"lr": values["lr"]}, where("lr"), found)
+    dataset = values["dataset"]
+    if not (dataset == "digits" or dataset.startswith(("imagefolder:", "hf:"))):
+        found.append(f"{where('dataset')}dataset: {dataset!r} is not a dataset; {FIDELITY_KEYS['dataset']}")
+    elif ":" in dataset and not Path(dataset.split(":", 1)[1]).exists():
+        found.append(f"{where('dataset')}dataset: no folder {dataset.split(':', 1)[1]!r} "
+                     "(relative paths start where bench runs)")
     other = model_spec(values["model"], f"{where('model')}model", found)
     if other is not None and spec is not None and other.inputs != spec.inputs:
         found.append(f"{where('model')}model: {values['model']!r} takes {other.inputs} inputs and the suite's "

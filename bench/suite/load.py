@@ -7,6 +7,7 @@ naming the file, the key path and what is allowed. Nothing runs until a suite lo
 from __future__ import annotations
 
 import fnmatch
+import re
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +20,7 @@ from bench.suite.spec import DEFAULTS, DEVICES, MODES, STEP_KEYS, RunSpec, Shape
 from bench.suite.techniques import check_fidelity_batch, techniques
 from bench.suite.values import check_ranges, model_spec, typed, weights
 
+SUITE_NAME = re.compile(r"\w[\w.-]*")  # any script's letters; no separators, no leading dot
 TOP_KEYS = {
     "name": "suite name (defaults to the file name)",
     "description": "one line shown in reports",
@@ -47,6 +49,9 @@ def load(path: str | Path) -> Suite:
         nearby = sorted(p.stem for p in path.parent.glob("*.toml")) if path.parent.is_dir() else []
         hint = f"; suites in {path.parent}: {', '.join(nearby)}" if nearby and not path.exists() else ""
         raise SuiteError(path, [f"cannot read: {exc.strerror}{hint}"]) from None
+    except UnicodeDecodeError as exc:
+        raise SuiteError(path, [f"not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset {exc.start}; "
+                                "save the file as UTF-8"]) from None
     except tomllib.TOMLDecodeError as exc:
         raise SuiteError(path, [f"TOML syntax: {exc}"]) from None
     problems: list[str] = []
@@ -76,7 +81,7 @@ def without_fidelity(suite: Suite) -> Suite:
 def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
     for key in raw.keys() - TOP_KEYS.keys():
         problems.append(f"{key}: unknown key; allowed: {', '.join(TOP_KEYS)}")
-    name = typed(raw, "name", str, path.stem, problems)
+    name = _name(raw, path, problems)
     model = typed(raw, "model", str, None, problems)
     if model is None:
         problems.append(f"model: required; {TOP_KEYS['model']}")
@@ -107,6 +112,16 @@ def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
                             weights=suite_weights))
     description = typed(raw, "description", str, "", problems)
     return Suite(name, path, model or "", description, baseline or "", tuple(runs))
+
+
+def _name(raw: dict[str, Any], path: Path, problems: list[str]) -> str:
+    """The suite's name, which names its folder under results/: a plain folder name, never a path."""
+    name = typed(raw, "name", str, path.stem, problems)
+    if not SUITE_NAME.fullmatch(name) or name in (".", ".."):
+        given = "name" if "name" in raw else f"name (from the file name {path.name!r})"
+        problems.append(f"{given}: {name!r} cannot name a folder under results/; use letters, digits, '.', '_' "
+                        "and '-', starting with a letter or digit, e.g. name = \"my-suite\"")
+    return name
 
 
 def _nproc(entry: Entry, specs: tuple[TechniqueSpec, ...], problems: list[str]) -> int:

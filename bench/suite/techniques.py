@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import typing
 from dataclasses import fields
 from typing import Any, Literal
@@ -27,7 +28,7 @@ def techniques(raw: Any, where: str, batch: dict[str, int] | None, shapes: dict[
         for dev in DEVICES:
             if shapes is not None and dev in shapes:
                 size = batch[dev] if batch else shapes[dev].batch_size
-                for p in technique.problems(size):
+                for p in _own_problems(technique, spec.name, size):
                     problems.append(f"{where}: {spec.name} at {dev} batch_size {size}: {p}")
     ok = len(specs) == len(raw) and len(problems) == before
     return tuple(specs) if ok else None
@@ -38,8 +39,16 @@ def check_fidelity_batch(specs: tuple[TechniqueSpec, ...], fidelity: dict[str, F
     """The techniques at the fidelity phase's batch size (accumulation must divide it, too)."""
     for dev, fid in fidelity.items():
         for spec in specs if fid is not None else ():
-            for p in spec.build().problems(fid.batch_size):
+            for p in _own_problems(spec.build(), spec.name, fid.batch_size):
                 problems.append(f"{where}: {spec.name} at fidelity.{dev} batch_size {fid.batch_size}: {p}")
+
+
+def _own_problems(technique: Technique, name: str, batch_size: int) -> list[str]:
+    """The technique's own checks; one that raises is a problem of that technique, not a crash of the loader."""
+    try:
+        return technique.problems(batch_size)
+    except Exception as exc:  # noqa: BLE001  a user's technique may hold any bug
+        return [f"its problems() raised {type(exc).__name__}: {exc}; fix {name}'s problems()"]
 
 
 def _technique(item: Any, where: str, problems: list[str]) -> TechniqueSpec | None:
@@ -79,8 +88,8 @@ def _type_error(hint: Any, value: Any) -> str | None:
     if typing.get_origin(hint) is Literal:
         choices = typing.get_args(hint)
         return None if value in choices else f"must be one of {', '.join(map(repr, choices))}, got {value!r}"
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return None
+    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return None if math.isfinite(value) else f"must be a finite number, got {value}"
     if isinstance(value, hint) and not (hint is not bool and isinstance(value, bool)):
         return None
     return f"expected {hint.__name__}, got {type(value).__name__} {value!r}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,10 @@ def typed(table: dict[str, Any], key: str, kind: type, default: Any, problems: l
 
 
 def check_ranges(values: dict[str, Any], where: str, problems: list[str]) -> None:
+    """Every number a run is made of is finite and, but for the seed, positive (TOML allows nan and inf)."""
     for k, v in values.items():
-        if k in DEFAULTS and k != "seed" and isinstance(v, (int, float)) and v <= 0:
-            problems.append(f"{where}{k}: must be > 0, got {v}")
+        if k in DEFAULTS and k != "seed" and isinstance(v, (int, float)) and not (math.isfinite(v) and v > 0):
+            problems.append(f"{where}{k}: must be a finite number > 0, got {v}")
 
 
 def model_spec(name: str | None, where: str, problems: list[str]) -> ModelSpec | None:

@@ -118,7 +118,9 @@ def test_markdown_lists_failed_runs_with_their_reason_and_provenance(suite_dir):
 
 
 def test_report_without_records_says_what_to_run(tmp_path):
-    with pytest.raises(FileNotFoundError, match="make bench SUITE=nothing"):
+    with pytest.raises(FileNotFoundError, match="run `make bench SUITE=smoke` first"):
+        build_report(tmp_path / "smoke")  # suites/smoke.toml exists: it has not been run
+    with pytest.raises(FileNotFoundError, match="there is no suite suites/nothing.toml either"):
         build_report(tmp_path / "nothing")
 
 

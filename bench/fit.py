@@ -1,0 +1,98 @@
+"""``bench fit``: the largest batch that really fits a memory budget, measured, beside the predicted one.
+
+Each probe is a run of its own (one warm-up and one timed step, no fidelity phase) at one batch size. On
+CUDA the process's allocator is limited to the budget (``torch.cuda.set_per_process_memory_fraction``),
+so a batch that does not fit runs out of memory as on a smaller card; on a CPU, which has no allocator to
+limit, the budget holds against the tracked peak of live tensor bytes. The search is the prediction's
+(bench.predict.budget): a line through the last two peaks, with bisection behind it.
+
+The prediction must never promise a batch that runs out of memory (predicted ≤ measured), and should lie
+within 5% below the measured largest batch.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TextIO
+
+from bench import results
+from bench.predict import largest_batch
+from bench.runner import Device, run_isolated
+from bench.suite import RunSpec
+
+CLOSE = 0.05  # how far below the measured largest batch the predicted one may lie
+
+
+class ProbeFailed(Exception):
+    """A probe ended in neither ok nor oom: the run cannot be fitted here (its status and message)."""
+
+
+def fit_run(spec: RunSpec, device: Device, budget: int, limit: int = 4096) -> dict[str, Any]:
+    """One run's measured and predicted largest batch under ``budget`` bytes, and each probe taken."""
+    shapes = spec.shapes(device.type)
+    probes: list[dict[str, Any]] = []
+
+    def measured_peak(batch: int) -> float:
+        probe = replace(spec, fidelity_gpu=None, fidelity_cpu=None,
+                        **{_field(device): replace(shapes, batch_size=batch, warmup_steps=1, measure_steps=1)})
+        out = run_isolated(probe, device, budget=budget)
+        probes.append({"batch_size": batch, "status": out["status"], "peak_bytes": _peak(out)})
+        if out["status"] == "oom":
+            return math.inf
+        if out["status"] != "ok":
+            raise ProbeFailed(f"{out['status']} at batch {batch}: {out.get('message', '')}")
+        return _peak(out) or 0.0
+
+    row: dict[str, Any] = {"run": spec.name, "budget_bytes": budget, "device": device.name}
+    row["predicted_largest_batch"] = largest_batch(spec, budget, limit, device_type=device.type)
+    try:
+        row["measured_largest_batch"] = largest_batch(spec, budget, limit, peak=measured_peak,
+                                                      device_type=device.type)
+        row["status"] = "ok"
+    except ProbeFailed as exc:
+        row |= {"status": "error", "message": str(exc)}
+    return row | {"probes": probes} | verdict(row)
+
+
+def verdict(row: dict[str, Any]) -> dict[str, Any]:
+    """Whether the prediction promised a batch that runs out of memory, and whether it lies close below."""
+    predicted, measured = row.get("predicted_largest_batch"), row.get("measured_largest_batch")
+    if predicted is None or measured is None:
+        return {}
+    return {"promises_oom": predicted > measured,
+            "within_5pct_below": measured * (1 - CLOSE) <= predicted <= measured}
+
+
+def fit_suite(runs: list[RunSpec], device: Device, budget: int, results_root: Path,
+              log: TextIO | None = None) -> list[dict[str, Any]]:
+    """Every run fitted, each stored under results/<suite>/<device>/fit/ as it is done."""
+    log = log or sys.stderr
+    rows = []
+    for i, spec in enumerate(runs, 1):
+        print(f"[{i}/{len(runs)}] {spec.name}: probing batch sizes under {budget / 2**30:.2f} GiB", file=log,
+              flush=True)
+        row = fit_run(spec, device, budget) | {"suite": spec.suite, "run_key": spec.key(device.name)}
+        folder = results.suite_folder(results_root, spec.suite, device.name) / "fit"
+        results.write_atomic(folder / f"{results.run_stem(spec.name)}@{budget}.json", row)
+        print(f"[{i}/{len(runs)}] {spec.name}: {said(row)}", file=log, flush=True)
+        rows.append(row)
+    return rows
+
+
+def said(row: dict[str, Any]) -> str:
+    if row["status"] != "ok":
+        return f"{row['status']}: {row['message']}"
+    flag = " ⚠ the prediction promises a batch that runs out of memory" if row.get("promises_oom") else ""
+    return (f"largest batch measured {row['measured_largest_batch']}, predicted {row['predicted_largest_batch']} "
+            f"({len(row['probes'])} probes){flag}")
+
+
+def _field(device: Device) -> str:
+    return "gpu" if device.type == "cuda" else "cpu"
+
+
+def _peak(out: dict[str, Any]) -> float | None:
+    return out.get("peak_allocated_bytes") or out.get("peak_tensor_bytes")

@@ -1,0 +1,128 @@
+"""Malformed suites, as users write them: each is refused at load with exit status 2, every problem named
+(file and key), no traceback, and nothing written anywhere; and the names that load, in any script, keep one
+record per run."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import cli, results
+from bench.errors import SuiteError
+from bench.provenance import device_name
+from tests.helpers import write_suite
+
+HEAD = 'model = "vit-tiny"\nbaseline = "baseline"\n'
+SHAPES = "[shapes.gpu]\nbatch_size = 4\nimage_size = 32\n[shapes.cpu]\nbatch_size = 2\nimage_size = 32\n"
+RUN = '[[runs]]\nname = "baseline"\ntechniques = []\n'
+GOOD = HEAD + SHAPES + RUN
+
+# (what is wrong, the suite's text, a phrase the message must hold)
+CORPUS = [
+    ("name escapes results/", 'name = "../../../tmp/x"\n' + GOOD, "name: '../../../tmp/x' cannot name a folder"),
+    ("empty name", 'name = ""\n' + GOOD, "name: '' cannot name a folder"),
+    ("name with a separator", 'name = "a/b"\n' + GOOD, "cannot name a folder"),
+    ("hidden-folder name", 'name = ".hidden"\n' + GOOD, "cannot name a folder"),
+    ("name is a number", "name = 3\n" + GOOD, "name: expected str"),
+    ("no model", 'baseline = "baseline"\n' + SHAPES + RUN, "model: required"),
+    ("unknown model", GOOD.replace("vit-tiny", "vit-huge-xl"), "unknown model 'vit-huge-xl'"),
+    ("unknown top key", "colour = 1\n" + GOOD, "colour: unknown key"),
+    ("no shapes", HEAD + RUN, "shapes: required table"),
+    ("no cpu shapes", HEAD + SHAPES.split("[shapes.cpu]")[0] + RUN, "shapes.cpu: required table"),
+    ("negative batch", GOOD.replace("batch_size = 2", "batch_size = -2"), "shapes.cpu.batch_size"),
+    ("string batch", GOOD.replace("batch_size = 2", 'batch_size = "2"'), "shapes.cpu.batch_size: expected int"),
+    ("unknown shape key", GOOD.replace("image_size = 32\n[shapes.cpu]", "image_size = 32\nseq = 3\n[shapes.cpu]"),
+     "shapes.gpu.seq: unknown key"),
+    ("lr nan", "lr = nan\n" + GOOD, "lr: must be a finite number > 0, got nan"),
+    ("lr negative", "lr = -1.0\n" + GOOD, "lr: must be a finite number > 0, got -1.0"),
+    ("timeout inf", "timeout_s = inf\n" + GOOD, "timeout_s: must be a finite number > 0, got inf"),
+    ("zero warm-up", "warmup_steps = 0\n" + GOOD, "warmup_steps: must be a finite number > 0"),
+    ("no runs", HEAD + SHAPES, "the suite has no runs"),
+    ("baseline missing", GOOD.replace('baseline = "baseline"', 'baseline = "fp32"'), "baseline: 'fp32' is not a run"),
+    ("duplicate run", GOOD + RUN, "duplicate run name 'baseline'"),
+    ("unknown technique", GOOD + '[[runs]]\nname = "x"\ntechniques = ["gradient-magic"]\n',
+     "unknown technique 'gradient-magic'"),
+    ("unknown option", GOOD + '[[runs]]\nname = "x"\ntechniques = [{ name = "amp", colour = 1 }]\n',
+     "colour: unknown option of amp"),
+    ("option nan", GOOD + '[[runs]]\nname = "x"\ntechniques = [{ name = "optimizer", lr = nan }]\n',
+     "lr: must be a finite number, got nan"),
+    ("option inf", GOOD + '[[runs]]\nname = "x"\ntechniques = [{ name = "optimizer", lr = inf }]\n',
+     "lr: must be a finite number, got inf"),
+    ("technique twice", GOOD + '[[runs]]\nname = "x"\ntechniques = ["checkpoint", "checkpoint"]\n', "listed twice"),
+    ("own problems() raises", GOOD + '[[runs]]\nname = "x"\ntechniques = ["tests.helpers:RaisingChecks"]\n',
+     "its problems() raised ZeroDivisionError: division by zero; fix tests.helpers:RaisingChecks's problems()"),
+    ("technique not importable", GOOD + '[[runs]]\nname = "x"\ntechniques = ["nowhere.at_all:Thing"]\n',
+     "nowhere.at_all"),
+    ("fidelity dataset unknown", GOOD + '[fidelity]\ndataset = "mnist"\n', "fidelity.dataset: 'mnist' is not a dataset"),
+    ("fidelity lr negative", GOOD + "[fidelity]\nlr = -0.1\n", "fidelity.lr: must be a finite number > 0"),
+    ("fidelity lr nan", GOOD + "[fidelity]\nlr = nan\n", "fidelity.lr: must be a finite number > 0, got nan"),
+    ("fidelity folder missing", GOOD + '[fidelity]\ndataset = "imagefolder:/no/such/folder"\n',
+     "fidelity.dataset: no folder '/no/such/folder'"),
+    ("fidelity one seed", GOOD + "[fidelity]\nseeds = 1\n", "fidelity.seeds: must be at least 2"),
+    ("matrix without sizes", GOOD + '[matrix]\ntechniques = { a = [] }\n', "matrix.batch_size: required"),
+    ("TOML syntax", GOOD + "[[runs]\n", "TOML syntax"),
+]
+
+
+@pytest.mark.parametrize("what,text,phrase", CORPUS, ids=[c[0] for c in CORPUS])
+def test_a_malformed_suite_exits_2_naming_the_problem_and_writes_nothing(what, text, phrase, tmp_path, capsys,
+                                                                          monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a write that escaped results/ would land beside the suite
+    path = write_suite(tmp_path, text)
+    code = cli.main(["run", str(path), "--device", "cpu", "--results", str(tmp_path / "results")])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_BAD_INPUT, err
+    assert phrase in err and f"{path}: " in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["s.toml"]  # nothing written, anywhere
+
+
+@pytest.mark.parametrize("raw", [b"\x00\x01\xff\xfe binary", 'description = "caf\xe9"\n'.encode("latin-1")],
+                         ids=["binary", "latin-1"])
+def test_a_suite_that_is_not_utf8_is_named_and_the_others_still_validate(raw, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "suites" / "bad.toml").write_bytes(raw)
+    (tmp_path / "suites" / "good.toml").write_text(GOOD)
+    assert cli.main(["validate"]) == cli.EXIT_BAD_INPUT
+    out = capsys.readouterr()
+    assert "suites/bad.toml: not UTF-8 text: byte 0x" in out.err and "save the file as UTF-8" in out.err
+    assert "ok: suites/good.toml" in out.out and "Traceback" not in out.err
+
+
+def test_a_huge_suite_shows_its_first_problems_and_counts_the_rest(tmp_path):
+    runs = "".join(f'[[runs]]\nname = "r{i}"\ntechniques = ["nope"]\n' for i in range(200))
+    with pytest.raises(SuiteError) as info:
+        from bench.suite import load
+
+        load(write_suite(tmp_path, GOOD + runs))
+    assert len(info.value.problems) == 200
+    text = str(info.value)
+    assert text.count("unknown technique 'nope'") == SuiteError.SHOWN and text.endswith("… and 150 more")
+
+
+def test_names_in_any_script_and_names_alike_keep_one_record_per_run(tmp_path, capsys):
+    names = ["baseline", "базовый", "чекпоинт", "🚀", "🔥", "amp bf16", "AMP-bf16", "检查点"]
+    text = HEAD + SHAPES + "warmup_steps = 1\nmeasure_steps = 1\n" + "".join(
+        f'[[runs]]\nname = "{n}"\ntechniques = []\n' for n in names)
+    code = cli.main(["run", str(write_suite(tmp_path, text)), "--device", "cpu", "--results", str(tmp_path / "r")])
+    assert code == 0, capsys.readouterr().err
+    stored = list((tmp_path / "r" / "s").glob("*/*.json"))
+    assert sorted(json.loads(p.read_text())["run"] for p in stored) == sorted(names)
+    assert {p.stem for p in stored} >= {"baseline", "базовый", "чекпоинт", "检查点"}  # readable where it can be
+    assert all(p.stat().st_mode & 0o777 == 0o644 for p in stored)
+    table = (tmp_path / "r" / "s" / "table.csv").read_text()
+    assert all(n in table for n in names)
+
+
+def test_a_record_of_the_wrong_shape_is_set_aside_and_measured_again(tmp_path, capsys):
+    path = write_suite(tmp_path, GOOD.replace(SHAPES, SHAPES + "warmup_steps = 1\nmeasure_steps = 1\n"))
+    record = results.record_path(tmp_path / "r", "s", device_name("cpu"), "baseline")
+    record.parent.mkdir(parents=True)
+    for wrong in ("[1, 2, 3]", '{"status": "ok"}'):
+        record.write_text(wrong)
+        assert cli.main(["report", str(tmp_path / "r" / "s")]) == cli.EXIT_BAD_INPUT  # no record: named, no crash
+        assert cli.main(["run", str(path), "--device", "cpu", "--results", str(tmp_path / "r")]) == 0
+        assert results.read(record)["status"] == "ok"
+        assert "unreadable record, treated as absent (not a record" in capsys.readouterr().err
+    assert sorted(p.read_text() for p in record.parent.glob("baseline.json.unreadable*")) == [
+        "[1, 2, 3]", '{"status": "ok"}']
