@@ -23,17 +23,34 @@ IGNORE = -100  # a language model's target after its last position, where there 
 
 
 def repeated_blocks(model: nn.Module) -> list[str]:
-    """The children of every ModuleList or Sequential whose two or more children share one class, outermost
-    first: this finds torchvision's ResNet stages and ViT encoder and BERT's layers, and most block stacks."""
+    """Dotted names of the repeated blocks, in module order: every run of two or more consecutive children of
+    one class in a ModuleList or Sequential (torchvision's ResNet stages and ViT encoder, BERT's layers, and
+    MobileNetV3's inverted residuals between its stem and head), then any other module of a class found so
+    (EfficientNet's stages of a single block). A run of plain containers is looked into, not wrapped."""
     found: list[str] = []
     for name, module in model.named_modules():
-        if any(name == b or name.startswith(f"{b}.") for b in found):
-            continue  # inside a block already found: its own lists are not separate units
-        children = list(module.named_children())
-        if (isinstance(module, (nn.ModuleList, nn.Sequential)) and len(children) >= 2
-                and len({type(c) for _, c in children}) == 1):
-            found += [f"{name}.{n}" if name else n for n, _ in children]
-    return found
+        if isinstance(module, (nn.ModuleList, nn.Sequential)) and not _inside(name, found):
+            found += [f"{name}.{child}" if name else child for child in _runs(module)]
+    classes = {type(model.get_submodule(b)) for b in found}
+    order = {n: i for i, (n, _) in enumerate(model.named_modules())}
+    single = [n for n, m in model.named_modules() if type(m) in classes and n not in found and not _inside(n, found)]
+    return sorted(found + single, key=order.__getitem__)
+
+
+def _runs(container: nn.Module) -> list[str]:
+    """Names of the children in runs of two or more consecutive children of one class (not a container)."""
+    runs: list[list[tuple[str, nn.Module]]] = []
+    for name, child in container.named_children():
+        if runs and type(runs[-1][-1][1]) is type(child):
+            runs[-1].append((name, child))
+        else:
+            runs.append([(name, child)])
+    return [n for run in runs if len(run) >= 2 and not isinstance(run[0][1], (nn.ModuleList, nn.Sequential))
+            for n, _ in run]
+
+
+def _inside(name: str, blocks: list[str]) -> bool:
+    return any(name == b or name.startswith(f"{b}.") for b in blocks)
 
 
 @dataclass(frozen=True)

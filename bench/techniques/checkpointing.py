@@ -74,7 +74,9 @@ class ActivationCheckpointing(Technique):
     def proof(self, steps: int) -> dict[str, Any]:
         # 2.0 per micro-batch means every wrapped block ran forward twice: once, and once to recompute.
         per_step = self.calls / (steps * len(self.blocks)) if steps and self.blocks else 0.0
-        return {"wrapped_modules": len(self.blocks), "block_forwards_per_step": per_step}
+        names = self.blocks if len(self.blocks) <= 4 else [*self.blocks[:3], "…", self.blocks[-1]]
+        return {"wrapped_modules": len(self.blocks), "wrapped_names": ", ".join(names),
+                "block_forwards_per_step": per_step}
 
 
 @TECHNIQUES.register("selective-checkpoint")

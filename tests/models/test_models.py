@@ -103,6 +103,7 @@ def test_a_users_model_runs_in_its_own_process_with_its_blocks_checkpointed():
     record = run_isolated(spec(USER, (tech("checkpoint"),)), Device("cpu", "cpu"))
     assert record["status"] == "ok", record
     assert record["proof"]["checkpoint.wrapped_modules"] == 3
+    assert record["proof"]["checkpoint.wrapped_names"] == "2.0, 2.1, 2.2"  # which ones, not only how many
     assert record["proof"]["checkpoint.block_forwards_per_step"] == 2.0  # each block ran twice: really wrapped
 
 
@@ -125,3 +126,14 @@ def test_lora_adapts_the_linears_named_on_a_users_model():
 def test_techniques_that_need_a_layout_say_so_on_a_users_model(technique, reason):
     model_spec = models.resolve(USER)
     assert technique.build().unsupported(RunContext(CPU, model_spec, Shapes(2, image_size=8), 1e-3)).startswith(reason)
+
+
+def test_blocks_are_found_where_a_container_holds_a_run_of_one_class_among_others():
+    from torchvision.models import efficientnet_b0, mobilenet_v3_small
+
+    from bench.models import repeated_blocks
+
+    mobile = repeated_blocks(mobilenet_v3_small())  # stem and head share the Sequential with the 11 blocks
+    assert mobile == [f"features.{i}" for i in range(1, 12)]
+    efficient = repeated_blocks(efficientnet_b0())  # stages 1 and 7 hold a single block each
+    assert len(efficient) == 16 and efficient[0] == "features.1.0" and efficient[-1] == "features.7.0"
