@@ -70,3 +70,8 @@ def test_torchaos_pytree_deprecation_lines_are_dropped_and_nothing_else(caplog):
                        "torch.compile as an opaque value type.")
         pytree.warning("another warning")
     assert [r.getMessage() for r in caplog.records] == ["another warning"]
+
+
+def test_compare_names_a_folder_that_does_not_exist(tmp_path, capsys):
+    assert main(["compare", str(tmp_path / "nowhere"), "results/smoke", "--out", str(tmp_path / "out")]) == 2
+    assert f"{tmp_path / 'nowhere'}: no such folder" in capsys.readouterr().err

@@ -137,3 +137,11 @@ def test_blocks_are_found_where_a_container_holds_a_run_of_one_class_among_other
     assert mobile == [f"features.{i}" for i in range(1, 12)]
     efficient = repeated_blocks(efficientnet_b0())  # stages 1 and 7 hold a single block each
     assert len(efficient) == 16 and efficient[0] == "features.1.0" and efficient[-1] == "features.7.0"
+
+
+def test_logits_narrower_than_num_classes_say_which_widths_disagree():
+    from dataclasses import replace
+
+    narrow = replace(models.resolve("vit-tiny"), num_classes=12)
+    with pytest.raises(ValueError, match="logits are 10 wide but its spec says num_classes = 12"):
+        narrow.loss(torch.zeros(4, 10), torch.tensor([0, 1, 9, 11]))
