@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 
@@ -75,3 +76,9 @@ def test_torchaos_pytree_deprecation_lines_are_dropped_and_nothing_else(caplog):
 def test_compare_names_a_folder_that_does_not_exist(tmp_path, capsys):
     assert main(["compare", str(tmp_path / "nowhere"), "results/smoke", "--out", str(tmp_path / "out")]) == 2
     assert f"{tmp_path / 'nowhere'}: no such folder" in capsys.readouterr().err
+
+
+def test_make_keeps_the_users_own_pythonpath_after_the_checkout():
+    shown = subprocess.run(["make", "-n", "bench", "PYTHON=python3", "SUITE=mine"], capture_output=True, text=True,
+                           env=os.environ | {"PYTHONPATH": "/my/techniques"}, check=True).stdout
+    assert "PYTHONPATH=.:.wheels/site:/my/techniques python3 -m bench run mine" in shown
