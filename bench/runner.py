@@ -63,6 +63,7 @@ def campaign(suites: list[Suite], device: Device, results_root: Path, force: boo
     revision, start, log = git_revision(), time.monotonic(), log or sys.stderr  # stderr as it is now, not at import
     if launcher == "fork":
         launch.start_server()  # its imports go on while the sweep plans
+    results.check_writable(results_root, [s.name for s in suites], device.name)  # before --force's marker
     forced = {s.name: resume.forced_since(results.suite_folder(results_root, s.name, device.name), force)
               for s in suites}
     tasks = [t for s in suites for t in resume.plan(s, device.name, results_root, fidelity, keep_failures,
@@ -78,7 +79,6 @@ def campaign(suites: list[Suite], device: Device, results_root: Path, force: boo
     print(f"{len(todo)} of {len(tasks)} runs to measure on {device.name}, records in {results_root}", file=log)
     if snapshot and device.type != "cuda":
         print(f"--snapshot: the allocator history is CUDA's; none is saved on {device.name}", file=log)
-    results.check_writable(results_root, [s.name for s in suites], device.name)
     launcher = _usable(launcher, device, log) if todo else launcher
     with Ahead([t.spec for t in todo], device.type, predict_jobs) as ahead:
         for i, t in enumerate(todo, 1):

@@ -5,11 +5,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench import resume, results
+from bench.provenance import device_name
 from bench.runner import Device, campaign, sweep
 from bench.suite import Fidelity, Suite
 from tests.helpers import spec
 
 CPU = Device("cpu", "cpu")
+CPU_NAME = device_name("cpu")
 
 
 def suite_of(name: str, *runs) -> Suite:
@@ -77,3 +79,16 @@ def test_a_campaign_measures_runs_never_measured_here_before_the_others(tmp_path
     assert order == ["first/baseline", "second/baseline", "first/retried"]
     assert "left)" in log.getvalue()  # the ETA, from the runs measured so far
     assert all(r["predicted_ahead"] and r["predicted_status"] == "ok" for rs in records.values() for r in rs)
+
+
+def test_bench_campaign_measures_the_suites_then_writes_their_reports_and_the_figures(tmp_path, capsys):
+    from bench import cli
+
+    root = tmp_path / "r"
+    assert cli.main(["campaign", "smoke", "--device", "cpu", "--no-fidelity", "--results", str(root)]) == 0
+    err = capsys.readouterr().err
+    assert "4 of 4 runs to measure" in err and "reports: " in err
+    assert (root / "smoke" / "report.html").exists() and (root / "overview" / "overview.html").exists()
+    assert f"| smoke | {CPU_NAME} | 4 | 4 | 4 |" in (root / "figures.md").read_text()  # coverage: all 4 entries
+    assert cli.main(["campaign", "smoke", "--device", "cpu", "--no-fidelity", "--results", str(root)]) == 0
+    assert "0 of 4 runs to measure" in capsys.readouterr().err  # the next lease resumes: nothing left here

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from bench.report import plots
+from bench.report.figures import write_figures
 from bench.report.page import Block, html_page, markdown
 from bench.report.tables import pareto_front, summary
 from bench.results import load_records, slug, to_frame
@@ -56,6 +57,7 @@ def build_overview(results: Path) -> list[Path]:
     tables = [summary(to_frame(load_records(p))) for p in suites]
     if not tables:
         raise FileNotFoundError(f"no suite records under {results}/*/*/; run `make bench SUITE=…` first")
+    figures = write_figures(results, {p.name: t for p, t in zip(suites, tables)})
     everything = pd.concat(tables, ignore_index=True)
     out = results / "overview"
     out.mkdir(exist_ok=True)
@@ -76,7 +78,7 @@ def build_overview(results: Path) -> list[Path]:
         blocks += [Block("h2", str(device)), Block("table", pd.DataFrame(rows)), Block("image", png)]
     written[0].write_text(markdown(blocks, out))
     written[1].write_text(html_page(blocks, "All suites: what to use"))
-    return written
+    return written + [figures]
 
 
 def _suite_grid(table: pd.DataFrame, device: str, path: Path) -> None:
