@@ -14,7 +14,7 @@ def test_budget_search_finds_the_largest_batch_that_fits_in_a_handful_of_predict
     run = spec("vit-tiny", (tech("accumulate", micro_batches=2),), batch_size=16)
     budget = predict(run, replace(run.gpu, batch_size=40))["predicted_peak_tensor_bytes"]
     calls = []
-    monkeypatch.setattr("bench.predict.budget.predict", lambda *a: calls.append(a) or predict(*a))
+    monkeypatch.setattr("bench.predict.budget.predict", lambda *a, **k: calls.append(a) or predict(*a, **k))
     best = largest_batch(run, budget)
     assert best is not None and best % 2 == 0 and best >= 40
     over = predict(run, replace(run.gpu, batch_size=best + 2))["predicted_peak_tensor_bytes"]
@@ -34,7 +34,7 @@ def test_budget_search_agrees_with_trying_every_batch(monkeypatch, peak):
     run = spec("vit-tiny", batch_size=16)
     calls = []
 
-    def fake(spec, shapes):
+    def fake(spec, shapes, cuda=True):
         calls.append(shapes.batch_size)
         value = peak(shapes.batch_size)
         return {"predicted_status": "ok", "predicted_peak_tensor_bytes": value} if value == value else \
