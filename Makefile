@@ -22,7 +22,7 @@ TEST_PROCESSES := -n auto --maxprocesses 4
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: help bench gpu report overview compare predict validate list test perf
+.PHONY: help bench gpu fit report overview compare predict validate list test perf
 
 help: ## this list
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -44,6 +44,9 @@ gpu: $(DEPS) ## on a CUDA host: every default suite, runs never measured there f
 
 predict: $(DEPS) ## predicted peak memory of SUITE at GPU shapes, no GPU needed (BUDGET=16GiB: what fits on a 16 GiB card)
 	$(RUN) -m bench predict $(SUITE) $(if $(BUDGET),--budget $(BUDGET)) $(if $(RESERVE),--reserve $(RESERVE)) $(ARGS)
+
+fit: $(DEPS) ## the largest batch of each SUITE run that really fits BUDGET=16GiB, measured in probes, beside the predicted one
+	$(RUN) -m bench fit $(SUITE) --budget $(or $(BUDGET),$(error BUDGET=… is required, e.g. BUDGET=16GiB)) $(ARGS)
 
 report: $(DEPS) ## rebuild results/SUITE/{table.csv,report.md,report.html,plots/} from stored records
 	$(RUN) -m bench report $(SUITE)
