@@ -8,6 +8,7 @@ pending runs' predictions ahead, in processes on the CPU cores, while the GPU me
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.pool
 import signal
 import time
 from multiprocessing.pool import AsyncResult
@@ -28,20 +29,23 @@ def predict_run(spec: RunSpec, device_type: str) -> dict[str, Any]:
     return out | {"prediction_s": round(time.perf_counter() - clock, 2)}
 
 
+def spawn_pool(processes: int) -> multiprocessing.pool.Pool:
+    """Processes that each import torch afresh (a fork of a process that has run torch ops may deadlock in its
+    thread pools). They ignore Ctrl-C: it reaches the parent only, which terminates the pool on its way out."""
+    return multiprocessing.get_context("spawn").Pool(processes, initializer=signal.signal,
+                                                     initargs=(signal.SIGINT, signal.SIG_IGN))
+
+
 class Ahead:
-    """Predictions of runs still to be measured, computed in ``jobs`` spawned processes in the order given
-    (spawned: a fork of a process that has run torch ops may deadlock in its thread pools). ``jobs`` = 0
-    makes none, and each run predicts itself."""
+    """Predictions of runs still to be measured, computed in ``jobs`` spawned processes in the order given;
+    ``jobs`` = 0 makes none, and each run predicts itself."""
 
     def __init__(self, specs: list[RunSpec], device_type: str, jobs: int) -> None:
         self._pool = None
         self._pending: dict[tuple[str, str], AsyncResult] = {}
         if jobs < 1 or not specs:
             return
-        context = multiprocessing.get_context("spawn")
-        # Ctrl-C reaches the sweep only, which closes the pool on its way out.
-        self._pool = context.Pool(min(jobs, len(specs)), initializer=signal.signal,
-                                  initargs=(signal.SIGINT, signal.SIG_IGN))
+        self._pool = spawn_pool(min(jobs, len(specs)))
         self._pending = {(s.suite, s.name): self._pool.apply_async(predict_run, (s, device_type)) for s in specs}
 
     def get(self, spec: RunSpec) -> dict[str, Any] | None:

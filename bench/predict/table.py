@@ -3,12 +3,11 @@ the measured peak beside it where a GPU measured the run, and what fits a budget
 
 from __future__ import annotations
 
-import multiprocessing
-import signal
 import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, TextIO
 
+from bench.predict.ahead import spawn_pool
 from bench.predict.budget import largest_batch
 from bench.predict.fake import predict
 from bench.suite import RunSpec
@@ -42,9 +41,7 @@ def _predicted_rows(runs: list[RunSpec], budget: int | None, jobs: int) -> Itera
     if processes <= 1:
         yield from map(_indexed_row, work)
         return
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(processes, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)) \
-            as pool:  # leaving the block terminates the processes, finished or not
+    with spawn_pool(processes) as pool:  # leaving the block terminates the processes, finished or not
         yield from pool.imap_unordered(_indexed_row, work)
 
 
