@@ -68,6 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     camp.add_argument("suites", nargs="*", default=list(CAMPAIGN), help=f"default: {' '.join(CAMPAIGN)}")
     camp.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     camp.add_argument("--results", type=Path, default=Path("results"), help="results root (default: results)")
+    camp.add_argument("--archive", type=Path, metavar="FILE.tgz",
+                      help="rewrite this archive of the suites' records on this device after every run "
+                           "(a leased machine that hands back one folder and may be cut off: $OUT/results.tgz)")
     _sweep_flags(camp)
     camp.set_defaults(func=_campaign)
     rep = sub.add_parser("report", help="tables and plots from stored results (no torch run)")
@@ -190,7 +193,8 @@ def _campaign(args: argparse.Namespace) -> int:
     refuse_unusable_flags(args)
     chosen = [suites.load(suite_path(name)) for name in args.suites]  # every file checked before anything runs
     device = detect(args.device)
-    records = campaign(chosen, device, args.results, never_measured_first=True, **_sweep_options(args, device.type))
+    records = campaign(chosen, device, args.results, never_measured_first=True, archive=args.archive,
+                       **_sweep_options(args, device.type))
     for suite in chosen:
         build_report(args.results / suite.name)
     print(f"reports: {', '.join(str(args.results / s.name / 'report.html') for s in chosen)}; "

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import sys
+import tarfile
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
@@ -79,6 +80,20 @@ def save_beside(path: Path, suffix: str, text: str) -> str:
     except OSError as exc:
         print(f"warning: could not write {side}: {exc}", file=sys.stderr)
     return side.name
+
+
+def pack(archive: Path, results: Path, suites: list[str], device: str) -> None:
+    """The suites' records on this device (and the memory summaries beside them) as one .tar.gz, replaced
+    atomically: a machine that hands back one folder, and may be cut off at any moment, hands back every
+    record measured so far."""
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    tmp = archive.with_name(f".{archive.name}.tmp")
+    with tarfile.open(tmp, "w:gz") as tar:
+        for suite in suites:
+            folder = suite_folder(results, suite, device)
+            for path in sorted([*folder.glob("*.json"), *folder.glob("*.memory.txt"), *folder.glob("fit/*.json")]):
+                tar.add(path, arcname=path.relative_to(results.parent))
+    os.replace(tmp, archive)
 
 
 def check_writable(results: Path, suites: list[str], device: str) -> None:

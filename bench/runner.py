@@ -55,11 +55,13 @@ def sweep(suite: Suite, device: Device, results_root: Path, force: bool = False,
 def campaign(suites: list[Suite], device: Device, results_root: Path, force: bool = False,
              log: TextIO | None = None, snapshot: bool = False, torchrun: tuple[str, ...] = (),
              fidelity: bool = True, keep_failures: bool = False, launcher: Launcher = "fork",
-             predict_jobs: int = 0, never_measured_first: bool = False) -> dict[str, list[dict[str, Any]]]:
+             predict_jobs: int = 0, never_measured_first: bool = False,
+             archive: Path | None = None) -> dict[str, list[dict[str, Any]]]:
     """Every run of the suites in one sweep (see bench.resume for what is kept); returns each suite's
     records, stored and new. ``never_measured_first``: runs with no record of this device and key go before
     retries and re-measurements, so a lease that ends early has added the most. ``predict_jobs``: processes
-    that predict the pending runs while the device measures (0: each run predicts itself)."""
+    that predict the pending runs while the device measures (0: each run predicts itself). ``archive``: a
+    .tar.gz of the suites' records on this device, rewritten as each run is stored."""
     revision, start, log = git_revision(), time.monotonic(), log or sys.stderr  # stderr as it is now, not at import
     if launcher == "fork":
         launch.start_server()  # its imports go on while the sweep plans
@@ -91,6 +93,8 @@ def campaign(suites: list[Suite], device: Device, results_root: Path, force: boo
             record = base_record(t.spec, device, t.key, revision) | {
                 "run_index": t.suite.position(t.spec.name), "wall_s": round(time.monotonic() - clock, 1)}
             finish(record | outcome, records[t.suite.name], results_root)
+            if archive is not None:
+                results.pack(archive, results_root, [s.name for s in suites], device.name)
             print(f"[{i}/{len(todo)}] {label(t)}: {_outcome(records[t.suite.name][-1])}",
                   file=log, flush=True)
     for s in suites:

@@ -1,6 +1,7 @@
 """What a sweep keeps and what it measures again, and a campaign's order over several suites."""
 
 import io
+import tarfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -84,11 +85,14 @@ def test_a_campaign_measures_runs_never_measured_here_before_the_others(tmp_path
 def test_bench_campaign_measures_the_suites_then_writes_their_reports_and_the_figures(tmp_path, capsys):
     from bench import cli
 
-    root = tmp_path / "r"
-    assert cli.main(["campaign", "smoke", "--device", "cpu", "--no-fidelity", "--results", str(root)]) == 0
+    root, archive = tmp_path / "r", tmp_path / "out" / "results.tgz"
+    assert cli.main(["campaign", "smoke", "--device", "cpu", "--no-fidelity", "--results", str(root),
+                     "--archive", str(archive)]) == 0
     err = capsys.readouterr().err
     assert "4 of 4 runs to measure" in err and "reports: " in err
     assert (root / "smoke" / "report.html").exists() and (root / "overview" / "overview.html").exists()
     assert f"| smoke | {CPU_NAME} | 4 | 4 | 4 |" in (root / "figures.md").read_text()  # coverage: all 4 entries
+    with tarfile.open(archive) as tar:  # every record, as a leased machine hands it back
+        assert sorted(Path(n).name for n in tar.getnames()) == sorted(p.name for p in root.glob("smoke/*/*.json"))
     assert cli.main(["campaign", "smoke", "--device", "cpu", "--no-fidelity", "--results", str(root)]) == 0
     assert "0 of 4 runs to measure" in capsys.readouterr().err  # the next lease resumes: nothing left here
