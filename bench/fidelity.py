@@ -27,7 +27,7 @@ from bench.data.synthetic import Batch
 from bench.infer import Predictor, forward
 from bench.models import ModelSpec
 from bench.suite import Fidelity, RunSpec, Shapes
-from bench.techniques import RunContext
+from bench.techniques import RunContext, build
 from bench.train import Trainer
 
 EVAL_BATCH = 256
@@ -80,7 +80,7 @@ def _train_seed(spec: RunSpec, fid: Fidelity, model_spec: ModelSpec, shapes: Sha
 
     hooks = [p.register_post_accumulate_grad_hook(keep(n)) for n, p in model.named_parameters()]
     ctx = RunContext(device, model_spec, shapes, fid.lr)
-    trainer = Trainer(model, model_spec, [t.build() for t in spec.techniques], ctx, fid.lr)
+    trainer = Trainer(model, model_spec, [build(t) for t in spec.techniques], ctx, fid.lr)
     # The plain model's gradient on the same weights and batch, with the random state the run's first step
     # will see (the same dropout masks), restored afterwards.
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -103,7 +103,7 @@ def _inference_seed(spec: RunSpec, fid: Fidelity, model_spec: ModelSpec, shapes:
     batches = _batches(train, fid, seed, device, model_spec)
     losses = [plain.step(next(batches)) for _ in range(fid.steps)]
     reference = _evaluate(Predictor(plain.model, model_spec, [], ctx), test, device, classes)
-    served = Predictor(plain.model, model_spec, [t.build() for t in spec.techniques], ctx)
+    served = Predictor(plain.model, model_spec, [build(t) for t in spec.techniques], ctx)
     figures = _evaluate(served, test, device, classes)
     agree = (figures.pop("predictions") == reference["predictions"]).float().mean().item()
     final = torch.stack(losses[-LAST_STEPS:]).float().mean().item()

@@ -25,6 +25,7 @@ from bench.launch import Launcher
 from bench.predict import Ahead
 from bench.provenance import device_name, git_revision
 from bench.suite import RunSpec, Suite
+from bench.techniques import build
 
 STDERR_TAIL = 2000
 MEMORY_SUMMARY = "memory_summary_text"  # the worker's torch.cuda.memory_summary(), saved beside the record
@@ -155,7 +156,7 @@ def run_isolated(spec: RunSpec, device: Device, snapshot: Path | None = None, to
     with ``budget`` (bytes), more memory than that is out of memory (bench fit)."""
     if device.type == "cuda" and spec.nproc > device.count:
         return {"status": "unsupported", "message": f"needs {spec.nproc} GPUs per node; {device.count} visible"}
-    own_env = {k: v for t in spec.techniques for k, v in t.build().env().items()}
+    own_env = {k: v for t in spec.techniques for k, v in build(t).env().items()}
     if own_env or spec.nproc > 1:
         launcher = "fresh"  # see bench.launch: a fork would start with the server's environment, or one process
     with tempfile.TemporaryDirectory(prefix="bench-run-") as tmp:

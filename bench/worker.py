@@ -36,7 +36,7 @@ from bench.models.weights import digest
 from bench.predict import predict_run
 from bench.provenance import runtime_provenance
 from bench.suite import Fidelity, RunSpec
-from bench.techniques import RunContext, Technique, Unsupported
+from bench.techniques import RunContext, Technique, Unsupported, build
 from bench.train import Trainer
 
 Runner = Trainer | Predictor
@@ -54,7 +54,7 @@ def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None,
     model_spec = models.resolve(spec.model)
     shapes = spec.shapes(device.type)
     ctx = RunContext(device, model_spec, shapes, spec.lr, world_size=group.world_size, rank=group.rank)
-    techniques = [t.build() for t in spec.techniques]
+    techniques = [build(t) for t in spec.techniques]
     for t in techniques:
         if reason := t.unsupported(ctx):
             return {"status": "unsupported", "message": f"{t.name}: {reason}"}

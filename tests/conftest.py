@@ -7,7 +7,7 @@ from bench.data.synthetic import synthetic_batch
 from bench.infer import Predictor
 from bench import models
 from bench.suite import RunSpec
-from bench.techniques import RunContext
+from bench.techniques import RunContext, build
 from bench.train import Trainer
 
 CPU = torch.device("cpu")
@@ -37,7 +37,7 @@ def build_trainer(spec: RunSpec, device: torch.device = CPU) -> tuple[Trainer | 
     shapes = spec.shapes(device.type)
     torch.manual_seed(spec.seed)
     model = models.build_model(model_spec, shapes, spec.weights)[0].to(device)
-    techniques, ctx = [t.build() for t in spec.techniques], RunContext(device, model_spec, shapes, spec.lr)
+    techniques, ctx = [build(t) for t in spec.techniques], RunContext(device, model_spec, shapes, spec.lr)
     trainer = (Predictor(model, model_spec, techniques, ctx) if spec.mode == "inference"
                else Trainer(model, model_spec, techniques, ctx, spec.lr))
     return trainer, synthetic_batch(model_spec, shapes, spec.seed, device)

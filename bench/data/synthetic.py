@@ -9,7 +9,7 @@ import torch
 
 if TYPE_CHECKING:
     from bench.models import Inputs, ModelSpec
-    from bench.suite import Shapes
+    from bench.spec import Shapes
 
 Batch = tuple["Inputs", torch.Tensor]
 

@@ -16,7 +16,7 @@ from torch.nn import functional as F
 from bench.registry import Registry, import_object
 
 if TYPE_CHECKING:
-    from bench.suite import Shapes
+    from bench.spec import Shapes
 
 Inputs = torch.Tensor | dict[str, torch.Tensor]
 IGNORE = -100  # a language model's target after its last position, where there is no next token

@@ -13,7 +13,7 @@ from bench.models import ModelSpec, children_of, register
 if TYPE_CHECKING:
     from transformers import BertConfig
 
-    from bench.suite import Shapes
+    from bench.spec import Shapes
 
 NUM_LABELS = 10  # digits' ten classes (the accuracy phase trains on them)
 

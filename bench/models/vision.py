@@ -12,7 +12,7 @@ from torch import nn
 from bench.models import ModelSpec, children_of, register
 
 if TYPE_CHECKING:
-    from bench.suite import Shapes
+    from bench.spec import Shapes
 
 
 def _resnet50(shapes: Shapes) -> nn.Module:

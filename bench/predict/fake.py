@@ -23,7 +23,7 @@ from bench.measure.memory import tracked_step
 from bench.measure.tracker import CUDA_BLOCK, on_host
 from bench.predict.cuda import as_cuda, host_state
 from bench.suite import RunSpec, Shapes
-from bench.techniques import RunContext, Technique, Unsupported
+from bench.techniques import RunContext, Technique, Unsupported, build
 from bench.train import Trainer
 
 CPU = torch.device("cpu")
@@ -34,7 +34,7 @@ def predict(spec: RunSpec, shapes: Shapes | None = None, cuda: bool = True) -> d
     """Predicted peak and breakdown of one run at ``shapes`` (default: its GPU shapes); ``cuda`` models
     the CUDA allocator's granularity and CUDA-only techniques, else the CPU run as measured here."""
     shapes = shapes or spec.gpu
-    techniques = [t.build() for t in spec.techniques]
+    techniques = [build(t) for t in spec.techniques]
     if reason := next((f"{t.name}: {t.unpredictable}" for t in techniques if t.unpredictable), None):
         return {"predicted_status": "unpredictable", "predicted_message": reason}
     model_spec = models.resolve(spec.model)

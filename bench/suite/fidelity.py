@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.models import ModelSpec
-from bench.suite.spec import DEVICES, Fidelity
+from bench.spec import DEVICES, Fidelity
 from bench.suite.values import check_ranges, model_spec, typed, weights
 
 FIDELITY_KEYS = {

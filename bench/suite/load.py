@@ -1,4 +1,4 @@
-"""Reading a suite file: TOML → a Suite of RunSpecs (bench.suite.spec), or every problem at once.
+"""Reading a suite file: TOML → a Suite of RunSpecs (bench.spec), or every problem at once.
 
 Validation follows torchtune's habit: collect every problem, then raise once with all of them, each
 naming the file, the key path and what is allowed. Nothing runs until a suite loads cleanly.
@@ -15,10 +15,11 @@ from typing import Any, NamedTuple
 
 from bench.errors import SuiteError
 from bench.models import MODELS, ModelSpec
+from bench.spec import DEFAULTS, DEVICES, MODES, STEP_KEYS, RunSpec, Shapes, Suite, TechniqueSpec
 from bench.suite import fidelity as fidelity_table
-from bench.suite.spec import DEFAULTS, DEVICES, MODES, STEP_KEYS, RunSpec, Shapes, Suite, TechniqueSpec
 from bench.suite.techniques import check_fidelity_batch, techniques
 from bench.suite.values import check_ranges, model_spec, typed, weights
+from bench.techniques import build
 
 SUITE_NAME = re.compile(r"\w[\w.-]*")  # any script's letters; no separators, no leading dot
 TOP_KEYS = {
@@ -126,7 +127,7 @@ def _name(raw: dict[str, Any], path: Path, problems: list[str]) -> str:
 
 def _nproc(entry: Entry, specs: tuple[TechniqueSpec, ...], problems: list[str]) -> int:
     """Processes for the run: as written, else 2 where a technique is distributed; checked both ways."""
-    distributed = [t.name for t in specs if t.build().distributed]
+    distributed = [t.name for t in specs if build(t).distributed]
     nproc = entry.nproc or (2 if distributed else 1)
     where = entry.where.removesuffix(".techniques")
     if distributed and nproc < 2:

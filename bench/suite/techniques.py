@@ -7,8 +7,8 @@ import typing
 from dataclasses import fields
 from typing import Any, Literal
 
-from bench.suite.spec import DEVICES, MODES, Fidelity, Shapes, TechniqueSpec
-from bench.techniques import Technique, resolve
+from bench.spec import DEVICES, MODES, Fidelity, Shapes, TechniqueSpec
+from bench.techniques import Technique, build, resolve
 
 
 def techniques(raw: Any, where: str, batch: dict[str, int] | None, shapes: dict[str, Shapes] | None,
@@ -17,7 +17,7 @@ def techniques(raw: Any, where: str, batch: dict[str, int] | None, shapes: dict[
         problems.append(f"{where}: expected a list of names or {{ name = ..., option = ... }} tables")
         return None
     specs = [s for i, item in enumerate(raw) if (s := _technique(item, f"{where}[{i}]", problems)) is not None]
-    built = [s.build() for s in specs]
+    built = [build(s) for s in specs]
     before = len(problems)
     for spec, technique in zip(specs, built):
         if mode in MODES and mode not in technique.modes:
@@ -39,7 +39,7 @@ def check_fidelity_batch(specs: tuple[TechniqueSpec, ...], fidelity: dict[str, F
     """The techniques at the fidelity phase's batch size (accumulation must divide it, too)."""
     for dev, fid in fidelity.items():
         for spec in specs if fid is not None else ():
-            for p in _own_problems(spec.build(), spec.name, fid.batch_size):
+            for p in _own_problems(build(spec), spec.name, fid.batch_size):
                 problems.append(f"{where}: {spec.name} at fidelity.{dev} batch_size {fid.batch_size}: {p}")
 
 

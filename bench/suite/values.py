@@ -8,7 +8,7 @@ from typing import Any
 
 from bench import models
 from bench.models import ModelSpec
-from bench.suite.spec import DEFAULTS
+from bench.spec import DEFAULTS
 
 
 def typed(table: dict[str, Any], key: str, kind: type, default: Any, problems: list[str], where: str = "") -> Any:

@@ -24,11 +24,12 @@ from bench.techniques.base import (
     RunContext,
     Technique,
     Unsupported,
+    build,
     option,
     resolve,
 )
 
 __all__ = [
-    "ANY_MODE", "INFERENCE", "TECHNIQUES", "TRAIN", "NoOptions", "RunContext", "Technique", "Unsupported", "option",
-    "resolve",
+    "ANY_MODE", "INFERENCE", "TECHNIQUES", "TRAIN", "NoOptions", "RunContext", "Technique", "Unsupported", "build",
+    "option", "resolve",
 ]

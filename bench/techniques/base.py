@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from bench.data.synthetic import Batch
     from bench.models import ModelSpec
-    from bench.suite import Shapes
+    from bench.spec import Shapes, TechniqueSpec
 
 TECHNIQUES: Registry[type[Technique]] = Registry("technique")
 TRAIN, INFERENCE = frozenset({"train"}), frozenset({"inference"})
@@ -150,6 +150,12 @@ def resolve(name: str) -> type[Technique]:
     if not (isinstance(obj, type) and issubclass(obj, Technique)):
         raise KeyError(f"{name!r} is not a subclass of bench.techniques.Technique")
     return obj
+
+
+def build(spec: TechniqueSpec) -> Technique:
+    """The technique a suite entry names, configured with its options."""
+    cls = resolve(spec.name)
+    return cls(cls.Config(**dict(spec.options)))
 
 
 def options_doc(cls: type[Technique]) -> list[tuple[str, str, Any, str]]:

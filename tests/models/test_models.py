@@ -10,7 +10,7 @@ from bench.data.synthetic import split, synthetic_batch
 from bench.models import MODELS, ModelSpec, repeated_blocks
 from bench.runner import Device, run_isolated
 from bench.suite import Shapes
-from bench.techniques import RunContext
+from bench.techniques import RunContext, build
 from tests.conftest import build_trainer
 from tests.helpers import spec, tech
 
@@ -125,7 +125,7 @@ def test_lora_adapts_the_linears_named_on_a_users_model():
 ])
 def test_techniques_that_need_a_layout_say_so_on_a_users_model(technique, reason):
     model_spec = models.resolve(USER)
-    assert technique.build().unsupported(RunContext(CPU, model_spec, Shapes(2, image_size=8), 1e-3)).startswith(reason)
+    assert build(technique).unsupported(RunContext(CPU, model_spec, Shapes(2, image_size=8), 1e-3)).startswith(reason)
 
 
 def test_blocks_are_found_where_a_container_holds_a_run_of_one_class_among_others():

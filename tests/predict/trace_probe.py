@@ -19,7 +19,7 @@ import torch
 from bench import models
 from bench.predict import predict
 from bench.suite import RunSpec, load
-from bench.techniques import RunContext, Unsupported
+from bench.techniques import RunContext, Unsupported, build
 from tests.conftest import CPU, build_trainer
 from tests.helpers import spec
 
@@ -44,7 +44,7 @@ def runs() -> dict[str, RunSpec]:
 def runnable(run: RunSpec) -> bool:
     """What runs here for real: one process (no sharding), supported on a CPU, and predicted at all (compile and
     jit-trace are not, so they can leave nothing behind; compiling would take minutes)."""
-    built = [t.build() for t in run.techniques]
+    built = [build(t) for t in run.techniques]
     if any(t.distributed or t.unpredictable for t in built):
         return False
     ctx = RunContext(CPU, models.resolve(run.model), run.cpu, run.lr)

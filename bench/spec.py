@@ -1,4 +1,8 @@
-"""What a loaded suite is: frozen dataclasses the rest of the harness reads, and a run's identity."""
+"""What a loaded suite is: frozen dataclasses the rest of the harness reads, and a run's identity.
+
+The ground floor: plain values that import nothing from the project, so that models, data and techniques
+can take Shapes and a TechniqueSpec without reaching up to the suite loader (bench.techniques.build turns a
+TechniqueSpec into its technique)."""
 
 from __future__ import annotations
 
@@ -7,8 +11,6 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
-
-from bench.techniques import Technique, resolve
 
 DEVICES = ("gpu", "cpu")
 MODES = ("train", "inference")
@@ -45,10 +47,6 @@ class Fidelity:
 class TechniqueSpec:
     name: str
     options: tuple[tuple[str, Any], ...] = ()
-
-    def build(self) -> Technique:
-        cls = resolve(self.name)
-        return cls(cls.Config(**dict(self.options)))
 
     @property
     def label(self) -> str:
