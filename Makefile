@@ -51,7 +51,7 @@ fit: $(DEPS) ## the largest batch of each SUITE run that really fits BUDGET=16Gi
 report: $(DEPS) ## rebuild results/SUITE/{table.csv,report.md,report.html,plots/} from stored records
 	$(RUN) -m bench report $(SUITE)
 
-overview: $(DEPS) ## one page over every suite in results/: what to use, per model
+overview: $(DEPS) ## one page over every suite in results/: what to use, per model; and results/figures.md
 	$(RUN) -m bench overview
 
 compare: $(DEPS) ## per-run changes from A to B (result folders), regressions flagged: make compare A=… B=…
