@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        stored = ": finished runs are stored; run the same command again to resume" if args.func in (_run, _campaign) else ""
+        sweeping = args.func in (_run, _campaign)
+        stored = ": finished runs are stored; run the same command again to resume" if sweeping else ""
         print(f"\ninterrupted{stored}", file=sys.stderr)
         return 130
 
@@ -42,6 +43,12 @@ def interrupt(signum: int, frame: object) -> None:
 def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return int(text)
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 0, got {text!r}")
     return int(text)
 
 
@@ -128,7 +135,7 @@ def _sweep_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--launcher", choices=["fork", "fresh"], default="fork",
                    help="how each run's process starts: forked from a server that imported torch once "
                         "(default), or a fresh interpreter")
-    p.add_argument("--predict-jobs", type=int, default=None, metavar="N",
+    p.add_argument("--predict-jobs", type=_count, default=None, metavar="N",
                    help="processes predicting the pending runs while the device measures (default: on CUDA "
                         "the spare cores, at most 4; on a CPU 0, each run predicting itself, so that "
                         "predictions do not slow the measured steps)")
@@ -139,7 +146,7 @@ def _sweep_options(args: argparse.Namespace, device_type: str) -> dict[str, obje
     if jobs is None:
         jobs = min(4, (os.cpu_count() or 1) - 1) if device_type == "cuda" else 0
     return {"force": args.force, "keep_failures": args.keep_failures, "fidelity": not args.no_fidelity,
-            "launcher": args.launcher, "predict_jobs": max(jobs, 0)}
+            "launcher": args.launcher, "predict_jobs": max(jobs, 0)}  # a one-core host has no spare core
 
 
 def suite_path(name: str) -> Path:
@@ -208,6 +215,10 @@ def refuse_unusable_flags(args: argparse.Namespace) -> None:
         if args.snapshot:
             raise BadInput("--snapshot does not go with --slurm (the file would be written on the node); "
                            "take one on a GPU node with `bench run SUITE --only RUN --snapshot`")
+        # A Slurm job is one run in one fresh process, predicting itself; a failure is always resubmitted.
+        if ignored := [f for f, on in (("--keep-failures", args.keep_failures), ("--launcher", args.launcher != "fork"),
+                                       ("--predict-jobs", args.predict_jobs is not None)) if on]:
+            raise BadInput(f"{', '.join(ignored)}: for local sweeps only; leave them out with --slurm")
         if importlib.util.find_spec("submitit") is None:
             raise BadInput("--slurm needs submitit: pip install -e '.[cluster]' (or pip install submitit)")
     elif args.device == "cuda":

@@ -34,11 +34,8 @@ class Task:
     path: Path
     key: str
     stored: dict[str, Any] | None
-    reason: str  # why it is measured ("" when the stored record is kept), or why it is kept
-
-    @property
-    def measure(self) -> bool:
-        return self.stored is None or not self.reason.startswith("kept")
+    measure: bool  # False: the stored record is kept
+    reason: str  # why it is measured, or why it is kept
 
     @property
     def never_measured(self) -> bool:
@@ -55,21 +52,23 @@ def plan(suite: Suite, device_name: str, root: Path, fidelity: bool = True, keep
         path = results.record_path(root, suite.name, device_name, spec.name)
         key, stored = spec.key(device_name), results.read(path)
         keys = {key, full.key(device_name)}  # a record with the fidelity phase stands for one without
-        tasks.append(Task(suite, spec, path, key, stored, _decide(stored, keys, keep_failures, forced_since)))
+        tasks.append(Task(suite, spec, path, key, stored, *_decide(stored, keys, keep_failures, forced_since)))
     return tasks
 
 
-def _decide(stored: dict[str, Any] | None, keys: set[str], keep_failures: bool, forced_since: str | None) -> str:
+def _decide(stored: dict[str, Any] | None, keys: set[str], keep_failures: bool,
+            forced_since: str | None) -> tuple[bool, str]:
+    """(measure it?, why)."""
     if stored is None:
-        return "no stored record"
+        return True, "no stored record"
     if stored.get("run_key") not in keys:
-        return "the stored record measured another specification or device"
+        return True, "the stored record measured another specification or device"
     if forced_since is not None and str(stored.get("stored_at") or stored.get("finished_at", "")) < forced_since:
-        return f"stored before --force began ({forced_since})"
+        return True, f"stored before --force began ({forced_since})"
     status = stored["status"]
     if status in DETERMINISTIC or keep_failures:
-        return f"kept stored record ({status})"
-    return f"retried: the stored record is {status!r}, which may not recur (--keep-failures keeps it)"
+        return False, f"kept stored record ({status})"
+    return True, f"retried: the stored record is {status!r}, which may not recur (--keep-failures keeps it)"
 
 
 def forced_since(folder: Path, force: bool) -> str | None:

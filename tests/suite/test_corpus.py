@@ -53,7 +53,8 @@ CORPUS = [
      "its problems() raised ZeroDivisionError: division by zero; fix tests.helpers:RaisingChecks's problems()"),
     ("technique not importable", GOOD + '[[runs]]\nname = "x"\ntechniques = ["nowhere.at_all:Thing"]\n',
      "nowhere.at_all"),
-    ("fidelity dataset unknown", GOOD + '[fidelity]\ndataset = "mnist"\n', "fidelity.dataset: 'mnist' is not a dataset"),
+    ("fidelity dataset unknown", GOOD + '[fidelity]\ndataset = "mnist"\n',
+     "fidelity.dataset: 'mnist' is not a dataset"),
     ("fidelity lr negative", GOOD + "[fidelity]\nlr = -0.1\n", "fidelity.lr: must be a finite number > 0"),
     ("fidelity lr nan", GOOD + "[fidelity]\nlr = nan\n", "fidelity.lr: must be a finite number > 0, got nan"),
     ("fidelity folder missing", GOOD + '[fidelity]\ndataset = "imagefolder:/no/such/folder"\n',
@@ -108,7 +109,8 @@ def test_names_in_any_script_and_names_alike_keep_one_record_per_run(tmp_path, c
     assert code == 0, capsys.readouterr().err
     stored = list((tmp_path / "r" / "s").glob("*/*.json"))
     assert sorted(json.loads(p.read_text())["run"] for p in stored) == sorted(names)
-    assert {p.stem for p in stored} >= {"baseline", "базовый", "чекпоинт", "检查点"}  # readable where it can be
+    # readable where it can be
+    assert {p.stem for p in stored} >= {"baseline", "базовый", "чекпоинт", "检查点"}
     assert all(p.stat().st_mode & 0o777 == 0o644 for p in stored)
     table = (tmp_path / "r" / "s" / "table.csv").read_text()
     assert all(n in table for n in names)
