@@ -24,11 +24,10 @@ from torch import nn
 from bench import models
 from bench.data import real
 from bench.data.synthetic import Batch
-from bench.infer import Predictor, forward
+from bench.infer import forward
 from bench.models import ModelSpec
+from bench.recipe import Recipe, Runner
 from bench.suite import Fidelity, RunSpec, Shapes
-from bench.techniques import RunContext, build
-from bench.train import Trainer
 
 EVAL_BATCH = 256
 LAST_STEPS = 10  # final_loss: mean training loss over the last steps, less noisy than the very last one
@@ -54,7 +53,9 @@ def run_fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str
                     int(train.inputs.shape[1]) if model_spec.inputs == "tokens" else None)
     seeds = range(spec.seed, spec.seed + fid.seeds) if spec.name == spec.baseline else [spec.seed]
     one = _inference_seed if spec.mode == "inference" else _train_seed
-    results = [one(spec, fid, model_spec, shapes, train, test, seed, device, classes) for seed in seeds]
+    recipes = [Recipe.of(spec, device, shapes, model=fid.model, lr=fid.lr, seed=seed)
+               for seed in seeds]
+    results = [one(recipe, fid, train, test, classes) for recipe in recipes]
     out = {f"fidelity_{k}" if k not in ("accuracy", "final_loss", "grad_cosine") else k: v
            for k, v in results[0].items()}
     out |= {"fidelity_model": model_spec.name, "fidelity_weights": fid.weights, "fidelity_dataset": fid.dataset,
@@ -64,11 +65,11 @@ def run_fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str
     return out
 
 
-def _train_seed(spec: RunSpec, fid: Fidelity, model_spec: ModelSpec, shapes: Shapes, train: real.Labelled,
-                test: real.Labelled, seed: int, device: torch.device, classes: int) -> dict[str, Any]:
-    torch.manual_seed(seed)
-    model = models.build_model(model_spec, shapes, fid.weights)[0].to(device)
-    batches = _batches(train, fid, seed, device, model_spec)
+def _train_seed(recipe: Recipe, fid: Fidelity, train: real.Labelled, test: real.Labelled,
+                classes: int) -> dict[str, Any]:
+    model_spec, device = recipe.ctx.model_spec, recipe.ctx.device
+    model = recipe.model(fid.weights)[0]
+    batches = _batches(train, fid, recipe.seed, device, model_spec)
     first = next(batches)
     plain = copy.deepcopy(model)
     captured: dict[str, torch.Tensor] = {}
@@ -79,8 +80,7 @@ def _train_seed(spec: RunSpec, fid: Fidelity, model_spec: ModelSpec, shapes: Sha
         return lambda p: captured.__setitem__(name, p.grad.detach().float().clone())
 
     hooks = [p.register_post_accumulate_grad_hook(keep(n)) for n, p in model.named_parameters()]
-    ctx = RunContext(device, model_spec, shapes, fid.lr)
-    trainer = Trainer(model, model_spec, [build(t) for t in spec.techniques], ctx, fid.lr)
+    trainer = recipe.runner(model)
     # The plain model's gradient on the same weights and batch, with the random state the run's first step
     # will see (the same dropout masks), restored afterwards.
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -95,15 +95,14 @@ def _train_seed(spec: RunSpec, fid: Fidelity, model_spec: ModelSpec, shapes: Sha
     return figures | {"final_loss": final, "grad_cosine": _cosine(reference, captured)}
 
 
-def _inference_seed(spec: RunSpec, fid: Fidelity, model_spec: ModelSpec, shapes: Shapes, train: real.Labelled,
-                    test: real.Labelled, seed: int, device: torch.device, classes: int) -> dict[str, Any]:
-    torch.manual_seed(seed)
-    ctx = RunContext(device, model_spec, shapes, fid.lr)
-    plain = Trainer(models.build_model(model_spec, shapes, fid.weights)[0].to(device), model_spec, [], ctx, fid.lr)
-    batches = _batches(train, fid, seed, device, model_spec)
+def _inference_seed(recipe: Recipe, fid: Fidelity, train: real.Labelled, test: real.Labelled,
+                    classes: int) -> dict[str, Any]:
+    device = recipe.ctx.device
+    plain = recipe.runner(recipe.model(fid.weights)[0], [], inference=False)
+    batches = _batches(train, fid, recipe.seed, device, recipe.ctx.model_spec)
     losses = [plain.step(next(batches)) for _ in range(fid.steps)]
-    reference = _evaluate(Predictor(plain.model, model_spec, [], ctx), test, device, classes)
-    served = Predictor(plain.model, model_spec, [build(t) for t in spec.techniques], ctx)
+    reference = _evaluate(recipe.runner(plain.model, []), test, device, classes)
+    served = recipe.runner(plain.model)
     figures = _evaluate(served, test, device, classes)
     agree = (figures.pop("predictions") == reference["predictions"]).float().mean().item()
     final = torch.stack(losses[-LAST_STEPS:]).float().mean().item()
@@ -150,7 +149,7 @@ def _class_scores(model_spec: ModelSpec, logits: torch.Tensor, inputs: Any, clas
     return logits[torch.arange(len(logits)), before, real.LABEL_TOKEN:real.LABEL_TOKEN + classes]
 
 
-def _evaluate(runner: Trainer | Predictor, test: real.Labelled, device: torch.device,
+def _evaluate(runner: Runner, test: real.Labelled, device: torch.device,
               classes: int) -> dict[str, Any]:
     """Held-out accuracy and loss over the classes, through the techniques' own batch preparation and step
     contexts. Every batch has the same size (the last is padded with

@@ -18,10 +18,9 @@ from typing import Any
 
 import torch
 
-from bench import distributed, models
-from bench.data.synthetic import Batch, clone_batch, samples_in, synthetic_batch
+from bench import distributed
+from bench.data.synthetic import Batch, clone_batch, samples_in
 from bench.fidelity import run_fidelity
-from bench.infer import Predictor
 from bench.measure.flops import mfu
 from bench.measure.memory import (
     cuda_peaks,
@@ -36,10 +35,8 @@ from bench.models.weights import digest
 from bench.predict import predict_run
 from bench.provenance import runtime_provenance
 from bench.suite import Fidelity, RunSpec
-from bench.techniques import RunContext, Technique, Unsupported, build
-from bench.train import Trainer
-
-Runner = Trainer | Predictor
+from bench.recipe import Recipe, Runner
+from bench.techniques import RunContext, Technique, Unsupported
 MEMORY_SUMMARY = "memory_summary_text"  # the runner saves it as <run>.memory.txt beside the record
 SLOW_FIRST_STEP = 3.0  # × the other timed steps' median: a first step this slow was not warmed up
 OOM_MESSAGES = ("out of memory", "not enough memory", "can't allocate memory")
@@ -51,17 +48,14 @@ def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None,
     """One run, phase by phase: its own prediction (unless made ahead), build, warm-up, one instrumented step,
     the timed steps, and the fidelity phase; a technique that cannot run here ends it as unsupported before
     any of them. ``launched_at``: when the sweep launched the process (``startup_s`` counts from there)."""
-    model_spec = models.resolve(spec.model)
-    shapes = spec.shapes(device.type)
-    ctx = RunContext(device, model_spec, shapes, spec.lr, world_size=group.world_size, rank=group.rank)
-    techniques = [build(t) for t in spec.techniques]
-    for t in techniques:
-        if reason := t.unsupported(ctx):
-            return {"status": "unsupported", "message": f"{t.name}: {reason}"}
+    recipe = Recipe.of(spec, device, world_size=group.world_size, rank=group.rank)
+    ctx, techniques, shapes = recipe.ctx, recipe.techniques, recipe.ctx.shapes
+    if reason := recipe.unsupported():
+        return {"status": "unsupported", "message": reason}
     if prediction is None:
         prediction = predict_run(spec, device.type)  # before anything real is allocated
     clock = time.perf_counter()
-    trainer, batch, figures = _build(spec, techniques, ctx)
+    trainer, batch, figures = _build(spec, recipe)
     if launched_at is not None:  # process start, imports, prediction and build: what the device waited for
         figures["startup_s"] = round(time.time() - launched_at, 2)
     # Warm-up: allocator, cuDNN autotune, optimizer state, compilation. The first step is timed on its
@@ -86,19 +80,15 @@ def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None,
     return {"status": "ok", "message": "", **figures}
 
 
-def _build(spec: RunSpec, techniques: list[Technique], ctx: RunContext) -> tuple[Runner, Batch, dict[str, Any]]:
+def _build(spec: RunSpec, recipe: Recipe) -> tuple[Runner, Batch, dict[str, Any]]:
     """The model on its device, wrapped with its techniques in a trainer (or predictor); the synthetic batch
     every step takes; and what the build reports (what loading the weights found, their digest)."""
-    torch.manual_seed(spec.seed)
-    if ctx.device.type == "cuda":
+    if recipe.ctx.device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed shapes: let warm-up pick the fastest kernels
-    model, figures = models.build_model(ctx.model_spec, ctx.shapes, spec.weights)
+    model, figures = recipe.model(spec.weights)
     if spec.weights:  # once per run: the fidelity phase loads the same file again for each seed
         figures["weights_sha256"] = digest(spec.weights)
-    model = model.to(ctx.device)
-    trainer = (Predictor(model, ctx.model_spec, techniques, ctx) if spec.mode == "inference"
-               else Trainer(model, ctx.model_spec, techniques, ctx, spec.lr))
-    return trainer, synthetic_batch(ctx.model_spec, ctx.shapes, spec.seed, ctx.device), figures
+    return recipe.runner(model), recipe.batch(), figures
 
 
 def _memory_pass(trainer: Runner, batch: Batch, techniques: list[Technique], device: torch.device,

@@ -3,12 +3,8 @@ import os
 import pytest
 import torch
 
-from bench.data.synthetic import synthetic_batch
-from bench.infer import Predictor
-from bench import models
+from bench.recipe import Recipe, Runner
 from bench.suite import RunSpec
-from bench.techniques import RunContext, build
-from bench.train import Trainer
 
 CPU = torch.device("cpu")
 
@@ -30,14 +26,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def build_trainer(spec: RunSpec, device: torch.device = CPU) -> tuple[Trainer | Predictor, object]:
-    """The model and techniques of a spec, applied in this process, with its synthetic batch
-    (a Predictor for inference specs)."""
-    model_spec = models.resolve(spec.model)
-    shapes = spec.shapes(device.type)
-    torch.manual_seed(spec.seed)
-    model = models.build_model(model_spec, shapes, spec.weights)[0].to(device)
-    techniques, ctx = [build(t) for t in spec.techniques], RunContext(device, model_spec, shapes, spec.lr)
-    trainer = (Predictor(model, model_spec, techniques, ctx) if spec.mode == "inference"
-               else Trainer(model, model_spec, techniques, ctx, spec.lr))
-    return trainer, synthetic_batch(model_spec, shapes, spec.seed, device)
+def build_trainer(spec: RunSpec, device: torch.device = CPU) -> tuple[Runner, object]:
+    """The model and techniques of a spec, applied in this process as a run applies them, with its synthetic
+    batch (a Predictor for inference specs)."""
+    recipe = Recipe.of(spec, device)
+    return recipe.runner(recipe.model(spec.weights)[0]), recipe.batch()

@@ -16,15 +16,13 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
-from bench import models
-from bench.data.synthetic import clone_batch, synthetic_batch
-from bench.infer import Predictor
+from bench.data.synthetic import clone_batch
 from bench.measure.memory import tracked_step
 from bench.measure.tracker import CUDA_BLOCK, on_host
 from bench.predict.cuda import as_cuda, host_state
+from bench.recipe import Recipe
 from bench.suite import RunSpec, Shapes
-from bench.techniques import RunContext, Technique, Unsupported, build
-from bench.train import Trainer
+from bench.techniques import Unsupported
 
 CPU = torch.device("cpu")
 aten = torch.ops.aten
@@ -33,16 +31,13 @@ aten = torch.ops.aten
 def predict(spec: RunSpec, shapes: Shapes | None = None, cuda: bool = True) -> dict[str, Any]:
     """Predicted peak and breakdown of one run at ``shapes`` (default: its GPU shapes); ``cuda`` models
     the CUDA allocator's granularity and CUDA-only techniques, else the CPU run as measured here."""
-    shapes = shapes or spec.gpu
-    techniques = [build(t) for t in spec.techniques]
-    if reason := next((f"{t.name}: {t.unpredictable}" for t in techniques if t.unpredictable), None):
+    recipe = Recipe.of(spec, CPU, shapes or spec.gpu, predicting=cuda)
+    if reason := next((f"{t.name}: {t.unpredictable}" for t in recipe.techniques if t.unpredictable), None):
         return {"predicted_status": "unpredictable", "predicted_message": reason}
-    model_spec = models.resolve(spec.model)
-    ctx = RunContext(CPU, model_spec, shapes, spec.lr, predicting=cuda)
-    if reason := next((f"{t.name}: {r}" for t in techniques if (r := t.unsupported(ctx))), None):
+    if reason := recipe.unsupported():
         return {"predicted_status": "unsupported", "predicted_message": reason}
     try:
-        figures = _fake_step(spec, techniques, ctx, CUDA_BLOCK if cuda else 1)
+        figures = _fake_step(spec, recipe, CUDA_BLOCK if cuda else 1)
     except Unsupported as exc:  # a kernel CUDA would refuse: the run would be unsupported there too
         return {"predicted_status": "unsupported", "predicted_message": str(exc)}
     except Exception as exc:  # noqa: BLE001  a technique that needs real values (e.g. .item()) cannot be predicted
@@ -51,7 +46,8 @@ def predict(spec: RunSpec, shapes: Shapes | None = None, cuda: bool = True) -> d
     return {"predicted_status": "ok", **{f"predicted_{k}": v for k, v in figures.items()}}
 
 
-def _fake_step(spec: RunSpec, techniques: list[Technique], ctx: RunContext, rounding: int) -> dict[str, Any]:
+def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int) -> dict[str, Any]:
+    ctx, techniques = recipe.ctx, recipe.techniques
     backend = next((dict(t.options).get("backend", "flash") for t in spec.techniques if t.name == "sdpa"), None)
     # Pretrained weights (spec.weights) are not read: their values change no tensor's size.
     with torch.device("meta"):  # no initialisation work, and none of the init ops fake tensors refuse
@@ -60,12 +56,11 @@ def _fake_step(spec: RunSpec, techniques: list[Technique], ctx: RunContext, roun
     with FakeTensorMode(allow_non_fake_inputs=True), ScalarsReadAsOne(), OutputsAsReal(ctx.predicting), \
             parameters_as_real(), masks_as_real(), kernels:
         model = _fake_copy(model)
-        runner = (Predictor(model, ctx.model_spec, techniques, ctx) if spec.mode == "inference"
-                  else Trainer(model, ctx.model_spec, techniques, ctx, spec.lr))
+        runner = recipe.runner(model)
         compiled_update = any(t.compiled_update for t in techniques)
         if compiled_update:
             runner.optimizer.step = compiled_as_eager(runner.optimizer.step)
-        batch = synthetic_batch(ctx.model_spec, ctx.shapes, spec.seed, CPU)
+        batch = recipe.batch()
         # The warm-up step, as in the worker (optimizer state exists before the measured step), counts the
         # FLOPs: the counter's module tracking keeps recomputed activations alive, so it stays out of the
         # measured step.

@@ -3,7 +3,6 @@
 record per run."""
 
 import json
-from pathlib import Path
 
 import pytest
 

@@ -1,0 +1,65 @@
+"""One recipe for every run: a RunSpec becomes its model, its techniques and a Trainer (or Predictor) the same way
+in a measured run, a prediction on fake tensors, the fidelity phase and the tests, so that what is predicted and
+what is checked for accuracy is what was measured."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from bench import models
+from bench.data.synthetic import Batch, synthetic_batch
+from bench.infer import Predictor
+from bench.spec import RunSpec, Shapes
+from bench.techniques import RunContext, Technique, build
+from bench.train import Trainer
+
+Runner = Trainer | Predictor
+
+
+@dataclass
+class Recipe:
+    """A run's context and techniques (built once, applied in the suite's order), its mode and seed."""
+
+    ctx: RunContext
+    techniques: list[Technique]
+    inference: bool
+    seed: int
+
+    @classmethod
+    def of(cls, spec: RunSpec, device: torch.device, shapes: Shapes | None = None, *, model: str | None = None,
+           lr: float | None = None, seed: int | None = None, predicting: bool = False, world_size: int = 1,
+           rank: int = 0) -> Recipe:
+        """The recipe of ``spec`` on ``device`` at ``shapes`` (default: the spec's for that device type). The
+        fidelity phase names its stand-in ``model``, its ``lr`` and each ``seed``; ``predicting``: fake tensors
+        on the CPU standing for a CUDA run."""
+        lr = spec.lr if lr is None else lr
+        ctx = RunContext(device, models.resolve(model or spec.model), shapes or spec.shapes(device.type), lr,
+                         predicting=predicting, world_size=world_size, rank=rank)
+        return cls(ctx, [build(t) for t in spec.techniques], spec.mode == "inference",
+                   spec.seed if seed is None else seed)
+
+    def unsupported(self) -> str | None:
+        """The first technique's reason it cannot run here, as ``"name: reason"``; None when all can."""
+        return next((f"{t.name}: {r}" for t in self.techniques if (r := t.unsupported(self.ctx))), None)
+
+    def model(self, weights: str | None = None) -> tuple[nn.Module, dict[str, object]]:
+        """The plain model on the device, initialised from the seed (then ``weights``), with what loading found."""
+        torch.manual_seed(self.seed)
+        model, figures = models.build_model(self.ctx.model_spec, self.ctx.shapes, weights)
+        return model.to(self.ctx.device), figures
+
+    def runner(self, model: nn.Module, techniques: list[Technique] | None = None,
+               inference: bool | None = None) -> Runner:
+        """``model`` with ``techniques`` (default: the recipe's) applied, in a Trainer, or a Predictor for an
+        inference run; the fidelity phase trains an inference run's plain model first (``inference=False``)."""
+        techniques = self.techniques if techniques is None else techniques
+        if self.inference if inference is None else inference:
+            return Predictor(model, self.ctx.model_spec, techniques, self.ctx)
+        return Trainer(model, self.ctx.model_spec, techniques, self.ctx, self.ctx.lr)
+
+    def batch(self) -> Batch:
+        """The synthetic batch every measured step takes, from the seed."""
+        return synthetic_batch(self.ctx.model_spec, self.ctx.shapes, self.seed, self.ctx.device)
