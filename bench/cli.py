@@ -9,7 +9,12 @@ import shlex
 import sys
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from bench.errors import BadInput, SuiteError
+
+if TYPE_CHECKING:
+    from bench.launch import Launcher
 
 EXIT_BAD_INPUT = 2
 # make gpu's order: the training suites (with their fidelity phases), then inference, then the small ones.
@@ -141,12 +146,20 @@ def _sweep_flags(p: argparse.ArgumentParser) -> None:
                         "predictions do not slow the measured steps)")
 
 
-def _sweep_options(args: argparse.Namespace, device_type: str) -> dict[str, object]:
+def _sweep_options(args: argparse.Namespace) -> dict[str, object]:
+    return {"force": args.force, "keep_failures": args.keep_failures, "fidelity": not args.no_fidelity}
+
+
+def _local(args: argparse.Namespace, torchrun: tuple[str, ...] = ()) -> Launcher:
+    """This machine's launcher, as the flags ask."""
+    from bench.launch import detect
+    from bench.launch.local import Local
+
+    device = detect(args.device)
     jobs = args.predict_jobs
     if jobs is None:
-        jobs = min(4, (os.cpu_count() or 1) - 1) if device_type == "cuda" else 0
-    return {"force": args.force, "keep_failures": args.keep_failures, "fidelity": not args.no_fidelity,
-            "launcher": args.launcher, "predict_jobs": max(jobs, 0)}  # a one-core host has no spare core
+        jobs = min(4, (os.cpu_count() or 1) - 1) if device.type == "cuda" else 0
+    return Local(device, args.launcher, torchrun, args.snapshot, max(jobs, 0))  # a one-core host has no spare core
 
 
 def suite_path(name: str) -> Path:
@@ -161,7 +174,7 @@ def _run(args: argparse.Namespace) -> int:
     from bench.report import build_report
     from bench.report.tables import markdown, summary
     from bench.results import to_frame
-    from bench.runner import detect, sweep
+    from bench.runner import sweep
 
     refuse_unusable_flags(args)
     suite = suites.load(suite_path(args.suite))
@@ -169,20 +182,17 @@ def _run(args: argparse.Namespace) -> int:
         suite = suites.select(suite, args.only.split(","))
     torchrun = tuple(shlex.split(args.torchrun))
     if args.slurm is not None:
-        from bench.cluster import parse_options, sweep_slurm
+        from bench.launch.slurm import Slurm, parse_options
 
         try:
             options = parse_options(args.slurm)
         except ValueError as exc:
             raise BadInput(str(exc)) from exc
         device_type = "cuda" if args.device == "auto" else args.device  # the nodes', not this machine's
-        if args.no_fidelity:
-            suite = suites.without_fidelity(suite)
-        records = sweep_slurm(suite, device_type, args.results, options, args.force, torchrun)
+        launcher = Slurm(device_type, args.results / suite.name / ".submitit", options, torchrun)
     else:
-        device = detect(args.device)
-        records = sweep(suite, device, args.results, snapshot=args.snapshot, torchrun=torchrun,
-                        **_sweep_options(args, device.type))
+        launcher = _local(args, torchrun)
+    records = sweep(suite, launcher, args.results, **_sweep_options(args))
     print(markdown(summary(to_frame(records))))
     written = build_report(args.results / suite.name)
     print(f"report: {', '.join(str(p) for p in written[:2])}", file=sys.stderr)
@@ -194,14 +204,14 @@ def _campaign(args: argparse.Namespace) -> int:
     from bench import suite as suites
     from bench.report import build_report
     from bench.report.overview import build_overview
-    from bench.runner import campaign, detect
+    from bench.runner import campaign
 
     args.slurm, args.snapshot = None, False
     refuse_unusable_flags(args)
     chosen = [suites.load(suite_path(name)) for name in args.suites]  # every file checked before anything runs
-    device = detect(args.device)
-    records = campaign(chosen, device, args.results, never_measured_first=True, archive=args.archive,
-                       **_sweep_options(args, device.type))
+    launcher = _local(args)
+    records = campaign(chosen, launcher, args.results, never_measured_first=True, archive=args.archive,
+                       **_sweep_options(args))
     for suite in chosen:
         build_report(args.results / suite.name)
     print(f"reports: {', '.join(str(args.results / s.name / 'report.html') for s in chosen)}; "
@@ -215,8 +225,8 @@ def refuse_unusable_flags(args: argparse.Namespace) -> None:
         if args.snapshot:
             raise BadInput("--snapshot does not go with --slurm (the file would be written on the node); "
                            "take one on a GPU node with `bench run SUITE --only RUN --snapshot`")
-        # A Slurm job is one run in one fresh process, predicting itself; a failure is always resubmitted.
-        if ignored := [f for f, on in (("--keep-failures", args.keep_failures), ("--launcher", args.launcher != "fork"),
+        # A Slurm job is one run in one fresh process, predicting itself.
+        if ignored := [f for f, on in (("--launcher", args.launcher != "fork"),
                                        ("--predict-jobs", args.predict_jobs is not None)) if on]:
             raise BadInput(f"{', '.join(ignored)}: for local sweeps only; leave them out with --slurm")
         if importlib.util.find_spec("submitit") is None:
@@ -268,8 +278,8 @@ def _predict(args: argparse.Namespace) -> int:
 def _fit(args: argparse.Namespace) -> int:
     from bench import suite as suites
     from bench.fit import fit_suite
+    from bench.launch import detect
     from bench.predict import RESERVE, parse_size, tensor_budget
-    from bench.runner import detect
 
     args.slurm, args.snapshot = None, False
     refuse_unusable_flags(args)

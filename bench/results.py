@@ -13,9 +13,12 @@ import tarfile
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
+
+if TYPE_CHECKING:
+    from bench.spec import RunSpec
 
 STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
 REQUIRED = {"suite", "run", "device", "status"}  # what every reader of a record relies on
@@ -96,19 +99,34 @@ def pack(archive: Path, results: Path, suites: list[str], device: str) -> None:
     os.replace(tmp, archive)
 
 
-def check_writable(results: Path, suites: list[str], device: str) -> None:
-    """Before the first run: each suite's record folder can be made and written, so that a measurement is
-    never taken only to be lost. Raises BadInput naming the folder."""
+def check_writable(results: Path, suites: list[str], device: str | None) -> None:
+    """Before the first run: each suite's record folder (of ``device``; None: not known before the runs, the
+    suite's) can be made and written, so that a measurement is never taken only to be lost. Raises BadInput
+    naming the folder."""
     from bench.errors import BadInput
 
     for suite in suites:
-        folder = suite_folder(results, suite, device)
+        folder = suite_folder(results, suite, device) if device else results / suite
         try:
             folder.mkdir(parents=True, exist_ok=True)
             tempfile.TemporaryFile(dir=folder).close()
         except OSError as exc:
             raise BadInput(f"cannot write records in {folder}: {exc.strerror or exc}; make it writable or "
                            "pass --results FOLDER") from None
+
+
+def base_record(spec: RunSpec, device: str, device_type: str, key: str, revision: str) -> dict[str, Any]:
+    """What a record says of the run before it is measured: its identity, shapes and specification."""
+    shapes = spec.shapes(device_type)
+    return {
+        "suite": spec.suite, "run": spec.name, "model": spec.model, "baseline": spec.baseline,
+        "techniques": " + ".join(t.label for t in spec.techniques) or "baseline",
+        "device": device, "device_type": device_type,
+        "batch_size": shapes.batch_size, "image_size": shapes.image_size, "seq_len": shapes.seq_len,
+        "seed": spec.seed, "warmup_steps": shapes.warmup_steps, "measure_steps": shapes.measure_steps,
+        "nproc": spec.nproc,
+        "git_revision": revision, "run_key": key, "spec": spec.to_dict(),
+    }
 
 
 def read(path: Path, warn: bool = True) -> dict[str, Any] | None:

@@ -31,7 +31,7 @@ class Task:
 
     suite: Suite
     spec: RunSpec  # as it will run (without its fidelity phase under --no-fidelity)
-    path: Path
+    path: Path | None  # None: the device, and so the folder, is known only when the run comes back
     key: str
     stored: dict[str, Any] | None
     measure: bool  # False: the stored record is kept
@@ -43,17 +43,31 @@ class Task:
         return self.stored is None or self.stored.get("run_key") != self.key
 
 
-def plan(suite: Suite, device_name: str, root: Path, fidelity: bool = True, keep_failures: bool = False,
+def plan(suite: Suite, device_name: str | None, root: Path, fidelity: bool = True, keep_failures: bool = False,
          forced_since: str | None = None) -> list[Task]:
-    """Every run of the suite with what the sweep will do about it."""
+    """Every run of the suite with what the sweep will do about it. ``device_name`` None: the device is known
+    only where the runs go (a Slurm node), and a run's record of any device stands for it when its key matches."""
     tasks = []
     for full in suite.runs:
         spec = full if fidelity else replace(full, fidelity_gpu=None, fidelity_cpu=None)
-        path = results.record_path(root, suite.name, device_name, spec.name)
-        key, stored = spec.key(device_name), results.read(path)
-        keys = {key, full.key(device_name)}  # a record with the fidelity phase stands for one without
+        device = device_name or _measured_on(root, suite.name, full, spec)
+        if device is None:
+            tasks.append(Task(suite, spec, None, "", None, True, "no stored record of it on any device"))
+            continue
+        path = results.record_path(root, suite.name, device, spec.name)
+        key, stored = spec.key(device), results.read(path)
+        keys = {key, full.key(device)}  # a record with the fidelity phase stands for one without
         tasks.append(Task(suite, spec, path, key, stored, *_decide(stored, keys, keep_failures, forced_since)))
     return tasks
+
+
+def _measured_on(root: Path, suite: str, *specs: RunSpec) -> str | None:
+    """The device of a stored record of this run, on any device, with the key of one of ``specs`` there."""
+    for folder in sorted(p for p in (root / suite).glob("*") if p.is_dir()):
+        record = results.read(folder / f"{results.run_stem(specs[0].name)}.json", warn=False)
+        if record is not None and record.get("run_key") in {s.key(record["device"]) for s in specs}:
+            return record["device"]
+    return None
 
 
 def _decide(stored: dict[str, Any] | None, keys: set[str], keep_failures: bool,

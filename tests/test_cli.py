@@ -85,9 +85,9 @@ def test_make_keeps_the_users_own_pythonpath_after_the_checkout():
 
 
 def test_sweep_flags_a_slurm_sweep_would_ignore_are_refused(tmp_path, capsys):
-    assert main(["run", "smoke", "--slurm", "cluster=local", "--keep-failures", "--predict-jobs", "2",
+    assert main(["run", "smoke", "--slurm", "cluster=local", "--launcher", "fresh", "--predict-jobs", "2",
                  "--results", str(tmp_path)]) == 2
-    assert "--keep-failures, --predict-jobs: for local sweeps only" in capsys.readouterr().err
+    assert "--launcher, --predict-jobs: for local sweeps only" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["run", "smoke", "--predict-jobs", "-1"])
     assert "expected a whole number of at least 0" in capsys.readouterr().err

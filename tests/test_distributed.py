@@ -8,7 +8,9 @@ import torch
 
 from bench.distributed import merge
 from bench.models import MODELS
-from bench.runner import Device, run_isolated, sweep
+from bench.launch import Device
+from bench.launch.local import Local, run_isolated
+from bench.runner import sweep
 from bench.suite import Shapes, SuiteError, load
 from tests.helpers import spec, suite_problems, tech
 
@@ -24,7 +26,7 @@ def dist_records(tmp_path_factory):
     suite = load("suites/dist-smoke.toml")
     chosen = dataclasses.replace(suite, runs=tuple(r for r in suite.runs if r.name in
                                                    ("ddp", "fsdp", "tensor-parallel")))
-    records = sweep(chosen, CPU, tmp_path_factory.mktemp("dist"))
+    records = sweep(chosen, Local(CPU), tmp_path_factory.mktemp("dist"))
     return {r["run"]: r for r in records}
 
 

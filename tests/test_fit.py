@@ -5,7 +5,7 @@ import torch
 
 from bench import results
 from bench.fit import fit_suite, verdict
-from bench.runner import Device
+from bench.launch import Device
 from bench.worker import over_budget
 from tests.helpers import spec
 

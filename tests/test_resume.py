@@ -7,7 +7,9 @@ from pathlib import Path
 
 from bench import resume, results
 from bench.provenance import device_name
-from bench.runner import Device, campaign, sweep
+from bench.launch import Device
+from bench.launch.local import Local
+from bench.runner import campaign, sweep
 from bench.suite import Fidelity, Suite
 from tests.helpers import spec
 
@@ -37,7 +39,7 @@ def test_failures_that_may_be_transient_are_retried_and_deterministic_ones_kept(
     kept = {t.spec.name: t.measure for t in resume.plan(suite, CPU.name, tmp_path, keep_failures=True)}
     assert not any(kept.values())
     log = io.StringIO()
-    records = sweep(suite, CPU, tmp_path, log=log)
+    records = sweep(suite, Local(CPU), tmp_path, log=log)
     assert {r["run"]: r["status"] for r in records} == {"baseline": "ok", "hit-oom": "oom", "killed": "ok",
                                                         "slow": "ok"}
     assert "running (retried: the stored record is 'error'" in log.getvalue()
@@ -54,7 +56,7 @@ def test_an_interrupted_force_sweep_resumes_instead_of_starting_over(tmp_path):
     decided = [t.measure for t in resume.plan(suite, CPU.name, tmp_path, forced_since=since)]
     assert decided == [False, True]  # the same command, with or without --force, goes on from there
     assert resume.forced_since(folder, force=False) == since
-    sweep(suite, CPU, tmp_path)  # without --force: the marker still holds, so 'second' is re-measured
+    sweep(suite, Local(CPU), tmp_path)  # without --force: the marker still holds, so 'second' is re-measured
     assert results.read(old[1])["stored_at"] > since
     assert not (folder / resume.FORCE_MARKER).exists()  # complete: later sweeps keep records again
     assert not any(t.measure for t in resume.plan(suite, CPU.name, tmp_path))
@@ -66,7 +68,7 @@ def test_a_quick_look_without_fidelity_keeps_the_complete_record(tmp_path):
     path = store(tmp_path, suite, suite.runs[0], "ok", accuracy=0.5)
     (task,) = resume.plan(suite, CPU.name, tmp_path, fidelity=False)
     assert not task.measure and task.spec.fidelity_cpu is None
-    (record,) = sweep(suite, CPU, tmp_path, fidelity=False)
+    (record,) = sweep(suite, Local(CPU), tmp_path, fidelity=False)
     assert record["accuracy"] == 0.5 and results.read(path)["accuracy"] == 0.5
 
 
@@ -75,7 +77,7 @@ def test_a_campaign_measures_runs_never_measured_here_before_the_others(tmp_path
     second = suite_of("second", spec(name="baseline", batch_size=2))
     store(tmp_path, first, first.runs[1], "timeout")  # measured here before: a retry waits for the new runs
     log = io.StringIO()
-    records = campaign([first, second], CPU, tmp_path, log=log, never_measured_first=True, predict_jobs=1)
+    records = campaign([first, second], Local(CPU, predict_jobs=1), tmp_path, log=log, never_measured_first=True)
     order = [line.split("] ")[1].split(":")[0] for line in log.getvalue().splitlines() if ": running (" in line]
     assert order == ["first/baseline", "second/baseline", "first/retried"]
     assert "left)" in log.getvalue()  # the ETA, from the runs measured so far

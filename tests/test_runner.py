@@ -16,7 +16,9 @@ from bench import results
 from bench.provenance import device_name
 from bench.errors import BadInput
 from bench.report import build_report
-from bench.runner import MEMORY_SUMMARY, Device, _outcome, finish, run_isolated, sweep
+from bench.launch import Device
+from bench.launch.local import Local, run_isolated
+from bench.runner import MEMORY_SUMMARY, _outcome, finish, sweep
 from bench.suite import Suite, load, select
 from tests.helpers import spec, tech
 
@@ -55,7 +57,7 @@ def test_an_inapplicable_technique_is_unsupported_with_its_reason():
 
 def test_sweep_continues_past_failures_and_stores_every_record(tmp_path):
     runs = [spec(name="broken", techniques=(tech("tests.helpers:Segfault"),)), spec(name="baseline")]
-    records = sweep(suite_of(*runs), CPU, tmp_path)
+    records = sweep(suite_of(*runs), Local(CPU), tmp_path)
     assert [r["status"] for r in records] == ["error", "ok"]
     stored = results.load_records(tmp_path / "test")
     assert {r["run"]: r["status"] for r in stored} == {"broken": "error", "baseline": "ok"}
@@ -66,21 +68,21 @@ def test_sweep_continues_past_failures_and_stores_every_record(tmp_path):
 
 def test_a_selected_run_keeps_its_place_in_the_suite(tmp_path):
     full = suite_of(spec(name="baseline"), spec(name="second"), spec(name="third"))
-    (record,) = [r for r in sweep(select(full, ["third"]), CPU, tmp_path) if r["run"] == "third"]
+    (record,) = [r for r in sweep(select(full, ["third"]), Local(CPU), tmp_path) if r["run"] == "third"]
     assert record["run_index"] == 3  # reports list runs in the file's order, not the order they last ran
 
 
 def test_resume_skips_stored_runs_unless_the_spec_or_device_changed(tmp_path):
     base = spec(name="baseline")
-    sweep(suite_of(base), CPU, tmp_path)
+    sweep(suite_of(base), Local(CPU), tmp_path)
     path = results.record_path(tmp_path, "test", "cpu", "baseline")
     first = path.stat().st_mtime_ns
-    sweep(suite_of(base), CPU, tmp_path)
+    sweep(suite_of(base), Local(CPU), tmp_path)
     assert path.stat().st_mtime_ns == first  # kept
-    sweep(suite_of(spec(name="baseline", lr=5e-4)), CPU, tmp_path)
+    sweep(suite_of(spec(name="baseline", lr=5e-4)), Local(CPU), tmp_path)
     assert path.stat().st_mtime_ns != first  # edited entry: measured again
     again = path.stat().st_mtime_ns
-    sweep(suite_of(spec(name="baseline", lr=5e-4)), CPU, tmp_path, force=True)
+    sweep(suite_of(spec(name="baseline", lr=5e-4)), Local(CPU), tmp_path, force=True)
     assert path.stat().st_mtime_ns != again  # --force
 
 
@@ -162,7 +164,7 @@ def test_records_carry_the_accuracy_delta_and_the_baselines_noise_band(tmp_path)
         '[[runs]]\nname = "frozen"\ntechniques = ["tests.helpers:ZeroLearningRate"]\n'
         '[[runs]]\nname = "skipped"\nfidelity = false\ntechniques = ["checkpoint"]\n'
     )
-    base, ckpt, frozen, skipped = sweep(load(suite), Device("cpu", "cpu"), tmp_path / "r")
+    base, ckpt, frozen, skipped = sweep(load(suite), Local(Device("cpu", "cpu")), tmp_path / "r")
     assert len(base["accuracy_seeds"]) == 3 and base["accuracy_band"] == max(base["accuracy_seeds"]) - min(
         base["accuracy_seeds"])
     assert ckpt["accuracy_delta"] == 0.0 and ckpt["outside_band"] is False
@@ -176,7 +178,7 @@ def test_records_carry_the_accuracy_delta_and_the_baselines_noise_band(tmp_path)
 def test_snapshot_is_ignored_on_a_cpu_and_the_log_says_so(tmp_path):
     suite = Suite("s", tmp_path / "s.toml", "vit-tiny", "", "run", (spec(name="run", batch_size=4),))
     log = io.StringIO()
-    (record,) = sweep(suite, CPU, tmp_path, snapshot=True, log=log)
+    (record,) = sweep(suite, Local(CPU, snapshot=True), tmp_path, log=log)
     assert record["status"] == "ok" and "snapshot" not in record
     assert not list(tmp_path.rglob("*.pickle"))
     assert "--snapshot: the allocator history is CUDA's; none is saved on cpu" in log.getvalue()
@@ -187,12 +189,12 @@ def test_an_unreadable_record_is_moved_aside_and_the_run_measured_again(tmp_path
     path = results.record_path(tmp_path, "test", "cpu", "run")
     path.parent.mkdir(parents=True)
     path.write_text("<<<<<<< HEAD\n")
-    (record,) = sweep(suite, CPU, tmp_path)
+    (record,) = sweep(suite, Local(CPU), tmp_path)
     assert record["status"] == "ok" and results.read(path)["run"] == "run"
     assert path.with_name("run.json.unreadable").read_text() == "<<<<<<< HEAD\n"
     assert f"{path}: unreadable record" in capsys.readouterr().err
     path.write_text(">>>>>>> other\n")  # a second conflict keeps the first one's bytes too
-    sweep(suite, CPU, tmp_path)
+    sweep(suite, Local(CPU), tmp_path)
     assert path.with_name("run.json.unreadable-2").read_text() == ">>>>>>> other\n"
     assert path.with_name("run.json.unreadable").read_text() == "<<<<<<< HEAD\n"
 
@@ -204,10 +206,10 @@ def test_a_kept_record_without_a_snapshot_says_how_to_get_one(tmp_path):
                                 "run_key": run.key(gpu.name)})
     suite = Suite("s", tmp_path / "s.toml", "vit-tiny", "", "run", (run,))
     log = io.StringIO()
-    sweep(suite, gpu, tmp_path, snapshot=True, log=log)  # nothing runs: the stored record is kept
+    sweep(suite, Local(gpu, snapshot=True), tmp_path, log=log)  # nothing runs: the stored record is kept
     assert "[1/1] run: kept stored record (ok), no snapshot: --force re-measures it with one" in log.getvalue()
     path.with_suffix(".snapshot.pickle").write_bytes(b"")
-    sweep(suite, gpu, tmp_path, snapshot=True, log=(log := io.StringIO()))
+    sweep(suite, Local(gpu, snapshot=True), tmp_path, log=(log := io.StringIO()))
     assert "[1/1] run: kept stored record (ok)\n" in log.getvalue()
 
 
@@ -250,7 +252,7 @@ def test_a_results_folder_that_cannot_be_written_stops_the_sweep_before_any_run(
     blocked = tmp_path / "results"
     blocked.write_text("a file where the results folder should be")
     with pytest.raises(BadInput, match=f"cannot write records in {blocked}/test/cpu"):
-        sweep(suite_of(spec(name="baseline")), CPU, blocked)
+        sweep(suite_of(spec(name="baseline")), Local(CPU), blocked)
 
 
 def test_a_failed_fidelity_phase_shows_in_the_progress_line_the_table_and_the_report(tmp_path):

@@ -1,4 +1,4 @@
-"""What the fork server (bench.launch) imports once, so that every forked run finds it imported.
+"""What the fork server (bench.launch.process) imports once, so that every forked run finds it imported.
 
 Nothing here may start CUDA: a child forked from a process that has cannot use it. Two imports would:
 torchao asks for the GPU's properties as it loads, and transformers imports torchao when it is installed.

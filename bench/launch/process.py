@@ -24,9 +24,9 @@ from multiprocessing import forkserver
 from pathlib import Path
 from typing import Literal
 
-Launcher = Literal["fork", "fresh"]
-LAUNCHERS: tuple[Launcher, ...] = ("fork", "fresh")
-PRELOAD = ["bench.preload"]  # what a run imports, so that a forked one finds it imported
+Kind = Literal["fork", "fresh"]
+KINDS: tuple[Kind, ...] = ("fork", "fresh")
+PRELOAD = ["bench.launch.preload"]  # what a run imports, so that a forked one finds it imported
 # torch.cuda.is_available() through NVML: a check by the CUDA runtime would initialise its driver in the
 # server, which every forked child would inherit unusable.
 SERVER_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
@@ -35,9 +35,9 @@ SERVER_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
 class Process:
     """A run's process, forked or fresh, in its own session: ``wait`` and ``kill`` as for a Popen."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], log: Path, launcher: Launcher) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path, kind: Kind) -> None:
         self.started = time.time()
-        if launcher == "fresh":
+        if kind == "fresh":
             with open(log, "w") as out:
                 self._popen = subprocess.Popen([sys.executable, "-m", *argv], env=env, stdout=out,
                                                stderr=subprocess.STDOUT, start_new_session=True)

@@ -1,18 +1,21 @@
-"""A suite swept across a Slurm cluster with submitit: each run is one job, which measures on its node
-exactly as ``bench run`` would there (its own process, or its own torchrun), and the records land in
-the same results folder, keyed by the device the job found."""
+"""Runs as Slurm jobs, through submitit: each run is one job, which measures on its node exactly as ``bench run``
+would there (its own process, or its own torchrun), and hands its record back to the sweep, which stores it in
+the same results folder, under the device the job found."""
 
 from __future__ import annotations
 
-import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
 from bench import results
+from bench.launch import Record, detect
+from bench.launch.local import run_isolated
 from bench.provenance import git_revision
-from bench.runner import base_record, detect, finish, run_isolated
-from bench.suite import RunSpec, Suite
+from bench.resume import Task
+from bench.suite import RunSpec
 
 
 def parse_options(text: str) -> dict[str, Any]:
@@ -27,47 +30,49 @@ def parse_options(text: str) -> dict[str, Any]:
     return out
 
 
-def remote_run(spec_dict: dict[str, Any], device_type: str, torchrun: tuple[str, ...], revision: str
-               ) -> dict[str, Any]:
+class Slurm:
+    """``device_type``: the nodes' (the device itself, and so the records' folder, is known when a job reports);
+    ``options``: submitit's parameters (``parse_options``); ``torchrun``: as for ``Local``."""
+
+    device_name = None
+    snapshot = False  # the file would be written on the node
+
+    def __init__(self, device_type: str, folder: Path, options: dict[str, Any], torchrun: tuple[str, ...] = ()) -> None:
+        self.device_type, self.folder, self.options, self.torchrun = device_type, folder, dict(options), torchrun
+
+    @contextmanager
+    def running(self, todo: list[Task], log: TextIO) -> Iterator[Callable[[Task], Record]]:
+        """Every job submitted on entry; a task's record is its job's, waited for."""
+        import submitit
+
+        options = dict(self.options)
+        executor = submitit.AutoExecutor(folder=self.folder, cluster=options.pop("cluster", None))
+        executor.update_parameters(**(self._defaults([t.spec for t in todo]) | options))
+        revision, jobs = git_revision(), {}
+        for t in todo:
+            jobs[id(t)] = executor.submit(remote_run, t.spec.to_dict(), self.device_type, self.torchrun, revision)
+            print(f"{t.spec.name}: submitted as job {jobs[id(t)].job_id} (logs in {self.folder})", file=log, flush=True)
+        yield lambda t: _collect(t.spec, jobs[id(t)])
+
+    def _defaults(self, specs: list[RunSpec]) -> dict[str, Any]:
+        if not specs:
+            return {}
+        gpus = max(s.nproc for s in specs) if self.device_type == "cuda" else 0
+        return {"timeout_min": max(1, int(max(s.timeout_s for s in specs) // 60) + 5), "nodes": 1,
+                "tasks_per_node": 1, "name": f"bench-{specs[0].suite}"} | ({"gpus_per_node": gpus} if gpus else {})
+
+
+def remote_run(spec_dict: dict[str, Any], device_type: str, torchrun: tuple[str, ...], revision: str) -> Record:
     """Inside the job, on its node: the record ``bench run`` would write there."""
     spec = RunSpec.from_dict(spec_dict)
     device = detect(device_type)
-    return base_record(spec, device, spec.key(device.name), revision) | run_isolated(spec, device, None, torchrun)
+    clock = time.monotonic()
+    outcome = run_isolated(spec, device, None, torchrun, "fresh")
+    return results.base_record(spec, device.name, device.type, spec.key(device.name), revision) | {
+        "wall_s": round(time.monotonic() - clock, 1)} | outcome
 
 
-def sweep_slurm(suite: Suite, device_type: str, results_root: Path, options: dict[str, Any], force: bool = False,
-                torchrun: tuple[str, ...] = (), log: TextIO = sys.stderr) -> list[dict[str, Any]]:
-    """Submit every run without a stored record (any device's, same key) and store each as it is collected."""
-    import submitit
-
-    options = dict(options)
-    folder = results_root / suite.name / ".submitit"
-    executor = submitit.AutoExecutor(folder=folder, cluster=options.pop("cluster", None))
-    gpus = max(r.nproc for r in suite.runs) if device_type == "cuda" else 0
-    defaults = {"timeout_min": max(1, int(max(r.timeout_s for r in suite.runs) // 60) + 5), "nodes": 1,
-                "tasks_per_node": 1, "name": f"bench-{suite.name}"} | ({"gpus_per_node": gpus} if gpus else {})
-    executor.update_parameters(**(defaults | options))
-    revision, start = git_revision(), time.monotonic()
-    stored = {r.get("run_key"): r for r in results.load_records(results_root / suite.name)}
-    records, jobs = [], []
-    for spec in suite.runs:
-        kept = next((r for k, r in stored.items() if r["run"] == spec.name and k == spec.key(r["device"])), None)
-        if kept is not None and not force:
-            print(f"{spec.name}: kept stored record ({kept['status']}, {kept['device']})", file=log)
-            records.append(kept)
-            continue
-        job = executor.submit(remote_run, spec.to_dict(), device_type, tuple(torchrun), revision)
-        print(f"{spec.name}: submitted as job {job.job_id} (logs in {folder})", file=log, flush=True)
-        jobs.append((spec, job))
-    for i, (spec, job) in enumerate(jobs, 1):
-        record = _collect(spec, job) | {"run_index": suite.position(spec.name)}
-        finish(record, records, results_root)
-        print(f"[{i}/{len(jobs)}] {spec.name} on {record['device']}: {record['status']} "
-              f"({int(time.monotonic() - start)} s)", file=log, flush=True)
-    return records
-
-
-def _collect(spec: RunSpec, job: Any) -> dict[str, Any]:
+def _collect(spec: RunSpec, job: Any) -> Record:
     """The job's record; a job that died (preempted, out of time) becomes an error record of the run."""
     try:
         out = job.result()

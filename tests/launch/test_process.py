@@ -7,8 +7,9 @@ import sys
 import pytest
 import torch
 
-from bench import launch
-from bench.runner import Device, run_isolated
+from bench.launch import process as launch
+from bench.launch import Device
+from bench.launch.local import run_isolated
 from tests.helpers import spec, tech
 
 CPU = Device("cpu", "cpu")
@@ -50,13 +51,13 @@ def test_a_forked_run_starts_with_its_own_peak_not_its_predecessors():
     assert big["rss_peak_bytes"] - small["rss_peak_bytes"] > 2**28  # the half GiB stayed with its own run
 
 
-@pytest.mark.parametrize("launcher", launch.LAUNCHERS)
+@pytest.mark.parametrize("launcher", launch.KINDS)
 def test_a_crash_or_a_hang_is_a_status_under_either_launcher(launcher, monkeypatch):
-    crashed = run_isolated(spec(techniques=(tech("tests.helpers:Segfault"),)), CPU, launcher=launcher)
+    crashed = run_isolated(spec(techniques=(tech("tests.helpers:Segfault"),)), CPU, kind=launcher)
     assert crashed["message"] == "run process died: killed by signal SIGSEGV"
     assert "about to crash" in crashed["stderr_tail"]
     monkeypatch.setenv("BENCH_TEST_SLEEP", "60")
-    hung = run_isolated(spec(techniques=(tech("tests.helpers:Sleep"),), timeout_s=5.0), CPU, launcher=launcher)
+    hung = run_isolated(spec(techniques=(tech("tests.helpers:Sleep"),), timeout_s=5.0), CPU, kind=launcher)
     assert hung["status"] == "timeout"
 
 

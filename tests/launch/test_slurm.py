@@ -6,7 +6,10 @@ import pytest
 
 from bench import results
 from bench.cli import main
-from bench.cluster import parse_options, sweep_slurm
+from bench.launch import detect
+from bench.launch.local import Local
+from bench.launch.slurm import Slurm, parse_options
+from bench.runner import sweep
 from bench.suite import load
 
 SUITE = """
@@ -34,15 +37,34 @@ def test_each_run_is_a_job_and_its_record_lands_in_the_results_folder(tmp_path):
     (tmp_path / "jobs.toml").write_text(SUITE)
     suite = load(tmp_path / "jobs.toml")
     root = tmp_path / "results"
-    records = sweep_slurm(suite, "cpu", root, {"cluster": "local", "timeout_min": 5})
+    slurm = Slurm("cpu", root / "jobs" / ".submitit", {"cluster": "local", "timeout_min": 5})
+    records = sweep(suite, slurm, root)
     assert [r["status"] for r in records] == ["ok", "ok"], records
     stored = results.load_records(root / "jobs")
     assert {r["run"] for r in stored} == {"baseline", "checkpoint"}
     # The key is the one a local `bench run` on that node would compute: the sweep resumes across launchers.
     assert all(r["run_key"] == s.key(r["device"]) for r, s in zip(sorted(stored, key=lambda r: r["run"]),
                                                                      suite.runs))
-    again = sweep_slurm(suite, "cpu", root, {"cluster": "local"})
-    assert [r["finished_at"] for r in again] == [r["finished_at"] for r in records]  # kept, not resubmitted
+    again = sweep(suite, Slurm("cpu", root / "jobs" / ".submitit", {"cluster": "local"}), root)
+    assert [r["stored_at"] for r in again] == [r["stored_at"] for r in records]  # kept, not resubmitted
+    here = sweep(suite, Local(detect("cpu")), root)  # the node is this machine: a local sweep keeps them too
+    assert [r["stored_at"] for r in here] == [r["stored_at"] for r in records]
+
+
+def test_a_slurm_sweep_retries_a_failed_run_unless_failures_are_kept(tmp_path):
+    pytest.importorskip("submitit")
+    (tmp_path / "jobs.toml").write_text(SUITE)
+    suite = load(tmp_path / "jobs.toml")
+    root, device = tmp_path / "results", detect("cpu")
+    base = suite.runs[0]
+    failed = results.base_record(base, device.name, "cpu", base.key(device.name), "x") | {
+        "status": "error", "message": "a node went away", "stored_at": "2026-01-01T00:00:00"}
+    results.write_atomic(results.record_path(root, "jobs", device.name, "baseline"), failed)
+    slurm = Slurm("cpu", root / "jobs" / ".submitit", {"cluster": "local"})
+    kept = sweep(load(tmp_path / "jobs.toml"), slurm, root, keep_failures=True)
+    assert {r["run"]: r["status"] for r in kept} == {"baseline": "error", "checkpoint": "ok"}
+    retried = sweep(suite, slurm, root)
+    assert {r["run"]: r["status"] for r in retried} == {"baseline": "ok", "checkpoint": "ok"}
 
 
 def test_slurm_options_parse_to_executor_parameters():

@@ -5,7 +5,8 @@ import torch
 
 from bench.measure.memory import cuda_peaks, tracked_step
 from bench.measure.timing import time_steps
-from bench.runner import Device, run_isolated
+from bench.launch import Device
+from bench.launch.local import run_isolated
 from tests.conftest import build_trainer
 from tests.helpers import spec, tech
 

@@ -7,7 +7,8 @@ import torch
 
 from bench.models import MODELS, build_model
 from bench.models.weights import WeightsError, digest
-from bench.runner import Device, run_isolated
+from bench.launch import Device
+from bench.launch.local import run_isolated
 from bench.suite import Shapes
 from tests.helpers import spec
 

@@ -1,4 +1,5 @@
-from bench.runner import Device, run_isolated
+from bench.launch import Device
+from bench.launch.local import run_isolated
 from tests.helpers import spec, tech
 
 

@@ -1,0 +1,46 @@
+"""Launchers: how a sweep's runs reach a device. The sweep (bench.runner) plans what to measure and stores what
+comes back; a launcher only starts runs and hands back their records.
+
+- ``Local``: each run in its own process on this machine (forked from a preloaded server, or a fresh
+  interpreter), or in its own torchrun for a multi-process run (bench.launch.local, bench.launch.process).
+- ``Slurm``: each run as a Slurm job that does on its node what ``Local`` does here (bench.launch.slurm).
+
+A launcher's ``running(todo, log)`` is a context manager giving the function that returns a task's record
+without what the sweep adds when it stores it (its place in the suite, the accuracy delta, ``stored_at``).
+Local runs start when their record is asked for, one at a time; Slurm's jobs are all submitted on entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol, TextIO
+
+import torch
+
+from bench.provenance import device_name
+from bench.resume import Task
+
+Record = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Device:
+    type: str  # "cuda" or "cpu"
+    name: str  # e.g. "NVIDIA H100 80GB HBM3", or "cpu"
+    count: int = 1  # GPUs visible on this node (a run's nproc may not exceed it)
+
+
+def detect(requested: str = "auto") -> Device:
+    kind = requested if requested != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    return Device(kind, device_name(kind), torch.cuda.device_count() if kind == "cuda" else 1)
+
+
+class Launcher(Protocol):
+    # The device the records will be filed under; None where only the runs find out (a Slurm node).
+    device_name: str | None
+    device_type: str
+    snapshot: bool  # each run's CUDA allocator history is saved beside its record
+
+    def running(self, todo: list[Task], log: TextIO) -> AbstractContextManager[Callable[[Task], Record]]: ...

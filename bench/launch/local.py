@@ -1,0 +1,127 @@
+"""Runs on this machine: each in its own process with a timeout (a fork of the preloaded server, or a fresh
+interpreter; several ranks under their own torchrun), while spare processes predict the runs still to come.
+
+A process per run keeps peaks and allocator state from leaking between runs and lets a technique set allocator
+options before CUDA starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TextIO
+
+from bench import results
+from bench.launch import Device, Record
+from bench.launch.process import Kind, Process, fork_works_on_cuda, start_server
+from bench.predict import Ahead
+from bench.provenance import git_revision
+from bench.resume import Task
+from bench.suite import RunSpec
+from bench.techniques import build
+
+STDERR_TAIL = 2000
+
+
+class Local:
+    """``kind``: how each run's process starts (bench.launch.process); ``torchrun``: launcher arguments for
+    multi-process runs instead of ``--standalone``; ``snapshot``: on CUDA, each run's allocator history of its
+    instrumented step beside its record; ``predict_jobs``: processes predicting the pending runs while the
+    device measures (0: each run predicts itself)."""
+
+    def __init__(self, device: Device, kind: Kind = "fork", torchrun: tuple[str, ...] = (), snapshot: bool = False,
+                 predict_jobs: int = 0) -> None:
+        self.device, self.kind, self.torchrun, self.predict_jobs = device, kind, torchrun, predict_jobs
+        self.device_name, self.device_type = device.name, device.type
+        self.snapshot = snapshot and device.type == "cuda"
+        self.refused_snapshot = snapshot and not self.snapshot
+        if kind == "fork":
+            start_server()  # its imports go on while the sweep plans
+
+    @contextmanager
+    def running(self, todo: list[Task], log: TextIO) -> Iterator[Callable[[Task], Record]]:
+        if self.refused_snapshot:
+            print(f"--snapshot: the allocator history is CUDA's; none is saved on {self.device.name}", file=log)
+        kind = self._usable(log) if todo else self.kind
+        revision = git_revision()
+        with Ahead([t.spec for t in todo], self.device.type, self.predict_jobs) as ahead:
+            def run(task: Task) -> Record:
+                shot = task.path.with_suffix(".snapshot.pickle") if self.snapshot else None
+                clock = time.monotonic()
+                outcome = run_isolated(task.spec, self.device, shot, self.torchrun, kind, ahead.get(task.spec))
+                # wall_s: the run's whole process (start-up, prediction, measurement, fidelity phase)
+                return results.base_record(task.spec, self.device.name, self.device.type, task.key, revision) | {
+                    "wall_s": round(time.monotonic() - clock, 1)} | outcome
+            yield run
+
+    def _usable(self, log: TextIO) -> Kind:
+        """The fork server, where a forked child can use this device; else fresh processes, saying why."""
+        if self.kind == "fork" and self.device.type == "cuda" and (why := fork_works_on_cuda()):
+            print(f"warning: {why}; every run starts a fresh interpreter instead", file=log)
+            return "fresh"
+        return self.kind
+
+
+def run_isolated(spec: RunSpec, device: Device, snapshot: Path | None = None, torchrun: tuple[str, ...] = (),
+                 kind: Kind = "fork", prediction: dict[str, Any] | None = None,
+                 budget: int | None = None) -> dict[str, Any]:
+    """The run in its own process (``nproc`` > 1: its own torchrun, one process per rank); a crash or a
+    timeout becomes a status, never an exception. With ``snapshot`` (CUDA), the instrumented step's
+    memory history is dumped there for memory_viz; with ``prediction``, made ahead, the run skips its own;
+    with ``budget`` (bytes), more memory than that is out of memory (bench fit)."""
+    if device.type == "cuda" and spec.nproc > device.count:
+        return {"status": "unsupported", "message": f"needs {spec.nproc} GPUs per node; {device.count} visible"}
+    own_env = {k: v for t in spec.techniques for k, v in build(t).env().items()}
+    if own_env or spec.nproc > 1:
+        kind = "fresh"  # see bench.launch.process: a fork would start with the server's environment, or one process
+    with tempfile.TemporaryDirectory(prefix="bench-run-") as tmp:
+        spec_path, out_path, err_path = (Path(tmp) / n for n in ("spec.json", "out.json", "stderr.txt"))
+        job = {"spec": spec.to_dict(), "device_type": device.type, "snapshot": str(snapshot) if snapshot else None,
+               "prediction": prediction, "launched_at": time.time(), "budget_bytes": budget}
+        spec_path.write_text(json.dumps(job))
+        argv = ["bench.worker", str(spec_path), str(out_path)]
+        if spec.nproc > 1:
+            argv = ["torch.distributed.run", f"--nproc-per-node={spec.nproc}", "--tee=3",
+                    f"--log-dir={Path(tmp) / 'ranks'}", *(torchrun or ("--standalone",)), "-m", *argv]
+        proc = Process(argv, os.environ | own_env, err_path, kind)
+        try:
+            code = proc.wait(timeout=spec.timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return {"status": "timeout", "message": f"stopped after {spec.timeout_s:g} s"}
+        except BaseException:  # Ctrl-C: take the run down with us, keep what is stored
+            proc.kill()
+            raise
+        tail = _tail(err_path, Path(tmp) / "ranks")
+        if code == 0 and out_path.exists():
+            out = json.loads(out_path.read_text())
+            return out | {"launcher": kind} | ({"stderr_tail": tail} if out["status"] == "error" else {})
+        if failed := sorted(Path(tmp).glob("out.json.rank*")):  # a rank's own record of why it stopped
+            return json.loads(failed[0].read_text()) | {"stderr_tail": tail}
+        why = (f"killed by signal {signal.Signals(-code).name}" if code < 0 else
+               "no record written (under a multi-node torchrun, rank 0 is on another node)" if code == 0
+               else f"exit status {code}")
+        return {"status": "error", "message": f"run process died: {why}", "stderr_tail": tail, "launcher": kind}
+
+
+def _tail(err_path: Path, rank_logs: Path) -> str:
+    """The end of the run's output; under torchrun, each rank's own stderr too, since the launcher's
+    closing report would otherwise push the failing rank's last words (an abort message) out of the tail."""
+    tail = _last_words(err_path)
+    for log in sorted(rank_logs.glob("*/attempt_*/*/stderr.log")):
+        if text := _last_words(log):
+            tail += f"\n--- rank {log.parent.name} stderr ---\n{text}"
+    return tail
+
+
+def _last_words(log: Path) -> str:
+    # faulthandler's list of loaded extension modules would fill the tail and tell nothing
+    lines = log.read_text(errors="replace").strip().splitlines()
+    return "\n".join(x for x in lines if not x.startswith("Extension modules:"))[-STDERR_TAIL:]
