@@ -2,26 +2,22 @@
 
 from __future__ import annotations
 
-from contextlib import ExitStack
-
 import torch
 from torch import nn
 
 from bench.data.synthetic import Batch
 from bench.models import ModelSpec
-from bench.techniques import RunContext, Technique
+from bench.techniques import RunContext, Technique, combined
 from bench.train import techniques_proof
 
 
 def forward(spec: ModelSpec, model: nn.Module, techniques: list[Technique], batch: Batch) -> Batch:
     """The logits of one batch through the techniques' batch preparation and step contexts (autocast,
     16-bit inputs, channels_last, inference mode), with the labels as prepared."""
-    for t in techniques:
-        batch = t.prepare_batch(batch)
-    with ExitStack() as stack:
-        for t in techniques:
-            stack.enter_context(t.step_context())
-        return spec.logits(model, batch[0]), batch[1]
+    policy = combined([t.step() for t in techniques])
+    inputs, labels = policy.prepare(batch)
+    with policy.context():
+        return spec.logits(model, inputs), labels
 
 
 class Predictor:

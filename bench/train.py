@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import math
-from contextlib import ExitStack
-
 import torch
 from torch import nn
 
 from bench.data.synthetic import Batch, split
 from bench.models import ModelSpec
-from bench.techniques import RunContext, Technique
+from bench.techniques import RunContext, Technique, combined
 
 
 class Trainer:
@@ -21,7 +18,8 @@ class Trainer:
             model = t.apply(model, ctx)
         self.model = model.train()
         self.optimizer = self._optimizer(lr)
-        self.micro_batches = math.prod(t.micro_batches() for t in techniques)
+        self.policy = combined([t.step() for t in techniques])
+        self.micro_batches = self.policy.micro_batches
         self.steps = 0
         self.output_dtype: torch.dtype | None = None
 
@@ -33,28 +31,25 @@ class Trainer:
 
     def step(self, batch: Batch) -> torch.Tensor:
         """Forward and backward over every micro-batch, then one optimizer step; returns the mean loss."""
-        total = None
-        for t in self.techniques:
-            batch = t.prepare_batch(batch)
-        for inputs, labels in split(batch, self.micro_batches):
-            with ExitStack() as stack:
-                for t in self.techniques:
-                    stack.enter_context(t.step_context())
+        total, policy = None, self.policy
+        for inputs, labels in split(policy.prepare(batch), self.micro_batches):
+            with policy.context():
                 logits = self.spec.logits(self.model, inputs)
                 loss = self.spec.loss(logits, labels) / self.micro_batches
             self.output_dtype = logits.dtype
             del logits  # a plain training loop would not hold the logits through backward either
             # Kept on the device: a .item() here would synchronise CUDA inside the timed step.
             total = loss.detach() if total is None else total + loss.detach()
-            for t in self.techniques:
-                loss = t.scale_loss(loss)
-            loss.backward()
-        if not any(t.optimizer_step(self.optimizer) for t in self.techniques):
+            policy.scale_loss(loss).backward()
+        if policy.optimizer_step is not None:
+            policy.optimizer_step(self.optimizer)
+        else:
             self.optimizer.step()
-        if not any(t.zero_grad(self.optimizer) for t in self.techniques):
+        if policy.zero_grad is not None:
+            policy.zero_grad(self.optimizer)
+        else:
             self.optimizer.zero_grad(set_to_none=True)
-        for t in self.techniques:
-            t.after_step()
+        policy.after()
         self.steps += 1
         return total
 

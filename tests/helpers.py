@@ -17,7 +17,7 @@ from torch import nn
 from bench import models
 from bench.models import ModelSpec
 from bench.suite import RunSpec, Shapes, SuiteError, TechniqueSpec, load
-from bench.techniques import RunContext, Technique, option
+from bench.techniques import RunContext, Step, Technique, option
 
 
 def spec(model: str = "vit-tiny", techniques: tuple[TechniqueSpec, ...] = (), batch_size: int = 8,
@@ -123,8 +123,8 @@ class TinyLoss(Technique):
     """A loss 1e-5 of the usual size, as a mean-reduced loss near convergence can be: its float16
     gradients fall below float16's smallest subnormal (6e-8) unless they are scaled."""
 
-    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        return loss * 1e-5
+    def step(self) -> Step:
+        return Step(scale_loss=lambda loss: loss * 1e-5)
 
 
 class ZeroLearningRate(Technique):

@@ -1,24 +1,29 @@
 """One run's step on fake tensors, counted as the worker counts a real one: the predicted peak, its
-breakdown and FLOPs. Fake tensors hold no values and run meta kernels; the modes here make them behave as
-real ones where that changes what is counted (values read, kernels' outputs, copies and conversions)."""
+breakdown and FLOPs. Fake tensors hold no values and run meta kernels; bench.predict.adapters makes them
+behave as real ones where that changes what is counted."""
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
-from unittest.mock import patch
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from bench.data.synthetic import clone_batch
 from bench.measure.memory import tracked_step
 from bench.measure.tracker import CUDA_BLOCK, on_host
+from bench.predict.adapters import (
+    OutputsAsReal,
+    ScalarsReadAsOne,
+    compiled_as_eager,
+    masks_as_real,
+    parameters_as_real,
+    techniques_as_real,
+)
 from bench.predict.cuda import as_cuda, host_state
 from bench.recipe import Recipe
 from bench.suite import RunSpec, Shapes
@@ -54,7 +59,7 @@ def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int) -> dict[str, Any]:
         model = ctx.model_spec.build(ctx.shapes)
     kernels = as_cuda(backend) if ctx.predicting else nullcontext()  # a CPU run keeps CPU's kernels
     with FakeTensorMode(allow_non_fake_inputs=True), ScalarsReadAsOne(), OutputsAsReal(ctx.predicting), \
-            parameters_as_real(), masks_as_real(), kernels:
+            parameters_as_real(), masks_as_real(), techniques_as_real(), kernels:
         model = _fake_copy(model)
         runner = recipe.runner(model)
         compiled_update = any(t.compiled_update for t in techniques)
@@ -106,91 +111,3 @@ def _fake_copy(model: nn.Module) -> nn.Module:
             if b is not None:
                 module._buffers[name] = torch.empty(b.shape, dtype=b.dtype, device=CPU)
     return model
-
-
-class ScalarsReadAsOne(TorchDispatchMode):
-    """Fake tensors hold no values, so reading one (``.item()``, ``bool()``) fails; an optimizer that scales
-    its step by a norm (Adafactor) would be unpredictable. Memory does not depend on such a value: it reads
-    as 1. Under ``inference_mode`` the read reaches this mode undecomposed, as ``item`` or ``is_nonzero``."""
-
-    READS = (aten._local_scalar_dense.default, aten.item.default, aten.is_nonzero.default)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in self.READS:
-            return True if args[0].dtype == torch.bool or func is aten.is_nonzero.default else 1
-        return func(*args, **(kwargs or {}))
-
-
-class OutputsAsReal(TorchDispatchMode):
-    """Outputs as the real kernels return them, where the meta kernels fake tensors run differ in what is counted.
-    The mean and inverse std a norm saves for backward, in the real kernel's dtype where the meta kernel gives
-    the input's. Batch norm: the weight's (float32 under autocast), in CPU's kernel and cuDNN's alike. Layer
-    norm on CUDA (``cuda``): float32 for 16-bit inputs, its accumulation type, where CPU's kernel keeps the
-    input's (pure bf16 ViT-B at batch 64: 1.2 MB). And on CUDA, the memory-efficient attention kernel's RNG
-    seed and offset, which it keeps on the host outside CUDA-graph capture (two 512-byte blocks a layer)."""
-
-    def __init__(self, cuda: bool) -> None:
-        super().__init__()
-        self.cuda = cuda
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func is aten._scaled_dot_product_efficient_attention.default and self.cuda:
-            return out[0], out[1], on_host(out[2]), on_host(out[3])
-        if func is aten.native_batch_norm.default and args[1] is not None:
-            dtype = args[1].dtype
-        elif func is aten.native_layer_norm.default and self.cuda and args[0].dtype in (torch.float16, torch.bfloat16):
-            dtype = torch.float32
-        else:
-            return out
-        return out[0], out[1].to(dtype), out[2].to(dtype)
-
-
-@contextmanager
-def parameters_as_real() -> Iterator[None]:
-    """Fake parameters copied and converted as real ones are. ``Module.to()`` sets a real parameter's
-    converted copy in place (``.data =``) but swaps a fake one for it, which fake tensors' weak references
-    refuse; and a deep-copied fake tensor's views get storages of their own, so the tracker would count a
-    view of it as new bytes. channels-last converts the model; peft casts its adapters and copies the head."""
-    swap = torch.utils.swap_tensors
-
-    def set_in_place(t1: torch.Tensor, t2: torch.Tensor) -> None:
-        if not (isinstance(t1, FakeTensor) and isinstance(t2, FakeTensor)):
-            return swap(t1, t2)
-        t1.data = t2.detach()
-
-    def deepcopy(t: FakeTensor, memo: dict[int, Any]) -> torch.Tensor:
-        if id(t) not in memo:
-            twin = t.detach().clone()
-            memo[id(t)] = nn.Parameter(twin, t.requires_grad) if isinstance(t, nn.Parameter) else twin
-        return memo[id(t)]
-
-    with patch.object(torch.utils, "swap_tensors", set_in_place), \
-            patch.object(FakeTensor, "__deepcopy__", deepcopy, create=True):
-        yield
-
-
-@contextmanager
-def masks_as_real() -> Iterator[None]:
-    """transformers takes fake tensors for tracing, and then always builds the attention mask; a real run
-    without padding (every synthetic batch) skips it, so SDPA may pick flash. Here fake inputs are not taken
-    for tracing: the mask's check reads True (ScalarsReadAsOne) and the prediction takes the real run's path."""
-    utils = sys.modules.get("transformers.utils.import_utils")  # imported by then if the model needs it
-    known = hasattr(utils, "is_fake_tensor")  # a transformers without the check builds masks as it would
-    with patch.object(utils, "is_fake_tensor", lambda _: False) if known else nullcontext():
-        yield
-
-
-def compiled_as_eager(step: Callable[..., Any]) -> Callable[..., Any]:
-    """The optimizer's ``step`` with ``torch.compile`` handing back the function itself: fake tensors cannot
-    enter compiled code (dynamo refuses to trace under the fake mode). The tracker steps aside for that step as
-    on a real run (``Technique.compiled_update``), so the state is counted and the eager update's temporaries,
-    which the compiled kernel would not keep, are not. Patched for the step alone, so that nothing compiled
-    elsewhere in the process (an import's decorator) stays eager."""
-    def eager(model: Callable[..., Any] | None = None, **_: Any) -> Any:
-        return model if model is not None else (lambda fn: fn)
-
-    def run(*args: Any, **kwargs: Any) -> Any:
-        with patch.object(torch, "compile", eager):
-            return step(*args, **kwargs)
-    return run

@@ -22,14 +22,16 @@ from bench.techniques.base import (
     TRAIN,
     NoOptions,
     RunContext,
+    Step,
     Technique,
     Unsupported,
     build,
+    combined,
     option,
     resolve,
 )
 
 __all__ = [
-    "ANY_MODE", "INFERENCE", "TECHNIQUES", "TRAIN", "NoOptions", "RunContext", "Technique", "Unsupported", "build",
-    "option", "resolve",
+    "ANY_MODE", "INFERENCE", "TECHNIQUES", "TRAIN", "NoOptions", "RunContext", "Step", "Technique", "Unsupported",
+    "build", "combined", "option", "resolve",
 ]

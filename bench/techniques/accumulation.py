@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bench.techniques.base import TECHNIQUES, Technique, option
+from bench.techniques.base import TECHNIQUES, Step, Technique, option
 
 
 @TECHNIQUES.register("accumulate")
@@ -33,8 +33,8 @@ class GradientAccumulation(Technique):
             return [f"micro_batches={n} does not divide the batch size; choose a divisor of {batch_size}"]
         return []
 
-    def micro_batches(self) -> int:
-        return self.config.micro_batches
+    def step(self) -> Step:
+        return Step(micro_batches=self.config.micro_batches)
 
     def proof(self, steps: int) -> dict[str, Any]:
         return {"micro_batches": self.config.micro_batches}

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench.techniques.base import ANY_MODE, TECHNIQUES, RunContext, Technique, option
+from bench.techniques.base import ANY_MODE, TECHNIQUES, RunContext, Step, Technique, option
 
 
 @TECHNIQUES.register("allocator")
@@ -99,7 +99,10 @@ class EmptyCacheEveryStep(Technique):
         self.calls = 0
         return model
 
-    def after_step(self) -> None:
+    def step(self) -> Step:
+        return Step(after=self._empty)
+
+    def _empty(self) -> None:
         torch.cuda.empty_cache()
         self.calls += 1
 

@@ -1,15 +1,25 @@
 """The technique interface and its registry.
 
-A technique is one small class: a typed ``Config`` dataclass (each field documented with ``option``) and
-the hooks for the phases of a run it touches. Most override one hook. Hooks run in the order the suite
-lists the techniques. Every technique reports ``proof()``: evidence, read off the live run, that it was
-really applied.
+A technique is one small class: a typed ``Config`` dataclass (each field documented with ``option``), the
+checks that say where it cannot run, and what it changes, each in one method:
+
+- the environment of the run's process (``env``),
+- the model (``apply``, a transform),
+- the optimizer (``make_optimizer``),
+- the training step (``step``: a ``Step`` policy of micro-batches, batch preparation, a context around
+  forward and loss, loss scaling, the optimizer step, zero-grad, and what follows the step).
+
+Techniques apply in the order the suite lists them. Every technique reports ``proof()``: evidence, read off
+the live run, that it was really applied. How a technique runs on fake tensors (bench predict) is
+bench.predict's business, not the technique's.
 """
 
 from __future__ import annotations
 
+import math
 import typing
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -39,6 +49,54 @@ def option(default: Any, doc: str) -> Any:
 
 
 @dataclass(frozen=True)
+class Step:
+    """What a technique changes in the training step (and, for batch and context, in an inference step). The
+    trainer composes every technique's, in the suite's order; a field left at its default changes nothing."""
+
+    micro_batches: int = 1  # the batch is split in this many, their gradients accumulated
+    prepare: Callable[[Batch], Batch] | None = None  # each batch as it enters the step (memory format, dtype)
+    context: Callable[[], AbstractContextManager[Any]] | None = None  # around each forward and its loss
+    scale_loss: Callable[[torch.Tensor], torch.Tensor] | None = None  # before backward
+    optimizer_step: Callable[[torch.optim.Optimizer], None] | None = None  # instead of optimizer.step()
+    zero_grad: Callable[[torch.optim.Optimizer], None] | None = None  # instead of zero_grad(set_to_none=True)
+    after: Callable[[], None] | None = None  # once the step is complete (e.g. emptying the allocator's cache)
+
+
+def combined(steps: list[Step]) -> Step:
+    """The techniques' steps as one, in the suite's order: micro-batches multiply; batch preparation, contexts
+    (the first outermost), loss scaling and what follows the step chain; the first technique that takes the
+    optimizer step or the zero-grad takes it."""
+    def chain(fns: list[Callable[[Any], Any]]) -> Callable[[Any], Any]:
+        def run(x: Any) -> Any:
+            for fn in fns:
+                x = fn(x)
+            return x
+        return run
+
+    @contextmanager
+    def contexts() -> Iterator[None]:
+        with ExitStack() as stack:
+            for s in steps:
+                if s.context is not None:
+                    stack.enter_context(s.context())
+            yield
+
+    def first(name: str) -> Any:
+        return next((getattr(s, name) for s in steps if getattr(s, name) is not None), None)
+
+    def after() -> None:
+        for s in steps:
+            if s.after is not None:
+                s.after()
+
+    return Step(micro_batches=math.prod(s.micro_batches for s in steps),
+                prepare=chain([s.prepare for s in steps if s.prepare is not None]), context=contexts,
+                scale_loss=chain([s.scale_loss for s in steps if s.scale_loss is not None]),
+                optimizer_step=first("optimizer_step"), zero_grad=first("zero_grad"),
+                after=after)
+
+
+@dataclass(frozen=True)
 class NoOptions:
     """For techniques without options."""
 
@@ -51,8 +109,8 @@ class RunContext:
     model_spec: ModelSpec
     shapes: Shapes
     lr: float = 1e-4  # the run's learning rate (the suite's lr, or [fidelity] lr in the fidelity phase)
-    # True in ``bench predict``: fake tensors on the CPU standing for a CUDA run. Techniques answer
-    # ``unsupported`` as they would on CUDA and skip what needs real values (a GradScaler's checks).
+    # True in ``bench predict``: fake tensors on the CPU standing for a CUDA run. Techniques read it through
+    # ``cuda`` and answer ``unsupported`` as they would on CUDA; bench.predict.adapters does the rest.
     predicting: bool = False
     # Processes in the run (torchrun's WORLD_SIZE) and this one's rank; the process group is up when > 1.
     world_size: int = 1
@@ -111,31 +169,12 @@ class Technique:
         return model
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer | None:
+        """The optimizer for the model as applied, or None to leave it to another technique or AdamW."""
         return None
 
-    def prepare_batch(self, batch: Batch) -> Batch:
-        """Transform each batch as it enters the step (memory format, dtype)."""
-        return batch
-
-    def step_context(self) -> AbstractContextManager[Any]:
-        return nullcontext()
-
-    def micro_batches(self) -> int:
-        return 1
-
-    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        return loss
-
-    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Take the optimizer step; return True if this technique did it (e.g. through a GradScaler)."""
-        return False
-
-    def zero_grad(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Clear gradients after the step; return True if this technique did it."""
-        return False
-
-    def after_step(self) -> None:
-        """Housekeeping once the step is complete (e.g. emptying the allocator cache)."""
+    def step(self) -> Step:
+        """What this technique changes in each step, once it is applied."""
+        return Step()
 
     def proof(self, steps: int) -> dict[str, Any]:
         """Evidence this technique was applied, after ``steps`` optimizer steps; flat JSON values."""

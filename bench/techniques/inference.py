@@ -7,14 +7,13 @@ code is written; these techniques are what practitioners weigh against it.
 from __future__ import annotations
 
 import warnings
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from bench.techniques.base import INFERENCE, TECHNIQUES, RunContext, Technique, Unsupported, option
+from bench.techniques.base import INFERENCE, TECHNIQUES, RunContext, Step, Technique, Unsupported, option
 from bench.techniques.lowbit import _has, quantize_body_linears
 from bench.techniques.precision import PureBF16
 
@@ -33,8 +32,8 @@ class InferenceMode(Technique):
     summary = "torch.inference_mode() instead of torch.no_grad() (inference suites)"
     modes = INFERENCE
 
-    def step_context(self) -> AbstractContextManager[Any]:
-        return torch.inference_mode()
+    def step(self) -> Step:
+        return Step(context=torch.inference_mode)
 
 
 @TECHNIQUES.register("half")

@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bench.techniques.base import ANY_MODE, TECHNIQUES, RunContext, Technique, Unsupported, option
+from bench.techniques.base import ANY_MODE, TECHNIQUES, RunContext, Step, Technique, Unsupported, option
 
 if TYPE_CHECKING:
     from bench.data.synthetic import Batch
@@ -38,14 +38,18 @@ class ChannelsLast(Technique):
         self.model = model.to(memory_format=torch.channels_last)
         return self.model
 
-    def prepare_batch(self, batch: Batch) -> Batch:
-        inputs, labels = batch
-        return inputs.contiguous(memory_format=torch.channels_last), labels
+    def step(self) -> Step:
+        return Step(prepare=_channels_last)
 
     def proof(self, steps: int) -> dict[str, Any]:
         convs = [p for p in self.model.parameters() if p.dim() == 4]
         nhwc = sum(p.is_contiguous(memory_format=torch.channels_last) for p in convs)
         return {"conv_weights_channels_last": f"{nhwc}/{len(convs)}"}
+
+
+def _channels_last(batch: Batch) -> Batch:
+    inputs, labels = batch
+    return inputs.contiguous(memory_format=torch.channels_last), labels
 
 
 BACKENDS = {
@@ -88,7 +92,7 @@ class AttentionBackend(Technique):
     def unsupported(self, ctx: RunContext) -> str | None:
         if not ctx.model_spec.attention:
             return "the model has no attention"
-        if ctx.predicting:  # bench.predict routes attention to the CUDA kernel itself
+        if ctx.cuda and ctx.device.type != "cuda":  # fake tensors standing for CUDA: no CUDA kernel here to ask
             return None
         q = torch.zeros(1, 1, 8, 16, device=ctx.device, requires_grad=True)
         try:  # the only reliable test of availability is to ask the kernel
@@ -102,8 +106,11 @@ class AttentionBackend(Technique):
         self.ops: _AttentionOps | None = None
         return model
 
+    def step(self) -> Step:
+        return Step(context=self._context)
+
     @contextmanager
-    def step_context(self) -> Iterator[None]:
+    def _context(self) -> Iterator[None]:
         with ExitStack() as stack:
             stack.enter_context(sdpa_kernel(BACKENDS[self.config.backend]))
             if self.ops is None:  # observe the first step only: a dispatch mode would slow the timed ones

@@ -9,7 +9,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from bench.techniques.base import TECHNIQUES, RunContext, Technique, option
+from bench.techniques.base import TECHNIQUES, RunContext, Step, Technique, option
 
 
 @TECHNIQUES.register("optimizer")
@@ -77,10 +77,12 @@ class ZeroGradKeep(Technique):
     name = "zero-grad-keep"
     summary = "zero gradients in place (set_to_none=False) instead of freeing them"
 
-    def zero_grad(self, optimizer: torch.optim.Optimizer) -> bool:
+    def step(self) -> Step:
+        return Step(zero_grad=self._zero_in_place)
+
+    def _zero_in_place(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.zero_grad(set_to_none=False)
         self.optimizer = optimizer
-        return True
 
     def proof(self, steps: int) -> dict[str, Any]:
         groups = self.optimizer.param_groups if steps else []

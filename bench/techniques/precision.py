@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
 
-from bench.techniques.base import ANY_MODE, TECHNIQUES, RunContext, Technique, option
+from bench.techniques.base import ANY_MODE, TECHNIQUES, RunContext, Step, Technique, option
 
 if TYPE_CHECKING:
     from bench.data.synthetic import Batch
@@ -51,23 +50,19 @@ class Amp(Technique):
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self.device_type = ctx.device.type
         self.dtype = getattr(torch, self.config.dtype)
-        # A prediction leaves the GradScaler out: its inf checks need real values, and it holds a few scalars.
-        scaled = self.config.dtype == "float16" and self.config.scaler and not ctx.predicting
+        scaled = self.config.dtype == "float16" and self.config.scaler
         self.scaler = torch.amp.GradScaler(self.device_type) if scaled else None
         return model
 
-    def step_context(self) -> AbstractContextManager[Any]:
-        return torch.autocast(self.device_type, dtype=self.dtype)
-
-    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        return self.scaler.scale(loss) if self.scaler else loss
-
-    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+    def step(self) -> Step:
+        autocast = Step(context=lambda: torch.autocast(self.device_type, dtype=self.dtype))
         if self.scaler is None:
-            return False
+            return autocast
+        return replace(autocast, scale_loss=self.scaler.scale, optimizer_step=self._scaled_step)
+
+    def _scaled_step(self, optimizer: torch.optim.Optimizer) -> None:
         self.scaler.step(optimizer)
         self.scaler.update()
-        return True
 
     def proof(self, steps: int) -> dict[str, Any]:
         scale = self.scaler.get_scale() if self.scaler else None
@@ -106,7 +101,10 @@ class PureBF16(Technique):
         self.model = cast_(model, self.dtype)
         return self.model
 
-    def prepare_batch(self, batch: Batch) -> Batch:
+    def step(self) -> Step:
+        return Step(prepare=self._cast_inputs)
+
+    def _cast_inputs(self, batch: Batch) -> Batch:
         inputs, labels = batch
         if isinstance(inputs, torch.Tensor) and inputs.is_floating_point():
             inputs = inputs.to(self.dtype)

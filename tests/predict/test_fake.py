@@ -14,7 +14,8 @@ from bench.data.synthetic import clone_batch
 from bench.infer import Predictor
 from bench.measure.memory import tracked_step
 from bench.predict import predict
-from bench.predict.fake import flop_counter, masks_as_real
+from bench.predict.adapters import masks_as_real
+from bench.predict.fake import flop_counter
 from bench.suite import load, select
 from bench.techniques.lowbit import FP8Training
 from bench.techniques.offload import ActivationOffload
