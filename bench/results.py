@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from bench.record import label, migrate
+
 if TYPE_CHECKING:
     from bench.spec import RunSpec
 
@@ -120,7 +122,7 @@ def base_record(spec: RunSpec, device: str, device_type: str, key: str, revision
     shapes = spec.shapes(device_type)
     return {
         "suite": spec.suite, "run": spec.name, "model": spec.model, "baseline": spec.baseline,
-        "techniques": " + ".join(t.label for t in spec.techniques) or "baseline",
+        "techniques": [t.label for t in spec.techniques],
         "device": device, "device_type": device_type,
         "batch_size": shapes.batch_size, "image_size": shapes.image_size, "seq_len": shapes.seq_len,
         "seed": spec.seed, "warmup_steps": shapes.warmup_steps, "measure_steps": shapes.measure_steps,
@@ -171,12 +173,25 @@ def accuracy_vs_baseline(record: dict[str, Any], baseline: dict[str, Any] | None
 
 
 def to_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
-    """One row per run; the technique proofs become ``proof.<technique>.<key>`` columns, the versions of the
-    packages the run imported ``package.<name>`` columns."""
+    """One row per run, records of any age in today's form (bench.record.migrate), with what is derived from
+    several of them: the accuracy delta against the baseline run on the same device. ``techniques`` is the label
+    tables show, ``technique`` the first technique's name (what colours it); the technique proofs become
+    ``proof.<technique>.<key>`` columns, the versions of the packages the run imported ``package.<name>``."""
+    flat = [migrate(r) for r in records]
+    baselines = {(r.get("suite"), r["device"]): r for r in flat if r["run"] == r.get("baseline")}
     rows = []
-    for r in records:
-        row = {k: v for k, v in r.items() if k not in ("proof", "spec", "packages")}
+    for r in flat:
+        row = {k: v for k, v in r.items() if k not in ("proof", "spec", "packages", "techniques")}
+        row |= {"techniques": label(r.get("techniques") or []), "technique": _first_technique(r)}
+        row |= accuracy_vs_baseline(r, baselines.get((r.get("suite"), r["device"])))
         row |= {f"proof.{k}": v for k, v in (r.get("proof") or {}).items()}
         row |= {f"package.{k}": v for k, v in (r.get("packages") or {}).items()}
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _first_technique(record: dict[str, Any]) -> str:
+    """The name of the run's first technique ("" for none), from its specification where it has one."""
+    if techniques := (record.get("spec") or {}).get("techniques"):
+        return techniques[0]["name"]
+    return (record.get("techniques") or [""])[0].split("(")[0]

@@ -11,6 +11,7 @@ from typing import Any, TextIO
 
 from bench import results, resume
 from bench.launch import Launcher
+from bench.record import Record
 from bench.suite import Suite
 
 MEMORY_SUMMARY = "memory_summary_text"  # the worker's torch.cuda.memory_summary(), saved beside the record
@@ -55,7 +56,8 @@ def campaign(suites: list[Suite], launcher: Launcher, results_root: Path, force:
             finish(record, records[t.suite.name], results_root)
             if archive is not None and device:
                 results.pack(archive, results_root, names, device)
-            print(f"[{i}/{len(todo)}] {label(t)}: {_outcome(record)}", file=log, flush=True)
+            print(f"[{i}/{len(todo)}] {label(t)}: {_outcome(record, _baseline(record, records[t.suite.name]))}",
+                  file=log, flush=True)
     for folder in folders.values():
         resume.force_done(folder)
     print(f"done: {len(todo)} runs measured in {_elapsed(start)}", file=log)
@@ -70,22 +72,27 @@ def _missing_snapshot(task: resume.Task, launcher: Launcher) -> str:
 
 
 def finish(record: dict[str, Any], records: list[dict[str, Any]], results_root: Path) -> None:
-    """Add the accuracy delta against the baseline's record (this one, or one stored before it), store
-    the record atomically, and keep it with the others."""
-    baseline = record if record["run"] == record["baseline"] else next(
-        (r for r in records if r["run"] == record["baseline"] and r["device"] == record["device"]), None)
-    record |= results.accuracy_vs_baseline(record, baseline)
+    """Store the record atomically, in its typed form (bench.record: a figure without a value is absent), and
+    keep it with the others. What is derived from several records (the accuracy delta) is left to reports."""
     record["stored_at"] = datetime.now(UTC).isoformat(timespec="microseconds")  # what --force compares
     path = results.record_path(results_root, record["suite"], record["device"], record["run"])
     if summary := record.pop(MEMORY_SUMMARY, None):
         record["memory_summary"] = results.save_beside(path, ".memory.txt", summary)
+    record = Record.from_flat(record).to_flat()
     results.set_aside_if_unreadable(path)
     results.store(path, record)
     records.append(record)
 
 
-def _outcome(record: dict[str, Any]) -> str:
-    """The progress line's summary: what a user watching the sweep wants first."""
+def _baseline(record: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The suite's baseline record on the record's device: the record itself, or one stored before it."""
+    return next((r for r in reversed(records) if r["run"] == record["baseline"] and r["device"] == record["device"]),
+                None)
+
+
+def _outcome(record: dict[str, Any], baseline: dict[str, Any] | None = None) -> str:
+    """The progress line's summary: what a user watching the sweep wants first; the accuracy delta against
+    ``baseline`` where both have an accuracy."""
     if record["status"] != "ok":
         return f"{record['status']}: {record['message']}"
     peak = record.get("peak_allocated_bytes") or record.get("peak_tensor_bytes")
@@ -93,7 +100,7 @@ def _outcome(record: dict[str, Any]) -> str:
     parts = [f"peak {peak / 2**20:,.1f} MiB" if peak else "peak not tracked",
              f"{record['samples_per_s']:,.1f} samples/s"]
     if record.get("accuracy") is not None:
-        delta = record.get("accuracy_delta")
+        delta = results.accuracy_vs_baseline(record, baseline).get("accuracy_delta")
         shown = delta is not None and record["run"] != record["baseline"]
         parts.append(f"accuracy {record['accuracy']:.1%}" + (f" ({delta * 100:+.1f} pt)" if shown else ""))
     if record.get("fidelity_error"):

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from bench.report import plots
-from bench.report.figures import write_figures
+from bench.report.figures import write_fields, write_figures
 from bench.report.page import Block, html_page, markdown
 from bench.report.tables import pareto_front, summary
 from bench.results import load_records, slug, to_frame
@@ -78,7 +78,7 @@ def build_overview(results: Path) -> list[Path]:
         blocks += [Block("h2", str(device)), Block("table", pd.DataFrame(rows)), Block("image", png)]
     written[0].write_text(markdown(blocks, out))
     written[1].write_text(html_page(blocks, "All suites: what to use"))
-    return written + [figures]
+    return written + [figures, write_fields(results)]
 
 
 def _suite_grid(table: pd.DataFrame, device: str, path: Path) -> None:
@@ -96,7 +96,7 @@ def _suite_grid(table: pd.DataFrame, device: str, path: Path) -> None:
             order = np.argsort(x[front])
             ax.step(x[front][order], y[front][order], where="post", color="black", lw=1, alpha=0.6)
             ax.scatter(x, y, color=[plots.technique_colour(tq, r == b)
-                                    for tq, r, b in zip(c["techniques"], c["run"], c["baseline"])], zorder=3)
+                                    for tq, r, b in zip(c["technique"], c["run"], c["baseline"])], zorder=3)
             plots.place_labels(ax, x[front], y[front], list(c["run"][front]))
         ax.axhline(1, color="gray", lw=0.8, ls="--")
         ax.axvline(1, color="gray", lw=0.8, ls="--")

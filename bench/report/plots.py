@@ -56,13 +56,12 @@ def memory_label(device_type: str, unit: str) -> str:
     return f"{what} ({unit}{', CUDA allocator' if device_type == 'cuda' else ', tracked'})"
 
 
-def technique_colour(techniques: str, is_baseline: bool = False) -> tuple | str:
-    """The colour of a run's first technique ('amp(dtype=bfloat16) + checkpoint' → amp's), the same in every
+def technique_colour(first: str, is_baseline: bool = False) -> tuple | str:
+    """The colour of a run by the name of its first technique (the table's ``technique``), the same in every
     report: a built-in's by its place among the registered names, a user's own ('module:Class') by a hash of
     its name into the colours after those, so it is neither a built-in's nor the baseline's grey."""
     from bench.techniques import TECHNIQUES
 
-    first = str(techniques).split(" + ")[0].split("(")[0].strip()
     if is_baseline or first in ("", "baseline"):
         return BASELINE_COLOUR
     names = TECHNIQUES.names()  # sorted, so a built-in's colour does not hang on import order
@@ -72,7 +71,7 @@ def technique_colour(techniques: str, is_baseline: bool = False) -> tuple | str:
 
 
 def _colours(table: pd.DataFrame) -> list:
-    return [technique_colour(t, r == b) for t, r, b in zip(table["techniques"], table["run"], table["baseline"])]
+    return [technique_colour(t, r == b) for t, r, b in zip(table["technique"], table["run"], table["baseline"])]
 
 
 def peak_memory_bars(ax: Axes, table: pd.DataFrame, title: str) -> None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from bench.results import accuracy_vs_baseline
-
 # What holds the bytes alive at a run's peak (bench/measure/memory.py: tracked_step).
 BREAKDOWN = ["parameters", "buffers", "gradients", "optimizer_state", "activations", "temporaries"]
 
@@ -45,14 +43,14 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     base_tput = base["samples_per_s"].where(ok).reindex(keys).to_numpy()
     df["memory_vs_baseline"] = df["peak_bytes"] / base_peak
     df["throughput_vs_baseline"] = df["samples_per_s"] / base_tput
-    df = _accuracy(df, base, keys)
     df["predicted_vs_measured"] = pd.to_numeric(df["predicted_peak_tensor_bytes"], errors="coerce") / df["peak_bytes"]
     packages = sorted(c for c in df.columns if c.startswith("package."))
     extra = packages + [c for c in df.columns if c.startswith("proof.")]
     order = df["run_index"] if "run_index" in df else pd.Series(0, index=df.index)
     df = df.assign(_order=order).sort_values(["device", "_order", "run"])
     df["step_times_ms"] = df.get("step_times_ms")
-    return df[COLUMNS + ["peak_bytes", "baseline", "step_times_ms"] + extra].reset_index(drop=True)
+    df["technique"] = df.get("technique")
+    return df[COLUMNS + ["peak_bytes", "baseline", "technique", "step_times_ms"] + extra].reset_index(drop=True)
 
 
 def pareto_front(memory: np.ndarray, throughput: np.ndarray) -> np.ndarray:
@@ -77,17 +75,6 @@ def savings(table: pd.DataFrame) -> pd.DataFrame:
         "throughput change %": (100 * (ok["throughput_vs_baseline"] - 1)).round(1),
         "Δ accuracy pt (band)": ok.apply(_delta_cell, axis=1) if len(ok) else None,
     })
-
-
-def _accuracy(df: pd.DataFrame, base: pd.DataFrame, keys: list[tuple[str, str]]) -> pd.DataFrame:
-    """Recomputed from the accuracies, so a re-measured baseline updates every delta."""
-    if "accuracy" not in base:
-        return df
-    baselines = base.reindex(keys)[["accuracy", "accuracy_seeds"] if "accuracy_seeds" in base else ["accuracy"]]
-    rows = [accuracy_vs_baseline({"accuracy": a}, b.dropna().to_dict() if isinstance(b, pd.Series) else None)
-            for a, (_, b) in zip(df["accuracy"], baselines.iterrows())]
-    delta = pd.DataFrame(rows, index=df.index)
-    return df.drop(columns=[c for c in delta.columns if c in df]).join(delta)
 
 
 def _delta_cell(row: pd.Series) -> str | None:

@@ -29,20 +29,20 @@ def write(root, records):
 @pytest.fixture
 def sides(tmp_path):
     before = write(tmp_path / "a", [
-        rec("baseline", 1000, 100.0, 1.0, accuracy=0.90, accuracy_band=0.02),
+        rec("baseline", 1000, 100.0, 1.0, accuracy=0.90, accuracy_seeds=[0.90, 0.92]),
         rec("slower", 800, 100.0, 1.0),
         rec("noisy", 800, 100.0, 10.0),
         rec("fatter", 500, 100.0, 1.0),
         rec("rounding", 500, 100.0, 1.0),
-        rec("worse", 500, 100.0, 1.0, accuracy=0.90, accuracy_band=0.02),
+        rec("worse", 500, 100.0, 1.0, accuracy=0.90),
     ])
     after = write(tmp_path / "b", [
-        rec("baseline", 1000, 100.0, 1.0, accuracy=0.91, accuracy_band=0.02),
+        rec("baseline", 1000, 100.0, 1.0, accuracy=0.91, accuracy_seeds=[0.91, 0.93]),
         rec("slower", 800, 120.0, 1.0),  # planted: 20% slower, well outside a ±1 ms spread
         rec("noisy", 800, 106.0, 10.0),  # 6% slower, but inside its own ±10 ms spread: noise
         rec("fatter", 560, 100.0, 1.0),  # planted: 12% more memory
         rec("rounding", 502, 100.0, 1.0),  # 0.4%: allocator rounding, not a change
-        rec("worse", 500, 100.0, 1.0, accuracy=0.80, accuracy_band=0.02),  # planted: -10 pt against a 2 pt band
+        rec("worse", 500, 100.0, 1.0, accuracy=0.80),  # planted: -10 pt against the baseline's 2 pt band
         rec("only-after", 1, 1.0, 0.1),
     ])
     return before, after

@@ -35,7 +35,8 @@ def test_overview_page_covers_every_suite(tmp_path):
         results.write_atomic(results.record_path(tmp_path, r["suite"], r["device"], r["run"]), r)
     written = build_overview(tmp_path)
     assert {p.name for p in written} == {"overview.md", "overview.html", "overview-cpu.png", "overview-cpu.svg",
-                                         "figures.md"}
+                                         "figures.md", "README.md"}
+    assert "| `peak_tensor_bytes` |" in (tmp_path / "README.md").read_text()  # the field reference
     assert (tmp_path / "figures.md").read_text().startswith("# Reference figures")
     text = written[0].read_text()
     assert "| a | m | 0.098 | 100.0 | **deep**: 0.40× memory, 0.50× throughput |" in text

@@ -1,0 +1,268 @@
+"""The record of one run, typed: what every field is, in which group, and its documentation (results/README.md's
+field reference is generated from it). On disk a record stays one flat JSON object, a key per field, so that
+it reads with any tool and loads into pandas as a row; ``Record.from_flat`` reads one, older records included
+(``migrate``), and ``to_flat`` writes it. Figures derived from several records (the accuracy delta against the
+baseline) are computed when reporting, never stored.
+
+Nothing here imports the project: every layer that makes or reads records can use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, make_dataclass
+from typing import Any
+
+DERIVED = ("accuracy_delta", "accuracy_band", "outside_band")  # stored by older records; recomputed on read
+RANK_PREFIX = "rank_"  # a multi-process run's per-rank lists: rank_<figure>
+AT_PEAK = ("parameters", "buffers", "gradients", "optimizer_state", "activations", "temporaries")
+
+
+def doc(text: str, default: Any = None) -> Any:
+    """A field with its documentation; absent (None) unless the run has the figure."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=type(default), metadata={"doc": text})
+    return field(default=default, metadata={"doc": text})
+
+
+@dataclass
+class Identity:
+    """Which run: the suite's entry as it ran, and where."""
+
+    suite: str = doc("the suite's name")
+    run: str = doc("the run's name in the suite")
+    run_index: int | None = doc("its place in the suite file (reports keep that order)")
+    model: str = doc("the model's registered name, or module:NAME")
+    baseline: str = doc("the suite's baseline run, which ratios and accuracy deltas are held against")
+    techniques: list[str] = doc("the techniques' labels, with their options, in the order they applied", [])
+    device: str = doc("the device's name: the CUDA card's, or the processor model and thread count")
+    device_type: str | None = doc("cuda or cpu")
+    batch_size: int | None = doc("the measured steps' batch size (per rank)")
+    image_size: int | None = doc("image models: the side of the square input")
+    seq_len: int | None = doc("token models: tokens per sequence")
+    seed: int | None = doc("seeds the model's initial weights, the batch and the fidelity phase's data order")
+    warmup_steps: int | None = doc("steps before anything is measured")
+    measure_steps: int | None = doc("timed steps")
+    nproc: int | None = doc("processes the run takes (torchrun's nproc-per-node)")
+    spec: dict[str, Any] | None = doc("the full entry as loaded, options and defaults included")
+    run_key: str | None = doc("hash of spec and device: a stored record with the same key is kept on resume")
+
+
+@dataclass
+class Outcome:
+    """How the run ended."""
+
+    status: str = doc("ok, oom, error, timeout or unsupported")
+    message: str = doc("empty when ok; else the reason", "")
+    warning: str | None = doc("an ok run whose first timed step was far slower than the rest (warm-up too short)")
+    stderr_tail: str | None = doc("an error's last output (each rank's, under torchrun)")
+    failed_rank: int | None = doc("a multi-process run's rank that failed")
+    proof: dict[str, Any] | None = doc("each technique's evidence of application, read off the live run, as "
+                                       "<technique>.<key>; the trainer's micro_batches and output_dtype")
+
+
+@dataclass
+class Memory:
+    """What was alive: the tracker's live tensor bytes (every device), the CUDA allocator's and NVML's figures."""
+
+    peak_tensor_bytes: int | None = doc("tracked peak of live tensor storages over one instrumented step")
+    peak_phase: str | None = doc("where that peak fell: forward, backward or optimizer")
+    activation_bytes: int | None = doc("bytes a forward leaves alive for backward")
+    gradient_bytes: int | None = doc("gradients alive after backward")
+    param_bytes: int | None = doc("the model's parameters")
+    buffer_bytes: int | None = doc("the model's buffers")
+    optimizer_state_bytes: int | None = doc("the optimizer's state")
+    model_state_bytes: int | None = doc("parameters + gradients + optimizer state on one rank (the ZeRO quantity)")
+    at_peak_parameters_bytes: int | None = doc("alive at the tracked peak: parameters")
+    at_peak_buffers_bytes: int | None = doc("alive at the tracked peak: buffers")
+    at_peak_gradients_bytes: int | None = doc("alive at the tracked peak: gradients")
+    at_peak_optimizer_state_bytes: int | None = doc("alive at the tracked peak: optimizer state")
+    at_peak_activations_bytes: int | None = doc("alive at the tracked peak: made by a forward, the input included")
+    at_peak_temporaries_bytes: int | None = doc("alive at the tracked peak: made in backward or the optimizer step")
+    param_count: int | None = doc("parameters")
+    trainable_param_count: int | None = doc("parameters that require gradients")
+    rss_peak_bytes: int | None = doc("the run process's peak resident host memory")
+    peak_allocated_bytes: int | None = doc("CUDA: torch.cuda.max_memory_allocated over the timed steps")
+    peak_reserved_bytes: int | None = doc("CUDA: the caching allocator's reserved peak over the timed steps")
+    peak_active_bytes: int | None = doc("CUDA: the allocator's active-bytes peak")
+    alloc_retries: int | None = doc("CUDA: allocations retried after freeing the cache (fragmentation)")
+    cuda_ooms: int | None = doc("CUDA: out-of-memory errors the allocator raised")
+    nvml_process_bytes: int | None = doc("CUDA: what NVML charges the process (context included)")
+    context_bytes: int | None = doc("CUDA: NVML's figure minus reserved: the context and libraries")
+    cache_slack_bytes: int | None = doc("CUDA: reserved minus allocated at their peaks")
+    snapshot: str | None = doc("CUDA, --snapshot: the allocator history file beside the record")
+    memory_summary: str | None = doc("CUDA: the file beside the record with torch.cuda.memory_summary()")
+
+
+@dataclass
+class Timing:
+    """How fast, and where the run's time went."""
+
+    first_step_ms: float | None = doc("the first warm-up step, where one-off costs (compilation) land")
+    step_time_ms_median: float | None = doc("median timed step (CUDA events on a GPU, wall clock on a CPU)")
+    step_time_ms_p25: float | None = doc("first quartile of the timed steps")
+    step_time_ms_p75: float | None = doc("third quartile of the timed steps")
+    step_time_ms_min: float | None = doc("fastest timed step")
+    step_time_ms_max: float | None = doc("slowest timed step")
+    step_times_ms: list[float] | None = doc("every timed step")
+    samples_per_s: float | None = doc("samples a step processes (every rank's, data-parallel) over the median step")
+    tokens_per_s: float | None = doc("token models: samples_per_s times seq_len")
+    flops_per_step: int | None = doc("the step's FLOPs, counted on fake tensors")
+    mfu: float | None = doc("CUDA: flops_per_step over the median step, against the card's dense peak")
+    mfu_dtype: str | None = doc("CUDA: the dtype whose peak mfu is held against")
+    wall_s: float | None = doc("the run's whole process, start-up included")
+    startup_s: float | None = doc("launch to the first warm-up step: imports, prediction, build")
+    prediction_s: float | None = doc("the prediction on fake tensors")
+    measure_s: float | None = doc("build, warm-up, instrumented and timed steps")
+    fidelity_s: float | None = doc("the fidelity phase")
+    launcher: str | None = doc("how the run's process started: fork (from a preloaded server) or fresh")
+
+
+# What the live-bytes tracker gives for one step: measured (Memory), and predicted on fake tensors (Prediction).
+TRACKED = ("peak_tensor_bytes", "peak_phase", "activation_bytes", "gradient_bytes", "param_bytes", "buffer_bytes",
+           "optimizer_state_bytes", *(f"at_peak_{p}_bytes" for p in AT_PEAK))
+
+
+@dataclass
+class _PredictionOutcome:
+    status: str | None = doc("ok, unsupported or unpredictable")
+    message: str | None = doc("why a prediction was not made")
+    ahead: bool | None = doc("made in a spare process while the device measured earlier runs")
+
+
+# The tracked figures and the FLOPs, each documented as its measured twin, so that the two never drift apart.
+Prediction = make_dataclass(
+    "Prediction",
+    [(f.name, f.type, doc(f"predicted: {f.metadata['doc']}")) for group in (Memory, Timing) for f in fields(group)
+     if f.name in (*TRACKED, "flops_per_step")],
+    bases=(_PredictionOutcome,),
+    namespace={"prefix": "predicted_", "__doc__": "The step predicted on fake tensors before the run, at its "
+                                                  "shapes: the tracker's figures and the FLOPs, as predicted_*."})
+
+
+@dataclass
+class Fidelity:
+    """Does the technique change what the model learns: trained on real data, evaluated on its held-out split."""
+
+    accuracy: float | None = doc("held-out accuracy (the first seed's)")
+    accuracy_seeds: list[float] | None = doc("the baseline: accuracy over each seed (their spread is the band)")
+    final_loss: float | None = doc("mean training loss over the last 10 steps")
+    grad_cosine: float | None = doc("first-step gradient against the plain model's, same batch, weights, dropout")
+    fidelity_test_loss: float | None = doc("held-out loss")
+    fidelity_agreement: float | None = doc("inference suites: predictions equal to the fp32 model's")
+    fidelity_model: str | None = doc("the model trained (the run's, or the suite's stand-in)")
+    fidelity_weights: str | None = doc("the weights it started from, if any")
+    fidelity_dataset: str | None = doc("the dataset")
+    fidelity_steps: int | None = doc("training steps")
+    fidelity_train_size: int | None = doc("training samples")
+    fidelity_test_size: int | None = doc("held-out samples")
+    fidelity_error: str | None = doc("the fidelity phase failed: why (the measurement stands)")
+
+
+@dataclass
+class Distributed:
+    """Multi-process runs: every figure is the worst rank's (largest memory and step time, smallest rate)."""
+
+    world_size: int | None = doc("processes in the run")
+    peak_rank: int | None = doc("the rank whose figures the record shows")
+    ranks: dict[str, list[Any]] = doc("each rank's figure, in rank order, stored as rank_<figure>", {})
+
+
+@dataclass
+class Provenance:
+    """How, when and with what the run was measured."""
+
+    git_revision: str | None = doc("the harness's commit, -dirty with uncommitted changes outside results/")
+    torch_version: str | None = doc("torch")
+    python_version: str | None = doc("Python")
+    packages: dict[str, str] | None = doc("versions of the optional packages the run's process imported")
+    hostname: str | None = doc("the machine")
+    cpu_threads: int | None = doc("torch's intra-op threads in the run")
+    finished_at: str | None = doc("UTC, when the run's process ended")
+    stored_at: str | None = doc("UTC to the microsecond, when the record was stored (what --force compares)")
+    cuda_version: str | None = doc("CUDA: the runtime torch was built with")
+    cudnn_version: int | None = doc("CUDA: cuDNN")
+    driver_version: str | None = doc("CUDA: the driver")
+    allocator_conf: str | None = doc("CUDA: PYTORCH_CUDA_ALLOC_CONF as the run saw it")
+    tf32_matmul: bool | None = doc("CUDA: TF32 matmuls allowed (changes an fp32 baseline's speed and accuracy)")
+    tf32_cudnn: bool | None = doc("CUDA: TF32 convolutions allowed")
+    cudnn_benchmark: bool | None = doc("CUDA: cuDNN autotuning on")
+    weights: str | None = doc("the measured run's pretrained weights, if any")
+    weights_sha256: str | None = doc("their digest")
+    weights_loaded: int | None = doc("tensors loaded from them")
+    weights_missing: int | None = doc("model tensors they lacked (kept their initialisation)")
+    weights_missing_names: list[str] | None = doc("the first of those")
+    weights_unused: int | None = doc("their tensors the model did not use")
+    weights_unused_names: list[str] | None = doc("the first of those")
+
+
+GROUPS = (Identity, Outcome, Memory, Timing, Prediction, Fidelity, Distributed, Provenance)
+
+
+@dataclass
+class Record:
+    identity: Identity
+    outcome: Outcome
+    memory: Memory = field(default_factory=Memory)
+    timing: Timing = field(default_factory=Timing)
+    prediction: Prediction = field(default_factory=Prediction)
+    fidelity: Fidelity = field(default_factory=Fidelity)
+    distributed: Distributed = field(default_factory=Distributed)
+    provenance: Provenance = field(default_factory=Provenance)
+    extra: dict[str, Any] = field(default_factory=dict)  # keys no group documents: kept, never dropped
+
+    @classmethod
+    def from_flat(cls, flat: dict[str, Any]) -> Record:
+        """A stored record, after ``migrate``; keys no group knows go to ``extra``."""
+        left = migrate(flat)
+        ranks = {k[len(RANK_PREFIX):]: left.pop(k) for k in list(left) if k.startswith(RANK_PREFIX)}
+        groups = {}
+        for name, group in zip(_attribute_names(), GROUPS):
+            prefix = getattr(group, "prefix", "")
+            taken = {f.name: left.pop(prefix + f.name) for f in fields(group) if prefix + f.name in left}
+            groups[name] = group(**taken)
+        groups["distributed"].ranks = ranks
+        return cls(**groups, extra=left)
+
+    def to_flat(self) -> dict[str, Any]:
+        """The stored form: one key per field that has a value (a figure a device cannot give is absent)."""
+        out: dict[str, Any] = {}
+        for name, group in zip(_attribute_names(), GROUPS):
+            part, prefix = getattr(self, name), getattr(group, "prefix", "")
+            for f in fields(group):
+                value = getattr(part, f.name)
+                if f.name == "ranks":
+                    out |= {RANK_PREFIX + k: v for k, v in value.items()}
+                elif value is not None:
+                    out[prefix + f.name] = value
+        return out | self.extra
+
+
+def _attribute_names() -> list[str]:
+    return [f.name for f in fields(Record) if f.name != "extra"]
+
+
+def migrate(flat: dict[str, Any]) -> dict[str, Any]:
+    """An older record in today's form: techniques were one label (``"a + b"``, ``"baseline"``), and the
+    accuracy delta was stored with the record rather than derived when reporting."""
+    out = {k: v for k, v in flat.items() if k not in DERIVED}
+    if isinstance(out.get("techniques"), str):
+        label = out["techniques"]
+        out["techniques"] = [] if label == "baseline" else label.split(" + ")
+    return out
+
+
+def label(techniques: list[str]) -> str:
+    """The techniques as one label, as tables and plots show them."""
+    return " + ".join(techniques) or "baseline"
+
+
+def reference() -> str:
+    """The field reference of results/README.md: one table per group, in the groups' order."""
+    parts = []
+    for group in GROUPS:
+        prefix = getattr(group, "prefix", "")
+        rows = [f"| `{RANK_PREFIX + '<figure>' if f.name == 'ranks' else prefix + f.name}` | {f.metadata['doc']} |"
+                for f in fields(group)]
+        title = group.__name__.lower()
+        parts.append(f"### {title}\n\n{group.__doc__}\n\n| field | what it is |\n|---|---|\n" + "\n".join(rows))
+    return "\n\n".join(parts) + "\n"

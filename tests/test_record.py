@@ -1,0 +1,48 @@
+"""The typed record against every committed record, and the field reference generated from it."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.record import DERIVED, Record, label, migrate, reference
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMITTED = sorted(ROOT.glob("results/*/*/*.json"))
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: str(p.relative_to(ROOT / "results")))
+def test_every_committed_record_loads_into_its_groups_and_stores_back_as_it_was(path):
+    stored = json.loads(path.read_text())
+    record = Record.from_flat(stored)
+    assert record.extra == {}, f"fields no group documents: {sorted(record.extra)}"
+    assert isinstance(record.identity.techniques, list)
+    # Stored back: the same fields, less what is now derived when reporting and what had no value.
+    kept = {k: v for k, v in migrate(stored).items() if v is not None}
+    assert record.to_flat() == kept
+
+
+def test_an_older_records_label_becomes_the_list_of_its_techniques_and_its_delta_is_dropped():
+    old = {"suite": "s", "run": "r", "device": "cpu", "status": "ok", "techniques": "amp(dtype=bfloat16) + checkpoint",
+           "accuracy_delta": -0.01, "accuracy_band": 0.02, "outside_band": False}
+    flat = migrate(old)
+    assert flat["techniques"] == ["amp(dtype=bfloat16)", "checkpoint"] and not DERIVED & flat.keys()
+    assert migrate(old | {"techniques": "baseline"})["techniques"] == []
+    assert label(flat["techniques"]) == "amp(dtype=bfloat16) + checkpoint" and label([]) == "baseline"
+
+
+def test_a_field_no_group_knows_is_kept_not_dropped():
+    record = Record.from_flat({"suite": "s", "run": "r", "device": "cpu", "status": "ok", "tomorrows_figure": 3})
+    assert record.extra == {"tomorrows_figure": 3} and record.to_flat()["tomorrows_figure"] == 3
+
+
+def test_per_rank_figures_go_to_the_distributed_group():
+    record = Record.from_flat({"suite": "s", "run": "r", "device": "cpu", "status": "ok", "world_size": 2,
+                               "rank_peak_tensor_bytes": [1, 2]})
+    assert record.distributed.ranks == {"peak_tensor_bytes": [1, 2]}
+    assert record.to_flat()["rank_peak_tensor_bytes"] == [1, 2]
+
+
+def test_the_results_readme_holds_the_reference_generated_from_the_fields():
+    text = (ROOT / "results" / "README.md").read_text()
+    assert reference() in text, "results/README.md is stale: run make overview"
