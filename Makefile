@@ -17,8 +17,10 @@ TEST_PROCESSES :=
 else
 RUN := $(VENV)/bin/python
 DEPS := $(VENV)/.installed
-# pytest-xdist: a test process per core, at most 4 (each, with the runs it starts, held up to about 2 GB).
-TEST_PROCESSES := -n auto --maxprocesses 4
+# pytest-xdist: a test process per core, at most 4 (each, with the runs it starts, held up to about 2 GB). One
+# test handed out at a time, as a process frees up: the slowest are collected first (tests/conftest.py), and
+# xdist's default of handing each process a quarter of its share at once gave one process all of them.
+TEST_PROCESSES := -n auto --maxprocesses 4 --maxschedchunk 1
 endif
 
 .DEFAULT_GOAL := help
@@ -51,7 +53,7 @@ fit: $(DEPS) ## the largest batch of each SUITE run that really fits BUDGET=16Gi
 report: $(DEPS) ## rebuild results/SUITE/{table.csv,report.md,report.html,plots/} from stored records
 	$(RUN) -m bench report $(SUITE)
 
-overview: $(DEPS) ## one page over every suite in results/: what to use, per model; and results/figures.md
+overview: $(DEPS) ## one page over every suite in results/: what to use, per model; results/figures.md; results/README.md's fields
 	$(RUN) -m bench overview
 
 compare: $(DEPS) ## per-run changes from A to B (result folders), regressions flagged: make compare A=… B=…

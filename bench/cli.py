@@ -8,7 +8,6 @@ import os
 import shlex
 import sys
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from bench.errors import BadInput, SuiteError

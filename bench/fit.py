@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from bench import results
-from bench.predict import largest_batch
 from bench.launch import Device
 from bench.launch.local import run_isolated
+from bench.predict import largest_batch
 from bench.suite import RunSpec
 
 CLOSE = 0.05  # how far below the measured largest batch the predicted one may lie

@@ -30,6 +30,7 @@ def test_bad_suite_exits_2_listing_every_problem_and_writes_nothing(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow
 def test_no_fidelity_measures_without_the_accuracy_phase(tmp_path):
     out = bench("run", "smoke", "--only", "baseline", "--device", "cpu", "--no-fidelity", "--results", str(tmp_path))
     assert out.returncode == 0, out.stderr

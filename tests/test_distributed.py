@@ -2,14 +2,17 @@
 per rank against the ZeRO formulas."""
 
 import dataclasses
+import os
 
 import pytest
 import torch
+from filelock import FileLock
 
+from bench import results
 from bench.distributed import merge
-from bench.models import MODELS
 from bench.launch import Device
 from bench.launch.local import Local, run_isolated
+from bench.models import MODELS
 from bench.runner import sweep
 from bench.suite import Shapes, SuiteError, load
 from tests.helpers import spec, suite_problems, tech
@@ -22,14 +25,22 @@ STEP_COUNTERS = 4 * 41  # AdamW's per-parameter step counter (a 0-d float32 tens
 
 @pytest.fixture(scope="module")
 def dist_records(tmp_path_factory):
-    """ddp, fsdp and tensor-parallel from the shipped dist-smoke suite, each as 2 gloo processes."""
-    suite = load("suites/dist-smoke.toml")
-    chosen = dataclasses.replace(suite, runs=tuple(r for r in suite.runs if r.name in
-                                                   ("ddp", "fsdp", "tensor-parallel")))
-    records = sweep(chosen, Local(CPU), tmp_path_factory.mktemp("dist"))
-    return {r["run"]: r for r in records}
+    """ddp, fsdp and tensor-parallel from the shipped dist-smoke suite, each as 2 gloo processes: swept once per
+    test session. Under make test's processes, the first to need them sweeps into the session's common folder
+    while the others wait on its lock, then read the stored records, rather than each sweeping again."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the session's, not another's
+    with FileLock(shared / "dist-records.lock"):
+        root = shared / "dist-records"
+        if not root.exists():
+            suite = load("suites/dist-smoke.toml")
+            chosen = dataclasses.replace(suite, runs=tuple(r for r in suite.runs if r.name in
+                                                           ("ddp", "fsdp", "tensor-parallel")))
+            sweep(chosen, Local(CPU), root)
+        return {r["run"]: r for r in results.load_records(root / "dist-smoke")}
 
 
+@pytest.mark.slow
 def test_every_rank_reports_and_the_record_keeps_each_ranks_figure(dist_records):
     for r in dist_records.values():
         assert r["status"] == "ok", r.get("stderr_tail", r)
@@ -67,12 +78,14 @@ def test_tensor_parallel_shards_the_attention_and_mlp_pairs_exactly(dist_records
     assert ddp["samples_per_s"] == pytest.approx(2 * 8 / ddp["step_time_ms_median"] * 1000, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_a_failing_rank_ends_the_run_at_once_with_its_reason():
     record = run_isolated(spec("bert-tiny", (tech("tests.helpers:FailOnRank1"),), nproc=2), CPU)
     assert record["status"] == "error" and record["failed_rank"] == 1, record
     assert "rank 1 gave up" in record["message"]
 
 
+@pytest.mark.slow
 def test_a_rank_that_aborts_leaves_its_own_last_words_in_the_record():
     record = run_isolated(spec("bert-tiny", (tech("tests.helpers:AbortOnRank1"),), nproc=2), CPU)
     assert record["status"] == "error" and "run process died" in record["message"], record

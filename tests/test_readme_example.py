@@ -5,7 +5,10 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -18,19 +21,22 @@ def readme_file(name: str) -> str:
     return match.group(1)
 
 
-def run_readme_suite(tmp_path: Path, module: str, suite: str) -> dict[str, dict]:
-    """Write the README's module and suite as a user would, run the suite on the CPU; its records by run."""
-    for name in (module, f"suites/{suite}.toml"):
+def run_readme_suite(tmp_path: Path, module: str, suite: str, *flags: str,
+                     edit: Callable[[str], str] = str) -> dict[str, dict]:
+    """Write the README's module and suite (through ``edit``) as a user would, run the suite on the CPU with
+    ``flags``; its records by run."""
+    for name, text in ((module, readme_file(module)), (f"suites/{suite}.toml", edit(readme_file(f"suites/{suite}.toml")))):
         (tmp_path / name).parent.mkdir(exist_ok=True)
-        (tmp_path / name).write_text(readme_file(name))
+        (tmp_path / name).write_text(text)
     env = os.environ | {"PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-m", "bench", "run", suite, "--device", "cpu"], cwd=tmp_path,
+    out = subprocess.run([sys.executable, "-m", "bench", "run", suite, "--device", "cpu", *flags], cwd=tmp_path,
                          env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / f"results/{suite}/report.md").exists()
     return {p.stem: json.loads(p.read_text()) for p in (tmp_path / f"results/{suite}").glob("*/*.json")}
 
 
+@pytest.mark.slow
 def test_user_technique_from_the_readme_runs_and_proves_itself(tmp_path):
     records = run_readme_suite(tmp_path, "my_techniques.py", "mine")
     adamw, sgd = records["baseline"], records["sgd-momentum"]
@@ -40,6 +46,7 @@ def test_user_technique_from_the_readme_runs_and_proves_itself(tmp_path):
     assert adamw["optimizer_state_bytes"] > 2 * adamw["param_bytes"]
 
 
+@pytest.mark.slow
 def test_user_model_from_the_readme_runs_with_its_blocks_found(tmp_path):
     records = run_readme_suite(tmp_path, "my_models.py", "convnext")
     assert {r["status"] for r in records.values()} == {"ok"}, records
@@ -48,8 +55,15 @@ def test_user_model_from_the_readme_runs_with_its_blocks_found(tmp_path):
     assert records["checkpoint"]["activation_bytes"] < records["baseline"]["activation_bytes"]
 
 
+@pytest.mark.slow
 def test_a_language_model_from_the_readme_trains_on_its_next_tokens(tmp_path):
-    records = run_readme_suite(tmp_path, "my_lm.py", "llama")
+    # The suite as written trains its baseline on three seeds and the checkpoint run once more; the fewest seeds
+    # a band takes (two) show the learning in half the time, and the checkpoint run's memory needs no training.
+    def lighter(text: str) -> str:
+        text = text.replace("[fidelity]\n", "[fidelity]\nseeds = 2\n")
+        return text.replace('name = "checkpoint"\n', 'name = "checkpoint"\nfidelity = false\n')
+
+    records = run_readme_suite(tmp_path, "my_lm.py", "llama", edit=lighter)
     base, ckpt = records["baseline"], records["checkpoint"]
     assert base["status"] == ckpt["status"] == "ok", records
     assert ckpt["proof"]["checkpoint.wrapped_modules"] == 2  # the two decoder layers, found in the tree

@@ -5,10 +5,10 @@ import tarfile
 from dataclasses import replace
 from pathlib import Path
 
-from bench import resume, results
-from bench.provenance import device_name
+from bench import results, resume
 from bench.launch import Device
 from bench.launch.local import Local
+from bench.provenance import device_name
 from bench.runner import campaign, sweep
 from bench.suite import Fidelity, Suite
 from tests.helpers import spec

@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch
 
-from bench.launch import process as launch
 from bench.launch import Device
+from bench.launch import process as launch
 from bench.launch.local import run_isolated
 from tests.helpers import spec, tech
 

@@ -32,7 +32,8 @@ techniques = ["checkpoint"]
 """
 
 
-def test_each_run_is_a_job_and_its_record_lands_in_the_results_folder(tmp_path):
+@pytest.mark.slow
+def test_each_run_is_a_job_and_the_sweep_resumes_as_a_local_one(tmp_path):
     pytest.importorskip("submitit")  # an optional extra: the CUDA host has none
     (tmp_path / "jobs.toml").write_text(SUITE)
     suite = load(tmp_path / "jobs.toml")
@@ -45,23 +46,14 @@ def test_each_run_is_a_job_and_its_record_lands_in_the_results_folder(tmp_path):
     # The key is the one a local `bench run` on that node would compute: the sweep resumes across launchers.
     assert all(r["run_key"] == s.key(r["device"]) for r, s in zip(sorted(stored, key=lambda r: r["run"]),
                                                                      suite.runs))
-    again = sweep(suite, Slurm("cpu", root / "jobs" / ".submitit", {"cluster": "local"}), root)
+    again = sweep(suite, slurm, root)
     assert [r["stored_at"] for r in again] == [r["stored_at"] for r in records]  # kept, not resubmitted
     here = sweep(suite, Local(detect("cpu")), root)  # the node is this machine: a local sweep keeps them too
     assert [r["stored_at"] for r in here] == [r["stored_at"] for r in records]
-
-
-def test_a_slurm_sweep_retries_a_failed_run_unless_failures_are_kept(tmp_path):
-    pytest.importorskip("submitit")
-    (tmp_path / "jobs.toml").write_text(SUITE)
-    suite = load(tmp_path / "jobs.toml")
-    root, device = tmp_path / "results", detect("cpu")
-    base = suite.runs[0]
-    failed = results.base_record(base, device.name, "cpu", base.key(device.name), "x") | {
-        "status": "error", "message": "a node went away", "stored_at": "2026-01-01T00:00:00"}
-    results.write_atomic(results.record_path(root, "jobs", device.name, "baseline"), failed)
-    slurm = Slurm("cpu", root / "jobs" / ".submitit", {"cluster": "local"})
-    kept = sweep(load(tmp_path / "jobs.toml"), slurm, root, keep_failures=True)
+    # A failure that may not recur is kept under --keep-failures, else submitted again, as in a local sweep.
+    path = results.record_path(root, "jobs", records[0]["device"], "baseline")
+    results.write_atomic(path, records[0] | {"status": "error", "message": "a node went away"})
+    kept = sweep(suite, slurm, root, keep_failures=True)
     assert {r["run"]: r["status"] for r in kept} == {"baseline": "error", "checkpoint": "ok"}
     retried = sweep(suite, slurm, root)
     assert {r["run"]: r["status"] for r in retried} == {"baseline": "ok", "checkpoint": "ok"}

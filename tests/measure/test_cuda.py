@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from bench.measure.memory import cuda_peaks, tracked_step
-from bench.measure.timing import time_steps
 from bench.launch import Device
 from bench.launch.local import run_isolated
+from bench.measure.memory import cuda_peaks, tracked_step
+from bench.measure.timing import time_steps
 from tests.conftest import build_trainer
 from tests.helpers import spec, tech
 

@@ -7,9 +7,9 @@ from torch.nn import functional as F
 
 from bench import models
 from bench.data.synthetic import split, synthetic_batch
-from bench.models import MODELS, ModelSpec, repeated_blocks
 from bench.launch import Device
 from bench.launch.local import run_isolated
+from bench.models import MODELS, ModelSpec, repeated_blocks
 from bench.suite import Shapes
 from bench.techniques import RunContext, build
 from tests.conftest import build_trainer

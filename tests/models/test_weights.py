@@ -5,10 +5,10 @@ import hashlib
 import pytest
 import torch
 
-from bench.models import MODELS, build_model
-from bench.models.weights import WeightsError, digest
 from bench.launch import Device
 from bench.launch.local import run_isolated
+from bench.models import MODELS, build_model
+from bench.models.weights import WeightsError, digest
 from bench.suite import Shapes
 from tests.helpers import spec
 

@@ -14,6 +14,7 @@ from bench.predict import table
 from bench.suite import load, select
 
 
+@pytest.mark.slow
 def test_predict_command_prints_the_table_with_what_fits_the_budget(tmp_path):
     cmd = [sys.executable, "-m", "bench", "predict", "smoke", "--only", "checkpoint", "--results", str(tmp_path)]
     out = subprocess.run(cmd + ["--budget", "2GiB"], capture_output=True, text=True, timeout=300)

@@ -1,7 +1,8 @@
 """Run by test_fake.py in fresh processes: ``python -m tests.predict.trace_probe [predict-first]``.
 
 Every technique combination of the shipped suites, on the tiny model of its family: with ``predict-first``,
-all are predicted (as CUDA and as this CPU, as workers do) before any runs for real. Then each takes four
+all are predicted (as CUDA, as workers do on a GPU host; a CPU prediction runs the same techniques' code on
+the same fake tensors) before any runs for real. Then each takes four
 real steps from its seed: a state written by one update is read back by the next, and a head that starts at
 zero (ViT's) sends the body no gradient in the first, so a bad state can first show in the fourth loss. The
 losses (inference: the outputs' sums) are printed as JSON. A prediction that left anything
@@ -56,7 +57,6 @@ def main(predict_first: bool) -> None:
     if predict_first:
         for run in specs.values():
             predict(run, cuda=True)
-            predict(run, run.cpu, cuda=False)
     out = {}
     for key, run in specs.items():
         if runnable(run):

@@ -1,8 +1,11 @@
+import pytest
+
 from bench.launch import Device
 from bench.launch.local import run_isolated
 from tests.helpers import spec, tech
 
 
+@pytest.mark.slow
 def test_compiled_run_records_compile_time_apart_and_no_tracked_peak():
     record = run_isolated(spec("vit-tiny", (tech("compile"),), measure_steps=3), Device("cpu", "cpu"))
     assert record["status"] == "ok", record

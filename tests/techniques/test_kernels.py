@@ -1,8 +1,8 @@
 import torch
 
-from bench.measure.memory import tracked_step
 from bench.launch import Device
 from bench.launch.local import run_isolated
+from bench.measure.memory import tracked_step
 from bench.worker import measure
 from tests.conftest import CPU, build_trainer
 from tests.helpers import spec, tech
