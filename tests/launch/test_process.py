@@ -3,6 +3,7 @@ its own session, and no CUDA inherited from the server."""
 
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -57,8 +58,10 @@ def test_a_crash_or_a_hang_is_a_status_under_either_launcher(launcher, monkeypat
     assert crashed["message"] == "run process died: killed by signal SIGSEGV"
     assert "about to crash" in crashed["stderr_tail"]
     monkeypatch.setenv("BENCH_TEST_SLEEP", "60")
-    hung = run_isolated(spec(techniques=(tech("tests.helpers:Sleep"),), timeout_s=5.0), CPU, kind=launcher)
-    assert hung["status"] == "timeout"
+    start = time.monotonic()
+    hung = run_isolated(spec(techniques=(tech("tests.helpers:Sleep"),), timeout_s=3.0), CPU, kind=launcher)
+    assert hung["status"] == "timeout" and hung["message"] == "stopped after 3 s"
+    assert time.monotonic() - start < 20  # stopped at its time, not when the sleep ends
 
 
 def test_the_fork_server_refuses_a_child_that_inherited_cuda(monkeypatch):
