@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from bench.report import plots, tables
+from bench.report.headline import devices_best_first, headline, suite_entries
 from bench.report.page import Block, html_page, markdown
 from bench.results import load_records, slug, to_frame
 
@@ -29,8 +30,11 @@ def build_report(suite_dir: Path) -> list[Path]:
     plot_dir.mkdir(exist_ok=True)
     written = [suite_dir / "table.csv", suite_dir / "report.md", suite_dir / "report.html"]
     table.drop(columns=["step_times_ms"]).to_csv(written[0], index=False)
-    blocks = [Block("h1", f"{suite_dir.name}: memory-saving techniques")]
-    for device, part in table.groupby("device", sort=True):
+    blocks = [Block("h1", f"{suite_dir.name}: memory-saving techniques"), Block("nav", _neighbours(suite_dir)),
+              Block("h2", "What to use"), Block("headline", headline(table, suite_entries(suite_dir.name))),
+              Block("p", HEADLINE_NOTE)]
+    for device in devices_best_first(table):
+        part = table[table["device"] == device]
         images = device_plots(plot_dir, str(device), part)
         blocks += _device_section(str(device), part, records, images)
         written += [p for png in images for p in (png, png.with_suffix(".svg"))]
@@ -40,6 +44,18 @@ def build_report(suite_dir: Path) -> list[Path]:
     for stale in (set(plot_dir.glob("*.png")) | set(plot_dir.glob("*.svg"))) - set(written):
         stale.unlink()  # plots of views or devices no longer in the records
     return written
+
+
+def _neighbours(suite_dir: Path) -> list[tuple[str, str]]:
+    """The overview and the other suites' reports in the same results folder."""
+    others = sorted(p.name for p in suite_dir.parent.iterdir()
+                    if p.is_dir() and p != suite_dir and any(p.glob("*/*.json")))
+    return [("overview", "../overview/overview")] + [(name, f"../{name}/report") for name in others]
+
+
+HEADLINE_NOTE = ("Picks among the runs at the baseline's batch size that save memory (at most 0.99× the baseline's "
+                 "peak) and whose accuracy delta, where measured, lies within the baseline's seed-to-seed band; "
+                 "ratios are against the baseline on the same device. The tables below have every run.")
 
 
 def device_plots(plot_dir: Path, device: str, part: pd.DataFrame) -> list[Path]:

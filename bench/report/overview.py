@@ -11,44 +11,10 @@ import pandas as pd
 
 from bench.report import plots
 from bench.report.figures import write_fields, write_figures
+from bench.report.headline import PICKS, candidates, devices_best_first, pick_text, picks
 from bench.report.page import Block, html_page, markdown
 from bench.report.tables import pareto_front, summary
 from bench.results import load_records, slug, to_frame
-
-NEAR_FREE = 0.95  # "costs nothing": throughput within 5% of the baseline's
-
-
-def candidates(table: pd.DataFrame) -> pd.DataFrame:
-    """Runs a practitioner could pick: measured, at the baseline's batch size (matrix rows that change the
-    batch are left out), and not known to hurt accuracy (a delta outside the baseline's band)."""
-    base_batch = table.set_index("run")["batch_size"].reindex(table["baseline"]).to_numpy()
-    keep = ((table["status"] == "ok") & table["memory_vs_baseline"].notna() & table["throughput_vs_baseline"].notna()
-            & (table["batch_size"].to_numpy() == base_batch) & ~table["outside_band"].eq(True))
-    out = table[keep].copy()
-    saved, lost = 1 - out["memory_vs_baseline"], (1 - out["throughput_vs_baseline"]).clip(lower=0)
-    out["memory_per_throughput"] = saved / lost.clip(lower=0.01)  # a free saving scores as if it cost 1%
-    return out
-
-
-def picks(table: pd.DataFrame) -> dict[str, pd.Series | None]:
-    """The largest saving; the largest that costs under 5% throughput; the most saving per throughput lost."""
-    c = candidates(table)
-    saving = c[c["memory_vs_baseline"] < 1]
-    cheap = saving[saving["throughput_vs_baseline"] >= NEAR_FREE]
-    return {
-        "largest memory saving": saving.loc[saving["memory_vs_baseline"].idxmin()] if len(saving) else None,
-        f"largest saving within {100 * (1 - NEAR_FREE):.0f}% of baseline throughput":
-            cheap.loc[cheap["memory_vs_baseline"].idxmin()] if len(cheap) else None,
-        "most memory saved per throughput lost":
-            saving.loc[saving["memory_per_throughput"].idxmax()] if len(saving) else None,
-    }
-
-
-def _pick_cell(row: pd.Series | None) -> str:
-    if row is None:
-        return "–"
-    return (f"**{row['run']}**: {row['memory_vs_baseline']:.2f}× memory, "
-            f"{row['throughput_vs_baseline']:.2f}× throughput")
 
 
 def build_overview(results: Path) -> list[Path]:
@@ -61,9 +27,11 @@ def build_overview(results: Path) -> list[Path]:
     everything = pd.concat(tables, ignore_index=True)
     out = results / "overview"
     out.mkdir(exist_ok=True)
-    blocks = [Block("h1", "All suites: what to use"), Block("p", INTRO)]
+    blocks = [Block("h1", "All suites: what to use"),
+              Block("nav", [(p.name, f"../{p.name}/report") for p in suites]), Block("p", INTRO)]
     written = [out / "overview.md", out / "overview.html"]
-    for device, part in everything.groupby("device", sort=True):
+    for device in devices_best_first(everything):
+        part = everything[everything["device"] == device]
         rows = []
         for suite, t in part.groupby("suite", sort=True):
             base = t[t["run"] == t["baseline"]]
@@ -71,7 +39,7 @@ def build_overview(results: Path) -> list[Path]:
             rows.append({"suite": suite, "model": t["model"].iloc[0],
                          "baseline peak GiB": round(base["peak_bytes"].iloc[0] / 2**30, 3) if len(base) else None,
                          "baseline samples/s": round(base["samples_per_s"].iloc[0], 1) if len(base) else None,
-                         **{k: _pick_cell(v) for k, v in best.items()}})
+                         **{PICKS[k]: pick_text(v) for k, v in best.items()}})
         png = out / f"overview-{slug(str(device))}.png"
         _suite_grid(part, str(device), png)
         written += [png, png.with_suffix(".svg")]
@@ -112,9 +80,10 @@ def _suite_grid(table: pd.DataFrame, device: str, path: Path) -> None:
     plots.save(fig, path, dpi=110)
 
 
-INTRO = ("Per suite and device, three picks among the runs measured at the baseline's batch size whose accuracy "
+INTRO = ("Per suite and device (GPUs first), three picks among the runs measured at the baseline's batch size that "
+         "save memory (at most 0.99× the baseline's peak) and whose accuracy "
          "delta (where measured) lies within the baseline's noise band: the largest memory saving, the largest "
          "that keeps throughput within 5% of the baseline's, and the one that saves the most memory per unit of "
          "throughput lost ((1 − memory ×) ÷ (1 − throughput ×), a loss under 1% counted as 1%). "
          "Figures are relative to each suite's own baseline on the same device; each suite's `report.md` has "
-         "the full tables.")
+         "the full tables (linked above).")

@@ -16,8 +16,10 @@ from bench.report.tables import to_markdown
 
 @dataclass(frozen=True)
 class Block:
-    kind: str  # h1 | h2 | h3 | p | table | list | image
-    content: object  # text, a DataFrame, a list of strings, or an image Path
+    kind: str  # h1 | h2 | h3 | p | table | list | image | nav | headline
+    # text, a DataFrame, a list of strings, an image Path; nav: (label, page path without suffix) pairs;
+    # headline: (heading line, its items) pairs, shown boxed as a page's first answer
+    content: object
 
 
 def markdown(blocks: list[Block], root: Path) -> str:
@@ -33,14 +35,22 @@ def markdown(blocks: list[Block], root: Path) -> str:
             out.append("\n".join(f"- {item}" for item in b.content))
         elif b.kind == "image":
             out.append(f"![{b.content.stem}]({b.content.relative_to(root).as_posix()})")
+        elif b.kind == "nav":  # the Markdown pages link to each other
+            out.append(" · ".join(f"[{label}]({page}.md)" for label, page in b.content))
+        elif b.kind == "headline":
+            out.append("\n\n".join(f"**{line}**\n\n" + "\n".join(f"- {i}" for i in items) for line, items in b.content))
         out.append("")
     return "\n".join(out)
 
 
+# Text cells read left to right, figures line up on the right; a wide table scrolls in its own box, so a narrow
+# window never loses the page's right edge.
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
-table{border-collapse:collapse;font-size:13px;margin:1em 0}th,td{border:1px solid #ccc;padding:3px 6px;
-text-align:right}th{background:#f2f2f2}td:first-child,th:first-child{text-align:left}img{max-width:100%}
-code{background:#f4f4f4;padding:0 3px}"""
+.scroll{overflow-x:auto}table{border-collapse:collapse;font-size:13px;margin:1em 0}
+th,td{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}th{background:#f2f2f2}
+td.n{text-align:right;white-space:nowrap}img{max-width:100%}code{background:#f4f4f4;padding:0 3px}
+nav{margin:0.5em 0 1em}.headline{background:#f6f8fa;border:1px solid #d0d7de;padding:0.2em 1em;margin:1em 0}"""
+NUMBER = re.compile(r"<td>([-+−]?[\d.,]+(?:e[-+]?\d+)?[×%]?|–)</td>")
 
 
 def html_page(blocks: list[Block], title: str) -> str:
@@ -53,13 +63,24 @@ def html_page(blocks: list[Block], title: str) -> str:
             out.append(f"<p>{_inline(str(b.content))}</p>")
         elif b.kind == "table":
             df: pd.DataFrame = b.content
-            out.append(df.astype(object).where(df.notna(), "–").to_html(index=False, border=0))
+            table = df.astype(object).where(df.notna(), "–").to_html(index=False, border=0)
+            out.append("<div class='scroll'>" + NUMBER.sub(r'<td class="n">\1</td>', table) + "</div>")
         elif b.kind == "list":
             out.append("<ul>" + "".join(f"<li>{_inline(str(i))}</li>" for i in b.content) + "</ul>")
         elif b.kind == "image":
             data = base64.b64encode(Path(b.content).read_bytes()).decode()
             out.append(f"<p><img alt='{html.escape(b.content.stem)}' src='data:image/png;base64,{data}'></p>")
+        elif b.kind == "nav":  # the HTML pages link to each other
+            out.append("<nav>" + " · ".join(f"<a href='{html.escape(page)}.html'>{html.escape(label)}</a>"
+                                            for label, page in b.content) + "</nav>")
+        elif b.kind == "headline":
+            out.append(f"<div class='headline'>{_headline_html(b.content)}</div>")
     return "\n".join(out) + "\n</body></html>\n"
+
+
+def _headline_html(groups: list[tuple[str, list[str]]]) -> str:
+    return "".join(f"<p><b>{_inline(line)}</b></p><ul>" + "".join(f"<li>{_inline(i)}</li>" for i in items) + "</ul>"
+                   for line, items in groups)
 
 
 def _inline(text: str) -> str:

@@ -1,0 +1,101 @@
+"""What to use, in plain words: per device, the picks among a suite's runs, and how much of the suite the device
+has measured. The first screen of every report and the overview's table both come from here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+NEAR_FREE = 0.95  # "costs nothing": throughput within 5% of the baseline's
+SAVES = 0.99  # a saving: at most 99% of the baseline's peak (1.00× is noise, allocator rounding)
+PICKS = {
+    "largest": "Largest saving",
+    "free": f"Largest saving within {100 * (1 - NEAR_FREE):.0f}% of the baseline's throughput",
+    "trade": "Best trade (most memory saved per throughput lost)",
+}
+
+
+def candidates(table: pd.DataFrame) -> pd.DataFrame:
+    """Runs a practitioner could pick: measured, at the baseline's batch size (matrix rows that change the
+    batch are left out), and not known to hurt accuracy (a delta outside the baseline's band)."""
+    base_batch = table.set_index("run")["batch_size"].reindex(table["baseline"]).to_numpy()
+    keep = ((table["status"] == "ok") & table["memory_vs_baseline"].notna() & table["throughput_vs_baseline"].notna()
+            & (table["batch_size"].to_numpy() == base_batch) & ~table["outside_band"].eq(True))
+    out = table[keep].copy()
+    saved, lost = 1 - out["memory_vs_baseline"], (1 - out["throughput_vs_baseline"]).clip(lower=0)
+    out["memory_per_throughput"] = saved / lost.clip(lower=0.01)  # a free saving scores as if it cost 1%
+    return out
+
+
+def picks(table: pd.DataFrame) -> dict[str, pd.Series | None]:
+    """One device's table: the largest saving; the largest within 5% of the baseline's throughput; the most
+    saving per throughput lost. Only runs that save memory (at most 0.99× the baseline's peak) are picked."""
+    c = candidates(table)
+    saving = c[c["memory_vs_baseline"] <= SAVES]
+    cheap = saving[saving["throughput_vs_baseline"] >= NEAR_FREE]
+    return {
+        "largest": saving.loc[saving["memory_vs_baseline"].idxmin()] if len(saving) else None,
+        "free": cheap.loc[cheap["memory_vs_baseline"].idxmin()] if len(cheap) else None,
+        "trade": saving.loc[saving["memory_per_throughput"].idxmax()] if len(saving) else None,
+    }
+
+
+def pick_text(row: pd.Series | None) -> str:
+    """A pick in plain words: the run, its memory ×, throughput × and accuracy effect."""
+    if row is None:
+        return "no run measured here qualifies"
+    return (f"{row['run']}: {row['memory_vs_baseline']:.2f}× memory, {row['throughput_vs_baseline']:.2f}× "
+            f"throughput, {accuracy_effect(row)}")
+
+
+def accuracy_effect(row: pd.Series) -> str:
+    if pd.isna(row.get("accuracy_delta")):
+        return "accuracy not measured here"
+    within = "outside the baseline's band ⚠" if row.get("outside_band") is True else "within the baseline's band"
+    return f"accuracy {100 * row['accuracy_delta']:+.1f} pt ({within} ±{100 * row['accuracy_band']:.1f})"
+
+
+def suite_entries(name: str, suites_dir: Path = Path("suites")) -> int | None:
+    """How many runs the suite file has today; None for a suite with records but no (valid) file here."""
+    from bench.suite import SuiteError, load
+
+    try:
+        return len(load(suites_dir / f"{name}.toml").runs)
+    except SuiteError:
+        return None
+
+
+def devices_best_first(table: pd.DataFrame) -> list[str]:
+    """The devices of a table, GPUs before CPUs (a reader renting a card wants its figures first)."""
+    kinds = table.groupby("device")["device_type"].first()
+    return sorted(kinds.index, key=lambda d: (kinds[d] != "cuda", str(d)))
+
+
+def coverage(part: pd.DataFrame, entries: int | None) -> str:
+    """How much of the suite a device has measured."""
+    ok = int((part["status"] == "ok").sum())
+    if entries is None or len(part) >= entries:
+        return f"{len(part)} runs recorded, {ok} ok"
+    return f"{len(part)} of the suite's {entries} entries recorded ({ok} ok); the rest not yet on this device"
+
+
+def headline(table: pd.DataFrame, entries: int | None) -> list[tuple[str, list[str]]]:
+    """Per device, best first: its heading line (device, coverage, what its peak is) and its picks."""
+    out = []
+    for device in devices_best_first(table):
+        part = table[table["device"] == device]
+        peak = "allocator peak" if part["device_type"].iloc[0] == "cuda" else "tracked peak of live tensors"
+        batch = part.loc[part["run"] == part["baseline"], "batch_size"]
+        at = f", batch {int(batch.iloc[0])}" if len(batch) and pd.notna(batch.iloc[0]) else ""
+        out.append((f"{device}: {coverage(part, entries)}; memory is the {peak}{at}", _items(picks(part))))
+    return out
+
+
+def _items(chosen: dict[str, pd.Series | None]) -> list[str]:
+    """One line per picked run, naming every pick it is (one run is often the largest saving and the best trade)."""
+    runs: dict[str | None, list[str]] = {}
+    for key, row in chosen.items():
+        runs.setdefault(None if row is None else row["run"], []).append(key)
+    rows = {None if row is None else row["run"]: row for row in chosen.values()}
+    return [f"**{'; '.join(PICKS[k] for k in keys)}**: {pick_text(rows[run])}" for run, keys in runs.items()]

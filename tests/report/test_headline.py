@@ -1,0 +1,44 @@
+"""The picks and the first screen of every report: what to use, per device, GPUs first."""
+
+from bench import results
+from bench.report import build_report
+from bench.report.headline import headline, picks
+from bench.report.tables import summary
+from tests.report.test_overview import RUNS, rec
+
+
+def test_picks_skip_harmful_and_other_batch_runs():
+    table = summary(results.to_frame(RUNS))
+    best = {k: (v["run"] if v is not None else None) for k, v in picks(table).items()}
+    assert best == {"largest": "deep", "free": "free", "trade": "ratio"}
+
+
+def test_a_run_that_saves_nothing_is_never_picked():
+    """dist-smoke's ddp-bucket-view at 0.998× was once 'the largest saving within 5% of the throughput'."""
+    table = summary(results.to_frame([rec("a", "baseline", 1000, 100.0), rec("a", "same", 998, 130.0)]))
+    assert picks(table) == {"largest": None, "free": None, "trade": None}
+    assert headline(table, None)[0][1] == ["**Largest saving; Largest saving within 5% of the baseline's throughput; "
+                                           "Best trade (most memory saved per throughput lost)**: no run measured "
+                                           "here qualifies"]
+
+
+def test_the_first_screen_answers_per_device_gpu_first_with_coverage_and_picks(tmp_path):
+    gpu = {"device": "NVIDIA X", "device_type": "cuda"}
+    runs = [r | {"suite": "s"} for r in RUNS] + [rec("s", "baseline", 400, 50.0) | gpu,
+                                                rec("s", "ratio", 200, 45.0) | gpu]
+    runs[-2]["peak_allocated_bytes"] = runs[-2].pop("peak_tensor_bytes")
+    runs[-1]["peak_allocated_bytes"] = runs[-1].pop("peak_tensor_bytes")
+    for r in runs:
+        results.write_atomic(results.record_path(tmp_path, "s", r["device"], r["run"]), r)
+    build_report(tmp_path / "s")
+    text = (tmp_path / "s" / "report.md").read_text()
+    first_screen = text[:text.index("\n## NVIDIA X")]  # everything before the first device's tables
+    assert "[overview](../overview/overview.md)" in first_screen
+    gpu_at, cpu_at = first_screen.index("**NVIDIA X: 2 runs recorded, 2 ok; memory is the allocator peak, batch 8**"), \
+        first_screen.index("**cpu: 6 runs recorded, 6 ok; memory is the tracked peak of live tensors, batch 8**")
+    assert gpu_at < cpu_at  # the card before the CPU
+    assert "ratio: 0.50× memory, 0.90× throughput, accuracy not measured here" in first_screen
+    assert "**Largest saving**: deep: 0.40× memory, 0.50× throughput, accuracy +0.0 pt" in first_screen
+    assert text.index("\n## NVIDIA X") < text.index("\n## cpu")  # and its section first too
+    page = (tmp_path / "s" / "report.html").read_text()
+    assert "<div class='headline'>" in page[:page.index("<h2>NVIDIA X</h2>")] and "**" not in page
