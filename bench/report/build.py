@@ -69,7 +69,8 @@ def device_plots(plot_dir: Path, device: str, part: pd.DataFrame) -> list[Path]:
         views.append(("breakdown", plots.breakdown_bars, (9, 0.3 * broken_down + 2)))
     if part["step_times_ms"].map(lambda v: isinstance(v, list)).any():
         views.append(("step_times", plots.step_time_boxes, (8, 0.3 * len(part) + 2)))
-    if predicted := int((part["predicted_peak_tensor_bytes"].notna() & part["peak_bytes"].notna()).sum()):
+    predicted = int((part["predicted_peak_tensor_bytes"].notna() & part["peak_bytes"].notna()).sum())
+    if predicted and not tables.prediction_exact(part):
         views.append(("predicted_vs_measured", plots.predicted_vs_measured, (7, 0.3 * predicted + 2)))
     out = []
     for name, draw, size in views:
@@ -96,6 +97,11 @@ def _device_section(device: str, part: pd.DataFrame, records: list[dict], images
         blocks.append(Block("list", [f"**{r.run}**: {r.warning}" for r in warned.itertuples()]))
     if base.get("fidelity_model"):
         blocks.append(Block("p", _fidelity_line(base)))
+    if tables.prediction_exact(part):
+        blocks.append(Block("p", f"Prediction: each of the {int(part['predicted_vs_measured'].notna().sum())} "
+                                 "predicted runs' peak, predicted on fake tensors before it ran, equals its "
+                                 "measured peak to the byte, as it should on a CPU, where both count the same "
+                                 "live tensors; on CUDA the prediction models the allocator (`make predict`)."))
     if monitors := _monitor_links(records, device):
         blocks.append(Block("p", "The allocator's own account of each run's timed steps "
                                  f"(`torch.cuda.memory_summary()`, the seed article's monitor): {monitors}."))

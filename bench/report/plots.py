@@ -98,6 +98,15 @@ def accuracy_class(row: pd.Series) -> str:
     return "worse, outside band" if row["accuracy_delta"] < 0 else "better, outside band"
 
 
+def usable_front(memory: np.ndarray, throughput: np.ndarray, classes: np.ndarray) -> np.ndarray:
+    """The Pareto front of the runs a practitioner could choose: one known to hurt accuracy (worse than the
+    baseline's band) is drawn, but is on no front, and does not push a usable run off it."""
+    usable = classes != "worse, outside band"
+    front = np.zeros(len(memory), dtype=bool)
+    front[usable] = pareto_front(memory[usable], throughput[usable])
+    return front
+
+
 def pareto(ax: Axes, table: pd.DataFrame, title: str) -> None:
     """Peak memory against throughput, one point per measured run; the front (runs no other run beats on
     both) joined by a line. Marker: accuracy against the baseline's band. Up and left is better."""
@@ -108,18 +117,19 @@ def pareto(ax: Axes, table: pd.DataFrame, title: str) -> None:
         return
     divisor, unit = byte_unit(ok["peak_bytes"].max())
     x, y = ok["peak_bytes"].to_numpy() / divisor, ok["samples_per_s"].to_numpy()
-    front = pareto_front(x, y)
+    classes = ok.apply(accuracy_class, axis=1).to_numpy()
+    front = usable_front(x, y, classes)
     order = np.argsort(x[front])
     ax.step(x[front][order], y[front][order], where="post", color="black", lw=1, alpha=0.6, zorder=2)
     is_base = (ok["run"] == ok["baseline"]).to_numpy()
-    classes = ok.apply(accuracy_class, axis=1).to_numpy()
     for i, colour in enumerate(_colours(ok)):
         marker = "*" if is_base[i] else ACCURACY_MARKERS[classes[i]]
         ax.scatter(x[i], y[i], color=colour, marker=marker, s=160 if is_base[i] else 60, zorder=3,
                    edgecolors="black" if front[i] else "none", linewidths=1.2)
     labels = [f"{r}{' (baseline)' if b and 'baseline' not in r else ''}" for r, b in zip(ok["run"], is_base)]
     place_labels(ax, x, y, labels)
-    handles = [Line2D([], [], color="black", lw=1, alpha=0.6, label="Pareto front (black edge: on it)"),
+    handles = [Line2D([], [], color="black", lw=1, alpha=0.6,
+                      label="Pareto front of runs not worse than the band (black edge: on it)"),
                Line2D([], [], marker="*", ls="", color=BASELINE_COLOUR, ms=12, label="baseline")]
     handles += [Line2D([], [], marker=m, ls="", color="dimgray", label=f"accuracy {c}")
                 for c, m in ACCURACY_MARKERS.items() if c in set(classes)]

@@ -70,9 +70,9 @@ def savings(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "run": ok["run"],
         "memory ×": ok["memory_vs_baseline"].round(3),
-        "memory saved %": (100 * (1 - ok["memory_vs_baseline"])).round(1),
+        "memory saved %": (100 * (1 - ok["memory_vs_baseline"])).round(1) + 0.0,  # + 0.0: never "-0.0"
         "throughput ×": ok["throughput_vs_baseline"].round(3),
-        "throughput change %": (100 * (ok["throughput_vs_baseline"] - 1)).round(1),
+        "throughput change %": (100 * (ok["throughput_vs_baseline"] - 1)).round(1) + 0.0,
         "Δ accuracy pt (band)": ok.apply(_delta_cell, axis=1) if len(ok) else None,
     })
 
@@ -86,6 +86,13 @@ def _delta_cell(row: pd.Series) -> str | None:
 
 def markdown(table: pd.DataFrame) -> str:
     return to_markdown(display(table))
+
+
+def prediction_exact(table: pd.DataFrame) -> bool:
+    """Every predicted run's prediction equals its measured peak (a CPU's, where both count the same live
+    tensors): a column of 1.000s says nothing that one sentence does not."""
+    ratios = pd.to_numeric(table["predicted_vs_measured"], errors="coerce").dropna()
+    return len(ratios) > 0 and bool((ratios.round(3) == 1).all())
 
 
 def display(table: pd.DataFrame) -> pd.DataFrame:
@@ -111,7 +118,7 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
         "Δ accuracy pt (band)": table.apply(_delta_cell, axis=1) if len(table) else None,
         "grad cos": pd.to_numeric(table["grad_cosine"], errors="coerce").round(4),
         "agreement %": (100 * pd.to_numeric(table["fidelity_agreement"], errors="coerce")).round(1),
-        "predicted ×": table["predicted_vs_measured"].round(3),
+        "predicted ×": None if prediction_exact(table) else table["predicted_vs_measured"].round(3),
         "MFU %": (100 * pd.to_numeric(table["mfu"], errors="coerce")).round(1),
     })
     return show.dropna(axis=1, how="all")

@@ -42,3 +42,28 @@ def test_the_first_screen_answers_per_device_gpu_first_with_coverage_and_picks(t
     assert text.index("\n## NVIDIA X") < text.index("\n## cpu")  # and its section first too
     page = (tmp_path / "s" / "report.html").read_text()
     assert "<div class='headline'>" in page[:page.index("<h2>NVIDIA X</h2>")] and "**" not in page
+
+
+def test_a_run_that_hurts_accuracy_is_on_no_front_and_pushes_none_off_it():
+    import numpy as np
+
+    from bench.report.plots import usable_front
+
+    memory, throughput = np.array([100.0, 60.0, 10.0]), np.array([100.0, 90.0, 100.0])
+    classes = np.array(["within band", "within band", "worse, outside band"])  # LoRA at -50 pt, saving most
+    assert list(usable_front(memory, throughput, classes)) == [True, True, False]  # it would beat both
+
+
+def test_a_cpu_prediction_equal_to_every_peak_is_said_once_not_shown_as_a_column_of_ones(tmp_path):
+    from bench.report.tables import display, savings
+
+    runs = [rec("s", "baseline", 100, 100.0, predicted_peak_tensor_bytes=100 * 2**20),
+            rec("s", "same", 100, 100.0, predicted_peak_tensor_bytes=100 * 2**20)]
+    table = summary(results.to_frame(runs))
+    assert "predicted ×" not in display(table).columns
+    assert str(savings(table).set_index("run").loc["same", "memory saved %"]) == "0.0"  # never "-0.0"
+    for r in runs:
+        results.write_atomic(results.record_path(tmp_path, "s", r["device"], r["run"]), r)
+    written = {p.name for p in build_report(tmp_path / "s")}
+    assert "predicted_vs_measured-cpu.png" not in written
+    assert "equals its measured peak to the byte" in (tmp_path / "s" / "report.md").read_text()
