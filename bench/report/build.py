@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from bench.report import plots, tables
-from bench.report.headline import devices_best_first, headline, suite_entries
+from bench.report.headline import devices_best_first, disagreements, headline, suite_entries
 from bench.report.page import Block, html_page, markdown
 from bench.results import load_records, slug, to_frame
 
@@ -33,6 +33,8 @@ def build_report(suite_dir: Path) -> list[Path]:
     blocks = [Block("h1", f"{suite_dir.name}: memory-saving techniques"), Block("nav", _neighbours(suite_dir)),
               Block("h2", "What to use"), Block("headline", headline(table, suite_entries(suite_dir.name))),
               Block("p", HEADLINE_NOTE)]
+    if differ := disagreements(table):
+        blocks += [Block("p", "Where the GPU and the CPU disagree:"), Block("list", differ)]
     for device in devices_best_first(table):
         part = table[table["device"] == device]
         images = device_plots(plot_dir, str(device), part)

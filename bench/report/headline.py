@@ -92,6 +92,33 @@ def headline(table: pd.DataFrame, entries: int | None) -> list[tuple[str, list[s
     return out
 
 
+DISAGREE = 0.2  # memory × apart by this much on a GPU and a CPU: the two stories differ, and the reader is told why
+PHASES = {"forward": "the forward", "backward": "backward", "optimizer": "the optimizer step"}
+
+
+def disagreements(table: pd.DataFrame, shown: int = 3) -> list[str]:
+    """Runs whose memory × on a GPU and on a CPU differ by at least DISAGREE, largest first, each with where its
+    peak fell on each: a technique saves at the peak only what is alive there (checkpointing saves nothing when
+    the peak is the optimizer step, as at small CPU shapes)."""
+    kinds = table.groupby("device")["device_type"].first()
+    gpus, cpus = [d for d in kinds.index if kinds[d] == "cuda"], [d for d in kinds.index if kinds[d] != "cuda"]
+    if not gpus or not cpus:
+        return []
+    gpu, cpu = (table[table["device"] == d].set_index("run") for d in (gpus[0], cpus[0]))
+    both = gpu.index.intersection(cpu.index)
+    gap = (gpu.loc[both, "memory_vs_baseline"] - cpu.loc[both, "memory_vs_baseline"]).abs().dropna()
+    lines = []
+    for run in gap[gap >= DISAGREE].sort_values(ascending=False).index[:shown]:
+        g, c = gpu.loc[run], cpu.loc[run]
+        where = (f"its peak falls in {PHASES.get(g['peak_phase'], g['peak_phase'])} on {gpus[0]} and in "
+                 f"{PHASES.get(c['peak_phase'], c['peak_phase'])} on {cpus[0]}, so what it saves is alive at one "
+                 "peak and not the other" if g.get("peak_phase") != c.get("peak_phase") and pd.notna(g.get("peak_phase"))
+                 and pd.notna(c.get("peak_phase")) else "the shapes differ, and with them what dominates the peak")
+        lines.append(f"**{run}**: {g['memory_vs_baseline']:.2f}× memory on {gpus[0]} (batch {int(g['batch_size'])}) "
+                     f"against {c['memory_vs_baseline']:.2f}× on {cpus[0]} (batch {int(c['batch_size'])}): {where}")
+    return lines
+
+
 def _items(chosen: dict[str, pd.Series | None]) -> list[str]:
     """One line per picked run, naming every pick it is (one run is often the largest saving and the best trade)."""
     runs: dict[str | None, list[str]] = {}

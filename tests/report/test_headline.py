@@ -67,3 +67,20 @@ def test_a_cpu_prediction_equal_to_every_peak_is_said_once_not_shown_as_a_column
     written = {p.name for p in build_report(tmp_path / "s")}
     assert "predicted_vs_measured-cpu.png" not in written
     assert "equals its measured peak to the byte" in (tmp_path / "s" / "report.md").read_text()
+
+
+def test_where_the_gpu_and_the_cpu_disagree_the_report_says_where_each_peak_fell():
+    """bert's checkpoint: 0.35× on the H100, 0.86× on the CPU, whose peak at batch 8 is the optimizer step."""
+    from bench.report.headline import disagreements
+
+    gpu = {"device": "NVIDIA X", "device_type": "cuda"}
+    runs = [rec("s", "baseline", 100, 10.0, peak_phase="backward"),
+            rec("s", "checkpoint", 86, 9.0, peak_phase="optimizer"),
+            rec("s", "baseline", 1000, 100.0, peak_phase="backward") | gpu,
+            rec("s", "checkpoint", 350, 80.0, peak_phase="backward") | gpu]
+    table = summary(results.to_frame(runs))
+    assert disagreements(table) == [
+        "**checkpoint**: 0.35× memory on NVIDIA X (batch 8) against 0.86× on cpu (batch 8): its peak falls in "
+        "backward on NVIDIA X and in the optimizer step on cpu, so what it saves is alive at one peak and not the "
+        "other"]
+    assert disagreements(table[table["device"] == "cpu"]) == []  # one device: nothing to hold it against
