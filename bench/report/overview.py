@@ -53,9 +53,11 @@ def _suite_grid(table: pd.DataFrame, device: str, path: Path) -> None:
     """One panel per suite: memory × against throughput × of every run, relative to its baseline, so the
     models can be read on one scale; the Pareto front joined, colours per technique as in every plot."""
     groups = list(table.groupby("suite", sort=True))
-    cols = min(3, len(groups))
+    # Two panels a row at 110 dpi: about 1,200 px wide, the page's width, so labels show at their own size.
+    cols = min(2, len(groups))
     rows = int(np.ceil(len(groups) / cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 4.5 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.4 * cols, 4.6 * rows), squeeze=False)
+    colours: dict[str, object] = {}
     for ax, (suite, t) in zip(axes.flat, groups):
         c = candidates(t)
         x, y = c["memory_vs_baseline"].to_numpy(), c["throughput_vs_baseline"].to_numpy()
@@ -63,9 +65,11 @@ def _suite_grid(table: pd.DataFrame, device: str, path: Path) -> None:
             front = pareto_front(x, y)
             order = np.argsort(x[front])
             ax.step(x[front][order], y[front][order], where="post", color="black", lw=1, alpha=0.6)
-            ax.scatter(x, y, color=[plots.technique_colour(tq, r == b)
-                                    for tq, r, b in zip(c["technique"], c["run"], c["baseline"])], zorder=3)
-            plots.place_labels(ax, x[front], y[front], list(c["run"][front]))
+            points = [plots.technique_colour(tq, r == b) for tq, r, b in zip(c["technique"], c["run"], c["baseline"])]
+            ax.scatter(x, y, color=points, zorder=3)
+            plots.place_labels(ax, x[front], y[front], list(c["run"][front]), fontsize=8)
+            colours |= {("baseline" if r == b else tq or "no technique"): p
+                        for tq, r, b, p in zip(c["technique"], c["run"], c["baseline"], points)}
         ax.axhline(1, color="gray", lw=0.8, ls="--")
         ax.axvline(1, color="gray", lw=0.8, ls="--")
         ax.set_title(f"{suite} ({t['model'].iloc[0]})")
@@ -74,9 +78,15 @@ def _suite_grid(table: pd.DataFrame, device: str, path: Path) -> None:
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(groups):]:
         ax.set_visible(False)
+    # Points off the front are identified by colour: their first technique, as in every report.
+    handles = [plt.Line2D([], [], marker="o", ls="", color=colours[name], label=name) for name in sorted(colours)]
+    ncol = min(6, len(handles)) or 1
+    fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=8, title="first technique",
+               bbox_to_anchor=(0.5, 0))
+    below = (0.45 + 0.22 * np.ceil(len(handles) / ncol)) / fig.get_figheight()  # the legend's share of the height
     fig.suptitle(f"Every suite on {device}: up and left of the dashed cross is better than the baseline "
                  "(front labelled)")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, below, 1, 1 - 0.45 / fig.get_figheight()))  # room for the legend and the title
     plots.save(fig, path, dpi=110)
 
 
