@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from bench.report import plots, tables
-from bench.report.headline import devices_best_first, disagreements, headline, suite_entries
+from bench.report.headline import devices_best_first, disagreements, headline, memory_figure, suite_entries
 from bench.report.page import Block, html_page, markdown
 from bench.results import load_records, slug, to_frame
 
@@ -89,7 +89,9 @@ def _device_section(device: str, part: pd.DataFrame, records: list[dict], images
     rec = next(r for r in records if r["device"] == device)
     base = next((r for r in records if r["device"] == device and r["run"] == r.get("baseline")), rec)
     failed = part[part["status"] != "ok"]
-    blocks = [Block("h2", device), Block("p", provenance(part, rec)), Block("table", tables.display(part))]
+    blocks = [Block("h2", device), Block("p", f"Memory here is the {memory_figure(part)} (a run's own batch where its "
+                                              "name says so); × is against the baseline on this device."),
+              Block("p", provenance(part, rec)), Block("table", tables.display(part))]
     if len(failed):
         blocks.append(Block("list", [f"**{r.run}**: {r.status}: {r.message}" for r in failed.itertuples()]))
     if len(no_accuracy := part[part["fidelity_error"].notna()]):  # measured, but its accuracy is missing

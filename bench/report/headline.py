@@ -85,11 +85,15 @@ def headline(table: pd.DataFrame, entries: int | None) -> list[tuple[str, list[s
     out = []
     for device in devices_best_first(table):
         part = table[table["device"] == device]
-        peak = "allocator peak" if part["device_type"].iloc[0] == "cuda" else "tracked peak of live tensors"
-        batch = part.loc[part["run"] == part["baseline"], "batch_size"]
-        at = f", batch {int(batch.iloc[0])}" if len(batch) and pd.notna(batch.iloc[0]) else ""
-        out.append((f"{device}: {coverage(part, entries)}; memory is the {peak}{at}", _items(picks(part))))
+        out.append((f"{device}: {coverage(part, entries)}; memory is the {memory_figure(part)}", _items(picks(part))))
     return out
+
+
+def memory_figure(part: pd.DataFrame) -> str:
+    """What one device's memory figures are: the CUDA allocator's peak or the tracked one, at the baseline's batch."""
+    peak = "allocator peak" if part["device_type"].iloc[0] == "cuda" else "tracked peak of live tensors"
+    batch = part.loc[part["run"] == part["baseline"], "batch_size"]
+    return peak + (f", batch {int(batch.iloc[0])}" if len(batch) and pd.notna(batch.iloc[0]) else "")
 
 
 DISAGREE = 0.2  # memory × apart by this much on a GPU and a CPU: the two stories differ, and the reader is told why
