@@ -148,6 +148,7 @@ def place_labels(ax: Axes, x: np.ndarray, y: np.ndarray, labels: list[str], font
     renderer = fig.canvas.get_renderer()
     points = ax.transData.transform(np.column_stack([x, y]))
     taken: list = []
+    frame = ax.get_window_extent(renderer)  # a label that crosses it would be clipped or sit on the axis
     offsets = [(dx * r, dy * r) for r in (6, 16, 28, 42) for dx, dy in
                ((1, 1), (1, -1), (-1, 1), (-1, -1), (0, 1.4), (0, -1.4), (1.4, 0), (-1.4, 0))]
     for i in np.argsort(-y):  # top points first: they have the least room above
@@ -155,7 +156,8 @@ def place_labels(ax: Axes, x: np.ndarray, y: np.ndarray, labels: list[str], font
         for dx, dy in offsets:
             text = _label(ax, labels[i], (x[i], y[i]), (dx, dy), fontsize)
             box = text.get_window_extent(renderer).expanded(1.05, 1.1)
-            if not any(box.overlaps(t) for t in taken) and not any(box.contains(*pt) for pt in others):
+            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+            if inside and not any(box.overlaps(t) for t in taken) and not any(box.contains(*pt) for pt in others):
                 break
             text.remove()
         else:  # nowhere clear: the nearest place, overlapping
