@@ -195,7 +195,10 @@ class Provenance:
     weights_unused_names: list[str] | None = doc("the first of those")
 
 
-GROUPS = (Identity, Outcome, Memory, Timing, Prediction, Fidelity, Distributed, Provenance)
+# Each group under the Record attribute that holds it, in the order the reference lists them.
+GROUPS = {"identity": Identity, "outcome": Outcome, "memory": Memory, "timing": Timing, "prediction": Prediction,
+          "fidelity": Fidelity, "distributed": Distributed, "provenance": Provenance}
+MEMORY_SUMMARY = "memory_summary_text"  # the worker's torch.cuda.memory_summary(); stored beside the record instead
 
 
 @dataclass
@@ -216,7 +219,7 @@ class Record:
         left = migrate(flat)
         ranks = {k[len(RANK_PREFIX):]: left.pop(k) for k in list(left) if k.startswith(RANK_PREFIX)}
         groups = {}
-        for name, group in zip(_attribute_names(), GROUPS):
+        for name, group in GROUPS.items():
             prefix = getattr(group, "prefix", "")
             taken = {f.name: left.pop(prefix + f.name) for f in fields(group) if prefix + f.name in left}
             groups[name] = group(**taken)
@@ -226,7 +229,7 @@ class Record:
     def to_flat(self) -> dict[str, Any]:
         """The stored form: one key per field that has a value (a figure a device cannot give is absent)."""
         out: dict[str, Any] = {}
-        for name, group in zip(_attribute_names(), GROUPS):
+        for name, group in GROUPS.items():
             part, prefix = getattr(self, name), getattr(group, "prefix", "")
             for f in fields(group):
                 value = getattr(part, f.name)
@@ -235,10 +238,6 @@ class Record:
                 elif value is not None:
                     out[prefix + f.name] = value
         return out | self.extra
-
-
-def _attribute_names() -> list[str]:
-    return [f.name for f in fields(Record) if f.name != "extra"]
 
 
 def migrate(flat: dict[str, Any]) -> dict[str, Any]:
@@ -259,7 +258,7 @@ def label(techniques: list[str]) -> str:
 def reference() -> str:
     """The field reference of results/README.md: one table per group, in the groups' order."""
     parts = []
-    for group in GROUPS:
+    for group in GROUPS.values():
         prefix = getattr(group, "prefix", "")
         rows = [f"| `{RANK_PREFIX + '<figure>' if f.name == 'ranks' else prefix + f.name}` | {f.metadata['doc']} |"
                 for f in fields(group)]

@@ -11,10 +11,8 @@ from typing import Any, TextIO
 
 from bench import results, resume
 from bench.launch import Launcher
-from bench.record import Record
+from bench.record import MEMORY_SUMMARY, Record
 from bench.suite import Suite
-
-MEMORY_SUMMARY = "memory_summary_text"  # the worker's torch.cuda.memory_summary(), saved beside the record
 
 
 def sweep(suite: Suite, launcher: Launcher, results_root: Path, **options: Any) -> list[dict[str, Any]]:

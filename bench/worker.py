@@ -35,10 +35,10 @@ from bench.models.weights import digest
 from bench.predict import predict_run
 from bench.provenance import runtime_provenance
 from bench.recipe import Recipe, Runner
+from bench.record import MEMORY_SUMMARY
 from bench.suite import Fidelity, RunSpec
 from bench.techniques import RunContext, Technique, Unsupported
 
-MEMORY_SUMMARY = "memory_summary_text"  # the runner saves it as <run>.memory.txt beside the record
 SLOW_FIRST_STEP = 3.0  # × the other timed steps' median: a first step this slow was not warmed up
 OOM_MESSAGES = ("out of memory", "not enough memory", "can't allocate memory")
 

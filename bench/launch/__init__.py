@@ -6,7 +6,7 @@ comes back; a launcher only starts runs and hands back their records.
 - ``Slurm``: each run as a Slurm job that does on its node what ``Local`` does here (bench.launch.slurm).
 
 A launcher's ``running(todo, log)`` is a context manager giving the function that returns a task's record
-without what the sweep adds when it stores it (its place in the suite, the accuracy delta, ``stored_at``).
+without what the sweep adds when it stores it (its place in the suite, ``stored_at``).
 Local runs start when their record is asked for, one at a time; Slurm's jobs are all submitted on entry.
 """
 
@@ -21,8 +21,6 @@ import torch
 
 from bench.provenance import device_name
 from bench.resume import Task
-
-Record = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -43,4 +41,4 @@ class Launcher(Protocol):
     device_type: str
     snapshot: bool  # each run's CUDA allocator history is saved beside its record
 
-    def running(self, todo: list[Task], log: TextIO) -> AbstractContextManager[Callable[[Task], Record]]: ...
+    def running(self, todo: list[Task], log: TextIO) -> AbstractContextManager[Callable[[Task], dict[str, Any]]]: ...

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from bench import results
-from bench.launch import Device, Record
+from bench.launch import Device
 from bench.launch.process import Kind, Process, fork_works_on_cuda, start_server
 from bench.predict import Ahead
 from bench.provenance import git_revision
@@ -46,13 +46,13 @@ class Local:
             start_server()  # its imports go on while the sweep plans
 
     @contextmanager
-    def running(self, todo: list[Task], log: TextIO) -> Iterator[Callable[[Task], Record]]:
+    def running(self, todo: list[Task], log: TextIO) -> Iterator[Callable[[Task], dict[str, Any]]]:
         if self.refused_snapshot:
             print(f"--snapshot: the allocator history is CUDA's; none is saved on {self.device.name}", file=log)
         kind = self._usable(log) if todo else self.kind
         revision = git_revision()
         with Ahead([t.spec for t in todo], self.device.type, self.predict_jobs) as ahead:
-            def run(task: Task) -> Record:
+            def run(task: Task) -> dict[str, Any]:
                 shot = task.path.with_suffix(".snapshot.pickle") if self.snapshot else None
                 clock = time.monotonic()
                 outcome = run_isolated(task.spec, self.device, shot, self.torchrun, kind, ahead.get(task.spec))

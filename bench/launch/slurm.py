@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from bench import results
-from bench.launch import Record, detect
+from bench.launch import detect
 from bench.launch.local import run_isolated
 from bench.provenance import git_revision
 from bench.resume import Task
@@ -41,7 +41,7 @@ class Slurm:
         self.device_type, self.folder, self.options, self.torchrun = device_type, folder, dict(options), torchrun
 
     @contextmanager
-    def running(self, todo: list[Task], log: TextIO) -> Iterator[Callable[[Task], Record]]:
+    def running(self, todo: list[Task], log: TextIO) -> Iterator[Callable[[Task], dict[str, Any]]]:
         """Every job submitted on entry; a task's record is its job's, waited for."""
         import submitit
 
@@ -62,7 +62,7 @@ class Slurm:
                 "tasks_per_node": 1, "name": f"bench-{specs[0].suite}"} | ({"gpus_per_node": gpus} if gpus else {})
 
 
-def remote_run(spec_dict: dict[str, Any], device_type: str, torchrun: tuple[str, ...], revision: str) -> Record:
+def remote_run(spec_dict: dict[str, Any], device_type: str, torchrun: tuple[str, ...], revision: str) -> dict[str, Any]:
     """Inside the job, on its node: the record ``bench run`` would write there."""
     spec = RunSpec.from_dict(spec_dict)
     device = detect(device_type)
@@ -72,7 +72,7 @@ def remote_run(spec_dict: dict[str, Any], device_type: str, torchrun: tuple[str,
         "wall_s": round(time.monotonic() - clock, 1)} | outcome
 
 
-def _collect(spec: RunSpec, job: Any) -> Record:
+def _collect(spec: RunSpec, job: Any) -> dict[str, Any]:
     """The job's record; a job that died (preempted, out of time) becomes an error record of the run."""
     try:
         out = job.result()

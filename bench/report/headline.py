@@ -114,13 +114,19 @@ def disagreements(table: pd.DataFrame, shown: int = 3) -> list[str]:
     lines = []
     for run in gap[gap >= DISAGREE].sort_values(ascending=False).index[:shown]:
         g, c = gpu.loc[run], cpu.loc[run]
-        where = (f"its peak falls in {PHASES.get(g['peak_phase'], g['peak_phase'])} on {gpus[0]} and in "
-                 f"{PHASES.get(c['peak_phase'], c['peak_phase'])} on {cpus[0]}, so what it saves is alive at one "
-                 "peak and not the other" if g.get("peak_phase") != c.get("peak_phase") and pd.notna(g.get("peak_phase"))
-                 and pd.notna(c.get("peak_phase")) else "the shapes differ, and with them what dominates the peak")
         lines.append(f"**{run}**: {g['memory_vs_baseline']:.2f}× memory on {gpus[0]} (batch {int(g['batch_size'])}) "
-                     f"against {c['memory_vs_baseline']:.2f}× on {cpus[0]} (batch {int(c['batch_size'])}): {where}")
+                     f"against {c['memory_vs_baseline']:.2f}× on {cpus[0]} (batch {int(c['batch_size'])}): "
+                     + _why(g, c, gpus[0], cpus[0]))
     return lines
+
+
+def _why(gpu: pd.Series, cpu: pd.Series, gpu_name: str, cpu_name: str) -> str:
+    phases = gpu.get("peak_phase"), cpu.get("peak_phase")
+    if any(pd.isna(p) for p in phases) or phases[0] == phases[1]:
+        return "the shapes differ, and with them what dominates the peak"
+    return (f"its peak falls in {PHASES.get(phases[0], phases[0])} on {gpu_name} and in "
+            f"{PHASES.get(phases[1], phases[1])} on {cpu_name}, so what it saves is alive at one peak and not "
+            "the other")
 
 
 def _items(chosen: dict[str, pd.Series | None]) -> list[str]:
