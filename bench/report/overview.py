@@ -95,5 +95,5 @@ INTRO = ("Per suite and device (GPUs first), three picks among the runs measured
          "delta (where measured) lies within the baseline's noise band: the largest memory saving, the largest "
          "that keeps throughput within 5% of the baseline's, and the one that saves the most memory per unit of "
          "throughput lost ((1 − memory ×) ÷ (1 − throughput ×), a loss under 1% counted as 1%). "
-         "Figures are relative to each suite's own baseline on the same device; each suite's `report.md` has "
-         "the full tables (linked above).")
+         "Figures are relative to each suite's own baseline on the same device; each suite's report, linked "
+         "above, has every run.")
