@@ -15,7 +15,7 @@ report how often its predictions agree with the fp32 model's.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -70,7 +70,7 @@ def _train_seed(recipe: Recipe, fid: Fidelity, train: real.Labelled, test: real.
     model_spec, device = recipe.ctx.model_spec, recipe.ctx.device
     model = recipe.model(fid.weights)[0]
     batches = _batches(train, fid, recipe.seed, device, model_spec)
-    first = next(batches)
+    first = next(batches)  # padded, for the plain model's reference gradient
     plain = copy.deepcopy(model)
     captured: dict[str, torch.Tensor] = {}
     # Registered before the techniques apply, on the plain model's names, so these hooks run before any
@@ -85,12 +85,12 @@ def _train_seed(recipe: Recipe, fid: Fidelity, train: real.Labelled, test: real.
     # will see (the same dropout masks), restored afterwards.
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         reference = _gradients(plain, model_spec, first)
-    losses = [trainer.step(first)]
+    losses = [trainer.step(recipe.regroup(first))]
     for h in hooks:
         h.remove()
-    losses += [trainer.step(next(batches)) for _ in range(fid.steps - 1)]
+    losses += [trainer.step(recipe.regroup(next(batches))) for _ in range(fid.steps - 1)]
     final = torch.stack(losses[-LAST_STEPS:]).float().mean().item()
-    figures = _evaluate(trainer, test, device, classes)
+    figures = _evaluate(trainer, test, device, classes, recipe.regroup)
     del figures["predictions"]
     return figures | {"final_loss": final, "grad_cosine": _cosine(reference, captured)}
 
@@ -103,7 +103,7 @@ def _inference_seed(recipe: Recipe, fid: Fidelity, train: real.Labelled, test: r
     losses = [plain.step(next(batches)) for _ in range(fid.steps)]
     reference = _evaluate(recipe.runner(plain.model, []), test, device, classes)
     served = recipe.runner(plain.model)
-    figures = _evaluate(served, test, device, classes)
+    figures = _evaluate(served, test, device, classes, recipe.regroup)
     agree = (figures.pop("predictions") == reference["predictions"]).float().mean().item()
     final = torch.stack(losses[-LAST_STEPS:]).float().mean().item()
     return figures | {"final_loss": final, "agreement": agree}
@@ -142,17 +142,21 @@ def _cosine(reference: dict[str, torch.Tensor], captured: dict[str, torch.Tensor
 
 def _class_scores(model_spec: ModelSpec, logits: torch.Tensor, inputs: Any, classes: int) -> torch.Tensor:
     """A language model's scores for the classes are its logits for the class tokens at the position before
-    the class token, each sequence's last (causal: it has seen the sequence, not the class)."""
+    the class token, each sequence's last (causal: it has seen the sequence, not the class); in a packed row,
+    two before each sequence's end."""
     if model_spec.objective == "classify":
         return logits
-    before = real.lengths(inputs["input_ids"]) - 2
-    return logits[torch.arange(len(logits)), before, real.LABEL_TOKEN:real.LABEL_TOKEN + classes]
+    if "cu_seq_lens_q" in inputs:
+        rows, before = torch.zeros_like(inputs["cu_seq_lens_q"][1:]), inputs["cu_seq_lens_q"][1:] - 2
+    else:
+        rows, before = torch.arange(len(logits)), real.lengths(inputs["input_ids"]) - 2
+    return logits[rows.long(), before.long(), real.LABEL_TOKEN:real.LABEL_TOKEN + classes]
 
 
-def _evaluate(runner: Runner, test: real.Labelled, device: torch.device,
-              classes: int) -> dict[str, Any]:
-    """Held-out accuracy and loss over the classes, through the techniques' own batch preparation and step
-    contexts. Every batch has the same size (the last is padded with
+def _evaluate(runner: Runner, test: real.Labelled, device: torch.device, classes: int,
+              regroup: Callable[[Batch], Batch] | None = None) -> dict[str, Any]:
+    """Held-out accuracy and loss over the classes, through the techniques' own batches (``regroup``), batch
+    preparation and step contexts. Every batch has the same size (the last is padded with
     repeats, dropped afterwards): traced and compiled models keep the shape they were built for."""
     model, techniques, n = runner.model, runner.techniques, len(test)
     was_training = model.training
@@ -161,6 +165,8 @@ def _evaluate(runner: Runner, test: real.Labelled, device: torch.device,
     with torch.no_grad():
         for i in range(0, n, EVAL_BATCH):
             batch = test.batch(torch.arange(i, i + EVAL_BATCH) % n, device)
+            if regroup:  # the technique's batches; the labels stay the classes (a language model's too)
+                batch = regroup(batch)[0], batch[1]
             logits, labels = forward(runner.spec, model, techniques, batch)
             logits = _class_scores(runner.spec, logits, batch[0], classes).float()[: n - i]
             loss += nn.functional.cross_entropy(logits, labels[: n - i], reduction="sum").item()

@@ -4,16 +4,20 @@ what is checked for accuracy is what was measured."""
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from bench import models
-from bench.data.synthetic import Batch, synthetic_batch
+from bench.data import varlen
+from bench.data.synthetic import Batch, clone_batch, synthetic_batch
 from bench.infer import Predictor
 from bench.spec import RunSpec, Shapes
 from bench.techniques import RunContext, Technique, build
+from bench.techniques.padding import PadToMax
 from bench.train import Trainer
 
 Runner = Trainer | Predictor
@@ -63,3 +67,35 @@ class Recipe:
     def batch(self) -> Batch:
         """The synthetic batch every measured step takes, from the seed."""
         return synthetic_batch(self.ctx.model_spec, self.ctx.shapes, self.seed, self.ctx.device)
+
+    def regroup(self, batch: Batch) -> Batch:
+        """A padded batch of real data (the fidelity phase's) formed again by the run's batch-forming technique,
+        if it has one: what it is trained and evaluated on is what it measured."""
+        batching = next((b for t in self.techniques if (b := t.batching(self.ctx)) is not None), None)
+        return batch if batching is None else varlen.regroup(batch, batching.collate)
+
+    def feed(self) -> varlen.Feed | None:
+        """Where the shapes name a length distribution, the DataLoader feed every step takes its batch from,
+        collated by the run's batch-forming technique (padding to seq_len where it has none); else None."""
+        ctx = self.ctx
+        if ctx.shapes.lengths is None:
+            return None
+        batching = next((b for t in self.techniques if (b := t.batching(ctx)) is not None), None)
+        batching = batching or PadToMax().batching(ctx)
+        data = varlen.sequences(varlen.parse(ctx.shapes.lengths), ctx.model_spec, varlen.dataset_size(ctx.shapes),
+                                self.seed)
+        return varlen.Feed(data, batching, ctx.shapes, ctx.device, self.seed)
+
+
+def batches(batch: Batch, feed: varlen.Feed | None, n: int) -> Iterator[Batch]:
+    """The batches of ``n`` steps: the loader's, the same ones on every pass, or the one synthetic batch."""
+    return feed.batches(n) if feed is not None else itertools.repeat(batch, n)
+
+
+def tracked_steps(trainer: Runner, batch: Batch, feed: varlen.Feed | None, steps: int) -> Callable[[], object]:
+    """What the instrumented pass runs: one step on a fresh copy of the synthetic batch (allocated inside it,
+    the batch counts as it does on CUDA), or, on variable-length data, the timed pass's ``steps`` batches, whose
+    peaks differ with their lengths."""
+    if feed is None:
+        return lambda: trainer.step(clone_batch(batch))
+    return lambda: [trainer.step(b) for b in feed.batches(steps)]

@@ -105,7 +105,7 @@ class Timing:
     step_time_ms_max: float | None = doc("slowest timed step")
     step_times_ms: list[float] | None = doc("every timed step")
     samples_per_s: float | None = doc("samples a step processes (every rank's, data-parallel) over the median step")
-    tokens_per_s: float | None = doc("token models: samples_per_s times seq_len")
+    tokens_per_s: float | None = doc("token models: tokens in the batch (padding included) per second")
     flops_per_step: int | None = doc("the step's FLOPs, counted on fake tensors")
     mfu: float | None = doc("CUDA: flops_per_step over the median step, against the card's dense peak")
     mfu_dtype: str | None = doc("CUDA: the dtype whose peak mfu is held against")
@@ -115,6 +115,19 @@ class Timing:
     measure_s: float | None = doc("build, warm-up, instrumented and timed steps")
     fidelity_s: float | None = doc("the fidelity phase")
     launcher: str | None = doc("how the run's process started: fork (from a preloaded server) or fresh")
+
+
+@dataclass
+class Data:
+    """Variable-length token data (a suite's ``lengths``): what the batches carried, and what feeding them cost."""
+
+    lengths: str | None = doc("the length distribution the sequences were drawn from (bench.data.varlen)")
+    loader: str | None = doc("the technique that formed the batches: pad-to-max, dynamic-padding, packing, …")
+    loader_workers: int | None = doc("the DataLoader's worker processes (0: collated in the step's process)")
+    real_tokens_per_s: float | None = doc("sequence tokens over the timed steps' time, padding excluded")
+    padding_fraction: float | None = doc("padding over all tokens of the timed batches")
+    padding_fraction_per_batch: list[float] | None = doc("each timed batch's padding fraction")
+    loader_wait_ms_median: float | None = doc("median host time a timed step waited for its batch")
 
 
 # What the live-bytes tracker gives for one step: measured (Memory), and predicted on fake tensors (Prediction).
@@ -196,8 +209,8 @@ class Provenance:
 
 
 # Each group under the Record attribute that holds it, in the order the reference lists them.
-GROUPS = {"identity": Identity, "outcome": Outcome, "memory": Memory, "timing": Timing, "prediction": Prediction,
-          "fidelity": Fidelity, "distributed": Distributed, "provenance": Provenance}
+GROUPS = {"identity": Identity, "outcome": Outcome, "memory": Memory, "timing": Timing, "data": Data,
+          "prediction": Prediction, "fidelity": Fidelity, "distributed": Distributed, "provenance": Provenance}
 MEMORY_SUMMARY = "memory_summary_text"  # the worker's torch.cuda.memory_summary(); stored beside the record instead
 
 
@@ -207,6 +220,7 @@ class Record:
     outcome: Outcome
     memory: Memory = field(default_factory=Memory)
     timing: Timing = field(default_factory=Timing)
+    data: Data = field(default_factory=Data)
     prediction: Prediction = field(default_factory=Prediction)
     fidelity: Fidelity = field(default_factory=Fidelity)
     distributed: Distributed = field(default_factory=Distributed)

@@ -27,6 +27,14 @@ class Shapes:
     seq_len: int | None = None
     warmup_steps: int = DEFAULTS["warmup_steps"]
     measure_steps: int = DEFAULTS["measure_steps"]
+    # Variable-length token data through a DataLoader (bench.data.varlen): a length distribution, or None for
+    # fixed-length synthetic batches; the loader's worker processes, and pinned host memory on CUDA.
+    lengths: str | None = None
+    loader_workers: int = 0
+    pin_memory: bool = False
+
+
+DATA_DEFAULTS = {"lengths": None, "loader_workers": 0, "pin_memory": False}  # left out of a spec's key
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,10 @@ class RunSpec:
                              ("weights", None)):
             if d[key] == default:
                 del d[key]
+        for shapes in (d["gpu"], d["cpu"]):
+            for key, default in DATA_DEFAULTS.items():
+                if shapes[key] == default:
+                    del shapes[key]
         for fid in (d.get("fidelity_gpu"), d.get("fidelity_cpu")):
             if fid is not None and fid["weights"] is None:
                 del fid["weights"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -19,7 +20,8 @@ from typing import Any
 import torch
 
 from bench import distributed
-from bench.data.synthetic import Batch, clone_batch, samples_in
+from bench.data.synthetic import Batch, samples_in
+from bench.data.varlen import Feed
 from bench.fidelity import run_fidelity
 from bench.measure.flops import mfu
 from bench.measure.memory import (
@@ -34,7 +36,7 @@ from bench.measure.timing import summarize, time_steps
 from bench.models.weights import digest
 from bench.predict import predict_run
 from bench.provenance import runtime_provenance
-from bench.recipe import Recipe, Runner
+from bench.recipe import Recipe, Runner, batches, tracked_steps
 from bench.record import MEMORY_SUMMARY
 from bench.suite import Fidelity, RunSpec
 from bench.techniques import RunContext, Technique, Unsupported
@@ -57,17 +59,19 @@ def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None,
         prediction = predict_run(spec, device.type)  # before anything real is allocated
     clock = time.perf_counter()
     trainer, batch, figures = _build(spec, recipe)
+    feed = recipe.feed()
     if launched_at is not None:  # process start, imports, prediction and build: what the device waited for
         figures["startup_s"] = round(time.time() - launched_at, 2)
     # Warm-up: allocator, cuDNN autotune, optimizer state, compilation. The first step is timed on its
     # own, since that is where one-off costs (compilation above all) land.
-    figures["first_step_ms"] = time_steps(lambda: trainer.step(batch), 1, device)[0]
-    for _ in range(shapes.warmup_steps - 1):
-        trainer.step(batch)
-    figures |= _memory_pass(trainer, batch, techniques, device, snapshot)
+    warm = batches(batch, feed, shapes.warmup_steps)
+    figures["first_step_ms"] = time_steps(lambda: trainer.step(next(warm)), 1, device)[0]
+    for b in warm:
+        trainer.step(b)
+    figures |= _memory_pass(trainer, batch, feed, shapes.measure_steps, techniques, device, snapshot)
     # Data-parallel ranks each take their own batch: a step of the group processes world_size of them.
-    batches = group.world_size if any(t.data_parallel for t in techniques) else 1
-    figures |= _timed_pass(trainer, batch, samples_in(batch) * batches, ctx)
+    ranks = group.world_size if any(t.data_parallel for t in techniques) else 1
+    figures |= _timed_pass(trainer, batch, feed, samples_in(batch) * ranks, ctx)
     figures |= _counts(trainer, figures) | prediction | {"flops_per_step": prediction.get("predicted_flops_per_step")}
     if device.type == "cuda":
         figures |= mfu(figures | {"tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
@@ -92,14 +96,16 @@ def _build(spec: RunSpec, recipe: Recipe) -> tuple[Runner, Batch, dict[str, Any]
     return recipe.runner(model), recipe.batch(), figures
 
 
-def _memory_pass(trainer: Runner, batch: Batch, techniques: list[Technique], device: torch.device,
-                 snapshot: str | None) -> dict[str, Any]:
-    """One instrumented step, kept out of the timing since the tracker slows it; with ``snapshot``, the
-    allocator's history of that step is saved there, for pytorch.org/memory_viz."""
+def _memory_pass(trainer: Runner, batch: Batch, feed: Feed | None, steps: int, techniques: list[Technique],
+                 device: torch.device, snapshot: str | None) -> dict[str, Any]:
+    """One instrumented step (every timed batch, on variable-length data), kept out of the timing since the
+    tracker slows it; with ``snapshot``, the allocator's history of that step is saved there, for
+    pytorch.org/memory_viz."""
     if snapshot:
         torch.cuda.memory._record_memory_history(max_entries=200_000)
     if all(t.trackable for t in techniques):
-        figures = tracked_step(lambda: trainer.step(clone_batch(batch)), trainer.model, trainer.optimizer, device,
+        step = tracked_steps(trainer, batch, feed, steps)
+        figures = tracked_step(step, trainer.model, trainer.optimizer, device,
                                compiled_update=any(t.compiled_update for t in techniques))
     else:  # a compiled model (torch.compile) runs no Python the tracker could see
         figures = model_state_bytes(trainer.model, trainer.optimizer)
@@ -110,14 +116,15 @@ def _memory_pass(trainer: Runner, batch: Batch, techniques: list[Technique], dev
     return figures
 
 
-def _timed_pass(trainer: Runner, batch: Batch, samples: int, ctx: RunContext) -> dict[str, Any]:
+def _timed_pass(trainer: Runner, batch: Batch, feed: Feed | None, samples: int, ctx: RunContext) -> dict[str, Any]:
     """The timed steps, and on CUDA the allocator's and NVML's figures over them alone."""
     device = ctx.device
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         torch.cuda.reset_accumulated_memory_stats(device)  # retries and OOMs of the timed steps only
-    times = time_steps(lambda: trainer.step(batch), ctx.shapes.measure_steps, device)
+    todo = batches(batch, feed, ctx.shapes.measure_steps)
+    times = time_steps(lambda: trainer.step(next(todo)), ctx.shapes.measure_steps, device)
     figures: dict[str, Any] = {}
     if device.type == "cuda":
         figures |= cuda_peaks(device)
@@ -125,9 +132,23 @@ def _timed_pass(trainer: Runner, batch: Batch, samples: int, ctx: RunContext) ->
         figures |= overheads(figures)
         # The seed article's monitor, over the timed steps: the runner saves it beside the record.
         figures[MEMORY_SUMMARY] = torch.cuda.memory_summary(device)
-    tokens = ctx.shapes.seq_len if ctx.model_spec.inputs == "tokens" else None
+    tokens = ctx.shapes.seq_len if ctx.model_spec.inputs == "tokens" and feed is None else None
     return (figures | summarize(times, samples, tokens) | _warm_up_check(times, ctx.shapes.warmup_steps)
+            | ({} if feed is None else loader_figures(feed, times))
             | {"step_times_ms": times, "rss_peak_bytes": rss_peak_bytes()})
+
+
+def loader_figures(feed: Feed, times_ms: list[float]) -> dict[str, Any]:
+    """What variable-length batches cost and carry over the timed steps: the tokens per second in the batch
+    (padding included) and of real sequence (excluded), each batch's padding fraction, and the host's wait on
+    the loader inside each step."""
+    seconds = sum(times_ms) / 1e3
+    real, total = (sum(column) for column in zip(*feed.tokens))
+    return {"tokens_per_s": total / seconds, "real_tokens_per_s": real / seconds,
+            "padding_fraction": 1 - real / total,
+            "padding_fraction_per_batch": [round(1 - r / t, 4) for r, t in feed.tokens],
+            "loader_wait_ms_median": statistics.median(feed.waits_ms), "loader": feed.batching.name,
+            "lengths": feed.shapes.lengths, "loader_workers": feed.shapes.loader_workers}
 
 
 def _warm_up_check(times: list[float], warmup_steps: int) -> dict[str, str]:

@@ -22,9 +22,10 @@ from bench.techniques import RunContext, Step, Technique, option
 
 def spec(model: str = "vit-tiny", techniques: tuple[TechniqueSpec, ...] = (), batch_size: int = 8,
          image_size: int = 32, seq_len: int = 16, name: str = "run", warmup_steps: int = 1,
-         measure_steps: int = 2, **kw: Any) -> RunSpec:
+         measure_steps: int = 2, lengths: str | None = None, loader_workers: int = 0, **kw: Any) -> RunSpec:
     text = models.resolve(model).inputs == "tokens"
-    shapes = Shapes(batch_size, None if text else image_size, seq_len if text else None, warmup_steps, measure_steps)
+    shapes = Shapes(batch_size, None if text else image_size, seq_len if text else None, warmup_steps, measure_steps,
+                    lengths, loader_workers)
     common = {"seed": 0, "timeout_s": 120.0, "lr": 1e-3} | kw
     return RunSpec("test", name, model, techniques, shapes, shapes, "baseline", **common)
 

@@ -4,6 +4,8 @@ Sources (the suite's ``[fidelity] dataset``):
 - ``digits``: scikit-learn's 1,797 handwritten 8×8 digits, shipped with the package (works offline).
   Images are upsampled to the model's size with channels repeated; sequences are the 64 pixel
   intensities (0–16) as token ids between [CLS] and [SEP].
+- ``digit-pixels``: the same digits as variable-length sequences, [CLS] then the positions of the non-zero
+  pixels (17 to 43 tokens; bench.data.varlen), padded here to the longest.
 - ``imagefolder:PATH``: ``torchvision.datasets.ImageFolder`` layout, with ``train/`` and ``test/`` (or
   ``val/``) class folders as CIFAR-style exports have, or one set of class folders that is split here.
 - ``hf:PATH``: a Hugging Face dataset saved with ``save_to_disk`` (``datasets`` package), with a label
@@ -69,6 +71,10 @@ def load(source: str, kind: str, image_size: int) -> tuple[Labelled, Labelled]:
     name, _, path = source.partition(":")
     if name == "digits":
         return _split(*_digits(kind, image_size))
+    if name == "digit-pixels":
+        if kind != "tokens":
+            raise DataError(f"dataset {source!r}: digit pixel sequences feed token models; this model takes images")
+        return _split(*_digit_pixels())
     if name == "imagefolder" and path:
         if kind != "image":
             raise DataError(f"dataset {source!r}: image folders feed image models; this model takes tokens")
@@ -95,6 +101,14 @@ def _digits(kind: str, image_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         n = len(ids)
         return torch.cat([torch.full((n, 1), CLS), ids, torch.full((n, 1), SEP)], dim=1), labels
     return _images(pixels.unsqueeze(1) / 16.0, image_size), labels
+
+
+def _digit_pixels() -> tuple[torch.Tensor, torch.Tensor]:
+    from bench.data.varlen import digit_sequences
+
+    samples = digit_sequences().samples
+    ids = torch.nn.utils.rnn.pad_sequence([seq for seq, _ in samples], batch_first=True, padding_value=PAD)
+    return ids, torch.tensor([label for _, label in samples])
 
 
 def _images(x: torch.Tensor, image_size: int) -> torch.Tensor:

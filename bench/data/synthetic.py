@@ -28,21 +28,28 @@ def synthetic_batch(spec: ModelSpec, shapes: Shapes, seed: int, device: torch.de
     return to_device(inputs, device), labels.to(device)
 
 
-def to_device(inputs: Inputs, device: torch.device) -> Inputs:
-    if isinstance(inputs, dict):
-        return {k: v.to(device) for k, v in inputs.items()}
-    return inputs.to(device)
+def to_device(inputs: Inputs, device: torch.device, non_blocking: bool = False) -> Inputs:
+    """``non_blocking``: from pinned host memory, the copy overlaps the step instead of waiting for it."""
+    if isinstance(inputs, dict):  # a packed batch's longest length rides along as an int
+        return {k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
+                for k, v in inputs.items()}
+    return inputs.to(device, non_blocking=non_blocking)
 
 
 def clone_batch(batch: Batch) -> Batch:
     """A fresh copy: allocated inside a tracked step, the batch counts as it does on CUDA."""
     inputs, labels = batch
-    inputs = {k: v.clone() for k, v in inputs.items()} if isinstance(inputs, dict) else inputs.clone()
+    if isinstance(inputs, dict):
+        inputs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    else:
+        inputs = inputs.clone()
     return inputs, labels.clone()
 
 
 def split(batch: Batch, n: int) -> list[Batch]:
     """``n`` equal micro-batches along the batch dimension (n divides the batch: checked at load)."""
+    if n == 1:  # a packed batch is one row with its lengths beside it, whole
+        return [batch]
     inputs, labels = batch
     label_parts = labels.tensor_split(n)
     if isinstance(inputs, dict):

@@ -13,7 +13,6 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
-from bench.data.synthetic import clone_batch
 from bench.measure.memory import tracked_step
 from bench.measure.tracker import CUDA_BLOCK, on_host
 from bench.predict.adapters import (
@@ -25,7 +24,7 @@ from bench.predict.adapters import (
     techniques_as_real,
 )
 from bench.predict.cuda import as_cuda, host_state
-from bench.recipe import Recipe
+from bench.recipe import Recipe, batches, tracked_steps
 from bench.suite import RunSpec, Shapes
 from bench.techniques import Unsupported
 
@@ -58,6 +57,7 @@ def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int) -> dict[str, Any]:
     with torch.device("meta"):  # no initialisation work, and none of the init ops fake tensors refuse
         model = ctx.model_spec.build(ctx.shapes)
     kernels = as_cuda(backend) if ctx.predicting else nullcontext()  # a CPU run keeps CPU's kernels
+    feed = recipe.feed()  # variable-length sequences drawn with real values, before fake tensors take over
     with FakeTensorMode(allow_non_fake_inputs=True), ScalarsReadAsOne(), OutputsAsReal(ctx.predicting), \
             parameters_as_real(), masks_as_real(), techniques_as_real(), kernels:
         model = _fake_copy(model)
@@ -70,11 +70,11 @@ def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int) -> dict[str, Any]:
         # FLOPs: the counter's module tracking keeps recomputed activations alive, so it stays out of the
         # measured step.
         with flop_counter() as flops:
-            runner.step(batch)
+            runner.step(next(batches(batch, feed, 1)))
         if ctx.predicting:  # the counters that first step made
             for t in host_state(runner.optimizer):
                 on_host(t)
-        step = lambda: runner.step(clone_batch(batch))  # noqa: E731  the batch counts, as in the worker
+        step = tracked_steps(runner, batch, feed, ctx.shapes.measure_steps)  # the batches, as in the worker
         figures = tracked_step(step, runner.model, runner.optimizer, CPU, rounding, compiled_update)
     return {**figures, "flops_per_step": flops.get_total_flops()}
 

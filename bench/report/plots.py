@@ -23,12 +23,13 @@ from matplotlib.lines import Line2D
 from bench.report.tables import BREAKDOWN, pareto_front
 
 BASELINE_COLOUR = "#7f7f7f"
-# tab20's pairs split (dark ones first), then Dark2, then tab20b's darkest and middle shade of each hue, without
-# the greys the baseline wears: 35 colours. The built-in techniques take the first ones in name order; a
-# user's own hash into the rest, so one never wears a built-in's colour in a plot beside it.
+# tab20's pairs split (dark ones first), then Dark2, then tab20b's and tab20c's darkest and middle shade of each
+# hue, without the greys the baseline wears: 43 colours. The built-in techniques take the first ones in name
+# order; a user's own hash into the rest, so one never wears a built-in's colour in a plot beside it.
 PALETTE = [c for c in (*matplotlib.colormaps["tab20"].colors[0::2], *matplotlib.colormaps["tab20"].colors[1::2],
                        *matplotlib.colormaps["Dark2"].colors, *matplotlib.colormaps["tab20b"].colors[0::4],
-                       *matplotlib.colormaps["tab20b"].colors[2::4])
+                       *matplotlib.colormaps["tab20b"].colors[2::4], *matplotlib.colormaps["tab20c"].colors[0::4],
+                       *matplotlib.colormaps["tab20c"].colors[2::4])
            if len(set(c)) > 1]
 BREAKDOWN_COLOURS = {"parameters": "#1f77b4", "buffers": "#aec7e8", "gradients": "#ff7f0e",
                      "optimizer_state": "#2ca02c", "activations": "#d62728", "temporaries": "#9467bd",

@@ -11,7 +11,8 @@ from bench.spec import DEVICES, Fidelity
 from bench.suite.values import check_ranges, model_spec, typed, weights
 
 FIDELITY_KEYS = {
-    "dataset": "'digits' (scikit-learn, offline), 'imagefolder:PATH' or 'hf:PATH' (save_to_disk)",
+    "dataset": "'digits' (scikit-learn, offline), 'digit-pixels' (the same digits as variable-length sequences of "
+               "their non-zero pixels, for token models), 'imagefolder:PATH' or 'hf:PATH' (save_to_disk)",
     "steps": "optimizer steps of training from the run's initial weights",
     "batch_size": "training batch size",
     "lr": "learning rate of the default AdamW optimizer",
@@ -63,7 +64,7 @@ def _device(table: dict[str, Any], dev: str, own: Any, model: str | None, spec: 
             found.append(f"{where(key)}{key}: must be {'at least 2' if key == 'seeds' else 'positive'}")
     check_ranges({"lr": values["lr"]}, where("lr"), found)
     dataset = values["dataset"]
-    if not (dataset == "digits" or dataset.startswith(("imagefolder:", "hf:"))):
+    if not (dataset in ("digits", "digit-pixels") or dataset.startswith(("imagefolder:", "hf:"))):
         found.append(f"{where('dataset')}dataset: {dataset!r} is not a dataset; {FIDELITY_KEYS['dataset']}")
     elif ":" in dataset and not Path(dataset.split(":", 1)[1]).exists():
         found.append(f"{where('dataset')}dataset: no folder {dataset.split(':', 1)[1]!r} "

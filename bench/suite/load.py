@@ -13,13 +13,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from bench.data import varlen
 from bench.errors import SuiteError
 from bench.models import MODELS, ModelSpec
 from bench.spec import DEFAULTS, DEVICES, MODES, STEP_KEYS, RunSpec, Shapes, Suite, TechniqueSpec
 from bench.suite import fidelity as fidelity_table
 from bench.suite.techniques import check_fidelity_batch, techniques
 from bench.suite.values import check_ranges, model_spec, typed, weights
-from bench.techniques import build
+from bench.techniques import Technique, build
 
 SUITE_NAME = re.compile(r"\w[\w.-]*")  # any script's letters; no separators, no leading dot
 TOP_KEYS = {
@@ -37,7 +38,8 @@ TOP_KEYS = {
     "lr": "learning rate of the default AdamW optimizer",
     "shapes": "[shapes.gpu] and [shapes.cpu] tables",
     "runs": "[[runs]] entries with name and techniques (optional: fidelity = false, nproc = N processes)",
-    "matrix": "[matrix] with techniques = {name = [...]} and batch_size = {gpu = [...], cpu = [...]}",
+    "matrix": "[matrix] with techniques = {name = [...]}, and batch_size = {gpu = [...], cpu = [...]} or "
+              "[matrix.lengths] name = {gpu = \"DIST\", cpu = \"DIST\"} (or both)",
     "fidelity": "[fidelity] table: train on real data and report the accuracy delta (see FIDELITY_KEYS)",
 }
 
@@ -98,6 +100,8 @@ def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
     entries = _entries(raw, problems)
     baseline = _baseline(raw, entries, problems)
     fidelity = fidelity_table.parse(raw.get("fidelity"), model, spec, suite_weights, problems)
+    if shapes is not None:
+        _check_matrix_lengths(raw.get("matrix"), shapes, problems)
     runs = []
     for e in entries:
         specs = techniques(e.techniques, e.where, e.batch, shapes, mode, problems)
@@ -105,8 +109,10 @@ def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
             continue  # already reported; keep collecting problems from the other entries
         check_fidelity_batch(specs, fidelity, e.where, problems)
         nproc = _nproc(e, specs, problems)
-        gpu, cpu = (replace(shapes[d], batch_size=e.batch[d]) if e.batch else shapes[d] for d in DEVICES)
-        base = f"{baseline}@bs{gpu.batch_size}" if e.batch and baseline in _matrix_keys(entries) else baseline
+        gpu, cpu = (replace(shapes[d], **({"batch_size": e.batch[d]} if e.batch else {}),
+                            **({"lengths": e.lengths[d]} if e.lengths else {})) for d in DEVICES)
+        _check_data(specs, spec, gpu, cpu, e.where, problems)
+        base = f"{baseline}{e.suffix}" if baseline in _matrix_keys(entries) else baseline
         # The fidelity phase trains in one process: a distributed run has none.
         fid = {f"fidelity_{d}": fidelity.get(d) if e.fidelity and nproc == 1 else None for d in DEVICES}
         runs.append(RunSpec(name, e.name, model, specs, gpu, cpu, base, **common, mode=mode, **fid, nproc=nproc,
@@ -139,7 +145,43 @@ def _nproc(entry: Entry, specs: tuple[TechniqueSpec, ...], problems: list[str]) 
 
 
 def _matrix_keys(entries: list[Entry]) -> set[str]:
-    return {e.key for e in entries if e.batch is not None}
+    return {e.key for e in entries if e.suffix}
+
+
+def _check_data(specs: tuple[TechniqueSpec, ...], model: ModelSpec, gpu: Shapes, cpu: Shapes, where: str,
+                problems: list[str]) -> None:
+    """Techniques that need a kind of input, and those that form batches from variable-length data."""
+    for t in specs:
+        technique = build(t)
+        if technique.inputs is not None and technique.inputs != model.inputs:
+            problems.append(f"{where}: {t.name} applies to models that take {technique.inputs}; model {model.name} "
+                            f"takes {model.inputs}")
+        elif type(technique).batching is not Technique.batching and (gpu.lengths is None or cpu.lengths is None):
+            problems.append(f"{where}: {t.name} forms batches from variable-length data; set lengths in "
+                            "[shapes.gpu] and [shapes.cpu], or name distributions in [matrix.lengths]")
+
+
+def _lengths(value: Any, seq_len: int | None, where: str, problems: list[str]) -> str | None:
+    """A length distribution as written, checked: a known form whose longest sequence fits seq_len."""
+    if not isinstance(value, str):
+        problems.append(f"{where}: expected a string ({varlen.FORMS}), got {value!r}")
+        return None
+    try:
+        top = varlen.parse(value).maximum
+    except ValueError as exc:
+        problems.append(f"{where}: {exc}")
+        return value  # reported; kept so that the runs do not also read as having no lengths
+    if seq_len is not None and top > seq_len:
+        problems.append(f"{where}: {value!r} reaches {top} tokens, beyond seq_len = {seq_len}; lower its maximum "
+                        "or raise seq_len")
+    return value
+
+
+def _check_matrix_lengths(raw: Any, shapes: dict[str, Shapes], problems: list[str]) -> None:
+    table = raw.get("lengths") if isinstance(raw, dict) else None
+    for name, per_device in table.items() if isinstance(table, dict) else ():
+        for dev in DEVICES if isinstance(per_device, dict) else ():
+            _lengths(per_device.get(dev), shapes[dev].seq_len, f"matrix.lengths.{name}.{dev}", problems)
 
 
 def _baseline(raw: dict[str, Any], entries: list[Entry], problems: list[str]) -> str | None:
@@ -167,9 +209,10 @@ def _shapes(raw: Any, spec: ModelSpec | None, steps: dict[str, int], problems: l
             problems.append(f"shapes.{dev}: required table with batch_size and {', '.join(need) or 'the model shapes'}")
             continue
         allowed = ("batch_size", *need)
-        for key in table.keys() - {*allowed, *STEP_KEYS} if spec is not None else ():  # else: model reported
+        data = DATA_KEYS if spec is not None and spec.inputs == "tokens" else ()
+        for key in table.keys() - {*allowed, *STEP_KEYS, *data} if spec is not None else ():  # else: model reported
             problems.append(f"shapes.{dev}.{key}: unknown key for model {spec.name}; "
-                            f"allowed: {', '.join(allowed + STEP_KEYS)}")
+                            f"allowed: {', '.join(allowed + STEP_KEYS + data)}")
         values = {key: typed(table, key, int, None, problems, f"shapes.{dev}.") for key in allowed}
         bad = [k for k, v in values.items() if v is None or v <= 0]
         for key in bad:
@@ -178,8 +221,24 @@ def _shapes(raw: Any, spec: ModelSpec | None, steps: dict[str, int], problems: l
         own_steps = {k: typed(table, k, int, v, problems, f"shapes.{dev}.") for k, v in steps.items()}
         check_ranges(own_steps, f"shapes.{dev}.", problems)
         if not bad:
-            out[dev] = Shapes(**values, **own_steps)
+            out[dev] = Shapes(**values, **own_steps, **_data_keys(table, values.get("seq_len"), dev, problems))
     return out if len(out) == len(DEVICES) else None
+
+
+DATA_KEYS = ("lengths", "loader_workers", "pin_memory")
+
+
+def _data_keys(table: dict[str, Any], seq_len: int | None, dev: str, problems: list[str]) -> dict[str, Any]:
+    """A token model's data path in [shapes.*]: a length distribution, the loader's workers, pinned memory."""
+    where = f"shapes.{dev}."
+    out = {"loader_workers": typed(table, "loader_workers", int, 0, problems, where),
+           "pin_memory": typed(table, "pin_memory", bool, False, problems, where)}
+    if out["loader_workers"] < 0:
+        problems.append(f"{where}loader_workers: must be 0 (load in the step's process) or more, got "
+                        f"{out['loader_workers']}")
+    if "lengths" in table:
+        out["lengths"] = _lengths(table["lengths"], seq_len, f"{where}lengths", problems)
+    return out
 
 
 class Entry(NamedTuple):
@@ -192,6 +251,9 @@ class Entry(NamedTuple):
     where: str  # key path for messages
     fidelity: bool = True  # false: this entry skips the fidelity phase
     nproc: int | None = None  # processes, as written (None: 2 with a distributed technique, else 1)
+    lengths: dict[str, str] | None = None  # per-device length distributions from the matrix, else None
+    suffix: str = ""  # what the matrix adds to the key: "@bs16", "@digits"
+
 
 
 def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:
@@ -229,16 +291,34 @@ def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:
 
 
 def _matrix(raw: Any, problems: list[str]) -> list[Entry]:
+    """Every technique list at every batch size pair and every named length distribution the matrix gives."""
     if not isinstance(raw, dict):
         problems.append(f"matrix: expected a table; {TOP_KEYS['matrix']}")
         return []
-    for key in raw.keys() - {"techniques", "batch_size", "fidelity"}:
-        problems.append(f"matrix.{key}: unknown key; allowed: techniques, batch_size, fidelity")
+    for key in raw.keys() - {"techniques", "batch_size", "lengths", "fidelity"}:
+        problems.append(f"matrix.{key}: unknown key; allowed: techniques, batch_size, lengths, fidelity")
     fidelity = typed(raw, "fidelity", bool, True, problems, "matrix.")
-    techs, sizes = raw.get("techniques"), raw.get("batch_size")
+    techs = raw.get("techniques")
     if not isinstance(techs, dict) or not techs:
         problems.append("matrix.techniques: required table of name = [techniques]")
         return []
+    if "batch_size" not in raw and "lengths" not in raw:
+        problems.append("matrix: give batch_size = {gpu = [...], cpu = [...]}, [matrix.lengths], or both")
+        return []
+    sizes = _matrix_sizes(raw["batch_size"], problems) if "batch_size" in raw else [None]
+    lengths = _matrix_lengths(raw["lengths"], problems) if "lengths" in raw else [("", None)]
+    if not sizes or not lengths:
+        return []
+    return [
+        Entry(f"{key}{suffix}", t, size, key, f"matrix.techniques.{key}", fidelity, lengths=dists, suffix=suffix)
+        for key, t in techs.items()
+        for size in sizes
+        for name, dists in lengths
+        for suffix in [(f"@bs{size['gpu']}" if size else "") + (f"@{name}" if name else "")]
+    ]
+
+
+def _matrix_sizes(sizes: Any, problems: list[str]) -> list[dict[str, int]]:
     lists = isinstance(sizes, dict) and all(isinstance(v, list) for v in sizes.values())
     if not (lists and set(sizes) == set(DEVICES)):
         problems.append("matrix.batch_size: required {gpu = [...], cpu = [...]}, lists of equal length")
@@ -251,8 +331,21 @@ def _matrix(raw: Any, problems: list[str]) -> list[Entry]:
             if not isinstance(b, int) or isinstance(b, bool) or b <= 0:
                 problems.append(f"matrix.batch_size.{dev}[{j}]: must be a positive integer, got {b!r}")
                 return []
-    return [
-        Entry(f"{key}@bs{g}", t, {"gpu": g, "cpu": c}, key, f"matrix.techniques.{key}", fidelity)
-        for key, t in techs.items()
-        for g, c in zip(sizes["gpu"], sizes["cpu"])
-    ]
+    return [{"gpu": g, "cpu": c} for g, c in zip(sizes["gpu"], sizes["cpu"])]
+
+
+def _matrix_lengths(table: Any, problems: list[str]) -> list[tuple[str, dict[str, str]]]:
+    """[matrix.lengths]: name = {gpu = "DIST", cpu = "DIST"}; the distributions are checked against the shapes
+    in _check_matrix_lengths."""
+    if not isinstance(table, dict) or not table:
+        problems.append(f"matrix.lengths: expected a table of name = {{gpu = \"DIST\", cpu = \"DIST\"}}, DIST "
+                        f"one of {varlen.FORMS}")
+        return []
+    out = []
+    for name, per_device in table.items():
+        if not (isinstance(per_device, dict) and set(per_device) == set(DEVICES)) or not SUITE_NAME.fullmatch(name):
+            problems.append(f"matrix.lengths.{name}: expected {{gpu = \"DIST\", cpu = \"DIST\"}} under a plain "
+                            f"name (letters, digits, '.', '_', '-'), DIST one of {varlen.FORMS}")
+            continue
+        out.append((name, per_device))
+    return out if len(out) == len(table) else []

@@ -12,6 +12,7 @@ from bench.techniques import (  # noqa: F401  (each module registers its techniq
     lowbit,
     offload,
     optimizers,
+    padding,
     precision,
     sharing,
 )

@@ -6,6 +6,7 @@ checks that say where it cannot run, and what it changes, each in one method:
 - the environment of the run's process (``env``),
 - the model (``apply``, a transform),
 - the optimizer (``make_optimizer``),
+- how batches form from variable-length data (``batching``: the collator and sampler),
 - the training step (``step``: a ``Step`` policy of micro-batches, batch preparation, a context around
   forward and loss, loss scaling, the optimizer step, zero-grad, and what follows the step).
 
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from bench.data.synthetic import Batch
+    from bench.data.varlen import Batching
     from bench.models import ModelSpec
     from bench.spec import Shapes, TechniqueSpec
 
@@ -143,6 +145,8 @@ class Technique:
     # its own batch, so a step processes nproc batches (tensor parallelism shares one).
     distributed: ClassVar[bool] = False
     data_parallel: ClassVar[bool] = False
+    # The model inputs this technique applies to ("tokens", "image"), checked at suite load; None: any.
+    inputs: ClassVar[str | None] = None
 
     def __init__(self, config: Any = None) -> None:
         self.config = config if config is not None else self.Config()
@@ -170,6 +174,11 @@ class Technique:
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer | None:
         """The optimizer for the model as applied, or None to leave it to another technique or AdamW."""
+        return None
+
+    def batching(self, ctx: RunContext) -> Batching | None:
+        """How variable-length sequences become batches (collator, sampler), or None to leave it to another
+        technique or to padding to seq_len."""
         return None
 
     def step(self) -> Step:

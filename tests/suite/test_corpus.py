@@ -59,7 +59,7 @@ CORPUS = [
     ("fidelity folder missing", GOOD + '[fidelity]\ndataset = "imagefolder:/no/such/folder"\n',
      "fidelity.dataset: no folder '/no/such/folder'"),
     ("fidelity one seed", GOOD + "[fidelity]\nseeds = 1\n", "fidelity.seeds: must be at least 2"),
-    ("matrix without sizes", GOOD + '[matrix]\ntechniques = { a = [] }\n', "matrix.batch_size: required"),
+    ("matrix without sizes", GOOD + '[matrix]\ntechniques = { a = [] }\n', "matrix: give batch_size"),
     ("TOML syntax", GOOD + "[[runs]\n", "TOML syntax"),
 ]
 

@@ -1,0 +1,234 @@
+"""Variable-length token data through a real DataLoader: a length distribution, the sequences it yields, the
+collators that batch them (padded to the suite's seq_len, to the batch's longest, or packed into one row), the
+bucketing sampler, and the feed that times the step's wait on the loader.
+
+Distributions, as a suite names them (``lengths`` in ``[shapes.*]`` or ``[matrix.lengths]``):
+- ``uniform:LO:HI``: lengths drawn uniformly in LO..HI;
+- ``lognormal:MEDIAN:SIGMA:MAX``: exp(N(ln MEDIAN, SIGMA)), rounded, clipped to 1..MAX;
+- ``digits``: real data, each of scikit-learn's handwritten digits as [CLS] then the positions of its non-zero
+  pixels (17 to 43 tokens), with its class as label.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from bench.data.synthetic import to_device
+from bench.models import IGNORE
+
+if TYPE_CHECKING:
+    from bench.data.synthetic import Batch
+    from bench.models import ModelSpec
+    from bench.spec import Shapes
+
+PAD, CLS, FIRST_PIXEL = 0, 1, 3  # pixel position p is token FIRST_PIXEL + p (ids 0..2 as in bench.data.real)
+DIGITS_LENGTHS = (17, 43)  # [CLS] plus 16 to 42 non-zero pixels, over all 1,797 digits
+FORMS = "'uniform:LO:HI', 'lognormal:MEDIAN:SIGMA:MAX' or 'digits'"
+SEQUENCES_PER_BATCH_SLOT = 16  # the dataset holds this many batches: enough distinct ones for any pass
+Sample = tuple[torch.Tensor, int]  # one sequence's token ids, and its label
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """A parsed length distribution."""
+
+    kind: str
+    params: tuple[float, ...] = ()
+
+    @property
+    def maximum(self) -> int:
+        if self.kind == "digits":
+            return DIGITS_LENGTHS[1]
+        return int(self.params[-1])
+
+    def sample(self, n: int, generator: torch.Generator) -> list[int]:
+        if self.kind == "uniform":
+            lo, hi = map(int, self.params)
+            return torch.randint(lo, hi + 1, (n,), generator=generator).tolist()
+        median, sigma, top = self.params
+        drawn = torch.exp(math.log(median) + sigma * torch.randn(n, generator=generator))
+        return drawn.round().clamp(1, top).long().tolist()
+
+
+def parse(text: str) -> Lengths:
+    """``text`` as a distribution; ValueError with the allowed forms where it is not one."""
+    kind, *raw = text.split(":")
+    if kind == "digits" and not raw:
+        return Lengths("digits")
+    try:
+        params = tuple(float(p) for p in raw)
+    except ValueError:
+        raise ValueError(f"{text!r}: parameters must be numbers; expected {FORMS}") from None
+    if kind == "uniform" and len(params) == 2 and 1 <= params[0] <= params[1] and all(p.is_integer() for p in params):
+        return Lengths(kind, params)
+    if kind == "lognormal" and len(params) == 3 and params[0] > 0 and params[1] >= 0 and params[2] >= 1:
+        return Lengths(kind, params)
+    raise ValueError(f"{text!r} is not a length distribution; expected {FORMS} (integers LO ≤ HI, MEDIAN > 0, "
+                     "SIGMA ≥ 0, MAX ≥ 1)")
+
+
+class Sequences(Dataset):
+    """Token sequences of varying length with a label each: drawn from a distribution (random ids, random
+    labels, from the seed) or the real digits."""
+
+    def __init__(self, samples: list[Sample]) -> None:
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> Sample:
+        return self.samples[i]
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(ids) for ids, _ in self.samples]
+
+
+def sequences(lengths: Lengths, spec: ModelSpec, n: int, seed: int) -> Sequences:
+    if lengths.kind == "digits":
+        return digit_sequences()
+    g = torch.Generator().manual_seed(seed)
+    return Sequences([(torch.randint(FIRST_PIXEL, spec.vocab_size, (k,), generator=g),
+                       int(torch.randint(0, spec.num_classes, (), generator=g)))
+                      for k in lengths.sample(n, g)])
+
+
+def digit_sequences() -> Sequences:
+    """Each digit as [CLS] and the positions of its non-zero pixels, row by row, labelled with its class."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    pixels = torch.as_tensor(digits.images).flatten(1)
+    return Sequences([(torch.cat([torch.tensor([CLS]), FIRST_PIXEL + row.nonzero().flatten()]), int(label))
+                      for row, label in zip(pixels, digits.target)])
+
+
+# -- collators: a list of samples becomes a batch, as the technique chooses ------------------------------
+
+
+def padded(samples: list[Sample], width: int | None, objective: str) -> Batch:
+    """Every sequence padded to ``width`` (None: the longest's) with an attention mask; a language model's
+    labels are its ids, with the padding ignored."""
+    width = width or max(len(seq) for seq, _ in samples)
+    ids = torch.full((len(samples), width), PAD, dtype=torch.long)
+    for row, (seq, _) in enumerate(samples):
+        ids[row, :len(seq)] = seq
+    mask = (torch.arange(width) < torch.tensor([len(s) for s, _ in samples])[:, None]).long()
+    if objective == "next-token":
+        return {"input_ids": ids, "attention_mask": mask}, ids.masked_fill(mask == 0, IGNORE)
+    return {"input_ids": ids, "attention_mask": mask}, torch.tensor([label for _, label in samples])
+
+
+def packed(samples: list[Sample], objective: str) -> Batch:
+    """The batch's sequences one after another in a single row, no padding: position ids restart at each
+    sequence, and ``cu_seq_lens`` (cumulative lengths, as flash attention's variable-length path takes them)
+    keep attention inside each. A language model's first token of each sequence after the first is ignored
+    as a target, so no sequence is scored on predicting the next one's start."""
+    seqs = [s for s, _ in samples]
+    lens = [len(s) for s in seqs]  # Python values throughout: bench predict collates under fake tensors
+    cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
+    ids = torch.cat(seqs)[None]
+    inputs = {"input_ids": ids, "position_ids": torch.cat([torch.arange(k) for k in lens])[None],
+              "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max(lens), "max_length_k": max(lens)}
+    if objective == "next-token":
+        return inputs, ids.clone().index_fill_(1, cu[1:-1].long(), IGNORE)
+    return inputs, torch.tensor([label for _, label in samples])
+
+
+def regroup(batch: Batch, collate: Callable[[list[Sample]], Batch]) -> Batch:
+    """A batch of padded rows (the fidelity phase's real data) collated again as a technique forms batches:
+    each row's sequence up to its last token that is not padding, with its label."""
+    inputs, labels = batch
+    ids = inputs["input_ids"]
+    ends = ((ids != PAD) * torch.arange(1, ids.shape[1] + 1, device=ids.device)).amax(dim=1).tolist()
+    inputs, labels = collate([(row[:end].cpu(), int(label)) for row, end, label in zip(ids, ends, labels)])
+    return to_device(inputs, ids.device), labels.to(ids.device)
+
+
+def real_tokens(batch: Batch) -> tuple[int, int]:
+    """(tokens that are sequence, tokens in the batch's input ids): padding is the difference."""
+    inputs = batch[0]
+    if "cu_seq_lens_q" in inputs:
+        return int(inputs["cu_seq_lens_q"][-1]), inputs["input_ids"].numel()
+    return int(inputs["attention_mask"].sum()), inputs["input_ids"].numel()
+
+
+class Buckets(Sampler[list[int]]):
+    """Batches of similar length: the dataset shuffled, cut in pools of ``pool`` batches, each pool sorted by
+    length and cut into batches, and the batches shuffled again (so that no pass sees only the short ones)."""
+
+    def __init__(self, lengths: list[int], batch_size: int, pool: int, generator: torch.Generator) -> None:
+        self.lengths, self.batch_size, self.pool, self.generator = lengths, batch_size, pool, generator
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = torch.randperm(len(self.lengths), generator=self.generator).tolist()
+        size = self.batch_size * self.pool
+        batches = []
+        for start in range(0, len(order), size):
+            chunk = sorted(order[start:start + size], key=self.lengths.__getitem__)
+            batches += [chunk[i:i + self.batch_size] for i in range(0, len(chunk) - self.batch_size + 1,
+                                                                   self.batch_size)]
+        for i in torch.randperm(len(batches), generator=self.generator).tolist():
+            yield batches[i]
+
+    def __len__(self) -> int:
+        return len(self.lengths) // self.batch_size
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How a technique forms batches: its collator (samples → batch) and, where it has one, its sampler."""
+
+    collate: Callable[[list[Sample]], Batch]
+    sampler: Callable[[list[int], int, torch.Generator], Sampler[list[int]]] | None = None
+    name: str = ""
+
+
+@dataclass
+class Feed:
+    """Batches from a DataLoader over ``data``, the same ones in the same order on every pass (``batches(n)``),
+    with the host time each waited for and each batch's real and padded tokens."""
+
+    data: Sequences
+    batching: Batching
+    shapes: Shapes
+    device: torch.device
+    seed: int
+    waits_ms: list[float] = field(default_factory=list)
+    tokens: list[tuple[int, int]] = field(default_factory=list)
+
+    def loader(self) -> DataLoader:
+        g = torch.Generator().manual_seed(self.seed)
+        size = self.shapes.batch_size
+        common = {"collate_fn": self.batching.collate, "num_workers": self.shapes.loader_workers,
+                  "pin_memory": self.shapes.pin_memory and self.device.type == "cuda"}
+        if self.batching.sampler is not None:
+            return DataLoader(self.data, batch_sampler=self.batching.sampler(self.data.lengths, size, g), **common)
+        return DataLoader(self.data, batch_size=size, shuffle=True, drop_last=True, generator=g, **common)
+
+    def batches(self, n: int) -> Iterator[Batch]:
+        """The first ``n`` batches of the pass (epochs repeat, in the same order, where ``n`` runs past one)."""
+        self.waits_ms, self.tokens = [], []
+        given = 0
+        while given < n:
+            it = iter(self.loader())
+            for _ in range(min(n - given, len(it))):
+                start = time.perf_counter()
+                inputs, labels = next(it)
+                self.waits_ms.append((time.perf_counter() - start) * 1e3)
+                self.tokens.append(real_tokens((inputs, labels)))
+                yield to_device(inputs, self.device, True), labels.to(self.device, non_blocking=True)
+                given += 1
+
+
+def dataset_size(shapes: Shapes) -> int:
+    return shapes.batch_size * SEQUENCES_PER_BATCH_SLOT
