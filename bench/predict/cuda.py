@@ -27,7 +27,8 @@ ASSUMPTIONS = (
     "memory-efficient kernel's RNG seed and offset live on the host, as on CUDA; autocast casts by CUDA's op lists; "
     "batch norm saves no cuDNN reserve space; allocator workspaces and fragmentation are not modelled; float16 "
     "autocast leaves out its GradScaler; a value read off a tensor (.item(), as Adafactor's norms) reads as 1; "
-    "an optimizer update its package compiles (torchao's 8-bit AdamW) counts its state, not the kernel's temporaries"
+    "an optimizer update its package compiles (torchao's 8-bit AdamW) counts its state, not the kernel's temporaries; "
+    "packed sequences attend through the variable-length flash kernel"
 )
 aten = torch.ops.aten
 

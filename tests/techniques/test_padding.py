@@ -177,3 +177,26 @@ def test_a_measured_run_records_what_its_batches_carried() -> None:
     assert pack["proof"]["packing.attention_path"] == "nested-jagged-sdpa (cpu)"
     assert pack["peak_tensor_bytes"] < pad["peak_tensor_bytes"]
     assert pack["predicted_status"] == "ok" and pack["predicted_peak_tensor_bytes"] < pad["predicted_peak_tensor_bytes"]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_packing_on_cuda_takes_the_variable_length_kernels(dtype: torch.dtype) -> None:
+    """On a GPU, 16-bit packed attention without dropout runs torch's varlen flash kernel, float32 a jagged
+    NestedTensor through SDPA; either gives each sequence the logits padding to seq_len gives it."""
+    cuda = torch.device("cuda")
+    logits = {}
+    for technique in ("pad-to-max", "packing"):
+        recipe = Recipe.of(spec("bert-tiny", (tech(technique),), batch_size=len(LENGTHS), seq_len=SEQ_LEN), cuda)
+        torch.manual_seed(0)
+        trainer = recipe.runner(recipe.ctx.model_spec.build(recipe.ctx.shapes).to(cuda, dtype))
+        trainer.model.eval()
+        batch = recipe.techniques[0].batching(recipe.ctx).collate(_samples(128))
+        inputs = {k: v.to(cuda) if isinstance(v, torch.Tensor) else v for k, v in batch[0].items()}
+        with torch.no_grad():
+            logits[technique] = trainer.spec.logits(trainer.model, inputs).float()
+        proof = trainer.techniques[0].proof(1)
+    want = "torch.nn.attention.varlen" if dtype == torch.bfloat16 else "nested-jagged-sdpa (cuda)"
+    assert proof["attention_path"] == want
+    tolerance = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {"rtol": 1e-4, "atol": 1e-4}
+    torch.testing.assert_close(logits["packing"], logits["pad-to-max"], **tolerance)
