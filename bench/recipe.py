@@ -68,10 +68,14 @@ class Recipe:
         """The synthetic batch every measured step takes, from the seed."""
         return synthetic_batch(self.ctx.model_spec, self.ctx.shapes, self.seed, self.ctx.device)
 
+    def _batching(self) -> varlen.Batching | None:
+        """The first technique's way of forming batches from variable-length sequences, if one has it."""
+        return next((b for t in self.techniques if (b := t.batching(self.ctx)) is not None), None)
+
     def regroup(self, batch: Batch) -> Batch:
         """A padded batch of real data (the fidelity phase's) formed again by the run's batch-forming technique,
         if it has one: what it is trained and evaluated on is what it measured."""
-        batching = next((b for t in self.techniques if (b := t.batching(self.ctx)) is not None), None)
+        batching = self._batching()
         return batch if batching is None else varlen.regroup(batch, batching.collate)
 
     def feed(self) -> varlen.Feed | None:
@@ -80,8 +84,7 @@ class Recipe:
         ctx = self.ctx
         if ctx.shapes.lengths is None:
             return None
-        batching = next((b for t in self.techniques if (b := t.batching(ctx)) is not None), None)
-        batching = batching or PadToMax().batching(ctx)
+        batching = self._batching() or PadToMax().batching(ctx)
         data = varlen.sequences(varlen.parse(ctx.shapes.lengths), ctx.model_spec, varlen.dataset_size(ctx.shapes),
                                 self.seed)
         return varlen.Feed(data, batching, ctx.shapes, ctx.device, self.seed)

@@ -33,12 +33,6 @@ class Padding(Technique):
     inputs: ClassVar[str] = "tokens"
     conflicts: ClassVar[frozenset[str]] = FAMILY
 
-    def collate(self, ctx: RunContext) -> varlen.Batching:
-        raise NotImplementedError
-
-    def batching(self, ctx: RunContext) -> varlen.Batching:
-        return self.collate(ctx)
-
     def proof(self, steps: int) -> dict[str, Any]:
         return {"collator": self.name}
 
@@ -58,7 +52,7 @@ class PadToMax(Padding):
     name = "pad-to-max"
     summary = "variable-length sequences padded to seq_len (the baseline)"
 
-    def collate(self, ctx: RunContext) -> varlen.Batching:
+    def batching(self, ctx: RunContext) -> varlen.Batching:
         return varlen.Batching(pad_to(ctx.shapes.seq_len, ctx.model_spec.objective), name=self.name)
 
 
@@ -70,7 +64,7 @@ class DynamicPadding(Padding):
     name = "dynamic-padding"
     summary = "each batch padded to its longest sequence"
 
-    def collate(self, ctx: RunContext) -> varlen.Batching:
+    def batching(self, ctx: RunContext) -> varlen.Batching:
         return varlen.Batching(pad_to(None, ctx.model_spec.objective), name=self.name)
 
 
@@ -90,7 +84,7 @@ class LengthBucketing(Padding):
     def problems(self, batch_size: int) -> list[str]:
         return [] if self.config.pool >= 1 else [f"pool must be ≥ 1, got {self.config.pool}"]
 
-    def collate(self, ctx: RunContext) -> varlen.Batching:
+    def batching(self, ctx: RunContext) -> varlen.Batching:
         pool = self.config.pool
         return varlen.Batching(pad_to(None, ctx.model_spec.objective),
                                lambda lengths, size, g: varlen.Buckets(lengths, size, pool, g), self.name)
@@ -121,7 +115,7 @@ class Packing(Padding):
                     "whose per-sequence output it can find: the bert family, or a next-token language model")
         return None
 
-    def collate(self, ctx: RunContext) -> varlen.Batching:
+    def batching(self, ctx: RunContext) -> varlen.Batching:
         return varlen.Batching(functools.partial(varlen.packed, objective=ctx.model_spec.objective), name=self.name)
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
@@ -153,7 +147,7 @@ class Nested(Padding):
         return (f"model {ctx.model_spec.name} reshapes its activations to (batch, sequence length, ...), which a "
                 "jagged NestedTensor has no single value of; packing runs its attention on NestedTensors instead")
 
-    def collate(self, ctx: RunContext) -> varlen.Batching:
+    def batching(self, ctx: RunContext) -> varlen.Batching:
         raise Unsupported(self.unsupported(ctx))
 
 
@@ -201,15 +195,23 @@ def _flash_varlen(q: torch.Tensor, dropout: float) -> bool:
 
 def _varlen_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, longest: int, causal: bool,
                  scaling: float | None) -> torch.Tensor:
-    import inspect
-
     from torch.nn.attention.varlen import varlen_attn
 
-    params = inspect.signature(varlen_attn).parameters  # torch 2.10/2.11 take is_causal; later a window
+    params = _varlen_params()
     extra = {"is_causal": causal} if "is_causal" in params else {"window_size": (-1, 0) if causal else (-1, -1)}
     if "scale" in params:
         extra["scale"] = scaling
     return varlen_attn(q, k, v, cu, cu, longest, longest, **extra)
+
+
+@functools.cache
+def _varlen_params() -> frozenset[str]:
+    """varlen_attn's keyword names, read once: torch 2.10/2.11 take is_causal, later releases a window."""
+    import inspect
+
+    from torch.nn.attention.varlen import varlen_attn
+
+    return frozenset(inspect.signature(varlen_attn).parameters)
 
 
 def _per_sequence_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, scaling: float | None,
