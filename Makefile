@@ -44,8 +44,9 @@ gpu: $(DEPS) ## on a CUDA host: every default suite, runs never measured there f
 	$(RUN) -m bench campaign --device cuda $(ARGS)
 	$(RUN) -m pytest -m cuda -p no:cacheprovider
 
-predict: $(DEPS) ## predicted peak memory of SUITE at GPU shapes, no GPU needed (BUDGET=16GiB: what fits on a 16 GiB card)
-	$(RUN) -m bench predict $(SUITE) $(if $(BUDGET),--budget $(BUDGET)) $(if $(RESERVE),--reserve $(RESERVE)) $(ARGS)
+predict: $(DEPS) ## predicted peak memory of SUITE at GPU shapes, no GPU needed (BUDGET=16GiB: what fits; NPROC=8: per rank)
+	$(RUN) -m bench predict $(SUITE) $(if $(BUDGET),--budget $(BUDGET)) $(if $(RESERVE),--reserve $(RESERVE)) \
+		$(if $(NPROC),--nproc $(NPROC)) $(ARGS)
 
 fit: $(DEPS) ## the largest batch of each SUITE run that really fits BUDGET=16GiB, measured in probes, beside the predicted one
 	$(RUN) -m bench fit $(SUITE) --budget $(or $(BUDGET),$(error BUDGET=… is required, e.g. BUDGET=16GiB)) $(ARGS)

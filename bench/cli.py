@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bench.errors import BadInput, SuiteError
+from bench.spec import MAX_NPROC
 
 if TYPE_CHECKING:
     from bench.launch import Launcher
@@ -47,6 +48,12 @@ def interrupt(signum: int, frame: object) -> None:
 def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return int(text)
+
+
+def _world_size(text: str) -> int:
+    if not text.isdigit() or not 2 <= int(text) <= MAX_NPROC:
+        raise argparse.ArgumentTypeError(f"expected a number of processes from 2 to {MAX_NPROC:,}, got {text!r}")
     return int(text)
 
 
@@ -97,6 +104,9 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument("--results", type=Path, default=Path("results"), help="where GPU measurements are read from")
     pre.add_argument("--jobs", type=_positive, default=min(os.cpu_count() or 1, 4),
                      help="processes predicting at once (default: the cores, at most 4; each takes about 1 GB)")
+    pre.add_argument("--nproc", type=_world_size, metavar="N",
+                     help="the processes every ddp, fsdp or tensor-parallel entry spans (default: its nproc): "
+                          f"each rank's peak and traffic under a fake process group, 2 to {MAX_NPROC:,}")
     pre.set_defaults(func=_predict)
     fit = sub.add_parser("fit", help="the largest batch that really fits a budget, measured in probes, beside "
                                      "the predicted one")
@@ -262,6 +272,8 @@ def _predict(args: argparse.Namespace) -> int:
     suite = suites.load(suite_path(args.suite))
     if args.only:
         suite = suites.select(suite, args.only.split(","))
+    if args.nproc:
+        suite = suites.spanning(suite, args.nproc)
     measured = {r["run"]: r for r in load_records(args.results / suite.name)
                 if r.get("device_type") == "cuda" and r.get("status") == "ok" and r.get("run_key")}
     print(f"{suite.name}: predicting {len(suite.runs)} runs at GPU shapes (fake tensors, nothing allocated)",
@@ -270,6 +282,10 @@ def _predict(args: argparse.Namespace) -> int:
         print(f"budget {args.budget} less {reserve} for the CUDA context and the allocator's workspaces "
               f"(--reserve): {budget / 2**30:.2f} GiB for tensors", file=sys.stderr)
     print(markdown(suite_table(list(suite.runs), measured, budget, jobs=args.jobs)))
+    if any(r.nproc > 1 for r in suite.runs):
+        print("\nRanks: each multi-process entry is predicted as rank 0 under a fake process group; the other ranks "
+              "run the same program on their own shards (fsdp's last ranks may hold a few padding elements less). "
+              "Traffic is what a rank sends per step, as a ring moves it, and it receives as much.", file=sys.stderr)
     print(f"\nAssumed: {ASSUMPTIONS}.", file=sys.stderr)
     return 0
 

@@ -16,7 +16,7 @@ PER_RANK_MAX = ("peak_tensor_bytes", "peak_allocated_bytes", "peak_reserved_byte
                 "activation_bytes", "param_bytes", "buffer_bytes", "gradient_bytes", "optimizer_state_bytes",
                 "model_state_bytes", "nvml_process_bytes", "context_bytes", "cache_slack_bytes", "rss_peak_bytes",
                 "step_time_ms_median", "step_time_ms_p25", "step_time_ms_p75", "step_time_ms_max",
-                "alloc_retries", "cuda_ooms")
+                "alloc_retries", "cuda_ooms", "predicted_peak_tensor_bytes")
 # Rates: the group moves at its slowest rank's pace.
 PER_RANK_MIN = ("samples_per_s", "tokens_per_s", "step_time_ms_min")
 

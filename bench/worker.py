@@ -210,6 +210,9 @@ def main(spec_path: str, out_path: str) -> int:
     faulthandler.enable()  # a hard crash (abort, segfault) leaves its Python stack in the run's stderr tail
     job = json.loads(Path(spec_path).read_text())
     spec = RunSpec.from_dict(job["spec"])
+    prediction = job.get("prediction")
+    if prediction is None and spec.nproc > 1:  # under a fake process group, which must be gone before the real one
+        prediction = predict_run(spec, job["device_type"], rank=int(os.environ.get("RANK", "0")))
     group = distributed.join(job["device_type"], spec.timeout_s)
     device = distributed.device_of(job["device_type"], group)
     budget = job.get("budget_bytes")
@@ -217,8 +220,8 @@ def main(spec_path: str, out_path: str) -> int:
         if budget and device.type == "cuda":  # a smaller card: the allocator refuses past the budget
             torch.cuda.set_per_process_memory_fraction(budget / torch.cuda.get_device_properties(device).total_memory,
                                                        device)
-        result = measure(spec, device, job.get("snapshot") if group.rank == 0 else None, group,
-                         job.get("prediction"), job.get("launched_at"))
+        result = measure(spec, device, job.get("snapshot") if group.rank == 0 else None, group, prediction,
+                         job.get("launched_at"))
         if budget and device.type == "cpu":
             result |= over_budget(result, budget)
     except Unsupported as exc:

@@ -92,3 +92,23 @@ def test_sweep_flags_a_slurm_sweep_would_ignore_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["run", "smoke", "--predict-jobs", "-1"])
     assert "expected a whole number of at least 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("nproc", ["0", "1", "-3", "65537", "eight"])
+def test_predict_refuses_a_world_size_out_of_range(capsys, nproc):
+    with pytest.raises(SystemExit) as info:
+        main(["predict", "dist-smoke", "--nproc", nproc])
+    assert info.value.code == 2
+    assert "expected a number of processes from 2 to 65,536" in capsys.readouterr().err
+
+
+def test_predict_spans_the_distributed_entries_over_nproc(capsys):
+    """--nproc re-sizes the entries that run over processes (their rows say so, with each rank's traffic), and
+    leaves a single-process entry as it is."""
+    assert main(["predict", "dist-smoke", "--nproc", "4", "--only", "single,fsdp", "--jobs", "1"]) == 0
+    out = capsys.readouterr()
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in out.out.splitlines()[2:]}
+    header = out.out.splitlines()[0].split(" | ")
+    assert rows["fsdp"][header.index("ranks")] == "4" and rows["single"][header.index("ranks")] == "–"
+    assert float(rows["fsdp"][header.index("all-gather MiB/rank")]) > 0
+    assert "Ranks: each multi-process entry is predicted as rank 0" in out.err

@@ -18,12 +18,13 @@ from bench.predict.fake import predict
 from bench.suite import RunSpec
 
 
-def predict_run(spec: RunSpec, device_type: str) -> dict[str, Any]:
-    """The run's prediction at the run's shapes, modelling CUDA for a CUDA run and the CPU run exactly on
-    a CPU, with the seconds it took; a failed prediction is a status, never a cost to the measurement."""
+def predict_run(spec: RunSpec, device_type: str, rank: int = 0) -> dict[str, Any]:
+    """The run's prediction at the run's shapes (as its ``rank``, over several processes), modelling CUDA for a
+    CUDA run and the CPU run exactly on a CPU, with the seconds it took; a failed prediction is a status, never a
+    cost to the measurement."""
     clock = time.perf_counter()
     try:
-        out = predict(spec, spec.shapes(device_type), cuda=device_type == "cuda")
+        out = predict(spec, spec.shapes(device_type), cuda=device_type == "cuda", rank=rank)
     except Exception as exc:  # noqa: BLE001
         out = {"predicted_status": "error", "predicted_message": f"{type(exc).__name__}: {exc}"[:300]}
     return out | {"prediction_s": round(time.perf_counter() - clock, 2)}

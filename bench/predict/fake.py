@@ -15,6 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from bench.measure.memory import tracked_step
 from bench.measure.tracker import CUDA_BLOCK, on_host
+from bench.predict import ranks
 from bench.predict.adapters import (
     OutputsAsReal,
     ScalarsReadAsOne,
@@ -32,16 +33,21 @@ CPU = torch.device("cpu")
 aten = torch.ops.aten
 
 
-def predict(spec: RunSpec, shapes: Shapes | None = None, cuda: bool = True) -> dict[str, Any]:
+def predict(spec: RunSpec, shapes: Shapes | None = None, cuda: bool = True, world_size: int | None = None,
+            rank: int = 0) -> dict[str, Any]:
     """Predicted peak and breakdown of one run at ``shapes`` (default: its GPU shapes); ``cuda`` models
-    the CUDA allocator's granularity and CUDA-only techniques, else the CPU run as measured here."""
-    recipe = Recipe.of(spec, CPU, shapes or spec.gpu, predicting=cuda)
+    the CUDA allocator's granularity and CUDA-only techniques, else the CPU run as measured here. A run over
+    several processes is predicted as its ``rank`` of ``world_size`` (default: the entry's nproc), with the
+    bytes its collectives move per step."""
+    world_size = world_size or spec.nproc
+    recipe = Recipe.of(spec, CPU, shapes or spec.gpu, predicting=cuda, world_size=world_size, rank=rank)
     if reason := next((f"{t.name}: {t.unpredictable}" for t in recipe.techniques if t.unpredictable), None):
         return {"predicted_status": "unpredictable", "predicted_message": reason}
     if reason := recipe.unsupported():
         return {"predicted_status": "unsupported", "predicted_message": reason}
     try:
-        figures = _fake_step(spec, recipe, CUDA_BLOCK if cuda else 1)
+        with ranks.fake_group(world_size, rank):
+            figures = _fake_step(spec, recipe, CUDA_BLOCK if cuda else 1)
     except Unsupported as exc:  # a kernel CUDA would refuse: the run would be unsupported there too
         return {"predicted_status": "unsupported", "predicted_message": str(exc)}
     except Exception as exc:  # noqa: BLE001  a technique that needs real values (e.g. .item()) cannot be predicted
@@ -62,6 +68,7 @@ def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int) -> dict[str, Any]:
             parameters_as_real(), masks_as_real(), techniques_as_real(), kernels:
         model = _fake_copy(model)
         runner = recipe.runner(model)
+        ranks.fake_ddp(runner.model)
         compiled_update = any(t.compiled_update for t in techniques)
         if compiled_update:
             runner.optimizer.step = compiled_as_eager(runner.optimizer.step)
@@ -75,7 +82,11 @@ def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int) -> dict[str, Any]:
             for t in host_state(runner.optimizer):
                 on_host(t)
         step = tracked_steps(runner, batch, feed, ctx.shapes.measure_steps)  # the batches, as in the worker
-        figures = tracked_step(step, runner.model, runner.optimizer, CPU, rounding, compiled_update)
+        traffic = ranks.Traffic(ctx.world_size)  # the measured step's collectives, not the set-up's or warm-up's
+        with traffic if ctx.world_size > 1 else nullcontext():
+            figures = tracked_step(step, runner.model, runner.optimizer, CPU, rounding, compiled_update)
+    if ctx.world_size > 1:
+        figures |= traffic.figures() | {"world_size": ctx.world_size, "rank": ctx.rank}
     return {**figures, "flops_per_step": flops.get_total_flops()}
 
 

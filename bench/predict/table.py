@@ -79,7 +79,11 @@ def markdown(table: pd.DataFrame) -> str:
         "params GiB": gib("param_bytes"), "grads GiB": gib("gradient_bytes"),
         "optimizer GiB": gib("optimizer_state_bytes"), "activations GiB": gib("activation_bytes"),
         "TFLOP/step": (pd.to_numeric(table.get("flops_per_step"), errors="coerce") / 1e12).round(2),
+        "ranks": pd.to_numeric(table.get("world_size"), errors="coerce").astype("Int64"),
     })
+    for kind in ("all_reduce", "all_gather", "reduce_scatter", "broadcast"):  # sent per rank per step, in a ring
+        show[f"{kind.replace('_', '-')} MiB/rank"] = (pd.to_numeric(table.get(f"traffic_{kind}_bytes"),
+                                                                    errors="coerce") / 2**20).round(2)
     if "measured_bytes" in table:
         show["measured GiB"] = gib("measured_bytes")
         show["predicted / measured"] = (table["peak_tensor_bytes"] / table["measured_bytes"]).round(3)
@@ -87,4 +91,5 @@ def markdown(table: pd.DataFrame) -> str:
         show["fits"] = table["fits"].map({True: "yes", False: "no"})
         show["largest batch"] = pd.to_numeric(table["largest_batch"], errors="coerce").astype("Int64")
     show["note"] = table.get("message", pd.Series(dtype=object)).fillna("")
-    return to_markdown(show.dropna(axis=1, how="all"))
+    show = show.loc[:, show.notna().any() & (show != 0).any()]  # traffic columns no entry has, or all zero
+    return to_markdown(show)

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 from bench.data import varlen
 from bench.errors import SuiteError
 from bench.models import MODELS, ModelSpec
-from bench.spec import DEFAULTS, DEVICES, MODES, STEP_KEYS, RunSpec, Shapes, Suite, TechniqueSpec
+from bench.spec import DEFAULTS, DEVICES, MAX_NPROC, MODES, STEP_KEYS, RunSpec, Shapes, Suite, TechniqueSpec
 from bench.suite import fidelity as fidelity_table
 from bench.suite.techniques import check_fidelity_batch, techniques
 from bench.suite.values import check_ranges, model_spec, typed, weights
@@ -73,6 +73,12 @@ def select(suite: Suite, patterns: list[str]) -> Suite:
     chosen |= {r.baseline for r in suite.runs if r.name in chosen}
     return replace(suite, runs=tuple(r for r in suite.runs if r.name in chosen),
                    order=suite.order or tuple(r.name for r in suite.runs))
+
+
+def spanning(suite: Suite, nproc: int) -> Suite:
+    """Every entry with a distributed technique spanning ``nproc`` processes (``bench predict --nproc``); the
+    others stay in one."""
+    return replace(suite, runs=tuple(replace(r, nproc=nproc) if r.nproc > 1 else r for r in suite.runs))
 
 
 def without_fidelity(suite: Suite) -> Suite:
@@ -275,8 +281,8 @@ def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:
             continue
         fidelity = typed(run, "fidelity", bool, True, problems, f"{where}.")
         nproc = typed(run, "nproc", int, None, problems, f"{where}.")
-        if nproc is not None and nproc < 1:
-            problems.append(f"{where}.nproc: must be at least 1, got {nproc}")
+        if nproc is not None and not 1 <= nproc <= MAX_NPROC:
+            problems.append(f"{where}.nproc: must be 1 to {MAX_NPROC:,}, got {nproc}")
         entries.append(Entry(name, run.get("techniques", []), None, name, f"{where}.techniques", fidelity, nproc))
     if "matrix" in raw:
         entries += _matrix(raw["matrix"], problems)

@@ -19,7 +19,6 @@ DISTRIBUTED = frozenset({"ddp", "fsdp", "tensor-parallel"})
 class _Distributed(Technique):
     distributed = True
     conflicts = DISTRIBUTED  # one parallelism per run here; 2-D (FSDP × TP) is not offered
-    unpredictable = "the prediction runs one process; sharded runs need the process group"
 
     def unsupported(self, ctx: RunContext) -> str | None:
         if ctx.world_size < 2:
@@ -101,6 +100,12 @@ class FullyShard(_Distributed):
         mixed_precision: Literal["none", "bfloat16", "float16"] = option(
             "none", "parameter dtype in forward and backward (gradients reduced in float32)")
         cpu_offload: bool = option(False, "keep sharded parameters, gradients and optimizer step on the host (CUDA)")
+
+    @property
+    def unpredictable(self) -> str:  # type: ignore[override]  an option decides it, not the class
+        if self.config.cpu_offload:
+            return "cpu_offload keeps the shards in pinned host memory, which fake tensors cannot stand for"
+        return ""
 
     def unsupported(self, ctx: RunContext) -> str | None:
         if self.config.cpu_offload and not ctx.cuda:

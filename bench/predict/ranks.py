@@ -1,0 +1,135 @@
+"""One rank of a run over N processes, predicted in this one: torch's fake process group (its collectives return
+at once and move nothing) under the fake tensors, and the bytes each collective the rank issues would move.
+
+Every rank of ``ddp``, ``fsdp`` and ``tensor-parallel`` runs the same program on its own shard, so rank 0 stands
+for all of them; ``bench predict`` says so. Traffic is counted from the collectives actually issued in the
+measured step, as a ring moves them: an all-reduce of S bytes sends and receives 2(N−1)/N·S per rank, an
+all-gather or a reduce-scatter of S bytes in all (N−1)/N·S, a broadcast or scatter S at most."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from unittest.mock import patch
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# c10d's operators by the collective they are, and the tensor argument whose bytes that collective moves.
+COLLECTIVES = {
+    "c10d.allreduce_": ("all_reduce", 0), "_c10d_functional.all_reduce": ("all_reduce", 0),
+    "c10d._allgather_base_": ("all_gather", 0), "c10d.allgather_": ("all_gather", 0),
+    "c10d.allgather_into_tensor_coalesced_": ("all_gather", 0),
+    "_c10d_functional.all_gather_into_tensor": ("all_gather", None),
+    "c10d._reduce_scatter_base_": ("reduce_scatter", 1), "c10d.reduce_scatter_": ("reduce_scatter", 1),
+    "c10d.reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1),
+    "_c10d_functional.reduce_scatter_tensor": ("reduce_scatter", 0),
+    "c10d.broadcast_": ("broadcast", 0), "c10d.scatter_": ("broadcast", 0),
+}
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+
+
+class Traffic(TorchDispatchMode):
+    """Bytes this rank sends (and, in a ring, as many it receives) per collective kind, while it is entered."""
+
+    def __init__(self, world_size: int) -> None:
+        super().__init__()
+        self.world_size, self.bytes = world_size, Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        found = COLLECTIVES.get(str(func).removesuffix(".default"))
+        if found is not None:
+            kind, at = found
+            tensors = _tensors(out if at is None else args[at])
+            self.bytes[kind] += round(_ring_share(kind, self.world_size) * sum(t.nbytes for t in tensors))
+        return out
+
+    def figures(self) -> dict[str, int]:
+        return {f"traffic_{kind}_bytes": self.bytes[kind] for kind in KINDS}
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    return [t for v in value if isinstance(v, (list, tuple, torch.Tensor)) for t in _tensors(v)]
+
+
+def _ring_share(kind: str, n: int) -> float:
+    """Bytes a rank sends per byte of the collective's whole tensor, in a ring (NCCL's and gloo's large messages)."""
+    return {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n}.get(kind, 1.0)
+
+
+@contextmanager
+def fake_group(world_size: int, rank: int) -> Iterator[None]:
+    """A fake process group of ``world_size`` with this process as ``rank``, for the length of the prediction
+    (nothing for a single process)."""
+    if world_size == 1:
+        yield
+        return
+    if dist.is_initialized():
+        raise RuntimeError("a process group is already up in this process; predict before joining it")
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        with _setup_as_real():
+            yield
+    finally:
+        dist.destroy_process_group()
+
+
+@contextmanager
+def _setup_as_real() -> Iterator[None]:
+    """What the parallel wrappers do at set-up that fake tensors cannot: a device mesh is built from a real
+    tensor of ranks, and DDP compares every rank's parameter shapes by reading them (all equal here)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed import device_mesh
+    from torch.nn.parallel import distributed as ddp
+
+    build = device_mesh.init_device_mesh
+
+    def real_mesh(*args: Any, **kwargs: Any) -> Any:
+        with unset_fake_temporarily():
+            return build(*args, **kwargs)
+
+    with patch.object(device_mesh, "init_device_mesh", real_mesh), \
+            patch.object(ddp, "_verify_param_shape_across_processes", lambda *args, **kwargs: None):
+        yield
+
+
+class _KeptBuckets:
+    """DDP's reducer, but for rebuilding its buckets in backward's order after the first step: that reads bucket
+    indices off a broadcast tensor, which a fake one cannot give. The buckets keep their first layout, which
+    holds the same gradient bytes."""
+
+    def __init__(self, reducer: Any) -> None:
+        self._reducer = reducer
+
+    def _rebuild_buckets(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reducer, name)
+
+
+def fake_ddp(model: nn.Module) -> None:
+    """DDP under the fake group: its buckets kept as first laid out, and all-reduced as its default hook does
+    (averaged in place), completed at once, since the fake group's future carries no tensor, which DDP's
+    reducer refuses."""
+    if not isinstance(model, nn.parallel.DistributedDataParallel):
+        return
+    model.reducer = _KeptBuckets(model.reducer)
+
+    def hook(state, bucket):  # noqa: ANN001, ANN202  unannotated: DDP compares annotations to its own classes
+        buffer = bucket.buffer().div_(dist.get_world_size())
+        dist.all_reduce(buffer)
+        done = torch.futures.Future()
+        done.set_result(buffer)
+        return done
+
+    model.register_comm_hook(None, hook)

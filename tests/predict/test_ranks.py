@@ -1,0 +1,85 @@
+"""One rank of a multi-process run predicted in this process, under torch's fake process group: the bytes its
+collectives move, held against the textbook volumes, and ZeRO-3's model states per rank at any world size.
+(That each rank's prediction is its measured peak under gloo is tests/test_distributed.py's.)"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch.distributed as dist
+
+from bench.models import MODELS
+from bench.predict.fake import predict
+from bench.spec import Shapes
+from tests.helpers import spec, tech
+
+PSI = sum(p.numel() for p in MODELS.get("bert-tiny").build(Shapes(8, seq_len=64)).parameters())
+
+
+def _predicted(technique, nproc: int, model: str = "bert-tiny", **shape) -> dict:
+    run = spec(model, (technique,), nproc=nproc, **({"batch_size": 4, "seq_len": 16} | shape))
+    out = predict(run, run.cpu, cuda=False)
+    assert out["predicted_status"] == "ok", out.get("predicted_message")
+    assert not dist.is_initialized()  # the fake group is gone once the prediction is made
+    return out
+
+
+@pytest.mark.parametrize("n", [2, 8, 64])
+def test_ddp_all_reduces_every_gradient_once_a_step(n):
+    """A ring all-reduce moves 2(N−1)/N·Ψ elements per rank; DDP's gradients are float32 here."""
+    out = _predicted(tech("ddp"), n)
+    assert out["predicted_traffic_all_reduce_bytes"] == pytest.approx(2 * (n - 1) / n * PSI * 4, abs=n)
+    assert out["predicted_traffic_all_gather_bytes"] == out["predicted_traffic_reduce_scatter_bytes"] == 0
+
+
+@pytest.mark.parametrize("n", [2, 8])
+def test_fsdp_gathers_parameters_in_forward_and_again_in_backward(n):
+    """With resharding after forward each block's parameters are gathered twice a step, without it once;
+    gradients are reduce-scattered once. Each moves (N−1)/N of the whole padded parameters' bytes."""
+    volume = (n - 1) / n * _padded_elements("bert-tiny", n)[0] * n * 4
+    resharded, kept = _predicted(tech("fsdp"), n), _predicted(tech("fsdp", reshard_after_forward=False), n)
+    assert resharded["predicted_traffic_all_gather_bytes"] == pytest.approx(2 * volume, abs=n)
+    assert kept["predicted_traffic_all_gather_bytes"] == pytest.approx(volume, abs=n)
+    for out in (resharded, kept):
+        assert out["predicted_traffic_reduce_scatter_bytes"] == pytest.approx(volume, abs=n)
+        assert out["predicted_traffic_all_reduce_bytes"] == 0
+        assert out["predicted_world_size"] == n
+
+
+def _padded_elements(model: str, n: int) -> tuple[int, int]:
+    """FSDP2 shards each parameter along its first dimension, padded to a multiple of N rows: a rank's elements,
+    and the number of parameter tensors."""
+    params = list(MODELS.get(model).build(Shapes(1, seq_len=8)).parameters())
+    return sum(math.ceil(p.shape[0] / n) * (p.numel() // p.shape[0]) for p in params), len(params)
+
+
+@pytest.mark.parametrize("n", [8, 64, 1024])
+def test_zero3_model_states_per_rank_at_any_world_size(n):
+    """fsdp with bf16 mixed precision and AdamW keeps float32 sharded parameters, gradients and both moments:
+    16 bytes per element of the rank's shard (ZeRO-3's 16·Ψ/N, arXiv:1910.02054, with FSDP2's padding of each
+    parameter's rows to N), and AdamW's step counter per parameter tensor, exactly."""
+    out = _predicted(tech("fsdp", mixed_precision="bfloat16"), n, batch_size=1, seq_len=8)
+    elements, tensors = _padded_elements("bert-tiny", n)
+    states = sum(out[f"predicted_{k}_bytes"] for k in ("param", "gradient", "optimizer_state"))
+    assert states == 16 * elements + 4 * tensors
+
+
+def test_zero3_on_bert_base_is_the_textbook_figure():
+    """At BERT-base's size, the padding and counters are noise: 16·Ψ/8 to 0.02%."""
+    out = _predicted(tech("fsdp", mixed_precision="bfloat16"), 8, "bert-base", batch_size=1, seq_len=8)
+    states = sum(out[f"predicted_{k}_bytes"] for k in ("param", "gradient", "optimizer_state"))
+    assert states == pytest.approx(16 * 109_489_930 / 8, rel=2e-4)
+
+
+def test_a_prediction_made_beside_a_live_process_group_says_why():
+    """Inside a rank of a real run the fake group cannot come up: the worker predicts before joining."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        out = predict(spec("bert-tiny", (tech("ddp"),), nproc=2, batch_size=4, seq_len=16), cuda=False)
+    finally:
+        dist.destroy_process_group()
+    assert out["predicted_status"] == "unpredictable"
+    assert "already up" in out["predicted_message"]
