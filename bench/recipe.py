@@ -46,7 +46,10 @@ class Recipe:
                    spec.seed if seed is None else seed)
 
     def unsupported(self) -> str | None:
-        """The first technique's reason it cannot run here, as ``"name: reason"``; None when all can."""
+        """The model's or the first technique's reason it cannot run here (``"name: reason"``); None when all can."""
+        spec = self.ctx.model_spec
+        if not spec.cpu and self.ctx.device.type == "cpu" and not self.ctx.predicting:
+            return f"model {spec.name}: too large to build in a CPU's memory; it is predicted (bench predict) and runs on CUDA"
         return next((f"{t.name}: {r}" for t in self.techniques if (r := t.unsupported(self.ctx))), None)
 
     def model(self, weights: str | None = None) -> tuple[nn.Module, dict[str, object]]:

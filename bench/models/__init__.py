@@ -74,6 +74,9 @@ class ModelSpec:
     # "classify": logits (batch, num_classes) against one label per sample. "next-token": a causal language
     # model's logits (batch, seq_len, vocab_size), each position against the next token, as it trains.
     objective: Literal["classify", "next-token"] = "classify"
+    # False for a model too large to build in a CPU's memory (Llama-3-8B's 32 GB of float32 weights): it is
+    # predicted, built on the meta device, and runs on CUDA; a CPU run of it is unsupported.
+    cpu: bool = True
 
     def __post_init__(self) -> None:
         if self.inputs not in ("image", "tokens"):

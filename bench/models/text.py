@@ -1,4 +1,5 @@
-"""BERT-base for sequence classification (transformers, random init from BertConfig), plus a tiny variant.
+"""BERT-base for sequence classification (transformers, random init from BertConfig), plus a tiny variant; and
+Llama-3-8B's shapes as a causal language model, for predictions of runs over many GPUs.
 
 transformers is imported inside the builders: it takes seconds, and vision runs never need it."""
 
@@ -51,3 +52,19 @@ def _bert_tiny(shapes: Shapes) -> nn.Module:
 BERT = {"blocks": children_of("bert.encoder.layer"), "family": "bert", "attention": True}
 register(ModelSpec("bert-base", _bert_base, "tokens", NUM_LABELS, vocab_size=30522, **BERT))
 register(ModelSpec("bert-tiny", _bert_tiny, "tokens", NUM_LABELS, vocab_size=128, **BERT))
+
+
+def _llama3_8b(shapes: Shapes) -> nn.Module:
+    """Llama-3-8B's shapes (Meta's config.json): 32 layers of 4,096 with 32 query and 8 key-value heads, an MLP
+    of 14,336 and a 128,256-token vocabulary; 8.03 billion parameters, random, never trained here."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=LLAMA3_VOCAB, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0, use_cache=False,
+                         max_position_embeddings=max(8192, shapes.seq_len), tie_word_embeddings=False)
+    return LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
+
+
+LLAMA3_VOCAB = 128_256
+register(ModelSpec("llama3-8b", _llama3_8b, "tokens", LLAMA3_VOCAB, vocab_size=LLAMA3_VOCAB, objective="next-token",
+                   attention=True, cpu=False))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from bench.models import MODELS
@@ -83,3 +84,22 @@ def test_a_prediction_made_beside_a_live_process_group_says_why():
         dist.destroy_process_group()
     assert out["predicted_status"] == "unpredictable"
     assert "already up" in out["predicted_message"]
+
+
+@pytest.mark.slow
+def test_llama3_8b_over_8_ranks_is_predicted_and_never_built_on_a_cpu():
+    """Llama-3-8B's 8.03 billion parameters under fsdp over 8 ranks: a rank holds an eighth of the float32
+    weights, gradients and AdamW moments, built on the meta device only; a CPU run of it is refused before
+    anything is built."""
+    from bench.recipe import Recipe
+
+    run = spec("llama3-8b", (tech("fsdp", mixed_precision="bfloat16"), tech("checkpoint")), nproc=8, batch_size=1,
+               seq_len=64)
+    out = predict(run, run.cpu)  # standing for CUDA: a CPU run, and so its prediction, is refused
+    assert out["predicted_status"] == "ok", out.get("predicted_message")
+    assert out["predicted_param_bytes"] == pytest.approx(8_030_261_248 * 4 / 8, rel=1e-5)
+    # bf16 parameters gathered in forward and again in backward: 2 × 7/8 of the model's bf16 bytes
+    assert out["predicted_traffic_all_gather_bytes"] == pytest.approx(2 * 7 / 8 * 8_030_261_248 * 2, rel=1e-4)
+    assert predict(run, run.cpu, cuda=False)["predicted_status"] == "unsupported"
+    reason = Recipe.of(run, torch.device("cpu"), world_size=8).unsupported()
+    assert reason.startswith("model llama3-8b: too large to build in a CPU's memory")
