@@ -49,7 +49,8 @@ class Recipe:
         """The model's or the first technique's reason it cannot run here (``"name: reason"``); None when all can."""
         spec = self.ctx.model_spec
         if not spec.cpu and self.ctx.device.type == "cpu" and not self.ctx.predicting:
-            return f"model {spec.name}: too large to build in a CPU's memory; it is predicted (bench predict) and runs on CUDA"
+            return (f"model {spec.name}: too large to build in a CPU's memory; it is predicted (bench predict) and "
+                    "runs on CUDA")
         return next((f"{t.name}: {r}" for t in self.techniques if (r := t.unsupported(self.ctx))), None)
 
     def model(self, weights: str | None = None) -> tuple[nn.Module, dict[str, object]]:

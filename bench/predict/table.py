@@ -79,7 +79,8 @@ def markdown(table: pd.DataFrame) -> str:
         "params GiB": gib("param_bytes"), "grads GiB": gib("gradient_bytes"),
         "optimizer GiB": gib("optimizer_state_bytes"), "activations GiB": gib("activation_bytes"),
         "TFLOP/step": (pd.to_numeric(table.get("flops_per_step"), errors="coerce") / 1e12).round(2),
-        "ranks": pd.to_numeric(table.get("world_size"), errors="coerce").astype("Int64"),
+        "ranks": pd.to_numeric(table.get("world_size", pd.Series(index=table.index, dtype=float)),
+                               errors="coerce").astype("Int64"),
     })
     for kind in ("all_reduce", "all_gather", "reduce_scatter", "broadcast"):  # sent per rank per step, in a ring
         show[f"{kind.replace('_', '-')} MiB/rank"] = (pd.to_numeric(table.get(f"traffic_{kind}_bytes"),
