@@ -66,6 +66,23 @@ def largest_batch(spec: RunSpec, budget: int, limit: int = 1 << 16, own: dict[st
     return lo * unit
 
 
+def fewest_ranks(spec: RunSpec, budget: int, own: dict[str, Any] | None = None) -> int | None:
+    """The fewest processes, from 2 to the entry's nproc, over which each rank's predicted peak at GPU shapes fits
+    ``budget``; None if even nproc does not. Sharding only takes memory off a rank as ranks are added, so the
+    answer is bisected: about log2(nproc) predictions. ``own``: the prediction at nproc, if made already."""
+    def fits(n: int, out: dict[str, Any] | None = None) -> bool:
+        out = out or predict(replace(spec, nproc=n))
+        return out["predicted_status"] == "ok" and out["predicted_peak_tensor_bytes"] <= budget
+
+    if not fits(spec.nproc, own):
+        return None
+    lo, hi = 1, spec.nproc  # lo does not fit (one process is no run of these), hi does
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    return hi
+
+
 def _on_the_line(points: list[tuple[int, float]], budget: int) -> int | None:
     """The largest batch under the budget on the line through the last two predictions that gave a peak."""
     finite = [p for p in points if math.isfinite(p[1])]

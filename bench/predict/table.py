@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TextIO
 
 from bench.predict.ahead import spawn_pool
-from bench.predict.budget import largest_batch
+from bench.predict.budget import fewest_ranks, largest_batch
 from bench.predict.fake import predict
 from bench.suite import RunSpec
 
@@ -57,6 +58,10 @@ def _row(spec: RunSpec, budget: int | None) -> dict[str, Any]:
     if budget is not None and out["predicted_status"] == "ok":
         row["fits"] = out["predicted_peak_tensor_bytes"] <= budget
         row["largest_batch"] = largest_batch(spec, budget, own=out)
+    if budget is not None and spec.nproc > 1 and out["predicted_status"] == "ok":
+        if (fewest := fewest_ranks(spec, budget, own=out)) is not None:
+            row["fewest_ranks"] = fewest
+            row["largest_batch_there"] = largest_batch(replace(spec, nproc=fewest), budget)
     return row
 
 
@@ -91,6 +96,9 @@ def markdown(table: pd.DataFrame) -> str:
     if "fits" in table:
         show["fits"] = table["fits"].map({True: "yes", False: "no"})
         show["largest batch"] = pd.to_numeric(table["largest_batch"], errors="coerce").astype("Int64")
+    if "fewest_ranks" in table:  # multi-process entries under a budget: the fewest ranks that fit, and its batch
+        show["fewest ranks"] = pd.to_numeric(table["fewest_ranks"], errors="coerce").astype("Int64")
+        show["largest batch there"] = pd.to_numeric(table["largest_batch_there"], errors="coerce").astype("Int64")
     show["note"] = table.get("message", pd.Series(dtype=object)).fillna("")
     show = show.loc[:, show.notna().any() & (show != 0).any()]  # traffic columns no entry has, or all zero
     return to_markdown(show)

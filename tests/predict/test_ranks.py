@@ -103,3 +103,19 @@ def test_llama3_8b_over_8_ranks_is_predicted_and_never_built_on_a_cpu():
     assert predict(run, run.cpu, cuda=False)["predicted_status"] == "unsupported"
     reason = Recipe.of(run, torch.device("cpu"), world_size=8).unsupported()
     assert reason.startswith("model llama3-8b: too large to build in a CPU's memory")
+
+
+def test_fewest_ranks_is_the_first_world_size_whose_rank_fits():
+    """Under fsdp a rank's peak falls as ranks are added: the fewest ranks under a budget set at 5 ranks' peak
+    is 5 or fewer, and one rank fewer is over it."""
+    from dataclasses import replace
+
+    from bench.predict.budget import fewest_ranks
+
+    run = spec("bert-tiny", (tech("fsdp"),), nproc=16, batch_size=1, seq_len=8)
+    peak = lambda n: predict(replace(run, nproc=n))["predicted_peak_tensor_bytes"]  # noqa: E731
+    budget = peak(5)
+    fewest = fewest_ranks(run, budget)
+    assert 2 <= fewest <= 5 and peak(fewest) <= budget
+    assert fewest == 2 or budget < peak(fewest - 1)
+    assert fewest_ranks(run, peak(16) - 1) is None
