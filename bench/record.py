@@ -140,6 +140,14 @@ class _PredictionOutcome:
     status: str | None = doc("ok, unsupported or unpredictable")
     message: str | None = doc("why a prediction was not made")
     ahead: bool | None = doc("made in a spare process while the device measured earlier runs")
+    world_size: int | None = doc("multi-process runs: the processes of the fake group the rank was predicted in")
+    rank: int | None = doc("multi-process runs: the rank predicted (every rank of a run predicts itself)")
+    traffic_all_reduce_bytes: int | None = doc("bytes the rank sends (and receives) in all-reduces a step, in a ring")
+    traffic_all_gather_bytes: int | None = doc("the same for all-gathers")
+    traffic_reduce_scatter_bytes: int | None = doc("the same for reduce-scatters")
+    traffic_broadcast_bytes: int | None = doc("the same for broadcasts and scatters")
+    largest_collective_bytes: int | None = doc("the largest single collective's tensors: what a real rank may also "
+                                               "hold at its peak while a collective waits for a peer")
 
 
 # The tracked figures and the FLOPs, each documented as its measured twin, so that the two never drift apart.

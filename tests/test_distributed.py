@@ -125,19 +125,18 @@ def test_suite_checks_nproc_against_the_techniques(tmp_path):
         assert f"runs[1].nproc: must be 1 to 65,536, got {nproc}" in found
 
 
-# Under gloo some ranks' fsdp peaks also hold a small buffer that the prediction, which waits for no peer, does
-# not: 10,816 bytes on bert-tiny at 2 ranks (rank 0 in one run, rank 1 in the next), 11,848 on two of 4 ranks.
-ASYNC_SLACK = 16 * 1024
-
-
 def assert_predicted_per_rank(record: dict) -> None:
     """Each rank's prediction (made on fake tensors under torch's fake process group, before the rank joins the
     real one) is the peak it then measures under gloo: to the byte on at least one rank, and on every rank
-    within the slack above, never over."""
+    never under, nor over by more than two collectives' tensors. Under gloo a rank may still hold collectives'
+    buffers at its peak while they wait for a slower peer (FSDP2 keeps one all-gather and one reduce-scatter in
+    flight); which rank, and whether, changes from run to run (10,816 bytes under fsdp at 2 ranks, 111,312
+    under tensor-parallel on a loaded machine)."""
     assert record["predicted_status"] == "ok", record.get("predicted_message")
     predicted, measured = record["rank_predicted_peak_tensor_bytes"], record["rank_peak_tensor_bytes"]
     gaps = [m - p for p, m in zip(predicted, measured)]
-    assert 0 in gaps and all(0 <= gap <= ASYNC_SLACK for gap in gaps), (predicted, measured)
+    slack = 2 * record["predicted_largest_collective_bytes"]
+    assert 0 in gaps and all(0 <= gap <= slack for gap in gaps), (predicted, measured, slack)
 
 
 @pytest.mark.parametrize("run", ["ddp", "fsdp", "tensor-parallel"])

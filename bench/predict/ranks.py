@@ -38,7 +38,7 @@ class Traffic(TorchDispatchMode):
 
     def __init__(self, world_size: int) -> None:
         super().__init__()
-        self.world_size, self.bytes = world_size, Counter()
+        self.world_size, self.bytes, self.largest = world_size, Counter(), 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
@@ -46,11 +46,26 @@ class Traffic(TorchDispatchMode):
         if found is not None:
             kind, at = found
             tensors = _tensors(out if at is None else args[at])
-            self.bytes[kind] += round(_ring_share(kind, self.world_size) * sum(t.nbytes for t in tensors))
+            ring, size = _group_size(args) or self.world_size, sum(t.nbytes for t in tensors)
+            self.bytes[kind] += round(_ring_share(kind, ring) * size)
+            self.largest = max(self.largest, size)
         return out
 
     def figures(self) -> dict[str, int]:
-        return {f"traffic_{kind}_bytes": self.bytes[kind] for kind in KINDS}
+        """Bytes per kind, and the largest single collective's tensors: what a rank may also hold at its peak
+        on a real group, while an asynchronous collective waits for a peer."""
+        return {f"traffic_{kind}_bytes": self.bytes[kind] for kind in KINDS} | {
+            "largest_collective_bytes": self.largest}
+
+
+def _group_size(args: tuple) -> int | None:
+    """The ranks of the group a collective runs in (a subgroup under hybrid sharding): c10d's operators take the
+    group itself, the functional ones its name (their last text argument; a reduce op's name comes before)."""
+    for arg in args:
+        if isinstance(arg, torch.ScriptObject) and arg._type().qualified_name().endswith(".ProcessGroup"):
+            return dist.ProcessGroup.unbox(arg).size()
+    names = [arg for arg in args if isinstance(arg, str)]
+    return dist.distributed_c10d._resolve_process_group(names[-1]).size() if names else None
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

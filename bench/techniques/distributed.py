@@ -39,9 +39,14 @@ class _Distributed(Technique):
                 "param_fraction_per_rank": round(local / self.full_param_bytes, 4)}
 
 
-def _mesh(ctx: RunContext):
+def _mesh(ctx: RunContext, shard_group: int = 0):
+    """The ranks as one dimension, or (replicas, shard_group): a 2-D mesh, which FSDP2 shards over its last
+    dimension and replicates over its first (HSDP)."""
     from torch.distributed.device_mesh import init_device_mesh
 
+    if shard_group and shard_group < ctx.world_size:
+        return init_device_mesh(ctx.device.type, (ctx.world_size // shard_group, shard_group),
+                                mesh_dim_names=("replicate", "shard"))
     return init_device_mesh(ctx.device.type, (ctx.world_size,))
 
 
@@ -86,7 +91,9 @@ class FullyShard(_Distributed):
     all-gathered just before use and freed after.
 
     Expected: per-rank model states of 16·Ψ/N bytes for Adam in fp32 (and for mixed-precision Adam),
-    against DDP's 16·Ψ; activations as DDP's; throughput a little below DDP's from the extra gathers.
+    against DDP's 16·Ψ; activations as DDP's; throughput a little below DDP's from the extra gathers. With
+    ``shard_group`` G (hybrid sharding), 16·Ψ/G, the gathers kept inside a group (a node), and the gradients
+    all-reduced across the groups.
     """
 
     name = "fsdp"
@@ -100,6 +107,8 @@ class FullyShard(_Distributed):
         mixed_precision: Literal["none", "bfloat16", "float16"] = option(
             "none", "parameter dtype in forward and backward (gradients reduced in float32)")
         cpu_offload: bool = option(False, "keep sharded parameters, gradients and optimizer step on the host (CUDA)")
+        shard_group: int = option(0, "ranks each shard spans, replicated across the groups (hybrid sharding, e.g. "
+                                     "8: within a node of 8); 0: all ranks")
 
     @property
     def unpredictable(self) -> str:  # type: ignore[override]  an option decides it, not the class
@@ -107,7 +116,14 @@ class FullyShard(_Distributed):
             return "cpu_offload keeps the shards in pinned host memory, which fake tensors cannot stand for"
         return ""
 
+    def problems(self, batch_size: int) -> list[str]:
+        group = self.config.shard_group
+        return [] if group >= 0 else [f"shard_group must be 0 (all ranks) or a number of ranks, got {group}"]
+
     def unsupported(self, ctx: RunContext) -> str | None:
+        group = self.config.shard_group
+        if group and ctx.world_size % group:
+            return f"shard_group {group} does not divide the {ctx.world_size} processes; choose a divisor"
         if self.config.cpu_offload and not ctx.cuda:
             return "cpu_offload moves sharded states to host memory; on a CPU they are there already"
         return super().unsupported(ctx)
@@ -115,7 +131,7 @@ class FullyShard(_Distributed):
     def parallelize(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-        kwargs: dict[str, Any] = {"mesh": _mesh(ctx), "reshard_after_forward": self.config.reshard_after_forward,
+        kwargs: dict[str, Any] = {"mesh": _mesh(ctx, self.config.shard_group), "reshard_after_forward": self.config.reshard_after_forward,
                                   "offload_policy": CPUOffloadPolicy() if self.config.cpu_offload else OffloadPolicy()}
         if self.config.mixed_precision != "none":
             dtype = getattr(torch, self.config.mixed_precision)

@@ -119,3 +119,15 @@ def test_fewest_ranks_is_the_first_world_size_whose_rank_fits():
     assert 2 <= fewest <= 5 and peak(fewest) <= budget
     assert fewest == 2 or budget < peak(fewest - 1)
     assert fewest_ranks(run, peak(16) - 1) is None
+
+
+def test_hybrid_sharding_shards_within_a_group_and_replicates_across():
+    """fsdp with shard_group 8 over 16 ranks: each rank holds an eighth of the model (as at 8 ranks), gathers
+    within its group only, and all-reduces its gradient shard across the two groups: 2(2−1)/2 of an eighth."""
+    hybrid = _predicted(tech("fsdp", shard_group=8), 16)
+    flat = _predicted(tech("fsdp"), 8)
+    assert hybrid["predicted_param_bytes"] == flat["predicted_param_bytes"]
+    assert hybrid["predicted_traffic_all_gather_bytes"] == flat["predicted_traffic_all_gather_bytes"]
+    assert hybrid["predicted_traffic_all_reduce_bytes"] == pytest.approx(flat["predicted_param_bytes"], abs=16)
+    run = spec("bert-tiny", (tech("fsdp", shard_group=3),), nproc=16, batch_size=4, seq_len=16)
+    assert "shard_group 3 does not divide the 16 processes" in predict(run, run.cpu, cuda=False)["predicted_message"]
