@@ -23,9 +23,13 @@ ADAM_FP32 = 16  # bytes per parameter: fp32 weight 4, gradient 4, Adam's two mom
 STEP_COUNTERS = 4 * 41  # AdamW's per-parameter step counter (a 0-d float32 tensor): 41 parameter tensors
 
 
+# Every multi-process dist-smoke entry a CPU runs (fsdp-offload needs CUDA).
+MULTI_PROCESS = ("ddp", "ddp-bucket-view", "fsdp", "fsdp-keep-params", "fsdp-bf16", "tensor-parallel")
+
+
 @pytest.fixture(scope="module")
 def dist_records(tmp_path_factory):
-    """ddp, fsdp and tensor-parallel from the shipped dist-smoke suite, each as 2 gloo processes: swept once per
+    """The shipped dist-smoke suite's multi-process entries, each as 2 gloo processes: swept once per
     test session. Under make test's processes, the first to need them sweeps into the session's common folder
     while the others wait on its lock, then read the stored records, rather than each sweeping again."""
     base = tmp_path_factory.getbasetemp()
@@ -34,8 +38,7 @@ def dist_records(tmp_path_factory):
         root = shared / "dist-records"
         if not root.exists():
             suite = load("suites/dist-smoke.toml")
-            chosen = dataclasses.replace(suite, runs=tuple(r for r in suite.runs if r.name in
-                                                           ("ddp", "fsdp", "tensor-parallel")))
+            chosen = dataclasses.replace(suite, runs=tuple(r for r in suite.runs if r.name in MULTI_PROCESS))
             sweep(chosen, Local(CPU), root)
         return {r["run"]: r for r in results.load_records(root / "dist-smoke")}
 
@@ -139,7 +142,7 @@ def assert_predicted_per_rank(record: dict) -> None:
     assert 0 in gaps and all(0 <= gap <= slack for gap in gaps), (predicted, measured, slack)
 
 
-@pytest.mark.parametrize("run", ["ddp", "fsdp", "tensor-parallel"])
+@pytest.mark.parametrize("run", MULTI_PROCESS)
 def test_each_ranks_prediction_is_its_measured_peak(dist_records, run):
     assert_predicted_per_rank(dist_records[run])
 
