@@ -6,11 +6,14 @@ Distributions, as a suite names them (``lengths`` in ``[shapes.*]`` or ``[matrix
 - ``uniform:LO:HI``: lengths drawn uniformly in LO..HI;
 - ``lognormal:MEDIAN:SIGMA:MAX``: exp(N(ln MEDIAN, SIGMA)), rounded, clipped to 1..MAX;
 - ``digits``: real data, each of scikit-learn's handwritten digits as [CLS] then the positions of its non-zero
-  pixels (17 to 43 tokens), with its class as label.
+  pixels (17 to 43 tokens), with its class as label;
+- ``hf:PATH``: a local tokenised dataset (``datasets``' ``save_to_disk``, an ``input_ids`` column and a label
+  column; its train split), each row up to its last token that is not 0.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
@@ -31,7 +34,7 @@ if TYPE_CHECKING:
 
 PAD, CLS, FIRST_PIXEL = 0, 1, 3  # pixel position p is token FIRST_PIXEL + p (ids 0..2 as in bench.data.real)
 DIGITS_LENGTHS = (17, 43)  # [CLS] plus 16 to 42 non-zero pixels, over all 1,797 digits
-FORMS = "'uniform:LO:HI', 'lognormal:MEDIAN:SIGMA:MAX' or 'digits'"
+FORMS = "'uniform:LO:HI', 'lognormal:MEDIAN:SIGMA:MAX', 'digits' or 'hf:PATH'"
 SEQUENCES_PER_BATCH_SLOT = 16  # the dataset holds this many batches: enough distinct ones for any pass
 Sample = tuple[torch.Tensor, int]  # one sequence's token ids, and its label
 
@@ -42,11 +45,14 @@ class Lengths:
 
     kind: str
     params: tuple[float, ...] = ()
+    path: str = ""  # hf: the dataset's folder
 
     @property
     def maximum(self) -> int:
         if self.kind == "digits":
             return DIGITS_LENGTHS[1]
+        if self.kind == "hf":
+            return max(hf_sequences(self.path).lengths)
         return int(self.params[-1])
 
     def sample(self, n: int, generator: torch.Generator) -> list[int]:
@@ -63,6 +69,8 @@ def parse(text: str) -> Lengths:
     kind, *raw = text.split(":")
     if kind == "digits" and not raw:
         return Lengths("digits")
+    if kind == "hf" and raw and raw[0]:
+        return Lengths("hf", path=text.split(":", 1)[1])
     try:
         params = tuple(float(p) for p in raw)
     except ValueError:
@@ -96,10 +104,25 @@ class Sequences(Dataset):
 def sequences(lengths: Lengths, spec: ModelSpec, n: int, seed: int) -> Sequences:
     if lengths.kind == "digits":
         return digit_sequences()
+    if lengths.kind == "hf":
+        return hf_sequences(lengths.path)
     g = torch.Generator().manual_seed(seed)
     return Sequences([(torch.randint(FIRST_PIXEL, spec.vocab_size, (k,), generator=g),
                        int(torch.randint(0, spec.num_classes, (), generator=g)))
                       for k in lengths.sample(n, g)])
+
+
+@functools.cache
+def hf_sequences(path: str) -> Sequences:
+    """The train split of a local tokenised dataset, each row without its trailing padding; DataError (naming the
+    dataset and what is wrong) where it cannot be read."""
+    from bench.data import real
+
+    train, _ = real.load(f"hf:{path}", "tokens", 0)
+    ends = real.lengths(train.inputs).tolist()
+    if not train.inputs.numel() or min(ends) == 0:
+        raise real.DataError(f"dataset hf:{path}: a row without tokens; every input_ids row needs one")
+    return Sequences([(row[:end], int(label)) for row, end, label in zip(train.inputs, ends, train.labels)])
 
 
 def digit_sequences() -> Sequences:

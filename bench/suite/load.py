@@ -174,7 +174,7 @@ def _lengths(value: Any, seq_len: int | None, where: str, problems: list[str]) -
         return None
     try:
         top = varlen.parse(value).maximum
-    except ValueError as exc:
+    except ValueError as exc:  # a DataError too: a dataset that cannot be read
         problems.append(f"{where}: {exc}")
         return value  # reported; kept so that the runs do not also read as having no lengths
     if seq_len is not None and top > seq_len:

@@ -131,7 +131,8 @@ class FullyShard(_Distributed):
     def parallelize(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-        kwargs: dict[str, Any] = {"mesh": _mesh(ctx, self.config.shard_group), "reshard_after_forward": self.config.reshard_after_forward,
+        kwargs: dict[str, Any] = {"mesh": _mesh(ctx, self.config.shard_group),
+                                  "reshard_after_forward": self.config.reshard_after_forward,
                                   "offload_policy": CPUOffloadPolicy() if self.config.cpu_offload else OffloadPolicy()}
         if self.config.mixed_precision != "none":
             dtype = getattr(torch, self.config.mixed_precision)

@@ -72,7 +72,7 @@ def test_a_distribution_that_is_not_one_lists_the_forms(tmp_path):
     text = TOKENS + MATRIX.replace('cpu = "uniform:4:64"', 'cpu = "zipf:2"')
     (problem,) = suite_problems(tmp_path, text)
     assert problem.startswith("matrix.lengths.uniform.cpu: 'zipf:2' is not a length distribution; expected "
-                              "'uniform:LO:HI', 'lognormal:MEDIAN:SIGMA:MAX' or 'digits'")
+                              "'uniform:LO:HI', 'lognormal:MEDIAN:SIGMA:MAX', 'digits' or 'hf:PATH'")
 
 
 def test_padding_technique_on_an_image_model_is_refused(tmp_path):
