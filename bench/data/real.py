@@ -103,10 +103,19 @@ def _digits(kind: str, image_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     return _images(pixels.unsqueeze(1) / 16.0, image_size), labels
 
 
-def _digit_pixels() -> tuple[torch.Tensor, torch.Tensor]:
-    from bench.data.varlen import digit_sequences
+def digit_samples() -> list[tuple[torch.Tensor, int]]:
+    """Each digit as [CLS] and the positions of its non-zero pixels, row by row (pixel p is token
+    FIRST_TOKEN + p; 17 to 43 tokens), labelled with its class: real variable-length sequences."""
+    from sklearn.datasets import load_digits
 
-    samples = digit_sequences().samples
+    digits = load_digits()
+    pixels = torch.as_tensor(digits.images).flatten(1)
+    return [(torch.cat([torch.tensor([CLS]), FIRST_TOKEN + row.nonzero().flatten()]), int(label))
+            for row, label in zip(pixels, digits.target)]
+
+
+def _digit_pixels() -> tuple[torch.Tensor, torch.Tensor]:
+    samples = digit_samples()
     ids = torch.nn.utils.rnn.pad_sequence([seq for seq, _ in samples], batch_first=True, padding_value=PAD)
     return ids, torch.tensor([label for _, label in samples])
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from bench.data import real
 from bench.data.synthetic import to_device
 from bench.models import IGNORE
 
@@ -32,7 +33,8 @@ if TYPE_CHECKING:
     from bench.models import ModelSpec
     from bench.spec import Shapes
 
-PAD, CLS, FIRST_PIXEL = 0, 1, 3  # pixel position p is token FIRST_PIXEL + p (ids 0..2 as in bench.data.real)
+PAD = real.PAD
+FIRST_TOKEN = 3  # synthetic sequences draw their ids from here up (0, 1, 2: padding, [CLS], [SEP])
 DIGITS_LENGTHS = (17, 43)  # [CLS] plus 16 to 42 non-zero pixels, over all 1,797 digits
 FORMS = "'uniform:LO:HI', 'lognormal:MEDIAN:SIGMA:MAX', 'digits' or 'hf:PATH'"
 SEQUENCES_PER_BATCH_SLOT = 16  # the dataset holds this many batches: enough distinct ones for any pass
@@ -103,11 +105,11 @@ class Sequences(Dataset):
 
 def sequences(lengths: Lengths, spec: ModelSpec, n: int, seed: int) -> Sequences:
     if lengths.kind == "digits":
-        return digit_sequences()
+        return Sequences(real.digit_samples())
     if lengths.kind == "hf":
         return hf_sequences(lengths.path)
     g = torch.Generator().manual_seed(seed)
-    return Sequences([(torch.randint(FIRST_PIXEL, spec.vocab_size, (k,), generator=g),
+    return Sequences([(torch.randint(FIRST_TOKEN, spec.vocab_size, (k,), generator=g),
                        int(torch.randint(0, spec.num_classes, (), generator=g)))
                       for k in lengths.sample(n, g)])
 
@@ -116,23 +118,11 @@ def sequences(lengths: Lengths, spec: ModelSpec, n: int, seed: int) -> Sequences
 def hf_sequences(path: str) -> Sequences:
     """The train split of a local tokenised dataset, each row without its trailing padding; DataError (naming the
     dataset and what is wrong) where it cannot be read."""
-    from bench.data import real
-
     train, _ = real.load(f"hf:{path}", "tokens", 0)
     ends = real.lengths(train.inputs).tolist()
     if not train.inputs.numel() or min(ends) == 0:
         raise real.DataError(f"dataset hf:{path}: a row without tokens; every input_ids row needs one")
     return Sequences([(row[:end], int(label)) for row, end, label in zip(train.inputs, ends, train.labels)])
-
-
-def digit_sequences() -> Sequences:
-    """Each digit as [CLS] and the positions of its non-zero pixels, row by row, labelled with its class."""
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    pixels = torch.as_tensor(digits.images).flatten(1)
-    return Sequences([(torch.cat([torch.tensor([CLS]), FIRST_PIXEL + row.nonzero().flatten()]), int(label))
-                      for row, label in zip(pixels, digits.target)])
 
 
 # -- collators: a list of samples becomes a batch, as the technique chooses ------------------------------

@@ -18,7 +18,7 @@ def test_distributions_draw_within_their_bounds():
     assert set(varlen.parse("uniform:3:5").sample(200, g)) == {3, 4, 5}
     drawn = varlen.parse("lognormal:18:1.27:128").sample(2000, g)
     assert min(drawn) >= 1 and max(drawn) == 128 and 14 <= sorted(drawn)[1000] <= 22  # median about 18
-    lengths = varlen.digit_sequences().lengths
+    lengths = varlen.sequences(varlen.parse("digits"), MODELS.get("bert-tiny"), 0, 0).lengths
     assert (min(lengths), max(lengths), len(lengths)) == (17, 43, 1797) == (17, varlen.parse("digits").maximum, 1797)
 
 

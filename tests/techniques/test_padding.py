@@ -20,7 +20,7 @@ SEQ_LEN = 32
 
 def _samples(vocab: int) -> list[varlen.Sample]:
     g = torch.Generator().manual_seed(0)
-    return [(torch.randint(varlen.FIRST_PIXEL, vocab, (n,), generator=g), i % 10) for i, n in enumerate(LENGTHS)]
+    return [(torch.randint(varlen.FIRST_TOKEN, vocab, (n,), generator=g), i % 10) for i, n in enumerate(LENGTHS)]
 
 
 def _run(model: str, technique: str):
