@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from bench.predict.ahead import spawn_pool
 from bench.predict.budget import fewest_ranks, largest_batch
 from bench.predict.fake import predict
+from bench.predict.ranks import KINDS
 from bench.suite import RunSpec
 
 if TYPE_CHECKING:  # the table is built in the CLI only: every run's worker imports this package
@@ -87,7 +88,7 @@ def markdown(table: pd.DataFrame) -> str:
         "ranks": pd.to_numeric(table.get("world_size", pd.Series(index=table.index, dtype=float)),
                                errors="coerce").astype("Int64"),
     })
-    for kind in ("all_reduce", "all_gather", "reduce_scatter", "broadcast"):  # sent per rank per step, in a ring
+    for kind in KINDS:  # sent per rank per step, in a ring
         show[f"{kind.replace('_', '-')} MiB/rank"] = (pd.to_numeric(table.get(f"traffic_{kind}_bytes"),
                                                                     errors="coerce") / 2**20).round(2)
     if "measured_bytes" in table:
