@@ -1,5 +1,6 @@
 """BERT-base for sequence classification (transformers, random init from BertConfig), plus a tiny variant; and
-Llama-3-8B's shapes as a causal language model, for predictions of runs over many GPUs.
+Llama-3 causal language models: 8B's shapes for predictions of runs over many GPUs, 1B's for one GPU, and a tiny
+one of the same family for a CPU.
 
 transformers is imported inside the builders: it takes seconds, and vision runs never need it."""
 
@@ -54,17 +55,38 @@ register(ModelSpec("bert-base", _bert_base, "tokens", NUM_LABELS, vocab_size=305
 register(ModelSpec("bert-tiny", _bert_tiny, "tokens", NUM_LABELS, vocab_size=128, **BERT))
 
 
-def _llama3_8b(shapes: Shapes) -> nn.Module:
-    """Llama-3-8B's shapes (Meta's config.json): 32 layers of 4,096 with 32 query and 8 key-value heads, an MLP
-    of 14,336 and a 128,256-token vocabulary; 8.03 billion parameters, random, never trained here."""
+def _llama(shapes: Shapes, **shape: object) -> nn.Module:
+    """A Llama-3-family causal language model of ``shape`` (LlamaConfig's names), random, with SDPA attention."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=LLAMA3_VOCAB, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                         num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0, use_cache=False,
-                         max_position_embeddings=max(8192, shapes.seq_len), tie_word_embeddings=False)
+    config = LlamaConfig(rope_theta=500000.0, use_cache=False, max_position_embeddings=max(8192, shapes.seq_len),
+                         **shape)
     return LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
 
 
-LLAMA3_VOCAB = 128_256
-register(ModelSpec("llama3-8b", _llama3_8b, "tokens", LLAMA3_VOCAB, vocab_size=LLAMA3_VOCAB, objective="next-token",
-                   attention=True, cpu=False))
+def _llama3_8b(shapes: Shapes) -> nn.Module:
+    """Llama-3-8B's shapes (Meta's config.json): 32 layers of 4,096 with 32 query and 8 key-value heads, an MLP
+    of 14,336 and a 128,256-token vocabulary; 8.03 billion parameters, random, never trained here."""
+    return _llama(shapes, vocab_size=LLAMA3_VOCAB, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False)
+
+
+def _llama3_1b(shapes: Shapes) -> nn.Module:
+    """Llama-3.2-1B's shapes (Meta's config.json): 16 layers of 2,048 with 32 query and 8 key-value heads, an MLP
+    of 8,192, and the 128,256-token vocabulary, its embedding tied to the head; 1.24 billion parameters."""
+    return _llama(shapes, vocab_size=LLAMA3_VOCAB, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                  num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True)
+
+
+def _llama_tiny(shapes: Shapes) -> nn.Module:
+    """The same family at a CPU's size, its vocabulary kept at 32,768 so that, as in the real model, the logits are
+    the largest activation (batch 8 × 256 tokens: 256 MiB of float32 logits against 4.6 million parameters)."""
+    return _llama(shapes, vocab_size=TINY_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+
+
+LLAMA3_VOCAB, TINY_VOCAB = 128_256, 32_768
+LLAMA = {"objective": "next-token", "attention": True, "blocks": children_of("model.layers"), "family": "llama"}
+register(ModelSpec("llama3-8b", _llama3_8b, "tokens", LLAMA3_VOCAB, vocab_size=LLAMA3_VOCAB, cpu=False, **LLAMA))
+register(ModelSpec("llama3-1b", _llama3_1b, "tokens", LLAMA3_VOCAB, vocab_size=LLAMA3_VOCAB, **LLAMA))
+register(ModelSpec("llama-tiny", _llama_tiny, "tokens", TINY_VOCAB, vocab_size=TINY_VOCAB, **LLAMA))
