@@ -27,7 +27,7 @@ class Trainer:
         for t in self.techniques:
             if (opt := t.make_optimizer(self.model)) is not None:
                 return opt
-        return torch.optim.AdamW(self.model.parameters(), lr=lr)
+        return torch.optim.AdamW(parameter_groups(self.model), lr=lr)
 
     def step(self, batch: Batch) -> torch.Tensor:
         """Forward and backward over every micro-batch, then one optimizer step; returns the mean loss."""
@@ -64,3 +64,15 @@ def techniques_proof(techniques: list[Technique], steps: int) -> dict[str, objec
     for t in techniques:
         out |= {f"{t.name or type(t).__name__}.{k}": v for k, v in t.proof(steps).items()}
     return out
+
+
+def parameter_groups(model: nn.Module) -> list[dict[str, list[nn.Parameter]]]:
+    """The parameters, those split across ranks (DTensors) in a group apart from whole ones: the foreach kernels
+    a CUDA optimizer picks refuse a list that mixes them, as tensor parallelism's does (its embeddings and norms
+    stay whole)."""
+    from torch.distributed.tensor import DTensor
+
+    groups: dict[bool, list[nn.Parameter]] = {}
+    for p in model.parameters():
+        groups.setdefault(isinstance(p, DTensor), []).append(p)
+    return [{"params": params} for params in groups.values()]

@@ -69,8 +69,8 @@ def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None,
     for b in warm:
         trainer.step(b)
     figures |= _memory_pass(trainer, batch, feed, shapes.measure_steps, techniques, device, snapshot)
-    # Data-parallel ranks each take their own batch: a step of the group processes world_size of them.
-    ranks = group.world_size if any(t.data_parallel for t in techniques) else 1
+    # Data-parallel ranks each take their own batch: a step of the group processes that many.
+    ranks = max((t.replicas(group.world_size) for t in techniques), default=1)
     figures |= _timed_pass(trainer, batch, feed, samples_in(batch) * ranks, ctx)
     figures |= _counts(trainer, figures) | prediction | {"flops_per_step": prediction.get("predicted_flops_per_step")}
     if device.type == "cuda":

@@ -66,19 +66,21 @@ def test_tensor_parallel_shards_the_attention_and_mlp_pairs_exactly(dist_records
     """bert-tiny: 2 layers × (query, key, value, attention output, intermediate, output) = 12 linears.
     Column-wise linears split weight and bias, row-wise ones the weight (their bias is added once, whole);
     embeddings, norms, pooler and head stay whole on every rank."""
-    model = MODELS.get("bert-tiny").build(Shapes(8, seq_len=64))
-    halved = 0
-    for name, m in model.named_modules():
-        if isinstance(m, torch.nn.Linear) and ".layer." in name:
-            rowwise = name.endswith("output.dense")
-            halved += m.weight.numel() + (0 if rowwise else m.bias.numel())
     tp = dist_records["tensor-parallel"]
     assert tp["proof"]["tensor-parallel.sharded_linears"] == 12
-    assert tp["proof"]["tensor-parallel.param_fraction_per_rank"] == round((PSI - halved / 2) / PSI, 4)
+    assert tp["proof"]["tensor-parallel.param_fraction_per_rank"] == round((PSI - _tp_split() / 2) / PSI, 4)
     # Every rank takes the same batch: the group's throughput is one batch per step, not two.
     assert tp["samples_per_s"] == pytest.approx(8 / tp["step_time_ms_median"] * 1000, rel=1e-6)
     ddp = dist_records["ddp"]
     assert ddp["samples_per_s"] == pytest.approx(2 * 8 / ddp["step_time_ms_median"] * 1000, rel=1e-6)
+
+
+def _tp_split() -> int:
+    """bert-tiny's parameters that tensor parallelism splits: the weights of the 12 linears in its layers, and the
+    biases of the column-wise ones (a row-wise linear adds its bias once, whole)."""
+    model = MODELS.get("bert-tiny").build(Shapes(8, seq_len=64))
+    return sum(m.weight.numel() + (0 if name.endswith("output.dense") else m.bias.numel())
+               for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layer." in name)
 
 
 @pytest.mark.slow
@@ -150,14 +152,20 @@ def test_each_ranks_prediction_is_its_measured_peak(dist_records, run):
 @pytest.mark.slow
 def test_predictions_hold_at_four_ranks(tmp_path):
     """ddp and fsdp over 4 gloo processes (bert-tiny's 2 attention heads cannot split 4 ways for
-    tensor-parallel), and the model states each rank holds: 16·Ψ/4 under fsdp."""
+    tensor-parallel), dist-smoke's 2-D entry, and the model states each rank holds: 16·Ψ/4 under fsdp."""
     suite = load("suites/dist-smoke.toml")
     chosen = dataclasses.replace(suite, runs=tuple(dataclasses.replace(r, nproc=4) for r in suite.runs
-                                                   if r.name in ("ddp", "fsdp")))
+                                                   if r.name in ("ddp", "fsdp", "fsdp-tp")))
     sweep(chosen, Local(CPU), tmp_path)
     records = {r["run"]: r for r in results.load_records(tmp_path / "dist-smoke")}
     for record in records.values():
-        assert record["status"] == "ok" and record["world_size"] == 4
+        assert record["status"] == "ok" and record["world_size"] == 4, record.get("stderr_tail", record)
         assert_predicted_per_rank(record)
     # Each shard padded to a multiple of 4 elements: 0.3% here.
     assert records["fsdp"]["rank_model_state_bytes"][0] == pytest.approx(ADAM_FP32 * PSI / 4, rel=5e-3)
+    # 2-D: the pairs split the 12 linears (their parameters halved), fsdp halves everything across the pairs,
+    # and the two ranks of a pair share one batch: the group of 4 takes 2 batches a step.
+    two_d = records["fsdp-tp"]
+    assert two_d["proof"]["fsdp.sharded_linears"] == 12
+    assert two_d["proof"]["fsdp.param_fraction_per_rank"] == pytest.approx((PSI - _tp_split() / 2) / PSI / 2, abs=2e-3)
+    assert two_d["samples_per_s"] == pytest.approx(2 * 8 / two_d["step_time_ms_median"] * 1000, rel=1e-6)

@@ -7,7 +7,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from bench.predict.fake import predict
+from bench.predict.fake import CPU, predict
+from bench.recipe import Recipe
 from bench.suite import RunSpec
 
 # Held back from a card's memory (--budget) for what a CUDA process holds besides tensors: the context
@@ -69,18 +70,25 @@ def largest_batch(spec: RunSpec, budget: int, limit: int = 1 << 16, own: dict[st
 def fewest_ranks(spec: RunSpec, budget: int, own: dict[str, Any] | None = None) -> int | None:
     """The fewest processes, from 2 to the entry's nproc, over which each rank's predicted peak at GPU shapes fits
     ``budget``; None if even nproc does not. Sharding only takes memory off a rank as ranks are added, so the
-    answer is bisected: about log2(nproc) predictions. ``own``: the prediction at nproc, if made already."""
+    answer is bisected over the world sizes the entry can run at (multiples of its groups, under hybrid sharding
+    or 2-D parallelism): about log2(nproc) predictions. ``own``: the prediction at nproc, if made already."""
     def fits(n: int, out: dict[str, Any] | None = None) -> bool:
         out = out or predict(replace(spec, nproc=n))
         return out["predicted_status"] == "ok" and out["predicted_peak_tensor_bytes"] <= budget
 
     if not fits(spec.nproc, own):
         return None
-    lo, hi = 1, spec.nproc  # lo does not fit (one process is no run of these), hi does
+    sizes = [n for n in range(2, spec.nproc) if runs_at(spec, n)] + [spec.nproc]
+    lo, hi = -1, len(sizes) - 1  # lo does not fit (one process is no run of these), hi does
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
-    return hi
+        lo, hi = (lo, mid) if fits(sizes[mid]) else (mid, hi)
+    return sizes[hi]
+
+
+def runs_at(spec: RunSpec, world_size: int) -> bool:
+    """Whether the entry's techniques can run over ``world_size`` processes (checked without torch work)."""
+    return Recipe.of(spec, CPU, spec.gpu, predicting=True, world_size=world_size).unsupported() is None
 
 
 def _on_the_line(points: list[tuple[int, float]], budget: int) -> int | None:

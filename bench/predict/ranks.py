@@ -100,19 +100,22 @@ def fake_group(world_size: int, rank: int) -> Iterator[None]:
 
 @contextmanager
 def _setup_as_real() -> Iterator[None]:
-    """What the parallel wrappers do at set-up that fake tensors cannot: a device mesh is built from a real
-    tensor of ranks, and DDP compares every rank's parameter shapes by reading them (all equal here)."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    """What the parallel wrappers do at set-up that fake tensors cannot: a device mesh, and each mesh made from
+    it (its dimensions under 2-D parallelism, their concatenation in FSDP over tensor parallelism), finds this
+    rank's coordinates in a real tensor of ranks; and DDP compares every rank's parameter shapes by reading them
+    (all equal here)."""
     from torch.distributed import device_mesh
     from torch.nn.parallel import distributed as ddp
+    from torch.utils._python_dispatch import _disable_current_modes
 
-    build = device_mesh.init_device_mesh
+    def real(fn: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with _disable_current_modes():  # the fake mode, and the modes that read its values as one
+                return fn(*args, **kwargs)
+        return run
 
-    def real_mesh(*args: Any, **kwargs: Any) -> Any:
-        with unset_fake_temporarily():
-            return build(*args, **kwargs)
-
-    with patch.object(device_mesh, "init_device_mesh", real_mesh), \
+    with patch.object(device_mesh, "init_device_mesh", real(device_mesh.init_device_mesh)), \
+            patch.object(device_mesh.DeviceMesh, "__init__", real(device_mesh.DeviceMesh.__init__)), \
             patch.object(ddp, "_verify_param_shape_across_processes", lambda *args, **kwargs: None):
         yield
 

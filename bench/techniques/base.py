@@ -181,6 +181,11 @@ class Technique:
         technique or to padding to seq_len."""
         return None
 
+    def replicas(self, world_size: int) -> int:
+        """How many of the ``world_size`` ranks take batches of their own (a group shares one under tensor
+        parallelism): a step of the run processes that many."""
+        return world_size if self.data_parallel else 1
+
     def step(self) -> Step:
         """What this technique changes in each step, once it is applied."""
         return Step()

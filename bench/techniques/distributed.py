@@ -18,7 +18,7 @@ DISTRIBUTED = frozenset({"ddp", "fsdp", "tensor-parallel"})
 
 class _Distributed(Technique):
     distributed = True
-    conflicts = DISTRIBUTED  # one parallelism per run here; 2-D (FSDP × TP) is not offered
+    conflicts = DISTRIBUTED  # one parallelism technique per run; 2-D (TP inside FSDP) is an fsdp option
 
     def unsupported(self, ctx: RunContext) -> str | None:
         if ctx.world_size < 2:
@@ -39,14 +39,14 @@ class _Distributed(Technique):
                 "param_fraction_per_rank": round(local / self.full_param_bytes, 4)}
 
 
-def _mesh(ctx: RunContext, shard_group: int = 0):
-    """The ranks as one dimension, or (replicas, shard_group): a 2-D mesh, which FSDP2 shards over its last
-    dimension and replicates over its first (HSDP)."""
+def _mesh(ctx: RunContext, inner: int = 0, names: tuple[str, str] = ("replicate", "shard")):
+    """The ranks as one dimension, or as (world_size / inner, inner): a 2-D mesh whose inner groups are
+    neighbouring ranks (a node). FSDP2 shards over the inner dimension and replicates over the outer (HSDP);
+    under 2-D parallelism, tensor parallelism takes the inner and FSDP the outer."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    if shard_group and shard_group < ctx.world_size:
-        return init_device_mesh(ctx.device.type, (ctx.world_size // shard_group, shard_group),
-                                mesh_dim_names=("replicate", "shard"))
+    if inner and inner < ctx.world_size:
+        return init_device_mesh(ctx.device.type, (ctx.world_size // inner, inner), mesh_dim_names=names)
     return init_device_mesh(ctx.device.type, (ctx.world_size,))
 
 
@@ -93,7 +93,9 @@ class FullyShard(_Distributed):
     Expected: per-rank model states of 16·Ψ/N bytes for Adam in fp32 (and for mixed-precision Adam),
     against DDP's 16·Ψ; activations as DDP's; throughput a little below DDP's from the extra gathers. With
     ``shard_group`` G (hybrid sharding), 16·Ψ/G, the gathers kept inside a group (a node), and the gradients
-    all-reduced across the groups.
+    all-reduced across the groups. With ``tensor_parallel`` T (2-D, torchtitan's FSDP × TP), each group of T
+    neighbouring ranks splits every layer as ``tensor-parallel`` does and shares one batch, and FSDP shards
+    across the N/T groups: the sharded layers' model states are 16·Ψ/N per rank.
     """
 
     name = "fsdp"
@@ -109,6 +111,8 @@ class FullyShard(_Distributed):
         cpu_offload: bool = option(False, "keep sharded parameters, gradients and optimizer step on the host (CUDA)")
         shard_group: int = option(0, "ranks each shard spans, replicated across the groups (hybrid sharding, e.g. "
                                      "8: within a node of 8); 0: all ranks")
+        tensor_parallel: int = option(0, "2-D: tensor parallelism over groups of this many ranks (e.g. 8: a node), "
+                                         "fsdp across the groups; 0: none")
 
     @property
     def unpredictable(self) -> str:  # type: ignore[override]  an option decides it, not the class
@@ -117,13 +121,22 @@ class FullyShard(_Distributed):
         return ""
 
     def problems(self, batch_size: int) -> list[str]:
-        group = self.config.shard_group
-        return [] if group >= 0 else [f"shard_group must be 0 (all ranks) or a number of ranks, got {group}"]
+        found = [f"{k} must be 0 or a number of ranks, got {v}" for k in ("shard_group", "tensor_parallel")
+                 if (v := getattr(self.config, k)) < 0]
+        if self.config.shard_group and self.config.tensor_parallel:
+            found.append("shard_group and tensor_parallel cannot be combined (hybrid sharding with tensor "
+                         "parallelism, 3-D, is not offered); set one to 0")
+        return found
+
+    def replicas(self, world_size: int) -> int:
+        return world_size // (self.config.tensor_parallel or 1)
 
     def unsupported(self, ctx: RunContext) -> str | None:
-        group = self.config.shard_group
-        if group and ctx.world_size % group:
-            return f"shard_group {group} does not divide the {ctx.world_size} processes; choose a divisor"
+        for key in ("shard_group", "tensor_parallel"):
+            if (group := getattr(self.config, key)) and ctx.world_size % group:
+                return f"{key} {group} does not divide the {ctx.world_size} processes; choose a divisor"
+        if self.config.tensor_parallel == ctx.world_size:
+            return "tensor_parallel over all the processes leaves none to shard across; use tensor-parallel"
         if self.config.cpu_offload and not ctx.cuda:
             return "cpu_offload moves sharded states to host memory; on a CPU they are there already"
         return super().unsupported(ctx)
@@ -131,7 +144,7 @@ class FullyShard(_Distributed):
     def parallelize(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-        kwargs: dict[str, Any] = {"mesh": _mesh(ctx, self.config.shard_group),
+        kwargs: dict[str, Any] = {"mesh": self._mesh(model, ctx),
                                   "reshard_after_forward": self.config.reshard_after_forward,
                                   "offload_policy": CPUOffloadPolicy() if self.config.cpu_offload else OffloadPolicy()}
         if self.config.mixed_precision != "none":
@@ -143,8 +156,17 @@ class FullyShard(_Distributed):
         self.model = fully_shard(model, **kwargs)
         return self.model
 
+    def _mesh(self, model: nn.Module, ctx: RunContext) -> Any:
+        """The mesh FSDP shards over; under 2-D, the outer dimension, once tensor parallelism took the inner."""
+        if not (size := self.config.tensor_parallel):
+            return _mesh(ctx, self.config.shard_group)
+        mesh = _mesh(ctx, size, ("fsdp", "tp"))
+        self.sharded_linears = _tensor_parallel(model, mesh["tp"], ctx)
+        return mesh["fsdp"]
+
     def proof(self, steps: int) -> dict[str, Any]:
-        return super().proof(steps) | {"sharded_modules": len(self.blocks) + 1}
+        tp = {"sharded_linears": self.sharded_linears} if self.config.tensor_parallel else {}
+        return super().proof(steps) | {"sharded_modules": len(self.blocks) + 1} | tp
 
 
 @TECHNIQUES.register("tensor-parallel")
@@ -163,27 +185,39 @@ class TensorParallel(_Distributed):
     summary = "column- then row-wise sharded linear pairs in attention and MLP (transformer models)"
 
     def parallelize(self, model: nn.Module, ctx: RunContext) -> nn.Module:
-        from torch.distributed.tensor.parallel import parallelize_module
-
-        plan = _tp_plan(model)
-        if not plan:
-            raise Unsupported(f"{ctx.model_spec.name} has no transformer linear pairs to shard")
-        heads = getattr(getattr(model, "config", None), "num_attention_heads", ctx.world_size)
-        if heads % ctx.world_size:
-            raise Unsupported(f"{heads} attention heads do not split over {ctx.world_size} processes")
-        self.sharded = len(plan)
-        self.model = parallelize_module(model, _mesh(ctx), plan)
-        return self.model
+        self.sharded = _tensor_parallel(model, _mesh(ctx), ctx)
+        self.model = model
+        return model
 
     def proof(self, steps: int) -> dict[str, Any]:
         return super().proof(steps) | {"sharded_linears": self.sharded}
 
 
+def _tensor_parallel(model: nn.Module, mesh: Any, ctx: RunContext) -> int:
+    """``model``'s linear pairs split in place over the 1-D ``mesh``; the number of linears split."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    plan = _tp_plan(model)
+    if not plan:
+        raise Unsupported(f"{ctx.model_spec.name} has no transformer linear pairs to shard")
+    config = getattr(model, "config", None)
+    for key in ("num_attention_heads", "num_key_value_heads"):
+        if (heads := getattr(config, key, None)) and heads % mesh.size():
+            raise Unsupported(f"{heads} {key.removeprefix('num_').replace('_', ' ')} do not split over "
+                              f"{mesh.size()} ranks; choose a divisor")
+    parallelize_module(model, mesh, plan)
+    return len(plan)
+
+
 def _tp_plan(model: nn.Module) -> dict[str, Any]:
-    """Module name → ColwiseParallel / RowwiseParallel, found by the layer classes of the two families."""
+    """Module name → ColwiseParallel / RowwiseParallel, found by the layer classes of the three families."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     plan: dict[str, Any] = {}
+
+    def pair(name: str, columns: tuple[str, ...], row: str) -> None:
+        plan.update({f"{name}.{k}": ColwiseParallel() for k in columns} | {f"{name}.{row}": RowwiseParallel()})
+
     for name, module in model.named_modules():
         kind = type(module).__name__
         if kind.endswith("SelfAttention") and all(hasattr(module, k) for k in ("query", "key", "value")):
@@ -194,6 +228,10 @@ def _tp_plan(model: nn.Module) -> dict[str, Any]:
             plan[f"{name}.dense"] = ColwiseParallel()
         elif kind.endswith("Output") and hasattr(module, "dense") and f"{name}.dense" not in plan:
             plan[f"{name}.dense"] = RowwiseParallel()  # the MLP's down projection (BertOutput)
+        elif all(hasattr(module, k) for k in ("q_proj", "k_proj", "v_proj", "o_proj")):  # Llama's attention
+            pair(name, ("q_proj", "k_proj", "v_proj"), "o_proj")
+        elif all(hasattr(module, k) for k in ("gate_proj", "up_proj", "down_proj")):  # Llama's gated MLP
+            pair(name, ("gate_proj", "up_proj"), "down_proj")
         elif kind == "MLPBlock":  # torchvision ViT: Linear, GELU, Dropout, Linear, Dropout
             plan |= {f"{name}.0": ColwiseParallel(), f"{name}.3": RowwiseParallel()}
     return plan

@@ -4,15 +4,19 @@ collectives move, held against the textbook volumes, and ZeRO-3's model states p
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from bench.models import MODELS
 from bench.predict.fake import predict
-from bench.spec import Shapes
+from bench.predict.ranks import fake_group
+from bench.spec import Shapes, TechniqueSpec
+from bench.techniques import build
 from tests.helpers import spec, tech
 
 PSI = sum(p.numel() for p in MODELS.get("bert-tiny").build(Shapes(8, seq_len=64)).parameters())
@@ -131,3 +135,63 @@ def test_hybrid_sharding_shards_within_a_group_and_replicates_across():
     assert hybrid["predicted_traffic_all_reduce_bytes"] == pytest.approx(flat["predicted_param_bytes"], abs=16)
     run = spec("bert-tiny", (tech("fsdp", shard_group=3),), nproc=16, batch_size=4, seq_len=16)
     assert "shard_group 3 does not divide the 16 processes" in predict(run, run.cpu, cuda=False)["predicted_message"]
+
+
+def test_two_d_splits_the_layers_in_a_group_and_shards_across_the_groups():
+    """fsdp with tensor_parallel 2 over 8 ranks: the 12 linears' split parameters are an eighth per rank, the rest
+    a quarter (each padded to a multiple of 4 rows); the tensor-parallel all-reduces stay in the pair and move
+    what tensor-parallel's alone do over 2 ranks, since a pair takes one batch."""
+    two_d, tp = _predicted(tech("fsdp", tensor_parallel=2), 8), _predicted(tech("tensor-parallel"), 2)
+    model = MODELS.get("bert-tiny").build(Shapes(1, seq_len=8))
+    split = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layer." in n}
+    split |= {n.replace(".weight", ".bias") for n in split if not n.endswith("output.dense.weight")}
+    elements = sum(p.numel() // 8 if name in split else math.ceil(p.shape[0] / 4) * (p.numel() // p.shape[0])
+                   for name, p in model.named_parameters())
+    assert two_d["predicted_param_bytes"] == 4 * elements
+    assert two_d["predicted_traffic_all_reduce_bytes"] == tp["predicted_traffic_all_reduce_bytes"] > 0
+
+
+def test_tensor_parallel_predicted_as_cuda_keeps_split_and_whole_parameters_apart():
+    """CUDA's optimizers run foreach, whose kernels refuse a list mixing DTensors with whole tensors (the
+    embeddings and norms tensor parallelism leaves alone): the trainer keeps them in two parameter groups."""
+    run = spec("bert-tiny", (tech("tensor-parallel"),), nproc=2, batch_size=4, seq_len=16)
+    assert predict(run, run.cpu)["predicted_status"] == "ok"
+
+
+def test_llamas_attention_and_gated_mlp_are_split_and_its_heads_must_divide():
+    """Llama's plan: q, k and v column-wise and o row-wise; gate and up column-wise and down row-wise: 7 linears a
+    layer, every one of them an eighth per rank over 8 (the embedding, norms and head stay whole). Its key-value
+    heads must divide too: llama-tiny's 2 do not split over 4."""
+    from bench.recipe import Recipe
+
+    run = spec("llama-tiny", (tech("tensor-parallel"),), nproc=2, batch_size=1, seq_len=8)
+    out = _predicted(tech("tensor-parallel"), 2, "llama-tiny", batch_size=1, seq_len=8)
+    model = MODELS.get("llama-tiny").build(Shapes(1, seq_len=8))
+    layers = sum(p.numel() for n, p in model.named_parameters() if n.endswith("proj.weight"))
+    assert out["predicted_param_bytes"] == 4 * (sum(p.numel() for p in model.parameters()) - layers // 2)
+    recipe = Recipe.of(run, torch.device("cpu"), run.cpu, world_size=2)
+    with fake_group(2, 0):
+        model = recipe.runner(model).model
+    assert sum(isinstance(p, DTensor) for p in model.parameters()) == 7 * 2
+    refused = predict(spec("llama-tiny", (tech("tensor-parallel"),), nproc=4, batch_size=1, seq_len=8), cuda=False)
+    assert refused["predicted_message"] == "2 key value heads do not split over 4 ranks; choose a divisor"
+
+
+def test_two_d_options_that_cannot_run_say_why():
+    problems = build(TechniqueSpec("fsdp", (("shard_group", 8), ("tensor_parallel", 4)))).problems(1)
+    assert problems == ["shard_group and tensor_parallel cannot be combined (hybrid sharding with tensor parallelism, "
+                        "3-D, is not offered); set one to 0"]
+    for nproc, why in ((6, "tensor_parallel 4 does not divide the 6 processes; choose a divisor"),
+                       (4, "tensor_parallel over all the processes leaves none to shard across; use tensor-parallel")):
+        run = spec("bert-tiny", (tech("fsdp", tensor_parallel=4),), nproc=nproc, batch_size=1, seq_len=8)
+        assert predict(run, cuda=False)["predicted_message"] == f"fsdp: {why}"
+
+
+def test_fewest_ranks_tries_only_the_world_sizes_an_entry_runs_at():
+    """Under 2-D over pairs, 3 or 5 ranks cannot run: the answer is a multiple of the pair, past one pair."""
+    from bench.predict.budget import fewest_ranks, runs_at
+
+    run = spec("bert-tiny", (tech("fsdp", tensor_parallel=2),), nproc=12, batch_size=1, seq_len=8)
+    assert [n for n in range(2, 13) if runs_at(run, n)] == [4, 6, 8, 10, 12]
+    budget = predict(dataclasses.replace(run, nproc=6))["predicted_peak_tensor_bytes"]
+    assert fewest_ranks(run, budget) in (4, 6)
