@@ -9,7 +9,7 @@ all-gather or a reduce-scatter of S bytes in all (N−1)/N·S, a broadcast or sc
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 from unittest.mock import patch
@@ -103,8 +103,10 @@ def _setup_as_real() -> Iterator[None]:
     """What the parallel wrappers do at set-up that fake tensors cannot: a device mesh, and each mesh made from
     it (its dimensions under 2-D parallelism, their concatenation in FSDP over tensor parallelism), finds this
     rank's coordinates in a real tensor of ranks; and DDP compares every rank's parameter shapes by reading them
-    (all equal here)."""
+    (all equal here). And FSDP2's cut of each parameter into a chunk per rank makes only the chunks a rank takes:
+    at 1,024 ranks, the other 1,023 views of every parameter took most of a prediction's time."""
     from torch.distributed import device_mesh
+    from torch.distributed.fsdp._fully_shard import _fsdp_param as fsdp_param
     from torch.nn.parallel import distributed as ddp
     from torch.utils._python_dispatch import _disable_current_modes
 
@@ -114,10 +116,37 @@ def _setup_as_real() -> Iterator[None]:
                 return fn(*args, **kwargs)
         return run
 
-    with patch.object(device_mesh, "init_device_mesh", real(device_mesh.init_device_mesh)), \
+    with patch.object(fsdp_param, "_chunk_with_empty", _one_chunk_at_a_time), \
+            patch.object(device_mesh, "init_device_mesh", real(device_mesh.init_device_mesh)), \
             patch.object(device_mesh.DeviceMesh, "__init__", real(device_mesh.DeviceMesh.__init__)), \
             patch.object(ddp, "_verify_param_shape_across_processes", lambda *args, **kwargs: None):
         yield
+
+
+class _OneChunkAtATime(Sequence):
+    """``torch.chunk(tensor, n, dim)`` padded with empty tensors to ``n`` (FSDP2's ``_chunk_with_empty``), each
+    chunk made when it is read."""
+
+    def __init__(self, tensor: torch.Tensor, n: int, dim: int) -> None:
+        self.tensor, self.n, self.dim = tensor, n, dim
+        self.size = -(-tensor.size(dim) // n)  # torch.chunk's: ceil, so fewer than n chunks may hold rows
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        start = range(self.n)[i] * self.size
+        if start >= self.tensor.size(self.dim):
+            return self[0].new_empty(0)
+        return self.tensor.narrow(self.dim, start, min(self.size, self.tensor.size(self.dim) - start))
+
+
+def _one_chunk_at_a_time(tensor: torch.Tensor, num_chunks: int, dim: int) -> Sequence[torch.Tensor]:
+    from torch.distributed.fsdp._fully_shard._fsdp_common import _chunk_with_empty
+
+    if tensor.size(dim) == 0:  # torch.chunk's own rules for an empty dimension
+        return _chunk_with_empty(tensor, num_chunks, dim)
+    return _OneChunkAtATime(tensor, num_chunks, dim)
 
 
 class _KeptBuckets:

@@ -195,3 +195,18 @@ def test_fewest_ranks_tries_only_the_world_sizes_an_entry_runs_at():
     assert [n for n in range(2, 13) if runs_at(run, n)] == [4, 6, 8, 10, 12]
     budget = predict(dataclasses.replace(run, nproc=6))["predicted_peak_tensor_bytes"]
     assert fewest_ranks(run, budget) in (4, 6)
+
+
+@pytest.mark.parametrize(("shape", "n", "dim"), [((10, 3), 4, 0), ((7,), 16, 0), ((1, 5), 2, 0), ((64, 8), 1024, 0),
+                                                 ((3, 8), 2, 1), ((0, 4), 3, 0), ((5,), 5, 0)])
+def test_a_ranks_chunks_are_made_as_read_and_are_fsdps_own(shape, n, dim):
+    """The prediction's cut of a parameter into one chunk per rank (made as each is read, so that 1,024 ranks
+    do not make 1,024 views of every parameter) gives FSDP2's chunks: the same shapes and elements."""
+    from torch.distributed.fsdp._fully_shard._fsdp_common import _chunk_with_empty
+
+    from bench.predict.ranks import _one_chunk_at_a_time
+
+    t = torch.arange(math.prod(shape)).reshape(shape)
+    ours, theirs = _one_chunk_at_a_time(t, n, dim), _chunk_with_empty(t, n, dim)
+    assert len(ours) == len(theirs) == n
+    assert all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(ours, theirs))
