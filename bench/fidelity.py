@@ -34,7 +34,8 @@ LAST_STEPS = 10  # final_loss: mean training loss over the last steps, less nois
 
 
 def run_fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str, Any]:
-    model_spec = models.resolve(fid.model or spec.model)
+    stand_in = fid.model or spec.model_on(device.type)
+    model_spec = models.resolve(stand_in)
     train, test = real.load(fid.dataset, model_spec.inputs, fid.image_size)
     classes = train.num_classes
     if len(train) < fid.batch_size:  # no full batch to draw: training would wait for one forever
@@ -53,7 +54,7 @@ def run_fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str
                     int(train.inputs.shape[1]) if model_spec.inputs == "tokens" else None)
     seeds = range(spec.seed, spec.seed + fid.seeds) if spec.name == spec.baseline else [spec.seed]
     one = _inference_seed if spec.mode == "inference" else _train_seed
-    recipes = [Recipe.of(spec, device, shapes, model=fid.model, lr=fid.lr, seed=seed)
+    recipes = [Recipe.of(spec, device, shapes, model=stand_in, lr=fid.lr, seed=seed)
                for seed in seeds]
     results = [one(recipe, fid, train, test, classes) for recipe in recipes]
     out = {f"fidelity_{k}" if k not in ("accuracy", "final_loss", "grad_cosine") else k: v

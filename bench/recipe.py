@@ -40,7 +40,8 @@ class Recipe:
         fidelity phase names its stand-in ``model``, its ``lr`` and each ``seed``; ``predicting``: fake tensors
         on the CPU standing for a CUDA run."""
         lr = spec.lr if lr is None else lr
-        ctx = RunContext(device, models.resolve(model or spec.model), shapes or spec.shapes(device.type), lr,
+        shapes = shapes or spec.shapes(device.type)
+        ctx = RunContext(device, models.resolve(model or shapes.model or spec.model), shapes, lr,
                          predicting=predicting, world_size=world_size, rank=rank)
         return cls(ctx, [build(t) for t in spec.techniques], spec.mode == "inference",
                    spec.seed if seed is None else seed)

@@ -121,7 +121,7 @@ def base_record(spec: RunSpec, device: str, device_type: str, key: str, revision
     """What a record says of the run before it is measured: its identity, shapes and specification."""
     shapes = spec.shapes(device_type)
     return {
-        "suite": spec.suite, "run": spec.name, "model": spec.model, "baseline": spec.baseline,
+        "suite": spec.suite, "run": spec.name, "model": spec.model_on(device_type), "baseline": spec.baseline,
         "techniques": [t.label for t in spec.techniques],
         "device": device, "device_type": device_type,
         "batch_size": shapes.batch_size, "image_size": shapes.image_size, "seq_len": shapes.seq_len,

@@ -33,9 +33,13 @@ class Shapes:
     lengths: str | None = None
     loader_workers: int = 0
     pin_memory: bool = False
+    # The model this device runs in the suite's place, of its family and smaller (a CPU's llama-tiny for
+    # Llama-3-1B); None: the suite's own.
+    model: str | None = None
 
 
-DATA_DEFAULTS = {"lengths": None, "loader_workers": 0, "pin_memory": False}  # left out of a spec's key
+# Left out of a spec's key at their defaults, so that records made before these fields keep their keys.
+DATA_DEFAULTS = {"lengths": None, "loader_workers": 0, "pin_memory": False, "model": None}
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,10 @@ class RunSpec:
 
     def shapes(self, device_type: str) -> Shapes:
         return self.gpu if device_type == "cuda" else self.cpu
+
+    def model_on(self, device_type: str) -> str:
+        """The model a run on this kind of device builds: the suite's, or the device's stand-in."""
+        return self.shapes(device_type).model or self.model
 
     def fidelity(self, device_type: str) -> Fidelity | None:
         return self.fidelity_gpu if device_type == "cuda" else self.fidelity_cpu

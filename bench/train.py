@@ -32,10 +32,11 @@ class Trainer:
     def step(self, batch: Batch) -> torch.Tensor:
         """Forward and backward over every micro-batch, then one optimizer step; returns the mean loss."""
         total, policy = None, self.policy
+        loss_of = policy.loss or self.spec.loss
         for inputs, labels in split(policy.prepare(batch), self.micro_batches):
             with policy.context():
                 logits = self.spec.logits(self.model, inputs)
-                loss = self.spec.loss(logits, labels) / self.micro_batches
+                loss = loss_of(logits, labels) / self.micro_batches
             self.output_dtype = logits.dtype
             del logits  # a plain training loop would not hold the logits through backward either
             # Kept on the device: a .item() here would synchronise CUDA inside the timed step.

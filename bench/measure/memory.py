@@ -57,9 +57,12 @@ def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
 
 
 def optimizer_state(optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+    """The optimizer's state, and the parameters it steps that are copies of the model's (fp32 master weights,
+    which ZeRO counts as optimizer state)."""
     if optimizer is None:  # inference
         return []
-    return [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
+    masters = getattr(optimizer, "masters", [])
+    return [*masters, *(v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v))]
 
 
 # What each storage alive at the peak was: model states by what holds them, else by the phase that made

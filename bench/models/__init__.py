@@ -108,8 +108,13 @@ class ModelSpec:
                              f"num_classes = {self.num_classes}; make the model's output as wide as num_classes")
         if self.objective == "classify":
             return F.cross_entropy(logits, labels)
-        following = F.pad(labels[:, 1:], (0, 1), value=IGNORE)
-        return F.cross_entropy(logits.flatten(0, 1), following.flatten(), ignore_index=IGNORE)
+        return F.cross_entropy(logits.flatten(0, 1), next_tokens(labels).flatten(), ignore_index=IGNORE)
+
+
+def next_tokens(labels: torch.Tensor) -> torch.Tensor:
+    """A next-token model's target at each position of (batch, seq_len) ids: the id after it, IGNORE after the
+    last."""
+    return F.pad(labels[:, 1:], (0, 1), value=IGNORE)
 
 
 MODELS: Registry[ModelSpec] = Registry("model")
@@ -139,12 +144,15 @@ def build_model(spec: ModelSpec, shapes: Shapes, weights: str | None = None) -> 
 
 
 def children_of(container: str) -> Callable[[nn.Module], list[str]]:
-    """Block names for every child of the module(s) named, e.g. ``"layer1,layer2"``."""
+    """Block names for every child of the module(s) named, e.g. ``"layer1,layer2"``; inside a wrapper that holds
+    the model (peft's, once LoRA applied), the names it gives them."""
 
     def names(model: nn.Module) -> list[str]:
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        at = next(f"{n}." for n, m in model.named_modules() if m is base) if base is not model else ""
         out = []
         for path in container.split(","):
-            out += [f"{path}.{n}" for n, _ in model.get_submodule(path).named_children()]
+            out += [f"{at}{path}.{n}" for n, _ in base.get_submodule(path).named_children()]
         return out
 
     return names

@@ -85,8 +85,16 @@ def _llama_tiny(shapes: Shapes) -> nn.Module:
                   num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
 
 
-LLAMA3_VOCAB, TINY_VOCAB = 128_256, 32_768
+def _llama_digits(shapes: Shapes) -> nn.Module:
+    """llama-tiny's layers with the 48 tokens of the digits task (bench.data.real), for a CPU's fidelity phase: at
+    32,768 tokens the head made a training step of the task take seconds."""
+    return _llama(shapes, vocab_size=DIGITS_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+
+
+LLAMA3_VOCAB, TINY_VOCAB, DIGITS_VOCAB = 128_256, 32_768, 48
 LLAMA = {"objective": "next-token", "attention": True, "blocks": children_of("model.layers"), "family": "llama"}
 register(ModelSpec("llama3-8b", _llama3_8b, "tokens", LLAMA3_VOCAB, vocab_size=LLAMA3_VOCAB, cpu=False, **LLAMA))
 register(ModelSpec("llama3-1b", _llama3_1b, "tokens", LLAMA3_VOCAB, vocab_size=LLAMA3_VOCAB, **LLAMA))
 register(ModelSpec("llama-tiny", _llama_tiny, "tokens", TINY_VOCAB, vocab_size=TINY_VOCAB, **LLAMA))
+register(ModelSpec("llama-digits", _llama_digits, "tokens", DIGITS_VOCAB, vocab_size=DIGITS_VOCAB, **LLAMA))

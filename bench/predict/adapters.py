@@ -17,6 +17,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench.measure.tracker import is_on_host, on_host
+from bench.techniques.offload import OptimizerOffload
 
 aten = torch.ops.aten
 
@@ -25,8 +26,55 @@ aten = torch.ops.aten
 def techniques_as_real() -> Iterator[None]:
     """Techniques' library calls that fake tensors cannot stand in for, replaced by ones that count the same."""
     with patch.object(torch.autograd.graph, "save_on_cpu", FakeSaveOnCpu), \
-            patch.object(torch.amp, "GradScaler", ScalerWithoutValues):
+            patch.object(torch.amp, "GradScaler", ScalerWithoutValues), \
+            patch.object(OptimizerOffload, "host_optimizer", staticmethod(lambda: FakeCPUOffloadOptimizer)):
         yield
+
+
+class FakeCPUOffloadOptimizer:
+    """torchao's CPUOffloadOptimizer (``cpu-offload-optimizer``) for fake tensors, which it cannot take (it pins
+    host memory and runs CUDA streams). The same placement: each parameter of 4,096 elements or more has a host
+    copy and a host gradient, its own AdamW stepping on the host, its state marked as host memory; backward copies
+    each gradient into the host one as it is made, and frees the device's with ``offload_gradients``; the new
+    values are copied back in place. Smaller parameters keep an AdamW on the device."""
+
+    def __init__(self, params: Any, optimizer_class: type[torch.optim.Optimizer], *, offload_gradients: bool = False,
+                 minimal_size: int = 4096, **kwargs: Any) -> None:
+        params = [p for p in params if p.requires_grad]
+        kept = [p for p in params if p.numel() < minimal_size]
+        self.param_d2h_map, self.optim_dict = {}, {}
+        for p in params:
+            if p.numel() >= minimal_size:
+                host = on_host(torch.empty_like(p))
+                host.grad = on_host(torch.empty_like(p))
+                self.param_d2h_map[p] = host
+                self.optim_dict[p] = optimizer_class([host], fused=True, **kwargs)
+                p.register_post_accumulate_grad_hook(self._to_host(offload_gradients))
+        self.d_param_groups = [{"params": kept}] if kept else []
+        self.d_opt = optimizer_class(kept, **kwargs) if kept else None
+
+    def _to_host(self, free: bool) -> Any:
+        def copy(p: torch.Tensor) -> None:
+            self.param_d2h_map[p].grad.copy_(p.grad)
+            if free:
+                p.grad = None
+        return copy
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:
+        if self.d_opt is not None:
+            self.d_opt.step()
+        for p, host in self.param_d2h_map.items():
+            self.optim_dict[p].step()
+            for value in self.optim_dict[p].state[host].values():
+                on_host(value)
+            p.copy_(host)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.param_d2h_map:
+            p.grad = None
+        if self.d_opt is not None:
+            self.d_opt.zero_grad(set_to_none)
 
 
 class _DeviceCopy(NamedTuple):

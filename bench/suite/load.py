@@ -216,9 +216,9 @@ def _shapes(raw: Any, spec: ModelSpec | None, steps: dict[str, int], problems: l
             continue
         allowed = ("batch_size", *need)
         data = DATA_KEYS if spec is not None and spec.inputs == "tokens" else ()
-        for key in table.keys() - {*allowed, *STEP_KEYS, *data} if spec is not None else ():  # else: model reported
+        for key in table.keys() - {*allowed, *STEP_KEYS, *data, "model"} if spec is not None else ():  # else: reported
             problems.append(f"shapes.{dev}.{key}: unknown key for model {spec.name}; "
-                            f"allowed: {', '.join(allowed + STEP_KEYS + data)}")
+                            f"allowed: {', '.join(allowed + STEP_KEYS + data + ('model',))}")
         values = {key: typed(table, key, int, None, problems, f"shapes.{dev}.") for key in allowed}
         bad = [k for k, v in values.items() if v is None or v <= 0]
         for key in bad:
@@ -226,12 +226,27 @@ def _shapes(raw: Any, spec: ModelSpec | None, steps: dict[str, int], problems: l
                 problems.append(f"shapes.{dev}.{key}: required positive integer, got {table.get(key)!r}")
         own_steps = {k: typed(table, k, int, v, problems, f"shapes.{dev}.") for k, v in steps.items()}
         check_ranges(own_steps, f"shapes.{dev}.", problems)
+        stand_in = _stand_in(table, spec, f"shapes.{dev}.model", problems)
         if not bad:
-            out[dev] = Shapes(**values, **own_steps, **_data_keys(table, values.get("seq_len"), dev, problems))
+            out[dev] = Shapes(**values, **own_steps, **_data_keys(table, values.get("seq_len"), dev, problems),
+                              model=stand_in)
     return out if len(out) == len(DEVICES) else None
 
 
 DATA_KEYS = ("lengths", "loader_workers", "pin_memory")
+
+
+def _stand_in(table: dict[str, Any], spec: ModelSpec | None, where: str, problems: list[str]) -> str | None:
+    """The device's own model, in the suite's place: a known one that takes and predicts what the suite's does."""
+    name = typed(table, "model", str, None, problems, where.removesuffix("model"))
+    own = model_spec(name, where, problems)
+    if own is None or spec is None:
+        return None
+    if (own.inputs, own.objective) != (spec.inputs, spec.objective):
+        problems.append(f"{where}: {name} takes {own.inputs} for {own.objective}, model {spec.name} takes "
+                        f"{spec.inputs} for {spec.objective}; name a smaller model of the same kind")
+        return None
+    return name
 
 
 def _data_keys(table: dict[str, Any], seq_len: int | None, dev: str, problems: list[str]) -> dict[str, Any]:

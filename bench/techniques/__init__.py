@@ -9,6 +9,7 @@ from bench.techniques import (  # noqa: F401  (each module registers its techniq
     distributed,
     inference,
     kernels,
+    loss,
     lowbit,
     offload,
     optimizers,

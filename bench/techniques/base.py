@@ -58,6 +58,9 @@ class Step:
     micro_batches: int = 1  # the batch is split in this many, their gradients accumulated
     prepare: Callable[[Batch], Batch] | None = None  # each batch as it enters the step (memory format, dtype)
     context: Callable[[], AbstractContextManager[Any]] | None = None  # around each forward and its loss
+    # Instead of the model spec's loss, on what the model returned and the labels (a loss that never makes the
+    # full logits: the model returns its last hidden states then).
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     scale_loss: Callable[[torch.Tensor], torch.Tensor] | None = None  # before backward
     optimizer_step: Callable[[torch.optim.Optimizer], None] | None = None  # instead of optimizer.step()
     zero_grad: Callable[[torch.optim.Optimizer], None] | None = None  # instead of zero_grad(set_to_none=True)
@@ -67,7 +70,7 @@ class Step:
 def combined(steps: list[Step]) -> Step:
     """The techniques' steps as one, in the suite's order: micro-batches multiply; batch preparation, contexts
     (the first outermost), loss scaling and what follows the step chain; the first technique that takes the
-    optimizer step or the zero-grad takes it."""
+    loss, the optimizer step or the zero-grad takes it."""
     def chain(fns: list[Callable[[Any], Any]]) -> Callable[[Any], Any]:
         def run(x: Any) -> Any:
             for fn in fns:
@@ -93,7 +96,7 @@ def combined(steps: list[Step]) -> Step:
 
     return Step(micro_batches=math.prod(s.micro_batches for s in steps),
                 prepare=chain([s.prepare for s in steps if s.prepare is not None]), context=contexts,
-                scale_loss=chain([s.scale_loss for s in steps if s.scale_loss is not None]),
+                loss=first("loss"), scale_loss=chain([s.scale_loss for s in steps if s.scale_loss is not None]),
                 optimizer_step=first("optimizer_step"), zero_grad=first("zero_grad"),
                 after=after)
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import nn
 
-from bench.techniques.base import ANY_MODE, TECHNIQUES, RunContext, Step, Technique, option
+from bench.techniques.base import ANY_MODE, TECHNIQUES, NoOptions, RunContext, Step, Technique, option
 
 if TYPE_CHECKING:
     from bench.data.synthetic import Batch
@@ -82,27 +82,74 @@ def cast_(model: nn.Module, dtype: torch.dtype) -> nn.Module:
 
 @TECHNIQUES.register("bf16")
 class PureBF16(Technique):
-    """Parameters, gradients, optimizer state and activations all in bfloat16; no fp32 master copy.
+    """Parameters, gradients, optimizer state and activations all in bfloat16; with ``master_weights``, an fp32
+    copy of the weights in the optimizer, which steps on it and copies the result back (apex's O2, the first
+    seed article's recipe).
 
-    Expected: model states halve (AdamW: 16 → 8 bytes per parameter; ZeRO's 16-byte figure assumes an fp32
-    master copy, arXiv:1910.02054), activations halve. Accuracy: updates smaller than bf16's resolution
-    (8 bits of mantissa) are lost, so training can stall where autocast would not.
+    Expected: without master weights, model states halve (AdamW: 16 → 8 bytes per parameter) and activations
+    halve; updates smaller than bf16's resolution (8 bits of mantissa) are lost, so training can stall where
+    autocast would not. With them, 16 bytes per parameter as autocast's (2 + 2 + 4 master + 8 moments: ZeRO's
+    mixed-precision Adam, arXiv:1910.02054) plus the fp32 gradients during the step, activations still halved,
+    and autocast's accuracy.
     """
 
     name = "bf16"
-    summary = "pure bfloat16: weights, gradients, optimizer state (no fp32 master weights)"
+    summary = "pure bfloat16 weights, gradients and activations; optionally fp32 master weights in the optimizer"
     conflicts = frozenset({"amp"})
+
+    @dataclass(frozen=True)
+    class Config:
+        master_weights: bool = option(False, "the optimizer steps an fp32 copy of the weights and copies it back "
+                                             "(apex O2)")
 
     @property
     def dtype(self) -> torch.dtype:
         return torch.bfloat16
 
+    @property
+    def masters(self) -> bool:
+        return getattr(self.config, "master_weights", False)  # inference's half has no such option
+
+    def conflict(self, other: Technique) -> str | None:
+        if self.masters and type(other).make_optimizer is not Technique.make_optimizer:
+            return f"master_weights makes its own AdamW over the fp32 copy; {other.name} makes another optimizer"
+        return None
+
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        self.lr, self.pairs = ctx.lr, []
         self.model = cast_(model, self.dtype)
         return self.model
 
+    def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer | None:
+        if not self.masters:
+            return None
+        self.pairs = [(p, nn.Parameter(p.detach().float())) for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW([m for _, m in self.pairs], lr=self.lr)
+        optimizer.masters = [m for _, m in self.pairs]  # counted as optimizer state (bench.measure.memory)
+        return optimizer
+
     def step(self) -> Step:
-        return Step(prepare=self._cast_inputs)
+        if not self.masters:
+            return Step(prepare=self._cast_inputs)
+        return Step(prepare=self._cast_inputs, optimizer_step=self._master_step, zero_grad=self._zero_grad)
+
+    def _master_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """The 16-bit gradients as the masters' fp32 ones, the update on the masters, their new values rounded
+        into the model; the fp32 gradients live for the step only."""
+        for p, master in self.pairs:
+            master.grad = None if p.grad is None else p.grad.float()
+        self._update(optimizer)
+        with torch.no_grad():
+            for p, master in self.pairs:
+                p.copy_(master)
+                master.grad = None
+
+    def _update(self, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.step()
+
+    def _zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+        for p, _ in self.pairs:
+            p.grad = None
 
     def _cast_inputs(self, batch: Batch) -> Batch:
         inputs, labels = batch
@@ -111,7 +158,51 @@ class PureBF16(Technique):
         return inputs, labels
 
     def proof(self, steps: int) -> dict[str, Any]:
-        return {"param_dtypes": ",".join(sorted({str(p.dtype) for p in self.model.parameters()}))}
+        masters = sorted({str(m.dtype) for _, m in self.pairs})
+        return {"param_dtypes": ",".join(sorted({str(p.dtype) for p in self.model.parameters()})),
+                "master_dtypes": ",".join(masters) or "none", "master_params": len(self.pairs)}
+
+
+@TECHNIQUES.register("fp16")
+class PureFP16(PureBF16):
+    """Pure float16 with fp32 master weights and dynamic loss scaling: apex's O2 as the first seed article
+    describes it. The model, its gradients and activations in float16; the optimizer steps an fp32 copy,
+    on gradients a GradScaler unscaled (it refuses float16 ones, so float16 always has its masters).
+
+    Expected: as ``bf16`` with ``master_weights`` in memory (16 bytes per parameter plus the fp32 gradients
+    during the step, activations halved); float16's 10-bit mantissa is closer to fp32 than bfloat16's 7, its
+    range narrower, which the scaler covers. Tensor-core throughput as bf16's.
+    """
+
+    name = "fp16"
+    summary = "pure float16 with fp32 master weights in the optimizer and a GradScaler (apex O2)"
+    conflicts = frozenset({"amp", "bf16"})
+    Config = NoOptions
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float16
+
+    @property
+    def masters(self) -> bool:
+        return True
+
+    def unsupported(self, ctx: RunContext) -> str | None:
+        return None if ctx.cuda else "float16 training is a CUDA technique; CPU kernels for it are emulated and slow"
+
+    def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        self.scaler = torch.amp.GradScaler(ctx.device.type)
+        return super().apply(model, ctx)
+
+    def step(self) -> Step:
+        return replace(super().step(), scale_loss=self.scaler.scale)
+
+    def _update(self, optimizer: torch.optim.Optimizer) -> None:
+        self.scaler.step(optimizer)
+        self.scaler.update()
+
+    def proof(self, steps: int) -> dict[str, Any]:
+        return super().proof(steps) | {"loss_scale": self.scaler.get_scale()}
 
 
 @TECHNIQUES.register("tf32")

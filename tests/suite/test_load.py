@@ -261,3 +261,27 @@ def test_weights_that_are_not_there_are_reported_where_they_are_named(tmp_path):
     found = suite_problems(tmp_path, text)
     assert "weights: no file or folder 'nope.pt' (relative paths start where bench runs)" in found
     assert "fidelity.gpu.weights: no file or folder 'gone/' (relative paths start where bench runs)" in found
+
+
+def test_a_device_may_run_a_smaller_model_of_the_suites_kind(tmp_path):
+    """[shapes.cpu] model: the CPU builds llama-tiny where a GPU builds Llama-3-1B; the record names the model
+    built, predictions at GPU shapes keep the suite's, and a suite without the key keeps its run keys."""
+    from bench.recipe import Recipe
+    from bench.results import base_record
+    from tests.conftest import CPU
+
+    s = load("suites/llama.toml")
+    run = s.runs[0]
+    assert (run.model, run.cpu.model, run.gpu.model) == ("llama3-1b", "llama-tiny", None)
+    assert Recipe.of(run, CPU).ctx.model_spec.name == "llama-tiny"
+    assert Recipe.of(run, CPU, run.gpu, predicting=True).ctx.model_spec.name == "llama3-1b"
+    assert base_record(run, "cpu", "cpu", "k", "r")["model"] == "llama-tiny"
+    assert "model" not in load(write_suite(tmp_path, GOOD)).runs[0].to_dict()["cpu"]
+
+
+def test_a_stand_in_of_another_kind_is_refused_with_the_fix(tmp_path):
+    found = suite_problems(tmp_path, GOOD.replace("[shapes.cpu]\n", '[shapes.cpu]\nmodel = "bert-tiny"\n'))
+    assert ("shapes.cpu.model: bert-tiny takes tokens for classify, model vit-tiny takes image for classify; name a "
+            "smaller model of the same kind") in found
+    found = suite_problems(tmp_path, GOOD.replace("[shapes.cpu]\n", '[shapes.cpu]\nmodel = "nope"\n'))
+    assert any(p.startswith("shapes.cpu.model: ") and "nope" in p for p in found)

@@ -3,9 +3,11 @@ unsupported with an install hint where it is not."""
 
 import re
 
+import torch
+
 import pytest
 
-from bench.measure.memory import model_state_bytes, tracked_step
+from bench.measure.memory import model_state_bytes, tensor_bytes, tracked_step
 from bench.worker import measure
 from tests.conftest import CPU, build_trainer
 from tests.helpers import MLP_PARAM_BYTES, mlp_step, spec, tech
@@ -148,3 +150,60 @@ def test_fp8_says_first_what_no_install_changes(monkeypatch, model, torchao, rea
     run = spec(model, (tech("fp8"),))
     out = predict(run, run.cpu, cuda=True)
     assert out["predicted_status"] == "unsupported" and re.search(reason, out["predicted_message"]), out
+
+
+def test_qlora_stores_every_block_linear_in_nf4_and_trains_the_adapters_only():
+    """llama-tiny: its 14 block linears become frozen NF4 weights of 4 bits a value plus their double-quantized
+    scales (0.54 bytes a parameter at these sizes), adapted by LoRA on all seven linears of a layer; the tied
+    embedding and head stay float32 and frozen. The tracked parameter bytes are LoRA's less exactly what NF4
+    saves on those weights, and the prediction counts the same bytes."""
+    pytest.importorskip("torchao")
+    pytest.importorskip("peft")
+    from bench.predict.fake import predict
+
+    lora, _ = run("llama-tiny", tech("lora"))
+    qlora, trainer = run("llama-tiny", tech("qlora"))
+    nf4 = [p for p in trainer.model.parameters() if type(p).__name__ == "NF4Tensor"]
+    proof = trainer.proof()
+    assert len(nf4) == proof["qlora.nf4_linears"] == 14 and not any(p.requires_grad for p in nf4)
+    held = tensor_bytes(nf4)  # the storages behind their quantized values and scales
+    assert proof["qlora.nf4_bytes_per_param"] == round(held / sum(p.numel() for p in nf4), 4) < 0.55
+    assert qlora["param_bytes"] == lora["param_bytes"] - 4 * sum(p.numel() for p in nf4) + held
+    assert qlora["optimizer_state_bytes"] == lora["optimizer_state_bytes"]  # the same adapters train
+    run_spec = spec("llama-tiny", (tech("qlora"),), batch_size=8, seq_len=32)
+    assert predict(run_spec, cuda=False)["predicted_param_bytes"] == qlora["param_bytes"]
+
+
+def test_cpu_offload_optimizer_leaves_the_device_its_small_parameters_state_only():
+    """Predicted as CUDA (a CPU run is unsupported: the state is in host memory already): AdamW's state, and with
+    offload_gradients the gradients, of every parameter of 4,096 elements or more leave the device; llama-tiny's
+    five 128-wide norms keep theirs (two float32 moments each)."""
+    pytest.importorskip("torchao")
+    from bench.predict.fake import predict
+    from bench.recipe import Recipe
+
+    plain = predict(spec("llama-tiny", (), batch_size=1, seq_len=16))
+    out = predict(spec("llama-tiny", (tech("cpu-offload-optimizer"),), batch_size=1, seq_len=16))
+    freed = predict(spec("llama-tiny", (tech("cpu-offload-optimizer", offload_gradients=True),), batch_size=1,
+                         seq_len=16))
+    norms = 5 * 128 * 4
+    assert out["predicted_optimizer_state_bytes"] == 2 * norms + 4 * 5  # and their AdamW's step counters
+    assert out["predicted_gradient_bytes"] == plain["predicted_gradient_bytes"]
+    assert freed["predicted_gradient_bytes"] == norms
+    assert plain["predicted_peak_tensor_bytes"] - out["predicted_peak_tensor_bytes"] > 0.9 * plain[
+        "predicted_optimizer_state_bytes"]
+    reason = Recipe.of(spec("llama-tiny", (tech("cpu-offload-optimizer"),)), CPU).unsupported()
+    assert reason == ("cpu-offload-optimizer: the optimizer state lives in host memory on a CPU already; this moves "
+                      "it off a GPU")
+
+
+@pytest.mark.cuda
+def test_cpu_offload_optimizer_on_a_gpu_keeps_the_offloaded_state_off_the_device():
+    pytest.importorskip("torchao")
+    cuda = torch.device("cuda")
+    trainer, batch = build_trainer(spec("llama-tiny", (tech("cpu-offload-optimizer"),), batch_size=2, seq_len=64),
+                                   cuda)
+    trainer.step(batch)
+    figures = tracked_step(lambda: trainer.step(batch), trainer.model, trainer.optimizer, cuda)
+    assert figures["optimizer_state_bytes"] <= 5 * 2 * 512  # the norms' moments, a 512-byte block each
+    assert trainer.proof()["cpu-offload-optimizer.offloaded_params"] > 0

@@ -71,3 +71,55 @@ def test_tf32_is_unsupported_off_cuda():
 
     ctx = RunContext(CPU, MODELS.get("vit-tiny"), None)
     assert "CUDA" in TF32().unsupported(ctx)
+
+
+def test_master_weights_step_an_fp32_copy_that_keeps_updates_bf16_would_lose():
+    """bf16 with master_weights: bf16 parameters and gradients, an fp32 master per parameter in the optimizer
+    (counted as optimizer state with its two fp32 moments: 12 bytes per parameter), and the model rounded from
+    the masters after each step. An update far below bf16's resolution is lost by pure bf16 and kept by the
+    masters (apex O2's reason to exist)."""
+    def stepped(master: bool, lr: float):
+        trainer, batch = build_trainer(spec("vit-tiny", (tech("bf16", master_weights=master),), batch_size=16, lr=lr))
+        before = [p.detach().float().clone() for p in trainer.model.parameters()]
+        trainer.step(batch)
+        return trainer, batch, before
+
+    trainer, batch, before = stepped(True, 1e-6)
+    params = list(trainer.model.parameters())
+    masters = [m for _, m in trainer.techniques[0].pairs]
+    assert {p.dtype for p in params} == {torch.bfloat16} and {m.dtype for m in masters} == {torch.float32}
+    assert any(not torch.equal(m, b) for m, b in zip(masters, before))  # the masters moved
+    assert all(torch.equal(p, m.to(torch.bfloat16)) for p, m in zip(params, masters))
+    pure, _, pure_before = stepped(False, 1e-6)
+    moved = sum(not torch.equal(p.float(), b) for p, b in zip(pure.model.parameters(), pure_before))
+    assert moved <= 2  # only the zero-initialised head's weights can take so small a step in bf16
+    figures = tracked_step(lambda: trainer.step(batch), trainer.model, trainer.optimizer, CPU)
+    psi = sum(p.numel() for p in params)
+    assert figures["optimizer_state_bytes"] == 12 * psi + 4 * len(params)  # and AdamW's step counters
+    assert figures["param_bytes"] == 2 * psi
+    assert trainer.proof()["bf16.master_dtypes"] == "torch.float32"
+
+
+def test_fp16_is_o2_on_cuda_only_and_master_weights_claim_the_optimizer():
+    from bench.predict.fake import predict
+    from bench.recipe import Recipe
+
+    run = spec("vit-tiny", (tech("fp16"),), batch_size=16)
+    assert Recipe.of(run, CPU).unsupported() == ("fp16: float16 training is a CUDA technique; CPU kernels for it are "
+                                                 "emulated and slow")
+    out = predict(run)  # standing for CUDA: float16 model, fp32 masters and moments
+    master = predict(spec("vit-tiny", (tech("bf16", master_weights=True),), batch_size=16))
+    assert out["predicted_optimizer_state_bytes"] == master["predicted_optimizer_state_bytes"]
+    assert out["predicted_param_bytes"] == master["predicted_param_bytes"]
+    problems = suite_problems_of((tech("bf16", master_weights=True), tech("adamw-8bit")))
+    assert any("master_weights makes its own AdamW over the fp32 copy; adamw-8bit makes another optimizer" in p
+               for p in problems)
+
+
+def suite_problems_of(techniques) -> list[str]:
+    from bench.suite.techniques import _check_combination
+    from bench.techniques import build
+
+    found: list[str] = []
+    _check_combination("runs[0]", [build(t) for t in techniques], found)
+    return found
