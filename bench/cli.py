@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 EXIT_BAD_INPUT = 2
 # make gpu's order: the training suites (with their fidelity phases), then inference, then the small ones.
-CAMPAIGN = ("resnet", "vit", "bert", "resnet-infer", "vit-infer", "bert-infer", "bert-varlen", "smoke", "dist-smoke")
+CAMPAIGN = ("resnet", "vit", "bert", "resnet-infer", "vit-infer", "bert-infer", "bert-varlen", "llama", "smoke",
+            "dist-smoke")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -62,7 +62,16 @@ def optimizer_state(optimizer: torch.optim.Optimizer | None) -> list[torch.Tenso
     if optimizer is None:  # inference
         return []
     masters = getattr(optimizer, "masters", [])
-    return [*masters, *(v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v))]
+    return [*masters, *(t for state in optimizer.state.values() for v in state.values() for t in _tensors_of(v))]
+
+
+def _tensors_of(value: object) -> list[torch.Tensor]:
+    """A state value's tensors: itself, or those an object in the state holds (GaLore's projector, its basis)."""
+    if torch.is_tensor(value):
+        return [value]
+    held = getattr(value, "__dict__", {}).values()
+    return [t for v in held for t in ([v] if torch.is_tensor(v) else v if isinstance(v, tuple) else [])
+            if torch.is_tensor(t)]
 
 
 # What each storage alive at the peak was: model states by what holds them, else by the phase that made

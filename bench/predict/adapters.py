@@ -17,6 +17,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench.measure.tracker import is_on_host, on_host
+from bench.techniques import offload
 from bench.techniques.offload import OptimizerOffload
 
 aten = torch.ops.aten
@@ -27,8 +28,46 @@ def techniques_as_real() -> Iterator[None]:
     """Techniques' library calls that fake tensors cannot stand in for, replaced by ones that count the same."""
     with patch.object(torch.autograd.graph, "save_on_cpu", FakeSaveOnCpu), \
             patch.object(torch.amp, "GradScaler", ScalerWithoutValues), \
-            patch.object(OptimizerOffload, "host_optimizer", staticmethod(lambda: FakeCPUOffloadOptimizer)):
+            patch.object(OptimizerOffload, "host_optimizer", staticmethod(lambda: FakeCPUOffloadOptimizer)), \
+            patch.object(offload, "OverlappedSaves", FakeOverlappedSaves):
         yield
+
+
+class FakeOverlappedSaves(torch.autograd.graph.saved_tensors_hooks):
+    """``activation-offload``'s hooks for fake tensors, which have no streams: a saved tensor of ``min_bytes`` or
+    more keeps only its shape and dtype once packed (its device block is free once the copy is done, which is
+    taken to be before the allocator needs it again); each unpack makes its device copy, and the copy of the
+    tensor saved before it, fetched one ahead, lives until that one is unpacked."""
+
+    def __init__(self, owner: Any) -> None:
+        self.owner, self.count = owner, 0
+        self.host: dict[int, _DeviceCopy] = {}
+        self.fetched: dict[int, torch.Tensor] = {}
+
+        def pack(t: torch.Tensor) -> Any:
+            if is_on_host(t) or t.nbytes < owner.config.min_bytes or isinstance(t, nn.Parameter):
+                return t
+            key, self.count = self.count, self.count + 1
+            self.host[key] = _DeviceCopy(t.shape, t.dtype)
+            owner.offloaded += 1
+            return key
+
+        def unpack(packed: Any) -> torch.Tensor:
+            if not isinstance(packed, int):
+                return packed
+            device = self.fetched.pop(packed, None)
+            if device is None:
+                device = self._fetch(packed)
+            if packed - 1 in self.host:
+                self.fetched[packed - 1] = self._fetch(packed - 1)
+                owner.prefetched += 1
+            return device
+
+        super().__init__(pack, unpack)
+
+    def _fetch(self, key: int) -> torch.Tensor:
+        kept = self.host.pop(key)
+        return torch.empty(kept.shape, dtype=kept.dtype)
 
 
 class FakeCPUOffloadOptimizer:

@@ -128,7 +128,8 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         # A frozen head (LoRA's, QLoRA's) gets no weight gradient: at a 128k vocabulary it is the head's size.
         grad_hidden = torch.empty_like(hidden)
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
-        grad_bias = torch.zeros_like(bias, dtype=torch.float32) if bias is not None and ctx.needs_input_grad[2] else None
+        biased = bias is not None and ctx.needs_input_grad[2]
+        grad_bias = torch.zeros_like(bias, dtype=torch.float32) if biased else None
         total = hidden.new_zeros((), dtype=torch.float32)
         for start in range(0, len(targets), size):
             h, t = hidden[start:start + size], targets[start:start + size]

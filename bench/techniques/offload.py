@@ -85,7 +85,9 @@ class OptimizerOffload(Technique):
     def unsupported(self, ctx: RunContext) -> str | None:
         if importlib.util.find_spec("torchao") is None:
             return "needs torchao: pip install torchao (or pip install -e '.[extras]')"
-        return None if ctx.cuda else "the optimizer state lives in host memory on a CPU already; this moves it off a GPU"
+        if not ctx.cuda:
+            return "the optimizer state lives in host memory on a CPU already; this moves it off a GPU"
+        return None
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self.lr = ctx.lr
@@ -126,3 +128,81 @@ class _Offloaded(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.host.zero_grad(set_to_none)
+
+
+@TECHNIQUES.register("activation-offload")
+class OverlappedOffload(Technique):
+    """Saved activations copied to pinned host memory on a side CUDA stream while forward goes on, and copied back
+    in backward one tensor ahead of their use, as torchtune's ``OffloadActivations`` does; ``offload`` beside it
+    is the synchronous ``save_on_cpu``. A device tensor is released as soon as its copy is queued: the allocator,
+    told the copy stream uses it (``record_stream``), keeps its block until the copy is done. Tensors under
+    ``min_bytes`` and parameters stay on the device.
+
+    Expected: torchtune reports about 24% less memory at under 1% slowdown on Llama-3-8B with checkpointing (its
+    memory optimisations guide); without overlap the copies add their whole PCIe time, as ``offload`` shows.
+    """
+
+    name = "activation-offload"
+    summary = "offload saved activations to pinned host memory on a side stream, prefetched in backward (CUDA)"
+
+    @dataclass(frozen=True)
+    class Config:
+        min_bytes: int = option(1024, "saved tensors smaller than this stay on the device (a copy costs more)")
+
+    def problems(self, batch_size: int) -> list[str]:
+        return [] if self.config.min_bytes >= 0 else [f"min_bytes must be 0 or more, got {self.config.min_bytes}"]
+
+    def unsupported(self, ctx: RunContext) -> str | None:
+        return None if ctx.cuda else "copies on a side CUDA stream; on a CPU activations live in host memory already"
+
+    def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        self.offloaded, self.prefetched = 0, 0
+        return model
+
+    def step(self) -> Step:
+        return Step(context=lambda: OverlappedSaves(self))
+
+    def proof(self, steps: int) -> dict[str, Any]:
+        return {"tensors_offloaded_per_step": self.offloaded / max(steps, 1),
+                "tensors_prefetched_per_step": self.prefetched / max(steps, 1)}
+
+
+class OverlappedSaves(torch.autograd.graph.saved_tensors_hooks):
+    """One forward and backward's saved tensors: each large one goes to the host on ``copies``, a side stream, and
+    comes back on it, the next one to be needed (the one saved before it) fetched as each is unpacked."""
+
+    def __init__(self, owner: OverlappedOffload) -> None:
+        self.owner, self.copies, self.count = owner, torch.cuda.Stream(), 0
+        self.host: dict[int, torch.Tensor] = {}
+        self.fetched: dict[int, tuple[torch.Tensor, torch.cuda.Event]] = {}
+        super().__init__(self.pack, self.unpack)
+
+    def pack(self, t: torch.Tensor) -> Any:
+        if t.device.type != "cuda" or t.nbytes < self.owner.config.min_bytes or isinstance(t, nn.Parameter):
+            return t
+        host = torch.empty_like(t, device="cpu", pin_memory=True)
+        self.copies.wait_stream(torch.cuda.current_stream())  # t is complete before it is copied
+        with torch.cuda.stream(self.copies):
+            host.copy_(t, non_blocking=True)
+        t.record_stream(self.copies)  # t's block is not reused before the copy has read it
+        key, self.count = self.count, self.count + 1
+        self.host[key] = host
+        self.owner.offloaded += 1
+        return key
+
+    def unpack(self, packed: Any) -> torch.Tensor:
+        if not isinstance(packed, int):
+            return packed
+        device, done = self.fetched.pop(packed, None) or self._fetch(packed)
+        torch.cuda.current_stream().wait_event(done)
+        device.record_stream(torch.cuda.current_stream())  # made on the copy stream, used and freed on this one
+        if packed - 1 in self.host and packed - 1 not in self.fetched:
+            self.fetched[packed - 1] = self._fetch(packed - 1)
+            self.owner.prefetched += 1
+        return device
+
+    def _fetch(self, key: int) -> tuple[torch.Tensor, torch.cuda.Event]:
+        host = self.host.pop(key)
+        with torch.cuda.stream(self.copies):
+            device = host.to("cuda", non_blocking=True)
+            return device, self.copies.record_event()

@@ -3,9 +3,8 @@ unsupported with an install hint where it is not."""
 
 import re
 
-import torch
-
 import pytest
+import torch
 
 from bench.measure.memory import model_state_bytes, tensor_bytes, tracked_step
 from bench.worker import measure

@@ -78,3 +78,28 @@ def test_optimizer_techniques_follow_the_runs_learning_rate_unless_given_one():
             pytest.importorskip("torchao")
         trainer, _ = build_trainer(spec("vit-tiny", (technique,), lr=3e-3))
         assert trainer.optimizer.param_groups[0]["lr"] == expected
+
+
+def test_galore_keeps_each_block_matrixs_moments_in_its_rank_r_projection():
+    """llama-tiny: the 14 matrices of its blocks are projected at a quarter of their smaller side (m×n, m ≤ n:
+    both moments r×n and the m×r basis); the tied embedding and the norms keep AdamW's two full moments. The
+    state is exactly that, the projector's basis counted with it, and the prediction counts the same."""
+    pytest.importorskip("pytorch_optimizer")
+    from bench.measure.memory import optimizer_state, tensor_bytes
+    from bench.predict.fake import predict
+    from tests.conftest import build_trainer
+
+    run = spec("llama-tiny", (tech("galore"),), batch_size=2, seq_len=32)
+    trainer, batch = build_trainer(run)
+    trainer.step(batch)
+    expected = 0
+    for group in trainer.optimizer.param_groups:
+        for p in group["params"]:
+            if "rank" in group:
+                assert group["rank"] == min(p.shape) // 4
+                expected += 4 * (2 * group["rank"] * max(p.shape) + group["rank"] * min(p.shape))
+            else:
+                expected += 4 * 2 * p.numel()
+    assert tensor_bytes(optimizer_state(trainer.optimizer)) == expected
+    assert trainer.proof()["galore.projected_matrices"] == 14
+    assert predict(run, cuda=False)["predicted_optimizer_state_bytes"] == expected
