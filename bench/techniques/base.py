@@ -179,6 +179,11 @@ class Technique:
         """The optimizer for the model as applied, or None to leave it to another technique or AdamW."""
         return None
 
+    @property
+    def makes_optimizer(self) -> bool:
+        """Whether ``make_optimizer`` makes one (checked at suite load: two that do cannot share a run)."""
+        return type(self).make_optimizer is not Technique.make_optimizer
+
     def batching(self, ctx: RunContext) -> Batching | None:
         """How variable-length sequences become batches (collator, sampler), or None to leave it to another
         technique or to padding to seq_len."""

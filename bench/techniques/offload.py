@@ -76,7 +76,7 @@ class OptimizerOffload(Technique):
                                                 "(not with accumulation)")
 
     def conflict(self, other: Technique) -> str | None:
-        if type(other).make_optimizer is not Technique.make_optimizer:
+        if other.makes_optimizer:
             return f"the host steps its own AdamW; {other.name} makes another optimizer"
         if self.config.offload_gradients and other.name == "accumulate":
             return "offload_gradients frees each gradient after backward, so micro-batches cannot accumulate"

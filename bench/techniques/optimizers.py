@@ -193,7 +193,7 @@ class GaLore(Technique):
                 if v < 0 or (v == 0 and k != "rank")]
 
     def conflict(self, other: Technique) -> str | None:
-        if type(other).make_optimizer is not Technique.make_optimizer:
+        if other.makes_optimizer:
             return f"GaLore is the optimizer; {other.name} makes another"
         return None
 

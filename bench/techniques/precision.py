@@ -110,8 +110,12 @@ class PureBF16(Technique):
     def masters(self) -> bool:
         return getattr(self.config, "master_weights", False)  # inference's half has no such option
 
+    @property
+    def makes_optimizer(self) -> bool:
+        return self.masters
+
     def conflict(self, other: Technique) -> str | None:
-        if self.masters and type(other).make_optimizer is not Technique.make_optimizer:
+        if self.masters and other.makes_optimizer:
             return f"master_weights makes its own AdamW over the fp32 copy; {other.name} makes another optimizer"
         return None
 

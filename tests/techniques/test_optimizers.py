@@ -103,3 +103,19 @@ def test_galore_keeps_each_block_matrixs_moments_in_its_rank_r_projection():
     assert tensor_bytes(optimizer_state(trainer.optimizer)) == expected
     assert trainer.proof()["galore.projected_matrices"] == 14
     assert predict(run, cuda=False)["predicted_optimizer_state_bytes"] == expected
+
+
+def test_techniques_that_make_the_optimizer_refuse_each_other_but_not_pure_bf16():
+    """bf16 makes an optimizer only with master_weights: galore and cpu-offload-optimizer combine with pure bf16."""
+    from bench.suite.techniques import _check_combination
+    from bench.techniques import build
+
+    def problems(*techniques):
+        found: list[str] = []
+        _check_combination("runs[0]", [build(t) for t in techniques], found)
+        return found
+
+    for own in ("galore", "cpu-offload-optimizer"):
+        assert problems(tech(own), tech("bf16")) == []
+        assert problems(tech(own), tech("bf16", master_weights=True)) != []
+        assert problems(tech(own), tech("adamw-8bit")) != []
