@@ -132,16 +132,17 @@ def test_suite_checks_nproc_against_the_techniques(tmp_path):
 
 def assert_predicted_per_rank(record: dict) -> None:
     """Each rank's prediction (made on fake tensors under torch's fake process group, before the rank joins the
-    real one) is the peak it then measures under gloo: to the byte on at least one rank, and on every rank
-    never under, nor over by more than two collectives' tensors. Under gloo a rank may still hold collectives'
-    buffers at its peak while they wait for a slower peer (FSDP2 keeps one all-gather and one reduce-scatter in
-    flight); which rank, and whether, changes from run to run (10,816 bytes under fsdp at 2 ranks, 111,312
-    under tensor-parallel on a loaded machine)."""
+    real one) bounds the peak it then measures under gloo: never under, nor over by more than two collectives'
+    tensors. Under gloo a rank may still hold collectives' buffers at its peak while they wait for a slower peer
+    (FSDP2 keeps one all-gather and one reduce-scatter in flight); which rank, and whether, changes from run to
+    run: usually one rank is exact to the byte, but CI once saw both ranks 10,816 bytes over under fsdp, and
+    111,312 under tensor-parallel was seen on a loaded machine. Exactness to the byte is held by the
+    single-process tests, where nothing waits on a peer."""
     assert record["predicted_status"] == "ok", record.get("predicted_message")
     predicted, measured = record["rank_predicted_peak_tensor_bytes"], record["rank_peak_tensor_bytes"]
     gaps = [m - p for p, m in zip(predicted, measured)]
     slack = 2 * record["predicted_largest_collective_bytes"]
-    assert 0 in gaps and all(0 <= gap <= slack for gap in gaps), (predicted, measured, slack)
+    assert all(0 <= gap <= slack for gap in gaps), (predicted, measured, slack)
 
 
 @pytest.mark.parametrize("run", MULTI_PROCESS)
