@@ -107,6 +107,10 @@ class Timing:
     samples_per_s: float | None = doc("samples a step processes (every rank's, data-parallel) over the median step")
     tokens_per_s: float | None = doc("token models: tokens in the batch (padding included) per second")
     flops_per_step: int | None = doc("the step's FLOPs, counted on fake tensors")
+    ops_per_step: int | None = doc("operators the step dispatches, views aside, counted on fake tensors: each a "
+                                   "kernel launch, the fixed cost eager PyTorch pays however small the tensors")
+    op_bytes_per_step: int | None = doc("bytes of the tensors those operators take and make, counted on fake tensors: "
+                                        "what crosses device memory, pointwise work's cost")
     mfu: float | None = doc("CUDA: flops_per_step over the median step, against the card's dense peak")
     mfu_dtype: str | None = doc("CUDA: the dtype whose peak mfu is held against")
     wall_s: float | None = doc("the run's whole process, start-up included")
@@ -154,7 +158,7 @@ class _PredictionOutcome:
 Prediction = make_dataclass(
     "Prediction",
     [(f.name, f.type, doc(f"predicted: {f.metadata['doc']}")) for group in (Memory, Timing) for f in fields(group)
-     if f.name in (*TRACKED, "flops_per_step")],
+     if f.name in (*TRACKED, "flops_per_step", "ops_per_step", "op_bytes_per_step")],
     bases=(_PredictionOutcome,),
     namespace={"prefix": "predicted_", "__doc__": "The step predicted on fake tensors before the run, at its "
                                                   "shapes: the tracker's figures and the FLOPs, as predicted_*."})

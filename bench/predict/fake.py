@@ -11,6 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from bench.measure.memory import tracked_step
@@ -76,7 +78,7 @@ def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int) -> dict[str, Any]:
         # The warm-up step, as in the worker (optimizer state exists before the measured step), counts the
         # FLOPs: the counter's module tracking keeps recomputed activations alive, so it stays out of the
         # measured step.
-        with flop_counter() as flops:
+        with flop_counter() as flops, OpCounter() as ops:
             runner.step(next(batches(batch, feed, 1)))
         if ctx.predicting:  # the counters that first step made
             for t in host_state(runner.optimizer):
@@ -87,7 +89,25 @@ def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int) -> dict[str, Any]:
             figures = tracked_step(step, runner.model, runner.optimizer, CPU, rounding, compiled_update)
     if ctx.world_size > 1:
         figures |= traffic.figures() | {"world_size": ctx.world_size, "rank": ctx.rank}
-    return {**figures, "flops_per_step": flops.get_total_flops()}
+    return {**figures, "flops_per_step": flops.get_total_flops(), "ops_per_step": ops.ops,
+            "op_bytes_per_step": ops.bytes}
+
+
+class OpCounter(TorchDispatchMode):
+    """Operators dispatched, views aside (they launch nothing), and the bytes of the tensors they take and make:
+    each operator is a kernel launch with a fixed cost, and its bytes cross device memory, which is what makes
+    pointwise work (normalisation, activations, recomputing them) and tiny steps slower than their FLOPs say."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = self.bytes = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if not func.is_view:
+            self.ops += 1
+            self.bytes += sum(t.nbytes for t in pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
+        return out
 
 
 def flop_counter() -> FlopCounterMode:
