@@ -288,8 +288,8 @@ def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:
         if not isinstance(run, dict):
             problems.append(f"{where}: expected a table with name and techniques")
             continue
-        for key in run.keys() - {"name", "techniques", "fidelity", "nproc"}:
-            problems.append(f"{where}.{key}: unknown key; allowed: name, techniques, fidelity, nproc")
+        for key in run.keys() - {"name", "techniques", "fidelity", "nproc", "batch_size"}:
+            problems.append(f"{where}.{key}: unknown key; allowed: name, techniques, fidelity, nproc, batch_size")
         name = typed(run, "name", str, None, problems, f"{where}.")
         if name is None:
             problems.append(f"{where}.name: required string")
@@ -298,7 +298,8 @@ def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:
         nproc = typed(run, "nproc", int, None, problems, f"{where}.")
         if nproc is not None and not 1 <= nproc <= MAX_NPROC:
             problems.append(f"{where}.nproc: must be 1 to {MAX_NPROC:,}, got {nproc}")
-        entries.append(Entry(name, run.get("techniques", []), None, name, f"{where}.techniques", fidelity, nproc))
+        batch = _entry_batch(run["batch_size"], f"{where}.batch_size", problems) if "batch_size" in run else None
+        entries.append(Entry(name, run.get("techniques", []), batch, name, f"{where}.techniques", fidelity, nproc))
     if "matrix" in raw:
         entries += _matrix(raw["matrix"], problems)
     if not entries:
@@ -309,6 +310,15 @@ def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:
             problems.append(f"runs: duplicate run name {name!r}; names must be unique")
         seen.add(name)
     return entries
+
+
+def _entry_batch(raw: Any, where: str, problems: list[str]) -> dict[str, int] | None:
+    """An entry's own batch sizes (``bench advise --max-batch`` writes each plan's largest)."""
+    if not (isinstance(raw, dict) and set(raw) == set(DEVICES)
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in raw.values())):
+        problems.append(f"{where}: expected {{ gpu = N, cpu = M }}, positive integers, got {raw!r}")
+        return None
+    return raw
 
 
 def _matrix(raw: Any, problems: list[str]) -> list[Entry]:
