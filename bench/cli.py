@@ -1,4 +1,4 @@
-"""Command line: python -m bench {run,campaign,fit,report,predict,overview,compare,validate,list}."""
+"""Command line: python -m bench {run,campaign,fit,advise,report,predict,overview,compare,validate,list}."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ CAMPAIGN = ("resnet", "vit", "bert", "resnet-infer", "vit-infer", "bert-infer", 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, os.getcwd())  # user techniques named "module:Class" import from here
     args = _parser().parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv
     try:
         return args.func(args)
     except SuiteError as exc:
@@ -50,6 +51,16 @@ def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
     return int(text)
+
+
+def _points(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"expected accuracy points from 0 to 100, got {text!r}")
+    return value
 
 
 def _world_size(text: str) -> int:
@@ -119,6 +130,36 @@ def _parser() -> argparse.ArgumentParser:
     fit.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     fit.add_argument("--results", type=Path, default=Path("results"))
     fit.set_defaults(func=_fit)
+    adv = sub.add_parser("advise", help="the cheapest plans that make a model fit a budget: a ranked table, and "
+                                        "suites/advice-MODEL.toml to measure them")
+    adv.add_argument("model", help="a model (bench list), module:NAME, or a suite file whose model and shapes to take")
+    adv.add_argument("--budget", required=True, help="the card's memory, e.g. 24GiB (on CUDA less --reserve), or a "
+                                                     "share of the baseline's predicted peak, e.g. 60%%")
+    size = adv.add_mutually_exclusive_group()
+    size.add_argument("--batch", type=_positive, help="the batch per process (default: the shapes' own)")
+    size.add_argument("--max-batch", action="store_true", help="rank plans by the largest batch each fits")
+    adv.add_argument("--nproc", type=_world_size, default=1, metavar="N", help="processes the plans span "
+                     "(adds ddp or fsdp to every plan; the budget is each rank's)")
+    mode = adv.add_mutually_exclusive_group()
+    mode.add_argument("--train", dest="mode", action="store_const", const="train", help="training steps (default)")
+    mode.add_argument("--infer", dest="mode", action="store_const", const="inference", help="inference only")
+    adv.add_argument("--tolerance-pt", type=_points, metavar="X",
+                     help="drop plans whose techniques lost more than X accuracy points in committed fidelity records")
+    adv.add_argument("--top", type=_positive, default=5, help="plans listed and written (default 5)")
+    adv.add_argument("--measure", action="store_true",
+                     help="measure the listed plans here and report, predicted against measured, whether each fit "
+                          "and how it ranked")
+    adv.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                     help="cuda (default): a card, at GPU shapes, predicted anywhere; cpu: this machine at CPU shapes")
+    adv.add_argument("--reserve", default=None, help="CUDA: held back from --budget for the context and workspaces "
+                                                     "(default 1GiB)")
+    adv.add_argument("--link-gbps", type=float, metavar="GB/S", help="device-host bandwidth for offloading "
+                                                                     "(default: 25, PCIe 4.0 x16)")
+    adv.add_argument("--jobs", type=_positive, default=min(os.cpu_count() or 1, 4),
+                     help="processes predicting at once (default: the cores, at most 4)")
+    adv.add_argument("--results", type=Path, default=Path("results"), help="committed records read as evidence")
+    adv.add_argument("--out", type=Path, default=Path("suites"), help="folder for advice-MODEL.toml")
+    adv.set_defaults(func=_advise)
     ovr = sub.add_parser("overview", help="one page over every suite: the best combination per model")
     ovr.add_argument("--results", type=Path, default=Path("results"))
     ovr.set_defaults(func=_overview)
@@ -317,6 +358,46 @@ def _fit(args: argparse.Namespace) -> int:
                    "within 5% below" if r.get("within_5pct_below") else "safe, more than 5% below")
         print(f"| {r['run']} | {r.get('measured_largest_batch')} | {r['predicted_largest_batch']} | {verdict} |")
     return 1 if any(r.get("promises_oom") or r["status"] != "ok" for r in rows) else 0
+
+
+def _advise(args: argparse.Namespace) -> int:
+    from bench.advise import Budget, advise, source, write
+    from bench.predict import RESERVE
+
+    if args.reserve and args.device != "cuda":
+        raise BadInput(f"--reserve {args.reserve} is held back on a CUDA card; leave it out with --device cpu")
+    if args.measure:
+        args.slurm, args.snapshot = None, False
+        refuse_unusable_flags(args)
+    try:
+        budget = Budget.parse(args.budget, args.device, args.reserve or RESERVE)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from exc
+    src = source(args.model, args.mode, args.batch, args.device)
+    advice = advise(src, budget, args.device, args.nproc, args.top, args.tolerance_pt, args.max_batch, args.results,
+                    args.jobs, args.link_gbps)
+    print(write.table(advice))
+    print("\nFigures:\n" + write.sources(advice), file=sys.stderr)
+    if not advice.plans:
+        return 1
+    path = write.suite_file(advice, "bench advise " + shlex.join(args.argv), args.out)
+    print(f"\nwritten: {path} (make bench SUITE={path.stem})", file=sys.stderr)
+    if args.measure:
+        return _measure_advice(advice, path, args)
+    return 0
+
+
+def _measure_advice(advice: object, path: Path, args: argparse.Namespace) -> int:
+    """The advice suite measured here, without fidelity phases, then predicted against measured."""
+    from bench import suite as suites
+    from bench.advise import write
+    from bench.runner import sweep
+
+    args.predict_jobs, args.launcher, args.torchrun = None, "fork", ""
+    suite = suites.without_fidelity(suites.load(path))
+    records = sweep(suite, _local(args), args.results, fidelity=False)
+    print(write.measured(advice, records))
+    return 0
 
 
 def _overview(args: argparse.Namespace) -> int:

@@ -1,0 +1,160 @@
+"""``bench advise``: the cheapest plans that make a model fit a budget, from the catalogue, predictions and the
+committed records.
+
+``source`` turns the model or suite asked about into a suite header and its baseline run; ``plans`` lays the
+catalogue out on axes; ``predictions`` predicts plans in processes, cached; ``evidence`` reads what the records
+measured; ``estimate`` costs a plan; ``search`` walks the plans cheapest first; ``write`` prints the table and
+writes the advice suite file.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, TextIO
+
+from bench.advise.estimate import STATED, Calibration, Estimator, Rates, calibrate
+from bench.advise.evidence import Evidence
+from bench.advise.plans import Axis, Option, Plan, axes, problems
+from bench.advise.predictions import Predictions
+from bench.advise.search import Candidate, Search, Searcher
+from bench.advise.source import Source, source
+from bench.predict.budget import fewest_ranks, largest_batch, parse_size, runs_at, tensor_budget
+from bench.spec import RunSpec
+
+MOST_RANKS = 64  # nothing fits: the fewest ranks fsdp would need are looked for up to this many
+PREDICTION_LIMIT = 48
+CACHE = Path(".cache/predictions")  # beside results/, never in it: its files are not records  # combinations predicted at most, beyond the options alone: about a minute on two cores
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The memory a plan may peak at: bytes for tensors, or a share of the baseline's predicted peak ("60%")."""
+
+    text: str
+    size: int | None = None
+    share: float | None = None
+
+    @staticmethod
+    def parse(text: str, device_type: str, reserve: str) -> Budget:
+        """'16GiB' (on CUDA less ``reserve`` for the context and workspaces), or '60%'; ValueError naming the fix."""
+        if text.strip().endswith("%"):
+            try:
+                share = float(text.strip()[:-1]) / 100
+            except ValueError:
+                share = -1
+            if not 0 < share <= 10:
+                raise ValueError(f"--budget {text!r}: expected a size such as 16GiB, or a share of the baseline's "
+                                 "predicted peak such as 60%")
+            return Budget(text, share=share)
+        return Budget(text, size=tensor_budget(text, reserve) if device_type == "cuda" else parse_size(text))
+
+    def bytes(self, baseline_peak: int) -> int:
+        return self.size if self.size is not None else int(self.share * baseline_peak)
+
+
+@dataclass
+class Advice:
+    source: Source
+    device_type: str
+    budget: int
+    budget_text: str
+    baseline: dict[str, Any]
+    plans: list[Candidate]  # ranked, each fitting
+    search: Search
+    estimator: Estimator
+    closest: Candidate | None = None  # nothing fits: the plan that saves most
+    needs: tuple[str, ...] = ()  # nothing fits: what the closest plan would need
+    predicted: int = 0
+    reused: int = 0
+    max_batch: bool = False  # plans ranked by their largest batch, and written at it
+
+    @property
+    def template(self) -> Any:
+        return self.source.template
+
+
+def advise(src: Source, budget: Budget, device_type: str = "cuda", nproc: int = 1, top: int = 5,
+           tolerance_pt: float | None = None, max_batch: bool = False, results: Path = Path("results"),
+           jobs: int = 1, link_gbps: float | None = None, log: TextIO = sys.stderr) -> Advice:
+    """The ``top`` cheapest plans for ``src`` whose predicted peak at ``device_type``'s shapes fits ``budget``
+    (with ``max_batch``, those fitting the largest batch); see bench.advise.search for how they are found."""
+    template = replace(src.template, nproc=nproc)
+    batch = template.shapes(device_type).batch_size
+    found = axes(src.model, src.mode, nproc, batch)
+    base = Plan(tuple(o for a in found if a.required for o in a.options[:1]))  # over processes: ddp
+    rates = STATED[device_type] if link_gbps is None else replace(STATED[device_type], link=link_gbps * 1e9)
+    evidence = Evidence(results, src.mode)
+    model = template.model_on(device_type)
+    predictions = Predictions(device_type, CACHE, jobs, log)
+    try:
+        calibration = _calibration(evidence, device_type, rates, predictions)
+        searcher = Searcher(template, base, found, predictions, lambda b, alone: Estimator(
+            evidence, model, device_type, rates, calibration, b, alone, batch), log)
+        baseline, estimator = searcher.singles()
+        limit = budget.bytes(baseline["predicted_peak_tensor_bytes"])
+        kept = searcher.pruned_axes(estimator, baseline)
+        want = 3 * top if max_batch else top
+        search = searcher.walk(kept, estimator, limit, want, tolerance_pt, PREDICTION_LIMIT, max(jobs, 2),
+                               minimal=not max_batch)
+        advice = Advice(src, device_type, limit, budget.text, baseline, search.fits, search, estimator,
+                        max_batch=max_batch)
+        if search.fits:
+            _rank(advice, predictions, top, max_batch)
+        else:
+            _closest(advice, searcher, kept, predictions)
+    finally:
+        predictions.close()
+    advice.predicted, advice.reused = predictions.made, predictions.reused
+    return advice
+
+
+def _calibration(evidence: Evidence, device_type: str, rates: Rates, predictions: Predictions) -> Calibration:
+    """The device's seconds a FLOP and an operator, from its measured baseline steps; a record older than its
+    counts is counted again (predicted at its own shapes, cached)."""
+    records = evidence.baselines(device_type)
+    counts = predictions.peaks([RunSpec.from_dict(r["spec"]) for r in records])
+    steps = [(f"{r['model']} (results/{r['suite']})", r["step_time_ms_median"] / 1000,
+              tuple(c[f"predicted_{k}"] for k in ("flops_per_step", "ops_per_step", "op_bytes_per_step")))
+             for r, c in zip(records, counts) if c["predicted_status"] == "ok"]
+    return calibrate(steps, rates)
+
+
+def _rank(advice: Advice, predictions: Predictions, top: int, max_batch: bool) -> None:
+    """The top plans, each with its largest batch; with ``max_batch`` ranked by it first."""
+    if not max_batch:
+        advice.plans = advice.plans[:top]
+    specs = [c.plan.spec(advice.template) for c in advice.plans]
+    owns = [c.predicted for c in advice.plans]
+    for candidate, largest in zip(advice.plans, predictions.largest_batches(specs, advice.budget, owns)):
+        candidate.largest_batch = largest
+    if max_batch:
+        advice.plans = sorted(advice.plans, key=lambda c: (-(c.largest_batch or 0), c.speed.rank))[:top]
+
+
+def _closest(advice: Advice, searcher: Searcher, kept: list[Axis], predictions: Predictions) -> None:
+    """Nothing fits: the plan that saves most, its peak, and what it would need."""
+    plan = searcher.strongest(kept)
+    if plan is None:
+        return
+    spec = plan.spec(advice.template)
+    out = predictions.peaks([spec])[0]
+    if out["predicted_status"] != "ok":
+        return
+    est = advice.estimator
+    advice.closest = Candidate(plan, out, est.speed(plan), est.accuracy(plan))
+    needs = [f"{out['predicted_peak_tensor_bytes'] / 2**30:,.2f} GiB for tensors at batch "
+             f"{spec.shapes(advice.device_type).batch_size}"]
+    if (smaller := largest_batch(spec, advice.budget, device_type=advice.device_type)) is not None:
+        needs.append(f"a batch of {smaller} (its largest that fits)")
+    if advice.device_type == "cuda" and spec.nproc == 1:  # sharded over ranks instead: the fewest that fit
+        sharded = Plan((*plan.options, Option.of("fsdp", "fsdp")))
+        wide = replace(sharded.spec(advice.template), nproc=MOST_RANKS)
+        if not problems(sharded, advice.template) and runs_at(wide, MOST_RANKS):
+            if (ranks := fewest_ranks(wide, advice.budget)) is not None:
+                needs.append(f"fsdp over {ranks} ranks")
+    advice.needs = tuple(needs)
+
+
+__all__ = ["Advice", "Budget", "advise", "source"]

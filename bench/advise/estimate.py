@@ -1,0 +1,206 @@
+"""What a plan costs: its time per sample over the baseline's, and its known accuracy effect, each figure with
+where it came from.
+
+A technique's time factor is measured where a committed record of the same model on the same kind of device has
+it, else counted from its prediction at the plan's shapes: the step's FLOPs (recomputation under checkpointing
+included), its operators and the bytes of their tensors (the optimizer's update, pointwise work), each at the
+cost a FLOP, an operator and a byte take on the device, fitted to its measured baseline steps; and bytes moved
+between device and host by offloading, at the link's stated bandwidth (hidden under compute where the technique
+overlaps its copies).
+
+What counting cannot see, a dtype's speed, is taken from another model's record, else assumed to be the count;
+plans resting on either rank after the rest (``Estimate.rank``). A plan's factor is its techniques' factors
+multiplied, or its own where a record of the same model measured the whole plan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from bench.advise.evidence import Evidence, Figure, canonical
+from bench.advise.plans import Option, Plan
+
+
+@dataclass(frozen=True)
+class Rates:
+    """A device's stated figures: its FLOP rate where no baseline record measured it, and what no record can."""
+
+    flops: float  # FLOP/s of an fp32 step, where no baseline record gives the measured rate
+    link: float  # bytes/s between device and host (offloading)
+    source: str
+
+    def said(self) -> str:
+        return f"link {self.link / 1e9:,.0f} GB/s (--link-gbps): {self.source}"
+
+
+STATED = {
+    "cuda": Rates(67e12, 25e9, "an H100 SXM's datasheet (67 TFLOP/s fp32, where no record measured it); "
+                                        "the link as PCIe 4.0 x16's pinned copies"),
+    "cpu": Rates(100e9, 20e9, "a server CPU's order of magnitude (100 GFLOP/s where no record measured it); "
+                                    "offloading copies within its memory"),
+}
+# Offloading techniques whose copies run on a side stream, under compute, rather than waiting on it.
+OVERLAPPED = {"activation-offload"}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Seconds a FLOP, an operator and a byte of operators' tensors take on a kind of device, fitted to its
+    measured baseline steps."""
+
+    per_flop: float
+    per_op: float
+    per_byte: float
+    source: str
+
+    def seconds(self, flops: float, ops: float, op_bytes: float) -> float:
+        return flops * self.per_flop + ops * self.per_op + op_bytes * self.per_byte
+
+    def said(self) -> str:
+        rate = f"{1e-9 / self.per_flop:,.0f} GFLOP/s" if self.per_flop else "FLOPs free"
+        return (f"{rate}, {self.per_op * 1e6:.1f} µs an operator, {1e-9 / self.per_byte if self.per_byte else 0:,.0f} "
+                f"GB/s of operators' tensors; {self.source}")
+
+
+def calibrate(steps: list[tuple[str, float, tuple[float, float, float]]], rates: Rates) -> Calibration:
+    """Fitted to ``steps`` (where, seconds, (FLOPs, operators, bytes)) by least squares in relative error, so
+    that a tiny model's step weighs as much as a large one's, every figure at zero or above (each subset of the
+    three tried). Under three steps, the FLOPs alone are fitted; with none, the stated FLOP rate stands."""
+    said = "; ".join(sorted({w for w, *_ in steps}))
+    if not steps:
+        return Calibration(1 / rates.flops, 0.0, 0.0, "stated: no baseline step measured on such a device")
+    a = np.array([counts for _, _, counts in steps], dtype=float) / np.array([[t] for _, t, _ in steps])
+    columns = [(0, 1, 2), (0, 2), (0, 1), (1, 2), (0,), (2,), (1,)] if len(steps) >= 3 else [(0,)]
+    best: tuple[float, np.ndarray] | None = None
+    for cols in columns:
+        x, *_ = np.linalg.lstsq(a[:, cols], np.ones(len(steps)), rcond=None)
+        if (x >= 0).all():
+            fitted = np.zeros(3)
+            fitted[list(cols)] = x
+            residual = float(((a @ fitted - 1) ** 2).sum())
+            best = best if best and best[0] <= residual else (residual, fitted)
+    fitted = best[1] if best else np.array([1 / rates.flops, 0.0, 0.0])
+    return Calibration(*map(float, fitted), f"fitted to {len(steps)} measured baseline steps: {said}")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    factor: float  # time per sample over the baseline's: 1.25 is a 0.8× throughput
+    sources: tuple[str, ...]  # one line per technique: its factor, and where it came from
+    uncertain: tuple[str, ...] = ()  # options priced by another model's record, or by nothing
+    tier: int = 0  # 0: every figure this model's record or counted; 1: another model's record; 2: assumed
+
+    @property
+    def throughput(self) -> float:
+        return 1 / self.factor
+
+    @property
+    def rank(self) -> tuple[int, float]:
+        """The order plans are tried and listed in: those priced by this model's records and by counting first,
+        then by another model's records (a speed-up may not carry over: bf16 makes BERT-base 1.7× faster on the
+        CPU where it makes BERT-tiny 5× slower), then by assumption; within each, by factor to the percent (finer
+        differences are counting's noise)."""
+        return self.tier, round(self.factor, 2)
+
+
+class Part(NamedTuple):
+    """An option's time factor alone, where it came from, and its tier (see Estimate.tier)."""
+
+    factor: float
+    source: str
+    tier: int
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    delta: float | None  # the worst known delta among the plan's techniques (a fraction), None: none measured
+    outside_band: bool
+    unknown: tuple[str, ...]  # options no fidelity record covers
+    sources: tuple[str, ...]
+
+    @property
+    def points(self) -> float | None:
+        return None if self.delta is None else 100 * self.delta
+
+
+class Estimator:
+    """Estimates for the plans of one model, from the baseline's and each option's own prediction."""
+
+    def __init__(self, evidence: Evidence, model: str, device_type: str, rates: Rates, calibration: Calibration,
+                 baseline: dict[str, Any], alone: dict[str, dict[str, Any]], batch: int) -> None:
+        self.evidence, self.model, self.device_type, self.rates = evidence, model, device_type, rates
+        self.calibration, self.baseline, self.alone, self.batch = calibration, baseline, alone, batch
+        self._factors: dict[str, Part] = {}
+
+    def speed(self, plan: Plan) -> Estimate:
+        if whole := self.evidence.speed(canonical(plan.techniques), self.model, self.device_type):
+            if whole.same_model and len(plan.options) > 1:
+                return Estimate(1 / whole.value, (f"{plan.name}: {whole.value:.2f}× measured, {whole.source}",))
+        factor, sources, uncertain, tier = 1.0, [], [], 0
+        for option in plan.options:
+            part = self.factor(option)
+            factor *= part.factor
+            sources.append(f"{option.name}: {1 / part.factor:.2f}× {part.source}")
+            uncertain += [option.name] if part.tier else []
+            tier = max(tier, part.tier)
+        return Estimate(factor, tuple(sources), tuple(uncertain), tier)
+
+    def factor(self, option: Option) -> Part:
+        """The option's time factor alone, and where it came from."""
+        if option.name not in self._factors:
+            self._factors[option.name] = self._factor(option)
+        return self._factors[option.name]
+
+    def _factor(self, option: Option) -> Part:
+        """This model's record; else counting; else, for what counting cannot see (a dtype's speed), another
+        model's record; else the count, assumed to hold."""
+        found = self.evidence.speed(canonical((option.technique,)), self.model, self.device_type)
+        if found and found.same_model:
+            return Part(1 / found.value, f"measured, {found.source}", 0)
+        counted = self.seconds(self.alone[option.name], option) / self.seconds(self.baseline, None)
+        if option.countable:
+            return Part(counted, "counted (FLOPs, operators and their bytes, offload bytes)", 0)
+        if found:
+            return Part(1 / found.value, f"measured (another model), {found.source}", 1)
+        return Part(counted, "assumed: a dtype's speed is not counted, and no record measured it", 2)
+
+    def seconds(self, predicted: dict[str, Any], option: Option | None) -> float:
+        """Counted seconds per sample of a step as predicted (see the module's note)."""
+        get = lambda key: predicted.get(f"predicted_{key}") or 0  # noqa: E731
+        compute = self.calibration.seconds(get("flops_per_step"), get("ops_per_step"), get("op_bytes_per_step"))
+        moved = self._moved(predicted, option) / self.rates.link
+        overlapped = option is not None and option.technique.name in OVERLAPPED
+        return (max(compute, moved) if overlapped else compute + moved) / self.batch
+
+    def _moved(self, predicted: dict[str, Any], option: Option | None) -> float:
+        """Bytes an offloading option moves between device and host a step: the activations it keeps off the device,
+        down in forward and up in backward; a host optimizer's gradients down and weights up."""
+        name = option.technique.name if option else ""
+        if name in ("offload", "activation-offload"):
+            kept_off = self.baseline["predicted_activation_bytes"] - predicted["predicted_activation_bytes"]
+            return 2 * max(kept_off, 0)
+        if name == "cpu-offload-optimizer":
+            return 2 * self.baseline["predicted_param_bytes"]
+        return 0.0
+
+    def accuracy(self, plan: Plan) -> Accuracy:
+        """The plan's known accuracy effect: its own fidelity record where one exists, else the worst of its
+        techniques' (the same model's where measured)."""
+        if not plan.options:
+            return Accuracy(0.0, False, (), ())
+        if whole := self.evidence.accuracy(canonical(plan.techniques), self.model):
+            return Accuracy(whole.value, whole.outside_band, (), (f"{plan.name}: {_pt(whole)}",))
+        found = {o.name: self.evidence.accuracy(canonical((o.technique,)), self.model) for o in plan.options}
+        known: dict[str, Figure] = {k: f for k, f in found.items() if f is not None}
+        worst = min((f.value for f in known.values()), default=None)
+        return Accuracy(worst, any(f.outside_band for f in known.values()),
+                        tuple(k for k, f in found.items() if f is None),
+                        tuple(f"{k}: {_pt(f)}" for k, f in known.items()))
+
+
+def _pt(figure: Figure) -> str:
+    other = "" if figure.same_model else " (another model)"
+    band = ", outside the seed band" if figure.outside_band else ""
+    return f"{100 * figure.value:+.1f} pt{band}{other}, {figure.source}"

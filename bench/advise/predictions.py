@@ -1,0 +1,98 @@
+"""Predictions for advice: made in spawned processes, and kept on disk by what decides them (the run's
+specification less its names, the device kind, torch's version and this harness's code), so that asking again
+with another budget predicts nothing twice."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+from bench.predict.ahead import spawn_pool
+from bench.predict.budget import largest_batch
+from bench.predict.fake import predict
+from bench.results import write_atomic
+from bench.spec import RunSpec
+
+
+class Predictions:
+    def __init__(self, device_type: str, folder: Path | None, jobs: int, log: TextIO = sys.stderr) -> None:
+        self.device_type, self.folder, self.jobs, self.log = device_type, folder, jobs, log
+        self.made = self.reused = 0
+        self._pool = None
+
+    def peaks(self, specs: list[RunSpec]) -> list[dict[str, Any]]:
+        """Each spec's prediction at this device's shapes, in the order given."""
+        return self._each(specs, _predicted, lambda s: {"predict": s.to_dict()})
+
+    def largest_batches(self, specs: list[RunSpec], budget: int, owns: list[dict[str, Any]]) -> list[int | None]:
+        """Each spec's largest batch whose predicted peak fits ``budget`` bytes; ``owns``: each one's prediction at
+        its own batch (the search starts from it)."""
+        found = self._each([(s, budget, o) for s, o in zip(specs, owns)], _largest,
+                           lambda w: {"largest": w[0].to_dict(), "budget": w[1]})
+        return [f["largest_batch"] for f in found]
+
+    def _each(self, work: list[Any], job: Callable[..., dict[str, Any]],
+              keyed: Callable[[Any], dict[str, Any]]) -> list[dict[str, Any]]:
+        keys = [self._key(keyed(w)) for w in work]
+        out: list[dict[str, Any] | None] = [self._cached(k) for k in keys]
+        todo = [i for i, o in enumerate(out) if o is None]
+        self.reused += len(work) - len(todo)
+        args = [(work[i], self.device_type) for i in todo]
+        if len(todo) > 1 and self.jobs > 1:
+            self._pool = self._pool or spawn_pool(self.jobs)
+            made = self._pool.starmap(job, args)
+        else:
+            made = [job(*a) for a in args]
+        for i, result in zip(todo, made):
+            out[i] = result
+            if self.folder is not None:
+                write_atomic(self.folder / f"{keys[i]}.json", result)
+        self.made += len(todo)
+        return out  # type: ignore[return-value]
+
+    def _key(self, what: dict[str, Any]) -> str:
+        for spec in what.values():
+            if isinstance(spec, dict):  # names change no figure
+                for name in ("suite", "name", "baseline"):
+                    spec.pop(name, None)
+        blob = json.dumps({**what, "device_type": self.device_type, "torch": torch.__version__, "code": _code()},
+                          sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+    def _cached(self, key: str) -> dict[str, Any] | None:
+        try:
+            return json.loads((self.folder / f"{key}.json").read_text()) if self.folder is not None else None
+        except (OSError, ValueError):  # not made yet, or cut off mid-write by hand: made again
+            return None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+            self._pool = None
+
+
+def _predicted(spec: RunSpec, device_type: str) -> dict[str, Any]:
+    cuda = device_type == "cuda"
+    return predict(spec, spec.shapes(device_type), cuda=cuda)
+
+
+def _largest(work: tuple[RunSpec, int, dict[str, Any]], device_type: str) -> dict[str, Any]:
+    spec, budget, own = work
+    return {"largest_batch": largest_batch(spec, budget, own=own, device_type=device_type)}
+
+
+@cache
+def _code() -> str:
+    """A digest of this harness's source: a prediction made by other code is made again."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).resolve().parents[1].rglob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]

@@ -1,0 +1,131 @@
+"""What advice is asked about: a model (built-in or ``module:NAME``) or a suite file, as the header of a suite
+(model, mode, shapes, steps, fidelity) that the advice suite file is written from and the plans are runs of."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.errors import BadInput
+from bench.models import MODELS, ModelSpec
+from bench.models import resolve as resolve_model
+from bench.spec import RunSpec, Suite
+from bench.suite import load
+
+HEADER_KEYS = ("model", "mode", "seed", "lr", "warmup_steps", "measure_steps", "timeout_s", "weights", "shapes",
+               "fidelity")
+# Shapes for a model no shipped suite measures: the ViT and BERT studies' GPU shapes, a few seconds a step on a CPU.
+DEFAULT_SHAPES = {
+    "image": {"gpu": {"batch_size": 32, "image_size": 224}, "cpu": {"batch_size": 8, "image_size": 64}},
+    "tokens": {"gpu": {"batch_size": 8, "seq_len": 512}, "cpu": {"batch_size": 8, "seq_len": 64}},
+}
+
+
+@dataclass(frozen=True)
+class Source:
+    header: dict[str, Any]  # the suite's top-level keys and tables, as TOML values
+    origin: str  # where the shapes came from, for the table's caption
+    model: ModelSpec
+    template: RunSpec  # the baseline run: no techniques
+
+    @property
+    def mode(self) -> str:
+        return self.header.get("mode", "train")
+
+
+def source(name: str, mode: str | None, batch: int | None, device_type: str, suites: Path = Path("suites")) -> Source:
+    """The header for ``name``: a suite file's own, or a model's shipped suite's (of ``mode``), or defaults."""
+    path = Path(name)
+    if path.suffix == ".toml" or path.is_file():
+        raw, origin = _read(path), str(path)
+        if mode and raw.get("mode", "train") != mode:
+            flag = "--train" if mode == "train" else "--infer"
+            raise BadInput(f"{path} is a {raw.get('mode', 'train')} suite; leave out {flag}, or name its model instead")
+    else:
+        try:
+            spec = resolve_model(name)
+        except (KeyError, ImportError) as exc:
+            raise BadInput(f"{exc.args[0] if exc.args else exc}: name a model ({', '.join(MODELS.names())}, or "
+                           "module:NAME for your own ModelSpec) or a suite file (suites/NAME.toml)") from None
+        raw, origin = _shipped(name, mode or "train", suites) or _defaults(name, spec, mode or "train")
+    header = {k: raw[k] for k in HEADER_KEYS if k in raw}
+    if batch is not None:
+        header["shapes"][device_type_key(device_type)]["batch_size"] = batch
+    model = resolve_model(header["model"])
+    return Source(header, origin, model, template(header))
+
+
+def device_type_key(device_type: str) -> str:
+    return "gpu" if device_type == "cuda" else "cpu"
+
+
+def template(header: dict[str, Any]) -> RunSpec:
+    """The baseline run of a suite with this header (loaded as a file is, so that every check applies)."""
+    return loaded(header, [{"name": "baseline", "techniques": []}]).runs[0]
+
+
+def loaded(header: dict[str, Any], runs: list[dict[str, Any]], name: str = "advice") -> Suite:
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / f"{name}.toml"
+        path.write_text(to_toml(header | {"baseline": "baseline"}, runs))
+        return load(path)
+
+
+def to_toml(header: dict[str, Any], runs: list[dict[str, Any]], comments: dict[str, str] | None = None) -> str:
+    """A suite file: the header's keys, its tables, then one [[runs]] entry per run (with its comment above)."""
+    lines = [f"{k} = {_value(v)}" for k, v in header.items() if not isinstance(v, dict)]
+    for key, table in header.items():
+        if isinstance(table, dict):
+            lines += _table(key, table)
+    for run in runs:
+        lines += ["", *(f"# {c}" for c in (comments or {}).get(run["name"], "").splitlines()), "[[runs]]"]
+        lines += [f"{k} = {_value(v)}" for k, v in run.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _table(name: str, table: dict[str, Any]) -> list[str]:
+    lines = ["", f"[{name}]", *(f"{k} = {_value(v)}" for k, v in table.items() if not isinstance(v, dict))]
+    for key, sub in table.items():
+        if isinstance(sub, dict):
+            lines += _table(f"{name}.{key}", sub)
+    return lines
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)  # a TOML basic string
+    if isinstance(v, list):
+        return "[" + ", ".join(map(_value, v)) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {_value(x)}" for k, x in v.items()) + " }"
+    raise TypeError(f"no TOML form for {type(v).__name__}")
+
+
+def _read(path: Path) -> dict[str, Any]:
+    load(path)  # every problem of the file reported as the loader reports it (exit 2)
+    return tomllib.loads(path.read_text())
+
+
+def _shipped(model: str, mode: str, suites: Path) -> tuple[dict[str, Any], str] | None:
+    """The first shipped suite measuring ``model`` in ``mode`` on one process, with its shapes."""
+    for path in sorted(suites.glob("*.toml")):
+        try:
+            raw = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError):
+            continue
+        if raw.get("model") == model and raw.get("mode", "train") == mode and "matrix" not in raw:
+            return raw, str(path)
+    return None
+
+
+def _defaults(name: str, spec: ModelSpec, mode: str) -> tuple[dict[str, Any], str]:
+    shapes = json.loads(json.dumps(DEFAULT_SHAPES[spec.inputs]))  # a copy the batch can be set in
+    return {"model": name, "mode": mode, "shapes": shapes}, f"default {spec.inputs} shapes"
