@@ -24,7 +24,7 @@ TEST_PROCESSES := -n auto --maxprocesses 4 --maxschedchunk 1
 endif
 
 .DEFAULT_GOAL := help
-.PHONY: help bench gpu fit report overview compare predict validate list test perf
+.PHONY: help bench gpu fit advise report overview compare predict validate list test perf
 
 help: ## this list
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -50,6 +50,10 @@ predict: $(DEPS) ## predicted peak memory of SUITE at GPU shapes, no GPU needed 
 
 fit: $(DEPS) ## the largest batch of each SUITE run that really fits BUDGET=16GiB, measured in probes, beside the predicted one
 	$(RUN) -m bench fit $(SUITE) --budget $(or $(BUDGET),$(error BUDGET=… is required, e.g. BUDGET=16GiB)) $(ARGS)
+
+advise: $(DEPS) ## the cheapest plans that fit MODEL=bert-base (or a suite file) in BUDGET=8GiB; writes suites/advice-MODEL.toml
+	$(RUN) -m bench advise $(or $(MODEL),$(error MODEL=… is required, e.g. MODEL=bert-base)) \
+		--budget $(or $(BUDGET),$(error BUDGET=… is required, e.g. BUDGET=8GiB)) $(ARGS)
 
 report: $(DEPS) ## rebuild results/SUITE/{table.csv,report.md,report.html,plots/} from stored records
 	$(RUN) -m bench report $(SUITE)

@@ -380,7 +380,7 @@ def _advise(args: argparse.Namespace) -> int:
     print("\nFigures:\n" + write.sources(advice), file=sys.stderr)
     if not advice.plans:
         return 1
-    path = write.suite_file(advice, "bench advise " + shlex.join(args.argv), args.out)
+    path = write.suite_file(advice, "bench " + shlex.join(args.argv), args.out)
     print(f"\nwritten: {path} (make bench SUITE={path.stem})", file=sys.stderr)
     if args.measure:
         return _measure_advice(advice, path, args)
@@ -388,7 +388,8 @@ def _advise(args: argparse.Namespace) -> int:
 
 
 def _measure_advice(advice: object, path: Path, args: argparse.Namespace) -> int:
-    """The advice suite measured here, without fidelity phases, then predicted against measured."""
+    """The advice suite measured here, without fidelity phases, then predicted against measured; exit 1 unless the
+    top plan fits as measured and its throughput is within 10% of the best of the listed plans that fit."""
     from bench import suite as suites
     from bench.advise import write
     from bench.runner import sweep
@@ -397,7 +398,7 @@ def _measure_advice(advice: object, path: Path, args: argparse.Namespace) -> int
     suite = suites.without_fidelity(suites.load(path))
     records = sweep(suite, _local(args), args.results, fidelity=False)
     print(write.measured(advice, records))
-    return 0
+    return 0 if write.top_holds(advice, records) else 1
 
 
 def _overview(args: argparse.Namespace) -> int:

@@ -72,8 +72,8 @@ def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None,
     # Data-parallel ranks each take their own batch: a step of the group processes that many.
     ranks = max((t.replicas(group.world_size) for t in techniques), default=1)
     figures |= _timed_pass(trainer, batch, feed, samples_in(batch) * ranks, ctx)
-    figures |= _counts(trainer, figures) | prediction | {k: prediction.get(f"predicted_{k}")
-                                                         for k in ("flops_per_step", "ops_per_step", "op_bytes_per_step")}
+    counted = {k: prediction.get(f"predicted_{k}") for k in ("flops_per_step", "ops_per_step", "op_bytes_per_step")}
+    figures |= _counts(trainer, figures) | prediction | counted
     if device.type == "cuda":
         figures |= mfu(figures | {"tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
                                   "device": torch.cuda.get_device_name(device)})

@@ -20,12 +20,12 @@ from bench.advise.plans import Axis, Option, Plan, axes, problems
 from bench.advise.predictions import Predictions
 from bench.advise.search import Candidate, Search, Searcher
 from bench.advise.source import Source, source
-from bench.predict.budget import fewest_ranks, largest_batch, parse_size, runs_at, tensor_budget
+from bench.predict.budget import fewest_ranks, parse_size, runs_at, tensor_budget
 from bench.spec import RunSpec
 
-MOST_RANKS = 64  # nothing fits: the fewest ranks fsdp would need are looked for up to this many
-PREDICTION_LIMIT = 48
-CACHE = Path(".cache/predictions")  # beside results/, never in it: its files are not records  # combinations predicted at most, beyond the options alone: about a minute on two cores
+MOST_RANKS = 8  # nothing fits: the fewest ranks fsdp would need are looked for up to a node's GPUs
+PREDICTION_LIMIT = 32  # combinations predicted at most, beyond the options alone
+CACHE = Path(".cache/predictions")  # beside results/, never in it: its files are not records
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Advice:
     plans: list[Candidate]  # ranked, each fitting
     search: Search
     estimator: Estimator
-    closest: Candidate | None = None  # nothing fits: the plan that saves most
+    closest: Candidate | None = None  # nothing fits: the plan that saves most (None: none could be predicted)
     needs: tuple[str, ...] = ()  # nothing fits: what the closest plan would need
     predicted: int = 0
     reused: int = 0
@@ -95,15 +95,19 @@ def advise(src: Source, budget: Budget, device_type: str = "cuda", nproc: int = 
         baseline, estimator = searcher.singles()
         limit = budget.bytes(baseline["predicted_peak_tensor_bytes"])
         kept = searcher.pruned_axes(estimator, baseline)
-        want = 3 * top if max_batch else top
-        search = searcher.walk(kept, estimator, limit, want, tolerance_pt, PREDICTION_LIMIT, max(jobs, 2),
-                               minimal=not max_batch)
-        advice = Advice(src, device_type, limit, budget.text, baseline, search.fits, search, estimator,
+        advice = Advice(src, device_type, limit, budget.text, baseline, [], searcher.search, estimator,
                         max_batch=max_batch)
-        if search.fits:
-            _rank(advice, predictions, top, max_batch)
+        strongest = _strongest(searcher, kept, predictions, estimator)
+        if strongest is None or strongest.peak > limit:  # nothing saves more: by monotonicity, nothing fits
+            advice.closest = strongest
+            if strongest is not None:
+                _needs(advice, strongest, predictions)
         else:
-            _closest(advice, searcher, kept, predictions)
+            want = 3 * top if max_batch else top
+            search = searcher.walk(kept, estimator, limit, want, tolerance_pt, PREDICTION_LIMIT, max(jobs, 2),
+                                   minimal=not max_batch)
+            advice.plans = search.fits or [strongest]  # the walk's limit reached first: the plan known to fit
+            _rank(advice, predictions, top, max_batch)
     finally:
         predictions.close()
     advice.predicted, advice.reused = predictions.made, predictions.reused
@@ -133,27 +137,31 @@ def _rank(advice: Advice, predictions: Predictions, top: int, max_batch: bool) -
         advice.plans = sorted(advice.plans, key=lambda c: (-(c.largest_batch or 0), c.speed.rank))[:top]
 
 
-def _closest(advice: Advice, searcher: Searcher, kept: list[Axis], predictions: Predictions) -> None:
-    """Nothing fits: the plan that saves most, its peak, and what it would need."""
+def _strongest(searcher: Searcher, kept: list[Axis], predictions: Predictions,
+               estimator: Estimator) -> Candidate | None:
+    """The plan of each axis's most saving option, predicted first: if it does not fit, nothing does."""
     plan = searcher.strongest(kept)
     if plan is None:
-        return
-    spec = plan.spec(advice.template)
-    out = predictions.peaks([spec])[0]
+        return None
+    out = predictions.peaks([plan.spec(searcher.template)])[0]
     if out["predicted_status"] != "ok":
-        return
-    est = advice.estimator
-    advice.closest = Candidate(plan, out, est.speed(plan), est.accuracy(plan))
-    needs = [f"{out['predicted_peak_tensor_bytes'] / 2**30:,.2f} GiB for tensors at batch "
-             f"{spec.shapes(advice.device_type).batch_size}"]
-    if (smaller := largest_batch(spec, advice.budget, device_type=advice.device_type)) is not None:
-        needs.append(f"a batch of {smaller} (its largest that fits)")
+        return None
+    return Candidate(plan, out, estimator.speed(plan), estimator.accuracy(plan))
+
+
+def _needs(advice: Advice, closest: Candidate, predictions: Predictions) -> None:
+    """Nothing fits: what the plan that saves most would need (a smaller batch, more ranks, or more memory)."""
+    spec = closest.plan.spec(advice.template)
+    needs = [f"{closest.peak / 2**30:,.2f} GiB for tensors at batch {spec.shapes(advice.device_type).batch_size}"]
+    smaller = predictions.largest_batches([spec], advice.budget, [closest.predicted])[0]
+    needs.append(f"a batch of {smaller} (its largest that fits)" if smaller else "a smaller model: even a batch of "
+                 "one does not fit")
     if advice.device_type == "cuda" and spec.nproc == 1:  # sharded over ranks instead: the fewest that fit
-        sharded = Plan((*plan.options, Option.of("fsdp", "fsdp")))
+        sharded = Plan((*closest.plan.options, Option.of("fsdp", "fsdp")))
         wide = replace(sharded.spec(advice.template), nproc=MOST_RANKS)
         if not problems(sharded, advice.template) and runs_at(wide, MOST_RANKS):
             if (ranks := fewest_ranks(wide, advice.budget)) is not None:
-                needs.append(f"fsdp over {ranks} ranks")
+                needs.append(f"fsdp over {ranks} ranks (--nproc {ranks})")
     advice.needs = tuple(needs)
 
 

@@ -59,9 +59,10 @@ class Calibration:
         return flops * self.per_flop + ops * self.per_op + op_bytes * self.per_byte
 
     def said(self) -> str:
-        rate = f"{1e-9 / self.per_flop:,.0f} GFLOP/s" if self.per_flop else "FLOPs free"
-        return (f"{rate}, {self.per_op * 1e6:.1f} µs an operator, {1e-9 / self.per_byte if self.per_byte else 0:,.0f} "
-                f"GB/s of operators' tensors; {self.source}")
+        said = [f"{1e-9 / self.per_flop:,.0f} GFLOP/s" if self.per_flop else "",
+                f"{self.per_op * 1e6:.1f} µs an operator" if self.per_op else "",
+                f"{1e-9 / self.per_byte:,.0f} GB/s of operators' tensors" if self.per_byte else ""]
+        return f"{', '.join(p for p in said if p)} (what the fit left out, it prices at zero); {self.source}"
 
 
 def calibrate(steps: list[tuple[str, float, tuple[float, float, float]]], rates: Rates) -> Calibration:

@@ -69,7 +69,8 @@ def axes(model: ModelSpec, mode: str, nproc: int, batch: int) -> list[Axis]:
                 Axis("quantization", (Option.of("dynamic-int8", "dynamic-int8", False),)),
                 Axis("autograd", (Option.of("inference-mode", "inference-mode"),))]
     found = [
-        Axis("precision", (Option.of("amp-bf16", "amp", False, dtype="bfloat16"), Option.of("bf16-pure", "bf16", False))),
+        Axis("precision", (Option.of("amp-bf16", "amp", False, dtype="bfloat16"),
+                           Option.of("bf16-pure", "bf16", False))),
         Axis("activations", (Option.of("selective-checkpoint", "selective-checkpoint"),
                              Option.of("checkpoint-every-2", "checkpoint", every=2),
                              Option.of("checkpoint", "checkpoint"), Option.of("offload", "offload"),

@@ -5,7 +5,8 @@
 3. The combinations of what is left are walked cheapest first, by estimated cost, and predicted a few at a time
    (in parallel processes); the first ``want`` that fit are the answer, as every cheaper plan was tried.
 4. A plan that saves no more than one found not to fit, on every axis, is skipped unpredicted (monotonicity:
-   the option that saves more alone is taken to save more beside the others)."""
+   the option that saves more alone is taken to save more beside the others), as is one whose peak, guessed from
+   its options' own, is well over the budget (``_short``)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from bench.advise.predictions import Predictions
 from bench.spec import RunSpec
 
 PEAK = "predicted_peak_tensor_bytes"
+GUESS_MARGIN = 1.0  # a plan whose guessed peak is over the budget by more than this share is not predicted
 
 
 @dataclass
@@ -76,6 +78,7 @@ class Searcher:
         for o in self.base.options:
             self.alone[o.name] = baseline
         self.order = {name: out[PEAK] for name, out in self.alone.items()}
+        self.alone[""] = baseline
         self.baseline_peak = baseline[PEAK]
         return baseline, self.make_estimator(baseline, self.alone)
 
@@ -142,7 +145,7 @@ class Searcher:
                 speed, accuracy, plan = queue.pop(0)
                 if minimal and any(_covers(plan, speed, c) for c in self.search.fits):
                     self.search.covering += 1
-                elif self._cannot_fit(plan):
+                elif self._cannot_fit(plan) or self._short(plan, budget):
                     self.search.skipped += 1
                 else:
                     batch.append((speed, accuracy, plan))
@@ -165,6 +168,21 @@ class Searcher:
         mine = self._savings(plan)
         return any(all(mine[a.name] >= theirs[a.name] for a in self.axes)
                    for theirs in map(self._savings, (c.plan for c in self.search.misses)))
+
+    def _short(self, plan: Plan, budget: int) -> bool:
+        """Whether the plan's peak, guessed from its options' own, stays over the budget by more than the guess's
+        margin. Each option alone scales each part of the peak (parameters, gradients, optimizer state,
+        activations, temporaries); the guess multiplies the scales of each part, as bf16's halving of the
+        activations and checkpointing's dropping of most of them compose."""
+        parts = {k.removeprefix("predicted_at_peak_"): v for k, v in self.alone[""].items()
+                 if k.startswith("predicted_at_peak_") and v}
+        guess = 0.0
+        for part, base in parts.items():
+            scale = 1.0
+            for o in plan.options:
+                scale *= (self.alone[o.name].get(f"predicted_at_peak_{part}") or 0) / base
+            guess += base * scale
+        return guess > GUESS_MARGIN * budget
 
     def _savings(self, plan: Plan) -> dict[str, int]:
         """Each axis's option's peak alone (the baseline's where the plan takes none)."""

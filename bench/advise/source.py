@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.errors import BadInput
-from bench.models import MODELS, ModelSpec
+from bench.models import ModelSpec
 from bench.models import resolve as resolve_model
 from bench.spec import RunSpec, Suite
 from bench.suite import load
@@ -49,8 +49,8 @@ def source(name: str, mode: str | None, batch: int | None, device_type: str, sui
         try:
             spec = resolve_model(name)
         except (KeyError, ImportError) as exc:
-            raise BadInput(f"{exc.args[0] if exc.args else exc}: name a model ({', '.join(MODELS.names())}, or "
-                           "module:NAME for your own ModelSpec) or a suite file (suites/NAME.toml)") from None
+            raise BadInput(f"{exc.args[0] if exc.args else exc}; or module:NAME for your own ModelSpec, or a suite "
+                           "file (suites/NAME.toml)") from None
         raw, origin = _shipped(name, mode or "train", suites) or _defaults(name, spec, mode or "train")
     header = {k: raw[k] for k in HEADER_KEYS if k in raw}
     if batch is not None:
@@ -88,7 +88,8 @@ def to_toml(header: dict[str, Any], runs: list[dict[str, Any]], comments: dict[s
 
 
 def _table(name: str, table: dict[str, Any]) -> list[str]:
-    lines = ["", f"[{name}]", *(f"{k} = {_value(v)}" for k, v in table.items() if not isinstance(v, dict))]
+    own = [f"{k} = {_value(v)}" for k, v in table.items() if not isinstance(v, dict)]
+    lines = ["", f"[{name}]", *own] if own else []  # a table of tables only needs no header of its own
     for key, sub in table.items():
         if isinstance(sub, dict):
             lines += _table(f"{name}.{key}", sub)
@@ -121,7 +122,8 @@ def _shipped(model: str, mode: str, suites: Path) -> tuple[dict[str, Any], str] 
             raw = tomllib.loads(path.read_text())
         except (OSError, tomllib.TOMLDecodeError):
             continue
-        if raw.get("model") == model and raw.get("mode", "train") == mode and "matrix" not in raw:
+        written = path.stem.startswith("advice-")  # advice's own output is no source of shapes
+        if raw.get("model") == model and raw.get("mode", "train") == mode and "matrix" not in raw and not written:
             return raw, str(path)
     return None
 

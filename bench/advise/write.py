@@ -34,7 +34,7 @@ def table(advice: Advice) -> str:
 
 def reasoning(advice: Advice) -> str:
     """One line for the top pick."""
-    best, fits = advice.plans[0], len(advice.search.fits)
+    best, fits = advice.plans[0], len(advice.search.fits) or len(advice.plans)
     why = (f"Why {best.plan.name}: the highest estimated throughput ({best.speed.throughput:.2f}× the baseline's) "
            f"of the {fits} plan{'s' if fits > 1 else ''} found to fit, at {best.peak / GIB:,.2f} GiB "
            f"({(advice.budget - best.peak) / GIB:,.2f} GiB spare)")
@@ -56,7 +56,7 @@ def nothing_fits(advice: Advice) -> str:
     c = advice.closest
     return (f"Nothing fits {advice.budget / GIB:,.2f} GiB. The plan that saves most, {c.plan.name}, peaks at "
             f"{c.peak / GIB:,.2f} GiB (parameters {c.predicted.get('predicted_param_bytes', 0) / GIB:,.2f} GiB). "
-            f"It would need {' or '.join(advice.needs)}.")
+            f"It would need {'; or '.join(advice.needs)}.")
 
 
 def sources(advice: Advice) -> str:
@@ -67,11 +67,12 @@ def sources(advice: Advice) -> str:
     lines = [f"- time per sample: {cal.said()}; stated: {est.rates.said()}"]
     lines += sorted({f"- speed, {line}" for c in listed for line in c.speed.sources})
     lines += sorted({f"- accuracy, {line}" for c in listed for line in c.accuracy.sources})
-    lines.append(f"- searched: {len(est.alone)} options alone; dropped {len(s.dropped)}"
+    lines.append(f"- searched: {len([k for k in est.alone if k])} options alone; dropped {len(s.dropped)}"
                  f"{': ' + '; '.join(s.dropped) if s.dropped else ''}; dominated {len(s.dominated)}"
                  f"{': ' + ', '.join(s.dominated) if s.dominated else ''}")
     lines.append(f"- {s.combinations:,} combinations: {s.cannot_combine:,} cannot combine, {s.over_tolerance:,} over "
-                 f"the accuracy tolerance, {s.skipped:,} skipped as saving less than a plan that did not fit, "
+                 f"the accuracy tolerance, {s.skipped:,} skipped as saving less than a plan that did not fit (or "
+                 "guessed well over the budget), "
                  f"{s.covering:,} as a plan that fits and more at no lower cost; "
                  f"{advice.predicted} predictions made, {advice.reused} reused (.cache/predictions)")
     return "\n".join(lines)
@@ -120,7 +121,8 @@ def verdict(advice: Advice, by_run: dict[str, dict[str, Any]]) -> str:
     record = by_run.get(top.plan.name)
     if not _fits(record, advice.budget):
         return f"The top plan, {top.plan.name}, did not fit as measured here."
-    best = max(by_run[c.plan.name]["samples_per_s"] for c in advice.plans if _fits(by_run.get(c.plan.name), advice.budget))
+    best = max(by_run[c.plan.name]["samples_per_s"] for c in advice.plans
+               if _fits(by_run.get(c.plan.name), advice.budget))
     share = record["samples_per_s"] / best
     return (f"The top plan, {top.plan.name}, fits as measured here, at {share:.0%} of the best measured throughput "
             f"among the listed plans that fit.")
@@ -165,7 +167,8 @@ def _accuracy(c: Candidate) -> str:
         return "0.0 pt (baseline)"
     if a.points is None:
         return "not measured"
-    return f"{'⚠ ' if a.outside_band else ''}{a.points:+.1f} pt" + (f" ({len(a.unknown)} unmeasured)" if a.unknown else "")
+    unmeasured = f" ({len(a.unknown)} unmeasured)" if a.unknown else ""
+    return f"{'⚠ ' if a.outside_band else ''}{a.points:+.1f} pt{unmeasured}"
 
 
 def _kinds(c: Candidate) -> str:

@@ -1,0 +1,73 @@
+"""Prices and evidence: the calibration recovers the costs that made the steps, the records give measured
+ratios and accuracy deltas with their sources, and plans rank by how their figures were obtained."""
+
+import json
+
+import pytest
+
+from bench.advise.estimate import STATED, Estimate, calibrate
+from bench.advise.evidence import Evidence, canonical
+from bench.spec import TechniqueSpec
+
+
+def test_calibration_recovers_the_seconds_a_flop_an_operator_and_a_byte_take():
+    per = (2e-12, 5e-6, 3e-11)
+    counts = [(4e12, 900, 2e9), (5e9, 1200, 6e8), (3e11, 4000, 1e10), (8e10, 300, 4e8)]
+    steps = [(f"m{i}", sum(c * p for c, p in zip(c3, per)), c3) for i, c3 in enumerate(counts)]
+    fitted = calibrate(steps, STATED["cpu"])
+    assert (fitted.per_flop, fitted.per_op, fitted.per_byte) == pytest.approx(per, rel=1e-6)
+    assert fitted.seconds(*counts[0]) == pytest.approx(steps[0][1])
+
+
+def test_calibration_keeps_every_price_at_zero_or_above_and_falls_back_to_the_stated_rate():
+    # operators that make steps faster are no price: the fit drops them
+    steps = [("a", 1.0, (1e11, 1e6, 0.0)), ("b", 2.0, (2e11, 1e3, 0.0)), ("c", 0.5, (5e10, 1e6, 0.0))]
+    fitted = calibrate(steps, STATED["cpu"])
+    assert fitted.per_op == 0 and fitted.per_byte == 0 and fitted.per_flop > 0
+    assert calibrate([], STATED["cuda"]).per_flop == 1 / STATED["cuda"].flops
+    one = calibrate([("a", 2.0, (1e11, 5, 7))], STATED["cpu"])  # one step: its FLOPs alone
+    assert one.per_flop == pytest.approx(2.0 / 1e11) and one.per_op == 0
+
+
+def test_plans_priced_by_another_models_record_or_by_nothing_rank_after_the_rest():
+    counted = Estimate(1.30, ("checkpoint: counted",))
+    borrowed = Estimate(0.20, ("bf16-pure: measured (another model)",), ("bf16-pure",), tier=1)
+    assumed = Estimate(0.10, ("amp: assumed",), ("amp",), tier=2)
+    assert sorted([assumed, borrowed, counted], key=lambda e: e.rank) == [counted, borrowed, assumed]
+    assert Estimate(1.004, ()).rank == Estimate(0.996, ()).rank  # under a percent: counting's noise
+
+
+def record(suite, run, model, device, techniques, sps, accuracy=None, **extra):
+    spec = {"techniques": [{"name": n, "options": [list(kv) for kv in o.items()]} for n, o in techniques],
+            "gpu": {"batch_size": 8}, "cpu": {"batch_size": 4}, "mode": "train"}
+    return {"suite": suite, "run": run, "baseline": "baseline", "model": model, "device": device,
+            "device_type": "cpu", "status": "ok", "spec": spec, "samples_per_s": sps, "accuracy": accuracy,
+            "step_time_ms_median": 1000 / sps, **extra}
+
+
+def write(folder, records):
+    for r in records:
+        path = folder / r["suite"] / r["device"] / f"{r['run']}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(r))
+
+
+def test_evidence_prefers_the_same_model_and_reads_accuracy_of_that_model_only(tmp_path):
+    write(tmp_path, [
+        record("a", "baseline", "bert-base", "cpu-x", [], 10.0, 0.90),
+        record("a", "ckpt", "bert-base", "cpu-x", [("checkpoint", {"every": 1})], 7.0, 0.90),
+        record("a", "amp", "bert-base", "cpu-x", [("amp", {"dtype": "bfloat16"})], 15.0, 0.85),
+        record("b", "baseline", "resnet50", "cpu-x", [], 20.0, 0.5),
+        record("b", "ckpt", "resnet50", "cpu-x", [("checkpoint", {})], 10.0, 0.1),
+    ])
+    evidence = Evidence(tmp_path, "train")
+    ckpt = canonical([TechniqueSpec("checkpoint")])
+    assert ckpt == canonical([TechniqueSpec("checkpoint", (("every", 1),))]) == frozenset({"checkpoint"})
+    mine = evidence.speed(ckpt, "bert-base", "cpu")
+    assert mine.value == pytest.approx(0.7) and mine.same_model and "results/a, ckpt" in mine.source
+    other = evidence.speed(ckpt, "vit-b16", "cpu")
+    assert not other.same_model and evidence.speed(ckpt, "bert-base", "cuda") is None
+    amp = evidence.accuracy(canonical([TechniqueSpec("amp")]), "bert-base")
+    assert amp.value == pytest.approx(-0.05)
+    assert evidence.accuracy(ckpt, "vit-b16") is None  # resnet50's delta says nothing of vit's
+    assert len(evidence.baselines("cpu")) == 2
