@@ -21,6 +21,7 @@ from bench.advise.predictions import Predictions
 from bench.advise.search import Candidate, Search, Searcher
 from bench.advise.source import Source, source
 from bench.predict.budget import fewest_ranks, parse_size, runs_at, tensor_budget
+from bench.provenance import device_name
 from bench.spec import RunSpec
 
 MOST_RANKS = 8  # nothing fits: the fewest ranks fsdp would need are looked for up to a node's GPUs
@@ -85,7 +86,7 @@ def advise(src: Source, budget: Budget, device_type: str = "cuda", nproc: int = 
     found = axes(src.model, src.mode, nproc, batch)
     base = Plan(tuple(o for a in found if a.required for o in a.options[:1]))  # over processes: ddp
     rates = STATED[device_type] if link_gbps is None else replace(STATED[device_type], link=link_gbps * 1e9)
-    evidence = Evidence(results, src.mode)
+    evidence = Evidence(results, src.mode, device_name(device_type) if device_type == "cpu" else "")
     model = template.model_on(device_type)
     predictions = Predictions(device_type, CACHE, jobs, log)
     try:

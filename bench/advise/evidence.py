@@ -40,7 +40,8 @@ def canonical(techniques: Iterable[TechniqueSpec]) -> frozenset[str]:
 class Evidence:
     """The committed records of every suite under ``results``, of one mode, indexed by their techniques."""
 
-    def __init__(self, results: Path, mode: str) -> None:
+    def __init__(self, results: Path, mode: str, device: str = "") -> None:
+        self.device = device  # the device asked about, whose own records are preferred (a CPU's thread count)
         self._speed: dict[frozenset[str], list[tuple[dict[str, Any], float]]] = {}
         self._accuracy: dict[frozenset[str], list[dict[str, Any]]] = {}
         self._rates: list[dict[str, Any]] = []
@@ -63,11 +64,12 @@ class Evidence:
 
     def speed(self, plan: frozenset[str], model: str, device_type: str) -> Figure | None:
         """The plan's measured throughput over its baseline's, on a device of ``device_type``: from a record
-        of the same model where one exists, else of another model."""
+        of the same model where one exists (on the device asked about, where measured there), else of another."""
         found = [(r, v) for r, v in self._speed.get(plan, []) if r.get("device_type") == device_type]
         if not found:
             return None
-        r, v = max(found, key=lambda f: (f[0]["model"] == model, f[0].get("measure_steps", 0)))
+        r, v = max(found, key=lambda f: (f[0]["model"] == model, f[0]["device"] == self.device,
+                                         f[0].get("measure_steps", 0)))
         return Figure(v, where(r), same_model=r["model"] == model)
 
     def accuracy(self, plan: frozenset[str], model: str) -> Figure | None:

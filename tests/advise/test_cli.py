@@ -10,14 +10,14 @@ from bench.suite import load
 
 TINY = {  # CPU shapes where activations make the peak, and steps long enough to time on two cores
     "bert-tiny": "[shapes.gpu]\nbatch_size = 32\nseq_len = 128\n[shapes.cpu]\nbatch_size = 32\nseq_len = 128\n",
-    "resnet-tiny": "[shapes.gpu]\nbatch_size = 32\nimage_size = 64\n[shapes.cpu]\nbatch_size = 32\nimage_size = 64\n",
+    "resnet-tiny": "[shapes.gpu]\nbatch_size = 32\nimage_size = 32\n[shapes.cpu]\nbatch_size = 32\nimage_size = 32\n",
     "vit-tiny": "[shapes.gpu]\nbatch_size = 32\nimage_size = 32\n[shapes.cpu]\nbatch_size = 32\nimage_size = 32\n",
 }
 
 
 def tiny_suite(folder, model):
     path = folder / f"tiny-{model}.toml"
-    path.write_text(f'model = "{model}"\nbaseline = "baseline"\nwarmup_steps = 2\nmeasure_steps = 10\n{TINY[model]}'
+    path.write_text(f'model = "{model}"\nbaseline = "baseline"\nwarmup_steps = 1\nmeasure_steps = 6\n{TINY[model]}'
                     '[[runs]]\nname = "baseline"\ntechniques = []\n')
     return path
 
@@ -58,7 +58,7 @@ def test_a_budget_under_the_parameters_says_what_the_plan_that_saves_most_would_
 @pytest.mark.parametrize("model", list(TINY))
 def test_at_60_percent_the_measured_top_plan_fits_and_is_within_10_percent_of_the_best(model, capsys, tmp_path):
     results = evidence(tmp_path)
-    argv = ["advise", str(tiny_suite(tmp_path, model)), "--device", "cpu", "--budget", "60%", "--top", "4",
+    argv = ["advise", str(tiny_suite(tmp_path, model)), "--device", "cpu", "--budget", "60%", "--top", "3",
             "--measure", "--jobs", "1", "--results", str(results), "--out", str(tmp_path)]
     code = main(argv)
     out = capsys.readouterr().out
@@ -68,17 +68,17 @@ def test_at_60_percent_the_measured_top_plan_fits_and_is_within_10_percent_of_th
     assert code == 0, out
     assert "fits as measured here" in out
     written = load(tmp_path / f"advice-{model}.toml")
-    assert written.runs[0].name == "baseline" and 2 <= len(written.runs) <= 5
+    assert written.runs[0].name == "baseline" and 2 <= len(written.runs) <= 4
     assert all(r.model == model for r in written.runs)
 
 
 @pytest.mark.slow
 def test_max_batch_ranks_by_the_largest_batch_and_writes_each_plan_at_it(capsys, tmp_path):
     argv = ["advise", str(tiny_suite(tmp_path, "bert-tiny")), "--device", "cpu", "--budget", "60%", "--max-batch",
-            "--top", "3", "--jobs", "1", "--results", str(tmp_path / "none"), "--out", str(tmp_path)]
+            "--top", "2", "--jobs", "1", "--results", str(tmp_path / "none"), "--out", str(tmp_path)]
     assert main(argv) == 0
     rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| 1 |")
-            or line.startswith("| 2 |") or line.startswith("| 3 |")]
+            or line.startswith("| 2 |")]
     largest = [int(r[4]) for r in rows]
     assert largest == sorted(largest, reverse=True) and largest[0] > 32
     runs = {r.name: r for r in load(tmp_path / "advice-bert-tiny.toml").runs}
