@@ -100,9 +100,9 @@ class Estimate:
     @property
     def rank(self) -> tuple[int, float]:
         """The order plans are tried and listed in: those priced by this model's records and by counting first,
-        then by another model's records (a speed-up may not carry over: bf16 makes BERT-base 1.7× faster on the
-        CPU where it makes BERT-tiny 5× slower), then by assumption; within each, by factor to the percent (finer
-        differences are counting's noise)."""
+        then by another model's records (a speed-up may not carry over: bf16 made BERT-base 1.7× faster on the
+        committed records' CPU and BERT-tiny 5× slower on one without AVX-512), then by assumption; within each,
+        by factor to the percent (finer differences are counting's noise)."""
         return self.tier, round(self.factor, 2)
 
 
