@@ -72,7 +72,7 @@ class Advice:
     max_batch: bool = False  # plans ranked by their largest batch, and written at it
 
     @property
-    def template(self) -> Any:
+    def template(self) -> RunSpec:
         return self.source.template
 
 

@@ -60,6 +60,7 @@ class Searcher:
         self.search = Search()
         self.alone: dict[str, dict[str, Any]] = {}
         self.order: dict[str, int] = {}  # an option's peak alone: lower saves more
+        self.baseline: dict[str, Any] = {}
         self.baseline_peak = 0
 
     def singles(self) -> tuple[dict[str, Any], Estimator]:
@@ -78,8 +79,7 @@ class Searcher:
         for o in self.base.options:
             self.alone[o.name] = baseline
         self.order = {name: out[PEAK] for name, out in self.alone.items()}
-        self.alone[""] = baseline
-        self.baseline_peak = baseline[PEAK]
+        self.baseline, self.baseline_peak = baseline, baseline[PEAK]
         return baseline, self.make_estimator(baseline, self.alone)
 
     def _alone(self, option: Option) -> Plan:
@@ -174,7 +174,7 @@ class Searcher:
         margin. Each option alone scales each part of the peak (parameters, gradients, optimizer state,
         activations, temporaries); the guess multiplies the scales of each part, as bf16's halving of the
         activations and checkpointing's dropping of most of them compose."""
-        parts = {k.removeprefix("predicted_at_peak_"): v for k, v in self.alone[""].items()
+        parts = {k.removeprefix("predicted_at_peak_"): v for k, v in self.baseline.items()
                  if k.startswith("predicted_at_peak_") and v}
         guess = 0.0
         for part, base in parts.items():

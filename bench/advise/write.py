@@ -67,7 +67,7 @@ def sources(advice: Advice) -> str:
     lines = [f"- time per sample: {cal.said()}; stated: {est.rates.said()}"]
     lines += sorted({f"- speed, {line}" for c in listed for line in c.speed.sources})
     lines += sorted({f"- accuracy, {line}" for c in listed for line in c.accuracy.sources})
-    lines.append(f"- searched: {len([k for k in est.alone if k])} options alone; dropped {len(s.dropped)}"
+    lines.append(f"- searched: {len(est.alone)} options alone; dropped {len(s.dropped)}"
                  f"{': ' + '; '.join(s.dropped) if s.dropped else ''}; dominated {len(s.dominated)}"
                  f"{': ' + ', '.join(s.dominated) if s.dominated else ''}")
     lines.append(f"- {s.combinations:,} combinations: {s.cannot_combine:,} cannot combine, {s.over_tolerance:,} over "
