@@ -95,7 +95,7 @@ def advise(src: Source, budget: Budget, device_type: str = "cuda", nproc: int = 
             evidence, model, device_type, rates, calibration, b, alone, batch), log)
         baseline, estimator = searcher.singles()
         limit = budget.bytes(baseline["predicted_peak_tensor_bytes"])
-        kept = searcher.pruned_axes(estimator, baseline)
+        kept = searcher.pruned_axes(estimator)
         advice = Advice(src, device_type, limit, budget.text, baseline, [], searcher.search, estimator,
                         max_batch=max_batch)
         strongest = _strongest(searcher, kept, predictions, estimator)

@@ -91,27 +91,26 @@ class Searcher:
             self.search.dropped.append(f"{option.name}: {why[0]}")
         return bool(why)
 
-    def pruned_axes(self, estimator: Estimator, baseline: dict[str, Any]) -> list[Axis]:
+    def pruned_axes(self, estimator: Estimator) -> list[Axis]:
         """Each axis less its unrunnable and dominated options."""
         kept = []
         for axis in self.axes:
             options = [o for o in axis.options if o.name in self.alone]
-            survivors = [o for o in options if not self._dominated(o, options, axis, estimator, baseline)]
+            survivors = [o for o in options if not self._dominated(o, options, axis, estimator)]
             kept.append(replace(axis, options=tuple(survivors)))
         return kept
 
-    def _dominated(self, option: Option, options: list[Option], axis: Axis, estimator: Estimator,
-                   baseline: dict[str, Any]) -> bool:
+    def _dominated(self, option: Option, options: list[Option], axis: Axis, estimator: Estimator) -> bool:
         """Whether another choice on the axis (none included, where the axis allows it) peaks no higher, costs no
         more and is known to lose no more accuracy."""
         def score(o: Option | None) -> tuple[int, float, float]:
             if o is None:
-                return baseline[PEAK], 1.0, 0.0
+                return self.baseline_peak, 1.0, 0.0
             loss = estimator.accuracy(Plan((o,))).delta
             return self.order[o.name], estimator.factor(o).factor, -(loss or 0.0)
 
-        if axis.name == "accumulation":  # what more micro-batches cost (smaller, less efficient kernels) is not
-            return False  # counted: each factor stays, and the walk takes the fewest that fit (see _covers)
+        if axis.name == "accumulation":  # more micro-batches cost smaller, less efficient kernels, which only their
+            return False  # operators count: each factor stays, and the walk takes the fewest that fit (_covers)
         mine = score(option)
         rivals = [o for o in ((None,) if not axis.required else ()) + tuple(options) if o != option]
         for rival in rivals:
