@@ -34,7 +34,8 @@ class Identity:
     model: str = doc("the model's registered name, or module:NAME")
     baseline: str = doc("the suite's baseline run, which ratios and accuracy deltas are held against")
     techniques: list[str] = doc("the techniques' labels, with their options, in the order they applied", [])
-    device: str = doc("the device's name: the CUDA card's, or the processor model and thread count")
+    device: str = doc("the device's name: the CUDA card's, or the processor model, thread count and "
+                      "vector instructions (AVX2, AVX512…)")
     device_type: str | None = doc("cuda or cpu")
     batch_size: int | None = doc("the measured steps' batch size (per rank)")
     image_size: int | None = doc("image models: the side of the square input")

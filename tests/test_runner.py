@@ -140,10 +140,11 @@ def test_a_terminated_sweep_takes_its_run_down_with_it(tmp_path):
         os.kill(worker, 0)
 
 
-def test_cpu_device_name_carries_the_processor_and_thread_count():
-    # Stored CPU records must not be reused on another processor or thread count.
+def test_cpu_device_name_carries_the_processor_thread_count_and_vector_instructions():
+    # Stored CPU records must not be reused on another processor, thread count or instruction set (bf16's speed).
     name = device_name("cpu")
-    assert name.endswith(f", {torch.get_num_threads()} threads") and not name.startswith(",")
+    isa = torch.backends.cpu.get_cpu_capability()
+    assert name.endswith(f", {torch.get_num_threads()} threads, {isa}") and not name.startswith(",")
 
 
 def test_records_carry_the_accuracy_delta_and_the_baselines_noise_band(tmp_path):
