@@ -136,7 +136,8 @@ class Estimator:
         self._factors: dict[str, Part] = {}
 
     def speed(self, plan: Plan) -> Estimate:
-        if whole := self.evidence.speed(canonical(plan.techniques), self.model, self.device_type):
+        dtype = any(not o.countable for o in plan.options)
+        if whole := self.evidence.speed(canonical(plan.techniques), self.model, self.device_type, dtype):
             if whole.same_model and len(plan.options) > 1:
                 return Estimate(1 / whole.value, (f"{plan.name}: {whole.value:.2f}× measured, {whole.source}",))
         factor, sources, uncertain, tier = 1.0, [], [], 0
@@ -157,7 +158,7 @@ class Estimator:
     def _factor(self, option: Option) -> Part:
         """This model's record; else counting; else, for what counting cannot see (a dtype's speed), another
         model's record; else the count, assumed to hold."""
-        found = self.evidence.speed(canonical((option.technique,)), self.model, self.device_type)
+        found = self.evidence.speed(canonical((option.technique,)), self.model, self.device_type, not option.countable)
         if found and found.same_model:
             return Part(1 / found.value, f"measured, {found.source}", 0)
         counted = self.seconds(self.alone[option.name], option) / self.seconds(self.baseline, None)

@@ -23,11 +23,17 @@ class Option:
 
     name: str
     technique: TechniqueSpec
-    countable: bool = True  # whether counting FLOPs and bytes says what it costs (not a dtype's speed)
+    computes: str | None = None  # the dtype its kernels compute in, where it changes it ("bfloat16", "int8")
 
     @staticmethod
-    def of(name: str, technique: str, countable: bool = True, **options: Any) -> Option:
-        return Option(name, TechniqueSpec(technique, tuple(sorted(options.items()))), countable)
+    def of(name: str, technique: str, computes: str | None = None, **options: Any) -> Option:
+        return Option(name, TechniqueSpec(technique, tuple(sorted(options.items()))), computes)
+
+    @property
+    def countable(self) -> bool:
+        """Whether counting FLOPs and bytes says what it costs: not where it changes the dtype, whose speed is the
+        device's."""
+        return self.computes is None
 
 
 @dataclass(frozen=True)
@@ -63,14 +69,14 @@ def axes(model: ModelSpec, mode: str, nproc: int, batch: int) -> list[Axis]:
     """The catalogue's options for a model in a mode, spanning ``nproc`` processes at ``batch`` per process.
     CUDA-only options (offload, the host optimizer) stay in: a CPU plan drops them as unsupported."""
     if mode == "inference":
-        return [Axis("precision", (Option.of("amp-bf16", "amp", False, dtype="bfloat16"),
-                                   Option.of("half-fp16", "half", False),
-                                   Option.of("half-bf16", "half", False, dtype="bfloat16"))),
-                Axis("quantization", (Option.of("dynamic-int8", "dynamic-int8", False),)),
+        return [Axis("precision", (Option.of("amp-bf16", "amp", "bfloat16", dtype="bfloat16"),
+                                   Option.of("half-fp16", "half", "float16"),
+                                   Option.of("half-bf16", "half", "bfloat16", dtype="bfloat16"))),
+                Axis("quantization", (Option.of("dynamic-int8", "dynamic-int8", "int8"),)),
                 Axis("autograd", (Option.of("inference-mode", "inference-mode"),))]
     found = [
-        Axis("precision", (Option.of("amp-bf16", "amp", False, dtype="bfloat16"),
-                           Option.of("bf16-pure", "bf16", False))),
+        Axis("precision", (Option.of("amp-bf16", "amp", "bfloat16", dtype="bfloat16"),
+                           Option.of("bf16-pure", "bf16", "bfloat16"))),
         Axis("activations", (Option.of("selective-checkpoint", "selective-checkpoint"),
                              Option.of("checkpoint-every-2", "checkpoint", every=2),
                              Option.of("checkpoint", "checkpoint"), Option.of("offload", "offload"),

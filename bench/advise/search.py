@@ -54,9 +54,10 @@ class Search:
 
 class Searcher:
     def __init__(self, template: RunSpec, base: Plan, found: list[Axis], predictions: Predictions,
-                 estimator: Callable[[dict[str, Any], dict[str, dict[str, Any]]], Estimator], log: TextIO = sys.stderr):
+                 estimator: Callable[[dict[str, Any], dict[str, dict[str, Any]]], Estimator], log: TextIO = sys.stderr,
+                 unfit: Callable[[Option], list[str]] = lambda option: []):
         self.template, self.base, self.axes, self.predictions, self.log = template, base, found, predictions, log
-        self.make_estimator = estimator
+        self.make_estimator, self.unfit = estimator, unfit  # unfit: why an option is no plan for this device
         self.search = Search()
         self.alone: dict[str, dict[str, Any]] = {}
         self.order: dict[str, int] = {}  # an option's peak alone: lower saves more
@@ -67,7 +68,8 @@ class Searcher:
         """The baseline's prediction and each option's alone; options that cannot run are dropped."""
         options = [o for a in self.axes for o in a.options if o not in self.base.options]
         plans = [self._alone(o) for o in options]
-        runnable = [(o, p) for o, p in zip(options, plans) if not self._refused(o, problems(p, self.template))]
+        runnable = [(o, p) for o, p in zip(options, plans)
+                    if not self._refused(o, problems(p, self.template) or self.unfit(o))]
         print(f"advise: predicting the baseline and {len(runnable)} options alone", file=self.log, flush=True)
         made = self.predictions.peaks([self.base.spec(self.template)] + [p.spec(self.template) for _, p in runnable])
         baseline, rest = made[0], made[1:]

@@ -5,6 +5,8 @@ import shutil
 
 import pytest
 
+from bench import advise
+from bench.advise.plans import Option
 from bench.cli import main
 from bench.suite import load
 
@@ -84,3 +86,18 @@ def test_max_batch_ranks_by_the_largest_batch_and_writes_each_plan_at_it(capsys,
     runs = {r.name: r for r in load(tmp_path / "advice-bert-tiny.toml").runs}
     assert runs[rows[0][1]].cpu.batch_size == largest[0]  # written at its largest batch
     assert runs["baseline"].cpu.batch_size == 32
+
+
+@pytest.mark.slow
+def test_a_cpu_without_native_bf16_is_advised_no_bf16_plan(monkeypatch, capsys, tmp_path):
+    # Its kernels emulate bf16: a BERT-base step took minutes where fp32's took 11 s.
+    monkeypatch.setattr(advise, "native_bf16", lambda: False)
+    argv = ["advise", str(tiny_suite(tmp_path, "bert-tiny")), "--device", "cpu", "--budget", "60%", "--top", "5",
+            "--jobs", "1", "--results", str(tmp_path / "none"), "--out", str(tmp_path)]
+    assert main(argv) == 0
+    said = capsys.readouterr().err  # the figures' sources, the options dropped among them
+    assert f"amp-bf16: {advise.EMULATED}" in said and f"bf16-pure: {advise.EMULATED}" in said
+    assert not any(t.name in ("amp", "bf16") for r in load(tmp_path / "advice-bert-tiny.toml").runs
+                   for t in r.techniques)
+    amp = Option.of("amp-bf16", "amp", "bfloat16", dtype="bfloat16")
+    assert advise._unfit("cuda")(amp) == []  # a card is asked about from afar: nothing of this CPU applies
