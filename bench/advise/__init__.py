@@ -30,6 +30,8 @@ from bench.spec import RunSpec
 MOST_RANKS = 8  # nothing fits: the fewest ranks fsdp would need are looked for up to a node's GPUs
 PREDICTION_LIMIT = 32  # combinations predicted at most, beyond the options alone
 CACHE = Path(".cache/predictions")  # beside results/, never in it: its files are not records
+EMULATED = ("this CPU has no native bf16 (AVX-512 or Arm's bf16, for oneDNN): its kernels emulate it, many times "
+            "slower than fp32; ask with --device cuda, or on a CPU that has it")
 
 
 @dataclass(frozen=True)
@@ -129,11 +131,8 @@ def _unfit(device_type: str) -> Callable[[Option], list[str]]:
 
 
 def native_bf16() -> bool:
+    """oneDNN's bf16 test, as torch's CPU kernels and inductor ask it (no public API says it)."""
     return torch.ops.mkldnn._is_mkldnn_bf16_supported()
-
-
-EMULATED = ("this CPU has no native bf16 (AVX-512 or Arm's bf16, for oneDNN): its kernels emulate it, many times "
-            "slower than fp32; ask with --device cuda, or on a CPU that has it")
 
 
 def _calibration(evidence: Evidence, device_type: str, rates: Rates, predictions: Predictions) -> Calibration:
