@@ -17,6 +17,8 @@ from typing import Any, TextIO
 
 import torch
 
+from bench.advise import probe
+from bench.advise.probe import time_factors
 from bench.advise.estimate import STATED, Calibration, Estimator, Rates, calibrate
 from bench.advise.evidence import Evidence
 from bench.advise.plans import Axis, Option, Plan, axes, problems
@@ -96,8 +98,9 @@ def advise(src: Source, budget: Budget, device_type: str = "cuda", nproc: int = 
     predictions = Predictions(device_type, CACHE, jobs, log)
     try:
         calibration = _calibration(evidence, device_type, rates, predictions)
+        timed = _timed(template, found, device_type, log)
         searcher = Searcher(template, base, found, predictions, lambda b, alone: Estimator(
-            evidence, model, device_type, rates, calibration, b, alone, batch), log, _unfit(device_type))
+            evidence, model, device_type, rates, calibration, b, alone, batch, timed), log, _unfit(device_type))
         baseline, estimator = searcher.singles()
         limit = budget.bytes(baseline["predicted_peak_tensor_bytes"])
         kept = searcher.pruned_axes(estimator)
@@ -128,6 +131,19 @@ def _unfit(device_type: str) -> Callable[[Option], list[str]]:
     if device_type != "cpu" or native_bf16():
         return lambda option: []
     return lambda option: [EMULATED] if option.computes == "bfloat16" else []
+
+
+def _timed(template: RunSpec, found: list[Axis], device_type: str, log: TextIO) -> dict[str, float]:
+    """The dtype options' step times over the baseline's, timed here where the device asked about is this CPU (one
+    process: its records of a dtype may not exist yet, and counting cannot price one). A card is asked about from
+    afar: its dtypes' speeds come from its records."""
+    unfit = _unfit(device_type)
+    chosen = [o for a in found for o in a.options if not o.countable and not unfit(o)]
+    if device_type != "cpu" or template.nproc > 1 or not chosen:
+        return {}
+    print(f"advise: timing {', '.join(o.name for o in chosen)} against the baseline here ({probe.STEPS} steps "
+          "each)", file=log, flush=True)
+    return time_factors(Plan(()).spec(template), {o.name: Plan((o,)).spec(template) for o in chosen})
 
 
 def native_bf16() -> bool:

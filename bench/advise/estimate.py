@@ -8,8 +8,9 @@ cost a FLOP, an operator and a byte take on the device, fitted to its measured b
 between device and host by offloading, at the link's stated bandwidth (hidden under compute where the technique
 overlaps its copies).
 
-What counting cannot see, a dtype's speed, is taken from another model's record, else assumed to be the count;
-plans resting on either rank after the rest (``Estimate.rank``). A plan's factor is its techniques' factors
+What counting cannot see, a dtype's speed, is timed here where the device asked about is this CPU (the model's
+own steps, bench.advise.probe), else taken from another model's record, else assumed to be the count; plans
+resting on either of the last two rank after the rest (``Estimate.rank``). A plan's factor is its techniques' factors
 multiplied, or its own where a record of the same model measured the whole plan."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from bench.advise import probe
 from bench.advise.evidence import Evidence, Figure, canonical
 from bench.advise.plans import Option, Plan
 
@@ -130,9 +132,11 @@ class Estimator:
     """Estimates for the plans of one model, from the baseline's and each option's own prediction."""
 
     def __init__(self, evidence: Evidence, model: str, device_type: str, rates: Rates, calibration: Calibration,
-                 baseline: dict[str, Any], alone: dict[str, dict[str, Any]], batch: int) -> None:
+                 baseline: dict[str, Any], alone: dict[str, dict[str, Any]], batch: int,
+                 timed: dict[str, float] | None = None) -> None:
         self.evidence, self.model, self.device_type, self.rates = evidence, model, device_type, rates
         self.calibration, self.baseline, self.alone, self.batch = calibration, baseline, alone, batch
+        self.timed = timed or {}  # an option's step time over the baseline's, timed on this very CPU
         self._factors: dict[str, Part] = {}
 
     def speed(self, plan: Plan) -> Estimate:
@@ -156,14 +160,16 @@ class Estimator:
         return self._factors[option.name]
 
     def _factor(self, option: Option) -> Part:
-        """This model's record; else counting; else, for what counting cannot see (a dtype's speed), another
-        model's record; else the count, assumed to hold."""
+        """This model's record; else counting; else, for what counting cannot see (a dtype's speed), its steps
+        timed here; else another model's record; else the count, assumed to hold."""
         found = self.evidence.speed(canonical((option.technique,)), self.model, self.device_type, not option.countable)
         if found and found.same_model:
             return Part(1 / found.value, f"measured, {found.source}", 0)
         counted = self.seconds(self.alone[option.name], option) / self.seconds(self.baseline, None)
         if option.countable:
             return Part(counted, "counted (FLOPs, operators and their bytes, offload bytes)", 0)
+        if option.name in self.timed:
+            return Part(self.timed[option.name], f"timed on this device ({probe.STEPS} steps against the baseline's)", 0)
         if found:
             return Part(1 / found.value, f"measured (another model), {found.source}", 1)
         return Part(counted, "assumed: a dtype's speed is not counted, and no record measured it", 2)

@@ -174,7 +174,8 @@ def _accuracy(c: Candidate) -> str:
 def _kinds(c: Candidate) -> str:
     """Where the plan's speed came from: this model's records, counting, another model's records, or nothing."""
     def kind(line: str) -> str:
-        for marker, said in (("another model", "another model's"), ("assumed", "assumed"), ("measured", "measured")):
+        for marker, said in (("another model", "another model's"), ("assumed", "assumed"), ("measured", "measured"),
+                             ("timed on this device", "timed here")):
             if marker in line:
                 return said
         return "counted"

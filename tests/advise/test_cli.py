@@ -93,6 +93,7 @@ def test_max_batch_ranks_by_the_largest_batch_and_writes_each_plan_at_it(capsys,
 def test_a_cpu_without_native_bf16_is_advised_no_bf16_plan(monkeypatch, capsys, tmp_path):
     # Its kernels emulate bf16: a BERT-base step took minutes where fp32's took 11 s.
     monkeypatch.setattr(advise, "native_bf16", lambda: False)
+    monkeypatch.setattr(advise, "time_factors", lambda *a: pytest.fail("nothing to time without bf16"))
     argv = ["advise", str(tiny_suite(tmp_path, "bert-tiny")), "--device", "cpu", "--budget", "60%", "--top", "5",
             "--jobs", "1", "--results", str(tmp_path / "none"), "--out", str(tmp_path)]
     assert main(argv) == 0
@@ -102,3 +103,26 @@ def test_a_cpu_without_native_bf16_is_advised_no_bf16_plan(monkeypatch, capsys, 
                    for t in r.techniques)
     amp = Option.of("amp-bf16", "amp", "bfloat16", dtype="bfloat16")
     assert advise._unfit("cuda")(amp) == []  # a card is asked about from afar: nothing of this CPU applies
+
+
+@pytest.mark.parametrize("ratio, bf16_first", [(0.25, True), (8.0, False)])
+def test_on_a_cpu_with_native_bf16_its_plans_are_priced_by_their_steps_timed_here(ratio, bf16_first, monkeypatch,
+                                                                                         capsys, tmp_path):
+    # An AVX-512 bf16 CPU, where no record of this very CPU priced bf16: its plans had ranked last as assumed, and
+    # the top plan measured 34% of a bf16 plan's throughput. They are priced by their steps as timed here.
+    monkeypatch.setattr(advise, "native_bf16", lambda: True)
+    timed = []
+    monkeypatch.setattr(advise, "time_factors", lambda base, options: timed.append(sorted(options)) or
+                        {name: ratio for name in options})
+    argv = ["advise", str(tiny_suite(tmp_path, "bert-tiny")), "--device", "cpu", "--budget", "60%", "--top", "5",
+            "--jobs", "1", "--results", str(tmp_path / "none"), "--out", str(tmp_path)]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    rows = [line for line in out.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    top = rows[0].split(" | ")
+    assert ("bf16" in top[1]) == bf16_first, out
+    assert "assumed" not in out, out  # no plan rests on a guess, so none ranks last for it
+    assert timed == [["amp-bf16", "bf16-pure"]]  # once, the dtype options only
+    if bf16_first:
+        assert top[-1].startswith("timed here") or "+ timed here" in top[-1], out
+        assert f"{1 / ratio:.2f}× timed on this device" in err
