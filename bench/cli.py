@@ -223,6 +223,7 @@ def suite_path(name: str) -> Path:
 def _run(args: argparse.Namespace) -> int:
     from bench import suite as suites
     from bench.report import build_report
+    from bench.report.overview import build_overview
     from bench.report.tables import markdown, summary
     from bench.results import to_frame
     from bench.runner import sweep
@@ -246,7 +247,9 @@ def _run(args: argparse.Namespace) -> int:
     records = sweep(suite, launcher, args.results, **_sweep_options(args))
     print(markdown(summary(to_frame(records))))
     written = build_report(args.results / suite.name)
-    print(f"report: {', '.join(str(p) for p in written[:2])}", file=sys.stderr)
+    # Every page the suite's records feed is kept current: the overview and results/figures.md read them too.
+    overview = build_overview(args.results)[0]
+    print(f"report: {', '.join(str(p) for p in written[:2])}; overview: {overview}", file=sys.stderr)
     # oom, timeout and unsupported are findings about the configuration; error means something broke.
     return 1 if any(r["status"] == "error" for r in records) else 0
 

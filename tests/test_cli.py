@@ -7,6 +7,9 @@ import torch
 
 from bench import results
 from bench.cli import main
+from bench.report.figures import figures_page
+from bench.report.tables import summary
+from bench.results import to_frame
 
 
 def bench(*args, cwd=None):
@@ -37,6 +40,11 @@ def test_no_fidelity_measures_without_the_accuracy_phase(tmp_path):
     (record,) = results.load_records(tmp_path / "smoke")
     assert record["status"] == "ok" and record["peak_tensor_bytes"] > 0
     assert "accuracy" not in record and "fidelity_cpu" not in record["spec"]
+    # every page the records feed is current: the report, the overview and the figures page
+    assert {"report.md", "table.csv"} <= {p.name for p in (tmp_path / "smoke").iterdir()}
+    assert (tmp_path / "overview" / "overview.md").exists()
+    table = summary(to_frame(results.load_records(tmp_path / "smoke")))
+    assert (tmp_path / "figures.md").read_text() == figures_page({"smoke": table}, {"smoke": 4})
 
 
 def test_list_shows_techniques_with_their_options(capsys):
