@@ -33,7 +33,10 @@ class Trainer:
         """Forward and backward over every micro-batch, then one optimizer step; returns the mean loss."""
         total, policy = None, self.policy
         loss_of = policy.loss or self.spec.loss
-        for inputs, labels in split(policy.prepare(batch), self.micro_batches):
+        # Rebound, as a user's loop rebinds `x = x.to(torch.bfloat16)`: the batch as it came (fp32 under pure
+        # bf16) is freed here rather than held through the step beside its prepared copy.
+        batch = policy.prepare(batch)
+        for inputs, labels in split(batch, self.micro_batches):
             with policy.context():
                 logits = self.spec.logits(self.model, inputs)
                 loss = loss_of(logits, labels) / self.micro_batches
