@@ -7,7 +7,7 @@ from torch import nn
 
 from bench.data.synthetic import Batch
 from bench.models import ModelSpec
-from bench.techniques import RunContext, Technique, combined
+from bench.techniques import RunContext, Technique, combined, refuse_unchanged
 from bench.train import techniques_proof
 
 
@@ -30,6 +30,7 @@ class Predictor:
         self.spec, self.techniques = spec, techniques
         for t in techniques:
             model = t.apply(model, ctx)
+        refuse_unchanged(techniques)
         self.model = model.eval()
         self.steps = 0
         self.output_dtype: torch.dtype | None = None

@@ -7,7 +7,7 @@ from torch import nn
 
 from bench.data.synthetic import Batch, split
 from bench.models import ModelSpec
-from bench.techniques import RunContext, Technique, combined
+from bench.techniques import RunContext, Technique, combined, refuse_unchanged
 
 
 class Trainer:
@@ -16,6 +16,7 @@ class Trainer:
         self.spec, self.techniques = spec, techniques
         for t in techniques:
             model = t.apply(model, ctx)
+        refuse_unchanged(techniques)
         self.model = model.train()
         self.optimizer = self._optimizer(lr)
         self.policy = combined([t.step() for t in techniques])

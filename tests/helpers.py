@@ -178,6 +178,28 @@ def _image_mlp(shapes: Shapes) -> nn.Module:
 IMAGE_MLP = ModelSpec("image-mlp", _image_mlp, "image", num_classes=10)
 
 
+def _densenet(shapes: Shapes) -> nn.Module:
+    from torchvision.models import DenseNet
+
+    return DenseNet(growth_rate=8, block_config=(3, 2), num_init_features=16, num_classes=10)
+
+
+# Dense layers in a ModuleDict (torchvision's _DenseBlock), as DenseNet-121's 58 are.
+DENSENET = ModelSpec("densenet-small", _densenet, "image", num_classes=10)
+# One linear layer: nothing repeats, so checkpointing has no block to wrap.
+LINEAR = ModelSpec("linear", lambda shapes: nn.Sequential(nn.Flatten(), nn.Linear(3 * shapes.image_size**2, 10)),
+                   "image", num_classes=10)
+
+
+def _regnet(shapes: Shapes) -> nn.Module:
+    from torchvision.models import regnet_y_400mf
+
+    return regnet_y_400mf(num_classes=10)
+
+
+REGNET = ModelSpec("regnet-y-400mf", _regnet, "image", num_classes=10)
+
+
 def _convnext_tiny(shapes: Shapes) -> nn.Module:
     from torchvision.models import convnext_tiny
 

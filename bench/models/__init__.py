@@ -22,14 +22,18 @@ Inputs = torch.Tensor | dict[str, torch.Tensor]
 IGNORE = -100  # a language model's target after its last position, where there is no next token
 
 
+# Where repeated blocks are kept: DenseNet's dense layers sit in a ModuleDict (its _DenseBlock).
+CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
+
+
 def repeated_blocks(model: nn.Module) -> list[str]:
     """Dotted names of the repeated blocks, in module order: every run of two or more consecutive children of
-    one class in a ModuleList or Sequential (torchvision's ResNet stages and ViT encoder, BERT's layers, and
-    MobileNetV3's inverted residuals between its stem and head), then any other module of a class found so
+    one class in a ModuleList, Sequential or ModuleDict (torchvision's ResNet stages and ViT encoder, BERT's
+    layers, DenseNet's dense layers, and MobileNetV3's inverted residuals between its stem and head), then any other module of a class found so
     (EfficientNet's stages of a single block). A run of plain containers is looked into, not wrapped."""
     found: list[str] = []
     for name, module in model.named_modules():
-        if isinstance(module, (nn.ModuleList, nn.Sequential)) and not _inside(name, found):
+        if isinstance(module, CONTAINERS) and not _inside(name, found):
             found += [f"{name}.{child}" if name else child for child in _runs(module)]
     classes = {type(model.get_submodule(b)) for b in found}
     order = {n: i for i, (n, _) in enumerate(model.named_modules())}
@@ -45,7 +49,7 @@ def _runs(container: nn.Module) -> list[str]:
             runs[-1].append((name, child))
         else:
             runs.append([(name, child)])
-    return [n for run in runs if len(run) >= 2 and not isinstance(run[0][1], (nn.ModuleList, nn.Sequential))
+    return [n for run in runs if len(run) >= 2 and not isinstance(run[0][1], CONTAINERS)
             for n, _ in run]
 
 

@@ -4,8 +4,8 @@ behave as real ones where that changes what is counted."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -27,6 +27,7 @@ from bench.predict.adapters import (
     techniques_as_real,
 )
 from bench.predict.cuda import as_cuda, host_state
+from bench.models import ModelSpec
 from bench.recipe import Recipe, batches, tracked_steps
 from bench.suite import RunSpec, Shapes
 from bench.techniques import Unsupported
@@ -62,8 +63,7 @@ def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int) -> dict[str, Any]:
     ctx, techniques = recipe.ctx, recipe.techniques
     backend = next((dict(t.options).get("backend", "flash") for t in spec.techniques if t.name == "sdpa"), None)
     # Pretrained weights (spec.weights) are not read: their values change no tensor's size.
-    with torch.device("meta"):  # no initialisation work, and none of the init ops fake tensors refuse
-        model = ctx.model_spec.build(ctx.shapes)
+    model = _meta_model(ctx.model_spec, ctx.shapes)
     kernels = as_cuda(backend) if ctx.predicting else nullcontext()  # a CPU run keeps CPU's kernels
     feed = recipe.feed()  # variable-length sequences drawn with real values, before fake tensors take over
     with FakeTensorMode(allow_non_fake_inputs=True), ScalarsReadAsOne(), OutputsAsReal(ctx.predicting), \
@@ -126,6 +126,38 @@ def _keys_per_query_head(formula: Callable[..., int], query_at: int) -> Callable
         k, v = ((*s[:1], q[1], *s[2:]) for s in (k, v))
         return formula(*shapes[:query_at], q, k, v, *shapes[query_at + 3:], out_val=out_shape, **kwargs)
     return count
+
+
+def _meta_model(spec: ModelSpec, shapes: Shapes) -> nn.Module:
+    """The model built on the meta device: no initialisation work, and none of the init ops fake tensors refuse.
+    A model that computes its own shape from tensor values while it is built (torchvision's RegNet calls
+    .tolist() on its block widths) is built on the CPU instead, each parameter and buffer moved to the meta device
+    as it is registered, so that no more than one of them is ever held in memory."""
+    try:
+        with torch.device("meta"):
+            return spec.build(shapes)
+    except NotImplementedError:  # "Cannot copy out of meta tensor"
+        with _registered_on_meta():
+            return spec.build(shapes)
+
+
+@contextmanager
+def _registered_on_meta() -> Iterator[None]:
+    register_parameter, register_buffer = nn.Module.register_parameter, nn.Module.register_buffer
+
+    def parameter(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and param.device.type != "meta":
+            param = nn.Parameter(param.to("meta"), param.requires_grad)
+        register_parameter(module, name, param)
+
+    def buffer(module: nn.Module, name: str, tensor: torch.Tensor | None, persistent: bool = True) -> None:
+        register_buffer(module, name, None if tensor is None else tensor.to("meta"), persistent)
+
+    nn.Module.register_parameter, nn.Module.register_buffer = parameter, buffer
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter, nn.Module.register_buffer = register_parameter, register_buffer
 
 
 def _fake_copy(model: nn.Module) -> nn.Module:

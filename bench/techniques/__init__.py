@@ -30,10 +30,11 @@ from bench.techniques.base import (
     build,
     combined,
     option,
+    refuse_unchanged,
     resolve,
 )
 
 __all__ = [
     "ANY_MODE", "INFERENCE", "TECHNIQUES", "TRAIN", "NoOptions", "RunContext", "Step", "Technique", "Unsupported",
-    "build", "combined", "option", "resolve",
+    "build", "combined", "option", "refuse_unchanged", "resolve",
 ]

@@ -144,6 +144,9 @@ class Technique:
     modes: ClassVar[frozenset[str]] = TRAIN
     # Why fake tensors on a CPU cannot predict this technique's CUDA memory, if they cannot.
     unpredictable: ClassVar[str] = ""
+    # The proof's key that counts what the technique changed in the model (modules wrapped, layers adapted): at 0
+    # it applied to nothing, and a run that measured the baseline under its name would say `ok`.
+    changes: ClassVar[str] = ""
     # Runs over several processes (the suite entry's nproc, default 2); data_parallel: each rank takes
     # its own batch, so a step processes nproc batches (tensor parallelism shares one).
     distributed: ClassVar[bool] = False
@@ -201,6 +204,14 @@ class Technique:
     def proof(self, steps: int) -> dict[str, Any]:
         """Evidence this technique was applied, after ``steps`` optimizer steps; flat JSON values."""
         return {}
+
+
+def refuse_unchanged(techniques: list[Technique]) -> None:
+    """Unsupported, with the reason, where a technique's proof says it changed nothing in this model."""
+    for t in techniques:
+        if t.changes and not t.proof(0).get(t.changes):
+            raise Unsupported(f"{t.name}: {t.changes} = 0: it found nothing to apply to in this model, so the run "
+                              "would measure the baseline under its name")
 
 
 def resolve(name: str) -> type[Technique]:

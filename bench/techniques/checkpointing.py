@@ -39,6 +39,7 @@ class ActivationCheckpointing(Technique):
     name = "checkpoint"
     summary = "recompute every (k-th) repeated block in backward (non-reentrant)"
     conflicts = frozenset({"selective-checkpoint"})
+    changes = "wrapped_modules"
 
     @dataclass(frozen=True)
     class Config:
@@ -57,7 +58,9 @@ class ActivationCheckpointing(Technique):
             block.register_forward_pre_hook(self._count)
             if self.config.bn_momentum_correction:
                 self._correct_momentum(block)
-            setattr(model.get_submodule(parent), child, self.wrap(block))
+            wrapped = self.wrap(block)
+            wrapped.register_forward_pre_hook(_own_lists)
+            setattr(model.get_submodule(parent), child, wrapped)
         return model
 
     def _correct_momentum(self, block: nn.Module) -> None:
@@ -77,6 +80,13 @@ class ActivationCheckpointing(Technique):
         names = self.blocks if len(self.blocks) <= 4 else [*self.blocks[:3], "…", self.blocks[-1]]
         return {"wrapped_modules": len(self.blocks), "wrapped_names": ", ".join(names),
                 "block_forwards_per_step": per_step}
+
+
+def _own_lists(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The block's list arguments copied: recomputation in backward reads the arguments it was given, and
+    DenseNet's dense block appends to the list of features it passes each layer after the call (recomputed with
+    the longer list, a layer concatenated more channels than its batch norm takes)."""
+    return tuple(list(a) if isinstance(a, list) else a for a in args)
 
 
 @TECHNIQUES.register("selective-checkpoint")

@@ -29,6 +29,7 @@ class CrossLayerSharing(Technique):
     """
 
     name = "share-layers"
+    changes = "blocks_sharing"
     summary = "cross-layer parameter sharing (ALBERT style) across repeated blocks"
 
     @dataclass(frozen=True)
@@ -98,6 +99,7 @@ class SharedBasisConvolution(Technique):
     """
 
     name = "shared-basis"
+    changes = "replaced_convs"
     summary = "ResNet 3×3 kernels as combinations of a few basis kernels shared within each stage"
 
     @dataclass(frozen=True)

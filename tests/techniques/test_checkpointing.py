@@ -3,6 +3,7 @@ import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
 from bench.measure.memory import tracked_step
+from bench.techniques import Unsupported
 from tests.conftest import CPU, build_trainer
 from tests.helpers import spec, tech
 
@@ -24,6 +25,18 @@ def test_wraps_every_block_and_recomputes_it_in_backward(model, blocks):
     assert proof["checkpoint.wrapped_modules"] == blocks
     assert proof["checkpoint.block_forwards_per_step"] == 2.0  # forward, then recompute in backward
     assert ckpt["activation_bytes"] < base["activation_bytes"]
+
+
+def test_dense_layers_in_a_module_dict_are_found_and_wrapped():
+    base, _ = held_and_trainer("tests.helpers:DENSENET")
+    ckpt, trainer = held_and_trainer("tests.helpers:DENSENET", tech("checkpoint"))
+    assert trainer.proof()["checkpoint.wrapped_modules"] == 5  # 3 + 2 dense layers
+    assert ckpt["activation_bytes"] < base["activation_bytes"]
+
+
+def test_a_model_with_no_block_to_wrap_is_unsupported_with_the_reason():
+    with pytest.raises(Unsupported, match="checkpoint: wrapped_modules = 0: it found nothing to apply to"):
+        build_trainer(spec("tests.helpers:LINEAR", (tech("checkpoint"),)))
 
 
 def test_same_gradients_as_without_checkpointing():

@@ -1,0 +1,48 @@
+"""How long predicting full-size models at GPU shapes takes (``make perf``; not in ``make test``: a loaded machine
+takes severalfold longer): each prediction's time against one real step of a tiny model on this machine."""
+
+import time
+
+import pytest
+import torchvision
+
+from bench.models import ModelSpec
+from bench.predict import predict
+from bench.suite import load, select
+from tests.conftest import build_trainer
+from tests.helpers import spec
+
+pytestmark = pytest.mark.perf
+
+
+def test_full_size_predictions_take_seconds():
+    trainer, batch = build_trainer(spec("resnet-tiny", batch_size=16, image_size=64))
+    trainer.step(batch)
+    start = time.perf_counter()
+    trainer.step(batch)
+    tiny = time.perf_counter() - start
+    for name in ("resnet", "bert", "vit"):
+        for run in select(load(f"suites/{name}.toml"), ["baseline", "checkpoint"]).runs:
+            start = time.perf_counter()
+            out = predict(run)
+            took = time.perf_counter() - start
+            print(f"\n{name}/{run.name}: predicted in {took:.1f} s, {took / tiny:.0f}× a resnet-tiny step here")
+            assert out["predicted_status"] == "ok"
+            assert took < 30  # about 2.5 s each on a quiet two-core CI machine
+
+
+def __getattr__(name: str) -> ModelSpec:
+    """``tests.perf.test_predict:TV_<name>``: torchvision's classification model ``name``, as a user names one."""
+    if not name.startswith("TV_"):
+        raise AttributeError(name)
+    model = name.removeprefix("TV_")
+    quiet = {"aux_logits": False, "init_weights": False} if model in ("inception_v3", "googlenet") else {}
+    return ModelSpec(model, lambda shapes: torchvision.models.get_model(model, num_classes=10, **quiet), "image",
+                     num_classes=10)
+
+
+@pytest.mark.parametrize("model", torchvision.models.list_models(module=torchvision.models))
+def test_every_torchvision_classification_model_predicts(model):
+    size = 299 if model == "inception_v3" else 224  # about 140 s for the 80 models on a two-core CI machine
+    out = predict(spec(f"tests.perf.test_predict:TV_{model}", batch_size=1, image_size=size))
+    assert out["predicted_status"] == "ok", out
