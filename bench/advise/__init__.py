@@ -116,7 +116,7 @@ def advise(src: Source, budget: Budget, device_type: str = "cuda", nproc: int = 
             search = searcher.walk(kept, estimator, limit, want, tolerance_pt, PREDICTION_LIMIT, max(jobs, 2),
                                    minimal=not max_batch)
             advice.plans = search.fits or [strongest]  # the walk's limit reached first: the plan known to fit
-            _rank(advice, predictions, top, max_batch)
+            _rank(advice, predictions, top, max_batch, tolerance_pt)
     finally:
         predictions.close()
     advice.predicted, advice.reused = predictions.made, predictions.reused
@@ -162,7 +162,7 @@ def _calibration(evidence: Evidence, device_type: str, rates: Rates, predictions
     return calibrate(steps, rates)
 
 
-def _rank(advice: Advice, predictions: Predictions, top: int, max_batch: bool) -> None:
+def _rank(advice: Advice, predictions: Predictions, top: int, max_batch: bool, tolerance_pt: float | None) -> None:
     """The top plans, each with its largest batch; with ``max_batch`` ranked by it first."""
     if not max_batch:
         advice.plans = advice.plans[:top]
@@ -171,7 +171,8 @@ def _rank(advice: Advice, predictions: Predictions, top: int, max_batch: bool) -
     for candidate, largest in zip(advice.plans, predictions.largest_batches(specs, advice.budget, owns)):
         candidate.largest_batch = largest
     if max_batch:
-        advice.plans = sorted(advice.plans, key=lambda c: (-(c.largest_batch or 0), c.speed.rank))[:top]
+        advice.plans = sorted(advice.plans, key=lambda c: (c.accuracy.demoted(tolerance_pt), -(c.largest_batch or 0),
+                                                           c.speed.rank))[:top]
 
 
 def _strongest(searcher: Searcher, kept: list[Axis], predictions: Predictions,

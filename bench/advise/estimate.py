@@ -127,6 +127,11 @@ class Accuracy:
     def points(self) -> float | None:
         return None if self.delta is None else 100 * self.delta
 
+    def demoted(self, tolerance_pt: float | None) -> bool:
+        """Whether the plan ranks after every plan without such a loss: a known loss outside the baseline's seed
+        band, unless the user accepted losses (``--tolerance-pt``; larger ones are dropped before this)."""
+        return tolerance_pt is None and self.outside_band and (self.delta or 0.0) < 0
+
 
 class Estimator:
     """Estimates for the plans of one model, from the baseline's and each option's own prediction."""

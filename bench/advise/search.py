@@ -138,7 +138,7 @@ class Searcher:
                 self.search.over_tolerance += 1
                 continue
             queue.append((estimator.speed(plan), accuracy, plan))
-        queue.sort(key=lambda q: (q[0].rank, len(q[2].options), _micro(q[2])))
+        queue.sort(key=lambda q: (q[1].demoted(tolerance_pt), q[0].rank, len(q[2].options), _micro(q[2])))
         predicted = 0
         while queue and len(self.search.fits) < want and predicted < limit:
             batch = []
@@ -161,7 +161,8 @@ class Searcher:
                 self.search.covering += len(held)
                 self.search.fits = [c for c in self.search.fits if c not in held]
             print(f"advise: {predicted} plans predicted, {len(self.search.fits)} fit", file=self.log, flush=True)
-        self.search.fits.sort(key=lambda c: (c.speed.rank, len(c.plan.options), _micro(c.plan)))
+        self.search.fits.sort(key=lambda c: (c.accuracy.demoted(tolerance_pt), c.speed.rank, len(c.plan.options),
+                                             _micro(c.plan)))
         return self.search
 
     def _cannot_fit(self, plan: Plan) -> bool:

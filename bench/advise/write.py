@@ -23,6 +23,9 @@ def table(advice: Advice) -> str:
             f"{advice.budget / GIB:,.2f} GiB for tensors")
     if not advice.plans:
         return head + "\n\n" + nothing_fits(advice)
+    if base <= advice.budget:  # said before any plan: the user's own run needs no technique to fit
+        head += (f"\n\nThe baseline already fits ({base / GIB:,.2f} of {advice.budget / GIB:,.2f} GiB): no technique "
+                 "is needed. The plans below buy headroom or speed, at the accuracy each shows.")
     rows = ["| # | plan | peak GiB | headroom GiB | largest batch | est. throughput | accuracy | figures |",
             "|---|---|---|---|---|---|---|---|"]
     for i, c in enumerate(advice.plans, 1):

@@ -9,6 +9,7 @@ from bench import advise
 from bench.advise.plans import Option
 from bench.cli import main
 from bench.suite import load
+from tests.advise.test_estimate import record, write
 
 TINY = {  # CPU shapes where activations make the peak, and steps long enough to time on two cores
     "bert-tiny": "[shapes.gpu]\nbatch_size = 32\nseq_len = 128\n[shapes.cpu]\nbatch_size = 32\nseq_len = 128\n",
@@ -126,3 +127,31 @@ def test_on_a_cpu_with_native_bf16_its_plans_are_priced_by_their_steps_timed_her
     if bf16_first:
         assert top[-1].startswith("timed here") or "+ timed here" in top[-1], out
         assert f"{1 / ratio:.2f}× timed on this device" in err
+
+
+@pytest.mark.parametrize("tolerance, lossy_first", [(None, False), ("20", True)])
+def test_a_known_loss_outside_the_seed_band_ranks_last_unless_a_tolerance_accepts_it(tolerance, lossy_first,
+                                                                                      monkeypatch, capsys, tmp_path):
+    # bf16-pure, timed 4× faster here, lost 15 points on this model's records: by default it ranks after every
+    # plan without such a loss; --tolerance-pt 20 accepts it, and speed ranks it first.
+    monkeypatch.setattr(advise, "native_bf16", lambda: True)
+    monkeypatch.setattr(advise, "time_factors", lambda base, options: {"amp-bf16": 0.5, "bf16-pure": 0.25})
+    untimed = {"step_time_ms_median": None}  # no step to calibrate prices with: accuracy is what is read here
+    write(tmp_path / "results", [record("s", "baseline", "bert-tiny", "cpu-x", [], 10.0, 0.90,
+                                        accuracy_seeds=[0.90, 0.89], **untimed),
+                                 record("s", "bf16-pure", "bert-tiny", "cpu-x", [("bf16", {})], 10.0, 0.75, **untimed)])
+    argv = ["advise", str(tiny_suite(tmp_path, "bert-tiny")), "--device", "cpu", "--budget", "60%", "--top", "3",
+            "--jobs", "1", "--results", str(tmp_path / "results"), "--out", str(tmp_path)]
+    assert main(argv + (["--tolerance-pt", tolerance] if tolerance else [])) == 0
+    out = capsys.readouterr().out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert ("bf16-pure" in rows[0][1]) == lossy_first, out
+    assert ("⚠ -15.0 pt" in rows[0][6]) == lossy_first, out
+
+
+def test_when_the_baseline_fits_advice_says_so_before_any_plan(capsys, tmp_path):
+    argv = ["advise", str(tiny_suite(tmp_path, "bert-tiny")), "--device", "cpu", "--budget", "150%", "--top", "2",
+            "--jobs", "1", "--results", str(tmp_path / "none"), "--out", str(tmp_path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.index("The baseline already fits") < out.index("| 1 |")
