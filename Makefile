@@ -23,6 +23,10 @@ DEPS := $(VENV)/.installed
 TEST_PROCESSES := -n auto --maxprocesses 4 --maxschedchunk 1
 endif
 
+# make's variables are case-sensitive: `make bench suite=resnet` would run smoke without a word.
+$(foreach v,suite model budget args card nproc,$(if $(filter command line,$(origin $(v))),\
+  $(error $(v)=$($(v)): make variables are upper case here, e.g. $(shell echo $(v) | tr a-z A-Z)=$($(v)))))
+
 .DEFAULT_GOAL := help
 .PHONY: help bench gpu fit advise report overview compare predict validate list test perf
 

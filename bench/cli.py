@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench.errors import BadInput, SuiteError
+from bench.errors import BadInput, SuiteError, cannot_read
 from bench.spec import MAX_NPROC
 
 if TYPE_CHECKING:
@@ -214,13 +214,18 @@ def _local(args: argparse.Namespace, torchrun: tuple[str, ...] = ()) -> Launcher
 
 
 def suite_path(name: str) -> Path:
+    """suites/NAME.toml, or the file named; one that does not exist is refused here, before torch is imported
+    (which took 45 s on a loaded machine before the error)."""
     path = Path(name)
-    if path.suffix == ".toml" or path.exists():
-        return path
-    return Path("suites") / f"{name}.toml"
+    if not (path.suffix == ".toml" or path.exists()):
+        path = Path("suites") / f"{name}.toml"
+    if not path.exists():
+        raise cannot_read(path, "No such file or directory")
+    return path
 
 
 def _run(args: argparse.Namespace) -> int:
+    path = suite_path(args.suite)  # before torch is imported
     from bench import suite as suites
     from bench.report import build_report
     from bench.report.overview import build_overview
@@ -229,7 +234,7 @@ def _run(args: argparse.Namespace) -> int:
     from bench.runner import sweep
 
     refuse_unusable_flags(args)
-    suite = suites.load(suite_path(args.suite))
+    suite = suites.load(path)
     if args.only:
         suite = suites.select(suite, args.only.split(","))
     torchrun = tuple(shlex.split(args.torchrun))
@@ -255,6 +260,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _campaign(args: argparse.Namespace) -> int:
+    paths = [suite_path(name) for name in args.suites]  # before torch is imported
     from bench import suite as suites
     from bench.report import build_report
     from bench.report.overview import build_overview
@@ -262,7 +268,7 @@ def _campaign(args: argparse.Namespace) -> int:
 
     args.slurm, args.snapshot = None, False
     refuse_unusable_flags(args)
-    chosen = [suites.load(suite_path(name)) for name in args.suites]  # every file checked before anything runs
+    chosen = [suites.load(p) for p in paths]  # every file checked before anything runs
     launcher = _local(args)
     records = campaign(chosen, launcher, args.results, never_measured_first=True, archive=args.archive,
                        **_sweep_options(args))
@@ -303,6 +309,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _predict(args: argparse.Namespace) -> int:
+    path = suite_path(args.suite)  # before torch is imported
     from bench import suite as suites
     from bench.predict import ASSUMPTIONS, RESERVE, markdown, suite_table, tensor_budget
     from bench.results import load_records
@@ -314,7 +321,7 @@ def _predict(args: argparse.Namespace) -> int:
         budget = tensor_budget(args.budget, reserve) if args.budget else None
     except ValueError as exc:
         raise BadInput(str(exc)) from exc
-    suite = suites.load(suite_path(args.suite))
+    suite = suites.load(path)
     if args.only:
         suite = suites.select(suite, args.only.split(","))
     if args.nproc:
@@ -336,6 +343,7 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _fit(args: argparse.Namespace) -> int:
+    path = suite_path(args.suite)  # before torch is imported
     from bench import suite as suites
     from bench.fit import fit_suite
     from bench.launch import detect
@@ -349,7 +357,7 @@ def _fit(args: argparse.Namespace) -> int:
                   else parse_size(args.budget))
     except ValueError as exc:
         raise BadInput(str(exc)) from exc
-    suite = suites.load(suite_path(args.suite))
+    suite = suites.load(path)
     if args.only:
         suite = suites.select(suite, args.only.split(","))
     rows = fit_suite([r for r in suite.runs if r.mode == "train" and r.nproc == 1], device, budget, args.results)
@@ -426,14 +434,16 @@ def _compare(args: argparse.Namespace) -> int:
         raise BadInput(f"no run (suite and name) is in both {args.a} and {args.b}")
     written = compare.write(table, (args.a, a), (args.b, b), args.out)
     print(written[0].read_text())
+    for line in compare.unmatched(a, b):
+        print(line, file=sys.stderr)
     print(f"written: {', '.join(str(p) for p in written)}", file=sys.stderr)
     return 1 if any(gate & set(r.split(", ")) for r in table["regression"]) else 0
 
 
 def _validate(args: argparse.Namespace) -> int:
+    paths = [suite_path(p) for p in args.suites] or sorted(Path("suites").glob("*.toml"))  # before torch
     from bench import suite as suites
 
-    paths = [suite_path(p) for p in args.suites] or sorted(Path("suites").glob("*.toml"))
     failed = 0
     for path in paths:
         try:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench.registry import did_you_mean
+
 
 class BadInput(Exception):
     """A flag or value the user can fix: printed as one line."""
@@ -21,3 +23,12 @@ class SuiteError(Exception):
         lines = "\n".join(f"  {path}: {p}" for p in problems[:self.SHOWN])
         more = f"\n  … and {len(problems) - self.SHOWN} more" if len(problems) > self.SHOWN else ""
         super().__init__(f"{len(problems)} problem(s) in suite {path}:\n{lines}{more}")
+
+
+def cannot_read(path: Path, reason: str) -> SuiteError:
+    """A suite file that cannot be read; where it does not exist, the suites beside it (and the one meant)."""
+    nearby = sorted(p.stem for p in path.parent.glob("*.toml")) if path.parent.is_dir() else []
+    hint = ""
+    if nearby and not path.exists():
+        hint = f"{did_you_mean(path.stem, nearby)}; suites in {path.parent}: {', '.join(nearby)}"
+    return SuiteError(path, [f"cannot read: {reason}{hint}"])

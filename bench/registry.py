@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -25,7 +26,8 @@ class Registry(Generic[T]):
 
     def get(self, name: str) -> T:
         if name not in self._items:
-            raise KeyError(f"unknown {self.kind} {name!r}; known: {', '.join(sorted(self._items))}")
+            raise KeyError(f"unknown {self.kind} {name!r}{did_you_mean(name, self._items)}; known: "
+                           f"{', '.join(sorted(self._items))}")
         return self._items[name]
 
     def __contains__(self, name: object) -> bool:
@@ -45,3 +47,9 @@ def import_object(path: str, kind: str) -> Any:
         return getattr(importlib.import_module(module_name), attr)
     except Exception as exc:  # noqa: BLE001  a user's module may fail in any way while it loads
         raise KeyError(f"cannot import {kind} {path!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """" (did you mean 'checkpoint'?)" for a typo close to a known name, else nothing."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -63,10 +63,16 @@ def test_a_language_model_from_the_readme_trains_on_its_next_tokens(tmp_path):
         text = text.replace("[fidelity]\n", "[fidelity]\nseeds = 2\n")
         return text.replace('name = "checkpoint"\n', 'name = "checkpoint"\nfidelity = false\n')
 
-    records = run_readme_suite(tmp_path, "my_lm.py", "llama", edit=lighter)
+    records = run_readme_suite(tmp_path, "my_lm.py", "my-llama", edit=lighter)
     base, ckpt = records["baseline"], records["checkpoint"]
     assert base["status"] == ckpt["status"] == "ok", records
     assert ckpt["proof"]["checkpoint.wrapped_modules"] == 2  # the two decoder layers, found in the tree
     assert ckpt["activation_bytes"] < base["activation_bytes"]
     assert base["predicted_peak_tensor_bytes"] == base["peak_tensor_bytes"]  # the CPU run, predicted exactly
     assert base["accuracy"] > 0.2  # chance is 0.1: it learned the class as its last next token
+
+
+def test_no_example_in_the_docs_writes_over_a_shipped_suite():
+    text = "\n".join(p.read_text() for p in (ROOT / "docs").glob("*.md"))
+    written = re.findall(r"<!-- file: (suites/[^ ]+) -->", text)
+    assert written and not [w for w in written if (ROOT / w).exists()]

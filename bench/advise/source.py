@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.errors import BadInput
-from bench.models import ModelSpec
+from bench.models import MODELS, ModelSpec
 from bench.models import resolve as resolve_model
 from bench.spec import RunSpec, Suite
 from bench.suite import load
@@ -38,8 +38,11 @@ class Source:
 
 
 def source(name: str, mode: str | None, batch: int | None, device_type: str, suites: Path = Path("suites")) -> Source:
-    """The header for ``name``: a suite file's own, or a model's shipped suite's (of ``mode``), or defaults."""
+    """The header for ``name``: a suite file's own (a path, or a suite's name where no model has it: ``resnet``), or
+    a model's shipped suite's (of ``mode``), or defaults."""
     path = Path(name)
+    if not (path.suffix == ".toml" or path.is_file()) and name not in MODELS and (suites / f"{name}.toml").is_file():
+        path = suites / f"{name}.toml"
     if path.suffix == ".toml" or path.is_file():
         raw, origin = _read(path), str(path)
         if mode and raw.get("mode", "train") != mode:

@@ -58,6 +58,14 @@ def compare(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
+def unmatched(a: pd.DataFrame, b: pd.DataFrame) -> list[str]:
+    """A line for each run in only one of the two folders: left out of the comparison, never silently."""
+    def name(key: object) -> str:
+        return "/".join(map(str, key)) if isinstance(key, tuple) else str(key)
+    return ([f"only in A (not compared): {name(k)}" for k in a.index.difference(b.index)]
+            + [f"only in B (not compared): {name(k)}" for k in b.index.difference(a.index)])
+
+
 def _num(frame: pd.DataFrame, col: str) -> pd.Series:
     """A numeric column; all-NaN where no record has it."""
     return pd.to_numeric(frame[col], errors="coerce") if col in frame else pd.Series(np.nan, index=frame.index)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from bench.data import varlen
-from bench.errors import SuiteError
+from bench.errors import SuiteError, cannot_read
 from bench.models import MODELS, ModelSpec
 from bench.spec import DEFAULTS, DEVICES, MAX_NPROC, MODES, STEP_KEYS, RunSpec, Shapes, Suite, TechniqueSpec
 from bench.suite import fidelity as fidelity_table
@@ -47,11 +47,9 @@ TOP_KEYS = {
 def load(path: str | Path) -> Suite:
     path = Path(path)
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))  # whatever the locale says (LC_ALL=C)
     except OSError as exc:
-        nearby = sorted(p.stem for p in path.parent.glob("*.toml")) if path.parent.is_dir() else []
-        hint = f"; suites in {path.parent}: {', '.join(nearby)}" if nearby and not path.exists() else ""
-        raise SuiteError(path, [f"cannot read: {exc.strerror}{hint}"]) from None
+        raise cannot_read(path, exc.strerror or str(exc)) from None
     except UnicodeDecodeError as exc:
         raise SuiteError(path, [f"not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset {exc.start}; "
                                 "save the file as UTF-8"]) from None

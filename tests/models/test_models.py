@@ -73,7 +73,7 @@ def test_a_users_model_is_named_by_import_path_and_its_blocks_found():
     ("tests.helpers:NOPE", "cannot import model 'tests.helpers:NOPE': AttributeError"),
     ("no_such_module:SPEC", "cannot import model 'no_such_module:SPEC': ModuleNotFoundError"),
     ("tests.helpers:spec", "model 'tests.helpers:spec' is a function, not a bench.models.ModelSpec"),
-    ("resnet-51", "unknown model 'resnet-51'; known: bert-base"),
+    ("resnet-51", "unknown model 'resnet-51' (did you mean 'resnet50'?); known: bert-base"),
 ])
 def test_a_model_that_cannot_be_resolved_says_why(name, message):
     with pytest.raises(KeyError, match=re.escape(message)):

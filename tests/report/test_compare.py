@@ -61,7 +61,8 @@ def test_compare_command_writes_table_and_plot_and_fails_in_strict_mode(sides, t
     assert main(["compare", str(sides[0]), str(sides[1]), "--out", str(out)]) == 0
     assert main(["compare", str(sides[0]), str(sides[1]), "--out", str(out), "--strict"]) == 1
     assert {p.name for p in out.iterdir()} == {"compare.md", "compare.csv", "compare.png", "compare.svg"}
-    text = capsys.readouterr().out
+    text, said = capsys.readouterr()
+    assert said.count("only in B (not compared): demo/only-after") == 2  # a run without its pair, said aloud
     assert "| demo | slower |" in text and "⚠ throughput" in text and "4 regressed" not in text
     assert "3 regressed beyond their spread: fatter, slower, worse." in text
     assert "Throughput × over the 6 runs: median 1.000, from 0.833 to 1.000." in text  # only-after has no pair

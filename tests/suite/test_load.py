@@ -1,3 +1,5 @@
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -7,6 +9,7 @@ from bench.suite import SuiteError, load
 from tests.helpers import suite_problems, write_suite
 
 SUITES = sorted(Path("suites").glob("*.toml"))
+ROOT = Path(__file__).resolve().parents[2]
 GOOD = """
 model = "vit-tiny"
 baseline = "baseline"
@@ -77,7 +80,17 @@ def test_a_suite_that_is_not_there_lists_the_ones_that_are(tmp_path):
     (tmp_path / "bert.toml").write_text(GOOD)
     with pytest.raises(SuiteError) as info:
         load(tmp_path / "renset.toml")
-    assert info.value.problems == [f"cannot read: No such file or directory; suites in {tmp_path}: bert, resnet"]
+    assert info.value.problems == [f"cannot read: No such file or directory (did you mean 'resnet'?); suites in "
+                                   f"{tmp_path}: bert, resnet"]
+
+
+def test_a_missing_suite_is_refused_before_torch_is_imported(tmp_path):
+    # Every command took about 45 s on a loaded machine to say so, importing torch first.
+    code = ("import sys; from bench.cli import main; rc = main(['run', 'renset']); "
+            "sys.exit(rc if 'torch' not in sys.modules else 99)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2, out.stderr
+    assert "(did you mean 'resnet'?)" in out.stderr
 
 
 def test_every_problem_is_reported_at_once(tmp_path):
@@ -103,7 +116,7 @@ techniques = [{ name = "accumulate", micro_batches = "two" }]
     found = "\n".join(suite_problems(tmp_path, text))
     for expected in [
         "colour: unknown key; allowed: name, description, model",
-        "model: unknown model 'resnet-51'; known: bert-base",
+        "model: unknown model 'resnet-51' (did you mean 'resnet50'?); known: bert-base",
         "baseline: 'nope' is not a run name",
         "shapes.gpu.batch_size: required positive integer, got 0",
         "shapes.cpu.batch_size: expected int, got str 'eight'",
