@@ -75,7 +75,7 @@ def fit_suite(runs: list[RunSpec], device: Device, budget: int, results_root: Pa
     for i, spec in enumerate(runs, 1):
         print(f"[{i}/{len(runs)}] {spec.name}: probing batch sizes under {budget / 2**30:.2f} GiB", file=log,
               flush=True)
-        row = fit_run(spec, device, budget) | {"suite": spec.suite, "run_key": spec.key(device.name)}
+        row = fit_run(spec, device, budget) | {"suite": spec.suite, "run_key": spec.measured_key(device.name, device.type)}
         folder = results.suite_folder(results_root, spec.suite, device.name) / "fit"
         results.write_atomic(folder / f"{results.run_stem(spec.name)}@{budget}.json", row)
         print(f"[{i}/{len(runs)}] {spec.name}: {said(row)}", file=log, flush=True)

@@ -156,6 +156,27 @@ def set_aside_if_unreadable(path: Path) -> None:
         path.replace(next(a for a in asides if not a.exists()))
 
 
+SUPERSEDED = "superseded"  # beside a device's records: those a later measurement replaced
+
+
+def keep_superseded(path: Path) -> Path | None:
+    """Before a record is written over by a new measurement: the stored one moves to
+    superseded/<run>.<stored_at>.json beside it (reports read only the folder's own records), so that nothing
+    measured is lost to an edited suite, --force or a changed key."""
+    old = read(path, warn=False) if path.exists() else None
+    if old is None:
+        return None
+    stamp = str(old.get("stored_at") or old.get("finished_at") or "unstamped").replace(":", "")
+    kept = path.parent / SUPERSEDED / f"{path.stem}.{stamp}.json"
+    try:
+        kept.parent.mkdir(exist_ok=True)
+        path.replace(kept)
+    except OSError as exc:  # the new record is stored all the same (or kept aside by store)
+        print(f"warning: could not keep {path} in {kept.parent}/: {exc.strerror or exc}", file=sys.stderr)
+        return None
+    return kept
+
+
 def load_records(suite_dir: Path) -> list[dict[str, Any]]:
     """Every record of a suite, all devices."""
     return [r for p in sorted(suite_dir.glob("*/*.json")) if (r := read(p)) is not None]

@@ -1,6 +1,7 @@
 """What a sweep keeps and what it measures: each run's stored record held against the run as it is now.
 
-A stored record is kept when it measured this run (same key: the full specification and the device) and
+A stored record is kept when it measured this run (same key: what can change its figures on the device, the
+device, and the source of the user's modules it names; bench.spec.RunSpec.measured_key) and
 its status would come out the same again: ``ok``, ``oom`` and ``unsupported`` are deterministic, while
 ``error`` and ``timeout`` may be transient (a killed worker, a busy machine) and are retried unless the
 user keeps them. A record made with the fidelity phase stands for the run without it too, so a quick
@@ -36,36 +37,45 @@ class Task:
     stored: dict[str, Any] | None
     measure: bool  # False: the stored record is kept
     reason: str  # why it is measured, or why it is kept
+    keys: frozenset[str] = frozenset()  # every key a stored record may have to stand for this run
 
     @property
     def never_measured(self) -> bool:
         """No record of this run (this device, this key) at all: a campaign measures these first."""
-        return self.stored is None or self.stored.get("run_key") != self.key
+        return self.stored is None or self.stored.get("run_key") not in (self.keys or {self.key})
 
 
 def plan(suite: Suite, device_name: str | None, root: Path, fidelity: bool = True, keep_failures: bool = False,
-         forced_since: str | None = None) -> list[Task]:
+         forced_since: str | None = None, device_type: str = "cpu") -> list[Task]:
     """Every run of the suite with what the sweep will do about it. ``device_name`` None: the device is known
     only where the runs go (a Slurm node), and a run's record of any device stands for it when its key matches."""
     tasks = []
     for full in suite.runs:
         spec = full if fidelity else replace(full, fidelity_gpu=None, fidelity_cpu=None)
-        device = device_name or _measured_on(root, suite.name, full, spec)
+        device = device_name or _measured_on(root, suite.name, device_type, full, spec)
         if device is None:
             tasks.append(Task(suite, spec, None, "", None, True, "no stored record of it on any device"))
             continue
         path = results.record_path(root, suite.name, device, spec.name)
-        key, stored = spec.key(device), results.read(path)
-        keys = {key, full.key(device)}  # a record with the fidelity phase stands for one without
-        tasks.append(Task(suite, spec, path, key, stored, *_decide(stored, keys, keep_failures, forced_since)))
+        key, stored = spec.measured_key(device, device_type), results.read(path)
+        keys = accepted(device, device_type, full, spec)  # a record with the fidelity phase stands for one without
+        tasks.append(Task(suite, spec, path, key, stored, *_decide(stored, keys, keep_failures, forced_since),
+                          frozenset(keys)))
     return tasks
 
 
-def _measured_on(root: Path, suite: str, *specs: RunSpec) -> str | None:
+def accepted(device: str, device_type: str, *specs: RunSpec) -> set[str]:
+    """The keys a stored record may have to stand for these specs: today's, and the full specification's of
+    records stored before it, where no code of the user's is named (whose edits that key cannot see)."""
+    keys = {s.measured_key(device, device_type) for s in specs}
+    return keys | {s.key(device) for s in specs if not s.user_code()}
+
+
+def _measured_on(root: Path, suite: str, device_type: str, *specs: RunSpec) -> str | None:
     """The device of a stored record of this run, on any device, with the key of one of ``specs`` there."""
     for folder in sorted(p for p in (root / suite).glob("*") if p.is_dir()):
         record = results.read(folder / f"{results.run_stem(specs[0].name)}.json", warn=False)
-        if record is not None and record.get("run_key") in {s.key(record["device"]) for s in specs}:
+        if record is not None and record.get("run_key") in accepted(record["device"], device_type, *specs):
             return record["device"]
     return None
 
@@ -76,7 +86,8 @@ def _decide(stored: dict[str, Any] | None, keys: set[str], keep_failures: bool,
     if stored is None:
         return True, "no stored record"
     if stored.get("run_key") not in keys:
-        return True, "the stored record measured another specification or device"
+        return True, ("the stored record measured another specification or device, or the code of the user's "
+                      "modules the run names has changed since")
     if forced_since is not None and str(stored.get("stored_at") or stored.get("finished_at", "")) < forced_since:
         return True, f"stored before --force began ({forced_since})"
     status = stored["status"]

@@ -35,7 +35,8 @@ def campaign(suites: list[Suite], launcher: Launcher, results_root: Path, force:
     folders = {s.name: results.suite_folder(results_root, s.name, device) if device else results_root / s.name
                for s in suites}
     tasks = [t for s in suites for t in resume.plan(s, device, results_root, fidelity, keep_failures,
-                                                      resume.forced_since(folders[s.name], force))]
+                                                      resume.forced_since(folders[s.name], force),
+                                                      launcher.device_type)]
     records = {s.name: [t.stored for t in tasks if t.suite is s and not t.measure] for s in suites}
     todo = [t for t in tasks if t.measure]
     if never_measured_first:
@@ -78,6 +79,7 @@ def finish(record: dict[str, Any], records: list[dict[str, Any]], results_root: 
         record["memory_summary"] = results.save_beside(path, ".memory.txt", summary)
     record = Record.from_flat(record).to_flat()
     results.set_aside_if_unreadable(path)
+    results.keep_superseded(path)
     results.store(path, record)
     records.append(record)
 

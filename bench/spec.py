@@ -7,6 +7,7 @@ TechniqueSpec into its technique)."""
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -118,9 +119,37 @@ class RunSpec:
         return cls(**{**d, "techniques": techs, "gpu": Shapes(**d["gpu"]), "cpu": Shapes(**d["cpu"]), **fid})
 
     def key(self, device: str) -> str:
-        """Identity of a measurement: the full specification plus the device it ran on."""
+        """The full specification plus the device: the key records were stored under before ``measured_key``,
+        still accepted for runs that name no code of the user's (bench.resume)."""
         blob = json.dumps({"spec": self.to_dict(), "device": device}, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def measured_key(self, device: str, device_type: str) -> str:
+        """Identity of a measurement: what can change its figures on this kind of device, the device, and the
+        source of the user's own modules the run names. Left out: the time limit, and the other kind of
+        device's shapes and fidelity phase (editing ``[shapes.gpu]`` re-measures nothing on a CPU)."""
+        spec = self.to_dict()
+        other = "cpu" if device_type == "cuda" else "gpu"
+        for key in ("timeout_s", other, f"fidelity_{other}"):
+            spec.pop(key, None)
+        blob = json.dumps({"spec": spec, "device": device, "code": self.user_code()}, sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def user_code(self) -> dict[str, str]:
+        """A digest of the source file of each module of the user's that the run names (``module:NAME`` models and
+        techniques), found without importing it: an edited class measures again. Modules they import in turn
+        are not read."""
+        names = {self.model, self.gpu.model, self.cpu.model, *(t.name for t in self.techniques)}
+        modules = sorted({n.partition(":")[0] for n in names if n and ":" in n})
+        return {m: _source_digest(m) for m in modules}
+
+
+def _source_digest(module: str) -> str:
+    try:
+        found = importlib.util.find_spec(module)
+        return hashlib.sha256(Path(found.origin).read_bytes()).hexdigest()[:16] if found and found.origin else ""
+    except (ImportError, ValueError, OSError):  # not importable here: the run itself will say why
+        return ""
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from bench.launch.local import Local
 from bench.provenance import device_name
 from bench.runner import campaign, sweep
 from bench.suite import Fidelity, Suite
-from tests.helpers import spec
+from tests.helpers import spec, tech
 
 CPU = Device("cpu", "cpu")
 CPU_NAME = device_name("cpu")
@@ -98,3 +98,39 @@ def test_bench_campaign_measures_the_suites_then_writes_their_reports_and_the_fi
         assert sorted(Path(n).name for n in tar.getnames()) == sorted(p.name for p in root.glob("smoke/*/*.json"))
     assert cli.main(["campaign", "smoke", "--device", "cpu", "--no-fidelity", "--results", str(root)]) == 0
     assert "0 of 4 runs to measure" in capsys.readouterr().err  # the next lease resumes: nothing left here
+
+
+def test_an_edit_that_cannot_change_the_figures_keeps_the_record(tmp_path):
+    # the time limit, and on a CPU the GPU's shapes, change nothing a CPU run measures
+    run = spec(name="baseline", batch_size=2)
+    suite = suite_of("s", run)
+    path = results.record_path(tmp_path, "s", CPU.name, "baseline")
+    results.write_atomic(path, {"suite": "s", "run": "baseline", "device": CPU.name, "status": "ok",
+                                "run_key": suite.runs[0].measured_key(CPU.name, "cpu"), "baseline": "baseline"})
+    edited = suite_of("s", replace(run, timeout_s=5000.0, gpu=replace(run.gpu, batch_size=64)))
+    assert not any(t.measure for t in resume.plan(edited, CPU.name, tmp_path))
+    on_cpu = suite_of("s", replace(run, cpu=replace(run.cpu, batch_size=4)))
+    assert all(t.measure for t in resume.plan(on_cpu, CPU.name, tmp_path))
+
+
+def test_editing_your_own_technique_measures_the_run_again(tmp_path, monkeypatch):
+    module = tmp_path / "my_tech.py"
+    module.write_text("from bench.techniques import Technique\n\nclass Mine(Technique):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = spec(name="mine", batch_size=2, techniques=(tech("my_tech:Mine"),))
+    suite = suite_of("s", run)
+    store(tmp_path, suite, suite.runs[0], "ok", run_key=suite.runs[0].measured_key(CPU.name, "cpu"))
+    assert not any(t.measure for t in resume.plan(suite, CPU.name, tmp_path))
+    module.write_text(module.read_text() + "    # edited: its step changed\n")
+    (task,) = resume.plan(suite, CPU.name, tmp_path)
+    assert task.measure and "the code of the user's modules the run names has changed" in task.reason
+
+
+def test_a_record_measured_again_is_kept_in_superseded(tmp_path):
+    suite = suite_of("s", spec(name="baseline", batch_size=2))
+    old = store(tmp_path, suite, suite.runs[0], "ok", run_key="another-spec", stored_at="2020-01-01T00:00:00+00:00",
+                samples_per_s=1.5)
+    sweep(suite, Local(CPU), tmp_path)
+    (kept,) = (old.parent / results.SUPERSEDED).glob("*.json")
+    assert kept.name == "baseline.2020-01-01T000000+0000.json" and results.read(kept)["samples_per_s"] == 1.5
+    assert [r["run"] for r in results.load_records(tmp_path / "s")] == ["baseline"]  # reports read today's only
