@@ -3,6 +3,7 @@ and loaded back into a pandas DataFrame."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import itertools
 import json
@@ -11,12 +12,15 @@ import re
 import sys
 import tarfile
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from bench.errors import BadInput
 from bench.record import label, migrate
 
 if TYPE_CHECKING:
@@ -154,6 +158,38 @@ def set_aside_if_unreadable(path: Path) -> None:
     if path.exists() and read(path, warn=False) is None:  # named already, when the sweep read it
         asides = (path.with_name(path.name + ".unreadable" + (f"-{n}" if n > 1 else "")) for n in itertools.count(1))
         path.replace(next(a for a in asides if not a.exists()))
+
+
+LOCK = ".sweep.lock"
+
+
+@contextmanager
+def sweeping(folders: list[Path]) -> Iterator[None]:
+    """Held by one sweep at a time per record folder: a second sweep of the same suite and device would measure
+    every run again beside the first and overwrite its records, so it is refused, naming the first. The lock is
+    the operating system's (flock): a sweep that dies releases it."""
+    held = []
+    try:
+        for folder in folders:
+            folder.mkdir(parents=True, exist_ok=True)
+            handle = open(folder / LOCK, "a+")  # noqa: SIM115  held open for the sweep's length
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                who = handle.read().strip() or "another process"
+                handle.close()
+                raise BadInput(f"{folder} is being measured by another sweep ({who}); wait for it to finish, or "
+                               "give this one --results elsewhere") from None
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"pid {os.getpid()}, since {datetime.now(UTC).isoformat(timespec='seconds')}\n")
+            handle.flush()
+            held.append(handle)
+        yield
+    finally:
+        for handle in held:
+            handle.close()
 
 
 SUPERSEDED = "superseded"  # beside a device's records: those a later measurement replaced

@@ -34,6 +34,18 @@ def campaign(suites: list[Suite], launcher: Launcher, results_root: Path, force:
     results.check_writable(results_root, names, device)  # before --force's marker
     folders = {s.name: results.suite_folder(results_root, s.name, device) if device else results_root / s.name
                for s in suites}
+    with results.sweeping(list(folders.values())):
+        records, todo = _measure(suites, launcher, results_root, folders, start, log, fidelity, keep_failures, force,
+                                 never_measured_first, archive)
+    print(f"done: {len(todo)} runs measured in {_elapsed(start)}", file=log)
+    return records
+
+
+def _measure(suites: list[Suite], launcher: Launcher, results_root: Path, folders: dict[str, Path], start: float,
+             log: TextIO, fidelity: bool, keep_failures: bool, force: bool, never_measured_first: bool,
+             archive: Path | None) -> tuple[dict[str, list[dict[str, Any]]], list[resume.Task]]:
+    """The sweep proper, under the folders' lock: plan, say what is kept, measure the rest."""
+    device, names = launcher.device_name, [s.name for s in suites]
     tasks = [t for s in suites for t in resume.plan(s, device, results_root, fidelity, keep_failures,
                                                       resume.forced_since(folders[s.name], force),
                                                       launcher.device_type)]
@@ -59,8 +71,7 @@ def campaign(suites: list[Suite], launcher: Launcher, results_root: Path, force:
                   file=log, flush=True)
     for folder in folders.values():
         resume.force_done(folder)
-    print(f"done: {len(todo)} runs measured in {_elapsed(start)}", file=log)
-    return records
+    return records, todo
 
 
 def _missing_snapshot(task: resume.Task, launcher: Launcher) -> str:
