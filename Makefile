@@ -34,11 +34,16 @@ help: ## this list
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 	@echo "  variables: SUITE=name (suites/NAME.toml, default smoke), ARGS='--force …', PYTHON=python3 (no venv)"
 
+# Quiet, with its progress: pip's own output (about 280 lines) goes to .venv/install.log, shown only on failure.
 $(VENV)/.installed: pyproject.toml
-	python3 -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install -e '.[test,extras,data,cluster]'
-	touch $@
+	@echo "first use: installing the pinned dependencies into $(VENV) (about 1.5 min; pip's log: $(VENV)/install.log)"
+	@echo "  [1/3] creating $(VENV)" && python3 -m venv $(VENV)
+	@echo "  [2/3] updating pip" && $(VENV)/bin/pip install --quiet --upgrade pip > $(VENV)/install.log 2>&1 \
+		|| { tail -30 $(VENV)/install.log; exit 1; }
+	@echo "  [3/3] torch, torchvision, transformers, pandas, matplotlib, scikit-learn and the extras" && \
+		$(VENV)/bin/pip install -e '.[test,extras,data,cluster]' >> $(VENV)/install.log 2>&1 \
+		|| { tail -30 $(VENV)/install.log; exit 1; }
+	@touch $@ && echo "  installed: $$(grep -c '' $(VENV)/install.log) lines of pip's log in $(VENV)/install.log"
 
 bench: $(DEPS) ## run (or resume) SUITE, then write its table and plots
 	$(RUN) -m bench run $(SUITE) $(ARGS)

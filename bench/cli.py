@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bench.errors import BadInput, SuiteError, cannot_read
-from bench.spec import MAX_NPROC
+from bench.spec import MAX_NPROC, MAX_TIMEOUT_S
 
 if TYPE_CHECKING:
     from bench.launch import Launcher
@@ -180,7 +180,19 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"expected seconds from 1 to {MAX_TIMEOUT_S:g} (a week), got {text!r}")
+    return value
+
+
 def _sweep_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--timeout", type=_seconds, metavar="SECONDS",
+                   help="stop each run after this long instead of its suite's timeout_s (a stored record is kept)")
     p.add_argument("--force", action="store_true",
                    help="re-measure runs stored before this sweep began (interrupted, the same command resumes)")
     p.add_argument("--keep-failures", action="store_true",
@@ -237,6 +249,8 @@ def _run(args: argparse.Namespace) -> int:
     suite = suites.load(path)
     if args.only:
         suite = suites.select(suite, args.only.split(","))
+    if args.timeout:
+        suite = suites.with_timeout(suite, args.timeout)
     torchrun = tuple(shlex.split(args.torchrun))
     if args.slurm is not None:
         from bench.launch.slurm import Slurm, parse_options
@@ -268,7 +282,9 @@ def _campaign(args: argparse.Namespace) -> int:
 
     args.slurm, args.snapshot = None, False
     refuse_unusable_flags(args)
-    chosen = [suites.load(p) for p in paths]  # every file checked before anything runs
+    chosen = [suites.load(p) for p in paths]
+    if args.timeout:
+        chosen = [suites.with_timeout(s, args.timeout) for s in chosen]  # every file checked before anything runs
     launcher = _local(args)
     records = campaign(chosen, launcher, args.results, never_measured_first=True, archive=args.archive,
                        **_sweep_options(args))

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench import models
+from bench import models, progress
 from bench.data import real
 from bench.data.synthetic import Batch
 from bench.infer import forward
@@ -89,7 +89,9 @@ def _train_seed(recipe: Recipe, fid: Fidelity, train: real.Labelled, test: real.
     losses = [trainer.step(recipe.regroup(first))]
     for h in hooks:
         h.remove()
-    losses += [trainer.step(recipe.regroup(next(batches))) for _ in range(fid.steps - 1)]
+    for step in range(2, fid.steps + 1):
+        progress.say(f"fidelity phase, seed {recipe.seed}", step, fid.steps)
+        losses.append(trainer.step(recipe.regroup(next(batches))))
     final = torch.stack(losses[-LAST_STEPS:]).float().mean().item()
     figures = _evaluate(trainer, test, device, classes, recipe.regroup)
     del figures["predictions"]
@@ -101,7 +103,10 @@ def _inference_seed(recipe: Recipe, fid: Fidelity, train: real.Labelled, test: r
     device = recipe.ctx.device
     plain = recipe.runner(recipe.model(fid.weights)[0], [], inference=False)
     batches = _batches(train, fid, recipe.seed, device, recipe.ctx.model_spec)
-    losses = [plain.step(next(batches)) for _ in range(fid.steps)]
+    losses = []
+    for step in range(1, fid.steps + 1):
+        progress.say(f"fidelity phase, seed {recipe.seed}", step, fid.steps)
+        losses.append(plain.step(next(batches)))
     reference = _evaluate(recipe.runner(plain.model, []), test, device, classes)
     served = recipe.runner(plain.model)
     figures = _evaluate(served, test, device, classes, recipe.regroup)

@@ -17,6 +17,7 @@ DEVICES = ("gpu", "cpu")
 MODES = ("train", "inference")
 DEFAULTS = {"seed": 0, "warmup_steps": 2, "measure_steps": 5, "timeout_s": 900.0, "lr": 1e-4}
 STEP_KEYS = ("warmup_steps", "measure_steps")  # suite-wide, and overridable per device in [shapes.*]
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: beyond it the wait's arithmetic overflows (1e10 did, at the first run)
 MAX_NPROC = 65_536  # processes a run (or a prediction) may span: the largest clusters built, and some room
 
 

@@ -14,12 +14,13 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench import distributed
+from bench import distributed, progress
 from bench.data.synthetic import Batch, samples_in
 from bench.data.varlen import Feed
 from bench.fidelity import run_fidelity
@@ -47,23 +48,28 @@ OOM_MESSAGES = ("out of memory", "not enough memory", "can't allocate memory")
 
 def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None,
             group: distributed.Group = distributed.Group(), prediction: dict[str, Any] | None = None,
-            launched_at: float | None = None) -> dict[str, Any]:
+            launched_at: float | None = None,
+            measured: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """One run, phase by phase: its own prediction (unless made ahead), build, warm-up, one instrumented step,
     the timed steps, and the fidelity phase; a technique that cannot run here ends it as unsupported before
-    any of them. ``launched_at``: when the sweep launched the process (``startup_s`` counts from there)."""
+    any of them. ``launched_at``: when the sweep launched the process (``startup_s`` counts from there);
+    ``measured``: handed the memory and speed figures as soon as they are, before the fidelity phase."""
     recipe = Recipe.of(spec, device, world_size=group.world_size, rank=group.rank)
     ctx, techniques, shapes = recipe.ctx, recipe.techniques, recipe.ctx.shapes
     if reason := recipe.unsupported():
         return {"status": "unsupported", "message": reason}
     if prediction is None:
+        progress.say("predicting its peak")
         prediction = predict_run(spec, device.type)  # before anything real is allocated
     clock = time.perf_counter()
+    progress.say("building the model")
     trainer, batch, figures = _build(spec, recipe)
     feed = recipe.feed()
     if launched_at is not None:  # process start, imports, prediction and build: what the device waited for
         figures["startup_s"] = round(time.time() - launched_at, 2)
     # Warm-up: allocator, cuDNN autotune, optimizer state, compilation. The first step is timed on its
     # own, since that is where one-off costs (compilation above all) land.
+    progress.say("warm-up")
     warm = batches(batch, feed, shapes.warmup_steps)
     figures["first_step_ms"] = time_steps(lambda: trainer.step(next(warm)), 1, device)[0]
     for b in warm:
@@ -79,7 +85,10 @@ def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None,
                                   "device": torch.cuda.get_device_name(device)})
     figures["measure_s"] = round(time.perf_counter() - clock, 2)  # build, warm-up, instrumented and timed steps
     if (fid := spec.fidelity(device.type)) is not None:
+        if measured is not None:  # kept by the sweep if the fidelity phase is cut short
+            measured({"status": "ok", "message": "", **figures})
         del trainer, batch  # free the measured model before training another
+        progress.say("fidelity phase (accuracy)")
         clock = time.perf_counter()
         figures |= _fidelity(spec, fid, device)
         figures["fidelity_s"] = round(time.perf_counter() - clock, 2)
@@ -102,6 +111,7 @@ def _memory_pass(trainer: Runner, batch: Batch, feed: Feed | None, steps: int, t
     """One instrumented step (every timed batch, on variable-length data), kept out of the timing since the
     tracker slows it; with ``snapshot``, the allocator's history of that step is saved there, for
     pytorch.org/memory_viz."""
+    progress.say("instrumented step (memory)")
     if snapshot:
         torch.cuda.memory._record_memory_history(max_entries=200_000)
     if all(t.trackable for t in techniques):
@@ -124,8 +134,9 @@ def _timed_pass(trainer: Runner, batch: Batch, feed: Feed | None, samples: int, 
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         torch.cuda.reset_accumulated_memory_stats(device)  # retries and OOMs of the timed steps only
-    todo = batches(batch, feed, ctx.shapes.measure_steps)
-    times = time_steps(lambda: trainer.step(next(todo)), ctx.shapes.measure_steps, device)
+    todo, n = batches(batch, feed, ctx.shapes.measure_steps), ctx.shapes.measure_steps
+    steps = iter(range(1, n + 1))
+    times = time_steps(lambda: (progress.say("timed steps", next(steps), n), trainer.step(next(todo))), n, device)
     figures: dict[str, Any] = {}
     if device.type == "cuda":
         figures |= cuda_peaks(device)
@@ -221,8 +232,10 @@ def main(spec_path: str, out_path: str) -> int:
         if budget and device.type == "cuda":  # a smaller card: the allocator refuses past the budget
             torch.cuda.set_per_process_memory_fraction(budget / torch.cuda.get_device_properties(device).total_memory,
                                                        device)
+        partial = None if group.world_size > 1 else (  # a rank's figures are merged only at the end
+            lambda figures: _write(f"{out_path}.measured", figures | runtime_provenance(device)))
         result = measure(spec, device, job.get("snapshot") if group.rank == 0 else None, group, prediction,
-                         job.get("launched_at"))
+                         job.get("launched_at"), partial)
         if budget and device.type == "cpu":
             result |= over_budget(result, budget)
     except Unsupported as exc:
@@ -251,6 +264,11 @@ def main(spec_path: str, out_path: str) -> int:
         sys.stderr.flush()
         os._exit(0)
     return 0
+
+
+def _write(path: str, record: dict[str, Any]) -> None:
+    Path(f"{path}.tmp").write_text(json.dumps(record, default=str))
+    os.replace(f"{path}.tmp", path)
 
 
 if __name__ == "__main__":

@@ -105,6 +105,16 @@ class Sleep(Technique):
         return model
 
 
+class HangInFidelity(Technique):
+    """Applies at once for the prediction and the measured steps, then hangs in the fidelity phase (the only one
+    at the fidelity batch of 8, where the run's is 2)."""
+
+    def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        if ctx.shapes.batch_size == 8:
+            time.sleep(600)
+        return model
+
+
 class Unavailable(Technique):
     def unsupported(self, ctx: RunContext) -> str | None:
         return "needs a package this machine does not have (pip install nothing-real)"

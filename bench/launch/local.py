@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-from bench import results
+from bench import progress, results
 from bench.launch import Device
 from bench.launch.process import Kind, Process, fork_works_on_cuda, start_server
 from bench.predict import Ahead
@@ -28,6 +28,7 @@ from bench.suite import RunSpec
 from bench.techniques import build
 
 STDERR_TAIL = 2000
+HEARTBEAT_S = 30.0  # a line at least this often while a run goes on: its phase and time so far
 
 
 class Local:
@@ -55,7 +56,9 @@ class Local:
             def run(task: Task) -> dict[str, Any]:
                 shot = task.path.with_suffix(".snapshot.pickle") if self.snapshot else None
                 clock = time.monotonic()
-                outcome = run_isolated(task.spec, self.device, shot, self.torchrun, kind, ahead.get(task.spec))
+                outcome = run_isolated(task.spec, self.device, shot, self.torchrun, kind, ahead.get(task.spec),
+                                       heartbeat=lambda said: print(f"    {task.spec.name}: {said}", file=log,
+                                                                    flush=True))
                 # wall_s: the run's whole process (start-up, prediction, measurement, fidelity phase)
                 return results.base_record(task.spec, self.device.name, self.device.type, task.key, revision) | {
                     "wall_s": round(time.monotonic() - clock, 1)} | outcome
@@ -71,18 +74,20 @@ class Local:
 
 def run_isolated(spec: RunSpec, device: Device, snapshot: Path | None = None, torchrun: tuple[str, ...] = (),
                  kind: Kind = "fork", prediction: dict[str, Any] | None = None,
-                 budget: int | None = None) -> dict[str, Any]:
+                 budget: int | None = None, heartbeat: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The run in its own process (``nproc`` > 1: its own torchrun, one process per rank); a crash or a
-    timeout becomes a status, never an exception. With ``snapshot`` (CUDA), the instrumented step's
-    memory history is dumped there for memory_viz; with ``prediction``, made ahead, the run skips its own;
-    with ``budget`` (bytes), more memory than that is out of memory (bench fit)."""
+    timeout becomes a status, never an exception, and keeps the memory and speed figures measured before its
+    fidelity phase. With ``snapshot`` (CUDA), the instrumented step's memory history is dumped there for
+    memory_viz; with ``prediction``, made ahead, the run skips its own; with ``budget`` (bytes), more memory than
+    that is out of memory (bench fit); ``heartbeat`` is told the run's phase every ``HEARTBEAT_S``."""
     if device.type == "cuda" and spec.nproc > device.count:
         return {"status": "unsupported", "message": f"needs {spec.nproc} GPUs per node; {device.count} visible"}
     own_env = {k: v for t in spec.techniques for k, v in build(t).env().items()}
     if own_env or spec.nproc > 1:
         kind = "fresh"  # see bench.launch.process: a fork would start with the server's environment, or one process
     with tempfile.TemporaryDirectory(prefix="bench-run-") as tmp:
-        spec_path, out_path, err_path = (Path(tmp) / n for n in ("spec.json", "out.json", "stderr.txt"))
+        spec_path, out_path, err_path, said = (Path(tmp) / n for n in ("spec.json", "out.json", "stderr.txt",
+                                                                      "progress.txt"))
         job = {"spec": spec.to_dict(), "device_type": device.type, "snapshot": str(snapshot) if snapshot else None,
                "prediction": prediction, "launched_at": time.time(), "budget_bytes": budget}
         spec_path.write_text(json.dumps(job))
@@ -90,12 +95,14 @@ def run_isolated(spec: RunSpec, device: Device, snapshot: Path | None = None, to
         if spec.nproc > 1:
             argv = ["torch.distributed.run", f"--nproc-per-node={spec.nproc}", "--tee=3",
                     f"--log-dir={Path(tmp) / 'ranks'}", *(torchrun or ("--standalone",)), "-m", *argv]
-        proc = Process(argv, os.environ | own_env, err_path, kind)
+        proc = Process(argv, os.environ | own_env | {progress.ENV: str(said)}, err_path, kind)
         try:
-            code = proc.wait(timeout=spec.timeout_s)
+            code = _wait(proc, spec.timeout_s, said, heartbeat)
         except subprocess.TimeoutExpired:
             proc.kill()
-            return {"status": "timeout", "message": f"stopped after {spec.timeout_s:g} s"}
+            return _measured(out_path, "timeout", f"stopped after {spec.timeout_s:g} s in its "
+                             f"{progress.heard(said)}; running the same command again retries it, and --timeout "
+                             "SECONDS (or timeout_s in the suite) raises the limit")
         except BaseException:  # Ctrl-C: take the run down with us, keep what is stored
             proc.kill()
             raise
@@ -108,7 +115,31 @@ def run_isolated(spec: RunSpec, device: Device, snapshot: Path | None = None, to
         why = (f"killed by signal {signal.Signals(-code).name}" if code < 0 else
                "no record written (under a multi-node torchrun, rank 0 is on another node)" if code == 0
                else f"exit status {code}")
-        return {"status": "error", "message": f"run process died: {why}", "stderr_tail": tail, "launcher": kind}
+        return _measured(out_path, "error", f"run process died: {why}") | {"stderr_tail": tail, "launcher": kind}
+
+
+def _wait(proc: Process, timeout_s: float, said: Path, heartbeat: Callable[[str], None] | None) -> int:
+    """The run's exit status, telling ``heartbeat`` its phase every HEARTBEAT_S; TimeoutExpired past the limit."""
+    start = time.monotonic()
+    while True:
+        left = timeout_s - (time.monotonic() - start)
+        if left <= 0:
+            raise subprocess.TimeoutExpired("run", timeout_s)
+        try:
+            return proc.wait(timeout=min(left, HEARTBEAT_S))
+        except subprocess.TimeoutExpired:
+            if heartbeat is not None and time.monotonic() - start < timeout_s:
+                elapsed = int(time.monotonic() - start)
+                heartbeat(f"{progress.heard(said)} ({elapsed // 60}m{elapsed % 60:02d}s)")
+
+
+def _measured(out_path: Path, status: str, message: str) -> dict[str, Any]:
+    """A run stopped short: where its memory and speed were measured before the fidelity phase, it stays ``ok``
+    with those figures and the phase's failure beside them; else ``status`` with ``message``."""
+    early = out_path.with_name(out_path.name + ".measured")
+    if early.exists():
+        return json.loads(early.read_text()) | {"fidelity_error": f"{status}: {message}"}
+    return {"status": status, "message": message}
 
 
 def _tail(err_path: Path, rank_logs: Path) -> str:

@@ -6,7 +6,7 @@ What the rest of the harness reads (Suite, RunSpec, Shapes, Fidelity, TechniqueS
 
 from bench.errors import SuiteError
 from bench.spec import Fidelity, RunSpec, Shapes, Suite, TechniqueSpec
-from bench.suite.load import load, select, spanning, without_fidelity
+from bench.suite.load import load, select, spanning, with_timeout, without_fidelity
 
 __all__ = ["Fidelity", "RunSpec", "Shapes", "Suite", "SuiteError", "TechniqueSpec", "load", "select",
-           "spanning", "without_fidelity"]
+           "spanning", "with_timeout", "without_fidelity"]

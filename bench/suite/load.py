@@ -79,6 +79,12 @@ def spanning(suite: Suite, nproc: int) -> Suite:
     return replace(suite, runs=tuple(replace(r, nproc=nproc) if r.nproc > 1 else r for r in suite.runs))
 
 
+def with_timeout(suite: Suite, seconds: float) -> Suite:
+    """Every run stopped after ``seconds`` (``--timeout``): the limit is not part of a run's key, so a record
+    kept before stays kept."""
+    return replace(suite, runs=tuple(replace(r, timeout_s=seconds) for r in suite.runs))
+
+
 def without_fidelity(suite: Suite) -> Suite:
     """Every run without its fidelity phase (``--no-fidelity``): memory and speed only, sooner. The runs are
     keyed as entries with ``fidelity = false``, so a record made with the phase is not taken for one without."""

@@ -8,7 +8,7 @@ from typing import Any
 
 from bench import models
 from bench.models import ModelSpec
-from bench.spec import DEFAULTS
+from bench.spec import DEFAULTS, MAX_TIMEOUT_S
 
 
 def typed(table: dict[str, Any], key: str, kind: type, default: Any, problems: list[str], where: str = "") -> Any:
@@ -23,10 +23,13 @@ def typed(table: dict[str, Any], key: str, kind: type, default: Any, problems: l
 
 
 def check_ranges(values: dict[str, Any], where: str, problems: list[str]) -> None:
-    """Every number a run is made of is finite and, but for the seed, positive (TOML allows nan and inf)."""
+    """Every number a run is made of is finite and, but for the seed, positive (TOML allows nan and inf); a time
+    limit at most a week."""
     for k, v in values.items():
         if k in DEFAULTS and k != "seed" and isinstance(v, (int, float)) and not (math.isfinite(v) and v > 0):
             problems.append(f"{where}{k}: must be a finite number > 0, got {v}")
+        elif k == "timeout_s" and isinstance(v, (int, float)) and v > MAX_TIMEOUT_S:
+            problems.append(f"{where}{k}: at most {MAX_TIMEOUT_S:g} s (a week), got {v:g}")
 
 
 def model_spec(name: str | None, where: str, problems: list[str]) -> ModelSpec | None:

@@ -2,6 +2,7 @@
 its own session, and no CUDA inherited from the server."""
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -11,7 +12,9 @@ import torch
 
 from bench.launch import Device
 from bench.launch import process as launch
+from bench.launch import local
 from bench.launch.local import run_isolated
+from bench.suite import Fidelity
 from tests.helpers import spec, tech
 
 CPU = Device("cpu", "cpu")
@@ -61,7 +64,8 @@ def test_a_crash_or_a_hang_is_a_status_under_either_launcher(launcher, monkeypat
     monkeypatch.setenv("BENCH_TEST_SLEEP", "60")
     monkeypatch.setenv("BENCH_TEST_PID_FILE", str(tmp_path / "pid"))
     hung = run_isolated(spec(techniques=(tech("tests.helpers:Sleep"),), timeout_s=3.0), CPU, kind=launcher)
-    assert hung["status"] == "timeout" and hung["message"] == "stopped after 3 s"
+    assert hung["status"] == "timeout" and hung["message"].startswith("stopped after 3 s in its predicting its peak")
+    assert "running the same command again retries it, and --timeout SECONDS" in hung["message"]
     with pytest.raises(ProcessLookupError):  # stopped at its time: the sleeping process is gone, not waited for
         os.kill(int((tmp_path / "pid").read_text()), 0)
 
@@ -109,3 +113,21 @@ def _tiny_wheel(folder, name: str, version: str) -> None:
     with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as whl:
         for path, text in files.items():
             whl.writestr(path, text)
+
+
+def test_a_long_run_says_its_phase_at_least_every_heartbeat(monkeypatch):
+    monkeypatch.setattr(local, "HEARTBEAT_S", 1.0)
+    monkeypatch.setenv("BENCH_TEST_SLEEP", "4")
+    said = []
+    record = run_isolated(spec(techniques=(tech("tests.helpers:Sleep"),)), CPU, heartbeat=said.append)
+    assert record["status"] == "ok" and len(said) >= 2
+    # the phase and the time so far (the technique sleeps where it is applied: its prediction and its build)
+    assert all(re.fullmatch(r"(predicting its peak|building the model) \(0m0\ds\)", s) for s in said), said
+
+
+def test_a_fidelity_phase_cut_short_keeps_what_was_measured_before_it():
+    run = spec(techniques=(tech("tests.helpers:HangInFidelity"),), timeout_s=20.0, batch_size=2,
+               fidelity_cpu=Fidelity(steps=2, seeds=1, batch_size=8))
+    record = run_isolated(run, CPU)
+    assert record["status"] == "ok" and record["peak_tensor_bytes"] > 0 and record["samples_per_s"] > 0
+    assert record["fidelity_error"].startswith("timeout: stopped after 20 s in its fidelity phase")
