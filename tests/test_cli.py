@@ -120,3 +120,16 @@ def test_predict_spans_the_distributed_entries_over_nproc(capsys):
     assert rows["fsdp"][header.index("ranks")] == "4" and rows["single"][header.index("ranks")] == "–"
     assert float(rows["fsdp"][header.index("all-gather MiB/rank")]) > 0
     assert "Ranks: each multi-process entry is predicted as rank 0" in out.err
+
+
+def test_make_refuses_its_variables_in_lower_case():
+    # make's variables are case-sensitive: `make bench suite=resnet` ran smoke without a word
+    out = subprocess.run(["make", "-n", "bench", "suite=resnet"], capture_output=True, text=True)
+    assert out.returncode != 0 and "suite=resnet: make variables are upper case here, e.g. SUITE=resnet" in out.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "1e10", "soon"])
+def test_timeout_flag_takes_seconds_up_to_a_week(capsys, value):
+    with pytest.raises(SystemExit) as info:
+        main(["run", "smoke", "--timeout", value])
+    assert info.value.code == 2 and "expected seconds from 1 to 604800 (a week)" in capsys.readouterr().err

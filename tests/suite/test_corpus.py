@@ -35,6 +35,7 @@ CORPUS = [
     ("lr nan", "lr = nan\n" + GOOD, "lr: must be a finite number > 0, got nan"),
     ("lr negative", "lr = -1.0\n" + GOOD, "lr: must be a finite number > 0, got -1.0"),
     ("timeout inf", "timeout_s = inf\n" + GOOD, "timeout_s: must be a finite number > 0, got inf"),
+    ("timeout past a week", "timeout_s = 1e10\n" + GOOD, "timeout_s: at most 604800 s (a week), got 1e+10"),
     ("zero warm-up", "warmup_steps = 0\n" + GOOD, "warmup_steps: must be a finite number > 0"),
     ("no runs", HEAD + SHAPES, "the suite has no runs"),
     ("baseline missing", GOOD.replace('baseline = "baseline"', 'baseline = "fp32"'), "baseline: 'fp32' is not a run"),
