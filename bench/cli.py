@@ -240,6 +240,7 @@ def _run(args: argparse.Namespace) -> int:
     path = suite_path(args.suite)  # before torch is imported
     from bench import suite as suites
     from bench.report import build_report
+    from bench.report.headline import answer
     from bench.report.overview import build_overview
     from bench.report.tables import markdown, summary
     from bench.results import to_frame
@@ -264,7 +265,10 @@ def _run(args: argparse.Namespace) -> int:
     else:
         launcher = _local(args, torchrun)
     records = sweep(suite, launcher, args.results, **_sweep_options(args))
-    print(markdown(summary(to_frame(records))))
+    table = summary(to_frame(records))
+    print(markdown(table))
+    if launcher.device_name:  # the answer the report opens with, for this device, where the user looks
+        print("\n" + answer(table, launcher.device_name, len(suite.order or suite.runs)))
     written = build_report(args.results / suite.name)
     # Every page the suite's records feed is kept current: the overview and results/figures.md read them too.
     overview = build_overview(args.results)[0]

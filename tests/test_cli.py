@@ -40,6 +40,8 @@ def test_no_fidelity_measures_without_the_accuracy_phase(tmp_path):
     (record,) = results.load_records(tmp_path / "smoke")
     assert record["status"] == "ok" and record["peak_tensor_bytes"] > 0
     assert "accuracy" not in record and "fidelity_cpu" not in record["spec"]
+    # the terminal answers what to use on this device, as the report's first screen does
+    assert f"What to use on {record['device']} (1 of the suite's 4 entries recorded" in out.stdout
     # every page the records feed is current: the report, the overview and the figures page
     assert {"report.md", "table.csv"} <= {p.name for p in (tmp_path / "smoke").iterdir()}
     assert (tmp_path / "overview" / "overview.md").exists()

@@ -9,15 +9,25 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from bench.report import plots, tables
-from bench.report.headline import devices_best_first, disagreements, headline, memory_figure, suite_entries
+from bench.report.headline import (
+    device_title,
+    devices_best_first,
+    disagreements,
+    headline,
+    memory_figure,
+    suite_entries,
+    this_machine,
+)
 from bench.report.page import Block, html_page, markdown
 from bench.results import load_records, slug, to_frame
 
 Draw = Callable[[plt.Axes, pd.DataFrame, str], None]
 
 
-def build_report(suite_dir: Path) -> list[Path]:
-    """Aggregate every stored record of the suite; returns the files written (table, Markdown, HTML, plots)."""
+def build_report(suite_dir: Path, here: str | None = None) -> list[Path]:
+    """Aggregate every stored record of the suite; returns the files written (table, Markdown, HTML, plots).
+    ``here``: the device the report is built for (its section first), by default this machine's."""
+    here = this_machine() if here is None else here
     records = load_records(suite_dir)
     if not records:
         suite_file = Path("suites") / f"{suite_dir.name}.toml"
@@ -31,11 +41,11 @@ def build_report(suite_dir: Path) -> list[Path]:
     written = [suite_dir / "table.csv", suite_dir / "report.md", suite_dir / "report.html"]
     table.drop(columns=["step_times_ms"]).to_csv(written[0], index=False)
     blocks = [Block("h1", f"{suite_dir.name}: memory-saving techniques"), Block("nav", _neighbours(suite_dir)),
-              Block("h2", "What to use"), Block("headline", headline(table, suite_entries(suite_dir.name))),
+              Block("h2", "What to use"), Block("headline", headline(table, suite_entries(suite_dir.name), here)),
               Block("p", HEADLINE_NOTE)]
     if differ := disagreements(table):
         blocks += [Block("p", "Where the GPU and the CPU disagree:"), Block("list", differ)]
-    for device in devices_best_first(table):
+    for device in devices_best_first(table, here):
         part = table[table["device"] == device]
         images = device_plots(plot_dir, str(device), part)
         blocks += _device_section(str(device), part, records, images)
@@ -89,7 +99,7 @@ def _device_section(device: str, part: pd.DataFrame, records: list[dict], images
     rec = next(r for r in records if r["device"] == device)
     base = next((r for r in records if r["device"] == device and r["run"] == r.get("baseline")), rec)
     failed = part[part["status"] != "ok"]
-    blocks = [Block("h2", device), Block("p", f"Memory here is the {memory_figure(part)} (a run's own batch where its "
+    blocks = [Block("h2", device_title(device, part["device_type"].iloc[0])), Block("p", f"Memory here is the {memory_figure(part)} (a run's own batch where its "
                                               "name says so); × is against the baseline on this device."),
               Block("p", provenance(part, rec)), Block("table", tables.display(part))]
     if len(failed):

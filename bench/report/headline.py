@@ -3,6 +3,7 @@ has measured. The first screen of every report and the overview's table both com
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -66,10 +67,34 @@ def suite_entries(name: str, suites_dir: Path = Path("suites")) -> int | None:
         return None
 
 
-def devices_best_first(table: pd.DataFrame) -> list[str]:
-    """The devices of a table, GPUs before CPUs (a reader renting a card wants its figures first)."""
+def devices_best_first(table: pd.DataFrame, here: str | None = None) -> list[str]:
+    """The devices of a table: ``here`` (the machine the page is built on) first, for the user who just measured
+    on it; then GPUs before CPUs (a reader renting a card wants its figures first); legacy CPU names last."""
     kinds = table.groupby("device")["device_type"].first()
-    return sorted(kinds.index, key=lambda d: (kinds[d] != "cuda", str(d)))
+    return sorted(kinds.index, key=lambda d: (d != here, legacy(str(d), kinds[d]), kinds[d] != "cuda", str(d)))
+
+
+def this_machine() -> str:
+    """The device a page built here puts first: this machine's GPU, else its CPU (as its records name it)."""
+    import torch
+
+    from bench.provenance import device_name
+
+    return device_name("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def legacy(device: str, device_type: str) -> bool:
+    """A CPU named before names carried the vector instructions its kernels use ("AMD EPYC, 2 threads"): its
+    records may mix machines whose bf16 speeds differ 25-fold, and no CPU measures under that name now."""
+    return device_type != "cuda" and re.fullmatch(r".+, \d+ threads?", device) is not None
+
+
+def device_title(device: str, device_type: str) -> str:
+    """A device as a heading names it; a legacy CPU name says what it is."""
+    if legacy(device, device_type):
+        return (f"{device} (legacy: recorded before CPU names carried their vector instructions; it may mix "
+                "machines, and no CPU measures under this name now)")
+    return device
 
 
 def coverage(part: pd.DataFrame, entries: int | None) -> str:
@@ -80,13 +105,25 @@ def coverage(part: pd.DataFrame, entries: int | None) -> str:
     return f"{len(part)} of the suite's {entries} entries recorded ({ok} ok); the rest not yet on this device"
 
 
-def headline(table: pd.DataFrame, entries: int | None) -> list[tuple[str, list[str]]]:
-    """Per device, best first: its heading line (device, coverage, what its peak is) and its picks."""
+def headline(table: pd.DataFrame, entries: int | None, here: str | None = None) -> list[tuple[str, list[str]]]:
+    """Per device, ``here`` first and then best first: its heading line (device, coverage, what its peak is) and
+    its picks."""
     out = []
-    for device in devices_best_first(table):
+    for device in devices_best_first(table, here):
         part = table[table["device"] == device]
-        out.append((f"{device}: {coverage(part, entries)}; memory is the {memory_figure(part)}", _items(picks(part))))
+        title = device_title(str(device), part["device_type"].iloc[0])
+        out.append((f"{title}: {coverage(part, entries)}; memory is the {memory_figure(part)}", _items(picks(part))))
     return out
+
+
+def answer(table: pd.DataFrame, device: str, entries: int | None) -> str:
+    """What to use on ``device``, as a sweep ends: its picks in plain text, for the terminal."""
+    part = table[table["device"] == device]
+    if part.empty:
+        return f"What to use on {device}: nothing measured there yet."
+    lines = [item.replace("**", "") for item in _items(picks(part))]
+    return "\n".join([f"What to use on {device} ({coverage(part, entries)}; against its baseline):",
+                      *(f"- {line}" for line in lines)])
 
 
 def memory_figure(part: pd.DataFrame) -> str:

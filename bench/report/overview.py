@@ -11,7 +11,15 @@ import pandas as pd
 
 from bench.report import plots
 from bench.report.figures import write_fields, write_figures
-from bench.report.headline import PICKS, candidates, devices_best_first, pick_text, picks
+from bench.report.headline import (
+    PICKS,
+    candidates,
+    device_title,
+    devices_best_first,
+    pick_text,
+    picks,
+    this_machine,
+)
 from bench.report.page import Block, html_page, markdown
 from bench.report.tables import pareto_front, summary
 from bench.results import load_records, slug, to_frame
@@ -30,7 +38,7 @@ def build_overview(results: Path) -> list[Path]:
     blocks = [Block("h1", "All suites: what to use"),
               Block("nav", [(p.name, f"../{p.name}/report") for p in suites]), Block("p", INTRO)]
     written = [out / "overview.md", out / "overview.html"]
-    for device in devices_best_first(everything):
+    for device in devices_best_first(everything, this_machine()):
         part = everything[everything["device"] == device]
         rows = []
         for suite, t in part.groupby("suite", sort=True):
@@ -43,7 +51,8 @@ def build_overview(results: Path) -> list[Path]:
         png = out / f"overview-{slug(str(device))}.png"
         _suite_grid(part, str(device), png)
         written += [png, png.with_suffix(".svg")]
-        blocks += [Block("h2", str(device)), Block("table", pd.DataFrame(rows)), Block("image", png)]
+        title = device_title(str(device), part["device_type"].iloc[0])
+        blocks += [Block("h2", title), Block("table", pd.DataFrame(rows)), Block("image", png)]
     written[0].write_text(markdown(blocks, out))
     written[1].write_text(html_page(blocks, "All suites: what to use"))
     return written + [figures, write_fields(results)]

@@ -84,3 +84,16 @@ def test_where_the_gpu_and_the_cpu_disagree_the_report_says_where_each_peak_fell
         "backward on NVIDIA X and in the optimizer step on cpu, so what it saves is alive at one peak and not the "
         "other"]
     assert disagreements(table[table["device"] == "cpu"]) == []  # one device: nothing to hold it against
+
+
+def test_this_machines_device_comes_first_and_a_legacy_cpu_name_last_and_labelled(tmp_path):
+    here, old = "AMD EPYC, 2 threads, AVX512", "AMD EPYC, 2 threads"
+    runs = [rec("s", run, peak, sps) | {"device": device}
+            for device in ("NVIDIA X", here, old) for run, peak, sps in (("baseline", 400, 50.0), ("half", 200, 49.0))]
+    for r in runs:
+        results.write_atomic(results.record_path(tmp_path, "s", r["device"], r["run"]), r)
+    build_report(tmp_path / "s", here=here)
+    text = (tmp_path / "s" / "report.md").read_text()
+    sections = [line for line in text.splitlines() if line.startswith("## ")]
+    assert sections[1:4] == [f"## {here}", "## NVIDIA X", f"## {old} (legacy: recorded before CPU names carried "
+                             "their vector instructions; it may mix machines, and no CPU measures under this name now)"]
