@@ -353,7 +353,16 @@ def _predict(args: argparse.Namespace) -> int:
     if budget is not None:
         print(f"budget {args.budget} less {reserve} for the CUDA context and the allocator's workspaces "
               f"(--reserve): {budget / 2**30:.2f} GiB for tensors", file=sys.stderr)
-    print(markdown(suite_table(list(suite.runs), measured, budget, jobs=args.jobs)))
+    table = suite_table(list(suite.runs), measured, budget, jobs=args.jobs)
+    print(markdown(table))
+    if not (args.only or args.budget or args.nproc):  # the whole suite as it is: its report shows them
+        import torch
+
+        from bench.predict.table import PREDICTED, save
+        from bench.provenance import git_revision
+
+        path = save(table, args.results / suite.name / PREDICTED, git_revision(), torch.__version__)
+        print(f"\nwritten: {path} (its report shows the runs no GPU has measured yet)", file=sys.stderr)
     if any(r.nproc > 1 for r in suite.runs):
         print("\nRanks: each multi-process entry is predicted as rank 0 under a fake process group; the other ranks "
               "run the same program on their own shards (fsdp's last ranks may hold a few padding elements less). "

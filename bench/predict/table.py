@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from bench.predict.ahead import spawn_pool
@@ -33,6 +34,21 @@ def suite_table(runs: list[RunSpec], measured: dict[str, dict[str, Any]], budget
         rows[i] = row
         print(f"[{i + 1}/{len(runs)}] {runs[i].name}: {_said(row)}", file=log, flush=True)
     return pd.DataFrame(rows)
+
+
+PREDICTED = "predicted-gpu.csv"  # results/<suite>/: the whole suite at GPU shapes, read by its report
+SAVED = ("run", "batch", "status", "peak_tensor_bytes", "peak_phase", "param_bytes", "gradient_bytes",
+         "optimizer_state_bytes", "activation_bytes", "flops_per_step", "world_size", "message")
+
+
+def save(table: pd.DataFrame, path: Path, revision: str, torch_version: str) -> Path:
+    """The predictions a report shows for the runs no GPU has measured, with how they were made."""
+    from bench.results import write_atomic
+
+    kept = table.reindex(columns=[c for c in SAVED if c in table]).assign(git_revision=revision,
+                                                                          torch_version=torch_version)
+    write_atomic(path, kept.to_csv(index=False))
+    return path
 
 
 def _predicted_rows(runs: list[RunSpec], budget: int | None, jobs: int) -> Iterator[tuple[int, dict[str, Any]]]:

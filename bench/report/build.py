@@ -8,6 +8,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from bench.predict.table import PREDICTED
 from bench.report import plots, tables
 from bench.report.headline import (
     device_title,
@@ -45,6 +46,7 @@ def build_report(suite_dir: Path, here: str | None = None) -> list[Path]:
               Block("p", HEADLINE_NOTE)]
     if differ := disagreements(table):
         blocks += [Block("p", "Where the GPU and the CPU disagree:"), Block("list", differ)]
+    blocks += _predicted_for_gpu(suite_dir, table)
     for device in devices_best_first(table, here):
         part = table[table["device"] == device]
         images = device_plots(plot_dir, str(device), part)
@@ -56,6 +58,31 @@ def build_report(suite_dir: Path, here: str | None = None) -> list[Path]:
     for stale in (set(plot_dir.glob("*.png")) | set(plot_dir.glob("*.svg"))) - set(written):
         stale.unlink()  # plots of views or devices no longer in the records
     return written
+
+
+def _predicted_for_gpu(suite_dir: Path, table: pd.DataFrame) -> list[Block]:
+    """The suite's runs that no GPU has measured, with their predicted peaks at GPU shapes (``make predict``
+    writes them beside the records): what a card would need, before one is rented."""
+    path = suite_dir / PREDICTED
+    if not path.exists():
+        return []
+    predicted = pd.read_csv(path)
+    measured = set(table.loc[(table["device_type"] == "cuda") & (table["status"] == "ok"), "run"])
+    rest = predicted[~predicted["run"].isin(measured)]
+    if rest.empty:
+        return []
+    how = (f"predicted on fake tensors by `make predict SUITE={suite_dir.name}` (revision "
+           f"{str(predicted['git_revision'].iloc[0])[:12]}, torch {predicted['torch_version'].iloc[0]}); a GPU's "
+           "allocated peak has come within a few percent of such predictions on the H100 records")
+    gib = lambda col: (pd.to_numeric(rest.get(col), errors="coerce") / 2**30).round(2)  # noqa: E731
+    shown = pd.DataFrame({"run": rest["run"], "batch": rest["batch"], "status": rest["status"],
+                          "predicted peak GiB": gib("peak_tensor_bytes"), "peak in": rest.get("peak_phase"),
+                          "activations GiB": gib("activation_bytes"),
+                          "note": rest.get("message", pd.Series(index=rest.index, dtype=object)).fillna("")})
+    shown = shown.loc[:, shown.notna().any()]
+    return [Block("h2", "Not yet measured on a GPU"),
+            Block("p", f"{len(rest)} of the suite's {len(predicted)} entries have no GPU record; their peaks at "
+                       f"the suite's GPU shapes, {how}."), Block("table", shown)]
 
 
 def _neighbours(suite_dir: Path) -> list[tuple[str, str]]:

@@ -1,6 +1,9 @@
 """The picks and the first screen of every report: what to use, per device, GPUs first."""
 
+import pandas as pd
+
 from bench import results
+from bench.predict.table import PREDICTED, save
 from bench.report import build_report
 from bench.report.headline import headline, picks
 from bench.report.tables import summary
@@ -97,3 +100,18 @@ def test_this_machines_device_comes_first_and_a_legacy_cpu_name_last_and_labelle
     sections = [line for line in text.splitlines() if line.startswith("## ")]
     assert sections[1:4] == [f"## {here}", "## NVIDIA X", f"## {old} (legacy: recorded before CPU names carried "
                              "their vector instructions; it may mix machines, and no CPU measures under this name now)"]
+
+
+def test_runs_no_gpu_measured_show_their_predicted_peak_at_gpu_shapes(tmp_path):
+    gpu = {"device": "NVIDIA X", "device_type": "cuda"}
+    runs = [rec("s", "baseline", 400, 50.0), rec("s", "half", 200, 49.0), rec("s", "baseline", 400, 50.0) | gpu]
+    for r in runs:
+        results.write_atomic(results.record_path(tmp_path, "s", r["device"], r["run"]), r)
+    table = pd.DataFrame({"run": ["baseline", "half"], "batch": [64, 64], "status": ["ok", "ok"],
+                          "peak_tensor_bytes": [6 * 2**30, 3 * 2**30], "peak_phase": ["backward", "forward"]})
+    save(table, tmp_path / "s" / PREDICTED, "abc123", "2.14")
+    build_report(tmp_path / "s")
+    text = (tmp_path / "s" / "report.md").read_text()
+    section = text[text.index("## Not yet measured on a GPU"):]
+    assert "1 of the suite's 2 entries have no GPU record" in section and "revision abc123, torch 2.14" in section
+    assert "| half | 64 | ok | 3.0 | forward |" in section and "| baseline |" not in section.split("\n## ")[0]
