@@ -265,7 +265,7 @@ def _run(args: argparse.Namespace) -> int:
     else:
         launcher = _local(args, torchrun)
     records = sweep(suite, launcher, args.results, **_sweep_options(args))
-    table = summary(to_frame(records))
+    table = summary(to_frame(records), suite.throughput)
     print(markdown(table))
     if launcher.device_name:  # the answer the report opens with, for this device, where the user looks
         print("\n" + answer(table, launcher.device_name, len(suite.order or suite.runs)))
@@ -358,7 +358,8 @@ def _predict(args: argparse.Namespace) -> int:
     if not (args.only or args.budget or args.nproc):  # the whole suite as it is: its report shows them
         import torch
 
-        from bench.predict.table import PREDICTED, save
+        from bench.predict.table import save
+        from bench.results import PREDICTED
         from bench.provenance import git_revision
 
         path = save(table, args.results / suite.name / PREDICTED, git_revision(), torch.__version__)

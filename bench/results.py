@@ -161,6 +161,7 @@ def set_aside_if_unreadable(path: Path) -> None:
 
 
 LOCK = ".sweep.lock"
+PREDICTED = "predicted-gpu.csv"  # beside a suite's device folders: the whole suite predicted at GPU shapes
 
 
 @contextmanager

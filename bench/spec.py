@@ -162,6 +162,7 @@ class Suite:
     baseline: str
     runs: tuple[RunSpec, ...]
     order: tuple[str, ...] = ()  # after select(): every run's name as the file lists them (empty: runs are all)
+    throughput: str = "samples_per_s"  # the record's figure that reports compare as throughput ×
 
     def position(self, run: str) -> int:
         """The run's 1-based place in the suite file: reports list runs in it, whichever were run last."""

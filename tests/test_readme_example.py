@@ -76,3 +76,17 @@ def test_no_example_in_the_docs_writes_over_a_shipped_suite():
     text = "\n".join(p.read_text() for p in (ROOT / "docs").glob("*.md"))
     written = re.findall(r"<!-- file: (suites/[^ ]+) -->", text)
     assert written and not [w for w in written if (ROOT / w).exists()]
+
+
+def test_every_link_to_a_section_of_the_docs_finds_its_heading():
+    def anchor(heading: str) -> str:  # as GitHub makes them
+        return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+    broken = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target, fragment in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", page.read_text()):
+            path = (page.parent / target) if target else page
+            headings = re.findall(r"^#+ (.*)$", path.read_text(), re.M) if path.is_file() else []
+            if fragment not in {anchor(h) for h in headings}:
+                broken.append(f"{page.name}: {target}#{fragment}")
+    assert not broken

@@ -36,7 +36,6 @@ def suite_table(runs: list[RunSpec], measured: dict[str, dict[str, Any]], budget
     return pd.DataFrame(rows)
 
 
-PREDICTED = "predicted-gpu.csv"  # results/<suite>/: the whole suite at GPU shapes, read by its report
 SAVED = ("run", "batch", "status", "peak_tensor_bytes", "peak_phase", "param_bytes", "gradient_bytes",
          "optimizer_state_bytes", "activation_bytes", "flops_per_step", "world_size", "message")
 

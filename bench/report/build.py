@@ -8,7 +8,6 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from bench.predict.table import PREDICTED
 from bench.report import plots, tables
 from bench.report.headline import (
     device_title,
@@ -17,10 +16,12 @@ from bench.report.headline import (
     headline,
     memory_figure,
     suite_entries,
+    suite_file,
+    suite_throughput,
     this_machine,
 )
 from bench.report.page import Block, html_page, markdown
-from bench.results import load_records, slug, to_frame
+from bench.results import PREDICTED, load_records, slug, to_frame
 
 Draw = Callable[[plt.Axes, pd.DataFrame, str], None]
 
@@ -31,19 +32,22 @@ def build_report(suite_dir: Path, here: str | None = None) -> list[Path]:
     here = this_machine() if here is None else here
     records = load_records(suite_dir)
     if not records:
-        suite_file = Path("suites") / f"{suite_dir.name}.toml"
+        path = Path("suites") / f"{suite_dir.name}.toml"
         known = sorted({p.parent.parent.name for p in suite_dir.parent.glob("*/*/*.json")})
-        hint = (f"run `make bench SUITE={suite_dir.name}` first" if suite_file.exists() else
-                f"there is no suite {suite_file} either; suites with records: {', '.join(known) or 'none'}")
+        hint = (f"run `make bench SUITE={suite_dir.name}` first" if path.exists() else
+                f"there is no suite {path} either; suites with records: {', '.join(known) or 'none'}")
         raise FileNotFoundError(f"no records under {suite_dir}/*/; {hint}")
-    table = tables.summary(to_frame(records))
+    throughput = suite_throughput(suite_dir.name)
+    table = tables.summary(to_frame(records), throughput)
     plot_dir = suite_dir / "plots"
     plot_dir.mkdir(exist_ok=True)
     written = [suite_dir / "table.csv", suite_dir / "report.md", suite_dir / "report.html"]
     table.drop(columns=["step_times_ms"]).to_csv(written[0], index=False)
+    suite = suite_file(suite_dir.name)
     blocks = [Block("h1", f"{suite_dir.name}: memory-saving techniques"), Block("nav", _neighbours(suite_dir)),
+              *([Block("p", suite.description + ".")] if suite and suite.description else []),
               Block("h2", "What to use"), Block("headline", headline(table, suite_entries(suite_dir.name), here)),
-              Block("p", HEADLINE_NOTE)]
+              Block("p", f"{HEADLINE_NOTE} Throughput × compares {THROUGHPUT_SAID[throughput]}.")]
     if differ := disagreements(table):
         blocks += [Block("p", "Where the GPU and the CPU disagree:"), Block("list", differ)]
     blocks += _predicted_for_gpu(suite_dir, table)
@@ -92,6 +96,8 @@ def _neighbours(suite_dir: Path) -> list[tuple[str, str]]:
     return [("overview", "../overview/overview")] + [(name, f"../{name}/report") for name in others]
 
 
+THROUGHPUT_SAID = {"samples_per_s": "samples a second", "tokens_per_s": "tokens a second, padding included",
+                   "real_tokens_per_s": "real tokens a second, padding left out (the suite's `throughput`)"}
 HEADLINE_NOTE = ("Picks among the runs at the baseline's batch size that save memory (at most 0.99× the baseline's "
                  "peak) and whose accuracy delta, where measured, lies within the baseline's seed-to-seed band; "
                  "ratios are against the baseline on the same device. The tables below have every run.")

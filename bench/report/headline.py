@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
+
+if TYPE_CHECKING:
+    from bench.spec import Suite
 
 NEAR_FREE = 0.95  # "costs nothing": throughput within 5% of the baseline's
 SAVES = 0.99  # a saving: at most 99% of the baseline's peak (1.00× is noise, allocator rounding)
@@ -59,10 +63,22 @@ def accuracy_effect(row: pd.Series) -> str:
 
 def suite_entries(name: str, suites_dir: Path = Path("suites")) -> int | None:
     """How many runs the suite file has today; None for a suite with records but no (valid) file here."""
+    suite = suite_file(name, suites_dir)
+    return None if suite is None else len(suite.runs)
+
+
+def suite_throughput(name: str, suites_dir: Path = Path("suites")) -> str:
+    """The figure the suite compares as throughput × (its ``throughput`` key; samples/s without a file)."""
+    suite = suite_file(name, suites_dir)
+    return "samples_per_s" if suite is None else suite.throughput
+
+
+def suite_file(name: str, suites_dir: Path = Path("suites")) -> Suite | None:
+    """The suite file as it is today; None for a suite with records but no (valid) file here."""
     from bench.suite import SuiteError, load
 
     try:
-        return len(load(suites_dir / f"{name}.toml").runs)
+        return load(suites_dir / f"{name}.toml")
     except SuiteError:
         return None
 

@@ -18,6 +18,7 @@ from bench.report.headline import (
     devices_best_first,
     pick_text,
     picks,
+    suite_throughput,
     this_machine,
 )
 from bench.report.page import Block, html_page, markdown
@@ -28,7 +29,7 @@ from bench.results import load_records, slug, to_frame
 def build_overview(results: Path) -> list[Path]:
     """results/overview/{overview.md, overview.html, *.png, *.svg} from every suite under ``results``."""
     suites = sorted(p for p in results.iterdir() if p.is_dir() and any(p.glob("*/*.json")))
-    tables = [summary(to_frame(load_records(p))) for p in suites]
+    tables = [summary(to_frame(load_records(p)), suite_throughput(p.name)) for p in suites]
     if not tables:
         raise FileNotFoundError(f"no suite records under {results}/*/*/; run `make bench SUITE=…` first")
     figures = write_figures(results, {p.name: t for p, t in zip(suites, tables)})

@@ -29,7 +29,9 @@ def peak_bytes(df: pd.DataFrame) -> pd.Series:
     return allocated.fillna(df.get("peak_tensor_bytes", pd.Series(index=df.index, dtype=float)))
 
 
-def summary(df: pd.DataFrame) -> pd.DataFrame:
+def summary(df: pd.DataFrame, throughput: str = "samples_per_s") -> pd.DataFrame:
+    """The records as the reports' table, with each run's memory × and throughput × against its baseline on the
+    same device; ``throughput``: the figure compared (the suite's, e.g. real tokens/s for variable-length data)."""
     df = df.copy()
     for col in COLUMNS:
         if col not in df:
@@ -41,9 +43,9 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     keys = list(zip(df["device"], df["baseline"]))
     ok = base["status"] == "ok"
     base_peak = base["peak_bytes"].where(ok).reindex(keys).to_numpy()
-    base_tput = base["samples_per_s"].where(ok).reindex(keys).to_numpy()
+    base_tput = base[throughput].where(ok).reindex(keys).to_numpy()
     df["memory_vs_baseline"] = df["peak_bytes"] / base_peak
-    df["throughput_vs_baseline"] = df["samples_per_s"] / base_tput
+    df["throughput_vs_baseline"] = df[throughput] / base_tput
     df["predicted_vs_measured"] = pd.to_numeric(df["predicted_peak_tensor_bytes"], errors="coerce") / df["peak_bytes"]
     packages = sorted(c for c in df.columns if c.startswith("package."))
     extra = packages + [c for c in df.columns if c.startswith("proof.")]

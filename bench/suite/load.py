@@ -22,6 +22,7 @@ from bench.suite.techniques import check_fidelity_batch, techniques
 from bench.suite.values import check_ranges, model_spec, typed, weights
 from bench.techniques import Technique, build
 
+THROUGHPUTS = ("samples_per_s", "tokens_per_s", "real_tokens_per_s")  # record fields a suite may compare
 SUITE_NAME = re.compile(r"\w[\w.-]*")  # any script's letters; no separators, no leading dot
 TOP_KEYS = {
     "name": "suite name (defaults to the file name)",
@@ -41,6 +42,8 @@ TOP_KEYS = {
     "matrix": "[matrix] with techniques = {name = [...]}, and batch_size = {gpu = [...], cpu = [...]} or "
               "[matrix.lengths] name = {gpu = \"DIST\", cpu = \"DIST\"} (or both)",
     "fidelity": "[fidelity] table: train on real data and report the accuracy delta (see FIDELITY_KEYS)",
+    "throughput": f"the figure reports compare as throughput ×: one of {', '.join(THROUGHPUTS)} (default "
+                  "samples_per_s; real_tokens_per_s for variable-length data, padding left out)",
 }
 
 
@@ -128,7 +131,10 @@ def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
         runs.append(RunSpec(name, e.name, model, specs, gpu, cpu, base, **common, mode=mode, **fid, nproc=nproc,
                             weights=suite_weights))
     description = typed(raw, "description", str, "", problems)
-    return Suite(name, path, model or "", description, baseline or "", tuple(runs))
+    throughput = typed(raw, "throughput", str, THROUGHPUTS[0], problems)
+    if throughput not in THROUGHPUTS:
+        problems.append(f"throughput: {throughput!r} is none of {', '.join(THROUGHPUTS)}")
+    return Suite(name, path, model or "", description, baseline or "", tuple(runs), throughput=throughput)
 
 
 def _name(raw: dict[str, Any], path: Path, problems: list[str]) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.report.figures import figures_page, write_figures
+from bench.report.headline import suite_throughput
 from bench.report.tables import summary
 from bench.results import load_records, to_frame
 from bench.suite import load
@@ -31,7 +32,8 @@ def committed(folder: Path) -> Path:
 
 def tables_of(results: Path) -> dict:
     suites = sorted(p for p in results.iterdir() if p.is_dir() and any(p.glob("*/*.json")))
-    return {p.name: summary(to_frame(load_records(p))) for p in suites}
+    return {p.name: summary(to_frame(load_records(p)), suite_throughput(p.name, results.parent / "suites"))
+            for p in suites}
 
 
 def test_the_committed_figures_page_is_what_the_committed_records_give(tmp_path):

@@ -3,7 +3,8 @@
 import pandas as pd
 
 from bench import results
-from bench.predict.table import PREDICTED, save
+from bench.predict.table import save
+from bench.results import PREDICTED
 from bench.report import build_report
 from bench.report.headline import headline, picks
 from bench.report.tables import summary

@@ -5,6 +5,7 @@ import pytest
 
 from bench import results
 from bench.report import build_report
+from bench.suite import load
 
 MiB = 2**20
 BREAKDOWN = {"parameters": 100, "buffers": 0, "gradients": 100, "optimizer_state": 50, "activations": 30,
@@ -199,3 +200,18 @@ def test_every_technique_has_its_own_colour_across_reports_and_only_the_baseline
     own = {technique_colour(f"my_techniques:Own{i}") for i in range(50)}
     assert own <= set(PALETTE) and len(own) > 1  # a user's own: spread over the palette, never grey
     assert not own & {technique_colour(n) for n in names}  # once, SGDMomentum wore a built-in's colour
+
+
+def test_a_suite_names_the_figure_its_throughput_compares(tmp_path):
+    # bert-varlen's bucketing read 5.6× in samples/s over three steps where real tokens/s said 3.6×
+    from bench.report.tables import summary
+    from bench.results import to_frame
+
+    base = {"suite": "v", "device": "cpu", "device_type": "cpu", "status": "ok", "baseline": "pad",
+            "batch_size": 8, "peak_tensor_bytes": 100}
+    records = [base | {"run": "pad", "samples_per_s": 10.0, "real_tokens_per_s": 400.0},
+               base | {"run": "bucket", "samples_per_s": 56.0, "real_tokens_per_s": 1440.0}]
+    assert summary(to_frame(records)).set_index("run").loc["bucket", "throughput_vs_baseline"] == 5.6
+    table = summary(to_frame(records), "real_tokens_per_s").set_index("run")
+    assert table.loc["bucket", "throughput_vs_baseline"] == 3.6
+    assert load("suites/bert-varlen.toml").throughput == "real_tokens_per_s"
