@@ -43,6 +43,7 @@ def dist_records(tmp_path_factory):
         return {r["run"]: r for r in results.load_records(root / "dist-smoke")}
 
 
+@pytest.mark.full
 @pytest.mark.slow
 def test_every_rank_reports_and_the_record_keeps_each_ranks_figure(dist_records):
     for r in dist_records.values():
@@ -51,6 +52,7 @@ def test_every_rank_reports_and_the_record_keeps_each_ranks_figure(dist_records)
         assert len(r["rank_peak_tensor_bytes"]) == 2 and r["peak_tensor_bytes"] == max(r["rank_peak_tensor_bytes"])
 
 
+@pytest.mark.full
 def test_per_rank_model_states_match_the_zero_formulas(dist_records):
     """DDP replicates: 16·Ψ bytes per rank for fp32 Adam. FSDP (ZeRO-3) shards all three states:
     16·Ψ/N. Tolerance: FSDP pads each flat shard to a multiple of N elements (< 0.1% here)."""
@@ -62,6 +64,7 @@ def test_per_rank_model_states_match_the_zero_formulas(dist_records):
     assert dist_records["fsdp"]["proof"]["fsdp.param_fraction_per_rank"] == pytest.approx(0.5, abs=1e-3)
 
 
+@pytest.mark.full
 def test_tensor_parallel_shards_the_attention_and_mlp_pairs_exactly(dist_records):
     """bert-tiny: 2 layers × (query, key, value, attention output, intermediate, output) = 12 linears.
     Column-wise linears split weight and bias, row-wise ones the weight (their bias is added once, whole);
@@ -145,11 +148,13 @@ def assert_predicted_per_rank(record: dict) -> None:
     assert all(0 <= gap <= slack for gap in gaps), (predicted, measured, slack)
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("run", MULTI_PROCESS)
 def test_each_ranks_prediction_is_its_measured_peak(dist_records, run):
     assert_predicted_per_rank(dist_records[run])
 
 
+@pytest.mark.full
 @pytest.mark.slow
 def test_predictions_hold_at_four_ranks(tmp_path):
     """ddp and fsdp over 4 gloo processes (bert-tiny's 2 attention heads cannot split 4 ways for

@@ -55,6 +55,7 @@ def test_user_model_from_the_readme_runs_with_its_blocks_found(tmp_path):
     assert records["checkpoint"]["activation_bytes"] < records["baseline"]["activation_bytes"]
 
 
+@pytest.mark.full
 @pytest.mark.slow
 def test_a_language_model_from_the_readme_trains_on_its_next_tokens(tmp_path):
     # The suite as written trains its baseline on three seeds and the checkpoint run once more; the fewest seeds

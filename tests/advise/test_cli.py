@@ -48,6 +48,7 @@ def test_bad_input_exits_2_with_the_fix(argv, said, capsys, tmp_path):
     assert not list(tmp_path.iterdir())  # nothing written
 
 
+@pytest.mark.full
 @pytest.mark.slow
 def test_a_budget_under_the_parameters_says_what_the_plan_that_saves_most_would_need(capsys, tmp_path):
     argv = ["advise", str(tiny_suite(tmp_path, "bert-tiny")), "--device", "cpu", "--budget", "64KiB", "--jobs", "1",
@@ -58,6 +59,7 @@ def test_a_budget_under_the_parameters_says_what_the_plan_that_saves_most_would_
     assert not (tmp_path / "out").exists()  # no suite file of plans that do not fit
 
 
+@pytest.mark.full
 @pytest.mark.slow
 @pytest.mark.parametrize("model", list(TINY))
 def test_at_60_percent_the_measured_top_plan_fits_and_is_within_10_percent_of_the_best(model, capsys, tmp_path):
@@ -76,6 +78,7 @@ def test_at_60_percent_the_measured_top_plan_fits_and_is_within_10_percent_of_th
     assert all(r.model == model for r in written.runs)
 
 
+@pytest.mark.full
 @pytest.mark.slow
 def test_max_batch_ranks_by_the_largest_batch_and_writes_each_plan_at_it(capsys, tmp_path):
     argv = ["advise", str(tiny_suite(tmp_path, "bert-tiny")), "--device", "cpu", "--budget", "60%", "--max-batch",

@@ -207,6 +207,7 @@ def test_the_host_state_is_adams_step_counters_outside_fused_groups():
     assert cuda.host_state(fused) == []  # fused and capturable steps keep their counters on the device
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("path", sorted(RESULTS.glob("*/nvidia-h100*/*.json")),
                          ids=lambda p: f"{p.parent.parent.name}-{p.stem}")
 def test_every_h100_record_is_predicted_byte_for_byte(path):

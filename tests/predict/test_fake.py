@@ -142,6 +142,7 @@ def test_techniques_that_cannot_be_predicted_say_why():
         assert out["predicted_status"] == "unpredictable" and out["predicted_message"].startswith(name), out
 
 
+@pytest.mark.full
 @pytest.mark.slow
 @pytest.mark.slow
 def test_full_size_models_predict_at_gpu_shapes():

@@ -90,6 +90,7 @@ def test_a_prediction_made_beside_a_live_process_group_says_why():
     assert "already up" in out["predicted_message"]
 
 
+@pytest.mark.full
 @pytest.mark.slow
 def test_llama3_8b_over_8_ranks_is_predicted_and_never_built_on_a_cpu():
     """Llama-3-8B's 8.03 billion parameters under fsdp over 8 ranks: a rank holds an eighth of the float32
