@@ -120,6 +120,12 @@ class Timing:
     measure_s: float | None = doc("build, warm-up, instrumented and timed steps")
     fidelity_s: float | None = doc("the fidelity phase")
     launcher: str | None = doc("how the run's process started: fork (from a preloaded server) or fresh")
+    load_average: float | None = doc("CPU: the machine's 1-minute load average as the timed steps ended")
+    cpu_share: float | None = doc("CPU: the CPU time the run's process got over the timed steps, over their wall "
+                                  "time times its threads (1.0: every thread ran throughout)")
+    busy_machine: bool | None = doc("CPU: cpu_share under 0.75, the process clearly got less than its share: its "
+                                    "throughput says more about the machine's load than the technique, and no pick "
+                                    "rests on it")
 
 
 @dataclass

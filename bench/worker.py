@@ -136,8 +136,9 @@ def _timed_pass(trainer: Runner, batch: Batch, feed: Feed | None, samples: int, 
         torch.cuda.reset_accumulated_memory_stats(device)  # retries and OOMs of the timed steps only
     todo, n = batches(batch, feed, ctx.shapes.measure_steps), ctx.shapes.measure_steps
     steps = iter(range(1, n + 1))
+    cpu_clock = time.process_time()
     times = time_steps(lambda: (progress.say("timed steps", next(steps), n), trainer.step(next(todo))), n, device)
-    figures: dict[str, Any] = {}
+    figures: dict[str, Any] = {} if device.type == "cuda" else share(time.process_time() - cpu_clock, sum(times) / 1e3)
     if device.type == "cuda":
         figures |= cuda_peaks(device)
         figures["nvml_process_bytes"] = nvml_process_bytes(device)
@@ -148,6 +149,21 @@ def _timed_pass(trainer: Runner, batch: Batch, feed: Feed | None, samples: int, 
     return (figures | summarize(times, samples, tokens) | _warm_up_check(times, ctx.shapes.warmup_steps)
             | ({} if feed is None else loader_figures(feed, times))
             | {"step_times_ms": times, "rss_peak_bytes": rss_peak_bytes()})
+
+
+BUSY = 0.75  # a CPU run whose process got less than this share of its threads' time over the timed steps
+
+
+def share(cpu_s: float, wall_s: float) -> dict[str, Any]:
+    """How much of the machine a CPU run's timed steps got: the CPU time of its process over the wall time times
+    its threads, and the load average. The machine was busy where both say so: the process got under BUSY of its
+    share while more was runnable than the machine has cores (a tiny model's step, Python-bound, leaves its other
+    threads idle on a quiet machine too). Its throughput then measures the neighbours as much as the technique:
+    the record says so (``busy_machine``), and reports mark it."""
+    got = cpu_s / (wall_s * torch.get_num_threads()) if wall_s > 0 else None
+    load = os.getloadavg()[0]
+    return {"load_average": round(load, 2), "cpu_share": None if got is None else round(got, 3),
+            "busy_machine": got is not None and got < BUSY and load > (os.cpu_count() or 1)}
 
 
 def loader_figures(feed: Feed, times_ms: list[float]) -> dict[str, Any]:

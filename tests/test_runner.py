@@ -285,3 +285,16 @@ def test_a_second_sweep_of_the_same_folder_is_refused_naming_the_first(tmp_path)
         with pytest.raises(BadInput, match=rf"{folder} is being measured by another sweep \(pid {os.getpid()}"):
             sweep(suite, Local(CPU), tmp_path)
     assert [r["status"] for r in sweep(suite, Local(CPU), tmp_path)] == ["ok"]  # once it is done, it may
+
+
+@pytest.mark.parametrize("cpu_s, load, busy", [(3.8, 1.9, False), (1.0, 1.2, False), (1.0, 4.0, True)])
+def test_a_cpu_run_says_when_the_machine_was_busy(cpu_s, load, busy, monkeypatch):
+    # 2 threads for 2 s: 4 CPU-seconds were its share. A Python-bound step idles a thread on a quiet machine too,
+    # so a low share alone is not a busy machine: more must have been runnable than there are cores.
+    from bench import worker
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    figures = worker.share(cpu_s, 2.0)
+    assert figures == {"load_average": load, "cpu_share": round(cpu_s / 4, 3), "busy_machine": busy}

@@ -26,14 +26,13 @@ from bench.advise.predictions import Predictions
 from bench.advise.search import Candidate, Search, Searcher
 from bench.advise.source import Source, source
 from bench.predict.budget import fewest_ranks, parse_size, runs_at, tensor_budget
-from bench.provenance import device_name
+from bench.provenance import EMULATED_BF16, device_name, native_bf16
 from bench.spec import RunSpec
 
 MOST_RANKS = 8  # nothing fits: the fewest ranks fsdp would need are looked for up to a node's GPUs
 PREDICTION_LIMIT = 32  # combinations predicted at most, beyond the options alone
 CACHE = Path(".cache/predictions")  # beside results/, never in it: its files are not records
-EMULATED = ("this CPU has no native bf16 (AVX-512 or Arm's bf16, for oneDNN): its kernels emulate it, many times "
-            "slower than fp32; ask with --device cuda, or on a CPU that has it")
+EMULATED = EMULATED_BF16
 
 
 @dataclass(frozen=True)
@@ -144,11 +143,6 @@ def _timed(template: RunSpec, found: list[Axis], device_type: str, log: TextIO) 
     print(f"advise: timing {', '.join(o.name for o in chosen)} against the baseline here ({probe.STEPS} steps "
           "each)", file=log, flush=True)
     return time_factors(Plan(()).spec(template), {o.name: Plan((o,)).spec(template) for o in chosen})
-
-
-def native_bf16() -> bool:
-    """oneDNN's bf16 test, as torch's CPU kernels and inductor ask it (no public API says it)."""
-    return torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def _calibration(evidence: Evidence, device_type: str, rates: Rates, predictions: Predictions) -> Calibration:

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from bench.report.tables import busy_runs
+
 if TYPE_CHECKING:
     from bench.spec import Suite
 
@@ -23,10 +25,12 @@ PICKS = {
 
 def candidates(table: pd.DataFrame) -> pd.DataFrame:
     """Runs a practitioner could pick: measured, at the baseline's batch size (matrix rows that change the
-    batch are left out), and not known to hurt accuracy (a delta outside the baseline's band)."""
+    batch are left out), not known to hurt accuracy (a delta outside the baseline's band), and not timed on a
+    busy machine (their throughput × is the neighbours' as much as theirs)."""
     base_batch = table.set_index("run")["batch_size"].reindex(table["baseline"]).to_numpy()
     keep = ((table["status"] == "ok") & table["memory_vs_baseline"].notna() & table["throughput_vs_baseline"].notna()
-            & (table["batch_size"].to_numpy() == base_batch) & ~table["outside_band"].eq(True))
+            & (table["batch_size"].to_numpy() == base_batch) & ~table["outside_band"].eq(True)
+            & ~busy_runs(table))
     out = table[keep].copy()
     saved, lost = 1 - out["memory_vs_baseline"], (1 - out["throughput_vs_baseline"]).clip(lower=0)
     out["memory_per_throughput"] = saved / lost.clip(lower=0.01)  # a free saving scores as if it cost 1%

@@ -16,7 +16,7 @@ COLUMNS = [
     "step_time_ms_median", "step_time_ms_p25", "step_time_ms_p75",
     "memory_vs_baseline", "throughput_vs_baseline",
     "accuracy", "accuracy_delta", "accuracy_band", "outside_band", "grad_cosine", "fidelity_agreement",
-    "fidelity_error", "warning",
+    "fidelity_error", "warning", "busy_machine", "cpu_share", "load_average",
     "final_loss", "predicted_peak_tensor_bytes", "predicted_vs_measured", "flops_per_step", "mfu",
     *[f"at_peak_{p}_bytes" for p in BREAKDOWN], "cache_slack_bytes", "context_bytes", "git_revision",
     "weights", "weights_sha256", "torch_version", "finished_at", "wall_s", "message",
@@ -119,7 +119,7 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
         "loader wait ms": pd.to_numeric(table["loader_wait_ms_median"], errors="coerce").round(2),
         "step ms (median)": table["step_time_ms_median"].round(1),
         "memory ×": table["memory_vs_baseline"].round(3),
-        "throughput ×": table["throughput_vs_baseline"].round(3),
+        "throughput ×": _throughput_cell(table),
         "accuracy %": (100 * pd.to_numeric(table["accuracy"], errors="coerce")).round(1),
         "Δ accuracy pt (band)": table.apply(_delta_cell, axis=1) if len(table) else None,
         "grad cos": pd.to_numeric(table["grad_cosine"], errors="coerce").round(4),
@@ -128,6 +128,21 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
         "MFU %": (100 * pd.to_numeric(table["mfu"], errors="coerce")).round(1),
     })
     return show.dropna(axis=1, how="all")
+
+
+def _throughput_cell(table: pd.DataFrame) -> pd.Series:
+    """Throughput ×, marked where the run (or its baseline) was measured on a busy machine."""
+    ratio = table["throughput_vs_baseline"].round(3)
+    busy = busy_runs(table)
+    return ratio.astype(object).where(~busy | ratio.isna(), ratio.astype(str) + " (busy ⚠)")
+
+
+def busy_runs(table: pd.DataFrame) -> pd.Series:
+    """Runs whose throughput × rests on steps timed on a busy machine: their own, or their baseline's."""
+    busy = table["busy_machine"].eq(True)
+    base = table.set_index(["device", "run"])["busy_machine"].eq(True)
+    return busy | pd.Series(base.reindex(list(zip(table["device"], table["baseline"]))).fillna(False).to_numpy(),
+                            index=table.index).astype(bool)
 
 
 def to_markdown(df: pd.DataFrame) -> str:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import nn
 
+from bench.provenance import EMULATED_BF16, native_bf16
 from bench.techniques.base import ANY_MODE, TECHNIQUES, NoOptions, RunContext, Step, Technique, option
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ class Amp(Technique):
             # It runs, but on emulated half-precision kernels (>10x slower than fp32 on this CI CPU),
             # so its figures would describe nothing a user would run; it is a GPU technique.
             return "float16 autocast is a CUDA technique; CPU kernels for it are emulated and slow"
-        return None
+        return emulated_bf16(ctx, self.config.dtype)
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self.device_type = ctx.device.type
@@ -67,6 +68,14 @@ class Amp(Technique):
     def proof(self, steps: int) -> dict[str, Any]:
         scale = self.scaler.get_scale() if self.scaler else None
         return {"autocast_dtype": self.config.dtype, "grad_scaler": self.scaler is not None, "loss_scale": scale}
+
+
+def emulated_bf16(ctx: RunContext, dtype: str) -> str | None:
+    """The reason a bf16 run is unsupported on a CPU that only emulates bf16, as float16 is on every CPU; a
+    prediction for CUDA is unaffected."""
+    if dtype == "bfloat16" and ctx.device.type == "cpu" and not ctx.predicting and not native_bf16():
+        return EMULATED_BF16
+    return None
 
 
 def cast_(model: nn.Module, dtype: torch.dtype) -> nn.Module:
@@ -118,6 +127,9 @@ class PureBF16(Technique):
         if self.masters and other.makes_optimizer:
             return f"master_weights makes its own AdamW over the fp32 copy; {other.name} makes another optimizer"
         return None
+
+    def unsupported(self, ctx: RunContext) -> str | None:
+        return emulated_bf16(ctx, str(self.dtype).removeprefix("torch."))
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self.lr, self.pairs = ctx.lr, []

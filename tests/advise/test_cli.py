@@ -8,6 +8,7 @@ import pytest
 from bench import advise
 from bench.advise.plans import Option
 from bench.cli import main
+from bench.provenance import CPU_BF16
 from bench.suite import load
 from tests.advise.test_estimate import record, write
 
@@ -96,7 +97,7 @@ def test_max_batch_ranks_by_the_largest_batch_and_writes_each_plan_at_it(capsys,
 @pytest.mark.slow
 def test_a_cpu_without_native_bf16_is_advised_no_bf16_plan(monkeypatch, capsys, tmp_path):
     # Its kernels emulate bf16: a BERT-base step took minutes where fp32's took 11 s.
-    monkeypatch.setattr(advise, "native_bf16", lambda: False)
+    monkeypatch.setenv(CPU_BF16, "emulated")
     monkeypatch.setattr(advise, "time_factors", lambda *a: pytest.fail("nothing to time without bf16"))
     argv = ["advise", str(tiny_suite(tmp_path, "bert-tiny")), "--device", "cpu", "--budget", "60%", "--top", "5",
             "--jobs", "1", "--results", str(tmp_path / "none"), "--out", str(tmp_path)]
@@ -114,7 +115,7 @@ def test_on_a_cpu_with_native_bf16_its_plans_are_priced_by_their_steps_timed_her
                                                                                          capsys, tmp_path):
     # An AVX-512 bf16 CPU, where no record of this very CPU priced bf16: its plans had ranked last as assumed, and
     # the top plan measured 34% of a bf16 plan's throughput. They are priced by their steps as timed here.
-    monkeypatch.setattr(advise, "native_bf16", lambda: True)
+    monkeypatch.setenv(CPU_BF16, "native")
     timed = []
     monkeypatch.setattr(advise, "time_factors", lambda base, options: timed.append(sorted(options)) or
                         {name: ratio for name in options})
@@ -137,7 +138,7 @@ def test_a_known_loss_outside_the_seed_band_ranks_last_unless_a_tolerance_accept
                                                                                       monkeypatch, capsys, tmp_path):
     # bf16-pure, timed 4× faster here, lost 15 points on this model's records: by default it ranks after every
     # plan without such a loss; --tolerance-pt 20 accepts it, and speed ranks it first.
-    monkeypatch.setattr(advise, "native_bf16", lambda: True)
+    monkeypatch.setenv(CPU_BF16, "native")
     monkeypatch.setattr(advise, "time_factors", lambda base, options: {"amp-bf16": 0.5, "bf16-pure": 0.25})
     untimed = {"step_time_ms_median": None}  # no step to calibrate prices with: accuracy is what is read here
     write(tmp_path / "results", [record("s", "baseline", "bert-tiny", "cpu-x", [], 10.0, 0.90,

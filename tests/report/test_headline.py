@@ -7,7 +7,7 @@ from bench.predict.table import save
 from bench.results import PREDICTED
 from bench.report import build_report
 from bench.report.headline import headline, picks
-from bench.report.tables import summary
+from bench.report.tables import display, summary
 from tests.report.test_overview import RUNS, rec
 
 
@@ -116,3 +116,15 @@ def test_runs_no_gpu_measured_show_their_predicted_peak_at_gpu_shapes(tmp_path):
     section = text[text.index("## Not yet measured on a GPU"):]
     assert "1 of the suite's 2 entries have no GPU record" in section and "revision abc123, torch 2.14" in section
     assert "| half | 64 | ok | 3.0 | forward |" in section and "| baseline |" not in section.split("\n## ")[0]
+
+
+def test_a_run_timed_on_a_busy_machine_is_marked_and_never_picked():
+    runs = [rec("s", "baseline", 400, 50.0), rec("s", "half", 200, 49.0) | {"busy_machine": True},
+            rec("s", "quarter", 100, 20.0)]
+    table = summary(results.to_frame(runs))
+    best = {k: (v["run"] if v is not None else None) for k, v in picks(table).items()}
+    assert "half" not in best.values() and best["largest"] == "quarter"
+    shown = display(table).set_index("run")["throughput ×"]
+    assert shown["half"] == "0.98 (busy ⚠)" and shown["quarter"] == 0.4
+    runs[0]["busy_machine"] = True  # a busy baseline: every ratio against it is suspect
+    assert picks(summary(results.to_frame(runs))) == {"largest": None, "free": None, "trade": None}
