@@ -59,6 +59,8 @@ def _measure(suites: list[Suite], launcher: Launcher, results_root: Path, folder
             print(f"[{i}/{len(tasks)}] {label(t)}: {t.reason}{_missing_snapshot(t, launcher)}", file=log)
     print(f"{len(todo)} of {len(tasks)} runs to measure on {device or launcher.device_type}, records in "
           f"{results_root}", file=log)
+    if todo and (said := estimate(todo, results_root, device, launcher.device_type)):
+        print(said, file=log)
     with launcher.running(todo, log) as result:
         for i, t in enumerate(todo, 1):
             print(f"[{i}/{len(todo)}] {label(t)}: running ({t.reason}; {_elapsed(start)} elapsed"
@@ -72,6 +74,33 @@ def _measure(suites: list[Suite], launcher: Launcher, results_root: Path, folder
     for folder in folders.values():
         resume.force_done(folder)
     return records, todo
+
+
+def estimate(todo: list[resume.Task], root: Path, device: str | None, device_type: str) -> str:
+    """How long the runs to measure will take, from the wall times their records took before: on this device
+    where it has one, else on another device of its kind (the nearest evidence there is; another CPU may be
+    several times slower or faster); with what the fidelity phase took of it, and the faster ways."""
+    seen: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for suite in {t.suite.name for t in todo}:
+        for r in results.load_records(root / suite):
+            if r.get("wall_s") and r.get("device_type", "cpu") == device_type:
+                seen.setdefault((suite, r["run"]), []).append(r)
+    total = fidelity = 0.0
+    known, sources = 0, set()
+    for t in todo:
+        if found := seen.get((t.suite.name, t.spec.name)):
+            r = max(found, key=lambda r: r["device"] == device)
+            wall, fid = float(r["wall_s"]), float(r.get("fidelity_s") or 0)
+            has_fidelity = t.spec.fidelity(device_type) is not None
+            total += wall if has_fidelity else wall - fid
+            fidelity += fid if has_fidelity else 0.0
+            known, sources = known + 1, sources | {r["device"]}
+    if not known:
+        return ""
+    where = "this device" if sources == {device} else ", ".join(sorted(sources))
+    faster = f"; {(total - fidelity) / 60:.0f} min of it without the fidelity phase (--no-fidelity)" if fidelity else ""
+    return (f"estimated: about {total / 60:.0f} min for the {known} of {len(todo)} runs recorded before (their wall "
+            f"times on {where}){faster}; --only NAMES measures some of them")
 
 
 def _missing_snapshot(task: resume.Task, launcher: Launcher) -> str:

@@ -20,7 +20,7 @@ from bench.launch.local import Local, run_isolated
 from bench.provenance import device_name
 from bench.report import build_report
 from bench.runner import MEMORY_SUMMARY, _outcome, finish, sweep
-from bench.suite import Suite, load, select
+from bench.suite import Fidelity, Suite, load, select
 from tests.helpers import spec, tech
 
 CPU = Device("cpu", "cpu")
@@ -298,3 +298,22 @@ def test_a_cpu_run_says_when_the_machine_was_busy(cpu_s, load, busy, monkeypatch
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     figures = worker.share(cpu_s, 2.0)
     assert figures == {"load_average": load, "cpu_share": round(cpu_s / 4, 3), "busy_machine": busy}
+
+
+def test_a_sweep_says_how_long_it_will_take_from_the_times_its_runs_took_before(tmp_path):
+    from bench import resume
+    from bench.runner import estimate
+
+    fid = Fidelity(steps=2, seeds=1, batch_size=8)
+    suite = Suite("s", Path("s.toml"), "vit-tiny", "", "a", tuple(
+        replace(spec(name=n, batch_size=2, fidelity_cpu=fid), suite="s") for n in ("a", "b", "c")))
+    for run, wall, fid in (("a", 600.0, 420.0), ("b", 300.0, 180.0)):  # measured on another CPU, with fidelity
+        results.write_atomic(results.record_path(tmp_path, "s", "Other CPU, 2 threads, AVX2", run),
+                             {"suite": "s", "run": run, "device": "Other CPU, 2 threads, AVX2", "device_type": "cpu",
+                              "status": "ok", "wall_s": wall, "fidelity_s": fid, "baseline": "a"})
+    todo = resume.plan(suite, CPU.name, tmp_path)
+    assert estimate(todo, tmp_path, CPU.name, "cpu") == (
+        "estimated: about 15 min for the 2 of 3 runs recorded before (their wall times on Other CPU, 2 threads, "
+        "AVX2); 5 min of it without the fidelity phase (--no-fidelity); --only NAMES measures some of them")
+    quick = resume.plan(suite, CPU.name, tmp_path, fidelity=False)
+    assert estimate(quick, tmp_path, CPU.name, "cpu").startswith("estimated: about 5 min for the 2 of 3 runs")
