@@ -248,7 +248,7 @@ def _run(args: argparse.Namespace) -> int:
 
     refuse_unusable_flags(args)
     suite = suites.load(path)
-    if args.only:
+    if args.only is not None:
         suite = suites.select(suite, args.only.split(","))
     if args.timeout:
         suite = suites.with_timeout(suite, args.timeout)
@@ -322,7 +322,8 @@ def refuse_unusable_flags(args: argparse.Namespace) -> None:
 def _report(args: argparse.Namespace) -> int:
     from bench.report import build_report
 
-    folder = Path(args.suite) if Path(args.suite).is_dir() else args.results / args.suite
+    # A suite's name reads --results/NAME, even where ./NAME is a folder; a path (with a slash) is read as given.
+    folder = Path(args.suite) if "/" in args.suite and Path(args.suite).is_dir() else args.results / args.suite
     for path in build_report(folder):
         print(path)
     return 0
@@ -338,11 +339,11 @@ def _predict(args: argparse.Namespace) -> int:
     if args.reserve and not args.budget:  # else it would be taken and ignored
         raise BadInput(f"--reserve {args.reserve} is held back from a --budget, and none was given")
     try:
-        budget = tensor_budget(args.budget, reserve) if args.budget else None
+        budget = tensor_budget(args.budget, reserve) if args.budget is not None else None
     except ValueError as exc:
         raise BadInput(str(exc)) from exc
     suite = suites.load(path)
-    if args.only:
+    if args.only is not None:
         suite = suites.select(suite, args.only.split(","))
     if args.nproc:
         suite = suites.spanning(suite, args.nproc)
@@ -355,7 +356,7 @@ def _predict(args: argparse.Namespace) -> int:
               f"(--reserve): {budget / 2**30:.2f} GiB for tensors", file=sys.stderr)
     table = suite_table(list(suite.runs), measured, budget, jobs=args.jobs)
     print(markdown(table))
-    if not (args.only or args.budget or args.nproc):  # the whole suite as it is: its report shows them
+    if args.only is None and budget is None and not args.nproc:  # the whole suite as it is: its report shows them
         import torch
 
         from bench.predict.table import save
@@ -388,7 +389,7 @@ def _fit(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise BadInput(str(exc)) from exc
     suite = suites.load(path)
-    if args.only:
+    if args.only is not None:
         suite = suites.select(suite, args.only.split(","))
     rows = fit_suite([r for r in suite.runs if r.mode == "train" and r.nproc == 1], device, budget, args.results)
     print("| run | measured largest batch | predicted | prediction |\n|---|---|---|---|")

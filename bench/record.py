@@ -56,6 +56,8 @@ class Outcome:
     message: str = doc("empty when ok; else the reason", "")
     warning: str | None = doc("an ok run whose first timed step was far slower than the rest (warm-up too short)")
     stderr_tail: str | None = doc("an error's last output (each rank's, under torchrun)")
+    non_finite: list[str] | None = doc("figures that came out NaN or infinite (a diverged fidelity phase's loss), "
+                                       "stored as null so that any strict JSON reader reads the record")
     failed_rank: int | None = doc("a multi-process run's rank that failed")
     proof: dict[str, Any] | None = doc("each technique's evidence of application, read off the live run, as "
                                        "<technique>.<key>; the trainer's micro_batches and output_dtype")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from datetime import UTC, datetime
@@ -117,11 +118,30 @@ def finish(record: dict[str, Any], records: list[dict[str, Any]], results_root: 
     path = results.record_path(results_root, record["suite"], record["device"], record["run"])
     if summary := record.pop(MEMORY_SUMMARY, None):
         record["memory_summary"] = results.save_beside(path, ".memory.txt", summary)
-    record = Record.from_flat(record).to_flat()
+    record = finite(Record.from_flat(record).to_flat())
     results.set_aside_if_unreadable(path)
     results.keep_superseded(path)
     results.store(path, record)
     records.append(record)
+
+
+def finite(record: dict[str, Any]) -> dict[str, Any]:
+    """NaN and infinite figures as null (JSON has no such numbers; Python wrote bare NaN tokens), named in
+    ``non_finite``."""
+    bad: list[str] = []
+
+    def clean(value: Any, key: str) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            bad.append(key)
+            return None
+        if isinstance(value, list):
+            return [clean(v, key) for v in value]
+        if isinstance(value, dict):
+            return {k: clean(v, f"{key}.{k}") for k, v in value.items()}
+        return value
+
+    out = {k: clean(v, k) for k, v in record.items()}
+    return out | ({"non_finite": sorted(set(bad))} if bad else {})
 
 
 def _baseline(record: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -135,3 +135,15 @@ def test_timeout_flag_takes_seconds_up_to_a_week(capsys, value):
     with pytest.raises(SystemExit) as info:
         main(["run", "smoke", "--timeout", value])
     assert info.value.code == 2 and "expected seconds from 1 to 604800 (a week)" in capsys.readouterr().err
+
+
+def test_an_empty_budget_is_refused_not_ignored(capsys):
+    assert main(["predict", "smoke", "--budget", ""]) == 2
+    assert "--budget '': expected a size such as 16GiB" in capsys.readouterr().err
+
+
+def test_report_reads_the_results_folder_even_where_a_folder_of_that_name_is_here(tmp_path, monkeypatch, capsys):
+    (tmp_path / "smoke").mkdir()  # ./smoke, not a results folder
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", "smoke", "--results", str(tmp_path / "results")]) == 2
+    assert f"no records under {tmp_path / 'results' / 'smoke'}/*/" in capsys.readouterr().err

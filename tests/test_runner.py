@@ -317,3 +317,15 @@ def test_a_sweep_says_how_long_it_will_take_from_the_times_its_runs_took_before(
         "AVX2); 5 min of it without the fidelity phase (--no-fidelity); --only NAMES measures some of them")
     quick = resume.plan(suite, CPU.name, tmp_path, fidelity=False)
     assert estimate(quick, tmp_path, CPU.name, "cpu").startswith("estimated: about 5 min for the 2 of 3 runs")
+
+
+def test_a_diverged_figure_is_stored_as_null_and_named(tmp_path):
+    import json
+
+    record = {"suite": "s", "run": "r", "device": "cpu", "status": "ok", "baseline": "r", "final_loss": float("nan"),
+              "accuracy_seeds": [0.5, float("inf")], "samples_per_s": 3.0}
+    finish(record, [], tmp_path)
+    text = results.record_path(tmp_path, "s", "cpu", "r").read_text()
+    stored = json.loads(text, parse_constant=lambda token: pytest.fail(f"bare {token} in the record"))
+    assert stored["final_loss"] is None and stored["accuracy_seeds"] == [0.5, None]
+    assert stored["non_finite"] == ["accuracy_seeds", "final_loss"] and stored["samples_per_s"] == 3.0

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 from bench.data import varlen
 from bench.errors import SuiteError, cannot_read
+from bench.registry import did_you_mean
 from bench.models import MODELS, ModelSpec
 from bench.spec import DEFAULTS, DEVICES, MAX_NPROC, MODES, STEP_KEYS, RunSpec, Shapes, Suite, TechniqueSpec
 from bench.suite import fidelity as fidelity_table
@@ -22,6 +23,7 @@ from bench.suite.techniques import check_fidelity_batch, techniques
 from bench.suite.values import check_ranges, model_spec, typed, weights
 from bench.techniques import Technique, build
 
+MAX_RUN_NAME = 120  # bytes: a record's file name, its slug and digest, and '.snapshot.pickle' stay under 255
 THROUGHPUTS = ("samples_per_s", "tokens_per_s", "real_tokens_per_s")  # record fields a suite may compare
 SUITE_NAME = re.compile(r"\w[\w.-]*")  # any script's letters; no separators, no leading dot
 TOP_KEYS = {
@@ -66,11 +68,14 @@ def load(path: str | Path) -> Suite:
 
 
 def select(suite: Suite, patterns: list[str]) -> Suite:
-    """The runs matching any of the names or globs, always with the baselines they are compared with."""
+    """The runs matching any of the names or globs, always with the baselines they are compared with; a pattern
+    that matches nothing (a typo) or is empty is refused, naming the runs."""
+    names = [r.name for r in suite.runs]
+    unmatched = [p for p in patterns if not p.strip() or not fnmatch.filter(names, p)]
+    if unmatched or not patterns:
+        said = "; ".join(f"{p!r} matches no run{did_you_mean(p, names)}" for p in unmatched) or "no pattern given"
+        raise SuiteError(suite.path, [f"--only {','.join(patterns)}: {said}; runs: {', '.join(names)}"])
     chosen = {r.name for r in suite.runs if any(fnmatch.fnmatchcase(r.name, p) for p in patterns)}
-    if not chosen:
-        raise SuiteError(suite.path, [f"--only {','.join(patterns)}: no run matches; runs: "
-                                      f"{', '.join(r.name for r in suite.runs)}"])
     chosen |= {r.baseline for r in suite.runs if r.name in chosen}
     return replace(suite, runs=tuple(r for r in suite.runs if r.name in chosen),
                    order=suite.order or tuple(r.name for r in suite.runs))
@@ -318,6 +323,8 @@ def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:
     for name in (e.name for e in entries):
         if name in seen:
             problems.append(f"runs: duplicate run name {name!r}; names must be unique")
+        if len(name.encode()) > MAX_RUN_NAME:  # its record's file name (plus suffixes) must fit the file system's
+            problems.append(f"runs: run name {name[:40]!r}… is {len(name.encode())} bytes; at most {MAX_RUN_NAME}")
         seen.add(name)
     return entries
 

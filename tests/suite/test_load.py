@@ -169,8 +169,18 @@ def test_user_technique_by_import_path(tmp_path):
 def test_selecting_runs_keeps_their_baselines(tmp_path):
     s = suites.select(load(write_suite(tmp_path, GOOD)), ["am*"])
     assert [r.name for r in s.runs] == ["baseline", "amp"]
-    with pytest.raises(SuiteError, match="no run matches"):
+    with pytest.raises(SuiteError, match="'nothing' matches no run"):
         suites.select(s, ["nothing"])
+    with pytest.raises(SuiteError, match=r"'ampp' matches no run \(did you mean 'amp'\?\)"):
+        suites.select(load(write_suite(tmp_path, GOOD)), ["baseline", "ampp"])  # a typo is never dropped
+    with pytest.raises(SuiteError, match="'' matches no run"):
+        suites.select(s, [""])  # --only "" once ran the whole suite
+
+
+def test_a_run_name_too_long_for_a_file_name_is_refused_at_load(tmp_path):
+    # 300 characters were measured, then storing failed with "file name too long" and no record anywhere
+    found = suite_problems(tmp_path, GOOD.replace('name = "amp"', f'name = "{"a" * 300}"'))
+    assert any("is 300 bytes; at most 120" in p for p in found), found
 
 
 def test_techniques_must_fit_the_suite_mode(tmp_path):
