@@ -78,14 +78,22 @@ def html_page(blocks: list[Block], title: str) -> str:
     return "\n".join(out) + "\n</body></html>\n"
 
 
+def _link(match: re.Match[str]) -> str:
+    label, target = match.groups()
+    if re.match(r"https?://", target, re.IGNORECASE) or (":" not in target and not target.startswith("//")):
+        return f"<a href='{target}'>{label}</a>"
+    return match.group(0)
+
+
 def _headline_html(groups: list[tuple[str, list[str]]]) -> str:
     return "".join(f"<p><b>{_inline(line)}</b></p><ul>" + "".join(f"<li>{_inline(i)}</li>" for i in items) + "</ul>"
                    for line, items in groups)
 
 
 def _inline(text: str) -> str:
-    """Escaped text with Markdown's `code`, **bold** and [links](target) kept."""
-    text = re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", r"<a href='\2'>\1</a>", html.escape(text))
+    """Escaped text with Markdown's `code`, **bold** and [links](target) kept: a link only to a relative path or
+    http(s); any other target (javascript:, data:, a run named to look like a link) stays text."""
+    text = re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", _link, html.escape(text))
     parts = text.split("`")
     text = "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
     parts = text.split("**")

@@ -1,4 +1,5 @@
 import math
+from html.parser import HTMLParser
 
 import pandas as pd
 import pytest
@@ -215,3 +216,44 @@ def test_a_suite_names_the_figure_its_throughput_compares(tmp_path):
     table = summary(to_frame(records), "real_tokens_per_s").set_index("run")
     assert table.loc["bucket", "throughput_vs_baseline"] == 3.6
     assert load("suites/bert-varlen.toml").throughput == "real_tokens_per_s"
+
+
+HOSTILE = ["[click me](javascript:alert%28document.domain%29)", "<script>alert(1)</script>",
+           "<img src=x onerror=alert(1)>", "[x](JaVaScRiPt:alert(1))", "[d](data:text/html,<b>)", "' onmouseover='x"]
+
+
+class Scripts(HTMLParser):
+    """What in a page could run: script elements, event-handler attributes, links that are not relative or http(s)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        if tag == "script":
+            self.found.append("<script>")
+        for name, value in attrs:
+            if name.startswith("on"):
+                self.found.append(f"{name}=")
+            embedded = name == "src" and (value or "").startswith("data:image/png;base64,")  # the plots
+            if name in ("href", "src") and value and ":" in value.split("/")[0] and not embedded and not value.startswith(
+                    ("http://", "https://")):
+                self.found.append(f"{name}={value}")
+
+
+def test_hostile_run_names_and_messages_run_nothing_in_any_page(tmp_path):
+    from bench.report.overview import build_overview
+
+    base = {"suite": "s", "device": "cpu", "device_type": "cpu", "baseline": "baseline", "batch_size": 8,
+            "peak_tensor_bytes": 100, "samples_per_s": 1.0}
+    records = [base | {"run": "baseline", "status": "ok"}]
+    records += [base | {"run": name, "status": "error", "message": name, "run_index": i}
+                for i, name in enumerate(HOSTILE, 2)]
+    for r in records:
+        results.write_atomic(results.record_path(tmp_path, "s", r["device"], r["run"]), r)
+    pages = [p for p in build_report(tmp_path / "s") + build_overview(tmp_path) if p.suffix == ".html"]
+    assert len(pages) == 2
+    for page in pages:
+        parser = Scripts()
+        parser.feed(page.read_text())
+        assert parser.found == [], page
