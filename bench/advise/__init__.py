@@ -116,8 +116,10 @@ def advise(src: Source, budget: Budget, device_type: str = "cuda", nproc: int = 
                                    minimal=not max_batch)
             advice.plans = search.fits or [strongest]  # the walk's limit reached first: the plan known to fit
             _rank(advice, predictions, top, max_batch, tolerance_pt)
-    finally:
-        predictions.close()
+    except BaseException:
+        predictions.close(interrupted=True)
+        raise
+    predictions.close()
     advice.predicted, advice.reused = predictions.made, predictions.reused
     return advice
 

@@ -14,7 +14,7 @@ from typing import Any, TextIO
 
 import torch
 
-from bench.predict.ahead import spawn_pool
+from bench.predict.ahead import spawn_pool, stop_pool
 from bench.predict.budget import largest_batch
 from bench.predict.fake import predict
 from bench.results import write_atomic
@@ -72,10 +72,9 @@ class Predictions:
         except (OSError, ValueError):  # not made yet, or cut off mid-write by hand: made again
             return None
 
-    def close(self) -> None:
+    def close(self, interrupted: bool = False) -> None:
         if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
+            stop_pool(self._pool, interrupted)
             self._pool = None
 
 

@@ -37,6 +37,22 @@ def spawn_pool(processes: int) -> multiprocessing.pool.Pool:
                                                      initargs=(signal.SIGINT, signal.SIG_IGN))
 
 
+def stop_pool(pool: multiprocessing.pool.Pool, interrupted: bool) -> None:
+    """The pool's processes ended. Interrupted (SIGTERM to the process group, as `timeout` and Slurm send it), a
+    worker may have died holding the pool's queue lock, and Pool.terminate would wait on that lock forever (13
+    minutes, once): the workers are killed outright instead, none respawned, and the pool's own finalizer, which
+    would wait on the same lock at exit, is cancelled."""
+    if not interrupted:
+        pool.terminate()
+        pool.join()
+        return
+    pool._worker_handler._state = multiprocessing.pool.TERMINATE  # no worker replaces a killed one
+    for worker in pool._pool:
+        worker.kill()
+        worker.join()
+    pool._terminate.cancel()
+
+
 class Ahead:
     """Predictions of runs still to be measured, computed in ``jobs`` spawned processes in the order given;
     ``jobs`` = 0 makes none, and each run predicts itself."""
@@ -57,7 +73,6 @@ class Ahead:
     def __enter__(self) -> Ahead:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self._pool is not None:
-            self._pool.terminate()  # predictions of runs never reached (an interrupted sweep) are dropped
-            self._pool.join()
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        if self._pool is not None:  # predictions of runs never reached (an interrupted sweep) are dropped
+            stop_pool(self._pool, interrupted=kind is not None)

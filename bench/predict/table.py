@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from bench.predict.ahead import spawn_pool
+from bench.predict.ahead import spawn_pool, stop_pool
 from bench.predict.budget import fewest_ranks, largest_batch
 from bench.predict.fake import predict
 from bench.predict.ranks import KINDS
@@ -58,8 +58,12 @@ def _predicted_rows(runs: list[RunSpec], budget: int | None, jobs: int) -> Itera
     if processes <= 1:
         yield from map(_indexed_row, work)
         return
-    with spawn_pool(processes) as pool:  # leaving the block terminates the processes, finished or not
+    pool, interrupted = spawn_pool(processes), True
+    try:
         yield from pool.imap_unordered(_indexed_row, work)
+        interrupted = False
+    finally:  # the processes end, finished or not
+        stop_pool(pool, interrupted)
 
 
 def _indexed_row(work: tuple[int, RunSpec, int | None]) -> tuple[int, dict[str, Any]]:
