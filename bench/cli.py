@@ -464,7 +464,7 @@ def _compare(args: argparse.Namespace) -> int:
     if table.empty:
         raise BadInput(f"no run (suite and name) is in both {args.a} and {args.b}")
     written = compare.write(table, (args.a, a), (args.b, b), args.out)
-    print(written[0].read_text())
+    print(written[0].read_text(encoding="utf-8"))
     for line in compare.unmatched(a, b):
         print(line, file=sys.stderr)
     print(f"written: {', '.join(str(p) for p in written)}", file=sys.stderr)

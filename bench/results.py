@@ -57,7 +57,7 @@ def write_atomic(path: Path, record: dict[str, Any] | str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:  # whatever the locale (LC_ALL=C emptied report.md)
             f.write(record if isinstance(record, str) else json.dumps(record, indent=1, sort_keys=True, default=str))
             f.flush()
             os.fsync(f.fileno())
@@ -139,7 +139,7 @@ def read(path: Path, warn: bool = True) -> dict[str, Any] | None:
     """The stored record, or None. One that cannot be parsed (a hand edit, a git merge conflict) is named
     on stderr: silently leaving a measured run out of a report would hide it."""
     try:
-        record = json.loads(path.read_text())
+        record = json.loads(path.read_text(encoding="utf-8"))
         if not (isinstance(record, dict) and REQUIRED <= record.keys() and record["status"] in STATUSES):
             raise ValueError(f"not a record: expected an object with {', '.join(sorted(REQUIRED))} and a status "
                              f"among {', '.join(STATUSES)}")

@@ -21,7 +21,7 @@ from bench.report.headline import (
     this_machine,
 )
 from bench.report.page import Block, html_page, markdown
-from bench.results import PREDICTED, load_records, slug, to_frame
+from bench.results import PREDICTED, load_records, slug, to_frame, write_atomic
 
 Draw = Callable[[plt.Axes, pd.DataFrame, str], None]
 
@@ -57,8 +57,8 @@ def build_report(suite_dir: Path, here: str | None = None) -> list[Path]:
         blocks += _device_section(str(device), part, records, images)
         written += [p for png in images for p in (png, png.with_suffix(".svg"))]
     blocks += [Block("h2", "How these figures were measured"), *[Block("p", t) for t in EXPLAINED]]
-    written[1].write_text(markdown(blocks, suite_dir))
-    written[2].write_text(html_page(blocks, f"{suite_dir.name}: memory-saving techniques"))
+    write_atomic(written[1], markdown(blocks, suite_dir))
+    write_atomic(written[2], html_page(blocks, f"{suite_dir.name}: memory-saving techniques"))
     for stale in (set(plot_dir.glob("*.png")) | set(plot_dir.glob("*.svg"))) - set(written):
         stale.unlink()  # plots of views or devices no longer in the records
     return written

@@ -11,7 +11,7 @@ import pandas as pd
 
 from bench.report import plots
 from bench.report.tables import peak_bytes, to_markdown
-from bench.results import read, slug, to_frame
+from bench.results import read, slug, to_frame, write_atomic
 
 # Peak memory is deterministic up to the allocator's rounding: a change under 1% is not a change.
 MEMORY_TOLERANCE = 0.01
@@ -114,7 +114,7 @@ def write(table: pd.DataFrame, a: tuple[Path, pd.DataFrame], b: tuple[Path, pd.D
              "accuracy when it drops by more than the wider of the two baselines' seed bands.", "",
              "![side by side](compare.png)", ""]
     written = [out / "compare.md", out / "compare.csv", out / "compare.png"]
-    written[0].write_text("\n".join(lines))
+    write_atomic(written[0], "\n".join(lines))
     table.to_csv(written[1], index=False)
     if len(table):
         side_by_side(table, "A", "B", written[2])

@@ -23,7 +23,7 @@ from bench.report.headline import (
 )
 from bench.report.page import Block, html_page, markdown
 from bench.report.tables import pareto_front, summary
-from bench.results import load_records, slug, to_frame
+from bench.results import load_records, slug, to_frame, write_atomic
 
 
 def build_overview(results: Path) -> list[Path]:
@@ -54,8 +54,8 @@ def build_overview(results: Path) -> list[Path]:
         written += [png, png.with_suffix(".svg")]
         title = device_title(str(device), part["device_type"].iloc[0])
         blocks += [Block("h2", title), Block("table", pd.DataFrame(rows)), Block("image", png)]
-    written[0].write_text(markdown(blocks, out))
-    written[1].write_text(html_page(blocks, "All suites: what to use"))
+    write_atomic(written[0], markdown(blocks, out))
+    write_atomic(written[1], html_page(blocks, "All suites: what to use"))
     return written + [figures, write_fields(results)]
 
 

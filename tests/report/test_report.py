@@ -1,4 +1,7 @@
 import math
+import os
+import subprocess
+import sys
 from html.parser import HTMLParser
 
 import pandas as pd
@@ -257,3 +260,18 @@ def test_hostile_run_names_and_messages_run_nothing_in_any_page(tmp_path):
         parser = Scripts()
         parser.feed(page.read_text())
         assert parser.found == [], page
+
+
+def test_pages_are_written_whole_in_utf8_whatever_the_locale(tmp_path):
+    # LC_ALL=C: report.md was emptied to 0 bytes, then a traceback (its "×" has no ASCII form)
+    base = {"suite": "s", "device": "cpu", "device_type": "cpu", "baseline": "baseline", "batch_size": 8,
+            "status": "ok", "peak_tensor_bytes": 100, "samples_per_s": 1.0}
+    for r in (base | {"run": "baseline"}, base | {"run": "amp×2", "peak_tensor_bytes": 50}):
+        results.write_atomic(results.record_path(tmp_path, "s", r["device"], r["run"]), r)
+    code = (f"from pathlib import Path; from bench.report import build_report; "
+            f"build_report(Path({str(tmp_path / 's')!r}))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LC_")} | {"LC_ALL": "C", "LANG": "C",
+                                                                              "PYTHONUTF8": "0"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "amp×2" in (tmp_path / "s" / "report.md").read_text(encoding="utf-8")
