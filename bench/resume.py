@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import results
+from bench.errors import BadInput
 from bench.suite import RunSpec, Suite
 
 DETERMINISTIC = ("ok", "oom", "unsupported")
@@ -100,14 +101,27 @@ def forced_since(folder: Path, force: bool) -> str | None:
     """The moment the current --force sweep of this folder began: from its marker (an interrupted one
     resumes), else now with ``force`` (the marker is written), else None."""
     marker = folder / FORCE_MARKER
-    if marker.exists():
-        return marker.read_text().strip()
+    if since := _marked(marker):
+        return since
     if not force:
         return None
     now = datetime.now(UTC).isoformat(timespec="microseconds")
-    folder.mkdir(parents=True, exist_ok=True)
-    marker.write_text(now + "\n")
+    results.write_atomic(marker, now + "\n")  # never a 0-byte marker: a full disk fails here, before any run
     return now
+
+
+def _marked(marker: Path) -> str | None:
+    """The moment a forced sweep began, from its marker; a marker that holds none (cut off by a full disk, or a
+    folder in its place) is refused, naming it, rather than read as a sweep that forces nothing."""
+    if not marker.exists():
+        return None
+    try:
+        since = marker.read_text(encoding="utf-8").strip()
+        datetime.fromisoformat(since)
+    except (OSError, ValueError):
+        raise BadInput(f"{marker} holds no time a --force sweep began; remove it, then run again (with --force to "
+                       "measure every run again)") from None
+    return since
 
 
 def force_done(folder: Path) -> None:

@@ -134,3 +134,28 @@ def test_a_record_measured_again_is_kept_in_superseded(tmp_path):
     (kept,) = (old.parent / results.SUPERSEDED).glob("*.json")
     assert kept.name == "baseline.2020-01-01T000000+0000.json" and results.read(kept)["samples_per_s"] == 1.5
     assert [r["run"] for r in results.load_records(tmp_path / "s")] == ["baseline"]  # reports read today's only
+
+
+def test_a_force_marker_that_holds_no_time_is_refused_naming_it(tmp_path):
+    import pytest
+
+    from bench.errors import BadInput
+
+    folder = results.suite_folder(tmp_path, "s", CPU.name)
+    folder.mkdir(parents=True)
+    (folder / resume.FORCE_MARKER).write_text("")  # cut off by a full disk: --force then measured nothing
+    with pytest.raises(BadInput, match="holds no time a --force sweep began; remove it"):
+        resume.forced_since(folder, force=True)
+    (folder / resume.FORCE_MARKER).unlink()
+    (folder / resume.FORCE_MARKER).mkdir()  # a folder in its place crashed every run of the suite
+    with pytest.raises(BadInput, match="holds no time"):
+        resume.forced_since(folder, force=False)
+
+
+def test_a_run_that_printed_a_flood_keeps_a_bounded_tail(tmp_path):
+    from bench.launch import local
+
+    log = tmp_path / "stderr.txt"
+    log.write_bytes(b"x" * (8 * 2**20) + b"\nthe last words\n")
+    tail = local._last_words(log)
+    assert tail.endswith("the last words") and len(tail) <= local.STDERR_TAIL

@@ -152,7 +152,16 @@ def _tail(err_path: Path, rank_logs: Path) -> str:
     return tail
 
 
+TAIL_READ = 64 * 1024  # bytes read from the end of a run's output: a run that printed 1.5 GB took 7.2 GB to read whole
+
+
 def _last_words(log: Path) -> str:
     # faulthandler's list of loaded extension modules would fill the tail and tell nothing
-    lines = log.read_text(errors="replace").strip().splitlines()
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - TAIL_READ))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    lines = text.strip().splitlines()
     return "\n".join(x for x in lines if not x.startswith("Extension modules:"))[-STDERR_TAIL:]
