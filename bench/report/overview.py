@@ -18,6 +18,7 @@ from bench.report.headline import (
     devices_best_first,
     pick_text,
     picks,
+    suite_entries,
     suite_throughput,
     this_machine,
 )
@@ -45,7 +46,9 @@ def build_overview(results: Path) -> list[Path]:
         for suite, t in part.groupby("suite", sort=True):
             base = t[t["run"] == t["baseline"]]
             best = picks(t)
+            entries = suite_entries(str(suite))
             rows.append({"suite": suite, "model": t["model"].iloc[0],
+                         "recorded": f"{len(t)} of {entries}" if entries else str(len(t)),
                          "baseline peak GiB": round(base["peak_bytes"].iloc[0] / 2**30, 3) if len(base) else None,
                          "baseline samples/s": round(base["samples_per_s"].iloc[0], 1) if len(base) else None,
                          **{PICKS[k]: pick_text(v) for k, v in best.items()}})
@@ -100,7 +103,8 @@ def _suite_grid(table: pd.DataFrame, device: str, path: Path) -> None:
     plots.save(fig, path, dpi=110)
 
 
-INTRO = ("Per suite and device (GPUs first), three picks among the runs measured at the baseline's batch size that "
+INTRO = ("Recorded: how many of the suite's entries the device has a record of (each report lists the rest with "
+         "its predicted peak at GPU shapes). Per suite and device (this machine's, then GPUs, first), three picks among the runs measured at the baseline's batch size that "
          "save memory (at most 0.99× the baseline's peak) and whose accuracy "
          "delta (where measured) lies within the baseline's noise band: the largest memory saving, the largest "
          "that keeps throughput within 5% of the baseline's, and the one that saves the most memory per unit of "
