@@ -21,10 +21,10 @@ class Hand:
     micro-batches, under bf16 autocast where asked."""
 
     def __init__(self, model: nn.Module, optimizer: type = torch.optim.AdamW, dtype: torch.dtype | None = None,
-                 micro: int = 1, autocast: bool = False, **options: float) -> None:
+                 micro: int = 1, autocast: bool = False, keep_grads: bool = False, **options: float) -> None:
         self.model = model.to(dtype) if dtype else model
         self.optimizer = optimizer(self.model.parameters(), **({"lr": 1e-3} | options))
-        self.dtype, self.micro, self.autocast = dtype, micro, autocast
+        self.dtype, self.micro, self.autocast, self.keep_grads = dtype, micro, autocast, keep_grads
 
     def step(self, batch: list) -> torch.Tensor:
         """One step; the mean loss, summed over the micro-batches as a loop that logs it does."""
@@ -38,7 +38,7 @@ class Hand:
             total = loss.detach() if total is None else total + loss.detach()
             loss.backward()
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=not self.keep_grads)
         return total
 
 
@@ -51,9 +51,9 @@ class Checkpointed(nn.Module):
         return checkpoint(self.block, x, use_reentrant=False)
 
 
-def checkpointed(model: nn.Module) -> Hand:
+def checkpointed(model: nn.Module, every: int = 1) -> Hand:
     layers = model.encoder.layers  # torchvision's ViT blocks
-    for name, block in layers.named_children():
+    for name, block in list(layers.named_children())[::every]:
         setattr(layers, name, Checkpointed(block))
     return Hand(model)
 
@@ -64,6 +64,11 @@ CASES: dict[str, tuple[tuple[TechniqueSpec, ...], Callable[[nn.Module], Hand]]] 
     "amp-bf16": ((TechniqueSpec("amp"),), lambda m: Hand(m, autocast=True)),
     "accumulate-2": ((TechniqueSpec("accumulate", (("micro_batches", 2),)),), lambda m: Hand(m, micro=2)),
     "checkpoint": ((TechniqueSpec("checkpoint"),), checkpointed),
+    "checkpoint-every-2": ((TechniqueSpec("checkpoint", (("every", 2),)),), lambda m: checkpointed(m, every=2)),
+    "accumulate-4": ((TechniqueSpec("accumulate", (("micro_batches", 4),)),), lambda m: Hand(m, micro=4)),
+    "adafactor": ((TechniqueSpec("optimizer", (("kind", "adafactor"), ("lr", 0.01))),),
+                  lambda m: Hand(m, torch.optim.Adafactor, lr=0.01)),
+    "zero-grad-keep": ((TechniqueSpec("zero-grad-keep"),), lambda m: Hand(m, keep_grads=True)),
     "sgd-momentum": ((TechniqueSpec("optimizer", (("kind", "sgd"), ("lr", 0.01))),),
                      lambda m: Hand(m, torch.optim.SGD, lr=0.01, momentum=0.9)),
 }
