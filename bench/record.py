@@ -275,6 +275,31 @@ class Record:
         return out | self.extra
 
 
+KINDS = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "list": (list,), "dict": (dict,)}
+LARGEST = 2**63  # no figure of a run is larger; 10**400 overflowed the reports' arithmetic
+
+
+def problems(flat: dict[str, Any]) -> list[str]:
+    """Each field whose stored value is not of its documented type ("accuracy: expected float, got str '87%'"):
+    a hand edit or another tool's record, which readers would otherwise trip over one by one."""
+    found = []
+    for group in GROUPS.values():
+        prefix = getattr(group, "prefix", "")
+        for f in fields(group):
+            key, value = prefix + f.name, flat.get(prefix + f.name)
+            if value is None or f.name == "ranks":
+                continue
+            kinds = [k for k in (k.strip().split("[")[0] for k in str(f.type).split("|")) if k != "None"]
+            allowed = tuple(t for k in kinds for t in KINDS.get(k, (object,)))
+            numeric = "bool" not in kinds and isinstance(value, bool)  # True is an int to Python, not a figure
+            if numeric or not isinstance(value, allowed):
+                found.append(f"{key}: expected {' or '.join(kinds)}, got "
+                             f"{type(value).__name__} {str(value)[:40]!r}")
+            elif isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) >= LARGEST:
+                found.append(f"{key}: {str(value)[:40]}… is out of any figure's range")
+    return found
+
+
 def migrate(flat: dict[str, Any]) -> dict[str, Any]:
     """An older record in today's form: techniques were one label (``"a + b"``, ``"baseline"``), and the
     accuracy delta was stored with the record rather than derived when reporting."""

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from bench.errors import BadInput
-from bench.record import label, migrate
+from bench.record import label, migrate, problems
 
 if TYPE_CHECKING:
     from bench.spec import RunSpec
@@ -143,6 +143,8 @@ def read(path: Path, warn: bool = True) -> dict[str, Any] | None:
         if not (isinstance(record, dict) and REQUIRED <= record.keys() and record["status"] in STATUSES):
             raise ValueError(f"not a record: expected an object with {', '.join(sorted(REQUIRED))} and a status "
                              f"among {', '.join(STATUSES)}")
+        if wrong := problems(migrate(record)):
+            raise ValueError(f"a field of the wrong type: {'; '.join(wrong)}")
         return record
     except FileNotFoundError:
         return None

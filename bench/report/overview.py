@@ -29,8 +29,9 @@ from bench.results import load_records, slug, to_frame, write_atomic
 
 def build_overview(results: Path) -> list[Path]:
     """results/overview/{overview.md, overview.html, *.png, *.svg} from every suite under ``results``."""
-    suites = sorted(p for p in results.iterdir() if p.is_dir() and any(p.glob("*/*.json")))
-    tables = [summary(to_frame(load_records(p)), suite_throughput(p.name)) for p in suites]
+    loaded = {p: load_records(p) for p in sorted(results.iterdir()) if p.is_dir() and any(p.glob("*/*.json"))}
+    suites = [p for p, records in loaded.items() if records]  # a suite whose every record is unreadable: none
+    tables = [summary(to_frame(loaded[p]), suite_throughput(p.name)) for p in suites]
     if not tables:
         raise FileNotFoundError(f"no suite records under {results}/*/*/; run `make bench SUITE=…` first")
     figures = write_figures(results, {p.name: t for p, t in zip(suites, tables)})

@@ -128,3 +128,37 @@ def test_a_record_of_the_wrong_shape_is_set_aside_and_measured_again(tmp_path, c
         assert "unreadable record, treated as absent (not a record" in capsys.readouterr().err
     assert sorted(p.read_text() for p in record.parent.glob("baseline.json.unreadable*")) == [
         "[1, 2, 3]", '{"status": "ok"}']
+
+
+# (the field, a value of the wrong type) as hand edits and other tools leave them
+WRONG_TYPED = [("accuracy", "87%"), ("run_index", "3"), ("device", 7), ("proof", ["a"]), ("spec", ["x"]),
+               ("peak_tensor_bytes", 10**400), ("techniques", {"amp": 1}), ("samples_per_s", True)]
+
+
+@pytest.mark.parametrize("field, value", WRONG_TYPED, ids=[f for f, _ in WRONG_TYPED])
+def test_a_record_with_a_wrong_typed_field_is_named_and_left_out_and_the_rest_reported(field, value, tmp_path,
+                                                                                       capsys):
+    from bench.report import build_report
+    from bench.report.overview import build_overview
+
+    good = {"suite": "s", "device": "cpu", "device_type": "cpu", "status": "ok", "baseline": "baseline",
+            "batch_size": 8, "peak_tensor_bytes": 100, "samples_per_s": 2.0}
+    results.write_atomic(results.record_path(tmp_path, "s", "cpu", "baseline"), good | {"run": "baseline"})
+    bad = results.record_path(tmp_path, "s", "cpu", "bad")
+    bad.write_text(json.dumps(good | {"run": "bad", field: value}, default=str) if field != "peak_tensor_bytes"
+                   else json.dumps(good | {"run": "bad"}).replace('"peak_tensor_bytes": 100', f'"{field}": {value}'))
+    assert [r["run"] for r in results.load_records(tmp_path / "s")] == ["baseline"]
+    said = capsys.readouterr().err
+    assert f"warning: {bad}: unreadable record" in said and f"a field of the wrong type: {field}: " in said
+    build_report(tmp_path / "s")  # the rest is reported, and the overview is made
+    build_overview(tmp_path)
+
+
+def test_the_overview_leaves_out_a_suite_whose_every_record_is_unreadable(tmp_path):
+    from bench.report.overview import build_overview
+
+    good = {"suite": "s", "device": "cpu", "device_type": "cpu", "status": "ok", "baseline": "baseline",
+            "run": "baseline", "batch_size": 8, "peak_tensor_bytes": 100, "samples_per_s": 2.0}
+    results.write_atomic(results.record_path(tmp_path, "s", "cpu", "baseline"), good)
+    results.write_atomic(results.record_path(tmp_path, "t", "cpu", "baseline"), good | {"suite": "t", "device": 7})
+    assert "| s |" in build_overview(tmp_path)[0].read_text()  # KeyError 'baseline' before
