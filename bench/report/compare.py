@@ -11,6 +11,7 @@ import pandas as pd
 
 from bench.report import plots
 from bench.report.tables import peak_bytes, to_markdown
+from bench.errors import BadInput
 from bench.results import read, slug, to_frame, write_atomic
 
 # Peak memory is deterministic up to the allocator's rounding: a change under 1% is not a change.
@@ -24,8 +25,7 @@ def load_side(folder: Path, device: str | None = None) -> pd.DataFrame:
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: no such folder (expected results/, results/<suite>/ or "
                                 "results/<suite>/<device>/)")
-    records = [r for depth in ("*.json", "*/*.json", "*/*/*.json") for p in sorted(folder.glob(depth))
-               if (r := read(p)) is not None and "run" in r and "device" in r]
+    records = _records(folder)
     if device:
         records = [r for r in records if device.lower() in r["device"].lower() or device == slug(r["device"])]
     if not records:
@@ -37,6 +37,28 @@ def load_side(folder: Path, device: str | None = None) -> pd.DataFrame:
                                 f"--device, e.g. --device {slug(devices[0])}")
     frame = to_frame(records)
     return frame[frame["status"] == "ok"].set_index(["suite", "run"])
+
+
+def _records(folder: Path) -> list[dict]:
+    """The records of a device folder, a suite folder or a results root, read at that level only (a device's fit/
+    and superseded/ files are not records of its runs), and within a root only from the folder named after each
+    record's suite (a backup copy of a suite beside it would give every run twice)."""
+    for depth in ("*.json", "*/*.json", "*/*/*.json"):
+        if paths := sorted(folder.glob(depth)):
+            break
+    found: dict[tuple[str, str, str], Path] = {}
+    records = []
+    for p in paths:
+        r = read(p)
+        if r is None or (depth == "*/*/*.json" and p.parent.parent.name != r["suite"]):
+            continue
+        key = (r["suite"], r["run"], r["device"])
+        if key in found:
+            raise BadInput(f"run {r['run']!r} of suite {r['suite']!r} on {r['device']} is in both {found[key]} and "
+                           f"{p}; compare one of the folders that hold it")
+        found[key] = p
+        records.append(r)
+    return records
 
 
 def compare(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:

@@ -95,3 +95,16 @@ def test_compare_starts_without_importing_torch(sides, tmp_path):
     args = ["compare", str(sides[0]), str(sides[1]), "--out", str(tmp_path / "c")]
     done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_backup_copy_and_fit_rows_in_the_tree_are_not_read_as_the_suites_records(sides, tmp_path, capsys):
+    import shutil
+
+    before, after = sides
+    shutil.copytree(before, before.parent / "demo-backup")  # the same records, another folder name
+    device = next(before.iterdir())
+    (device / "fit").mkdir()
+    results.write_atomic(device / "fit" / "baseline.json", rec("baseline", 1, 1.0, 0.1))  # a bench fit row
+    table = compare(load_side(before.parent), load_side(after))
+    assert len(table) == 6 and table.set_index("run").loc["baseline", "peak_a"] == 1000 * MiB
+    assert len(compare(load_side(device), load_side(after))) == 6
