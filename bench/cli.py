@@ -282,6 +282,7 @@ def _campaign(args: argparse.Namespace) -> int:
     from bench import suite as suites
     from bench.report import build_report
     from bench.report.overview import build_overview
+    from bench.results import writable
     from bench.runner import campaign
 
     args.slurm, args.snapshot = None, False
@@ -289,6 +290,8 @@ def _campaign(args: argparse.Namespace) -> int:
     chosen = [suites.load(p) for p in paths]
     if args.timeout:
         chosen = [suites.with_timeout(s, args.timeout) for s in chosen]  # every file checked before anything runs
+    if args.archive is not None:  # rewritten after every run: found unwritable after the first, the rest went unmeasured
+        writable(args.archive.parent, f"the archive {args.archive.name}", "--archive PATH")
     launcher = _local(args)
     records = campaign(chosen, launcher, args.results, never_measured_first=True, archive=args.archive,
                        **_sweep_options(args))
@@ -321,9 +324,12 @@ def refuse_unusable_flags(args: argparse.Namespace) -> None:
 
 def _report(args: argparse.Namespace) -> int:
     from bench.report import build_report
+    from bench.results import writable
 
     # A suite's name reads --results/NAME, even where ./NAME is a folder; a path (with a slash) is read as given.
     folder = Path(args.suite) if "/" in args.suite and Path(args.suite).is_dir() else args.results / args.suite
+    if folder.is_dir():
+        writable(folder, "the report", "--results FOLDER (a writable copy)")
     for path in build_report(folder):
         print(path)
     return 0
@@ -405,6 +411,7 @@ def _fit(args: argparse.Namespace) -> int:
 def _advise(args: argparse.Namespace) -> int:
     from bench.advise import Budget, advise, source, write
     from bench.predict import RESERVE
+    from bench.results import writable
 
     if args.reserve and args.device != "cuda":
         raise BadInput(f"--reserve {args.reserve} is held back on a CUDA card; leave it out with --device cpu")
@@ -416,6 +423,7 @@ def _advise(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise BadInput(str(exc)) from exc
     src = source(args.model, args.mode, args.batch, args.device)
+    writable(args.out, "the advice suite file", "--out FOLDER")  # before the search, not after it
     advice = advise(src, budget, args.device, args.nproc, args.top, args.tolerance_pt, args.max_batch, args.results,
                     args.jobs, args.link_gbps)
     print(write.table(advice))
@@ -445,7 +453,9 @@ def _measure_advice(advice: object, path: Path, args: argparse.Namespace) -> int
 
 def _overview(args: argparse.Namespace) -> int:
     from bench.report.overview import build_overview
+    from bench.results import writable
 
+    writable(args.results / "overview", "the overview", "--results FOLDER (a writable copy)")
     for path in build_overview(args.results):
         print(path)
     return 0
@@ -453,12 +463,14 @@ def _overview(args: argparse.Namespace) -> int:
 
 def _compare(args: argparse.Namespace) -> int:
     from bench.report import compare
+    from bench.results import writable
 
     # --strict alone gates every kind; --strict KINDS those named; no --strict, none.
     gate = set(compare.REGRESSIONS if args.strict == "all" else (args.strict or "").split(",")) - {""}
     if unknown := sorted(gate - set(compare.REGRESSIONS)):
         raise BadInput(f"--strict {args.strict}: unknown {', '.join(map(repr, unknown))}; expected some of "
                        f"{', '.join(compare.REGRESSIONS)}, comma-separated, after the two folders")
+    writable(args.out, "the comparison", "--out FOLDER")
     a, b = compare.load_side(args.a, args.device), compare.load_side(args.b, args.device)
     table = compare.compare(a, b)
     if table.empty:

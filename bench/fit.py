@@ -71,11 +71,14 @@ def fit_suite(runs: list[RunSpec], device: Device, budget: int, results_root: Pa
               log: TextIO | None = None) -> list[dict[str, Any]]:
     """Every run fitted, each stored under results/<suite>/<device>/fit/ as it is done."""
     log = log or sys.stderr
+    for suite in {spec.suite for spec in runs}:  # before any probe: measured rows were lost to an unwritable folder
+        results.writable(results.suite_folder(results_root, suite, device.name) / "fit", "fit rows", "--results FOLDER")
     rows = []
     for i, spec in enumerate(runs, 1):
         print(f"[{i}/{len(runs)}] {spec.name}: probing batch sizes under {budget / 2**30:.2f} GiB", file=log,
               flush=True)
-        row = fit_run(spec, device, budget) | {"suite": spec.suite, "run_key": spec.measured_key(device.name, device.type)}
+        row = fit_run(spec, device, budget) | {"suite": spec.suite,
+                                               "run_key": spec.measured_key(device.name, device.type)}
         folder = results.suite_folder(results_root, spec.suite, device.name) / "fit"
         results.write_atomic(folder / f"{results.run_stem(spec.name)}@{budget}.json", row)
         print(f"[{i}/{len(runs)}] {spec.name}: {said(row)}", file=log, flush=True)

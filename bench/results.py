@@ -109,16 +109,19 @@ def check_writable(results: Path, suites: list[str], device: str | None) -> None
     """Before the first run: each suite's record folder (of ``device``; None: not known before the runs, the
     suite's) can be made and written, so that a measurement is never taken only to be lost. Raises BadInput
     naming the folder."""
-    from bench.errors import BadInput
-
     for suite in suites:
-        folder = suite_folder(results, suite, device) if device else results / suite
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            tempfile.TemporaryFile(dir=folder).close()
-        except OSError as exc:
-            raise BadInput(f"cannot write records in {folder}: {exc.strerror or exc}; make it writable or "
-                           "pass --results FOLDER") from None
+        writable(suite_folder(results, suite, device) if device else results / suite, "records", "--results FOLDER")
+
+
+def writable(folder: Path, what: str, flag: str) -> None:
+    """Before any work: ``folder`` can be made and written; else BadInput naming it, what would go there, and the
+    flag that puts it elsewhere (a search or a sweep's output was found unwritable only once it was done)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as exc:
+        raise BadInput(f"cannot write {what} in {folder}: {exc.strerror or exc}; make it writable or pass "
+                       f"{flag}") from None
 
 
 def base_record(spec: RunSpec, device: str, device_type: str, key: str, revision: str) -> dict[str, Any]:

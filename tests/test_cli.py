@@ -147,3 +147,18 @@ def test_report_reads_the_results_folder_even_where_a_folder_of_that_name_is_her
     monkeypatch.chdir(tmp_path)
     assert main(["report", "smoke", "--results", str(tmp_path / "results")]) == 2
     assert f"no records under {tmp_path / 'results' / 'smoke'}/*/" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [
+    ["advise", "bert-tiny", "--budget", "8GiB", "--out", "{ro}/advice"],
+    ["compare", "results/smoke/nvidia-h100-80gb-hbm3", "results/smoke/nvidia-h100-80gb-hbm3", "--out", "{ro}/cmp"],
+    ["overview", "--results", "{ro}"],
+    ["campaign", "smoke", "--archive", "{ro}/out/records.tgz", "--results", "{tmp}/r"],
+    ["fit", "smoke", "--budget", "1GiB", "--results", "{ro}"],
+], ids=["advise", "compare", "overview", "campaign", "fit"])
+def test_an_output_that_cannot_be_written_is_refused_before_any_work(argv, tmp_path, capsys):
+    ro = tmp_path / "a-file"  # no folder can be made under a file, for root too (CI runs as root)
+    ro.write_text("")
+    assert main([a.format(ro=ro, tmp=tmp_path) for a in argv]) == 2
+    said = capsys.readouterr().err
+    assert "cannot write" in said and "make it writable or pass" in said, said
