@@ -105,6 +105,16 @@ class Sleep(Technique):
         return model
 
 
+class KilledByTheHost(Technique):
+    """Ends the way the kernel's OOM killer ends a process: SIGKILL, with no word of its own."""
+
+    def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        if not isinstance(next(model.parameters()), torch._subclasses.FakeTensor):  # the run, not its prediction
+            time.sleep(3)  # long enough to be looked at
+            os.kill(os.getpid(), signal.SIGKILL)
+        return model
+
+
 class HangInFidelity(Technique):
     """Applies at once for the prediction and the measured steps, then hangs in the fidelity phase (the only one
     at the fidelity batch of 8, where the run's is 2)."""

@@ -29,6 +29,7 @@ from bench.techniques import build
 
 STDERR_TAIL = 2000
 HEARTBEAT_S = 30.0  # a line at least this often while a run goes on: its phase and time so far
+WATCH_S = 2.0  # how often the run's resident memory is looked at (what an OOM kill leaves to say)
 
 
 class Local:
@@ -95,9 +96,10 @@ def run_isolated(spec: RunSpec, device: Device, snapshot: Path | None = None, to
         if spec.nproc > 1:
             argv = ["torch.distributed.run", f"--nproc-per-node={spec.nproc}", "--tee=3",
                     f"--log-dir={Path(tmp) / 'ranks'}", *(torchrun or ("--standalone",)), "-m", *argv]
+        kills, seen = oom_kills(), {}
         proc = Process(argv, os.environ | own_env | {progress.ENV: str(said)}, err_path, kind)
         try:
-            code = _wait(proc, spec.timeout_s, said, heartbeat)
+            code = _wait(proc, spec.timeout_s, said, heartbeat, seen)
         except subprocess.TimeoutExpired:
             proc.kill()
             return _measured(out_path, "timeout", f"stopped after {spec.timeout_s:g} s in its "
@@ -112,25 +114,54 @@ def run_isolated(spec: RunSpec, device: Device, snapshot: Path | None = None, to
             return out | {"launcher": kind} | ({"stderr_tail": tail} if out["status"] == "error" else {})
         if failed := sorted(Path(tmp).glob("out.json.rank*")):  # a rank's own record of why it stopped
             return json.loads(failed[0].read_text()) | {"stderr_tail": tail}
+        if code == -signal.SIGKILL and kills is not None and (oom_kills() or 0) > kills:
+            return _measured(out_path, "oom", "killed by the host's OOM killer (SIGKILL, and /proc/vmstat's oom_kill "
+                             f"rose): its resident memory reached {seen.get('rss_peak_bytes', 0) / 2**30:,.2f} GiB "
+                             "at the last look") | seen | {"launcher": kind}
         why = (f"killed by signal {signal.Signals(-code).name}" if code < 0 else
                "no record written (under a multi-node torchrun, rank 0 is on another node)" if code == 0
                else f"exit status {code}")
         return _measured(out_path, "error", f"run process died: {why}") | {"stderr_tail": tail, "launcher": kind}
 
 
-def _wait(proc: Process, timeout_s: float, said: Path, heartbeat: Callable[[str], None] | None) -> int:
-    """The run's exit status, telling ``heartbeat`` its phase every HEARTBEAT_S; TimeoutExpired past the limit."""
-    start = time.monotonic()
+def _wait(proc: Process, timeout_s: float, said: Path, heartbeat: Callable[[str], None] | None,
+          seen: dict[str, int]) -> int:
+    """The run's exit status, telling ``heartbeat`` its phase every HEARTBEAT_S and keeping the highest resident
+    memory its process reached in ``seen`` (a look every WATCH_S); TimeoutExpired past the limit."""
+    start = last = time.monotonic()
     while True:
         left = timeout_s - (time.monotonic() - start)
         if left <= 0:
             raise subprocess.TimeoutExpired("run", timeout_s)
         try:
-            return proc.wait(timeout=min(left, HEARTBEAT_S))
+            return proc.wait(timeout=min(left, WATCH_S))
         except subprocess.TimeoutExpired:
-            if heartbeat is not None and time.monotonic() - start < timeout_s:
-                elapsed = int(time.monotonic() - start)
+            seen["rss_peak_bytes"] = max(seen.get("rss_peak_bytes", 0), _resident_peak(proc.pid))
+            if heartbeat is not None and time.monotonic() - last >= HEARTBEAT_S:
+                last, elapsed = time.monotonic(), int(time.monotonic() - start)
                 heartbeat(f"{progress.heard(said)} ({elapsed // 60}m{elapsed % 60:02d}s)")
+
+
+def _resident_peak(pid: int) -> int:
+    """The process's resident memory high-water mark (VmHWM), 0 where it cannot be read."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer has ended since boot (/proc/vmstat), None where unknown."""
+    try:
+        for line in Path("/proc/vmstat").read_text().splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def _measured(out_path: Path, status: str, message: str) -> dict[str, Any]:

@@ -117,12 +117,15 @@ def _tiny_wheel(folder, name: str, version: str) -> None:
 
 def test_a_long_run_says_its_phase_at_least_every_heartbeat(monkeypatch):
     monkeypatch.setattr(local, "HEARTBEAT_S", 1.0)
+    monkeypatch.setattr(local, "WATCH_S", 0.5)
     monkeypatch.setenv("BENCH_TEST_SLEEP", "4")
     said = []
     record = run_isolated(spec(techniques=(tech("tests.helpers:Sleep"),)), CPU, heartbeat=said.append)
     assert record["status"] == "ok" and len(said) >= 2
     # the phase and the time so far (the technique sleeps where it is applied: its prediction and its build)
-    assert all(re.fullmatch(r"(predicting its peak|building the model) \(0m0\ds\)", s) for s in said), said
+    phases = r"(starting.*|predicting its peak|building the model|warm-up|instrumented step \(memory\)|timed steps.*)"
+    assert all(re.fullmatch(phases + r" \(\dm\d\ds\)", s) for s in said), said
+    assert any(s.startswith("building the model") for s in said) and any(s.startswith("predicting") for s in said)
 
 
 def test_a_fidelity_phase_cut_short_keeps_what_was_measured_before_it():
@@ -131,3 +134,13 @@ def test_a_fidelity_phase_cut_short_keeps_what_was_measured_before_it():
     record = run_isolated(run, CPU)
     assert record["status"] == "ok" and record["peak_tensor_bytes"] > 0 and record["samples_per_s"] > 0
     assert record["fidelity_error"].startswith("timeout: stopped after 20 s in its fidelity phase")
+
+
+def test_a_run_the_hosts_oom_killer_ended_is_an_oom_with_the_memory_it_reached(monkeypatch):
+    counts = iter([7, 8])  # /proc/vmstat's oom_kill before the run and after it: the kernel killed a process
+    monkeypatch.setattr(local, "oom_kills", lambda: next(counts))
+    record = run_isolated(spec(techniques=(tech("tests.helpers:KilledByTheHost"),)), CPU)
+    assert record["status"] == "oom" and record["message"].startswith("killed by the host's OOM killer")
+    assert record["rss_peak_bytes"] > 2**20  # the run's process was looked at while it lived
+    monkeypatch.setattr(local, "oom_kills", lambda: 7)  # no OOM kill: a SIGKILL from elsewhere stays an error
+    assert run_isolated(spec(techniques=(tech("tests.helpers:KilledByTheHost"),)), CPU)["status"] == "error"
