@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import signal
+import threading
 import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -61,10 +65,36 @@ def load(path: str | Path) -> Suite:
     except tomllib.TOMLDecodeError as exc:
         raise SuiteError(path, [f"TOML syntax: {exc}"]) from None
     problems: list[str] = []
-    suite = _build(path, raw, problems)
+    with _limited(path):
+        suite = _build(path, raw, problems)
     if problems:
         raise SuiteError(path, problems)
     return suite
+
+
+LOAD_LIMIT_S = 120  # importing a user's module and building its techniques: a hang there once waited forever
+
+
+@contextmanager
+def _limited(path: Path) -> Iterator[None]:
+    """Loading stopped after LOAD_LIMIT_S with the reason, where it can be (the main thread: SIGALRM): a model or
+    technique module of the user's that hangs on import, or a constructor that never returns."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise SuiteError(path, [f"loading took more than {LOAD_LIMIT_S} s: a module it imports (a model or technique "
+                                "named module:NAME) or a technique's constructor does not return; run "
+                                "`python -c 'import MODULE'` to see where it hangs"])
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(LOAD_LIMIT_S)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def select(suite: Suite, patterns: list[str]) -> Suite:

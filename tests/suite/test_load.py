@@ -309,3 +309,15 @@ def test_a_stand_in_of_another_kind_is_refused_with_the_fix(tmp_path):
             "smaller model of the same kind") in found
     found = suite_problems(tmp_path, GOOD.replace("[shapes.cpu]\n", '[shapes.cpu]\nmodel = "nope"\n'))
     assert any(p.startswith("shapes.cpu.model: ") and "nope" in p for p in found)
+
+
+def test_a_user_module_that_hangs_on_import_stops_the_load_with_the_reason(tmp_path, monkeypatch):
+    import importlib
+
+    loader = importlib.import_module("bench.suite.load")  # the module: the package's `load` is its function
+
+    (tmp_path / "slow_techs.py").write_text("import time\ntime.sleep(600)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(loader, "LOAD_LIMIT_S", 1)
+    with pytest.raises(SuiteError, match="loading took more than 1 s: a module it imports"):
+        load(write_suite(tmp_path, GOOD.replace('"checkpoint"]', '"slow_techs:Mine"]')))
