@@ -98,7 +98,7 @@ def estimate(todo: list[resume.Task], root: Path, device: str | None, device_typ
             known, sources = known + 1, sources | {r["device"]}
     if not known:
         return ""
-    where = "this device" if sources == {device} else ", ".join(sorted(sources))
+    where = "this device" if sources == {device} else "; ".join(sorted(sources))
     faster = f"; {(total - fidelity) / 60:.0f} min of it without the fidelity phase (--no-fidelity)" if fidelity else ""
     return (f"estimated: about {total / 60:.0f} min for the {known} of {len(todo)} runs recorded before (their wall "
             f"times on {where}){faster}; --only NAMES measures some of them")
