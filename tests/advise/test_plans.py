@@ -46,3 +46,12 @@ def test_the_loader_says_which_combinations_cannot_run(tmp_path):
     assert any("cannot be combined" in p for p in problems(clash, template))
     assert ok.name == "amp-bf16+checkpoint+accumulate-2"
     assert ok.spec(template).techniques[0].label == "amp(dtype=bfloat16)"
+
+
+def test_a_suites_name_is_taken_where_a_model_is_asked_for():
+    # make advise MODEL=resnet was refused where make bench SUITE=resnet worked
+    from bench.advise import source
+
+    src = source("resnet", None, None, "cuda")
+    assert src.origin == "suites/resnet.toml" and src.template.model == "resnet50"
+    assert source("resnet50", None, None, "cuda").template.model == "resnet50"  # a model's name stays a model's
