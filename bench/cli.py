@@ -366,8 +366,8 @@ def _predict(args: argparse.Namespace) -> int:
         import torch
 
         from bench.predict.table import save
-        from bench.results import PREDICTED
         from bench.provenance import git_revision
+        from bench.results import PREDICTED
 
         path = save(table, args.results / suite.name / PREDICTED, git_revision(), torch.__version__)
         print(f"\nwritten: {path} (its report shows the runs no GPU has measured yet)", file=sys.stderr)

@@ -15,14 +15,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-import torch
-
 from bench.advise import probe
-from bench.advise.probe import time_factors
 from bench.advise.estimate import STATED, Calibration, Estimator, Rates, calibrate
 from bench.advise.evidence import Evidence
 from bench.advise.plans import Axis, Option, Plan, axes, problems
 from bench.advise.predictions import Predictions
+from bench.advise.probe import time_factors
 from bench.advise.search import Candidate, Search, Searcher
 from bench.advise.source import Source, source
 from bench.predict.budget import fewest_ranks, parse_size, runs_at, tensor_budget

@@ -17,6 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from bench.measure.memory import tracked_step
 from bench.measure.tracker import CUDA_BLOCK, on_host
+from bench.models import ModelSpec
 from bench.predict import ranks
 from bench.predict.adapters import (
     OutputsAsReal,
@@ -27,7 +28,6 @@ from bench.predict.adapters import (
     techniques_as_real,
 )
 from bench.predict.cuda import as_cuda, host_state
-from bench.models import ModelSpec
 from bench.recipe import Recipe, batches, tracked_steps
 from bench.suite import RunSpec, Shapes
 from bench.techniques import Unsupported

@@ -9,9 +9,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from bench.errors import BadInput
 from bench.report import plots
 from bench.report.tables import peak_bytes, to_markdown
-from bench.errors import BadInput
 from bench.results import read, slug, to_frame, write_atomic
 
 # Peak memory is deterministic up to the allocator's rounding: a change under 1% is not a change.

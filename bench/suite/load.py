@@ -19,8 +19,8 @@ from typing import Any, NamedTuple
 
 from bench.data import varlen
 from bench.errors import SuiteError, cannot_read
-from bench.registry import did_you_mean
 from bench.models import MODELS, ModelSpec
+from bench.registry import did_you_mean
 from bench.spec import DEFAULTS, DEVICES, MAX_NPROC, MODES, STEP_KEYS, RunSpec, Shapes, Suite, TechniqueSpec
 from bench.suite import fidelity as fidelity_table
 from bench.suite.techniques import check_fidelity_batch, techniques
