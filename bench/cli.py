@@ -290,7 +290,8 @@ def _campaign(args: argparse.Namespace) -> int:
     chosen = [suites.load(p) for p in paths]
     if args.timeout:
         chosen = [suites.with_timeout(s, args.timeout) for s in chosen]  # every file checked before anything runs
-    if args.archive is not None:  # rewritten after every run: found unwritable after the first, the rest went unmeasured
+    # The archive is rewritten after every run: found unwritable after the first, the rest went unmeasured.
+    if args.archive is not None:
         writable(args.archive.parent, f"the archive {args.archive.name}", "--archive PATH")
     launcher = _local(args)
     records = campaign(chosen, launcher, args.results, never_measured_first=True, archive=args.archive,

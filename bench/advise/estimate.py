@@ -174,7 +174,8 @@ class Estimator:
         if option.countable:
             return Part(counted, "counted (FLOPs, operators and their bytes, offload bytes)", 0)
         if option.name in self.timed:
-            return Part(self.timed[option.name], f"timed on this device ({probe.STEPS} steps against the baseline's)", 0)
+            said = f"timed on this device ({probe.STEPS} steps against the baseline's)"
+            return Part(self.timed[option.name], said, 0)
         if found:
             return Part(1 / found.value, f"measured (another model), {found.source}", 1)
         return Part(counted, "assumed: a dtype's speed is not counted, and no record measured it", 2)

@@ -68,7 +68,8 @@ def remote_run(spec_dict: dict[str, Any], device_type: str, torchrun: tuple[str,
     device = detect(device_type)
     clock = time.monotonic()
     outcome = run_isolated(spec, device, None, torchrun, "fresh")
-    return results.base_record(spec, device.name, device.type, spec.measured_key(device.name, device.type), revision) | {
+    key = spec.measured_key(device.name, device.type)
+    return results.base_record(spec, device.name, device.type, key, revision) | {
         "wall_s": round(time.monotonic() - clock, 1)} | outcome
 
 

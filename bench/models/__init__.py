@@ -29,7 +29,8 @@ CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 def repeated_blocks(model: nn.Module) -> list[str]:
     """Dotted names of the repeated blocks, in module order: every run of two or more consecutive children of
     one class in a ModuleList, Sequential or ModuleDict (torchvision's ResNet stages and ViT encoder, BERT's
-    layers, DenseNet's dense layers, and MobileNetV3's inverted residuals between its stem and head), then any other module of a class found so
+    layers, DenseNet's dense layers, and MobileNetV3's inverted residuals between its stem and head), then any other
+    module of a class found so
     (EfficientNet's stages of a single block). A run of plain containers is looked into, not wrapped."""
     found: list[str] = []
     for name, module in model.named_modules():

@@ -132,7 +132,8 @@ def _device_section(device: str, part: pd.DataFrame, records: list[dict], images
     rec = next(r for r in records if r["device"] == device)
     base = next((r for r in records if r["device"] == device and r["run"] == r.get("baseline")), rec)
     failed = part[part["status"] != "ok"]
-    blocks = [Block("h2", device_title(device, part["device_type"].iloc[0])), Block("p", f"Memory here is the {memory_figure(part)} (a run's own batch where its "
+    title = device_title(device, part["device_type"].iloc[0])
+    blocks = [Block("h2", title), Block("p", f"Memory here is the {memory_figure(part)} (a run's own batch where its "
                                               "name says so); × is against the baseline on this device."),
               Block("p", provenance(part, rec)), Block("table", tables.display(part))]
     if len(failed):

@@ -105,10 +105,10 @@ def _suite_grid(table: pd.DataFrame, device: str, path: Path) -> None:
 
 
 INTRO = ("Recorded: how many of the suite's entries the device has a record of (each report lists the rest with "
-         "its predicted peak at GPU shapes). Per suite and device (this machine's, then GPUs, first), three picks among the runs measured at the baseline's batch size that "
-         "save memory (at most 0.99× the baseline's peak) and whose accuracy "
-         "delta (where measured) lies within the baseline's noise band: the largest memory saving, the largest "
-         "that keeps throughput within 5% of the baseline's, and the one that saves the most memory per unit of "
-         "throughput lost ((1 − memory ×) ÷ (1 − throughput ×), a loss under 1% counted as 1%). "
+         "its predicted peak at GPU shapes). Per suite and device (this machine's, then GPUs, first), three picks "
+         "among the runs measured at the baseline's batch size that save memory (at most 0.99× the baseline's peak) "
+         "and whose accuracy delta (where measured) lies within the baseline's noise band: the largest memory "
+         "saving, the largest that keeps throughput within 5% of the baseline's, and the one that saves the most "
+         "memory per unit of throughput lost ((1 − memory ×) ÷ (1 − throughput ×), a loss under 1% counted as 1%). "
          "Figures are relative to each suite's own baseline on the same device; each suite's report, linked "
          "above, has every run.")

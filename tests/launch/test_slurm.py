@@ -44,7 +44,8 @@ def test_each_run_is_a_job_and_the_sweep_resumes_as_a_local_one(tmp_path):
     stored = results.load_records(root / "jobs")
     assert {r["run"] for r in stored} == {"baseline", "checkpoint"}
     # The key is the one a local `bench run` on that node would compute: the sweep resumes across launchers.
-    assert all(r["run_key"] == s.measured_key(r["device"], "cpu") for r, s in zip(sorted(stored, key=lambda r: r["run"]),
+    assert all(r["run_key"] == s.measured_key(r["device"], "cpu")
+               for r, s in zip(sorted(stored, key=lambda r: r["run"]),
                                                                      suite.runs))
     again = sweep(suite, slurm, root)
     assert [r["stored_at"] for r in again] == [r["stored_at"] for r in records]  # kept, not resubmitted

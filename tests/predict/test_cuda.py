@@ -225,7 +225,7 @@ def test_every_h100_record_is_predicted_byte_for_byte(path):
     held = 0
     if record["peak_phase"] == "backward":
         shapes = record["spec"]["gpu"]
-        logits = shapes["batch_size"] * models.resolve(record["model"]).num_classes * torch.empty((), dtype=getattr(torch, record["proof"][
-            "output_dtype"].removeprefix("torch."))).element_size()
+        dtype = getattr(torch, record["proof"]["output_dtype"].removeprefix("torch."))
+        logits = shapes["batch_size"] * models.resolve(record["model"]).num_classes * dtype.itemsize
         held = -(-logits // 512) * 512 + (512 if record["proof"].get("amp.grad_scaler") else 0)
     assert out["predicted_peak_tensor_bytes"] + held == record["peak_tensor_bytes"]

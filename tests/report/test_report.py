@@ -239,8 +239,8 @@ class Scripts(HTMLParser):
             if name.startswith("on"):
                 self.found.append(f"{name}=")
             embedded = name == "src" and (value or "").startswith("data:image/png;base64,")  # the plots
-            if name in ("href", "src") and value and ":" in value.split("/")[0] and not embedded and not value.startswith(
-                    ("http://", "https://")):
+            web = (value or "").startswith(("http://", "https://"))
+            if name in ("href", "src") and value and ":" in value.split("/")[0] and not embedded and not web:
                 self.found.append(f"{name}={value}")
 
 
