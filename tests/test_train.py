@@ -2,12 +2,14 @@
 equals the hand loop's to the byte, technique by technique (anything the harness added would be reported as the
 technique's own)."""
 
+from collections import OrderedDict
 from collections.abc import Callable
 
 import pytest
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+from torch.utils.hooks import RemovableHandle
 
 from bench.data.synthetic import clone_batch
 from bench.measure.memory import tracked_step
@@ -20,13 +22,14 @@ class Hand:
     """A hand-written loop: ``model`` with an ``optimizer``, the batch cast to ``dtype``, split in ``micro``
     micro-batches, under bf16 autocast where asked."""
 
-    def __init__(self, model: nn.Module, optimizer: type = torch.optim.AdamW, dtype: torch.dtype | None = None,
+    def __init__(self, model: nn.Module, optimizer: type | None = torch.optim.AdamW, dtype: torch.dtype | None = None,
                  micro: int = 1, autocast: bool = False, keep_grads: bool = False,
                  layout: torch.memory_format = torch.contiguous_format, **options: float) -> None:
         self.model = (model.to(dtype) if dtype else model).to(memory_format=layout)
-        self.optimizer = optimizer(self.model.parameters(), **({"lr": 1e-3} | options))
+        self.optimizer = optimizer(self.model.parameters(), **({"lr": 1e-3} | options)) if optimizer else None
         self.dtype, self.micro, self.autocast, self.keep_grads = dtype, micro, autocast, keep_grads
         self.layout = layout
+        self.counted: object = self.optimizer  # what the tracker counts as optimizer state
 
     def step(self, batch: list) -> torch.Tensor:
         """One step; the mean loss, summed over the micro-batches as a loop that logs it does."""
@@ -40,8 +43,9 @@ class Hand:
                 loss = nn.functional.cross_entropy(self.model(x), y) / self.micro
             total = loss.detach() if total is None else total + loss.detach()
             loss.backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=not self.keep_grads)
+        if self.optimizer is not None:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=not self.keep_grads)
         return total
 
 
@@ -61,6 +65,35 @@ def checkpointed(model: nn.Module, every: int = 1) -> Hand:
     return Hand(model)
 
 
+def in_backward(model: nn.Module) -> Hand:
+    """PyTorch's optimizer_step_in_backward tutorial: an AdamW per parameter, stepped from its gradient's hook."""
+    steps = {p: torch.optim.AdamW([p], lr=1e-3, foreach=False) for p in model.parameters()}
+
+    def step(p: nn.Parameter) -> None:
+        steps[p].step()
+        p.grad = None
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(step)
+    hand = Hand(model, optimizer=None)
+    hand.counted = Held(steps)
+    return hand
+
+
+class Held:
+    """The per-parameter optimizers' state, as one optimizer's for the tracker to count; nothing to step."""
+
+    def __init__(self, steps: dict[nn.Parameter, torch.optim.Optimizer]) -> None:
+        self.steps, self.hooks = steps, OrderedDict()
+
+    @property
+    def state(self) -> dict[nn.Parameter, dict]:
+        return {p: o.state[p] for p, o in self.steps.items() if p in o.state}
+
+    def register_step_pre_hook(self, hook: Callable) -> RemovableHandle:
+        return RemovableHandle(self.hooks)  # never called: no step runs after backward
+
+
 CNN = {"channels-last"}  # cases on resnet-tiny: the rest run on vit-tiny
 CASES: dict[str, tuple[tuple[TechniqueSpec, ...], Callable[[nn.Module], Hand]]] = {
     "baseline": ((), Hand),
@@ -74,6 +107,7 @@ CASES: dict[str, tuple[tuple[TechniqueSpec, ...], Callable[[nn.Module], Hand]]] 
                   lambda m: Hand(m, torch.optim.Adafactor, lr=0.01)),
     "zero-grad-keep": ((TechniqueSpec("zero-grad-keep"),), lambda m: Hand(m, keep_grads=True)),
     "channels-last": ((TechniqueSpec("channels-last"),), lambda m: Hand(m, layout=torch.channels_last)),
+    "optimizer-in-backward": ((TechniqueSpec("optimizer-in-backward"),), in_backward),
     "sgd-momentum": ((TechniqueSpec("optimizer", (("kind", "sgd"), ("lr", 0.01))),),
                      lambda m: Hand(m, torch.optim.SGD, lr=0.01, momentum=0.9)),
 }
@@ -89,5 +123,5 @@ def test_the_harness_holds_what_a_hand_written_loop_doing_the_same_holds(name):
         trainer.step(clone_batch(batch))
         hand.step([clone_batch(batch)])
     ours = tracked_step(lambda: trainer.step(clone_batch(batch)), trainer.model, trainer.optimizer, CPU)
-    theirs = tracked_step(lambda: hand.step([clone_batch(batch)]), hand.model, hand.optimizer, CPU)
+    theirs = tracked_step(lambda: hand.step([clone_batch(batch)]), hand.model, hand.counted, CPU)
     assert ours["peak_tensor_bytes"] == theirs["peak_tensor_bytes"], (ours, theirs)
