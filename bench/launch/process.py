@@ -44,6 +44,7 @@ class Process:
             self.pid = self._popen.pid
             return
         self._popen = None
+        env = env | {SWEEP_PID: str(os.getpid())}
         self._forked = _context().Process(target=_child, args=(argv, env, str(log)), daemon=False)
         self._forked.start()
         self.pid = self._forked.pid
@@ -92,6 +93,8 @@ def _child(argv: list[str], env: dict[str, str], log: str) -> None:
     """In the forked child: its own session (a kill takes its group), the run's environment and output file,
     then the module as ``python -m`` would run it."""
     os.setsid()
+    if _abandoned(env, log):
+        os._exit(0)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -106,6 +109,24 @@ def _child(argv: list[str], env: dict[str, str], log: str) -> None:
 
     sys.argv = [module, *args]
     sys.exit(main(*args))
+
+
+SWEEP_PID = "BENCH_SWEEP_PID"  # the process that asked for the run
+
+
+def _abandoned(env: dict[str, str], log: str) -> bool:
+    """Whether the run was asked for by a sweep that has gone since: a signal in its first seconds, while the
+    server still imported torch, left the request behind it, and the run started after bench had exited (its
+    temporary folder gone: a traceback on the terminal)."""
+    if not Path(log).parent.is_dir():
+        return True
+    try:
+        os.kill(int(env.get(SWEEP_PID, "0")) or os.getppid(), 0)
+    except (ProcessLookupError, ValueError):
+        return True
+    except PermissionError:  # alive, another user's
+        pass
+    return False
 
 
 def refuse_inherited_cuda() -> None:

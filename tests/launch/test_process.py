@@ -1,6 +1,7 @@
 """The fork server against the guarantees a fresh interpreter gives: its own environment, its own peaks,
 its own session, and no CUDA inherited from the server."""
 
+import multiprocessing
 import os
 import re
 import subprocess
@@ -128,11 +129,11 @@ def test_a_long_run_says_its_phase_at_least_every_heartbeat(monkeypatch):
 
 
 def test_a_fidelity_phase_cut_short_keeps_what_was_measured_before_it():
-    run = spec(techniques=(tech("tests.helpers:HangInFidelity"),), timeout_s=20.0, batch_size=2,
+    run = spec(techniques=(tech("tests.helpers:DiesInFidelity"),), batch_size=2,
                fidelity_cpu=Fidelity(steps=2, seeds=1, batch_size=8))
     record = run_isolated(run, CPU)
     assert record["status"] == "ok" and record["peak_tensor_bytes"] > 0 and record["samples_per_s"] > 0
-    assert record["fidelity_error"].startswith("timeout: stopped after 20 s in its fidelity phase")
+    assert record["fidelity_error"] == "error: run process died: killed by signal SIGKILL"
 
 
 def test_a_run_the_hosts_oom_killer_ended_is_an_oom_with_the_memory_it_reached(monkeypatch):
@@ -143,3 +144,18 @@ def test_a_run_the_hosts_oom_killer_ended_is_an_oom_with_the_memory_it_reached(m
     assert record["rss_peak_bytes"] > 2**20  # the run's process was looked at while it lived
     monkeypatch.setattr(local, "oom_kills", lambda: 7)  # no OOM kill: a SIGKILL from elsewhere stays an error
     assert run_isolated(spec(techniques=(tech("tests.helpers:KilledByTheHost"),)), CPU)["status"] == "error"
+
+
+@pytest.mark.parametrize("gone", ["the sweep", "its folder"])
+def test_a_run_whose_sweep_has_gone_does_not_start(gone, tmp_path):
+    # A signal in bench's first seconds left its request with the fork server, which started the run once its
+    # imports were done, after bench had exited: a traceback on the terminal, and a run nobody waited for.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    env = {launch.SWEEP_PID: str(dead.pid if gone == "the sweep" else os.getpid())}
+    log = tmp_path / ("stderr.txt" if gone == "the sweep" else "gone/stderr.txt")
+    child = multiprocessing.get_context("fork").Process(target=launch._child, args=(["bench.worker", "x", "y"], env,
+                                                                                     str(log)))
+    child.start()
+    child.join(timeout=60)
+    assert child.exitcode == 0 and not log.exists()  # it left at once: nothing run, nothing written
