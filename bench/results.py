@@ -115,13 +115,22 @@ def check_writable(results: Path, suites: list[str], device: str | None) -> None
 
 def writable(folder: Path, what: str, flag: str) -> None:
     """Before any work: ``folder`` can be made and written; else BadInput naming it, what would go there, and the
-    flag that puts it elsewhere (a search or a sweep's output was found unwritable only once it was done)."""
+    flag that puts it elsewhere (a search or a sweep's output was found unwritable only once it was done). Folders
+    it made to find out are removed again: nothing is left behind by a command that then writes nothing."""
+    made = next((p for p in (folder, *folder.parents) if p.parent.exists()), folder) if not folder.exists() else None
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as exc:
         raise BadInput(f"cannot write {what} in {folder}: {exc.strerror or exc}; make it writable or pass "
                        f"{flag}") from None
+    finally:
+        if made is not None and made.is_dir():
+            for p in (folder, *folder.parents):  # the empty folders it made, up to the first that was there
+                if p.is_dir() and not any(p.iterdir()):
+                    p.rmdir()
+                if p == made:
+                    break
 
 
 def base_record(spec: RunSpec, device: str, device_type: str, key: str, revision: str) -> dict[str, Any]:
