@@ -239,9 +239,7 @@ def suite_path(name: str) -> Path:
 def _run(args: argparse.Namespace) -> int:
     path = suite_path(args.suite)  # before torch is imported
     from bench import suite as suites
-    from bench.report import build_report
     from bench.report.headline import answer
-    from bench.report.overview import build_overview
     from bench.report.tables import markdown, summary
     from bench.results import to_frame
     from bench.runner import sweep
@@ -269,10 +267,8 @@ def _run(args: argparse.Namespace) -> int:
     print(markdown(table))
     if launcher.device_name:  # the answer the report opens with, for this device, where the user looks
         print("\n" + answer(table, launcher.device_name, len(suite.order or suite.runs)))
-    written = build_report(args.results / suite.name)
     # Every page the suite's records feed is kept current: the overview and results/figures.md read them too.
-    overview = build_overview(args.results)[0]
-    print(f"report: {', '.join(str(p) for p in written[:2])}; overview: {overview}", file=sys.stderr)
+    _pages(args.results, [suite.name])
     # oom, timeout and unsupported are findings about the configuration; error means something broke.
     return 1 if any(r["status"] == "error" for r in records) else 0
 
@@ -280,8 +276,6 @@ def _run(args: argparse.Namespace) -> int:
 def _campaign(args: argparse.Namespace) -> int:
     paths = [suite_path(name) for name in args.suites]  # before torch is imported
     from bench import suite as suites
-    from bench.report import build_report
-    from bench.report.overview import build_overview
     from bench.results import writable
     from bench.runner import campaign
 
@@ -296,11 +290,24 @@ def _campaign(args: argparse.Namespace) -> int:
     launcher = _local(args)
     records = campaign(chosen, launcher, args.results, never_measured_first=True, archive=args.archive,
                        **_sweep_options(args))
-    for suite in chosen:
-        build_report(args.results / suite.name)
-    print(f"reports: {', '.join(str(args.results / s.name / 'report.html') for s in chosen)}; "
-          f"overview: {build_overview(args.results)[0]}", file=sys.stderr)
+    _pages(args.results, [s.name for s in chosen])
     return 1 if any(r["status"] == "error" for rs in records.values() for r in rs) else 0
+
+
+def _pages(results: Path, suites: list[str]) -> None:
+    """The suites' reports and the overview rebuilt after a sweep; a page that cannot be written (a disk that
+    filled) is named, and the rest still are: the records are stored, and `make report` rebuilds it later."""
+    from bench.report import build_report
+    from bench.report.overview import build_overview
+
+    jobs = [(f"the report of {s}", lambda s=s: build_report(results / s)) for s in suites]
+    for what, build in [*jobs, ("the overview", lambda: build_overview(results))]:
+        try:
+            written = build()
+            print(f"{what}: {written[0].parent}/{written[0].name}", file=sys.stderr)
+        except OSError as exc:
+            print(f"warning: {what} could not be written ({exc.strerror or exc}); the records are stored: run "
+                  "`make report SUITE=…` or `make overview` once it can be", file=sys.stderr)
 
 
 def refuse_unusable_flags(args: argparse.Namespace) -> None:

@@ -162,3 +162,20 @@ def test_an_output_that_cannot_be_written_is_refused_before_any_work(argv, tmp_p
     assert main([a.format(ro=ro, tmp=tmp_path) for a in argv]) == 2
     said = capsys.readouterr().err
     assert "cannot write" in said and "make it writable or pass" in said, said
+
+
+def test_a_page_that_cannot_be_written_after_a_sweep_is_named_and_the_rest_are_written(tmp_path, capsys,
+                                                                                      monkeypatch):
+    # A disk that filled mid-sweep: the report rebuild died on ENOSPC with a traceback, a plot half-written.
+    from bench.report import build as report_build
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(report_build, "build_report", full)
+    monkeypatch.setattr("bench.report.build_report", full)
+    assert main(["run", "smoke", "--only", "baseline", "--device", "cpu", "--no-fidelity", "--results",
+                 str(tmp_path)]) == 0
+    said = capsys.readouterr().err
+    assert "warning: the report of smoke could not be written (No space left on device); the records are stored" in said
+    assert (tmp_path / "overview" / "overview.md").exists()  # the rest are written

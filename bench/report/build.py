@@ -42,7 +42,7 @@ def build_report(suite_dir: Path, here: str | None = None) -> list[Path]:
     plot_dir = suite_dir / "plots"
     plot_dir.mkdir(exist_ok=True)
     written = [suite_dir / "table.csv", suite_dir / "report.md", suite_dir / "report.html"]
-    table.drop(columns=["step_times_ms"]).to_csv(written[0], index=False)
+    write_atomic(written[0], table.drop(columns=["step_times_ms"]).to_csv(index=False))
     suite = suite_file(suite_dir.name)
     blocks = [Block("h1", f"{suite_dir.name}: memory-saving techniques"), Block("nav", _neighbours(suite_dir)),
               *([Block("p", suite.description + ".")] if suite and suite.description else []),

@@ -137,7 +137,7 @@ def write(table: pd.DataFrame, a: tuple[Path, pd.DataFrame], b: tuple[Path, pd.D
              "![side by side](compare.png)", ""]
     written = [out / "compare.md", out / "compare.csv", out / "compare.png"]
     write_atomic(written[0], "\n".join(lines))
-    table.to_csv(written[1], index=False)
+    write_atomic(written[1], table.to_csv(index=False))
     if len(table):
         side_by_side(table, "A", "B", written[2])
     return written[:2] + ([written[2], written[2].with_suffix(".svg")] if len(table) else [])

@@ -6,6 +6,7 @@ baseline."""
 
 from __future__ import annotations
 
+import os
 import zlib
 
 import matplotlib
@@ -42,9 +43,16 @@ ACCURACY_MARKERS = {"within band": "o", "worse, outside band": "v", "better, out
 def save(fig, path, dpi: int = 120) -> None:
     """The figure as PNG at ``path`` and SVG beside it, with tight bounds (legends outside the axes stay in),
     then closed."""
-    fig.savefig(path, dpi=dpi, bbox_inches="tight")
-    fig.savefig(path.with_suffix(".svg"), bbox_inches="tight", metadata=SVG_METADATA)
-    matplotlib.pyplot.close(fig)
+    try:
+        for target, options in ((path, {"dpi": dpi}), (path.with_suffix(".svg"), {"metadata": SVG_METADATA})):
+            partial = target.with_name(f".{target.name}.tmp")  # a full disk leaves the old plot, never half a new
+            try:
+                fig.savefig(partial, bbox_inches="tight", format=target.suffix[1:], **options)
+                os.replace(partial, target)
+            finally:
+                partial.unlink(missing_ok=True)
+    finally:
+        matplotlib.pyplot.close(fig)
 
 
 def byte_unit(largest: float) -> tuple[float, str]:
