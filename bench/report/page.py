@@ -49,7 +49,8 @@ STYLE = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em aut
 .scroll{overflow-x:auto}table{border-collapse:collapse;font-size:13px;margin:1em 0}
 th,td{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}th{background:#f2f2f2}
 td.n{text-align:right;white-space:nowrap}img{max-width:100%}code{background:#f4f4f4;padding:0 3px}
-nav{margin:0.5em 0 1em}.headline{background:#f6f8fa;border:1px solid #d0d7de;padding:0.2em 1em;margin:1em 0}"""
+nav{margin:0.5em 0 1em}.headline{background:#f6f8fa;border:1px solid #d0d7de;padding:0.2em 1em;margin:1em 0}
+.scroll td:first-child{position:sticky;left:0;background:#fff}.scroll th:first-child{position:sticky;left:0}"""
 NUMBER = re.compile(r"<td>([-+−]?[\d.,]+(?:e[-+]?\d+)?[×%]?|–)</td>")
 
 
