@@ -28,7 +28,7 @@ $(foreach v,suite model budget args card nproc,$(if $(filter command line,$(orig
   $(error $(v)=$($(v)): make variables are upper case here, e.g. $(shell echo $(v) | tr a-z A-Z)=$($(v)))))
 
 .DEFAULT_GOAL := help
-.PHONY: help bench gpu fit advise report overview compare predict validate list test test-full perf
+.PHONY: help bench gpu fit advise report overview compare predict validate list lint test test-full perf
 
 help: ## this list
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -79,7 +79,11 @@ validate: $(DEPS) ## check every suite file
 list: $(DEPS) ## models and techniques with their options
 	$(RUN) -m bench list
 
-test: $(DEPS) ## the test suite (CPU; CUDA tests skip without a GPU)
+lint: $(DEPS) ## ruff over bench/ and tests/ (its rules in pyproject.toml); run by make test
+	@if $(RUN) -m ruff --version > /dev/null 2>&1; then $(RUN) -m ruff check bench tests; \
+	else echo "lint: skipped, no ruff for $(or $(PYTHON),$(VENV)/bin/python) (a host that cannot install it)"; fi
+
+test: $(DEPS) lint ## ruff, then the test suite (CPU; CUDA tests skip without a GPU)
 	$(RUN) -m pytest $(TEST_PROCESSES)
 
 test-full: $(DEPS) ## the tests that confirm figures end to end (measured advice, gloo ranks, full-size models): CI's second step

@@ -152,7 +152,7 @@ def read(path: Path, warn: bool = True) -> dict[str, Any] | None:
     on stderr: silently leaving a measured run out of a report would hide it."""
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
-        if not (isinstance(record, dict) and REQUIRED <= record.keys() and record["status"] in STATUSES):
+        if not (isinstance(record, dict) and record.keys() >= REQUIRED and record["status"] in STATUSES):
             raise ValueError(f"not a record: expected an object with {', '.join(sorted(REQUIRED))} and a status "
                              f"among {', '.join(STATUSES)}")
         if wrong := problems(migrate(record)):

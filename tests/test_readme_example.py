@@ -25,7 +25,8 @@ def run_readme_suite(tmp_path: Path, module: str, suite: str, *flags: str,
                      edit: Callable[[str], str] = str) -> dict[str, dict]:
     """Write the README's module and suite (through ``edit``) as a user would, run the suite on the CPU with
     ``flags``; its records by run."""
-    for name, text in ((module, readme_file(module)), (f"suites/{suite}.toml", edit(readme_file(f"suites/{suite}.toml")))):
+    suite_file = f"suites/{suite}.toml"
+    for name, text in ((module, readme_file(module)), (suite_file, edit(readme_file(suite_file)))):
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text(text)
     env = os.environ | {"PYTHONPATH": str(ROOT)}

@@ -72,4 +72,4 @@ def test_the_default_reserve_holds_what_every_cuda_record_held_besides_tensors()
     for r in cuda:
         context = r["nvml_process_bytes"] - r["peak_reserved_bytes"]
         allocator = r["peak_allocated_bytes"] - r["peak_tensor_bytes"]
-        assert 0 < context and 0 < allocator and context + allocator <= parse_size(RESERVE), (r["suite"], r["run"])
+        assert context > 0 and allocator > 0 and context + allocator <= parse_size(RESERVE), (r["suite"], r["run"])

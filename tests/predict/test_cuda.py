@@ -91,11 +91,11 @@ def test_the_math_path_is_atens_step_for_step_with_cudas_one_byte_dropout_mask(d
     def copy(p: float) -> torch.Tensor:
         return cuda.math_attention(*qkv, m, p, causal, 0.3, grouped=kv_heads != 4)[0]
 
-    (theirs, kept, peak), (mine, mine_kept, mine_peak) = (attention_bytes(lambda: f(0.0), qkv)
+    (theirs, kept, peak), (mine, mine_kept, mine_peak) = (attention_bytes(lambda f=f: f(0.0), qkv)
                                                           for f in (aten_math, copy))
     assert all(torch.equal(a, b) and a.dtype == b.dtype == dtype for a, b in zip(mine, theirs))
     assert (mine_kept, mine_peak) == (kept, peak)
-    noise, fused = (attention_bytes(lambda: f(0.1), qkv)[1] for f in (aten_math, copy))
+    noise, fused = (attention_bytes(lambda f=f: f(0.1), qkv)[1] for f in (aten_math, copy))
     assert noise - fused == 3 * 2 * 4 * 8 * 8
 
 

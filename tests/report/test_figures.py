@@ -26,7 +26,8 @@ def committed(folder: Path) -> Path:
                              check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("not a git checkout: nothing is committed to compare")
-    tarfile.open(fileobj=io.BytesIO(tar)).extractall(folder, filter="data")
+    with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
+        archive.extractall(folder, filter="data")
     return folder
 
 
