@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 from torch.utils.hooks import RemovableHandle
 
 from bench.data.synthetic import clone_batch
@@ -50,18 +50,27 @@ class Hand:
 
 
 class Checkpointed(nn.Module):
-    def __init__(self, block: nn.Module) -> None:
+    def __init__(self, block: nn.Module, selective: bool = False) -> None:
         super().__init__()
-        self.block = block
+        self.block, self.selective = block, selective
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.selective:  # PyTorch's documented recipe: keep the matmuls' outputs, recompute the rest
+            return checkpoint(self.block, x, use_reentrant=False,
+                              context_fn=lambda: create_selective_checkpoint_contexts(keep_matmuls))
         return checkpoint(self.block, x, use_reentrant=False)
 
 
-def checkpointed(model: nn.Module, every: int = 1) -> Hand:
+def keep_matmuls(ctx: object, op: object, *args: object, **kwargs: object) -> CheckpointPolicy:
+    aten = torch.ops.aten
+    matmuls = (aten.mm.default, aten.addmm.default, aten.bmm.default, aten.convolution.default)
+    return CheckpointPolicy.MUST_SAVE if op in matmuls else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def checkpointed(model: nn.Module, every: int = 1, selective: bool = False) -> Hand:
     layers = model.encoder.layers  # torchvision's ViT blocks
     for name, block in list(layers.named_children())[::every]:
-        setattr(layers, name, Checkpointed(block))
+        setattr(layers, name, Checkpointed(block, selective))
     return Hand(model)
 
 
@@ -102,6 +111,7 @@ CASES: dict[str, tuple[tuple[TechniqueSpec, ...], Callable[[nn.Module], Hand]]] 
     "accumulate-2": ((TechniqueSpec("accumulate", (("micro_batches", 2),)),), lambda m: Hand(m, micro=2)),
     "checkpoint": ((TechniqueSpec("checkpoint"),), checkpointed),
     "checkpoint-every-2": ((TechniqueSpec("checkpoint", (("every", 2),)),), lambda m: checkpointed(m, every=2)),
+    "selective-checkpoint": ((TechniqueSpec("selective-checkpoint"),), lambda m: checkpointed(m, selective=True)),
     "accumulate-4": ((TechniqueSpec("accumulate", (("micro_batches", 4),)),), lambda m: Hand(m, micro=4)),
     "adafactor": ((TechniqueSpec("optimizer", (("kind", "adafactor"), ("lr", 0.01))),),
                   lambda m: Hand(m, torch.optim.Adafactor, lr=0.01)),
