@@ -15,6 +15,7 @@ from bench.spec import MAX_NPROC, MAX_TIMEOUT_S
 
 if TYPE_CHECKING:
     from bench.launch import Launcher
+    from bench.spec import Suite
 
 EXIT_BAD_INPUT = 2
 # make gpu's order: the training suites (with their fidelity phases), then inference, then the small ones.
@@ -238,18 +239,13 @@ def suite_path(name: str) -> Path:
 
 def _run(args: argparse.Namespace) -> int:
     path = suite_path(args.suite)  # before torch is imported
-    from bench import suite as suites
     from bench.report.headline import answer
     from bench.report.tables import markdown, summary
     from bench.results import to_frame
     from bench.runner import sweep
 
     refuse_unusable_flags(args)
-    suite = suites.load(path)
-    if args.only is not None:
-        suite = suites.select(suite, args.only.split(","))
-    if args.timeout:
-        suite = suites.with_timeout(suite, args.timeout)
+    suite = _selected(path, args)
     torchrun = tuple(shlex.split(args.torchrun))
     if args.slurm is not None:
         from bench.launch.slurm import Slurm, parse_options
@@ -275,15 +271,12 @@ def _run(args: argparse.Namespace) -> int:
 
 def _campaign(args: argparse.Namespace) -> int:
     paths = [suite_path(name) for name in args.suites]  # before torch is imported
-    from bench import suite as suites
     from bench.results import writable
     from bench.runner import campaign
 
     args.slurm, args.snapshot = None, False
     refuse_unusable_flags(args)
-    chosen = [suites.load(p) for p in paths]
-    if args.timeout:
-        chosen = [suites.with_timeout(s, args.timeout) for s in chosen]  # every file checked before anything runs
+    chosen = [_selected(p, args) for p in paths]  # every file checked before anything runs
     # The archive is rewritten after every run: found unwritable after the first, the rest went unmeasured.
     if args.archive is not None:
         writable(args.archive.parent, f"the archive {args.archive.name}", "--archive PATH")
@@ -292,6 +285,19 @@ def _campaign(args: argparse.Namespace) -> int:
                        **_sweep_options(args))
     _pages(args.results, [s.name for s in chosen])
     return 1 if any(r["status"] == "error" for rs in records.values() for r in rs) else 0
+
+
+def _selected(path: Path, args: argparse.Namespace) -> Suite:
+    """The suite file loaded, with the runs ``--only`` names and the time limit ``--timeout`` sets, where the
+    command has them: one place for what run, predict, fit and campaign each did apart."""
+    from bench import suite as suites
+
+    suite = suites.load(path)
+    if getattr(args, "only", None) is not None:
+        suite = suites.select(suite, args.only.split(","))
+    if getattr(args, "timeout", None):
+        suite = suites.with_timeout(suite, args.timeout)
+    return suite
 
 
 def _pages(results: Path, suites: list[str]) -> None:
@@ -356,9 +362,7 @@ def _predict(args: argparse.Namespace) -> int:
         budget = tensor_budget(args.budget, reserve) if args.budget is not None else None
     except ValueError as exc:
         raise BadInput(str(exc)) from exc
-    suite = suites.load(path)
-    if args.only is not None:
-        suite = suites.select(suite, args.only.split(","))
+    suite = _selected(path, args)
     if args.nproc:
         suite = suites.spanning(suite, args.nproc)
     measured = {r["run"]: r for r in load_records(args.results / suite.name)
@@ -389,7 +393,6 @@ def _predict(args: argparse.Namespace) -> int:
 
 def _fit(args: argparse.Namespace) -> int:
     path = suite_path(args.suite)  # before torch is imported
-    from bench import suite as suites
     from bench.fit import fit_suite
     from bench.launch import detect
     from bench.predict import RESERVE, parse_size, tensor_budget
@@ -402,9 +405,7 @@ def _fit(args: argparse.Namespace) -> int:
                   else parse_size(args.budget))
     except ValueError as exc:
         raise BadInput(str(exc)) from exc
-    suite = suites.load(path)
-    if args.only is not None:
-        suite = suites.select(suite, args.only.split(","))
+    suite = _selected(path, args)
     rows = fit_suite([r for r in suite.runs if r.mode == "train" and r.nproc == 1], device, budget, args.results)
     print("| run | measured largest batch | predicted | prediction |\n|---|---|---|---|")
     for r in rows:

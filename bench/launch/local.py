@@ -115,9 +115,11 @@ def run_isolated(spec: RunSpec, device: Device, snapshot: Path | None = None, to
         if failed := sorted(Path(tmp).glob("out.json.rank*")):  # a rank's own record of why it stopped
             return json.loads(failed[0].read_text()) | {"stderr_tail": tail}
         if code == -signal.SIGKILL and kills is not None and (oom_kills() or 0) > kills:
-            return _measured(out_path, "oom", "killed by the host's OOM killer (SIGKILL, and /proc/vmstat's oom_kill "
-                             f"rose): its resident memory reached {seen.get('rss_peak_bytes', 0) / 2**30:,.2f} GiB "
-                             "at the last look") | seen | {"launcher": kind}
+            out = _measured(out_path, "oom", "killed by the host's OOM killer (SIGKILL, and /proc/vmstat's oom_kill "
+                            f"rose): its resident memory reached {seen.get('rss_peak_bytes', 0) / 2**30:,.2f} GiB "
+                            "at the last look")
+            # The watched peak stands in only where the run measured none: a figure of its timed steps stays theirs.
+            return out | {"launcher": kind} | (seen if out["status"] == "oom" else {})
         why = (f"killed by signal {signal.Signals(-code).name}" if code < 0 else
                "no record written (under a multi-node torchrun, rank 0 is on another node)" if code == 0
                else f"exit status {code}")
