@@ -309,8 +309,8 @@ def _pages(results: Path, suites: list[str]) -> None:
     jobs = [(f"the report of {s}", lambda s=s: build_report(results / s)) for s in suites]
     for what, build in [*jobs, ("the overview", lambda: build_overview(results))]:
         try:
-            written = build()
-            print(f"{what}: {written[0].parent}/{written[0].name}", file=sys.stderr)
+            page = next(p for p in build() if p.suffix == ".html")  # the page to open
+            print(f"{what}: {page}", file=sys.stderr)
         except OSError as exc:
             print(f"warning: {what} could not be written ({exc.strerror or exc}); the records are stored: run "
                   "`make report SUITE=…` or `make overview` once it can be", file=sys.stderr)

@@ -91,7 +91,7 @@ def test_bench_campaign_measures_the_suites_then_writes_their_reports_and_the_fi
     assert cli.main(["campaign", "smoke", "--device", "cpu", "--no-fidelity", "--results", str(root),
                      "--archive", str(archive)]) == 0
     err = capsys.readouterr().err
-    assert "4 of 4 runs to measure" in err and f"the report of smoke: {root / 'smoke'}/table.csv" in err
+    assert "4 of 4 runs to measure" in err and f"the report of smoke: {root / 'smoke' / 'report.html'}" in err
     assert (root / "smoke" / "report.html").exists() and (root / "overview" / "overview.html").exists()
     assert f"| smoke | {CPU_NAME} | 4 | 4 | 4 |" in (root / "figures.md").read_text()  # coverage: all 4 entries
     with tarfile.open(archive) as tar:  # every record, as a leased machine hands it back
