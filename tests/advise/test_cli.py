@@ -63,17 +63,16 @@ def test_a_budget_under_the_parameters_says_what_the_plan_that_saves_most_would_
 @pytest.mark.full
 @pytest.mark.slow
 @pytest.mark.parametrize("model", list(TINY))
-def test_at_60_percent_the_measured_top_plan_fits_and_is_within_10_percent_of_the_best(model, capsys, tmp_path):
-    results = evidence(tmp_path)
+def test_at_60_percent_the_measured_top_plan_fits(model, capsys, tmp_path):
+    # Memory is the exact proxy held here. Whether the top plan's speed is within 10% of the best is a timing, held
+    # at full size by make perf (tests/perf/test_advise.py): a tiny model's 6 steps last ~40 ms, and among other
+    # tests' processes on two cores one plan measured 78% of another that it beat by 18% on the quiet machine.
     argv = ["advise", str(tiny_suite(tmp_path, model)), "--device", "cpu", "--budget", "60%", "--top", "3",
-            "--measure", "--jobs", "1", "--results", str(results), "--out", str(tmp_path)]
+            "--measure", "--jobs", "1", "--results", str(evidence(tmp_path)), "--out", str(tmp_path)]
     code = main(argv)
     out = capsys.readouterr().out
-    if code != 0 and "fits as measured here" in out:  # the top plan fit, but its speed was measured among other
-        shutil.rmtree(results / f"advice-{model}")   # tests' processes on two cores: once more, measured afresh
-        code, out = main(argv), capsys.readouterr().out
-    assert code == 0, out
-    assert "fits as measured here" in out
+    assert "fits as measured here" in out, out
+    assert code in (0, 1)  # 1: the top plan fit, but its speed fell short: the timing above
     written = load(tmp_path / f"advice-{model}.toml")
     assert written.runs[0].name == "baseline" and 2 <= len(written.runs) <= 4
     assert all(r.model == model for r in written.runs)
