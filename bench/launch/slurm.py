@@ -62,10 +62,15 @@ class Slurm:
                 "tasks_per_node": 1, "name": f"bench-{specs[0].suite}"} | ({"gpus_per_node": gpus} if gpus else {})
 
 
+# The line a job prints once it knows its node's device, so that a job that dies later is filed under that device.
+ON_DEVICE = "bench: measuring on "
+
+
 def remote_run(spec_dict: dict[str, Any], device_type: str, torchrun: tuple[str, ...], revision: str) -> dict[str, Any]:
     """Inside the job, on its node: the record ``bench run`` would write there."""
     spec = RunSpec.from_dict(spec_dict)
     device = detect(device_type)
+    print(f"{ON_DEVICE}{device.name}", flush=True)
     clock = time.monotonic()
     outcome = run_isolated(spec, device, None, torchrun, "fresh")
     key = spec.measured_key(device.name, device.type)
@@ -74,14 +79,33 @@ def remote_run(spec_dict: dict[str, Any], device_type: str, torchrun: tuple[str,
 
 
 def _collect(spec: RunSpec, job: Any) -> dict[str, Any]:
-    """The job's record; a job that died (preempted, out of time) becomes an error record of the run."""
+    """The job's record; a job that died (preempted, out of time, no device on its node) becomes an error record of
+    the run, filed under the device its node reported (``unknown`` where it died before knowing it), with the
+    error's own line and where the job's log is."""
     try:
         out = job.result()
     except Exception as exc:  # noqa: BLE001  submitit re-raises the job's failure here
-        first = (str(exc).strip().splitlines() or [""])[-1][:300]
-        return {"suite": spec.suite, "run": spec.name, "device": "unknown", "status": "error",
-                "message": f"slurm job {job.job_id} failed: {first}", "baseline": spec.baseline}
+        device = _reported_device(job)
+        return {"suite": spec.suite, "run": spec.name, "device": device or "unknown", "status": "error",
+                "message": f"slurm job {job.job_id} failed: {_cause(str(exc))} (log: {job.paths.stderr})",
+                "baseline": spec.baseline}
     if not isinstance(out, list):
         return out
     # Multi-node jobs return one record per node; the node holding rank 0 has the merged one.
     return next((r for r in out if r.get("world_size") or r["status"] == "ok"), out[0])
+
+
+def _cause(text: str) -> str:
+    """The error's own line in submitit's message: the trace's last line, not the log paths after it."""
+    trace = text.split("\n----------------------\nYou can check full logs")[0]
+    lines = [line for line in trace.splitlines() if line.strip() and not line.startswith((" ", "-"))]
+    return (lines[-1] if lines else text.strip() or "no message")[:300]
+
+
+def _reported_device(job: Any) -> str | None:
+    try:
+        printed = job.stdout() or ""
+    except OSError:  # the log never reached the shared folder
+        return None
+    found = [line[len(ON_DEVICE):].strip() for line in printed.splitlines() if line.startswith(ON_DEVICE)]
+    return found[-1] if found else None

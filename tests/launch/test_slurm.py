@@ -1,16 +1,19 @@
 """Sweeps as Slurm jobs, through submitit's local executor (each job a local process, as on a node)."""
 
 import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from bench import results
 from bench.cli import main
 from bench.launch import detect
 from bench.launch.local import Local
-from bench.launch.slurm import Slurm, parse_options
+from bench.launch.slurm import ON_DEVICE, Slurm, _collect, parse_options
 from bench.runner import sweep
-from bench.suite import load
+from bench.suite import load, select
 
 SUITE = """
 model = "resnet-tiny"
@@ -80,3 +83,42 @@ def test_snapshot_with_slurm_exits_2_before_anything_is_submitted(tmp_path, caps
     assert main(["run", "smoke", "--slurm", "cluster=local", "--snapshot", "--results", str(tmp_path / "r")]) == 2
     assert "--snapshot does not go with --slurm" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_a_job_that_fails_on_its_node_says_why_in_the_record(tmp_path):
+    pytest.importorskip("submitit")
+    if torch.cuda.is_available():
+        pytest.skip("the job's failure here is a CUDA node without a card")
+    (tmp_path / "jobs.toml").write_text(SUITE)
+    suite = select(load(tmp_path / "jobs.toml"), ["baseline"])
+    records = sweep(suite, Slurm("cuda", tmp_path / ".submitit", {"cluster": "local", "timeout_min": 5}),
+                    tmp_path / "results")
+    [failed] = records
+    assert failed["status"] == "error" and failed["device"] == "unknown"  # it died before it knew its device
+    assert "RuntimeError: Found no NVIDIA driver" in failed["message"], failed["message"]
+    assert "_log.err)" in failed["message"]  # and where its log is
+
+
+class DiedJob:
+    """A job that reported its node's device, then died (preempted, out of time)."""
+
+    job_id = "4242"
+    paths = SimpleNamespace(stderr=Path("/jobs/4242_0_log.err"))
+
+    def result(self):
+        raise RuntimeError("Job (task=0) failed during processing with trace:\n----------------------\nTraceback "
+                           "(most recent call last):\n  File \"x\", line 1, in f\nTimeoutError: DUE TO TIME LIMIT\n"
+                           "\n----------------------\nYou can check full logs with 'job.stderr(0)' and "
+                           "'job.stdout(0)'or at paths:\n  - /jobs/4242_0_log.err\n  - /jobs/4242_0_log.out")
+
+    def stdout(self):
+        return f"submitit INFO - Starting\n{ON_DEVICE}NVIDIA H100 80GB HBM3\n"
+
+
+def test_a_job_that_dies_after_finding_its_device_is_filed_under_that_device(tmp_path):
+    (tmp_path / "jobs.toml").write_text(SUITE)
+    spec = load(tmp_path / "jobs.toml").runs[0]
+    record = _collect(spec, DiedJob())
+    assert record["device"] == "NVIDIA H100 80GB HBM3"
+    assert record["message"] == "slurm job 4242 failed: TimeoutError: DUE TO TIME LIMIT (log: /jobs/4242_0_log.err)"
