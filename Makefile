@@ -28,7 +28,7 @@ $(foreach v,suite model budget args card nproc,$(if $(filter command line,$(orig
   $(error $(v)=$($(v)): make variables are upper case here, e.g. $(shell echo $(v) | tr a-z A-Z)=$($(v)))))
 
 .DEFAULT_GOAL := help
-.PHONY: help bench gpu fit advise report overview compare predict validate list lint test test-full perf
+.PHONY: help bench gpu fit advise report overview compare predict validate list lint test test-full faults perf
 
 help: ## this list
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -88,6 +88,9 @@ test: $(DEPS) lint ## ruff, then the test suite (CPU; CUDA tests skip without a 
 
 test-full: $(DEPS) ## the tests that confirm figures end to end (measured advice, gloo ranks, full-size models): CI's second step
 	$(RUN) -m pytest $(TEST_PROCESSES) -m full
+
+faults: $(DEPS) ## the fault corpus alone: signals, stored data, disk, CLI values, resources, hostile text (in make test too)
+	$(RUN) -m pytest $(TEST_PROCESSES) -m fault
 
 perf: $(DEPS) ## the harness's step against a hand-written loop, and the run launchers side by side (not in make test)
 	$(RUN) -m pytest tests/perf -m perf --benchmark-enable -s

@@ -95,6 +95,7 @@ def test_make_keeps_the_users_own_pythonpath_after_the_checkout():
     assert "PYTHONPATH=.:.wheels/site:/my/techniques python3 -m bench run mine" in shown
 
 
+@pytest.mark.fault("cli values")
 def test_sweep_flags_a_slurm_sweep_would_ignore_are_refused(tmp_path, capsys):
     assert main(["run", "smoke", "--slurm", "cluster=local", "--launcher", "fresh", "--predict-jobs", "2",
                  "--results", str(tmp_path)]) == 2
@@ -130,6 +131,7 @@ def test_make_refuses_its_variables_in_lower_case():
     assert out.returncode != 0 and "suite=resnet: make variables are upper case here, e.g. SUITE=resnet" in out.stderr
 
 
+@pytest.mark.fault("cli values")
 @pytest.mark.parametrize("value", ["0", "-5", "1e10", "soon"])
 def test_timeout_flag_takes_seconds_up_to_a_week(capsys, value):
     with pytest.raises(SystemExit) as info:
@@ -137,11 +139,13 @@ def test_timeout_flag_takes_seconds_up_to_a_week(capsys, value):
     assert info.value.code == 2 and "expected seconds from 1 to 604800 (a week)" in capsys.readouterr().err
 
 
+@pytest.mark.fault("cli values")
 def test_an_empty_budget_is_refused_not_ignored(capsys):
     assert main(["predict", "smoke", "--budget", ""]) == 2
     assert "--budget '': expected a size such as 16GiB" in capsys.readouterr().err
 
 
+@pytest.mark.fault("cli values")
 def test_report_reads_the_results_folder_even_where_a_folder_of_that_name_is_here(tmp_path, monkeypatch, capsys):
     (tmp_path / "smoke").mkdir()  # ./smoke, not a results folder
     monkeypatch.chdir(tmp_path)
@@ -156,6 +160,7 @@ def test_report_reads_the_results_folder_even_where_a_folder_of_that_name_is_her
     ["campaign", "smoke", "--archive", "{ro}/out/records.tgz", "--results", "{tmp}/r"],
     ["fit", "smoke", "--budget", "1GiB", "--results", "{ro}"],
 ], ids=["advise", "compare", "overview", "campaign", "fit"])
+@pytest.mark.fault("disk")
 def test_an_output_that_cannot_be_written_is_refused_before_any_work(argv, tmp_path, capsys):
     ro = tmp_path / "a-file"  # no folder can be made under a file, for root too (CI runs as root)
     ro.write_text("")
@@ -164,6 +169,7 @@ def test_an_output_that_cannot_be_written_is_refused_before_any_work(argv, tmp_p
     assert "cannot write" in said and "make it writable or pass" in said, said
 
 
+@pytest.mark.fault("disk")
 def test_a_page_that_cannot_be_written_after_a_sweep_is_named_and_the_rest_are_written(tmp_path, capsys,
                                                                                       monkeypatch):
     # A disk that filled mid-sweep: the report rebuild died on ENOSPC with a traceback, a plot half-written.

@@ -5,6 +5,8 @@ import tarfile
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from bench import results, resume
 from bench.launch import Device
 from bench.launch.local import Local
@@ -45,6 +47,7 @@ def test_failures_that_may_be_transient_are_retried_and_deterministic_ones_kept(
     assert "running (retried: the stored record is 'error'" in log.getvalue()
 
 
+@pytest.mark.fault("signals")
 def test_an_interrupted_force_sweep_resumes_instead_of_starting_over(tmp_path):
     runs = [spec(name="baseline", batch_size=2), spec(name="second", batch_size=2)]
     suite = suite_of("s", *runs)
@@ -100,6 +103,7 @@ def test_bench_campaign_measures_the_suites_then_writes_their_reports_and_the_fi
     assert "0 of 4 runs to measure" in capsys.readouterr().err  # the next lease resumes: nothing left here
 
 
+@pytest.mark.fault("stored data")
 def test_an_edit_that_cannot_change_the_figures_keeps_the_record(tmp_path):
     # the time limit, and on a CPU the GPU's shapes, change nothing a CPU run measures
     run = spec(name="baseline", batch_size=2)
@@ -126,6 +130,7 @@ def test_editing_your_own_technique_measures_the_run_again(tmp_path, monkeypatch
     assert task.measure and "the code of the user's modules the run names has changed" in task.reason
 
 
+@pytest.mark.fault("stored data")
 def test_a_record_measured_again_is_kept_in_superseded(tmp_path):
     suite = suite_of("s", spec(name="baseline", batch_size=2))
     old = store(tmp_path, suite, suite.runs[0], "ok", run_key="another-spec", stored_at="2020-01-01T00:00:00+00:00",
@@ -136,6 +141,7 @@ def test_a_record_measured_again_is_kept_in_superseded(tmp_path):
     assert [r["run"] for r in results.load_records(tmp_path / "s")] == ["baseline"]  # reports read today's only
 
 
+@pytest.mark.fault("stored data")
 def test_a_force_marker_that_holds_no_time_is_refused_naming_it(tmp_path):
     import pytest
 
@@ -152,6 +158,7 @@ def test_a_force_marker_that_holds_no_time_is_refused_naming_it(tmp_path):
         resume.forced_since(folder, force=False)
 
 
+@pytest.mark.fault("resources")
 def test_a_run_that_printed_a_flood_keeps_a_bounded_tail(tmp_path):
     from bench.launch import local
 

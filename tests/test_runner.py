@@ -30,12 +30,14 @@ def suite_of(*runs) -> Suite:
     return Suite("test", Path("test.toml"), "vit-tiny", "", "baseline", tuple(runs))
 
 
+@pytest.mark.fault("resources")
 def test_a_run_that_runs_out_of_memory_is_recorded_as_oom():
     record = run_isolated(spec(techniques=(tech("tests.helpers:AllocateTooMuch"),)), CPU)
     assert record["status"] == "oom", record
     assert "memory" in record["message"]
 
 
+@pytest.mark.fault("resources")
 def test_a_crash_by_signal_is_an_error_with_the_tail_of_its_output():
     record = run_isolated(spec(techniques=(tech("tests.helpers:Segfault"),)), CPU)
     assert record["status"] == "error"
@@ -80,6 +82,7 @@ def test_resume_skips_stored_runs_unless_the_spec_or_device_changed(tmp_path):
     assert path.stat().st_mtime_ns != again  # --force
 
 
+@pytest.mark.fault("signals")
 @pytest.mark.slow
 def test_interrupted_sweep_keeps_finished_records_and_resumes(tmp_path):
     suite = tmp_path / "s.toml"
@@ -183,6 +186,7 @@ def test_snapshot_is_ignored_on_a_cpu_and_the_log_says_so(tmp_path):
     assert "--snapshot: the allocator history is CUDA's; none is saved on cpu" in log.getvalue()
 
 
+@pytest.mark.fault("stored data")
 def test_an_unreadable_record_is_moved_aside_and_the_run_measured_again(tmp_path, capsys):
     suite = Suite("test", tmp_path / "s.toml", "vit-tiny", "", "run", (spec(name="run", batch_size=4),))
     path = results.record_path(tmp_path, "test", "cpu", "run")
@@ -236,6 +240,7 @@ def test_a_cuda_runs_memory_summary_is_saved_beside_its_record_and_linked_from_t
     assert "<a href='nvidia-x/baseline.memory.txt'>baseline</a>" in (tmp_path / "s" / "report.html").read_text()
 
 
+@pytest.mark.fault("disk")
 def test_a_record_that_cannot_be_written_is_kept_elsewhere_and_named(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "kept"))
     (tmp_path / "kept").mkdir()
@@ -248,6 +253,7 @@ def test_a_record_that_cannot_be_written_is_kept_elsewhere_and_named(tmp_path, c
     assert f"the measurement is kept in {kept}" in capsys.readouterr().err
 
 
+@pytest.mark.fault("disk")
 def test_a_results_folder_that_cannot_be_written_stops_the_sweep_before_any_run(tmp_path):
     blocked = tmp_path / "results"
     blocked.write_text("a file where the results folder should be")
@@ -278,6 +284,7 @@ def test_a_first_timed_step_far_slower_than_the_rest_warns_that_warm_up_was_shor
                     ).endswith(f"warning: {warned}")
 
 
+@pytest.mark.fault("stored data")
 def test_a_second_sweep_of_the_same_folder_is_refused_naming_the_first(tmp_path):
     suite = Suite("s", Path("s.toml"), "vit-tiny", "", "run", (replace(spec(batch_size=2), suite="s"),))
     folder = results.suite_folder(tmp_path, "s", CPU.name)
@@ -319,6 +326,7 @@ def test_a_sweep_says_how_long_it_will_take_from_the_times_its_runs_took_before(
     assert estimate(quick, tmp_path, CPU.name, "cpu").startswith("estimated: about 5 min for the 2 of 3 runs")
 
 
+@pytest.mark.fault("stored data")
 def test_a_diverged_figure_is_stored_as_null_and_named(tmp_path):
     import json
 

@@ -14,6 +14,7 @@ from torch.utils.hooks import RemovableHandle
 from bench.data.synthetic import clone_batch
 from bench.measure.memory import tracked_step
 from bench.suite import TechniqueSpec
+from bench.techniques.loss import _ChunkedCrossEntropy, chunk_tokens
 from tests.conftest import CPU, build_trainer
 from tests.helpers import spec
 
@@ -30,23 +31,76 @@ class Hand:
         self.dtype, self.micro, self.autocast, self.keep_grads = dtype, micro, autocast, keep_grads
         self.layout = layout
         self.counted: object = self.optimizer  # what the tracker counts as optimizer state
+        self.forward: nn.Module = self.model  # the module whose forward the loop calls
 
     def step(self, batch: list) -> torch.Tensor:
         """One step; the mean loss, summed over the micro-batches as a loop that logs it does."""
         inputs, labels = batch.pop()  # the caller keeps no reference: a cast frees the batch as it came
-        if self.dtype:
-            inputs = inputs.to(self.dtype)
-        inputs = inputs.contiguous(memory_format=self.layout)
+        if isinstance(inputs, dict):  # a language model's token ids: nothing to cast, lay out or split
+            pieces = [(inputs, labels)]
+        else:
+            if self.dtype:
+                inputs = inputs.to(self.dtype)
+            inputs = inputs.contiguous(memory_format=self.layout)
+            pieces = zip(inputs.tensor_split(self.micro), labels.tensor_split(self.micro))
         total = None
-        for x, y in zip(inputs.tensor_split(self.micro), labels.tensor_split(self.micro)):
+        for x, y in pieces:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
-                loss = nn.functional.cross_entropy(self.model(x), y) / self.micro
+                loss = self.loss(x, y) / self.micro
             total = loss.detach() if total is None else total + loss.detach()
             loss.backward()
         if self.optimizer is not None:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=not self.keep_grads)
         return total
+
+    def loss(self, x: torch.Tensor | dict, y: torch.Tensor) -> torch.Tensor:
+        if isinstance(x, dict):  # transformers' causal-LM loss: the labels shifted, not the logits
+            logits = self.model(**x).logits
+            return nn.functional.cross_entropy(logits.flatten(0, 1), following(y).flatten(), ignore_index=-100)
+        return nn.functional.cross_entropy(self.model(x), y)
+
+
+def following(ids: torch.Tensor) -> torch.Tensor:
+    """Each position's target: the next token, -100 (ignored) after the last."""
+    return nn.functional.pad(ids[:, 1:], (0, 1), value=-100)
+
+
+class LigerStyle(Hand):
+    """A loop that takes the loss from the last hidden states a chunk at a time, as a user calls Liger-Kernel's
+    fused linear cross-entropy (its plain-PyTorch twin here): the head never runs on the whole sequence."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        self.forward = model.model  # the decoder; its head is tied to the embeddings, so no parameter is missed
+
+    def loss(self, x: dict, y: torch.Tensor) -> torch.Tensor:
+        hidden = self.model.model(**x).last_hidden_state.flatten(0, 1)
+        head, targets = self.model.lm_head, following(y).flatten()
+        return _ChunkedCrossEntropy.apply(hidden, head.weight, head.bias, targets,
+                                          chunk_tokens(len(targets), *head.weight.shape))
+
+
+def galore(model: nn.Module) -> Hand:
+    """pytorch-optimizer's GaLore as its README groups it: the blocks' weight matrices projected at a quarter of
+    their smaller side, everything else plain AdamW."""
+    from pytorch_optimizer import GaLore
+
+    blocks = {id(p) for p in model.encoder.layers.parameters()}
+    projected = [p for p in model.parameters() if p.dim() == 2 and id(p) in blocks]
+    rest = [p for p in model.parameters() if id(p) not in {id(q) for q in projected}]
+    hand = Hand(model, optimizer=None)
+    ranks = sorted({min(p.shape) // 4 for p in projected})
+    groups = [{"params": rest}] + [{"params": [p for p in projected if min(p.shape) // 4 == r], "rank": r,
+                                    "update_proj_gap": 200, "scale": 0.25, "projection_type": "std"} for r in ranks]
+    hand.optimizer = hand.counted = GaLore(groups, lr=1e-3)
+    return hand
+
+
+def adamw_8bit(model: nn.Module) -> Hand:
+    from torchao.optim import AdamW8bit
+
+    return Hand(model, AdamW8bit)
 
 
 class Checkpointed(nn.Module):
@@ -103,7 +157,9 @@ class Held:
         return RemovableHandle(self.hooks)  # never called: no step runs after backward
 
 
-CNN = {"channels-last"}  # cases on resnet-tiny: the rest run on vit-tiny
+CNN = {"channels-last"}  # cases on resnet-tiny
+LM = {"llm-baseline", "chunked-loss"}  # on llama-tiny: the rest run on vit-tiny
+COMPILED = {"adamw-8bit"}  # torchao compiles each parameter's update: the tracker steps aside, as for a run
 CASES: dict[str, tuple[tuple[TechniqueSpec, ...], Callable[[nn.Module], Hand]]] = {
     "baseline": ((), Hand),
     "bf16": ((TechniqueSpec("bf16"),), lambda m: Hand(m, dtype=torch.bfloat16)),
@@ -120,18 +176,25 @@ CASES: dict[str, tuple[tuple[TechniqueSpec, ...], Callable[[nn.Module], Hand]]] 
     "optimizer-in-backward": ((TechniqueSpec("optimizer-in-backward"),), in_backward),
     "sgd-momentum": ((TechniqueSpec("optimizer", (("kind", "sgd"), ("lr", 0.01))),),
                      lambda m: Hand(m, torch.optim.SGD, lr=0.01, momentum=0.9)),
+    "adamw-8bit": ((TechniqueSpec("adamw-8bit"),), adamw_8bit),
+    "galore": ((TechniqueSpec("galore"),), galore),
+    "llm-baseline": ((), Hand),
+    "chunked-loss": ((TechniqueSpec("chunked-loss"),), LigerStyle),
 }
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_the_harness_holds_what_a_hand_written_loop_doing_the_same_holds(name):
     techniques, make = CASES[name]
-    model = "resnet-tiny" if name in CNN else "vit-tiny"
-    trainer, batch = build_trainer(spec(model, techniques, batch_size=8, image_size=32))
-    hand = make(build_trainer(spec(model, batch_size=8, image_size=32))[0].model)
+    model = "resnet-tiny" if name in CNN else "llama-tiny" if name in LM else "vit-tiny"
+    trainer, batch = build_trainer(spec(model, techniques, batch_size=8, image_size=32, seq_len=64))
+    hand = make(build_trainer(spec(model, batch_size=8, image_size=32, seq_len=64))[0].model)
     for _ in range(2):  # warm-up both, optimizer state included
         trainer.step(clone_batch(batch))
         hand.step([clone_batch(batch)])
-    ours = tracked_step(lambda: trainer.step(clone_batch(batch)), trainer.model, trainer.optimizer, CPU)
-    theirs = tracked_step(lambda: hand.step([clone_batch(batch)]), hand.model, hand.counted, CPU)
+    compiled = name in COMPILED
+    ours = tracked_step(lambda: trainer.step(clone_batch(batch)), trainer.model, trainer.optimizer, CPU,
+                        compiled_update=compiled)
+    theirs = tracked_step(lambda: hand.step([clone_batch(batch)]), hand.forward, hand.counted, CPU,
+                          compiled_update=compiled)
     assert ours["peak_tensor_bytes"] == theirs["peak_tensor_bytes"], (ours, theirs)

@@ -43,6 +43,7 @@ def evidence(tmp_path):
     (["suites/bert.toml", "--infer", "--budget", "8GiB"], "is a train suite; leave out --infer"),
     (["bert-tiny", "--device", "cpu", "--reserve", "1GiB", "--budget", "8GiB"], "leave it out with --device cpu"),
 ])
+@pytest.mark.fault("cli values")
 def test_bad_input_exits_2_with_the_fix(argv, said, capsys, tmp_path):
     assert main(["advise", *argv, "--out", str(tmp_path)]) == 2
     assert said in capsys.readouterr().err

@@ -56,6 +56,7 @@ def test_a_forked_run_starts_with_its_own_peak_not_its_predecessors():
     assert big["rss_peak_bytes"] - small["rss_peak_bytes"] > 2**28  # the half GiB stayed with its own run
 
 
+@pytest.mark.fault("resources")
 @pytest.mark.parametrize("launcher", launch.KINDS)
 def test_a_crash_or_a_hang_is_a_status_under_either_launcher(launcher, monkeypatch, tmp_path):
     crashed = run_isolated(spec(techniques=(tech("tests.helpers:Segfault"),)), CPU, kind=launcher)
@@ -128,6 +129,7 @@ def test_a_long_run_says_its_phase_at_least_every_heartbeat(monkeypatch):
     assert any(s.startswith("building the model") for s in said) and any(s.startswith("predicting") for s in said)
 
 
+@pytest.mark.fault("resources")
 def test_a_fidelity_phase_cut_short_keeps_what_was_measured_before_it():
     run = spec(techniques=(tech("tests.helpers:DiesInFidelity"),), batch_size=2,
                fidelity_cpu=Fidelity(steps=2, seeds=1, batch_size=8))
@@ -136,6 +138,7 @@ def test_a_fidelity_phase_cut_short_keeps_what_was_measured_before_it():
     assert record["fidelity_error"] == "error: run process died: killed by signal SIGKILL"
 
 
+@pytest.mark.fault("resources")
 def test_a_run_the_hosts_oom_killer_ended_is_an_oom_with_the_memory_it_reached(monkeypatch):
     counts = iter([7, 8])  # /proc/vmstat's oom_kill before the run and after it: the kernel killed a process
     monkeypatch.setattr(local, "oom_kills", lambda: next(counts))
@@ -146,6 +149,7 @@ def test_a_run_the_hosts_oom_killer_ended_is_an_oom_with_the_memory_it_reached(m
     assert run_isolated(spec(techniques=(tech("tests.helpers:KilledByTheHost"),)), CPU)["status"] == "error"
 
 
+@pytest.mark.fault("signals")
 @pytest.mark.parametrize("gone", ["the sweep", "its folder"])
 def test_a_run_whose_sweep_has_gone_does_not_start(gone, tmp_path):
     # A signal in bench's first seconds left its request with the fork server, which started the run once its

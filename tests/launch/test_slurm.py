@@ -85,6 +85,7 @@ def test_snapshot_with_slurm_exits_2_before_anything_is_submitted(tmp_path, caps
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.fault("resources")
 @pytest.mark.slow
 def test_a_job_that_fails_on_its_node_says_why_in_the_record(tmp_path):
     pytest.importorskip("submitit")
@@ -116,6 +117,7 @@ class DiedJob:
         return f"submitit INFO - Starting\n{ON_DEVICE}NVIDIA H100 80GB HBM3\n"
 
 
+@pytest.mark.fault("resources")
 def test_a_job_that_dies_after_finding_its_device_is_filed_under_that_device(tmp_path):
     (tmp_path / "jobs.toml").write_text(SUITE)
     spec = load(tmp_path / "jobs.toml").runs[0]

@@ -50,6 +50,7 @@ def test_predicting_in_processes_gives_the_same_table_in_the_suite_order():
     assert sorted(re.findall(r"^\[(\d)/3\]", log.getvalue(), re.M)) == ["1", "2", "3"]
 
 
+@pytest.mark.fault("signals")
 @pytest.mark.parametrize("sent", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_a_signal_to_the_group_stops_predict_and_its_processes(sent):
     # Ctrl-C reaches the whole foreground group; SIGTERM does too from `timeout`, Slurm and `kill -- -PGID`, and

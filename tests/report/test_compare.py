@@ -97,6 +97,7 @@ def test_compare_starts_without_importing_torch(sides, tmp_path):
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.fault("stored data")
 def test_a_backup_copy_and_fit_rows_in_the_tree_are_not_read_as_the_suites_records(sides, tmp_path, capsys):
     import shutil
 

@@ -129,6 +129,7 @@ def test_report_without_records_says_what_to_run(tmp_path):
         build_report(tmp_path / "nothing")
 
 
+@pytest.mark.fault("stored data")
 def test_an_unreadable_record_is_named_and_the_others_are_reported(suite_dir, capsys):
     broken = suite_dir / "cpu" / "huge.json"
     broken.write_text('{"run": "huge",\n<<<<<<< HEAD\n')  # a merge conflict in a committed record
@@ -244,6 +245,7 @@ class Scripts(HTMLParser):
                 self.found.append(f"{name}={value}")
 
 
+@pytest.mark.fault("hostile text")
 def test_hostile_run_names_and_messages_run_nothing_in_any_page(tmp_path):
     from bench.report.overview import build_overview
 
@@ -262,6 +264,7 @@ def test_hostile_run_names_and_messages_run_nothing_in_any_page(tmp_path):
         assert parser.found == [], page
 
 
+@pytest.mark.fault("disk")
 def test_pages_are_written_whole_in_utf8_whatever_the_locale(tmp_path):
     # LC_ALL=C: report.md was emptied to 0 bytes, then a traceback (its "×" has no ASCII form)
     base = {"suite": "s", "device": "cpu", "device_type": "cpu", "baseline": "baseline", "batch_size": 8,

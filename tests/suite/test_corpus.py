@@ -65,6 +65,7 @@ CORPUS = [
 ]
 
 
+@pytest.mark.fault("cli values")
 @pytest.mark.parametrize("what,text,phrase", CORPUS, ids=[c[0] for c in CORPUS])
 def test_a_malformed_suite_exits_2_naming_the_problem_and_writes_nothing(what, text, phrase, tmp_path, capsys,
                                                                           monkeypatch):
@@ -116,6 +117,7 @@ def test_names_in_any_script_and_names_alike_keep_one_record_per_run(tmp_path, c
     assert all(n in table for n in names)
 
 
+@pytest.mark.fault("stored data")
 def test_a_record_of_the_wrong_shape_is_set_aside_and_measured_again(tmp_path, capsys):
     path = write_suite(tmp_path, GOOD.replace(SHAPES, SHAPES + "warmup_steps = 1\nmeasure_steps = 1\n"))
     record = results.record_path(tmp_path / "r", "s", device_name("cpu"), "baseline")
@@ -135,6 +137,7 @@ WRONG_TYPED = [("accuracy", "87%"), ("run_index", "3"), ("device", 7), ("proof",
                ("peak_tensor_bytes", 10**400), ("techniques", {"amp": 1}), ("samples_per_s", True)]
 
 
+@pytest.mark.fault("stored data")
 @pytest.mark.parametrize("field, value", WRONG_TYPED, ids=[f for f, _ in WRONG_TYPED])
 def test_a_record_with_a_wrong_typed_field_is_named_and_left_out_and_the_rest_reported(field, value, tmp_path,
                                                                                        capsys):
@@ -154,6 +157,7 @@ def test_a_record_with_a_wrong_typed_field_is_named_and_left_out_and_the_rest_re
     build_overview(tmp_path)
 
 
+@pytest.mark.fault("stored data")
 def test_the_overview_leaves_out_a_suite_whose_every_record_is_unreadable(tmp_path):
     from bench.report.overview import build_overview
 

@@ -166,6 +166,7 @@ def test_user_technique_by_import_path(tmp_path):
     assert "cannot import technique 'tests.helpers:Nope'" in found[0]
 
 
+@pytest.mark.fault("cli values")
 def test_selecting_runs_keeps_their_baselines(tmp_path):
     s = suites.select(load(write_suite(tmp_path, GOOD)), ["am*"])
     assert [r.name for r in s.runs] == ["baseline", "amp"]
@@ -177,6 +178,7 @@ def test_selecting_runs_keeps_their_baselines(tmp_path):
         suites.select(s, [""])  # --only "" once ran the whole suite
 
 
+@pytest.mark.fault("hostile text")
 def test_a_run_name_too_long_for_a_file_name_is_refused_at_load(tmp_path):
     # 300 characters were measured, then storing failed with "file name too long" and no record anywhere
     found = suite_problems(tmp_path, GOOD.replace('name = "amp"', f'name = "{"a" * 300}"'))
@@ -311,6 +313,7 @@ def test_a_stand_in_of_another_kind_is_refused_with_the_fix(tmp_path):
     assert any(p.startswith("shapes.cpu.model: ") and "nope" in p for p in found)
 
 
+@pytest.mark.fault("resources")
 def test_a_user_module_that_hangs_on_import_stops_the_load_with_the_reason(tmp_path, monkeypatch):
     import importlib
 
