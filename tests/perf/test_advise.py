@@ -16,7 +16,6 @@ import pytest
 from bench.provenance import CPU_BF16
 
 pytestmark = pytest.mark.perf
-os.environ.pop(CPU_BF16, None)  # the shipped-model check asks this very CPU, as a user's advice would
 
 
 @pytest.mark.parametrize("suite", ["resnet", "bert", "vit"])
@@ -26,6 +25,9 @@ def test_the_top_plan_fits_and_is_within_ten_percent_of_the_best_measured(suite,
     start = time.perf_counter()
     argv = ["advise", f"suites/{suite}.toml", "--device", "cpu", "--budget", "60%", "--top", "3",
             "--tolerance-pt", "5", "--measure", "--results", str(results), "--out", str(tmp_path)]
-    done = subprocess.run([sys.executable, "-m", "bench", *argv], capture_output=True, text=True)
+    # The shipped-model check asks this very CPU, as a user's advice would. Left out of the advice's process only:
+    # popped here at import, it had left every test collected after it asking the CPU (bf16 tests failed on AVX2).
+    here = {k: v for k, v in os.environ.items() if k != CPU_BF16}
+    done = subprocess.run([sys.executable, "-m", "bench", *argv], capture_output=True, text=True, env=here)
     print(f"\n{suite}: {time.perf_counter() - start:.0f} s\n{done.stdout}")
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
