@@ -28,7 +28,7 @@ $(foreach v,suite model budget args card nproc,$(if $(filter command line,$(orig
   $(error $(v)=$($(v)): make variables are upper case here, e.g. $(shell echo $(v) | tr a-z A-Z)=$($(v)))))
 
 .DEFAULT_GOAL := help
-.PHONY: help bench gpu fit advise report overview compare predict validate list lint test test-full faults perf
+.PHONY: help bench gpu fit advise report overview compare predict validate list docs lint test test-full faults perf
 
 help: ## this list
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -78,6 +78,9 @@ validate: $(DEPS) ## check every suite file
 
 list: $(DEPS) ## models and techniques with their options
 	$(RUN) -m bench list
+
+docs: $(DEPS) ## docs/techniques.md's table, regenerated from the techniques' classes
+	$(RUN) -m bench list --docs docs/techniques.md
 
 lint: $(DEPS) ## ruff over bench/ and tests/ (its rules in pyproject.toml); run by make test
 	@if $(RUN) -m ruff --version > /dev/null 2>&1; then $(RUN) -m ruff check bench tests; \

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bench.errors import BadInput, SuiteError, cannot_read
+from bench.record import Status
 from bench.spec import MAX_NPROC, MAX_TIMEOUT_S
 
 if TYPE_CHECKING:
@@ -177,6 +178,8 @@ def _parser() -> argparse.ArgumentParser:
     val.add_argument("suites", nargs="*", help="suite names or files (default: suites/*.toml)")
     val.set_defaults(func=_validate)
     lst = sub.add_parser("list", help="models and techniques with their options")
+    lst.add_argument("--docs", type=Path, metavar="PAGE", help="rewrite the techniques table in PAGE (between its "
+                                                              "markers) from the registry instead: make docs")
     lst.set_defaults(func=_list)
     return p
 
@@ -266,7 +269,7 @@ def _run(args: argparse.Namespace) -> int:
     # Every page the suite's records feed is kept current: the overview and results/figures.md read them too.
     _pages(args.results, [suite.name])
     # oom, timeout and unsupported are findings about the configuration; error means something broke.
-    return 1 if any(r["status"] == "error" for r in records) else 0
+    return 1 if any(r["status"] == Status.ERROR for r in records) else 0
 
 
 def _campaign(args: argparse.Namespace) -> int:
@@ -284,7 +287,7 @@ def _campaign(args: argparse.Namespace) -> int:
     records = campaign(chosen, launcher, args.results, never_measured_first=True, archive=args.archive,
                        **_sweep_options(args))
     _pages(args.results, [s.name for s in chosen])
-    return 1 if any(r["status"] == "error" for rs in records.values() for r in rs) else 0
+    return 1 if any(r["status"] == Status.ERROR for rs in records.values() for r in rs) else 0
 
 
 def _selected(path: Path, args: argparse.Namespace) -> Suite:
@@ -366,7 +369,7 @@ def _predict(args: argparse.Namespace) -> int:
     if args.nproc:
         suite = suites.spanning(suite, args.nproc)
     measured = {r["run"]: r for r in load_records(args.results / suite.name)
-                if r.get("device_type") == "cuda" and r.get("status") == "ok" and r.get("run_key")}
+                if r.get("device_type") == "cuda" and r.get("status") == Status.OK and r.get("run_key")}
     print(f"{suite.name}: predicting {len(suite.runs)} runs at GPU shapes (fake tensors, nothing allocated)",
           file=sys.stderr)
     if budget is not None:
@@ -409,12 +412,12 @@ def _fit(args: argparse.Namespace) -> int:
     rows = fit_suite([r for r in suite.runs if r.mode == "train" and r.nproc == 1], device, budget, args.results)
     print("| run | measured largest batch | predicted | prediction |\n|---|---|---|---|")
     for r in rows:
-        verdict = ("error: " + r["message"] if r["status"] != "ok" else
+        verdict = ("error: " + r["message"] if r["status"] != Status.OK else
                    "nothing fits" if r.get("measured_largest_batch") is None else
                    "⚠ promises an OOM" if r.get("promises_oom") else
                    "within 5% below" if r.get("within_5pct_below") else "safe, more than 5% below")
         print(f"| {r['run']} | {r.get('measured_largest_batch')} | {r['predicted_largest_batch']} | {verdict} |")
-    return 1 if any(r.get("promises_oom") or r["status"] != "ok" for r in rows) else 0
+    return 1 if any(r.get("promises_oom") or r["status"] != Status.OK for r in rows) else 0
 
 
 def _advise(args: argparse.Namespace) -> int:
@@ -512,6 +515,11 @@ def _list(args: argparse.Namespace) -> int:
     from bench.techniques import TECHNIQUES, TRAIN
     from bench.techniques.base import options_doc
 
+    if args.docs:
+        from bench.techniques import catalogue
+
+        print(catalogue.write(args.docs))
+        return 0
     print("models:", ", ".join(MODELS.names()), "(or 'module:NAME' naming your own bench.models.ModelSpec)")
     print("techniques:")
     for name in TECHNIQUES:

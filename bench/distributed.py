@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from bench.record import Status
+
 # Figures that differ by rank: kept as rank_<name> lists; the record's own value is the largest.
 PER_RANK_MAX = ("peak_tensor_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "peak_active_bytes",
                 "activation_bytes", "param_bytes", "buffer_bytes", "gradient_bytes", "optimizer_state_bytes",
@@ -77,5 +79,5 @@ def merge(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
         if any(v is not None for v in values):
             out[f"rank_{key}"] = values
             out[key] = pick(v for v in values if v is not None)
-    bad = [r for r in per_rank if r.get("status") != "ok"]
+    bad = [r for r in per_rank if r.get("status") != Status.OK]
     return out | (bad[0] if bad else {})

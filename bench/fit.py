@@ -22,6 +22,7 @@ from bench import results
 from bench.launch import Device
 from bench.launch.local import run_isolated
 from bench.predict import largest_batch
+from bench.record import Status
 from bench.suite import RunSpec
 
 CLOSE = 0.05  # how far below the measured largest batch the predicted one may lie
@@ -41,9 +42,9 @@ def fit_run(spec: RunSpec, device: Device, budget: int, limit: int = 4096) -> di
                         **{_field(device): replace(shapes, batch_size=batch, warmup_steps=1, measure_steps=1)})
         out = run_isolated(probe, device, budget=budget)
         probes.append({"batch_size": batch, "status": out["status"], "peak_bytes": _peak(out)})
-        if out["status"] == "oom":
+        if out["status"] == Status.OOM:
             return math.inf
-        if out["status"] != "ok":
+        if out["status"] != Status.OK:
             raise ProbeFailed(f"{out['status']} at batch {batch}: {out.get('message', '')}")
         return _peak(out) or 0.0
 
@@ -52,9 +53,9 @@ def fit_run(spec: RunSpec, device: Device, budget: int, limit: int = 4096) -> di
     try:
         row["measured_largest_batch"] = largest_batch(spec, budget, limit, peak=measured_peak,
                                                       device_type=device.type)
-        row["status"] = "ok"
+        row["status"] = Status.OK
     except ProbeFailed as exc:
-        row |= {"status": "error", "message": str(exc)}
+        row |= {"status": Status.ERROR, "message": str(exc)}
     return row | {"probes": probes} | verdict(row)
 
 
@@ -87,7 +88,7 @@ def fit_suite(runs: list[RunSpec], device: Device, budget: int, results_root: Pa
 
 
 def said(row: dict[str, Any]) -> str:
-    if row["status"] != "ok":
+    if row["status"] != Status.OK:
         return f"{row['status']}: {row['message']}"
     flag = " ⚠ the prediction promises a batch that runs out of memory" if row.get("promises_oom") else ""
     return (f"largest batch measured {row['measured_largest_batch']}, predicted {row['predicted_largest_batch']} "

@@ -10,11 +10,28 @@ Nothing here imports the project: every layer that makes or reads records can us
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, make_dataclass
+from enum import StrEnum
 from typing import Any
 
 DERIVED = ("accuracy_delta", "accuracy_band", "outside_band")  # stored by older records; recomputed on read
 RANK_PREFIX = "rank_"  # a multi-process run's per-rank lists: rank_<figure>
 AT_PEAK = ("parameters", "buffers", "gradients", "optimizer_state", "activations", "temporaries")
+
+
+class Status(StrEnum):
+    """How a run (``status``) or its prediction (``predicted_status``) ended; stored as its plain string."""
+
+    OK = "ok"
+    OOM = "oom"  # out of memory: the device's, the host's OOM killer, or a --budget the tracked peak went over
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    UNSUPPORTED = "unsupported"  # the technique cannot apply here, with the reason
+    UNPREDICTABLE = "unpredictable"  # predictions only: fake tensors cannot stand for the technique
+
+
+STATUSES = tuple(s.value for s in Status if s is not Status.UNPREDICTABLE)  # what a run's record may say
+# Outcomes another attempt would repeat: a resumed sweep keeps them (an error or a timeout is tried again).
+DETERMINISTIC = (Status.OK, Status.OOM, Status.UNSUPPORTED)
 
 
 def doc(text: str, default: Any = None) -> Any:
@@ -52,7 +69,7 @@ class Identity:
 class Outcome:
     """How the run ended."""
 
-    status: str = doc("ok, oom, error, timeout or unsupported")
+    status: str = doc(", ".join(STATUSES[:-1]) + " or " + STATUSES[-1])
     message: str = doc("empty when ok; else the reason", "")
     warning: str | None = doc("an ok run whose first timed step was far slower than the rest (warm-up too short)")
     stderr_tail: str | None = doc("an error's last output (each rank's, under torchrun)")

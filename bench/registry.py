@@ -11,8 +11,10 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
+    """``names``: each registered class takes its registered name as its ``name``, written once."""
+
+    def __init__(self, kind: str, names: bool = False) -> None:
+        self.kind, self.names_classes = kind, names
         self._items: dict[str, T] = {}
 
     def register(self, name: str) -> Callable[[T], T]:
@@ -20,6 +22,8 @@ class Registry(Generic[T]):
             if name in self._items:
                 raise KeyError(f"{self.kind} {name!r} is already registered (by {self._items[name]!r})")
             self._items[name] = obj
+            if self.names_classes:
+                obj.name = name  # type: ignore[attr-defined]
             return obj
 
         return add
@@ -38,6 +42,10 @@ class Registry(Generic[T]):
 
     def names(self) -> list[str]:
         return sorted(self._items)
+
+    def registered(self) -> list[str]:
+        """The names in the order they were registered."""
+        return list(self._items)
 
 
 def import_object(path: str, kind: str) -> Any:

@@ -21,12 +21,11 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from bench.errors import BadInput
-from bench.record import label, migrate, problems
+from bench.record import STATUSES, label, migrate, problems
 
 if TYPE_CHECKING:
     from bench.spec import RunSpec
 
-STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
 REQUIRED = {"suite", "run", "device", "status"}  # what every reader of a record relies on
 
 

@@ -21,9 +21,9 @@ from typing import Any
 
 from bench import results
 from bench.errors import BadInput
+from bench.record import DETERMINISTIC
 from bench.suite import RunSpec, Suite
 
-DETERMINISTIC = ("ok", "oom", "unsupported")
 FORCE_MARKER = ".forced-since"
 
 

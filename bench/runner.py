@@ -12,7 +12,7 @@ from typing import Any, TextIO
 
 from bench import results, resume
 from bench.launch import Launcher
-from bench.record import MEMORY_SUMMARY, Record
+from bench.record import MEMORY_SUMMARY, Record, Status
 from bench.suite import Suite
 
 
@@ -153,7 +153,7 @@ def _baseline(record: dict[str, Any], records: list[dict[str, Any]]) -> dict[str
 def _outcome(record: dict[str, Any], baseline: dict[str, Any] | None = None) -> str:
     """The progress line's summary: what a user watching the sweep wants first; the accuracy delta against
     ``baseline`` where both have an accuracy."""
-    if record["status"] != "ok":
+    if record["status"] != Status.OK:
         return f"{record['status']}: {record['message']}"
     peak = record.get("peak_allocated_bytes") or record.get("peak_tensor_bytes")
     # No peak: a compiled model runs nothing the tracker sees, and a CPU has no allocator peak. Not a zero.

@@ -38,7 +38,7 @@ from bench.models.weights import digest
 from bench.predict import predict_run
 from bench.provenance import runtime_provenance
 from bench.recipe import Recipe, Runner, batches, tracked_steps
-from bench.record import MEMORY_SUMMARY
+from bench.record import MEMORY_SUMMARY, Status
 from bench.suite import Fidelity, RunSpec
 from bench.techniques import RunContext, Technique, Unsupported
 
@@ -57,7 +57,7 @@ def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None,
     recipe = Recipe.of(spec, device, world_size=group.world_size, rank=group.rank)
     ctx, techniques, shapes = recipe.ctx, recipe.techniques, recipe.ctx.shapes
     if reason := recipe.unsupported():
-        return {"status": "unsupported", "message": reason}
+        return {"status": Status.UNSUPPORTED, "message": reason}
     if prediction is None:
         progress.say("predicting its peak")
         prediction = predict_run(spec, device.type)  # before anything real is allocated
@@ -86,13 +86,13 @@ def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None,
     figures["measure_s"] = round(time.perf_counter() - clock, 2)  # build, warm-up, instrumented and timed steps
     if (fid := spec.fidelity(device.type)) is not None:
         if measured is not None:  # kept by the sweep if the fidelity phase is cut short
-            measured({"status": "ok", "message": "", **figures})
+            measured({"status": Status.OK, "message": "", **figures})
         del trainer, batch  # free the measured model before training another
         progress.say("fidelity phase (accuracy)")
         clock = time.perf_counter()
         figures |= _fidelity(spec, fid, device)
         figures["fidelity_s"] = round(time.perf_counter() - clock, 2)
-    return {"status": "ok", "message": "", **figures}
+    return {"status": Status.OK, "message": "", **figures}
 
 
 def _build(spec: RunSpec, recipe: Recipe) -> tuple[Runner, Batch, dict[str, Any]]:
@@ -220,9 +220,9 @@ def over_budget(result: dict[str, Any], budget: int) -> dict[str, Any]:
     """On a CPU, where no allocator can be limited, a budget holds against the tracked peak of live tensor
     bytes, the figure a CPU run is measured by: a run over it is out of memory as it would be on a card."""
     peak = result.get("peak_tensor_bytes")
-    if result["status"] != "ok" or peak is None or peak <= budget:
+    if result["status"] != Status.OK or peak is None or peak <= budget:
         return {}
-    return {"status": "oom", "message": f"tracked peak {peak:,} bytes is over the budget of {budget:,} bytes"}
+    return {"status": Status.OOM, "message": f"tracked peak {peak:,} bytes is over the budget of {budget:,} bytes"}
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -255,10 +255,10 @@ def main(spec_path: str, out_path: str) -> int:
         if budget and device.type == "cpu":
             result |= over_budget(result, budget)
     except Unsupported as exc:
-        result = {"status": "unsupported", "message": str(exc)}
+        result = {"status": Status.UNSUPPORTED, "message": str(exc)}
     except Exception as exc:  # noqa: BLE001  a failed run is a result, not a crash of the sweep
         traceback.print_exc()
-        status = "oom" if is_oom(exc) else "error"
+        status = Status.OOM if is_oom(exc) else Status.ERROR
         first_line = (str(exc).strip().splitlines() or [""])[0][:500]
         result = {"status": status, "message": f"{type(exc).__name__}: {first_line}"}
         if device.type == "cuda":

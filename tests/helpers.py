@@ -17,7 +17,7 @@ from torch import nn
 from bench import models
 from bench.models import ModelSpec
 from bench.suite import RunSpec, Shapes, SuiteError, TechniqueSpec, load
-from bench.techniques import RunContext, Step, Technique, option
+from bench.techniques import RunContext, Step, Technique, offer, option
 
 
 def spec(model: str = "vit-tiny", techniques: tuple[TechniqueSpec, ...] = (), batch_size: int = 8,
@@ -76,6 +76,20 @@ class SGD(Technique):
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         return torch.optim.SGD(model.parameters(), lr=self.config.lr)
+
+
+class HalfMomentumSGD(Technique):
+    """A user's optimizer that declares its axis: advice tries it beside the built-in optimizers."""
+
+    axis = "optimizer"
+    offers = (offer("half-momentum-sgd", lr=0.01),)
+
+    @dataclass(frozen=True)
+    class Config:
+        lr: float = option(0.01, "learning rate")
+
+    def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.SGD(model.parameters(), lr=self.config.lr, momentum=0.5)
 
 
 class AllocateTooMuch(Technique):

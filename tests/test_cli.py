@@ -52,7 +52,7 @@ def test_no_fidelity_measures_without_the_accuracy_phase(tmp_path):
 def test_list_shows_techniques_with_their_options(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    assert "amp: autocast to bfloat16 or float16" in out
+    assert "amp: `torch.autocast` over forward and loss" in out
     assert "micro_batches (int, default 2): micro-batches per optimizer step" in out
 
 

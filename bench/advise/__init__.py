@@ -25,6 +25,7 @@ from bench.advise.search import Candidate, Search, Searcher
 from bench.advise.source import Source, source
 from bench.predict.budget import fewest_ranks, parse_size, runs_at, tensor_budget
 from bench.provenance import EMULATED_BF16, device_name, native_bf16
+from bench.record import Status
 from bench.spec import RunSpec
 
 MOST_RANKS = 8  # nothing fits: the fewest ranks fsdp would need are looked for up to a node's GPUs
@@ -87,7 +88,7 @@ def advise(src: Source, budget: Budget, device_type: str = "cuda", nproc: int = 
     (with ``max_batch``, those fitting the largest batch); see bench.advise.search for how they are found."""
     template = replace(src.template, nproc=nproc)
     batch = template.shapes(device_type).batch_size
-    found = axes(src.model, src.mode, nproc, batch)
+    found = axes(src.model, src.mode, nproc, batch, src.own)
     base = Plan(tuple(o for a in found if a.required for o in a.options[:1]))  # over processes: ddp
     rates = STATED[device_type] if link_gbps is None else replace(STATED[device_type], link=link_gbps * 1e9)
     evidence = Evidence(results, src.mode, device_name(device_type) if device_type == "cpu" else "")
@@ -152,7 +153,7 @@ def _calibration(evidence: Evidence, device_type: str, rates: Rates, predictions
     counts = predictions.peaks([RunSpec.from_dict(r["spec"]) for r in records])
     steps = [(f"{r['model']} (results/{r['suite']})", r["step_time_ms_median"] / 1000,
               tuple(c[f"predicted_{k}"] for k in ("flops_per_step", "ops_per_step", "op_bytes_per_step")))
-             for r, c in zip(records, counts) if c["predicted_status"] == "ok"]
+             for r, c in zip(records, counts) if c["predicted_status"] == Status.OK]
     return calibrate(steps, rates)
 
 
@@ -176,7 +177,7 @@ def _strongest(searcher: Searcher, kept: list[Axis], predictions: Predictions,
     if plan is None:
         return None
     out = predictions.peaks([plan.spec(searcher.template)])[0]
-    if out["predicted_status"] != "ok":
+    if out["predicted_status"] != Status.OK:
         return None
     return Candidate(plan, out, estimator.speed(plan), estimator.accuracy(plan))
 

@@ -43,8 +43,6 @@ STATED = {
     "cpu": Rates(100e9, 20e9, "a server CPU's order of magnitude (100 GFLOP/s where no record measured it); "
                                     "offloading copies within its memory"),
 }
-# Offloading techniques whose copies run on a side stream, under compute, rather than waiting on it.
-OVERLAPPED = {"activation-offload"}
 
 
 @dataclass(frozen=True)
@@ -185,17 +183,18 @@ class Estimator:
         get = lambda key: predicted.get(f"predicted_{key}") or 0  # noqa: E731
         compute = self.calibration.seconds(get("flops_per_step"), get("ops_per_step"), get("op_bytes_per_step"))
         moved = self._moved(predicted, option) / self.rates.link
-        overlapped = option is not None and option.technique.name in OVERLAPPED
+        overlapped = option is not None and option.cls.overlaps_traffic
         return (max(compute, moved) if overlapped else compute + moved) / self.batch
 
     def _moved(self, predicted: dict[str, Any], option: Option | None) -> float:
-        """Bytes an offloading option moves between device and host a step: the activations it keeps off the device,
-        down in forward and up in backward; a host optimizer's gradients down and weights up."""
-        name = option.technique.name if option else ""
-        if name in ("offload", "activation-offload"):
+        """Bytes an offloading option moves between device and host a step (``Technique.host_traffic``): the
+        activations it keeps off the device, down in forward and up in backward; a host optimizer's gradients down
+        and weights up."""
+        traffic = option.cls.host_traffic if option else ""
+        if traffic == "activations":
             kept_off = self.baseline["predicted_activation_bytes"] - predicted["predicted_activation_bytes"]
             return 2 * max(kept_off, 0)
-        if name == "cpu-offload-optimizer":
+        if traffic == "optimizer":
             return 2 * self.baseline["predicted_param_bytes"]
         return 0.0
 

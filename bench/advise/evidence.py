@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from bench.record import migrate
+from bench.record import Status, migrate
 from bench.results import accuracy_vs_baseline, load_records
 from bench.spec import TechniqueSpec
 from bench.techniques import resolve
@@ -49,7 +49,7 @@ class Evidence:
             self._index([r for r in load_records(suite) if (r.get("spec") or {}).get("mode", "train") == mode])
 
     def _index(self, records: list[dict[str, Any]]) -> None:
-        ok = [migrate(r) for r in records if r.get("status") == "ok" and r.get("spec") and r.get("nproc", 1) == 1]
+        ok = [migrate(r) for r in records if r.get("status") == Status.OK and r.get("spec") and r.get("nproc", 1) == 1]
         baselines = {r["device"]: r for r in ok if r["run"] == r.get("baseline")}
         for r in ok:
             key = canonical(TechniqueSpec(t["name"], tuple(map(tuple, t["options"]))) for t in r["spec"]["techniques"])

@@ -1,9 +1,10 @@
 """The plans advice chooses among: one option (or none) on each axis of the catalogue, combined.
 
 An axis holds the techniques that save the same kind of memory in different ways (activations: recompute them or
-move them to the host), so a plan takes at most one of each. The options are the catalogue's techniques with the
-settings that matter for memory (checkpoint every-k, accumulation factors, optimizer kinds, precisions, offload,
-and sharding when the plan spans processes); whether a combination can run is the suite loader's own check."""
+move them to the host), so a plan takes at most one of each. The catalogue is what each technique declares
+(``Technique.axis`` and ``offers``: checkpoint every-k, accumulation factors, optimizer kinds, precisions,
+offload, and sharding when the plan spans processes), a user's own techniques among them where they declare an
+axis; whether a combination can run is the suite loader's own check."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
+from bench.errors import BadInput
 from bench.models import ModelSpec
 from bench.spec import RunSpec, TechniqueSpec
 from bench.suite.techniques import techniques as checked
+from bench.techniques import AXES, TECHNIQUES, Technique, build, resolve
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,15 @@ class Option:
     @staticmethod
     def of(name: str, technique: str, computes: str | None = None, **options: Any) -> Option:
         return Option(name, TechniqueSpec(technique, tuple(sorted(options.items()))), computes)
+
+    @property
+    def cls(self) -> type[Technique]:
+        return resolve(self.technique.name)
+
+    @property
+    def multiple(self) -> int:
+        """What the batch must be a multiple of (accumulation's micro-batches)."""
+        return build(self.technique).batch_multiple()
 
     @property
     def countable(self) -> bool:
@@ -65,38 +77,20 @@ class Plan:
         return replace(template, name=self.name, techniques=self.techniques, baseline=template.name)
 
 
-def axes(model: ModelSpec, mode: str, nproc: int, batch: int) -> list[Axis]:
-    """The catalogue's options for a model in a mode, spanning ``nproc`` processes at ``batch`` per process.
-    CUDA-only options (offload, the host optimizer) stay in: a CPU plan drops them as unsupported."""
-    if mode == "inference":
-        return [Axis("precision", (Option.of("amp-bf16", "amp", "bfloat16", dtype="bfloat16"),
-                                   Option.of("half-fp16", "half", "float16"),
-                                   Option.of("half-bf16", "half", "bfloat16", dtype="bfloat16"))),
-                Axis("quantization", (Option.of("dynamic-int8", "dynamic-int8", "int8"),)),
-                Axis("autograd", (Option.of("inference-mode", "inference-mode"),))]
-    found = [
-        Axis("precision", (Option.of("amp-bf16", "amp", "bfloat16", dtype="bfloat16"),
-                           Option.of("bf16-pure", "bf16", "bfloat16"))),
-        Axis("activations", (Option.of("selective-checkpoint", "selective-checkpoint"),
-                             Option.of("checkpoint-every-2", "checkpoint", every=2),
-                             Option.of("checkpoint", "checkpoint"), Option.of("offload", "offload"),
-                             Option.of("activation-offload", "activation-offload"))),
-        # Adafactor and SGD at the learning rate the shipped suites measured them with.
-        Axis("optimizer", (Option.of("adamw-8bit", "adamw-8bit"),
-                           Option.of("adafactor", "optimizer", kind="adafactor", lr=0.01),
-                           Option.of("sgd-momentum", "optimizer", kind="sgd", lr=0.01),
-                           Option.of("optimizer-in-backward", "optimizer-in-backward"),
-                           Option.of("cpu-offload-optimizer", "cpu-offload-optimizer"), Option.of("galore", "galore"))),
-        Axis("accumulation", tuple(Option.of(f"accumulate-{k}", "accumulate", micro_batches=k)
-                                   for k in (2, 4, 8) if batch % k == 0)),
-    ]
-    if model.objective == "next-token":  # the logits over the vocabulary, a chunk at a time
-        found.append(Axis("loss", (Option.of("chunked-loss", "chunked-loss"),)))
-    if nproc > 1:
-        found.append(Axis("sharding", (Option.of("ddp", "ddp"), Option.of("fsdp", "fsdp"),
-                                       Option.of("fsdp-bf16", "fsdp", mixed_precision="bfloat16"),
-                                       Option.of("fsdp-keep", "fsdp", reshard_after_forward=False)), required=True))
-    return [a for a in found if a.options]
+def axes(model: ModelSpec, mode: str, nproc: int, batch: int, own: tuple[str, ...] = ()) -> list[Axis]:
+    """The catalogue's options for a model in a mode, spanning ``nproc`` processes at ``batch`` per process: what
+    every registered technique, and each of the user's ``own`` (module:Class) that declares an axis, offers
+    (``Technique.offered``), by axis in AXES order. CUDA-only options (offload, the host optimizer) stay in: a CPU
+    plan drops them as unsupported. Sharding is required over processes: each plan takes one way of it."""
+    found: dict[str, list[Option]] = {axis: [] for axis in AXES}
+    for name in (*TECHNIQUES.names(), *own):
+        cls = resolve(name)
+        if cls.axis and cls.axis not in AXES:
+            raise BadInput(f"technique {name}: axis {cls.axis!r} is none of advice's: {', '.join(AXES)}")
+        for o in cls.offered(model, mode, nproc, batch) if cls.axis else ():
+            found[cls.axis].append(Option(o.label, TechniqueSpec(name, o.options), o.computes))
+    return [Axis(axis, tuple(options), required=all(o.cls.distributed for o in options))
+            for axis, options in found.items() if options]
 
 
 def combinations(found: list[Axis]) -> Iterator[Plan]:

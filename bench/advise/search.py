@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -18,6 +19,7 @@ from typing import Any, TextIO
 from bench.advise.estimate import Accuracy, Estimate, Estimator
 from bench.advise.plans import Axis, Option, Plan, combinations, problems
 from bench.advise.predictions import Predictions
+from bench.record import Status
 from bench.spec import RunSpec
 
 PEAK = "predicted_peak_tensor_bytes"
@@ -73,10 +75,11 @@ class Searcher:
         print(f"advise: predicting the baseline and {len(runnable)} options alone", file=self.log, flush=True)
         made = self.predictions.peaks([self.base.spec(self.template)] + [p.spec(self.template) for _, p in runnable])
         baseline, rest = made[0], made[1:]
-        if baseline["predicted_status"] != "ok":
+        if baseline["predicted_status"] != Status.OK:
             raise RuntimeError(f"the baseline cannot be predicted: {baseline.get('predicted_message')}")
         for (option, _), out in zip(runnable, rest):
-            if not self._refused(option, [] if out["predicted_status"] == "ok" else [out.get("predicted_message", "")]):
+            why = [] if out["predicted_status"] == Status.OK else [out.get("predicted_message", "")]
+            if not self._refused(option, why):
                 self.alone[option.name] = out
         for o in self.base.options:
             self.alone[o.name] = baseline
@@ -153,7 +156,7 @@ class Searcher:
             outs = self.predictions.peaks([p.spec(self.template) for _, _, p in batch])
             predicted += len(batch)
             for (speed, accuracy, plan), out in zip(batch, outs):
-                if out["predicted_status"] == "ok":
+                if out["predicted_status"] == Status.OK:
                     found_in = self.search.fits if out[PEAK] <= budget else self.search.misses
                     found_in.append(Candidate(plan, out, speed, accuracy))
             if minimal:  # a plan found in this chunk may cover one found beside it
@@ -212,14 +215,13 @@ def _covers(plan: Plan, speed: Estimate, fit: Candidate) -> bool:
     lower estimated cost: what it adds buys nothing."""
     if plan == fit.plan or fit.speed.rank > speed.rank:
         return False
-    mine = {o for o in plan.options if o.technique.name != "accumulate"}
-    theirs = {o for o in fit.plan.options if o.technique.name != "accumulate"}
+    mine = {o for o in plan.options if o.multiple == 1}
+    theirs = {o for o in fit.plan.options if o.multiple == 1}
     return theirs <= mine and _micro(fit.plan) <= _micro(plan)
 
 
 def _micro(plan: Plan) -> int:
-    return next((int(dict(o.technique.options)["micro_batches"]) for o in plan.options
-                 if o.technique.name == "accumulate"), 1)
+    return math.prod(o.multiple for o in plan.options)
 
 
 def _before(a: Option | None, b: Option, options: list[Option]) -> bool:

@@ -15,6 +15,7 @@ from bench.models import MODELS, ModelSpec
 from bench.models import resolve as resolve_model
 from bench.spec import RunSpec, Suite
 from bench.suite import load
+from bench.techniques import resolve
 
 HEADER_KEYS = ("model", "mode", "seed", "lr", "warmup_steps", "measure_steps", "timeout_s", "weights", "shapes",
                "fidelity")
@@ -31,6 +32,7 @@ class Source:
     origin: str  # where the shapes came from, for the table's caption
     model: ModelSpec
     template: RunSpec  # the baseline run: no techniques
+    own: tuple[str, ...] = ()  # the user's own techniques (module:Class) the suite's runs name that declare an axis
 
     @property
     def mode(self) -> str:
@@ -59,7 +61,15 @@ def source(name: str, mode: str | None, batch: int | None, device_type: str, sui
     if batch is not None:
         header["shapes"][device_type_key(device_type)]["batch_size"] = batch
     model = resolve_model(header["model"])
-    return Source(header, origin, model, template(header))
+    return Source(header, origin, model, template(header), _own(raw))
+
+
+def _own(raw: dict[str, Any]) -> tuple[str, ...]:
+    """The user's own techniques that a suite's runs name and that declare an axis of advice's catalogue, in the
+    order they are first named: advised beside the built-in ones."""
+    named = [t if isinstance(t, str) else t.get("name", "") for run in raw.get("runs", [])
+             for t in run.get("techniques", [])]
+    return tuple(n for n in dict.fromkeys(named) if ":" in n and resolve(n).axis)
 
 
 def device_type_key(device_type: str) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 from bench.advise import Advice
 from bench.advise.search import Candidate
 from bench.advise.source import device_type_key, loaded, to_toml
+from bench.record import Status
 from bench.results import slug, write_atomic
 
 GIB = 2**30
@@ -104,7 +105,7 @@ def suite_file(advice: Advice, command: str, folder: Path = Path("suites")) -> P
 
 def measured(advice: Advice, records: list[dict[str, Any]]) -> str:
     """The listed plans as measured here: whether each fit, and the ranks by throughput, beside the estimates."""
-    by_run = {r["run"]: r for r in records if r.get("status") == "ok"}
+    by_run = {r["run"]: r for r in records if r.get("status") == Status.OK}
     fitting = [c for c in advice.plans if _fits(by_run.get(c.plan.name), advice.budget)]
     speeds = sorted((by_run[c.plan.name]["samples_per_s"] for c in fitting), reverse=True)
     rows = ["| # | plan | predicted GiB | measured GiB | fits | est. throughput | measured samples/s | measured rank |",
@@ -134,7 +135,7 @@ def verdict(advice: Advice, by_run: dict[str, dict[str, Any]]) -> str:
 def top_holds(advice: Advice, records: list[dict[str, Any]], within: float = 0.10) -> bool:
     """Whether the measured top plan fits and its throughput is the best, or within ``within`` of the best, among
     the listed plans that fit: the check of advice on a CPU."""
-    by_run = {r["run"]: r for r in records if r.get("status") == "ok"}
+    by_run = {r["run"]: r for r in records if r.get("status") == Status.OK}
     fit = [by_run[c.plan.name]["samples_per_s"] for c in advice.plans if _fits(by_run.get(c.plan.name), advice.budget)]
     top = by_run.get(advice.plans[0].plan.name)
     return _fits(top, advice.budget) and top["samples_per_s"] >= (1 - within) * max(fit)

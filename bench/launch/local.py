@@ -23,6 +23,7 @@ from bench.launch import Device
 from bench.launch.process import Kind, Process, fork_works_on_cuda, start_server
 from bench.predict import Ahead
 from bench.provenance import git_revision
+from bench.record import Status
 from bench.resume import Task
 from bench.suite import RunSpec
 from bench.techniques import build
@@ -82,7 +83,7 @@ def run_isolated(spec: RunSpec, device: Device, snapshot: Path | None = None, to
     memory_viz; with ``prediction``, made ahead, the run skips its own; with ``budget`` (bytes), more memory than
     that is out of memory (bench fit); ``heartbeat`` is told the run's phase every ``HEARTBEAT_S``."""
     if device.type == "cuda" and spec.nproc > device.count:
-        return {"status": "unsupported", "message": f"needs {spec.nproc} GPUs per node; {device.count} visible"}
+        return {"status": Status.UNSUPPORTED, "message": f"needs {spec.nproc} GPUs per node; {device.count} visible"}
     own_env = {k: v for t in spec.techniques for k, v in build(t).env().items()}
     if own_env or spec.nproc > 1:
         kind = "fresh"  # see bench.launch.process: a fork would start with the server's environment, or one process
@@ -102,7 +103,7 @@ def run_isolated(spec: RunSpec, device: Device, snapshot: Path | None = None, to
             code = _wait(proc, spec.timeout_s, said, heartbeat, seen)
         except subprocess.TimeoutExpired:
             proc.kill()
-            return _measured(out_path, "timeout", f"stopped after {spec.timeout_s:g} s in its "
+            return _measured(out_path, Status.TIMEOUT, f"stopped after {spec.timeout_s:g} s in its "
                              f"{progress.heard(said)}; running the same command again retries it, and --timeout "
                              "SECONDS (or timeout_s in the suite) raises the limit")
         except BaseException:  # Ctrl-C: take the run down with us, keep what is stored
@@ -111,19 +112,19 @@ def run_isolated(spec: RunSpec, device: Device, snapshot: Path | None = None, to
         tail = _tail(err_path, Path(tmp) / "ranks")
         if code == 0 and out_path.exists():
             out = json.loads(out_path.read_text())
-            return out | {"launcher": kind} | ({"stderr_tail": tail} if out["status"] == "error" else {})
+            return out | {"launcher": kind} | ({"stderr_tail": tail} if out["status"] == Status.ERROR else {})
         if failed := sorted(Path(tmp).glob("out.json.rank*")):  # a rank's own record of why it stopped
             return json.loads(failed[0].read_text()) | {"stderr_tail": tail}
         if code == -signal.SIGKILL and kills is not None and (oom_kills() or 0) > kills:
-            out = _measured(out_path, "oom", "killed by the host's OOM killer (SIGKILL, and /proc/vmstat's oom_kill "
-                            f"rose): its resident memory reached {seen.get('rss_peak_bytes', 0) / 2**30:,.2f} GiB "
-                            "at the last look")
+            reached = seen.get("rss_peak_bytes", 0) / 2**30
+            out = _measured(out_path, Status.OOM, "killed by the host's OOM killer (SIGKILL, and /proc/vmstat's "
+                            f"oom_kill rose): its resident memory reached {reached:,.2f} GiB at the last look")
             # The watched peak stands in only where the run measured none: a figure of its timed steps stays theirs.
-            return out | {"launcher": kind} | (seen if out["status"] == "oom" else {})
+            return out | {"launcher": kind} | (seen if out["status"] == Status.OOM else {})
         why = (f"killed by signal {signal.Signals(-code).name}" if code < 0 else
                "no record written (under a multi-node torchrun, rank 0 is on another node)" if code == 0
                else f"exit status {code}")
-        return _measured(out_path, "error", f"run process died: {why}") | {"stderr_tail": tail, "launcher": kind}
+        return _measured(out_path, Status.ERROR, f"run process died: {why}") | {"stderr_tail": tail, "launcher": kind}
 
 
 def _wait(proc: Process, timeout_s: float, said: Path, heartbeat: Callable[[str], None] | None,

@@ -14,6 +14,7 @@ from bench import results
 from bench.launch import detect
 from bench.launch.local import run_isolated
 from bench.provenance import git_revision
+from bench.record import Status
 from bench.resume import Task
 from bench.suite import RunSpec
 
@@ -86,13 +87,13 @@ def _collect(spec: RunSpec, job: Any) -> dict[str, Any]:
         out = job.result()
     except Exception as exc:  # noqa: BLE001  submitit re-raises the job's failure here
         device = _reported_device(job)
-        return {"suite": spec.suite, "run": spec.name, "device": device or "unknown", "status": "error",
+        return {"suite": spec.suite, "run": spec.name, "device": device or "unknown", "status": Status.ERROR,
                 "message": f"slurm job {job.job_id} failed: {_cause(str(exc))} (log: {job.paths.stderr})",
                 "baseline": spec.baseline}
     if not isinstance(out, list):
         return out
     # Multi-node jobs return one record per node; the node holding rank 0 has the merged one.
-    return next((r for r in out if r.get("world_size") or r["status"] == "ok"), out[0])
+    return next((r for r in out if r.get("world_size") or r["status"] == Status.OK), out[0])
 
 
 def _cause(text: str) -> str:

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from bench.measure.tracker import LiveBytes, storages
+from bench.record import AT_PEAK as CATEGORIES
 
 
 def cuda_peaks(device: torch.device) -> dict[str, int]:
@@ -76,7 +77,8 @@ def _tensors_of(value: object) -> list[torch.Tensor]:
 
 # What each storage alive at the peak was: model states by what holds them, else by the phase that made
 # it (the batch, cloned before the forward, counts with the activations it feeds).
-AT_PEAK = {"parameters": "parameters", "buffers": "buffers", "gradients": "gradients",
+# The tracker's labels, each in the record's at-peak category (bench.record.AT_PEAK).
+LABELS = {"parameters": "parameters", "buffers": "buffers", "gradients": "gradients",
            "optimizer_state": "optimizer_state", "": "activations", "forward": "activations",
            "backward": "temporaries", "optimizer": "temporaries"}
 
@@ -124,9 +126,9 @@ def tracked_step(step: Callable[[], object], model: nn.Module, optimizer: torch.
             h.remove()
     tracker.label(_grads(model), "gradients")  # kept past the step (no optimizer, or zero_grad keeps them)
     tracker.label(optimizer_state(optimizer), "optimizer_state")  # made in the step (a first step)
-    at_peak = dict.fromkeys(sorted(set(AT_PEAK.values())), 0)
+    at_peak = dict.fromkeys(CATEGORIES, 0)
     for label, n in tracker.at_peak().items():
-        at_peak[AT_PEAK[label]] += n
+        at_peak[LABELS[label]] += n
     return {
         "peak_tensor_bytes": tracker.peak,
         "peak_phase": tracker.peak_phase,

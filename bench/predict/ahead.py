@@ -15,6 +15,7 @@ from multiprocessing.pool import AsyncResult
 from typing import Any
 
 from bench.predict.fake import predict
+from bench.record import Status
 from bench.suite import RunSpec
 
 
@@ -26,7 +27,7 @@ def predict_run(spec: RunSpec, device_type: str, rank: int = 0) -> dict[str, Any
     try:
         out = predict(spec, spec.shapes(device_type), cuda=device_type == "cuda", rank=rank)
     except Exception as exc:  # noqa: BLE001
-        out = {"predicted_status": "error", "predicted_message": f"{type(exc).__name__}: {exc}"[:300]}
+        out = {"predicted_status": Status.ERROR, "predicted_message": f"{type(exc).__name__}: {exc}"[:300]}
     return out | {"prediction_s": round(time.perf_counter() - clock, 2)}
 
 

@@ -29,6 +29,7 @@ from bench.predict.adapters import (
 )
 from bench.predict.cuda import as_cuda, host_state
 from bench.recipe import Recipe, batches, tracked_steps
+from bench.record import Status
 from bench.suite import RunSpec, Shapes
 from bench.techniques import Unsupported
 
@@ -45,23 +46,23 @@ def predict(spec: RunSpec, shapes: Shapes | None = None, cuda: bool = True, worl
     world_size = world_size or spec.nproc
     recipe = Recipe.of(spec, CPU, shapes or spec.gpu, predicting=cuda, world_size=world_size, rank=rank)
     if reason := next((f"{t.name}: {t.unpredictable}" for t in recipe.techniques if t.unpredictable), None):
-        return {"predicted_status": "unpredictable", "predicted_message": reason}
+        return {"predicted_status": Status.UNPREDICTABLE, "predicted_message": reason}
     if reason := recipe.unsupported():
-        return {"predicted_status": "unsupported", "predicted_message": reason}
+        return {"predicted_status": Status.UNSUPPORTED, "predicted_message": reason}
     try:
         with ranks.fake_group(world_size, rank):
             figures = _fake_step(spec, recipe, CUDA_BLOCK if cuda else 1)
     except Unsupported as exc:  # a kernel CUDA would refuse: the run would be unsupported there too
-        return {"predicted_status": "unsupported", "predicted_message": str(exc)}
+        return {"predicted_status": Status.UNSUPPORTED, "predicted_message": str(exc)}
     except Exception as exc:  # noqa: BLE001  a technique that needs real values (e.g. .item()) cannot be predicted
         first = (str(exc).strip().splitlines() or [""])[0][:200]
-        return {"predicted_status": "unpredictable", "predicted_message": f"{type(exc).__name__}: {first}"}
-    return {"predicted_status": "ok", **{f"predicted_{k}": v for k, v in figures.items()}}
+        return {"predicted_status": Status.UNPREDICTABLE, "predicted_message": f"{type(exc).__name__}: {first}"}
+    return {"predicted_status": Status.OK, **{f"predicted_{k}": v for k, v in figures.items()}}
 
 
 def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int) -> dict[str, Any]:
     ctx, techniques = recipe.ctx, recipe.techniques
-    backend = next((dict(t.options).get("backend", "flash") for t in spec.techniques if t.name == "sdpa"), None)
+    backend = next((b for t in techniques if (b := t.attention_backend())), None)
     # Pretrained weights (spec.weights) are not read: their values change no tensor's size.
     model = _meta_model(ctx.model_spec, ctx.shapes)
     kernels = as_cuda(backend) if ctx.predicting else nullcontext()  # a CPU run keeps CPU's kernels

@@ -13,6 +13,7 @@ from bench.predict.ahead import spawn_pool, stop_pool
 from bench.predict.budget import fewest_ranks, largest_batch
 from bench.predict.fake import predict
 from bench.predict.ranks import KINDS
+from bench.record import Status
 from bench.suite import RunSpec
 
 if TYPE_CHECKING:  # the table is built in the CLI only: every run's worker imports this package
@@ -75,10 +76,10 @@ def _row(spec: RunSpec, budget: int | None) -> dict[str, Any]:
     out = predict(spec)
     row: dict[str, Any] = {"run": spec.name, "batch": spec.gpu.batch_size, "status": out["predicted_status"]}
     row |= {k.removeprefix("predicted_"): v for k, v in out.items() if k.startswith("predicted_")}
-    if budget is not None and out["predicted_status"] == "ok":
+    if budget is not None and out["predicted_status"] == Status.OK:
         row["fits"] = out["predicted_peak_tensor_bytes"] <= budget
         row["largest_batch"] = largest_batch(spec, budget, own=out)
-    if budget is not None and spec.nproc > 1 and out["predicted_status"] == "ok":
+    if budget is not None and spec.nproc > 1 and out["predicted_status"] == Status.OK:
         if (fewest := fewest_ranks(spec, budget, own=out)) is not None:
             row["fewest_ranks"] = fewest
             row["largest_batch_there"] = largest_batch(replace(spec, nproc=fewest), budget)
@@ -86,7 +87,7 @@ def _row(spec: RunSpec, budget: int | None) -> dict[str, Any]:
 
 
 def _said(row: dict[str, Any]) -> str:
-    if row["status"] != "ok":
+    if row["status"] != Status.OK:
         return f"{row['status']}: {row.get('message', '')}"
     fit = f", largest batch {row['largest_batch']}" if "largest_batch" in row else ""
     return f"{row['peak_tensor_bytes'] / 2**30:,.2f} GiB at batch {row['batch']}, peak in {row['peak_phase']}{fit}"

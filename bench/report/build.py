@@ -8,6 +8,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from bench.record import Status
 from bench.report import plots, tables
 from bench.report.headline import (
     device_title,
@@ -71,7 +72,7 @@ def _predicted_for_gpu(suite_dir: Path, table: pd.DataFrame) -> list[Block]:
     if not path.exists():
         return []
     predicted = pd.read_csv(path)
-    measured = set(table.loc[(table["device_type"] == "cuda") & (table["status"] == "ok"), "run"])
+    measured = set(table.loc[(table["device_type"] == "cuda") & (table["status"] == Status.OK), "run"])
     rest = predicted[~predicted["run"].isin(measured)]
     if rest.empty:
         return []
@@ -131,7 +132,7 @@ def device_plots(plot_dir: Path, device: str, part: pd.DataFrame) -> list[Path]:
 def _device_section(device: str, part: pd.DataFrame, records: list[dict], images: list[Path]) -> list[Block]:
     rec = next(r for r in records if r["device"] == device)
     base = next((r for r in records if r["device"] == device and r["run"] == r.get("baseline")), rec)
-    failed = part[part["status"] != "ok"]
+    failed = part[part["status"] != Status.OK]
     title = device_title(device, part["device_type"].iloc[0])
     blocks = [Block("h2", title), Block("p", f"Memory here is the {memory_figure(part)} (a run's own batch where its "
                                               "name says so); × is against the baseline on this device."),
@@ -155,7 +156,7 @@ def _device_section(device: str, part: pd.DataFrame, records: list[dict], images
                                  f"(`torch.cuda.memory_summary()`, the seed article's monitor): {monitors}."))
     blocks += [Block("h3", "Against the baseline, largest memory saving first"),
                Block("table", tables.savings(part))]
-    no_breakdown = sorted(set(part.loc[part["status"] == "ok", "run"]) - set(plots.breakdown_frame(part).index))
+    no_breakdown = sorted(set(part.loc[part["status"] == Status.OK, "run"]) - set(plots.breakdown_frame(part).index))
     if any("breakdown" in p.stem for p in images) and no_breakdown:
         blocks.append(Block("p", "No at-peak breakdown (a compiled model the tracker cannot see, or a record "
                                  f"older than the breakdown): {', '.join(no_breakdown)}."))
@@ -183,7 +184,7 @@ def provenance(part: pd.DataFrame, rec: dict) -> str:
     revisions = ", ".join(sorted({_short(r) for r in part["git_revision"].dropna()}))
     return (f"Device: {rec['device']} · {versions} · {when} · revision {revisions or 'unknown'} · "
             f"seed {rec.get('seed')}{_weights(part)} · warm-up {rec.get('warmup_steps')} + {rec.get('measure_steps')} "
-            f"measured steps · {len(part)} runs, {int((part['status'] == 'ok').sum())} ok" + _run_time(part))
+            f"measured steps · {len(part)} runs, {int((part['status'] == Status.OK).sum())} ok" + _run_time(part))
 
 
 def _weights(part: pd.DataFrame) -> str:

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from bench.errors import BadInput
+from bench.record import Status
 from bench.report import plots
 from bench.report.tables import peak_bytes, to_markdown
 from bench.results import read, slug, to_frame, write_atomic
@@ -36,7 +37,7 @@ def load_side(folder: Path, device: str | None = None) -> pd.DataFrame:
         raise FileNotFoundError(f"{folder} holds several devices ({', '.join(devices)}); pick one with "
                                 f"--device, e.g. --device {slug(devices[0])}")
     frame = to_frame(records)
-    return frame[frame["status"] == "ok"].set_index(["suite", "run"])
+    return frame[frame["status"] == Status.OK].set_index(["suite", "run"])
 
 
 def _records(folder: Path) -> list[dict]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.record import reference
+from bench.record import Status, reference
 from bench.report.headline import suite_entries
 from bench.results import write_atomic
 
@@ -29,20 +29,20 @@ def figures_page(tables: dict[str, pd.DataFrame], entries: dict[str, int]) -> st
            "| --- | --- | --- | --- | --- |"]
     for suite, table in tables.items():
         for device, part in table.groupby("device", sort=True):
-            out.append(f"| {suite} | {device} | {len(part)} | {int((part['status'] == 'ok').sum())} | "
+            out.append(f"| {suite} | {device} | {len(part)} | {int((part['status'] == Status.OK).sum())} | "
                        f"{entries.get(suite, '–')} |")
     for suite, table in tables.items():
         out.append(f"\n## {suite}\n")
         for device, part in table.groupby("device", sort=True):
             out += [f"### {device}\n", _baseline_line(part), "", "| run | batch | memory × | throughput × | "
                     "accuracy pt |", "| --- | --- | --- | --- | --- |"]
-            out += [_row(r) for r in part[part["status"] == "ok"].itertuples() if r.run != r.baseline]
+            out += [_row(r) for r in part[part["status"] == Status.OK].itertuples() if r.run != r.baseline]
             out.append("")
     return "\n".join(out).rstrip("\n") + "\n"
 
 
 def _baseline_line(part: pd.DataFrame) -> str:
-    base = part[(part["run"] == part["baseline"]) & (part["status"] == "ok")]
+    base = part[(part["run"] == part["baseline"]) & (part["status"] == Status.OK)]
     if base.empty:
         return "No baseline record on this device: ratios are absent."
     b = base.iloc[0]

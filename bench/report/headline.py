@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from bench.record import Status
 from bench.report.tables import busy_runs
 
 if TYPE_CHECKING:
@@ -28,7 +29,8 @@ def candidates(table: pd.DataFrame) -> pd.DataFrame:
     batch are left out), not known to hurt accuracy (a delta outside the baseline's band), and not timed on a
     busy machine (their throughput × is the neighbours' as much as theirs)."""
     base_batch = table.set_index("run")["batch_size"].reindex(table["baseline"]).to_numpy()
-    keep = ((table["status"] == "ok") & table["memory_vs_baseline"].notna() & table["throughput_vs_baseline"].notna()
+    keep = ((table["status"] == Status.OK) & table["memory_vs_baseline"].notna()
+            & table["throughput_vs_baseline"].notna()
             & (table["batch_size"].to_numpy() == base_batch) & ~table["outside_band"].eq(True)
             & ~busy_runs(table))
     out = table[keep].copy()
@@ -119,7 +121,7 @@ def device_title(device: str, device_type: str) -> str:
 
 def coverage(part: pd.DataFrame, entries: int | None) -> str:
     """How much of the suite a device has measured."""
-    ok = int((part["status"] == "ok").sum())
+    ok = int((part["status"] == Status.OK).sum())
     if entries is None or len(part) >= entries:
         return f"{len(part)} runs recorded, {ok} ok"
     return f"{len(part)} of the suite's {entries} entries recorded ({ok} ok); the rest not yet on this device"

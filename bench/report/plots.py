@@ -21,7 +21,8 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.lines import Line2D
 
-from bench.report.tables import BREAKDOWN, pareto_front
+from bench.record import AT_PEAK, Status
+from bench.report.tables import pareto_front
 
 BASELINE_COLOUR = "#7f7f7f"
 # tab20's pairs split (dark ones first), then Dark2, then tab20b's and tab20c's darkest and middle shade of each
@@ -90,9 +91,9 @@ def peak_memory_bars(ax: Axes, table: pd.DataFrame, title: str) -> None:
     peaks = table["peak_bytes"] / divisor
     ax.barh(table["run"], peaks.fillna(0), color=_colours(table))
     for y, (peak, ratio, status) in enumerate(zip(peaks, table["memory_vs_baseline"], table["status"])):
-        text = f" {peak:,.1f} ({ratio:.2f}×)" if status == "ok" and pd.notna(ratio) else f" {status}"
+        text = f" {peak:,.1f} ({ratio:.2f}×)" if status == Status.OK and pd.notna(ratio) else f" {status}"
         ax.text(0 if pd.isna(peak) else peak, y, text, va="center", fontsize=8,
-                color="black" if status == "ok" else "tab:red")
+                color="black" if status == Status.OK else "tab:red")
     ax.invert_yaxis()
     ax.margins(x=0.2)
     ax.set_xlabel(memory_label(table["device_type"].iloc[0], unit))
@@ -119,7 +120,7 @@ def usable_front(memory: np.ndarray, throughput: np.ndarray, classes: np.ndarray
 def pareto(ax: Axes, table: pd.DataFrame, title: str) -> None:
     """Peak memory against throughput, one point per measured run; the front (runs no other run beats on
     both) joined by a line. Marker: accuracy against the baseline's band. Up and left is better."""
-    ok = table[(table["status"] == "ok") & table["peak_bytes"].notna() & table["samples_per_s"].notna()]
+    ok = table[(table["status"] == Status.OK) & table["peak_bytes"].notna() & table["samples_per_s"].notna()]
     if ok.empty:
         ax.text(0.5, 0.5, "no run with both peak memory and throughput", ha="center", transform=ax.transAxes)
         ax.set_title(title)
@@ -203,12 +204,12 @@ def breakdown_bars(ax: Axes, table: pd.DataFrame, title: str) -> None:
 
 
 def breakdown_frame(table: pd.DataFrame) -> pd.DataFrame:
-    """One row per run that has an at-peak breakdown (tracked step), columns in BREAKDOWN order plus the
+    """One row per run that has an at-peak breakdown (tracked step), columns in AT_PEAK order plus the
     allocator's slack where measured; sorted by total, largest first."""
-    cols = [f"at_peak_{p}_bytes" for p in BREAKDOWN]
+    cols = [f"at_peak_{p}_bytes" for p in AT_PEAK]
     have = table.dropna(subset=[c for c in cols if c in table]) if all(c in table for c in cols) else table.iloc[:0]
-    have = have[have["status"] == "ok"]
-    parts = pd.DataFrame({p: have[f"at_peak_{p}_bytes"].astype(float) for p in BREAKDOWN}, index=have.index)
+    have = have[have["status"] == Status.OK]
+    parts = pd.DataFrame({p: have[f"at_peak_{p}_bytes"].astype(float) for p in AT_PEAK}, index=have.index)
     if "cache_slack_bytes" in have and have["cache_slack_bytes"].notna().any():
         parts["allocator"] = pd.to_numeric(have["cache_slack_bytes"], errors="coerce").fillna(0)
     parts.index = have["run"]
@@ -218,7 +219,8 @@ def breakdown_frame(table: pd.DataFrame) -> pd.DataFrame:
 def step_time_boxes(ax: Axes, table: pd.DataFrame, title: str) -> None:
     """Every timed step of every run as a box (quartiles, whiskers to 1.5 IQR, outliers as dots): a wide
     box is a noisy run, whose ratios deserve less trust."""
-    ok = table[(table["status"] == "ok") & table["step_times_ms"].map(lambda v: isinstance(v, list) and len(v) > 0)]
+    timed = table["step_times_ms"].map(lambda v: isinstance(v, list) and len(v) > 0)
+    ok = table[(table["status"] == Status.OK) & timed]
     boxes = ax.boxplot(list(ok["step_times_ms"]), orientation="horizontal", patch_artist=True, widths=0.6,
                        flierprops={"markersize": 3})
     for patch, colour in zip(boxes["boxes"], _colours(ok)):

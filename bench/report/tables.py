@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from bench.record import AT_PEAK, Status
+
 # What holds the bytes alive at a run's peak (bench/measure/memory.py: tracked_step).
-BREAKDOWN = ["parameters", "buffers", "gradients", "optimizer_state", "activations", "temporaries"]
 
 COLUMNS = [
     "suite", "run", "model", "techniques", "device", "device_type", "batch_size", "world_size", "status",
@@ -18,7 +19,7 @@ COLUMNS = [
     "accuracy", "accuracy_delta", "accuracy_band", "outside_band", "grad_cosine", "fidelity_agreement",
     "fidelity_error", "warning", "busy_machine", "cpu_share", "load_average",
     "final_loss", "predicted_peak_tensor_bytes", "predicted_vs_measured", "flops_per_step", "mfu",
-    *[f"at_peak_{p}_bytes" for p in BREAKDOWN], "cache_slack_bytes", "context_bytes", "git_revision",
+    *[f"at_peak_{p}_bytes" for p in AT_PEAK], "cache_slack_bytes", "context_bytes", "git_revision",
     "weights", "weights_sha256", "torch_version", "finished_at", "wall_s", "message",
 ]
 
@@ -41,7 +42,7 @@ def summary(df: pd.DataFrame, throughput: str = "samples_per_s") -> pd.DataFrame
     df["peak_bytes"] = peak_bytes(df)
     base = df.set_index(["device", "run"])
     keys = list(zip(df["device"], df["baseline"]))
-    ok = base["status"] == "ok"
+    ok = base["status"] == Status.OK
     base_peak = base["peak_bytes"].where(ok).reindex(keys).to_numpy()
     base_tput = base[throughput].where(ok).reindex(keys).to_numpy()
     df["memory_vs_baseline"] = df["peak_bytes"] / base_peak
@@ -68,7 +69,7 @@ def pareto_front(memory: np.ndarray, throughput: np.ndarray) -> np.ndarray:
 def savings(table: pd.DataFrame) -> pd.DataFrame:
     """Against the baseline, largest saving first: memory and throughput as × and %, accuracy with its band.
     Runs without figures are left to the list of failed runs."""
-    ok = table[(table["status"] == "ok") & table["memory_vs_baseline"].notna()]
+    ok = table[(table["status"] == Status.OK) & table["memory_vs_baseline"].notna()]
     ok = ok.sort_values("memory_vs_baseline", kind="stable")
     return pd.DataFrame({
         "run": ok["run"],

@@ -19,22 +19,25 @@ from bench.techniques import (  # noqa: F401  (each module registers its techniq
 )
 from bench.techniques.base import (
     ANY_MODE,
+    AXES,
     INFERENCE,
     TECHNIQUES,
     TRAIN,
     NoOptions,
+    Offer,
     RunContext,
     Step,
     Technique,
     Unsupported,
     build,
     combined,
+    offer,
     option,
     refuse_unchanged,
     resolve,
 )
 
 __all__ = [
-    "ANY_MODE", "INFERENCE", "TECHNIQUES", "TRAIN", "NoOptions", "RunContext", "Step", "Technique", "Unsupported",
-    "build", "combined", "option", "refuse_unchanged", "resolve",
+    "ANY_MODE", "AXES", "INFERENCE", "TECHNIQUES", "TRAIN", "NoOptions", "Offer", "RunContext", "Step", "Technique",
+    "Unsupported", "build", "combined", "offer", "option", "refuse_unchanged", "resolve",
 ]

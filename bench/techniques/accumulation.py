@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bench.techniques.base import TECHNIQUES, Step, Technique, option
+from bench.techniques.base import TECHNIQUES, Step, Technique, offer, option
 
 
 @TECHNIQUES.register("accumulate")
@@ -18,12 +18,16 @@ class GradientAccumulation(Technique):
     norm; BatchNorm normalises over micro-batches, so its statistics change.
     """
 
-    name = "accumulate"
-    summary = "same global batch split into N micro-batches"
+    axis = "accumulation"
+    offers = tuple(offer(f"accumulate-{k}", micro_batches=k) for k in (2, 4, 8))
+    summary = "same global batch in N micro-batches"
 
     @dataclass(frozen=True)
     class Config:
         micro_batches: int = option(2, "micro-batches per optimizer step; must divide the batch size")
+
+    def batch_multiple(self) -> int:
+        return self.config.micro_batches
 
     def problems(self, batch_size: int) -> list[str]:
         n = self.config.micro_batches

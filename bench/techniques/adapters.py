@@ -32,8 +32,10 @@ class LoRA(Technique):
     Accuracy: below full fine-tuning from random init, since most weights never train here.
     """
 
-    name = "lora"
-    summary = "peft LoRA adapters (BERT/ViT, or the linears you name); base frozen, head trainable"
+    not_advised = "trains adapters only: another job, not a cheaper way to run this one (name it in a suite)"
+    summary = ("peft LoRA on BERT (query, value), ViT (MLP) and Llama (all seven linears of a layer, head frozen), "
+               "or on the linears named in `targets` (`\"fc1,fc2\"`: names or suffixes) with the `trainable` modules "
+               "trained in full; base frozen")
 
     @dataclass(frozen=True)
     class Config:
@@ -90,8 +92,9 @@ class QLoRA(LoRA):
     Accuracy: close to LoRA on a 16-bit base.
     """
 
-    name = "qlora"
-    summary = "LoRA on a frozen NF4 (4-bit) base: torchao's NF4 weights in every block's linears"
+    not_advised = "trains adapters only on 4-bit weights: another job, not a cheaper way to run this one"
+    summary = ("`lora` on a frozen base whose block linears are torchao NF4 (4-bit, blocks of 64, double-quantized "
+               "scales), dequantized as used; embeddings, norms and head as they are")
 
     def unsupported(self, ctx: RunContext) -> str | None:
         if importlib.util.find_spec("torchao") is None:

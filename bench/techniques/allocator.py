@@ -24,9 +24,9 @@ class AllocatorConfig(Technique):
     allocated peak. Accuracy: identical.
     """
 
-    name = "allocator"
     modes = ANY_MODE
-    summary = "PYTORCH_CUDA_ALLOC_CONF for the run (e.g. expandable_segments:True)"
+    not_advised = "tunes the CUDA caching allocator: it changes what is reserved, not the tensors a budget counts"
+    summary = "`PYTORCH_CUDA_ALLOC_CONF` set before CUDA starts (fresh process per run)"
 
     @dataclass(frozen=True)
     class Config:
@@ -56,9 +56,9 @@ class Environment(Technique):
     throughput; there is no leak for it to cure. Accuracy: identical.
     """
 
-    name = "env"
     modes = ANY_MODE
-    summary = "environment variables for the run's process, e.g. CUDA_LAUNCH_BLOCKING=1"
+    not_advised = "tunes the CUDA caching allocator: it changes what is reserved, not the tensors a budget counts"
+    summary = "any `NAME=VALUE` pairs set for the run's process before it starts (a fresh interpreter)"
 
     @dataclass(frozen=True)
     class Config:
@@ -88,9 +88,9 @@ class EmptyCacheEveryStep(Technique):
     cudaFree/cudaMalloc again, so throughput falls. Accuracy: identical.
     """
 
-    name = "empty-cache"
     modes = ANY_MODE
-    summary = "torch.cuda.empty_cache() after every step"
+    not_advised = "tunes the CUDA caching allocator: it changes what is reserved, not the tensors a budget counts"
+    summary = "`torch.cuda.empty_cache()` after every step"
 
     def unsupported(self, ctx: RunContext) -> str | None:
         return None if ctx.cuda else "empties the CUDA caching allocator; nothing to empty on a CPU"

@@ -13,6 +13,11 @@ checks that say where it cannot run, and what it changes, each in one method:
 Techniques apply in the order the suite lists them. Every technique reports ``proof()``: evidence, read off
 the live run, that it was really applied. How a technique runs on fake tensors (bench predict) is
 bench.predict's business, not the technique's.
+
+What the rest of the house needs to know of a technique, it declares here too: its place in advice's catalogue
+(``axis``, ``offers``, or ``not_advised`` with the reason), the batch multiple it needs (``batch_multiple``),
+the bytes it moves between device and host (``host_traffic``) and the attention kernel it pins
+(``attention_backend``). Nothing else reads a technique's name or raw options to find these out.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ if TYPE_CHECKING:
     from bench.models import ModelSpec
     from bench.spec import Shapes, TechniqueSpec
 
-TECHNIQUES: Registry[type[Technique]] = Registry("technique")
+TECHNIQUES: Registry[type[Technique]] = Registry("technique", names=True)
 TRAIN, INFERENCE = frozenset({"train"}), frozenset({"inference"})
 ANY_MODE = TRAIN | INFERENCE  # the suite modes: training steps, or forward passes only
 
@@ -102,6 +107,25 @@ def combined(steps: list[Step]) -> Step:
 
 
 @dataclass(frozen=True)
+class Offer:
+    """One setting advice tries a technique at: ``label`` is its part of a plan's name ("checkpoint-every-2"),
+    ``options`` the suite options it sets, and ``computes`` the dtype its kernels compute in where it changes it
+    (a speed that counting FLOPs cannot see)."""
+
+    label: str
+    options: tuple[tuple[str, Any], ...] = ()
+    computes: str | None = None
+
+
+def offer(label: str, computes: str | None = None, **options: Any) -> Offer:
+    return Offer(label, tuple(sorted(options.items())), computes)
+
+
+# Advice's axes, in the order a plan names them: the kinds of memory a technique saves, one technique each.
+AXES = ("precision", "activations", "optimizer", "accumulation", "loss", "sharding", "quantization", "autograd")
+
+
+@dataclass(frozen=True)
 class NoOptions:
     """For techniques without options."""
 
@@ -130,7 +154,7 @@ class RunContext:
 class Technique:
     """Base class: every hook defaults to 'leave this phase alone'."""
 
-    name: ClassVar[str] = ""
+    name: ClassVar[str] = ""  # set by TECHNIQUES.register; a user's own class may set it
     summary: ClassVar[str] = ""
     Config: ClassVar[type] = NoOptions
     # Names of techniques this one cannot be combined with; checked both ways at suite load.
@@ -153,11 +177,39 @@ class Technique:
     data_parallel: ClassVar[bool] = False
     # The model inputs this technique applies to ("tokens", "image"), checked at suite load; None: any.
     inputs: ClassVar[str | None] = None
+    # The model objective it applies to ("next-token"); None: any.
+    objective: ClassVar[str | None] = None
+    # Advice's catalogue: the axis of AXES it saves memory on (a plan takes one technique an axis) and the settings
+    # advice tries, in order; or, for a technique advice leaves out, why (tests hold every one to one or the other).
+    axis: ClassVar[str] = ""
+    offers: ClassVar[tuple[Offer, ...]] = ()
+    not_advised: ClassVar[str] = ""
+    # Bytes it moves between device and host each step, for advice's time estimate: "activations" (those it keeps
+    # off the device, down in forward and up in backward), "optimizer" (gradients down, weights up), or none;
+    # ``overlaps_traffic``: the copies run on a side stream, under compute.
+    host_traffic: ClassVar[Literal["", "activations", "optimizer"]] = ""
+    overlaps_traffic: ClassVar[bool] = False
 
     def __init__(self, config: Any = None) -> None:
         self.config = config if config is not None else self.Config()
 
+    @classmethod
+    def offered(cls, model: ModelSpec, mode: str, nproc: int, batch: int) -> tuple[Offer, ...]:
+        """The settings advice tries for a model in a mode, over ``nproc`` processes at ``batch`` per process:
+        those whose mode, inputs, objective and process count fit, and whose batch multiple divides the batch."""
+        fits = (mode in cls.modes and cls.inputs in (None, model.inputs) and cls.objective in (None, model.objective)
+                and (nproc > 1 or not cls.distributed))
+        return tuple(o for o in cls.offers if fits and batch % cls(cls.Config(**dict(o.options))).batch_multiple() == 0)
+
     # -- at suite load, no torch work --
+    def batch_multiple(self) -> int:
+        """What the batch must be a multiple of for this configuration to run (its micro-batches)."""
+        return 1
+
+    def attention_backend(self) -> str | None:
+        """The SDPA backend this configuration pins, which a prediction for CUDA must model; None: CUDA picks."""
+        return None
+
     def problems(self, batch_size: int) -> list[str]:
         """Reasons this configuration cannot run at ``batch_size`` (reported as validation errors)."""
         return []

@@ -12,7 +12,7 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-from bench.techniques.base import TECHNIQUES, RunContext, Technique, option
+from bench.techniques.base import TECHNIQUES, RunContext, Technique, offer, option
 
 aten = torch.ops.aten
 MATMULS = [aten.mm.default, aten.addmm.default, aten.bmm.default, aten.convolution.default]
@@ -36,8 +36,10 @@ class ActivationCheckpointing(Technique):
     with the same batch statistics equal one with m.
     """
 
-    name = "checkpoint"
-    summary = "recompute every (k-th) repeated block in backward (non-reentrant)"
+    axis = "activations"
+    offers = (offer("checkpoint-every-2", every=2), offer("checkpoint"))
+    summary = ("non-reentrant `torch.utils.checkpoint` on every (k-th) repeated block; optionally BatchNorm momentum "
+               "1 − √(1 − m) so the recomputation's second running-stats update does not count twice")
     conflicts = frozenset({"selective-checkpoint"})
     changes = "wrapped_modules"
 
@@ -100,8 +102,9 @@ class SelectiveCheckpointing(ActivationCheckpointing):
     selective recomputation: 34 → ~10 bytes per s·b·h in 16-bit for attention recompute).
     """
 
-    name = "selective-checkpoint"
-    summary = "per block: save matmul/conv (and attention) outputs, recompute pointwise ops"
+    axis = "activations"
+    offers = (offer("selective-checkpoint"),)
+    summary = "saves matmul/conv (attention) outputs, recomputes pointwise ops"
     conflicts = frozenset({"checkpoint"})
 
     @dataclass(frozen=True)

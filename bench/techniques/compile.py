@@ -21,10 +21,10 @@ class Compile(Technique):
     Accuracy: same up to rounding.
     """
 
-    name = "compile"
     unpredictable = "compiled graphs fuse and free differently from eager; run it to know"
     modes = ANY_MODE
-    summary = "torch.compile the model (first step's compile time recorded separately)"
+    not_advised = "what it holds is the compiler's fusion, which fake tensors cannot predict"
+    summary = "`torch.compile` (Inductor); compile time in `first_step_ms`"
     trackable = False
 
     @dataclass(frozen=True)

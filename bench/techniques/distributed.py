@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from bench.measure.memory import tensor_bytes
-from bench.techniques.base import TECHNIQUES, RunContext, Technique, Unsupported, option
+from bench.techniques.base import TECHNIQUES, RunContext, Technique, Unsupported, offer, option
 
 DISTRIBUTED = frozenset({"ddp", "fsdp", "tensor-parallel"})
 
@@ -59,9 +59,10 @@ class DataParallel(_Distributed):
     gradients, unless ``gradient_as_bucket_view``); throughput about ``nproc`` times one GPU's.
     """
 
-    name = "ddp"
     data_parallel = True
-    summary = "DistributedDataParallel over nproc processes (batch_size is per rank)"
+    axis = "sharding"
+    offers = (offer("ddp"),)
+    summary = "`DistributedDataParallel`; the multi-GPU baseline"
 
     @dataclass(frozen=True)
     class Config:
@@ -98,9 +99,14 @@ class FullyShard(_Distributed):
     across the N/T groups: the sharded layers' model states are 16·Ψ/N per rank.
     """
 
-    name = "fsdp"
     data_parallel = True
-    summary = "FSDP2 fully_shard per block: parameters, gradients and optimizer state sharded over nproc"
+    axis = "sharding"
+    offers = (offer("fsdp"), offer("fsdp-bf16", mixed_precision="bfloat16"),
+              offer("fsdp-keep", reshard_after_forward=False))
+    summary = ("FSDP2 `fully_shard` on each repeated block, then the root; `shard_group = 8`: hybrid sharding, "
+               "sharded within each group of 8 ranks (a node) and replicated across groups; `tensor_parallel = 8`: "
+               "2-D, each group of 8 neighbouring ranks splits the layers as `tensor-parallel` does and shares a "
+               "batch, and fsdp shards across the groups (torchtitan's FSDP × TP)")
 
     @dataclass(frozen=True)
     class Config:
@@ -181,8 +187,11 @@ class TensorParallel(_Distributed):
     activations inside each pair; embeddings, norms and the head stay whole.
     """
 
-    name = "tensor-parallel"
-    summary = "column- then row-wise sharded linear pairs in attention and MLP (transformer models)"
+    not_advised = "splits each layer over the GPUs of one node, with its own batch semantics; advice shards with FSDP"
+    summary = ("`torch.distributed.tensor.parallel`: attention q/k/v and MLP up column-wise, their output "
+               "projections row-wise (BERT); Llama's q/k/v and gate/up column-wise, o and down row-wise (its heads "
+               "and key-value heads must divide N); the MLP only in torchvision's ViT, whose attention is one packed "
+               "module")
 
     def parallelize(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self.sharded = _tensor_parallel(model, _mesh(ctx), ctx)

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from bench.techniques.base import INFERENCE, TECHNIQUES, RunContext, Step, Technique, Unsupported, option
+from bench.techniques.base import INFERENCE, TECHNIQUES, RunContext, Step, Technique, Unsupported, offer, option
 from bench.techniques.lowbit import _has, quantize_body_linears
 from bench.techniques.precision import PureBF16
 
@@ -28,8 +28,9 @@ class InferenceMode(Technique):
     bit-identical.
     """
 
-    name = "inference-mode"
-    summary = "torch.inference_mode() instead of torch.no_grad() (inference suites)"
+    axis = "autograd"
+    offers = (offer("inference-mode"),)
+    summary = "`torch.inference_mode()` instead of `no_grad`"
     modes = INFERENCE
 
     def step(self) -> Step:
@@ -45,8 +46,9 @@ class HalfWeights(PureBF16):
     overflows above 65504).
     """
 
-    name = "half"
-    summary = "weights and inputs in float16 or bfloat16 (inference suites)"
+    axis = "precision"
+    offers = (offer("half-fp16", "float16"), offer("half-bf16", "bfloat16", dtype="bfloat16"))
+    summary = "weights and inputs in 16 bits"
     modes = INFERENCE
     conflicts = frozenset({"amp", "bf16"})
 
@@ -70,8 +72,9 @@ class DynamicInt8(Technique):
     fraction of a point on classification (torchao's README reports the same for LLM perplexity).
     """
 
-    name = "dynamic-int8"
-    summary = "int8 weights and dynamically quantized activations for linear layers (torchao; inference)"
+    axis = "quantization"
+    offers = (offer("dynamic-int8", "int8"),)
+    summary = "torchao int8 weights + per-token dynamic int8 activations for body linear layers"
     modes = INFERENCE
 
     def unsupported(self, ctx: RunContext) -> str | None:
@@ -126,9 +129,9 @@ class JitTrace(Technique):
     a few calls, so gains are small next to ``compile``. Outputs identical up to fusion rounding.
     """
 
-    name = "jit-trace"
     unpredictable = "TorchScript tracing needs real values"
-    summary = "torch.jit.trace the model on the first batch (inference suites)"
+    not_advised = "changes how forward is dispatched, not what it holds"
+    summary = "`torch.jit.trace` on the first batch, then the TorchScript graph"
     modes = INFERENCE
     conflicts = frozenset({"compile"})
 

@@ -27,9 +27,9 @@ class ChannelsLast(Technique):
     none for ViT, whose only convolution is the patch embedding. Accuracy: identical.
     """
 
-    name = "channels-last"
     modes = ANY_MODE
-    summary = "channels_last (NHWC) memory format for conv weights and input images"
+    not_advised = "a memory layout for faster convolutions: no tensor gets smaller"
+    summary = "NHWC weights and inputs"
 
     def unsupported(self, ctx: RunContext) -> str | None:
         return None if ctx.model_spec.inputs == "image" else "channels_last applies to image models only"
@@ -81,13 +81,16 @@ class AttentionBackend(Technique):
     actually ran is read off the first step's operators. Accuracy: same up to rounding.
     """
 
-    name = "sdpa"
     modes = ANY_MODE
-    summary = "attention backend for BERT/ViT: math, flash, efficient or cudnn (records which ran)"
+    not_advised = "pins the attention kernel that CUDA otherwise picks: no choice of memory for advice"
+    summary = "`torch.nn.attention.sdpa_kernel`; records which kernel ran"
 
     @dataclass(frozen=True)
     class Config:
         backend: Literal["math", "flash", "efficient", "cudnn"] = option("flash", "SDPA backend to allow")
+
+    def attention_backend(self) -> str | None:
+        return self.config.backend
 
     def unsupported(self, ctx: RunContext) -> str | None:
         if not ctx.model_spec.attention:

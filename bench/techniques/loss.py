@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from bench.models import IGNORE, next_tokens
-from bench.techniques.base import TECHNIQUES, RunContext, Step, Technique, Unsupported, option
+from bench.techniques.base import TECHNIQUES, RunContext, Step, Technique, Unsupported, offer, option
 
 
 @TECHNIQUES.register("chunked-loss")
@@ -30,9 +30,12 @@ class ChunkedLoss(Technique):
     pieces. Accuracy: identical to the full cross-entropy, up to float rounding.
     """
 
-    name = "chunked-loss"
-    summary = "cross-entropy a chunk of positions at a time, gradients in forward: no full logits (Liger-style)"
-    inputs = "tokens"
+    axis = "loss"
+    offers = (offer("chunked-loss"),)
+    summary = ("a next-token model's cross-entropy from its last hidden states a chunk of positions at a time, the "
+               "chunk's gradients computed in forward: Liger-Kernel's fused linear cross-entropy where installed "
+               "(CUDA), else the harness's own autograd function")
+    inputs, objective = "tokens", "next-token"
 
     @dataclass(frozen=True)
     class Config:
@@ -47,7 +50,7 @@ class ChunkedLoss(Technique):
                                                           f"{self.config.chunk_tokens}"]
 
     def unsupported(self, ctx: RunContext) -> str | None:
-        if ctx.model_spec.objective != "next-token":
+        if ctx.model_spec.objective != self.objective:
             return f"applies to next-token models; model {ctx.model_spec.name} classifies"
         if self.config.implementation == "liger":
             if importlib.util.find_spec("liger_kernel") is None:

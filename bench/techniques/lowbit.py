@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import _disable_current_modes
 
-from bench.techniques.base import ANY_MODE, TECHNIQUES, RunContext, Technique, Unsupported, option
+from bench.techniques.base import ANY_MODE, TECHNIQUES, RunContext, Technique, Unsupported, offer, option
 
 HEADS = ("classifier", "heads", "fc")  # classification heads stay in full precision and trainable
 
@@ -59,8 +59,9 @@ class AdamW8bit(Technique):
     moments can show on small models.
     """
 
-    name = "adamw-8bit"
-    summary = "AdamW with 8-bit moments (torchao, or bitsandbytes on CUDA)"
+    axis = "optimizer"
+    offers = (offer("adamw-8bit"),)
+    summary = "torchao `AdamW8bit` (bitsandbytes on CUDA)"
     compiled_update = True  # torchao compiles each parameter's update with fullgraph=True
     conflicts = frozenset({"optimizer", "optimizer-in-backward"})
 
@@ -109,9 +110,9 @@ class Int8FrozenWeights(Technique):
     model no longer trains.
     """
 
-    name = "int8-weights"
     modes = ANY_MODE
-    summary = "int8 weight-only storage for frozen linear layers (torchao); pair with lora"
+    not_advised = "freezes the linear layers: with lora, it trains adapters only, another job"
+    summary = "torchao int8 weight-only storage of frozen linear layers (pair with `lora`)"
 
     def unsupported(self, ctx: RunContext) -> str | None:
         # What no install changes first: installing torchao would not make it apply.
@@ -144,8 +145,9 @@ class FP8Training(Technique):
     close to bf16 with dynamic scaling.
     """
 
-    name = "fp8"
-    summary = "FP8 training of linear layers (torchao float8; CUDA compute capability ≥ 8.9)"
+    not_advised = "float8 matmuls need a card of compute capability 8.9 or more, and no record measured them yet"
+    summary = ("torchao float8 training for every linear layer whose dimensions divide by 16 (compute capability ≥ "
+               "8.9); a model with none (ResNet-50) is unsupported, not run unchanged")
 
     def unsupported(self, ctx: RunContext) -> str | None:
         if not ctx.cuda:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench.techniques.base import TECHNIQUES, RunContext, Step, Technique, option
+from bench.techniques.base import TECHNIQUES, RunContext, Step, Technique, offer, option
 
 
 @TECHNIQUES.register("offload")
@@ -21,8 +21,10 @@ class ActivationOffload(Technique):
     time to copy the activations twice, less with pinned memory. Accuracy: identical.
     """
 
-    name = "offload"
-    summary = "offload saved activations to CPU memory (save_on_cpu), optionally pinned"
+    axis = "activations"
+    offers = (offer("offload"),)
+    host_traffic = "activations"
+    summary = "`torch.autograd.graph.save_on_cpu` (CUDA)"
 
     @dataclass(frozen=True)
     class Config:
@@ -67,8 +69,11 @@ class OptimizerOffload(Technique):
     (gradients offloaded too), at a cost in step time that depends on the host.
     """
 
-    name = "cpu-offload-optimizer"
-    summary = "torchao CPUOffloadOptimizer: AdamW state and step on the host (CUDA), optionally the gradients too"
+    axis = "optimizer"
+    offers = (offer("cpu-offload-optimizer"),)
+    host_traffic = "optimizer"
+    summary = ("torchao `CPUOffloadOptimizer`: AdamW state, fp32 params and gradients in pinned host memory, the "
+               "step on the host (CUDA)")
 
     @dataclass(frozen=True)
     class Config:
@@ -142,8 +147,12 @@ class OverlappedOffload(Technique):
     memory optimisations guide); without overlap the copies add their whole PCIe time, as ``offload`` shows.
     """
 
-    name = "activation-offload"
-    summary = "offload saved activations to pinned host memory on a side stream, prefetched in backward (CUDA)"
+    axis = "activations"
+    offers = (offer("activation-offload"),)
+    host_traffic = "activations"
+    overlaps_traffic = True
+    summary = ("saved activations to pinned host memory on a side CUDA stream as forward goes on, fetched back one "
+               "ahead in backward (torchtune's `OffloadActivations`); parameters and tensors under `min_bytes` stay")
 
     @dataclass(frozen=True)
     class Config:

@@ -10,7 +10,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from bench.techniques.base import TECHNIQUES, RunContext, Step, Technique, option
+from bench.techniques.base import TECHNIQUES, RunContext, Step, Technique, offer, option
 
 
 @TECHNIQUES.register("optimizer")
@@ -24,8 +24,9 @@ class OptimizerChoice(Technique):
     them. Accuracy: SGD and Adafactor need their own learning rates to match AdamW.
     """
 
-    name = "optimizer"
-    summary = "optimizer choice: sgd (momentum), adamw (single/foreach/fused), adafactor"
+    axis = "optimizer"
+    offers = (offer("adafactor", kind="adafactor", lr=0.01), offer("sgd-momentum", kind="sgd", lr=0.01))
+    summary = "another optimizer or update implementation"
 
     @dataclass(frozen=True)
     class Config:
@@ -75,8 +76,8 @@ class ZeroGradKeep(Technique):
     a memset per step instead of fresh allocations. Accuracy: identical.
     """
 
-    name = "zero-grad-keep"
-    summary = "zero gradients in place (set_to_none=False) instead of freeing them"
+    not_advised = "keeps the gradients allocated between steps: it spares the allocator, never memory"
+    summary = "`zero_grad(set_to_none=False)`"
 
     def step(self) -> Step:
         return Step(zero_grad=self._zero_in_place)
@@ -131,8 +132,9 @@ class OptimizerInBackward(Technique):
     Accuracy: identical to AdamW (same update, per parameter), except without gradient clipping.
     """
 
-    name = "optimizer-in-backward"
-    summary = "AdamW step per parameter inside backward, freeing each gradient at once"
+    axis = "optimizer"
+    offers = (offer("optimizer-in-backward"),)
+    summary = "per-parameter AdamW in `register_post_accumulate_grad_hook`, gradient freed at once"
     conflicts = frozenset({"accumulate", "optimizer", "zero-grad-keep"})
 
     @dataclass(frozen=True)
@@ -177,8 +179,11 @@ class GaLore(Technique):
     Each refresh costs an SVD per matrix. Accuracy: close to full-rank AdamW at these ranks, per the paper.
     """
 
-    name = "galore"
-    summary = "GaLore: AdamW moments in a low-rank projection of each weight matrix's gradient (pytorch-optimizer)"
+    axis = "optimizer"
+    offers = (offer("galore"),)
+    summary = ("GaLore (pytorch-optimizer): AdamW moments of each block matrix in a rank-r projection of its "
+               "gradient (default r = a quarter of its smaller side), refreshed by SVD every `update_proj_gap` "
+               "steps; embeddings, head and vectors keep AdamW")
 
     @dataclass(frozen=True)
     class Config:

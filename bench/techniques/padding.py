@@ -49,8 +49,8 @@ class PadToMax(Padding):
     the baseline the others are measured against. Expected: the padding costs compute and activation memory
     in proportion to the padding fraction."""
 
-    name = "pad-to-max"
-    summary = "variable-length sequences padded to seq_len (the baseline)"
+    not_advised = "forms batches from variable-length data (a suite's lengths); advice plans batches of fixed shapes"
+    summary = "every sequence padded to `seq_len`: the baseline"
 
     def batching(self, ctx: RunContext) -> varlen.Batching:
         return varlen.Batching(pad_to(ctx.shapes.seq_len, ctx.model_spec.objective), name=self.name)
@@ -61,8 +61,8 @@ class DynamicPadding(Padding):
     """Each batch padded to its longest sequence (transformers' DataCollatorWithPadding). Expected: padding
     falls to the gap between a batch's longest and its others; memory and time with it."""
 
-    name = "dynamic-padding"
-    summary = "each batch padded to its longest sequence"
+    not_advised = "forms batches from variable-length data (a suite's lengths); advice plans batches of fixed shapes"
+    summary = "each batch padded to its longest (transformers' `DataCollatorWithPadding`)"
 
     def batching(self, ctx: RunContext) -> varlen.Batching:
         return varlen.Batching(pad_to(None, ctx.model_spec.objective), name=self.name)
@@ -74,8 +74,9 @@ class LengthBucketing(Padding):
     ``pool`` batches, then padded to each batch's longest. Expected: padding near zero, at the cost of batches
     that are less random."""
 
-    name = "length-bucketing"
-    summary = "batches of similar length, each padded to its longest"
+    not_advised = "forms batches from variable-length data (a suite's lengths); advice plans batches of fixed shapes"
+    summary = ("batches of similar length from pools of `pool` batches sorted by length, then shuffled "
+               "(transformers' `group_by_length`)")
 
     @dataclass(frozen=True)
     class Config:
@@ -100,8 +101,9 @@ class Packing(Padding):
     token. Expected: no padding, no s×s scores; the article's 2.5× step time, and
     2× tokens/s with about 20% less peak memory (arXiv:2407.09105)."""
 
-    name = "packing"
-    summary = "padding-free: sequences packed in one row, attention kept within each"
+    not_advised = "forms batches from variable-length data (a suite's lengths); advice plans batches of fixed shapes"
+    summary = ("padding-free: a batch's sequences in one row, positions restarting, attention within each sequence "
+               "on cumulative lengths (`DataCollatorWithFlattening`)")
 
     def conflict(self, other: Technique) -> str | None:
         if other.name == "accumulate":
@@ -140,8 +142,8 @@ class Nested(Padding):
     the model's code takes a jagged batch; transformers' models reshape with the batch's sequence length and
     do not, and ``packing`` runs their attention on NestedTensors instead."""
 
-    name = "nested"
-    summary = "NestedTensor (jagged) batches end to end, where the model takes them"
+    not_advised = "forms batches from variable-length data (a suite's lengths); advice plans batches of fixed shapes"
+    summary = "NestedTensor (jagged) batches end to end, where a model takes them"
 
     def unsupported(self, ctx: RunContext) -> str | None:
         return (f"model {ctx.model_spec.name} reshapes its activations to (batch, sequence length, ...), which a "

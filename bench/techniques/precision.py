@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from bench.provenance import EMULATED_BF16, native_bf16
-from bench.techniques.base import ANY_MODE, TECHNIQUES, NoOptions, RunContext, Step, Technique, option
+from bench.techniques.base import ANY_MODE, TECHNIQUES, NoOptions, RunContext, Step, Technique, offer, option
 
 if TYPE_CHECKING:
     from bench.data.synthetic import Batch
@@ -27,9 +27,11 @@ class Amp(Technique):
     float16's smallest subnormal (6e-8) flush to zero and those weights stop learning.
     """
 
-    name = "amp"
     modes = ANY_MODE
-    summary = "autocast to bfloat16 or float16 (float16 with a GradScaler unless scaler = false)"
+    axis = "precision"
+    offers = (offer("amp-bf16", "bfloat16", dtype="bfloat16"),)
+    summary = ("`torch.autocast` over forward and loss; float16 adds a `GradScaler` (`scaler = false` leaves it out, "
+               "to show the underflow it prevents)")
 
     @dataclass(frozen=True)
     class Config:
@@ -102,8 +104,10 @@ class PureBF16(Technique):
     and autocast's accuracy.
     """
 
-    name = "bf16"
-    summary = "pure bfloat16 weights, gradients and activations; optionally fp32 master weights in the optimizer"
+    axis = "precision"
+    offers = (offer("bf16-pure", "bfloat16"),)
+    summary = ("everything in bfloat16; `master_weights = true`: the optimizer steps an fp32 copy of the weights and "
+               "rounds it back into the model (apex O2, the first seed article)")
     conflicts = frozenset({"amp"})
 
     @dataclass(frozen=True)
@@ -190,8 +194,9 @@ class PureFP16(PureBF16):
     range narrower, which the scaler covers. Tensor-core throughput as bf16's.
     """
 
-    name = "fp16"
-    summary = "pure float16 with fp32 master weights in the optimizer and a GradScaler (apex O2)"
+    axis, offers = "", ()  # not its parent's place in the catalogue
+    not_advised = "float16 training needs loss scaling and can overflow; bf16-pure and amp-bf16 hold the same bytes"
+    summary = "everything in float16, fp32 master weights and a `GradScaler` (apex O2; CUDA)"
     conflicts = frozenset({"amp", "bf16"})
     Config = NoOptions
 
@@ -230,9 +235,9 @@ class TF32(Technique):
     because PyTorch's defaults differ for matmul (off) and cuDNN (on).
     """
 
-    name = "tf32"
     modes = ANY_MODE
-    summary = "TF32 matmul and cuDNN convolutions on or off (CUDA)"
+    not_advised = "lowers matmul precision for speed on Ampere and later; no tensor gets smaller"
+    summary = "TF32 for fp32 matmuls and cuDNN convs (CUDA)"
 
     @dataclass(frozen=True)
     class Config:

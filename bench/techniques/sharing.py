@@ -28,9 +28,9 @@ class CrossLayerSharing(Technique):
     lower capacity, so a measurable drop is expected.
     """
 
-    name = "share-layers"
     changes = "blocks_sharing"
-    summary = "cross-layer parameter sharing (ALBERT style) across repeated blocks"
+    not_advised = "shares weights across layers: another model, whose accuracy must be established anew"
+    summary = "ALBERT-style: identical consecutive blocks share weights"
 
     @dataclass(frozen=True)
     class Config:
@@ -98,9 +98,10 @@ class SharedBasisConvolution(Technique):
     themselves do not change. Accuracy: fewer degrees of freedom per kernel, so a small drop.
     """
 
-    name = "shared-basis"
     changes = "replaced_convs"
-    summary = "ResNet 3×3 kernels as combinations of a few basis kernels shared within each stage"
+    not_advised = "shares a weight basis across layers: another model, whose accuracy must be established anew"
+    summary = ("ResNet: every 3×3 kernel of a stage a learned combination of `basis` kernels shared by the stage, "
+               "started from the SVD of the initial kernels")
 
     @dataclass(frozen=True)
     class Config:
