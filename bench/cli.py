@@ -245,7 +245,7 @@ def _run(args: argparse.Namespace) -> int:
     from bench.report.headline import answer
     from bench.report.tables import markdown, summary
     from bench.results import to_frame
-    from bench.runner import sweep
+    from bench.sweep import sweep
 
     refuse_unusable_flags(args)
     suite = _selected(path, args)
@@ -275,7 +275,7 @@ def _run(args: argparse.Namespace) -> int:
 def _campaign(args: argparse.Namespace) -> int:
     paths = [suite_path(name) for name in args.suites]  # before torch is imported
     from bench.results import writable
-    from bench.runner import campaign
+    from bench.sweep import campaign
 
     args.slurm, args.snapshot = None, False
     refuse_unusable_flags(args)
@@ -454,7 +454,7 @@ def _measure_advice(advice: object, path: Path, args: argparse.Namespace) -> int
     top plan fits as measured and its throughput is within 10% of the best of the listed plans that fit."""
     from bench import suite as suites
     from bench.advise import write
-    from bench.runner import sweep
+    from bench.sweep import sweep
 
     args.predict_jobs, args.launcher, args.torchrun = None, "fork", ""
     suite = suites.without_fidelity(suites.load(path))

@@ -26,7 +26,7 @@ from bench.data import real
 from bench.data.synthetic import Batch
 from bench.infer import forward
 from bench.models import ModelSpec
-from bench.recipe import Recipe, Runner
+from bench.recipe import Recipe, Stepper
 from bench.suite import Fidelity, RunSpec, Shapes
 
 EVAL_BATCH = 256
@@ -81,7 +81,7 @@ def _train_seed(recipe: Recipe, fid: Fidelity, train: real.Labelled, test: real.
         return lambda p: captured.__setitem__(name, p.grad.detach().float().clone())
 
     hooks = [p.register_post_accumulate_grad_hook(keep(n)) for n, p in model.named_parameters()]
-    trainer = recipe.runner(model)
+    trainer = recipe.stepper(model)
     # The plain model's gradient on the same weights and batch, with the random state the run's first step
     # will see (the same dropout masks), restored afterwards.
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -101,14 +101,14 @@ def _train_seed(recipe: Recipe, fid: Fidelity, train: real.Labelled, test: real.
 def _inference_seed(recipe: Recipe, fid: Fidelity, train: real.Labelled, test: real.Labelled,
                     classes: int) -> dict[str, Any]:
     device = recipe.ctx.device
-    plain = recipe.runner(recipe.model(fid.weights)[0], [], inference=False)
+    plain = recipe.stepper(recipe.model(fid.weights)[0], [], inference=False)
     batches = _batches(train, fid, recipe.seed, device, recipe.ctx.model_spec)
     losses = []
     for step in range(1, fid.steps + 1):
         progress.say(f"fidelity phase, seed {recipe.seed}", step, fid.steps)
         losses.append(plain.step(next(batches)))
-    reference = _evaluate(recipe.runner(plain.model, []), test, device, classes)
-    served = recipe.runner(plain.model)
+    reference = _evaluate(recipe.stepper(plain.model, []), test, device, classes)
+    served = recipe.stepper(plain.model)
     figures = _evaluate(served, test, device, classes, recipe.regroup)
     agree = (figures.pop("predictions") == reference["predictions"]).float().mean().item()
     final = torch.stack(losses[-LAST_STEPS:]).float().mean().item()
@@ -159,7 +159,7 @@ def _class_scores(model_spec: ModelSpec, logits: torch.Tensor, inputs: Any, clas
     return logits[rows.long(), before.long(), real.LABEL_TOKEN:real.LABEL_TOKEN + classes]
 
 
-def _evaluate(runner: Runner, test: real.Labelled, device: torch.device, classes: int,
+def _evaluate(runner: Stepper, test: real.Labelled, device: torch.device, classes: int,
               regroup: Callable[[Batch], Batch] | None = None) -> dict[str, Any]:
     """Held-out accuracy and loss over the classes, through the techniques' own batches (``regroup``), batch
     preparation and step contexts. Every batch has the same size (the last is padded with

@@ -20,7 +20,7 @@ def forward(spec: ModelSpec, model: nn.Module, techniques: list[Technique], batc
         return spec.logits(model, inputs), labels
 
 
-class Predictor:
+class Inferencer:
     """Eval mode, no optimizer, and no gradients: ``torch.no_grad()`` always, inside which a technique may
     enter a stronger context (``inference_mode``). Same interface as ``Trainer`` for the worker."""
 

@@ -1,4 +1,4 @@
-"""One recipe for every run: a RunSpec becomes its model, its techniques and a Trainer (or Predictor) the same way
+"""One recipe for every run: a RunSpec becomes its model, its techniques and a Trainer (or Inferencer) the same way
 in a measured run, a prediction on fake tensors, the fidelity phase and the tests, so that what is predicted and
 what is checked for accuracy is what was measured."""
 
@@ -14,13 +14,13 @@ from torch import nn
 from bench import models
 from bench.data import varlen
 from bench.data.synthetic import Batch, clone_batch, synthetic_batch
-from bench.infer import Predictor
+from bench.infer import Inferencer
 from bench.spec import RunSpec, Shapes
 from bench.techniques import RunContext, Technique, build
 from bench.techniques.padding import PadToMax
 from bench.train import Trainer
 
-Runner = Trainer | Predictor
+Stepper = Trainer | Inferencer  # what takes a run's steps: training steps, or forward passes only
 
 
 @dataclass
@@ -60,13 +60,13 @@ class Recipe:
         model, figures = models.build_model(self.ctx.model_spec, self.ctx.shapes, weights)
         return model.to(self.ctx.device), figures
 
-    def runner(self, model: nn.Module, techniques: list[Technique] | None = None,
-               inference: bool | None = None) -> Runner:
-        """``model`` with ``techniques`` (default: the recipe's) applied, in a Trainer, or a Predictor for an
+    def stepper(self, model: nn.Module, techniques: list[Technique] | None = None,
+               inference: bool | None = None) -> Stepper:
+        """``model`` with ``techniques`` (default: the recipe's) applied, in a Trainer, or a Inferencer for an
         inference run; the fidelity phase trains an inference run's plain model first (``inference=False``)."""
         techniques = self.techniques if techniques is None else techniques
         if self.inference if inference is None else inference:
-            return Predictor(model, self.ctx.model_spec, techniques, self.ctx)
+            return Inferencer(model, self.ctx.model_spec, techniques, self.ctx)
         return Trainer(model, self.ctx.model_spec, techniques, self.ctx, self.ctx.lr)
 
     def batch(self) -> Batch:
@@ -100,7 +100,7 @@ def batches(batch: Batch, feed: varlen.Feed | None, n: int) -> Iterator[Batch]:
     return feed.batches(n) if feed is not None else itertools.repeat(batch, n)
 
 
-def tracked_steps(trainer: Runner, batch: Batch, feed: varlen.Feed | None, steps: int) -> Callable[[], object]:
+def tracked_steps(trainer: Stepper, batch: Batch, feed: varlen.Feed | None, steps: int) -> Callable[[], object]:
     """What the instrumented pass runs: one step on a fresh copy of the synthetic batch (allocated inside it,
     the batch counts as it does on CUDA), or, on variable-length data, the timed pass's ``steps`` batches, whose
     peaks differ with their lengths."""

@@ -191,7 +191,7 @@ Prediction = make_dataclass(
 
 
 @dataclass
-class Fidelity:
+class FidelityResult:
     """Does the technique change what the model learns: trained on real data, evaluated on its held-out split."""
 
     accuracy: float | None = doc("held-out accuracy (the first seed's)")
@@ -248,7 +248,7 @@ class Provenance:
 
 # Each group under the Record attribute that holds it, in the order the reference lists them.
 GROUPS = {"identity": Identity, "outcome": Outcome, "memory": Memory, "timing": Timing, "data": Data,
-          "prediction": Prediction, "fidelity": Fidelity, "distributed": Distributed, "provenance": Provenance}
+          "prediction": Prediction, "fidelity": FidelityResult, "distributed": Distributed, "provenance": Provenance}
 MEMORY_SUMMARY = "memory_summary_text"  # the worker's torch.cuda.memory_summary(); stored beside the record instead
 
 
@@ -260,7 +260,7 @@ class Record:
     timing: Timing = field(default_factory=Timing)
     data: Data = field(default_factory=Data)
     prediction: Prediction = field(default_factory=Prediction)
-    fidelity: Fidelity = field(default_factory=Fidelity)
+    fidelity: FidelityResult = field(default_factory=FidelityResult)
     distributed: Distributed = field(default_factory=Distributed)
     provenance: Provenance = field(default_factory=Provenance)
     extra: dict[str, Any] = field(default_factory=dict)  # keys no group documents: kept, never dropped
@@ -335,10 +335,9 @@ def label(techniques: list[str]) -> str:
 def reference() -> str:
     """The field reference of results/README.md: one table per group, in the groups' order."""
     parts = []
-    for group in GROUPS.values():
+    for title, group in GROUPS.items():
         prefix = getattr(group, "prefix", "")
         rows = [f"| `{RANK_PREFIX + '<figure>' if f.name == 'ranks' else prefix + f.name}` | {f.metadata['doc']} |"
                 for f in fields(group)]
-        title = group.__name__.lower()
         parts.append(f"### {title}\n\n{group.__doc__}\n\n| field | what it is |\n|---|---|\n" + "\n".join(rows))
     return "\n\n".join(parts) + "\n"

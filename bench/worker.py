@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from bench import distributed, progress
+from bench import process_group, progress
 from bench.data.synthetic import Batch, samples_in
 from bench.data.varlen import Feed
 from bench.fidelity import run_fidelity
@@ -37,7 +37,7 @@ from bench.measure.timing import summarize, time_steps
 from bench.models.weights import digest
 from bench.predict import predict_run
 from bench.provenance import runtime_provenance
-from bench.recipe import Recipe, Runner, batches, tracked_steps
+from bench.recipe import Recipe, Stepper, batches, tracked_steps
 from bench.record import MEMORY_SUMMARY, Status
 from bench.suite import Fidelity, RunSpec
 from bench.techniques import RunContext, Technique, Unsupported
@@ -47,7 +47,7 @@ OOM_MESSAGES = ("out of memory", "not enough memory", "can't allocate memory")
 
 
 def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None,
-            group: distributed.Group = distributed.Group(), prediction: dict[str, Any] | None = None,
+            group: process_group.Group = process_group.Group(), prediction: dict[str, Any] | None = None,
             launched_at: float | None = None,
             measured: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """One run, phase by phase: its own prediction (unless made ahead), build, warm-up, one instrumented step,
@@ -95,7 +95,7 @@ def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None,
     return {"status": Status.OK, "message": "", **figures}
 
 
-def _build(spec: RunSpec, recipe: Recipe) -> tuple[Runner, Batch, dict[str, Any]]:
+def _build(spec: RunSpec, recipe: Recipe) -> tuple[Stepper, Batch, dict[str, Any]]:
     """The model on its device, wrapped with its techniques in a trainer (or predictor); the synthetic batch
     every step takes; and what the build reports (what loading the weights found, their digest)."""
     if recipe.ctx.device.type == "cuda":
@@ -103,10 +103,10 @@ def _build(spec: RunSpec, recipe: Recipe) -> tuple[Runner, Batch, dict[str, Any]
     model, figures = recipe.model(spec.weights)
     if spec.weights:  # once per run: the fidelity phase loads the same file again for each seed
         figures["weights_sha256"] = digest(spec.weights)
-    return recipe.runner(model), recipe.batch(), figures
+    return recipe.stepper(model), recipe.batch(), figures
 
 
-def _memory_pass(trainer: Runner, batch: Batch, feed: Feed | None, steps: int, techniques: list[Technique],
+def _memory_pass(trainer: Stepper, batch: Batch, feed: Feed | None, steps: int, techniques: list[Technique],
                  device: torch.device, snapshot: str | None) -> dict[str, Any]:
     """One instrumented step (every timed batch, on variable-length data), kept out of the timing since the
     tracker slows it; with ``snapshot``, the allocator's history of that step is saved there, for
@@ -127,7 +127,7 @@ def _memory_pass(trainer: Runner, batch: Batch, feed: Feed | None, steps: int, t
     return figures
 
 
-def _timed_pass(trainer: Runner, batch: Batch, feed: Feed | None, samples: int, ctx: RunContext) -> dict[str, Any]:
+def _timed_pass(trainer: Stepper, batch: Batch, feed: Feed | None, samples: int, ctx: RunContext) -> dict[str, Any]:
     """The timed steps, and on CUDA the allocator's and NVML's figures over them alone."""
     device = ctx.device
     if device.type == "cuda":
@@ -190,7 +190,7 @@ def _warm_up_check(times: list[float], warmup_steps: int) -> dict[str, str]:
                        "warmup_steps"}
 
 
-def _counts(trainer: Runner, figures: dict[str, Any]) -> dict[str, Any]:
+def _counts(trainer: Stepper, figures: dict[str, Any]) -> dict[str, Any]:
     """Parameter counts, model states as the sharding formulas count them (ZeRO: 16·Ψ per rank for Adam,
     16·Ψ/N fully sharded), and the trainer's proof that each technique took effect."""
     params = list(trainer.model.parameters())
@@ -241,8 +241,8 @@ def main(spec_path: str, out_path: str) -> int:
     prediction = job.get("prediction")
     if prediction is None and spec.nproc > 1:  # under a fake process group, which must be gone before the real one
         prediction = predict_run(spec, job["device_type"], rank=int(os.environ.get("RANK", "0")))
-    group = distributed.join(job["device_type"], spec.timeout_s)
-    device = distributed.device_of(job["device_type"], group)
+    group = process_group.join(job["device_type"], spec.timeout_s)
+    device = process_group.device_of(job["device_type"], group)
     budget = job.get("budget_bytes")
     try:
         if budget and device.type == "cuda":  # a smaller card: the allocator refuses past the budget
@@ -268,10 +268,10 @@ def main(spec_path: str, out_path: str) -> int:
             own = result | runtime_provenance(device)
             Path(f"{out_path}.rank{group.rank}").write_text(json.dumps(own, default=str))
             return 1
-    per_rank = distributed.gather(result | runtime_provenance(device), group)
+    per_rank = process_group.gather(result | runtime_provenance(device), group)
     if per_rank is not None:
-        Path(out_path).write_text(json.dumps(distributed.merge(per_rank), default=str))
-    distributed.leave(group)
+        Path(out_path).write_text(json.dumps(process_group.merge(per_rank), default=str))
+    process_group.leave(group)
     if group.world_size > 1:
         # Skip interpreter teardown: gloo's threads can still hold tensors then, and freeing them without
         # a live interpreter aborts the process (about 1 run in 20 under tensor-parallel) after the record

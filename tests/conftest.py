@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from bench.provenance import CPU_BF16
-from bench.recipe import Recipe, Runner
+from bench.recipe import Recipe, Stepper
 from bench.suite import RunSpec
 
 CPU = torch.device("cpu")
@@ -33,8 +33,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def build_trainer(spec: RunSpec, device: torch.device = CPU) -> tuple[Runner, object]:
+def build_trainer(spec: RunSpec, device: torch.device = CPU) -> tuple[Stepper, object]:
     """The model and techniques of a spec, applied in this process as a run applies them, with its synthetic
-    batch (a Predictor for inference specs)."""
+    batch (a Inferencer for inference specs)."""
     recipe = Recipe.of(spec, device)
-    return recipe.runner(recipe.model(spec.weights)[0]), recipe.batch()
+    return recipe.stepper(recipe.model(spec.weights)[0]), recipe.batch()

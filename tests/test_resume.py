@@ -11,8 +11,8 @@ from bench import results, resume
 from bench.launch import Device
 from bench.launch.local import Local
 from bench.provenance import device_name
-from bench.runner import campaign, sweep
 from bench.suite import Fidelity, Suite
+from bench.sweep import campaign, sweep
 from tests.helpers import spec, tech
 
 CPU = Device("cpu", "cpu")

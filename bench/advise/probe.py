@@ -31,7 +31,7 @@ def _median_step(spec: RunSpec) -> float | None:
     recipe = Recipe.of(spec, CPU)
     if recipe.unsupported() or recipe.feed() is not None:  # variable-length steps differ batch to batch
         return None
-    runner = recipe.runner(recipe.model(spec.weights)[0])
+    runner = recipe.stepper(recipe.model(spec.weights)[0])
     batch = recipe.batch()
     runner.step(clone_batch(batch))  # the optimizer's state and the kernels' first-call work
     return statistics.median(time_steps(lambda: runner.step(clone_batch(batch)), STEPS, CPU))

@@ -1,4 +1,4 @@
-"""Launchers: how a sweep's runs reach a device. The sweep (bench.runner) plans what to measure and stores what
+"""Launchers: how a sweep's runs reach a device. The sweep (bench.sweep) plans what to measure and stores what
 comes back; a launcher only starts runs and hands back their records.
 
 - ``Local``: each run in its own process on this machine (forked from a preloaded server, or a fresh

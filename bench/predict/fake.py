@@ -1,5 +1,5 @@
 """One run's step on fake tensors, counted as the worker counts a real one: the predicted peak, its
-breakdown and FLOPs. Fake tensors hold no values and run meta kernels; bench.predict.adapters makes them
+breakdown and FLOPs. Fake tensors hold no values and run meta kernels; bench.predict.stand_ins makes them
 behave as real ones where that changes what is counted."""
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from bench.measure.memory import tracked_step
 from bench.measure.tracker import CUDA_BLOCK, on_host
 from bench.models import ModelSpec
 from bench.predict import ranks
-from bench.predict.adapters import (
+from bench.predict.cuda import as_cuda, host_state
+from bench.predict.stand_ins import (
     OutputsAsReal,
     ScalarsReadAsOne,
     compiled_as_eager,
@@ -27,7 +28,6 @@ from bench.predict.adapters import (
     parameters_as_real,
     techniques_as_real,
 )
-from bench.predict.cuda import as_cuda, host_state
 from bench.recipe import Recipe, batches, tracked_steps
 from bench.record import Status
 from bench.suite import RunSpec, Shapes
@@ -70,7 +70,7 @@ def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int) -> dict[str, Any]:
     with FakeTensorMode(allow_non_fake_inputs=True), ScalarsReadAsOne(), OutputsAsReal(ctx.predicting), \
             parameters_as_real(), masks_as_real(), techniques_as_real(), kernels:
         model = _fake_copy(model)
-        runner = recipe.runner(model)
+        runner = recipe.stepper(model)
         ranks.fake_ddp(runner.model)
         compiled_update = any(t.compiled_update for t in techniques)
         if compiled_update:

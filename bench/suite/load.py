@@ -22,7 +22,7 @@ from bench.errors import SuiteError, cannot_read
 from bench.models import MODELS, ModelSpec
 from bench.registry import did_you_mean
 from bench.spec import DEFAULTS, DEVICES, MAX_NPROC, MODES, STEP_KEYS, RunSpec, Shapes, Suite, TechniqueSpec
-from bench.suite import fidelity as fidelity_table
+from bench.suite import fidelity_table
 from bench.suite.techniques import check_fidelity_batch, techniques
 from bench.suite.values import check_ranges, model_spec, typed, weights
 from bench.techniques import Technique, build

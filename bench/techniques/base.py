@@ -139,7 +139,7 @@ class RunContext:
     shapes: Shapes
     lr: float = 1e-4  # the run's learning rate (the suite's lr, or [fidelity] lr in the fidelity phase)
     # True in ``bench predict``: fake tensors on the CPU standing for a CUDA run. Techniques read it through
-    # ``cuda`` and answer ``unsupported`` as they would on CUDA; bench.predict.adapters does the rest.
+    # ``cuda`` and answer ``unsupported`` as they would on CUDA; bench.predict.stand_ins does the rest.
     predicting: bool = False
     # Processes in the run (torchrun's WORLD_SIZE) and this one's rank; the process group is up when > 1.
     world_size: int = 1

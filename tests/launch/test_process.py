@@ -10,9 +10,8 @@ import sys
 import pytest
 import torch
 
-from bench.launch import Device
+from bench.launch import Device, local
 from bench.launch import process as launch
-from bench.launch import local
 from bench.launch.local import run_isolated
 from bench.suite import Fidelity
 from tests.helpers import spec, tech

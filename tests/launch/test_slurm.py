@@ -12,8 +12,8 @@ from bench.cli import main
 from bench.launch import detect
 from bench.launch.local import Local
 from bench.launch.slurm import ON_DEVICE, Slurm, _collect, parse_options
-from bench.runner import sweep
 from bench.suite import load, select
+from bench.sweep import sweep
 
 SUITE = """
 model = "resnet-tiny"

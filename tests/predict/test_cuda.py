@@ -187,7 +187,7 @@ def test_offload_brings_host_tensors_back_to_the_host_not_the_device(monkeypatch
     """save_on_cpu brings a saved tensor back to the device it came from, so the memory-efficient kernel's seed
     and offset, which CUDA keeps on the host, never reach the device: bert-tiny's backward peak (SGD keeps it
     there) comes in an attention layer's backward, where counting them would add their two blocks."""
-    from bench.predict import adapters
+    from bench.predict import stand_ins as adapters
 
     techniques = (tech("offload"), tech("optimizer", kind="sgd"))
     kept = cuda_prediction("bert-tiny", *techniques, batch_size=16, seq_len=128)

@@ -10,11 +10,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import _disable_current_modes
 
 from bench.data.synthetic import clone_batch
-from bench.infer import Predictor
+from bench.infer import Inferencer
 from bench.measure.memory import tracked_step
 from bench.predict import predict
-from bench.predict.adapters import masks_as_real
 from bench.predict.fake import flop_counter
+from bench.predict.stand_ins import masks_as_real
 from bench.suite import load, select
 from bench.techniques.lowbit import FP8Training
 from bench.techniques.offload import ActivationOffload
@@ -121,7 +121,7 @@ def test_offload_predicts_what_a_real_step_keeps_when_its_saved_tensors_leave_th
     assert trainer.proof()["offload.tensors_offloaded_per_step"] > 0
 
 
-def assert_predicted_exactly(run) -> Trainer | Predictor:
+def assert_predicted_exactly(run) -> Trainer | Inferencer:
     trainer, batch = build_trainer(run)
     trainer.step(batch)
     real = tracked_step(lambda: trainer.step(clone_batch(batch)), trainer.model, trainer.optimizer, CPU,

@@ -1,6 +1,6 @@
 """One rank of a multi-process run predicted in this process, under torch's fake process group: the bytes its
 collectives move, held against the textbook volumes, and ZeRO-3's model states per rank at any world size.
-(That each rank's prediction is its measured peak under gloo is tests/test_distributed.py's.)"""
+(That each rank's prediction is its measured peak under gloo is tests/test_process_group.py's.)"""
 
 from __future__ import annotations
 
@@ -172,7 +172,7 @@ def test_llamas_attention_and_gated_mlp_are_split_and_its_heads_must_divide():
     assert out["predicted_param_bytes"] == 4 * (sum(p.numel() for p in model.parameters()) - layers // 2)
     recipe = Recipe.of(run, torch.device("cpu"), run.cpu, world_size=2)
     with fake_group(2, 0):
-        model = recipe.runner(model).model
+        model = recipe.stepper(model).model
     assert sum(isinstance(p, DTensor) for p in model.parameters()) == 7 * 2
     refused = predict(spec("llama-tiny", (tech("tensor-parallel"),), nproc=4, batch_size=1, seq_len=8), cuda=False)
     assert refused["predicted_message"] == "2 key value heads do not split over 4 ranks; choose a divisor"

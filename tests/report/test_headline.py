@@ -4,10 +4,10 @@ import pandas as pd
 
 from bench import results
 from bench.predict.table import save
-from bench.results import PREDICTED
 from bench.report import build_report
 from bench.report.headline import headline, picks
 from bench.report.tables import display, summary
+from bench.results import PREDICTED
 from tests.report.test_overview import RUNS, rec
 
 

@@ -29,7 +29,7 @@ def _run(model: str, technique: str):
     recipe = Recipe.of(spec(model, (tech(technique),), batch_size=len(LENGTHS), seq_len=SEQ_LEN,
                             lengths=None), CPU)
     torch.manual_seed(0)
-    trainer = recipe.runner(recipe.ctx.model_spec.build(recipe.ctx.shapes))
+    trainer = recipe.stepper(recipe.ctx.model_spec.build(recipe.ctx.shapes))
     trainer.model.eval()  # the trainer sets training mode
     return trainer, recipe.techniques[0].batching(recipe.ctx).collate
 
@@ -110,7 +110,7 @@ def test_packing_keeps_fewer_bytes_than_padding() -> None:
     for technique in ("pad-to-max", "packing"):
         recipe = Recipe.of(spec("bert-tiny", (tech(technique),), batch_size=4, seq_len=64,
                                 lengths="uniform:4:16"), CPU)
-        trainer = recipe.runner(recipe.model()[0])
+        trainer = recipe.stepper(recipe.model()[0])
         step = tracked_steps(trainer, recipe.batch(), recipe.feed(), 2)
         peaks[technique] = tracked_step(step, trainer.model, trainer.optimizer, CPU)["peak_tensor_bytes"]
     assert peaks["packing"] < 0.6 * peaks["pad-to-max"]
@@ -189,7 +189,7 @@ def test_packing_on_cuda_takes_the_variable_length_kernels(dtype: torch.dtype) -
     for technique in ("pad-to-max", "packing"):
         recipe = Recipe.of(spec("bert-tiny", (tech(technique),), batch_size=len(LENGTHS), seq_len=SEQ_LEN), cuda)
         torch.manual_seed(0)
-        trainer = recipe.runner(recipe.ctx.model_spec.build(recipe.ctx.shapes).to(cuda, dtype))
+        trainer = recipe.stepper(recipe.ctx.model_spec.build(recipe.ctx.shapes).to(cuda, dtype))
         trainer.model.eval()
         batch = recipe.techniques[0].batching(recipe.ctx).collate(_samples(128))
         inputs = {k: v.to(cuda) if isinstance(v, torch.Tensor) else v for k, v in batch[0].items()}

@@ -19,8 +19,8 @@ from bench.launch import Device
 from bench.launch.local import Local, run_isolated
 from bench.provenance import device_name
 from bench.report import build_report
-from bench.runner import MEMORY_SUMMARY, _outcome, finish, sweep
 from bench.suite import Fidelity, Suite, load, select
+from bench.sweep import MEMORY_SUMMARY, _outcome, finish, sweep
 from tests.helpers import spec, tech
 
 CPU = Device("cpu", "cpu")
@@ -309,7 +309,7 @@ def test_a_cpu_run_says_when_the_machine_was_busy(cpu_s, load, busy, monkeypatch
 
 def test_a_sweep_says_how_long_it_will_take_from_the_times_its_runs_took_before(tmp_path):
     from bench import resume
-    from bench.runner import estimate
+    from bench.sweep import estimate
 
     fid = Fidelity(steps=2, seeds=1, batch_size=8)
     suite = Suite("s", Path("s.toml"), "vit-tiny", "", "a", tuple(

@@ -9,12 +9,12 @@ import torch
 from filelock import FileLock
 
 from bench import results
-from bench.distributed import merge
 from bench.launch import Device
 from bench.launch.local import Local, run_isolated
 from bench.models import MODELS
-from bench.runner import sweep
+from bench.process_group import merge
 from bench.suite import Shapes, SuiteError, load
+from bench.sweep import sweep
 from tests.helpers import spec, suite_problems, tech
 
 CPU = Device("cpu", "cpu")
