@@ -9,6 +9,9 @@ from pathlib import Path
 from bench.registry import did_you_mean
 
 
+EXIT_BAD_INPUT = 2  # a command's exit status for input the user can fix
+
+
 class BadInput(Exception):
     """A flag or value the user can fix: printed as one line."""
 

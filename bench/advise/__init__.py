@@ -23,7 +23,7 @@ from bench.advise.predictions import Predictions
 from bench.advise.probe import time_factors
 from bench.advise.search import Candidate, Search, Searcher
 from bench.advise.source import Source, source
-from bench.predict.budget import fewest_ranks, parse_size, runs_at, tensor_budget
+from bench.predict.budget import Budget, fewest_ranks, runs_at
 from bench.provenance import EMULATED_BF16, device_name, native_bf16
 from bench.record import Status
 from bench.spec import RunSpec
@@ -32,32 +32,6 @@ MOST_RANKS = 8  # nothing fits: the fewest ranks fsdp would need are looked for 
 PREDICTION_LIMIT = 32  # combinations predicted at most, beyond the options alone
 CACHE = Path(".cache/predictions")  # beside results/, never in it: its files are not records
 EMULATED = EMULATED_BF16
-
-
-@dataclass(frozen=True)
-class Budget:
-    """The memory a plan may peak at: bytes for tensors, or a share of the baseline's predicted peak ("60%")."""
-
-    text: str
-    size: int | None = None
-    share: float | None = None
-
-    @staticmethod
-    def parse(text: str, device_type: str, reserve: str) -> Budget:
-        """'16GiB' (on CUDA less ``reserve`` for the context and workspaces), or '60%'; ValueError naming the fix."""
-        if text.strip().endswith("%"):
-            try:
-                share = float(text.strip()[:-1]) / 100
-            except ValueError:
-                share = -1
-            if not 0 < share <= 10:
-                raise ValueError(f"--budget {text!r}: expected a size such as 16GiB, or a share of the baseline's "
-                                 "predicted peak such as 60%")
-            return Budget(text, share=share)
-        return Budget(text, size=tensor_budget(text, reserve) if device_type == "cuda" else parse_size(text))
-
-    def bytes(self, baseline_peak: int) -> int:
-        return self.size if self.size is not None else int(self.share * baseline_peak)
 
 
 @dataclass
@@ -198,4 +172,4 @@ def _needs(advice: Advice, closest: Candidate, predictions: Predictions) -> None
     advice.needs = tuple(needs)
 
 
-__all__ = ["Advice", "Budget", "advise", "source"]
+__all__ = ["Advice", "advise", "source"]

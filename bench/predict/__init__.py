@@ -15,10 +15,10 @@ predicts a suite, in processes, as a table; ``ahead`` makes a sweep's prediction
 """
 
 from bench.predict.ahead import Ahead, predict_run
-from bench.predict.budget import RESERVE, largest_batch, parse_size, tensor_budget
+from bench.predict.budget import RESERVE, Budget, largest_batch, parse_size, tensor_budget
 from bench.predict.cuda import ASSUMPTIONS
 from bench.predict.fake import predict
 from bench.predict.table import markdown, suite_table
 
-__all__ = ["ASSUMPTIONS", "Ahead", "RESERVE", "largest_batch", "markdown", "parse_size", "predict", "predict_run",
-           "suite_table", "tensor_budget"]
+__all__ = ["ASSUMPTIONS", "Ahead", "RESERVE", "Budget", "largest_batch", "markdown", "parse_size", "predict",
+           "predict_run", "suite_table", "tensor_budget"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bench.predict.fake import CPU, predict
@@ -100,6 +100,36 @@ def _on_the_line(points: list[tuple[int, float]], budget: int) -> int | None:
         return None
     (a, pa), (b, pb) = finite[-2:]
     return math.floor(a + (budget - pa) * (b - a) / (pb - pa))
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The memory a plan may peak at: bytes for tensors, or a share of the baseline's predicted peak ("60%")."""
+
+    text: str
+    size: int | None = None
+    share: float | None = None
+
+    @staticmethod
+    def parse(text: str, device_type: str, reserve: str = RESERVE, share: bool = False) -> Budget:
+        """'16GiB' (on CUDA less ``reserve`` for the context and workspaces), or, where ``share`` (advice, which
+        predicts the baseline first), '60%'; ValueError naming the fix. Every command's --budget is read here."""
+        if text.strip().endswith("%"):
+            if not share:
+                raise ValueError(f"--budget {text!r}: a share of the baseline's peak is for bench advise; give the "
+                                 "card's memory, such as 16GiB")
+            try:
+                share = float(text.strip()[:-1]) / 100
+            except ValueError:
+                share = -1
+            if not 0 < share <= 10:
+                raise ValueError(f"--budget {text!r}: expected a size such as 16GiB, or a share of the baseline's "
+                                 "predicted peak such as 60%")
+            return Budget(text, share=share)
+        return Budget(text, size=tensor_budget(text, reserve) if device_type == "cuda" else parse_size(text))
+
+    def bytes(self, baseline_peak: int = 0) -> int:
+        return self.size if self.size is not None else int(self.share * baseline_peak)
 
 
 def tensor_budget(card: str, reserve: str = RESERVE) -> int:

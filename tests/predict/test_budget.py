@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.predict import RESERVE, largest_batch, parse_size, predict, tensor_budget
+from bench.predict import RESERVE, Budget, largest_batch, parse_size, predict, tensor_budget
 from tests.helpers import spec, tech
 
 RESULTS = Path(__file__).parent.parent.parent / "results"
@@ -73,3 +73,11 @@ def test_the_default_reserve_holds_what_every_cuda_record_held_besides_tensors()
         context = r["nvml_process_bytes"] - r["peak_reserved_bytes"]
         allocator = r["peak_allocated_bytes"] - r["peak_tensor_bytes"]
         assert context > 0 and allocator > 0 and context + allocator <= parse_size(RESERVE), (r["suite"], r["run"])
+
+
+def test_every_command_reads_its_budget_one_way():
+    assert Budget.parse("16GiB", "cuda").bytes() == 15 * 2**30  # less the reserve, on a card
+    assert Budget.parse("16GiB", "cpu").bytes() == 16 * 2**30
+    assert Budget.parse("60%", "cuda", share=True).bytes(1000) == 600  # advise: a share of the baseline's peak
+    with pytest.raises(ValueError, match="a share of the baseline's peak is for bench advise"):
+        Budget.parse("60%", "cuda")  # predict and fit: there is no baseline to take a share of

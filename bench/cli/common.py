@@ -1,0 +1,136 @@
+"""What several commands share: argument types, the suite a command names (loaded with --only and --timeout),
+the flags of a sweep, and this machine's launcher."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from bench.errors import BadInput, cannot_read
+from bench.spec import MAX_NPROC, MAX_TIMEOUT_S
+
+if TYPE_CHECKING:
+    from bench.launch import Launcher
+    from bench.spec import Suite
+
+JOBS = min(os.cpu_count() or 1, 4)  # processes predicting at once by default: each takes about 1 GB
+
+
+def positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return int(text)
+
+
+def points(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"expected accuracy points from 0 to 100, got {text!r}")
+    return value
+
+
+def world_size(text: str) -> int:
+    if not text.isdigit() or not 2 <= int(text) <= MAX_NPROC:
+        raise argparse.ArgumentTypeError(f"expected a number of processes from 2 to {MAX_NPROC:,}, got {text!r}")
+    return int(text)
+
+
+def count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 0, got {text!r}")
+    return int(text)
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"expected seconds from 1 to {MAX_TIMEOUT_S:g} (a week), got {text!r}")
+    return value
+
+
+def suite_path(name: str) -> Path:
+    """suites/NAME.toml, or the file named; one that does not exist is refused here, before torch is imported
+    (which took 45 s on a loaded machine before the error)."""
+    path = Path(name)
+    if not (path.suffix == ".toml" or path.exists()):
+        path = Path("suites") / f"{name}.toml"
+    if not path.exists():
+        raise cannot_read(path, "No such file or directory")
+    return path
+
+
+def selected(path: Path, args: argparse.Namespace) -> Suite:
+    """The suite file loaded, with the runs ``--only`` names and the time limit ``--timeout`` sets, where the
+    command has them: one place for what run, predict, fit and campaign each did apart."""
+    from bench import suite as suites
+
+    suite = suites.load(path)
+    if getattr(args, "only", None) is not None:
+        suite = suites.select(suite, args.only.split(","))
+    if getattr(args, "timeout", None):
+        suite = suites.with_timeout(suite, args.timeout)
+    return suite
+
+
+def sweep_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--timeout", type=seconds, metavar="SECONDS",
+                   help="stop each run after this long instead of its suite's timeout_s (a stored record is kept)")
+    p.add_argument("--force", action="store_true",
+                   help="re-measure runs stored before this sweep began (interrupted, the same command resumes)")
+    p.add_argument("--keep-failures", action="store_true",
+                   help="keep stored error and timeout records instead of retrying them")
+    p.add_argument("--no-fidelity", action="store_true",
+                   help="skip every run's fidelity phase (the accuracy delta): memory and speed only, sooner; "
+                        "a stored record with the phase is kept")
+    p.add_argument("--launcher", choices=["fork", "fresh"], default="fork",
+                   help="how each run's process starts: forked from a server that imported torch once "
+                        "(default), or a fresh interpreter")
+    p.add_argument("--predict-jobs", type=count, default=None, metavar="N",
+                   help="processes predicting the pending runs while the device measures (default: on CUDA "
+                        "the spare cores, at most 4; on a CPU 0, each run predicting itself, so that "
+                        "predictions do not slow the measured steps)")
+
+
+def sweep_options(args: argparse.Namespace) -> dict[str, object]:
+    return {"force": args.force, "keep_failures": args.keep_failures, "fidelity": not args.no_fidelity}
+
+
+def local(args: argparse.Namespace, torchrun: tuple[str, ...] = ()) -> Launcher:
+    """This machine's launcher, as the flags ask."""
+    from bench.launch import detect
+    from bench.launch.local import Local
+
+    device = detect(args.device)
+    jobs = args.predict_jobs
+    if jobs is None:
+        jobs = min(4, (os.cpu_count() or 1) - 1) if device.type == "cuda" else 0
+    return Local(device, args.launcher, torchrun, args.snapshot, max(jobs, 0))  # a one-core host has no spare core
+
+
+def refuse_unusable_flags(args: argparse.Namespace) -> None:
+    """Flags this machine cannot honour, refused before a results folder is made."""
+    if args.slurm is not None:
+        if args.snapshot:
+            raise BadInput("--snapshot does not go with --slurm (the file would be written on the node); "
+                           "take one on a GPU node with `bench run SUITE --only RUN --snapshot`")
+        # A Slurm job is one run in one fresh process, predicting itself.
+        if ignored := [f for f, on in (("--launcher", args.launcher != "fork"),
+                                       ("--predict-jobs", args.predict_jobs is not None)) if on]:
+            raise BadInput(f"{', '.join(ignored)}: for local sweeps only; leave them out with --slurm")
+        if importlib.util.find_spec("submitit") is None:
+            raise BadInput("--slurm needs submitit: pip install -e '.[cluster]' (or pip install submitit)")
+    elif args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise BadInput(f"--device cuda, but torch {torch.__version__} (CUDA {torch.version.cuda}) finds no "
+                           "CUDA device here; leave --device out to run on this machine's CPU")

@@ -1,0 +1,57 @@
+"""``bench validate`` and ``bench list``: suite files checked, models and techniques listed."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from bench.cli.common import suite_path
+from bench.errors import EXIT_BAD_INPUT, SuiteError
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    """The parsers of validate and list."""
+    val = sub.add_parser("validate", help="check suite files; every problem at once")
+    val.add_argument("suites", nargs="*", help="suite names or files (default: suites/*.toml)")
+    val.set_defaults(func=_validate)
+    lst = sub.add_parser("list", help="models and techniques with their options")
+    lst.add_argument("--docs", type=Path, metavar="PAGE", help="rewrite the techniques table in PAGE (between its "
+                                                              "markers) from the registry instead: make docs")
+    lst.set_defaults(func=_list)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    paths = [suite_path(p) for p in args.suites] or sorted(Path("suites").glob("*.toml"))  # before torch
+    from bench import suite as suites
+
+    failed = 0
+    for path in paths:
+        try:
+            s = suites.load(path)
+            print(f"ok: {path} ({s.model}, {len(s.runs)} runs)")
+        except SuiteError as exc:
+            print(exc, file=sys.stderr)
+            failed += 1
+    return EXIT_BAD_INPUT if failed else 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from bench.models import MODELS
+    from bench.techniques import TECHNIQUES, TRAIN
+    from bench.techniques.base import options_doc
+
+    if args.docs:
+        from bench.techniques import catalogue
+
+        print(catalogue.write(args.docs))
+        return 0
+    print("models:", ", ".join(MODELS.names()), "(or 'module:NAME' naming your own bench.models.ModelSpec)")
+    print("techniques:")
+    for name in TECHNIQUES:
+        cls = TECHNIQUES.get(name)
+        modes = "" if cls.modes == TRAIN else f" [{', '.join(sorted(cls.modes))}]"
+        print(f"  {name}: {cls.summary}{modes}")
+        for opt, kind, default, doc in options_doc(cls):
+            print(f"      {opt} ({kind}, default {default!r}): {doc}")
+    return 0

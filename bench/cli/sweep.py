@@ -1,0 +1,111 @@
+"""``bench run`` and ``bench campaign``: suites measured, then every page their records feed rebuilt."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from bench.cli.common import local, refuse_unusable_flags, selected, suite_path, sweep_flags, sweep_options
+from bench.errors import BadInput
+from bench.record import Status
+
+# make gpu's order: the training suites (with their fidelity phases), then inference, then the small ones.
+CAMPAIGN = ("resnet", "vit", "bert", "resnet-infer", "vit-infer", "bert-infer", "bert-varlen", "llama", "smoke",
+            "dist-smoke")
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    """The parsers of run and campaign."""
+    run = sub.add_parser("run", help="run (or resume) a suite and report it")
+    run.add_argument("suite", help="suite name (suites/NAME.toml) or path")
+    run.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    run.add_argument("--results", type=Path, default=Path("results"), help="results root (default: results)")
+    run.add_argument("--only", metavar="PATTERNS", help="comma-separated run names or globs, e.g. 'baseline,amp-*'")
+    run.add_argument("--snapshot", action="store_true",
+                     help="CUDA: save each run's instrumented step as <run>.snapshot.pickle for memory_viz")
+    sweep_flags(run)
+    run.add_argument("--torchrun", metavar="ARGS", default="",
+                     help="launcher arguments for multi-process runs instead of --standalone, e.g. "
+                          "'--nnodes 2 --rdzv-backend c10d --rdzv-endpoint node1:29500'")
+    run.add_argument("--slurm", metavar="OPTIONS",
+                     help="submit each run as a Slurm job (submitit): 'partition=gpu,timeout_min=60,…'; "
+                          "'cluster=local' runs the jobs as local processes")
+    run.set_defaults(func=_run, sweeping=True)
+    camp = sub.add_parser("campaign", help="every default suite in one sweep, runs never measured here first "
+                                           "(make gpu); resumes, with an ETA")
+    camp.add_argument("suites", nargs="*", default=list(CAMPAIGN), help=f"default: {' '.join(CAMPAIGN)}")
+    camp.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    camp.add_argument("--results", type=Path, default=Path("results"), help="results root (default: results)")
+    camp.add_argument("--archive", type=Path, metavar="FILE.tgz",
+                      help="rewrite this archive of the suites' records on this device after every run "
+                           "(a leased machine that hands back one folder and may be cut off: $OUT/results.tgz)")
+    sweep_flags(camp)
+    camp.set_defaults(func=_campaign, sweeping=True)
+
+
+def _run(args: argparse.Namespace) -> int:
+    path = suite_path(args.suite)  # before torch is imported
+    from bench.report.headline import answer
+    from bench.report.tables import markdown, summary
+    from bench.results import to_frame
+    from bench.sweep import sweep
+
+    refuse_unusable_flags(args)
+    suite = selected(path, args)
+    torchrun = tuple(shlex.split(args.torchrun))
+    if args.slurm is not None:
+        from bench.launch.slurm import Slurm, parse_options
+
+        try:
+            options = parse_options(args.slurm)
+        except ValueError as exc:
+            raise BadInput(str(exc)) from exc
+        device_type = "cuda" if args.device == "auto" else args.device  # the nodes', not this machine's
+        launcher = Slurm(device_type, args.results / suite.name / ".submitit", options, torchrun)
+    else:
+        launcher = local(args, torchrun)
+    records = sweep(suite, launcher, args.results, **sweep_options(args))
+    table = summary(to_frame(records), suite.throughput)
+    print(markdown(table))
+    if launcher.device_name:  # the answer the report opens with, for this device, where the user looks
+        print("\n" + answer(table, launcher.device_name, len(suite.order or suite.runs)))
+    # Every page the suite's records feed is kept current: the overview and results/figures.md read them too.
+    _pages(args.results, [suite.name])
+    # oom, timeout and unsupported are findings about the configuration; error means something broke.
+    return 1 if any(r["status"] == Status.ERROR for r in records) else 0
+
+
+def _campaign(args: argparse.Namespace) -> int:
+    paths = [suite_path(name) for name in args.suites]  # before torch is imported
+    from bench.results import writable
+    from bench.sweep import campaign
+
+    args.slurm, args.snapshot = None, False
+    refuse_unusable_flags(args)
+    chosen = [selected(p, args) for p in paths]  # every file checked before anything runs
+    # The archive is rewritten after every run: found unwritable after the first, the rest went unmeasured.
+    if args.archive is not None:
+        writable(args.archive.parent, f"the archive {args.archive.name}", "--archive PATH")
+    launcher = local(args)
+    records = campaign(chosen, launcher, args.results, never_measured_first=True, archive=args.archive,
+                       **sweep_options(args))
+    _pages(args.results, [s.name for s in chosen])
+    return 1 if any(r["status"] == Status.ERROR for rs in records.values() for r in rs) else 0
+
+
+def _pages(results: Path, suites: list[str]) -> None:
+    """The suites' reports and the overview rebuilt after a sweep; a page that cannot be written (a disk that
+    filled) is named, and the rest still are: the records are stored, and `make report` rebuilds it later."""
+    from bench.report import build_report
+    from bench.report.overview import build_overview
+
+    jobs = [(f"the report of {s}", lambda s=s: build_report(results / s)) for s in suites]
+    for what, build in [*jobs, ("the overview", lambda: build_overview(results))]:
+        try:
+            page = next(p for p in build() if p.suffix == ".html")  # the page to open
+            print(f"{what}: {page}", file=sys.stderr)
+        except OSError as exc:
+            print(f"warning: {what} could not be written ({exc.strerror or exc}); the records are stored: run "
+                  "`make report SUITE=…` or `make overview` once it can be", file=sys.stderr)
