@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from bench.record import KEY
 from bench import models, progress
 from bench.data import real
 from bench.data.synthetic import Batch
@@ -57,12 +58,12 @@ def run_fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str
     recipes = [Recipe.of(spec, device, shapes, model=stand_in, lr=fid.lr, seed=seed)
                for seed in seeds]
     results = [one(recipe, fid, train, test, classes) for recipe in recipes]
-    out = {f"fidelity_{k}" if k not in ("accuracy", "final_loss", "grad_cosine") else k: v
+    out = {f"fidelity_{k}" if k not in (KEY.accuracy, KEY.final_loss, KEY.grad_cosine) else k: v
            for k, v in results[0].items()}
-    out |= {"fidelity_model": model_spec.name, "fidelity_weights": fid.weights, "fidelity_dataset": fid.dataset,
-            "fidelity_steps": fid.steps, "fidelity_train_size": len(train), "fidelity_test_size": len(test)}
+    out |= {KEY.fidelity_model: model_spec.name, KEY.fidelity_weights: fid.weights, KEY.fidelity_dataset: fid.dataset,
+            KEY.fidelity_steps: fid.steps, KEY.fidelity_train_size: len(train), KEY.fidelity_test_size: len(test)}
     if len(results) > 1:
-        out["accuracy_seeds"] = [r["accuracy"] for r in results]
+        out[KEY.accuracy_seeds] = [r[KEY.accuracy] for r in results]
     return out
 
 
@@ -95,7 +96,7 @@ def _train_seed(recipe: Recipe, fid: Fidelity, train: real.Labelled, test: real.
     final = torch.stack(losses[-LAST_STEPS:]).float().mean().item()
     figures = _evaluate(trainer, test, device, classes, recipe.regroup)
     del figures["predictions"]
-    return figures | {"final_loss": final, "grad_cosine": _cosine(reference, captured)}
+    return figures | {KEY.final_loss: final, KEY.grad_cosine: _cosine(reference, captured)}
 
 
 def _inference_seed(recipe: Recipe, fid: Fidelity, train: real.Labelled, test: real.Labelled,
@@ -112,7 +113,7 @@ def _inference_seed(recipe: Recipe, fid: Fidelity, train: real.Labelled, test: r
     figures = _evaluate(served, test, device, classes, recipe.regroup)
     agree = (figures.pop("predictions") == reference["predictions"]).float().mean().item()
     final = torch.stack(losses[-LAST_STEPS:]).float().mean().item()
-    return figures | {"final_loss": final, "agreement": agree}
+    return figures | {KEY.final_loss: final, "agreement": agree}
 
 
 def _batches(data: real.Labelled, fid: Fidelity, seed: int, device: torch.device,
@@ -179,5 +180,5 @@ def _evaluate(runner: Stepper, test: real.Labelled, device: torch.device, classe
             predictions.append(logits.argmax(dim=1).cpu())
     model.train(was_training)
     predicted = torch.cat(predictions)
-    return {"accuracy": (predicted == test.labels).float().mean().item(), "test_loss": loss / len(test),
+    return {KEY.accuracy: (predicted == test.labels).float().mean().item(), "test_loss": loss / len(test),
             "predictions": predicted}

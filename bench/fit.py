@@ -22,7 +22,7 @@ from bench import results
 from bench.launch import Device
 from bench.launch.local import run_isolated
 from bench.predict import largest_batch
-from bench.record import Status
+from bench.record import KEY, Status
 from bench.suite import RunSpec
 
 CLOSE = 0.05  # how far below the measured largest batch the predicted one may lie
@@ -41,21 +41,21 @@ def fit_run(spec: RunSpec, device: Device, budget: int, limit: int = 4096) -> di
         probe = replace(spec, fidelity_gpu=None, fidelity_cpu=None,
                         **{_field(device): replace(shapes, batch_size=batch, warmup_steps=1, measure_steps=1)})
         out = run_isolated(probe, device, budget=budget)
-        probes.append({"batch_size": batch, "status": out["status"], "peak_bytes": _peak(out)})
-        if out["status"] == Status.OOM:
+        probes.append({KEY.batch_size: batch, KEY.status: out[KEY.status], "peak_bytes": _peak(out)})
+        if out[KEY.status] == Status.OOM:
             return math.inf
-        if out["status"] != Status.OK:
-            raise ProbeFailed(f"{out['status']} at batch {batch}: {out.get('message', '')}")
+        if out[KEY.status] != Status.OK:
+            raise ProbeFailed(f"{out[KEY.status]} at batch {batch}: {out.get(KEY.message, '')}")
         return _peak(out) or 0.0
 
-    row: dict[str, Any] = {"run": spec.name, "budget_bytes": budget, "device": device.name}
+    row: dict[str, Any] = {KEY.run: spec.name, "budget_bytes": budget, KEY.device: device.name}
     row["predicted_largest_batch"] = largest_batch(spec, budget, limit, device_type=device.type)
     try:
         row["measured_largest_batch"] = largest_batch(spec, budget, limit, peak=measured_peak,
                                                       device_type=device.type)
-        row["status"] = Status.OK
+        row[KEY.status] = Status.OK
     except ProbeFailed as exc:
-        row |= {"status": Status.ERROR, "message": str(exc)}
+        row |= {KEY.status: Status.ERROR, KEY.message: str(exc)}
     return row | {"probes": probes} | verdict(row)
 
 
@@ -78,8 +78,8 @@ def fit_suite(runs: list[RunSpec], device: Device, budget: int, results_root: Pa
     for i, spec in enumerate(runs, 1):
         print(f"[{i}/{len(runs)}] {spec.name}: probing batch sizes under {budget / 2**30:.2f} GiB", file=log,
               flush=True)
-        row = fit_run(spec, device, budget) | {"suite": spec.suite,
-                                               "run_key": spec.measured_key(device.name, device.type)}
+        row = fit_run(spec, device, budget) | {KEY.suite: spec.suite,
+                                               KEY.run_key: spec.measured_key(device.name, device.type)}
         folder = results.suite_folder(results_root, spec.suite, device.name) / "fit"
         results.write_atomic(folder / f"{results.run_stem(spec.name)}@{budget}.json", row)
         print(f"[{i}/{len(runs)}] {spec.name}: {said(row)}", file=log, flush=True)
@@ -88,8 +88,8 @@ def fit_suite(runs: list[RunSpec], device: Device, budget: int, results_root: Pa
 
 
 def said(row: dict[str, Any]) -> str:
-    if row["status"] != Status.OK:
-        return f"{row['status']}: {row['message']}"
+    if row[KEY.status] != Status.OK:
+        return f"{row[KEY.status]}: {row[KEY.message]}"
     flag = " ⚠ the prediction promises a batch that runs out of memory" if row.get("promises_oom") else ""
     return (f"largest batch measured {row['measured_largest_batch']}, predicted {row['predicted_largest_batch']} "
             f"({len(row['probes'])} probes){flag}")
@@ -100,4 +100,4 @@ def _field(device: Device) -> str:
 
 
 def _peak(out: dict[str, Any]) -> float | None:
-    return out.get("peak_allocated_bytes") or out.get("peak_tensor_bytes")
+    return out.get(KEY.peak_allocated_bytes) or out.get(KEY.peak_tensor_bytes)

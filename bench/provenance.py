@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from bench.record import KEY
+
 
 def device_name(device_type: str) -> str:
     """The card's name, read through NVML where possible so the parent process never initialises CUDA.
@@ -64,7 +66,7 @@ def git_revision(root: Path | None = None) -> str:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
         # Records and reports under results/ are the harness's own output: a sweep that follows another
         # would otherwise call its code dirty. What decides the figures is everything else.
-        status = ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results"]
+        status = ["git", KEY.status, "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results"]
         dirty = subprocess.run(status, cwd=root, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -79,23 +81,23 @@ PACKAGES = ("torchvision", "transformers", "timm", "peft", "accelerate", "torcha
 def runtime_provenance(device: torch.device) -> dict[str, Any]:
     """Read inside the run's process, after the run, so it reflects the settings the run used."""
     out: dict[str, Any] = {
-        "torch_version": torch.__version__,
-        "packages": package_versions(),
-        "python_version": platform.python_version(),
-        "hostname": platform.node(),
-        "cpu_threads": torch.get_num_threads(),
-        "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        KEY.torch_version: torch.__version__,
+        KEY.packages: package_versions(),
+        KEY.python_version: platform.python_version(),
+        KEY.hostname: platform.node(),
+        KEY.cpu_threads: torch.get_num_threads(),
+        KEY.finished_at: datetime.now(UTC).isoformat(timespec="seconds"),
     }
     if device.type == "cuda":
         out |= {
-            "cuda_version": torch.version.cuda,
-            "cudnn_version": torch.backends.cudnn.version(),
-            "driver_version": _driver_version(),
-            "allocator_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+            KEY.cuda_version: torch.version.cuda,
+            KEY.cudnn_version: torch.backends.cudnn.version(),
+            KEY.driver_version: _driver_version(),
+            KEY.allocator_conf: os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
             # TF32 silently changes fp32 baselines on Ampere and newer, so every CUDA record says.
-            "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
-            "tf32_cudnn": torch.backends.cudnn.allow_tf32,
-            "cudnn_benchmark": torch.backends.cudnn.benchmark,
+            KEY.tf32_matmul: torch.backends.cuda.matmul.allow_tf32,
+            KEY.tf32_cudnn: torch.backends.cudnn.allow_tf32,
+            KEY.cudnn_benchmark: torch.backends.cudnn.benchmark,
         }
     return out
 

@@ -249,7 +249,23 @@ class Provenance:
 # Each group under the Record attribute that holds it, in the order the reference lists them.
 GROUPS = {"identity": Identity, "outcome": Outcome, "memory": Memory, "timing": Timing, "data": Data,
           "prediction": Prediction, "fidelity": FidelityResult, "distributed": Distributed, "provenance": Provenance}
-MEMORY_SUMMARY = "memory_summary_text"  # the worker's torch.cuda.memory_summary(); stored beside the record instead
+MEMORY_SUMMARY = "memory_summary_text"
+
+
+class _Keys:
+    """Every stored key, as an attribute of ``KEY`` (``KEY.peak_tensor_bytes == "peak_tensor_bytes"``), derived
+    from the groups: code reads a record through these names, so that a typo is an AttributeError where it is
+    read rather than a silent None, and a renamed field is renamed everywhere."""
+
+    def __init__(self) -> None:
+        for group in GROUPS.values():
+            prefix = getattr(group, "prefix", "")
+            for f in fields(group):
+                if f.name != "ranks":  # stored as rank_<figure> (RANK_PREFIX)
+                    setattr(self, prefix + f.name, prefix + f.name)
+
+
+KEY = _Keys()  # the worker's torch.cuda.memory_summary(); stored beside the record instead
 
 
 @dataclass

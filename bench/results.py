@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from bench.errors import BadInput
-from bench.record import STATUSES, label, migrate, problems
+from bench.record import KEY, STATUSES, label, migrate, problems
 
 if TYPE_CHECKING:
     from bench.spec import RunSpec
 
-REQUIRED = {"suite", "run", "device", "status"}  # what every reader of a record relies on
+REQUIRED = {KEY.suite, KEY.run, KEY.device, KEY.status}  # what every reader of a record relies on
 
 
 def slug(text: str) -> str:
@@ -74,7 +74,7 @@ def store(path: Path, record: dict[str, Any]) -> None:
         write_atomic(path, record)
     except OSError as exc:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-        kept = Path(tempfile.gettempdir()) / f"bench-unsaved-{slug(record['suite'])}-{path.stem}-{stamp}.json"
+        kept = Path(tempfile.gettempdir()) / f"bench-unsaved-{slug(record[KEY.suite])}-{path.stem}-{stamp}.json"
         kept.write_text(json.dumps(record, indent=1, sort_keys=True, default=str))
         print(f"error: could not write {path} ({exc.strerror or exc}); the measurement is kept in {kept}: "
               f"copy it there once the folder can be written", file=sys.stderr)
@@ -136,13 +136,13 @@ def base_record(spec: RunSpec, device: str, device_type: str, key: str, revision
     """What a record says of the run before it is measured: its identity, shapes and specification."""
     shapes = spec.shapes(device_type)
     return {
-        "suite": spec.suite, "run": spec.name, "model": spec.model_on(device_type), "baseline": spec.baseline,
-        "techniques": [t.label for t in spec.techniques],
-        "device": device, "device_type": device_type,
-        "batch_size": shapes.batch_size, "image_size": shapes.image_size, "seq_len": shapes.seq_len,
-        "seed": spec.seed, "warmup_steps": shapes.warmup_steps, "measure_steps": shapes.measure_steps,
-        "nproc": spec.nproc,
-        "git_revision": revision, "run_key": key, "spec": spec.to_dict(),
+        KEY.suite: spec.suite, KEY.run: spec.name, KEY.model: spec.model_on(device_type), KEY.baseline: spec.baseline,
+        KEY.techniques: [t.label for t in spec.techniques],
+        KEY.device: device, KEY.device_type: device_type,
+        KEY.batch_size: shapes.batch_size, KEY.image_size: shapes.image_size, KEY.seq_len: shapes.seq_len,
+        KEY.seed: spec.seed, KEY.warmup_steps: shapes.warmup_steps, KEY.measure_steps: shapes.measure_steps,
+        KEY.nproc: spec.nproc,
+        KEY.git_revision: revision, KEY.run_key: key, KEY.spec: spec.to_dict(),
     }
 
 
@@ -151,7 +151,7 @@ def read(path: Path, warn: bool = True) -> dict[str, Any] | None:
     on stderr: silently leaving a measured run out of a report would hide it."""
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
-        if not (isinstance(record, dict) and record.keys() >= REQUIRED and record["status"] in STATUSES):
+        if not (isinstance(record, dict) and record.keys() >= REQUIRED and record[KEY.status] in STATUSES):
             raise ValueError(f"not a record: expected an object with {', '.join(sorted(REQUIRED))} and a status "
                              f"among {', '.join(STATUSES)}")
         if wrong := problems(migrate(record)):
@@ -216,7 +216,7 @@ def keep_superseded(path: Path) -> Path | None:
     old = read(path, warn=False) if path.exists() else None
     if old is None:
         return None
-    stamp = str(old.get("stored_at") or old.get("finished_at") or "unstamped").replace(":", "")
+    stamp = str(old.get(KEY.stored_at) or old.get(KEY.finished_at) or "unstamped").replace(":", "")
     kept = path.parent / SUPERSEDED / f"{path.stem}.{stamp}.json"
     try:
         kept.parent.mkdir(exist_ok=True)
@@ -235,10 +235,10 @@ def load_records(suite_dir: Path) -> list[dict[str, Any]]:
 def accuracy_vs_baseline(record: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, Any]:
     """The accuracy delta against the baseline's first seed (same initial weights and data order), and the
     noise band: the spread (max − min) of the baseline's accuracies over its seeds."""
-    acc, base = record.get("accuracy"), (baseline or {}).get("accuracy")
+    acc, base = record.get(KEY.accuracy), (baseline or {}).get(KEY.accuracy)
     if acc is None or base is None:
         return {}
-    seeds = baseline.get("accuracy_seeds") or [base]
+    seeds = baseline.get(KEY.accuracy_seeds) or [base]
     delta, band = acc - base, max(seeds) - min(seeds)
     return {"accuracy_delta": delta, "accuracy_band": band, "outside_band": abs(delta) > band}
 
@@ -249,20 +249,20 @@ def to_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     tables show, ``technique`` the first technique's name (what colours it); the technique proofs become
     ``proof.<technique>.<key>`` columns, the versions of the packages the run imported ``package.<name>``."""
     flat = [migrate(r) for r in records]
-    baselines = {(r.get("suite"), r["device"]): r for r in flat if r["run"] == r.get("baseline")}
+    baselines = {(r.get(KEY.suite), r[KEY.device]): r for r in flat if r[KEY.run] == r.get(KEY.baseline)}
     rows = []
     for r in flat:
-        row = {k: v for k, v in r.items() if k not in ("proof", "spec", "packages", "techniques")}
-        row |= {"techniques": label(r.get("techniques") or []), "technique": _first_technique(r)}
-        row |= accuracy_vs_baseline(r, baselines.get((r.get("suite"), r["device"])))
-        row |= {f"proof.{k}": v for k, v in (r.get("proof") or {}).items()}
-        row |= {f"package.{k}": v for k, v in (r.get("packages") or {}).items()}
+        row = {k: v for k, v in r.items() if k not in (KEY.proof, KEY.spec, KEY.packages, KEY.techniques)}
+        row |= {KEY.techniques: label(r.get(KEY.techniques) or []), "technique": _first_technique(r)}
+        row |= accuracy_vs_baseline(r, baselines.get((r.get(KEY.suite), r[KEY.device])))
+        row |= {f"proof.{k}": v for k, v in (r.get(KEY.proof) or {}).items()}
+        row |= {f"package.{k}": v for k, v in (r.get(KEY.packages) or {}).items()}
         rows.append(row)
     return pd.DataFrame(rows)
 
 
 def _first_technique(record: dict[str, Any]) -> str:
     """The name of the run's first technique ("" for none), from its specification where it has one."""
-    if techniques := (record.get("spec") or {}).get("techniques"):
+    if techniques := (record.get(KEY.spec) or {}).get(KEY.techniques):
         return techniques[0]["name"]
-    return (record.get("techniques") or [""])[0].split("(")[0]
+    return (record.get(KEY.techniques) or [""])[0].split("(")[0]

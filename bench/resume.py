@@ -21,7 +21,7 @@ from typing import Any
 
 from bench import results
 from bench.errors import BadInput
-from bench.record import DETERMINISTIC
+from bench.record import DETERMINISTIC, KEY
 from bench.suite import RunSpec, Suite
 
 FORCE_MARKER = ".forced-since"
@@ -43,7 +43,7 @@ class Task:
     @property
     def never_measured(self) -> bool:
         """No record of this run (this device, this key) at all: a campaign measures these first."""
-        return self.stored is None or self.stored.get("run_key") not in (self.keys or {self.key})
+        return self.stored is None or self.stored.get(KEY.run_key) not in (self.keys or {self.key})
 
 
 def plan(suite: Suite, device_name: str | None, root: Path, fidelity: bool = True, keep_failures: bool = False,
@@ -76,8 +76,8 @@ def _measured_on(root: Path, suite: str, device_type: str, *specs: RunSpec) -> s
     """The device of a stored record of this run, on any device, with the key of one of ``specs`` there."""
     for folder in sorted(p for p in (root / suite).glob("*") if p.is_dir()):
         record = results.read(folder / f"{results.run_stem(specs[0].name)}.json", warn=False)
-        if record is not None and record.get("run_key") in accepted(record["device"], device_type, *specs):
-            return record["device"]
+        if record is not None and record.get(KEY.run_key) in accepted(record[KEY.device], device_type, *specs):
+            return record[KEY.device]
     return None
 
 
@@ -86,12 +86,12 @@ def _decide(stored: dict[str, Any] | None, keys: set[str], keep_failures: bool,
     """(measure it?, why)."""
     if stored is None:
         return True, "no stored record"
-    if stored.get("run_key") not in keys:
+    if stored.get(KEY.run_key) not in keys:
         return True, ("the stored record measured another specification or device, or the code of the user's "
                       "modules the run names has changed since")
-    if forced_since is not None and str(stored.get("stored_at") or stored.get("finished_at", "")) < forced_since:
+    if forced_since is not None and str(stored.get(KEY.stored_at) or stored.get(KEY.finished_at, "")) < forced_since:
         return True, f"stored before --force began ({forced_since})"
-    status = stored["status"]
+    status = stored[KEY.status]
     if status in DETERMINISTIC or keep_failures:
         return False, f"kept stored record ({status})"
     return True, f"retried: the stored record is {status!r}, which may not recur (--keep-failures keeps it)"

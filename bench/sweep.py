@@ -12,7 +12,7 @@ from typing import Any, TextIO
 
 from bench import results, resume
 from bench.launch import Launcher
-from bench.record import MEMORY_SUMMARY, Record, Status
+from bench.record import KEY, MEMORY_SUMMARY, Record, Status
 from bench.suite import Suite
 
 
@@ -66,7 +66,7 @@ def _measure(suites: list[Suite], launcher: Launcher, results_root: Path, folder
         for i, t in enumerate(todo, 1):
             print(f"[{i}/{len(todo)}] {label(t)}: running ({t.reason}; {_elapsed(start)} elapsed"
                   f"{_eta(start, i - 1, len(todo))})", file=log, flush=True)
-            record = result(t) | {"run_index": t.suite.position(t.spec.name)}
+            record = result(t) | {KEY.run_index: t.suite.position(t.spec.name)}
             finish(record, records[t.suite.name], results_root)
             if archive is not None and device:
                 results.pack(archive, results_root, names, device)
@@ -84,18 +84,18 @@ def estimate(todo: list[resume.Task], root: Path, device: str | None, device_typ
     seen: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for suite in {t.suite.name for t in todo}:
         for r in results.load_records(root / suite):
-            if r.get("wall_s") and r.get("device_type", "cpu") == device_type:
-                seen.setdefault((suite, r["run"]), []).append(r)
+            if r.get(KEY.wall_s) and r.get(KEY.device_type, "cpu") == device_type:
+                seen.setdefault((suite, r[KEY.run]), []).append(r)
     total = fidelity = 0.0
     known, sources = 0, set()
     for t in todo:
         if found := seen.get((t.suite.name, t.spec.name)):
-            r = max(found, key=lambda r: r["device"] == device)
-            wall, fid = float(r["wall_s"]), float(r.get("fidelity_s") or 0)
+            r = max(found, key=lambda r: r[KEY.device] == device)
+            wall, fid = float(r[KEY.wall_s]), float(r.get(KEY.fidelity_s) or 0)
             has_fidelity = t.spec.fidelity(device_type) is not None
             total += wall if has_fidelity else wall - fid
             fidelity += fid if has_fidelity else 0.0
-            known, sources = known + 1, sources | {r["device"]}
+            known, sources = known + 1, sources | {r[KEY.device]}
     if not known:
         return ""
     where = "this device" if sources == {device} else "; ".join(sorted(sources))
@@ -114,10 +114,10 @@ def _missing_snapshot(task: resume.Task, launcher: Launcher) -> str:
 def finish(record: dict[str, Any], records: list[dict[str, Any]], results_root: Path) -> None:
     """Store the record atomically, in its typed form (bench.record: a figure without a value is absent), and
     keep it with the others. What is derived from several records (the accuracy delta) is left to reports."""
-    record["stored_at"] = datetime.now(UTC).isoformat(timespec="microseconds")  # what --force compares
-    path = results.record_path(results_root, record["suite"], record["device"], record["run"])
+    record[KEY.stored_at] = datetime.now(UTC).isoformat(timespec="microseconds")  # what --force compares
+    path = results.record_path(results_root, record[KEY.suite], record[KEY.device], record[KEY.run])
     if summary := record.pop(MEMORY_SUMMARY, None):
-        record["memory_summary"] = results.save_beside(path, ".memory.txt", summary)
+        record[KEY.memory_summary] = results.save_beside(path, ".memory.txt", summary)
     record = finite(Record.from_flat(record).to_flat())
     results.set_aside_if_unreadable(path)
     results.keep_superseded(path)
@@ -141,32 +141,32 @@ def finite(record: dict[str, Any]) -> dict[str, Any]:
         return value
 
     out = {k: clean(v, k) for k, v in record.items()}
-    return out | ({"non_finite": sorted(set(bad))} if bad else {})
+    return out | ({KEY.non_finite: sorted(set(bad))} if bad else {})
 
 
 def _baseline(record: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The suite's baseline record on the record's device: the record itself, or one stored before it."""
-    return next((r for r in reversed(records) if r["run"] == record["baseline"] and r["device"] == record["device"]),
-                None)
+    return next((r for r in reversed(records)
+                 if r[KEY.run] == record[KEY.baseline] and r[KEY.device] == record[KEY.device]), None)
 
 
 def _outcome(record: dict[str, Any], baseline: dict[str, Any] | None = None) -> str:
     """The progress line's summary: what a user watching the sweep wants first; the accuracy delta against
     ``baseline`` where both have an accuracy."""
-    if record["status"] != Status.OK:
-        return f"{record['status']}: {record['message']}"
-    peak = record.get("peak_allocated_bytes") or record.get("peak_tensor_bytes")
+    if record[KEY.status] != Status.OK:
+        return f"{record[KEY.status]}: {record[KEY.message]}"
+    peak = record.get(KEY.peak_allocated_bytes) or record.get(KEY.peak_tensor_bytes)
     # No peak: a compiled model runs nothing the tracker sees, and a CPU has no allocator peak. Not a zero.
     parts = [f"peak {peak / 2**20:,.1f} MiB" if peak else "peak not tracked",
-             f"{record['samples_per_s']:,.1f} samples/s"]
-    if record.get("accuracy") is not None:
+             f"{record[KEY.samples_per_s]:,.1f} samples/s"]
+    if record.get(KEY.accuracy) is not None:
         delta = results.accuracy_vs_baseline(record, baseline).get("accuracy_delta")
-        shown = delta is not None and record["run"] != record["baseline"]
-        parts.append(f"accuracy {record['accuracy']:.1%}" + (f" ({delta * 100:+.1f} pt)" if shown else ""))
-    if record.get("fidelity_error"):
-        parts.append(f"fidelity phase failed: {record['fidelity_error']}")
-    if record.get("warning"):
-        parts.append(f"warning: {record['warning']}")
+        shown = delta is not None and record[KEY.run] != record[KEY.baseline]
+        parts.append(f"accuracy {record[KEY.accuracy]:.1%}" + (f" ({delta * 100:+.1f} pt)" if shown else ""))
+    if record.get(KEY.fidelity_error):
+        parts.append(f"fidelity phase failed: {record[KEY.fidelity_error]}")
+    if record.get(KEY.warning):
+        parts.append(f"warning: {record[KEY.warning]}")
     return "ok, " + ", ".join(parts)
 
 

@@ -38,7 +38,7 @@ from bench.models.weights import digest
 from bench.predict import predict_run
 from bench.provenance import runtime_provenance
 from bench.recipe import Recipe, Stepper, batches, tracked_steps
-from bench.record import MEMORY_SUMMARY, Status
+from bench.record import KEY, MEMORY_SUMMARY, Status
 from bench.suite import Fidelity, RunSpec
 from bench.techniques import RunContext, Technique, Unsupported
 
@@ -57,7 +57,7 @@ def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None,
     recipe = Recipe.of(spec, device, world_size=group.world_size, rank=group.rank)
     ctx, techniques, shapes = recipe.ctx, recipe.techniques, recipe.ctx.shapes
     if reason := recipe.unsupported():
-        return {"status": Status.UNSUPPORTED, "message": reason}
+        return {KEY.status: Status.UNSUPPORTED, KEY.message: reason}
     if prediction is None:
         progress.say("predicting its peak")
         prediction = predict_run(spec, device.type)  # before anything real is allocated
@@ -66,33 +66,34 @@ def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None,
     trainer, batch, figures = _build(spec, recipe)
     feed = recipe.feed()
     if launched_at is not None:  # process start, imports, prediction and build: what the device waited for
-        figures["startup_s"] = round(time.time() - launched_at, 2)
+        figures[KEY.startup_s] = round(time.time() - launched_at, 2)
     # Warm-up: allocator, cuDNN autotune, optimizer state, compilation. The first step is timed on its
     # own, since that is where one-off costs (compilation above all) land.
     progress.say("warm-up")
     warm = batches(batch, feed, shapes.warmup_steps)
-    figures["first_step_ms"] = time_steps(lambda: trainer.step(next(warm)), 1, device)[0]
+    figures[KEY.first_step_ms] = time_steps(lambda: trainer.step(next(warm)), 1, device)[0]
     for b in warm:
         trainer.step(b)
     figures |= _memory_pass(trainer, batch, feed, shapes.measure_steps, techniques, device, snapshot)
     # Data-parallel ranks each take their own batch: a step of the group processes that many.
     ranks = max((t.replicas(group.world_size) for t in techniques), default=1)
     figures |= _timed_pass(trainer, batch, feed, samples_in(batch) * ranks, ctx)
-    counted = {k: prediction.get(f"predicted_{k}") for k in ("flops_per_step", "ops_per_step", "op_bytes_per_step")}
+    counts = (KEY.flops_per_step, KEY.ops_per_step, KEY.op_bytes_per_step)
+    counted = {k: prediction.get(f"predicted_{k}") for k in counts}
     figures |= _counts(trainer, figures) | prediction | counted
     if device.type == "cuda":
-        figures |= mfu(figures | {"tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
-                                  "device": torch.cuda.get_device_name(device)})
-    figures["measure_s"] = round(time.perf_counter() - clock, 2)  # build, warm-up, instrumented and timed steps
+        figures |= mfu(figures | {KEY.tf32_matmul: torch.backends.cuda.matmul.allow_tf32,
+                                  KEY.device: torch.cuda.get_device_name(device)})
+    figures[KEY.measure_s] = round(time.perf_counter() - clock, 2)  # build, warm-up, instrumented and timed steps
     if (fid := spec.fidelity(device.type)) is not None:
         if measured is not None:  # kept by the sweep if the fidelity phase is cut short
-            measured({"status": Status.OK, "message": "", **figures})
+            measured({KEY.status: Status.OK, KEY.message: "", **figures})
         del trainer, batch  # free the measured model before training another
         progress.say("fidelity phase (accuracy)")
         clock = time.perf_counter()
         figures |= _fidelity(spec, fid, device)
-        figures["fidelity_s"] = round(time.perf_counter() - clock, 2)
-    return {"status": Status.OK, "message": "", **figures}
+        figures[KEY.fidelity_s] = round(time.perf_counter() - clock, 2)
+    return {KEY.status: Status.OK, KEY.message: "", **figures}
 
 
 def _build(spec: RunSpec, recipe: Recipe) -> tuple[Stepper, Batch, dict[str, Any]]:
@@ -102,7 +103,7 @@ def _build(spec: RunSpec, recipe: Recipe) -> tuple[Stepper, Batch, dict[str, Any
         torch.backends.cudnn.benchmark = True  # fixed shapes: let warm-up pick the fastest kernels
     model, figures = recipe.model(spec.weights)
     if spec.weights:  # once per run: the fidelity phase loads the same file again for each seed
-        figures["weights_sha256"] = digest(spec.weights)
+        figures[KEY.weights_sha256] = digest(spec.weights)
     return recipe.stepper(model), recipe.batch(), figures
 
 
@@ -123,7 +124,7 @@ def _memory_pass(trainer: Stepper, batch: Batch, feed: Feed | None, steps: int, 
     if snapshot:
         torch.cuda.memory._dump_snapshot(snapshot)
         torch.cuda.memory._record_memory_history(enabled=None)
-        figures["snapshot"] = Path(snapshot).name
+        figures[KEY.snapshot] = Path(snapshot).name
     return figures
 
 
@@ -141,14 +142,14 @@ def _timed_pass(trainer: Stepper, batch: Batch, feed: Feed | None, samples: int,
     figures: dict[str, Any] = {} if device.type == "cuda" else share(time.process_time() - cpu_clock, sum(times) / 1e3)
     if device.type == "cuda":
         figures |= cuda_peaks(device)
-        figures["nvml_process_bytes"] = nvml_process_bytes(device)
+        figures[KEY.nvml_process_bytes] = nvml_process_bytes(device)
         figures |= overheads(figures)
         # The seed article's monitor, over the timed steps: the runner saves it beside the record.
         figures[MEMORY_SUMMARY] = torch.cuda.memory_summary(device)
     tokens = ctx.shapes.seq_len if ctx.model_spec.inputs == "tokens" and feed is None else None
     return (figures | summarize(times, samples, tokens) | _warm_up_check(times, ctx.shapes.warmup_steps)
             | ({} if feed is None else loader_figures(feed, times))
-            | {"step_times_ms": times, "rss_peak_bytes": rss_peak_bytes()})
+            | {KEY.step_times_ms: times, KEY.rss_peak_bytes: rss_peak_bytes()})
 
 
 BUSY = 0.75  # a CPU run whose process got less than this share of its threads' time over the timed steps
@@ -162,8 +163,8 @@ def share(cpu_s: float, wall_s: float) -> dict[str, Any]:
     the record says so (``busy_machine``), and reports mark it."""
     got = cpu_s / (wall_s * torch.get_num_threads()) if wall_s > 0 else None
     load = os.getloadavg()[0]
-    return {"load_average": round(load, 2), "cpu_share": None if got is None else round(got, 3),
-            "busy_machine": got is not None and got < BUSY and load > (os.cpu_count() or 1)}
+    return {KEY.load_average: round(load, 2), KEY.cpu_share: None if got is None else round(got, 3),
+            KEY.busy_machine: got is not None and got < BUSY and load > (os.cpu_count() or 1)}
 
 
 def loader_figures(feed: Feed, times_ms: list[float]) -> dict[str, Any]:
@@ -172,11 +173,11 @@ def loader_figures(feed: Feed, times_ms: list[float]) -> dict[str, Any]:
     the loader inside each step."""
     seconds = sum(times_ms) / 1e3
     real, total = (sum(column) for column in zip(*feed.tokens))
-    return {"tokens_per_s": total / seconds, "real_tokens_per_s": real / seconds,
-            "padding_fraction": 1 - real / total,
-            "padding_fraction_per_batch": [round(1 - r / t, 4) for r, t in feed.tokens],
-            "loader_wait_ms_median": statistics.median(feed.waits_ms), "loader": feed.batching.name,
-            "lengths": feed.shapes.lengths, "loader_workers": feed.shapes.loader_workers}
+    return {KEY.tokens_per_s: total / seconds, KEY.real_tokens_per_s: real / seconds,
+            KEY.padding_fraction: 1 - real / total,
+            KEY.padding_fraction_per_batch: [round(1 - r / t, 4) for r, t in feed.tokens],
+            KEY.loader_wait_ms_median: statistics.median(feed.waits_ms), KEY.loader: feed.batching.name,
+            KEY.lengths: feed.shapes.lengths, KEY.loader_workers: feed.shapes.loader_workers}
 
 
 def _warm_up_check(times: list[float], warmup_steps: int) -> dict[str, str]:
@@ -185,7 +186,7 @@ def _warm_up_check(times: list[float], warmup_steps: int) -> dict[str, str]:
     rest = sorted(times[1:])
     if not rest or times[0] <= SLOW_FIRST_STEP * rest[len(rest) // 2]:
         return {}
-    return {"warning": f"the first timed step took {times[0]:,.0f} ms against {rest[len(rest) // 2]:,.0f} ms for "
+    return {KEY.warning: f"the first timed step took {times[0]:,.0f} ms against {rest[len(rest) // 2]:,.0f} ms for "
                        f"the others: {warmup_steps} warm-up step(s) did not absorb a one-off cost; raise "
                        "warmup_steps"}
 
@@ -195,11 +196,11 @@ def _counts(trainer: Stepper, figures: dict[str, Any]) -> dict[str, Any]:
     16·Ψ/N fully sharded), and the trainer's proof that each technique took effect."""
     params = list(trainer.model.parameters())
     return {
-        "param_count": sum(p.numel() for p in params),
-        "trainable_param_count": sum(p.numel() for p in params if p.requires_grad),
-        "model_state_bytes": sum(figures.get(k) or 0 for k in ("param_bytes", "gradient_bytes",
-                                                                "optimizer_state_bytes")),
-        "proof": trainer.proof(),
+        KEY.param_count: sum(p.numel() for p in params),
+        KEY.trainable_param_count: sum(p.numel() for p in params if p.requires_grad),
+        KEY.model_state_bytes: sum(figures.get(k) or 0 for k in (KEY.param_bytes, KEY.gradient_bytes,
+                                                                KEY.optimizer_state_bytes)),
+        KEY.proof: trainer.proof(),
     }
 
 
@@ -210,19 +211,19 @@ def _fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str, A
     try:
         return run_fidelity(spec, fid, device)
     except Unsupported as exc:
-        return {"fidelity_error": f"unsupported: {exc}"}
+        return {KEY.fidelity_error: f"unsupported: {exc}"}
     except Exception as exc:  # noqa: BLE001
         traceback.print_exc()
-        return {"fidelity_error": f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"}
+        return {KEY.fidelity_error: f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"}
 
 
 def over_budget(result: dict[str, Any], budget: int) -> dict[str, Any]:
     """On a CPU, where no allocator can be limited, a budget holds against the tracked peak of live tensor
     bytes, the figure a CPU run is measured by: a run over it is out of memory as it would be on a card."""
-    peak = result.get("peak_tensor_bytes")
-    if result["status"] != Status.OK or peak is None or peak <= budget:
+    peak = result.get(KEY.peak_tensor_bytes)
+    if result[KEY.status] != Status.OK or peak is None or peak <= budget:
         return {}
-    return {"status": Status.OOM, "message": f"tracked peak {peak:,} bytes is over the budget of {budget:,} bytes"}
+    return {KEY.status: Status.OOM, KEY.message: f"tracked peak {peak:,} bytes is over the budget of {budget:,} bytes"}
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -255,16 +256,16 @@ def main(spec_path: str, out_path: str) -> int:
         if budget and device.type == "cpu":
             result |= over_budget(result, budget)
     except Unsupported as exc:
-        result = {"status": Status.UNSUPPORTED, "message": str(exc)}
+        result = {KEY.status: Status.UNSUPPORTED, KEY.message: str(exc)}
     except Exception as exc:  # noqa: BLE001  a failed run is a result, not a crash of the sweep
         traceback.print_exc()
         status = Status.OOM if is_oom(exc) else Status.ERROR
         first_line = (str(exc).strip().splitlines() or [""])[0][:500]
-        result = {"status": status, "message": f"{type(exc).__name__}: {first_line}"}
+        result = {KEY.status: status, KEY.message: f"{type(exc).__name__}: {first_line}"}
         if device.type == "cuda":
             result |= cuda_peaks(device)
         if group.world_size > 1:
-            result |= {"failed_rank": group.rank, "world_size": group.world_size}
+            result |= {KEY.failed_rank: group.rank, KEY.world_size: group.world_size}
             own = result | runtime_provenance(device)
             Path(f"{out_path}.rank{group.rank}").write_text(json.dumps(own, default=str))
             return 1

@@ -25,7 +25,7 @@ from bench.advise.search import Candidate, Search, Searcher
 from bench.advise.source import Source, source
 from bench.predict.budget import Budget, fewest_ranks, runs_at
 from bench.provenance import EMULATED_BF16, device_name, native_bf16
-from bench.record import Status
+from bench.record import KEY, Status
 from bench.spec import RunSpec
 
 MOST_RANKS = 8  # nothing fits: the fewest ranks fsdp would need are looked for up to a node's GPUs
@@ -74,7 +74,7 @@ def advise(src: Source, budget: Budget, device_type: str = "cuda", nproc: int = 
         searcher = Searcher(template, base, found, predictions, lambda b, alone: Estimator(
             evidence, model, device_type, rates, calibration, b, alone, batch, timed), log, _unfit(device_type))
         baseline, estimator = searcher.singles()
-        limit = budget.bytes(baseline["predicted_peak_tensor_bytes"])
+        limit = budget.bytes(baseline[KEY.predicted_peak_tensor_bytes])
         kept = searcher.pruned_axes(estimator)
         advice = Advice(src, device_type, limit, budget.text, baseline, [], searcher.search, estimator,
                         max_batch=max_batch)
@@ -124,10 +124,10 @@ def _calibration(evidence: Evidence, device_type: str, rates: Rates, predictions
     """The device's seconds a FLOP and an operator, from its measured baseline steps; a record older than its
     counts is counted again (predicted at its own shapes, cached)."""
     records = evidence.baselines(device_type)
-    counts = predictions.peaks([RunSpec.from_dict(r["spec"]) for r in records])
-    steps = [(f"{r['model']} (results/{r['suite']})", r["step_time_ms_median"] / 1000,
-              tuple(c[f"predicted_{k}"] for k in ("flops_per_step", "ops_per_step", "op_bytes_per_step")))
-             for r, c in zip(records, counts) if c["predicted_status"] == Status.OK]
+    counts = predictions.peaks([RunSpec.from_dict(r[KEY.spec]) for r in records])
+    steps = [(f"{r[KEY.model]} (results/{r[KEY.suite]})", r[KEY.step_time_ms_median] / 1000,
+              tuple(c[f"predicted_{k}"] for k in (KEY.flops_per_step, KEY.ops_per_step, KEY.op_bytes_per_step)))
+             for r, c in zip(records, counts) if c[KEY.predicted_status] == Status.OK]
     return calibrate(steps, rates)
 
 
@@ -151,7 +151,7 @@ def _strongest(searcher: Searcher, kept: list[Axis], predictions: Predictions,
     if plan is None:
         return None
     out = predictions.peaks([plan.spec(searcher.template)])[0]
-    if out["predicted_status"] != Status.OK:
+    if out[KEY.predicted_status] != Status.OK:
         return None
     return Candidate(plan, out, estimator.speed(plan), estimator.accuracy(plan))
 

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from bench.record import KEY
 from bench.advise import probe
 from bench.advise.evidence import Evidence, Figure, canonical
 from bench.advise.plans import Option, Plan
@@ -181,7 +182,7 @@ class Estimator:
     def seconds(self, predicted: dict[str, Any], option: Option | None) -> float:
         """Counted seconds per sample of a step as predicted (see the module's note)."""
         get = lambda key: predicted.get(f"predicted_{key}") or 0  # noqa: E731
-        compute = self.calibration.seconds(get("flops_per_step"), get("ops_per_step"), get("op_bytes_per_step"))
+        compute = self.calibration.seconds(get(KEY.flops_per_step), get(KEY.ops_per_step), get(KEY.op_bytes_per_step))
         moved = self._moved(predicted, option) / self.rates.link
         overlapped = option is not None and option.cls.overlaps_traffic
         return (max(compute, moved) if overlapped else compute + moved) / self.batch
@@ -192,10 +193,10 @@ class Estimator:
         and weights up."""
         traffic = option.cls.host_traffic if option else ""
         if traffic == "activations":
-            kept_off = self.baseline["predicted_activation_bytes"] - predicted["predicted_activation_bytes"]
+            kept_off = self.baseline[KEY.predicted_activation_bytes] - predicted[KEY.predicted_activation_bytes]
             return 2 * max(kept_off, 0)
         if traffic == "optimizer":
-            return 2 * self.baseline["predicted_param_bytes"]
+            return 2 * self.baseline[KEY.predicted_param_bytes]
         return 0.0
 
     def accuracy(self, plan: Plan) -> Accuracy:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from bench.record import Status, migrate
+from bench.record import KEY, Status, migrate
 from bench.results import accuracy_vs_baseline, load_records
 from bench.spec import TechniqueSpec
 from bench.techniques import resolve
@@ -46,20 +46,22 @@ class Evidence:
         self._accuracy: dict[frozenset[str], list[dict[str, Any]]] = {}
         self._rates: list[dict[str, Any]] = []
         for suite in sorted(p for p in results.glob("*") if p.is_dir() and not p.name.startswith(".")):
-            self._index([r for r in load_records(suite) if (r.get("spec") or {}).get("mode", "train") == mode])
+            self._index([r for r in load_records(suite) if (r.get(KEY.spec) or {}).get("mode", "train") == mode])
 
     def _index(self, records: list[dict[str, Any]]) -> None:
-        ok = [migrate(r) for r in records if r.get("status") == Status.OK and r.get("spec") and r.get("nproc", 1) == 1]
-        baselines = {r["device"]: r for r in ok if r["run"] == r.get("baseline")}
+        ok = [migrate(r) for r in records
+              if r.get(KEY.status) == Status.OK and r.get(KEY.spec) and r.get(KEY.nproc, 1) == 1]
+        baselines = {r[KEY.device]: r for r in ok if r[KEY.run] == r.get(KEY.baseline)}
         for r in ok:
-            key = canonical(TechniqueSpec(t["name"], tuple(map(tuple, t["options"]))) for t in r["spec"]["techniques"])
-            base = baselines.get(r["device"])
-            if base is not None and r.get("samples_per_s") and base.get("samples_per_s"):
-                self._speed.setdefault(key, []).append((r, r["samples_per_s"] / base["samples_per_s"]))
+            named = r[KEY.spec]["techniques"]  # the spec's own form: name and options each
+            key = canonical(TechniqueSpec(t["name"], tuple(map(tuple, t["options"]))) for t in named)
+            base = baselines.get(r[KEY.device])
+            if base is not None and r.get(KEY.samples_per_s) and base.get(KEY.samples_per_s):
+                self._speed.setdefault(key, []).append((r, r[KEY.samples_per_s] / base[KEY.samples_per_s]))
             r |= accuracy_vs_baseline(r, base)
             if r.get("accuracy_delta") is not None:
                 self._accuracy.setdefault(key, []).append(r)
-            if not key and r.get("step_time_ms_median"):
+            if not key and r.get(KEY.step_time_ms_median):
                 self._rates.append(r)
 
     def speed(self, plan: frozenset[str], model: str, device_type: str, dtype: bool = False) -> Figure | None:
@@ -70,27 +72,27 @@ class Evidence:
         name, bf16 steps took 0.6 times the fp32 step on the committed BERT-base records and 15 times on the Llama
         ones, measured on a VM without AVX-512 (records keyed before the name carried the instructions match no
         CPU here)."""
-        found = [(r, v) for r, v in self._speed.get(plan, []) if r.get("device_type") == device_type
-                 and not (dtype and device_type == "cpu" and r["device"] != self.device)]
+        found = [(r, v) for r, v in self._speed.get(plan, []) if r.get(KEY.device_type) == device_type
+                 and not (dtype and device_type == "cpu" and r[KEY.device] != self.device)]
         if not found:
             return None
-        r, v = max(found, key=lambda f: (f[0]["model"] == model, f[0]["device"] == self.device,
-                                         f[0].get("measure_steps", 0)))
-        return Figure(v, where(r), same_model=r["model"] == model)
+        r, v = max(found, key=lambda f: (f[0][KEY.model] == model, f[0][KEY.device] == self.device,
+                                         f[0].get(KEY.measure_steps, 0)))
+        return Figure(v, where(r), same_model=r[KEY.model] == model)
 
     def accuracy(self, plan: frozenset[str], model: str) -> Figure | None:
         """The plan's accuracy delta against its baseline in the fidelity phase (a fraction), on any device, of
         the same model only: another model's task and noise say little about this one's."""
-        found = [r for r in self._accuracy.get(plan, []) if r["model"] == model]
+        found = [r for r in self._accuracy.get(plan, []) if r[KEY.model] == model]
         if not found:
             return None
-        r = max(found, key=lambda r: r.get("device_type") == "cuda")
+        r = max(found, key=lambda r: r.get(KEY.device_type) == "cuda")
         return Figure(r["accuracy_delta"], where(r), bool(r.get("outside_band")))
 
     def baselines(self, device_type: str) -> list[dict[str, Any]]:
         """The measured baseline steps (one process, no technique) on devices of ``device_type``."""
-        return [r for r in self._rates if r.get("device_type") == device_type]
+        return [r for r in self._rates if r.get(KEY.device_type) == device_type]
 
 
 def where(record: dict[str, Any]) -> str:
-    return f"{record['model']} on {record['device']} (results/{record['suite']}, {record['run']})"
+    return f"{record[KEY.model]} on {record[KEY.device]} (results/{record[KEY.suite]}, {record[KEY.run]})"

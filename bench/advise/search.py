@@ -19,10 +19,10 @@ from typing import Any, TextIO
 from bench.advise.estimate import Accuracy, Estimate, Estimator
 from bench.advise.plans import Axis, Option, Plan, combinations, problems
 from bench.advise.predictions import Predictions
-from bench.record import Status
+from bench.record import KEY, Status
 from bench.spec import RunSpec
 
-PEAK = "predicted_peak_tensor_bytes"
+PEAK = KEY.predicted_peak_tensor_bytes
 GUESS_MARGIN = 1.0  # a plan whose guessed peak is over the budget by more than this share is not predicted
 
 
@@ -75,10 +75,10 @@ class Searcher:
         print(f"advise: predicting the baseline and {len(runnable)} options alone", file=self.log, flush=True)
         made = self.predictions.peaks([self.base.spec(self.template)] + [p.spec(self.template) for _, p in runnable])
         baseline, rest = made[0], made[1:]
-        if baseline["predicted_status"] != Status.OK:
-            raise RuntimeError(f"the baseline cannot be predicted: {baseline.get('predicted_message')}")
+        if baseline[KEY.predicted_status] != Status.OK:
+            raise RuntimeError(f"the baseline cannot be predicted: {baseline.get(KEY.predicted_message)}")
         for (option, _), out in zip(runnable, rest):
-            why = [] if out["predicted_status"] == Status.OK else [out.get("predicted_message", "")]
+            why = [] if out[KEY.predicted_status] == Status.OK else [out.get(KEY.predicted_message, "")]
             if not self._refused(option, why):
                 self.alone[option.name] = out
         for o in self.base.options:
@@ -156,7 +156,7 @@ class Searcher:
             outs = self.predictions.peaks([p.spec(self.template) for _, _, p in batch])
             predicted += len(batch)
             for (speed, accuracy, plan), out in zip(batch, outs):
-                if out["predicted_status"] == Status.OK:
+                if out[KEY.predicted_status] == Status.OK:
                     found_in = self.search.fits if out[PEAK] <= budget else self.search.misses
                     found_in.append(Candidate(plan, out, speed, accuracy))
             if minimal:  # a plan found in this chunk may cover one found beside it

@@ -10,7 +10,7 @@ from typing import Any
 from bench.advise import Advice
 from bench.advise.search import Candidate
 from bench.advise.source import device_type_key, loaded, to_toml
-from bench.record import Status
+from bench.record import KEY, Status
 from bench.results import slug, write_atomic
 
 GIB = 2**30
@@ -18,7 +18,7 @@ GIB = 2**30
 
 def table(advice: Advice) -> str:
     """The ranked plans that fit, or what the plan that saves most would need."""
-    base = advice.baseline["predicted_peak_tensor_bytes"]
+    base = advice.baseline[KEY.predicted_peak_tensor_bytes]
     head = (f"{advice.template.model} ({advice.source.mode}, batch {_batch(advice)}, {advice.device_type} shapes from "
             f"{advice.source.origin}): baseline predicted {base / GIB:,.2f} GiB; budget {advice.budget_text} → "
             f"{advice.budget / GIB:,.2f} GiB for tensors")
@@ -59,7 +59,7 @@ def nothing_fits(advice: Advice) -> str:
         return "Nothing fits, and no plan could be predicted to say what would."
     c = advice.closest
     return (f"Nothing fits {advice.budget / GIB:,.2f} GiB. The plan that saves most, {c.plan.name}, peaks at "
-            f"{c.peak / GIB:,.2f} GiB (parameters {c.predicted.get('predicted_param_bytes', 0) / GIB:,.2f} GiB). "
+            f"{c.peak / GIB:,.2f} GiB (parameters {c.predicted.get(KEY.predicted_param_bytes, 0) / GIB:,.2f} GiB). "
             f"It would need {'; or '.join(advice.needs)}.")
 
 
@@ -105,15 +105,15 @@ def suite_file(advice: Advice, command: str, folder: Path = Path("suites")) -> P
 
 def measured(advice: Advice, records: list[dict[str, Any]]) -> str:
     """The listed plans as measured here: whether each fit, and the ranks by throughput, beside the estimates."""
-    by_run = {r["run"]: r for r in records if r.get("status") == Status.OK}
+    by_run = {r[KEY.run]: r for r in records if r.get(KEY.status) == Status.OK}
     fitting = [c for c in advice.plans if _fits(by_run.get(c.plan.name), advice.budget)]
-    speeds = sorted((by_run[c.plan.name]["samples_per_s"] for c in fitting), reverse=True)
+    speeds = sorted((by_run[c.plan.name][KEY.samples_per_s] for c in fitting), reverse=True)
     rows = ["| # | plan | predicted GiB | measured GiB | fits | est. throughput | measured samples/s | measured rank |",
             "|---|---|---|---|---|---|---|---|"]
     for i, c in enumerate(advice.plans, 1):
         r = by_run.get(c.plan.name)
-        peak = f"{r['peak_tensor_bytes'] / GIB:,.3f}" if r else "—"
-        sps = r["samples_per_s"] if r else None
+        peak = f"{r[KEY.peak_tensor_bytes] / GIB:,.3f}" if r else "—"
+        sps = r[KEY.samples_per_s] if r else None
         rank = speeds.index(sps) + 1 if c in fitting else "—"
         rows.append(f"| {i} | {c.plan.name} | {c.peak / GIB:,.3f} | {peak} | {'yes' if c in fitting else 'no'} | "
                     f"{c.speed.throughput:.2f}× | {f'{sps:,.2f}' if sps else '—'} | {rank} |")
@@ -125,9 +125,9 @@ def verdict(advice: Advice, by_run: dict[str, dict[str, Any]]) -> str:
     record = by_run.get(top.plan.name)
     if not _fits(record, advice.budget):
         return f"The top plan, {top.plan.name}, did not fit as measured here."
-    best = max(by_run[c.plan.name]["samples_per_s"] for c in advice.plans
+    best = max(by_run[c.plan.name][KEY.samples_per_s] for c in advice.plans
                if _fits(by_run.get(c.plan.name), advice.budget))
-    share = record["samples_per_s"] / best
+    share = record[KEY.samples_per_s] / best
     return (f"The top plan, {top.plan.name}, fits as measured here, at {share:.0%} of the best measured throughput "
             f"among the listed plans that fit.")
 
@@ -135,14 +135,15 @@ def verdict(advice: Advice, by_run: dict[str, dict[str, Any]]) -> str:
 def top_holds(advice: Advice, records: list[dict[str, Any]], within: float = 0.10) -> bool:
     """Whether the measured top plan fits and its throughput is the best, or within ``within`` of the best, among
     the listed plans that fit: the check of advice on a CPU."""
-    by_run = {r["run"]: r for r in records if r.get("status") == Status.OK}
-    fit = [by_run[c.plan.name]["samples_per_s"] for c in advice.plans if _fits(by_run.get(c.plan.name), advice.budget)]
+    by_run = {r[KEY.run]: r for r in records if r.get(KEY.status) == Status.OK}
+    fit = [by_run[c.plan.name][KEY.samples_per_s] for c in advice.plans
+           if _fits(by_run.get(c.plan.name), advice.budget)]
     top = by_run.get(advice.plans[0].plan.name)
-    return _fits(top, advice.budget) and top["samples_per_s"] >= (1 - within) * max(fit)
+    return _fits(top, advice.budget) and top[KEY.samples_per_s] >= (1 - within) * max(fit)
 
 
 def _fits(record: dict[str, Any] | None, budget: int) -> bool:
-    return record is not None and record.get("peak_tensor_bytes", budget + 1) <= budget
+    return record is not None and record.get(KEY.peak_tensor_bytes, budget + 1) <= budget
 
 
 def _batch(advice: Advice) -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from bench.cli.common import JOBS, positive, refuse_unusable_flags, selected, suite_path, world_size
 from bench.errors import BadInput
-from bench.record import Status
+from bench.record import KEY, Status
 from bench.spec import MAX_NPROC
 
 
@@ -55,8 +55,8 @@ def _predict(args: argparse.Namespace) -> int:
     suite = selected(path, args)
     if args.nproc:
         suite = suites.spanning(suite, args.nproc)
-    measured = {r["run"]: r for r in load_records(args.results / suite.name)
-                if r.get("device_type") == "cuda" and r.get("status") == Status.OK and r.get("run_key")}
+    measured = {r[KEY.run]: r for r in load_records(args.results / suite.name)
+                if r.get(KEY.device_type) == "cuda" and r.get(KEY.status) == Status.OK and r.get(KEY.run_key)}
     print(f"{suite.name}: predicting {len(suite.runs)} runs at GPU shapes (fake tensors, nothing allocated)",
           file=sys.stderr)
     if budget is not None:
@@ -98,9 +98,9 @@ def _fit(args: argparse.Namespace) -> int:
     rows = fit_suite([r for r in suite.runs if r.mode == "train" and r.nproc == 1], device, budget, args.results)
     print("| run | measured largest batch | predicted | prediction |\n|---|---|---|---|")
     for r in rows:
-        verdict = ("error: " + r["message"] if r["status"] != Status.OK else
+        verdict = ("error: " + r[KEY.message] if r[KEY.status] != Status.OK else
                    "nothing fits" if r.get("measured_largest_batch") is None else
                    "⚠ promises an OOM" if r.get("promises_oom") else
                    "within 5% below" if r.get("within_5pct_below") else "safe, more than 5% below")
         print(f"| {r['run']} | {r.get('measured_largest_batch')} | {r['predicted_largest_batch']} | {verdict} |")
-    return 1 if any(r.get("promises_oom") or r["status"] != Status.OK for r in rows) else 0
+    return 1 if any(r.get("promises_oom") or r[KEY.status] != Status.OK for r in rows) else 0

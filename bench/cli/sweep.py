@@ -9,7 +9,7 @@ from pathlib import Path
 
 from bench.cli.common import local, refuse_unusable_flags, selected, suite_path, sweep_flags, sweep_options
 from bench.errors import BadInput
-from bench.record import Status
+from bench.record import KEY, Status
 
 # make gpu's order: the training suites (with their fidelity phases), then inference, then the small ones.
 CAMPAIGN = ("resnet", "vit", "bert", "resnet-infer", "vit-infer", "bert-infer", "bert-varlen", "llama", "smoke",
@@ -74,7 +74,7 @@ def _run(args: argparse.Namespace) -> int:
     # Every page the suite's records feed is kept current: the overview and results/figures.md read them too.
     _pages(args.results, [suite.name])
     # oom, timeout and unsupported are findings about the configuration; error means something broke.
-    return 1 if any(r["status"] == Status.ERROR for r in records) else 0
+    return 1 if any(r[KEY.status] == Status.ERROR for r in records) else 0
 
 
 def _campaign(args: argparse.Namespace) -> int:
@@ -92,7 +92,7 @@ def _campaign(args: argparse.Namespace) -> int:
     records = campaign(chosen, launcher, args.results, never_measured_first=True, archive=args.archive,
                        **sweep_options(args))
     _pages(args.results, [s.name for s in chosen])
-    return 1 if any(r["status"] == Status.ERROR for rs in records.values() for r in rs) else 0
+    return 1 if any(r[KEY.status] == Status.ERROR for rs in records.values() for r in rs) else 0
 
 
 def _pages(results: Path, suites: list[str]) -> None:

@@ -23,7 +23,7 @@ from bench.launch import Device
 from bench.launch.process import Kind, Process, fork_works_on_cuda, start_server
 from bench.predict import Ahead
 from bench.provenance import git_revision
-from bench.record import Status
+from bench.record import KEY, Status
 from bench.resume import Task
 from bench.suite import RunSpec
 from bench.techniques import build
@@ -63,7 +63,7 @@ class Local:
                                                                     flush=True))
                 # wall_s: the run's whole process (start-up, prediction, measurement, fidelity phase)
                 return results.base_record(task.spec, self.device.name, self.device.type, task.key, revision) | {
-                    "wall_s": round(time.monotonic() - clock, 1)} | outcome
+                    KEY.wall_s: round(time.monotonic() - clock, 1)} | outcome
             yield run
 
     def _usable(self, log: TextIO) -> Kind:
@@ -83,7 +83,8 @@ def run_isolated(spec: RunSpec, device: Device, snapshot: Path | None = None, to
     memory_viz; with ``prediction``, made ahead, the run skips its own; with ``budget`` (bytes), more memory than
     that is out of memory (bench fit); ``heartbeat`` is told the run's phase every ``HEARTBEAT_S``."""
     if device.type == "cuda" and spec.nproc > device.count:
-        return {"status": Status.UNSUPPORTED, "message": f"needs {spec.nproc} GPUs per node; {device.count} visible"}
+        why = f"needs {spec.nproc} GPUs per node; {device.count} visible"
+        return {KEY.status: Status.UNSUPPORTED, KEY.message: why}
     own_env = {k: v for t in spec.techniques for k, v in build(t).env().items()}
     if own_env or spec.nproc > 1:
         kind = "fresh"  # see bench.launch.process: a fork would start with the server's environment, or one process
@@ -112,19 +113,20 @@ def run_isolated(spec: RunSpec, device: Device, snapshot: Path | None = None, to
         tail = _tail(err_path, Path(tmp) / "ranks")
         if code == 0 and out_path.exists():
             out = json.loads(out_path.read_text())
-            return out | {"launcher": kind} | ({"stderr_tail": tail} if out["status"] == Status.ERROR else {})
+            return out | {KEY.launcher: kind} | ({KEY.stderr_tail: tail} if out[KEY.status] == Status.ERROR else {})
         if failed := sorted(Path(tmp).glob("out.json.rank*")):  # a rank's own record of why it stopped
-            return json.loads(failed[0].read_text()) | {"stderr_tail": tail}
+            return json.loads(failed[0].read_text()) | {KEY.stderr_tail: tail}
         if code == -signal.SIGKILL and kills is not None and (oom_kills() or 0) > kills:
-            reached = seen.get("rss_peak_bytes", 0) / 2**30
+            reached = seen.get(KEY.rss_peak_bytes, 0) / 2**30
             out = _measured(out_path, Status.OOM, "killed by the host's OOM killer (SIGKILL, and /proc/vmstat's "
                             f"oom_kill rose): its resident memory reached {reached:,.2f} GiB at the last look")
             # The watched peak stands in only where the run measured none: a figure of its timed steps stays theirs.
-            return out | {"launcher": kind} | (seen if out["status"] == Status.OOM else {})
+            return out | {KEY.launcher: kind} | (seen if out[KEY.status] == Status.OOM else {})
         why = (f"killed by signal {signal.Signals(-code).name}" if code < 0 else
                "no record written (under a multi-node torchrun, rank 0 is on another node)" if code == 0
                else f"exit status {code}")
-        return _measured(out_path, Status.ERROR, f"run process died: {why}") | {"stderr_tail": tail, "launcher": kind}
+        died = _measured(out_path, Status.ERROR, f"run process died: {why}")
+        return died | {KEY.stderr_tail: tail, KEY.launcher: kind}
 
 
 def _wait(proc: Process, timeout_s: float, said: Path, heartbeat: Callable[[str], None] | None,
@@ -139,7 +141,7 @@ def _wait(proc: Process, timeout_s: float, said: Path, heartbeat: Callable[[str]
         try:
             return proc.wait(timeout=min(left, WATCH_S))
         except subprocess.TimeoutExpired:
-            seen["rss_peak_bytes"] = max(seen.get("rss_peak_bytes", 0), _resident_peak(proc.pid))
+            seen[KEY.rss_peak_bytes] = max(seen.get(KEY.rss_peak_bytes, 0), _resident_peak(proc.pid))
             if heartbeat is not None and time.monotonic() - last >= HEARTBEAT_S:
                 last, elapsed = time.monotonic(), int(time.monotonic() - start)
                 heartbeat(f"{progress.heard(said)} ({elapsed // 60}m{elapsed % 60:02d}s)")
@@ -172,8 +174,8 @@ def _measured(out_path: Path, status: str, message: str) -> dict[str, Any]:
     with those figures and the phase's failure beside them; else ``status`` with ``message``."""
     early = out_path.with_name(out_path.name + ".measured")
     if early.exists():
-        return json.loads(early.read_text()) | {"fidelity_error": f"{status}: {message}"}
-    return {"status": status, "message": message}
+        return json.loads(early.read_text()) | {KEY.fidelity_error: f"{status}: {message}"}
+    return {KEY.status: status, KEY.message: message}
 
 
 def _tail(err_path: Path, rank_logs: Path) -> str:

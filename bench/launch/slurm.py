@@ -14,7 +14,7 @@ from bench import results
 from bench.launch import detect
 from bench.launch.local import run_isolated
 from bench.provenance import git_revision
-from bench.record import Status
+from bench.record import KEY, Status
 from bench.resume import Task
 from bench.suite import RunSpec
 
@@ -76,7 +76,7 @@ def remote_run(spec_dict: dict[str, Any], device_type: str, torchrun: tuple[str,
     outcome = run_isolated(spec, device, None, torchrun, "fresh")
     key = spec.measured_key(device.name, device.type)
     return results.base_record(spec, device.name, device.type, key, revision) | {
-        "wall_s": round(time.monotonic() - clock, 1)} | outcome
+        KEY.wall_s: round(time.monotonic() - clock, 1)} | outcome
 
 
 def _collect(spec: RunSpec, job: Any) -> dict[str, Any]:
@@ -87,13 +87,13 @@ def _collect(spec: RunSpec, job: Any) -> dict[str, Any]:
         out = job.result()
     except Exception as exc:  # noqa: BLE001  submitit re-raises the job's failure here
         device = _reported_device(job)
-        return {"suite": spec.suite, "run": spec.name, "device": device or "unknown", "status": Status.ERROR,
-                "message": f"slurm job {job.job_id} failed: {_cause(str(exc))} (log: {job.paths.stderr})",
-                "baseline": spec.baseline}
+        return {KEY.suite: spec.suite, KEY.run: spec.name, KEY.device: device or "unknown", KEY.status: Status.ERROR,
+                KEY.message: f"slurm job {job.job_id} failed: {_cause(str(exc))} (log: {job.paths.stderr})",
+                KEY.baseline: spec.baseline}
     if not isinstance(out, list):
         return out
     # Multi-node jobs return one record per node; the node holding rank 0 has the merged one.
-    return next((r for r in out if r.get("world_size") or r["status"] == Status.OK), out[0])
+    return next((r for r in out if r.get(KEY.world_size) or r[KEY.status] == Status.OK), out[0])
 
 
 def _cause(text: str) -> str:

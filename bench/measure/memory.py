@@ -16,17 +16,17 @@ import torch
 from torch import nn
 
 from bench.measure.tracker import LiveBytes, storages
-from bench.record import AT_PEAK as CATEGORIES
+from bench.record import KEY, AT_PEAK as CATEGORIES
 
 
 def cuda_peaks(device: torch.device) -> dict[str, int]:
     stats = torch.cuda.memory_stats(device)
     return {
-        "peak_allocated_bytes": stats["allocated_bytes.all.peak"],
-        "peak_reserved_bytes": stats["reserved_bytes.all.peak"],
-        "peak_active_bytes": stats["active_bytes.all.peak"],
-        "alloc_retries": stats["num_alloc_retries"],
-        "cuda_ooms": stats["num_ooms"],
+        KEY.peak_allocated_bytes: stats["allocated_bytes.all.peak"],
+        KEY.peak_reserved_bytes: stats["reserved_bytes.all.peak"],
+        KEY.peak_active_bytes: stats["active_bytes.all.peak"],
+        KEY.alloc_retries: stats["num_alloc_retries"],
+        KEY.cuda_ooms: stats["num_ooms"],
     }
 
 
@@ -130,11 +130,11 @@ def tracked_step(step: Callable[[], object], model: nn.Module, optimizer: torch.
     for label, n in tracker.at_peak().items():
         at_peak[LABELS[label]] += n
     return {
-        "peak_tensor_bytes": tracker.peak,
-        "peak_phase": tracker.peak_phase,
-        "activation_bytes": max(held),
+        KEY.peak_tensor_bytes: tracker.peak,
+        KEY.peak_phase: tracker.peak_phase,
+        KEY.activation_bytes: max(held),
         # What the optimizer found in .grad (absent where gradients are freed in backward, or no optimizer).
-        "gradient_bytes": grads[-1] if grads else None,
+        KEY.gradient_bytes: grads[-1] if grads else None,
         **{f"at_peak_{k}_bytes": v for k, v in at_peak.items()},
     } | model_state_bytes(model, optimizer)
 
@@ -152,9 +152,9 @@ def _grads(model: nn.Module) -> list[torch.Tensor]:
 
 def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, int]:
     return {
-        "param_bytes": tensor_bytes(model.parameters()),
-        "buffer_bytes": tensor_bytes(model.buffers()),
-        "optimizer_state_bytes": tensor_bytes(optimizer_state(optimizer)),
+        KEY.param_bytes: tensor_bytes(model.parameters()),
+        KEY.buffer_bytes: tensor_bytes(model.buffers()),
+        KEY.optimizer_state_bytes: tensor_bytes(optimizer_state(optimizer)),
     }
 
 
@@ -162,8 +162,8 @@ def overheads(figures: dict[str, Any]) -> dict[str, int]:
     """CUDA memory beyond the tensors: the context and libraries (NVML's process figure minus what the
     allocator reserved) and the cache's slack (reserved minus allocated at their peaks)."""
     out = {}
-    if figures.get("peak_reserved_bytes") is not None and figures.get("peak_allocated_bytes") is not None:
-        out["cache_slack_bytes"] = figures["peak_reserved_bytes"] - figures["peak_allocated_bytes"]
-    if figures.get("nvml_process_bytes") and figures.get("peak_reserved_bytes") is not None:
-        out["context_bytes"] = figures["nvml_process_bytes"] - figures["peak_reserved_bytes"]
+    if figures.get(KEY.peak_reserved_bytes) is not None and figures.get(KEY.peak_allocated_bytes) is not None:
+        out[KEY.cache_slack_bytes] = figures[KEY.peak_reserved_bytes] - figures[KEY.peak_allocated_bytes]
+    if figures.get(KEY.nvml_process_bytes) and figures.get(KEY.peak_reserved_bytes) is not None:
+        out[KEY.context_bytes] = figures[KEY.nvml_process_bytes] - figures[KEY.peak_reserved_bytes]
     return out

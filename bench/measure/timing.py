@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 import torch
 
+from bench.record import KEY
+
 
 def time_steps(step: Callable[[], object], n: int, device: torch.device) -> list[float]:
     """Run ``step`` n times; each step's duration in milliseconds."""
@@ -32,13 +34,13 @@ def summarize(times_ms: list[float], samples: int, tokens_per_sample: int | None
     q = statistics.quantiles(times_ms, n=4) if len(times_ms) > 1 else [times_ms[0]] * 3
     median = statistics.median(times_ms)
     out = {
-        "step_time_ms_median": median,
-        "step_time_ms_p25": q[0],
-        "step_time_ms_p75": q[2],
-        "step_time_ms_min": min(times_ms),
-        "step_time_ms_max": max(times_ms),
-        "samples_per_s": samples / (median / 1e3),
+        KEY.step_time_ms_median: median,
+        KEY.step_time_ms_p25: q[0],
+        KEY.step_time_ms_p75: q[2],
+        KEY.step_time_ms_min: min(times_ms),
+        KEY.step_time_ms_max: max(times_ms),
+        KEY.samples_per_s: samples / (median / 1e3),
     }
     if tokens_per_sample:
-        out["tokens_per_s"] = out["samples_per_s"] * tokens_per_sample
+        out[KEY.tokens_per_s] = out[KEY.samples_per_s] * tokens_per_sample
     return out

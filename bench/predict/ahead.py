@@ -15,7 +15,7 @@ from multiprocessing.pool import AsyncResult
 from typing import Any
 
 from bench.predict.fake import predict
-from bench.record import Status
+from bench.record import KEY, Status
 from bench.suite import RunSpec
 
 
@@ -27,8 +27,8 @@ def predict_run(spec: RunSpec, device_type: str, rank: int = 0) -> dict[str, Any
     try:
         out = predict(spec, spec.shapes(device_type), cuda=device_type == "cuda", rank=rank)
     except Exception as exc:  # noqa: BLE001
-        out = {"predicted_status": Status.ERROR, "predicted_message": f"{type(exc).__name__}: {exc}"[:300]}
-    return out | {"prediction_s": round(time.perf_counter() - clock, 2)}
+        out = {KEY.predicted_status: Status.ERROR, KEY.predicted_message: f"{type(exc).__name__}: {exc}"[:300]}
+    return out | {KEY.prediction_s: round(time.perf_counter() - clock, 2)}
 
 
 def spawn_pool(processes: int) -> multiprocessing.pool.Pool:
@@ -69,7 +69,7 @@ class Ahead:
     def get(self, spec: RunSpec) -> dict[str, Any] | None:
         """The run's prediction (waiting for it if it is still being made), or None: the run makes its own."""
         result = self._pending.pop((spec.suite, spec.name), None)
-        return None if result is None else result.get() | {"predicted_ahead": True}
+        return None if result is None else result.get() | {KEY.predicted_ahead: True}
 
     def __enter__(self) -> Ahead:
         return self

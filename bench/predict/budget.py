@@ -9,7 +9,7 @@ from typing import Any
 
 from bench.predict.fake import CPU, predict
 from bench.recipe import Recipe
-from bench.record import Status
+from bench.record import KEY, Status
 from bench.suite import RunSpec
 from bench.techniques import build
 
@@ -37,7 +37,7 @@ def largest_batch(spec: RunSpec, budget: int, limit: int = 1 << 16, own: dict[st
 
     def predicted(batch: int, out: dict[str, Any] | None = None) -> float:
         out = out or predict(spec, replace(shapes, batch_size=batch), cuda=device_type == "cuda")
-        return out["predicted_peak_tensor_bytes"] if out["predicted_status"] == Status.OK else math.inf
+        return out[KEY.predicted_peak_tensor_bytes] if out[KEY.predicted_status] == Status.OK else math.inf
 
     unit = math.lcm(1, *(build(t).batch_multiple() for t in spec.techniques))
     lo, hi = 0, limit // unit + 1  # in units: lo fits (0: none yet), hi does not (past the limit: assumed)
@@ -76,7 +76,7 @@ def fewest_ranks(spec: RunSpec, budget: int, own: dict[str, Any] | None = None) 
     or 2-D parallelism): about log2(nproc) predictions. ``own``: the prediction at nproc, if made already."""
     def fits(n: int, out: dict[str, Any] | None = None) -> bool:
         out = out or predict(replace(spec, nproc=n))
-        return out["predicted_status"] == Status.OK and out["predicted_peak_tensor_bytes"] <= budget
+        return out[KEY.predicted_status] == Status.OK and out[KEY.predicted_peak_tensor_bytes] <= budget
 
     if not fits(spec.nproc, own):
         return None

@@ -29,7 +29,7 @@ from bench.predict.stand_ins import (
     techniques_as_real,
 )
 from bench.recipe import Recipe, batches, tracked_steps
-from bench.record import Status
+from bench.record import KEY, Status
 from bench.suite import RunSpec, Shapes
 from bench.techniques import Unsupported
 
@@ -46,18 +46,18 @@ def predict(spec: RunSpec, shapes: Shapes | None = None, cuda: bool = True, worl
     world_size = world_size or spec.nproc
     recipe = Recipe.of(spec, CPU, shapes or spec.gpu, predicting=cuda, world_size=world_size, rank=rank)
     if reason := next((f"{t.name}: {t.unpredictable}" for t in recipe.techniques if t.unpredictable), None):
-        return {"predicted_status": Status.UNPREDICTABLE, "predicted_message": reason}
+        return {KEY.predicted_status: Status.UNPREDICTABLE, KEY.predicted_message: reason}
     if reason := recipe.unsupported():
-        return {"predicted_status": Status.UNSUPPORTED, "predicted_message": reason}
+        return {KEY.predicted_status: Status.UNSUPPORTED, KEY.predicted_message: reason}
     try:
         with ranks.fake_group(world_size, rank):
             figures = _fake_step(spec, recipe, CUDA_BLOCK if cuda else 1)
     except Unsupported as exc:  # a kernel CUDA would refuse: the run would be unsupported there too
-        return {"predicted_status": Status.UNSUPPORTED, "predicted_message": str(exc)}
+        return {KEY.predicted_status: Status.UNSUPPORTED, KEY.predicted_message: str(exc)}
     except Exception as exc:  # noqa: BLE001  a technique that needs real values (e.g. .item()) cannot be predicted
         first = (str(exc).strip().splitlines() or [""])[0][:200]
-        return {"predicted_status": Status.UNPREDICTABLE, "predicted_message": f"{type(exc).__name__}: {first}"}
-    return {"predicted_status": Status.OK, **{f"predicted_{k}": v for k, v in figures.items()}}
+        return {KEY.predicted_status: Status.UNPREDICTABLE, KEY.predicted_message: f"{type(exc).__name__}: {first}"}
+    return {KEY.predicted_status: Status.OK, **{f"predicted_{k}": v for k, v in figures.items()}}
 
 
 def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int) -> dict[str, Any]:
@@ -89,9 +89,9 @@ def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int) -> dict[str, Any]:
         with traffic if ctx.world_size > 1 else nullcontext():
             figures = tracked_step(step, runner.model, runner.optimizer, CPU, rounding, compiled_update)
     if ctx.world_size > 1:
-        figures |= traffic.figures() | {"world_size": ctx.world_size, "rank": ctx.rank}
-    return {**figures, "flops_per_step": flops.get_total_flops(), "ops_per_step": ops.ops,
-            "op_bytes_per_step": ops.bytes}
+        figures |= traffic.figures() | {KEY.world_size: ctx.world_size, "rank": ctx.rank}
+    return {**figures, KEY.flops_per_step: flops.get_total_flops(), KEY.ops_per_step: ops.ops,
+            KEY.op_bytes_per_step: ops.bytes}
 
 
 class OpCounter(TorchDispatchMode):

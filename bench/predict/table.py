@@ -13,7 +13,7 @@ from bench.predict.ahead import spawn_pool, stop_pool
 from bench.predict.budget import fewest_ranks, largest_batch
 from bench.predict.fake import predict
 from bench.predict.ranks import KINDS
-from bench.record import Status
+from bench.record import KEY, Status
 from bench.suite import RunSpec
 
 if TYPE_CHECKING:  # the table is built in the CLI only: every run's worker imports this package
@@ -30,15 +30,15 @@ def suite_table(runs: list[RunSpec], measured: dict[str, dict[str, Any]], budget
 
     rows: list[dict[str, Any]] = [{} for _ in runs]
     for i, row in _predicted_rows(runs, budget, jobs):
-        if (rec := measured.get(runs[i].name)) and rec.get("peak_allocated_bytes"):
-            row["measured_bytes"], row["measured_on"] = rec["peak_allocated_bytes"], rec["device"]
+        if (rec := measured.get(runs[i].name)) and rec.get(KEY.peak_allocated_bytes):
+            row["measured_bytes"], row["measured_on"] = rec[KEY.peak_allocated_bytes], rec[KEY.device]
         rows[i] = row
         print(f"[{i + 1}/{len(runs)}] {runs[i].name}: {_said(row)}", file=log, flush=True)
     return pd.DataFrame(rows)
 
 
-SAVED = ("run", "batch", "status", "peak_tensor_bytes", "peak_phase", "param_bytes", "gradient_bytes",
-         "optimizer_state_bytes", "activation_bytes", "flops_per_step", "world_size", "message")
+SAVED = (KEY.run, "batch", KEY.status, KEY.peak_tensor_bytes, KEY.peak_phase, KEY.param_bytes, KEY.gradient_bytes,
+         KEY.optimizer_state_bytes, KEY.activation_bytes, KEY.flops_per_step, KEY.world_size, KEY.message)
 
 
 def save(table: pd.DataFrame, path: Path, revision: str, torch_version: str) -> Path:
@@ -74,12 +74,12 @@ def _indexed_row(work: tuple[int, RunSpec, int | None]) -> tuple[int, dict[str, 
 
 def _row(spec: RunSpec, budget: int | None) -> dict[str, Any]:
     out = predict(spec)
-    row: dict[str, Any] = {"run": spec.name, "batch": spec.gpu.batch_size, "status": out["predicted_status"]}
+    row: dict[str, Any] = {KEY.run: spec.name, "batch": spec.gpu.batch_size, KEY.status: out[KEY.predicted_status]}
     row |= {k.removeprefix("predicted_"): v for k, v in out.items() if k.startswith("predicted_")}
-    if budget is not None and out["predicted_status"] == Status.OK:
-        row["fits"] = out["predicted_peak_tensor_bytes"] <= budget
+    if budget is not None and out[KEY.predicted_status] == Status.OK:
+        row["fits"] = out[KEY.predicted_peak_tensor_bytes] <= budget
         row["largest_batch"] = largest_batch(spec, budget, own=out)
-    if budget is not None and spec.nproc > 1 and out["predicted_status"] == Status.OK:
+    if budget is not None and spec.nproc > 1 and out[KEY.predicted_status] == Status.OK:
         if (fewest := fewest_ranks(spec, budget, own=out)) is not None:
             row["fewest_ranks"] = fewest
             row["largest_batch_there"] = largest_batch(replace(spec, nproc=fewest), budget)
@@ -87,10 +87,10 @@ def _row(spec: RunSpec, budget: int | None) -> dict[str, Any]:
 
 
 def _said(row: dict[str, Any]) -> str:
-    if row["status"] != Status.OK:
-        return f"{row['status']}: {row.get('message', '')}"
+    if row[KEY.status] != Status.OK:
+        return f"{row[KEY.status]}: {row.get(KEY.message, '')}"
     fit = f", largest batch {row['largest_batch']}" if "largest_batch" in row else ""
-    return f"{row['peak_tensor_bytes'] / 2**30:,.2f} GiB at batch {row['batch']}, peak in {row['peak_phase']}{fit}"
+    return f"{row[KEY.peak_tensor_bytes] / 2**30:,.2f} GiB at batch {row['batch']}, peak in {row[KEY.peak_phase]}{fit}"
 
 
 def markdown(table: pd.DataFrame) -> str:
@@ -100,12 +100,12 @@ def markdown(table: pd.DataFrame) -> str:
 
     gib = lambda col: (pd.to_numeric(table.get(col), errors="coerce") / 2**30).round(2)  # noqa: E731
     show = pd.DataFrame({
-        "run": table["run"], "batch": table["batch"], "status": table["status"],
-        "peak GiB": gib("peak_tensor_bytes"), "peak in": table.get("peak_phase"),
-        "params GiB": gib("param_bytes"), "grads GiB": gib("gradient_bytes"),
-        "optimizer GiB": gib("optimizer_state_bytes"), "activations GiB": gib("activation_bytes"),
-        "TFLOP/step": (pd.to_numeric(table.get("flops_per_step"), errors="coerce") / 1e12).round(2),
-        "ranks": pd.to_numeric(table.get("world_size", pd.Series(index=table.index, dtype=float)),
+        KEY.run: table[KEY.run], "batch": table["batch"], KEY.status: table[KEY.status],
+        "peak GiB": gib(KEY.peak_tensor_bytes), "peak in": table.get(KEY.peak_phase),
+        "params GiB": gib(KEY.param_bytes), "grads GiB": gib(KEY.gradient_bytes),
+        "optimizer GiB": gib(KEY.optimizer_state_bytes), "activations GiB": gib(KEY.activation_bytes),
+        "TFLOP/step": (pd.to_numeric(table.get(KEY.flops_per_step), errors="coerce") / 1e12).round(2),
+        "ranks": pd.to_numeric(table.get(KEY.world_size, pd.Series(index=table.index, dtype=float)),
                                errors="coerce").astype("Int64"),
     })
     for kind in KINDS:  # sent per rank per step, in a ring
@@ -113,13 +113,13 @@ def markdown(table: pd.DataFrame) -> str:
                                                                     errors="coerce") / 2**20).round(2)
     if "measured_bytes" in table:
         show["measured GiB"] = gib("measured_bytes")
-        show["predicted / measured"] = (table["peak_tensor_bytes"] / table["measured_bytes"]).round(3)
+        show["predicted / measured"] = (table[KEY.peak_tensor_bytes] / table["measured_bytes"]).round(3)
     if "fits" in table:
         show["fits"] = table["fits"].map({True: "yes", False: "no"})
         show["largest batch"] = pd.to_numeric(table["largest_batch"], errors="coerce").astype("Int64")
     if "fewest_ranks" in table:  # multi-process entries under a budget: the fewest ranks that fit, and its batch
         show["fewest ranks"] = pd.to_numeric(table["fewest_ranks"], errors="coerce").astype("Int64")
         show["largest batch there"] = pd.to_numeric(table["largest_batch_there"], errors="coerce").astype("Int64")
-    show["note"] = table.get("message", pd.Series(dtype=object)).fillna("")
+    show["note"] = table.get(KEY.message, pd.Series(dtype=object)).fillna("")
     show = show.loc[:, show.notna().any() & (show != 0).any()]  # traffic columns no entry has, or all zero
     return to_markdown(show)

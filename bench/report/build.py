@@ -8,7 +8,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from bench.record import Status
+from bench.record import KEY, Status
 from bench.report import plots, tables
 from bench.report.headline import (
     device_title,
@@ -43,7 +43,7 @@ def build_report(suite_dir: Path, here: str | None = None) -> list[Path]:
     plot_dir = suite_dir / "plots"
     plot_dir.mkdir(exist_ok=True)
     written = [suite_dir / "table.csv", suite_dir / "report.md", suite_dir / "report.html"]
-    write_atomic(written[0], table.drop(columns=["step_times_ms"]).to_csv(index=False))
+    write_atomic(written[0], table.drop(columns=[KEY.step_times_ms]).to_csv(index=False))
     suite = suite_file(suite_dir.name)
     blocks = [Block("h1", f"{suite_dir.name}: memory-saving techniques"), Block("nav", _neighbours(suite_dir)),
               *([Block("p", suite.description + ".")] if suite and suite.description else []),
@@ -53,7 +53,7 @@ def build_report(suite_dir: Path, here: str | None = None) -> list[Path]:
         blocks += [Block("p", "Where the GPU and the CPU disagree:"), Block("list", differ)]
     blocks += _predicted_for_gpu(suite_dir, table)
     for device in devices_best_first(table, here):
-        part = table[table["device"] == device]
+        part = table[table[KEY.device] == device]
         images = device_plots(plot_dir, str(device), part)
         blocks += _device_section(str(device), part, records, images)
         written += [p for png in images for p in (png, png.with_suffix(".svg"))]
@@ -72,18 +72,18 @@ def _predicted_for_gpu(suite_dir: Path, table: pd.DataFrame) -> list[Block]:
     if not path.exists():
         return []
     predicted = pd.read_csv(path)
-    measured = set(table.loc[(table["device_type"] == "cuda") & (table["status"] == Status.OK), "run"])
-    rest = predicted[~predicted["run"].isin(measured)]
+    measured = set(table.loc[(table[KEY.device_type] == "cuda") & (table[KEY.status] == Status.OK), KEY.run])
+    rest = predicted[~predicted[KEY.run].isin(measured)]
     if rest.empty:
         return []
     how = (f"predicted on fake tensors by `make predict SUITE={suite_dir.name}` (revision "
-           f"{str(predicted['git_revision'].iloc[0])[:12]}, torch {predicted['torch_version'].iloc[0]}); a GPU's "
+           f"{str(predicted[KEY.git_revision].iloc[0])[:12]}, torch {predicted[KEY.torch_version].iloc[0]}); a GPU's "
            "allocated peak has come within a few percent of such predictions on the H100 records")
     gib = lambda col: (pd.to_numeric(rest.get(col), errors="coerce") / 2**30).round(2)  # noqa: E731
-    shown = pd.DataFrame({"run": rest["run"], "batch": rest["batch"], "status": rest["status"],
-                          "predicted peak GiB": gib("peak_tensor_bytes"), "peak in": rest.get("peak_phase"),
-                          "activations GiB": gib("activation_bytes"),
-                          "note": rest.get("message", pd.Series(index=rest.index, dtype=object)).fillna("")})
+    shown = pd.DataFrame({KEY.run: rest[KEY.run], "batch": rest["batch"], KEY.status: rest[KEY.status],
+                          "predicted peak GiB": gib(KEY.peak_tensor_bytes), "peak in": rest.get(KEY.peak_phase),
+                          "activations GiB": gib(KEY.activation_bytes),
+                          "note": rest.get(KEY.message, pd.Series(index=rest.index, dtype=object)).fillna("")})
     shown = shown.loc[:, shown.notna().any()]
     return [Block("h2", "Not yet measured on a GPU"),
             Block("p", f"{len(rest)} of the suite's {len(predicted)} entries have no GPU record; their peaks at "
@@ -97,8 +97,8 @@ def _neighbours(suite_dir: Path) -> list[tuple[str, str]]:
     return [("overview", "../overview/overview")] + [(name, f"../{name}/report") for name in others]
 
 
-THROUGHPUT_SAID = {"samples_per_s": "samples a second", "tokens_per_s": "tokens a second, padding included",
-                   "real_tokens_per_s": "real tokens a second, padding left out (the suite's `throughput`)"}
+THROUGHPUT_SAID = {KEY.samples_per_s: "samples a second", KEY.tokens_per_s: "tokens a second, padding included",
+                   KEY.real_tokens_per_s: "real tokens a second, padding left out (the suite's `throughput`)"}
 HEADLINE_NOTE = ("Picks among the runs at the baseline's batch size that save memory (at most 0.99× the baseline's "
                  "peak) and whose accuracy delta, where measured, lies within the baseline's seed-to-seed band; "
                  "ratios are against the baseline on the same device. The tables below have every run.")
@@ -106,16 +106,16 @@ HEADLINE_NOTE = ("Picks among the runs at the baseline's batch size that save me
 
 def device_plots(plot_dir: Path, device: str, part: pd.DataFrame) -> list[Path]:
     """The plots that have something to show for this device, each as PNG and SVG; returns the PNGs."""
-    title = f"{part['suite'].iloc[0]} on {device}"
+    title = f"{part[KEY.suite].iloc[0]} on {device}"
     views: list[tuple[str, Draw, tuple[float, float]]] = [
         ("pareto", plots.pareto, (9, 6.5)),
         ("peak_memory", plots.peak_memory_bars, (8, 0.3 * len(part) + 2)),
     ]
     if broken_down := len(plots.breakdown_frame(part)):
         views.append(("breakdown", plots.breakdown_bars, (9, 0.3 * broken_down + 2)))
-    if part["step_times_ms"].map(lambda v: isinstance(v, list)).any():
+    if part[KEY.step_times_ms].map(lambda v: isinstance(v, list)).any():
         views.append(("step_times", plots.step_time_boxes, (8, 0.3 * len(part) + 2)))
-    predicted = int((part["predicted_peak_tensor_bytes"].notna() & part["peak_bytes"].notna()).sum())
+    predicted = int((part[KEY.predicted_peak_tensor_bytes].notna() & part["peak_bytes"].notna()).sum())
     if predicted and not tables.prediction_exact(part):
         views.append(("predicted_vs_measured", plots.predicted_vs_measured, (7, 0.3 * predicted + 2)))
     out = []
@@ -130,21 +130,21 @@ def device_plots(plot_dir: Path, device: str, part: pd.DataFrame) -> list[Path]:
 
 
 def _device_section(device: str, part: pd.DataFrame, records: list[dict], images: list[Path]) -> list[Block]:
-    rec = next(r for r in records if r["device"] == device)
-    base = next((r for r in records if r["device"] == device and r["run"] == r.get("baseline")), rec)
-    failed = part[part["status"] != Status.OK]
-    title = device_title(device, part["device_type"].iloc[0])
+    rec = next(r for r in records if r[KEY.device] == device)
+    base = next((r for r in records if r[KEY.device] == device and r[KEY.run] == r.get(KEY.baseline)), rec)
+    failed = part[part[KEY.status] != Status.OK]
+    title = device_title(device, part[KEY.device_type].iloc[0])
     blocks = [Block("h2", title), Block("p", f"Memory here is the {memory_figure(part)} (a run's own batch where its "
                                               "name says so); × is against the baseline on this device."),
               Block("p", provenance(part, rec)), Block("table", tables.display(part))]
     if len(failed):
         blocks.append(Block("list", [f"**{r.run}**: {r.status}: {r.message}" for r in failed.itertuples()]))
-    if len(no_accuracy := part[part["fidelity_error"].notna()]):  # measured, but its accuracy is missing
+    if len(no_accuracy := part[part[KEY.fidelity_error].notna()]):  # measured, but its accuracy is missing
         blocks.append(Block("list", [f"**{r.run}**: fidelity phase failed: {r.fidelity_error}"
                                      for r in no_accuracy.itertuples()]))
-    if len(warned := part[part["warning"].notna()]):
+    if len(warned := part[part[KEY.warning].notna()]):
         blocks.append(Block("list", [f"**{r.run}**: {r.warning}" for r in warned.itertuples()]))
-    if base.get("fidelity_model"):
+    if base.get(KEY.fidelity_model):
         blocks.append(Block("p", _fidelity_line(base)))
     if tables.prediction_exact(part):
         blocks.append(Block("p", f"Prediction: each of the {int(part['predicted_vs_measured'].notna().sum())} "
@@ -156,7 +156,8 @@ def _device_section(device: str, part: pd.DataFrame, records: list[dict], images
                                  f"(`torch.cuda.memory_summary()`, the seed article's monitor): {monitors}."))
     blocks += [Block("h3", "Against the baseline, largest memory saving first"),
                Block("table", tables.savings(part))]
-    no_breakdown = sorted(set(part.loc[part["status"] == Status.OK, "run"]) - set(plots.breakdown_frame(part).index))
+    measured = set(part.loc[part[KEY.status] == Status.OK, KEY.run])
+    no_breakdown = sorted(measured - set(plots.breakdown_frame(part).index))
     if any("breakdown" in p.stem for p in images) and no_breakdown:
         blocks.append(Block("p", "No at-peak breakdown (a compiled model the tracker cannot see, or a record "
                                  f"older than the breakdown): {', '.join(no_breakdown)}."))
@@ -166,48 +167,49 @@ def _device_section(device: str, part: pd.DataFrame, records: list[dict], images
 def _monitor_links(records: list[dict], device: str) -> str:
     """Links to the files saved beside this device's records: memory summaries, and snapshots for memory_viz."""
     folder = slug(device)
-    return ", ".join(f"[{r['run']}]({folder}/{r['memory_summary']})"
-                     + (f" ([snapshot]({folder}/{r['snapshot']}))" if r.get("snapshot") else "")
-                     for r in sorted(records, key=lambda r: r.get("run_index", 0))
-                     if r["device"] == device and r.get("memory_summary"))
+    return ", ".join(f"[{r[KEY.run]}]({folder}/{r[KEY.memory_summary]})"
+                     + (f" ([snapshot]({folder}/{r[KEY.snapshot]}))" if r.get(KEY.snapshot) else "")
+                     for r in sorted(records, key=lambda r: r.get(KEY.run_index, 0))
+                     if r[KEY.device] == device and r.get(KEY.memory_summary))
 
 
 def provenance(part: pd.DataFrame, rec: dict) -> str:
     """How the figures were obtained: device, software, when, from which revision(s)."""
-    packages = ["torch_version", *sorted(c for c in part.columns if c.startswith("package."))]
+    packages = [KEY.torch_version, *sorted(c for c in part.columns if c.startswith("package."))]
     versions = ", ".join(f"{c.removeprefix('package.').removesuffix('_version')} {v}"
                          for c in packages for v in sorted(part[c].dropna().unique()))
-    if rec.get("cuda_version"):
-        versions += f", CUDA {rec['cuda_version']}"
-    dates = sorted(str(d)[:10] for d in part["finished_at"].dropna())
+    if rec.get(KEY.cuda_version):
+        versions += f", CUDA {rec[KEY.cuda_version]}"
+    dates = sorted(str(d)[:10] for d in part[KEY.finished_at].dropna())
     when = f"measured {dates[0]}" + (f" to {dates[-1]}" if dates[-1] != dates[0] else "") if dates else ""
-    revisions = ", ".join(sorted({_short(r) for r in part["git_revision"].dropna()}))
-    return (f"Device: {rec['device']} · {versions} · {when} · revision {revisions or 'unknown'} · "
-            f"seed {rec.get('seed')}{_weights(part)} · warm-up {rec.get('warmup_steps')} + {rec.get('measure_steps')} "
-            f"measured steps · {len(part)} runs, {int((part['status'] == Status.OK).sum())} ok" + _run_time(part))
+    revisions = ", ".join(sorted({_short(r) for r in part[KEY.git_revision].dropna()}))
+    return (f"Device: {rec[KEY.device]} · {versions} · {when} · revision {revisions or 'unknown'} · "
+            f"seed {rec.get(KEY.seed)}{_weights(part)} · warm-up {rec.get(KEY.warmup_steps)} + "
+            f"{rec.get(KEY.measure_steps)} measured steps · {len(part)} runs, "
+            f"{int((part[KEY.status] == Status.OK).sum())} ok" + _run_time(part))
 
 
 def _weights(part: pd.DataFrame) -> str:
     """The pretrained weights the runs started from, with their digests; nothing for random weights."""
-    loaded = part.dropna(subset=["weights"])
-    return "".join(f" · weights {w} (sha256 {h})" for w, h in sorted(set(zip(loaded["weights"],
-                                                                              loaded["weights_sha256"]))))
+    loaded = part.dropna(subset=[KEY.weights])
+    return "".join(f" · weights {w} (sha256 {h})" for w, h in sorted(set(zip(loaded[KEY.weights],
+                                                                              loaded[KEY.weights_sha256]))))
 
 
 def _run_time(part: pd.DataFrame) -> str:
     """The runs' process time added up: what a sweep of these runs costs on this device."""
-    if part["wall_s"].isna().all():
+    if part[KEY.wall_s].isna().all():
         return ""  # records from before run times were kept
-    seconds = int(part["wall_s"].sum())
-    missing = int(part["wall_s"].isna().sum())
+    seconds = int(part[KEY.wall_s].sum())
+    missing = int(part[KEY.wall_s].isna().sum())
     return f" · {seconds // 60} min {seconds % 60:02d} s of runs" + (f" ({missing} without a time)" if missing else "")
 
 
 def _fidelity_line(rec: dict) -> str:
-    start = f" from {rec['fidelity_weights']}" if rec.get("fidelity_weights") else ""
-    return (f"Fidelity phase: {rec['fidelity_model']}{start} on {rec['fidelity_dataset']} "
-            f"({rec.get('fidelity_train_size')} training / {rec.get('fidelity_test_size')} held-out samples), "
-            f"{rec.get('fidelity_steps')} steps; baseline over {len(rec.get('accuracy_seeds') or [1])} seeds.")
+    start = f" from {rec[KEY.fidelity_weights]}" if rec.get(KEY.fidelity_weights) else ""
+    return (f"Fidelity phase: {rec[KEY.fidelity_model]}{start} on {rec[KEY.fidelity_dataset]} "
+            f"({rec.get(KEY.fidelity_train_size)} training / {rec.get(KEY.fidelity_test_size)} held-out samples), "
+            f"{rec.get(KEY.fidelity_steps)} steps; baseline over {len(rec.get(KEY.accuracy_seeds) or [1])} seeds.")
 
 
 def _short(revision: str | None) -> str:

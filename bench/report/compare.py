@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from bench.errors import BadInput
-from bench.record import Status
+from bench.record import KEY, Status
 from bench.report import plots
 from bench.report.tables import peak_bytes, to_markdown
 from bench.results import read, slug, to_frame, write_atomic
@@ -28,16 +28,16 @@ def load_side(folder: Path, device: str | None = None) -> pd.DataFrame:
                                 "results/<suite>/<device>/)")
     records = _records(folder)
     if device:
-        records = [r for r in records if device.lower() in r["device"].lower() or device == slug(r["device"])]
+        records = [r for r in records if device.lower() in r[KEY.device].lower() or device == slug(r[KEY.device])]
     if not records:
         raise FileNotFoundError(f"no records in {folder}{f' for device {device!r}' if device else ''} "
                                 "(expected results/, results/<suite>/ or results/<suite>/<device>/)")
-    devices = sorted({r["device"] for r in records})
+    devices = sorted({r[KEY.device] for r in records})
     if len(devices) > 1:
         raise FileNotFoundError(f"{folder} holds several devices ({', '.join(devices)}); pick one with "
                                 f"--device, e.g. --device {slug(devices[0])}")
     frame = to_frame(records)
-    return frame[frame["status"] == Status.OK].set_index(["suite", "run"])
+    return frame[frame[KEY.status] == Status.OK].set_index([KEY.suite, KEY.run])
 
 
 def _records(folder: Path) -> list[dict]:
@@ -51,12 +51,12 @@ def _records(folder: Path) -> list[dict]:
     records = []
     for p in paths:
         r = read(p)
-        if r is None or (depth == "*/*/*.json" and p.parent.parent.name != r["suite"]):
+        if r is None or (depth == "*/*/*.json" and p.parent.parent.name != r[KEY.suite]):
             continue
-        key = (r["suite"], r["run"], r["device"])
+        key = (r[KEY.suite], r[KEY.run], r[KEY.device])
         if key in found:
-            raise BadInput(f"run {r['run']!r} of suite {r['suite']!r} on {r['device']} is in both {found[key]} and "
-                           f"{p}; compare one of the folders that hold it")
+            raise BadInput(f"run {r[KEY.run]!r} of suite {r[KEY.suite]!r} on {r[KEY.device]} is in both {found[key]} "
+                           f"and {p}; compare one of the folders that hold it")
         found[key] = p
         records.append(r)
     return records
@@ -69,10 +69,10 @@ def compare(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     for side, frame in (("a", a), ("b", b)):
         f = frame.reindex(both)
         out[f"peak_{side}"] = pd.to_numeric(peak_bytes(f), errors="coerce")  # as in the suite's own table
-        out[f"samples_per_s_{side}"] = _num(f, "samples_per_s")
+        out[f"samples_per_s_{side}"] = _num(f, KEY.samples_per_s)
         for q in ("p25", "median", "p75"):
             out[f"step_ms_{q}_{side}"] = _num(f, f"step_time_ms_{q}")
-        out[f"accuracy_{side}"] = _num(f, "accuracy")
+        out[f"accuracy_{side}"] = _num(f, KEY.accuracy)
         out[f"band_{side}"] = _num(f, "accuracy_band")
     out["memory_ratio"] = out["peak_b"] / out["peak_a"]
     out["throughput_ratio"] = out["samples_per_s_b"] / out["samples_per_s_a"]
@@ -103,7 +103,7 @@ def _regressions(row) -> list[str]:
         found.append("throughput")
     band = np.nanmax([row.band_a, row.band_b, 0.0])
     if row.accuracy_change < -band:
-        found.append("accuracy")
+        found.append(KEY.accuracy)
     return found
 
 
@@ -119,9 +119,9 @@ def shared_shift(table: pd.DataFrame) -> str:
 def describe(frame: pd.DataFrame, folder: Path) -> str:
     """Where one side's figures come from: folder, device, software and revision."""
     first = frame.iloc[0]
-    revisions = ", ".join(sorted({str(r)[:12] for r in frame.get("git_revision", pd.Series()).dropna()}))
-    return (f"`{folder}`: {first['device']}, torch {first.get('torch_version')}, revision {revisions or 'unknown'}, "
-            f"{len(frame)} ok runs")
+    revisions = ", ".join(sorted({str(r)[:12] for r in frame.get(KEY.git_revision, pd.Series()).dropna()}))
+    return (f"`{folder}`: {first[KEY.device]}, torch {first.get(KEY.torch_version)}, "
+            f"revision {revisions or 'unknown'}, {len(frame)} ok runs")
 
 
 def write(table: pd.DataFrame, a: tuple[Path, pd.DataFrame], b: tuple[Path, pd.DataFrame], out: Path) -> list[Path]:
@@ -131,7 +131,7 @@ def write(table: pd.DataFrame, a: tuple[Path, pd.DataFrame], b: tuple[Path, pd.D
     lines = ["# Comparison: A → B", "", f"- A = {describe(a[1], a[0])}", f"- B = {describe(b[1], b[0])}", "",
              markdown(table, "A", "B"), "",
              f"{len(table)} runs on both sides; {len(flagged)} regressed beyond their spread"
-             + (f": {', '.join(flagged['run'])}." if len(flagged) else "."), "", shared_shift(table), "",
+             + (f": {', '.join(flagged[KEY.run])}." if len(flagged) else "."), "", shared_shift(table), "",
              "Regression rules: memory more than 1% above A (peaks are deterministic up to allocator rounding); "
              "throughput when B's step-time quartiles lie wholly above A's middle half (p25 of B > p75 of A); "
              "accuracy when it drops by more than the wider of the two baselines' seed bands.", "",
@@ -146,7 +146,7 @@ def write(table: pd.DataFrame, a: tuple[Path, pd.DataFrame], b: tuple[Path, pd.D
 
 def markdown(table: pd.DataFrame, name_a: str, name_b: str) -> str:
     show = pd.DataFrame({
-        "suite": table["suite"], "run": table["run"],
+        KEY.suite: table[KEY.suite], KEY.run: table[KEY.run],
         f"peak MiB ({name_a})": (table["peak_a"] / 2**20).round(1),
         f"peak MiB ({name_b})": (table["peak_b"] / 2**20).round(1),
         "memory ×": table["memory_ratio"].round(3),
@@ -161,12 +161,12 @@ def markdown(table: pd.DataFrame, name_a: str, name_b: str) -> str:
 
 def side_by_side(table: pd.DataFrame, name_a: str, name_b: str, path: Path) -> None:
     """Memory and throughput of each run, A and B as paired bars; regressions' names in red."""
-    labels = [f"{s}/{r}" if table["suite"].nunique() > 1 else r for s, r in zip(table["suite"], table["run"])]
+    labels = [f"{s}/{r}" if table[KEY.suite].nunique() > 1 else r for s, r in zip(table[KEY.suite], table[KEY.run])]
     y = np.arange(len(table))
     fig, axes = plt.subplots(1, 2, figsize=(12, 0.35 * len(table) + 2), sharey=True)
     unit = 2**30 if max(table["peak_a"].max(), table["peak_b"].max()) >= 2**30 else 2**20
     for ax, (col, xlabel, scale) in zip(axes, (("peak", f"peak memory ({'GiB' if unit == 2**30 else 'MiB'})", unit),
-                                               ("samples_per_s", "throughput (samples/s)", 1))):
+                                               (KEY.samples_per_s, "throughput (samples/s)", 1))):
         ax.barh(y - 0.2, table[f"{col}_a"] / scale, height=0.4, color="tab:blue", label=name_a)
         ax.barh(y + 0.2, table[f"{col}_b"] / scale, height=0.4, color="tab:orange", label=name_b)
         ax.set_xlabel(xlabel)

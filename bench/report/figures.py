@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.record import Status, reference
+from bench.record import KEY, Status, reference
 from bench.report.headline import suite_entries
 from bench.results import write_atomic
 
@@ -28,29 +28,29 @@ def figures_page(tables: dict[str, pd.DataFrame], entries: dict[str, int]) -> st
     out = [HEADER, "## Coverage\n", "| suite | device | records | ok | of the suite's entries |",
            "| --- | --- | --- | --- | --- |"]
     for suite, table in tables.items():
-        for device, part in table.groupby("device", sort=True):
-            out.append(f"| {suite} | {device} | {len(part)} | {int((part['status'] == Status.OK).sum())} | "
+        for device, part in table.groupby(KEY.device, sort=True):
+            out.append(f"| {suite} | {device} | {len(part)} | {int((part[KEY.status] == Status.OK).sum())} | "
                        f"{entries.get(suite, '–')} |")
     for suite, table in tables.items():
         out.append(f"\n## {suite}\n")
-        for device, part in table.groupby("device", sort=True):
+        for device, part in table.groupby(KEY.device, sort=True):
             out += [f"### {device}\n", _baseline_line(part), "", "| run | batch | memory × | throughput × | "
                     "accuracy pt |", "| --- | --- | --- | --- | --- |"]
-            out += [_row(r) for r in part[part["status"] == Status.OK].itertuples() if r.run != r.baseline]
+            out += [_row(r) for r in part[part[KEY.status] == Status.OK].itertuples() if r.run != r.baseline]
             out.append("")
     return "\n".join(out).rstrip("\n") + "\n"
 
 
 def _baseline_line(part: pd.DataFrame) -> str:
-    base = part[(part["run"] == part["baseline"]) & (part["status"] == Status.OK)]
+    base = part[(part[KEY.run] == part[KEY.baseline]) & (part[KEY.status] == Status.OK)]
     if base.empty:
         return "No baseline record on this device: ratios are absent."
     b = base.iloc[0]
-    accuracy = (f", accuracy {100 * b['accuracy']:.1f}% ±{100 * b['accuracy_band']:.1f} pt"
-                if pd.notna(b["accuracy"]) and pd.notna(b["accuracy_band"]) else "")
-    return (f"Baseline: batch {b['batch_size']}, peak {b['peak_bytes'] / 2**20:,.1f} MiB, "
-            f"{b['samples_per_s']:,.1f} samples/s{accuracy}; torch {b['torch_version']}, revision "
-            f"{str(b['git_revision'])[:12]}.")
+    accuracy = (f", accuracy {100 * b[KEY.accuracy]:.1f}% ±{100 * b['accuracy_band']:.1f} pt"
+                if pd.notna(b[KEY.accuracy]) and pd.notna(b["accuracy_band"]) else "")
+    return (f"Baseline: batch {b[KEY.batch_size]}, peak {b['peak_bytes'] / 2**20:,.1f} MiB, "
+            f"{b[KEY.samples_per_s]:,.1f} samples/s{accuracy}; torch {b[KEY.torch_version]}, revision "
+            f"{str(b[KEY.git_revision])[:12]}.")
 
 
 def _row(r: object) -> str:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from bench.record import Status
+from bench.record import KEY, Status
 from bench.report.tables import busy_runs
 
 if TYPE_CHECKING:
@@ -28,10 +28,10 @@ def candidates(table: pd.DataFrame) -> pd.DataFrame:
     """Runs a practitioner could pick: measured, at the baseline's batch size (matrix rows that change the
     batch are left out), not known to hurt accuracy (a delta outside the baseline's band), and not timed on a
     busy machine (their throughput × is the neighbours' as much as theirs)."""
-    base_batch = table.set_index("run")["batch_size"].reindex(table["baseline"]).to_numpy()
-    keep = ((table["status"] == Status.OK) & table["memory_vs_baseline"].notna()
+    base_batch = table.set_index(KEY.run)[KEY.batch_size].reindex(table[KEY.baseline]).to_numpy()
+    keep = ((table[KEY.status] == Status.OK) & table["memory_vs_baseline"].notna()
             & table["throughput_vs_baseline"].notna()
-            & (table["batch_size"].to_numpy() == base_batch) & ~table["outside_band"].eq(True)
+            & (table[KEY.batch_size].to_numpy() == base_batch) & ~table["outside_band"].eq(True)
             & ~busy_runs(table))
     out = table[keep].copy()
     saved, lost = 1 - out["memory_vs_baseline"], (1 - out["throughput_vs_baseline"]).clip(lower=0)
@@ -56,7 +56,7 @@ def pick_text(row: pd.Series | None) -> str:
     """A pick in plain words: the run, its memory ×, throughput × and accuracy effect."""
     if row is None:
         return "no run measured here qualifies"
-    return (f"{row['run']}: {row['memory_vs_baseline']:.2f}× memory, {row['throughput_vs_baseline']:.2f}× "
+    return (f"{row[KEY.run]}: {row['memory_vs_baseline']:.2f}× memory, {row['throughput_vs_baseline']:.2f}× "
             f"throughput, {accuracy_effect(row)}")
 
 
@@ -76,7 +76,7 @@ def suite_entries(name: str, suites_dir: Path = Path("suites")) -> int | None:
 def suite_throughput(name: str, suites_dir: Path = Path("suites")) -> str:
     """The figure the suite compares as throughput × (its ``throughput`` key; samples/s without a file)."""
     suite = suite_file(name, suites_dir)
-    return "samples_per_s" if suite is None else suite.throughput
+    return KEY.samples_per_s if suite is None else suite.throughput
 
 
 def suite_file(name: str, suites_dir: Path = Path("suites")) -> Suite | None:
@@ -92,7 +92,7 @@ def suite_file(name: str, suites_dir: Path = Path("suites")) -> Suite | None:
 def devices_best_first(table: pd.DataFrame, here: str | None = None) -> list[str]:
     """The devices of a table: ``here`` (the machine the page is built on) first, for the user who just measured
     on it; then GPUs before CPUs (a reader renting a card wants its figures first); legacy CPU names last."""
-    kinds = table.groupby("device")["device_type"].first()
+    kinds = table.groupby(KEY.device)[KEY.device_type].first()
     return sorted(kinds.index, key=lambda d: (d != here, legacy(str(d), kinds[d]), kinds[d] != "cuda", str(d)))
 
 
@@ -121,7 +121,7 @@ def device_title(device: str, device_type: str) -> str:
 
 def coverage(part: pd.DataFrame, entries: int | None) -> str:
     """How much of the suite a device has measured."""
-    ok = int((part["status"] == Status.OK).sum())
+    ok = int((part[KEY.status] == Status.OK).sum())
     if entries is None or len(part) >= entries:
         return f"{len(part)} runs recorded, {ok} ok"
     return f"{len(part)} of the suite's {entries} entries recorded ({ok} ok); the rest not yet on this device"
@@ -132,15 +132,15 @@ def headline(table: pd.DataFrame, entries: int | None, here: str | None = None) 
     its picks."""
     out = []
     for device in devices_best_first(table, here):
-        part = table[table["device"] == device]
-        title = device_title(str(device), part["device_type"].iloc[0])
+        part = table[table[KEY.device] == device]
+        title = device_title(str(device), part[KEY.device_type].iloc[0])
         out.append((f"{title}: {coverage(part, entries)}; memory is the {memory_figure(part)}", _items(picks(part))))
     return out
 
 
 def answer(table: pd.DataFrame, device: str, entries: int | None) -> str:
     """What to use on ``device``, as a sweep ends: its picks in plain text, for the terminal."""
-    part = table[table["device"] == device]
+    part = table[table[KEY.device] == device]
     if part.empty:
         return f"What to use on {device}: nothing measured there yet."
     lines = [item.replace("**", "") for item in _items(picks(part))]
@@ -150,8 +150,8 @@ def answer(table: pd.DataFrame, device: str, entries: int | None) -> str:
 
 def memory_figure(part: pd.DataFrame) -> str:
     """What one device's memory figures are: the CUDA allocator's peak or the tracked one, at the baseline's batch."""
-    peak = "allocator peak" if part["device_type"].iloc[0] == "cuda" else "tracked peak of live tensors"
-    batch = part.loc[part["run"] == part["baseline"], "batch_size"]
+    peak = "allocator peak" if part[KEY.device_type].iloc[0] == "cuda" else "tracked peak of live tensors"
+    batch = part.loc[part[KEY.run] == part[KEY.baseline], KEY.batch_size]
     return peak + (f", batch {int(batch.iloc[0])}" if len(batch) and pd.notna(batch.iloc[0]) else "")
 
 
@@ -163,24 +163,24 @@ def disagreements(table: pd.DataFrame, shown: int = 3) -> list[str]:
     """Runs whose memory × on a GPU and on a CPU differ by at least DISAGREE, largest first, each with where its
     peak fell on each: a technique saves at the peak only what is alive there (checkpointing saves nothing when
     the peak is the optimizer step, as at small CPU shapes)."""
-    kinds = table.groupby("device")["device_type"].first()
+    kinds = table.groupby(KEY.device)[KEY.device_type].first()
     gpus, cpus = [d for d in kinds.index if kinds[d] == "cuda"], [d for d in kinds.index if kinds[d] != "cuda"]
     if not gpus or not cpus:
         return []
-    gpu, cpu = (table[table["device"] == d].set_index("run") for d in (gpus[0], cpus[0]))
+    gpu, cpu = (table[table[KEY.device] == d].set_index(KEY.run) for d in (gpus[0], cpus[0]))
     both = gpu.index.intersection(cpu.index)
     gap = (gpu.loc[both, "memory_vs_baseline"] - cpu.loc[both, "memory_vs_baseline"]).abs().dropna()
     lines = []
     for run in gap[gap >= DISAGREE].sort_values(ascending=False).index[:shown]:
         g, c = gpu.loc[run], cpu.loc[run]
-        lines.append(f"**{run}**: {g['memory_vs_baseline']:.2f}× memory on {gpus[0]} (batch {int(g['batch_size'])}) "
-                     f"against {c['memory_vs_baseline']:.2f}× on {cpus[0]} (batch {int(c['batch_size'])}): "
+        lines.append(f"**{run}**: {g['memory_vs_baseline']:.2f}× memory on {gpus[0]} (batch {int(g[KEY.batch_size])}) "
+                     f"against {c['memory_vs_baseline']:.2f}× on {cpus[0]} (batch {int(c[KEY.batch_size])}): "
                      + _why(g, c, gpus[0], cpus[0]))
     return lines
 
 
 def _why(gpu: pd.Series, cpu: pd.Series, gpu_name: str, cpu_name: str) -> str:
-    phases = gpu.get("peak_phase"), cpu.get("peak_phase")
+    phases = gpu.get(KEY.peak_phase), cpu.get(KEY.peak_phase)
     if any(pd.isna(p) for p in phases) or phases[0] == phases[1]:
         return "the shapes differ, and with them what dominates the peak"
     return (f"its peak falls in {PHASES.get(phases[0], phases[0])} on {gpu_name} and in "
@@ -192,6 +192,6 @@ def _items(chosen: dict[str, pd.Series | None]) -> list[str]:
     """One line per picked run, naming every pick it is (one run is often the largest saving and the best trade)."""
     runs: dict[str | None, list[str]] = {}
     for key, row in chosen.items():
-        runs.setdefault(None if row is None else row["run"], []).append(key)
-    rows = {None if row is None else row["run"]: row for row in chosen.values()}
+        runs.setdefault(None if row is None else row[KEY.run], []).append(key)
+    rows = {None if row is None else row[KEY.run]: row for row in chosen.values()}
     return [f"**{'; '.join(PICKS[k] for k in keys)}**: {pick_text(rows[run])}" for run, keys in runs.items()]

@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from bench.record import KEY
 from bench.report import plots
 from bench.report.figures import write_fields, write_figures
 from bench.report.headline import (
@@ -42,21 +43,21 @@ def build_overview(results: Path) -> list[Path]:
               Block("nav", [(p.name, f"../{p.name}/report") for p in suites]), Block("p", INTRO)]
     written = [out / "overview.md", out / "overview.html"]
     for device in devices_best_first(everything, this_machine()):
-        part = everything[everything["device"] == device]
+        part = everything[everything[KEY.device] == device]
         rows = []
-        for suite, t in part.groupby("suite", sort=True):
-            base = t[t["run"] == t["baseline"]]
+        for suite, t in part.groupby(KEY.suite, sort=True):
+            base = t[t[KEY.run] == t[KEY.baseline]]
             best = picks(t)
             entries = suite_entries(str(suite))
-            rows.append({"suite": suite, "model": t["model"].iloc[0],
+            rows.append({KEY.suite: suite, KEY.model: t[KEY.model].iloc[0],
                          "recorded": f"{len(t)} of {entries}" if entries else str(len(t)),
                          "baseline peak GiB": round(base["peak_bytes"].iloc[0] / 2**30, 3) if len(base) else None,
-                         "baseline samples/s": round(base["samples_per_s"].iloc[0], 1) if len(base) else None,
+                         "baseline samples/s": round(base[KEY.samples_per_s].iloc[0], 1) if len(base) else None,
                          **{PICKS[k]: pick_text(v) for k, v in best.items()}})
         png = out / f"overview-{slug(str(device))}.png"
         _suite_grid(part, str(device), png)
         written += [png, png.with_suffix(".svg")]
-        title = device_title(str(device), part["device_type"].iloc[0])
+        title = device_title(str(device), part[KEY.device_type].iloc[0])
         blocks += [Block("h2", title), Block("table", pd.DataFrame(rows)), Block("image", png)]
     write_atomic(written[0], markdown(blocks, out))
     write_atomic(written[1], html_page(blocks, "All suites: what to use"))
@@ -66,7 +67,7 @@ def build_overview(results: Path) -> list[Path]:
 def _suite_grid(table: pd.DataFrame, device: str, path: Path) -> None:
     """One panel per suite: memory × against throughput × of every run, relative to its baseline, so the
     models can be read on one scale; the Pareto front joined, colours per technique as in every plot."""
-    groups = list(table.groupby("suite", sort=True))
+    groups = list(table.groupby(KEY.suite, sort=True))
     # Two panels a row at 110 dpi: about 1,200 px wide, the page's width, so labels show at their own size.
     cols = min(2, len(groups))
     rows = int(np.ceil(len(groups) / cols))
@@ -79,14 +80,15 @@ def _suite_grid(table: pd.DataFrame, device: str, path: Path) -> None:
             front = pareto_front(x, y)
             order = np.argsort(x[front])
             ax.step(x[front][order], y[front][order], where="post", color="black", lw=1, alpha=0.6)
-            points = [plots.technique_colour(tq, r == b) for tq, r, b in zip(c["technique"], c["run"], c["baseline"])]
+            points = [plots.technique_colour(tq, r == b)
+                      for tq, r, b in zip(c["technique"], c[KEY.run], c[KEY.baseline])]
             ax.scatter(x, y, color=points, zorder=3)
-            plots.place_labels(ax, x[front], y[front], list(c["run"][front]), fontsize=8)
+            plots.place_labels(ax, x[front], y[front], list(c[KEY.run][front]), fontsize=8)
             colours |= {("baseline" if r == b else tq or "no technique"): p
-                        for tq, r, b, p in zip(c["technique"], c["run"], c["baseline"], points)}
+                        for tq, r, b, p in zip(c["technique"], c[KEY.run], c[KEY.baseline], points)}
         ax.axhline(1, color="gray", lw=0.8, ls="--")
         ax.axvline(1, color="gray", lw=0.8, ls="--")
-        ax.set_title(f"{suite} ({t['model'].iloc[0]})")
+        ax.set_title(f"{suite} ({t[KEY.model].iloc[0]})")
         ax.set_xlabel("peak memory × baseline")
         ax.set_ylabel("throughput × baseline")
         ax.grid(alpha=0.3)

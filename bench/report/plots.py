@@ -21,7 +21,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.lines import Line2D
 
-from bench.record import AT_PEAK, Status
+from bench.record import AT_PEAK, KEY, Status
 from bench.report.tables import pareto_front
 
 BASELINE_COLOUR = "#7f7f7f"
@@ -81,7 +81,7 @@ def technique_colour(first: str, is_baseline: bool = False) -> tuple | str:
 
 
 def _colours(table: pd.DataFrame) -> list:
-    return [technique_colour(t, r == b) for t, r, b in zip(table["technique"], table["run"], table["baseline"])]
+    return [technique_colour(t, r == b) for t, r, b in zip(table["technique"], table[KEY.run], table[KEY.baseline])]
 
 
 def peak_memory_bars(ax: Axes, table: pd.DataFrame, title: str) -> None:
@@ -89,14 +89,14 @@ def peak_memory_bars(ax: Axes, table: pd.DataFrame, title: str) -> None:
     figure are named with their status."""
     divisor, unit = byte_unit(table["peak_bytes"].max())
     peaks = table["peak_bytes"] / divisor
-    ax.barh(table["run"], peaks.fillna(0), color=_colours(table))
-    for y, (peak, ratio, status) in enumerate(zip(peaks, table["memory_vs_baseline"], table["status"])):
+    ax.barh(table[KEY.run], peaks.fillna(0), color=_colours(table))
+    for y, (peak, ratio, status) in enumerate(zip(peaks, table["memory_vs_baseline"], table[KEY.status])):
         text = f" {peak:,.1f} ({ratio:.2f}×)" if status == Status.OK and pd.notna(ratio) else f" {status}"
         ax.text(0 if pd.isna(peak) else peak, y, text, va="center", fontsize=8,
                 color="black" if status == Status.OK else "tab:red")
     ax.invert_yaxis()
     ax.margins(x=0.2)
-    ax.set_xlabel(memory_label(table["device_type"].iloc[0], unit))
+    ax.set_xlabel(memory_label(table[KEY.device_type].iloc[0], unit))
     ax.set_title(title)
 
 
@@ -120,23 +120,23 @@ def usable_front(memory: np.ndarray, throughput: np.ndarray, classes: np.ndarray
 def pareto(ax: Axes, table: pd.DataFrame, title: str) -> None:
     """Peak memory against throughput, one point per measured run; the front (runs no other run beats on
     both) joined by a line. Marker: accuracy against the baseline's band. Up and left is better."""
-    ok = table[(table["status"] == Status.OK) & table["peak_bytes"].notna() & table["samples_per_s"].notna()]
+    ok = table[(table[KEY.status] == Status.OK) & table["peak_bytes"].notna() & table[KEY.samples_per_s].notna()]
     if ok.empty:
         ax.text(0.5, 0.5, "no run with both peak memory and throughput", ha="center", transform=ax.transAxes)
         ax.set_title(title)
         return
     divisor, unit = byte_unit(ok["peak_bytes"].max())
-    x, y = ok["peak_bytes"].to_numpy() / divisor, ok["samples_per_s"].to_numpy()
+    x, y = ok["peak_bytes"].to_numpy() / divisor, ok[KEY.samples_per_s].to_numpy()
     classes = ok.apply(accuracy_class, axis=1).to_numpy()
     front = usable_front(x, y, classes)
     order = np.argsort(x[front])
     ax.step(x[front][order], y[front][order], where="post", color="black", lw=1, alpha=0.6, zorder=2)
-    is_base = (ok["run"] == ok["baseline"]).to_numpy()
+    is_base = (ok[KEY.run] == ok[KEY.baseline]).to_numpy()
     for i, colour in enumerate(_colours(ok)):
         marker = "*" if is_base[i] else ACCURACY_MARKERS[classes[i]]
         ax.scatter(x[i], y[i], color=colour, marker=marker, s=160 if is_base[i] else 60, zorder=3,
                    edgecolors="black" if front[i] else "none", linewidths=1.2)
-    labels = [f"{r}{' (baseline)' if b and 'baseline' not in r else ''}" for r, b in zip(ok["run"], is_base)]
+    labels = [f"{r}{' (baseline)' if b and 'baseline' not in r else ''}" for r, b in zip(ok[KEY.run], is_base)]
     place_labels(ax, x, y, labels)
     handles = [Line2D([], [], color="black", lw=1, alpha=0.6,
                       label="Pareto front of runs not worse than the band (black edge: on it)"),
@@ -144,7 +144,7 @@ def pareto(ax: Axes, table: pd.DataFrame, title: str) -> None:
     handles += [Line2D([], [], marker=m, ls="", color="dimgray", label=f"accuracy {c}")
                 for c, m in ACCURACY_MARKERS.items() if c in set(classes)]
     ax.legend(handles=handles, loc="best", fontsize=7, framealpha=0.8)
-    ax.set_xlabel(memory_label(table["device_type"].iloc[0], unit))
+    ax.set_xlabel(memory_label(table[KEY.device_type].iloc[0], unit))
     ax.set_ylabel("throughput (samples/s)")
     ax.grid(alpha=0.3)
     ax.set_title(title)
@@ -208,27 +208,27 @@ def breakdown_frame(table: pd.DataFrame) -> pd.DataFrame:
     allocator's slack where measured; sorted by total, largest first."""
     cols = [f"at_peak_{p}_bytes" for p in AT_PEAK]
     have = table.dropna(subset=[c for c in cols if c in table]) if all(c in table for c in cols) else table.iloc[:0]
-    have = have[have["status"] == Status.OK]
+    have = have[have[KEY.status] == Status.OK]
     parts = pd.DataFrame({p: have[f"at_peak_{p}_bytes"].astype(float) for p in AT_PEAK}, index=have.index)
-    if "cache_slack_bytes" in have and have["cache_slack_bytes"].notna().any():
-        parts["allocator"] = pd.to_numeric(have["cache_slack_bytes"], errors="coerce").fillna(0)
-    parts.index = have["run"]
+    if KEY.cache_slack_bytes in have and have[KEY.cache_slack_bytes].notna().any():
+        parts["allocator"] = pd.to_numeric(have[KEY.cache_slack_bytes], errors="coerce").fillna(0)
+    parts.index = have[KEY.run]
     return parts.loc[parts.sum(axis=1).sort_values(ascending=False).index]
 
 
 def step_time_boxes(ax: Axes, table: pd.DataFrame, title: str) -> None:
     """Every timed step of every run as a box (quartiles, whiskers to 1.5 IQR, outliers as dots): a wide
     box is a noisy run, whose ratios deserve less trust."""
-    timed = table["step_times_ms"].map(lambda v: isinstance(v, list) and len(v) > 0)
-    ok = table[(table["status"] == Status.OK) & timed]
-    boxes = ax.boxplot(list(ok["step_times_ms"]), orientation="horizontal", patch_artist=True, widths=0.6,
+    timed = table[KEY.step_times_ms].map(lambda v: isinstance(v, list) and len(v) > 0)
+    ok = table[(table[KEY.status] == Status.OK) & timed]
+    boxes = ax.boxplot(list(ok[KEY.step_times_ms]), orientation="horizontal", patch_artist=True, widths=0.6,
                        flierprops={"markersize": 3})
     for patch, colour in zip(boxes["boxes"], _colours(ok)):
         patch.set_facecolor(colour)
         patch.set_alpha(0.7)
-    ax.set_yticks(range(1, len(ok) + 1), ok["run"])
+    ax.set_yticks(range(1, len(ok) + 1), ok[KEY.run])
     ax.invert_yaxis()
-    times = [t for ts in ok["step_times_ms"] for t in ts]
+    times = [t for ts in ok[KEY.step_times_ms] for t in ts]
     if times and max(times) / max(min(times), 1e-9) > 20:
         ax.set_xscale("log")  # a slow outlier run would squash every other box
     ax.set_xlabel("step time (ms)")
@@ -238,14 +238,14 @@ def step_time_boxes(ax: Axes, table: pd.DataFrame, title: str) -> None:
 
 def predicted_vs_measured(ax: Axes, table: pd.DataFrame, title: str) -> None:
     """The fake-tensor prediction over the measured peak, per run: 1 is exact, the band is ±10%."""
-    both = table[table["predicted_peak_tensor_bytes"].notna() & table["peak_bytes"].notna()]
-    ratio = pd.to_numeric(both["predicted_peak_tensor_bytes"]) / both["peak_bytes"]
+    both = table[table[KEY.predicted_peak_tensor_bytes].notna() & table["peak_bytes"].notna()]
+    ratio = pd.to_numeric(both[KEY.predicted_peak_tensor_bytes]) / both["peak_bytes"]
     ax.axvspan(0.9, 1.1, color="gray", alpha=0.15, label="±10%")
     ax.axvline(1.0, color="black", lw=1)
     ax.scatter(ratio, range(len(both)), color=_colours(both), zorder=3)
     for y, r in enumerate(ratio):
         ax.annotate(f"{r:.3f}", (r, y), xytext=(6, 0), textcoords="offset points", va="center", fontsize=7)
-    ax.set_yticks(range(len(both)), both["run"])
+    ax.set_yticks(range(len(both)), both[KEY.run])
     ax.invert_yaxis()
     low, high = min(ratio.min(), 0.85), max(ratio.max(), 1.15)
     ax.set_xlim(low - 0.02, high + 0.05)
