@@ -141,15 +141,32 @@ class RunSpec:
         techniques), found without importing it: an edited class measures again. Modules they import in turn
         are not read."""
         names = {self.model, self.gpu.model, self.cpu.model, *(t.name for t in self.techniques)}
-        modules = sorted({n.partition(":")[0] for n in names if n and ":" in n})
-        return {m: _source_digest(m) for m in modules}
+        modules = sorted({n.partition(":")[0] for n in names if n and ":" in n and not n.startswith(HF)})
+        configs = sorted(n for n in names if n and n.startswith(HF))  # an edited config.json measures again too
+        return {m: _source_digest(m) for m in modules} | {c: _digest(hf_config_file(c)) for c in configs}
+
+
+HF = "hf:"  # a model built from a Hugging Face config.json: hf:PATH[#task] (bench.models.hf)
+
+
+def hf_config_file(name: str) -> Path:
+    """The config.json an ``hf:PATH[#task]`` model names: PATH itself, or the config.json in that folder."""
+    path = Path(name.removeprefix(HF).partition("#")[0])
+    return path / "config.json" if path.is_dir() else path
 
 
 def _source_digest(module: str) -> str:
     try:
         found = importlib.util.find_spec(module)
-        return hashlib.sha256(Path(found.origin).read_bytes()).hexdigest()[:16] if found and found.origin else ""
-    except (ImportError, ValueError, OSError):  # not importable here: the run itself will say why
+        return _digest(Path(found.origin)) if found and found.origin else ""
+    except (ImportError, ValueError):  # not importable here: the run itself will say why
+        return ""
+
+
+def _digest(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    except OSError:  # unreadable here: the run itself will say why
         return ""
 
 

@@ -14,6 +14,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from bench.registry import Registry, import_object
+from bench.spec import HF
 
 if TYPE_CHECKING:
     from bench.spec import Shapes
@@ -130,7 +131,12 @@ def register(spec: ModelSpec) -> ModelSpec:
 
 
 def resolve(name: str) -> ModelSpec:
-    """A registered name, or ``"package.module:NAME"`` for a user's own ModelSpec."""
+    """A registered name, ``"hf:PATH"`` for a Hugging Face config.json (bench.models.hf), or
+    ``"package.module:NAME"`` for a user's own ModelSpec."""
+    if name.startswith(HF):
+        from bench.models import hf
+
+        return hf.spec(name)
     if ":" not in name:
         return MODELS.get(name)
     spec = import_object(name, "model")

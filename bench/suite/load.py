@@ -33,7 +33,8 @@ SUITE_NAME = re.compile(r"\w[\w.-]*")  # any script's letters; no separators, no
 TOP_KEYS = {
     "name": "suite name (defaults to the file name)",
     "description": "one line shown in reports",
-    "model": f"one of {', '.join(MODELS.names())}, or 'module:NAME' naming your own bench.models.ModelSpec",
+    "model": f"one of {', '.join(MODELS.names())}, 'hf:PATH' for a Hugging Face config.json (a folder holding one), "
+             "or 'module:NAME' naming your own bench.models.ModelSpec",
     "weights": "pretrained weights loaded into the model before techniques apply: a state_dict file "
                "(.pt, .bin, .safetensors) or a save_pretrained folder",
     "mode": '"train" (default: training steps) or "inference" (forward passes only, no gradients)',

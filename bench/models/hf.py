@@ -1,0 +1,115 @@
+"""A model from its Hugging Face ``config.json``: ``model = "hf:PATH"`` in a suite, PATH a folder holding one (or the
+file itself), for any architecture transformers builds from a config. Weights are random, as for every built-in
+model (``weights`` loads local ones). The head comes from the config's ``architectures`` (``…ForCausalLM``: a
+next-token model; ``…ForSequenceClassification`` or ``…ForImageClassification``: a classifier of its
+``num_labels``), or from a task named after the path, ``hf:PATH#sequence-classification``. Attention is the
+config's ``attn_implementation`` where it names one, else SDPA, transformers' own default. The weights are float32,
+as ``from_pretrained`` gives them without a ``torch_dtype``: the precision techniques say what runs in 16 bits."""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+import torch
+from torch import nn
+
+from bench.models import ModelSpec
+from bench.spec import HF, Shapes, hf_config_file
+
+# Each head: the Auto class that builds it, the model's inputs and what it is trained on.
+TASKS = {
+    "causal-lm": ("AutoModelForCausalLM", "tokens", "next-token"),
+    "sequence-classification": ("AutoModelForSequenceClassification", "tokens", "classify"),
+    "image-classification": ("AutoModelForImageClassification", "image", "classify"),
+}
+SUFFIXES = {"ForCausalLM": "causal-lm", "ForSequenceClassification": "sequence-classification",
+            "ForImageClassification": "image-classification"}
+# Model types whose layers are named as Llama's (q/k/v/o, gate/up/down projections): lora's default targets.
+LLAMA_LAYOUT = {"llama", "mistral", "qwen2", "qwen3"}
+CPU_PARAMS = 2e9  # over this many parameters (8 GB of float32), a model is predicted only, as llama3-8b is
+
+
+@functools.cache  # a suite's runs resolve their model many times; its size is counted once
+def spec(name: str) -> ModelSpec:
+    """The ModelSpec of ``hf:PATH[#task]``; KeyError naming the file and the fix where it cannot be read."""
+    path, _, task = name.removeprefix(HF).partition("#")
+    raw = _read(name)
+    task = task or _task(name, raw)
+    if task not in TASKS:
+        raise KeyError(f"model {name!r}: task {task!r} is none of {', '.join(TASKS)}")
+    _, inputs, objective = TASKS[task]
+    config = _config(name)
+    tokens = inputs == "tokens"
+    classes = config.vocab_size if objective == "next-token" else config.num_labels
+    built = lambda shapes: _build(config, task, shapes)  # noqa: E731
+    return ModelSpec(name, built, inputs, classes, vocab_size=config.vocab_size if tokens else 0,
+                     family="llama" if config.model_type in LLAMA_LAYOUT else "",
+                     attention=_attention(raw) == "sdpa", objective=objective, cpu=_params(config, task) <= CPU_PARAMS)
+
+
+def _read(name: str) -> dict[str, Any]:
+    file = hf_config_file(name)
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise KeyError(f"model {name!r}: cannot read {file} ({exc.strerror or exc}); give a folder holding "
+                       "config.json, or the file") from None
+    except json.JSONDecodeError as exc:
+        raise KeyError(f"model {name!r}: {file} is not JSON ({exc})") from None
+
+
+def _task(name: str, raw: dict[str, Any]) -> str:
+    for architecture in raw.get("architectures") or []:
+        for suffix, task in SUFFIXES.items():
+            if architecture.endswith(suffix):
+                return task
+    raise KeyError(f"model {name!r}: its config's architectures ({raw.get('architectures')}) name no head this "
+                   f"harness trains; name one after the path, e.g. {name}#causal-lm ({', '.join(TASKS)})")
+
+
+def _config(name: str) -> Any:
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(hf_config_file(name)), local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise KeyError(f"model {name!r}: transformers cannot build a config from it: {exc}") from None
+    config.use_cache = False  # training keeps no key-value cache
+    return config
+
+
+def _attention(raw: dict[str, Any]) -> str:
+    return raw.get("attn_implementation") or raw.get("_attn_implementation") or "sdpa"
+
+
+def _build(config: Any, task: str, shapes: Shapes) -> nn.Module:
+    import transformers
+
+    auto = getattr(transformers, TASKS[task][0])
+    if task == "image-classification":
+        config.image_size = shapes.image_size  # the run's images; the patch grid follows
+    model = auto.from_config(config, attn_implementation=_attention(config.to_dict()), torch_dtype=torch.float32)
+    return _Logits(model) if task == "image-classification" else model
+
+
+def _params(config: Any, task: str) -> int:
+    """Parameters of the model as built, counted on the meta device (nothing allocated)."""
+    import transformers
+
+    with torch.device("meta"):
+        model = getattr(transformers, TASKS[task][0]).from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+class _Logits(nn.Module):
+    """An image classifier taking the batch as its one argument and returning its logits, as the harness calls
+    every image model."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values=pixels).logits
