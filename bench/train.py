@@ -33,14 +33,13 @@ class Trainer:
     def step(self, batch: Batch) -> torch.Tensor:
         """Forward and backward over every micro-batch, then one optimizer step; returns the mean loss."""
         total, policy = None, self.policy
-        loss_of = policy.loss or self.spec.loss
         # Rebound, as a user's loop rebinds `x = x.to(torch.bfloat16)`: the batch as it came (fp32 under pure
         # bf16) is freed here rather than held through the step beside its prepared copy.
         batch = policy.prepare(batch)
         for inputs, labels in split(batch, self.micro_batches):
             with policy.context():
-                logits = self.spec.logits(self.model, inputs)
-                loss = loss_of(logits, labels) / self.micro_batches
+                logits, loss = self.spec.forward(self.model, inputs, labels, policy.loss)
+                loss = loss / self.micro_batches
             self.output_dtype = logits.dtype
             del logits  # a plain training loop would not hold the logits through backward either
             # Kept on the device: a .item() here would synchronise CUDA inside the timed step.

@@ -83,6 +83,9 @@ class ModelSpec:
     # False for a model too large to build in a CPU's memory (Llama-3-8B's 32 GB of float32 weights): it is
     # predicted, built on the meta device, and runs on CUDA; a CPU run of it is unsupported.
     cpu: bool = True
+    # The model computes its own loss from the labels passed in, as transformers' Trainer calls it (its causal-LM
+    # loss upcasts the logits to float32 and pads the labels), rather than this harness's cross-entropy.
+    own_loss: bool = False
 
     def __post_init__(self) -> None:
         if self.inputs not in ("image", "tokens"):
@@ -99,6 +102,18 @@ class ModelSpec:
     def shape_keys(self) -> tuple[str, ...]:
         """The shape entries a suite must give for this model besides batch_size."""
         return ("image_size",) if self.inputs == "image" else ("seq_len",)
+
+    def forward(self, model: nn.Module, inputs: Inputs, labels: torch.Tensor,
+                loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward and its mean loss: ``loss`` where a technique takes it (on what the model returned), else the
+        model's own from the labels (``own_loss``; its outputs are dropped on return, as the Trainer's
+        compute_loss drops them), else ``self.loss``. Returns the logits too, for their dtype."""
+        if self.own_loss and loss is None:
+            out = model(**inputs, labels=labels)
+            return out["logits"], out["loss"]
+        logits = self.logits(model, inputs)
+        return logits, (loss or self.loss)(logits, labels)
 
     def logits(self, model: nn.Module, inputs: Inputs) -> torch.Tensor:
         if isinstance(inputs, dict):

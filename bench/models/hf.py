@@ -2,9 +2,11 @@
 file itself), for any architecture transformers builds from a config. Weights are random, as for every built-in
 model (``weights`` loads local ones). The head comes from the config's ``architectures`` (``…ForCausalLM``: a
 next-token model; ``…ForSequenceClassification`` or ``…ForImageClassification``: a classifier of its
-``num_labels``), or from a task named after the path, ``hf:PATH#sequence-classification``. Attention is the
-config's ``attn_implementation`` where it names one, else SDPA, transformers' own default. The weights are float32,
-as ``from_pretrained`` gives them without a ``torch_dtype``: the precision techniques say what runs in 16 bits."""
+``num_labels``), or from a task named after the path, ``hf:PATH#sequence-classification``. A token model computes
+its own loss from the labels, as the Trainer calls it (the causal-LM loss upcasts the logits to float32).
+Attention is the config's ``attn_implementation`` where it names one, else SDPA, transformers' own default. The
+weights are float32, as ``from_pretrained`` gives them without a ``torch_dtype``: the precision techniques say
+what runs in 16 bits."""
 
 from __future__ import annotations
 
@@ -46,7 +48,8 @@ def spec(name: str) -> ModelSpec:
     built = lambda shapes: _build(config, task, shapes)  # noqa: E731
     return ModelSpec(name, built, inputs, classes, vocab_size=config.vocab_size if tokens else 0,
                      family="llama" if config.model_type in LLAMA_LAYOUT else "",
-                     attention=_attention(raw) == "sdpa", objective=objective, cpu=_params(config, task) <= CPU_PARAMS)
+                     attention=_attention(raw) == "sdpa", objective=objective, cpu=_params(config, task) <= CPU_PARAMS,
+                     own_loss=tokens)
 
 
 def _read(name: str) -> dict[str, Any]:
@@ -90,7 +93,7 @@ def _build(config: Any, task: str, shapes: Shapes) -> nn.Module:
     auto = getattr(transformers, TASKS[task][0])
     if task == "image-classification":
         config.image_size = shapes.image_size  # the run's images; the patch grid follows
-    model = auto.from_config(config, attn_implementation=_attention(config.to_dict()), torch_dtype=torch.float32)
+    model = auto.from_config(config, attn_implementation=_attention(config.to_dict()))  # float32: the default dtype
     return _Logits(model) if task == "image-classification" else model
 
 

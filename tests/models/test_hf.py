@@ -6,10 +6,14 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from bench import models
+from bench.data.synthetic import clone_batch
+from bench.measure.memory import tracked_step
 from bench.models import hf
 from bench.suite import SuiteError, load
+from tests.conftest import CPU, build_trainer
 from tests.helpers import spec, tech
 from tests.predict.test_fake import assert_predicted_exactly
 
@@ -63,3 +67,30 @@ def test_a_suite_names_the_config_and_an_edit_to_it_measures_again(tmp_path):
     path.write_text(path.read_text().replace(str(folder), str(tmp_path / "nowhere")))
     with pytest.raises(SuiteError, match="cannot read"):
         load(path)
+
+
+@pytest.mark.parametrize("name, bf16", [("tiny-llama", False), ("tiny-llama", True), ("tiny-bert-classifier", False)])
+def test_the_harness_holds_what_transformers_trainer_holds_in_its_training_step(name, bf16, tmp_path):
+    # In bf16 the causal-LM loss upcasts the logits to float32: the harness's own cross-entropy did not.
+    from transformers import Trainer, TrainingArguments
+
+    ours, batch = build_trainer(spec(CONFIGS + name, (tech("bf16"),) if bf16 else (), batch_size=4, seq_len=32))
+    inputs, labels = batch
+    model = build_trainer(spec(CONFIGS + name, batch_size=4, seq_len=32))[0].model
+    theirs = Trainer(model=model.to(torch.bfloat16) if bf16 else model, args=TrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=4, optim="adamw_torch", learning_rate=1e-3,
+        use_cpu=True, report_to=[], save_strategy="no"))
+    theirs.create_optimizer_and_scheduler(num_training_steps=10)
+    theirs.current_gradient_accumulation_steps = 1  # what its train loop sets before each step
+
+    def their_step():  # the Trainer's own step (forward and backward), then its optimizer's, as its loop runs them
+        theirs.training_step(theirs.model, dict(clone_batch(batch)[0]) | {"labels": labels.clone()})
+        theirs.optimizer.step()
+        theirs.optimizer.zero_grad(set_to_none=True)
+
+    ours.step(clone_batch(batch))  # warm-up both: optimizer state exists
+    their_step()
+    measured = tracked_step(lambda: ours.step(clone_batch(batch)), ours.model, ours.optimizer, CPU)
+    reference = tracked_step(their_step, theirs.model, theirs.optimizer, CPU)
+    assert abs(measured["peak_tensor_bytes"] / reference["peak_tensor_bytes"] - 1) < 0.01, (measured, reference)
+    assert measured["peak_phase"] == reference["peak_phase"]
