@@ -9,6 +9,7 @@ from __future__ import annotations
 import fnmatch
 import re
 import signal
+import sys
 import threading
 import tomllib
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from bench.errors import SuiteError, cannot_read
 from bench.models import MODELS, ModelSpec
 from bench.registry import did_you_mean
 from bench.spec import DEFAULTS, DEVICES, MAX_NPROC, MODES, STEP_KEYS, RunSpec, Shapes, Suite, TechniqueSpec
-from bench.suite import fidelity_table
+from bench.suite import fidelity_table, training_args
 from bench.suite.techniques import check_fidelity_batch, techniques
 from bench.suite.values import check_ranges, model_spec, typed, weights
 from bench.techniques import Technique, build
@@ -45,7 +46,8 @@ TOP_KEYS = {
     "timeout_s": "seconds before a run is stopped and recorded as a timeout",
     "lr": "learning rate of the default AdamW optimizer",
     "shapes": "[shapes.gpu] and [shapes.cpu] tables",
-    "runs": "[[runs]] entries with name and techniques (optional: fidelity = false, nproc = N processes)",
+    "runs": "[[runs]] entries with name and techniques (optional: fidelity = false, nproc = N processes, "
+            "training_args = \"PATH\": a transformers TrainingArguments file's techniques and batch)",
     "matrix": "[matrix] with techniques = {name = [...]}, and batch_size = {gpu = [...], cpu = [...]} or "
               "[matrix.lengths] name = {gpu = \"DIST\", cpu = \"DIST\"} (or both)",
     "fidelity": "[fidelity] table: train on real data and report the accuracy delta (see FIDELITY_KEYS)",
@@ -334,8 +336,8 @@ def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:
         if not isinstance(run, dict):
             problems.append(f"{where}: expected a table with name and techniques")
             continue
-        for key in run.keys() - {"name", "techniques", "fidelity", "nproc", "batch_size"}:
-            problems.append(f"{where}.{key}: unknown key; allowed: name, techniques, fidelity, nproc, batch_size")
+        for key in run.keys() - set(RUN_KEYS):
+            problems.append(f"{where}.{key}: unknown key; allowed: {', '.join(RUN_KEYS)}")
         name = typed(run, "name", str, None, problems, f"{where}.")
         if name is None:
             problems.append(f"{where}.name: required string")
@@ -345,7 +347,11 @@ def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:
         if nproc is not None and not 1 <= nproc <= MAX_NPROC:
             problems.append(f"{where}.nproc: must be 1 to {MAX_NPROC:,}, got {nproc}")
         batch = _entry_batch(run["batch_size"], f"{where}.batch_size", problems) if "batch_size" in run else None
-        entries.append(Entry(name, run.get("techniques", []), batch, name, f"{where}.techniques", fidelity, nproc))
+        techniques = run.get("techniques", [])
+        if "training_args" in run:
+            job = _trainer_job(run, raw, f"{where}.training_args", problems)
+            techniques, batch = (job.techniques + list(techniques), job.batch) if job else (techniques, batch)
+        entries.append(Entry(name, techniques, batch, name, f"{where}.techniques", fidelity, nproc))
     if "matrix" in raw:
         entries += _matrix(raw["matrix"], problems)
     if not entries:
@@ -358,6 +364,35 @@ def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:
             problems.append(f"runs: run name {name[:40]!r}… is {len(name.encode())} bytes; at most {MAX_RUN_NAME}")
         seen.add(name)
     return entries
+
+
+RUN_KEYS = ("name", "techniques", "fidelity", "nproc", "batch_size", "training_args")
+
+
+class TrainerJob(NamedTuple):
+    techniques: list[Any]
+    batch: dict[str, int]
+
+
+def _trainer_job(run: dict[str, Any], raw: dict[str, Any], where: str, problems: list[str]) -> TrainerJob | None:
+    """A run's TrainingArguments file as its techniques (before the run's own) and its batch: on the GPU the
+    Trainer's (per device, times the accumulation steps); on a CPU the suite's CPU batch, its shapes being the CPU's
+    own. The fields that change nothing a step holds are named once, as ignored."""
+    path = typed(run, "training_args", str, None, problems, where.removesuffix("training_args"))
+    if "batch_size" in run:
+        problems.append(f"{where}: and batch_size: the arguments give the batch; leave batch_size out")
+    job = training_args.read(path, where, problems) if path is not None else None
+    if job is None:
+        return None
+    if job.ignored and path not in _SAID:
+        _SAID.add(path)
+        print(f"{where} {path}: ignored, as they change nothing a step holds: {', '.join(job.ignored)}",
+              file=sys.stderr)
+    cpu = raw.get("shapes", {}).get("cpu", {}).get("batch_size")
+    return TrainerJob(job.techniques, {"gpu": job.batch_size, "cpu": cpu if isinstance(cpu, int) else job.batch_size})
+
+
+_SAID: set[str] = set()  # the files whose ignored fields were named already in this process
 
 
 def _entry_batch(raw: Any, where: str, problems: list[str]) -> dict[str, int] | None:

@@ -47,6 +47,8 @@ class ActivationCheckpointing(Technique):
     class Config:
         every: int = option(1, "wrap every k-th block (1: all of them)")
         bn_momentum_correction: bool = option(False, "compensate BatchNorm's second running-stats update")
+        reentrant: bool = option(False, "the reentrant implementation (transformers 4's gradient checkpointing "
+                                        "default), else the non-reentrant one PyTorch recommends")
 
     def problems(self, batch_size: int) -> list[str]:
         return [] if self.config.every >= 1 else [f"every must be ≥ 1, got {self.config.every}"]
@@ -71,7 +73,8 @@ class ActivationCheckpointing(Technique):
                 bn.momentum = 1 - (1 - bn.momentum) ** 0.5
 
     def wrap(self, block: nn.Module) -> nn.Module:
-        return checkpoint_wrapper(block, CheckpointImpl.NO_REENTRANT)
+        return checkpoint_wrapper(block, CheckpointImpl.REENTRANT if self.config.reentrant
+                                  else CheckpointImpl.NO_REENTRANT)
 
     def _count(self, module: nn.Module, args: Any) -> None:
         self.calls += 1
@@ -110,6 +113,10 @@ class SelectiveCheckpointing(ActivationCheckpointing):
     @dataclass(frozen=True)
     class Config(ActivationCheckpointing.Config):
         save: Literal["matmuls", "matmuls+attention"] = option("matmuls", "which op outputs to keep")
+
+    def problems(self, batch_size: int) -> list[str]:
+        refused = ["reentrant: selective checkpointing runs non-reentrant only (its contexts need it)"]
+        return super().problems(batch_size) + (refused if self.config.reentrant else [])
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self.decisions: Counter[str] = Counter()

@@ -30,14 +30,19 @@ class OptimizerChoice(Technique):
 
     @dataclass(frozen=True)
     class Config:
-        kind: Literal["sgd", "adamw", "adafactor"] = option("adamw", "which optimizer")
+        kind: Literal["sgd", "adamw", "adafactor", "adafactor-transformers"] = option(
+            "adamw", "which optimizer; adafactor-transformers: transformers' own Adafactor, as its Trainer makes it "
+                     "for optim = 'adafactor' (its update's temporaries are not torch's)")
         impl: Literal["default", "single", "foreach", "fused"] = option(
             "default", "adamw/sgd update implementation; default lets PyTorch choose")
         lr: float | None = option(None, "learning rate (default: the run's, as the default AdamW uses)")
         momentum: float = option(0.9, "sgd momentum")
+        groups: Literal["model", "trainer"] = option(
+            "model", "trainer: the parameters in transformers' Trainer's two groups, the weights that decay, then the "
+                     "rest; the update runs in that order, which sets the temporaries alive at once")
 
     def problems(self, batch_size: int) -> list[str]:
-        if self.config.kind == "adafactor" and self.config.impl not in ("default", "single", "foreach"):
+        if self.config.kind.startswith("adafactor") and self.config.impl not in ("default", "single", "foreach"):
             return [f"adafactor has no {self.config.impl} implementation; use impl = 'default' or 'foreach'"]
         return []
 
@@ -51,15 +56,29 @@ class OptimizerChoice(Technique):
         return model
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
-        params, c = [p for p in model.parameters() if p.requires_grad], self.config
+        params, c = self._groups(model), self.config
         impl = {} if c.impl == "default" else {"foreach": c.impl == "foreach"} if c.impl != "fused" else {"fused": True}
         if c.kind == "sgd":
             self.optimizer = torch.optim.SGD(params, lr=self.lr, momentum=c.momentum, **impl)
         elif c.kind == "adafactor":
             self.optimizer = torch.optim.Adafactor(params, lr=self.lr, **impl)
+        elif c.kind == "adafactor-transformers":  # the Trainer's own arguments for it (get_optimizer_cls_and_kwargs)
+            from transformers.optimization import Adafactor
+
+            self.optimizer = Adafactor(params, lr=self.lr, scale_parameter=False, relative_step=False)
         else:
             self.optimizer = torch.optim.AdamW(params, lr=self.lr, **impl)
         return self.optimizer
+
+    def _groups(self, model: nn.Module) -> list[Any]:
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        if self.config.groups == "model":
+            return [p for _, p in named]
+        from transformers import Trainer
+
+        decay = set(Trainer.get_decay_parameter_names(None, model))  # the Trainer's own rule; it reads no state
+        return [{"params": [p for n, p in named if n in decay]},
+                {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}]
 
     def proof(self, steps: int) -> dict[str, Any]:
         group = self.optimizer.param_groups[0]
