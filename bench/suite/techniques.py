@@ -105,3 +105,5 @@ def _check_combination(where: str, built: list[Technique], problems: list[str]) 
                 problems.append(f"{where}: {a.name} and {b.name} cannot be combined; remove one")
             elif why := a.conflict(b) or b.conflict(a):
                 problems.append(f"{where}: {a.name} and {b.name} cannot be combined: {why}")
+            elif why := b.follows(a):
+                problems.append(f"{where}: {b.name} after {a.name}: {why}")

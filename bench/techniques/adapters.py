@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -37,6 +39,8 @@ class LoRA(Technique):
                "or on the linears named in `targets` (`\"fc1,fc2\"`: names or suffixes) with the `trainable` modules "
                "trained in full; base frozen")
 
+    adapts = True
+
     @dataclass(frozen=True)
     class Config:
         rank: int = option(8, "adapter rank r")
@@ -45,9 +49,28 @@ class LoRA(Technique):
                                            "default: BERT query,value; ViT mlp.0,mlp.3; Llama all seven")
         trainable: str | None = option(None, "comma-separated modules trained in full (the head); "
                                              "default: BERT classifier; ViT heads; Llama none")
+        dropout: float = option(0.0, "lora_dropout: a dropped copy of each adapted layer's input, kept for backward")
+        adapter_dtype: Literal["float32", "base"] = option(
+            "float32", "the adapters' dtype under a 16-bit base (listed after bf16): float32, as PEFT casts them by "
+                       "default (autocast_adapter_dtype), or the base's")
+        config: str | None = option(None, "PEFT's own adapter_config.json: its r, lora_alpha, lora_dropout, "
+                                          "target_modules and modules_to_save, in place of the options above")
 
     def problems(self, batch_size: int) -> list[str]:
+        if self.config.config is not None:
+            found: list[str] = []
+            self._peft_config(found)
+            return found
         return [] if self.config.rank >= 1 else [f"rank must be ≥ 1, got {self.config.rank}"]
+
+    def _peft_config(self, problems: list[str] | None = None) -> dict[str, Any]:
+        """The LoraConfig arguments: the options, or PEFT's adapter_config.json where given (its fields that change
+        no memory ignored; one that does but is not modelled, a problem)."""
+        c = self.config
+        if c.config is None:
+            return {"r": c.rank, "lora_alpha": c.alpha, "lora_dropout": c.dropout, "target_modules": _names(c.targets),
+                    "modules_to_save": _names(c.trainable)}
+        return adapter_config(c.config, problems if problems is not None else [])
 
     def unsupported(self, ctx: RunContext) -> str | None:
         if importlib.util.find_spec("peft") is None:
@@ -60,14 +83,13 @@ class LoRA(Technique):
         from peft import LoraConfig, get_peft_model
 
         targets, head = TARGETS.get(ctx.model_spec.family, ([], []))
-        targets = _names(self.config.targets) or targets
-        head = _names(self.config.trainable) or head
-        config = LoraConfig(r=self.config.rank, lora_alpha=self.config.alpha, target_modules=targets,
-                            modules_to_save=head)
+        found = self._peft_config()
+        config = LoraConfig(**(found | {"target_modules": found["target_modules"] or targets,
+                                        "modules_to_save": found["modules_to_save"] or head}))
         with warnings.catch_warnings():
             # peft reads transformers' deprecated is_gradient_checkpointing alias: noise the user cannot act on.
             warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
-            self.model = get_peft_model(model, config)
+            self.model = get_peft_model(model, config, autocast_adapter_dtype=self.config.adapter_dtype == "float32")
         return self.model
 
     def proof(self, steps: int) -> dict[str, Any]:
@@ -78,6 +100,35 @@ class LoRA(Technique):
 
 def _names(option: str | None) -> list[str]:
     return [n.strip() for n in (option or "").split(",") if n.strip()]
+
+
+# PEFT's adapter_config.json: the fields read, what each is here; the fields that change what a step holds but are
+# not modelled; every other field changes no memory (init, the base model's name, revision, …).
+READ = {"r": "r", "lora_alpha": "lora_alpha", "lora_dropout": "lora_dropout", "target_modules": "target_modules",
+        "modules_to_save": "modules_to_save"}
+NOT_MODELLED = {"use_dora": False, "bias": "none", "layers_to_transform": None, "rank_pattern": {},
+                "alpha_pattern": {}, "target_parameters": None}
+
+
+def adapter_config(path: str, problems: list[str]) -> dict[str, Any]:
+    """LoraConfig's arguments from PEFT's adapter_config.json; each problem names the file and the field."""
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        problems.append(f"config: cannot read {path} as PEFT's adapter_config.json ({exc})")
+        return {}
+    if not isinstance(raw, dict) or raw.get("peft_type", "LORA") != "LORA":
+        problems.append(f"config: {path} is not a LoRA adapter_config.json (peft_type {raw.get('peft_type')!r})")
+        return {}
+    for key, plain in NOT_MODELLED.items():
+        if raw.get(key) not in (plain, None, [], {}):
+            problems.append(f"config: {path}: {key} = {raw[key]!r} is not modelled here; leave it at {plain!r}")
+    out = {mine: raw[theirs] for theirs, mine in READ.items() if theirs in raw}
+    out["target_modules"] = raw.get("target_modules") or []  # a string is PEFT's regex (or "all-linear")
+    out["modules_to_save"] = list(raw.get("modules_to_save") or [])
+    if not isinstance(out.get("r", 8), int) or out.get("r", 8) < 1:
+        problems.append(f"config: {path}: r must be a whole number of at least 1, got {out.get('r')!r}")
+    return {"r": 8, "lora_alpha": 8, "lora_dropout": 0.0} | out
 
 
 @TECHNIQUES.register("qlora")

@@ -177,6 +177,8 @@ class Technique:
     data_parallel: ClassVar[bool] = False
     # The model inputs this technique applies to ("tokens", "image"), checked at suite load; None: any.
     inputs: ClassVar[str | None] = None
+    # Adds trainable adapters to a frozen base (lora, qlora): a cast after it would cast them too (``follows``).
+    adapts: ClassVar[bool] = False
     # The model objective it applies to ("next-token"); None: any.
     objective: ClassVar[str | None] = None
     # Advice's catalogue: the axis of AXES it saves memory on (a plan takes one technique an axis) and the settings
@@ -216,6 +218,11 @@ class Technique:
 
     def conflict(self, other: Technique) -> str | None:
         """Why this cannot run with ``other`` when that depends on options (names go in ``conflicts``)."""
+        return None
+
+    def follows(self, earlier: Technique) -> str | None:
+        """Why this cannot come after ``earlier`` in a run, where the order would change what it does (a cast after
+        adapters casts them too): the loader refuses the ambiguous order rather than pick one silently."""
         return None
 
     # -- in the parent, before the run's process starts (and so before CUDA initialises) --

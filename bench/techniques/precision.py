@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from bench.provenance import EMULATED_BF16, native_bf16
 from bench.techniques.base import ANY_MODE, TECHNIQUES, NoOptions, RunContext, Step, Technique, offer, option
@@ -83,10 +84,11 @@ def emulated_bf16(ctx: RunContext, dtype: str) -> str | None:
 def cast_(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     """``model.to(dtype)`` in place, as ``Module.to`` does for plain tensors (floating-point parameters
     and buffers only). Written out because ``Module.to`` swaps fake tensors (``bench predict``), which
-    the fake mode's own references forbid."""
+    the fake mode's own references forbid. A quantized weight (qlora's NF4) keeps its format, as a 4-bit
+    model loaded in bfloat16 keeps its 4-bit layers: its ``.to(dtype)`` would dequantize it."""
     with torch.no_grad():
         for t in [*model.parameters(), *model.buffers()]:
-            if t.is_floating_point():
+            if t.is_floating_point() and not is_traceable_wrapper_subclass(t):
                 t.data = t.data.to(dtype)
     return model
 
@@ -134,6 +136,12 @@ class PureBF16(Technique):
 
     def unsupported(self, ctx: RunContext) -> str | None:
         return emulated_bf16(ctx, str(self.dtype).removeprefix("torch."))
+
+    def follows(self, earlier: Technique) -> str | None:
+        if earlier.adapts:
+            return (f"listed after {earlier.name}, it would cast the adapters too: list {self.name} first, and give "
+                    f"{earlier.name} adapter_dtype (float32, PEFT's default under a 16-bit base, or base)")
+        return None
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self.lr, self.pairs = ctx.lr, []

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from bench.measure.memory import model_state_bytes, tensor_bytes, tracked_step
+from bench.suite import load
 from bench.worker import measure
 from tests.conftest import CPU, build_trainer
-from tests.helpers import MLP_PARAM_BYTES, mlp_step, spec, tech
+from tests.helpers import MLP_PARAM_BYTES, mlp_step, spec, suite_problems, tech
 
 
 def run(model, *techniques):
@@ -206,3 +207,78 @@ def test_cpu_offload_optimizer_on_a_gpu_keeps_the_offloaded_state_off_the_device
     figures = tracked_step(lambda: trainer.step(batch), trainer.model, trainer.optimizer, cuda)
     assert figures["optimizer_state_bytes"] <= 5 * 2 * 512  # the norms' moments, a 512-byte block each
     assert trainer.proof()["cpu-offload-optimizer.offloaded_params"] > 0
+
+
+GOOD_LLAMA = """model = "llama-tiny"
+baseline = "baseline"
+[shapes.gpu]
+batch_size = 2
+seq_len = 16
+[shapes.cpu]
+batch_size = 2
+seq_len = 16
+[[runs]]
+name = "baseline"
+techniques = []
+[[runs]]
+name = "adapted"
+techniques = [TECHNIQUES]
+"""
+
+
+def adapters(model):
+    return [p for n, p in model.named_parameters() if "lora_" in n]
+
+
+@pytest.mark.parametrize("adapter_dtype, expected", [("float32", torch.float32), ("base", torch.bfloat16)])
+def test_the_adapters_dtype_under_a_bf16_base_is_the_options(adapter_dtype, expected):
+    pytest.importorskip("peft")
+    trainer, _ = build_trainer(spec("llama-tiny", (tech("bf16"), tech("lora", adapter_dtype=adapter_dtype)),
+                                    batch_size=2, seq_len=16))
+    assert {p.dtype for p in adapters(trainer.model)} == {expected}  # float32: PEFT's own default there
+
+
+@pytest.mark.parametrize("adapter", ["lora", "qlora"])
+def test_a_cast_listed_after_the_adapters_is_refused_as_ambiguous(adapter, tmp_path):
+    found = suite_problems(tmp_path, GOOD_LLAMA.replace("TECHNIQUES", f'"{adapter}", "bf16"'))
+    assert any(f"bf16 after {adapter}: listed after {adapter}, it would cast the adapters too" in p for p in found)
+    (tmp_path / "ordered.toml").write_text(GOOD_LLAMA.replace("TECHNIQUES", f'"bf16", "{adapter}"'))
+    assert load(tmp_path / "ordered.toml").runs[1].techniques[0].name == "bf16"  # the cast first: loads
+
+
+def test_a_cast_keeps_nf4_weights_in_their_four_bits():
+    # [qlora, bf16] once dequantized them in a cast (NF4Tensor.to(dtype) dequantizes): Llama-3-8B was predicted at
+    # 5.07 GiB, below its own 5.35 GiB of parameters, the tracker no longer seeing the NF4 bytes.
+    pytest.importorskip("torchao")
+    trainer, _ = build_trainer(spec("llama-tiny", (tech("qlora"),), batch_size=2, seq_len=16))
+    before = model_state_bytes(trainer.model, None)["param_bytes"]
+    from bench.techniques.precision import cast_
+
+    cast_(trainer.model, torch.bfloat16)
+    nf4 = [p for p in trainer.model.parameters() if type(p).__name__ == "NF4Tensor"]
+    assert len(nf4) == 14 and model_state_bytes(trainer.model, None)["param_bytes"] < before
+
+
+def test_lora_dropout_keeps_a_dropped_copy_of_each_adapted_input():
+    pytest.importorskip("peft")
+    held = {}
+    for p in (0.0, 0.1):
+        trainer, batch = build_trainer(spec("bert-tiny", (tech("lora", dropout=p),), batch_size=4, seq_len=32))
+        trainer.step(batch)
+        held[p] = tracked_step(lambda t=trainer, b=batch: t.step(b), trainer.model, trainer.optimizer,
+                               CPU)["activation_bytes"]
+    assert held[0.1] > held[0.0]
+
+
+def test_peft_adapter_config_json_is_read_for_the_fields_that_change_memory(tmp_path):
+    pytest.importorskip("peft")
+    path = tmp_path / "adapter_config.json"
+    path.write_text('{"peft_type": "LORA", "r": 4, "lora_alpha": 8, "lora_dropout": 0.05, '
+                    '"target_modules": ["q_proj", "v_proj"], "base_model_name_or_path": "meta-llama/Llama-3.2-1B"}')
+    trainer, _ = build_trainer(spec("llama-tiny", (tech("lora", config=str(path)),), batch_size=2, seq_len=16))
+    shapes = {tuple(p.shape) for n, p in trainer.model.named_parameters() if "lora_A" in n}
+    assert {s[0] for s in shapes} == {4}  # r = 4
+    assert trainer.techniques[0].proof(1)["adapted_layers"] == 2 * 2  # q and v in each of the two layers
+    path.write_text('{"peft_type": "LORA", "r": 4, "use_dora": true}')
+    found = suite_problems(tmp_path, GOOD_LLAMA.replace("TECHNIQUES", f'{{ name = "lora", config = "{path}" }}'))
+    assert any("use_dora = True is not modelled here" in p for p in found), found
