@@ -24,7 +24,7 @@ TEST_PROCESSES := -n auto --maxprocesses 4 --maxschedchunk 1
 endif
 
 # make's variables are case-sensitive: `make bench suite=resnet` would run smoke without a word.
-$(foreach v,suite model budget args card nproc,$(if $(filter command line,$(origin $(v))),\
+$(foreach v,suite model budget args card nproc hf,$(if $(filter command line,$(origin $(v))),\
   $(error $(v)=$($(v)): make variables are upper case here, e.g. $(shell echo $(v) | tr a-z A-Z)=$($(v)))))
 
 .DEFAULT_GOAL := help
@@ -32,7 +32,7 @@ $(foreach v,suite model budget args card nproc,$(if $(filter command line,$(orig
 
 help: ## this list
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
-	@echo "  variables: SUITE=name (suites/NAME.toml, default smoke), ARGS='--force …', PYTHON=python3 (no venv)"
+	@echo "  variables: SUITE=name (suites/NAME.toml, default smoke), HF=PATH (a config.json instead), ARGS='--force …', PYTHON=python3 (no venv)"
 
 # Quiet, with its progress: pip's own output (about 280 lines) goes to .venv/install.log, shown only on failure.
 $(VENV)/.installed: pyproject.toml
@@ -45,8 +45,8 @@ $(VENV)/.installed: pyproject.toml
 		|| { tail -30 $(VENV)/install.log; exit 1; }
 	@touch $@ && echo "  installed: $$(grep -c '' $(VENV)/install.log) lines of pip's log in $(VENV)/install.log"
 
-bench: $(DEPS) ## run (or resume) SUITE, then write its table and plots
-	$(RUN) -m bench run $(SUITE) $(ARGS)
+bench: $(DEPS) ## run (or resume) SUITE, then write its table and plots (HF=config.json: that model's job instead)
+	$(RUN) -m bench run $(if $(HF),--hf $(HF),$(SUITE)) $(ARGS)
 
 gpu: $(DEPS) ## on a CUDA host: every default suite, runs never measured there first (resumes; ETA), then CUDA tests
 	@if [ -d wheels ]; then scripts/offline-wheels install "$(or $(PYTHON),$(VENV)/bin/python)"; fi
@@ -54,7 +54,7 @@ gpu: $(DEPS) ## on a CUDA host: every default suite, runs never measured there f
 	$(RUN) -m pytest -m cuda -p no:cacheprovider
 
 predict: $(DEPS) ## predicted peak memory of SUITE at GPU shapes, no GPU needed (BUDGET=16GiB: what fits; NPROC=8: per rank)
-	$(RUN) -m bench predict $(SUITE) $(if $(BUDGET),--budget $(BUDGET)) $(if $(RESERVE),--reserve $(RESERVE)) \
+	$(RUN) -m bench predict $(if $(HF),--hf $(HF),$(SUITE)) $(if $(BUDGET),--budget $(BUDGET)) $(if $(RESERVE),--reserve $(RESERVE)) \
 		$(if $(NPROC),--nproc $(NPROC)) $(ARGS)
 
 fit: $(DEPS) ## the largest batch of each SUITE run that really fits BUDGET=16GiB, measured in probes, beside the predicted one

@@ -15,6 +15,7 @@ from bench.models import MODELS, ModelSpec
 from bench.models import resolve as resolve_model
 from bench.spec import RunSpec, Suite
 from bench.suite import load
+from bench.suite.toml_text import to_toml
 from bench.techniques import resolve
 
 HEADER_KEYS = ("model", "mode", "seed", "lr", "warmup_steps", "measure_steps", "timeout_s", "weights", "shapes",
@@ -86,41 +87,6 @@ def loaded(header: dict[str, Any], runs: list[dict[str, Any]], name: str = "advi
         path = Path(folder) / f"{name}.toml"
         path.write_text(to_toml(header | {"baseline": "baseline"}, runs))
         return load(path)
-
-
-def to_toml(header: dict[str, Any], runs: list[dict[str, Any]], comments: dict[str, str] | None = None) -> str:
-    """A suite file: the header's keys, its tables, then one [[runs]] entry per run (with its comment above)."""
-    lines = [f"{k} = {_value(v)}" for k, v in header.items() if not isinstance(v, dict)]
-    for key, table in header.items():
-        if isinstance(table, dict):
-            lines += _table(key, table)
-    for run in runs:
-        lines += ["", *(f"# {c}" for c in (comments or {}).get(run["name"], "").splitlines()), "[[runs]]"]
-        lines += [f"{k} = {_value(v)}" for k, v in run.items()]
-    return "\n".join(lines) + "\n"
-
-
-def _table(name: str, table: dict[str, Any]) -> list[str]:
-    own = [f"{k} = {_value(v)}" for k, v in table.items() if not isinstance(v, dict)]
-    lines = ["", f"[{name}]", *own] if own else []  # a table of tables only needs no header of its own
-    for key, sub in table.items():
-        if isinstance(sub, dict):
-            lines += _table(f"{name}.{key}", sub)
-    return lines
-
-
-def _value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v, ensure_ascii=False)  # a TOML basic string
-    if isinstance(v, list):
-        return "[" + ", ".join(map(_value, v)) + "]"
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{k} = {_value(x)}" for k, x in v.items()) + " }"
-    raise TypeError(f"no TOML form for {type(v).__name__}")
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -68,6 +68,48 @@ def suite_path(name: str) -> Path:
     return path
 
 
+def job_flags(p: argparse.ArgumentParser, suite: bool = True) -> None:
+    """A job given as its files instead of a suite (``bench.suite.from_config``)."""
+    if suite:
+        p.add_argument("suite", nargs="?", help="suite name (suites/NAME.toml) or path; or give --hf")
+    p.add_argument("--hf", metavar="PATH", help="a Hugging Face config.json (or its folder): a suite of full "
+                                               "fine-tuning against the job the other flags give")
+    p.add_argument("--training-args", metavar="FILE", help="with --hf: the job's TrainingArguments (JSON or YAML)")
+    p.add_argument("--adapter-config", metavar="FILE", help="with --hf: the job's PEFT adapter_config.json")
+    p.add_argument("--seq-len", type=positive, metavar="N", help="with --hf: tokens per sequence on the GPU (512)")
+    p.add_argument("--batch", type=positive, metavar="B", help="with --hf: the batch on the GPU (default: the "
+                                                               "training arguments', else 8)")
+
+
+def job_suite(args: argparse.Namespace, folder: Path = Path(".cache/suites")) -> Path:
+    """The suite file a command runs: the one named, or the one ``--hf`` and its flags describe, written to
+    ``folder`` as hf-<model>.toml (``bench suite --hf`` writes it where it is kept)."""
+    given = [f for f in ("training_args", "adapter_config", "seq_len", "batch") if getattr(args, f, None)]
+    if not args.hf:
+        if given:
+            raise BadInput(f"--{given[0].replace('_', '-')} goes with --hf PATH (a config.json); a suite says it")
+        if not args.suite:
+            raise BadInput("name a suite (suites/NAME.toml), or give --hf PATH for a Hugging Face config.json")
+        return suite_path(args.suite)
+    if getattr(args, "suite", None):
+        raise BadInput(f"{args.suite} and --hf: give one, a suite or a config")
+    if args.batch and args.training_args:
+        raise BadInput("--batch and --training-args: the training arguments give the batch; leave --batch out")
+    from bench.models import resolve
+    from bench.suite import from_config
+    from bench.spec import HF
+
+    try:
+        inputs = resolve(HF + args.hf).inputs
+    except KeyError as exc:
+        raise BadInput(str(exc.args[0] if exc.args else exc)) from None
+    text = from_config.suite_text(args.hf, args.training_args, args.adapter_config, args.seq_len, args.batch, inputs)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{from_config.name_of(args.hf)}.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
 def selected(path: Path, args: argparse.Namespace) -> Suite:
     """The suite file loaded, with the runs ``--only`` names and the time limit ``--timeout`` sets, where the
     command has them: one place for what run, predict, fit and campaign each did apart."""

@@ -6,7 +6,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from bench.cli.common import JOBS, positive, refuse_unusable_flags, selected, suite_path, world_size
+from bench.cli.common import (
+    JOBS,
+    job_flags,
+    job_suite,
+    positive,
+    refuse_unusable_flags,
+    selected,
+    suite_path,
+    world_size,
+)
 from bench.errors import BadInput
 from bench.record import KEY, Status
 from bench.spec import MAX_NPROC
@@ -15,7 +24,7 @@ from bench.spec import MAX_NPROC
 def add(sub: argparse._SubParsersAction) -> None:
     """The parsers of predict and fit."""
     pre = sub.add_parser("predict", help="predicted peak memory at GPU shapes, on this machine (fake tensors)")
-    pre.add_argument("suite", help="suite name (suites/NAME.toml) or path")
+    job_flags(pre)
     pre.add_argument("--budget", help="the card's memory, e.g. 16GiB: which runs fit, and the largest batch that does")
     pre.add_argument("--reserve", help="held back from the budget for the CUDA context and the allocator's "
                                        "workspaces (default 1GiB, what the H100 records needed; 0: none)")
@@ -26,6 +35,8 @@ def add(sub: argparse._SubParsersAction) -> None:
     pre.add_argument("--nproc", type=world_size, metavar="N",
                      help="the processes every ddp, fsdp or tensor-parallel entry spans (default: its nproc): "
                           f"each rank's peak and traffic under a fake process group, 2 to {MAX_NPROC:,}")
+    pre.add_argument("--breakdown", action="store_true", help="what is alive at each run's peak, by kind (parameters, "
+                                                             "gradients, optimizer state, activations, temporaries)")
     pre.set_defaults(func=_predict)
     fit = sub.add_parser("fit", help="the largest batch that really fits a budget, measured in probes, beside "
                                      "the predicted one")
@@ -40,7 +51,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    path = suite_path(args.suite)  # before torch is imported
+    path = job_suite(args)
     from bench import suite as suites
     from bench.predict import ASSUMPTIONS, RESERVE, Budget, markdown, suite_table
     from bench.results import load_records
@@ -63,8 +74,8 @@ def _predict(args: argparse.Namespace) -> int:
         print(f"budget {args.budget} less {reserve} for the CUDA context and the allocator's workspaces "
               f"(--reserve): {budget / 2**30:.2f} GiB for tensors", file=sys.stderr)
     table = suite_table(list(suite.runs), measured, budget, jobs=args.jobs)
-    print(markdown(table))
-    if args.only is None and budget is None and not args.nproc:  # the whole suite as it is: its report shows them
+    print(markdown(table, args.breakdown))
+    if args.only is None and budget is None and not args.nproc and not args.hf:  # a suite file, whole: its report
         import torch
 
         from bench.predict.table import save

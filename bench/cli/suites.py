@@ -1,4 +1,5 @@
-"""``bench validate`` and ``bench list``: suite files checked, models and techniques listed."""
+"""``bench validate``, ``bench list`` and ``bench suite``: suite files checked, models and techniques listed, and a
+suite written from a job's files."""
 
 from __future__ import annotations
 
@@ -6,12 +7,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from bench.cli.common import suite_path
-from bench.errors import EXIT_BAD_INPUT, SuiteError
+from bench.cli.common import job_flags, job_suite, suite_path
+from bench.errors import EXIT_BAD_INPUT, BadInput, SuiteError
 
 
 def add(sub: argparse._SubParsersAction) -> None:
-    """The parsers of validate and list."""
+    """The parsers of validate, list and suite."""
     val = sub.add_parser("validate", help="check suite files; every problem at once")
     val.add_argument("suites", nargs="*", help="suite names or files (default: suites/*.toml)")
     val.set_defaults(func=_validate)
@@ -19,6 +20,11 @@ def add(sub: argparse._SubParsersAction) -> None:
     lst.add_argument("--docs", type=Path, metavar="PAGE", help="rewrite the techniques table in PAGE (between its "
                                                               "markers) from the registry instead: make docs")
     lst.set_defaults(func=_list)
+    new = sub.add_parser("suite", help="write the suite a job's files describe (--hf config.json, --training-args, "
+                                       "--adapter-config), to keep and edit")
+    job_flags(new, suite=False)
+    new.add_argument("--out", type=Path, default=Path("suites"), help="folder for hf-<model>.toml (default: suites)")
+    new.set_defaults(func=_suite, suite=None)
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -54,4 +60,26 @@ def _list(args: argparse.Namespace) -> int:
         print(f"  {name}: {cls.summary}{modes}")
         for opt, kind, default, doc in options_doc(cls):
             print(f"      {opt} ({kind}, default {default!r}): {doc}")
+    return 0
+
+
+def _suite(args: argparse.Namespace) -> int:
+    from bench import suite as suites
+    from bench.results import writable
+    from bench.suite import from_config
+
+    if not args.hf:
+        raise BadInput("--hf PATH: the Hugging Face config.json (or its folder) the suite is for")
+    target = args.out / f"{from_config.name_of(args.hf)}.toml"
+    if target.exists():
+        raise BadInput(f"{target} exists; edit it, or give --out another folder")
+    writable(args.out, "the suite file", "--out FOLDER")
+    written = job_suite(args, args.out)
+    try:
+        suites.load(written)  # every problem of the files said now, as the loader says it
+    except SuiteError:
+        written.unlink()  # nothing half-written
+        raise
+    name = written.stem if written.parent == Path("suites") else written
+    print(f"written: {written} (make predict SUITE={name}, make bench SUITE={name})")
     return 0

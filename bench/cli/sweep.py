@@ -7,7 +7,16 @@ import shlex
 import sys
 from pathlib import Path
 
-from bench.cli.common import local, refuse_unusable_flags, selected, suite_path, sweep_flags, sweep_options
+from bench.cli.common import (
+    job_flags,
+    job_suite,
+    local,
+    refuse_unusable_flags,
+    selected,
+    suite_path,
+    sweep_flags,
+    sweep_options,
+)
 from bench.errors import BadInput
 from bench.record import KEY, Status
 
@@ -19,7 +28,7 @@ CAMPAIGN = ("resnet", "vit", "bert", "resnet-infer", "vit-infer", "bert-infer", 
 def add(sub: argparse._SubParsersAction) -> None:
     """The parsers of run and campaign."""
     run = sub.add_parser("run", help="run (or resume) a suite and report it")
-    run.add_argument("suite", help="suite name (suites/NAME.toml) or path")
+    job_flags(run)
     run.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     run.add_argument("--results", type=Path, default=Path("results"), help="results root (default: results)")
     run.add_argument("--only", metavar="PATTERNS", help="comma-separated run names or globs, e.g. 'baseline,amp-*'")
@@ -46,7 +55,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    path = suite_path(args.suite)  # before torch is imported
+    path = job_suite(args)
     from bench.report.headline import answer
     from bench.report.tables import markdown, summary
     from bench.results import to_frame

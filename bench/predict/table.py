@@ -13,7 +13,7 @@ from bench.predict.ahead import spawn_pool, stop_pool
 from bench.predict.budget import fewest_ranks, largest_batch
 from bench.predict.fake import predict
 from bench.predict.ranks import KINDS
-from bench.record import KEY, Status
+from bench.record import AT_PEAK, KEY, Status
 from bench.suite import RunSpec
 
 if TYPE_CHECKING:  # the table is built in the CLI only: every run's worker imports this package
@@ -93,7 +93,9 @@ def _said(row: dict[str, Any]) -> str:
     return f"{row[KEY.peak_tensor_bytes] / 2**30:,.2f} GiB at batch {row['batch']}, peak in {row[KEY.peak_phase]}{fit}"
 
 
-def markdown(table: pd.DataFrame) -> str:
+def markdown(table: pd.DataFrame, breakdown: bool = False) -> str:
+    """The table as Markdown; ``breakdown``: what was alive at each run's peak, by kind, in place of the model's
+    states (the at-peak columns sum to the peak)."""
     import pandas as pd
 
     from bench.report.tables import to_markdown
@@ -108,6 +110,10 @@ def markdown(table: pd.DataFrame) -> str:
         "ranks": pd.to_numeric(table.get(KEY.world_size, pd.Series(index=table.index, dtype=float)),
                                errors="coerce").astype("Int64"),
     })
+    if breakdown:
+        show = show.drop(columns=["params GiB", "grads GiB", "optimizer GiB", "activations GiB"])
+        for part in AT_PEAK:
+            show.insert(len(show.columns) - 2, f"{part.replace('_', ' ')} at peak GiB", gib(f"at_peak_{part}_bytes"))
     for kind in KINDS:  # sent per rank per step, in a ring
         show[f"{kind.replace('_', '-')} MiB/rank"] = (pd.to_numeric(table.get(f"traffic_{kind}_bytes"),
                                                                     errors="coerce") / 2**20).round(2)

@@ -34,7 +34,7 @@ class Job:
 
 def read(path: str, where: str, problems: list[str]) -> Job | None:
     """The job ``path`` describes; None, with the problems said, where it cannot be read or makes no sense."""
-    args = _load(Path(path), where, problems)
+    args = load_args(Path(path), where, problems)
     if args is None:
         return None
     from transformers import TrainingArguments
@@ -53,7 +53,8 @@ def read(path: str, where: str, problems: list[str]) -> Job | None:
     return None if found else Job(techniques, batch * steps, ignored)
 
 
-def _load(path: Path, where: str, problems: list[str]) -> dict[str, Any] | None:
+def load_args(path: Path, where: str, problems: list[str]) -> dict[str, Any] | None:
+    """The file's fields; None, with the problem said, where it cannot be read as a table of them."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
