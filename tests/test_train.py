@@ -104,15 +104,38 @@ def adamw_8bit(model: nn.Module) -> Hand:
 
 
 class Checkpointed(nn.Module):
-    def __init__(self, block: nn.Module, selective: bool = False) -> None:
+    def __init__(self, block: nn.Module, selective: bool = False, policy: Callable | None = None) -> None:
         super().__init__()
-        self.block, self.selective = block, selective
+        self.block, self.policy = block, policy or ((lambda: keep_matmuls) if selective else None)  # a factory
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.selective:  # PyTorch's documented recipe: keep the matmuls' outputs, recompute the rest
-            return checkpoint(self.block, x, use_reentrant=False,
-                              context_fn=lambda: create_selective_checkpoint_contexts(keep_matmuls))
-        return checkpoint(self.block, x, use_reentrant=False)
+    def forward(self, x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        if self.policy:  # PyTorch's documented recipe: keep what the policy says, recompute the rest
+            return checkpoint(self.block, x, *args, use_reentrant=False, **kwargs,
+                              context_fn=lambda: create_selective_checkpoint_contexts(self.policy()))
+        return checkpoint(self.block, x, *args, use_reentrant=False, **kwargs)
+
+
+def torchtitan_policy() -> Callable:
+    """torchtitan's op policy for one checkpointed call: attention saved, and every other matmul."""
+    aten, count = torch.ops.aten, {False: 0, True: 0}
+    attention = {aten._scaled_dot_product_flash_attention_for_cpu.default,
+                 aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_efficient_attention.default}
+
+    def policy(ctx: object, op: object, *args: object, **kwargs: object) -> CheckpointPolicy:
+        if op == aten.mm.default:
+            count[ctx.is_recompute] += 1
+            keep = count[ctx.is_recompute] % 2 == 1
+        else:
+            keep = op in attention or op == aten.max.default
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+    return policy
+
+
+def llama_checkpointed(model: nn.Module) -> Hand:
+    layers = model.model.layers  # transformers' decoder layers
+    for name, block in list(layers.named_children()):
+        setattr(layers, name, Checkpointed(block, policy=torchtitan_policy))
+    return Hand(model)
 
 
 def keep_matmuls(ctx: object, op: object, *args: object, **kwargs: object) -> CheckpointPolicy:
@@ -158,7 +181,7 @@ class Held:
 
 
 CNN = {"channels-last"}  # cases on resnet-tiny
-LM = {"llm-baseline", "chunked-loss"}  # on llama-tiny: the rest run on vit-tiny
+LM = {"llm-baseline", "chunked-loss", "selective-torchtitan"}  # on llama-tiny: the rest run on vit-tiny
 COMPILED = {"adamw-8bit"}  # torchao compiles each parameter's update: the tracker steps aside, as for a run
 CASES: dict[str, tuple[tuple[TechniqueSpec, ...], Callable[[nn.Module], Hand]]] = {
     "baseline": ((), Hand),
@@ -180,6 +203,7 @@ CASES: dict[str, tuple[tuple[TechniqueSpec, ...], Callable[[nn.Module], Hand]]] 
     "galore": ((TechniqueSpec("galore"),), galore),
     "llm-baseline": ((), Hand),
     "chunked-loss": ((TechniqueSpec("chunked-loss"),), LigerStyle),
+    "selective-torchtitan": ((TechniqueSpec("selective-checkpoint", (("save", "torchtitan"),)),), llama_checkpointed),
 }
 
 

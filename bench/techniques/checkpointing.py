@@ -22,6 +22,15 @@ ATTENTION = [getattr(aten, name).default for name in (
 ) if hasattr(aten, name)]
 
 
+# The reduce-scatter that tensor (sequence) parallelism issues inside a block, where functional collectives exist.
+REDUCE_SCATTER = [torch.ops._c10d_functional.reduce_scatter_tensor.default] if hasattr(
+    torch.ops, "_c10d_functional") and hasattr(torch.ops._c10d_functional, "reduce_scatter_tensor") else []
+
+
+def _names(text: str | None) -> list[str]:
+    return [n.strip() for n in (text or "").split(",") if n.strip()]
+
+
 @TECHNIQUES.register("checkpoint")
 class ActivationCheckpointing(Technique):
     """Recompute repeated blocks (ResNet bottleneck, encoder layer) in backward instead of saving their
@@ -112,11 +121,20 @@ class SelectiveCheckpointing(ActivationCheckpointing):
 
     @dataclass(frozen=True)
     class Config(ActivationCheckpointing.Config):
-        save: Literal["matmuls", "matmuls+attention"] = option("matmuls", "which op outputs to keep")
+        save: Literal["matmuls", "matmuls+attention", "torchtitan", "ops"] = option(
+            "matmuls", "which op outputs to keep: matmuls (and attention); torchtitan: its op policy, attention and "
+                       "every other matmul; ops: the operators named in ops")
+        ops: str | None = option(None, "with save = 'ops': comma-separated aten operators whose outputs to keep, "
+                                       "e.g. 'mm,_scaled_dot_product_flash_attention' (their .default overload)")
 
     def problems(self, batch_size: int) -> list[str]:
-        refused = ["reentrant: selective checkpointing runs non-reentrant only (its contexts need it)"]
-        return super().problems(batch_size) + (refused if self.config.reentrant else [])
+        found = super().problems(batch_size)
+        if self.config.reentrant:
+            found.append("reentrant: selective checkpointing runs non-reentrant only (its contexts need it)")
+        if (self.config.save == "ops") != (self.config.ops is not None):
+            found.append("ops goes with save = 'ops', and save = 'ops' needs ops: the operators to keep")
+        unknown = [n for n in _names(self.config.ops) if not hasattr(aten, n)]
+        return found + ([f"ops: no aten operator {', '.join(map(repr, unknown))}"] if unknown else [])
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self.decisions: Counter[str] = Counter()
@@ -126,13 +144,23 @@ class SelectiveCheckpointing(ActivationCheckpointing):
         return checkpoint_wrapper(block, CheckpointImpl.NO_REENTRANT, context_fn=self._contexts)
 
     def _contexts(self) -> Any:
-        return create_selective_checkpoint_contexts(partial(self._policy, set(self._saved_ops())))
+        # A fresh count of matmuls per checkpointed call, in forward and in its recompute apart, as torchtitan's.
+        return create_selective_checkpoint_contexts(partial(self._policy, set(self._saved_ops()), Counter()))
 
     def _saved_ops(self) -> list[Any]:
-        return MATMULS + (ATTENTION if self.config.save == "matmuls+attention" else [])
+        save = self.config.save
+        if save == "ops":
+            return [getattr(aten, n).default for n in _names(self.config.ops)]
+        if save == "torchtitan":  # its op save list: matmuls, attention, the reduce-scatters, amax (for float8)
+            return [aten.mm.default, aten.max.default, *ATTENTION, *REDUCE_SCATTER]
+        return MATMULS + (ATTENTION if save == "matmuls+attention" else [])
 
-    def _policy(self, saved: set[Any], ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    def _policy(self, saved: set[Any], matmuls: Counter[bool], ctx: Any, op: Any, *args: Any,
+                **kwargs: Any) -> CheckpointPolicy:
         keep = op in saved
+        if self.config.save == "torchtitan" and op == aten.mm.default:
+            matmuls[ctx.is_recompute] += 1
+            keep = matmuls[ctx.is_recompute] % 2 == 1  # every second matmul is recomputed
         if not ctx.is_recompute:
             self.decisions["saved" if keep else "recomputed"] += 1
         return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE

@@ -5,7 +5,8 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 from bench.measure.memory import tracked_step
 from bench.techniques import Unsupported
 from tests.conftest import CPU, build_trainer
-from tests.helpers import spec, tech
+from tests.helpers import spec, suite_problems, tech
+from tests.suite.test_load import GOOD
 
 
 def held_and_trainer(model: str, *techniques, batch_size: int = 8):
@@ -88,3 +89,28 @@ def test_batch_norm_stats_update_twice_unless_the_momentum_is_corrected(correct)
     # Corrected: two updates with momentum 1 - sqrt(1 - m) equal one with m. Uncorrected: none match.
     assert all(same) if correct else not any(same)
     assert torch.equal(got["bn1.running_mean"], expected["bn1.running_mean"])  # the stem is not wrapped
+
+
+def test_selective_policies_are_named_torchtitans_saving_every_other_matmul():
+    held = {}
+    attention = {"ops": "_scaled_dot_product_flash_attention_for_cpu"}  # SDPA's kernel on a CPU
+    for save, extra in (("matmuls", {}), ("torchtitan", {}), ("ops", attention)):
+        trainer, batch = build_trainer(spec("llama-tiny", (tech("selective-checkpoint", save=save, **extra),),
+                                            batch_size=2, seq_len=32))
+        trainer.step(batch)
+        held[save] = tracked_step(lambda t=trainer, b=batch: t.step(b), trainer.model, trainer.optimizer,
+                                  CPU)["activation_bytes"]
+        proof = trainer.techniques[0].proof(1)
+        if save == "torchtitan":  # 7 matmuls a layer: 4 saved, 3 recomputed, attention saved
+            assert proof["saved_ops_per_step"] > 0 and proof["recomputed_ops_per_step"] > 0
+    assert held["ops"] < held["torchtitan"] < held["matmuls"]
+
+
+@pytest.mark.parametrize("options, said", [
+    ({"save": "ops"}, "save = 'ops' needs ops"), ({"ops": "mm"}, "ops goes with save = 'ops'"),
+    ({"save": "ops", "ops": "mm,matmool"}, "no aten operator 'matmool'"),
+])
+def test_a_selective_policy_that_cannot_be_built_is_refused_at_load(options, said, tmp_path):
+    technique = "{ name = \"selective-checkpoint\", " + ", ".join(f'{k} = "{v}"' for k, v in options.items()) + " }"
+    found = suite_problems(tmp_path, GOOD.replace('"checkpoint"]', technique + "]"))
+    assert any(said in p for p in found), found
