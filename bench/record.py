@@ -184,7 +184,7 @@ class _PredictionOutcome:
 Prediction = make_dataclass(
     "Prediction",
     [(f.name, f.type, doc(f"predicted: {f.metadata['doc']}")) for group in (Memory, Timing) for f in fields(group)
-     if f.name in (*TRACKED, "flops_per_step", "ops_per_step", "op_bytes_per_step")],
+     if f.name in (*TRACKED, "peak_reserved_bytes", "flops_per_step", "ops_per_step", "op_bytes_per_step")],
     bases=(_PredictionOutcome,),
     namespace={"prefix": "predicted_", "__doc__": "The step predicted on fake tensors before the run, at its "
                                                   "shapes: the tracker's figures and the FLOPs, as predicted_*."})

@@ -15,6 +15,7 @@ from unittest.mock import patch
 import torch
 from torch import nn
 
+from bench.measure.allocator import CachingAllocator
 from bench.measure.tracker import LiveBytes, storages
 from bench.record import KEY, AT_PEAK as CATEGORIES
 
@@ -85,11 +86,13 @@ LABELS = {"parameters": "parameters", "buffers": "buffers", "gradients": "gradie
 
 def tracked_step(step: Callable[[], object], model: nn.Module, optimizer: torch.optim.Optimizer | None,
                  device: torch.device, rounding: int | None = None,
-                 compiled_update: bool = False) -> dict[str, int | str]:
+                 compiled_update: bool = False, reserved: bool = False) -> dict[str, int | str]:
     """One step under the live-bytes tracker: its peak, what was alive at that peak (``at_peak_*_bytes``,
     summing to the peak), and the bytes each forward leaves alive for backward (saved activations plus the
     logits), the quantity checkpointing and autocast shrink. ``compiled_update``: the optimizer's step runs
-    compiled code, which the tracker steps aside for; its state is counted, its own temporaries are not."""
+    compiled code, which the tracker steps aside for; its state is counted, its own temporaries are not.
+    ``reserved``: what CUDA's caching allocator would reserve for the step, its allocations and frees replayed
+    through bench.measure.allocator after the tensors alive before it (``peak_reserved_bytes``)."""
     tracker = LiveBytes(device, rounding)
     tracker.add(model.parameters(), "parameters")
     tracker.add(model.buffers(), "buffers")
@@ -136,7 +139,13 @@ def tracked_step(step: Callable[[], object], model: nn.Module, optimizer: torch.
         # What the optimizer found in .grad (absent where gradients are freed in backward, or no optimizer).
         KEY.gradient_bytes: grads[-1] if grads else None,
         **{f"at_peak_{k}_bytes": v for k, v in at_peak.items()},
-    } | model_state_bytes(model, optimizer)
+    } | model_state_bytes(model, optimizer) | (_reserved(tracker) if reserved else {})
+
+
+def _reserved(tracker: LiveBytes) -> dict[str, int]:
+    allocator = CachingAllocator()
+    tracker.replay(allocator)
+    return {KEY.peak_reserved_bytes: allocator.peak_reserved}
 
 
 def _stepped_aside(step: Callable[..., Any], tracker: LiveBytes) -> Callable[..., Any]:

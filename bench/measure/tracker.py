@@ -20,6 +20,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode_temporarily, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
+from bench.measure.allocator import CachingAllocator
+
 CUDA_BLOCK = 512  # the caching allocator rounds every allocation up to this
 
 
@@ -111,6 +113,17 @@ class LiveBytes(TorchDispatchMode):
         if self.current > self.peak:
             self.peak, self.peak_phase, self._peak_clock = self.current, self.phase, self._lives[index][2]
         weakref.finalize(storage, self._free, key, index)
+
+    def replay(self, allocator: CachingAllocator) -> None:
+        """Every allocation and free this tracker saw, in order, through ``allocator``: the tensors counted before
+        the step (parameters, kept gradients, optimizer state) first, as they were added."""
+        events = sorted([(born, 0, i, n) for i, (n, _, born, _) in enumerate(self._lives)]
+                        + [(freed, 1, i, n) for i, (n, _, _, freed) in enumerate(self._lives) if freed is not None])
+        for _, freeing, i, n in events:
+            if freeing:
+                allocator.free(i)
+            else:
+                allocator.malloc(i, n)
 
     def _tick(self) -> int:
         self._clock += 1

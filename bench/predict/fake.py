@@ -87,7 +87,8 @@ def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int) -> dict[str, Any]:
         step = tracked_steps(runner, batch, feed, ctx.shapes.measure_steps)  # the batches, as in the worker
         traffic = ranks.Traffic(ctx.world_size)  # the measured step's collectives, not the set-up's or warm-up's
         with traffic if ctx.world_size > 1 else nullcontext():
-            figures = tracked_step(step, runner.model, runner.optimizer, CPU, rounding, compiled_update)
+            figures = tracked_step(step, runner.model, runner.optimizer, CPU, rounding, compiled_update,
+                                   reserved=ctx.predicting)
     if ctx.world_size > 1:
         figures |= traffic.figures() | {KEY.world_size: ctx.world_size, "rank": ctx.rank}
     return {**figures, KEY.flops_per_step: flops.get_total_flops(), KEY.ops_per_step: ops.ops,

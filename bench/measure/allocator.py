@@ -1,0 +1,154 @@
+"""PyTorch's CUDA caching allocator, simulated: a step's allocations and frees, in order, replayed through its rules
+as ``c10/cuda/CUDACachingAllocator.cpp`` writes them, give what the card would have reserved, not only what was
+allocated. One stream; the defaults of ``PYTORCH_CUDA_ALLOC_CONF`` with its ``max_split_size_mb``.
+
+The rules: a request is rounded up to 512 bytes. Requests up to 1 MiB come from the small pool, whose segments are
+2 MiB; larger ones from the large pool, whose segments are 20 MiB for requests under 10 MiB, else the request rounded
+up to 2 MiB. A request takes the smallest free block of its pool that holds it (best fit); the block is split when
+what is left is at least 512 bytes (small pool) or more than 1 MiB (large pool), and a freed block merges with the
+free blocks beside it in its segment. Where no block fits, a new segment is reserved; under a memory cap, the
+allocator first frees every segment wholly unused and tries again (a retry), and raises out of memory after."""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+
+MIN_BLOCK = 512  # kMinBlockSize: every request is rounded up to a multiple of it
+SMALL_SIZE = 1 << 20  # kSmallSize: requests up to this come from the small pool
+SMALL_BUFFER = 2 << 20  # kSmallBuffer: a small pool's segment
+LARGE_BUFFER = 20 << 20  # kLargeBuffer: a large pool's segment for requests under MIN_LARGE_ALLOC
+MIN_LARGE_ALLOC = 10 << 20  # kMinLargeAlloc
+ROUND_LARGE = 2 << 20  # kRoundLarge: larger requests' segments round up to this
+
+
+class OutOfMemory(Exception):
+    """No segment could be reserved under the cap, even after freeing the cached ones."""
+
+
+@dataclass
+class Block:
+    segment: int
+    offset: int
+    size: int
+    free: bool = True
+
+
+@dataclass
+class Segment:
+    size: int
+    small: bool
+    blocks: list[Block] = field(default_factory=list)  # in address order, covering the segment
+
+
+def round_size(size: int) -> int:
+    return MIN_BLOCK if size < MIN_BLOCK else MIN_BLOCK * math.ceil(size / MIN_BLOCK)
+
+
+def segment_size(size: int) -> int:
+    """get_allocation_size: what is reserved for a rounded request that no free block holds."""
+    if size <= SMALL_SIZE:
+        return SMALL_BUFFER
+    if size < MIN_LARGE_ALLOC:
+        return LARGE_BUFFER
+    return ROUND_LARGE * math.ceil(size / ROUND_LARGE)
+
+
+class CachingAllocator:
+    """``capacity``: the bytes segments may take (the card less what the process holds besides); None, no cap.
+    ``max_split_size``: blocks this large or larger are never split (max_split_size_mb), None: any."""
+
+    def __init__(self, capacity: int | None = None, max_split_size: int | None = None) -> None:
+        self.capacity, self.max_split = capacity, max_split_size
+        self.segments: dict[int, Segment] = {}
+        self._free: dict[bool, list[tuple[int, int, int]]] = {True: [], False: []}  # (size, segment, offset)
+        self._taken: dict[int, Block] = {}  # an allocation's handle → its block
+        self._next_segment = 0
+        self.allocated = self.reserved = self.peak_allocated = self.peak_reserved = 0
+        self.retries = 0
+
+    def malloc(self, handle: int, size: int) -> None:
+        """Allocate ``size`` bytes under ``handle`` (freed by ``free(handle)``)."""
+        size = round_size(size)
+        small = size <= SMALL_SIZE
+        block = self._best_fit(size, small)
+        if block is None:
+            block = self._new_segment(size, small)
+        self._remove_free(block)
+        if self._should_split(block, size, small):
+            rest = Block(block.segment, block.offset + size, block.size - size)
+            segment = self.segments[block.segment]
+            segment.blocks.insert(segment.blocks.index(block) + 1, rest)
+            self._add_free(rest, small)
+            block.size = size
+        block.free = False
+        self._taken[handle] = block
+        self.allocated += block.size
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+
+    def free(self, handle: int) -> None:
+        block = self._taken.pop(handle)
+        self.allocated -= block.size
+        block.free = True
+        segment = self.segments[block.segment]
+        i = segment.blocks.index(block)
+        for j in (i + 1, i - 1):  # merge with the free neighbours, the one after first
+            if 0 <= j < len(segment.blocks) and segment.blocks[j].free and segment.blocks[j] is not block:
+                neighbour = segment.blocks[j]
+                self._remove_free(neighbour)
+                block.offset, block.size = min(block.offset, neighbour.offset), block.size + neighbour.size
+                segment.blocks.remove(neighbour)
+        self._add_free(block, segment.small)
+
+    def empty_cache(self) -> None:
+        """torch.cuda.empty_cache: every segment wholly free is released."""
+        for key, segment in list(self.segments.items()):
+            if len(segment.blocks) == 1 and segment.blocks[0].free:
+                self._remove_free(segment.blocks[0])
+                del self.segments[key]
+                self.reserved -= segment.size
+
+    def largest_free(self) -> int:
+        return max((size for pool in self._free.values() for size, _, _ in pool), default=0)
+
+    def _best_fit(self, size: int, small: bool) -> Block | None:
+        pool = self._free[small]
+        i = bisect.bisect_left(pool, (size, -1, -1))
+        if i == len(pool):
+            return None
+        found, segment, offset = pool[i]
+        if self.max_split is not None and (
+                (size < self.max_split and found >= self.max_split)  # an oversize block is kept for large requests
+                or (size >= self.max_split and found >= size + LARGE_BUFFER)):  # and used only where it nearly fits
+            return None
+        return next(b for b in self.segments[segment].blocks if b.offset == offset)
+
+    def _should_split(self, block: Block, size: int, small: bool) -> bool:
+        remaining = block.size - size
+        if small:
+            return remaining >= MIN_BLOCK
+        return (self.max_split is None or size < self.max_split) and remaining > SMALL_SIZE
+
+    def _new_segment(self, size: int, small: bool) -> Block:
+        wanted = segment_size(size)
+        if self.capacity is not None and self.reserved + wanted > self.capacity:
+            self.retries += 1
+            self.empty_cache()  # free what is cached, then try once more
+            if self.reserved + wanted > self.capacity:
+                raise OutOfMemory(f"tried to reserve {wanted:,} bytes with {self.reserved:,} of {self.capacity:,} "
+                                  "reserved")
+        key, self._next_segment = self._next_segment, self._next_segment + 1
+        block = Block(key, 0, wanted)
+        self.segments[key] = Segment(wanted, small, [block])
+        self._add_free(block, small)
+        self.reserved += wanted
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        return block
+
+    def _add_free(self, block: Block, small: bool) -> None:
+        bisect.insort(self._free[small], (block.size, block.segment, block.offset))
+
+    def _remove_free(self, block: Block) -> None:
+        small = self.segments[block.segment].small
+        self._free[small].remove((block.size, block.segment, block.offset))

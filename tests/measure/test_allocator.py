@@ -1,0 +1,73 @@
+"""The caching allocator's rules, one hand-worked sequence each, as c10/cuda/CUDACachingAllocator.cpp applies them."""
+
+import pytest
+
+from bench.measure.allocator import CachingAllocator, OutOfMemory
+
+MiB = 1 << 20
+
+
+def test_a_request_rounds_to_512_bytes_and_a_small_one_takes_a_2_mib_segment_shared_by_the_next():
+    a = CachingAllocator()
+    a.malloc(1, 1)
+    assert (a.allocated, a.reserved) == (512, 2 * MiB)
+    a.malloc(2, 1000)  # 1,024 bytes, split off the same segment's rest
+    assert (a.allocated, a.reserved, len(a.segments)) == (1536, 2 * MiB, 1)
+
+
+def test_a_large_request_under_10_mib_takes_a_20_mib_segment_that_four_of_5_mib_share():
+    a = CachingAllocator()
+    for handle in range(4):
+        a.malloc(handle, 5 * MiB)
+    assert (a.reserved, len(a.segments)) == (20 * MiB, 1)  # the fourth takes the 5 MiB left, unsplit
+    a.malloc(4, 5 * MiB)
+    assert (a.reserved, len(a.segments)) == (40 * MiB, 2)
+
+
+def test_a_request_of_10_mib_or_more_takes_its_size_rounded_to_2_mib_and_a_block_left_by_1_mib_or_less_is_not_split():
+    a = CachingAllocator()
+    a.malloc(1, 11 * MiB)
+    assert a.reserved == 12 * MiB
+    a.free(1)
+    a.malloc(2, 11 * MiB + MiB // 2)  # 0.5 MiB would be left: the whole 12 MiB block is taken, and counted
+    assert (a.allocated, a.reserved) == (12 * MiB, 12 * MiB)
+
+
+def test_freed_neighbours_merge_and_the_smallest_free_block_that_fits_is_taken():
+    a = CachingAllocator()
+    for handle in range(3):
+        a.malloc(handle, 5 * MiB)  # 0-5, 5-10, 10-15 of one 20 MiB segment, 15-20 free
+    a.free(1)
+    a.free(0)  # merges with the free block after it: 10 MiB at 0
+    a.malloc(3, 9 * MiB)
+    assert (a.reserved, a.largest_free()) == (20 * MiB, 5 * MiB)  # 9 of the merged 10 (1 MiB left unsplit), 15-20
+    a.malloc(4, 4 * MiB)  # the 5 MiB block at 15 is the best fit, taken whole (1 MiB left is not split off)
+    assert (a.allocated, a.largest_free()) == (20 * MiB, 0)
+
+
+def test_under_a_cap_the_cached_segments_are_freed_and_the_request_retried_then_out_of_memory():
+    a = CachingAllocator(capacity=22 * MiB)
+    a.malloc(1, 11 * MiB)
+    a.free(1)  # 12 MiB stays reserved, cached
+    a.malloc(2, 15 * MiB)  # 12 + 16 > 22: the cached segment is released, then 16 MiB is reserved
+    assert (a.reserved, a.retries, a.peak_reserved) == (16 * MiB, 1, 16 * MiB)
+    with pytest.raises(OutOfMemory, match="tried to reserve 20,971,520 bytes"):
+        a.malloc(3, 8 * MiB)  # needs a 20 MiB segment: nothing cached to free
+    assert a.retries == 2
+
+
+def test_max_split_size_keeps_oversize_blocks_from_small_requests():
+    a = CachingAllocator(max_split_size=4 * MiB)
+    a.malloc(1, 11 * MiB)
+    a.free(1)
+    a.malloc(2, 2 * MiB)  # under max_split: the free 12 MiB block is not split for it
+    assert (a.reserved, len(a.segments)) == (32 * MiB, 2)
+
+
+def test_empty_cache_releases_only_wholly_free_segments():
+    a = CachingAllocator()
+    a.malloc(1, 5 * MiB)  # a 20 MiB segment, 15 MiB of it free
+    a.malloc(2, 16 * MiB)  # too large for the free 15: a segment of its own
+    a.free(2)
+    a.empty_cache()
+    assert a.reserved == 20 * MiB and a.peak_reserved == 36 * MiB
