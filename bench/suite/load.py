@@ -48,8 +48,9 @@ TOP_KEYS = {
     "shapes": "[shapes.gpu] and [shapes.cpu] tables",
     "runs": "[[runs]] entries with name and techniques (optional: fidelity = false, nproc = N processes, "
             "training_args = \"PATH\": a transformers TrainingArguments file's techniques and batch)",
-    "matrix": "[matrix] with techniques = {name = [...]}, and batch_size = {gpu = [...], cpu = [...]} or "
-              "[matrix.lengths] name = {gpu = \"DIST\", cpu = \"DIST\"} (or both)",
+    "matrix": "[matrix] with techniques = {name = [...]}, and batch_size = {gpu = [...], cpu = [...]}, "
+              "seq_len = {gpu = [...], cpu = [...]} (token models) or [matrix.lengths] name = {gpu = \"DIST\", "
+              "cpu = \"DIST\"} (or several)",
     "fidelity": "[fidelity] table: train on real data and report the accuracy delta (see FIDELITY_KEYS)",
     "throughput": f"the figure reports compare as throughput ×: one of {', '.join(THROUGHPUTS)} (default "
                   "samples_per_s; real_tokens_per_s for variable-length data, padding left out)",
@@ -161,7 +162,11 @@ def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
         check_fidelity_batch(specs, fidelity, e.where, problems)
         nproc = _nproc(e, specs, problems)
         gpu, cpu = (replace(shapes[d], **({"batch_size": e.batch[d]} if e.batch else {}),
+                            **({"seq_len": e.seq_len[d]} if e.seq_len else {}),
                             **({"lengths": e.lengths[d]} if e.lengths else {})) for d in DEVICES)
+        said = f"matrix.seq_len: model {spec.name} takes images; seq_len is a token model's"
+        if e.seq_len and spec.inputs != "tokens" and said not in problems:
+            problems.append(said)
         _check_data(specs, spec, gpu, cpu, e.where, problems)
         base = f"{baseline}{e.suffix}" if baseline in _matrix_keys(entries) else baseline
         # The fidelity phase trains in one process: a distributed run has none.
@@ -321,7 +326,8 @@ class Entry(NamedTuple):
     fidelity: bool = True  # false: this entry skips the fidelity phase
     nproc: int | None = None  # processes, as written (None: 2 with a distributed technique, else 1)
     lengths: dict[str, str] | None = None  # per-device length distributions from the matrix, else None
-    suffix: str = ""  # what the matrix adds to the key: "@bs16", "@digits"
+    suffix: str = ""  # what the matrix adds to the key: "@bs16", "@seq2048", "@digits"
+    seq_len: dict[str, int] | None = None  # per-device sequence lengths from the matrix, else None
 
 
 
@@ -409,41 +415,47 @@ def _matrix(raw: Any, problems: list[str]) -> list[Entry]:
     if not isinstance(raw, dict):
         problems.append(f"matrix: expected a table; {TOP_KEYS['matrix']}")
         return []
-    for key in raw.keys() - {"techniques", "batch_size", "lengths", "fidelity"}:
-        problems.append(f"matrix.{key}: unknown key; allowed: techniques, batch_size, lengths, fidelity")
+    for key in raw.keys() - {"techniques", "batch_size", "seq_len", "lengths", "fidelity"}:
+        problems.append(f"matrix.{key}: unknown key; allowed: techniques, batch_size, seq_len, lengths, fidelity")
     fidelity = typed(raw, "fidelity", bool, True, problems, "matrix.")
     techs = raw.get("techniques")
     if not isinstance(techs, dict) or not techs:
         problems.append("matrix.techniques: required table of name = [techniques]")
         return []
-    if "batch_size" not in raw and "lengths" not in raw:
-        problems.append("matrix: give batch_size = {gpu = [...], cpu = [...]}, [matrix.lengths], or both")
+    if not raw.keys() & {"batch_size", "seq_len", "lengths"}:
+        problems.append("matrix: give batch_size = {gpu = [...], cpu = [...]}, seq_len = {gpu = [...], cpu = [...]}, "
+                        "[matrix.lengths], or several")
         return []
-    sizes = _matrix_sizes(raw["batch_size"], problems) if "batch_size" in raw else [None]
+    sizes = _matrix_sizes(raw["batch_size"], "batch_size", problems) if "batch_size" in raw else [None]
+    seqs = _matrix_sizes(raw["seq_len"], "seq_len", problems) if "seq_len" in raw else [None]
     lengths = _matrix_lengths(raw["lengths"], problems) if "lengths" in raw else [("", None)]
-    if not sizes or not lengths:
+    if not sizes or not seqs or not lengths:
         return []
     return [
-        Entry(f"{key}{suffix}", t, size, key, f"matrix.techniques.{key}", fidelity, lengths=dists, suffix=suffix)
+        Entry(f"{key}{suffix}", t, size, key, f"matrix.techniques.{key}", fidelity, lengths=dists, suffix=suffix,
+              seq_len=seq)
         for key, t in techs.items()
         for size in sizes
+        for seq in seqs
         for name, dists in lengths
-        for suffix in [(f"@bs{size['gpu']}" if size else "") + (f"@{name}" if name else "")]
+        for suffix in [(f"@bs{size['gpu']}" if size else "") + (f"@seq{seq['gpu']}" if seq else "")
+                       + (f"@{name}" if name else "")]
     ]
 
 
-def _matrix_sizes(sizes: Any, problems: list[str]) -> list[dict[str, int]]:
+def _matrix_sizes(sizes: Any, key: str, problems: list[str]) -> list[dict[str, int]]:
+    """A matrix dimension of per-device sizes (batch_size, seq_len): the pairs, gpu and cpu, in order."""
     lists = isinstance(sizes, dict) and all(isinstance(v, list) for v in sizes.values())
     if not (lists and set(sizes) == set(DEVICES)):
-        problems.append("matrix.batch_size: required {gpu = [...], cpu = [...]}, lists of equal length")
+        problems.append(f"matrix.{key}: required {{gpu = [...], cpu = [...]}}, lists of equal length")
         return []
     if len(sizes["gpu"]) != len(sizes["cpu"]) or not sizes["gpu"]:
-        problems.append("matrix.batch_size: gpu and cpu lists must be non-empty and of equal length")
+        problems.append(f"matrix.{key}: gpu and cpu lists must be non-empty and of equal length")
         return []
     for dev in DEVICES:
         for j, b in enumerate(sizes[dev]):
             if not isinstance(b, int) or isinstance(b, bool) or b <= 0:
-                problems.append(f"matrix.batch_size.{dev}[{j}]: must be a positive integer, got {b!r}")
+                problems.append(f"matrix.{key}.{dev}[{j}]: must be a positive integer, got {b!r}")
                 return []
     return [{"gpu": g, "cpu": c} for g, c in zip(sizes["gpu"], sizes["cpu"])]
 

@@ -63,6 +63,29 @@ batch_size = { gpu = [16, 32], cpu = [2, 4] }
     ]
 
 
+def test_matrix_expands_a_token_models_runs_by_sequence_length_too(tmp_path):
+    text = """model = "llama-tiny"
+baseline = "baseline"
+[shapes.gpu]
+batch_size = 4
+seq_len = 512
+[shapes.cpu]
+batch_size = 2
+seq_len = 32
+[matrix]
+techniques = { baseline = [], ckpt = ["checkpoint"] }
+seq_len = { gpu = [2048, 8192], cpu = [32, 64] }
+"""
+    s = load(write_suite(tmp_path, text))
+    assert [(r.name, r.gpu.seq_len, r.cpu.seq_len, r.baseline) for r in s.runs] == [
+        ("baseline@seq2048", 2048, 32, "baseline@seq2048"), ("baseline@seq8192", 8192, 64, "baseline@seq8192"),
+        ("ckpt@seq2048", 2048, 32, "baseline@seq2048"), ("ckpt@seq8192", 8192, 64, "baseline@seq8192"),
+    ]
+    found = suite_problems(tmp_path, GOOD.split("[[runs]]")[0] + "[matrix]\ntechniques = { baseline = [] }\n"
+                           "seq_len = { gpu = [64], cpu = [16] }\n")  # GOOD's model takes images
+    assert found == ["matrix.seq_len: model vit-tiny takes images; seq_len is a token model's"]
+
+
 def test_run_key_changes_with_the_spec_and_the_device(tmp_path):
     a, b = load(write_suite(tmp_path, GOOD)).runs
     assert a.key("cpu") == a.key("cpu") != a.key("NVIDIA H100")
