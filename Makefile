@@ -53,7 +53,7 @@ gpu: $(DEPS) ## on a CUDA host: every default suite, runs never measured there f
 	$(RUN) -m bench campaign --device cuda $(ARGS)
 	$(RUN) -m pytest -m cuda -p no:cacheprovider
 
-predict: $(DEPS) ## predicted peak memory of SUITE at GPU shapes, no GPU needed (BUDGET=16GiB: what fits; NPROC=8: per rank)
+predict: $(DEPS) ## predicted peak memory of SUITE (or HF=config.json) at GPU shapes, no GPU needed (BUDGET=16GiB: what fits; NPROC=8: per rank)
 	$(RUN) -m bench predict $(if $(HF),--hf $(HF),$(SUITE)) $(if $(BUDGET),--budget $(BUDGET)) $(if $(RESERVE),--reserve $(RESERVE)) \
 		$(if $(NPROC),--nproc $(NPROC)) $(ARGS)
 

@@ -52,7 +52,8 @@ def _list(args: argparse.Namespace) -> int:
 
         print(catalogue.write(args.docs))
         return 0
-    print("models:", ", ".join(MODELS.names()), "(or 'module:NAME' naming your own bench.models.ModelSpec)")
+    print("models:", ", ".join(MODELS.names()), "(or 'hf:PATH' for a Hugging Face config.json, or 'module:NAME' "
+          "naming your own bench.models.ModelSpec)")
     print("techniques:")
     for name in TECHNIQUES:
         cls = TECHNIQUES.get(name)
