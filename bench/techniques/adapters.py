@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from bench.measure.memory import tensor_bytes
-from bench.techniques.base import TECHNIQUES, RunContext, Technique, Unsupported, option
+from bench.techniques.base import TECHNIQUES, RunContext, Technique, Unsupported, listed, option
 
 # Which linear layers get adapters, and which head stays fully trainable, per model family.
 # torchvision's attention projections are called through F.multi_head_attention_forward, not as
@@ -68,8 +68,8 @@ class LoRA(Technique):
         no memory ignored; one that does but is not modelled, a problem)."""
         c = self.config
         if c.config is None:
-            return {"r": c.rank, "lora_alpha": c.alpha, "lora_dropout": c.dropout, "target_modules": _names(c.targets),
-                    "modules_to_save": _names(c.trainable)}
+            return {"r": c.rank, "lora_alpha": c.alpha, "lora_dropout": c.dropout, "target_modules": listed(c.targets),
+                    "modules_to_save": listed(c.trainable)}
         return adapter_config(c.config, problems if problems is not None else [])
 
     def unsupported(self, ctx: RunContext) -> str | None:
@@ -96,10 +96,6 @@ class LoRA(Technique):
         trainable, total = self.model.get_nb_trainable_parameters()
         adapters = sum(n.endswith("lora_A") for n, _ in self.model.named_modules())
         return {"trainable_params": trainable, "total_params": total, "adapted_layers": adapters}
-
-
-def _names(option: str | None) -> list[str]:
-    return [n.strip() for n in (option or "").split(",") if n.strip()]
 
 
 # PEFT's adapter_config.json: the fields read, what each is here; the fields that change what a step holds but are

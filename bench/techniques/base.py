@@ -50,6 +50,11 @@ class Unsupported(Exception):
     becomes ``unsupported`` with this message instead of ``error``."""
 
 
+def listed(option: str | None) -> list[str]:
+    """A comma-separated option's names ("q_proj, v_proj"), blanks dropped."""
+    return [n.strip() for n in (option or "").split(",") if n.strip()]
+
+
 def option(default: Any, doc: str) -> Any:
     """A config field with its one-line documentation (shown by ``bench list``)."""
     return field(default=default, metadata={"doc": doc})

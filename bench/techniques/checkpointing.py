@@ -12,7 +12,7 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-from bench.techniques.base import TECHNIQUES, RunContext, Technique, offer, option
+from bench.techniques.base import TECHNIQUES, RunContext, Technique, listed, offer, option
 
 aten = torch.ops.aten
 MATMULS = [aten.mm.default, aten.addmm.default, aten.bmm.default, aten.convolution.default]
@@ -25,10 +25,6 @@ ATTENTION = [getattr(aten, name).default for name in (
 # The reduce-scatter that tensor (sequence) parallelism issues inside a block, where functional collectives exist.
 REDUCE_SCATTER = [torch.ops._c10d_functional.reduce_scatter_tensor.default] if hasattr(
     torch.ops, "_c10d_functional") and hasattr(torch.ops._c10d_functional, "reduce_scatter_tensor") else []
-
-
-def _names(text: str | None) -> list[str]:
-    return [n.strip() for n in (text or "").split(",") if n.strip()]
 
 
 @TECHNIQUES.register("checkpoint")
@@ -133,7 +129,7 @@ class SelectiveCheckpointing(ActivationCheckpointing):
             found.append("reentrant: selective checkpointing runs non-reentrant only (its contexts need it)")
         if (self.config.save == "ops") != (self.config.ops is not None):
             found.append("ops goes with save = 'ops', and save = 'ops' needs ops: the operators to keep")
-        unknown = [n for n in _names(self.config.ops) if not hasattr(aten, n)]
+        unknown = [n for n in listed(self.config.ops) if not hasattr(aten, n)]
         return found + ([f"ops: no aten operator {', '.join(map(repr, unknown))}"] if unknown else [])
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
@@ -150,7 +146,7 @@ class SelectiveCheckpointing(ActivationCheckpointing):
     def _saved_ops(self) -> list[Any]:
         save = self.config.save
         if save == "ops":
-            return [getattr(aten, n).default for n in _names(self.config.ops)]
+            return [getattr(aten, n).default for n in listed(self.config.ops)]
         if save == "torchtitan":  # its op save list: matmuls, attention, the reduce-scatters, amax (for float8)
             return [aten.mm.default, aten.max.default, *ATTENTION, *REDUCE_SCATTER]
         return MATMULS + (ATTENTION if save == "matmuls+attention" else [])
