@@ -10,6 +10,7 @@ what runs in 16 bits."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 from typing import Any
@@ -36,7 +37,7 @@ CPU_PARAMS = 2e9  # over this many parameters (8 GB of float32), a model is pred
 @functools.cache  # a suite's runs resolve their model many times; its size is counted once
 def spec(name: str) -> ModelSpec:
     """The ModelSpec of ``hf:PATH[#task]``; KeyError naming the file and the fix where it cannot be read."""
-    path, _, task = name.removeprefix(HF).partition("#")
+    task = name.removeprefix(HF).partition("#")[2]
     raw = _read(name)
     task = task or _task(name, raw)
     if task not in TASKS:
@@ -45,10 +46,11 @@ def spec(name: str) -> ModelSpec:
     config = _config(name)
     tokens = inputs == "tokens"
     classes = config.vocab_size if objective == "next-token" else config.num_labels
-    built = lambda shapes: _build(config, task, shapes)  # noqa: E731
+    attention = raw.get("attn_implementation") or raw.get("_attn_implementation") or "sdpa"
+    built = lambda shapes: _build(config, task, attention, shapes)  # noqa: E731
     return ModelSpec(name, built, inputs, classes, vocab_size=config.vocab_size if tokens else 0,
                      family="llama" if config.model_type in LLAMA_LAYOUT else "",
-                     attention=_attention(raw) == "sdpa", objective=objective, cpu=_params(config, task) <= CPU_PARAMS,
+                     attention=attention == "sdpa", objective=objective, cpu=_params(config, task) <= CPU_PARAMS,
                      own_loss=tokens)
 
 
@@ -83,17 +85,14 @@ def _config(name: str) -> Any:
     return config
 
 
-def _attention(raw: dict[str, Any]) -> str:
-    return raw.get("attn_implementation") or raw.get("_attn_implementation") or "sdpa"
-
-
-def _build(config: Any, task: str, shapes: Shapes) -> nn.Module:
+def _build(config: Any, task: str, attention: str, shapes: Shapes) -> nn.Module:
     import transformers
 
     auto = getattr(transformers, TASKS[task][0])
-    if task == "image-classification":
-        config.image_size = shapes.image_size  # the run's images; the patch grid follows
-    model = auto.from_config(config, attn_implementation=_attention(config.to_dict()))  # float32: the default dtype
+    if task == "image-classification":  # the run's images, the patch grid following; the spec's config stays
+        config = copy.deepcopy(config)
+        config.image_size = shapes.image_size
+    model = auto.from_config(config, attn_implementation=attention)  # float32: the default dtype
     return _Logits(model) if task == "image-classification" else model
 
 
