@@ -28,7 +28,7 @@ $(foreach v,suite model budget args card nproc hf,$(if $(filter command line,$(o
   $(error $(v)=$($(v)): make variables are upper case here, e.g. $(shell echo $(v) | tr a-z A-Z)=$($(v)))))
 
 .DEFAULT_GOAL := help
-.PHONY: help bench gpu fit advise report overview compare predict validate list docs lint test test-full faults perf
+.PHONY: help bench gpu fit advise report overview compare predict validate list docs lint format test test-full faults perf
 
 help: ## this list
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -82,9 +82,13 @@ list: $(DEPS) ## models and techniques with their options
 docs: $(DEPS) ## docs/techniques.md's table, regenerated from the techniques' classes
 	$(RUN) -m bench list --docs docs/techniques.md
 
-lint: $(DEPS) ## ruff over bench/ and tests/ (its rules in pyproject.toml); run by make test
-	@if $(RUN) -m ruff --version > /dev/null 2>&1; then $(RUN) -m ruff check bench tests; \
+lint: $(DEPS) ## ruff's rules and its formatting over bench/ and tests/ (pyproject.toml); run by make test
+	@if $(RUN) -m ruff --version > /dev/null 2>&1; then $(RUN) -m ruff check bench tests \
+		&& $(RUN) -m ruff format --check bench tests; \
 	else echo "lint: skipped, no ruff for $(or $(PYTHON),$(VENV)/bin/python) (a host that cannot install it)"; fi
+
+format: $(DEPS) ## rewrite bench/ and tests/ in ruff's format, lines at most 110 (what make lint checks)
+	$(RUN) -m ruff format bench tests
 
 test: $(DEPS) lint ## ruff, then the test suite (CPU; CUDA tests skip without a GPU)
 	$(RUN) -m pytest $(TEST_PROCESSES)

@@ -23,7 +23,7 @@ class SuiteError(Exception):
 
     def __init__(self, path: Path, problems: list[str]) -> None:
         self.path, self.problems = path, problems
-        lines = "\n".join(f"  {path}: {p}" for p in problems[:self.SHOWN])
+        lines = "\n".join(f"  {path}: {p}" for p in problems[: self.SHOWN])
         more = f"\n  … and {len(problems) - self.SHOWN} more" if len(problems) > self.SHOWN else ""
         super().__init__(f"{len(problems)} problem(s) in suite {path}:\n{lines}{more}")
 

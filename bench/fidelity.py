@@ -40,41 +40,59 @@ def run_fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str
     train, test = real.load(fid.dataset, model_spec.inputs, fid.image_size)
     classes = train.num_classes
     if len(train) < fid.batch_size:  # no full batch to draw: training would wait for one forever
-        raise real.DataError(f"dataset {fid.dataset!r}: {len(train)} training samples, fewer than [fidelity] "
-                             f"batch_size = {fid.batch_size}; lower batch_size or use a larger dataset")
+        raise real.DataError(
+            f"dataset {fid.dataset!r}: {len(train)} training samples, fewer than [fidelity] "
+            f"batch_size = {fid.batch_size}; lower batch_size or use a larger dataset"
+        )
     if model_spec.objective == "next-token":
         train, test = real.with_label_token(train), real.with_label_token(test)
         if real.LABEL_TOKEN + classes > model_spec.num_classes:
-            raise real.DataError(f"dataset {fid.dataset!r}: language model {model_spec.name} has "
-                                 f"{model_spec.num_classes} tokens; its {classes} classes are tokens "
-                                 f"{real.LABEL_TOKEN}…{real.LABEL_TOKEN + classes - 1}")
+            raise real.DataError(
+                f"dataset {fid.dataset!r}: language model {model_spec.name} has "
+                f"{model_spec.num_classes} tokens; its {classes} classes are tokens "
+                f"{real.LABEL_TOKEN}…{real.LABEL_TOKEN + classes - 1}"
+            )
     elif classes > model_spec.num_classes:
-        raise real.DataError(f"dataset {fid.dataset!r} has {classes} classes; "
-                             f"model {model_spec.name} predicts {model_spec.num_classes}")
-    shapes = Shapes(fid.batch_size, fid.image_size if model_spec.inputs == "image" else None,
-                    int(train.inputs.shape[1]) if model_spec.inputs == "tokens" else None)
+        raise real.DataError(
+            f"dataset {fid.dataset!r} has {classes} classes; "
+            f"model {model_spec.name} predicts {model_spec.num_classes}"
+        )
+    shapes = Shapes(
+        fid.batch_size,
+        fid.image_size if model_spec.inputs == "image" else None,
+        int(train.inputs.shape[1]) if model_spec.inputs == "tokens" else None,
+    )
     seeds = range(spec.seed, spec.seed + fid.seeds) if spec.name == spec.baseline else [spec.seed]
     one = _inference_seed if spec.mode == "inference" else _train_seed
-    recipes = [Recipe.of(spec, device, shapes, model=stand_in, lr=fid.lr, seed=seed)
-               for seed in seeds]
+    recipes = [Recipe.of(spec, device, shapes, model=stand_in, lr=fid.lr, seed=seed) for seed in seeds]
     results = [one(recipe, fid, train, test, classes) for recipe in recipes]
-    out = {f"fidelity_{k}" if k not in (KEY.accuracy, KEY.final_loss, KEY.grad_cosine) else k: v
-           for k, v in results[0].items()}
-    out |= {KEY.fidelity_model: model_spec.name, KEY.fidelity_weights: fid.weights, KEY.fidelity_dataset: fid.dataset,
-            KEY.fidelity_steps: fid.steps, KEY.fidelity_train_size: len(train), KEY.fidelity_test_size: len(test)}
+    out = {
+        f"fidelity_{k}" if k not in (KEY.accuracy, KEY.final_loss, KEY.grad_cosine) else k: v
+        for k, v in results[0].items()
+    }
+    out |= {
+        KEY.fidelity_model: model_spec.name,
+        KEY.fidelity_weights: fid.weights,
+        KEY.fidelity_dataset: fid.dataset,
+        KEY.fidelity_steps: fid.steps,
+        KEY.fidelity_train_size: len(train),
+        KEY.fidelity_test_size: len(test),
+    }
     if len(results) > 1:
         out[KEY.accuracy_seeds] = [r[KEY.accuracy] for r in results]
     return out
 
 
-def _train_seed(recipe: Recipe, fid: Fidelity, train: real.Labelled, test: real.Labelled,
-                classes: int) -> dict[str, Any]:
+def _train_seed(
+    recipe: Recipe, fid: Fidelity, train: real.Labelled, test: real.Labelled, classes: int
+) -> dict[str, Any]:
     model_spec, device = recipe.ctx.model_spec, recipe.ctx.device
     model = recipe.model(fid.weights)[0]
     batches = _batches(train, fid, recipe.seed, device, model_spec)
     first = next(batches)  # padded, for the plain model's reference gradient
     plain = copy.deepcopy(model)
     captured: dict[str, torch.Tensor] = {}
+
     # Registered before the techniques apply, on the plain model's names, so these hooks run before any
     # that free gradients early (optimizer-in-backward); with accumulation the last call holds the whole
     # batch's gradient. Copies: zero_grad(set_to_none=False) would zero a kept reference.
@@ -99,8 +117,9 @@ def _train_seed(recipe: Recipe, fid: Fidelity, train: real.Labelled, test: real.
     return figures | {KEY.final_loss: final, KEY.grad_cosine: _cosine(reference, captured)}
 
 
-def _inference_seed(recipe: Recipe, fid: Fidelity, train: real.Labelled, test: real.Labelled,
-                    classes: int) -> dict[str, Any]:
+def _inference_seed(
+    recipe: Recipe, fid: Fidelity, train: real.Labelled, test: real.Labelled, classes: int
+) -> dict[str, Any]:
     device = recipe.ctx.device
     plain = recipe.stepper(recipe.model(fid.weights)[0], [], inference=False)
     batches = _batches(train, fid, recipe.seed, device, recipe.ctx.model_spec)
@@ -116,15 +135,16 @@ def _inference_seed(recipe: Recipe, fid: Fidelity, train: real.Labelled, test: r
     return figures | {KEY.final_loss: final, "agreement": agree}
 
 
-def _batches(data: real.Labelled, fid: Fidelity, seed: int, device: torch.device,
-             model_spec: ModelSpec) -> Iterator[Batch]:
+def _batches(
+    data: real.Labelled, fid: Fidelity, seed: int, device: torch.device, model_spec: ModelSpec
+) -> Iterator[Batch]:
     """Shuffled batches from a seeded generator, epoch after epoch: the same order for every technique.
     A language model's targets are its input ids (the class is the last of them), padding left out."""
     g = torch.Generator().manual_seed(seed)
     while True:
         order = torch.randperm(len(data), generator=g)
         for i in range(0, len(order) - fid.batch_size + 1, fid.batch_size):
-            inputs, labels = data.batch(order[i:i + fid.batch_size], device)
+            inputs, labels = data.batch(order[i : i + fid.batch_size], device)
             if model_spec.objective == "next-token":
                 labels = inputs["input_ids"].masked_fill(inputs["input_ids"] == real.PAD, models.IGNORE)
             yield inputs, labels
@@ -157,11 +177,16 @@ def _class_scores(model_spec: ModelSpec, logits: torch.Tensor, inputs: Any, clas
         rows, before = torch.zeros_like(inputs["cu_seq_lens_q"][1:]), inputs["cu_seq_lens_q"][1:] - 2
     else:
         rows, before = torch.arange(len(logits)), real.lengths(inputs["input_ids"]) - 2
-    return logits[rows.long(), before.long(), real.LABEL_TOKEN:real.LABEL_TOKEN + classes]
+    return logits[rows.long(), before.long(), real.LABEL_TOKEN : real.LABEL_TOKEN + classes]
 
 
-def _evaluate(runner: Stepper, test: real.Labelled, device: torch.device, classes: int,
-              regroup: Callable[[Batch], Batch] | None = None) -> dict[str, Any]:
+def _evaluate(
+    runner: Stepper,
+    test: real.Labelled,
+    device: torch.device,
+    classes: int,
+    regroup: Callable[[Batch], Batch] | None = None,
+) -> dict[str, Any]:
     """Held-out accuracy and loss over the classes, through the techniques' own batches (``regroup``), batch
     preparation and step contexts. Every batch has the same size (the last is padded with
     repeats, dropped afterwards): traced and compiled models keep the shape they were built for."""
@@ -180,5 +205,8 @@ def _evaluate(runner: Stepper, test: real.Labelled, device: torch.device, classe
             predictions.append(logits.argmax(dim=1).cpu())
     model.train(was_training)
     predicted = torch.cat(predictions)
-    return {KEY.accuracy: (predicted == test.labels).float().mean().item(), "test_loss": loss / len(test),
-            "predictions": predicted}
+    return {
+        KEY.accuracy: (predicted == test.labels).float().mean().item(),
+        "test_loss": loss / len(test),
+        "predictions": predicted,
+    }

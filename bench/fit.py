@@ -38,8 +38,12 @@ def fit_run(spec: RunSpec, device: Device, budget: int, limit: int = 4096) -> di
     probes: list[dict[str, Any]] = []
 
     def measured_peak(batch: int) -> float:
-        probe = replace(spec, fidelity_gpu=None, fidelity_cpu=None,
-                        **{_field(device): replace(shapes, batch_size=batch, warmup_steps=1, measure_steps=1)})
+        probe = replace(
+            spec,
+            fidelity_gpu=None,
+            fidelity_cpu=None,
+            **{_field(device): replace(shapes, batch_size=batch, warmup_steps=1, measure_steps=1)},
+        )
         out = run_isolated(probe, device, budget=budget)
         probes.append({KEY.batch_size: batch, KEY.status: out[KEY.status], "peak_bytes": _peak(out)})
         if out[KEY.status] == Status.OOM:
@@ -51,8 +55,9 @@ def fit_run(spec: RunSpec, device: Device, budget: int, limit: int = 4096) -> di
     row: dict[str, Any] = {KEY.run: spec.name, "budget_bytes": budget, KEY.device: device.name}
     row["predicted_largest_batch"] = largest_batch(spec, budget, limit, device_type=device.type)
     try:
-        row["measured_largest_batch"] = largest_batch(spec, budget, limit, peak=measured_peak,
-                                                      device_type=device.type)
+        row["measured_largest_batch"] = largest_batch(
+            spec, budget, limit, peak=measured_peak, device_type=device.type
+        )
         row[KEY.status] = Status.OK
     except ProbeFailed as exc:
         row |= {KEY.status: Status.ERROR, KEY.message: str(exc)}
@@ -64,22 +69,33 @@ def verdict(row: dict[str, Any]) -> dict[str, Any]:
     predicted, measured = row.get("predicted_largest_batch"), row.get("measured_largest_batch")
     if predicted is None or measured is None:
         return {}
-    return {"promises_oom": predicted > measured,
-            "within_5pct_below": measured * (1 - CLOSE) <= predicted <= measured}
+    return {
+        "promises_oom": predicted > measured,
+        "within_5pct_below": measured * (1 - CLOSE) <= predicted <= measured,
+    }
 
 
-def fit_suite(runs: list[RunSpec], device: Device, budget: int, results_root: Path,
-              log: TextIO | None = None) -> list[dict[str, Any]]:
+def fit_suite(
+    runs: list[RunSpec], device: Device, budget: int, results_root: Path, log: TextIO | None = None
+) -> list[dict[str, Any]]:
     """Every run fitted, each stored under results/<suite>/<device>/fit/ as it is done."""
     log = log or sys.stderr
-    for suite in {spec.suite for spec in runs}:  # before any probe: measured rows were lost to an unwritable folder
-        results.writable(results.suite_folder(results_root, suite, device.name) / "fit", "fit rows", "--results FOLDER")
+    # before any probe: measured rows were lost to an unwritable folder
+    for suite in {spec.suite for spec in runs}:
+        results.writable(
+            results.suite_folder(results_root, suite, device.name) / "fit", "fit rows", "--results FOLDER"
+        )
     rows = []
     for i, spec in enumerate(runs, 1):
-        print(f"[{i}/{len(runs)}] {spec.name}: probing batch sizes under {budget / 2**30:.2f} GiB", file=log,
-              flush=True)
-        row = fit_run(spec, device, budget) | {KEY.suite: spec.suite,
-                                               KEY.run_key: spec.measured_key(device.name, device.type)}
+        print(
+            f"[{i}/{len(runs)}] {spec.name}: probing batch sizes under {budget / 2**30:.2f} GiB",
+            file=log,
+            flush=True,
+        )
+        row = fit_run(spec, device, budget) | {
+            KEY.suite: spec.suite,
+            KEY.run_key: spec.measured_key(device.name, device.type),
+        }
         folder = results.suite_folder(results_root, spec.suite, device.name) / "fit"
         results.write_atomic(folder / f"{results.run_stem(spec.name)}@{budget}.json", row)
         print(f"[{i}/{len(runs)}] {spec.name}: {said(row)}", file=log, flush=True)
@@ -91,8 +107,10 @@ def said(row: dict[str, Any]) -> str:
     if row[KEY.status] != Status.OK:
         return f"{row[KEY.status]}: {row[KEY.message]}"
     flag = " ⚠ the prediction promises a batch that runs out of memory" if row.get("promises_oom") else ""
-    return (f"largest batch measured {row['measured_largest_batch']}, predicted {row['predicted_largest_batch']} "
-            f"({len(row['probes'])} probes){flag}")
+    return (
+        f"largest batch measured {row['measured_largest_batch']}, predicted {row['predicted_largest_batch']} "
+        f"({len(row['probes'])} probes){flag}"
+    )
 
 
 def _field(device: Device) -> str:

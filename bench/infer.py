@@ -26,7 +26,9 @@ class Inferencer:
 
     optimizer = None
 
-    def __init__(self, model: nn.Module, spec: ModelSpec, techniques: list[Technique], ctx: RunContext) -> None:
+    def __init__(
+        self, model: nn.Module, spec: ModelSpec, techniques: list[Technique], ctx: RunContext
+    ) -> None:
         self.spec, self.techniques = spec, techniques
         for t in techniques:
             model = t.apply(model, ctx)

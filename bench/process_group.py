@@ -14,12 +14,29 @@ import torch
 from bench.record import KEY, Status
 
 # Figures that differ by rank: kept as rank_<name> lists; the record's own value is the largest.
-PER_RANK_MAX = (KEY.peak_tensor_bytes, KEY.peak_allocated_bytes, KEY.peak_reserved_bytes, KEY.peak_active_bytes,
-                KEY.activation_bytes, KEY.param_bytes, KEY.buffer_bytes, KEY.gradient_bytes, KEY.optimizer_state_bytes,
-                KEY.model_state_bytes, KEY.nvml_process_bytes, KEY.context_bytes, KEY.cache_slack_bytes,
-                KEY.rss_peak_bytes,
-                KEY.step_time_ms_median, KEY.step_time_ms_p25, KEY.step_time_ms_p75, KEY.step_time_ms_max,
-                KEY.alloc_retries, KEY.cuda_ooms, KEY.predicted_peak_tensor_bytes)
+PER_RANK_MAX = (
+    KEY.peak_tensor_bytes,
+    KEY.peak_allocated_bytes,
+    KEY.peak_reserved_bytes,
+    KEY.peak_active_bytes,
+    KEY.activation_bytes,
+    KEY.param_bytes,
+    KEY.buffer_bytes,
+    KEY.gradient_bytes,
+    KEY.optimizer_state_bytes,
+    KEY.model_state_bytes,
+    KEY.nvml_process_bytes,
+    KEY.context_bytes,
+    KEY.cache_slack_bytes,
+    KEY.rss_peak_bytes,
+    KEY.step_time_ms_median,
+    KEY.step_time_ms_p25,
+    KEY.step_time_ms_p75,
+    KEY.step_time_ms_max,
+    KEY.alloc_retries,
+    KEY.cuda_ooms,
+    KEY.predicted_peak_tensor_bytes,
+)
 # Rates: the group moves at its slowest rank's pace.
 PER_RANK_MIN = (KEY.samples_per_s, KEY.tokens_per_s, KEY.step_time_ms_min)
 

@@ -20,10 +20,9 @@ def device_name(device_type: str) -> str:
     """The card's name, read through NVML where possible so the parent process never initialises CUDA.
 
     On CPU, the processor model, thread count and the vector instructions ATen's kernels use (AVX2, AVX512,
-    SVE256, …): each changes the figures, so each is part of the name that keys stored records (another machine
-    measures afresh instead of reusing them). One "AMD EPYC" name hid two kinds of VM: bf16 steps took
-    0.6 times the fp32 step on one, with AVX-512, and 15 times on the other, without.
-    """
+    SVE256, …): each changes the figures, so each is part of the name that keys stored records (another
+    machine measures afresh instead of reusing them). One "AMD EPYC" name hid two kinds of VM: bf16 steps took
+    0.6 times the fp32 step on one, with AVX-512, and 15 times on the other, without."""
     if device_type != "cuda":
         return f"{cpu_model()}, {torch.get_num_threads()} threads, {torch.backends.cpu.get_cpu_capability()}"
     try:
@@ -37,9 +36,11 @@ def device_name(device_type: str) -> str:
 
 
 CPU_BF16 = "BENCH_CPU_BF16"  # "native" or "emulated": stands for the CPU's own answer (tests, on any machine)
-EMULATED_BF16 = ("this CPU has no native bf16 (AVX-512 bf16 or Arm's, for oneDNN): its kernels emulate it, about "
-                 "10 times slower than fp32 (ResNet-50's step 10.3 s against 0.95 s), so its figures would describe "
-                 "nothing a user would run; measure bf16 on a GPU, or on a CPU that has it")
+EMULATED_BF16 = (
+    "this CPU has no native bf16 (AVX-512 bf16 or Arm's, for oneDNN): its kernels emulate it, about "
+    "10 times slower than fp32 (ResNet-50's step 10.3 s against 0.95 s), so its figures would describe "
+    "nothing a user would run; measure bf16 on a GPU, or on a CPU that has it"
+)
 
 
 def native_bf16() -> bool:
@@ -63,7 +64,9 @@ def cpu_model() -> str:
 def git_revision(root: Path | None = None) -> str:
     root = root or Path(__file__).resolve().parent.parent
     try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
+        rev = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        )
         # Records and reports under results/ are the harness's own output: a sweep that follows another
         # would otherwise call its code dirty. What decides the figures is everything else.
         status = ["git", KEY.status, "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results"]

@@ -1,6 +1,6 @@
-"""One recipe for every run: a RunSpec becomes its model, its techniques and a Trainer (or Inferencer) the same way
-in a measured run, a prediction on fake tensors, the fidelity phase and the tests, so that what is predicted and
-what is checked for accuracy is what was measured."""
+"""One recipe for every run: a RunSpec becomes its model, its techniques and a Trainer (or Inferencer) the
+same way in a measured run, a prediction on fake tensors, the fidelity phase and the tests, so that what is
+predicted and what is checked for accuracy is what was measured."""
 
 from __future__ import annotations
 
@@ -33,37 +33,64 @@ class Recipe:
     seed: int
 
     @classmethod
-    def of(cls, spec: RunSpec, device: torch.device, shapes: Shapes | None = None, *, model: str | None = None,
-           lr: float | None = None, seed: int | None = None, predicting: bool = False, world_size: int = 1,
-           rank: int = 0) -> Recipe:
+    def of(
+        cls,
+        spec: RunSpec,
+        device: torch.device,
+        shapes: Shapes | None = None,
+        *,
+        model: str | None = None,
+        lr: float | None = None,
+        seed: int | None = None,
+        predicting: bool = False,
+        world_size: int = 1,
+        rank: int = 0,
+    ) -> Recipe:
         """The recipe of ``spec`` on ``device`` at ``shapes`` (default: the spec's for that device type). The
-        fidelity phase names its stand-in ``model``, its ``lr`` and each ``seed``; ``predicting``: fake tensors
-        on the CPU standing for a CUDA run."""
+        fidelity phase names its stand-in ``model``, its ``lr`` and each ``seed``; ``predicting``: fake
+        tensors on the CPU standing for a CUDA run."""
         lr = spec.lr if lr is None else lr
         shapes = shapes or spec.shapes(device.type)
-        ctx = RunContext(device, models.resolve(model or shapes.model or spec.model), shapes, lr,
-                         predicting=predicting, world_size=world_size, rank=rank)
-        return cls(ctx, [build(t) for t in spec.techniques], spec.mode == "inference",
-                   spec.seed if seed is None else seed)
+        ctx = RunContext(
+            device,
+            models.resolve(model or shapes.model or spec.model),
+            shapes,
+            lr,
+            predicting=predicting,
+            world_size=world_size,
+            rank=rank,
+        )
+        return cls(
+            ctx,
+            [build(t) for t in spec.techniques],
+            spec.mode == "inference",
+            spec.seed if seed is None else seed,
+        )
 
     def unsupported(self) -> str | None:
-        """The model's or the first technique's reason it cannot run here (``"name: reason"``); None when all can."""
+        """The model's or the first technique's reason it cannot run here (``"name: reason"``); None when all
+        can."""
         spec = self.ctx.model_spec
         if not spec.cpu and self.ctx.device.type == "cpu" and not self.ctx.predicting:
-            return (f"model {spec.name}: too large to build in a CPU's memory; it is predicted (bench predict) and "
-                    "runs on CUDA")
+            return (
+                f"model {spec.name}: too large to build in a CPU's memory; it is predicted (bench predict) "
+                "and runs on CUDA"
+            )
         return next((f"{t.name}: {r}" for t in self.techniques if (r := t.unsupported(self.ctx))), None)
 
     def model(self, weights: str | None = None) -> tuple[nn.Module, dict[str, object]]:
-        """The plain model on the device, initialised from the seed (then ``weights``), with what loading found."""
+        """The plain model on the device, initialised from the seed (then ``weights``), with what loading
+        found."""
         torch.manual_seed(self.seed)
         model, figures = models.build_model(self.ctx.model_spec, self.ctx.shapes, weights)
         return model.to(self.ctx.device), figures
 
-    def stepper(self, model: nn.Module, techniques: list[Technique] | None = None,
-               inference: bool | None = None) -> Stepper:
+    def stepper(
+        self, model: nn.Module, techniques: list[Technique] | None = None, inference: bool | None = None
+    ) -> Stepper:
         """``model`` with ``techniques`` (default: the recipe's) applied, in a Trainer, or a Inferencer for an
-        inference run; the fidelity phase trains an inference run's plain model first (``inference=False``)."""
+        inference run; the fidelity phase trains an inference run's plain model first
+        (``inference=False``)."""
         techniques = self.techniques if techniques is None else techniques
         if self.inference if inference is None else inference:
             return Inferencer(model, self.ctx.model_spec, techniques, self.ctx)
@@ -78,8 +105,8 @@ class Recipe:
         return next((b for t in self.techniques if (b := t.batching(self.ctx)) is not None), None)
 
     def regroup(self, batch: Batch) -> Batch:
-        """A padded batch of real data (the fidelity phase's) formed again by the run's batch-forming technique,
-        if it has one: what it is trained and evaluated on is what it measured."""
+        """A padded batch of real data (the fidelity phase's) formed again by the run's batch-forming
+        technique, if it has one: what it is trained and evaluated on is what it measured."""
         batching = self._batching()
         return batch if batching is None else varlen.regroup(batch, batching.collate)
 
@@ -90,8 +117,9 @@ class Recipe:
         if ctx.shapes.lengths is None:
             return None
         batching = self._batching() or PadToMax().batching(ctx)
-        data = varlen.sequences(varlen.parse(ctx.shapes.lengths), ctx.model_spec, varlen.dataset_size(ctx.shapes),
-                                self.seed)
+        data = varlen.sequences(
+            varlen.parse(ctx.shapes.lengths), ctx.model_spec, varlen.dataset_size(ctx.shapes), self.seed
+        )
         return varlen.Feed(data, batching, ctx.shapes, ctx.device, self.seed)
 
 
@@ -100,10 +128,12 @@ def batches(batch: Batch, feed: varlen.Feed | None, n: int) -> Iterator[Batch]:
     return feed.batches(n) if feed is not None else itertools.repeat(batch, n)
 
 
-def tracked_steps(trainer: Stepper, batch: Batch, feed: varlen.Feed | None, steps: int) -> Callable[[], object]:
+def tracked_steps(
+    trainer: Stepper, batch: Batch, feed: varlen.Feed | None, steps: int
+) -> Callable[[], object]:
     """What the instrumented pass runs: one step on a fresh copy of the synthetic batch (allocated inside it,
-    the batch counts as it does on CUDA), or, on variable-length data, the timed pass's ``steps`` batches, whose
-    peaks differ with their lengths."""
+    the batch counts as it does on CUDA), or, on variable-length data, the timed pass's ``steps`` batches,
+    whose peaks differ with their lengths."""
     if feed is None:
         return lambda: trainer.step(clone_batch(batch))
     return lambda: [trainer.step(b) for b in feed.batches(steps)]

@@ -1,8 +1,8 @@
-"""The record of one run, typed: what every field is, in which group, and its documentation (results/README.md's
-field reference is generated from it). On disk a record stays one flat JSON object, a key per field, so that
-it reads with any tool and loads into pandas as a row; ``Record.from_flat`` reads one, older records included
-(``migrate``), and ``to_flat`` writes it. Figures derived from several records (the accuracy delta against the
-baseline) are computed when reporting, never stored.
+"""The record of one run, typed: what every field is, in which group, and its documentation
+(results/README.md's field reference is generated from it). On disk a record stays one flat JSON object, a key
+per field, so that it reads with any tool and loads into pandas as a row; ``Record.from_flat`` reads one,
+older records included (``migrate``), and ``to_flat`` writes it. Figures derived from several records (the
+accuracy delta against the baseline) are computed when reporting, never stored.
 
 Nothing here imports the project: every layer that makes or reads records can use it.
 """
@@ -22,7 +22,8 @@ class Status(StrEnum):
     """How a run (``status``) or its prediction (``predicted_status``) ended; stored as its plain string."""
 
     OK = "ok"
-    OOM = "oom"  # out of memory: the device's, the host's OOM killer, or a --budget the tracked peak went over
+    # out of memory: the device's, the host's OOM killer, or a --budget the tracked peak went over
+    OOM = "oom"
     ERROR = "error"
     TIMEOUT = "timeout"
     UNSUPPORTED = "unsupported"  # the technique cannot apply here, with the reason
@@ -51,8 +52,10 @@ class Identity:
     model: str = doc("the model's registered name, or module:NAME")
     baseline: str = doc("the suite's baseline run, which ratios and accuracy deltas are held against")
     techniques: list[str] = doc("the techniques' labels, with their options, in the order they applied", [])
-    device: str = doc("the device's name: the CUDA card's, or the processor model, thread count and "
-                      "vector instructions (AVX2, AVX512…)")
+    device: str = doc(
+        "the device's name: the CUDA card's, or the processor model, thread count and "
+        "vector instructions (AVX2, AVX512…)"
+    )
     device_type: str | None = doc("cuda or cpu")
     batch_size: int | None = doc("the measured steps' batch size (per rank)")
     image_size: int | None = doc("image models: the side of the square input")
@@ -71,18 +74,25 @@ class Outcome:
 
     status: str = doc(", ".join(STATUSES[:-1]) + " or " + STATUSES[-1])
     message: str = doc("empty when ok; else the reason", "")
-    warning: str | None = doc("an ok run whose first timed step was far slower than the rest (warm-up too short)")
+    warning: str | None = doc(
+        "an ok run whose first timed step was far slower than the rest (warm-up too short)"
+    )
     stderr_tail: str | None = doc("an error's last output (each rank's, under torchrun)")
-    non_finite: list[str] | None = doc("figures that came out NaN or infinite (a diverged fidelity phase's loss), "
-                                       "stored as null so that any strict JSON reader reads the record")
+    non_finite: list[str] | None = doc(
+        "figures that came out NaN or infinite (a diverged fidelity phase's loss), "
+        "stored as null so that any strict JSON reader reads the record"
+    )
     failed_rank: int | None = doc("a multi-process run's rank that failed")
-    proof: dict[str, Any] | None = doc("each technique's evidence of application, read off the live run, as "
-                                       "<technique>.<key>; the trainer's micro_batches and output_dtype")
+    proof: dict[str, Any] | None = doc(
+        "each technique's evidence of application, read off the live run, as "
+        "<technique>.<key>; the trainer's micro_batches and output_dtype"
+    )
 
 
 @dataclass
 class Memory:
-    """What was alive: the tracker's live tensor bytes (every device), the CUDA allocator's and NVML's figures."""
+    """What was alive: the tracker's live tensor bytes (every device), the CUDA allocator's and NVML's
+    figures."""
 
     peak_tensor_bytes: int | None = doc("tracked peak of live tensor storages over one instrumented step")
     peak_phase: str | None = doc("where that peak fell: forward, backward or optimizer")
@@ -91,13 +101,19 @@ class Memory:
     param_bytes: int | None = doc("the model's parameters")
     buffer_bytes: int | None = doc("the model's buffers")
     optimizer_state_bytes: int | None = doc("the optimizer's state")
-    model_state_bytes: int | None = doc("parameters + gradients + optimizer state on one rank (the ZeRO quantity)")
+    model_state_bytes: int | None = doc(
+        "parameters + gradients + optimizer state on one rank (the ZeRO quantity)"
+    )
     at_peak_parameters_bytes: int | None = doc("alive at the tracked peak: parameters")
     at_peak_buffers_bytes: int | None = doc("alive at the tracked peak: buffers")
     at_peak_gradients_bytes: int | None = doc("alive at the tracked peak: gradients")
     at_peak_optimizer_state_bytes: int | None = doc("alive at the tracked peak: optimizer state")
-    at_peak_activations_bytes: int | None = doc("alive at the tracked peak: made by a forward, the input included")
-    at_peak_temporaries_bytes: int | None = doc("alive at the tracked peak: made in backward or the optimizer step")
+    at_peak_activations_bytes: int | None = doc(
+        "alive at the tracked peak: made by a forward, the input included"
+    )
+    at_peak_temporaries_bytes: int | None = doc(
+        "alive at the tracked peak: made in backward or the optimizer step"
+    )
     param_count: int | None = doc("parameters")
     trainable_param_count: int | None = doc("parameters that require gradients")
     rss_peak_bytes: int | None = doc("the run process's peak resident host memory")
@@ -124,13 +140,19 @@ class Timing:
     step_time_ms_min: float | None = doc("fastest timed step")
     step_time_ms_max: float | None = doc("slowest timed step")
     step_times_ms: list[float] | None = doc("every timed step")
-    samples_per_s: float | None = doc("samples a step processes (every rank's, data-parallel) over the median step")
+    samples_per_s: float | None = doc(
+        "samples a step processes (every rank's, data-parallel) over the median step"
+    )
     tokens_per_s: float | None = doc("token models: tokens in the batch (padding included) per second")
     flops_per_step: int | None = doc("the step's FLOPs, counted on fake tensors")
-    ops_per_step: int | None = doc("operators the step dispatches, views aside, counted on fake tensors: each a "
-                                   "kernel launch, the fixed cost eager PyTorch pays however small the tensors")
-    op_bytes_per_step: int | None = doc("bytes of the tensors those operators take and make, counted on fake tensors: "
-                                        "what crosses device memory, pointwise work's cost")
+    ops_per_step: int | None = doc(
+        "operators the step dispatches, views aside, counted on fake tensors: each a "
+        "kernel launch, the fixed cost eager PyTorch pays however small the tensors"
+    )
+    op_bytes_per_step: int | None = doc(
+        "bytes of the tensors those operators take and make, counted on fake tensors: "
+        "what crosses device memory, pointwise work's cost"
+    )
     mfu: float | None = doc("CUDA: flops_per_step over the median step, against the card's dense peak")
     mfu_dtype: str | None = doc("CUDA: the dtype whose peak mfu is held against")
     wall_s: float | None = doc("the run's whole process, start-up included")
@@ -140,16 +162,21 @@ class Timing:
     fidelity_s: float | None = doc("the fidelity phase")
     launcher: str | None = doc("how the run's process started: fork (from a preloaded server) or fresh")
     load_average: float | None = doc("CPU: the machine's 1-minute load average as the timed steps ended")
-    cpu_share: float | None = doc("CPU: the CPU time the run's process got over the timed steps, over their wall "
-                                  "time times its threads (1.0: every thread ran throughout)")
-    busy_machine: bool | None = doc("CPU: cpu_share under 0.75, the process clearly got less than its share: its "
-                                    "throughput says more about the machine's load than the technique, and no pick "
-                                    "rests on it")
+    cpu_share: float | None = doc(
+        "CPU: the CPU time the run's process got over the timed steps, over their wall "
+        "time times its threads (1.0: every thread ran throughout)"
+    )
+    busy_machine: bool | None = doc(
+        "CPU: cpu_share under 0.75, the process clearly got less than its share: its "
+        "throughput says more about the machine's load than the technique, and no pick "
+        "rests on it"
+    )
 
 
 @dataclass
 class Data:
-    """Variable-length token data (a suite's ``lengths``): what the batches carried, and what feeding them cost."""
+    """Variable-length token data (a suite's ``lengths``): what the batches carried, and what feeding them
+    cost."""
 
     lengths: str | None = doc("the length distribution the sequences were drawn from (bench.data.varlen)")
     loader: str | None = doc("the technique that formed the batches: pad-to-max, dynamic-padding, packing, …")
@@ -160,9 +187,18 @@ class Data:
     loader_wait_ms_median: float | None = doc("median host time a timed step waited for its batch")
 
 
-# What the live-bytes tracker gives for one step: measured (Memory), and predicted on fake tensors (Prediction).
-TRACKED = ("peak_tensor_bytes", "peak_phase", "activation_bytes", "gradient_bytes", "param_bytes", "buffer_bytes",
-           "optimizer_state_bytes", *(f"at_peak_{p}_bytes" for p in AT_PEAK))
+# What the live-bytes tracker gives for one step: measured (Memory), and predicted on fake tensors
+# (Prediction).
+TRACKED = (
+    "peak_tensor_bytes",
+    "peak_phase",
+    "activation_bytes",
+    "gradient_bytes",
+    "param_bytes",
+    "buffer_bytes",
+    "optimizer_state_bytes",
+    *(f"at_peak_{p}_bytes" for p in AT_PEAK),
+)
 
 
 @dataclass
@@ -170,34 +206,53 @@ class _PredictionOutcome:
     status: str | None = doc("ok, unsupported or unpredictable")
     message: str | None = doc("why a prediction was not made")
     ahead: bool | None = doc("made in a spare process while the device measured earlier runs")
-    world_size: int | None = doc("multi-process runs: the processes of the fake group the rank was predicted in")
+    world_size: int | None = doc(
+        "multi-process runs: the processes of the fake group the rank was predicted in"
+    )
     rank: int | None = doc("multi-process runs: the rank predicted (every rank of a run predicts itself)")
-    traffic_all_reduce_bytes: int | None = doc("bytes the rank sends (and receives) in all-reduces a step, in a ring")
+    traffic_all_reduce_bytes: int | None = doc(
+        "bytes the rank sends (and receives) in all-reduces a step, in a ring"
+    )
     traffic_all_gather_bytes: int | None = doc("the same for all-gathers")
     traffic_reduce_scatter_bytes: int | None = doc("the same for reduce-scatters")
     traffic_broadcast_bytes: int | None = doc("the same for broadcasts and scatters")
-    largest_collective_bytes: int | None = doc("the largest single collective's tensors: what a real rank may also "
-                                               "hold at its peak while a collective waits for a peer")
+    largest_collective_bytes: int | None = doc(
+        "the largest single collective's tensors: what a real rank may also "
+        "hold at its peak while a collective waits for a peer"
+    )
 
 
 # The tracked figures and the FLOPs, each documented as its measured twin, so that the two never drift apart.
 Prediction = make_dataclass(
     "Prediction",
-    [(f.name, f.type, doc(f"predicted: {f.metadata['doc']}")) for group in (Memory, Timing) for f in fields(group)
-     if f.name in (*TRACKED, "peak_reserved_bytes", "flops_per_step", "ops_per_step", "op_bytes_per_step")],
+    [
+        (f.name, f.type, doc(f"predicted: {f.metadata['doc']}"))
+        for group in (Memory, Timing)
+        for f in fields(group)
+        if f.name in (*TRACKED, "peak_reserved_bytes", "flops_per_step", "ops_per_step", "op_bytes_per_step")
+    ],
     bases=(_PredictionOutcome,),
-    namespace={"prefix": "predicted_", "__doc__": "The step predicted on fake tensors before the run, at its "
-                                                  "shapes: the tracker's figures and the FLOPs, as predicted_*."})
+    namespace={
+        "prefix": "predicted_",
+        "__doc__": "The step predicted on fake tensors before the run, at its "
+        "shapes: the tracker's figures and the FLOPs, as predicted_*.",
+    },
+)
 
 
 @dataclass
 class FidelityResult:
-    """Does the technique change what the model learns: trained on real data, evaluated on its held-out split."""
+    """Does the technique change what the model learns: trained on real data, evaluated on its held-out
+    split."""
 
     accuracy: float | None = doc("held-out accuracy (the first seed's)")
-    accuracy_seeds: list[float] | None = doc("the baseline: accuracy over each seed (their spread is the band)")
+    accuracy_seeds: list[float] | None = doc(
+        "the baseline: accuracy over each seed (their spread is the band)"
+    )
     final_loss: float | None = doc("mean training loss over the last 10 steps")
-    grad_cosine: float | None = doc("first-step gradient against the plain model's, same batch, weights, dropout")
+    grad_cosine: float | None = doc(
+        "first-step gradient against the plain model's, same batch, weights, dropout"
+    )
     fidelity_test_loss: float | None = doc("held-out loss")
     fidelity_agreement: float | None = doc("inference suites: predictions equal to the fp32 model's")
     fidelity_model: str | None = doc("the model trained (the run's, or the suite's stand-in)")
@@ -234,7 +289,9 @@ class Provenance:
     cudnn_version: int | None = doc("CUDA: cuDNN")
     driver_version: str | None = doc("CUDA: the driver")
     allocator_conf: str | None = doc("CUDA: PYTORCH_CUDA_ALLOC_CONF as the run saw it")
-    tf32_matmul: bool | None = doc("CUDA: TF32 matmuls allowed (changes an fp32 baseline's speed and accuracy)")
+    tf32_matmul: bool | None = doc(
+        "CUDA: TF32 matmuls allowed (changes an fp32 baseline's speed and accuracy)"
+    )
     tf32_cudnn: bool | None = doc("CUDA: TF32 convolutions allowed")
     cudnn_benchmark: bool | None = doc("CUDA: cuDNN autotuning on")
     weights: str | None = doc("the measured run's pretrained weights, if any")
@@ -247,15 +304,24 @@ class Provenance:
 
 
 # Each group under the Record attribute that holds it, in the order the reference lists them.
-GROUPS = {"identity": Identity, "outcome": Outcome, "memory": Memory, "timing": Timing, "data": Data,
-          "prediction": Prediction, "fidelity": FidelityResult, "distributed": Distributed, "provenance": Provenance}
+GROUPS = {
+    "identity": Identity,
+    "outcome": Outcome,
+    "memory": Memory,
+    "timing": Timing,
+    "data": Data,
+    "prediction": Prediction,
+    "fidelity": FidelityResult,
+    "distributed": Distributed,
+    "provenance": Provenance,
+}
 MEMORY_SUMMARY = "memory_summary_text"
 
 
 class _Keys:
-    """Every stored key, as an attribute of ``KEY`` (``KEY.peak_tensor_bytes == "peak_tensor_bytes"``), derived
-    from the groups: code reads a record through these names, so that a typo is an AttributeError where it is
-    read rather than a silent None, and a renamed field is renamed everywhere."""
+    """Every stored key, as an attribute of ``KEY`` (``KEY.peak_tensor_bytes == "peak_tensor_bytes"``),
+    derived from the groups: code reads a record through these names, so that a typo is an AttributeError
+    where it is read rather than a silent None, and a renamed field is renamed everywhere."""
 
     def __init__(self) -> None:
         for group in GROUPS.values():
@@ -285,7 +351,7 @@ class Record:
     def from_flat(cls, flat: dict[str, Any]) -> Record:
         """A stored record, after ``migrate``; keys no group knows go to ``extra``."""
         left = migrate(flat)
-        ranks = {k[len(RANK_PREFIX):]: left.pop(k) for k in list(left) if k.startswith(RANK_PREFIX)}
+        ranks = {k[len(RANK_PREFIX) :]: left.pop(k) for k in list(left) if k.startswith(RANK_PREFIX)}
         groups = {}
         for name, group in GROUPS.items():
             prefix = getattr(group, "prefix", "")
@@ -308,13 +374,20 @@ class Record:
         return out | self.extra
 
 
-KINDS = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "list": (list,), "dict": (dict,)}
+KINDS = {
+    "int": (int,),
+    "float": (int, float),
+    "str": (str,),
+    "bool": (bool,),
+    "list": (list,),
+    "dict": (dict,),
+}
 LARGEST = 2**63  # no figure of a run is larger; 10**400 overflowed the reports' arithmetic
 
 
 def problems(flat: dict[str, Any]) -> list[str]:
-    """Each field whose stored value is not of its documented type ("accuracy: expected float, got str '87%'"):
-    a hand edit or another tool's record, which readers would otherwise trip over one by one."""
+    """Each field whose stored value is not of its documented type ("accuracy: expected float, got str
+    '87%'"): a hand edit or another tool's record, which readers would otherwise trip over one by one."""
     found = []
     for group in GROUPS.values():
         prefix = getattr(group, "prefix", "")
@@ -324,10 +397,12 @@ def problems(flat: dict[str, Any]) -> list[str]:
                 continue
             kinds = [k for k in (k.strip().split("[")[0] for k in str(f.type).split("|")) if k != "None"]
             allowed = tuple(t for k in kinds for t in KINDS.get(k, (object,)))
-            numeric = "bool" not in kinds and isinstance(value, bool)  # True is an int to Python, not a figure
+            # True is an int to Python, not a figure
+            numeric = "bool" not in kinds and isinstance(value, bool)
             if numeric or not isinstance(value, allowed):
-                found.append(f"{key}: expected {' or '.join(kinds)}, got "
-                             f"{type(value).__name__} {str(value)[:40]!r}")
+                found.append(
+                    f"{key}: expected {' or '.join(kinds)}, got {type(value).__name__} {str(value)[:40]!r}"
+                )
             elif isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) >= LARGEST:
                 found.append(f"{key}: {str(value)[:40]}… is out of any figure's range")
     return found
@@ -353,7 +428,13 @@ def reference() -> str:
     parts = []
     for title, group in GROUPS.items():
         prefix = getattr(group, "prefix", "")
-        rows = [f"| `{RANK_PREFIX + '<figure>' if f.name == 'ranks' else prefix + f.name}` | {f.metadata['doc']} |"
-                for f in fields(group)]
-        parts.append(f"### {title}\n\n{group.__doc__}\n\n| field | what it is |\n|---|---|\n" + "\n".join(rows))
+        rows = [
+            f"| `{RANK_PREFIX + '<figure>' if f.name == 'ranks' else prefix + f.name}` | "
+            f"{f.metadata['doc']} |"
+            for f in fields(group)
+        ]
+        parts.append(
+            f"### {title}\n\n{' '.join(group.__doc__.split())}\n\n| field | what it is |\n|---|---|\n"
+            + "\n".join(rows)
+        )
     return "\n\n".join(parts) + "\n"

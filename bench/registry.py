@@ -1,4 +1,5 @@
-"""A name → object registry in the style of fvcore's: duplicates and unknown names are errors that say which."""
+"""A name → object registry in the style of fvcore's: duplicates and unknown names are errors that say
+which."""
 
 from __future__ import annotations
 
@@ -30,8 +31,10 @@ class Registry(Generic[T]):
 
     def get(self, name: str) -> T:
         if name not in self._items:
-            raise KeyError(f"unknown {self.kind} {name!r}{did_you_mean(name, self._items)}; known: "
-                           f"{', '.join(sorted(self._items))}")
+            raise KeyError(
+                f"unknown {self.kind} {name!r}{did_you_mean(name, self._items)}; known: "
+                f"{', '.join(sorted(self._items))}"
+            )
         return self._items[name]
 
     def __contains__(self, name: object) -> bool:
@@ -58,6 +61,6 @@ def import_object(path: str, kind: str) -> Any:
 
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:
-    """" (did you mean 'checkpoint'?)" for a typo close to a known name, else nothing."""
+    """ " (did you mean 'checkpoint'?)" for a typo close to a known name, else nothing."""
     close = difflib.get_close_matches(name, list(known), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""

@@ -37,7 +37,8 @@ def slug(text: str) -> str:
 
 def run_stem(run: str) -> str:
     """A run's file name: its slug where that is the name itself, else the slug and a digest of the name, so
-    that no two names ('amp bf16', 'AMP-bf16'; '🚀', '🔥') share a file and one record never replaces another."""
+    that no two names ('amp bf16', 'AMP-bf16'; '🚀', '🔥') share a file and one record never replaces
+    another."""
     stem = slug(run)
     return stem if stem == run else f"{stem}~{hashlib.sha256(run.encode()).hexdigest()[:8]}"
 
@@ -57,7 +58,11 @@ def write_atomic(path: Path, record: dict[str, Any] | str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:  # whatever the locale (LC_ALL=C emptied report.md)
-            f.write(record if isinstance(record, str) else json.dumps(record, indent=1, sort_keys=True, default=str))
+            f.write(
+                record
+                if isinstance(record, str)
+                else json.dumps(record, indent=1, sort_keys=True, default=str)
+            )
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
@@ -74,10 +79,15 @@ def store(path: Path, record: dict[str, Any]) -> None:
         write_atomic(path, record)
     except OSError as exc:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-        kept = Path(tempfile.gettempdir()) / f"bench-unsaved-{slug(record[KEY.suite])}-{path.stem}-{stamp}.json"
+        kept = (
+            Path(tempfile.gettempdir()) / f"bench-unsaved-{slug(record[KEY.suite])}-{path.stem}-{stamp}.json"
+        )
         kept.write_text(json.dumps(record, indent=1, sort_keys=True, default=str))
-        print(f"error: could not write {path} ({exc.strerror or exc}); the measurement is kept in {kept}: "
-              f"copy it there once the folder can be written", file=sys.stderr)
+        print(
+            f"error: could not write {path} ({exc.strerror or exc}); the measurement is kept in {kept}: "
+            f"copy it there once the folder can be written",
+            file=sys.stderr,
+        )
 
 
 def save_beside(path: Path, suffix: str, text: str) -> str:
@@ -99,7 +109,9 @@ def pack(archive: Path, results: Path, suites: list[str], device: str) -> None:
     with tarfile.open(tmp, "w:gz") as tar:
         for suite in suites:
             folder = suite_folder(results, suite, device)
-            for path in sorted([*folder.glob("*.json"), *folder.glob("*.memory.txt"), *folder.glob("fit/*.json")]):
+            for path in sorted(
+                [*folder.glob("*.json"), *folder.glob("*.memory.txt"), *folder.glob("fit/*.json")]
+            ):
                 tar.add(path, arcname=path.relative_to(results.parent))
     os.replace(tmp, archive)
 
@@ -109,20 +121,28 @@ def check_writable(results: Path, suites: list[str], device: str | None) -> None
     suite's) can be made and written, so that a measurement is never taken only to be lost. Raises BadInput
     naming the folder."""
     for suite in suites:
-        writable(suite_folder(results, suite, device) if device else results / suite, "records", "--results FOLDER")
+        writable(
+            suite_folder(results, suite, device) if device else results / suite, "records", "--results FOLDER"
+        )
 
 
 def writable(folder: Path, what: str, flag: str) -> None:
-    """Before any work: ``folder`` can be made and written; else BadInput naming it, what would go there, and the
-    flag that puts it elsewhere (a search or a sweep's output was found unwritable only once it was done). Folders
-    it made to find out are removed again: nothing is left behind by a command that then writes nothing."""
-    made = next((p for p in (folder, *folder.parents) if p.parent.exists()), folder) if not folder.exists() else None
+    """Before any work: ``folder`` can be made and written; else BadInput naming it, what would go there, and
+    the flag that puts it elsewhere (a search or a sweep's output was found unwritable only once it was done).
+    Folders it made to find out are removed again: nothing is left behind by a command that then writes
+    nothing."""
+    made = (
+        next((p for p in (folder, *folder.parents) if p.parent.exists()), folder)
+        if not folder.exists()
+        else None
+    )
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as exc:
-        raise BadInput(f"cannot write {what} in {folder}: {exc.strerror or exc}; make it writable or pass "
-                       f"{flag}") from None
+        raise BadInput(
+            f"cannot write {what} in {folder}: {exc.strerror or exc}; make it writable or pass {flag}"
+        ) from None
     finally:
         if made is not None and made.is_dir():
             for p in (folder, *folder.parents):  # the empty folders it made, up to the first that was there
@@ -136,13 +156,23 @@ def base_record(spec: RunSpec, device: str, device_type: str, key: str, revision
     """What a record says of the run before it is measured: its identity, shapes and specification."""
     shapes = spec.shapes(device_type)
     return {
-        KEY.suite: spec.suite, KEY.run: spec.name, KEY.model: spec.model_on(device_type), KEY.baseline: spec.baseline,
+        KEY.suite: spec.suite,
+        KEY.run: spec.name,
+        KEY.model: spec.model_on(device_type),
+        KEY.baseline: spec.baseline,
         KEY.techniques: [t.label for t in spec.techniques],
-        KEY.device: device, KEY.device_type: device_type,
-        KEY.batch_size: shapes.batch_size, KEY.image_size: shapes.image_size, KEY.seq_len: shapes.seq_len,
-        KEY.seed: spec.seed, KEY.warmup_steps: shapes.warmup_steps, KEY.measure_steps: shapes.measure_steps,
+        KEY.device: device,
+        KEY.device_type: device_type,
+        KEY.batch_size: shapes.batch_size,
+        KEY.image_size: shapes.image_size,
+        KEY.seq_len: shapes.seq_len,
+        KEY.seed: spec.seed,
+        KEY.warmup_steps: shapes.warmup_steps,
+        KEY.measure_steps: shapes.measure_steps,
         KEY.nproc: spec.nproc,
-        KEY.git_revision: revision, KEY.run_key: key, KEY.spec: spec.to_dict(),
+        KEY.git_revision: revision,
+        KEY.run_key: key,
+        KEY.spec: spec.to_dict(),
     }
 
 
@@ -152,8 +182,10 @@ def read(path: Path, warn: bool = True) -> dict[str, Any] | None:
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
         if not (isinstance(record, dict) and record.keys() >= REQUIRED and record[KEY.status] in STATUSES):
-            raise ValueError(f"not a record: expected an object with {', '.join(sorted(REQUIRED))} and a status "
-                             f"among {', '.join(STATUSES)}")
+            raise ValueError(
+                f"not a record: expected an object with {', '.join(sorted(REQUIRED))} and a status "
+                f"among {', '.join(STATUSES)}"
+            )
         if wrong := problems(migrate(record)):
             raise ValueError(f"a field of the wrong type: {'; '.join(wrong)}")
         return record
@@ -166,10 +198,12 @@ def read(path: Path, warn: bool = True) -> dict[str, Any] | None:
 
 
 def set_aside_if_unreadable(path: Path) -> None:
-    """Before a record is written over: one that cannot be parsed (a merge conflict may hold two
-    measurements) moves to <run>.json.unreadable (.unreadable-2, … beside earlier ones) rather than being lost."""
+    """Before a record is written over: one that cannot be parsed (a merge conflict may hold two measurements)
+    moves to <run>.json.unreadable (.unreadable-2, … beside earlier ones) rather than being lost."""
     if path.exists() and read(path, warn=False) is None:  # named already, when the sweep read it
-        asides = (path.with_name(path.name + ".unreadable" + (f"-{n}" if n > 1 else "")) for n in itertools.count(1))
+        asides = (
+            path.with_name(path.name + ".unreadable" + (f"-{n}" if n > 1 else "")) for n in itertools.count(1)
+        )
         path.replace(next(a for a in asides if not a.exists()))
 
 
@@ -179,9 +213,9 @@ PREDICTED = "predicted-gpu.csv"  # beside a suite's device folders: the whole su
 
 @contextmanager
 def sweeping(folders: list[Path]) -> Iterator[None]:
-    """Held by one sweep at a time per record folder: a second sweep of the same suite and device would measure
-    every run again beside the first and overwrite its records, so it is refused, naming the first. The lock is
-    the operating system's (flock): a sweep that dies releases it."""
+    """Held by one sweep at a time per record folder: a second sweep of the same suite and device would
+    measure every run again beside the first and overwrite its records, so it is refused, naming the first.
+    The lock is the operating system's (flock): a sweep that dies releases it."""
     held = []
     try:
         for folder in folders:
@@ -193,8 +227,10 @@ def sweeping(folders: list[Path]) -> Iterator[None]:
                 handle.seek(0)
                 who = handle.read().strip() or "another process"
                 handle.close()
-                raise BadInput(f"{folder} is being measured by another sweep ({who}); wait for it to finish, or "
-                               "give this one --results elsewhere") from None
+                raise BadInput(
+                    f"{folder} is being measured by another sweep ({who}); wait for it to finish, or "
+                    "give this one --results elsewhere"
+                ) from None
             handle.seek(0)
             handle.truncate()
             handle.write(f"pid {os.getpid()}, since {datetime.now(UTC).isoformat(timespec='seconds')}\n")
@@ -245,8 +281,8 @@ def accuracy_vs_baseline(record: dict[str, Any], baseline: dict[str, Any] | None
 
 def to_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     """One row per run, records of any age in today's form (bench.record.migrate), with what is derived from
-    several of them: the accuracy delta against the baseline run on the same device. ``techniques`` is the label
-    tables show, ``technique`` the first technique's name (what colours it); the technique proofs become
+    several of them: the accuracy delta against the baseline run on the same device. ``techniques`` is the
+    label tables show, ``technique`` the first technique's name (what colours it); the technique proofs become
     ``proof.<technique>.<key>`` columns, the versions of the packages the run imported ``package.<name>``."""
     flat = [migrate(r) for r in records]
     baselines = {(r.get(KEY.suite), r[KEY.device]): r for r in flat if r[KEY.run] == r.get(KEY.baseline)}

@@ -46,10 +46,18 @@ class Task:
         return self.stored is None or self.stored.get(KEY.run_key) not in (self.keys or {self.key})
 
 
-def plan(suite: Suite, device_name: str | None, root: Path, fidelity: bool = True, keep_failures: bool = False,
-         forced_since: str | None = None, device_type: str = "cpu") -> list[Task]:
+def plan(
+    suite: Suite,
+    device_name: str | None,
+    root: Path,
+    fidelity: bool = True,
+    keep_failures: bool = False,
+    forced_since: str | None = None,
+    device_type: str = "cpu",
+) -> list[Task]:
     """Every run of the suite with what the sweep will do about it. ``device_name`` None: the device is known
-    only where the runs go (a Slurm node), and a run's record of any device stands for it when its key matches."""
+    only where the runs go (a Slurm node), and a run's record of any device stands for it when its key
+    matches."""
     tasks = []
     for full in suite.runs:
         spec = full if fidelity else replace(full, fidelity_gpu=None, fidelity_cpu=None)
@@ -59,9 +67,19 @@ def plan(suite: Suite, device_name: str | None, root: Path, fidelity: bool = Tru
             continue
         path = results.record_path(root, suite.name, device, spec.name)
         key, stored = spec.measured_key(device, device_type), results.read(path)
-        keys = accepted(device, device_type, full, spec)  # a record with the fidelity phase stands for one without
-        tasks.append(Task(suite, spec, path, key, stored, *_decide(stored, keys, keep_failures, forced_since),
-                          frozenset(keys)))
+        # a record with the fidelity phase stands for one without
+        keys = accepted(device, device_type, full, spec)
+        tasks.append(
+            Task(
+                suite,
+                spec,
+                path,
+                key,
+                stored,
+                *_decide(stored, keys, keep_failures, forced_since),
+                frozenset(keys),
+            )
+        )
     return tasks
 
 
@@ -76,20 +94,28 @@ def _measured_on(root: Path, suite: str, device_type: str, *specs: RunSpec) -> s
     """The device of a stored record of this run, on any device, with the key of one of ``specs`` there."""
     for folder in sorted(p for p in (root / suite).glob("*") if p.is_dir()):
         record = results.read(folder / f"{results.run_stem(specs[0].name)}.json", warn=False)
-        if record is not None and record.get(KEY.run_key) in accepted(record[KEY.device], device_type, *specs):
+        if record is not None and record.get(KEY.run_key) in accepted(
+            record[KEY.device], device_type, *specs
+        ):
             return record[KEY.device]
     return None
 
 
-def _decide(stored: dict[str, Any] | None, keys: set[str], keep_failures: bool,
-            forced_since: str | None) -> tuple[bool, str]:
+def _decide(
+    stored: dict[str, Any] | None, keys: set[str], keep_failures: bool, forced_since: str | None
+) -> tuple[bool, str]:
     """(measure it?, why)."""
     if stored is None:
         return True, "no stored record"
     if stored.get(KEY.run_key) not in keys:
-        return True, ("the stored record measured another specification or device, or the code of the user's "
-                      "modules the run names has changed since")
-    if forced_since is not None and str(stored.get(KEY.stored_at) or stored.get(KEY.finished_at, "")) < forced_since:
+        return True, (
+            "the stored record measured another specification or device, or the code of the user's "
+            "modules the run names has changed since"
+        )
+    if (
+        forced_since is not None
+        and str(stored.get(KEY.stored_at) or stored.get(KEY.finished_at, "")) < forced_since
+    ):
         return True, f"stored before --force began ({forced_since})"
     status = stored[KEY.status]
     if status in DETERMINISTIC or keep_failures:
@@ -111,16 +137,18 @@ def forced_since(folder: Path, force: bool) -> str | None:
 
 
 def _marked(marker: Path) -> str | None:
-    """The moment a forced sweep began, from its marker; a marker that holds none (cut off by a full disk, or a
-    folder in its place) is refused, naming it, rather than read as a sweep that forces nothing."""
+    """The moment a forced sweep began, from its marker; a marker that holds none (cut off by a full disk, or
+    a folder in its place) is refused, naming it, rather than read as a sweep that forces nothing."""
     if not marker.exists():
         return None
     try:
         since = marker.read_text(encoding="utf-8").strip()
         datetime.fromisoformat(since)
     except (OSError, ValueError):
-        raise BadInput(f"{marker} holds no time a --force sweep began; remove it, then run again (with --force to "
-                       "measure every run again)") from None
+        raise BadInput(
+            f"{marker} holds no time a --force sweep began; remove it, then run again (with --force to "
+            "measure every run again)"
+        ) from None
     return since
 
 

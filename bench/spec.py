@@ -17,7 +17,8 @@ DEVICES = ("gpu", "cpu")
 MODES = ("train", "inference")
 DEFAULTS = {"seed": 0, "warmup_steps": 2, "measure_steps": 5, "timeout_s": 900.0, "lr": 1e-4}
 STEP_KEYS = ("warmup_steps", "measure_steps")  # suite-wide, and overridable per device in [shapes.*]
-MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week: beyond it the wait's arithmetic overflows (1e10 did, at the first run)
+# a week: beyond it the wait's arithmetic overflows (1e10 did, at the first run)
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
 MAX_NPROC = 65_536  # processes a run (or a prediction) may span: the largest clusters built, and some room
 
 
@@ -100,8 +101,13 @@ class RunSpec:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         # Defaults stay out: records made before suites had these keys keep their keys valid.
-        for key, default in (("mode", "train"), ("fidelity_gpu", None), ("fidelity_cpu", None), ("nproc", 1),
-                             ("weights", None)):
+        for key, default in (
+            ("mode", "train"),
+            ("fidelity_gpu", None),
+            ("fidelity_cpu", None),
+            ("nproc", 1),
+            ("weights", None),
+        ):
             if d[key] == default:
                 del d[key]
         for shapes in (d["gpu"], d["cpu"]):
@@ -133,16 +139,19 @@ class RunSpec:
         other = "cpu" if device_type == "cuda" else "gpu"
         for key in ("timeout_s", other, f"fidelity_{other}"):
             spec.pop(key, None)
-        blob = json.dumps({"spec": spec, "device": device, "code": self.user_code()}, sort_keys=True, default=str)
+        blob = json.dumps(
+            {"spec": spec, "device": device, "code": self.user_code()}, sort_keys=True, default=str
+        )
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def user_code(self) -> dict[str, str]:
-        """A digest of the source file of each module of the user's that the run names (``module:NAME`` models and
-        techniques), found without importing it: an edited class measures again. Modules they import in turn
-        are not read."""
+        """A digest of the source file of each module of the user's that the run names (``module:NAME`` models
+        and techniques), found without importing it: an edited class measures again. Modules they import in
+        turn are not read."""
         names = {self.model, self.gpu.model, self.cpu.model, *(t.name for t in self.techniques)}
         modules = sorted({n.partition(":")[0] for n in names if n and ":" in n and not n.startswith(HF)})
-        configs = sorted(n for n in names if n and n.startswith(HF))  # an edited config.json measures again too
+        # an edited config.json measures again too
+        configs = sorted(n for n in names if n and n.startswith(HF))
         return {m: _source_digest(m) for m in modules} | {c: _digest(hf_config_file(c)) for c in configs}
 
 
@@ -178,7 +187,8 @@ class Suite:
     description: str
     baseline: str
     runs: tuple[RunSpec, ...]
-    order: tuple[str, ...] = ()  # after select(): every run's name as the file lists them (empty: runs are all)
+    # after select(): every run's name as the file lists them (empty: runs are all)
+    order: tuple[str, ...] = ()
     throughput: str = "samples_per_s"  # the record's figure that reports compare as throughput ×
 
     def position(self, run: str) -> int:

@@ -1,5 +1,5 @@
-"""A sweep: every run of its suites planned (bench.resume: what is kept, what is measured), handed to a launcher
-(bench.launch: this machine's processes, or Slurm jobs), and each record stored as it comes back."""
+"""A sweep: every run of its suites planned (bench.resume: what is kept, what is measured), handed to a
+launcher (bench.launch: this machine's processes, or Slurm jobs), and each record stored as it comes back."""
 
 from __future__ import annotations
 
@@ -22,9 +22,17 @@ def sweep(suite: Suite, launcher: Launcher, results_root: Path, **options: Any) 
     return campaign([suite], launcher, results_root, **options)[suite.name]
 
 
-def campaign(suites: list[Suite], launcher: Launcher, results_root: Path, force: bool = False,
-             log: TextIO | None = None, fidelity: bool = True, keep_failures: bool = False,
-             never_measured_first: bool = False, archive: Path | None = None) -> dict[str, list[dict[str, Any]]]:
+def campaign(
+    suites: list[Suite],
+    launcher: Launcher,
+    results_root: Path,
+    force: bool = False,
+    log: TextIO | None = None,
+    fidelity: bool = True,
+    keep_failures: bool = False,
+    never_measured_first: bool = False,
+    archive: Path | None = None,
+) -> dict[str, list[dict[str, Any]]]:
     """Every run of the suites in one sweep (see bench.resume for what is kept); returns each suite's
     records, stored and new. ``never_measured_first``: runs with no record of this device and key go before
     retries and re-measurements, so a lease that ends early has added the most. ``archive``: a .tar.gz of the
@@ -33,23 +41,56 @@ def campaign(suites: list[Suite], launcher: Launcher, results_root: Path, force:
     device = launcher.device_name
     names = [s.name for s in suites]
     results.check_writable(results_root, names, device)  # before --force's marker
-    folders = {s.name: results.suite_folder(results_root, s.name, device) if device else results_root / s.name
-               for s in suites}
+    folders = {
+        s.name: results.suite_folder(results_root, s.name, device) if device else results_root / s.name
+        for s in suites
+    }
     with results.sweeping(list(folders.values())):
-        records, todo = _measure(suites, launcher, results_root, folders, start, log, fidelity, keep_failures, force,
-                                 never_measured_first, archive)
+        records, todo = _measure(
+            suites,
+            launcher,
+            results_root,
+            folders,
+            start,
+            log,
+            fidelity,
+            keep_failures,
+            force,
+            never_measured_first,
+            archive,
+        )
     print(f"done: {len(todo)} runs measured in {_elapsed(start)}", file=log)
     return records
 
 
-def _measure(suites: list[Suite], launcher: Launcher, results_root: Path, folders: dict[str, Path], start: float,
-             log: TextIO, fidelity: bool, keep_failures: bool, force: bool, never_measured_first: bool,
-             archive: Path | None) -> tuple[dict[str, list[dict[str, Any]]], list[resume.Task]]:
+def _measure(
+    suites: list[Suite],
+    launcher: Launcher,
+    results_root: Path,
+    folders: dict[str, Path],
+    start: float,
+    log: TextIO,
+    fidelity: bool,
+    keep_failures: bool,
+    force: bool,
+    never_measured_first: bool,
+    archive: Path | None,
+) -> tuple[dict[str, list[dict[str, Any]]], list[resume.Task]]:
     """The sweep proper, under the folders' lock: plan, say what is kept, measure the rest."""
     device, names = launcher.device_name, [s.name for s in suites]
-    tasks = [t for s in suites for t in resume.plan(s, device, results_root, fidelity, keep_failures,
-                                                      resume.forced_since(folders[s.name], force),
-                                                      launcher.device_type)]
+    tasks = [
+        t
+        for s in suites
+        for t in resume.plan(
+            s,
+            device,
+            results_root,
+            fidelity,
+            keep_failures,
+            resume.forced_since(folders[s.name], force),
+            launcher.device_type,
+        )
+    ]
     records = {s.name: [t.stored for t in tasks if t.suite is s and not t.measure] for s in suites}
     todo = [t for t in tasks if t.measure]
     if never_measured_first:
@@ -58,20 +99,30 @@ def _measure(suites: list[Suite], launcher: Launcher, results_root: Path, folder
     for i, t in enumerate(tasks, 1):
         if not t.measure:
             print(f"[{i}/{len(tasks)}] {label(t)}: {t.reason}{_missing_snapshot(t, launcher)}", file=log)
-    print(f"{len(todo)} of {len(tasks)} runs to measure on {device or launcher.device_type}, records in "
-          f"{results_root}", file=log)
+    print(
+        f"{len(todo)} of {len(tasks)} runs to measure on {device or launcher.device_type}, records in "
+        f"{results_root}",
+        file=log,
+    )
     if todo and (said := estimate(todo, results_root, device, launcher.device_type)):
         print(said, file=log)
     with launcher.running(todo, log) as result:
         for i, t in enumerate(todo, 1):
-            print(f"[{i}/{len(todo)}] {label(t)}: running ({t.reason}; {_elapsed(start)} elapsed"
-                  f"{_eta(start, i - 1, len(todo))})", file=log, flush=True)
+            print(
+                f"[{i}/{len(todo)}] {label(t)}: running ({t.reason}; {_elapsed(start)} elapsed"
+                f"{_eta(start, i - 1, len(todo))})",
+                file=log,
+                flush=True,
+            )
             record = result(t) | {KEY.run_index: t.suite.position(t.spec.name)}
             finish(record, records[t.suite.name], results_root)
             if archive is not None and device:
                 results.pack(archive, results_root, names, device)
-            print(f"[{i}/{len(todo)}] {label(t)}: {_outcome(record, _baseline(record, records[t.suite.name]))}",
-                  file=log, flush=True)
+            print(
+                f"[{i}/{len(todo)}] {label(t)}: {_outcome(record, _baseline(record, records[t.suite.name]))}",
+                file=log,
+                flush=True,
+            )
     for folder in folders.values():
         resume.force_done(folder)
     return records, todo
@@ -99,9 +150,15 @@ def estimate(todo: list[resume.Task], root: Path, device: str | None, device_typ
     if not known:
         return ""
     where = "this device" if sources == {device} else "; ".join(sorted(sources))
-    faster = f"; {(total - fidelity) / 60:.0f} min of it without the fidelity phase (--no-fidelity)" if fidelity else ""
-    return (f"estimated: about {total / 60:.0f} min for the {known} of {len(todo)} runs recorded before (their wall "
-            f"times on {where}){faster}; --only NAMES measures some of them")
+    faster = (
+        f"; {(total - fidelity) / 60:.0f} min of it without the fidelity phase (--no-fidelity)"
+        if fidelity
+        else ""
+    )
+    return (
+        f"estimated: about {total / 60:.0f} min for the {known} of {len(todo)} runs recorded before (their "
+        f"wall times on {where}){faster}; --only NAMES measures some of them"
+    )
 
 
 def _missing_snapshot(task: resume.Task, launcher: Launcher) -> str:
@@ -146,8 +203,14 @@ def finite(record: dict[str, Any]) -> dict[str, Any]:
 
 def _baseline(record: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The suite's baseline record on the record's device: the record itself, or one stored before it."""
-    return next((r for r in reversed(records)
-                 if r[KEY.run] == record[KEY.baseline] and r[KEY.device] == record[KEY.device]), None)
+    return next(
+        (
+            r
+            for r in reversed(records)
+            if r[KEY.run] == record[KEY.baseline] and r[KEY.device] == record[KEY.device]
+        ),
+        None,
+    )
 
 
 def _outcome(record: dict[str, Any], baseline: dict[str, Any] | None = None) -> str:
@@ -157,8 +220,10 @@ def _outcome(record: dict[str, Any], baseline: dict[str, Any] | None = None) -> 
         return f"{record[KEY.status]}: {record[KEY.message]}"
     peak = record.get(KEY.peak_allocated_bytes) or record.get(KEY.peak_tensor_bytes)
     # No peak: a compiled model runs nothing the tracker sees, and a CPU has no allocator peak. Not a zero.
-    parts = [f"peak {peak / 2**20:,.1f} MiB" if peak else "peak not tracked",
-             f"{record[KEY.samples_per_s]:,.1f} samples/s"]
+    parts = [
+        f"peak {peak / 2**20:,.1f} MiB" if peak else "peak not tracked",
+        f"{record[KEY.samples_per_s]:,.1f} samples/s",
+    ]
     if record.get(KEY.accuracy) is not None:
         delta = results.accuracy_vs_baseline(record, baseline).get("accuracy_delta")
         shown = delta is not None and record[KEY.run] != record[KEY.baseline]

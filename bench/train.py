@@ -11,8 +11,9 @@ from bench.techniques import RunContext, Technique, combined, refuse_unchanged
 
 
 class Trainer:
-    def __init__(self, model: nn.Module, spec: ModelSpec, techniques: list[Technique], ctx: RunContext,
-                 lr: float) -> None:
+    def __init__(
+        self, model: nn.Module, spec: ModelSpec, techniques: list[Technique], ctx: RunContext, lr: float
+    ) -> None:
         self.spec, self.techniques = spec, techniques
         for t in techniques:
             model = t.apply(model, ctx)
@@ -71,9 +72,9 @@ def techniques_proof(techniques: list[Technique], steps: int) -> dict[str, objec
 
 
 def parameter_groups(model: nn.Module) -> list[dict[str, list[nn.Parameter]]]:
-    """The parameters, those split across ranks (DTensors) in a group apart from whole ones: the foreach kernels
-    a CUDA optimizer picks refuse a list that mixes them, as tensor parallelism's does (its embeddings and norms
-    stay whole)."""
+    """The parameters, those split across ranks (DTensors) in a group apart from whole ones: the foreach
+    kernels a CUDA optimizer picks refuse a list that mixes them, as tensor parallelism's does (its embeddings
+    and norms stay whole)."""
     from torch.distributed.tensor import DTensor
 
     groups: dict[bool, list[nn.Parameter]] = {}

@@ -46,10 +46,15 @@ SLOW_FIRST_STEP = 3.0  # × the other timed steps' median: a first step this slo
 OOM_MESSAGES = ("out of memory", "not enough memory", "can't allocate memory")
 
 
-def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None,
-            group: process_group.Group = process_group.Group(), prediction: dict[str, Any] | None = None,
-            launched_at: float | None = None,
-            measured: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+def measure(
+    spec: RunSpec,
+    device: torch.device,
+    snapshot: str | None = None,
+    group: process_group.Group = process_group.Group(),
+    prediction: dict[str, Any] | None = None,
+    launched_at: float | None = None,
+    measured: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
     """One run, phase by phase: its own prediction (unless made ahead), build, warm-up, one instrumented step,
     the timed steps, and the fidelity phase; a technique that cannot run here ends it as unsupported before
     any of them. ``launched_at``: when the sweep launched the process (``startup_s`` counts from there);
@@ -82,9 +87,15 @@ def measure(spec: RunSpec, device: torch.device, snapshot: str | None = None,
     counted = {k: prediction.get(f"predicted_{k}") for k in counts}
     figures |= _counts(trainer, figures) | prediction | counted
     if device.type == "cuda":
-        figures |= mfu(figures | {KEY.tf32_matmul: torch.backends.cuda.matmul.allow_tf32,
-                                  KEY.device: torch.cuda.get_device_name(device)})
-    figures[KEY.measure_s] = round(time.perf_counter() - clock, 2)  # build, warm-up, instrumented and timed steps
+        figures |= mfu(
+            figures
+            | {
+                KEY.tf32_matmul: torch.backends.cuda.matmul.allow_tf32,
+                KEY.device: torch.cuda.get_device_name(device),
+            }
+        )
+    # build, warm-up, instrumented and timed steps
+    figures[KEY.measure_s] = round(time.perf_counter() - clock, 2)
     if (fid := spec.fidelity(device.type)) is not None:
         if measured is not None:  # kept by the sweep if the fidelity phase is cut short
             measured({KEY.status: Status.OK, KEY.message: "", **figures})
@@ -107,8 +118,15 @@ def _build(spec: RunSpec, recipe: Recipe) -> tuple[Stepper, Batch, dict[str, Any
     return recipe.stepper(model), recipe.batch(), figures
 
 
-def _memory_pass(trainer: Stepper, batch: Batch, feed: Feed | None, steps: int, techniques: list[Technique],
-                 device: torch.device, snapshot: str | None) -> dict[str, Any]:
+def _memory_pass(
+    trainer: Stepper,
+    batch: Batch,
+    feed: Feed | None,
+    steps: int,
+    techniques: list[Technique],
+    device: torch.device,
+    snapshot: str | None,
+) -> dict[str, Any]:
     """One instrumented step (every timed batch, on variable-length data), kept out of the timing since the
     tracker slows it; with ``snapshot``, the allocator's history of that step is saved there, for
     pytorch.org/memory_viz."""
@@ -117,8 +135,13 @@ def _memory_pass(trainer: Stepper, batch: Batch, feed: Feed | None, steps: int, 
         torch.cuda.memory._record_memory_history(max_entries=200_000)
     if all(t.trackable for t in techniques):
         step = tracked_steps(trainer, batch, feed, steps)
-        figures = tracked_step(step, trainer.model, trainer.optimizer, device,
-                               compiled_update=any(t.compiled_update for t in techniques))
+        figures = tracked_step(
+            step,
+            trainer.model,
+            trainer.optimizer,
+            device,
+            compiled_update=any(t.compiled_update for t in techniques),
+        )
     else:  # a compiled model (torch.compile) runs no Python the tracker could see
         figures = model_state_bytes(trainer.model, trainer.optimizer)
     if snapshot:
@@ -128,7 +151,9 @@ def _memory_pass(trainer: Stepper, batch: Batch, feed: Feed | None, steps: int, 
     return figures
 
 
-def _timed_pass(trainer: Stepper, batch: Batch, feed: Feed | None, samples: int, ctx: RunContext) -> dict[str, Any]:
+def _timed_pass(
+    trainer: Stepper, batch: Batch, feed: Feed | None, samples: int, ctx: RunContext
+) -> dict[str, Any]:
     """The timed steps, and on CUDA the allocator's and NVML's figures over them alone."""
     device = ctx.device
     if device.type == "cuda":
@@ -138,8 +163,12 @@ def _timed_pass(trainer: Stepper, batch: Batch, feed: Feed | None, samples: int,
     todo, n = batches(batch, feed, ctx.shapes.measure_steps), ctx.shapes.measure_steps
     steps = iter(range(1, n + 1))
     cpu_clock = time.process_time()
-    times = time_steps(lambda: (progress.say("timed steps", next(steps), n), trainer.step(next(todo))), n, device)
-    figures: dict[str, Any] = {} if device.type == "cuda" else share(time.process_time() - cpu_clock, sum(times) / 1e3)
+    times = time_steps(
+        lambda: (progress.say("timed steps", next(steps), n), trainer.step(next(todo))), n, device
+    )
+    figures: dict[str, Any] = (
+        {} if device.type == "cuda" else share(time.process_time() - cpu_clock, sum(times) / 1e3)
+    )
     if device.type == "cuda":
         figures |= cuda_peaks(device)
         figures[KEY.nvml_process_bytes] = nvml_process_bytes(device)
@@ -147,24 +176,31 @@ def _timed_pass(trainer: Stepper, batch: Batch, feed: Feed | None, samples: int,
         # The seed article's monitor, over the timed steps: the runner saves it beside the record.
         figures[MEMORY_SUMMARY] = torch.cuda.memory_summary(device)
     tokens = ctx.shapes.seq_len if ctx.model_spec.inputs == "tokens" and feed is None else None
-    return (figures | summarize(times, samples, tokens) | _warm_up_check(times, ctx.shapes.warmup_steps)
-            | ({} if feed is None else loader_figures(feed, times))
-            | {KEY.step_times_ms: times, KEY.rss_peak_bytes: rss_peak_bytes()})
+    return (
+        figures
+        | summarize(times, samples, tokens)
+        | _warm_up_check(times, ctx.shapes.warmup_steps)
+        | ({} if feed is None else loader_figures(feed, times))
+        | {KEY.step_times_ms: times, KEY.rss_peak_bytes: rss_peak_bytes()}
+    )
 
 
 BUSY = 0.75  # a CPU run whose process got less than this share of its threads' time over the timed steps
 
 
 def share(cpu_s: float, wall_s: float) -> dict[str, Any]:
-    """How much of the machine a CPU run's timed steps got: the CPU time of its process over the wall time times
-    its threads, and the load average. The machine was busy where both say so: the process got under BUSY of its
-    share while more was runnable than the machine has cores (a tiny model's step, Python-bound, leaves its other
-    threads idle on a quiet machine too). Its throughput then measures the neighbours as much as the technique:
-    the record says so (``busy_machine``), and reports mark it."""
+    """How much of the machine a CPU run's timed steps got: the CPU time of its process over the wall time
+    times its threads, and the load average. The machine was busy where both say so: the process got under
+    BUSY of its share while more was runnable than the machine has cores (a tiny model's step, Python-bound,
+    leaves its other threads idle on a quiet machine too). Its throughput then measures the neighbours as much
+    as the technique: the record says so (``busy_machine``), and reports mark it."""
     got = cpu_s / (wall_s * torch.get_num_threads()) if wall_s > 0 else None
     load = os.getloadavg()[0]
-    return {KEY.load_average: round(load, 2), KEY.cpu_share: None if got is None else round(got, 3),
-            KEY.busy_machine: got is not None and got < BUSY and load > (os.cpu_count() or 1)}
+    return {
+        KEY.load_average: round(load, 2),
+        KEY.cpu_share: None if got is None else round(got, 3),
+        KEY.busy_machine: got is not None and got < BUSY and load > (os.cpu_count() or 1),
+    }
 
 
 def loader_figures(feed: Feed, times_ms: list[float]) -> dict[str, Any]:
@@ -173,11 +209,16 @@ def loader_figures(feed: Feed, times_ms: list[float]) -> dict[str, Any]:
     the loader inside each step."""
     seconds = sum(times_ms) / 1e3
     real, total = (sum(column) for column in zip(*feed.tokens))
-    return {KEY.tokens_per_s: total / seconds, KEY.real_tokens_per_s: real / seconds,
-            KEY.padding_fraction: 1 - real / total,
-            KEY.padding_fraction_per_batch: [round(1 - r / t, 4) for r, t in feed.tokens],
-            KEY.loader_wait_ms_median: statistics.median(feed.waits_ms), KEY.loader: feed.batching.name,
-            KEY.lengths: feed.shapes.lengths, KEY.loader_workers: feed.shapes.loader_workers}
+    return {
+        KEY.tokens_per_s: total / seconds,
+        KEY.real_tokens_per_s: real / seconds,
+        KEY.padding_fraction: 1 - real / total,
+        KEY.padding_fraction_per_batch: [round(1 - r / t, 4) for r, t in feed.tokens],
+        KEY.loader_wait_ms_median: statistics.median(feed.waits_ms),
+        KEY.loader: feed.batching.name,
+        KEY.lengths: feed.shapes.lengths,
+        KEY.loader_workers: feed.shapes.loader_workers,
+    }
 
 
 def _warm_up_check(times: list[float], warmup_steps: int) -> dict[str, str]:
@@ -186,9 +227,11 @@ def _warm_up_check(times: list[float], warmup_steps: int) -> dict[str, str]:
     rest = sorted(times[1:])
     if not rest or times[0] <= SLOW_FIRST_STEP * rest[len(rest) // 2]:
         return {}
-    return {KEY.warning: f"the first timed step took {times[0]:,.0f} ms against {rest[len(rest) // 2]:,.0f} ms for "
-                       f"the others: {warmup_steps} warm-up step(s) did not absorb a one-off cost; raise "
-                       "warmup_steps"}
+    median = rest[len(rest) // 2]
+    return {
+        KEY.warning: f"the first timed step took {times[0]:,.0f} ms against {median:,.0f} ms for the others: "
+        f"{warmup_steps} warm-up step(s) did not absorb a one-off cost; raise warmup_steps"
+    }
 
 
 def _counts(trainer: Stepper, figures: dict[str, Any]) -> dict[str, Any]:
@@ -198,14 +241,16 @@ def _counts(trainer: Stepper, figures: dict[str, Any]) -> dict[str, Any]:
     return {
         KEY.param_count: sum(p.numel() for p in params),
         KEY.trainable_param_count: sum(p.numel() for p in params if p.requires_grad),
-        KEY.model_state_bytes: sum(figures.get(k) or 0 for k in (KEY.param_bytes, KEY.gradient_bytes,
-                                                                KEY.optimizer_state_bytes)),
+        KEY.model_state_bytes: sum(
+            figures.get(k) or 0 for k in (KEY.param_bytes, KEY.gradient_bytes, KEY.optimizer_state_bytes)
+        ),
         KEY.proof: trainer.proof(),
     }
 
 
 def _fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str, Any]:
-    """The fidelity phase's figures; a failure there is recorded beside the measurement, never instead of it."""
+    """The fidelity phase's figures; a failure there is recorded beside the measurement, never instead of
+    it."""
     if device.type == "cuda":
         torch.cuda.empty_cache()
     try:
@@ -214,7 +259,9 @@ def _fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str, A
         return {KEY.fidelity_error: f"unsupported: {exc}"}
     except Exception as exc:  # noqa: BLE001
         traceback.print_exc()
-        return {KEY.fidelity_error: f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"}
+        return {
+            KEY.fidelity_error: f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
+        }
 
 
 def over_budget(result: dict[str, Any], budget: int) -> dict[str, Any]:
@@ -223,7 +270,10 @@ def over_budget(result: dict[str, Any], budget: int) -> dict[str, Any]:
     peak = result.get(KEY.peak_tensor_bytes)
     if result[KEY.status] != Status.OK or peak is None or peak <= budget:
         return {}
-    return {KEY.status: Status.OOM, KEY.message: f"tracked peak {peak:,} bytes is over the budget of {budget:,} bytes"}
+    return {
+        KEY.status: Status.OOM,
+        KEY.message: f"tracked peak {peak:,} bytes is over the budget of {budget:,} bytes",
+    }
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -240,19 +290,32 @@ def main(spec_path: str, out_path: str) -> int:
     job = json.loads(Path(spec_path).read_text())
     spec = RunSpec.from_dict(job["spec"])
     prediction = job.get("prediction")
-    if prediction is None and spec.nproc > 1:  # under a fake process group, which must be gone before the real one
+    # under a fake process group, which must be gone before the real one
+    if prediction is None and spec.nproc > 1:
         prediction = predict_run(spec, job["device_type"], rank=int(os.environ.get("RANK", "0")))
     group = process_group.join(job["device_type"], spec.timeout_s)
     device = process_group.device_of(job["device_type"], group)
     budget = job.get("budget_bytes")
     try:
         if budget and device.type == "cuda":  # a smaller card: the allocator refuses past the budget
-            torch.cuda.set_per_process_memory_fraction(budget / torch.cuda.get_device_properties(device).total_memory,
-                                                       device)
-        partial = None if group.world_size > 1 else (  # a rank's figures are merged only at the end
-            lambda figures: _write(f"{out_path}.measured", figures | runtime_provenance(device)))
-        result = measure(spec, device, job.get("snapshot") if group.rank == 0 else None, group, prediction,
-                         job.get("launched_at"), partial)
+            torch.cuda.set_per_process_memory_fraction(
+                budget / torch.cuda.get_device_properties(device).total_memory, device
+            )
+        partial = (
+            None
+            if group.world_size > 1
+            # a rank's figures are merged only at the end
+            else (lambda figures: _write(f"{out_path}.measured", figures | runtime_provenance(device)))
+        )
+        result = measure(
+            spec,
+            device,
+            job.get("snapshot") if group.rank == 0 else None,
+            group,
+            prediction,
+            job.get("launched_at"),
+            partial,
+        )
         if budget and device.type == "cpu":
             result |= over_budget(result, budget)
     except Unsupported as exc:

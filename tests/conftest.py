@@ -8,8 +8,8 @@ from bench.recipe import Recipe, Stepper
 from bench.suite import RunSpec
 
 CPU = torch.device("cpu")
-# Tests hold on a CPU with native bf16 and on one without alike: bf16 runs as on the former (a test of the other
-# sets "emulated"), in this process and the runs it starts.
+# Tests hold on a CPU with native bf16 and on one without alike: bf16 runs as on the former (a test of the
+# other sets "emulated"), in this process and the runs it starts.
 os.environ[CPU_BF16] = "native"
 
 if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 0)):

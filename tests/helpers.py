@@ -20,12 +20,29 @@ from bench.suite import RunSpec, Shapes, SuiteError, TechniqueSpec, load
 from bench.techniques import RunContext, Step, Technique, offer, option
 
 
-def spec(model: str = "vit-tiny", techniques: tuple[TechniqueSpec, ...] = (), batch_size: int = 8,
-         image_size: int = 32, seq_len: int = 16, name: str = "run", warmup_steps: int = 1,
-         measure_steps: int = 2, lengths: str | None = None, loader_workers: int = 0, **kw: Any) -> RunSpec:
+def spec(
+    model: str = "vit-tiny",
+    techniques: tuple[TechniqueSpec, ...] = (),
+    batch_size: int = 8,
+    image_size: int = 32,
+    seq_len: int = 16,
+    name: str = "run",
+    warmup_steps: int = 1,
+    measure_steps: int = 2,
+    lengths: str | None = None,
+    loader_workers: int = 0,
+    **kw: Any,
+) -> RunSpec:
     text = models.resolve(model).inputs == "tokens"
-    shapes = Shapes(batch_size, None if text else image_size, seq_len if text else None, warmup_steps, measure_steps,
-                    lengths, loader_workers)
+    shapes = Shapes(
+        batch_size,
+        None if text else image_size,
+        seq_len if text else None,
+        warmup_steps,
+        measure_steps,
+        lengths,
+        loader_workers,
+    )
     common = {"seed": 0, "timeout_s": 120.0, "lr": 1e-3} | kw
     return RunSpec("test", name, model, techniques, shapes, shapes, "baseline", **common)
 
@@ -38,8 +55,9 @@ MLP_PARAM_BYTES = (64 * 256 + 256 + 256 * 10 + 10) * 4
 
 
 def mlp_step(optimizer: type[torch.optim.Optimizer], **options: Any):
-    """Linear(64→256)→ReLU→Linear(256→10) on a batch of 32 (seed 0), with ``optimizer``: the model, the optimizer
-    and its training step (cross entropy, gradients set to None after the update), one step taken already."""
+    """Linear(64→256)→ReLU→Linear(256→10) on a batch of 32 (seed 0), with ``optimizer``: the model, the
+    optimizer and its training step (cross entropy, gradients set to None after the update), one step taken
+    already."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
     opt = optimizer(model.parameters(), **options)
@@ -123,15 +141,16 @@ class KilledByTheHost(Technique):
     """Ends the way the kernel's OOM killer ends a process: SIGKILL, with no word of its own."""
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
-        if not isinstance(next(model.parameters()), torch._subclasses.FakeTensor):  # the run, not its prediction
+        # the run, not its prediction
+        if not isinstance(next(model.parameters()), torch._subclasses.FakeTensor):
             time.sleep(3)  # long enough to be looked at
             os.kill(os.getpid(), signal.SIGKILL)
         return model
 
 
 class DiesInFidelity(Technique):
-    """Applies at once for the prediction and the measured steps, then is killed in the fidelity phase (the only
-    one at the fidelity batch of 8, where the run's is 2), as a timeout or the host would kill it."""
+    """Applies at once for the prediction and the measured steps, then is killed in the fidelity phase (the
+    only one at the fidelity batch of 8, where the run's is 2), as a timeout or the host would kill it."""
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         if ctx.shapes.batch_size == 8:
@@ -204,8 +223,12 @@ class _Residual(nn.Module):
 def _image_mlp(shapes: Shapes) -> nn.Module:
     """An image MLP: flatten, project, three residual blocks, head. A structure no built-in model has."""
     width = 32
-    return nn.Sequential(nn.Flatten(), nn.Linear(3 * shapes.image_size**2, width),
-                         nn.Sequential(*(_Residual(width) for _ in range(3))), nn.Linear(width, 10))
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(3 * shapes.image_size**2, width),
+        nn.Sequential(*(_Residual(width) for _ in range(3))),
+        nn.Linear(width, 10),
+    )
 
 
 # A user's own model as a suite names it ("tests.helpers:IMAGE_MLP"): no blocks given, so they are found.
@@ -221,8 +244,12 @@ def _densenet(shapes: Shapes) -> nn.Module:
 # Dense layers in a ModuleDict (torchvision's _DenseBlock), as DenseNet-121's 58 are.
 DENSENET = ModelSpec("densenet-small", _densenet, "image", num_classes=10)
 # One linear layer: nothing repeats, so checkpointing has no block to wrap.
-LINEAR = ModelSpec("linear", lambda shapes: nn.Sequential(nn.Flatten(), nn.Linear(3 * shapes.image_size**2, 10)),
-                   "image", num_classes=10)
+LINEAR = ModelSpec(
+    "linear",
+    lambda shapes: nn.Sequential(nn.Flatten(), nn.Linear(3 * shapes.image_size**2, 10)),
+    "image",
+    num_classes=10,
+)
 
 
 def _regnet(shapes: Shapes) -> nn.Module:
@@ -250,18 +277,33 @@ LM_VOCAB = 48  # the digits' tokens and their ten class tokens, for the fidelity
 def _tiny_llama(shapes: Shapes) -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=LM_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, use_cache=False,
-                         max_position_embeddings=max(128, shapes.seq_len))
+    config = LlamaConfig(
+        vocab_size=LM_VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        use_cache=False,
+        max_position_embeddings=max(128, shapes.seq_len),
+    )
     return LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
 
 
 # A causal language model, trained on every position's next token.
-TINY_LM = ModelSpec("tiny-llama", _tiny_llama, "tokens", num_classes=LM_VOCAB, vocab_size=LM_VOCAB,
-                    objective="next-token", attention=True)
+TINY_LM = ModelSpec(
+    "tiny-llama",
+    _tiny_llama,
+    "tokens",
+    num_classes=LM_VOCAB,
+    vocab_size=LM_VOCAB,
+    objective="next-token",
+    attention=True,
+)
 # Too few tokens for the digits' class tokens: the fidelity phase refuses it before building it.
-SMALL_VOCAB_LM = ModelSpec("small-vocab", _tiny_llama, "tokens", num_classes=24, vocab_size=24,
-                           objective="next-token")
+SMALL_VOCAB_LM = ModelSpec(
+    "small-vocab", _tiny_llama, "tokens", num_classes=24, vocab_size=24, objective="next-token"
+)
 
 
 class _ClassTokenOracle(nn.Module):
@@ -279,12 +321,19 @@ class _ClassTokenOracle(nn.Module):
         return {"logits": logits}
 
 
-ORACLE_LM = ModelSpec("oracle", lambda shapes: _ClassTokenOracle(), "tokens", num_classes=LM_VOCAB,
-                      vocab_size=LM_VOCAB, objective="next-token")
+ORACLE_LM = ModelSpec(
+    "oracle",
+    lambda shapes: _ClassTokenOracle(),
+    "tokens",
+    num_classes=LM_VOCAB,
+    vocab_size=LM_VOCAB,
+    objective="next-token",
+)
 
 
 def _bert_base_layers(layers: int) -> ModelSpec:
     """BERT-base with another number of layers: their difference is one layer's figures."""
+
     def build(shapes: Shapes) -> nn.Module:
         from transformers import BertConfig
 

@@ -23,8 +23,10 @@ def test_validate_accepts_every_shipped_suite(capsys):
 
 def test_bad_suite_exits_2_listing_every_problem_and_writes_nothing(tmp_path):
     bad = tmp_path / "bad.toml"
-    bad.write_text('model = "vit-tiny"\nbaseline = "baseline"\nextra = 1\n[[runs]]\nname = "baseline"\n'
-                   'techniques = [{ name = "accumulate", micro_batches = 0 }]\n')
+    bad.write_text(
+        'model = "vit-tiny"\nbaseline = "baseline"\nextra = 1\n[[runs]]\nname = "baseline"\n'
+        'techniques = [{ name = "accumulate", micro_batches = 0 }]\n'
+    )
     out = bench("run", str(bad), "--results", str(tmp_path / "results"))
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
@@ -35,7 +37,9 @@ def test_bad_suite_exits_2_listing_every_problem_and_writes_nothing(tmp_path):
 
 @pytest.mark.slow
 def test_no_fidelity_measures_without_the_accuracy_phase(tmp_path):
-    out = bench("run", "smoke", "--only", "baseline", "--device", "cpu", "--no-fidelity", "--results", str(tmp_path))
+    out = bench(
+        "run", "smoke", "--only", "baseline", "--device", "cpu", "--no-fidelity", "--results", str(tmp_path)
+    )
     assert out.returncode == 0, out.stderr
     (record,) = results.load_records(tmp_path / "smoke")
     assert record["status"] == "ok" and record["peak_tensor_bytes"] > 0
@@ -78,8 +82,10 @@ def test_torchaos_pytree_deprecation_lines_are_dropped_and_nothing_else(caplog):
 
     pytree = logging.getLogger("torch.utils._pytree")
     with caplog.at_level(logging.WARNING, logger="torch.utils._pytree"):
-        pytree.warning("<enum 'KernelPreference'> is an Enum subclass and is now natively supported by "
-                       "torch.compile as an opaque value type.")
+        pytree.warning(
+            "<enum 'KernelPreference'> is an Enum subclass and is now natively supported by "
+            "torch.compile as an opaque value type."
+        )
         pytree.warning("another warning")
     assert [r.getMessage() for r in caplog.records] == ["another warning"]
 
@@ -90,15 +96,35 @@ def test_compare_names_a_folder_that_does_not_exist(tmp_path, capsys):
 
 
 def test_make_keeps_the_users_own_pythonpath_after_the_checkout():
-    shown = subprocess.run(["make", "-n", "bench", "PYTHON=python3", "SUITE=mine"], capture_output=True, text=True,
-                           env=os.environ | {"PYTHONPATH": "/my/techniques"}, check=True).stdout
+    shown = subprocess.run(
+        ["make", "-n", "bench", "PYTHON=python3", "SUITE=mine"],
+        capture_output=True,
+        text=True,
+        env=os.environ | {"PYTHONPATH": "/my/techniques"},
+        check=True,
+    ).stdout
     assert "PYTHONPATH=.:.wheels/site:/my/techniques python3 -m bench run mine" in shown
 
 
 @pytest.mark.fault("cli values")
 def test_sweep_flags_a_slurm_sweep_would_ignore_are_refused(tmp_path, capsys):
-    assert main(["run", "smoke", "--slurm", "cluster=local", "--launcher", "fresh", "--predict-jobs", "2",
-                 "--results", str(tmp_path)]) == 2
+    assert (
+        main(
+            [
+                "run",
+                "smoke",
+                "--slurm",
+                "cluster=local",
+                "--launcher",
+                "fresh",
+                "--predict-jobs",
+                "2",
+                "--results",
+                str(tmp_path),
+            ]
+        )
+        == 2
+    )
     assert "--launcher, --predict-jobs: for local sweeps only" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["run", "smoke", "--predict-jobs", "-1"])
@@ -128,7 +154,10 @@ def test_predict_spans_the_distributed_entries_over_nproc(capsys):
 def test_make_refuses_its_variables_in_lower_case():
     # make's variables are case-sensitive: `make bench suite=resnet` ran smoke without a word
     out = subprocess.run(["make", "-n", "bench", "suite=resnet"], capture_output=True, text=True)
-    assert out.returncode != 0 and "suite=resnet: make variables are upper case here, e.g. SUITE=resnet" in out.stderr
+    assert (
+        out.returncode != 0
+        and "suite=resnet: make variables are upper case here, e.g. SUITE=resnet" in out.stderr
+    )
 
 
 @pytest.mark.fault("cli values")
@@ -146,20 +175,32 @@ def test_an_empty_budget_is_refused_not_ignored(capsys):
 
 
 @pytest.mark.fault("cli values")
-def test_report_reads_the_results_folder_even_where_a_folder_of_that_name_is_here(tmp_path, monkeypatch, capsys):
+def test_report_reads_the_results_folder_even_where_a_folder_of_that_name_is_here(
+    tmp_path, monkeypatch, capsys
+):
     (tmp_path / "smoke").mkdir()  # ./smoke, not a results folder
     monkeypatch.chdir(tmp_path)
     assert main(["report", "smoke", "--results", str(tmp_path / "results")]) == 2
     assert f"no records under {tmp_path / 'results' / 'smoke'}/*/" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [
-    ["advise", "bert-tiny", "--budget", "8GiB", "--out", "{ro}/advice"],
-    ["compare", "results/smoke/nvidia-h100-80gb-hbm3", "results/smoke/nvidia-h100-80gb-hbm3", "--out", "{ro}/cmp"],
-    ["overview", "--results", "{ro}"],
-    ["campaign", "smoke", "--archive", "{ro}/out/records.tgz", "--results", "{tmp}/r"],
-    ["fit", "smoke", "--budget", "1GiB", "--results", "{ro}"],
-], ids=["advise", "compare", "overview", "campaign", "fit"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["advise", "bert-tiny", "--budget", "8GiB", "--out", "{ro}/advice"],
+        [
+            "compare",
+            "results/smoke/nvidia-h100-80gb-hbm3",
+            "results/smoke/nvidia-h100-80gb-hbm3",
+            "--out",
+            "{ro}/cmp",
+        ],
+        ["overview", "--results", "{ro}"],
+        ["campaign", "smoke", "--archive", "{ro}/out/records.tgz", "--results", "{tmp}/r"],
+        ["fit", "smoke", "--budget", "1GiB", "--results", "{ro}"],
+    ],
+    ids=["advise", "compare", "overview", "campaign", "fit"],
+)
 @pytest.mark.fault("disk")
 def test_an_output_that_cannot_be_written_is_refused_before_any_work(argv, tmp_path, capsys):
     ro = tmp_path / "a-file"  # no folder can be made under a file, for root too (CI runs as root)
@@ -170,8 +211,9 @@ def test_an_output_that_cannot_be_written_is_refused_before_any_work(argv, tmp_p
 
 
 @pytest.mark.fault("disk")
-def test_a_page_that_cannot_be_written_after_a_sweep_is_named_and_the_rest_are_written(tmp_path, capsys,
-                                                                                      monkeypatch):
+def test_a_page_that_cannot_be_written_after_a_sweep_is_named_and_the_rest_are_written(
+    tmp_path, capsys, monkeypatch
+):
     # A disk that filled mid-sweep: the report rebuild died on ENOSPC with a traceback, a plot half-written.
     from bench.report import build as report_build
 
@@ -180,8 +222,25 @@ def test_a_page_that_cannot_be_written_after_a_sweep_is_named_and_the_rest_are_w
 
     monkeypatch.setattr(report_build, "build_report", full)
     monkeypatch.setattr("bench.report.build_report", full)
-    assert main(["run", "smoke", "--only", "baseline", "--device", "cpu", "--no-fidelity", "--results",
-                 str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "smoke",
+                "--only",
+                "baseline",
+                "--device",
+                "cpu",
+                "--no-fidelity",
+                "--results",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     said = capsys.readouterr().err
-    assert "warning: the report of smoke could not be written (No space left on device); the records are stored" in said
+    assert (
+        "warning: the report of smoke could not be written (No space left on device); the records are stored"
+        in said
+    )
     assert (tmp_path / "overview" / "overview.md").exists()  # the rest are written

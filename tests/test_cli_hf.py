@@ -1,5 +1,6 @@
-"""A job given as its files (--hf config.json, --training-args, --adapter-config) instead of a suite: bench suite
-writes the suite to keep, bench predict and bench run take the files directly, and a wrong combination exits 2."""
+"""A job given as its files (--hf config.json, --training-args, --adapter-config) instead of a suite: bench
+suite writes the suite to keep, bench predict and bench run take the files directly, and a wrong combination
+exits 2."""
 
 import json
 import shutil
@@ -10,8 +11,13 @@ from bench.cli import main
 from bench.suite import load
 
 TINY = "suites/configs/tiny-llama"
-ARGS = {"output_dir": "out", "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2,
-        "gradient_checkpointing": True, "learning_rate": 2e-4}
+ARGS = {
+    "output_dir": "out",
+    "per_device_train_batch_size": 2,
+    "gradient_accumulation_steps": 2,
+    "gradient_checkpointing": True,
+    "learning_rate": 2e-4,
+}
 ADAPTER = {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
 
 
@@ -19,8 +25,14 @@ ADAPTER = {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_p
 def job(tmp_path):
     (tmp_path / "args.json").write_text(json.dumps(ARGS))
     (tmp_path / "adapter_config.json").write_text(json.dumps(ADAPTER))
-    return ["--hf", TINY, "--training-args", str(tmp_path / "args.json"), "--adapter-config",
-            str(tmp_path / "adapter_config.json")]
+    return [
+        "--hf",
+        TINY,
+        "--training-args",
+        str(tmp_path / "args.json"),
+        "--adapter-config",
+        str(tmp_path / "adapter_config.json"),
+    ]
 
 
 def test_bench_suite_writes_the_jobs_suite_beside_full_fine_tuning(job, tmp_path, capsys):
@@ -34,7 +46,9 @@ def test_bench_suite_writes_the_jobs_suite_beside_full_fine_tuning(job, tmp_path
     assert "exists; edit it" in capsys.readouterr().err
 
 
-def test_bench_predict_takes_the_files_and_shows_the_breakdown_at_the_peak(job, tmp_path, capsys, monkeypatch):
+def test_bench_predict_takes_the_files_and_shows_the_breakdown_at_the_peak(
+    job, tmp_path, capsys, monkeypatch
+):
     shutil.copytree(TINY, tmp_path / TINY)
     monkeypatch.chdir(tmp_path)  # where results/ would be written: nothing is, for files given directly
     assert main(["predict", *job, "--breakdown", "--jobs", "1"]) == 0
@@ -44,14 +58,20 @@ def test_bench_predict_takes_the_files_and_shows_the_breakdown_at_the_peak(job, 
 
 
 @pytest.mark.fault("cli values")
-@pytest.mark.parametrize("argv, said", [
-    (["predict", "--training-args", "a.json"], "--training-args goes with --hf PATH"),
-    (["predict", "smoke", "--hf", TINY], "smoke and --hf: give one"),
-    (["predict"], "name a suite (suites/NAME.toml), or give --hf PATH"),
-    (["predict", "--hf", "suites/configs/nowhere"], "cannot read suites/configs/nowhere"),
-    (["run", "--hf", TINY, "--batch", "4", "--training-args", "a.json"], "the training arguments give the batch"),
-    (["suite"], "--hf PATH: the Hugging Face config.json"),
-])
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["predict", "--training-args", "a.json"], "--training-args goes with --hf PATH"),
+        (["predict", "smoke", "--hf", TINY], "smoke and --hf: give one"),
+        (["predict"], "name a suite (suites/NAME.toml), or give --hf PATH"),
+        (["predict", "--hf", "suites/configs/nowhere"], "cannot read suites/configs/nowhere"),
+        (
+            ["run", "--hf", TINY, "--batch", "4", "--training-args", "a.json"],
+            "the training arguments give the batch",
+        ),
+        (["suite"], "--hf PATH: the Hugging Face config.json"),
+    ],
+)
 def test_a_wrong_combination_of_job_flags_exits_2_naming_it(argv, said, capsys):
     assert main(argv) == 2
     assert said in capsys.readouterr().err

@@ -58,8 +58,9 @@ def test_a_language_model_is_scored_on_the_class_token_it_predicts():
     assert torch.equal(sequences.inputs[:, -1], real.LABEL_TOKEN + train.labels)
 
 
-def test_a_language_model_on_padded_sequences_gets_its_class_token_after_the_last_token_and_no_padding_targets(
-        tmp_path):
+def test_a_language_model_on_padded_sequences_gets_its_class_after_the_last_token_and_no_padding_targets(
+    tmp_path,
+):
     """Saved token ids of three lengths, padded to the longest: the class token follows each sequence's own
     last token, padding is no target, and the oracle is scored where each sequence's class is predicted."""
     datasets = pytest.importorskip("datasets")
@@ -71,14 +72,19 @@ def test_a_language_model_on_padded_sequences_gets_its_class_token_after_the_las
     c, pad = real.LABEL_TOKEN, real.PAD
     padded = torch.tensor([[real.CLS, 5, 6, pad], [real.CLS, 7, pad, pad], [real.CLS, 8, 9, 4]])
     sequences = real.with_label_token(real.Labelled(padded, torch.tensor([0, 1, 2])))
-    assert sequences.inputs.tolist() == [[real.CLS, 5, 6, c, pad], [real.CLS, 7, c + 1, pad, pad],
-                                         [real.CLS, 8, 9, 4, c + 2]]
+    assert sequences.inputs.tolist() == [
+        [real.CLS, 5, 6, c, pad],
+        [real.CLS, 7, c + 1, pad, pad],
+        [real.CLS, 8, 9, 4, c + 2],
+    ]
     inputs, targets = next(_batches(sequences, replace(fid, batch_size=3), 0, CPU, TINY_LM))
     assert torch.equal(targets == IGNORE, inputs["input_ids"] == real.PAD) and (targets == IGNORE).sum() == 3
 
 
 def test_a_dataset_smaller_than_the_batch_is_refused_instead_of_waiting_forever():
-    with pytest.raises(real.DataError, match=r"1438 training samples, fewer than \[fidelity\] batch_size = 2000"):
+    with pytest.raises(
+        real.DataError, match=r"1438 training samples, fewer than \[fidelity\] batch_size = 2000"
+    ):
         run_fidelity(spec("vit-tiny"), replace(QUICK, batch_size=2000), CPU)
 
 

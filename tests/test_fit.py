@@ -37,14 +37,22 @@ def test_a_run_over_the_budget_is_out_of_memory_and_one_under_it_is_untouched():
 
 def test_the_verdict_flags_a_promised_oom_and_a_prediction_far_below():
     assert verdict({"predicted_largest_batch": 33, "measured_largest_batch": 32})["promises_oom"]
-    assert verdict({"predicted_largest_batch": 30, "measured_largest_batch": 32})["within_5pct_below"] is False
+    assert (
+        verdict({"predicted_largest_batch": 30, "measured_largest_batch": 32})["within_5pct_below"] is False
+    )
     assert verdict({"predicted_largest_batch": 31, "measured_largest_batch": 32}) == {
-        "promises_oom": False, "within_5pct_below": True}
+        "promises_oom": False,
+        "within_5pct_below": True,
+    }
 
 
 @pytest.mark.cuda
 def test_on_a_card_the_prediction_never_promises_a_batch_that_runs_out_of_memory(tmp_path):
     gpu = Device("cuda", torch.cuda.get_device_name(0))
-    (row,) = fit_suite([spec("resnet-tiny", batch_size=32, image_size=64, name="baseline")], gpu,
-                       budget=2**30, results_root=tmp_path)
+    (row,) = fit_suite(
+        [spec("resnet-tiny", batch_size=32, image_size=64, name="baseline")],
+        gpu,
+        budget=2**30,
+        results_root=tmp_path,
+    )
     assert row["status"] == "ok" and not row["promises_oom"], row

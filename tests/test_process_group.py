@@ -49,7 +49,9 @@ def test_every_rank_reports_and_the_record_keeps_each_ranks_figure(dist_records)
     for r in dist_records.values():
         assert r["status"] == "ok", r.get("stderr_tail", r)
         assert r["world_size"] == 2 and r["nproc"] == 2
-        assert len(r["rank_peak_tensor_bytes"]) == 2 and r["peak_tensor_bytes"] == max(r["rank_peak_tensor_bytes"])
+        assert len(r["rank_peak_tensor_bytes"]) == 2 and r["peak_tensor_bytes"] == max(
+            r["rank_peak_tensor_bytes"]
+        )
 
 
 @pytest.mark.full
@@ -79,11 +81,14 @@ def test_tensor_parallel_shards_the_attention_and_mlp_pairs_exactly(dist_records
 
 
 def _tp_split() -> int:
-    """bert-tiny's parameters that tensor parallelism splits: the weights of the 12 linears in its layers, and the
-    biases of the column-wise ones (a row-wise linear adds its bias once, whole)."""
+    """bert-tiny's parameters that tensor parallelism splits: the weights of the 12 linears in its layers, and
+    the biases of the column-wise ones (a row-wise linear adds its bias once, whole)."""
     model = MODELS.get("bert-tiny").build(Shapes(8, seq_len=64))
-    return sum(m.weight.numel() + (0 if name.endswith("output.dense") else m.bias.numel())
-               for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layer." in name)
+    return sum(
+        m.weight.numel() + (0 if name.endswith("output.dense") else m.bias.numel())
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and ".layer." in name
+    )
 
 
 @pytest.mark.slow
@@ -97,7 +102,9 @@ def test_a_failing_rank_ends_the_run_at_once_with_its_reason():
 def test_a_rank_that_aborts_leaves_its_own_last_words_in_the_record():
     record = run_isolated(spec("bert-tiny", (tech("tests.helpers:AbortOnRank1"),), nproc=2), CPU)
     assert record["status"] == "error" and "run process died" in record["message"], record
-    assert "--- rank 1 stderr ---" in record["stderr_tail"] and "rank 1: about to abort" in record["stderr_tail"]
+    assert (
+        "--- rank 1 stderr ---" in record["stderr_tail"] and "rank 1: about to abort" in record["stderr_tail"]
+    )
 
 
 def test_more_processes_than_gpus_is_unsupported_without_starting_anything():
@@ -106,18 +113,27 @@ def test_more_processes_than_gpus_is_unsupported_without_starting_anything():
 
 
 def test_merge_takes_the_worst_rank_and_the_slowest_pace():
-    ranks = [{"status": "ok", "peak_tensor_bytes": 10, "samples_per_s": 100.0, "step_time_ms_median": 5.0},
-             {"status": "ok", "peak_tensor_bytes": 30, "samples_per_s": 80.0, "step_time_ms_median": 6.0}]
+    ranks = [
+        {"status": "ok", "peak_tensor_bytes": 10, "samples_per_s": 100.0, "step_time_ms_median": 5.0},
+        {"status": "ok", "peak_tensor_bytes": 30, "samples_per_s": 80.0, "step_time_ms_median": 6.0},
+    ]
     out = merge(ranks)
-    assert out["peak_tensor_bytes"] == 30 and out["peak_rank"] == 1 and out["rank_peak_tensor_bytes"] == [10, 30]
+    assert (
+        out["peak_tensor_bytes"] == 30 and out["peak_rank"] == 1 and out["rank_peak_tensor_bytes"] == [10, 30]
+    )
     assert out["samples_per_s"] == 80.0 and out["step_time_ms_median"] == 6.0 and out["world_size"] == 2
 
 
 def test_suite_checks_nproc_against_the_techniques(tmp_path):
-    base = 'model = "bert-tiny"\nbaseline = "a"\n[shapes.gpu]\nbatch_size = 2\nseq_len = 8\n' \
-           '[shapes.cpu]\nbatch_size = 2\nseq_len = 8\n[[runs]]\nname = "a"\ntechniques = []\n'
-    found = suite_problems(tmp_path, base + '[[runs]]\nname = "b"\ntechniques = ["ddp"]\nnproc = 1\n'
-                     '[[runs]]\nname = "c"\ntechniques = []\nnproc = 4\n')
+    base = (
+        'model = "bert-tiny"\nbaseline = "a"\n[shapes.gpu]\nbatch_size = 2\nseq_len = 8\n'
+        '[shapes.cpu]\nbatch_size = 2\nseq_len = 8\n[[runs]]\nname = "a"\ntechniques = []\n'
+    )
+    found = suite_problems(
+        tmp_path,
+        base + '[[runs]]\nname = "b"\ntechniques = ["ddp"]\nnproc = 1\n'
+        '[[runs]]\nname = "c"\ntechniques = []\nnproc = 4\n',
+    )
     assert "runs[1].nproc: ddp needs at least 2 processes, got 1" in found
     assert any(p.startswith("runs[2].nproc: 4 processes without ddp, fsdp or tensor-parallel") for p in found)
     path = tmp_path / "ok.toml"
@@ -129,18 +145,20 @@ def test_suite_checks_nproc_against_the_techniques(tmp_path):
         path.write_text(base + '[[runs]]\nname = "b"\ntechniques = ["fsdp", "ddp"]\n')
         load(path)
     for nproc in (0, -2, 65_537):
-        found = suite_problems(tmp_path, base + f'[[runs]]\nname = "b"\ntechniques = ["ddp"]\nnproc = {nproc}\n')
+        found = suite_problems(
+            tmp_path, base + f'[[runs]]\nname = "b"\ntechniques = ["ddp"]\nnproc = {nproc}\n'
+        )
         assert f"runs[1].nproc: must be 1 to 65,536, got {nproc}" in found
 
 
 def assert_predicted_per_rank(record: dict) -> None:
-    """Each rank's prediction (made on fake tensors under torch's fake process group, before the rank joins the
-    real one) bounds the peak it then measures under gloo: never under, nor over by more than two collectives'
-    tensors. Under gloo a rank may still hold collectives' buffers at its peak while they wait for a slower peer
-    (FSDP2 keeps one all-gather and one reduce-scatter in flight); which rank, and whether, changes from run to
-    run: usually one rank is exact to the byte, but CI once saw both ranks 10,816 bytes over under fsdp, and
-    111,312 under tensor-parallel was seen on a loaded machine. Exactness to the byte is held by the
-    single-process tests, where nothing waits on a peer."""
+    """Each rank's prediction (made on fake tensors under torch's fake process group, before the rank joins
+    the real one) bounds the peak it then measures under gloo: never under, nor over by more than two
+    collectives' tensors. Under gloo a rank may still hold collectives' buffers at its peak while they wait
+    for a slower peer (FSDP2 keeps one all-gather and one reduce-scatter in flight); which rank, and whether,
+    changes from run to run: usually one rank is exact to the byte, but CI once saw both ranks 10,816 bytes
+    over under fsdp, and 111,312 under tensor-parallel was seen on a loaded machine. Exactness to the byte is
+    held by the single-process tests, where nothing waits on a peer."""
     assert record["predicted_status"] == "ok", record.get("predicted_message")
     predicted, measured = record["rank_predicted_peak_tensor_bytes"], record["rank_peak_tensor_bytes"]
     gaps = [m - p for p, m in zip(predicted, measured)]
@@ -160,8 +178,12 @@ def test_predictions_hold_at_four_ranks(tmp_path):
     """ddp and fsdp over 4 gloo processes (bert-tiny's 2 attention heads cannot split 4 ways for
     tensor-parallel), dist-smoke's 2-D entry, and the model states each rank holds: 16·Ψ/4 under fsdp."""
     suite = load("suites/dist-smoke.toml")
-    chosen = dataclasses.replace(suite, runs=tuple(dataclasses.replace(r, nproc=4) for r in suite.runs
-                                                   if r.name in ("ddp", "fsdp", "fsdp-tp")))
+    chosen = dataclasses.replace(
+        suite,
+        runs=tuple(
+            dataclasses.replace(r, nproc=4) for r in suite.runs if r.name in ("ddp", "fsdp", "fsdp-tp")
+        ),
+    )
     sweep(chosen, Local(CPU), tmp_path)
     records = {r["run"]: r for r in results.load_records(tmp_path / "dist-smoke")}
     for record in records.values():
@@ -173,5 +195,7 @@ def test_predictions_hold_at_four_ranks(tmp_path):
     # and the two ranks of a pair share one batch: the group of 4 takes 2 batches a step.
     two_d = records["fsdp-tp"]
     assert two_d["proof"]["fsdp.sharded_linears"] == 12
-    assert two_d["proof"]["fsdp.param_fraction_per_rank"] == pytest.approx((PSI - _tp_split() / 2) / PSI / 2, abs=2e-3)
+    assert two_d["proof"]["fsdp.param_fraction_per_rank"] == pytest.approx(
+        (PSI - _tp_split() / 2) / PSI / 2, abs=2e-3
+    )
     assert two_d["samples_per_s"] == pytest.approx(2 * 8 / two_d["step_time_ms_median"] * 1000, rel=1e-6)

@@ -4,8 +4,12 @@ from bench.provenance import git_revision
 
 
 def test_revision_is_dirty_for_changed_code_but_not_for_the_harness_own_results(tmp_path):
-    git = lambda *args: subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],  # noqa: E731
-                                       cwd=tmp_path, check=True, capture_output=True)
+    git = lambda *args: subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],  # noqa: E731
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+    )
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "run.json").write_text("{}")
     (tmp_path / "code.py").write_text("x = 1\n")
@@ -32,5 +36,6 @@ def test_a_record_names_the_packages_its_run_imported_and_no_others(monkeypatch)
     for name in ("torchao", "bitsandbytes"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     packages = runtime_provenance(torch.device("cpu"))["packages"]
-    assert torchvision.__version__.startswith(packages["torchvision"])  # the installed release, build tag aside
+    # the installed release, build tag aside
+    assert torchvision.__version__.startswith(packages["torchvision"])
     assert not {"torchao", "bitsandbytes"} & set(packages) and set(packages) <= set(PACKAGES)

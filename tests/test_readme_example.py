@@ -21,8 +21,9 @@ def readme_file(name: str) -> str:
     return match.group(1)
 
 
-def run_readme_suite(tmp_path: Path, module: str, suite: str, *flags: str,
-                     edit: Callable[[str], str] = str) -> dict[str, dict]:
+def run_readme_suite(
+    tmp_path: Path, module: str, suite: str, *flags: str, edit: Callable[[str], str] = str
+) -> dict[str, dict]:
     """Write the README's module and suite (through ``edit``) as a user would, run the suite on the CPU with
     ``flags``; its records by run."""
     suite_file = f"suites/{suite}.toml"
@@ -30,8 +31,14 @@ def run_readme_suite(tmp_path: Path, module: str, suite: str, *flags: str,
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text(text)
     env = os.environ | {"PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-m", "bench", "run", suite, "--device", "cpu", *flags], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "bench", "run", suite, "--device", "cpu", *flags],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     assert (tmp_path / f"results/{suite}/report.md").exists()
     return {p.stem: json.loads(p.read_text()) for p in (tmp_path / f"results/{suite}").glob("*/*.json")}
@@ -59,8 +66,9 @@ def test_user_model_from_the_readme_runs_with_its_blocks_found(tmp_path):
 @pytest.mark.full
 @pytest.mark.slow
 def test_a_language_model_from_the_readme_trains_on_its_next_tokens(tmp_path):
-    # The suite as written trains its baseline on three seeds and the checkpoint run once more; the fewest seeds
-    # a band takes (two) show the learning in half the time, and the checkpoint run's memory needs no training.
+    # The suite as written trains its baseline on three seeds and the checkpoint run once more; the fewest
+    # seeds a band takes (two) show the learning in half the time, and the checkpoint run's memory needs no
+    # training.
     def lighter(text: str) -> str:
         text = text.replace("[fidelity]\n", "[fidelity]\nseeds = 2\n")
         return text.replace('name = "checkpoint"\n', 'name = "checkpoint"\nfidelity = false\n')

@@ -23,8 +23,16 @@ def test_every_committed_record_loads_into_its_groups_and_stores_back_as_it_was(
 
 
 def test_an_older_records_label_becomes_the_list_of_its_techniques_and_its_delta_is_dropped():
-    old = {"suite": "s", "run": "r", "device": "cpu", "status": "ok", "techniques": "amp(dtype=bfloat16) + checkpoint",
-           "accuracy_delta": -0.01, "accuracy_band": 0.02, "outside_band": False}
+    old = {
+        "suite": "s",
+        "run": "r",
+        "device": "cpu",
+        "status": "ok",
+        "techniques": "amp(dtype=bfloat16) + checkpoint",
+        "accuracy_delta": -0.01,
+        "accuracy_band": 0.02,
+        "outside_band": False,
+    }
     flat = migrate(old)
     assert flat["techniques"] == ["amp(dtype=bfloat16)", "checkpoint"] and not DERIVED & flat.keys()
     assert migrate(old | {"techniques": "baseline"})["techniques"] == []
@@ -32,13 +40,23 @@ def test_an_older_records_label_becomes_the_list_of_its_techniques_and_its_delta
 
 
 def test_a_field_no_group_knows_is_kept_not_dropped():
-    record = Record.from_flat({"suite": "s", "run": "r", "device": "cpu", "status": "ok", "tomorrows_figure": 3})
+    record = Record.from_flat(
+        {"suite": "s", "run": "r", "device": "cpu", "status": "ok", "tomorrows_figure": 3}
+    )
     assert record.extra == {"tomorrows_figure": 3} and record.to_flat()["tomorrows_figure"] == 3
 
 
 def test_per_rank_figures_go_to_the_distributed_group():
-    record = Record.from_flat({"suite": "s", "run": "r", "device": "cpu", "status": "ok", "world_size": 2,
-                               "rank_peak_tensor_bytes": [1, 2]})
+    record = Record.from_flat(
+        {
+            "suite": "s",
+            "run": "r",
+            "device": "cpu",
+            "status": "ok",
+            "world_size": 2,
+            "rank_peak_tensor_bytes": [1, 2],
+        }
+    )
     assert record.distributed.ranks == {"peak_tensor_bytes": [1, 2]}
     assert record.to_flat()["rank_peak_tensor_bytes"] == [1, 2]
 

@@ -10,7 +10,8 @@ def test_every_key_of_the_committed_records_is_explained_in_the_results_readme()
     is named in results/README.md or README.md (`rank_` and `predicted_` keys by the figure they repeat,
     `at_peak_*` and `step_time_ms_*` by their family's short form)."""
     docs = (ROOT / "results" / "README.md").read_text() + "".join(
-        p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
+        p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    )
     keys = {k for p in ROOT.glob("results/*/*/*.json") for k in json.loads(p.read_text())}
     assert len(keys) > 50  # the committed records are there to check
 

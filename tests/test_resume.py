@@ -20,14 +20,25 @@ CPU_NAME = device_name("cpu")
 
 
 def suite_of(name: str, *runs) -> Suite:
-    return Suite(name, Path(f"{name}.toml"), "vit-tiny", "", "baseline",
-                 tuple(replace(r, suite=name) for r in runs))
+    return Suite(
+        name, Path(f"{name}.toml"), "vit-tiny", "", "baseline", tuple(replace(r, suite=name) for r in runs)
+    )
 
 
 def store(root: Path, suite: Suite, run, status: str, **extra) -> Path:
     path = results.record_path(root, suite.name, CPU.name, run.name)
-    results.write_atomic(path, {"suite": suite.name, "run": run.name, "device": CPU.name, "status": status,
-                                "run_key": run.key(CPU.name), "baseline": "baseline"} | extra)
+    results.write_atomic(
+        path,
+        {
+            "suite": suite.name,
+            "run": run.name,
+            "device": CPU.name,
+            "status": status,
+            "run_key": run.key(CPU.name),
+            "baseline": "baseline",
+        }
+        | extra,
+    )
     return path
 
 
@@ -42,8 +53,12 @@ def test_failures_that_may_be_transient_are_retried_and_deterministic_ones_kept(
     assert not any(kept.values())
     log = io.StringIO()
     records = sweep(suite, Local(CPU), tmp_path, log=log)
-    assert {r["run"]: r["status"] for r in records} == {"baseline": "ok", "hit-oom": "oom", "killed": "ok",
-                                                        "slow": "ok"}
+    assert {r["run"]: r["status"] for r in records} == {
+        "baseline": "ok",
+        "hit-oom": "oom",
+        "killed": "ok",
+        "slow": "ok",
+    }
     assert "running (retried: the stored record is 'error'" in log.getvalue()
 
 
@@ -55,7 +70,8 @@ def test_an_interrupted_force_sweep_resumes_instead_of_starting_over(tmp_path):
     old = [store(tmp_path, suite, r, "ok", stored_at="2020-01-01T00:00:00+00:00") for r in runs]
     folder = results.suite_folder(tmp_path, "s", CPU.name)
     since = resume.forced_since(folder, force=True)  # a --force sweep began ...
-    store(tmp_path, suite, runs[0], "ok", stored_at=since[:-6] + "9+00:00")  # ... measured the first, and stopped
+    # ... measured the first, and stopped
+    store(tmp_path, suite, runs[0], "ok", stored_at=since[:-6] + "9+00:00")
     decided = [t.measure for t in resume.plan(suite, CPU.name, tmp_path, forced_since=since)]
     assert decided == [False, True]  # the same command, with or without --force, goes on from there
     assert resume.forced_since(folder, force=False) == since
@@ -80,8 +96,12 @@ def test_a_campaign_measures_runs_never_measured_here_before_the_others(tmp_path
     second = suite_of("second", spec(name="baseline", batch_size=2))
     store(tmp_path, first, first.runs[1], "timeout")  # measured here before: a retry waits for the new runs
     log = io.StringIO()
-    records = campaign([first, second], Local(CPU, predict_jobs=1), tmp_path, log=log, never_measured_first=True)
-    order = [line.split("] ")[1].split(":")[0] for line in log.getvalue().splitlines() if ": running (" in line]
+    records = campaign(
+        [first, second], Local(CPU, predict_jobs=1), tmp_path, log=log, never_measured_first=True
+    )
+    order = [
+        line.split("] ")[1].split(":")[0] for line in log.getvalue().splitlines() if ": running (" in line
+    ]
     assert order == ["first/baseline", "second/baseline", "first/retried"]
     assert "left)" in log.getvalue()  # the ETA, from the runs measured so far
     assert all(r["predicted_ahead"] and r["predicted_status"] == "ok" for rs in records.values() for r in rs)
@@ -91,14 +111,31 @@ def test_bench_campaign_measures_the_suites_then_writes_their_reports_and_the_fi
     from bench import cli
 
     root, archive = tmp_path / "r", tmp_path / "out" / "results.tgz"
-    assert cli.main(["campaign", "smoke", "--device", "cpu", "--no-fidelity", "--results", str(root),
-                     "--archive", str(archive)]) == 0
+    assert (
+        cli.main(
+            [
+                "campaign",
+                "smoke",
+                "--device",
+                "cpu",
+                "--no-fidelity",
+                "--results",
+                str(root),
+                "--archive",
+                str(archive),
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert "4 of 4 runs to measure" in err and f"the report of smoke: {root / 'smoke' / 'report.html'}" in err
     assert (root / "smoke" / "report.html").exists() and (root / "overview" / "overview.html").exists()
-    assert f"| smoke | {CPU_NAME} | 4 | 4 | 4 |" in (root / "figures.md").read_text()  # coverage: all 4 entries
+    # coverage: all 4 entries
+    assert f"| smoke | {CPU_NAME} | 4 | 4 | 4 |" in (root / "figures.md").read_text()
     with tarfile.open(archive) as tar:  # every record, as a leased machine hands it back
-        assert sorted(Path(n).name for n in tar.getnames()) == sorted(p.name for p in root.glob("smoke/*/*.json"))
+        assert sorted(Path(n).name for n in tar.getnames()) == sorted(
+            p.name for p in root.glob("smoke/*/*.json")
+        )
     assert cli.main(["campaign", "smoke", "--device", "cpu", "--no-fidelity", "--results", str(root)]) == 0
     assert "0 of 4 runs to measure" in capsys.readouterr().err  # the next lease resumes: nothing left here
 
@@ -109,8 +146,17 @@ def test_an_edit_that_cannot_change_the_figures_keeps_the_record(tmp_path):
     run = spec(name="baseline", batch_size=2)
     suite = suite_of("s", run)
     path = results.record_path(tmp_path, "s", CPU.name, "baseline")
-    results.write_atomic(path, {"suite": "s", "run": "baseline", "device": CPU.name, "status": "ok",
-                                "run_key": suite.runs[0].measured_key(CPU.name, "cpu"), "baseline": "baseline"})
+    results.write_atomic(
+        path,
+        {
+            "suite": "s",
+            "run": "baseline",
+            "device": CPU.name,
+            "status": "ok",
+            "run_key": suite.runs[0].measured_key(CPU.name, "cpu"),
+            "baseline": "baseline",
+        },
+    )
     edited = suite_of("s", replace(run, timeout_s=5000.0, gpu=replace(run.gpu, batch_size=64)))
     assert not any(t.measure for t in resume.plan(edited, CPU.name, tmp_path))
     on_cpu = suite_of("s", replace(run, cpu=replace(run.cpu, batch_size=4)))
@@ -133,12 +179,20 @@ def test_editing_your_own_technique_measures_the_run_again(tmp_path, monkeypatch
 @pytest.mark.fault("stored data")
 def test_a_record_measured_again_is_kept_in_superseded(tmp_path):
     suite = suite_of("s", spec(name="baseline", batch_size=2))
-    old = store(tmp_path, suite, suite.runs[0], "ok", run_key="another-spec", stored_at="2020-01-01T00:00:00+00:00",
-                samples_per_s=1.5)
+    old = store(
+        tmp_path,
+        suite,
+        suite.runs[0],
+        "ok",
+        run_key="another-spec",
+        stored_at="2020-01-01T00:00:00+00:00",
+        samples_per_s=1.5,
+    )
     sweep(suite, Local(CPU), tmp_path)
     (kept,) = (old.parent / results.SUPERSEDED).glob("*.json")
     assert kept.name == "baseline.2020-01-01T000000+0000.json" and results.read(kept)["samples_per_s"] == 1.5
-    assert [r["run"] for r in results.load_records(tmp_path / "s")] == ["baseline"]  # reports read today's only
+    # reports read today's only
+    assert [r["run"] for r in results.load_records(tmp_path / "s")] == ["baseline"]
 
 
 @pytest.mark.fault("stored data")

@@ -93,12 +93,28 @@ def test_interrupted_sweep_keeps_finished_records_and_resumes(tmp_path):
         '[[runs]]\nname = "baseline"\ntechniques = []\n'
         '[[runs]]\nname = "slow"\ntechniques = ["tests.helpers:Sleep"]\n'
     )
-    cmd = [sys.executable, "-m", "bench", "run", str(suite), "--device", "cpu", "--results", str(tmp_path / "r")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench",
+        "run",
+        str(suite),
+        "--device",
+        "cpu",
+        "--results",
+        str(tmp_path / "r"),
+    ]
     env = os.environ | {"BENCH_TEST_SLEEP": "120"}
     # A shell that starts the tests in the background (`make test &`) leaves SIGINT ignored, and Python
     # then installs no KeyboardInterrupt handler: give the sweep the default disposition a terminal has.
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     done = results.record_path(tmp_path / "r", "s", device_name("cpu"), "baseline")
     seen = ""
     for line in proc.stdout:  # wait until the slow run has started, however loaded the machine is
@@ -131,7 +147,17 @@ def test_a_terminated_sweep_takes_its_run_down_with_it(tmp_path):
     )
     pid_file = tmp_path / "worker.pid"
     env = os.environ | {"BENCH_TEST_SLEEP": "120", "BENCH_TEST_PID_FILE": str(pid_file)}
-    cmd = [sys.executable, "-m", "bench", "run", str(suite), "--device", "cpu", "--results", str(tmp_path / "r")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench",
+        "run",
+        str(suite),
+        "--device",
+        "cpu",
+        "--results",
+        str(tmp_path / "r"),
+    ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 120
     while not pid_file.exists() and time.monotonic() < deadline:
@@ -145,7 +171,8 @@ def test_a_terminated_sweep_takes_its_run_down_with_it(tmp_path):
 
 
 def test_cpu_device_name_carries_the_processor_thread_count_and_vector_instructions():
-    # Stored CPU records must not be reused on another processor, thread count or instruction set (bf16's speed).
+    # Stored CPU records must not be reused on another processor, thread count or instruction set (bf16's
+    # speed).
     name = device_name("cpu")
     isa = torch.backends.cpu.get_cpu_capability()
     assert name.endswith(f", {torch.get_num_threads()} threads, {isa}") and not name.startswith(",")
@@ -167,7 +194,8 @@ def test_records_carry_the_accuracy_delta_and_the_baselines_noise_band(tmp_path)
     assert "accuracy_delta" not in ckpt  # derived when reporting, from the baseline as it is then
     table = results.to_frame(results.load_records(tmp_path / "r" / "fid")).set_index("run")
     assert len(base["accuracy_seeds"]) == 3 and table.loc["baseline", "accuracy_band"] == max(
-        base["accuracy_seeds"]) - min(base["accuracy_seeds"])
+        base["accuracy_seeds"]
+    ) - min(base["accuracy_seeds"])
     assert table.loc["checkpoint", "accuracy_delta"] == 0.0 and not table.loc["checkpoint", "outside_band"]
     assert table.loc["frozen", "accuracy_delta"] < -0.2 and table.loc["frozen", "outside_band"]
     assert "accuracy" not in skipped and skipped["status"] == "ok"
@@ -205,12 +233,15 @@ def test_an_unreadable_record_is_moved_aside_and_the_run_measured_again(tmp_path
 def test_a_kept_record_without_a_snapshot_says_how_to_get_one(tmp_path):
     gpu, run = Device("cuda", "NVIDIA X"), spec(name="run", batch_size=4)
     path = results.record_path(tmp_path, "s", gpu.name, "run")
-    results.write_atomic(path, {"suite": "s", "run": "run", "device": gpu.name, "status": "ok",
-                                "run_key": run.key(gpu.name)})
+    results.write_atomic(
+        path, {"suite": "s", "run": "run", "device": gpu.name, "status": "ok", "run_key": run.key(gpu.name)}
+    )
     suite = Suite("s", tmp_path / "s.toml", "vit-tiny", "", "run", (run,))
     log = io.StringIO()
     sweep(suite, Local(gpu, snapshot=True), tmp_path, log=log)  # nothing runs: the stored record is kept
-    assert "[1/1] run: kept stored record (ok), no snapshot: --force re-measures it with one" in log.getvalue()
+    assert (
+        "[1/1] run: kept stored record (ok), no snapshot: --force re-measures it with one" in log.getvalue()
+    )
     path.with_suffix(".snapshot.pickle").write_bytes(b"")
     sweep(suite, Local(gpu, snapshot=True), tmp_path, log=(log := io.StringIO()))
     assert "[1/1] run: kept stored record (ok)\n" in log.getvalue()
@@ -218,7 +249,8 @@ def test_a_kept_record_without_a_snapshot_says_how_to_get_one(tmp_path):
 
 def test_the_progress_line_shows_an_untracked_peak_as_absent_and_the_accuracy_as_it_comes():
     ok = {"status": "ok", "run": "compile", "baseline": "baseline", "samples_per_s": 3.0}
-    assert _outcome(ok) == "ok, peak not tracked, 3.0 samples/s"  # a compiled model: no tracked step, not 0 MiB
+    # a compiled model: no tracked step, not 0 MiB
+    assert _outcome(ok) == "ok, peak not tracked, 3.0 samples/s"
     ran = ok | {"peak_tensor_bytes": 3 * 2**20, "accuracy": 0.8523}
     base = ran | {"run": "baseline", "accuracy": 0.869}
     assert _outcome(ran, base) == "ok, peak 3.0 MiB, 3.0 samples/s, accuracy 85.2% (-1.7 pt)"
@@ -227,9 +259,17 @@ def test_the_progress_line_shows_an_untracked_peak_as_absent_and_the_accuracy_as
 
 
 def test_a_cuda_runs_memory_summary_is_saved_beside_its_record_and_linked_from_the_report(tmp_path):
-    record = {"suite": "s", "run": "baseline", "baseline": "baseline", "device": "NVIDIA X", "status": "ok",
-              "run_index": 1, "samples_per_s": 1.0, "peak_allocated_bytes": 2**20,
-              MEMORY_SUMMARY: "|   PyTorch CUDA memory summary, device ID 0   |"}
+    record = {
+        "suite": "s",
+        "run": "baseline",
+        "baseline": "baseline",
+        "device": "NVIDIA X",
+        "status": "ok",
+        "run_index": 1,
+        "samples_per_s": 1.0,
+        "peak_allocated_bytes": 2**20,
+        MEMORY_SUMMARY: "|   PyTorch CUDA memory summary, device ID 0   |",
+    }
     finish(record, [], tmp_path)
     path = results.record_path(tmp_path, "s", "NVIDIA X", "baseline")
     assert path.with_suffix(".memory.txt").read_text().startswith("|   PyTorch CUDA memory summary")
@@ -237,7 +277,9 @@ def test_a_cuda_runs_memory_summary_is_saved_beside_its_record_and_linked_from_t
     assert stored["memory_summary"] == "baseline.memory.txt" and MEMORY_SUMMARY not in stored
     build_report(tmp_path / "s")
     assert "[baseline](nvidia-x/baseline.memory.txt)" in (tmp_path / "s" / "report.md").read_text()
-    assert "<a href='nvidia-x/baseline.memory.txt'>baseline</a>" in (tmp_path / "s" / "report.html").read_text()
+    assert (
+        "<a href='nvidia-x/baseline.memory.txt'>baseline</a>" in (tmp_path / "s" / "report.html").read_text()
+    )
 
 
 @pytest.mark.fault("disk")
@@ -262,9 +304,17 @@ def test_a_results_folder_that_cannot_be_written_stops_the_sweep_before_any_run(
 
 
 def test_a_failed_fidelity_phase_shows_in_the_progress_line_the_table_and_the_report(tmp_path):
-    record = {"suite": "s", "run": "baseline", "baseline": "baseline", "device": "cpu", "status": "ok",
-              "run_index": 1, "samples_per_s": 2.0, "peak_tensor_bytes": 2**20,
-              "fidelity_error": "DataError: dataset 'mnist': expected 'digits'"}
+    record = {
+        "suite": "s",
+        "run": "baseline",
+        "baseline": "baseline",
+        "device": "cpu",
+        "status": "ok",
+        "run_index": 1,
+        "samples_per_s": 2.0,
+        "peak_tensor_bytes": 2**20,
+        "fidelity_error": "DataError: dataset 'mnist': expected 'digits'",
+    }
     assert _outcome(record).endswith("fidelity phase failed: DataError: dataset 'mnist': expected 'digits'")
     finish(record, [], tmp_path)
     build_report(tmp_path / "s")
@@ -279,9 +329,12 @@ def test_a_first_timed_step_far_slower_than_the_rest_warns_that_warm_up_was_shor
 
     assert _warm_up_check([30.0, 10.0, 11.0], 1) == {}
     warned = _warm_up_check([900.0, 10.0, 11.0], 1)["warning"]
-    assert warned.startswith("the first timed step took 900 ms against 11 ms") and "raise warmup_steps" in warned
-    assert _outcome({"status": "ok", "run": "r", "baseline": "r", "samples_per_s": 1.0, "warning": warned}
-                    ).endswith(f"warning: {warned}")
+    assert (
+        warned.startswith("the first timed step took 900 ms against 11 ms") and "raise warmup_steps" in warned
+    )
+    assert _outcome(
+        {"status": "ok", "run": "r", "baseline": "r", "samples_per_s": 1.0, "warning": warned}
+    ).endswith(f"warning: {warned}")
 
 
 @pytest.mark.fault("stored data")
@@ -289,15 +342,17 @@ def test_a_second_sweep_of_the_same_folder_is_refused_naming_the_first(tmp_path)
     suite = Suite("s", Path("s.toml"), "vit-tiny", "", "run", (replace(spec(batch_size=2), suite="s"),))
     folder = results.suite_folder(tmp_path, "s", CPU.name)
     with results.sweeping([folder]):  # the first sweep, still measuring
-        with pytest.raises(BadInput, match=rf"{folder} is being measured by another sweep \(pid {os.getpid()}"):
+        with pytest.raises(
+            BadInput, match=rf"{folder} is being measured by another sweep \(pid {os.getpid()}"
+        ):
             sweep(suite, Local(CPU), tmp_path)
     assert [r["status"] for r in sweep(suite, Local(CPU), tmp_path)] == ["ok"]  # once it is done, it may
 
 
 @pytest.mark.parametrize("cpu_s, load, busy", [(3.8, 1.9, False), (1.0, 1.2, False), (1.0, 4.0, True)])
 def test_a_cpu_run_says_when_the_machine_was_busy(cpu_s, load, busy, monkeypatch):
-    # 2 threads for 2 s: 4 CPU-seconds were its share. A Python-bound step idles a thread on a quiet machine too,
-    # so a low share alone is not a busy machine: more must have been runnable than there are cores.
+    # 2 threads for 2 s: 4 CPU-seconds were its share. A Python-bound step idles a thread on a quiet machine
+    # too, so a low share alone is not a busy machine: more must have been runnable than there are cores.
     from bench import worker
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
@@ -312,16 +367,35 @@ def test_a_sweep_says_how_long_it_will_take_from_the_times_its_runs_took_before(
     from bench.sweep import estimate
 
     fid = Fidelity(steps=2, seeds=1, batch_size=8)
-    suite = Suite("s", Path("s.toml"), "vit-tiny", "", "a", tuple(
-        replace(spec(name=n, batch_size=2, fidelity_cpu=fid), suite="s") for n in ("a", "b", "c")))
-    for run, wall, fid in (("a", 600.0, 420.0), ("b", 300.0, 180.0)):  # measured on another CPU, with fidelity
-        results.write_atomic(results.record_path(tmp_path, "s", "Other CPU, 2 threads, AVX2", run),
-                             {"suite": "s", "run": run, "device": "Other CPU, 2 threads, AVX2", "device_type": "cpu",
-                              "status": "ok", "wall_s": wall, "fidelity_s": fid, "baseline": "a"})
+    suite = Suite(
+        "s",
+        Path("s.toml"),
+        "vit-tiny",
+        "",
+        "a",
+        tuple(replace(spec(name=n, batch_size=2, fidelity_cpu=fid), suite="s") for n in ("a", "b", "c")),
+    )
+    # measured on another CPU, with fidelity
+    for run, wall, fid in (("a", 600.0, 420.0), ("b", 300.0, 180.0)):
+        results.write_atomic(
+            results.record_path(tmp_path, "s", "Other CPU, 2 threads, AVX2", run),
+            {
+                "suite": "s",
+                "run": run,
+                "device": "Other CPU, 2 threads, AVX2",
+                "device_type": "cpu",
+                "status": "ok",
+                "wall_s": wall,
+                "fidelity_s": fid,
+                "baseline": "a",
+            },
+        )
     todo = resume.plan(suite, CPU.name, tmp_path)
     assert estimate(todo, tmp_path, CPU.name, "cpu") == (
-        "estimated: about 15 min for the 2 of 3 runs recorded before (their wall times on Other CPU, 2 threads, "
-        "AVX2); 5 min of it without the fidelity phase (--no-fidelity); --only NAMES measures some of them")
+        "estimated: about 15 min for the 2 of 3 runs recorded before (their wall times on Other CPU, 2 "
+        "threads, AVX2); 5 min of it without the fidelity phase (--no-fidelity); --only NAMES measures "
+        "some of them"
+    )
     quick = resume.plan(suite, CPU.name, tmp_path, fidelity=False)
     assert estimate(quick, tmp_path, CPU.name, "cpu").startswith("estimated: about 5 min for the 2 of 3 runs")
 
@@ -330,8 +404,16 @@ def test_a_sweep_says_how_long_it_will_take_from_the_times_its_runs_took_before(
 def test_a_diverged_figure_is_stored_as_null_and_named(tmp_path):
     import json
 
-    record = {"suite": "s", "run": "r", "device": "cpu", "status": "ok", "baseline": "r", "final_loss": float("nan"),
-              "accuracy_seeds": [0.5, float("inf")], "samples_per_s": 3.0}
+    record = {
+        "suite": "s",
+        "run": "r",
+        "device": "cpu",
+        "status": "ok",
+        "baseline": "r",
+        "final_loss": float("nan"),
+        "accuracy_seeds": [0.5, float("inf")],
+        "samples_per_s": 3.0,
+    }
     finish(record, [], tmp_path)
     text = results.record_path(tmp_path, "s", "cpu", "r").read_text()
     stored = json.loads(text, parse_constant=lambda token: pytest.fail(f"bare {token} in the record"))

@@ -1,6 +1,6 @@
-"""The harness's training step holds exactly what a hand-written loop doing the same thing holds: its tracked peak
-equals the hand loop's to the byte, technique by technique (anything the harness added would be reported as the
-technique's own)."""
+"""The harness's training step holds exactly what a hand-written loop doing the same thing holds: its tracked
+peak equals the hand loop's to the byte, technique by technique (anything the harness added would be reported
+as the technique's own)."""
 
 from collections import OrderedDict
 from collections.abc import Callable
@@ -23,9 +23,17 @@ class Hand:
     """A hand-written loop: ``model`` with an ``optimizer``, the batch cast to ``dtype``, split in ``micro``
     micro-batches, under bf16 autocast where asked."""
 
-    def __init__(self, model: nn.Module, optimizer: type | None = torch.optim.AdamW, dtype: torch.dtype | None = None,
-                 micro: int = 1, autocast: bool = False, keep_grads: bool = False,
-                 layout: torch.memory_format = torch.contiguous_format, **options: float) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: type | None = torch.optim.AdamW,
+        dtype: torch.dtype | None = None,
+        micro: int = 1,
+        autocast: bool = False,
+        keep_grads: bool = False,
+        layout: torch.memory_format = torch.contiguous_format,
+        **options: float,
+    ) -> None:
         self.model = (model.to(dtype) if dtype else model).to(memory_format=layout)
         self.optimizer = optimizer(self.model.parameters(), **({"lr": 1e-3} | options)) if optimizer else None
         self.dtype, self.micro, self.autocast, self.keep_grads = dtype, micro, autocast, keep_grads
@@ -57,7 +65,9 @@ class Hand:
     def loss(self, x: torch.Tensor | dict, y: torch.Tensor) -> torch.Tensor:
         if isinstance(x, dict):  # transformers' causal-LM loss: the labels shifted, not the logits
             logits = self.model(**x).logits
-            return nn.functional.cross_entropy(logits.flatten(0, 1), following(y).flatten(), ignore_index=-100)
+            return nn.functional.cross_entropy(
+                logits.flatten(0, 1), following(y).flatten(), ignore_index=-100
+            )
         return nn.functional.cross_entropy(self.model(x), y)
 
 
@@ -67,23 +77,26 @@ def following(ids: torch.Tensor) -> torch.Tensor:
 
 
 class LigerStyle(Hand):
-    """A loop that takes the loss from the last hidden states a chunk at a time, as a user calls Liger-Kernel's
-    fused linear cross-entropy (its plain-PyTorch twin here): the head never runs on the whole sequence."""
+    """A loop that takes the loss from the last hidden states a chunk at a time, as a user calls
+    Liger-Kernel's fused linear cross-entropy (its plain-PyTorch twin here): the head never runs on the whole
+    sequence."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
-        self.forward = model.model  # the decoder; its head is tied to the embeddings, so no parameter is missed
+        # the decoder; its head is tied to the embeddings, so no parameter is missed
+        self.forward = model.model
 
     def loss(self, x: dict, y: torch.Tensor) -> torch.Tensor:
         hidden = self.model.model(**x).last_hidden_state.flatten(0, 1)
         head, targets = self.model.lm_head, following(y).flatten()
-        return _ChunkedCrossEntropy.apply(hidden, head.weight, head.bias, targets,
-                                          chunk_tokens(len(targets), *head.weight.shape))
+        return _ChunkedCrossEntropy.apply(
+            hidden, head.weight, head.bias, targets, chunk_tokens(len(targets), *head.weight.shape)
+        )
 
 
 def galore(model: nn.Module) -> Hand:
-    """pytorch-optimizer's GaLore as its README groups it: the blocks' weight matrices projected at a quarter of
-    their smaller side, everything else plain AdamW."""
+    """pytorch-optimizer's GaLore as its README groups it: the blocks' weight matrices projected at a quarter
+    of their smaller side, everything else plain AdamW."""
     from pytorch_optimizer import GaLore
 
     blocks = {id(p) for p in model.encoder.layers.parameters()}
@@ -91,8 +104,16 @@ def galore(model: nn.Module) -> Hand:
     rest = [p for p in model.parameters() if id(p) not in {id(q) for q in projected}]
     hand = Hand(model, optimizer=None)
     ranks = sorted({min(p.shape) // 4 for p in projected})
-    groups = [{"params": rest}] + [{"params": [p for p in projected if min(p.shape) // 4 == r], "rank": r,
-                                    "update_proj_gap": 200, "scale": 0.25, "projection_type": "std"} for r in ranks]
+    groups = [{"params": rest}] + [
+        {
+            "params": [p for p in projected if min(p.shape) // 4 == r],
+            "rank": r,
+            "update_proj_gap": 200,
+            "scale": 0.25,
+            "projection_type": "std",
+        }
+        for r in ranks
+    ]
     hand.optimizer = hand.counted = GaLore(groups, lr=1e-3)
     return hand
 
@@ -106,20 +127,30 @@ def adamw_8bit(model: nn.Module) -> Hand:
 class Checkpointed(nn.Module):
     def __init__(self, block: nn.Module, selective: bool = False, policy: Callable | None = None) -> None:
         super().__init__()
-        self.block, self.policy = block, policy or ((lambda: keep_matmuls) if selective else None)  # a factory
+        # a factory
+        self.block, self.policy = block, policy or ((lambda: keep_matmuls) if selective else None)
 
     def forward(self, x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
         if self.policy:  # PyTorch's documented recipe: keep what the policy says, recompute the rest
-            return checkpoint(self.block, x, *args, use_reentrant=False, **kwargs,
-                              context_fn=lambda: create_selective_checkpoint_contexts(self.policy()))
+            return checkpoint(
+                self.block,
+                x,
+                *args,
+                use_reentrant=False,
+                **kwargs,
+                context_fn=lambda: create_selective_checkpoint_contexts(self.policy()),
+            )
         return checkpoint(self.block, x, *args, use_reentrant=False, **kwargs)
 
 
 def torchtitan_policy() -> Callable:
     """torchtitan's op policy for one checkpointed call: attention saved, and every other matmul."""
     aten, count = torch.ops.aten, {False: 0, True: 0}
-    attention = {aten._scaled_dot_product_flash_attention_for_cpu.default,
-                 aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_efficient_attention.default}
+    attention = {
+        aten._scaled_dot_product_flash_attention_for_cpu.default,
+        aten._scaled_dot_product_flash_attention.default,
+        aten._scaled_dot_product_efficient_attention.default,
+    }
 
     def policy(ctx: object, op: object, *args: object, **kwargs: object) -> CheckpointPolicy:
         if op == aten.mm.default:
@@ -128,6 +159,7 @@ def torchtitan_policy() -> Callable:
         else:
             keep = op in attention or op == aten.max.default
         return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
     return policy
 
 
@@ -152,7 +184,8 @@ def checkpointed(model: nn.Module, every: int = 1, selective: bool = False) -> H
 
 
 def in_backward(model: nn.Module) -> Hand:
-    """PyTorch's optimizer_step_in_backward tutorial: an AdamW per parameter, stepped from its gradient's hook."""
+    """PyTorch's optimizer_step_in_backward tutorial: an AdamW per parameter, stepped from its gradient's
+    hook."""
     steps = {p: torch.optim.AdamW([p], lr=1e-3, foreach=False) for p in model.parameters()}
 
     def step(p: nn.Parameter) -> None:
@@ -189,21 +222,34 @@ CASES: dict[str, tuple[tuple[TechniqueSpec, ...], Callable[[nn.Module], Hand]]] 
     "amp-bf16": ((TechniqueSpec("amp"),), lambda m: Hand(m, autocast=True)),
     "accumulate-2": ((TechniqueSpec("accumulate", (("micro_batches", 2),)),), lambda m: Hand(m, micro=2)),
     "checkpoint": ((TechniqueSpec("checkpoint"),), checkpointed),
-    "checkpoint-every-2": ((TechniqueSpec("checkpoint", (("every", 2),)),), lambda m: checkpointed(m, every=2)),
-    "selective-checkpoint": ((TechniqueSpec("selective-checkpoint"),), lambda m: checkpointed(m, selective=True)),
+    "checkpoint-every-2": (
+        (TechniqueSpec("checkpoint", (("every", 2),)),),
+        lambda m: checkpointed(m, every=2),
+    ),
+    "selective-checkpoint": (
+        (TechniqueSpec("selective-checkpoint"),),
+        lambda m: checkpointed(m, selective=True),
+    ),
     "accumulate-4": ((TechniqueSpec("accumulate", (("micro_batches", 4),)),), lambda m: Hand(m, micro=4)),
-    "adafactor": ((TechniqueSpec("optimizer", (("kind", "adafactor"), ("lr", 0.01))),),
-                  lambda m: Hand(m, torch.optim.Adafactor, lr=0.01)),
+    "adafactor": (
+        (TechniqueSpec("optimizer", (("kind", "adafactor"), ("lr", 0.01))),),
+        lambda m: Hand(m, torch.optim.Adafactor, lr=0.01),
+    ),
     "zero-grad-keep": ((TechniqueSpec("zero-grad-keep"),), lambda m: Hand(m, keep_grads=True)),
     "channels-last": ((TechniqueSpec("channels-last"),), lambda m: Hand(m, layout=torch.channels_last)),
     "optimizer-in-backward": ((TechniqueSpec("optimizer-in-backward"),), in_backward),
-    "sgd-momentum": ((TechniqueSpec("optimizer", (("kind", "sgd"), ("lr", 0.01))),),
-                     lambda m: Hand(m, torch.optim.SGD, lr=0.01, momentum=0.9)),
+    "sgd-momentum": (
+        (TechniqueSpec("optimizer", (("kind", "sgd"), ("lr", 0.01))),),
+        lambda m: Hand(m, torch.optim.SGD, lr=0.01, momentum=0.9),
+    ),
     "adamw-8bit": ((TechniqueSpec("adamw-8bit"),), adamw_8bit),
     "galore": ((TechniqueSpec("galore"),), galore),
     "llm-baseline": ((), Hand),
     "chunked-loss": ((TechniqueSpec("chunked-loss"),), LigerStyle),
-    "selective-torchtitan": ((TechniqueSpec("selective-checkpoint", (("save", "torchtitan"),)),), llama_checkpointed),
+    "selective-torchtitan": (
+        (TechniqueSpec("selective-checkpoint", (("save", "torchtitan"),)),),
+        llama_checkpointed,
+    ),
 }
 
 
@@ -217,8 +263,14 @@ def test_the_harness_holds_what_a_hand_written_loop_doing_the_same_holds(name):
         trainer.step(clone_batch(batch))
         hand.step([clone_batch(batch)])
     compiled = name in COMPILED
-    ours = tracked_step(lambda: trainer.step(clone_batch(batch)), trainer.model, trainer.optimizer, CPU,
-                        compiled_update=compiled)
-    theirs = tracked_step(lambda: hand.step([clone_batch(batch)]), hand.forward, hand.counted, CPU,
-                          compiled_update=compiled)
+    ours = tracked_step(
+        lambda: trainer.step(clone_batch(batch)),
+        trainer.model,
+        trainer.optimizer,
+        CPU,
+        compiled_update=compiled,
+    )
+    theirs = tracked_step(
+        lambda: hand.step([clone_batch(batch)]), hand.forward, hand.counted, CPU, compiled_update=compiled
+    )
     assert ours["peak_tensor_bytes"] == theirs["peak_tensor_bytes"], (ours, theirs)

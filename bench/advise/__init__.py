@@ -1,11 +1,10 @@
-"""``bench advise``: the cheapest plans that make a model fit a budget, from the catalogue, predictions and the
-committed records.
+"""``bench advise``: the cheapest plans that make a model fit a budget, from the catalogue, predictions and
+the committed records.
 
 ``source`` turns the model or suite asked about into a suite header and its baseline run; ``plans`` lays the
-catalogue out on axes; ``predictions`` predicts plans in processes, cached; ``evidence`` reads what the records
-measured; ``estimate`` costs a plan; ``search`` walks the plans cheapest first; ``write`` prints the table and
-writes the advice suite file.
-"""
+catalogue out on axes; ``predictions`` predicts plans in processes, cached; ``evidence`` reads what the
+records measured; ``estimate`` costs a plan; ``search`` walks the plans cheapest first; ``write`` prints the
+table and writes the advice suite file."""
 
 from __future__ import annotations
 
@@ -55,9 +54,19 @@ class Advice:
         return self.source.template
 
 
-def advise(src: Source, budget: Budget, device_type: str = "cuda", nproc: int = 1, top: int = 5,
-           tolerance_pt: float | None = None, max_batch: bool = False, results: Path = Path("results"),
-           jobs: int = 1, link_gbps: float | None = None, log: TextIO = sys.stderr) -> Advice:
+def advise(
+    src: Source,
+    budget: Budget,
+    device_type: str = "cuda",
+    nproc: int = 1,
+    top: int = 5,
+    tolerance_pt: float | None = None,
+    max_batch: bool = False,
+    results: Path = Path("results"),
+    jobs: int = 1,
+    link_gbps: float | None = None,
+    log: TextIO = sys.stderr,
+) -> Advice:
     """The ``top`` cheapest plans for ``src`` whose predicted peak at ``device_type``'s shapes fits ``budget``
     (with ``max_batch``, those fitting the largest batch); see bench.advise.search for how they are found."""
     template = replace(src.template, nproc=nproc)
@@ -71,13 +80,31 @@ def advise(src: Source, budget: Budget, device_type: str = "cuda", nproc: int = 
     try:
         calibration = _calibration(evidence, device_type, rates, predictions)
         timed = _timed(template, found, device_type, log)
-        searcher = Searcher(template, base, found, predictions, lambda b, alone: Estimator(
-            evidence, model, device_type, rates, calibration, b, alone, batch, timed), log, _unfit(device_type))
+        searcher = Searcher(
+            template,
+            base,
+            found,
+            predictions,
+            lambda b, alone: Estimator(
+                evidence, model, device_type, rates, calibration, b, alone, batch, timed
+            ),
+            log,
+            _unfit(device_type),
+        )
         baseline, estimator = searcher.singles()
         limit = budget.bytes(baseline[KEY.predicted_peak_tensor_bytes])
         kept = searcher.pruned_axes(estimator)
-        advice = Advice(src, device_type, limit, budget.text, baseline, [], searcher.search, estimator,
-                        max_batch=max_batch)
+        advice = Advice(
+            src,
+            device_type,
+            limit,
+            budget.text,
+            baseline,
+            [],
+            searcher.search,
+            estimator,
+            max_batch=max_batch,
+        )
         strongest = _strongest(searcher, kept, predictions, estimator)
         if strongest is None or strongest.peak > limit:  # nothing saves more: by monotonicity, nothing fits
             advice.closest = strongest
@@ -85,8 +112,16 @@ def advise(src: Source, budget: Budget, device_type: str = "cuda", nproc: int = 
                 _needs(advice, strongest, predictions)
         else:
             want = 3 * top if max_batch else top
-            search = searcher.walk(kept, estimator, limit, want, tolerance_pt, PREDICTION_LIMIT, max(jobs, 2),
-                                   minimal=not max_batch)
+            search = searcher.walk(
+                kept,
+                estimator,
+                limit,
+                want,
+                tolerance_pt,
+                PREDICTION_LIMIT,
+                max(jobs, 2),
+                minimal=not max_batch,
+            )
             advice.plans = search.fits or [strongest]  # the walk's limit reached first: the plan known to fit
             _rank(advice, predictions, top, max_batch, tolerance_pt)
     except BaseException:
@@ -98,25 +133,29 @@ def advise(src: Source, budget: Budget, device_type: str = "cuda", nproc: int = 
 
 
 def _unfit(device_type: str) -> Callable[[Option], list[str]]:
-    """Why an option is no plan for the device asked about: on a CPU whose kernels have no native bf16 (oneDNN's
-    own test, which PyTorch's CPU paths use: AVX-512, or Arm's bf16), bf16 runs on emulated kernels, as float16 does
-    on every CPU (which the harness calls unsupported there). On such a VM a BERT-base bf16 step took 173 s, fp32's
-    11 s; ResNet-50's 10.3 s and 0.95 s."""
+    """Why an option is no plan for the device asked about: on a CPU whose kernels have no native bf16
+    (oneDNN's own test, which PyTorch's CPU paths use: AVX-512, or Arm's bf16), bf16 runs on emulated kernels,
+    as float16 does on every CPU (which the harness calls unsupported there). On such a VM a BERT-base bf16
+    step took 173 s, fp32's 11 s; ResNet-50's 10.3 s and 0.95 s."""
     if device_type != "cpu" or native_bf16():
         return lambda option: []
     return lambda option: [EMULATED] if option.computes == "bfloat16" else []
 
 
 def _timed(template: RunSpec, found: list[Axis], device_type: str, log: TextIO) -> dict[str, float]:
-    """The dtype options' step times over the baseline's, timed here where the device asked about is this CPU (one
-    process: its records of a dtype may not exist yet, and counting cannot price one). A card is asked about from
-    afar: its dtypes' speeds come from its records."""
+    """The dtype options' step times over the baseline's, timed here where the device asked about is this CPU
+    (one process: its records of a dtype may not exist yet, and counting cannot price one). A card is asked
+    about from afar: its dtypes' speeds come from its records."""
     unfit = _unfit(device_type)
     chosen = [o for a in found for o in a.options if not o.countable and not unfit(o)]
     if device_type != "cpu" or template.nproc > 1 or not chosen:
         return {}
-    print(f"advise: timing {', '.join(o.name for o in chosen)} against the baseline here ({probe.STEPS} steps "
-          "each)", file=log, flush=True)
+    print(
+        f"advise: timing {', '.join(o.name for o in chosen)} against the baseline here ({probe.STEPS} steps "
+        "each)",
+        file=log,
+        flush=True,
+    )
     return time_factors(Plan(()).spec(template), {o.name: Plan((o,)).spec(template) for o in chosen})
 
 
@@ -125,13 +164,21 @@ def _calibration(evidence: Evidence, device_type: str, rates: Rates, predictions
     counts is counted again (predicted at its own shapes, cached)."""
     records = evidence.baselines(device_type)
     counts = predictions.peaks([RunSpec.from_dict(r[KEY.spec]) for r in records])
-    steps = [(f"{r[KEY.model]} (results/{r[KEY.suite]})", r[KEY.step_time_ms_median] / 1000,
-              tuple(c[f"predicted_{k}"] for k in (KEY.flops_per_step, KEY.ops_per_step, KEY.op_bytes_per_step)))
-             for r, c in zip(records, counts) if c[KEY.predicted_status] == Status.OK]
+    steps = [
+        (
+            f"{r[KEY.model]} (results/{r[KEY.suite]})",
+            r[KEY.step_time_ms_median] / 1000,
+            tuple(c[f"predicted_{k}"] for k in (KEY.flops_per_step, KEY.ops_per_step, KEY.op_bytes_per_step)),
+        )
+        for r, c in zip(records, counts)
+        if c[KEY.predicted_status] == Status.OK
+    ]
     return calibrate(steps, rates)
 
 
-def _rank(advice: Advice, predictions: Predictions, top: int, max_batch: bool, tolerance_pt: float | None) -> None:
+def _rank(
+    advice: Advice, predictions: Predictions, top: int, max_batch: bool, tolerance_pt: float | None
+) -> None:
     """The top plans, each with its largest batch; with ``max_batch`` ranked by it first."""
     if not max_batch:
         advice.plans = advice.plans[:top]
@@ -140,12 +187,15 @@ def _rank(advice: Advice, predictions: Predictions, top: int, max_batch: bool, t
     for candidate, largest in zip(advice.plans, predictions.largest_batches(specs, advice.budget, owns)):
         candidate.largest_batch = largest
     if max_batch:
-        advice.plans = sorted(advice.plans, key=lambda c: (c.accuracy.demoted(tolerance_pt), -(c.largest_batch or 0),
-                                                           c.speed.rank))[:top]
+        advice.plans = sorted(
+            advice.plans,
+            key=lambda c: (c.accuracy.demoted(tolerance_pt), -(c.largest_batch or 0), c.speed.rank),
+        )[:top]
 
 
-def _strongest(searcher: Searcher, kept: list[Axis], predictions: Predictions,
-               estimator: Estimator) -> Candidate | None:
+def _strongest(
+    searcher: Searcher, kept: list[Axis], predictions: Predictions, estimator: Estimator
+) -> Candidate | None:
     """The plan of each axis's most saving option, predicted first: if it does not fit, nothing does."""
     plan = searcher.strongest(kept)
     if plan is None:
@@ -157,12 +207,18 @@ def _strongest(searcher: Searcher, kept: list[Axis], predictions: Predictions,
 
 
 def _needs(advice: Advice, closest: Candidate, predictions: Predictions) -> None:
-    """Nothing fits: what the plan that saves most would need (a smaller batch, more ranks, or more memory)."""
+    """Nothing fits: what the plan that saves most would need (a smaller batch, more ranks, or more
+    memory)."""
     spec = closest.plan.spec(advice.template)
-    needs = [f"{closest.peak / 2**30:,.2f} GiB for tensors at batch {spec.shapes(advice.device_type).batch_size}"]
+    needs = [
+        f"{closest.peak / 2**30:,.2f} GiB for tensors at batch {spec.shapes(advice.device_type).batch_size}"
+    ]
     smaller = predictions.largest_batches([spec], advice.budget, [closest.predicted])[0]
-    needs.append(f"a batch of {smaller} (its largest that fits)" if smaller else "a smaller model: even a batch of "
-                 "one does not fit")
+    needs.append(
+        f"a batch of {smaller} (its largest that fits)"
+        if smaller
+        else "a smaller model: even a batch of one does not fit"
+    )
     if advice.device_type == "cuda" and spec.nproc == 1:  # sharded over ranks instead: the fewest that fit
         sharded = Plan((*closest.plan.options, Option.of("fsdp", "fsdp")))
         wide = replace(sharded.spec(advice.template), nproc=MOST_RANKS)

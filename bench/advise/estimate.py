@@ -1,17 +1,17 @@
 """What a plan costs: its time per sample over the baseline's, and its known accuracy effect, each figure with
 where it came from.
 
-A technique's time factor is measured where a committed record of the same model on the same kind of device has
-it, else counted from its prediction at the plan's shapes: the step's FLOPs (recomputation under checkpointing
-included), its operators and the bytes of their tensors (the optimizer's update, pointwise work), each at the
-cost a FLOP, an operator and a byte take on the device, fitted to its measured baseline steps; and bytes moved
-between device and host by offloading, at the link's stated bandwidth (hidden under compute where the technique
-overlaps its copies).
+A technique's time factor is measured where a committed record of the same model on the same kind of device
+has it, else counted from its prediction at the plan's shapes: the step's FLOPs (recomputation under
+checkpointing included), its operators and the bytes of their tensors (the optimizer's update, pointwise
+work), each at the cost a FLOP, an operator and a byte take on the device, fitted to its measured baseline
+steps; and bytes moved between device and host by offloading, at the link's stated bandwidth (hidden under
+compute where the technique overlaps its copies).
 
 What counting cannot see, a dtype's speed, is timed here where the device asked about is this CPU (the model's
 own steps, bench.advise.probe), else taken from another model's record, else assumed to be the count; plans
-resting on either of the last two rank after the rest (``Estimate.rank``). A plan's factor is its techniques' factors
-multiplied, or its own where a record of the same model measured the whole plan."""
+resting on either of the last two rank after the rest (``Estimate.rank``). A plan's factor is its techniques'
+factors multiplied, or its own where a record of the same model measured the whole plan."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ from bench.advise.plans import Option, Plan
 
 @dataclass(frozen=True)
 class Rates:
-    """A device's stated figures: its FLOP rate where no baseline record measured it, and what no record can."""
+    """A device's stated figures: its FLOP rate where no baseline record measured it, and what no record
+    can."""
 
     flops: float  # FLOP/s of an fp32 step, where no baseline record gives the measured rate
     link: float  # bytes/s between device and host (offloading)
@@ -39,10 +40,18 @@ class Rates:
 
 
 STATED = {
-    "cuda": Rates(67e12, 25e9, "an H100 SXM's datasheet (67 TFLOP/s fp32, where no record measured it); "
-                                        "the link as PCIe 4.0 x16's pinned copies"),
-    "cpu": Rates(100e9, 20e9, "a server CPU's order of magnitude (100 GFLOP/s where no record measured it); "
-                                    "offloading copies within its memory"),
+    "cuda": Rates(
+        67e12,
+        25e9,
+        "an H100 SXM's datasheet (67 TFLOP/s fp32, where no record measured it); "
+        "the link as PCIe 4.0 x16's pinned copies",
+    ),
+    "cpu": Rates(
+        100e9,
+        20e9,
+        "a server CPU's order of magnitude (100 GFLOP/s where no record measured it); "
+        "offloading copies within its memory",
+    ),
 }
 
 
@@ -60,16 +69,19 @@ class Calibration:
         return flops * self.per_flop + ops * self.per_op + op_bytes * self.per_byte
 
     def said(self) -> str:
-        said = [f"{1e-9 / self.per_flop:,.0f} GFLOP/s" if self.per_flop else "",
-                f"{self.per_op * 1e6:.1f} µs an operator" if self.per_op else "",
-                f"{1e-9 / self.per_byte:,.0f} GB/s of operators' tensors" if self.per_byte else ""]
+        said = [
+            f"{1e-9 / self.per_flop:,.0f} GFLOP/s" if self.per_flop else "",
+            f"{self.per_op * 1e6:.1f} µs an operator" if self.per_op else "",
+            f"{1e-9 / self.per_byte:,.0f} GB/s of operators' tensors" if self.per_byte else "",
+        ]
         return f"{', '.join(p for p in said if p)} (what the fit left out, it prices at zero); {self.source}"
 
 
 def calibrate(steps: list[tuple[str, float, tuple[float, float, float]]], rates: Rates) -> Calibration:
     """Fitted to ``steps`` (where, seconds, (FLOPs, operators, bytes)) by least squares in relative error, so
-    that a tiny model's step weighs as much as a large one's, every figure at zero or above (each subset of the
-    three tried). Under three steps, the FLOPs alone are fitted; with none, the stated FLOP rate stands."""
+    that a tiny model's step weighs as much as a large one's, every figure at zero or above (each subset of
+    the three tried). Under three steps, the FLOPs alone are fitted; with none, the stated FLOP rate
+    stands."""
     said = "; ".join(sorted({w for w, *_ in steps}))
     if not steps:
         return Calibration(1 / rates.flops, 0.0, 0.0, "stated: no baseline step measured on such a device")
@@ -100,10 +112,10 @@ class Estimate:
 
     @property
     def rank(self) -> tuple[int, float]:
-        """The order plans are tried and listed in: those priced by this model's records and by counting first,
-        then by another model's records (a speed-up may not carry over: bf16 made BERT-base 1.7× faster on the
-        committed records' CPU and BERT-tiny 5× slower on one without AVX-512), then by assumption; within each,
-        by factor to the percent (finer differences are counting's noise)."""
+        """The order plans are tried and listed in: those priced by this model's records and by counting
+        first, then by another model's records (a speed-up may not carry over: bf16 made BERT-base 1.7× faster
+        on the committed records' CPU and BERT-tiny 5× slower on one without AVX-512), then by assumption;
+        within each, by factor to the percent (finer differences are counting's noise)."""
         return self.tier, round(self.factor, 2)
 
 
@@ -127,17 +139,27 @@ class Accuracy:
         return None if self.delta is None else 100 * self.delta
 
     def demoted(self, tolerance_pt: float | None) -> bool:
-        """Whether the plan ranks after every plan without such a loss: a known loss outside the baseline's seed
-        band, unless the user accepted losses (``--tolerance-pt``; larger ones are dropped before this)."""
+        """Whether the plan ranks after every plan without such a loss: a known loss outside the baseline's
+        seed band, unless the user accepted losses (``--tolerance-pt``; larger ones are dropped before
+        this)."""
         return tolerance_pt is None and self.outside_band and (self.delta or 0.0) < 0
 
 
 class Estimator:
     """Estimates for the plans of one model, from the baseline's and each option's own prediction."""
 
-    def __init__(self, evidence: Evidence, model: str, device_type: str, rates: Rates, calibration: Calibration,
-                 baseline: dict[str, Any], alone: dict[str, dict[str, Any]], batch: int,
-                 timed: dict[str, float] | None = None) -> None:
+    def __init__(
+        self,
+        evidence: Evidence,
+        model: str,
+        device_type: str,
+        rates: Rates,
+        calibration: Calibration,
+        baseline: dict[str, Any],
+        alone: dict[str, dict[str, Any]],
+        batch: int,
+        timed: dict[str, float] | None = None,
+    ) -> None:
         self.evidence, self.model, self.device_type, self.rates = evidence, model, device_type, rates
         self.calibration, self.baseline, self.alone, self.batch = calibration, baseline, alone, batch
         self.timed = timed or {}  # an option's step time over the baseline's, timed on this very CPU
@@ -147,7 +169,9 @@ class Estimator:
         dtype = any(not o.countable for o in plan.options)
         if whole := self.evidence.speed(canonical(plan.techniques), self.model, self.device_type, dtype):
             if whole.same_model and len(plan.options) > 1:
-                return Estimate(1 / whole.value, (f"{plan.name}: {whole.value:.2f}× measured, {whole.source}",))
+                return Estimate(
+                    1 / whole.value, (f"{plan.name}: {whole.value:.2f}× measured, {whole.source}",)
+                )
         factor, sources, uncertain, tier = 1.0, [], [], 0
         for option in plan.options:
             part = self.factor(option)
@@ -166,7 +190,9 @@ class Estimator:
     def _factor(self, option: Option) -> Part:
         """This model's record; else counting; else, for what counting cannot see (a dtype's speed), its steps
         timed here; else another model's record; else the count, assumed to hold."""
-        found = self.evidence.speed(canonical((option.technique,)), self.model, self.device_type, not option.countable)
+        found = self.evidence.speed(
+            canonical((option.technique,)), self.model, self.device_type, not option.countable
+        )
         if found and found.same_model:
             return Part(1 / found.value, f"measured, {found.source}", 0)
         counted = self.seconds(self.alone[option.name], option) / self.seconds(self.baseline, None)
@@ -182,18 +208,22 @@ class Estimator:
     def seconds(self, predicted: dict[str, Any], option: Option | None) -> float:
         """Counted seconds per sample of a step as predicted (see the module's note)."""
         get = lambda key: predicted.get(f"predicted_{key}") or 0  # noqa: E731
-        compute = self.calibration.seconds(get(KEY.flops_per_step), get(KEY.ops_per_step), get(KEY.op_bytes_per_step))
+        compute = self.calibration.seconds(
+            get(KEY.flops_per_step), get(KEY.ops_per_step), get(KEY.op_bytes_per_step)
+        )
         moved = self._moved(predicted, option) / self.rates.link
         overlapped = option is not None and option.cls.overlaps_traffic
         return (max(compute, moved) if overlapped else compute + moved) / self.batch
 
     def _moved(self, predicted: dict[str, Any], option: Option | None) -> float:
         """Bytes an offloading option moves between device and host a step (``Technique.host_traffic``): the
-        activations it keeps off the device, down in forward and up in backward; a host optimizer's gradients down
-        and weights up."""
+        activations it keeps off the device, down in forward and up in backward; a host optimizer's gradients
+        down and weights up."""
         traffic = option.cls.host_traffic if option else ""
         if traffic == "activations":
-            kept_off = self.baseline[KEY.predicted_activation_bytes] - predicted[KEY.predicted_activation_bytes]
+            kept_off = (
+                self.baseline[KEY.predicted_activation_bytes] - predicted[KEY.predicted_activation_bytes]
+            )
             return 2 * max(kept_off, 0)
         if traffic == "optimizer":
             return 2 * self.baseline[KEY.predicted_param_bytes]
@@ -209,9 +239,12 @@ class Estimator:
         found = {o.name: self.evidence.accuracy(canonical((o.technique,)), self.model) for o in plan.options}
         known: dict[str, Figure] = {k: f for k, f in found.items() if f is not None}
         worst = min((f.value for f in known.values()), default=None)
-        return Accuracy(worst, any(f.outside_band for f in known.values()),
-                        tuple(k for k, f in found.items() if f is None),
-                        tuple(f"{k}: {_pt(f)}" for k, f in known.items()))
+        return Accuracy(
+            worst,
+            any(f.outside_band for f in known.values()),
+            tuple(k for k, f in found.items() if f is None),
+            tuple(f"{k}: {_pt(f)}" for k, f in known.items()),
+        )
 
 
 def _pt(figure: Figure) -> str:

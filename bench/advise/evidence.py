@@ -1,5 +1,6 @@
 """What the committed records say about a technique: its measured throughput against its suite's baseline on a
-device of a class, and its accuracy delta in the fidelity phase. Every figure carries the record it came from."""
+device of a class, and its accuracy delta in the fidelity phase. Every figure carries the record it came
+from."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from bench.techniques import resolve
 
 @dataclass(frozen=True)
 class Figure:
-    """A measured figure and where it came from ("bert-base on amd-epyc-2-threads, suite bert, run checkpoint")."""
+    """A measured figure and where it came from ("bert-base on amd-epyc-2-threads, suite bert, run
+    checkpoint")."""
 
     value: float
     source: str
@@ -33,7 +35,9 @@ def canonical(techniques: Iterable[TechniqueSpec]) -> frozenset[str]:
             defaults = {f.name: f.default for f in fields(resolve(t.name).Config)}
         except (KeyError, ImportError, TypeError):  # a user's technique that no longer imports: keep it whole
             defaults = {}
-        labels.add(TechniqueSpec(t.name, tuple((k, v) for k, v in t.options if defaults.get(k, object()) != v)).label)
+        labels.add(
+            TechniqueSpec(t.name, tuple((k, v) for k, v in t.options if defaults.get(k, object()) != v)).label
+        )
     return frozenset(labels)
 
 
@@ -46,11 +50,16 @@ class Evidence:
         self._accuracy: dict[frozenset[str], list[dict[str, Any]]] = {}
         self._rates: list[dict[str, Any]] = []
         for suite in sorted(p for p in results.glob("*") if p.is_dir() and not p.name.startswith(".")):
-            self._index([r for r in load_records(suite) if (r.get(KEY.spec) or {}).get("mode", "train") == mode])
+            self._index(
+                [r for r in load_records(suite) if (r.get(KEY.spec) or {}).get("mode", "train") == mode]
+            )
 
     def _index(self, records: list[dict[str, Any]]) -> None:
-        ok = [migrate(r) for r in records
-              if r.get(KEY.status) == Status.OK and r.get(KEY.spec) and r.get(KEY.nproc, 1) == 1]
+        ok = [
+            migrate(r)
+            for r in records
+            if r.get(KEY.status) == Status.OK and r.get(KEY.spec) and r.get(KEY.nproc, 1) == 1
+        ]
         baselines = {r[KEY.device]: r for r in ok if r[KEY.run] == r.get(KEY.baseline)}
         for r in ok:
             named = r[KEY.spec]["techniques"]  # the spec's own form: name and options each
@@ -69,20 +78,30 @@ class Evidence:
         of the same model where one exists (on the device asked about, where measured there), else of another.
 
         A plan that changes the ``dtype`` is taken, on a CPU, from that very CPU only: under one processor's
-        name, bf16 steps took 0.6 times the fp32 step on the committed BERT-base records and 15 times on the Llama
-        ones, measured on a VM without AVX-512 (records keyed before the name carried the instructions match no
-        CPU here)."""
-        found = [(r, v) for r, v in self._speed.get(plan, []) if r.get(KEY.device_type) == device_type
-                 and not (dtype and device_type == "cpu" and r[KEY.device] != self.device)]
+        name, bf16 steps took 0.6 times the fp32 step on the committed BERT-base records and 15 times on the
+        Llama ones, measured on a VM without AVX-512 (records keyed before the name carried the instructions
+        match no CPU here)."""
+        found = [
+            (r, v)
+            for r, v in self._speed.get(plan, [])
+            if r.get(KEY.device_type) == device_type
+            and not (dtype and device_type == "cpu" and r[KEY.device] != self.device)
+        ]
         if not found:
             return None
-        r, v = max(found, key=lambda f: (f[0][KEY.model] == model, f[0][KEY.device] == self.device,
-                                         f[0].get(KEY.measure_steps, 0)))
+        r, v = max(
+            found,
+            key=lambda f: (
+                f[0][KEY.model] == model,
+                f[0][KEY.device] == self.device,
+                f[0].get(KEY.measure_steps, 0),
+            ),
+        )
         return Figure(v, where(r), same_model=r[KEY.model] == model)
 
     def accuracy(self, plan: frozenset[str], model: str) -> Figure | None:
-        """The plan's accuracy delta against its baseline in the fidelity phase (a fraction), on any device, of
-        the same model only: another model's task and noise say little about this one's."""
+        """The plan's accuracy delta against its baseline in the fidelity phase (a fraction), on any device,
+        of the same model only: another model's task and noise say little about this one's."""
         found = [r for r in self._accuracy.get(plan, []) if r[KEY.model] == model]
         if not found:
             return None

@@ -1,7 +1,7 @@
 """The plans advice chooses among: one option (or none) on each axis of the catalogue, combined.
 
-An axis holds the techniques that save the same kind of memory in different ways (activations: recompute them or
-move them to the host), so a plan takes at most one of each. The catalogue is what each technique declares
+An axis holds the techniques that save the same kind of memory in different ways (activations: recompute them
+or move them to the host), so a plan takes at most one of each. The catalogue is what each technique declares
 (``Technique.axis`` and ``offers``: checkpoint every-k, accumulation factors, optimizer kinds, precisions,
 offload, and sharding when the plan spans processes), a user's own techniques among them where they declare an
 axis; whether a combination can run is the suite loader's own check."""
@@ -43,8 +43,8 @@ class Option:
 
     @property
     def countable(self) -> bool:
-        """Whether counting FLOPs and bytes says what it costs: not where it changes the dtype, whose speed is the
-        device's."""
+        """Whether counting FLOPs and bytes says what it costs: not where it changes the dtype, whose speed is
+        the device's."""
         return self.computes is None
 
 
@@ -78,10 +78,11 @@ class Plan:
 
 
 def axes(model: ModelSpec, mode: str, nproc: int, batch: int, own: tuple[str, ...] = ()) -> list[Axis]:
-    """The catalogue's options for a model in a mode, spanning ``nproc`` processes at ``batch`` per process: what
-    every registered technique, and each of the user's ``own`` (module:Class) that declares an axis, offers
-    (``Technique.offered``), by axis in AXES order. CUDA-only options (offload, the host optimizer) stay in: a CPU
-    plan drops them as unsupported. Sharding is required over processes: each plan takes one way of it."""
+    """The catalogue's options for a model in a mode, spanning ``nproc`` processes at ``batch`` per process:
+    what every registered technique, and each of the user's ``own`` (module:Class) that declares an axis,
+    offers (``Technique.offered``), by axis in AXES order. CUDA-only options (offload, the host optimizer)
+    stay in: a CPU plan drops them as unsupported. Sharding is required over processes: each plan takes one
+    way of it."""
     found: dict[str, list[Option]] = {axis: [] for axis in AXES}
     for name in (*TECHNIQUES.names(), *own):
         cls = resolve(name)
@@ -89,8 +90,11 @@ def axes(model: ModelSpec, mode: str, nproc: int, batch: int, own: tuple[str, ..
             raise BadInput(f"technique {name}: axis {cls.axis!r} is none of advice's: {', '.join(AXES)}")
         for o in cls.offered(model, mode, nproc, batch) if cls.axis else ():
             found[cls.axis].append(Option(o.label, TechniqueSpec(name, o.options), o.computes))
-    return [Axis(axis, tuple(options), required=all(o.cls.distributed for o in options))
-            for axis, options in found.items() if options]
+    return [
+        Axis(axis, tuple(options), required=all(o.cls.distributed for o in options))
+        for axis, options in found.items()
+        if options
+    ]
 
 
 def combinations(found: list[Axis]) -> Iterator[Plan]:
@@ -100,7 +104,8 @@ def combinations(found: list[Axis]) -> Iterator[Plan]:
 
 
 def problems(plan: Plan, template: RunSpec) -> list[str]:
-    """Why the plan cannot be a run of a suite with the template's shapes (empty: it can), as the loader says."""
+    """Why the plan cannot be a run of a suite with the template's shapes (empty: it can), as the loader
+    says."""
     raw = [{"name": t.name, **dict(t.options)} for t in plan.techniques]
     found: list[str] = []
     checked(raw, plan.name, None, {"gpu": template.gpu, "cpu": template.cpu}, template.mode, found)

@@ -31,15 +31,21 @@ class Predictions:
         """Each spec's prediction at this device's shapes, in the order given."""
         return self._each(specs, _predicted, lambda s: {"predict": s.to_dict()})
 
-    def largest_batches(self, specs: list[RunSpec], budget: int, owns: list[dict[str, Any]]) -> list[int | None]:
-        """Each spec's largest batch whose predicted peak fits ``budget`` bytes; ``owns``: each one's prediction at
-        its own batch (the search starts from it)."""
-        found = self._each([(s, budget, o) for s, o in zip(specs, owns)], _largest,
-                           lambda w: {"largest": w[0].to_dict(), "budget": w[1]})
+    def largest_batches(
+        self, specs: list[RunSpec], budget: int, owns: list[dict[str, Any]]
+    ) -> list[int | None]:
+        """Each spec's largest batch whose predicted peak fits ``budget`` bytes; ``owns``: each one's
+        prediction at its own batch (the search starts from it)."""
+        found = self._each(
+            [(s, budget, o) for s, o in zip(specs, owns)],
+            _largest,
+            lambda w: {"largest": w[0].to_dict(), "budget": w[1]},
+        )
         return [f["largest_batch"] for f in found]
 
-    def _each(self, work: list[Any], job: Callable[..., dict[str, Any]],
-              keyed: Callable[[Any], dict[str, Any]]) -> list[dict[str, Any]]:
+    def _each(
+        self, work: list[Any], job: Callable[..., dict[str, Any]], keyed: Callable[[Any], dict[str, Any]]
+    ) -> list[dict[str, Any]]:
         keys = [self._key(keyed(w)) for w in work]
         out: list[dict[str, Any] | None] = [self._cached(k) for k in keys]
         todo = [i for i, o in enumerate(out) if o is None]
@@ -62,8 +68,11 @@ class Predictions:
             if isinstance(spec, dict):  # names change no figure
                 for name in ("suite", "name", "baseline"):
                     spec.pop(name, None)
-        blob = json.dumps({**what, "device_type": self.device_type, "torch": torch.__version__, "code": _code()},
-                          sort_keys=True, default=str)
+        blob = json.dumps(
+            {**what, "device_type": self.device_type, "torch": torch.__version__, "code": _code()},
+            sort_keys=True,
+            default=str,
+        )
         return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
     def _cached(self, key: str) -> dict[str, Any] | None:

@@ -1,5 +1,5 @@
-"""What a dtype costs on this CPU, timed here: the one part of a plan's cost that counting FLOPs and bytes cannot
-see, for the options no record of this very CPU measured yet.
+"""What a dtype costs on this CPU, timed here: the one part of a plan's cost that counting FLOPs and bytes
+cannot see, for the options no record of this very CPU measured yet.
 
 It is the model's own step, not a kernel's: oneDNN's bf16 ran a 1024² matmul 4× faster than fp32 on an AVX-512
 bf16 CPU, yet a vit-tiny step, whose matmuls are small, no faster at all."""

@@ -2,11 +2,11 @@
 
 1. Each option is predicted alone: its peak, and so its place in its axis's order of savings, and its cost.
 2. An option another choice on its axis beats on peak, cost and known accuracy alike is dropped (dominance).
-3. The combinations of what is left are walked cheapest first, by estimated cost, and predicted a few at a time
-   (in parallel processes); the first ``want`` that fit are the answer, as every cheaper plan was tried.
+3. The combinations of what is left are walked cheapest first, by estimated cost, and predicted a few at a
+   time (in parallel processes); the first ``want`` that fit are the answer, as every cheaper plan was tried.
 4. A plan that saves no more than one found not to fit, on every axis, is skipped unpredicted (monotonicity:
-   the option that saves more alone is taken to save more beside the others), as is one whose peak, guessed from
-   its options' own, is well over the budget (``_short``)."""
+   the option that saves more alone is taken to save more beside the others), as is one whose peak, guessed
+   from its options' own, is well over the budget (``_short``)."""
 
 from __future__ import annotations
 
@@ -55,10 +55,23 @@ class Search:
 
 
 class Searcher:
-    def __init__(self, template: RunSpec, base: Plan, found: list[Axis], predictions: Predictions,
-                 estimator: Callable[[dict[str, Any], dict[str, dict[str, Any]]], Estimator], log: TextIO = sys.stderr,
-                 unfit: Callable[[Option], list[str]] = lambda option: []):
-        self.template, self.base, self.axes, self.predictions, self.log = template, base, found, predictions, log
+    def __init__(
+        self,
+        template: RunSpec,
+        base: Plan,
+        found: list[Axis],
+        predictions: Predictions,
+        estimator: Callable[[dict[str, Any], dict[str, dict[str, Any]]], Estimator],
+        log: TextIO = sys.stderr,
+        unfit: Callable[[Option], list[str]] = lambda option: [],
+    ):
+        self.template, self.base, self.axes, self.predictions, self.log = (
+            template,
+            base,
+            found,
+            predictions,
+            log,
+        )
         self.make_estimator, self.unfit = estimator, unfit  # unfit: why an option is no plan for this device
         self.search = Search()
         self.alone: dict[str, dict[str, Any]] = {}
@@ -70,10 +83,15 @@ class Searcher:
         """The baseline's prediction and each option's alone; options that cannot run are dropped."""
         options = [o for a in self.axes for o in a.options if o not in self.base.options]
         plans = [self._alone(o) for o in options]
-        runnable = [(o, p) for o, p in zip(options, plans)
-                    if not self._refused(o, problems(p, self.template) or self.unfit(o))]
+        runnable = [
+            (o, p)
+            for o, p in zip(options, plans)
+            if not self._refused(o, problems(p, self.template) or self.unfit(o))
+        ]
         print(f"advise: predicting the baseline and {len(runnable)} options alone", file=self.log, flush=True)
-        made = self.predictions.peaks([self.base.spec(self.template)] + [p.spec(self.template) for _, p in runnable])
+        made = self.predictions.peaks(
+            [self.base.spec(self.template)] + [p.spec(self.template) for _, p in runnable]
+        )
         baseline, rest = made[0], made[1:]
         if baseline[KEY.predicted_status] != Status.OK:
             raise RuntimeError(f"the baseline cannot be predicted: {baseline.get(KEY.predicted_message)}")
@@ -106,27 +124,41 @@ class Searcher:
         return kept
 
     def _dominated(self, option: Option, options: list[Option], axis: Axis, estimator: Estimator) -> bool:
-        """Whether another choice on the axis (none included, where the axis allows it) peaks no higher, costs no
-        more and is known to lose no more accuracy."""
+        """Whether another choice on the axis (none included, where the axis allows it) peaks no higher, costs
+        no more and is known to lose no more accuracy."""
+
         def score(o: Option | None) -> tuple[int, float, float]:
             if o is None:
                 return self.baseline_peak, 1.0, 0.0
             loss = estimator.accuracy(Plan((o,))).delta
             return self.order[o.name], estimator.factor(o).factor, -(loss or 0.0)
 
-        if axis.name == "accumulation":  # more micro-batches cost smaller, less efficient kernels, which only their
-            return False  # operators count: each factor stays, and the walk takes the fewest that fit (_covers)
+        # more micro-batches cost smaller, less efficient kernels, which only their
+        if axis.name == "accumulation":
+            # operators count: each factor stays, and the walk takes the fewest that fit (_covers)
+            return False
         mine = score(option)
         rivals = [o for o in ((None,) if not axis.required else ()) + tuple(options) if o != option]
         for rival in rivals:
             theirs = score(rival)
-            if all(t <= m for t, m in zip(theirs, mine)) and (theirs != mine or _before(rival, option, options)):
+            if all(t <= m for t, m in zip(theirs, mine)) and (
+                theirs != mine or _before(rival, option, options)
+            ):
                 self.search.dominated.append(f"{option.name} (by {rival.name if rival else 'none'})")
                 return True
         return False
 
-    def walk(self, found: list[Axis], estimator: Estimator, budget: int, want: int, tolerance_pt: float | None,
-             limit: int, chunk: int, minimal: bool = True) -> Search:
+    def walk(
+        self,
+        found: list[Axis],
+        estimator: Estimator,
+        budget: int,
+        want: int,
+        tolerance_pt: float | None,
+        limit: int,
+        chunk: int,
+        minimal: bool = True,
+    ) -> Search:
         """The combinations, cheapest first, predicted ``chunk`` at a time until ``want`` fit or ``limit``
         predictions were made. ``minimal``: a plan holding one that fits is not one (what it adds costs, and
         the estimate may not see it: the launches of more micro-batches)."""
@@ -160,27 +192,42 @@ class Searcher:
                     found_in = self.search.fits if out[PEAK] <= budget else self.search.misses
                     found_in.append(Candidate(plan, out, speed, accuracy))
             if minimal:  # a plan found in this chunk may cover one found beside it
-                held = [c for c in self.search.fits if any(_covers(c.plan, c.speed, o) for o in self.search.fits)]
+                held = [
+                    c for c in self.search.fits if any(_covers(c.plan, c.speed, o) for o in self.search.fits)
+                ]
                 self.search.covering += len(held)
                 self.search.fits = [c for c in self.search.fits if c not in held]
-            print(f"advise: {predicted} plans predicted, {len(self.search.fits)} fit", file=self.log, flush=True)
-        self.search.fits.sort(key=lambda c: (c.accuracy.demoted(tolerance_pt), c.speed.rank, len(c.plan.options),
-                                             _micro(c.plan)))
+            print(
+                f"advise: {predicted} plans predicted, {len(self.search.fits)} fit", file=self.log, flush=True
+            )
+        self.search.fits.sort(
+            key=lambda c: (
+                c.accuracy.demoted(tolerance_pt),
+                c.speed.rank,
+                len(c.plan.options),
+                _micro(c.plan),
+            )
+        )
         return self.search
 
     def _cannot_fit(self, plan: Plan) -> bool:
         """Whether a plan found not to fit saves at least as much as this one on every axis."""
         mine = self._savings(plan)
-        return any(all(mine[a.name] >= theirs[a.name] for a in self.axes)
-                   for theirs in map(self._savings, (c.plan for c in self.search.misses)))
+        return any(
+            all(mine[a.name] >= theirs[a.name] for a in self.axes)
+            for theirs in map(self._savings, (c.plan for c in self.search.misses))
+        )
 
     def _short(self, plan: Plan, budget: int) -> bool:
-        """Whether the plan's peak, guessed from its options' own, stays over the budget by more than the guess's
-        margin. Each option alone scales each part of the peak (parameters, gradients, optimizer state,
-        activations, temporaries); the guess multiplies the scales of each part, as bf16's halving of the
-        activations and checkpointing's dropping of most of them compose."""
-        parts = {k.removeprefix("predicted_at_peak_"): v for k, v in self.baseline.items()
-                 if k.startswith("predicted_at_peak_") and v}
+        """Whether the plan's peak, guessed from its options' own, stays over the budget by more than the
+        guess's margin. Each option alone scales each part of the peak (parameters, gradients, optimizer
+        state, activations, temporaries); the guess multiplies the scales of each part, as bf16's halving of
+        the activations and checkpointing's dropping of most of them compose."""
+        parts = {
+            k.removeprefix("predicted_at_peak_"): v
+            for k, v in self.baseline.items()
+            if k.startswith("predicted_at_peak_") and v
+        }
         guess = 0.0
         for part, base in parts.items():
             scale = 1.0
@@ -192,11 +239,13 @@ class Searcher:
     def _savings(self, plan: Plan) -> dict[str, int]:
         """Each axis's option's peak alone (the baseline's where the plan takes none)."""
         chosen = {_axis_of(self.axes, o): o.name for o in plan.options}
-        return {a.name: self.order[chosen[a.name]] if a.name in chosen else self.baseline_peak for a in self.axes}
+        return {
+            a.name: self.order[chosen[a.name]] if a.name in chosen else self.baseline_peak for a in self.axes
+        }
 
     def strongest(self, found: list[Axis]) -> Plan | None:
-        """The combination of each axis's most saving option, as far as they combine (dropping, from the axis whose
-        option saves least, until they do)."""
+        """The combination of each axis's most saving option, as far as they combine (dropping, from the axis
+        whose option saves least, until they do)."""
         chosen = [min(a.options, key=lambda o: self.order[o.name]) for a in found if a.options]
         while chosen:
             plan = Plan(tuple(chosen))
@@ -211,8 +260,8 @@ def _axis_of(found: list[Axis], option: Option) -> str:
 
 
 def _covers(plan: Plan, speed: Estimate, fit: Candidate) -> bool:
-    """Whether ``plan`` takes everything a plan that fits takes (as many micro-batches or more), and more, at no
-    lower estimated cost: what it adds buys nothing."""
+    """Whether ``plan`` takes everything a plan that fits takes (as many micro-batches or more), and more, at
+    no lower estimated cost: what it adds buys nothing."""
     if plan == fit.plan or fit.speed.rank > speed.rank:
         return False
     mine = {o for o in plan.options if o.multiple == 1}

@@ -20,38 +20,53 @@ GIB = 2**30
 def table(advice: Advice) -> str:
     """The ranked plans that fit, or what the plan that saves most would need."""
     base = advice.baseline[KEY.predicted_peak_tensor_bytes]
-    head = (f"{advice.template.model} ({advice.source.mode}, batch {_batch(advice)}, {advice.device_type} shapes from "
-            f"{advice.source.origin}): baseline predicted {base / GIB:,.2f} GiB; budget {advice.budget_text} → "
-            f"{advice.budget / GIB:,.2f} GiB for tensors")
+    head = (
+        f"{advice.template.model} ({advice.source.mode}, batch {_batch(advice)}, {advice.device_type} "
+        f"shapes from {advice.source.origin}): baseline predicted {base / GIB:,.2f} GiB; budget "
+        f"{advice.budget_text} → {advice.budget / GIB:,.2f} GiB for tensors"
+    )
     if not advice.plans:
         return head + "\n\n" + nothing_fits(advice)
     if base <= advice.budget:  # said before any plan: the user's own run needs no technique to fit
-        head += (f"\n\nThe baseline already fits ({base / GIB:,.2f} of {advice.budget / GIB:,.2f} GiB): no technique "
-                 "is needed. The plans below buy headroom or speed, at the accuracy each shows.")
-    rows = ["| # | plan | peak GiB | headroom GiB | largest batch | est. throughput | accuracy | figures |",
-            "|---|---|---|---|---|---|---|---|"]
+        head += (
+            f"\n\nThe baseline already fits ({base / GIB:,.2f} of {advice.budget / GIB:,.2f} GiB): no "
+            "technique is needed. The plans below buy headroom or speed, at the accuracy each shows."
+        )
+    rows = [
+        "| # | plan | peak GiB | headroom GiB | largest batch | est. throughput | accuracy | figures |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for i, c in enumerate(advice.plans, 1):
-        rows.append(f"| {i} | {c.plan.name} | {c.peak / GIB:,.2f} | {(advice.budget - c.peak) / GIB:,.2f} | "
-                    f"{c.largest_batch if c.largest_batch is not None else '—'} | {c.speed.throughput:.2f}× | "
-                    f"{_accuracy(c)} | {_kinds(c)} |")
+        rows.append(
+            f"| {i} | {c.plan.name} | {c.peak / GIB:,.2f} | {(advice.budget - c.peak) / GIB:,.2f} | "
+            f"{c.largest_batch if c.largest_batch is not None else '—'} | {c.speed.throughput:.2f}× | "
+            f"{_accuracy(c)} | {_kinds(c)} |"
+        )
     return "\n".join([head, "", *rows, "", reasoning(advice)])
 
 
 def reasoning(advice: Advice) -> str:
     """One line for the top pick."""
     best, fits = advice.plans[0], len(advice.search.fits) or len(advice.plans)
-    why = (f"Why {best.plan.name}: the highest estimated throughput ({best.speed.throughput:.2f}× the baseline's) "
-           f"of the {fits} plan{'s' if fits > 1 else ''} found to fit, at {best.peak / GIB:,.2f} GiB "
-           f"({(advice.budget - best.peak) / GIB:,.2f} GiB spare)")
+    why = (
+        f"Why {best.plan.name}: the highest estimated throughput ({best.speed.throughput:.2f}× the "
+        f"baseline's) of the {fits} plan{'s' if fits > 1 else ''} found to fit, at {best.peak / GIB:,.2f} "
+        f"GiB ({(advice.budget - best.peak) / GIB:,.2f} GiB spare)"
+    )
     if best.accuracy.points is not None and best.plan.options:
         why += f"; known accuracy effect {best.accuracy.points:+.1f} pt"
     if best.accuracy.unknown:
         why += f"; no fidelity record for {', '.join(best.accuracy.unknown)}"
     if best.speed.uncertain:
-        why += (f"; {', '.join(best.speed.uncertain)} priced by another model's record or assumed (no plan priced "
-                "by this model's records and counting alone fit)")
+        why += (
+            f"; {', '.join(best.speed.uncertain)} priced by another model's record or assumed (no plan "
+            "priced by this model's records and counting alone fit)"
+        )
     elif any(c.speed.uncertain for c in advice.plans):
-        why += "; plans priced by another model's record or by assumption rank after those priced by this model's"
+        why += (
+            "; plans priced by another model's record or by assumption rank after those priced by "
+            "this model's"
+        )
     return why + "."
 
 
@@ -59,9 +74,11 @@ def nothing_fits(advice: Advice) -> str:
     if advice.closest is None:
         return "Nothing fits, and no plan could be predicted to say what would."
     c = advice.closest
-    return (f"Nothing fits {advice.budget / GIB:,.2f} GiB. The plan that saves most, {c.plan.name}, peaks at "
-            f"{c.peak / GIB:,.2f} GiB (parameters {c.predicted.get(KEY.predicted_param_bytes, 0) / GIB:,.2f} GiB). "
-            f"It would need {'; or '.join(advice.needs)}.")
+    return (
+        f"Nothing fits {advice.budget / GIB:,.2f} GiB. The plan that saves most, {c.plan.name}, peaks at "
+        f"{c.peak / GIB:,.2f} GiB (parameters {c.predicted.get(KEY.predicted_param_bytes, 0) / GIB:,.2f} "
+        f"GiB). It would need {'; or '.join(advice.needs)}."
+    )
 
 
 def sources(advice: Advice) -> str:
@@ -72,52 +89,72 @@ def sources(advice: Advice) -> str:
     lines = [f"- time per sample: {cal.said()}; stated: {est.rates.said()}"]
     lines += sorted({f"- speed, {line}" for c in listed for line in c.speed.sources})
     lines += sorted({f"- accuracy, {line}" for c in listed for line in c.accuracy.sources})
-    lines.append(f"- searched: {len(est.alone)} options alone; dropped {len(s.dropped)}"
-                 f"{': ' + '; '.join(s.dropped) if s.dropped else ''}; dominated {len(s.dominated)}"
-                 f"{': ' + ', '.join(s.dominated) if s.dominated else ''}")
-    lines.append(f"- {s.combinations:,} combinations: {s.cannot_combine:,} cannot combine, {s.over_tolerance:,} over "
-                 f"the accuracy tolerance, {s.skipped:,} skipped as saving less than a plan that did not fit (or "
-                 "guessed well over the budget), "
-                 f"{s.covering:,} as a plan that fits and more at no lower cost; "
-                 f"{advice.predicted} predictions made, {advice.reused} reused (.cache/predictions)")
+    lines.append(
+        f"- searched: {len(est.alone)} options alone; dropped {len(s.dropped)}"
+        f"{': ' + '; '.join(s.dropped) if s.dropped else ''}; dominated {len(s.dominated)}"
+        f"{': ' + ', '.join(s.dominated) if s.dominated else ''}"
+    )
+    lines.append(
+        f"- {s.combinations:,} combinations: {s.cannot_combine:,} cannot combine, {s.over_tolerance:,} over "
+        f"the accuracy tolerance, {s.skipped:,} skipped as saving less than a plan that did not fit (or "
+        "guessed well over the budget), "
+        f"{s.covering:,} as a plan that fits and more at no lower cost; "
+        f"{advice.predicted} predictions made, {advice.reused} reused (.cache/predictions)"
+    )
     return "\n".join(lines)
 
 
 def suite_file(advice: Advice, command: str, folder: Path = Path("suites")) -> Path:
-    """suites/advice-<model>.toml: the baseline and the listed plans, ready for ``make bench``; checked by loading
-    it before it is written."""
+    """suites/advice-<model>.toml: the baseline and the listed plans, ready for ``make bench``; checked by
+    loading it before it is written."""
     name = f"advice-{slug(advice.template.model.replace(':', '-'))}"
-    header = {"description": f"bench advise: the cheapest plans under {advice.budget_text}", **advice.source.header}
+    header = {
+        "description": f"bench advise: the cheapest plans under {advice.budget_text}",
+        **advice.source.header,
+    }
     if advice.source.mode != "train":
         header["mode"] = advice.source.mode
     runs, comments = [{"name": "baseline", "techniques": []} | _nproc(advice)], {}
     for c in (c for c in advice.plans if c.plan.options):  # the baseline is there already
-        runs.append({"name": c.plan.name, "techniques": [_technique(t) for t in c.plan.techniques]} | _nproc(advice)
-                    | _own_batch(advice, c))
-        comments[c.plan.name] = (f"predicted {c.peak / GIB:,.2f} GiB, est. {c.speed.throughput:.2f}× throughput, "
-                                 f"accuracy {_accuracy(c)}")
+        runs.append(
+            {"name": c.plan.name, "techniques": [_technique(t) for t in c.plan.techniques]}
+            | _nproc(advice)
+            | _own_batch(advice, c)
+        )
+        comments[c.plan.name] = (
+            f"predicted {c.peak / GIB:,.2f} GiB, est. {c.speed.throughput:.2f}× throughput, "
+            f"accuracy {_accuracy(c)}"
+        )
     loaded(header | {"name": name}, runs, name)  # a file that would not load is never written
     made = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    text = f"# Written by `{command}` on {made}.\n" + to_toml(header | {"baseline": "baseline"}, runs, comments)
+    text = f"# Written by `{command}` on {made}.\n" + to_toml(
+        header | {"baseline": "baseline"}, runs, comments
+    )
     path = folder / f"{name}.toml"
     write_atomic(path, text)
     return path
 
 
 def measured(advice: Advice, records: list[dict[str, Any]]) -> str:
-    """The listed plans as measured here: whether each fit, and the ranks by throughput, beside the estimates."""
+    """The listed plans as measured here: whether each fit, and the ranks by throughput, beside the
+    estimates."""
     by_run = {r[KEY.run]: r for r in records if r.get(KEY.status) == Status.OK}
     fitting = [c for c in advice.plans if _fits(by_run.get(c.plan.name), advice.budget)]
     speeds = sorted((by_run[c.plan.name][KEY.samples_per_s] for c in fitting), reverse=True)
-    rows = ["| # | plan | predicted GiB | measured GiB | fits | est. throughput | measured samples/s | measured rank |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| # | plan | predicted GiB | measured GiB | fits | est. throughput | measured samples/s | "
+        "measured rank |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for i, c in enumerate(advice.plans, 1):
         r = by_run.get(c.plan.name)
         peak = f"{r[KEY.peak_tensor_bytes] / GIB:,.3f}" if r else "—"
         sps = r[KEY.samples_per_s] if r else None
         rank = speeds.index(sps) + 1 if c in fitting else "—"
-        rows.append(f"| {i} | {c.plan.name} | {c.peak / GIB:,.3f} | {peak} | {'yes' if c in fitting else 'no'} | "
-                    f"{c.speed.throughput:.2f}× | {f'{sps:,.2f}' if sps else '—'} | {rank} |")
+        rows.append(
+            f"| {i} | {c.plan.name} | {c.peak / GIB:,.3f} | {peak} | {'yes' if c in fitting else 'no'} | "
+            f"{c.speed.throughput:.2f}× | {f'{sps:,.2f}' if sps else '—'} | {rank} |"
+        )
     return "\n".join(rows) + "\n\n" + verdict(advice, by_run)
 
 
@@ -126,19 +163,27 @@ def verdict(advice: Advice, by_run: dict[str, dict[str, Any]]) -> str:
     record = by_run.get(top.plan.name)
     if not _fits(record, advice.budget):
         return f"The top plan, {top.plan.name}, did not fit as measured here."
-    best = max(by_run[c.plan.name][KEY.samples_per_s] for c in advice.plans
-               if _fits(by_run.get(c.plan.name), advice.budget))
+    best = max(
+        by_run[c.plan.name][KEY.samples_per_s]
+        for c in advice.plans
+        if _fits(by_run.get(c.plan.name), advice.budget)
+    )
     share = record[KEY.samples_per_s] / best
-    return (f"The top plan, {top.plan.name}, fits as measured here, at {share:.0%} of the best measured throughput "
-            f"among the listed plans that fit.")
+    return (
+        f"The top plan, {top.plan.name}, fits as measured here, at {share:.0%} of the best measured "
+        "throughput among the listed plans that fit."
+    )
 
 
 def top_holds(advice: Advice, records: list[dict[str, Any]], within: float = 0.10) -> bool:
-    """Whether the measured top plan fits and its throughput is the best, or within ``within`` of the best, among
-    the listed plans that fit: the check of advice on a CPU."""
+    """Whether the measured top plan fits and its throughput is the best, or within ``within`` of the best,
+    among the listed plans that fit: the check of advice on a CPU."""
     by_run = {r[KEY.run]: r for r in records if r.get(KEY.status) == Status.OK}
-    fit = [by_run[c.plan.name][KEY.samples_per_s] for c in advice.plans
-           if _fits(by_run.get(c.plan.name), advice.budget)]
+    fit = [
+        by_run[c.plan.name][KEY.samples_per_s]
+        for c in advice.plans
+        if _fits(by_run.get(c.plan.name), advice.budget)
+    ]
     top = by_run.get(advice.plans[0].plan.name)
     return _fits(top, advice.budget) and top[KEY.samples_per_s] >= (1 - within) * max(fit)
 
@@ -178,13 +223,20 @@ def _accuracy(c: Candidate) -> str:
 
 
 def _kinds(c: Candidate) -> str:
-    """Where the plan's speed came from: this model's records, counting, another model's records, or nothing."""
+    """Where the plan's speed came from: this model's records, counting, another model's records, or
+    nothing."""
+
     def kind(line: str) -> str:
-        for marker, said in (("another model", "another model's"), ("assumed", "assumed"), ("measured", "measured"),
-                             ("timed on this device", "timed here")):
+        for marker, said in (
+            ("another model", "another model's"),
+            ("assumed", "assumed"),
+            ("measured", "measured"),
+            ("timed on this device", "timed here"),
+        ):
             if marker in line:
                 return said
         return "counted"
+
     return " + ".join(sorted({kind(line) for line in c.speed.sources})) or "baseline"
 
 

@@ -1,5 +1,6 @@
 """Command line: python -m bench {run,campaign,predict,fit,advise,report,overview,compare,validate,list}. One
-module per family of commands, each adding its own parsers (``add``); the logic each calls lives with its package."""
+module per family of commands, each adding its own parsers (``add``); the logic each calls lives with its
+package."""
 
 from __future__ import annotations
 
@@ -38,7 +39,9 @@ def interrupt(signum: int, frame: object) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bench", description="Benchmark memory-saving PyTorch training techniques.")
+    p = argparse.ArgumentParser(
+        prog="bench", description="Benchmark memory-saving PyTorch training techniques."
+    )
     p.set_defaults(sweeping=False)
     sub = p.add_subparsers(required=True, metavar="COMMAND")
     for family in (sweep, report, predict, advise, suites):

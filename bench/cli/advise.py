@@ -13,34 +13,74 @@ from bench.errors import BadInput
 
 def add(sub: argparse._SubParsersAction) -> None:
     """The parser of advise."""
-    adv = sub.add_parser("advise", help="the cheapest plans that make a model fit a budget: a ranked table, and "
-                                        "suites/advice-MODEL.toml to measure them")
-    adv.add_argument("model", help="a model (bench list), module:NAME, or a suite file whose model and shapes to take")
-    adv.add_argument("--budget", required=True, help="the card's memory, e.g. 24GiB (on CUDA less --reserve), or a "
-                                                     "share of the baseline's predicted peak, e.g. 60%%")
+    adv = sub.add_parser(
+        "advise",
+        help="the cheapest plans that make a model fit a budget: a ranked table, and "
+        "suites/advice-MODEL.toml to measure them",
+    )
+    adv.add_argument(
+        "model", help="a model (bench list), module:NAME, or a suite file whose model and shapes to take"
+    )
+    adv.add_argument(
+        "--budget",
+        required=True,
+        help="the card's memory, e.g. 24GiB (on CUDA less --reserve), or a "
+        "share of the baseline's predicted peak, e.g. 60%%",
+    )
     size = adv.add_mutually_exclusive_group()
     size.add_argument("--batch", type=positive, help="the batch per process (default: the shapes' own)")
     size.add_argument("--max-batch", action="store_true", help="rank plans by the largest batch each fits")
-    adv.add_argument("--nproc", type=world_size, default=1, metavar="N", help="processes the plans span "
-                     "(adds ddp or fsdp to every plan; the budget is each rank's)")
+    adv.add_argument(
+        "--nproc",
+        type=world_size,
+        default=1,
+        metavar="N",
+        help="processes the plans span (adds ddp or fsdp to every plan; the budget is each rank's)",
+    )
     mode = adv.add_mutually_exclusive_group()
-    mode.add_argument("--train", dest="mode", action="store_const", const="train", help="training steps (default)")
+    mode.add_argument(
+        "--train", dest="mode", action="store_const", const="train", help="training steps (default)"
+    )
     mode.add_argument("--infer", dest="mode", action="store_const", const="inference", help="inference only")
-    adv.add_argument("--tolerance-pt", type=points, metavar="X",
-                     help="drop plans whose techniques lost more than X accuracy points in committed fidelity records")
+    adv.add_argument(
+        "--tolerance-pt",
+        type=points,
+        metavar="X",
+        help="drop plans whose techniques lost more than X accuracy points in committed fidelity records",
+    )
     adv.add_argument("--top", type=positive, default=5, help="plans listed and written (default 5)")
-    adv.add_argument("--measure", action="store_true",
-                     help="measure the listed plans here and report, predicted against measured, whether each fit "
-                          "and how it ranked")
-    adv.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
-                     help="cuda (default): a card, at GPU shapes, predicted anywhere; cpu: this machine at CPU shapes")
-    adv.add_argument("--reserve", default=None, help="CUDA: held back from --budget for the context and workspaces "
-                                                     "(default 1GiB)")
-    adv.add_argument("--link-gbps", type=float, metavar="GB/S", help="device-host bandwidth for offloading "
-                                                                     "(default: 25, PCIe 4.0 x16)")
-    adv.add_argument("--jobs", type=positive, default=JOBS,
-                     help="processes predicting at once (default: the cores, at most 4)")
-    adv.add_argument("--results", type=Path, default=Path("results"), help="committed records read as evidence")
+    adv.add_argument(
+        "--measure",
+        action="store_true",
+        help="measure the listed plans here and report, predicted against measured, whether each fit "
+        "and how it ranked",
+    )
+    adv.add_argument(
+        "--device",
+        choices=["cuda", "cpu"],
+        default="cuda",
+        help="cuda (default): a card, at GPU shapes, predicted anywhere; cpu: this machine at CPU shapes",
+    )
+    adv.add_argument(
+        "--reserve",
+        default=None,
+        help="CUDA: held back from --budget for the context and workspaces (default 1GiB)",
+    )
+    adv.add_argument(
+        "--link-gbps",
+        type=float,
+        metavar="GB/S",
+        help="device-host bandwidth for offloading (default: 25, PCIe 4.0 x16)",
+    )
+    adv.add_argument(
+        "--jobs",
+        type=positive,
+        default=JOBS,
+        help="processes predicting at once (default: the cores, at most 4)",
+    )
+    adv.add_argument(
+        "--results", type=Path, default=Path("results"), help="committed records read as evidence"
+    )
     adv.add_argument("--out", type=Path, default=Path("suites"), help="folder for advice-MODEL.toml")
     adv.set_defaults(func=_advise)
 
@@ -51,7 +91,9 @@ def _advise(args: argparse.Namespace) -> int:
     from bench.results import writable
 
     if args.reserve and args.device != "cuda":
-        raise BadInput(f"--reserve {args.reserve} is held back on a CUDA card; leave it out with --device cpu")
+        raise BadInput(
+            f"--reserve {args.reserve} is held back on a CUDA card; leave it out with --device cpu"
+        )
     if args.measure:
         args.slurm, args.snapshot = None, False
         refuse_unusable_flags(args)
@@ -61,8 +103,18 @@ def _advise(args: argparse.Namespace) -> int:
         raise BadInput(str(exc)) from exc
     src = source(args.model, args.mode, args.batch, args.device)
     writable(args.out, "the advice suite file", "--out FOLDER")  # before the search, not after it
-    advice = advise(src, budget, args.device, args.nproc, args.top, args.tolerance_pt, args.max_batch, args.results,
-                    args.jobs, args.link_gbps)
+    advice = advise(
+        src,
+        budget,
+        args.device,
+        args.nproc,
+        args.top,
+        args.tolerance_pt,
+        args.max_batch,
+        args.results,
+        args.jobs,
+        args.link_gbps,
+    )
     print(write.table(advice))
     print("\nFigures:\n" + write.sources(advice), file=sys.stderr)
     if not advice.plans:
@@ -75,8 +127,9 @@ def _advise(args: argparse.Namespace) -> int:
 
 
 def _measure_advice(advice: object, path: Path, args: argparse.Namespace) -> int:
-    """The advice suite measured here, without fidelity phases, then predicted against measured; exit 1 unless the
-    top plan fits as measured and its throughput is within 10% of the best of the listed plans that fit."""
+    """The advice suite measured here, without fidelity phases, then predicted against measured; exit 1 unless
+    the top plan fits as measured and its throughput is within 10% of the best of the listed plans that
+    fit."""
     from bench import suite as suites
     from bench.advise import write
     from bench.sweep import sweep

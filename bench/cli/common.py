@@ -37,7 +37,9 @@ def points(text: str) -> float:
 
 def world_size(text: str) -> int:
     if not text.isdigit() or not 2 <= int(text) <= MAX_NPROC:
-        raise argparse.ArgumentTypeError(f"expected a number of processes from 2 to {MAX_NPROC:,}, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected a number of processes from 2 to {MAX_NPROC:,}, got {text!r}"
+        )
     return int(text)
 
 
@@ -53,7 +55,9 @@ def seconds(text: str) -> float:
     except ValueError:
         value = -1.0
     if not 0 < value <= MAX_TIMEOUT_S:
-        raise argparse.ArgumentTypeError(f"expected seconds from 1 to {MAX_TIMEOUT_S:g} (a week), got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected seconds from 1 to {MAX_TIMEOUT_S:g} (a week), got {text!r}"
+        )
     return value
 
 
@@ -72,13 +76,25 @@ def job_flags(p: argparse.ArgumentParser, suite: bool = True) -> None:
     """A job given as its files instead of a suite (``bench.suite.from_config``)."""
     if suite:
         p.add_argument("suite", nargs="?", help="suite name (suites/NAME.toml) or path; or give --hf")
-    p.add_argument("--hf", metavar="PATH", help="a Hugging Face config.json (or its folder): a suite of full "
-                                               "fine-tuning against the job the other flags give")
-    p.add_argument("--training-args", metavar="FILE", help="with --hf: the job's TrainingArguments (JSON or YAML)")
+    p.add_argument(
+        "--hf",
+        metavar="PATH",
+        help="a Hugging Face config.json (or its folder): a suite of full "
+        "fine-tuning against the job the other flags give",
+    )
+    p.add_argument(
+        "--training-args", metavar="FILE", help="with --hf: the job's TrainingArguments (JSON or YAML)"
+    )
     p.add_argument("--adapter-config", metavar="FILE", help="with --hf: the job's PEFT adapter_config.json")
-    p.add_argument("--seq-len", type=positive, metavar="N", help="with --hf: tokens per sequence on the GPU (512)")
-    p.add_argument("--batch", type=positive, metavar="B", help="with --hf: the batch on the GPU (default: the "
-                                                               "training arguments', else 8)")
+    p.add_argument(
+        "--seq-len", type=positive, metavar="N", help="with --hf: tokens per sequence on the GPU (512)"
+    )
+    p.add_argument(
+        "--batch",
+        type=positive,
+        metavar="B",
+        help="with --hf: the batch on the GPU (default: the training arguments', else 8)",
+    )
 
 
 def job_suite(args: argparse.Namespace, folder: Path = Path(".cache/suites")) -> Path:
@@ -87,14 +103,20 @@ def job_suite(args: argparse.Namespace, folder: Path = Path(".cache/suites")) ->
     given = [f for f in ("training_args", "adapter_config", "seq_len", "batch") if getattr(args, f, None)]
     if not args.hf:
         if given:
-            raise BadInput(f"--{given[0].replace('_', '-')} goes with --hf PATH (a config.json); a suite says it")
+            raise BadInput(
+                f"--{given[0].replace('_', '-')} goes with --hf PATH (a config.json); a suite says it"
+            )
         if not args.suite:
-            raise BadInput("name a suite (suites/NAME.toml), or give --hf PATH for a Hugging Face config.json")
+            raise BadInput(
+                "name a suite (suites/NAME.toml), or give --hf PATH for a Hugging Face config.json"
+            )
         return suite_path(args.suite)
     if getattr(args, "suite", None):
         raise BadInput(f"{args.suite} and --hf: give one, a suite or a config")
     if args.batch and args.training_args:
-        raise BadInput("--batch and --training-args: the training arguments give the batch; leave --batch out")
+        raise BadInput(
+            "--batch and --training-args: the training arguments give the batch; leave --batch out"
+        )
     from bench.models import resolve
     from bench.suite import from_config
     from bench.spec import HF
@@ -103,7 +125,9 @@ def job_suite(args: argparse.Namespace, folder: Path = Path(".cache/suites")) ->
         inputs = resolve(HF + args.hf).inputs
     except KeyError as exc:
         raise BadInput(str(exc.args[0] if exc.args else exc)) from None
-    text = from_config.suite_text(args.hf, args.training_args, args.adapter_config, args.seq_len, args.batch, inputs)
+    text = from_config.suite_text(
+        args.hf, args.training_args, args.adapter_config, args.seq_len, args.batch, inputs
+    )
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{from_config.name_of(args.hf)}.toml"
     path.write_text(text, encoding="utf-8")
@@ -124,22 +148,44 @@ def selected(path: Path, args: argparse.Namespace) -> Suite:
 
 
 def sweep_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--timeout", type=seconds, metavar="SECONDS",
-                   help="stop each run after this long instead of its suite's timeout_s (a stored record is kept)")
-    p.add_argument("--force", action="store_true",
-                   help="re-measure runs stored before this sweep began (interrupted, the same command resumes)")
-    p.add_argument("--keep-failures", action="store_true",
-                   help="keep stored error and timeout records instead of retrying them")
-    p.add_argument("--no-fidelity", action="store_true",
-                   help="skip every run's fidelity phase (the accuracy delta): memory and speed only, sooner; "
-                        "a stored record with the phase is kept")
-    p.add_argument("--launcher", choices=["fork", "fresh"], default="fork",
-                   help="how each run's process starts: forked from a server that imported torch once "
-                        "(default), or a fresh interpreter")
-    p.add_argument("--predict-jobs", type=count, default=None, metavar="N",
-                   help="processes predicting the pending runs while the device measures (default: on CUDA "
-                        "the spare cores, at most 4; on a CPU 0, each run predicting itself, so that "
-                        "predictions do not slow the measured steps)")
+    p.add_argument(
+        "--timeout",
+        type=seconds,
+        metavar="SECONDS",
+        help="stop each run after this long instead of its suite's timeout_s (a stored record is kept)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="re-measure runs stored before this sweep began (interrupted, the same command resumes)",
+    )
+    p.add_argument(
+        "--keep-failures",
+        action="store_true",
+        help="keep stored error and timeout records instead of retrying them",
+    )
+    p.add_argument(
+        "--no-fidelity",
+        action="store_true",
+        help="skip every run's fidelity phase (the accuracy delta): memory and speed only, sooner; "
+        "a stored record with the phase is kept",
+    )
+    p.add_argument(
+        "--launcher",
+        choices=["fork", "fresh"],
+        default="fork",
+        help="how each run's process starts: forked from a server that imported torch once "
+        "(default), or a fresh interpreter",
+    )
+    p.add_argument(
+        "--predict-jobs",
+        type=count,
+        default=None,
+        metavar="N",
+        help="processes predicting the pending runs while the device measures (default: on CUDA "
+        "the spare cores, at most 4; on a CPU 0, each run predicting itself, so that "
+        "predictions do not slow the measured steps)",
+    )
 
 
 def sweep_options(args: argparse.Namespace) -> dict[str, object]:
@@ -155,18 +201,27 @@ def local(args: argparse.Namespace, torchrun: tuple[str, ...] = ()) -> Launcher:
     jobs = args.predict_jobs
     if jobs is None:
         jobs = min(4, (os.cpu_count() or 1) - 1) if device.type == "cuda" else 0
-    return Local(device, args.launcher, torchrun, args.snapshot, max(jobs, 0))  # a one-core host has no spare core
+    # a one-core host has no spare core
+    return Local(device, args.launcher, torchrun, args.snapshot, max(jobs, 0))
 
 
 def refuse_unusable_flags(args: argparse.Namespace) -> None:
     """Flags this machine cannot honour, refused before a results folder is made."""
     if args.slurm is not None:
         if args.snapshot:
-            raise BadInput("--snapshot does not go with --slurm (the file would be written on the node); "
-                           "take one on a GPU node with `bench run SUITE --only RUN --snapshot`")
+            raise BadInput(
+                "--snapshot does not go with --slurm (the file would be written on the node); "
+                "take one on a GPU node with `bench run SUITE --only RUN --snapshot`"
+            )
         # A Slurm job is one run in one fresh process, predicting itself.
-        if ignored := [f for f, on in (("--launcher", args.launcher != "fork"),
-                                       ("--predict-jobs", args.predict_jobs is not None)) if on]:
+        if ignored := [
+            f
+            for f, on in (
+                ("--launcher", args.launcher != "fork"),
+                ("--predict-jobs", args.predict_jobs is not None),
+            )
+            if on
+        ]:
             raise BadInput(f"{', '.join(ignored)}: for local sweeps only; leave them out with --slurm")
         if importlib.util.find_spec("submitit") is None:
             raise BadInput("--slurm needs submitit: pip install -e '.[cluster]' (or pip install submitit)")
@@ -174,5 +229,7 @@ def refuse_unusable_flags(args: argparse.Namespace) -> None:
         import torch
 
         if not torch.cuda.is_available():
-            raise BadInput(f"--device cuda, but torch {torch.__version__} (CUDA {torch.version.cuda}) finds no "
-                           "CUDA device here; leave --device out to run on this machine's CPU")
+            raise BadInput(
+                f"--device cuda, but torch {torch.__version__} (CUDA {torch.version.cuda}) finds no "
+                "CUDA device here; leave --device out to run on this machine's CPU"
+            )

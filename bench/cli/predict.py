@@ -23,27 +23,56 @@ from bench.spec import MAX_NPROC
 
 def add(sub: argparse._SubParsersAction) -> None:
     """The parsers of predict and fit."""
-    pre = sub.add_parser("predict", help="predicted peak memory at GPU shapes, on this machine (fake tensors)")
+    pre = sub.add_parser(
+        "predict", help="predicted peak memory at GPU shapes, on this machine (fake tensors)"
+    )
     job_flags(pre)
-    pre.add_argument("--budget", help="the card's memory, e.g. 16GiB: which runs fit, and the largest batch that does")
-    pre.add_argument("--reserve", help="held back from the budget for the CUDA context and the allocator's "
-                                       "workspaces (default 1GiB, what the H100 records needed; 0: none)")
+    pre.add_argument(
+        "--budget", help="the card's memory, e.g. 16GiB: which runs fit, and the largest batch that does"
+    )
+    pre.add_argument(
+        "--reserve",
+        help="held back from the budget for the CUDA context and the allocator's "
+        "workspaces (default 1GiB, what the H100 records needed; 0: none)",
+    )
     pre.add_argument("--only", metavar="PATTERNS", help="comma-separated run names or globs")
-    pre.add_argument("--results", type=Path, default=Path("results"), help="where GPU measurements are read from")
-    pre.add_argument("--jobs", type=positive, default=JOBS,
-                     help="processes predicting at once (default: the cores, at most 4; each takes about 1 GB)")
-    pre.add_argument("--nproc", type=world_size, metavar="N",
-                     help="the processes every ddp, fsdp or tensor-parallel entry spans (default: its nproc): "
-                          f"each rank's peak and traffic under a fake process group, 2 to {MAX_NPROC:,}")
-    pre.add_argument("--breakdown", action="store_true", help="what is alive at each run's peak, by kind (parameters, "
-                                                             "gradients, optimizer state, activations, temporaries)")
+    pre.add_argument(
+        "--results", type=Path, default=Path("results"), help="where GPU measurements are read from"
+    )
+    pre.add_argument(
+        "--jobs",
+        type=positive,
+        default=JOBS,
+        help="processes predicting at once (default: the cores, at most 4; each takes about 1 GB)",
+    )
+    pre.add_argument(
+        "--nproc",
+        type=world_size,
+        metavar="N",
+        help="the processes every ddp, fsdp or tensor-parallel entry spans (default: its nproc): "
+        f"each rank's peak and traffic under a fake process group, 2 to {MAX_NPROC:,}",
+    )
+    pre.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="what is alive at each run's peak, by kind (parameters, "
+        "gradients, optimizer state, activations, temporaries)",
+    )
     pre.set_defaults(func=_predict)
-    fit = sub.add_parser("fit", help="the largest batch that really fits a budget, measured in probes, beside "
-                                     "the predicted one")
+    fit = sub.add_parser(
+        "fit",
+        help="the largest batch that really fits a budget, measured in probes, beside the predicted one",
+    )
     fit.add_argument("suite", help="suite name (suites/NAME.toml) or path")
-    fit.add_argument("--budget", required=True, help="the card's memory, e.g. 16GiB (on CUDA less --reserve "
-                                                     "is left to tensors; on a CPU, tracked tensor bytes)")
-    fit.add_argument("--reserve", default=None, help="CUDA: held back for the context and workspaces (default 1GiB)")
+    fit.add_argument(
+        "--budget",
+        required=True,
+        help="the card's memory, e.g. 16GiB (on CUDA less --reserve "
+        "is left to tensors; on a CPU, tracked tensor bytes)",
+    )
+    fit.add_argument(
+        "--reserve", default=None, help="CUDA: held back for the context and workspaces (default 1GiB)"
+    )
     fit.add_argument("--only", metavar="PATTERNS", help="comma-separated run names or globs")
     fit.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     fit.add_argument("--results", type=Path, default=Path("results"))
@@ -66,16 +95,25 @@ def _predict(args: argparse.Namespace) -> int:
     suite = selected(path, args)
     if args.nproc:
         suite = suites.spanning(suite, args.nproc)
-    measured = {r[KEY.run]: r for r in load_records(args.results / suite.name)
-                if r.get(KEY.device_type) == "cuda" and r.get(KEY.status) == Status.OK and r.get(KEY.run_key)}
-    print(f"{suite.name}: predicting {len(suite.runs)} runs at GPU shapes (fake tensors, nothing allocated)",
-          file=sys.stderr)
+    measured = {
+        r[KEY.run]: r
+        for r in load_records(args.results / suite.name)
+        if r.get(KEY.device_type) == "cuda" and r.get(KEY.status) == Status.OK and r.get(KEY.run_key)
+    }
+    print(
+        f"{suite.name}: predicting {len(suite.runs)} runs at GPU shapes (fake tensors, nothing allocated)",
+        file=sys.stderr,
+    )
     if budget is not None:
-        print(f"budget {args.budget} less {reserve} for the CUDA context and the allocator's workspaces "
-              f"(--reserve): {budget / 2**30:.2f} GiB for tensors", file=sys.stderr)
+        print(
+            f"budget {args.budget} less {reserve} for the CUDA context and the allocator's workspaces "
+            f"(--reserve): {budget / 2**30:.2f} GiB for tensors",
+            file=sys.stderr,
+        )
     table = suite_table(list(suite.runs), measured, budget, jobs=args.jobs)
     print(markdown(table, args.breakdown))
-    if args.only is None and budget is None and not args.nproc and not args.hf:  # a suite file, whole: its report
+    # a suite file, whole: its report
+    if args.only is None and budget is None and not args.nproc and not args.hf:
         import torch
 
         from bench.predict.table import save
@@ -85,9 +123,13 @@ def _predict(args: argparse.Namespace) -> int:
         path = save(table, args.results / suite.name / PREDICTED, git_revision(), torch.__version__)
         print(f"\nwritten: {path} (its report shows the runs no GPU has measured yet)", file=sys.stderr)
     if any(r.nproc > 1 for r in suite.runs):
-        print("\nRanks: each multi-process entry is predicted as rank 0 under a fake process group; the other ranks "
-              "run the same program on their own shards (fsdp's last ranks may hold a few padding elements less). "
-              "Traffic is what a rank sends per step, as a ring moves it, and it receives as much.", file=sys.stderr)
+        print(
+            "\nRanks: each multi-process entry is predicted as rank 0 under a fake process group; the "
+            "other ranks run the same program on their own shards (fsdp's last ranks may hold a few "
+            "padding elements less). Traffic is what a rank sends per step, as a ring moves it, and it "
+            "receives as much.",
+            file=sys.stderr,
+        )
     print(f"\nAssumed: {ASSUMPTIONS}.", file=sys.stderr)
     return 0
 
@@ -106,12 +148,23 @@ def _fit(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise BadInput(str(exc)) from exc
     suite = selected(path, args)
-    rows = fit_suite([r for r in suite.runs if r.mode == "train" and r.nproc == 1], device, budget, args.results)
+    rows = fit_suite(
+        [r for r in suite.runs if r.mode == "train" and r.nproc == 1], device, budget, args.results
+    )
     print("| run | measured largest batch | predicted | prediction |\n|---|---|---|---|")
     for r in rows:
-        verdict = ("error: " + r[KEY.message] if r[KEY.status] != Status.OK else
-                   "nothing fits" if r.get("measured_largest_batch") is None else
-                   "⚠ promises an OOM" if r.get("promises_oom") else
-                   "within 5% below" if r.get("within_5pct_below") else "safe, more than 5% below")
-        print(f"| {r['run']} | {r.get('measured_largest_batch')} | {r['predicted_largest_batch']} | {verdict} |")
+        verdict = (
+            "error: " + r[KEY.message]
+            if r[KEY.status] != Status.OK
+            else "nothing fits"
+            if r.get("measured_largest_batch") is None
+            else "⚠ promises an OOM"
+            if r.get("promises_oom")
+            else "within 5% below"
+            if r.get("within_5pct_below")
+            else "safe, more than 5% below"
+        )
+        print(
+            f"| {r['run']} | {r.get('measured_largest_batch')} | {r['predicted_largest_batch']} | {verdict} |"
+        )
     return 1 if any(r.get("promises_oom") or r[KEY.status] != Status.OK for r in rows) else 0

@@ -22,10 +22,17 @@ def add(sub: argparse._SubParsersAction) -> None:
     cmp.add_argument("a", type=Path, help="results/, results/<suite>/ or results/<suite>/<device>/ (before)")
     cmp.add_argument("b", type=Path, help="the same for the other side (after)")
     cmp.add_argument("--device", help="where a folder holds several devices: which one (part of its name)")
-    cmp.add_argument("--out", type=Path, default=Path("results/compare"), help="folder for compare.{md,csv,png}")
-    cmp.add_argument("--strict", nargs="?", const="all", metavar="KINDS",
-                     help="exit 1 when a run regressed (for CI); KINDS limits it to some of memory, throughput, "
-                          "accuracy: 'memory,accuracy' on a shared machine whose load moves throughput")
+    cmp.add_argument(
+        "--out", type=Path, default=Path("results/compare"), help="folder for compare.{md,csv,png}"
+    )
+    cmp.add_argument(
+        "--strict",
+        nargs="?",
+        const="all",
+        metavar="KINDS",
+        help="exit 1 when a run regressed (for CI); KINDS limits it to some of memory, throughput, "
+        "accuracy: 'memory,accuracy' on a shared machine whose load moves throughput",
+    )
     cmp.set_defaults(func=_compare)
 
 
@@ -33,8 +40,11 @@ def _report(args: argparse.Namespace) -> int:
     from bench.report import build_report
     from bench.results import writable
 
-    # A suite's name reads --results/NAME, even where ./NAME is a folder; a path (with a slash) is read as given.
-    folder = Path(args.suite) if "/" in args.suite and Path(args.suite).is_dir() else args.results / args.suite
+    # A suite's name reads --results/NAME, even where ./NAME is a folder; a path (with a slash) is read as
+    # given.
+    folder = (
+        Path(args.suite) if "/" in args.suite and Path(args.suite).is_dir() else args.results / args.suite
+    )
     if folder.is_dir():
         writable(folder, "the report", "--results FOLDER (a writable copy)")
     for path in build_report(folder):
@@ -59,8 +69,10 @@ def _compare(args: argparse.Namespace) -> int:
     # --strict alone gates every kind; --strict KINDS those named; no --strict, none.
     gate = set(compare.REGRESSIONS if args.strict == "all" else (args.strict or "").split(",")) - {""}
     if unknown := sorted(gate - set(compare.REGRESSIONS)):
-        raise BadInput(f"--strict {args.strict}: unknown {', '.join(map(repr, unknown))}; expected some of "
-                       f"{', '.join(compare.REGRESSIONS)}, comma-separated, after the two folders")
+        raise BadInput(
+            f"--strict {args.strict}: unknown {', '.join(map(repr, unknown))}; expected some of "
+            f"{', '.join(compare.REGRESSIONS)}, comma-separated, after the two folders"
+        )
     writable(args.out, "the comparison", "--out FOLDER")
     a, b = compare.load_side(args.a, args.device), compare.load_side(args.b, args.device)
     table = compare.compare(a, b)

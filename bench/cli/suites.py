@@ -1,5 +1,5 @@
-"""``bench validate``, ``bench list`` and ``bench suite``: suite files checked, models and techniques listed, and a
-suite written from a job's files."""
+"""``bench validate``, ``bench list`` and ``bench suite``: suite files checked, models and techniques listed,
+and a suite written from a job's files."""
 
 from __future__ import annotations
 
@@ -17,13 +17,23 @@ def add(sub: argparse._SubParsersAction) -> None:
     val.add_argument("suites", nargs="*", help="suite names or files (default: suites/*.toml)")
     val.set_defaults(func=_validate)
     lst = sub.add_parser("list", help="models and techniques with their options")
-    lst.add_argument("--docs", type=Path, metavar="PAGE", help="rewrite the techniques table in PAGE (between its "
-                                                              "markers) from the registry instead: make docs")
+    lst.add_argument(
+        "--docs",
+        type=Path,
+        metavar="PAGE",
+        help="rewrite the techniques table in PAGE (between its "
+        "markers) from the registry instead: make docs",
+    )
     lst.set_defaults(func=_list)
-    new = sub.add_parser("suite", help="write the suite a job's files describe (--hf config.json, --training-args, "
-                                       "--adapter-config), to keep and edit")
+    new = sub.add_parser(
+        "suite",
+        help="write the suite a job's files describe (--hf config.json, --training-args, "
+        "--adapter-config), to keep and edit",
+    )
     job_flags(new, suite=False)
-    new.add_argument("--out", type=Path, default=Path("suites"), help="folder for hf-<model>.toml (default: suites)")
+    new.add_argument(
+        "--out", type=Path, default=Path("suites"), help="folder for hf-<model>.toml (default: suites)"
+    )
     new.set_defaults(func=_suite, suite=None)
 
 
@@ -52,8 +62,12 @@ def _list(args: argparse.Namespace) -> int:
 
         print(catalogue.write(args.docs))
         return 0
-    print("models:", ", ".join(MODELS.names()), "(or 'hf:PATH' for a Hugging Face config.json, or 'module:NAME' "
-          "naming your own bench.models.ModelSpec)")
+    print(
+        "models:",
+        ", ".join(MODELS.names()),
+        "(or 'hf:PATH' for a Hugging Face config.json, or 'module:NAME' "
+        "naming your own bench.models.ModelSpec)",
+    )
     print("techniques:")
     for name in TECHNIQUES:
         cls = TECHNIQUES.get(name)

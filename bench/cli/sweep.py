@@ -21,8 +21,18 @@ from bench.errors import BadInput
 from bench.record import KEY, Status
 
 # make gpu's order: the training suites (with their fidelity phases), then inference, then the small ones.
-CAMPAIGN = ("resnet", "vit", "bert", "resnet-infer", "vit-infer", "bert-infer", "bert-varlen", "llama", "smoke",
-            "dist-smoke")
+CAMPAIGN = (
+    "resnet",
+    "vit",
+    "bert",
+    "resnet-infer",
+    "vit-infer",
+    "bert-infer",
+    "bert-varlen",
+    "llama",
+    "smoke",
+    "dist-smoke",
+)
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -31,25 +41,44 @@ def add(sub: argparse._SubParsersAction) -> None:
     job_flags(run)
     run.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     run.add_argument("--results", type=Path, default=Path("results"), help="results root (default: results)")
-    run.add_argument("--only", metavar="PATTERNS", help="comma-separated run names or globs, e.g. 'baseline,amp-*'")
-    run.add_argument("--snapshot", action="store_true",
-                     help="CUDA: save each run's instrumented step as <run>.snapshot.pickle for memory_viz")
+    run.add_argument(
+        "--only", metavar="PATTERNS", help="comma-separated run names or globs, e.g. 'baseline,amp-*'"
+    )
+    run.add_argument(
+        "--snapshot",
+        action="store_true",
+        help="CUDA: save each run's instrumented step as <run>.snapshot.pickle for memory_viz",
+    )
     sweep_flags(run)
-    run.add_argument("--torchrun", metavar="ARGS", default="",
-                     help="launcher arguments for multi-process runs instead of --standalone, e.g. "
-                          "'--nnodes 2 --rdzv-backend c10d --rdzv-endpoint node1:29500'")
-    run.add_argument("--slurm", metavar="OPTIONS",
-                     help="submit each run as a Slurm job (submitit): 'partition=gpu,timeout_min=60,…'; "
-                          "'cluster=local' runs the jobs as local processes")
+    run.add_argument(
+        "--torchrun",
+        metavar="ARGS",
+        default="",
+        help="launcher arguments for multi-process runs instead of --standalone, e.g. "
+        "'--nnodes 2 --rdzv-backend c10d --rdzv-endpoint node1:29500'",
+    )
+    run.add_argument(
+        "--slurm",
+        metavar="OPTIONS",
+        help="submit each run as a Slurm job (submitit): 'partition=gpu,timeout_min=60,…'; "
+        "'cluster=local' runs the jobs as local processes",
+    )
     run.set_defaults(func=_run, sweeping=True)
-    camp = sub.add_parser("campaign", help="every default suite in one sweep, runs never measured here first "
-                                           "(make gpu); resumes, with an ETA")
+    camp = sub.add_parser(
+        "campaign",
+        help="every default suite in one sweep, runs never measured here first "
+        "(make gpu); resumes, with an ETA",
+    )
     camp.add_argument("suites", nargs="*", default=list(CAMPAIGN), help=f"default: {' '.join(CAMPAIGN)}")
     camp.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     camp.add_argument("--results", type=Path, default=Path("results"), help="results root (default: results)")
-    camp.add_argument("--archive", type=Path, metavar="FILE.tgz",
-                      help="rewrite this archive of the suites' records on this device after every run "
-                           "(a leased machine that hands back one folder and may be cut off: $OUT/results.tgz)")
+    camp.add_argument(
+        "--archive",
+        type=Path,
+        metavar="FILE.tgz",
+        help="rewrite this archive of the suites' records on this device after every run "
+        "(a leased machine that hands back one folder and may be cut off: $OUT/results.tgz)",
+    )
     sweep_flags(camp)
     camp.set_defaults(func=_campaign, sweeping=True)
 
@@ -98,8 +127,9 @@ def _campaign(args: argparse.Namespace) -> int:
     if args.archive is not None:
         writable(args.archive.parent, f"the archive {args.archive.name}", "--archive PATH")
     launcher = local(args)
-    records = campaign(chosen, launcher, args.results, never_measured_first=True, archive=args.archive,
-                       **sweep_options(args))
+    records = campaign(
+        chosen, launcher, args.results, never_measured_first=True, archive=args.archive, **sweep_options(args)
+    )
     _pages(args.results, [s.name for s in chosen])
     return 1 if any(r[KEY.status] == Status.ERROR for rs in records.values() for r in rs) else 0
 
@@ -116,5 +146,8 @@ def _pages(results: Path, suites: list[str]) -> None:
             page = next(p for p in build() if p.suffix == ".html")  # the page to open
             print(f"{what}: {page}", file=sys.stderr)
         except OSError as exc:
-            print(f"warning: {what} could not be written ({exc.strerror or exc}); the records are stored: run "
-                  "`make report SUITE=…` or `make overview` once it can be", file=sys.stderr)
+            print(
+                f"warning: {what} could not be written ({exc.strerror or exc}); the records are stored: run "
+                "`make report SUITE=…` or `make overview` once it can be",
+                file=sys.stderr,
+            )

@@ -73,7 +73,9 @@ def load(source: str, kind: str, image_size: int) -> tuple[Labelled, Labelled]:
         return _split(*_digits(kind, image_size))
     if name == "digit-pixels":
         if kind != "tokens":
-            raise DataError(f"dataset {source!r}: digit pixel sequences feed token models; this model takes images")
+            raise DataError(
+                f"dataset {source!r}: digit pixel sequences feed token models; this model takes images"
+            )
         return _split(*_digit_pixels())
     if name == "imagefolder" and path:
         if kind != "image":
@@ -87,7 +89,9 @@ def load(source: str, kind: str, image_size: int) -> tuple[Labelled, Labelled]:
 def _split(inputs: torch.Tensor, labels: torch.Tensor) -> tuple[Labelled, Labelled]:
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(SPLIT_SEED))
     cut = len(labels) - int(len(labels) * HELD_OUT)
-    return Labelled(inputs[order[:cut]], labels[order[:cut]]), Labelled(inputs[order[cut:]], labels[order[cut:]])
+    return Labelled(inputs[order[:cut]], labels[order[:cut]]), Labelled(
+        inputs[order[cut:]], labels[order[cut:]]
+    )
 
 
 def _digits(kind: str, image_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,8 +114,10 @@ def digit_samples() -> list[tuple[torch.Tensor, int]]:
 
     digits = load_digits()
     pixels = torch.as_tensor(digits.images).flatten(1)
-    return [(torch.cat([torch.tensor([CLS]), FIRST_TOKEN + row.nonzero().flatten()]), int(label))
-            for row, label in zip(pixels, digits.target)]
+    return [
+        (torch.cat([torch.tensor([CLS]), FIRST_TOKEN + row.nonzero().flatten()]), int(label))
+        for row, label in zip(pixels, digits.target)
+    ]
 
 
 def _digit_pixels() -> tuple[torch.Tensor, torch.Tensor]:
@@ -177,7 +183,9 @@ def _hf(root: Path, kind: str, image_size: int) -> tuple[Labelled, Labelled]:
 
 def _hf_tensors(ds: Any, root: Path, kind: str, image_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     label = next((c for c in ("label", "labels") if c in ds.column_names), None)
-    column = next((c for c in (("image", "img") if kind == "image" else ("input_ids",)) if c in ds.column_names), None)
+    column = next(
+        (c for c in (("image", "img") if kind == "image" else ("input_ids",)) if c in ds.column_names), None
+    )
     if label is None or column is None:
         want = "image (or img)" if kind == "image" else "input_ids"
         raise DataError(f"dataset hf:{root}: columns {ds.column_names}; need {want} and label (or labels)")
@@ -189,6 +197,7 @@ def _hf_tensors(ds: Any, root: Path, kind: str, image_size: int) -> tuple[torch.
     from torchvision.transforms.functional import pil_to_tensor
 
     images = [pil_to_tensor(im.convert("RGB")).float() / 255 for im in ds[column]]
-    resized = torch.stack([F.interpolate(im[None], size=(image_size, image_size), mode="bilinear")[0]
-                           for im in images])
+    resized = torch.stack(
+        [F.interpolate(im[None], size=(image_size, image_size), mode="bilinear")[0] for im in images]
+    )
     return _images(resized, image_size), labels

@@ -31,8 +31,10 @@ def synthetic_batch(spec: ModelSpec, shapes: Shapes, seed: int, device: torch.de
 def to_device(inputs: Inputs, device: torch.device, non_blocking: bool = False) -> Inputs:
     """``non_blocking``: from pinned host memory, the copy overlaps the step instead of waiting for it."""
     if isinstance(inputs, dict):  # a packed batch's longest length rides along as an int
-        return {k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
-                for k, v in inputs.items()}
+        return {
+            k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
+            for k, v in inputs.items()
+        }
     return inputs.to(device, non_blocking=non_blocking)
 
 

@@ -77,12 +77,19 @@ def parse(text: str) -> Lengths:
         params = tuple(float(p) for p in raw)
     except ValueError:
         raise ValueError(f"{text!r}: parameters must be numbers; expected {FORMS}") from None
-    if kind == "uniform" and len(params) == 2 and 1 <= params[0] <= params[1] and all(p.is_integer() for p in params):
+    if (
+        kind == "uniform"
+        and len(params) == 2
+        and 1 <= params[0] <= params[1]
+        and all(p.is_integer() for p in params)
+    ):
         return Lengths(kind, params)
     if kind == "lognormal" and len(params) == 3 and params[0] > 0 and params[1] >= 0 and params[2] >= 1:
         return Lengths(kind, params)
-    raise ValueError(f"{text!r} is not a length distribution; expected {FORMS} (integers LO ≤ HI, MEDIAN > 0, "
-                     "SIGMA ≥ 0, MAX ≥ 1)")
+    raise ValueError(
+        f"{text!r} is not a length distribution; expected {FORMS} (integers LO ≤ HI, MEDIAN > 0, "
+        "SIGMA ≥ 0, MAX ≥ 1)"
+    )
 
 
 class Sequences(Dataset):
@@ -109,15 +116,21 @@ def sequences(lengths: Lengths, spec: ModelSpec, n: int, seed: int) -> Sequences
     if lengths.kind == "hf":
         return hf_sequences(lengths.path)
     g = torch.Generator().manual_seed(seed)
-    return Sequences([(torch.randint(FIRST_TOKEN, spec.vocab_size, (k,), generator=g),
-                       int(torch.randint(0, spec.num_classes, (), generator=g)))
-                      for k in lengths.sample(n, g)])
+    return Sequences(
+        [
+            (
+                torch.randint(FIRST_TOKEN, spec.vocab_size, (k,), generator=g),
+                int(torch.randint(0, spec.num_classes, (), generator=g)),
+            )
+            for k in lengths.sample(n, g)
+        ]
+    )
 
 
 @functools.cache
 def hf_sequences(path: str) -> Sequences:
-    """The train split of a local tokenised dataset, each row without its trailing padding; DataError (naming the
-    dataset and what is wrong) where it cannot be read."""
+    """The train split of a local tokenised dataset, each row without its trailing padding; DataError (naming
+    the dataset and what is wrong) where it cannot be read."""
     train, _ = real.load(f"hf:{path}", "tokens", 0)
     ends = real.lengths(train.inputs).tolist()
     if not train.inputs.numel() or min(ends) == 0:
@@ -134,7 +147,7 @@ def padded(samples: list[Sample], width: int | None, objective: str) -> Batch:
     width = width or max(len(seq) for seq, _ in samples)
     ids = torch.full((len(samples), width), PAD, dtype=torch.long)
     for row, (seq, _) in enumerate(samples):
-        ids[row, :len(seq)] = seq
+        ids[row, : len(seq)] = seq
     mask = (torch.arange(width) < torch.tensor([len(s) for s, _ in samples])[:, None]).long()
     if objective == "next-token":
         return {"input_ids": ids, "attention_mask": mask}, ids.masked_fill(mask == 0, IGNORE)
@@ -150,8 +163,14 @@ def packed(samples: list[Sample], objective: str) -> Batch:
     lens = [len(s) for s in seqs]  # Python values throughout: bench predict collates under fake tensors
     cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
     ids = torch.cat(seqs)[None]
-    inputs = {"input_ids": ids, "position_ids": torch.cat([torch.arange(k) for k in lens])[None],
-              "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max(lens), "max_length_k": max(lens)}
+    inputs = {
+        "input_ids": ids,
+        "position_ids": torch.cat([torch.arange(k) for k in lens])[None],
+        "cu_seq_lens_q": cu,
+        "cu_seq_lens_k": cu,
+        "max_length_q": max(lens),
+        "max_length_k": max(lens),
+    }
     if objective == "next-token":
         return inputs, ids.clone().index_fill_(1, cu[1:-1].long(), IGNORE)
     return inputs, torch.tensor([label for _, label in samples])
@@ -187,9 +206,11 @@ class Buckets(Sampler[list[int]]):
         size = self.batch_size * self.pool
         batches = []
         for start in range(0, len(order), size):
-            chunk = sorted(order[start:start + size], key=self.lengths.__getitem__)
-            batches += [chunk[i:i + self.batch_size] for i in range(0, len(chunk) - self.batch_size + 1,
-                                                                   self.batch_size)]
+            chunk = sorted(order[start : start + size], key=self.lengths.__getitem__)
+            batches += [
+                chunk[i : i + self.batch_size]
+                for i in range(0, len(chunk) - self.batch_size + 1, self.batch_size)
+            ]
         for i in torch.randperm(len(batches), generator=self.generator).tolist():
             yield batches[i]
 
@@ -208,8 +229,8 @@ class Batching:
 
 @dataclass
 class Feed:
-    """Batches from a DataLoader over ``data``, the same ones in the same order on every pass (``batches(n)``),
-    with the host time each waited for and each batch's real and padded tokens."""
+    """Batches from a DataLoader over ``data``, the same ones in the same order on every pass
+    (``batches(n)``), with the host time each waited for and each batch's real and padded tokens."""
 
     data: Sequences
     batching: Batching
@@ -222,14 +243,20 @@ class Feed:
     def loader(self) -> DataLoader:
         g = torch.Generator().manual_seed(self.seed)
         size = self.shapes.batch_size
-        common = {"collate_fn": self.batching.collate, "num_workers": self.shapes.loader_workers,
-                  "pin_memory": self.shapes.pin_memory and self.device.type == "cuda"}
+        common = {
+            "collate_fn": self.batching.collate,
+            "num_workers": self.shapes.loader_workers,
+            "pin_memory": self.shapes.pin_memory and self.device.type == "cuda",
+        }
         if self.batching.sampler is not None:
-            return DataLoader(self.data, batch_sampler=self.batching.sampler(self.data.lengths, size, g), **common)
+            return DataLoader(
+                self.data, batch_sampler=self.batching.sampler(self.data.lengths, size, g), **common
+            )
         return DataLoader(self.data, batch_size=size, shuffle=True, drop_last=True, generator=g, **common)
 
     def batches(self, n: int) -> Iterator[Batch]:
-        """The first ``n`` batches of the pass (epochs repeat, in the same order, where ``n`` runs past one)."""
+        """The first ``n`` batches of the pass (epochs repeat, in the same order, where ``n`` runs past
+        one)."""
         self.waits_ms, self.tokens = [], []
         given = 0
         while given < n:

@@ -41,4 +41,6 @@ class Launcher(Protocol):
     device_type: str
     snapshot: bool  # each run's CUDA allocator history is saved beside its record
 
-    def running(self, todo: list[Task], log: TextIO) -> AbstractContextManager[Callable[[Task], dict[str, Any]]]: ...
+    def running(
+        self, todo: list[Task], log: TextIO
+    ) -> AbstractContextManager[Callable[[Task], dict[str, Any]]]: ...

@@ -39,8 +39,14 @@ class Local:
     instrumented step beside its record; ``predict_jobs``: processes predicting the pending runs while the
     device measures (0: each run predicts itself)."""
 
-    def __init__(self, device: Device, kind: Kind = "fork", torchrun: tuple[str, ...] = (), snapshot: bool = False,
-                 predict_jobs: int = 0) -> None:
+    def __init__(
+        self,
+        device: Device,
+        kind: Kind = "fork",
+        torchrun: tuple[str, ...] = (),
+        snapshot: bool = False,
+        predict_jobs: int = 0,
+    ) -> None:
         self.device, self.kind, self.torchrun, self.predict_jobs = device, kind, torchrun, predict_jobs
         self.device_name, self.device_type = device.name, device.type
         self.snapshot = snapshot and device.type == "cuda"
@@ -51,19 +57,32 @@ class Local:
     @contextmanager
     def running(self, todo: list[Task], log: TextIO) -> Iterator[Callable[[Task], dict[str, Any]]]:
         if self.refused_snapshot:
-            print(f"--snapshot: the allocator history is CUDA's; none is saved on {self.device.name}", file=log)
+            print(
+                f"--snapshot: the allocator history is CUDA's; none is saved on {self.device.name}", file=log
+            )
         kind = self._usable(log) if todo else self.kind
         revision = git_revision()
         with Ahead([t.spec for t in todo], self.device.type, self.predict_jobs) as ahead:
+
             def run(task: Task) -> dict[str, Any]:
                 shot = task.path.with_suffix(".snapshot.pickle") if self.snapshot else None
                 clock = time.monotonic()
-                outcome = run_isolated(task.spec, self.device, shot, self.torchrun, kind, ahead.get(task.spec),
-                                       heartbeat=lambda said: print(f"    {task.spec.name}: {said}", file=log,
-                                                                    flush=True))
+                outcome = run_isolated(
+                    task.spec,
+                    self.device,
+                    shot,
+                    self.torchrun,
+                    kind,
+                    ahead.get(task.spec),
+                    heartbeat=lambda said: print(f"    {task.spec.name}: {said}", file=log, flush=True),
+                )
                 # wall_s: the run's whole process (start-up, prediction, measurement, fidelity phase)
-                return results.base_record(task.spec, self.device.name, self.device.type, task.key, revision) | {
-                    KEY.wall_s: round(time.monotonic() - clock, 1)} | outcome
+                return (
+                    results.base_record(task.spec, self.device.name, self.device.type, task.key, revision)
+                    | {KEY.wall_s: round(time.monotonic() - clock, 1)}
+                    | outcome
+                )
+
             yield run
 
     def _usable(self, log: TextIO) -> Kind:
@@ -74,65 +93,105 @@ class Local:
         return self.kind
 
 
-def run_isolated(spec: RunSpec, device: Device, snapshot: Path | None = None, torchrun: tuple[str, ...] = (),
-                 kind: Kind = "fork", prediction: dict[str, Any] | None = None,
-                 budget: int | None = None, heartbeat: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run_isolated(
+    spec: RunSpec,
+    device: Device,
+    snapshot: Path | None = None,
+    torchrun: tuple[str, ...] = (),
+    kind: Kind = "fork",
+    prediction: dict[str, Any] | None = None,
+    budget: int | None = None,
+    heartbeat: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """The run in its own process (``nproc`` > 1: its own torchrun, one process per rank); a crash or a
     timeout becomes a status, never an exception, and keeps the memory and speed figures measured before its
     fidelity phase. With ``snapshot`` (CUDA), the instrumented step's memory history is dumped there for
-    memory_viz; with ``prediction``, made ahead, the run skips its own; with ``budget`` (bytes), more memory than
-    that is out of memory (bench fit); ``heartbeat`` is told the run's phase every ``HEARTBEAT_S``."""
+    memory_viz; with ``prediction``, made ahead, the run skips its own; with ``budget`` (bytes), more memory
+    than that is out of memory (bench fit); ``heartbeat`` is told the run's phase every ``HEARTBEAT_S``."""
     if device.type == "cuda" and spec.nproc > device.count:
         why = f"needs {spec.nproc} GPUs per node; {device.count} visible"
         return {KEY.status: Status.UNSUPPORTED, KEY.message: why}
     own_env = {k: v for t in spec.techniques for k, v in build(t).env().items()}
     if own_env or spec.nproc > 1:
-        kind = "fresh"  # see bench.launch.process: a fork would start with the server's environment, or one process
+        # see bench.launch.process: a fork would start with the server's environment, or one process
+        kind = "fresh"
     with tempfile.TemporaryDirectory(prefix="bench-run-") as tmp:
-        spec_path, out_path, err_path, said = (Path(tmp) / n for n in ("spec.json", "out.json", "stderr.txt",
-                                                                      "progress.txt"))
-        job = {"spec": spec.to_dict(), "device_type": device.type, "snapshot": str(snapshot) if snapshot else None,
-               "prediction": prediction, "launched_at": time.time(), "budget_bytes": budget}
+        spec_path, out_path, err_path, said = (
+            Path(tmp) / n for n in ("spec.json", "out.json", "stderr.txt", "progress.txt")
+        )
+        job = {
+            "spec": spec.to_dict(),
+            "device_type": device.type,
+            "snapshot": str(snapshot) if snapshot else None,
+            "prediction": prediction,
+            "launched_at": time.time(),
+            "budget_bytes": budget,
+        }
         spec_path.write_text(json.dumps(job))
         argv = ["bench.worker", str(spec_path), str(out_path)]
         if spec.nproc > 1:
-            argv = ["torch.distributed.run", f"--nproc-per-node={spec.nproc}", "--tee=3",
-                    f"--log-dir={Path(tmp) / 'ranks'}", *(torchrun or ("--standalone",)), "-m", *argv]
+            argv = [
+                "torch.distributed.run",
+                f"--nproc-per-node={spec.nproc}",
+                "--tee=3",
+                f"--log-dir={Path(tmp) / 'ranks'}",
+                *(torchrun or ("--standalone",)),
+                "-m",
+                *argv,
+            ]
         kills, seen = oom_kills(), {}
         proc = Process(argv, os.environ | own_env | {progress.ENV: str(said)}, err_path, kind)
         try:
             code = _wait(proc, spec.timeout_s, said, heartbeat, seen)
         except subprocess.TimeoutExpired:
             proc.kill()
-            return _measured(out_path, Status.TIMEOUT, f"stopped after {spec.timeout_s:g} s in its "
-                             f"{progress.heard(said)}; running the same command again retries it, and --timeout "
-                             "SECONDS (or timeout_s in the suite) raises the limit")
+            return _measured(
+                out_path,
+                Status.TIMEOUT,
+                f"stopped after {spec.timeout_s:g} s in its "
+                f"{progress.heard(said)}; running the same command again retries it, and --timeout "
+                "SECONDS (or timeout_s in the suite) raises the limit",
+            )
         except BaseException:  # Ctrl-C: take the run down with us, keep what is stored
             proc.kill()
             raise
         tail = _tail(err_path, Path(tmp) / "ranks")
         if code == 0 and out_path.exists():
             out = json.loads(out_path.read_text())
-            return out | {KEY.launcher: kind} | ({KEY.stderr_tail: tail} if out[KEY.status] == Status.ERROR else {})
+            return (
+                out
+                | {KEY.launcher: kind}
+                | ({KEY.stderr_tail: tail} if out[KEY.status] == Status.ERROR else {})
+            )
         if failed := sorted(Path(tmp).glob("out.json.rank*")):  # a rank's own record of why it stopped
             return json.loads(failed[0].read_text()) | {KEY.stderr_tail: tail}
         if code == -signal.SIGKILL and kills is not None and (oom_kills() or 0) > kills:
             reached = seen.get(KEY.rss_peak_bytes, 0) / 2**30
-            out = _measured(out_path, Status.OOM, "killed by the host's OOM killer (SIGKILL, and /proc/vmstat's "
-                            f"oom_kill rose): its resident memory reached {reached:,.2f} GiB at the last look")
-            # The watched peak stands in only where the run measured none: a figure of its timed steps stays theirs.
+            out = _measured(
+                out_path,
+                Status.OOM,
+                "killed by the host's OOM killer (SIGKILL, and /proc/vmstat's "
+                f"oom_kill rose): its resident memory reached {reached:,.2f} GiB at the last look",
+            )
+            # The watched peak stands in only where the run measured none: a figure of its timed steps stays
+            # theirs.
             return out | {KEY.launcher: kind} | (seen if out[KEY.status] == Status.OOM else {})
-        why = (f"killed by signal {signal.Signals(-code).name}" if code < 0 else
-               "no record written (under a multi-node torchrun, rank 0 is on another node)" if code == 0
-               else f"exit status {code}")
+        why = (
+            f"killed by signal {signal.Signals(-code).name}"
+            if code < 0
+            else "no record written (under a multi-node torchrun, rank 0 is on another node)"
+            if code == 0
+            else f"exit status {code}"
+        )
         died = _measured(out_path, Status.ERROR, f"run process died: {why}")
         return died | {KEY.stderr_tail: tail, KEY.launcher: kind}
 
 
-def _wait(proc: Process, timeout_s: float, said: Path, heartbeat: Callable[[str], None] | None,
-          seen: dict[str, int]) -> int:
-    """The run's exit status, telling ``heartbeat`` its phase every HEARTBEAT_S and keeping the highest resident
-    memory its process reached in ``seen`` (a look every WATCH_S); TimeoutExpired past the limit."""
+def _wait(
+    proc: Process, timeout_s: float, said: Path, heartbeat: Callable[[str], None] | None, seen: dict[str, int]
+) -> int:
+    """The run's exit status, telling ``heartbeat`` its phase every HEARTBEAT_S and keeping the highest
+    resident memory its process reached in ``seen`` (a look every WATCH_S); TimeoutExpired past the limit."""
     start = last = time.monotonic()
     while True:
         left = timeout_s - (time.monotonic() - start)
@@ -170,8 +229,8 @@ def oom_kills() -> int | None:
 
 
 def _measured(out_path: Path, status: str, message: str) -> dict[str, Any]:
-    """A run stopped short: where its memory and speed were measured before the fidelity phase, it stays ``ok``
-    with those figures and the phase's failure beside them; else ``status`` with ``message``."""
+    """A run stopped short: where its memory and speed were measured before the fidelity phase, it stays
+    ``ok`` with those figures and the phase's failure beside them; else ``status`` with ``message``."""
     early = out_path.with_name(out_path.name + ".measured")
     if early.exists():
         return json.loads(early.read_text()) | {KEY.fidelity_error: f"{status}: {message}"}
@@ -188,7 +247,8 @@ def _tail(err_path: Path, rank_logs: Path) -> str:
     return tail
 
 
-TAIL_READ = 64 * 1024  # bytes read from the end of a run's output: a run that printed 1.5 GB took 7.2 GB to read whole
+# bytes read from the end of a run's output: a run that printed 1.5 GB took 7.2 GB to read whole
+TAIL_READ = 64 * 1024
 
 
 def _last_words(log: Path) -> str:

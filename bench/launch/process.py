@@ -39,8 +39,13 @@ class Process:
         self.started = time.time()
         if kind == "fresh":
             with open(log, "w") as out:
-                self._popen = subprocess.Popen([sys.executable, "-m", *argv], env=env, stdout=out,
-                                               stderr=subprocess.STDOUT, start_new_session=True)
+                self._popen = subprocess.Popen(
+                    [sys.executable, "-m", *argv],
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             self.pid = self._popen.pid
             return
         self._popen = None
@@ -76,7 +81,8 @@ def start_server() -> None:
 
 
 def _context() -> multiprocessing.context.BaseContext:
-    """The fork server, started on first use with ``PRELOAD`` imported and ``SERVER_ENV`` in its environment."""
+    """The fork server, started on first use with ``PRELOAD`` imported and ``SERVER_ENV`` in its
+    environment."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
     saved = {k: os.environ.get(k) for k in SERVER_ENV}

@@ -1,6 +1,6 @@
-"""Runs as Slurm jobs, through submitit: each run is one job, which measures on its node exactly as ``bench run``
-would there (its own process, or its own torchrun), and hands its record back to the sweep, which stores it in
-the same results folder, under the device the job found."""
+"""Runs as Slurm jobs, through submitit: each run is one job, which measures on its node exactly as ``bench
+run`` would there (its own process, or its own torchrun), and hands its record back to the sweep, which stores
+it in the same results folder, under the device the job found."""
 
 from __future__ import annotations
 
@@ -32,14 +32,21 @@ def parse_options(text: str) -> dict[str, Any]:
 
 
 class Slurm:
-    """``device_type``: the nodes' (the device itself, and so the records' folder, is known when a job reports);
-    ``options``: submitit's parameters (``parse_options``); ``torchrun``: as for ``Local``."""
+    """``device_type``: the nodes' (the device itself, and so the records' folder, is known when a job
+    reports); ``options``: submitit's parameters (``parse_options``); ``torchrun``: as for ``Local``."""
 
     device_name = None
     snapshot = False  # the file would be written on the node
 
-    def __init__(self, device_type: str, folder: Path, options: dict[str, Any], torchrun: tuple[str, ...] = ()) -> None:
-        self.device_type, self.folder, self.options, self.torchrun = device_type, folder, dict(options), torchrun
+    def __init__(
+        self, device_type: str, folder: Path, options: dict[str, Any], torchrun: tuple[str, ...] = ()
+    ) -> None:
+        self.device_type, self.folder, self.options, self.torchrun = (
+            device_type,
+            folder,
+            dict(options),
+            torchrun,
+        )
 
     @contextmanager
     def running(self, todo: list[Task], log: TextIO) -> Iterator[Callable[[Task], dict[str, Any]]]:
@@ -51,23 +58,36 @@ class Slurm:
         executor.update_parameters(**(self._defaults([t.spec for t in todo]) | options))
         revision, jobs = git_revision(), {}
         for t in todo:
-            jobs[id(t)] = executor.submit(remote_run, t.spec.to_dict(), self.device_type, self.torchrun, revision)
-            print(f"{t.spec.name}: submitted as job {jobs[id(t)].job_id} (logs in {self.folder})", file=log, flush=True)
+            jobs[id(t)] = executor.submit(
+                remote_run, t.spec.to_dict(), self.device_type, self.torchrun, revision
+            )
+            print(
+                f"{t.spec.name}: submitted as job {jobs[id(t)].job_id} (logs in {self.folder})",
+                file=log,
+                flush=True,
+            )
         yield lambda t: _collect(t.spec, jobs[id(t)])
 
     def _defaults(self, specs: list[RunSpec]) -> dict[str, Any]:
         if not specs:
             return {}
         gpus = max(s.nproc for s in specs) if self.device_type == "cuda" else 0
-        return {"timeout_min": max(1, int(max(s.timeout_s for s in specs) // 60) + 5), "nodes": 1,
-                "tasks_per_node": 1, "name": f"bench-{specs[0].suite}"} | ({"gpus_per_node": gpus} if gpus else {})
+        return {
+            "timeout_min": max(1, int(max(s.timeout_s for s in specs) // 60) + 5),
+            "nodes": 1,
+            "tasks_per_node": 1,
+            "name": f"bench-{specs[0].suite}",
+        } | ({"gpus_per_node": gpus} if gpus else {})
 
 
-# The line a job prints once it knows its node's device, so that a job that dies later is filed under that device.
+# The line a job prints once it knows its node's device, so that a job that dies later is filed under that
+# device.
 ON_DEVICE = "bench: measuring on "
 
 
-def remote_run(spec_dict: dict[str, Any], device_type: str, torchrun: tuple[str, ...], revision: str) -> dict[str, Any]:
+def remote_run(
+    spec_dict: dict[str, Any], device_type: str, torchrun: tuple[str, ...], revision: str
+) -> dict[str, Any]:
     """Inside the job, on its node: the record ``bench run`` would write there."""
     spec = RunSpec.from_dict(spec_dict)
     device = detect(device_type)
@@ -75,21 +95,29 @@ def remote_run(spec_dict: dict[str, Any], device_type: str, torchrun: tuple[str,
     clock = time.monotonic()
     outcome = run_isolated(spec, device, None, torchrun, "fresh")
     key = spec.measured_key(device.name, device.type)
-    return results.base_record(spec, device.name, device.type, key, revision) | {
-        KEY.wall_s: round(time.monotonic() - clock, 1)} | outcome
+    return (
+        results.base_record(spec, device.name, device.type, key, revision)
+        | {KEY.wall_s: round(time.monotonic() - clock, 1)}
+        | outcome
+    )
 
 
 def _collect(spec: RunSpec, job: Any) -> dict[str, Any]:
-    """The job's record; a job that died (preempted, out of time, no device on its node) becomes an error record of
-    the run, filed under the device its node reported (``unknown`` where it died before knowing it), with the
-    error's own line and where the job's log is."""
+    """The job's record; a job that died (preempted, out of time, no device on its node) becomes an error
+    record of the run, filed under the device its node reported (``unknown`` where it died before knowing it),
+    with the error's own line and where the job's log is."""
     try:
         out = job.result()
     except Exception as exc:  # noqa: BLE001  submitit re-raises the job's failure here
         device = _reported_device(job)
-        return {KEY.suite: spec.suite, KEY.run: spec.name, KEY.device: device or "unknown", KEY.status: Status.ERROR,
-                KEY.message: f"slurm job {job.job_id} failed: {_cause(str(exc))} (log: {job.paths.stderr})",
-                KEY.baseline: spec.baseline}
+        return {
+            KEY.suite: spec.suite,
+            KEY.run: spec.name,
+            KEY.device: device or "unknown",
+            KEY.status: Status.ERROR,
+            KEY.message: f"slurm job {job.job_id} failed: {_cause(str(exc))} (log: {job.paths.stderr})",
+            KEY.baseline: spec.baseline,
+        }
     if not isinstance(out, list):
         return out
     # Multi-node jobs return one record per node; the node holding rank 0 has the merged one.
@@ -108,5 +136,5 @@ def _reported_device(job: Any) -> str | None:
         printed = job.stdout() or ""
     except OSError:  # the log never reached the shared folder
         return None
-    found = [line[len(ON_DEVICE):].strip() for line in printed.splitlines() if line.startswith(ON_DEVICE)]
+    found = [line[len(ON_DEVICE) :].strip() for line in printed.splitlines() if line.startswith(ON_DEVICE)]
     return found[-1] if found else None

@@ -1,13 +1,14 @@
-"""PyTorch's CUDA caching allocator, simulated: a step's allocations and frees, in order, replayed through its rules
-as ``c10/cuda/CUDACachingAllocator.cpp`` writes them, give what the card would have reserved, not only what was
-allocated. One stream; the defaults of ``PYTORCH_CUDA_ALLOC_CONF`` with its ``max_split_size_mb``.
+"""PyTorch's CUDA caching allocator, simulated: a step's allocations and frees, in order, replayed through its
+rules as ``c10/cuda/CUDACachingAllocator.cpp`` writes them, give what the card would have reserved, not only
+what was allocated. One stream; the defaults of ``PYTORCH_CUDA_ALLOC_CONF`` with its ``max_split_size_mb``.
 
-The rules: a request is rounded up to 512 bytes. Requests up to 1 MiB come from the small pool, whose segments are
-2 MiB; larger ones from the large pool, whose segments are 20 MiB for requests under 10 MiB, else the request rounded
-up to 2 MiB. A request takes the smallest free block of its pool that holds it (best fit); the block is split when
-what is left is at least 512 bytes (small pool) or more than 1 MiB (large pool), and a freed block merges with the
-free blocks beside it in its segment. Where no block fits, a new segment is reserved; under a memory cap, the
-allocator first frees every segment wholly unused and tries again (a retry), and raises out of memory after."""
+The rules: a request is rounded up to 512 bytes. Requests up to 1 MiB come from the small pool, whose segments
+are 2 MiB; larger ones from the large pool, whose segments are 20 MiB for requests under 10 MiB, else the
+request rounded up to 2 MiB. A request takes the smallest free block of its pool that holds it (best fit); the
+block is split when what is left is at least 512 bytes (small pool) or more than 1 MiB (large pool), and a
+freed block merges with the free blocks beside it in its segment. Where no block fits, a new segment is
+reserved; under a memory cap, the allocator first frees every segment wholly unused and tries again (a retry),
+and raises out of memory after."""
 
 from __future__ import annotations
 
@@ -119,8 +120,11 @@ class CachingAllocator:
             return None
         found, segment, offset = pool[i]
         if self.max_split is not None and (
-                (size < self.max_split and found >= self.max_split)  # an oversize block is kept for large requests
-                or (size >= self.max_split and found >= size + LARGE_BUFFER)):  # and used only where it nearly fits
+            # an oversize block is kept for large requests
+            (size < self.max_split and found >= self.max_split)
+            # and used only where it nearly fits
+            or (size >= self.max_split and found >= size + LARGE_BUFFER)
+        ):
             return None
         return next(b for b in self.segments[segment].blocks if b.offset == offset)
 
@@ -136,8 +140,9 @@ class CachingAllocator:
             self.retries += 1
             self.empty_cache()  # free what is cached, then try once more
             if self.reserved + wanted > self.capacity:
-                raise OutOfMemory(f"tried to reserve {wanted:,} bytes with {self.reserved:,} of {self.capacity:,} "
-                                  "reserved")
+                raise OutOfMemory(
+                    f"tried to reserve {wanted:,} bytes with {self.reserved:,} of {self.capacity:,} reserved"
+                )
         key, self._next_segment = self._next_segment, self._next_segment + 1
         block = Block(key, 0, wanted)
         self.segments[key] = Segment(wanted, small, [block])

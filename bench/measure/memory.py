@@ -64,29 +64,50 @@ def optimizer_state(optimizer: torch.optim.Optimizer | None) -> list[torch.Tenso
     if optimizer is None:  # inference
         return []
     masters = getattr(optimizer, "masters", [])
-    return [*masters, *(t for state in optimizer.state.values() for v in state.values() for t in _tensors_of(v))]
+    return [
+        *masters,
+        *(t for state in optimizer.state.values() for v in state.values() for t in _tensors_of(v)),
+    ]
 
 
 def _tensors_of(value: object) -> list[torch.Tensor]:
-    """A state value's tensors: itself, or those an object in the state holds (GaLore's projector, its basis)."""
+    """A state value's tensors: itself, or those an object in the state holds (GaLore's projector, its
+    basis)."""
     if torch.is_tensor(value):
         return [value]
     held = getattr(value, "__dict__", {}).values()
-    return [t for v in held for t in ([v] if torch.is_tensor(v) else v if isinstance(v, tuple) else [])
-            if torch.is_tensor(t)]
+    return [
+        t
+        for v in held
+        for t in ([v] if torch.is_tensor(v) else v if isinstance(v, tuple) else [])
+        if torch.is_tensor(t)
+    ]
 
 
 # What each storage alive at the peak was: model states by what holds them, else by the phase that made
 # it (the batch, cloned before the forward, counts with the activations it feeds).
 # The tracker's labels, each in the record's at-peak category (bench.record.AT_PEAK).
-LABELS = {"parameters": "parameters", "buffers": "buffers", "gradients": "gradients",
-           "optimizer_state": "optimizer_state", "": "activations", "forward": "activations",
-           "backward": "temporaries", "optimizer": "temporaries"}
+LABELS = {
+    "parameters": "parameters",
+    "buffers": "buffers",
+    "gradients": "gradients",
+    "optimizer_state": "optimizer_state",
+    "": "activations",
+    "forward": "activations",
+    "backward": "temporaries",
+    "optimizer": "temporaries",
+}
 
 
-def tracked_step(step: Callable[[], object], model: nn.Module, optimizer: torch.optim.Optimizer | None,
-                 device: torch.device, rounding: int | None = None,
-                 compiled_update: bool = False, reserved: bool = False) -> dict[str, int | str]:
+def tracked_step(
+    step: Callable[[], object],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    device: torch.device,
+    rounding: int | None = None,
+    compiled_update: bool = False,
+    reserved: bool = False,
+) -> dict[str, int | str]:
     """One step under the live-bytes tracker: its peak, what was alive at that peak (``at_peak_*_bytes``,
     summing to the peak), and the bytes each forward leaves alive for backward (saved activations plus the
     logits), the quantity checkpointing and autocast shrink. ``compiled_update``: the optimizer's step runs
@@ -119,8 +140,11 @@ def tracked_step(step: Callable[[], object], model: nn.Module, optimizer: torch.
 
     if optimizer is not None:
         hooks.append(optimizer.register_step_pre_hook(optimizer_start))
-    aside = (patch.object(optimizer, "step", _stepped_aside(optimizer.step, tracker)) if compiled_update
-             else nullcontext())
+    aside = (
+        patch.object(optimizer, "step", _stepped_aside(optimizer.step, tracker))
+        if compiled_update
+        else nullcontext()
+    )
     try:
         with tracker, aside:
             step()
@@ -132,14 +156,19 @@ def tracked_step(step: Callable[[], object], model: nn.Module, optimizer: torch.
     at_peak = dict.fromkeys(CATEGORIES, 0)
     for label, n in tracker.at_peak().items():
         at_peak[LABELS[label]] += n
-    return {
-        KEY.peak_tensor_bytes: tracker.peak,
-        KEY.peak_phase: tracker.peak_phase,
-        KEY.activation_bytes: max(held),
-        # What the optimizer found in .grad (absent where gradients are freed in backward, or no optimizer).
-        KEY.gradient_bytes: grads[-1] if grads else None,
-        **{f"at_peak_{k}_bytes": v for k, v in at_peak.items()},
-    } | model_state_bytes(model, optimizer) | (_reserved(tracker) if reserved else {})
+    return (
+        {
+            KEY.peak_tensor_bytes: tracker.peak,
+            KEY.peak_phase: tracker.peak_phase,
+            KEY.activation_bytes: max(held),
+            # What the optimizer found in .grad (absent where gradients are freed in backward, or no
+            # optimizer).
+            KEY.gradient_bytes: grads[-1] if grads else None,
+            **{f"at_peak_{k}_bytes": v for k, v in at_peak.items()},
+        }
+        | model_state_bytes(model, optimizer)
+        | (_reserved(tracker) if reserved else {})
+    )
 
 
 def _reserved(tracker: LiveBytes) -> dict[str, int]:
@@ -152,6 +181,7 @@ def _stepped_aside(step: Callable[..., Any], tracker: LiveBytes) -> Callable[...
     def run(*args: Any, **kwargs: Any) -> Any:
         with tracker.stepped_aside():
             return step(*args, **kwargs)
+
     return run
 
 

@@ -14,7 +14,9 @@ from bench.record import KEY
 def time_steps(step: Callable[[], object], n: int, device: torch.device) -> list[float]:
     """Run ``step`` n times; each step's duration in milliseconds."""
     if device.type == "cuda":
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+        events = [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)
+        ]
         for start, end in events:
             start.record()
             step()

@@ -17,7 +17,11 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode_temporarily, is_traceable_wrapper_subclass
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    _pop_mode_temporarily,
+    is_traceable_wrapper_subclass,
+)
 from torch.utils._pytree import tree_leaves
 
 from bench.measure.allocator import CachingAllocator
@@ -115,10 +119,12 @@ class LiveBytes(TorchDispatchMode):
         weakref.finalize(storage, self._free, key, index)
 
     def replay(self, allocator: CachingAllocator) -> None:
-        """Every allocation and free this tracker saw, in order, through ``allocator``: the tensors counted before
-        the step (parameters, kept gradients, optimizer state) first, as they were added."""
-        events = sorted([(born, 0, i, n) for i, (n, _, born, _) in enumerate(self._lives)]
-                        + [(freed, 1, i, n) for i, (n, _, _, freed) in enumerate(self._lives) if freed is not None])
+        """Every allocation and free this tracker saw, in order, through ``allocator``: the tensors counted
+        before the step (parameters, kept gradients, optimizer state) first, as they were added."""
+        events = sorted(
+            [(born, 0, i, n) for i, (n, _, born, _) in enumerate(self._lives)]
+            + [(freed, 1, i, n) for i, (n, _, _, freed) in enumerate(self._lives) if freed is not None]
+        )
         for _, freeing, i, n in events:
             if freeing:
                 allocator.free(i)

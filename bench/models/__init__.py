@@ -30,16 +30,18 @@ CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 def repeated_blocks(model: nn.Module) -> list[str]:
     """Dotted names of the repeated blocks, in module order: every run of two or more consecutive children of
     one class in a ModuleList, Sequential or ModuleDict (torchvision's ResNet stages and ViT encoder, BERT's
-    layers, DenseNet's dense layers, and MobileNetV3's inverted residuals between its stem and head), then any other
-    module of a class found so
-    (EfficientNet's stages of a single block). A run of plain containers is looked into, not wrapped."""
+    layers, DenseNet's dense layers, and MobileNetV3's inverted residuals between its stem and head), then any
+    other module of a class found so (EfficientNet's stages of a single block). A run of plain containers is
+    looked into, not wrapped."""
     found: list[str] = []
     for name, module in model.named_modules():
         if isinstance(module, CONTAINERS) and not _inside(name, found):
             found += [f"{name}.{child}" if name else child for child in _runs(module)]
     classes = {type(model.get_submodule(b)) for b in found}
     order = {n: i for i, (n, _) in enumerate(model.named_modules())}
-    single = [n for n, m in model.named_modules() if type(m) in classes and n not in found and not _inside(n, found)]
+    single = [
+        n for n, m in model.named_modules() if type(m) in classes and n not in found and not _inside(n, found)
+    ]
     return sorted(found + single, key=order.__getitem__)
 
 
@@ -51,8 +53,7 @@ def _runs(container: nn.Module) -> list[str]:
             runs[-1].append((name, child))
         else:
             runs.append([(name, child)])
-    return [n for run in runs if len(run) >= 2 and not isinstance(run[0][1], CONTAINERS)
-            for n, _ in run]
+    return [n for run in runs if len(run) >= 2 and not isinstance(run[0][1], CONTAINERS) for n, _ in run]
 
 
 def _inside(name: str, blocks: list[str]) -> bool:
@@ -83,16 +84,18 @@ class ModelSpec:
     # False for a model too large to build in a CPU's memory (Llama-3-8B's 32 GB of float32 weights): it is
     # predicted, built on the meta device, and runs on CUDA; a CPU run of it is unsupported.
     cpu: bool = True
-    # The model computes its own loss from the labels passed in, as transformers' Trainer calls it (its causal-LM
-    # loss upcasts the logits to float32 and pads the labels), rather than this harness's cross-entropy.
+    # The model computes its own loss from the labels passed in, as transformers' Trainer calls it (its
+    # causal-LM loss upcasts the logits to float32 and pads the labels), rather than this harness's
+    # cross-entropy.
     own_loss: bool = False
 
     def __post_init__(self) -> None:
         if self.inputs not in ("image", "tokens"):
             raise ValueError(f"model {self.name}: inputs must be 'image' or 'tokens', got {self.inputs!r}")
         if self.objective not in ("classify", "next-token"):
-            raise ValueError(f"model {self.name}: objective must be 'classify' or 'next-token', "
-                             f"got {self.objective!r}")
+            raise ValueError(
+                f"model {self.name}: objective must be 'classify' or 'next-token', got {self.objective!r}"
+            )
         if self.objective == "next-token" and self.inputs != "tokens":
             raise ValueError(f"model {self.name}: objective 'next-token' needs inputs = 'tokens'")
         if self.num_classes < 1 or (self.inputs == "tokens" and self.vocab_size < 1):
@@ -103,12 +106,16 @@ class ModelSpec:
         """The shape entries a suite must give for this model besides batch_size."""
         return ("image_size",) if self.inputs == "image" else ("seq_len",)
 
-    def forward(self, model: nn.Module, inputs: Inputs, labels: torch.Tensor,
-                loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One forward and its mean loss: ``loss`` where a technique takes it (on what the model returned), else the
-        model's own from the labels (``own_loss``; its outputs are dropped on return, as the Trainer's
-        compute_loss drops them), else ``self.loss``. Returns the logits too, for their dtype."""
+    def forward(
+        self,
+        model: nn.Module,
+        inputs: Inputs,
+        labels: torch.Tensor,
+        loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward and its mean loss: ``loss`` where a technique takes it (on what the model returned),
+        else the model's own from the labels (``own_loss``; its outputs are dropped on return, as the
+        Trainer's compute_loss drops them), else ``self.loss``. Returns the logits too, for their dtype."""
         if self.own_loss and loss is None:
             out = model(**inputs, labels=labels)
             return out["logits"], out["loss"]
@@ -125,8 +132,10 @@ class ModelSpec:
         token i + 1; the labels are shifted rather than the logits, so no copy of the (batch, seq, vocab)
         logits is made (transformers' causal-LM loss does the same)."""
         if logits.shape[-1] < self.num_classes:  # else cross-entropy's 'Target 9 is out of bounds'
-            raise ValueError(f"model {self.name}: its logits are {logits.shape[-1]} wide but its spec says "
-                             f"num_classes = {self.num_classes}; make the model's output as wide as num_classes")
+            raise ValueError(
+                f"model {self.name}: its logits are {logits.shape[-1]} wide but its spec says "
+                f"num_classes = {self.num_classes}; make the model's output as wide as num_classes"
+            )
         if self.objective == "classify":
             return F.cross_entropy(logits, labels)
         return F.cross_entropy(logits.flatten(0, 1), next_tokens(labels).flatten(), ignore_index=IGNORE)
@@ -160,7 +169,9 @@ def resolve(name: str) -> ModelSpec:
     return spec
 
 
-def build_model(spec: ModelSpec, shapes: Shapes, weights: str | None = None) -> tuple[nn.Module, dict[str, Any]]:
+def build_model(
+    spec: ModelSpec, shapes: Shapes, weights: str | None = None
+) -> tuple[nn.Module, dict[str, Any]]:
     """The model at these shapes, initialised from the current seed, then its pretrained weights if a path is
     given; with what was loaded (for the record)."""
     from bench.models.weights import load_weights
@@ -170,8 +181,8 @@ def build_model(spec: ModelSpec, shapes: Shapes, weights: str | None = None) -> 
 
 
 def children_of(container: str) -> Callable[[nn.Module], list[str]]:
-    """Block names for every child of the module(s) named, e.g. ``"layer1,layer2"``; inside a wrapper that holds
-    the model (peft's, once LoRA applied), the names it gives them."""
+    """Block names for every child of the module(s) named, e.g. ``"layer1,layer2"``; inside a wrapper that
+    holds the model (peft's, once LoRA applied), the names it gives them."""
 
     def names(model: nn.Module) -> list[str]:
         base = model.get_base_model() if hasattr(model, "get_base_model") else model

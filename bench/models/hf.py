@@ -1,12 +1,12 @@
-"""A model from its Hugging Face ``config.json``: ``model = "hf:PATH"`` in a suite, PATH a folder holding one (or the
-file itself), for any architecture transformers builds from a config. Weights are random, as for every built-in
-model (``weights`` loads local ones). The head comes from the config's ``architectures`` (``…ForCausalLM``: a
-next-token model; ``…ForSequenceClassification`` or ``…ForImageClassification``: a classifier of its
-``num_labels``), or from a task named after the path, ``hf:PATH#sequence-classification``. A token model computes
-its own loss from the labels, as the Trainer calls it (the causal-LM loss upcasts the logits to float32).
-Attention is the config's ``attn_implementation`` where it names one, else SDPA, transformers' own default. The
-weights are float32, as ``from_pretrained`` gives them without a ``torch_dtype``: the precision techniques say
-what runs in 16 bits."""
+"""A model from its Hugging Face ``config.json``: ``model = "hf:PATH"`` in a suite, PATH a folder holding one
+(or the file itself), for any architecture transformers builds from a config. Weights are random, as for every
+built-in model (``weights`` loads local ones). The head comes from the config's ``architectures``
+(``…ForCausalLM``: a next-token model; ``…ForSequenceClassification`` or ``…ForImageClassification``: a
+classifier of its ``num_labels``), or from a task named after the path, ``hf:PATH#sequence-classification``. A
+token model computes its own loss from the labels, as the Trainer calls it (the causal-LM loss upcasts the
+logits to float32). Attention is the config's ``attn_implementation`` where it names one, else SDPA,
+transformers' own default. The weights are float32, as ``from_pretrained`` gives them without a
+``torch_dtype``: the precision techniques say what runs in 16 bits."""
 
 from __future__ import annotations
 
@@ -27,8 +27,11 @@ TASKS = {
     "sequence-classification": ("AutoModelForSequenceClassification", "tokens", "classify"),
     "image-classification": ("AutoModelForImageClassification", "image", "classify"),
 }
-SUFFIXES = {"ForCausalLM": "causal-lm", "ForSequenceClassification": "sequence-classification",
-            "ForImageClassification": "image-classification"}
+SUFFIXES = {
+    "ForCausalLM": "causal-lm",
+    "ForSequenceClassification": "sequence-classification",
+    "ForImageClassification": "image-classification",
+}
 # Model types whose layers are named as Llama's (q/k/v/o, gate/up/down projections): lora's default targets.
 LLAMA_LAYOUT = {"llama", "mistral", "qwen2", "qwen3"}
 CPU_PARAMS = 2e9  # over this many parameters (8 GB of float32), a model is predicted only, as llama3-8b is
@@ -48,10 +51,18 @@ def spec(name: str) -> ModelSpec:
     classes = config.vocab_size if objective == "next-token" else config.num_labels
     attention = raw.get("attn_implementation") or raw.get("_attn_implementation") or "sdpa"
     built = lambda shapes: _build(config, task, attention, shapes)  # noqa: E731
-    return ModelSpec(name, built, inputs, classes, vocab_size=config.vocab_size if tokens else 0,
-                     family="llama" if config.model_type in LLAMA_LAYOUT else "",
-                     attention=attention == "sdpa", objective=objective, cpu=_params(config, task) <= CPU_PARAMS,
-                     own_loss=tokens)
+    return ModelSpec(
+        name,
+        built,
+        inputs,
+        classes,
+        vocab_size=config.vocab_size if tokens else 0,
+        family="llama" if config.model_type in LLAMA_LAYOUT else "",
+        attention=attention == "sdpa",
+        objective=objective,
+        cpu=_params(config, task) <= CPU_PARAMS,
+        own_loss=tokens,
+    )
 
 
 def _read(name: str) -> dict[str, Any]:
@@ -59,8 +70,10 @@ def _read(name: str) -> dict[str, Any]:
     try:
         return json.loads(file.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise KeyError(f"model {name!r}: cannot read {file} ({exc.strerror or exc}); give a folder holding "
-                       "config.json, or the file") from None
+        raise KeyError(
+            f"model {name!r}: cannot read {file} ({exc.strerror or exc}); give a folder holding "
+            "config.json, or the file"
+        ) from None
     except json.JSONDecodeError as exc:
         raise KeyError(f"model {name!r}: {file} is not JSON ({exc})") from None
 
@@ -70,8 +83,10 @@ def _task(name: str, raw: dict[str, Any]) -> str:
         for suffix, task in SUFFIXES.items():
             if architecture.endswith(suffix):
                 return task
-    raise KeyError(f"model {name!r}: its config's architectures ({raw.get('architectures')}) name no head this "
-                   f"harness trains; name one after the path, e.g. {name}#causal-lm ({', '.join(TASKS)})")
+    raise KeyError(
+        f"model {name!r}: its config's architectures ({raw.get('architectures')}) name no head this "
+        f"harness trains; name one after the path, e.g. {name}#causal-lm ({', '.join(TASKS)})"
+    )
 
 
 def _config(name: str) -> Any:

@@ -1,6 +1,6 @@
 """BERT-base for sequence classification (transformers, random init from BertConfig), plus a tiny variant; and
-Llama-3 causal language models: 8B's shapes for predictions of runs over many GPUs, 1B's for one GPU, and a tiny
-one of the same family for a CPU.
+Llama-3 causal language models: 8B's shapes for predictions of runs over many GPUs, 1B's for one GPU, and a
+tiny one of the same family for a CPU.
 
 transformers is imported inside the builders: it takes seconds, and vision runs never need it."""
 
@@ -44,8 +44,12 @@ def _bert_tiny(shapes: Shapes) -> nn.Module:
     # 1/sqrt(hidden), gives 82% (standard deviation 3.0 over six seeds) in the same 300 steps.
     hidden = 64
     config = BertConfig(
-        vocab_size=128, hidden_size=hidden, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=128, initializer_range=hidden**-0.5,
+        vocab_size=128,
+        hidden_size=hidden,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        initializer_range=hidden**-0.5,
     )
     return _bert(config, shapes)
 
@@ -56,45 +60,88 @@ register(ModelSpec("bert-tiny", _bert_tiny, "tokens", NUM_LABELS, vocab_size=128
 
 
 def _llama(shapes: Shapes, **shape: object) -> nn.Module:
-    """A Llama-3-family causal language model of ``shape`` (LlamaConfig's names), random, with SDPA attention."""
+    """A Llama-3-family causal language model of ``shape`` (LlamaConfig's names), random, with SDPA
+    attention."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(rope_theta=500000.0, use_cache=False, max_position_embeddings=max(8192, shapes.seq_len),
-                         **shape)
+    config = LlamaConfig(
+        rope_theta=500000.0, use_cache=False, max_position_embeddings=max(8192, shapes.seq_len), **shape
+    )
     return LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
 
 
 def _llama3_8b(shapes: Shapes) -> nn.Module:
-    """Llama-3-8B's shapes (Meta's config.json): 32 layers of 4,096 with 32 query and 8 key-value heads, an MLP
-    of 14,336 and a 128,256-token vocabulary; 8.03 billion parameters, random, never trained here."""
-    return _llama(shapes, vocab_size=LLAMA3_VOCAB, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                  num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False)
+    """Llama-3-8B's shapes (Meta's config.json): 32 layers of 4,096 with 32 query and 8 key-value heads, an
+    MLP of 14,336 and a 128,256-token vocabulary; 8.03 billion parameters, random, never trained here."""
+    return _llama(
+        shapes,
+        vocab_size=LLAMA3_VOCAB,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        tie_word_embeddings=False,
+    )
 
 
 def _llama3_1b(shapes: Shapes) -> nn.Module:
-    """Llama-3.2-1B's shapes (Meta's config.json): 16 layers of 2,048 with 32 query and 8 key-value heads, an MLP
-    of 8,192, and the 128,256-token vocabulary, its embedding tied to the head; 1.24 billion parameters."""
-    return _llama(shapes, vocab_size=LLAMA3_VOCAB, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                  num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True)
+    """Llama-3.2-1B's shapes (Meta's config.json): 16 layers of 2,048 with 32 query and 8 key-value heads, an
+    MLP of 8,192, and the 128,256-token vocabulary, its embedding tied to the head; 1.24 billion
+    parameters."""
+    return _llama(
+        shapes,
+        vocab_size=LLAMA3_VOCAB,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        tie_word_embeddings=True,
+    )
 
 
 def _llama_tiny(shapes: Shapes) -> nn.Module:
-    """The same family at a CPU's size, its vocabulary kept at 32,768 so that, as in the real model, the logits are
-    the largest activation (batch 8 × 256 tokens: 256 MiB of float32 logits against 4.6 million parameters)."""
-    return _llama(shapes, vocab_size=TINY_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    """The same family at a CPU's size, its vocabulary kept at 32,768 so that, as in the real model, the
+    logits are the largest activation (batch 8 × 256 tokens: 256 MiB of float32 logits against 4.6 million
+    parameters)."""
+    return _llama(
+        shapes,
+        vocab_size=TINY_VOCAB,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
 
 
 def _llama_digits(shapes: Shapes) -> nn.Module:
-    """llama-tiny's layers with the 48 tokens of the digits task (bench.data.real), for a CPU's fidelity phase: at
-    32,768 tokens the head made a training step of the task take seconds."""
-    return _llama(shapes, vocab_size=DIGITS_VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    """llama-tiny's layers with the 48 tokens of the digits task (bench.data.real), for a CPU's fidelity
+    phase: at 32,768 tokens the head made a training step of the task take seconds."""
+    return _llama(
+        shapes,
+        vocab_size=DIGITS_VOCAB,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
 
 
 LLAMA3_VOCAB, TINY_VOCAB, DIGITS_VOCAB = 128_256, 32_768, 48
-LLAMA = {"objective": "next-token", "attention": True, "blocks": children_of("model.layers"), "family": "llama"}
-register(ModelSpec("llama3-8b", _llama3_8b, "tokens", LLAMA3_VOCAB, vocab_size=LLAMA3_VOCAB, cpu=False, **LLAMA))
+LLAMA = {
+    "objective": "next-token",
+    "attention": True,
+    "blocks": children_of("model.layers"),
+    "family": "llama",
+}
+register(
+    ModelSpec("llama3-8b", _llama3_8b, "tokens", LLAMA3_VOCAB, vocab_size=LLAMA3_VOCAB, cpu=False, **LLAMA)
+)
 register(ModelSpec("llama3-1b", _llama3_1b, "tokens", LLAMA3_VOCAB, vocab_size=LLAMA3_VOCAB, **LLAMA))
 register(ModelSpec("llama-tiny", _llama_tiny, "tokens", TINY_VOCAB, vocab_size=TINY_VOCAB, **LLAMA))
 register(ModelSpec("llama-digits", _llama_digits, "tokens", DIGITS_VOCAB, vocab_size=DIGITS_VOCAB, **LLAMA))

@@ -38,8 +38,13 @@ def _vit_tiny(shapes: Shapes) -> nn.Module:
     from torchvision.models.vision_transformer import VisionTransformer
 
     return VisionTransformer(
-        image_size=shapes.image_size, patch_size=8, num_layers=2, num_heads=2,
-        hidden_dim=64, mlp_dim=128, num_classes=10,
+        image_size=shapes.image_size,
+        patch_size=8,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=64,
+        mlp_dim=128,
+        num_classes=10,
     )
 
 

@@ -28,23 +28,34 @@ class WeightsError(Exception):
 
 
 def load_weights(model: nn.Module, path: str) -> dict[str, Any]:
-    """Copy the matching tensors of ``path`` into ``model``; what was loaded and what was not, for the record."""
+    """Copy the matching tensors of ``path`` into ``model``; what was loaded and what was not, for the
+    record."""
     state = _read(_files(Path(path)))
     own = model.state_dict()
     mapping = max(_alignments(state, own), key=len)
     if not mapping:
-        raise WeightsError(f"weights {path}: none of its {len(state)} tensors matches a name and shape of the "
-                           f"model (e.g. {next(iter(own), '?')!r}); is it a checkpoint of this model?")
+        raise WeightsError(
+            f"weights {path}: none of its {len(state)} tensors matches a name and shape of the "
+            f"model (e.g. {next(iter(own), '?')!r}); is it a checkpoint of this model?"
+        )
     model.load_state_dict({mine: state[theirs] for theirs, mine in mapping.items()}, strict=False)
     mapped = set(mapping.values())
     missing = [n for n in own if n not in mapped]
     unused = [n for n in state if n not in mapping]
     if missing:  # in the run's log as well as its record: a partly loaded model should never go unnoticed
-        print(f"weights {path}: {len(mapping)} tensors loaded; {len(missing)} keep their initialisation "
-              f"({', '.join(missing[:SHOWN])}{', …' if len(missing) > SHOWN else ''})", file=sys.stderr)
-    return {"weights": path, "weights_loaded": len(mapping),
-            "weights_missing": len(missing), "weights_missing_names": missing[:SHOWN],
-            "weights_unused": len(unused), "weights_unused_names": unused[:SHOWN]}
+        print(
+            f"weights {path}: {len(mapping)} tensors loaded; {len(missing)} keep their initialisation "
+            f"({', '.join(missing[:SHOWN])}{', …' if len(missing) > SHOWN else ''})",
+            file=sys.stderr,
+        )
+    return {
+        "weights": path,
+        "weights_loaded": len(mapping),
+        "weights_missing": len(missing),
+        "weights_missing_names": missing[:SHOWN],
+        "weights_unused": len(unused),
+        "weights_unused_names": unused[:SHOWN],
+    }
 
 
 def _files(path: Path) -> list[Path]:
@@ -52,7 +63,9 @@ def _files(path: Path) -> list[Path]:
         return [path]
     found = sorted(path.glob("*.safetensors")) or sorted(path.glob("pytorch_model*.bin"))
     if not found:
-        raise WeightsError(f"weights {path}: not a file, nor a folder with *.safetensors or pytorch_model*.bin")
+        raise WeightsError(
+            f"weights {path}: not a file, nor a folder with *.safetensors or pytorch_model*.bin"
+        )
     return found
 
 
@@ -67,8 +80,9 @@ def _read(files: list[Path]) -> Tensors:
             try:
                 part = torch.load(f, map_location="cpu", weights_only=True)
             except Exception as exc:  # noqa: BLE001  pickle, zip and the weights_only check all fail differently
-                raise WeightsError(f"weights {f}: cannot be read as a state_dict "
-                                   f"({type(exc).__name__}: {exc})") from exc
+                raise WeightsError(
+                    f"weights {f}: cannot be read as a state_dict ({type(exc).__name__}: {exc})"
+                ) from exc
         for key in ("state_dict", "model"):  # a training checkpoint wrapping the model's state
             if isinstance(part, dict) and isinstance(part.get(key), dict):
                 part = part[key]
@@ -80,6 +94,7 @@ def _alignments(state: Tensors, own: Tensors) -> list[dict[str, str]]:
     """The file's tensors that match the model's by name and shape: as named, then with each leading name
     of the file's stripped, then with each of the model's added. Never both: swapping one leading name for
     another would match unrelated tensors of equal shape (one head's bias for another's)."""
+
     def leading(keys: Tensors) -> list[str]:
         return sorted({k.split(".", 1)[0] + "." for k in keys if "." in k})
 

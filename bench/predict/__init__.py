@@ -20,5 +20,16 @@ from bench.predict.cuda import ASSUMPTIONS
 from bench.predict.fake import predict
 from bench.predict.table import markdown, suite_table
 
-__all__ = ["ASSUMPTIONS", "Ahead", "RESERVE", "Budget", "largest_batch", "markdown", "parse_size", "predict",
-           "predict_run", "suite_table", "tensor_budget"]
+__all__ = [
+    "ASSUMPTIONS",
+    "Ahead",
+    "RESERVE",
+    "Budget",
+    "largest_batch",
+    "markdown",
+    "parse_size",
+    "predict",
+    "predict_run",
+    "suite_table",
+    "tensor_budget",
+]

@@ -20,29 +20,34 @@ from bench.suite import RunSpec
 
 
 def predict_run(spec: RunSpec, device_type: str, rank: int = 0) -> dict[str, Any]:
-    """The run's prediction at the run's shapes (as its ``rank``, over several processes), modelling CUDA for a
-    CUDA run and the CPU run exactly on a CPU, with the seconds it took; a failed prediction is a status, never a
-    cost to the measurement."""
+    """The run's prediction at the run's shapes (as its ``rank``, over several processes), modelling CUDA for
+    a CUDA run and the CPU run exactly on a CPU, with the seconds it took; a failed prediction is a status,
+    never a cost to the measurement."""
     clock = time.perf_counter()
     try:
         out = predict(spec, spec.shapes(device_type), cuda=device_type == "cuda", rank=rank)
     except Exception as exc:  # noqa: BLE001
-        out = {KEY.predicted_status: Status.ERROR, KEY.predicted_message: f"{type(exc).__name__}: {exc}"[:300]}
+        out = {
+            KEY.predicted_status: Status.ERROR,
+            KEY.predicted_message: f"{type(exc).__name__}: {exc}"[:300],
+        }
     return out | {KEY.prediction_s: round(time.perf_counter() - clock, 2)}
 
 
 def spawn_pool(processes: int) -> multiprocessing.pool.Pool:
     """Processes that each import torch afresh (a fork of a process that has run torch ops may deadlock in its
-    thread pools). They ignore Ctrl-C: it reaches the parent only, which terminates the pool on its way out."""
-    return multiprocessing.get_context("spawn").Pool(processes, initializer=signal.signal,
-                                                     initargs=(signal.SIGINT, signal.SIG_IGN))
+    thread pools). They ignore Ctrl-C: it reaches the parent only, which terminates the pool on its way
+    out."""
+    return multiprocessing.get_context("spawn").Pool(
+        processes, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)
+    )
 
 
 def stop_pool(pool: multiprocessing.pool.Pool, interrupted: bool) -> None:
-    """The pool's processes ended. Interrupted (SIGTERM to the process group, as `timeout` and Slurm send it), a
-    worker may have died holding the pool's queue lock, and Pool.terminate would wait on that lock forever (13
-    minutes, once): the workers are killed outright instead, none respawned, and the pool's own finalizer, which
-    would wait on the same lock at exit, is cancelled."""
+    """The pool's processes ended. Interrupted (SIGTERM to the process group, as `timeout` and Slurm send it),
+    a worker may have died holding the pool's queue lock, and Pool.terminate would wait on that lock forever
+    (13 minutes, once): the workers are killed outright instead, none respawned, and the pool's own finalizer,
+    which would wait on the same lock at exit, is cancelled."""
     if not interrupted:
         pool.terminate()
         pool.join()
@@ -64,7 +69,9 @@ class Ahead:
         if jobs < 1 or not specs:
             return
         self._pool = spawn_pool(min(jobs, len(specs)))
-        self._pending = {(s.suite, s.name): self._pool.apply_async(predict_run, (s, device_type)) for s in specs}
+        self._pending = {
+            (s.suite, s.name): self._pool.apply_async(predict_run, (s, device_type)) for s in specs
+        }
 
     def get(self, spec: RunSpec) -> dict[str, Any] | None:
         """The run's prediction (waiting for it if it is still being made), or None: the run makes its own."""

@@ -28,28 +28,130 @@ from torch.library import Library, fallthrough_kernel
 from bench.techniques import Unsupported
 
 # By op name: CUDA registers each overload, every overload of a name under one rule.
-LOWER = ("_convolution", "conv1d", "conv2d", "conv3d", "conv_tbc", "conv_transpose1d", "conv_transpose2d",
-         "conv_transpose3d", "convolution", "prelu", "addmm", "addmv", "addr", "matmul", "einsum", "mm", "mv",
-         "linalg_vecdot", "linear", "addbmm", "baddbmm", "bmm", "chain_matmul", "linalg_multi_dot",
-         "_thnn_fused_lstm_cell", "_thnn_fused_gru_cell", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
-         "_scaled_dot_product_flash_attention", "scaled_dot_product_attention",
-         "cudnn_convolution", "cudnn_convolution_transpose", "_cudnn_rnn")  # the last three: CUDA's own ops
-FP32 = ("acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt",
-        "sinh", "tan", "pow", "softplus", "layer_norm", "native_layer_norm", "rms_norm", "group_norm",
-        "frobenius_norm", "nuclear_norm", "cosine_similarity", "poisson_nll_loss", "cosine_embedding_loss",
-        "nll_loss", "nll_loss2d", "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss",
-        "mse_loss", "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss",
-        "multi_margin_loss", "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm", "logsumexp",
-        "upsample_nearest1d", "_upsample_nearest_exact1d", "upsample_nearest2d", "_upsample_nearest_exact2d",
-        "upsample_nearest3d", "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d",
-        "_upsample_bilinear2d_aa", "upsample_trilinear3d", "upsample_bicubic2d", "_upsample_bicubic2d_aa",
-        "linalg_matrix_sqrth")
-FP32_DTYPE = ("prod", "softmax", "log_softmax", "cumprod", "cumsum", "linalg_vector_norm", "linalg_matrix_norm",
-              "sum")  # float32 unless asked
-FP32_APPEND = {"norm.Scalar": "ScalarOpt_dtype", "norm.ScalarOpt_dim": "ScalarOpt_dim_dtype",  # → overload
-               "norm.names_ScalarOpt_dim": "names_ScalarOpt_dim_dtype"}  # (torch 2.11 registers the last)
-PROMOTE = ("addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler", "index_put",
-           "tensordot", "scatter_add")  # the widest of the inputs' types
+LOWER = (
+    "_convolution",
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "conv_tbc",
+    "conv_transpose1d",
+    "conv_transpose2d",
+    "conv_transpose3d",
+    "convolution",
+    "prelu",
+    "addmm",
+    "addmv",
+    "addr",
+    "matmul",
+    "einsum",
+    "mm",
+    "mv",
+    "linalg_vecdot",
+    "linear",
+    "addbmm",
+    "baddbmm",
+    "bmm",
+    "chain_matmul",
+    "linalg_multi_dot",
+    "_thnn_fused_lstm_cell",
+    "_thnn_fused_gru_cell",
+    "lstm_cell",
+    "gru_cell",
+    "rnn_tanh_cell",
+    "rnn_relu_cell",
+    "_scaled_dot_product_flash_attention",
+    "scaled_dot_product_attention",
+    "cudnn_convolution",
+    "cudnn_convolution_transpose",
+    "_cudnn_rnn",
+)  # the last three: CUDA's own ops
+FP32 = (
+    "acos",
+    "asin",
+    "cosh",
+    "erfinv",
+    "exp",
+    "expm1",
+    "log",
+    "log10",
+    "log2",
+    "log1p",
+    "reciprocal",
+    "rsqrt",
+    "sinh",
+    "tan",
+    "pow",
+    "softplus",
+    "layer_norm",
+    "native_layer_norm",
+    "rms_norm",
+    "group_norm",
+    "frobenius_norm",
+    "nuclear_norm",
+    "cosine_similarity",
+    "poisson_nll_loss",
+    "cosine_embedding_loss",
+    "nll_loss",
+    "nll_loss2d",
+    "hinge_embedding_loss",
+    "kl_div",
+    "l1_loss",
+    "smooth_l1_loss",
+    "huber_loss",
+    "mse_loss",
+    "margin_ranking_loss",
+    "multilabel_margin_loss",
+    "soft_margin_loss",
+    "triplet_margin_loss",
+    "multi_margin_loss",
+    "binary_cross_entropy_with_logits",
+    "dist",
+    "pdist",
+    "cdist",
+    "renorm",
+    "logsumexp",
+    "upsample_nearest1d",
+    "_upsample_nearest_exact1d",
+    "upsample_nearest2d",
+    "_upsample_nearest_exact2d",
+    "upsample_nearest3d",
+    "_upsample_nearest_exact3d",
+    "upsample_linear1d",
+    "upsample_bilinear2d",
+    "_upsample_bilinear2d_aa",
+    "upsample_trilinear3d",
+    "upsample_bicubic2d",
+    "_upsample_bicubic2d_aa",
+    "linalg_matrix_sqrth",
+)
+FP32_DTYPE = (
+    "prod",
+    "softmax",
+    "log_softmax",
+    "cumprod",
+    "cumsum",
+    "linalg_vector_norm",
+    "linalg_matrix_norm",
+    "sum",
+)  # float32 unless asked
+FP32_APPEND = {
+    "norm.Scalar": "ScalarOpt_dtype",
+    "norm.ScalarOpt_dim": "ScalarOpt_dim_dtype",  # → overload
+    "norm.names_ScalarOpt_dim": "names_ScalarOpt_dim_dtype",
+}  # (torch 2.11 registers the last)
+PROMOTE = (
+    "addcdiv",
+    "addcmul",
+    "atan2",
+    "bilinear",
+    "cross",
+    "dot",
+    "vdot",
+    "grid_sampler",
+    "index_put",
+    "tensordot",
+    "scatter_add",
+)  # the widest of the inputs' types
 BANNED = ("binary_cross_entropy",)  # CUDA's autocast refuses it (unsafe in 16 bits)
 AUTOCAST = DispatchKeySet(DispatchKey.AutocastCPU)
 
@@ -79,7 +181,9 @@ def _registered(key: str) -> frozenset[str]:
     """The aten ops (``name`` or ``name.overload``) with a kernel of their own for dispatch ``key``. Other
     libraries' ops (torchvision's) keep their own autocast kernels."""
     names = [n for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::")]
-    return frozenset(n.removeprefix("aten::") for n in names if torch._C._dispatch_has_kernel_for_dispatch_key(n, key))
+    return frozenset(
+        n.removeprefix("aten::") for n in names if torch._C._dispatch_has_kernel_for_dispatch_key(n, key)
+    )
 
 
 def _base(name: str) -> str:
@@ -93,11 +197,16 @@ def _op(name: str) -> torch._ops.OpOverload:
 
 def _kernel(name: str, casts: _Casts) -> Callable[..., Any] | None:
     """CUDA's rule for op ``name``, as a kernel for the CPU autocast key: cast, then run below autocast. None
-    for an op these lists do not know (a newer torch's), which keeps CPU's rule; a test holds them to this torch."""
+    for an op these lists do not know (a newer torch's), which keeps CPU's rule; a test holds them to this
+    torch."""
     op, base = _op(name), _base(name)
     if base in BANNED:
+
         def kernel(*args, **kwargs):
-            raise Unsupported(f"CUDA's autocast refuses {name} (unsafe in 16 bits; use its _with_logits form)")
+            raise Unsupported(
+                f"CUDA's autocast refuses {name} (unsafe in 16 bits; use its _with_logits form)"
+            )
+
         return kernel
     if name in FP32_APPEND:
         with_dtype = getattr(torch.ops.aten.norm, FP32_APPEND[name])
@@ -118,6 +227,7 @@ def _below(run: Callable[..., Any]) -> Callable[..., Any]:
     def kernel(*args, **kwargs):
         with torch._C._ExcludeDispatchKeyGuard(AUTOCAST):
             return run(*args, **kwargs)
+
     return kernel
 
 
@@ -137,7 +247,7 @@ def _with_float32(op: torch._ops.OpOverload, slot: int, args: tuple, kwargs: dic
     if given is not None or not _eligible(args[0]):
         return op(*args, **kwargs)
     if len(args) > slot:
-        return op(*args[:slot], torch.float32, *args[slot + 1:], **kwargs)
+        return op(*args[:slot], torch.float32, *args[slot + 1 :], **kwargs)
     return op(*args, **{**kwargs, "dtype": torch.float32})
 
 
@@ -165,8 +275,14 @@ class _Casts:
     def one(self, t: Any, dtype: torch.dtype) -> Any:
         if not _eligible(t) or t.dtype == dtype:
             return t
-        cached = (dtype == torch.get_autocast_dtype("cpu") and t.dtype == torch.float32 and t.requires_grad
-                  and t.is_leaf and not t._is_view() and torch.is_autocast_cache_enabled())
+        cached = (
+            dtype == torch.get_autocast_dtype("cpu")
+            and t.dtype == torch.float32
+            and t.requires_grad
+            and t.is_leaf
+            and not t._is_view()
+            and torch.is_autocast_cache_enabled()
+        )
         if not cached:
             return t.to(dtype)
         ref, cast = self.cache.get(id(t), (None, None))
@@ -176,8 +292,11 @@ class _Casts:
         return cast
 
     def clear_with(self, clear: Callable[[], None]) -> Callable[[], None]:
-        """``torch.clear_autocast_cache`` (called as the outermost autocast region ends) clearing this cache too."""
+        """``torch.clear_autocast_cache`` (called as the outermost autocast region ends) clearing this cache
+        too."""
+
         def both() -> None:
             self.cache.clear()
             clear()
+
         return both

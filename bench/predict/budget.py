@@ -21,8 +21,14 @@ from bench.techniques import build
 RESERVE = "1GiB"
 
 
-def largest_batch(spec: RunSpec, budget: int, limit: int = 1 << 16, own: dict[str, Any] | None = None,
-                  peak: Callable[[int], float] | None = None, device_type: str = "cuda") -> int | None:
+def largest_batch(
+    spec: RunSpec,
+    budget: int,
+    limit: int = 1 << 16,
+    own: dict[str, Any] | None = None,
+    peak: Callable[[int], float] | None = None,
+    device_type: str = "cuda",
+) -> int | None:
     """The largest batch whose predicted peak fits ``budget`` bytes (in multiples of the micro-batch
     count, so every candidate is a valid run); None if none fits. A peak is close to linear in the batch
     (past the small batches where the optimizer step holds it), so the line through the last two
@@ -70,10 +76,12 @@ def largest_batch(spec: RunSpec, budget: int, limit: int = 1 << 16, own: dict[st
 
 
 def fewest_ranks(spec: RunSpec, budget: int, own: dict[str, Any] | None = None) -> int | None:
-    """The fewest processes, from 2 to the entry's nproc, over which each rank's predicted peak at GPU shapes fits
-    ``budget``; None if even nproc does not. Sharding only takes memory off a rank as ranks are added, so the
-    answer is bisected over the world sizes the entry can run at (multiples of its groups, under hybrid sharding
-    or 2-D parallelism): about log2(nproc) predictions. ``own``: the prediction at nproc, if made already."""
+    """The fewest processes, from 2 to the entry's nproc, over which each rank's predicted peak at GPU shapes
+    fits ``budget``; None if even nproc does not. Sharding only takes memory off a rank as ranks are added, so
+    the answer is bisected over the world sizes the entry can run at (multiples of its groups, under hybrid
+    sharding or 2-D parallelism): about log2(nproc) predictions. ``own``: the prediction at nproc, if made
+    already."""
+
     def fits(n: int, out: dict[str, Any] | None = None) -> bool:
         out = out or predict(replace(spec, nproc=n))
         return out[KEY.predicted_status] == Status.OK and out[KEY.predicted_peak_tensor_bytes] <= budget
@@ -104,7 +112,8 @@ def _on_the_line(points: list[tuple[int, float]], budget: int) -> int | None:
 
 @dataclass(frozen=True)
 class Budget:
-    """The memory a plan may peak at: bytes for tensors, or a share of the baseline's predicted peak ("60%")."""
+    """The memory a plan may peak at: bytes for tensors, or a share of the baseline's predicted peak
+    ("60%")."""
 
     text: str
     size: int | None = None
@@ -112,19 +121,24 @@ class Budget:
 
     @staticmethod
     def parse(text: str, device_type: str, reserve: str = RESERVE, share: bool = False) -> Budget:
-        """'16GiB' (on CUDA less ``reserve`` for the context and workspaces), or, where ``share`` (advice, which
-        predicts the baseline first), '60%'; ValueError naming the fix. Every command's --budget is read here."""
+        """'16GiB' (on CUDA less ``reserve`` for the context and workspaces), or, where ``share`` (advice,
+        which predicts the baseline first), '60%'; ValueError naming the fix. Every command's --budget is read
+        here."""
         if text.strip().endswith("%"):
             if not share:
-                raise ValueError(f"--budget {text!r}: a share of the baseline's peak is for bench advise; give the "
-                                 "card's memory, such as 16GiB")
+                raise ValueError(
+                    f"--budget {text!r}: a share of the baseline's peak is for bench advise; give the "
+                    "card's memory, such as 16GiB"
+                )
             try:
                 share = float(text.strip()[:-1]) / 100
             except ValueError:
                 share = -1
             if not 0 < share <= 10:
-                raise ValueError(f"--budget {text!r}: expected a size such as 16GiB, or a share of the baseline's "
-                                 "predicted peak such as 60%")
+                raise ValueError(
+                    f"--budget {text!r}: expected a size such as 16GiB, or a share of the baseline's "
+                    "predicted peak such as 60%"
+                )
             return Budget(text, share=share)
         return Budget(text, size=tensor_budget(text, reserve) if device_type == "cuda" else parse_size(text))
 
@@ -137,17 +151,29 @@ def tensor_budget(card: str, reserve: str = RESERVE) -> int:
     ValueError naming the option at fault."""
     total, held = parse_size(card), parse_size(reserve, "--reserve")
     if held >= total:
-        raise ValueError(f"--reserve {reserve} leaves nothing of --budget {card} for tensors: "
-                         "give the card's whole memory as the budget, or a smaller reserve (0 for none)")
+        raise ValueError(
+            f"--reserve {reserve} leaves nothing of --budget {card} for tensors: "
+            "give the card's whole memory as the budget, or a smaller reserve (0 for none)"
+        )
     return total - held
 
 
 def parse_size(text: str, option: str = "--budget") -> int:
     """'16GiB', '80GB', '512MiB' or plain bytes → bytes; ``option`` names the flag in the error."""
-    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 10**3, "mb": 10**6, "gb": 10**9,
-             "tb": 10**12, "b": 1, "": 1}
+    units = {
+        "kib": 2**10,
+        "mib": 2**20,
+        "gib": 2**30,
+        "tib": 2**40,
+        "kb": 10**3,
+        "mb": 10**6,
+        "gb": 10**9,
+        "tb": 10**12,
+        "b": 1,
+        "": 1,
+    }
     number = text.strip().rstrip("BbIiKkMmGgTt")
-    unit = text.strip()[len(number):].lower()
+    unit = text.strip()[len(number) :].lower()
     try:
         size = int(float(number) * units[unit])
     except (ValueError, KeyError, OverflowError):  # not a number, an unknown unit, infinity

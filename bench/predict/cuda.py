@@ -20,15 +20,16 @@ from bench.predict.autocast import cuda_autocast
 from bench.techniques import Unsupported
 
 ASSUMPTIONS = (
-    "fake CPU tensors stand for CUDA ones, in 512-byte blocks; attention runs CUDA's fused kernels as CUDA picks "
-    "them (flash for 16-bit inputs without a mask, else memory-efficient, or math for grouped keys; the sdpa "
-    "technique's backend where named); dropout, the math path's too, saves a one-byte mask; an optimizer left to "
-    "choose runs foreach; norms save their statistics in CUDA's dtypes; Adam's step counters and the "
-    "memory-efficient kernel's RNG seed and offset live on the host, as on CUDA; autocast casts by CUDA's op lists; "
-    "batch norm saves no cuDNN reserve space; allocator workspaces and fragmentation are not modelled; float16 "
-    "autocast leaves out its GradScaler; a value read off a tensor (.item(), as Adafactor's norms) reads as 1; "
-    "an optimizer update its package compiles (torchao's 8-bit AdamW) counts its state, not the kernel's temporaries; "
-    "packed sequences attend through the variable-length flash kernel"
+    "fake CPU tensors stand for CUDA ones, in 512-byte blocks; attention runs CUDA's fused kernels as CUDA "
+    "picks them (flash for 16-bit inputs without a mask, else memory-efficient, or math for grouped keys; "
+    "the sdpa technique's backend where named); dropout, the math path's too, saves a one-byte mask; an "
+    "optimizer left to choose runs foreach; norms save their statistics in CUDA's dtypes; Adam's step "
+    "counters and the memory-efficient kernel's RNG seed and offset live on the host, as on CUDA; autocast "
+    "casts by CUDA's op lists; batch norm saves no cuDNN reserve space; allocator workspaces and "
+    "fragmentation are not modelled; float16 autocast leaves out its GradScaler; a value read off a tensor "
+    "(.item(), as Adafactor's norms) reads as 1; an optimizer update its package compiles (torchao's 8-bit "
+    "AdamW) counts its state, not the kernel's temporaries; packed sequences attend through the "
+    "variable-length flash kernel"
 )
 aten = torch.ops.aten
 
@@ -49,9 +50,19 @@ def cuda_attention(backend: str | None) -> Iterator[None]:
     (in backward) takes the same route as the forward."""
     original = F.scaled_dot_product_attention
 
-    def routed(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
-               **kwargs):
-        if torch.is_autocast_enabled("cpu"):  # CUDA's autocast casts attention's inputs (CPU's stands in for it)
+    def routed(
+        query,
+        key,
+        value,
+        attn_mask=None,
+        dropout_p=0.0,
+        is_causal=False,
+        scale=None,
+        enable_gqa=False,
+        **kwargs,
+    ):
+        # CUDA's autocast casts attention's inputs (CPU's stands in for it)
+        if torch.is_autocast_enabled("cpu"):
             dtype = torch.get_autocast_dtype("cpu")
             query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
         # Grouped keys (fewer key/value heads than query heads, as Llama's): flash and cuDNN take them as they
@@ -65,19 +76,32 @@ def cuda_attention(backend: str | None) -> Iterator[None]:
             return math_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, grouped)[0]
         if backend == "math" or kwargs or (grouped and not fused):
             with sdpa_kernel(SDPBackend.MATH):
-                return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
-                                enable_gqa=enable_gqa, **kwargs)
+                return original(
+                    query,
+                    key,
+                    value,
+                    attn_mask,
+                    dropout_p,
+                    is_causal,
+                    scale=scale,
+                    enable_gqa=enable_gqa,
+                    **kwargs,
+                )
         if fused:
-            return aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, is_causal, False,
-                                                            scale=scale)[0]
-        return aten._scaled_dot_product_efficient_attention(query, key, value, attn_mask, query.requires_grad,
-                                                            dropout_p, is_causal, scale=scale)[0]
+            return aten._scaled_dot_product_flash_attention(
+                query, key, value, dropout_p, is_causal, False, scale=scale
+            )[0]
+        return aten._scaled_dot_product_efficient_attention(
+            query, key, value, attn_mask, query.requires_grad, dropout_p, is_causal, scale=scale
+        )[0]
 
     with patch.object(F, "scaled_dot_product_attention", routed):
         yield
 
 
-def _refused(backend: str | None, query: torch.Tensor, attn_mask: torch.Tensor | None, grouped: bool) -> str | None:
+def _refused(
+    backend: str | None, query: torch.Tensor, attn_mask: torch.Tensor | None, grouped: bool
+) -> str | None:
     """Why this kernel would refuse this call on CUDA (its checks in sdp_utils), as a run there pinned to it
     would find out; None where it takes the call."""
     if backend in ("flash", "cudnn") and query.dtype not in (torch.float16, torch.bfloat16):
@@ -91,28 +115,39 @@ def _refused(backend: str | None, query: torch.Tensor, attn_mask: torch.Tensor |
     return None
 
 
-def math_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None,
-                   dropout_p: float, is_causal: bool, scale: float | None,
-                   grouped: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def math_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | None,
+    grouped: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """ATen's math path (``_scaled_dot_product_attention_math``) step for step, with its dropout as CUDA runs
     it: output and attention weights. That composite calls ``at::dropout`` from C++, out of cuda_dropout's
     reach, which on a CPU tensor keeps float32 noise the size of the s×s scores where CUDA's fused kernel
     keeps a one-byte mask."""
     dtype = query.dtype
     if attn_mask is not None and attn_mask.dtype == torch.bool:  # as SDPA converts it, before the math path
-        attn_mask = torch.where(attn_mask, torch.tensor(0.0, dtype=dtype), torch.tensor(-math.inf, dtype=dtype))
+        attn_mask = torch.where(
+            attn_mask, torch.tensor(0.0, dtype=dtype), torch.tensor(-math.inf, dtype=dtype)
+        )
     # Names as ATen's locals, so each tensor lives as long as there: the float32 copies (the math path
     # computes in float32) and the repeated heads until it returns, the scores only until softmax.
-    query_acc, key_acc, value_acc = (t.float() if dtype in (torch.float16, torch.bfloat16) else t
-                                     for t in (query, key, value))
+    query_acc, key_acc, value_acc = (
+        t.float() if dtype in (torch.float16, torch.bfloat16) else t for t in (query, key, value)
+    )
     factor = math.sqrt(abs(scale) if scale is not None else 1 / math.sqrt(query.shape[-1]))
     query = query_acc * factor  # q and k each scaled by √scale, for stability
     if is_causal:
         attn_mask = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool).tril()
         attn_mask = torch.where(attn_mask, torch.tensor(0.0), torch.tensor(-math.inf))
     # each key/value head repeated for its group of query heads
-    key_expanded, value_expanded = ((_repeat_heads(t, query.shape[-3]) for t in (key_acc, value_acc)) if grouped
-                                    else (key_acc, value_acc))
+    key_expanded, value_expanded = (
+        (_repeat_heads(t, query.shape[-3]) for t in (key_acc, value_acc)) if grouped else (key_acc, value_acc)
+    )
     attn = query @ (key_expanded.transpose(-2, -1) * factor)
     if attn_mask is not None:
         attn = attn + attn_mask
@@ -147,13 +182,15 @@ def cuda_dropout() -> Iterator[None]:
 
 @contextmanager
 def optimizers_as_cuda() -> Iterator[None]:
-    """An optimizer left to choose its implementation picks foreach for CUDA tensors: one kernel per step
-    over all parameters, whose temporaries (Adam's √v) are the size of all parameters at once. For CPU tensors,
-    and fake ones, it picks the loop over single tensors, whose temporaries are one parameter's size."""
+    """An optimizer left to choose its implementation picks foreach for CUDA tensors: one kernel per step over
+    all parameters, whose temporaries (Adam's √v) are the size of all parameters at once. For CPU tensors, and
+    fake ones, it picks the loop over single tensors, whose temporaries are one parameter's size."""
     devices = [*torch_optimizer._get_foreach_kernels_supported_devices(), "cpu"]
     types = [*torch_optimizer._foreach_supported_types, FakeTensor]
-    with patch.object(torch_optimizer, "_get_foreach_kernels_supported_devices", lambda: devices), \
-            patch.object(torch_optimizer, "_foreach_supported_types", types):
+    with (
+        patch.object(torch_optimizer, "_get_foreach_kernels_supported_devices", lambda: devices),
+        patch.object(torch_optimizer, "_foreach_supported_types", types),
+    ):
         yield
 
 
@@ -162,6 +199,13 @@ def host_state(optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
     parameter) outside capturable and fused groups."""
     if optimizer is None:
         return []
-    on_device = {id(p) for g in optimizer.param_groups if g.get("capturable") or g.get("fused") for p in g["params"]}
-    return [v for p, state in optimizer.state.items() if id(p) not in on_device
-            for v in state.values() if torch.is_tensor(v) and v.dim() == 0]
+    on_device = {
+        id(p) for g in optimizer.param_groups if g.get("capturable") or g.get("fused") for p in g["params"]
+    }
+    return [
+        v
+        for p, state in optimizer.state.items()
+        if id(p) not in on_device
+        for v in state.values()
+        if torch.is_tensor(v) and v.dim() == 0
+    ]

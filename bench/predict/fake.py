@@ -37,8 +37,13 @@ CPU = torch.device("cpu")
 aten = torch.ops.aten
 
 
-def predict(spec: RunSpec, shapes: Shapes | None = None, cuda: bool = True, world_size: int | None = None,
-            rank: int = 0) -> dict[str, Any]:
+def predict(
+    spec: RunSpec,
+    shapes: Shapes | None = None,
+    cuda: bool = True,
+    world_size: int | None = None,
+    rank: int = 0,
+) -> dict[str, Any]:
     """Predicted peak and breakdown of one run at ``shapes`` (default: its GPU shapes); ``cuda`` models
     the CUDA allocator's granularity and CUDA-only techniques, else the CPU run as measured here. A run over
     several processes is predicted as its ``rank`` of ``world_size`` (default: the entry's nproc), with the
@@ -56,7 +61,10 @@ def predict(spec: RunSpec, shapes: Shapes | None = None, cuda: bool = True, worl
         return {KEY.predicted_status: Status.UNSUPPORTED, KEY.predicted_message: str(exc)}
     except Exception as exc:  # noqa: BLE001  a technique that needs real values (e.g. .item()) cannot be predicted
         first = (str(exc).strip().splitlines() or [""])[0][:200]
-        return {KEY.predicted_status: Status.UNPREDICTABLE, KEY.predicted_message: f"{type(exc).__name__}: {first}"}
+        return {
+            KEY.predicted_status: Status.UNPREDICTABLE,
+            KEY.predicted_message: f"{type(exc).__name__}: {first}",
+        }
     return {KEY.predicted_status: Status.OK, **{f"predicted_{k}": v for k, v in figures.items()}}
 
 
@@ -67,8 +75,15 @@ def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int) -> dict[str, Any]:
     model = _meta_model(ctx.model_spec, ctx.shapes)
     kernels = as_cuda(backend) if ctx.predicting else nullcontext()  # a CPU run keeps CPU's kernels
     feed = recipe.feed()  # variable-length sequences drawn with real values, before fake tensors take over
-    with FakeTensorMode(allow_non_fake_inputs=True), ScalarsReadAsOne(), OutputsAsReal(ctx.predicting), \
-            parameters_as_real(), masks_as_real(), techniques_as_real(), kernels:
+    with (
+        FakeTensorMode(allow_non_fake_inputs=True),
+        ScalarsReadAsOne(),
+        OutputsAsReal(ctx.predicting),
+        parameters_as_real(),
+        masks_as_real(),
+        techniques_as_real(),
+        kernels,
+    ):
         model = _fake_copy(model)
         runner = recipe.stepper(model)
         ranks.fake_ddp(runner.model)
@@ -85,20 +100,27 @@ def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int) -> dict[str, Any]:
             for t in host_state(runner.optimizer):
                 on_host(t)
         step = tracked_steps(runner, batch, feed, ctx.shapes.measure_steps)  # the batches, as in the worker
-        traffic = ranks.Traffic(ctx.world_size)  # the measured step's collectives, not the set-up's or warm-up's
+        # the measured step's collectives, not the set-up's or warm-up's
+        traffic = ranks.Traffic(ctx.world_size)
         with traffic if ctx.world_size > 1 else nullcontext():
-            figures = tracked_step(step, runner.model, runner.optimizer, CPU, rounding, compiled_update,
-                                   reserved=ctx.predicting)
+            figures = tracked_step(
+                step, runner.model, runner.optimizer, CPU, rounding, compiled_update, reserved=ctx.predicting
+            )
     if ctx.world_size > 1:
         figures |= traffic.figures() | {KEY.world_size: ctx.world_size, "rank": ctx.rank}
-    return {**figures, KEY.flops_per_step: flops.get_total_flops(), KEY.ops_per_step: ops.ops,
-            KEY.op_bytes_per_step: ops.bytes}
+    return {
+        **figures,
+        KEY.flops_per_step: flops.get_total_flops(),
+        KEY.ops_per_step: ops.ops,
+        KEY.op_bytes_per_step: ops.bytes,
+    }
 
 
 class OpCounter(TorchDispatchMode):
-    """Operators dispatched, views aside (they launch nothing), and the bytes of the tensors they take and make:
-    each operator is a kernel launch with a fixed cost, and its bytes cross device memory, which is what makes
-    pointwise work (normalisation, activations, recomputing them) and tiny steps slower than their FLOPs say."""
+    """Operators dispatched, views aside (they launch nothing), and the bytes of the tensors they take and
+    make: each operator is a kernel launch with a fixed cost, and its bytes cross device memory, which is what
+    makes pointwise work (normalisation, activations, recomputing them) and tiny steps slower than their FLOPs
+    say."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -108,7 +130,9 @@ class OpCounter(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if not func.is_view:
             self.ops += 1
-            self.bytes += sum(t.nbytes for t in pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor))
+            self.bytes += sum(
+                t.nbytes for t in pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)
+            )
         return out
 
 
@@ -116,25 +140,33 @@ def flop_counter() -> FlopCounterMode:
     """torch's FLOP counter, counting flash attention over grouped keys (fewer key and value heads than query
     heads, as Llama's) as the kernel runs it, each key and value head serving its group of query heads. torch
     2.11's formulas (the CUDA host's) refuse those shapes, which would leave such a model unpredicted."""
-    query_at = {aten._scaled_dot_product_flash_attention: 0, aten._scaled_dot_product_flash_attention_backward: 1}
-    return FlopCounterMode(display=False, custom_mapping={
-        op: _keys_per_query_head(flop_registry[op], at) for op, at in query_at.items()})
+    query_at = {
+        aten._scaled_dot_product_flash_attention: 0,
+        aten._scaled_dot_product_flash_attention_backward: 1,
+    }
+    return FlopCounterMode(
+        display=False,
+        custom_mapping={op: _keys_per_query_head(flop_registry[op], at) for op, at in query_at.items()},
+    )
 
 
 def _keys_per_query_head(formula: Callable[..., int], query_at: int) -> Callable[..., int]:
-    """``formula`` given shapes whose key and value (after the query, at ``query_at``) have the query's heads."""
+    """``formula`` given shapes whose key and value (after the query, at ``query_at``) have the query's
+    heads."""
+
     def count(*shapes: Any, out_shape: Any = None, **kwargs: Any) -> int:
-        q, k, v = shapes[query_at:query_at + 3]
+        q, k, v = shapes[query_at : query_at + 3]
         k, v = ((*s[:1], q[1], *s[2:]) for s in (k, v))
-        return formula(*shapes[:query_at], q, k, v, *shapes[query_at + 3:], out_val=out_shape, **kwargs)
+        return formula(*shapes[:query_at], q, k, v, *shapes[query_at + 3 :], out_val=out_shape, **kwargs)
+
     return count
 
 
 def _meta_model(spec: ModelSpec, shapes: Shapes) -> nn.Module:
-    """The model built on the meta device: no initialisation work, and none of the init ops fake tensors refuse.
-    A model that computes its own shape from tensor values while it is built (torchvision's RegNet calls
-    .tolist() on its block widths) is built on the CPU instead, each parameter and buffer moved to the meta device
-    as it is registered, so that no more than one of them is ever held in memory."""
+    """The model built on the meta device: no initialisation work, and none of the init ops fake tensors
+    refuse. A model that computes its own shape from tensor values while it is built (torchvision's RegNet
+    calls .tolist() on its block widths) is built on the CPU instead, each parameter and buffer moved to the
+    meta device as it is registered, so that no more than one of them is ever held in memory."""
     try:
         with torch.device("meta"):
             return spec.build(shapes)
@@ -170,7 +202,9 @@ def _fake_copy(model: nn.Module) -> nn.Module:
         for name, p in module._parameters.items():
             if p is not None:
                 if id(p) not in made:
-                    made[id(p)] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device=CPU), p.requires_grad)
+                    made[id(p)] = nn.Parameter(
+                        torch.empty(p.shape, dtype=p.dtype, device=CPU), p.requires_grad
+                    )
                 module._parameters[name] = made[id(p)]
         for name, b in module._buffers.items():
             if b is not None:

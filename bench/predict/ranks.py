@@ -1,9 +1,10 @@
-"""One rank of a run over N processes, predicted in this one: torch's fake process group (its collectives return
-at once and move nothing) under the fake tensors, and the bytes each collective the rank issues would move.
+"""One rank of a run over N processes, predicted in this one: torch's fake process group (its collectives
+return at once and move nothing) under the fake tensors, and the bytes each collective the rank issues would
+move.
 
-Every rank of ``ddp``, ``fsdp`` and ``tensor-parallel`` runs the same program on its own shard, so rank 0 stands
-for all of them; ``bench predict`` says so. Traffic is counted from the collectives actually issued in the
-measured step, as a ring moves them: an all-reduce of S bytes sends and receives 2(N−1)/N·S per rank, an
+Every rank of ``ddp``, ``fsdp`` and ``tensor-parallel`` runs the same program on its own shard, so rank 0
+stands for all of them; ``bench predict`` says so. Traffic is counted from the collectives actually issued in
+the measured step, as a ring moves them: an all-reduce of S bytes sends and receives 2(N−1)/N·S per rank, an
 all-gather or a reduce-scatter of S bytes in all (N−1)/N·S, a broadcast or scatter S at most."""
 
 from __future__ import annotations
@@ -21,20 +22,25 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 # c10d's operators by the collective they are, and the tensor argument whose bytes that collective moves.
 COLLECTIVES = {
-    "c10d.allreduce_": ("all_reduce", 0), "_c10d_functional.all_reduce": ("all_reduce", 0),
-    "c10d._allgather_base_": ("all_gather", 0), "c10d.allgather_": ("all_gather", 0),
+    "c10d.allreduce_": ("all_reduce", 0),
+    "_c10d_functional.all_reduce": ("all_reduce", 0),
+    "c10d._allgather_base_": ("all_gather", 0),
+    "c10d.allgather_": ("all_gather", 0),
     "c10d.allgather_into_tensor_coalesced_": ("all_gather", 0),
     "_c10d_functional.all_gather_into_tensor": ("all_gather", None),
-    "c10d._reduce_scatter_base_": ("reduce_scatter", 1), "c10d.reduce_scatter_": ("reduce_scatter", 1),
+    "c10d._reduce_scatter_base_": ("reduce_scatter", 1),
+    "c10d.reduce_scatter_": ("reduce_scatter", 1),
     "c10d.reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1),
     "_c10d_functional.reduce_scatter_tensor": ("reduce_scatter", 0),
-    "c10d.broadcast_": ("broadcast", 0), "c10d.scatter_": ("broadcast", 0),
+    "c10d.broadcast_": ("broadcast", 0),
+    "c10d.scatter_": ("broadcast", 0),
 }
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 
 
 class Traffic(TorchDispatchMode):
-    """Bytes this rank sends (and, in a ring, as many it receives) per collective kind, while it is entered."""
+    """Bytes this rank sends (and, in a ring, as many it receives) per collective kind, while it is
+    entered."""
 
     def __init__(self, world_size: int) -> None:
         super().__init__()
@@ -55,12 +61,14 @@ class Traffic(TorchDispatchMode):
         """Bytes per kind, and the largest single collective's tensors: what a rank may also hold at its peak
         on a real group, while an asynchronous collective waits for a peer."""
         return {f"traffic_{kind}_bytes": self.bytes[kind] for kind in KINDS} | {
-            "largest_collective_bytes": self.largest}
+            "largest_collective_bytes": self.largest
+        }
 
 
 def _group_size(args: tuple) -> int | None:
-    """The ranks of the group a collective runs in (a subgroup under hybrid sharding): c10d's operators take the
-    group itself, the functional ones its name (their last text argument; a reduce op's name comes before)."""
+    """The ranks of the group a collective runs in (a subgroup under hybrid sharding): c10d's operators take
+    the group itself, the functional ones its name (their last text argument; a reduce op's name comes
+    before)."""
     for arg in args:
         if isinstance(arg, torch.ScriptObject) and arg._type().qualified_name().endswith(".ProcessGroup"):
             return dist.ProcessGroup.unbox(arg).size()
@@ -75,8 +83,11 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 
 def _ring_share(kind: str, n: int) -> float:
-    """Bytes a rank sends per byte of the collective's whole tensor, in a ring (NCCL's and gloo's large messages)."""
-    return {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n}.get(kind, 1.0)
+    """Bytes a rank sends per byte of the collective's whole tensor, in a ring (NCCL's and gloo's large
+    messages)."""
+    return {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n}.get(
+        kind, 1.0
+    )
 
 
 @contextmanager
@@ -100,11 +111,12 @@ def fake_group(world_size: int, rank: int) -> Iterator[None]:
 
 @contextmanager
 def _setup_as_real() -> Iterator[None]:
-    """What the parallel wrappers do at set-up that fake tensors cannot: a device mesh, and each mesh made from
-    it (its dimensions under 2-D parallelism, their concatenation in FSDP over tensor parallelism), finds this
-    rank's coordinates in a real tensor of ranks; and DDP compares every rank's parameter shapes by reading them
-    (all equal here). And FSDP2's cut of each parameter into a chunk per rank makes only the chunks a rank takes:
-    at 1,024 ranks, the other 1,023 views of every parameter took most of a prediction's time."""
+    """What the parallel wrappers do at set-up that fake tensors cannot: a device mesh, and each mesh made
+    from it (its dimensions under 2-D parallelism, their concatenation in FSDP over tensor parallelism), finds
+    this rank's coordinates in a real tensor of ranks; and DDP compares every rank's parameter shapes by
+    reading them (all equal here). And FSDP2's cut of each parameter into a chunk per rank makes only the
+    chunks a rank takes: at 1,024 ranks, the other 1,023 views of every parameter took most of a prediction's
+    time."""
     from torch.distributed import device_mesh
     from torch.distributed.fsdp._fully_shard import _fsdp_param as fsdp_param
     from torch.nn.parallel import distributed as ddp
@@ -114,18 +126,21 @@ def _setup_as_real() -> Iterator[None]:
         def run(*args: Any, **kwargs: Any) -> Any:
             with _disable_current_modes():  # the fake mode, and the modes that read its values as one
                 return fn(*args, **kwargs)
+
         return run
 
-    with patch.object(fsdp_param, "_chunk_with_empty", _one_chunk_at_a_time), \
-            patch.object(device_mesh, "init_device_mesh", real(device_mesh.init_device_mesh)), \
-            patch.object(device_mesh.DeviceMesh, "__init__", real(device_mesh.DeviceMesh.__init__)), \
-            patch.object(ddp, "_verify_param_shape_across_processes", lambda *args, **kwargs: None):
+    with (
+        patch.object(fsdp_param, "_chunk_with_empty", _one_chunk_at_a_time),
+        patch.object(device_mesh, "init_device_mesh", real(device_mesh.init_device_mesh)),
+        patch.object(device_mesh.DeviceMesh, "__init__", real(device_mesh.DeviceMesh.__init__)),
+        patch.object(ddp, "_verify_param_shape_across_processes", lambda *args, **kwargs: None),
+    ):
         yield
 
 
 class _OneChunkAtATime(Sequence):
-    """``torch.chunk(tensor, n, dim)`` padded with empty tensors to ``n`` (FSDP2's ``_chunk_with_empty``), each
-    chunk made when it is read."""
+    """``torch.chunk(tensor, n, dim)`` padded with empty tensors to ``n`` (FSDP2's ``_chunk_with_empty``),
+    each chunk made when it is read."""
 
     def __init__(self, tensor: torch.Tensor, n: int, dim: int) -> None:
         self.tensor, self.n, self.dim = tensor, n, dim
@@ -150,9 +165,9 @@ def _one_chunk_at_a_time(tensor: torch.Tensor, num_chunks: int, dim: int) -> Seq
 
 
 class _KeptBuckets:
-    """DDP's reducer, but for rebuilding its buckets in backward's order after the first step: that reads bucket
-    indices off a broadcast tensor, which a fake one cannot give. The buckets keep their first layout, which
-    holds the same gradient bytes."""
+    """DDP's reducer, but for rebuilding its buckets in backward's order after the first step: that reads
+    bucket indices off a broadcast tensor, which a fake one cannot give. The buckets keep their first layout,
+    which holds the same gradient bytes."""
 
     def __init__(self, reducer: Any) -> None:
         self._reducer = reducer

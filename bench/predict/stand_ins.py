@@ -25,19 +25,22 @@ aten = torch.ops.aten
 
 @contextmanager
 def techniques_as_real() -> Iterator[None]:
-    """Techniques' library calls that fake tensors cannot stand in for, replaced by ones that count the same."""
-    with patch.object(torch.autograd.graph, "save_on_cpu", FakeSaveOnCpu), \
-            patch.object(torch.amp, "GradScaler", ScalerWithoutValues), \
-            patch.object(OptimizerOffload, "host_optimizer", staticmethod(lambda: FakeCPUOffloadOptimizer)), \
-            patch.object(offload, "OverlappedSaves", FakeOverlappedSaves):
+    """Techniques' library calls that fake tensors cannot stand in for, replaced by ones that count the
+    same."""
+    with (
+        patch.object(torch.autograd.graph, "save_on_cpu", FakeSaveOnCpu),
+        patch.object(torch.amp, "GradScaler", ScalerWithoutValues),
+        patch.object(OptimizerOffload, "host_optimizer", staticmethod(lambda: FakeCPUOffloadOptimizer)),
+        patch.object(offload, "OverlappedSaves", FakeOverlappedSaves),
+    ):
         yield
 
 
 class FakeOverlappedSaves(torch.autograd.graph.saved_tensors_hooks):
-    """``activation-offload``'s hooks for fake tensors, which have no streams: a saved tensor of ``min_bytes`` or
-    more keeps only its shape and dtype once packed (its device block is free once the copy is done, which is
-    taken to be before the allocator needs it again); each unpack makes its device copy, and the copy of the
-    tensor saved before it, fetched one ahead, lives until that one is unpacked."""
+    """``activation-offload``'s hooks for fake tensors, which have no streams: a saved tensor of ``min_bytes``
+    or more keeps only its shape and dtype once packed (its device block is free once the copy is done, which
+    is taken to be before the allocator needs it again); each unpack makes its device copy, and the copy of
+    the tensor saved before it, fetched one ahead, lives until that one is unpacked."""
 
     def __init__(self, owner: Any) -> None:
         self.owner, self.count = owner, 0
@@ -71,14 +74,22 @@ class FakeOverlappedSaves(torch.autograd.graph.saved_tensors_hooks):
 
 
 class FakeCPUOffloadOptimizer:
-    """torchao's CPUOffloadOptimizer (``cpu-offload-optimizer``) for fake tensors, which it cannot take (it pins
-    host memory and runs CUDA streams). The same placement: each parameter of 4,096 elements or more has a host
-    copy and a host gradient, its own AdamW stepping on the host, its state marked as host memory; backward copies
-    each gradient into the host one as it is made, and frees the device's with ``offload_gradients``; the new
-    values are copied back in place. Smaller parameters keep an AdamW on the device."""
+    """torchao's CPUOffloadOptimizer (``cpu-offload-optimizer``) for fake tensors, which it cannot take (it
+    pins host memory and runs CUDA streams). The same placement: each parameter of 4,096 elements or more has
+    a host copy and a host gradient, its own AdamW stepping on the host, its state marked as host memory;
+    backward copies each gradient into the host one as it is made, and frees the device's with
+    ``offload_gradients``; the new values are copied back in place. Smaller parameters keep an AdamW on the
+    device."""
 
-    def __init__(self, params: Any, optimizer_class: type[torch.optim.Optimizer], *, offload_gradients: bool = False,
-                 minimal_size: int = 4096, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        params: Any,
+        optimizer_class: type[torch.optim.Optimizer],
+        *,
+        offload_gradients: bool = False,
+        minimal_size: int = 4096,
+        **kwargs: Any,
+    ) -> None:
         params = [p for p in params if p.requires_grad]
         kept = [p for p in params if p.numel() < minimal_size]
         self.param_d2h_map, self.optim_dict = {}, {}
@@ -97,6 +108,7 @@ class FakeCPUOffloadOptimizer:
             self.param_d2h_map[p].grad.copy_(p.grad)
             if free:
                 p.grad = None
+
         return copy
 
     @torch.no_grad()
@@ -124,24 +136,26 @@ class _DeviceCopy(NamedTuple):
 
 
 class FakeSaveOnCpu(torch.autograd.graph.saved_tensors_hooks):
-    """``save_on_cpu`` for fake tensors standing for CUDA ones (the ``offload`` technique): a saved tensor keeps
-    only its shape and dtype, and unpacking it makes the device copy that save_on_cpu's ``.to(device)`` makes,
-    contiguous as the pinned copy is; one standing for a host tensor stays as it is, as on CUDA, where it never
-    reaches the device."""
+    """``save_on_cpu`` for fake tensors standing for CUDA ones (the ``offload`` technique): a saved tensor
+    keeps only its shape and dtype, and unpacking it makes the device copy that save_on_cpu's ``.to(device)``
+    makes, contiguous as the pinned copy is; one standing for a host tensor stays as it is, as on CUDA, where
+    it never reaches the device."""
 
     def __init__(self, pin_memory: bool = False, device_type: str = "cuda") -> None:
         def pack(t: torch.Tensor) -> Any:
             return t if is_on_host(t) else _DeviceCopy(t.shape, t.dtype)
 
         def unpack(packed: Any) -> torch.Tensor:
-            return torch.empty(packed.shape, dtype=packed.dtype) if isinstance(packed, _DeviceCopy) else packed
+            return (
+                torch.empty(packed.shape, dtype=packed.dtype) if isinstance(packed, _DeviceCopy) else packed
+            )
 
         super().__init__(pack, unpack)
 
 
 class ScalerWithoutValues:
-    """A GradScaler (``amp`` with float16) for fake tensors: its overflow check reads values, which read as 1, so
-    the real one would take every step for an overflow and skip the optimizer (whose state would then go
+    """A GradScaler (``amp`` with float16) for fake tensors: its overflow check reads values, which read as 1,
+    so the real one would take every step for an overflow and skip the optimizer (whose state would then go
     uncounted). Its few scalars are not counted: a real run's are 512-byte blocks, off the peak."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -174,12 +188,13 @@ class ScalarsReadAsOne(TorchDispatchMode):
 
 
 class OutputsAsReal(TorchDispatchMode):
-    """Outputs as the real kernels return them, where the meta kernels fake tensors run differ in what is counted.
-    The mean and inverse std a norm saves for backward, in the real kernel's dtype where the meta kernel gives
-    the input's. Batch norm: the weight's (float32 under autocast), in CPU's kernel and cuDNN's alike. Layer
-    norm on CUDA (``cuda``): float32 for 16-bit inputs, its accumulation type, where CPU's kernel keeps the
-    input's (pure bf16 ViT-B at batch 64: 1.2 MB). And on CUDA, the memory-efficient attention kernel's RNG
-    seed and offset, which it keeps on the host outside CUDA-graph capture (two 512-byte blocks a layer)."""
+    """Outputs as the real kernels return them, where the meta kernels fake tensors run differ in what is
+    counted. The mean and inverse std a norm saves for backward, in the real kernel's dtype where the meta
+    kernel gives the input's. Batch norm: the weight's (float32 under autocast), in CPU's kernel and cuDNN's
+    alike. Layer norm on CUDA (``cuda``): float32 for 16-bit inputs, its accumulation type, where CPU's kernel
+    keeps the input's (pure bf16 ViT-B at batch 64: 1.2 MB). And on CUDA, the memory-efficient attention
+    kernel's RNG seed and offset, which it keeps on the host outside CUDA-graph capture (two 512-byte blocks a
+    layer)."""
 
     def __init__(self, cuda: bool) -> None:
         super().__init__()
@@ -191,7 +206,11 @@ class OutputsAsReal(TorchDispatchMode):
             return out[0], out[1], on_host(out[2]), on_host(out[3])
         if func is aten.native_batch_norm.default and args[1] is not None:
             dtype = args[1].dtype
-        elif func is aten.native_layer_norm.default and self.cuda and args[0].dtype in (torch.float16, torch.bfloat16):
+        elif (
+            func is aten.native_layer_norm.default
+            and self.cuda
+            and args[0].dtype in (torch.float16, torch.bfloat16)
+        ):
             dtype = torch.float32
         else:
             return out
@@ -217,8 +236,10 @@ def parameters_as_real() -> Iterator[None]:
             memo[id(t)] = nn.Parameter(twin, t.requires_grad) if isinstance(t, nn.Parameter) else twin
         return memo[id(t)]
 
-    with patch.object(torch.utils, "swap_tensors", set_in_place), \
-            patch.object(FakeTensor, "__deepcopy__", deepcopy, create=True):
+    with (
+        patch.object(torch.utils, "swap_tensors", set_in_place),
+        patch.object(FakeTensor, "__deepcopy__", deepcopy, create=True),
+    ):
         yield
 
 
@@ -226,7 +247,8 @@ def parameters_as_real() -> Iterator[None]:
 def masks_as_real() -> Iterator[None]:
     """transformers takes fake tensors for tracing, and then always builds the attention mask; a real run
     without padding (every synthetic batch) skips it, so SDPA may pick flash. Here fake inputs are not taken
-    for tracing: the mask's check reads True (ScalarsReadAsOne) and the prediction takes the real run's path."""
+    for tracing: the mask's check reads True (ScalarsReadAsOne) and the prediction takes the real run's
+    path."""
     utils = sys.modules.get("transformers.utils.import_utils")  # imported by then if the model needs it
     known = hasattr(utils, "is_fake_tensor")  # a transformers without the check builds masks as it would
     with patch.object(utils, "is_fake_tensor", lambda _: False) if known else nullcontext():
@@ -235,14 +257,16 @@ def masks_as_real() -> Iterator[None]:
 
 def compiled_as_eager(step: Callable[..., Any]) -> Callable[..., Any]:
     """The optimizer's ``step`` with ``torch.compile`` handing back the function itself: fake tensors cannot
-    enter compiled code (dynamo refuses to trace under the fake mode). The tracker steps aside for that step as
-    on a real run (``Technique.compiled_update``), so the state is counted and the eager update's temporaries,
-    which the compiled kernel would not keep, are not. Patched for the step alone, so that nothing compiled
-    elsewhere in the process (an import's decorator) stays eager."""
+    enter compiled code (dynamo refuses to trace under the fake mode). The tracker steps aside for that step
+    as on a real run (``Technique.compiled_update``), so the state is counted and the eager update's
+    temporaries, which the compiled kernel would not keep, are not. Patched for the step alone, so that
+    nothing compiled elsewhere in the process (an import's decorator) stays eager."""
+
     def eager(model: Callable[..., Any] | None = None, **_: Any) -> Any:
         return model if model is not None else (lambda fn: fn)
 
     def run(*args: Any, **kwargs: Any) -> Any:
         with patch.object(torch, "compile", eager):
             return step(*args, **kwargs)
+
     return run

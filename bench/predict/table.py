@@ -20,8 +20,13 @@ if TYPE_CHECKING:  # the table is built in the CLI only: every run's worker impo
     import pandas as pd
 
 
-def suite_table(runs: list[RunSpec], measured: dict[str, dict[str, Any]], budget: int | None,
-                log: TextIO = sys.stderr, jobs: int = 1) -> pd.DataFrame:
+def suite_table(
+    runs: list[RunSpec],
+    measured: dict[str, dict[str, Any]],
+    budget: int | None,
+    log: TextIO = sys.stderr,
+    jobs: int = 1,
+) -> pd.DataFrame:
     """One row per run: predicted peak and breakdown at GPU shapes, FLOPs, and where a GPU measured the
     run, its allocated peak and the ratio; with a budget, whether it fits and the largest batch that does.
     Runs are predicted in ``jobs`` spawned processes (each prediction is single-threaded Python); a
@@ -37,21 +42,36 @@ def suite_table(runs: list[RunSpec], measured: dict[str, dict[str, Any]], budget
     return pd.DataFrame(rows)
 
 
-SAVED = (KEY.run, "batch", KEY.status, KEY.peak_tensor_bytes, KEY.peak_phase, KEY.param_bytes, KEY.gradient_bytes,
-         KEY.optimizer_state_bytes, KEY.activation_bytes, KEY.flops_per_step, KEY.world_size, KEY.message)
+SAVED = (
+    KEY.run,
+    "batch",
+    KEY.status,
+    KEY.peak_tensor_bytes,
+    KEY.peak_phase,
+    KEY.param_bytes,
+    KEY.gradient_bytes,
+    KEY.optimizer_state_bytes,
+    KEY.activation_bytes,
+    KEY.flops_per_step,
+    KEY.world_size,
+    KEY.message,
+)
 
 
 def save(table: pd.DataFrame, path: Path, revision: str, torch_version: str) -> Path:
     """The predictions a report shows for the runs no GPU has measured, with how they were made."""
     from bench.results import write_atomic
 
-    kept = table.reindex(columns=[c for c in SAVED if c in table]).assign(git_revision=revision,
-                                                                          torch_version=torch_version)
+    kept = table.reindex(columns=[c for c in SAVED if c in table]).assign(
+        git_revision=revision, torch_version=torch_version
+    )
     write_atomic(path, kept.to_csv(index=False))
     return path
 
 
-def _predicted_rows(runs: list[RunSpec], budget: int | None, jobs: int) -> Iterator[tuple[int, dict[str, Any]]]:
+def _predicted_rows(
+    runs: list[RunSpec], budget: int | None, jobs: int
+) -> Iterator[tuple[int, dict[str, Any]]]:
     """(index, row) for each run as it is done: here, or in spawned processes (fork is unsafe once torch
     has started threads). A process costs an import of torch (about 5 s and 1 GB), so there is one per run
     at most. Ctrl-C reaches the parent only, which stops the processes on its way out."""
@@ -74,7 +94,11 @@ def _indexed_row(work: tuple[int, RunSpec, int | None]) -> tuple[int, dict[str, 
 
 def _row(spec: RunSpec, budget: int | None) -> dict[str, Any]:
     out = predict(spec)
-    row: dict[str, Any] = {KEY.run: spec.name, "batch": spec.gpu.batch_size, KEY.status: out[KEY.predicted_status]}
+    row: dict[str, Any] = {
+        KEY.run: spec.name,
+        "batch": spec.gpu.batch_size,
+        KEY.status: out[KEY.predicted_status],
+    }
     row |= {k.removeprefix("predicted_"): v for k, v in out.items() if k.startswith("predicted_")}
     if budget is not None and out[KEY.predicted_status] == Status.OK:
         row["fits"] = out[KEY.predicted_peak_tensor_bytes] <= budget
@@ -90,42 +114,57 @@ def _said(row: dict[str, Any]) -> str:
     if row[KEY.status] != Status.OK:
         return f"{row[KEY.status]}: {row.get(KEY.message, '')}"
     fit = f", largest batch {row['largest_batch']}" if "largest_batch" in row else ""
-    return f"{row[KEY.peak_tensor_bytes] / 2**30:,.2f} GiB at batch {row['batch']}, peak in {row[KEY.peak_phase]}{fit}"
+    peak = row[KEY.peak_tensor_bytes] / 2**30
+    return f"{peak:,.2f} GiB at batch {row['batch']}, peak in {row[KEY.peak_phase]}{fit}"
 
 
 def markdown(table: pd.DataFrame, breakdown: bool = False) -> str:
-    """The table as Markdown; ``breakdown``: what was alive at each run's peak, by kind, in place of the model's
-    states (the at-peak columns sum to the peak)."""
+    """The table as Markdown; ``breakdown``: what was alive at each run's peak, by kind, in place of the
+    model's states (the at-peak columns sum to the peak)."""
     import pandas as pd
 
     from bench.report.tables import to_markdown
 
     gib = lambda col: (pd.to_numeric(table.get(col), errors="coerce") / 2**30).round(2)  # noqa: E731
-    show = pd.DataFrame({
-        KEY.run: table[KEY.run], "batch": table["batch"], KEY.status: table[KEY.status],
-        "peak GiB": gib(KEY.peak_tensor_bytes), "peak in": table.get(KEY.peak_phase),
-        "params GiB": gib(KEY.param_bytes), "grads GiB": gib(KEY.gradient_bytes),
-        "optimizer GiB": gib(KEY.optimizer_state_bytes), "activations GiB": gib(KEY.activation_bytes),
-        "TFLOP/step": (pd.to_numeric(table.get(KEY.flops_per_step), errors="coerce") / 1e12).round(2),
-        "ranks": pd.to_numeric(table.get(KEY.world_size, pd.Series(index=table.index, dtype=float)),
-                               errors="coerce").astype("Int64"),
-    })
+    show = pd.DataFrame(
+        {
+            KEY.run: table[KEY.run],
+            "batch": table["batch"],
+            KEY.status: table[KEY.status],
+            "peak GiB": gib(KEY.peak_tensor_bytes),
+            "peak in": table.get(KEY.peak_phase),
+            "params GiB": gib(KEY.param_bytes),
+            "grads GiB": gib(KEY.gradient_bytes),
+            "optimizer GiB": gib(KEY.optimizer_state_bytes),
+            "activations GiB": gib(KEY.activation_bytes),
+            "TFLOP/step": (pd.to_numeric(table.get(KEY.flops_per_step), errors="coerce") / 1e12).round(2),
+            "ranks": pd.to_numeric(
+                table.get(KEY.world_size, pd.Series(index=table.index, dtype=float)), errors="coerce"
+            ).astype("Int64"),
+        }
+    )
     if breakdown:
         show = show.drop(columns=["params GiB", "grads GiB", "optimizer GiB", "activations GiB"])
         for part in AT_PEAK:
-            show.insert(len(show.columns) - 2, f"{part.replace('_', ' ')} at peak GiB", gib(f"at_peak_{part}_bytes"))
+            show.insert(
+                len(show.columns) - 2, f"{part.replace('_', ' ')} at peak GiB", gib(f"at_peak_{part}_bytes")
+            )
     for kind in KINDS:  # sent per rank per step, in a ring
-        show[f"{kind.replace('_', '-')} MiB/rank"] = (pd.to_numeric(table.get(f"traffic_{kind}_bytes"),
-                                                                    errors="coerce") / 2**20).round(2)
+        show[f"{kind.replace('_', '-')} MiB/rank"] = (
+            pd.to_numeric(table.get(f"traffic_{kind}_bytes"), errors="coerce") / 2**20
+        ).round(2)
     if "measured_bytes" in table:
         show["measured GiB"] = gib("measured_bytes")
         show["predicted / measured"] = (table[KEY.peak_tensor_bytes] / table["measured_bytes"]).round(3)
     if "fits" in table:
         show["fits"] = table["fits"].map({True: "yes", False: "no"})
         show["largest batch"] = pd.to_numeric(table["largest_batch"], errors="coerce").astype("Int64")
-    if "fewest_ranks" in table:  # multi-process entries under a budget: the fewest ranks that fit, and its batch
+    # multi-process entries under a budget: the fewest ranks that fit, and its batch
+    if "fewest_ranks" in table:
         show["fewest ranks"] = pd.to_numeric(table["fewest_ranks"], errors="coerce").astype("Int64")
-        show["largest batch there"] = pd.to_numeric(table["largest_batch_there"], errors="coerce").astype("Int64")
+        show["largest batch there"] = pd.to_numeric(table["largest_batch_there"], errors="coerce").astype(
+            "Int64"
+        )
     show["note"] = table.get(KEY.message, pd.Series(dtype=object)).fillna("")
     show = show.loc[:, show.notna().any() & (show != 0).any()]  # traffic columns no entry has, or all zero
     return to_markdown(show)

@@ -24,26 +24,33 @@ def load_side(folder: Path, device: str | None = None) -> pd.DataFrame:
     """The ok records under a device folder (results/resnet/nvidia-h100…), a suite folder or a whole
     results root, from one device: ``device`` (a substring of its name) picks one where there are several."""
     if not folder.is_dir():
-        raise FileNotFoundError(f"{folder}: no such folder (expected results/, results/<suite>/ or "
-                                "results/<suite>/<device>/)")
+        raise FileNotFoundError(
+            f"{folder}: no such folder (expected results/, results/<suite>/ or results/<suite>/<device>/)"
+        )
     records = _records(folder)
     if device:
-        records = [r for r in records if device.lower() in r[KEY.device].lower() or device == slug(r[KEY.device])]
+        records = [
+            r for r in records if device.lower() in r[KEY.device].lower() or device == slug(r[KEY.device])
+        ]
     if not records:
-        raise FileNotFoundError(f"no records in {folder}{f' for device {device!r}' if device else ''} "
-                                "(expected results/, results/<suite>/ or results/<suite>/<device>/)")
+        raise FileNotFoundError(
+            f"no records in {folder}{f' for device {device!r}' if device else ''} "
+            "(expected results/, results/<suite>/ or results/<suite>/<device>/)"
+        )
     devices = sorted({r[KEY.device] for r in records})
     if len(devices) > 1:
-        raise FileNotFoundError(f"{folder} holds several devices ({', '.join(devices)}); pick one with "
-                                f"--device, e.g. --device {slug(devices[0])}")
+        raise FileNotFoundError(
+            f"{folder} holds several devices ({', '.join(devices)}); pick one with "
+            f"--device, e.g. --device {slug(devices[0])}"
+        )
     frame = to_frame(records)
     return frame[frame[KEY.status] == Status.OK].set_index([KEY.suite, KEY.run])
 
 
 def _records(folder: Path) -> list[dict]:
-    """The records of a device folder, a suite folder or a results root, read at that level only (a device's fit/
-    and superseded/ files are not records of its runs), and within a root only from the folder named after each
-    record's suite (a backup copy of a suite beside it would give every run twice)."""
+    """The records of a device folder, a suite folder or a results root, read at that level only (a device's
+    fit/ and superseded/ files are not records of its runs), and within a root only from the folder named
+    after each record's suite (a backup copy of a suite beside it would give every run twice)."""
     for depth in ("*.json", "*/*.json", "*/*/*.json"):
         if paths := sorted(folder.glob(depth)):
             break
@@ -55,8 +62,10 @@ def _records(folder: Path) -> list[dict]:
             continue
         key = (r[KEY.suite], r[KEY.run], r[KEY.device])
         if key in found:
-            raise BadInput(f"run {r[KEY.run]!r} of suite {r[KEY.suite]!r} on {r[KEY.device]} is in both {found[key]} "
-                           f"and {p}; compare one of the folders that hold it")
+            raise BadInput(
+                f"run {r[KEY.run]!r} of suite {r[KEY.suite]!r} on {r[KEY.device]} is in both {found[key]} "
+                f"and {p}; compare one of the folders that hold it"
+            )
         found[key] = p
         records.append(r)
     return records
@@ -83,15 +92,20 @@ def compare(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
 
 def unmatched(a: pd.DataFrame, b: pd.DataFrame) -> list[str]:
     """A line for each run in only one of the two folders: left out of the comparison, never silently."""
+
     def name(key: object) -> str:
         return "/".join(map(str, key)) if isinstance(key, tuple) else str(key)
-    return ([f"only in A (not compared): {name(k)}" for k in a.index.difference(b.index)]
-            + [f"only in B (not compared): {name(k)}" for k in b.index.difference(a.index)])
+
+    return [f"only in A (not compared): {name(k)}" for k in a.index.difference(b.index)] + [
+        f"only in B (not compared): {name(k)}" for k in b.index.difference(a.index)
+    ]
 
 
 def _num(frame: pd.DataFrame, col: str) -> pd.Series:
     """A numeric column; all-NaN where no record has it."""
-    return pd.to_numeric(frame[col], errors="coerce") if col in frame else pd.Series(np.nan, index=frame.index)
+    return (
+        pd.to_numeric(frame[col], errors="coerce") if col in frame else pd.Series(np.nan, index=frame.index)
+    )
 
 
 def _regressions(row) -> list[str]:
@@ -111,31 +125,49 @@ def shared_shift(table: pd.DataFrame) -> str:
     """The throughput change every run shares. A step's spread is measured within one process, so a slower
     machine (other load, clocks), driver, torch or harness moves every run at once and flags each."""
     ratios = table["throughput_ratio"].dropna()
-    return (f"Throughput × over the {len(ratios)} runs: median {ratios.median():.3f}, from {ratios.min():.3f} to "
-            f"{ratios.max():.3f}. A change every run shares points at the machine (other load, clocks), the driver, "
-            "torch or the harness, not at one technique.")
+    return (
+        f"Throughput × over the {len(ratios)} runs: median {ratios.median():.3f}, from {ratios.min():.3f} "
+        f"to {ratios.max():.3f}. A change every run shares points at the machine (other load, clocks), the "
+        "driver, torch or the harness, not at one technique."
+    )
 
 
 def describe(frame: pd.DataFrame, folder: Path) -> str:
     """Where one side's figures come from: folder, device, software and revision."""
     first = frame.iloc[0]
     revisions = ", ".join(sorted({str(r)[:12] for r in frame.get(KEY.git_revision, pd.Series()).dropna()}))
-    return (f"`{folder}`: {first[KEY.device]}, torch {first.get(KEY.torch_version)}, "
-            f"revision {revisions or 'unknown'}, {len(frame)} ok runs")
+    return (
+        f"`{folder}`: {first[KEY.device]}, torch {first.get(KEY.torch_version)}, "
+        f"revision {revisions or 'unknown'}, {len(frame)} ok runs"
+    )
 
 
-def write(table: pd.DataFrame, a: tuple[Path, pd.DataFrame], b: tuple[Path, pd.DataFrame], out: Path) -> list[Path]:
+def write(
+    table: pd.DataFrame, a: tuple[Path, pd.DataFrame], b: tuple[Path, pd.DataFrame], out: Path
+) -> list[Path]:
     """compare.md (sides, table, flagged runs), compare.csv and the side-by-side plot, under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     flagged = table[table["regression"] != ""]
-    lines = ["# Comparison: A → B", "", f"- A = {describe(a[1], a[0])}", f"- B = {describe(b[1], b[0])}", "",
-             markdown(table, "A", "B"), "",
-             f"{len(table)} runs on both sides; {len(flagged)} regressed beyond their spread"
-             + (f": {', '.join(flagged[KEY.run])}." if len(flagged) else "."), "", shared_shift(table), "",
-             "Regression rules: memory more than 1% above A (peaks are deterministic up to allocator rounding); "
-             "throughput when B's step-time quartiles lie wholly above A's middle half (p25 of B > p75 of A); "
-             "accuracy when it drops by more than the wider of the two baselines' seed bands.", "",
-             "![side by side](compare.png)", ""]
+    lines = [
+        "# Comparison: A → B",
+        "",
+        f"- A = {describe(a[1], a[0])}",
+        f"- B = {describe(b[1], b[0])}",
+        "",
+        markdown(table, "A", "B"),
+        "",
+        f"{len(table)} runs on both sides; {len(flagged)} regressed beyond their spread"
+        + (f": {', '.join(flagged[KEY.run])}." if len(flagged) else "."),
+        "",
+        shared_shift(table),
+        "",
+        "Regression rules: memory more than 1% above A (peaks are deterministic up to allocator rounding); "
+        "throughput when B's step-time quartiles lie wholly above A's middle half (p25 of B > p75 of A); "
+        "accuracy when it drops by more than the wider of the two baselines' seed bands.",
+        "",
+        "![side by side](compare.png)",
+        "",
+    ]
     written = [out / "compare.md", out / "compare.csv", out / "compare.png"]
     write_atomic(written[0], "\n".join(lines))
     write_atomic(written[1], table.to_csv(index=False))
@@ -145,28 +177,38 @@ def write(table: pd.DataFrame, a: tuple[Path, pd.DataFrame], b: tuple[Path, pd.D
 
 
 def markdown(table: pd.DataFrame, name_a: str, name_b: str) -> str:
-    show = pd.DataFrame({
-        KEY.suite: table[KEY.suite], KEY.run: table[KEY.run],
-        f"peak MiB ({name_a})": (table["peak_a"] / 2**20).round(1),
-        f"peak MiB ({name_b})": (table["peak_b"] / 2**20).round(1),
-        "memory ×": table["memory_ratio"].round(3),
-        f"samples/s ({name_a})": table["samples_per_s_a"].round(1),
-        f"samples/s ({name_b})": table["samples_per_s_b"].round(1),
-        "throughput ×": table["throughput_ratio"].round(3),
-        "Δ accuracy pt": (100 * table["accuracy_change"]).round(1),
-        "regression": table["regression"].replace("", "–").map(lambda s: s if s == "–" else f"⚠ {s}"),
-    })
+    show = pd.DataFrame(
+        {
+            KEY.suite: table[KEY.suite],
+            KEY.run: table[KEY.run],
+            f"peak MiB ({name_a})": (table["peak_a"] / 2**20).round(1),
+            f"peak MiB ({name_b})": (table["peak_b"] / 2**20).round(1),
+            "memory ×": table["memory_ratio"].round(3),
+            f"samples/s ({name_a})": table["samples_per_s_a"].round(1),
+            f"samples/s ({name_b})": table["samples_per_s_b"].round(1),
+            "throughput ×": table["throughput_ratio"].round(3),
+            "Δ accuracy pt": (100 * table["accuracy_change"]).round(1),
+            "regression": table["regression"].replace("", "–").map(lambda s: s if s == "–" else f"⚠ {s}"),
+        }
+    )
     return to_markdown(show.dropna(axis=1, how="all"))
 
 
 def side_by_side(table: pd.DataFrame, name_a: str, name_b: str, path: Path) -> None:
     """Memory and throughput of each run, A and B as paired bars; regressions' names in red."""
-    labels = [f"{s}/{r}" if table[KEY.suite].nunique() > 1 else r for s, r in zip(table[KEY.suite], table[KEY.run])]
+    labels = [
+        f"{s}/{r}" if table[KEY.suite].nunique() > 1 else r for s, r in zip(table[KEY.suite], table[KEY.run])
+    ]
     y = np.arange(len(table))
     fig, axes = plt.subplots(1, 2, figsize=(12, 0.35 * len(table) + 2), sharey=True)
     unit = 2**30 if max(table["peak_a"].max(), table["peak_b"].max()) >= 2**30 else 2**20
-    for ax, (col, xlabel, scale) in zip(axes, (("peak", f"peak memory ({'GiB' if unit == 2**30 else 'MiB'})", unit),
-                                               (KEY.samples_per_s, "throughput (samples/s)", 1))):
+    for ax, (col, xlabel, scale) in zip(
+        axes,
+        (
+            ("peak", f"peak memory ({'GiB' if unit == 2**30 else 'MiB'})", unit),
+            (KEY.samples_per_s, "throughput (samples/s)", 1),
+        ),
+    ):
         ax.barh(y - 0.2, table[f"{col}_a"] / scale, height=0.4, color="tab:blue", label=name_a)
         ax.barh(y + 0.2, table[f"{col}_b"] / scale, height=0.4, color="tab:orange", label=name_b)
         ax.set_xlabel(xlabel)

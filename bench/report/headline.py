@@ -1,5 +1,5 @@
-"""What to use, in plain words: per device, the picks among a suite's runs, and how much of the suite the device
-has measured. The first screen of every report and the overview's table both come from here."""
+"""What to use, in plain words: per device, the picks among a suite's runs, and how much of the suite the
+device has measured. The first screen of every report and the overview's table both come from here."""
 
 from __future__ import annotations
 
@@ -29,10 +29,14 @@ def candidates(table: pd.DataFrame) -> pd.DataFrame:
     batch are left out), not known to hurt accuracy (a delta outside the baseline's band), and not timed on a
     busy machine (their throughput × is the neighbours' as much as theirs)."""
     base_batch = table.set_index(KEY.run)[KEY.batch_size].reindex(table[KEY.baseline]).to_numpy()
-    keep = ((table[KEY.status] == Status.OK) & table["memory_vs_baseline"].notna()
-            & table["throughput_vs_baseline"].notna()
-            & (table[KEY.batch_size].to_numpy() == base_batch) & ~table["outside_band"].eq(True)
-            & ~busy_runs(table))
+    keep = (
+        (table[KEY.status] == Status.OK)
+        & table["memory_vs_baseline"].notna()
+        & table["throughput_vs_baseline"].notna()
+        & (table[KEY.batch_size].to_numpy() == base_batch)
+        & ~table["outside_band"].eq(True)
+        & ~busy_runs(table)
+    )
     out = table[keep].copy()
     saved, lost = 1 - out["memory_vs_baseline"], (1 - out["throughput_vs_baseline"]).clip(lower=0)
     out["memory_per_throughput"] = saved / lost.clip(lower=0.01)  # a free saving scores as if it cost 1%
@@ -56,14 +60,18 @@ def pick_text(row: pd.Series | None) -> str:
     """A pick in plain words: the run, its memory ×, throughput × and accuracy effect."""
     if row is None:
         return "no run measured here qualifies"
-    return (f"{row[KEY.run]}: {row['memory_vs_baseline']:.2f}× memory, {row['throughput_vs_baseline']:.2f}× "
-            f"throughput, {accuracy_effect(row)}")
+    return (
+        f"{row[KEY.run]}: {row['memory_vs_baseline']:.2f}× memory, {row['throughput_vs_baseline']:.2f}× "
+        f"throughput, {accuracy_effect(row)}"
+    )
 
 
 def accuracy_effect(row: pd.Series) -> str:
     if pd.isna(row.get("accuracy_delta")):
         return "accuracy not measured here"
-    within = "outside the baseline's band ⚠" if row.get("outside_band") is True else "within the baseline's band"
+    within = (
+        "outside the baseline's band ⚠" if row.get("outside_band") is True else "within the baseline's band"
+    )
     return f"accuracy {100 * row['accuracy_delta']:+.1f} pt ({within} ±{100 * row['accuracy_band']:.1f})"
 
 
@@ -90,10 +98,13 @@ def suite_file(name: str, suites_dir: Path = Path("suites")) -> Suite | None:
 
 
 def devices_best_first(table: pd.DataFrame, here: str | None = None) -> list[str]:
-    """The devices of a table: ``here`` (the machine the page is built on) first, for the user who just measured
-    on it; then GPUs before CPUs (a reader renting a card wants its figures first); legacy CPU names last."""
+    """The devices of a table: ``here`` (the machine the page is built on) first, for the user who just
+    measured on it; then GPUs before CPUs (a reader renting a card wants its figures first); legacy CPU names
+    last."""
     kinds = table.groupby(KEY.device)[KEY.device_type].first()
-    return sorted(kinds.index, key=lambda d: (d != here, legacy(str(d), kinds[d]), kinds[d] != "cuda", str(d)))
+    return sorted(
+        kinds.index, key=lambda d: (d != here, legacy(str(d), kinds[d]), kinds[d] != "cuda", str(d))
+    )
 
 
 def this_machine() -> str:
@@ -114,8 +125,10 @@ def legacy(device: str, device_type: str) -> bool:
 def device_title(device: str, device_type: str) -> str:
     """A device as a heading names it; a legacy CPU name says what it is."""
     if legacy(device, device_type):
-        return (f"{device} (legacy: recorded before CPU names carried their vector instructions; it may mix "
-                "machines, and no CPU measures under this name now)")
+        return (
+            f"{device} (legacy: recorded before CPU names carried their vector instructions; it may mix "
+            "machines, and no CPU measures under this name now)"
+        )
     return device
 
 
@@ -127,14 +140,18 @@ def coverage(part: pd.DataFrame, entries: int | None) -> str:
     return f"{len(part)} of the suite's {entries} entries recorded ({ok} ok); the rest not yet on this device"
 
 
-def headline(table: pd.DataFrame, entries: int | None, here: str | None = None) -> list[tuple[str, list[str]]]:
-    """Per device, ``here`` first and then best first: its heading line (device, coverage, what its peak is) and
-    its picks."""
+def headline(
+    table: pd.DataFrame, entries: int | None, here: str | None = None
+) -> list[tuple[str, list[str]]]:
+    """Per device, ``here`` first and then best first: its heading line (device, coverage, what its peak is)
+    and its picks."""
     out = []
     for device in devices_best_first(table, here):
         part = table[table[KEY.device] == device]
         title = device_title(str(device), part[KEY.device_type].iloc[0])
-        out.append((f"{title}: {coverage(part, entries)}; memory is the {memory_figure(part)}", _items(picks(part))))
+        out.append(
+            (f"{title}: {coverage(part, entries)}; memory is the {memory_figure(part)}", _items(picks(part)))
+        )
     return out
 
 
@@ -144,27 +161,36 @@ def answer(table: pd.DataFrame, device: str, entries: int | None) -> str:
     if part.empty:
         return f"What to use on {device}: nothing measured there yet."
     lines = [item.replace("**", "") for item in _items(picks(part))]
-    return "\n".join([f"What to use on {device} ({coverage(part, entries)}; against its baseline):",
-                      *(f"- {line}" for line in lines)])
+    return "\n".join(
+        [
+            f"What to use on {device} ({coverage(part, entries)}; against its baseline):",
+            *(f"- {line}" for line in lines),
+        ]
+    )
 
 
 def memory_figure(part: pd.DataFrame) -> str:
-    """What one device's memory figures are: the CUDA allocator's peak or the tracked one, at the baseline's batch."""
+    """What one device's memory figures are: the CUDA allocator's peak or the tracked one, at the baseline's
+    batch."""
     peak = "allocator peak" if part[KEY.device_type].iloc[0] == "cuda" else "tracked peak of live tensors"
     batch = part.loc[part[KEY.run] == part[KEY.baseline], KEY.batch_size]
     return peak + (f", batch {int(batch.iloc[0])}" if len(batch) and pd.notna(batch.iloc[0]) else "")
 
 
-DISAGREE = 0.2  # memory × apart by this much on a GPU and a CPU: the two stories differ, and the reader is told why
+# memory × apart by this much on a GPU and a CPU: the two stories differ, and the reader is told why
+DISAGREE = 0.2
 PHASES = {"forward": "the forward", "backward": "backward", "optimizer": "the optimizer step"}
 
 
 def disagreements(table: pd.DataFrame, shown: int = 3) -> list[str]:
-    """Runs whose memory × on a GPU and on a CPU differ by at least DISAGREE, largest first, each with where its
-    peak fell on each: a technique saves at the peak only what is alive there (checkpointing saves nothing when
-    the peak is the optimizer step, as at small CPU shapes)."""
+    """Runs whose memory × on a GPU and on a CPU differ by at least DISAGREE, largest first, each with where
+    its peak fell on each: a technique saves at the peak only what is alive there (checkpointing saves nothing
+    when the peak is the optimizer step, as at small CPU shapes)."""
     kinds = table.groupby(KEY.device)[KEY.device_type].first()
-    gpus, cpus = [d for d in kinds.index if kinds[d] == "cuda"], [d for d in kinds.index if kinds[d] != "cuda"]
+    gpus, cpus = (
+        [d for d in kinds.index if kinds[d] == "cuda"],
+        [d for d in kinds.index if kinds[d] != "cuda"],
+    )
     if not gpus or not cpus:
         return []
     gpu, cpu = (table[table[KEY.device] == d].set_index(KEY.run) for d in (gpus[0], cpus[0]))
@@ -173,9 +199,11 @@ def disagreements(table: pd.DataFrame, shown: int = 3) -> list[str]:
     lines = []
     for run in gap[gap >= DISAGREE].sort_values(ascending=False).index[:shown]:
         g, c = gpu.loc[run], cpu.loc[run]
-        lines.append(f"**{run}**: {g['memory_vs_baseline']:.2f}× memory on {gpus[0]} (batch {int(g[KEY.batch_size])}) "
-                     f"against {c['memory_vs_baseline']:.2f}× on {cpus[0]} (batch {int(c[KEY.batch_size])}): "
-                     + _why(g, c, gpus[0], cpus[0]))
+        lines.append(
+            f"**{run}**: {g['memory_vs_baseline']:.2f}× memory on {gpus[0]} (batch {int(g[KEY.batch_size])}) "
+            f"against {c['memory_vs_baseline']:.2f}× on {cpus[0]} (batch {int(c[KEY.batch_size])}): "
+            + _why(g, c, gpus[0], cpus[0])
+        )
     return lines
 
 
@@ -183,13 +211,16 @@ def _why(gpu: pd.Series, cpu: pd.Series, gpu_name: str, cpu_name: str) -> str:
     phases = gpu.get(KEY.peak_phase), cpu.get(KEY.peak_phase)
     if any(pd.isna(p) for p in phases) or phases[0] == phases[1]:
         return "the shapes differ, and with them what dominates the peak"
-    return (f"its peak falls in {PHASES.get(phases[0], phases[0])} on {gpu_name} and in "
-            f"{PHASES.get(phases[1], phases[1])} on {cpu_name}, so what it saves is alive at one peak and not "
-            "the other")
+    return (
+        f"its peak falls in {PHASES.get(phases[0], phases[0])} on {gpu_name} and in "
+        f"{PHASES.get(phases[1], phases[1])} on {cpu_name}, so what it saves is alive at one peak and not "
+        "the other"
+    )
 
 
 def _items(chosen: dict[str, pd.Series | None]) -> list[str]:
-    """One line per picked run, naming every pick it is (one run is often the largest saving and the best trade)."""
+    """One line per picked run, naming every pick it is (one run is often the largest saving and the best
+    trade)."""
     runs: dict[str | None, list[str]] = {}
     for key, row in chosen.items():
         runs.setdefault(None if row is None else row[KEY.run], []).append(key)

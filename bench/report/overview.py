@@ -39,8 +39,11 @@ def build_overview(results: Path) -> list[Path]:
     everything = pd.concat(tables, ignore_index=True)
     out = results / "overview"
     out.mkdir(exist_ok=True)
-    blocks = [Block("h1", "All suites: what to use"),
-              Block("nav", [(p.name, f"../{p.name}/report") for p in suites]), Block("p", INTRO)]
+    blocks = [
+        Block("h1", "All suites: what to use"),
+        Block("nav", [(p.name, f"../{p.name}/report") for p in suites]),
+        Block("p", INTRO),
+    ]
     written = [out / "overview.md", out / "overview.html"]
     for device in devices_best_first(everything, this_machine()):
         part = everything[everything[KEY.device] == device]
@@ -49,11 +52,16 @@ def build_overview(results: Path) -> list[Path]:
             base = t[t[KEY.run] == t[KEY.baseline]]
             best = picks(t)
             entries = suite_entries(str(suite))
-            rows.append({KEY.suite: suite, KEY.model: t[KEY.model].iloc[0],
-                         "recorded": f"{len(t)} of {entries}" if entries else str(len(t)),
-                         "baseline peak GiB": round(base["peak_bytes"].iloc[0] / 2**30, 3) if len(base) else None,
-                         "baseline samples/s": round(base[KEY.samples_per_s].iloc[0], 1) if len(base) else None,
-                         **{PICKS[k]: pick_text(v) for k, v in best.items()}})
+            rows.append(
+                {
+                    KEY.suite: suite,
+                    KEY.model: t[KEY.model].iloc[0],
+                    "recorded": f"{len(t)} of {entries}" if entries else str(len(t)),
+                    "baseline peak GiB": round(base["peak_bytes"].iloc[0] / 2**30, 3) if len(base) else None,
+                    "baseline samples/s": round(base[KEY.samples_per_s].iloc[0], 1) if len(base) else None,
+                    **{PICKS[k]: pick_text(v) for k, v in best.items()},
+                }
+            )
         png = out / f"overview-{slug(str(device))}.png"
         _suite_grid(part, str(device), png)
         written += [png, png.with_suffix(".svg")]
@@ -80,37 +88,54 @@ def _suite_grid(table: pd.DataFrame, device: str, path: Path) -> None:
             front = pareto_front(x, y)
             order = np.argsort(x[front])
             ax.step(x[front][order], y[front][order], where="post", color="black", lw=1, alpha=0.6)
-            points = [plots.technique_colour(tq, r == b)
-                      for tq, r, b in zip(c["technique"], c[KEY.run], c[KEY.baseline])]
+            points = [
+                plots.technique_colour(tq, r == b)
+                for tq, r, b in zip(c["technique"], c[KEY.run], c[KEY.baseline])
+            ]
             ax.scatter(x, y, color=points, zorder=3)
             plots.place_labels(ax, x[front], y[front], list(c[KEY.run][front]), fontsize=8)
-            colours |= {("baseline" if r == b else tq or "no technique"): p
-                        for tq, r, b, p in zip(c["technique"], c[KEY.run], c[KEY.baseline], points)}
+            colours |= {
+                ("baseline" if r == b else tq or "no technique"): p
+                for tq, r, b, p in zip(c["technique"], c[KEY.run], c[KEY.baseline], points)
+            }
         ax.axhline(1, color="gray", lw=0.8, ls="--")
         ax.axvline(1, color="gray", lw=0.8, ls="--")
         ax.set_title(f"{suite} ({t[KEY.model].iloc[0]})")
         ax.set_xlabel("peak memory × baseline")
         ax.set_ylabel("throughput × baseline")
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(groups):]:
+    for ax in list(axes.flat)[len(groups) :]:
         ax.set_visible(False)
     # Points off the front are identified by colour: their first technique, as in every report.
-    handles = [plt.Line2D([], [], marker="o", ls="", color=colours[name], label=name) for name in sorted(colours)]
+    handles = [
+        plt.Line2D([], [], marker="o", ls="", color=colours[name], label=name) for name in sorted(colours)
+    ]
     ncol = min(6, len(handles)) or 1
-    fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=8, title="first technique",
-               bbox_to_anchor=(0.5, 0))
-    below = (0.45 + 0.22 * np.ceil(len(handles) / ncol)) / fig.get_figheight()  # the legend's share of the height
-    fig.suptitle(f"Every suite on {device}: up and left of the dashed cross is better than the baseline "
-                 "(front labelled)")
+    fig.legend(
+        handles=handles,
+        loc="lower center",
+        ncol=ncol,
+        fontsize=8,
+        title="first technique",
+        bbox_to_anchor=(0.5, 0),
+    )
+    # the legend's share of the height
+    below = (0.45 + 0.22 * np.ceil(len(handles) / ncol)) / fig.get_figheight()
+    fig.suptitle(
+        f"Every suite on {device}: up and left of the dashed cross is better than the baseline "
+        "(front labelled)"
+    )
     fig.tight_layout(rect=(0, below, 1, 1 - 0.45 / fig.get_figheight()))  # room for the legend and the title
     plots.save(fig, path, dpi=110)
 
 
-INTRO = ("Recorded: how many of the suite's entries the device has a record of (each report lists the rest with "
-         "its predicted peak at GPU shapes). Per suite and device (this machine's, then GPUs, first), three picks "
-         "among the runs measured at the baseline's batch size that save memory (at most 0.99× the baseline's peak) "
-         "and whose accuracy delta (where measured) lies within the baseline's noise band: the largest memory "
-         "saving, the largest that keeps throughput within 5% of the baseline's, and the one that saves the most "
-         "memory per unit of throughput lost ((1 − memory ×) ÷ (1 − throughput ×), a loss under 1% counted as 1%). "
-         "Figures are relative to each suite's own baseline on the same device; each suite's report, linked "
-         "above, has every run.")
+INTRO = (
+    "Recorded: how many of the suite's entries the device has a record of (each report lists the rest with "
+    "its predicted peak at GPU shapes). Per suite and device (this machine's, then GPUs, first), three "
+    "picks among the runs measured at the baseline's batch size that save memory (at most 0.99× the "
+    "baseline's peak) and whose accuracy delta (where measured) lies within the baseline's noise band: the "
+    "largest memory saving, the largest that keeps throughput within 5% of the baseline's, and the one "
+    "that saves the most memory per unit of throughput lost ((1 − memory ×) ÷ (1 − throughput ×), a loss "
+    "under 1% counted as 1%). Figures are relative to each suite's own baseline on the same device; each "
+    "suite's report, linked above, has every run."
+)

@@ -38,25 +38,32 @@ def markdown(blocks: list[Block], root: Path) -> str:
         elif b.kind == "nav":  # the Markdown pages link to each other
             out.append(" · ".join(f"[{label}]({page}.md)" for label, page in b.content))
         elif b.kind == "headline":
-            out.append("\n\n".join(f"**{line}**\n\n" + "\n".join(f"- {i}" for i in items) for line, items in b.content))
+            out.append(
+                "\n\n".join(
+                    f"**{line}**\n\n" + "\n".join(f"- {i}" for i in items) for line, items in b.content
+                )
+            )
         out.append("")
     return "\n".join(out)
 
 
-# Text cells read left to right, figures line up on the right; a wide table scrolls in its own box, so a narrow
-# window never loses the page's right edge.
+# Text cells read left to right, figures line up on the right; a wide table scrolls in its own box, so a
+# narrow window never loses the page's right edge.
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
 .scroll{overflow-x:auto}table{border-collapse:collapse;font-size:13px;margin:1em 0}
 th,td{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}th{background:#f2f2f2}
 td.n{text-align:right;white-space:nowrap}img{max-width:100%}code{background:#f4f4f4;padding:0 3px}
 nav{margin:0.5em 0 1em}.headline{background:#f6f8fa;border:1px solid #d0d7de;padding:0.2em 1em;margin:1em 0}
-.scroll td:first-child{position:sticky;left:0;background:#fff}.scroll th:first-child{position:sticky;left:0}"""
+.scroll td:first-child{position:sticky;left:0;background:#fff}
+.scroll th:first-child{position:sticky;left:0}"""
 NUMBER = re.compile(r"<td>([-+−]?[\d.,]+(?:e[-+]?\d+)?[×%]?|–)</td>")
 
 
 def html_page(blocks: list[Block], title: str) -> str:
-    out = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-           f"<style>{STYLE}</style></head><body>"]
+    out = [
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{STYLE}</style></head><body>"
+    ]
     for b in blocks:
         if b.kind in ("h1", "h2", "h3"):
             out.append(f"<{b.kind}>{html.escape(str(b.content))}</{b.kind}>")
@@ -72,8 +79,14 @@ def html_page(blocks: list[Block], title: str) -> str:
             data = base64.b64encode(Path(b.content).read_bytes()).decode()
             out.append(f"<p><img alt='{html.escape(b.content.stem)}' src='data:image/png;base64,{data}'></p>")
         elif b.kind == "nav":  # the HTML pages link to each other
-            out.append("<nav>" + " · ".join(f"<a href='{html.escape(page)}.html'>{html.escape(label)}</a>"
-                                            for label, page in b.content) + "</nav>")
+            out.append(
+                "<nav>"
+                + " · ".join(
+                    f"<a href='{html.escape(page)}.html'>{html.escape(label)}</a>"
+                    for label, page in b.content
+                )
+                + "</nav>"
+            )
         elif b.kind == "headline":
             out.append(f"<div class='headline'>{_headline_html(b.content)}</div>")
     return "\n".join(out) + "\n</body></html>\n"
@@ -87,13 +100,15 @@ def _link(match: re.Match[str]) -> str:
 
 
 def _headline_html(groups: list[tuple[str, list[str]]]) -> str:
-    return "".join(f"<p><b>{_inline(line)}</b></p><ul>" + "".join(f"<li>{_inline(i)}</li>" for i in items) + "</ul>"
-                   for line, items in groups)
+    return "".join(
+        f"<p><b>{_inline(line)}</b></p><ul>" + "".join(f"<li>{_inline(i)}</li>" for i in items) + "</ul>"
+        for line, items in groups
+    )
 
 
 def _inline(text: str) -> str:
-    """Escaped text with Markdown's `code`, **bold** and [links](target) kept: a link only to a relative path or
-    http(s); any other target (javascript:, data:, a run named to look like a link) stays text."""
+    """Escaped text with Markdown's `code`, **bold** and [links](target) kept: a link only to a relative path
+    or http(s); any other target (javascript:, data:, a run named to look like a link) stays text."""
     text = re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", _link, html.escape(text))
     parts = text.split("`")
     text = "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))

@@ -25,20 +25,38 @@ from bench.record import AT_PEAK, KEY, Status
 from bench.report.tables import pareto_front
 
 BASELINE_COLOUR = "#7f7f7f"
-# tab20's pairs split (dark ones first), then Dark2, then tab20b's and tab20c's darkest and middle shade of each
-# hue, without the greys the baseline wears: 43 colours. The built-in techniques take the first ones in name
-# order; a user's own hash into the rest, so one never wears a built-in's colour in a plot beside it.
-PALETTE = [c for c in (*matplotlib.colormaps["tab20"].colors[0::2], *matplotlib.colormaps["tab20"].colors[1::2],
-                       *matplotlib.colormaps["Dark2"].colors, *matplotlib.colormaps["tab20b"].colors[0::4],
-                       *matplotlib.colormaps["tab20b"].colors[2::4], *matplotlib.colormaps["tab20c"].colors[0::4],
-                       *matplotlib.colormaps["tab20c"].colors[2::4])
-           if len(set(c)) > 1]
-BREAKDOWN_COLOURS = {"parameters": "#1f77b4", "buffers": "#aec7e8", "gradients": "#ff7f0e",
-                     "optimizer_state": "#2ca02c", "activations": "#d62728", "temporaries": "#9467bd",
-                     "allocator": "#c7c7c7"}
+# tab20's pairs split (dark ones first), then Dark2, then tab20b's and tab20c's darkest and middle shade of
+# each hue, without the greys the baseline wears: 43 colours. The built-in techniques take the first ones in
+# name order; a user's own hash into the rest, so one never wears a built-in's colour in a plot beside it.
+PALETTE = [
+    c
+    for c in (
+        *matplotlib.colormaps["tab20"].colors[0::2],
+        *matplotlib.colormaps["tab20"].colors[1::2],
+        *matplotlib.colormaps["Dark2"].colors,
+        *matplotlib.colormaps["tab20b"].colors[0::4],
+        *matplotlib.colormaps["tab20b"].colors[2::4],
+        *matplotlib.colormaps["tab20c"].colors[0::4],
+        *matplotlib.colormaps["tab20c"].colors[2::4],
+    )
+    if len(set(c)) > 1
+]
+BREAKDOWN_COLOURS = {
+    "parameters": "#1f77b4",
+    "buffers": "#aec7e8",
+    "gradients": "#ff7f0e",
+    "optimizer_state": "#2ca02c",
+    "activations": "#d62728",
+    "temporaries": "#9467bd",
+    "allocator": "#c7c7c7",
+}
 # Accuracy against the baseline's noise band, as the Pareto plot's marker.
-ACCURACY_MARKERS = {"within band": "o", "worse, outside band": "v", "better, outside band": "^",
-                    "not measured": "s"}
+ACCURACY_MARKERS = {
+    "within band": "o",
+    "worse, outside band": "v",
+    "better, outside band": "^",
+    "not measured": "s",
+}
 
 
 def save(fig, path, dpi: int = 120) -> None:
@@ -46,7 +64,8 @@ def save(fig, path, dpi: int = 120) -> None:
     then closed."""
     try:
         for target, options in ((path, {"dpi": dpi}), (path.with_suffix(".svg"), {"metadata": SVG_METADATA})):
-            partial = target.with_name(f".{target.name}.tmp")  # a full disk leaves the old plot, never half a new
+            # a full disk leaves the old plot, never half a new
+            partial = target.with_name(f".{target.name}.tmp")
             try:
                 fig.savefig(partial, bbox_inches="tight", format=target.suffix[1:], **options)
                 os.replace(partial, target)
@@ -81,7 +100,10 @@ def technique_colour(first: str, is_baseline: bool = False) -> tuple | str:
 
 
 def _colours(table: pd.DataFrame) -> list:
-    return [technique_colour(t, r == b) for t, r, b in zip(table["technique"], table[KEY.run], table[KEY.baseline])]
+    return [
+        technique_colour(t, r == b)
+        for t, r, b in zip(table["technique"], table[KEY.run], table[KEY.baseline])
+    ]
 
 
 def peak_memory_bars(ax: Axes, table: pd.DataFrame, title: str) -> None:
@@ -92,8 +114,14 @@ def peak_memory_bars(ax: Axes, table: pd.DataFrame, title: str) -> None:
     ax.barh(table[KEY.run], peaks.fillna(0), color=_colours(table))
     for y, (peak, ratio, status) in enumerate(zip(peaks, table["memory_vs_baseline"], table[KEY.status])):
         text = f" {peak:,.1f} ({ratio:.2f}×)" if status == Status.OK and pd.notna(ratio) else f" {status}"
-        ax.text(0 if pd.isna(peak) else peak, y, text, va="center", fontsize=8,
-                color="black" if status == Status.OK else "tab:red")
+        ax.text(
+            0 if pd.isna(peak) else peak,
+            y,
+            text,
+            va="center",
+            fontsize=8,
+            color="black" if status == Status.OK else "tab:red",
+        )
     ax.invert_yaxis()
     ax.margins(x=0.2)
     ax.set_xlabel(memory_label(table[KEY.device_type].iloc[0], unit))
@@ -120,7 +148,9 @@ def usable_front(memory: np.ndarray, throughput: np.ndarray, classes: np.ndarray
 def pareto(ax: Axes, table: pd.DataFrame, title: str) -> None:
     """Peak memory against throughput, one point per measured run; the front (runs no other run beats on
     both) joined by a line. Marker: accuracy against the baseline's band. Up and left is better."""
-    ok = table[(table[KEY.status] == Status.OK) & table["peak_bytes"].notna() & table[KEY.samples_per_s].notna()]
+    ok = table[
+        (table[KEY.status] == Status.OK) & table["peak_bytes"].notna() & table[KEY.samples_per_s].notna()
+    ]
     if ok.empty:
         ax.text(0.5, 0.5, "no run with both peak memory and throughput", ha="center", transform=ax.transAxes)
         ax.set_title(title)
@@ -134,15 +164,36 @@ def pareto(ax: Axes, table: pd.DataFrame, title: str) -> None:
     is_base = (ok[KEY.run] == ok[KEY.baseline]).to_numpy()
     for i, colour in enumerate(_colours(ok)):
         marker = "*" if is_base[i] else ACCURACY_MARKERS[classes[i]]
-        ax.scatter(x[i], y[i], color=colour, marker=marker, s=160 if is_base[i] else 60, zorder=3,
-                   edgecolors="black" if front[i] else "none", linewidths=1.2)
-    labels = [f"{r}{' (baseline)' if b and 'baseline' not in r else ''}" for r, b in zip(ok[KEY.run], is_base)]
+        ax.scatter(
+            x[i],
+            y[i],
+            color=colour,
+            marker=marker,
+            s=160 if is_base[i] else 60,
+            zorder=3,
+            edgecolors="black" if front[i] else "none",
+            linewidths=1.2,
+        )
+    labels = [
+        f"{r}{' (baseline)' if b and 'baseline' not in r else ''}" for r, b in zip(ok[KEY.run], is_base)
+    ]
     place_labels(ax, x, y, labels)
-    handles = [Line2D([], [], color="black", lw=1, alpha=0.6,
-                      label="Pareto front of runs not worse than the band (black edge: on it)"),
-               Line2D([], [], marker="*", ls="", color=BASELINE_COLOUR, ms=12, label="baseline")]
-    handles += [Line2D([], [], marker=m, ls="", color="dimgray", label=f"accuracy {c}")
-                for c, m in ACCURACY_MARKERS.items() if c in set(classes)]
+    handles = [
+        Line2D(
+            [],
+            [],
+            color="black",
+            lw=1,
+            alpha=0.6,
+            label="Pareto front of runs not worse than the band (black edge: on it)",
+        ),
+        Line2D([], [], marker="*", ls="", color=BASELINE_COLOUR, ms=12, label="baseline"),
+    ]
+    handles += [
+        Line2D([], [], marker=m, ls="", color="dimgray", label=f"accuracy {c}")
+        for c, m in ACCURACY_MARKERS.items()
+        if c in set(classes)
+    ]
     ax.legend(handles=handles, loc="best", fontsize=7, framealpha=0.8)
     ax.set_xlabel(memory_label(table[KEY.device_type].iloc[0], unit))
     ax.set_ylabel("throughput (samples/s)")
@@ -159,15 +210,22 @@ def place_labels(ax: Axes, x: np.ndarray, y: np.ndarray, labels: list[str], font
     points = ax.transData.transform(np.column_stack([x, y]))
     taken: list = []
     frame = ax.get_window_extent(renderer)  # a label that crosses it would be clipped or sit on the axis
-    offsets = [(dx * r, dy * r) for r in (6, 16, 28, 42) for dx, dy in
-               ((1, 1), (1, -1), (-1, 1), (-1, -1), (0, 1.4), (0, -1.4), (1.4, 0), (-1.4, 0))]
+    offsets = [
+        (dx * r, dy * r)
+        for r in (6, 16, 28, 42)
+        for dx, dy in ((1, 1), (1, -1), (-1, 1), (-1, -1), (0, 1.4), (0, -1.4), (1.4, 0), (-1.4, 0))
+    ]
     for i in np.argsort(-y):  # top points first: they have the least room above
         others = [pt for j, pt in enumerate(points) if j != i]
         for dx, dy in offsets:
             text = _label(ax, labels[i], (x[i], y[i]), (dx, dy), fontsize)
             box = text.get_window_extent(renderer).expanded(1.05, 1.1)
             inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
-            if inside and not any(box.overlaps(t) for t in taken) and not any(box.contains(*pt) for pt in others):
+            if (
+                inside
+                and not any(box.overlaps(t) for t in taken)
+                and not any(box.contains(*pt) for pt in others)
+            ):
                 break
             text.remove()
         else:  # nowhere clear: the nearest place, overlapping
@@ -180,11 +238,24 @@ def place_labels(ax: Axes, x: np.ndarray, y: np.ndarray, labels: list[str], font
         taken.append(box)
 
 
-def _label(ax: Axes, text: str, xy: tuple[float, float], offset: tuple[float, float], fontsize: float,
-           leader: bool = False):
-    return ax.annotate(text, xy, xytext=offset, textcoords="offset points", fontsize=fontsize,
-                       ha="left" if offset[0] >= 0 else "right", va="bottom" if offset[1] >= 0 else "top",
-                       arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "gray"} if leader else None)
+def _label(
+    ax: Axes,
+    text: str,
+    xy: tuple[float, float],
+    offset: tuple[float, float],
+    fontsize: float,
+    leader: bool = False,
+):
+    return ax.annotate(
+        text,
+        xy,
+        xytext=offset,
+        textcoords="offset points",
+        fontsize=fontsize,
+        ha="left" if offset[0] >= 0 else "right",
+        va="bottom" if offset[1] >= 0 else "top",
+        arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "gray"} if leader else None,
+    )
 
 
 def breakdown_bars(ax: Axes, table: pd.DataFrame, title: str) -> None:
@@ -207,7 +278,11 @@ def breakdown_frame(table: pd.DataFrame) -> pd.DataFrame:
     """One row per run that has an at-peak breakdown (tracked step), columns in AT_PEAK order plus the
     allocator's slack where measured; sorted by total, largest first."""
     cols = [f"at_peak_{p}_bytes" for p in AT_PEAK]
-    have = table.dropna(subset=[c for c in cols if c in table]) if all(c in table for c in cols) else table.iloc[:0]
+    have = (
+        table.dropna(subset=[c for c in cols if c in table])
+        if all(c in table for c in cols)
+        else table.iloc[:0]
+    )
     have = have[have[KEY.status] == Status.OK]
     parts = pd.DataFrame({p: have[f"at_peak_{p}_bytes"].astype(float) for p in AT_PEAK}, index=have.index)
     if KEY.cache_slack_bytes in have and have[KEY.cache_slack_bytes].notna().any():
@@ -221,8 +296,13 @@ def step_time_boxes(ax: Axes, table: pd.DataFrame, title: str) -> None:
     box is a noisy run, whose ratios deserve less trust."""
     timed = table[KEY.step_times_ms].map(lambda v: isinstance(v, list) and len(v) > 0)
     ok = table[(table[KEY.status] == Status.OK) & timed]
-    boxes = ax.boxplot(list(ok[KEY.step_times_ms]), orientation="horizontal", patch_artist=True, widths=0.6,
-                       flierprops={"markersize": 3})
+    boxes = ax.boxplot(
+        list(ok[KEY.step_times_ms]),
+        orientation="horizontal",
+        patch_artist=True,
+        widths=0.6,
+        flierprops={"markersize": 3},
+    )
     for patch, colour in zip(boxes["boxes"], _colours(ok)):
         patch.set_facecolor(colour)
         patch.set_alpha(0.7)

@@ -10,18 +10,58 @@ from bench.record import AT_PEAK, KEY, Status
 # What holds the bytes alive at a run's peak (bench/measure/memory.py: tracked_step).
 
 COLUMNS = [
-    KEY.suite, KEY.run, KEY.model, KEY.techniques, KEY.device, KEY.device_type, KEY.batch_size, KEY.world_size,
+    KEY.suite,
+    KEY.run,
+    KEY.model,
+    KEY.techniques,
+    KEY.device,
+    KEY.device_type,
+    KEY.batch_size,
+    KEY.world_size,
     KEY.status,
-    KEY.peak_allocated_bytes, KEY.peak_reserved_bytes, KEY.peak_tensor_bytes, KEY.peak_phase, KEY.activation_bytes,
-    KEY.rss_peak_bytes, KEY.model_state_bytes,
-    KEY.samples_per_s, KEY.tokens_per_s, KEY.real_tokens_per_s, KEY.padding_fraction, KEY.loader_wait_ms_median,
-    KEY.step_time_ms_median, KEY.step_time_ms_p25, KEY.step_time_ms_p75,
-    "memory_vs_baseline", "throughput_vs_baseline",
-    KEY.accuracy, "accuracy_delta", "accuracy_band", "outside_band", KEY.grad_cosine, KEY.fidelity_agreement,
-    KEY.fidelity_error, KEY.warning, KEY.busy_machine, KEY.cpu_share, KEY.load_average,
-    KEY.final_loss, KEY.predicted_peak_tensor_bytes, "predicted_vs_measured", KEY.flops_per_step, KEY.mfu,
-    *[f"at_peak_{p}_bytes" for p in AT_PEAK], KEY.cache_slack_bytes, KEY.context_bytes, KEY.git_revision,
-    KEY.weights, KEY.weights_sha256, KEY.torch_version, KEY.finished_at, KEY.wall_s, KEY.message,
+    KEY.peak_allocated_bytes,
+    KEY.peak_reserved_bytes,
+    KEY.peak_tensor_bytes,
+    KEY.peak_phase,
+    KEY.activation_bytes,
+    KEY.rss_peak_bytes,
+    KEY.model_state_bytes,
+    KEY.samples_per_s,
+    KEY.tokens_per_s,
+    KEY.real_tokens_per_s,
+    KEY.padding_fraction,
+    KEY.loader_wait_ms_median,
+    KEY.step_time_ms_median,
+    KEY.step_time_ms_p25,
+    KEY.step_time_ms_p75,
+    "memory_vs_baseline",
+    "throughput_vs_baseline",
+    KEY.accuracy,
+    "accuracy_delta",
+    "accuracy_band",
+    "outside_band",
+    KEY.grad_cosine,
+    KEY.fidelity_agreement,
+    KEY.fidelity_error,
+    KEY.warning,
+    KEY.busy_machine,
+    KEY.cpu_share,
+    KEY.load_average,
+    KEY.final_loss,
+    KEY.predicted_peak_tensor_bytes,
+    "predicted_vs_measured",
+    KEY.flops_per_step,
+    KEY.mfu,
+    *[f"at_peak_{p}_bytes" for p in AT_PEAK],
+    KEY.cache_slack_bytes,
+    KEY.context_bytes,
+    KEY.git_revision,
+    KEY.weights,
+    KEY.weights_sha256,
+    KEY.torch_version,
+    KEY.finished_at,
+    KEY.wall_s,
+    KEY.message,
 ]
 
 
@@ -32,8 +72,9 @@ def peak_bytes(df: pd.DataFrame) -> pd.Series:
 
 
 def summary(df: pd.DataFrame, throughput: str = KEY.samples_per_s) -> pd.DataFrame:
-    """The records as the reports' table, with each run's memory × and throughput × against its baseline on the
-    same device; ``throughput``: the figure compared (the suite's, e.g. real tokens/s for variable-length data)."""
+    """The records as the reports' table, with each run's memory × and throughput × against its baseline on
+    the same device; ``throughput``: the figure compared (the suite's, e.g. real tokens/s for variable-length
+    data)."""
     df = df.copy()
     for col in COLUMNS:
         if col not in df:
@@ -48,14 +89,18 @@ def summary(df: pd.DataFrame, throughput: str = KEY.samples_per_s) -> pd.DataFra
     base_tput = base[throughput].where(ok).reindex(keys).to_numpy()
     df["memory_vs_baseline"] = df["peak_bytes"] / base_peak
     df["throughput_vs_baseline"] = df[throughput] / base_tput
-    df["predicted_vs_measured"] = pd.to_numeric(df[KEY.predicted_peak_tensor_bytes], errors="coerce") / df["peak_bytes"]
+    df["predicted_vs_measured"] = (
+        pd.to_numeric(df[KEY.predicted_peak_tensor_bytes], errors="coerce") / df["peak_bytes"]
+    )
     packages = sorted(c for c in df.columns if c.startswith("package."))
     extra = packages + [c for c in df.columns if c.startswith("proof.")]
     order = df[KEY.run_index] if KEY.run_index in df else pd.Series(0, index=df.index)
     df = df.assign(_order=order).sort_values([KEY.device, "_order", KEY.run])
     df[KEY.step_times_ms] = df.get(KEY.step_times_ms)
     df["technique"] = df.get("technique")
-    return df[COLUMNS + ["peak_bytes", KEY.baseline, "technique", KEY.step_times_ms] + extra].reset_index(drop=True)
+    return df[COLUMNS + ["peak_bytes", KEY.baseline, "technique", KEY.step_times_ms] + extra].reset_index(
+        drop=True
+    )
 
 
 def pareto_front(memory: np.ndarray, throughput: np.ndarray) -> np.ndarray:
@@ -72,14 +117,16 @@ def savings(table: pd.DataFrame) -> pd.DataFrame:
     Runs without figures are left to the list of failed runs."""
     ok = table[(table[KEY.status] == Status.OK) & table["memory_vs_baseline"].notna()]
     ok = ok.sort_values("memory_vs_baseline", kind="stable")
-    return pd.DataFrame({
-        KEY.run: ok[KEY.run],
-        "memory ×": ok["memory_vs_baseline"].round(3),
-        "memory saved %": (100 * (1 - ok["memory_vs_baseline"])).round(1) + 0.0,  # + 0.0: never "-0.0"
-        "throughput ×": ok["throughput_vs_baseline"].round(3),
-        "throughput change %": (100 * (ok["throughput_vs_baseline"] - 1)).round(1) + 0.0,
-        "Δ accuracy pt (band)": ok.apply(_delta_cell, axis=1) if len(ok) else None,
-    })
+    return pd.DataFrame(
+        {
+            KEY.run: ok[KEY.run],
+            "memory ×": ok["memory_vs_baseline"].round(3),
+            "memory saved %": (100 * (1 - ok["memory_vs_baseline"])).round(1) + 0.0,  # + 0.0: never "-0.0"
+            "throughput ×": ok["throughput_vs_baseline"].round(3),
+            "throughput change %": (100 * (ok["throughput_vs_baseline"] - 1)).round(1) + 0.0,
+            "Δ accuracy pt (band)": ok.apply(_delta_cell, axis=1) if len(ok) else None,
+        }
+    )
 
 
 def _delta_cell(row: pd.Series) -> str | None:
@@ -103,32 +150,37 @@ def prediction_exact(table: pd.DataFrame) -> bool:
 def display(table: pd.DataFrame) -> pd.DataFrame:
     """The human-facing table: MiB, ratios and statuses, one line per run; columns no run has are left out
     (e.g. no CUDA columns for a CPU)."""
-    show = pd.DataFrame({
-        KEY.run: table[KEY.run],
-        "batch": table[KEY.batch_size],
-        KEY.status: table[KEY.status].where(table[KEY.fidelity_error].isna(), table[KEY.status] + ", fidelity failed"),
-        "peak MiB": (table["peak_bytes"] / 2**20).round(1),
-        "peak in": table[KEY.peak_phase],
-        "activations MiB": (table[KEY.activation_bytes] / 2**20).round(1),
-        "ranks": pd.to_numeric(table[KEY.world_size], errors="coerce").astype("Int64"),
-        # Shown in suites with multi-process runs, for every run there (the single-process one included).
-        "model states MiB/rank": (table[KEY.model_state_bytes] / 2**20).round(2) if table[KEY.world_size].notna().any()
-        else None,
-        "reserved MiB": (table[KEY.peak_reserved_bytes] / 2**20).round(1),
-        "samples/s": table[KEY.samples_per_s].round(1),
-        "real tokens/s": pd.to_numeric(table[KEY.real_tokens_per_s], errors="coerce").round(0),
-        "padding %": (100 * pd.to_numeric(table[KEY.padding_fraction], errors="coerce")).round(1),
-        "loader wait ms": pd.to_numeric(table[KEY.loader_wait_ms_median], errors="coerce").round(2),
-        "step ms (median)": table[KEY.step_time_ms_median].round(1),
-        "memory ×": table["memory_vs_baseline"].round(3),
-        "throughput ×": _throughput_cell(table),
-        "accuracy %": (100 * pd.to_numeric(table[KEY.accuracy], errors="coerce")).round(1),
-        "Δ accuracy pt (band)": table.apply(_delta_cell, axis=1) if len(table) else None,
-        "grad cos": pd.to_numeric(table[KEY.grad_cosine], errors="coerce").round(4),
-        "agreement %": (100 * pd.to_numeric(table[KEY.fidelity_agreement], errors="coerce")).round(1),
-        "predicted ×": None if prediction_exact(table) else table["predicted_vs_measured"].round(3),
-        "MFU %": (100 * pd.to_numeric(table[KEY.mfu], errors="coerce")).round(1),
-    })
+    show = pd.DataFrame(
+        {
+            KEY.run: table[KEY.run],
+            "batch": table[KEY.batch_size],
+            KEY.status: table[KEY.status].where(
+                table[KEY.fidelity_error].isna(), table[KEY.status] + ", fidelity failed"
+            ),
+            "peak MiB": (table["peak_bytes"] / 2**20).round(1),
+            "peak in": table[KEY.peak_phase],
+            "activations MiB": (table[KEY.activation_bytes] / 2**20).round(1),
+            "ranks": pd.to_numeric(table[KEY.world_size], errors="coerce").astype("Int64"),
+            # Shown in suites with multi-process runs, for every run there (the single-process one included).
+            "model states MiB/rank": (table[KEY.model_state_bytes] / 2**20).round(2)
+            if table[KEY.world_size].notna().any()
+            else None,
+            "reserved MiB": (table[KEY.peak_reserved_bytes] / 2**20).round(1),
+            "samples/s": table[KEY.samples_per_s].round(1),
+            "real tokens/s": pd.to_numeric(table[KEY.real_tokens_per_s], errors="coerce").round(0),
+            "padding %": (100 * pd.to_numeric(table[KEY.padding_fraction], errors="coerce")).round(1),
+            "loader wait ms": pd.to_numeric(table[KEY.loader_wait_ms_median], errors="coerce").round(2),
+            "step ms (median)": table[KEY.step_time_ms_median].round(1),
+            "memory ×": table["memory_vs_baseline"].round(3),
+            "throughput ×": _throughput_cell(table),
+            "accuracy %": (100 * pd.to_numeric(table[KEY.accuracy], errors="coerce")).round(1),
+            "Δ accuracy pt (band)": table.apply(_delta_cell, axis=1) if len(table) else None,
+            "grad cos": pd.to_numeric(table[KEY.grad_cosine], errors="coerce").round(4),
+            "agreement %": (100 * pd.to_numeric(table[KEY.fidelity_agreement], errors="coerce")).round(1),
+            "predicted ×": None if prediction_exact(table) else table["predicted_vs_measured"].round(3),
+            "MFU %": (100 * pd.to_numeric(table[KEY.mfu], errors="coerce")).round(1),
+        }
+    )
     return show.dropna(axis=1, how="all")
 
 
@@ -143,8 +195,10 @@ def busy_runs(table: pd.DataFrame) -> pd.Series:
     """Runs whose throughput × rests on steps timed on a busy machine: their own, or their baseline's."""
     busy = table[KEY.busy_machine].eq(True)
     base = table.set_index([KEY.device, KEY.run])[KEY.busy_machine].eq(True)
-    return busy | pd.Series(base.reindex(list(zip(table[KEY.device], table[KEY.baseline]))).fillna(False).to_numpy(),
-                            index=table.index).astype(bool)
+    return busy | pd.Series(
+        base.reindex(list(zip(table[KEY.device], table[KEY.baseline]))).fillna(False).to_numpy(),
+        index=table.index,
+    ).astype(bool)
 
 
 def to_markdown(df: pd.DataFrame) -> str:

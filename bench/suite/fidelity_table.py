@@ -11,21 +11,23 @@ from bench.spec import DEVICES, Fidelity
 from bench.suite.values import check_ranges, model_spec, typed, weights
 
 FIDELITY_KEYS = {
-    "dataset": "'digits' (scikit-learn, offline), 'digit-pixels' (the same digits as variable-length sequences of "
-               "their non-zero pixels, for token models), 'imagefolder:PATH' or 'hf:PATH' (save_to_disk)",
+    "dataset": "'digits' (scikit-learn, offline), 'digit-pixels' (the same digits as variable-length "
+    "sequences of their non-zero pixels, for token models), 'imagefolder:PATH' or 'hf:PATH' (save_to_disk)",
     "steps": "optimizer steps of training from the run's initial weights",
     "batch_size": "training batch size",
     "lr": "learning rate of the default AdamW optimizer",
     "seeds": "seeds the baseline is trained with, for the noise band (at least 2)",
     "image_size": "image side for image models (digits are upsampled from 8 px)",
     "model": "model to train instead of the suite's (e.g. its tiny variant, so CPU runs stay short)",
-    "weights": "pretrained weights for the phase's model (default: the suite's, when it trains the suite's model)",
+    "weights": "pretrained weights for the phase's model "
+    "(default: the suite's, when it trains the suite's model)",
     "enabled": "false switches the phase off (per device in [fidelity.gpu] / [fidelity.cpu])",
 }
 
 
-def parse(raw: Any, model: str | None, spec: ModelSpec | None, suite_weights: str | None,
-          problems: list[str]) -> dict[str, Fidelity | None]:
+def parse(
+    raw: Any, model: str | None, spec: ModelSpec | None, suite_weights: str | None, problems: list[str]
+) -> dict[str, Fidelity | None]:
     """Per device, the fidelity phase's settings: the table's keys, overridden by [fidelity.gpu/cpu]."""
     if raw is None:
         return {}
@@ -46,16 +48,27 @@ def parse(raw: Any, model: str | None, spec: ModelSpec | None, suite_weights: st
     return out
 
 
-def _device(table: dict[str, Any], dev: str, own: Any, model: str | None, spec: ModelSpec | None,
-            suite_weights: str | None, found: list[str]) -> Fidelity | None:
+def _device(
+    table: dict[str, Any],
+    dev: str,
+    own: Any,
+    model: str | None,
+    spec: ModelSpec | None,
+    suite_weights: str | None,
+    found: list[str],
+) -> Fidelity | None:
     """One device's settings, each problem naming the table its key was written in."""
+
     def where(key: str) -> str:
         return f"fidelity.{dev}." if key in own else "fidelity."
 
     if not typed(table, "enabled", bool, True, found, where("enabled")):
         return None
-    values = {f.name: typed(table, f.name, _kind(f.type), f.default, found, where(f.name))
-              for f in fields(Fidelity) if f.name != "weights"}
+    values = {
+        f.name: typed(table, f.name, _kind(f.type), f.default, found, where(f.name))
+        for f in fields(Fidelity)
+        if f.name != "weights"
+    }
     values["weights"] = weights(table, where("weights"), found)
     if values["weights"] is None and values["model"] in (None, model):
         values["weights"] = suite_weights  # the suite's model, so the suite's weights
@@ -67,12 +80,16 @@ def _device(table: dict[str, Any], dev: str, own: Any, model: str | None, spec: 
     if not (dataset in ("digits", "digit-pixels") or dataset.startswith(("imagefolder:", "hf:"))):
         found.append(f"{where('dataset')}dataset: {dataset!r} is not a dataset; {FIDELITY_KEYS['dataset']}")
     elif ":" in dataset and not Path(dataset.split(":", 1)[1]).exists():
-        found.append(f"{where('dataset')}dataset: no folder {dataset.split(':', 1)[1]!r} "
-                     "(relative paths start where bench runs)")
+        found.append(
+            f"{where('dataset')}dataset: no folder {dataset.split(':', 1)[1]!r} "
+            "(relative paths start where bench runs)"
+        )
     other = model_spec(values["model"], f"{where('model')}model", found)
     if other is not None and spec is not None and other.inputs != spec.inputs:
-        found.append(f"{where('model')}model: {values['model']!r} takes {other.inputs} inputs and the suite's "
-                     f"model {spec.inputs} inputs; choose a model of the same kind")
+        found.append(
+            f"{where('model')}model: {values['model']!r} takes {other.inputs} inputs and the suite's "
+            f"model {spec.inputs} inputs; choose a model of the same kind"
+        )
     return Fidelity(**values)
 
 

@@ -1,7 +1,7 @@
-"""A suite for a job given as its files rather than written out: a Hugging Face config.json, and optionally the
-job's TrainingArguments and PEFT adapter_config.json (``bench predict --hf PATH …``, ``bench suite --hf``). The
-suite holds a baseline (the model fine-tuned in full, at the job's batch) and the job itself, so that its report
-says what the job's choices save."""
+"""A suite for a job given as its files rather than written out: a Hugging Face config.json, and optionally
+the job's TrainingArguments and PEFT adapter_config.json (``bench predict --hf PATH …``, ``bench suite
+--hf``). The suite holds a baseline (the model fine-tuned in full, at the job's batch) and the job itself, so
+that its report says what the job's choices save."""
 
 from __future__ import annotations
 
@@ -22,8 +22,14 @@ def name_of(config: str) -> str:
     return "hf-" + (re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip("-.") or "model")
 
 
-def suite_text(config: str, training_args: str | None = None, adapter_config: str | None = None,
-               seq_len: int | None = None, batch: int | None = None, inputs: str = "tokens") -> str:
+def suite_text(
+    config: str,
+    training_args: str | None = None,
+    adapter_config: str | None = None,
+    seq_len: int | None = None,
+    batch: int | None = None,
+    inputs: str = "tokens",
+) -> str:
     """The suite's TOML: ``inputs`` is the model's ("tokens" or "image"), which sets the shape keys. Without
     arguments or adapters, the baseline alone: the model fine-tuned in full."""
     from bench.suite.toml_text import to_toml
@@ -34,10 +40,15 @@ def suite_text(config: str, training_args: str | None = None, adapter_config: st
     per_device, steps = _trainer_batch(training_args)
     gpu_batch = batch or per_device * steps
     cpu_batch = min(per_device, CPU_BATCH) * steps  # the accumulation steps divide it, as the job's own batch
-    header = {"model": HF + config, "baseline": "baseline",
-              "description": f"{config}: the job{_given(training_args, adapter_config)} beside full fine-tuning",
-              "shapes": {"gpu": {"batch_size": gpu_batch, size_key: size},
-                         "cpu": {"batch_size": cpu_batch, size_key: cpu_size}}}
+    header = {
+        "model": HF + config,
+        "baseline": "baseline",
+        "description": f"{config}: the job{_given(training_args, adapter_config)} beside full fine-tuning",
+        "shapes": {
+            "gpu": {"batch_size": gpu_batch, size_key: size},
+            "cpu": {"batch_size": cpu_batch, size_key: cpu_size},
+        },
+    }
     job: dict[str, Any] = {"name": "job", "techniques": []}
     if training_args:
         job["training_args"] = training_args
@@ -59,6 +70,8 @@ def _trainer_batch(training_args: str | None) -> tuple[int, int]:
 
 
 def _given(training_args: str | None, adapter_config: str | None) -> str:
-    said = [f"training arguments {training_args}" if training_args else "",
-            f"adapters {adapter_config}" if adapter_config else ""]
+    said = [
+        f"training arguments {training_args}" if training_args else "",
+        f"adapters {adapter_config}" if adapter_config else "",
+    ]
     return (" (" + ", ".join(s for s in said if s) + ")") if any(said) else ""

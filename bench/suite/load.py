@@ -34,26 +34,28 @@ SUITE_NAME = re.compile(r"\w[\w.-]*")  # any script's letters; no separators, no
 TOP_KEYS = {
     "name": "suite name (defaults to the file name)",
     "description": "one line shown in reports",
-    "model": f"one of {', '.join(MODELS.names())}, 'hf:PATH' for a Hugging Face config.json (a folder holding one), "
-             "or 'module:NAME' naming your own bench.models.ModelSpec",
+    "model": f"one of {', '.join(MODELS.names())}, "
+    "'hf:PATH' for a Hugging Face config.json (a folder holding one), "
+    "or 'module:NAME' naming your own bench.models.ModelSpec",
     "weights": "pretrained weights loaded into the model before techniques apply: a state_dict file "
-               "(.pt, .bin, .safetensors) or a save_pretrained folder",
+    "(.pt, .bin, .safetensors) or a save_pretrained folder",
     "mode": '"train" (default: training steps) or "inference" (forward passes only, no gradients)',
     "baseline": "name of the run (or matrix key) every run is compared with",
     "seed": "integer seed for weights and data",
-    "warmup_steps": "steps before measuring, at least 1 (allocator, autotune, compile); per device in [shapes.*]",
+    "warmup_steps": "steps before measuring, at least 1 (allocator, autotune, compile); "
+    "per device in [shapes.*]",
     "measure_steps": "timed steps; per device in [shapes.*]",
     "timeout_s": "seconds before a run is stopped and recorded as a timeout",
     "lr": "learning rate of the default AdamW optimizer",
     "shapes": "[shapes.gpu] and [shapes.cpu] tables",
     "runs": "[[runs]] entries with name and techniques (optional: fidelity = false, nproc = N processes, "
-            "training_args = \"PATH\": a transformers TrainingArguments file's techniques and batch)",
+    'training_args = "PATH": a transformers TrainingArguments file\'s techniques and batch)',
     "matrix": "[matrix] with techniques = {name = [...]}, and batch_size = {gpu = [...], cpu = [...]}, "
-              "seq_len = {gpu = [...], cpu = [...]} (token models) or [matrix.lengths] name = {gpu = \"DIST\", "
-              "cpu = \"DIST\"} (or several)",
+    'seq_len = {gpu = [...], cpu = [...]} (token models) or [matrix.lengths] name = {gpu = "DIST", '
+    'cpu = "DIST"} (or several)',
     "fidelity": "[fidelity] table: train on real data and report the accuracy delta (see FIDELITY_KEYS)",
     "throughput": f"the figure reports compare as throughput ×: one of {', '.join(THROUGHPUTS)} (default "
-                  "samples_per_s; real_tokens_per_s for variable-length data, padding left out)",
+    "samples_per_s; real_tokens_per_s for variable-length data, padding left out)",
 }
 
 
@@ -64,8 +66,13 @@ def load(path: str | Path) -> Suite:
     except OSError as exc:
         raise cannot_read(path, exc.strerror or str(exc)) from None
     except UnicodeDecodeError as exc:
-        raise SuiteError(path, [f"not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset {exc.start}; "
-                                "save the file as UTF-8"]) from None
+        raise SuiteError(
+            path,
+            [
+                f"not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset {exc.start}; "
+                "save the file as UTF-8"
+            ],
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise SuiteError(path, [f"TOML syntax: {exc}"]) from None
     problems: list[str] = []
@@ -81,16 +88,21 @@ LOAD_LIMIT_S = 120  # importing a user's module and building its techniques: a h
 
 @contextmanager
 def _limited(path: Path) -> Iterator[None]:
-    """Loading stopped after LOAD_LIMIT_S with the reason, where it can be (the main thread: SIGALRM): a model or
-    technique module of the user's that hangs on import, or a constructor that never returns."""
+    """Loading stopped after LOAD_LIMIT_S with the reason, where it can be (the main thread: SIGALRM): a model
+    or technique module of the user's that hangs on import, or a constructor that never returns."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def stop(signum: int, frame: object) -> None:
-        raise SuiteError(path, [f"loading took more than {LOAD_LIMIT_S} s: a module it imports (a model or technique "
-                                "named module:NAME) or a technique's constructor does not return; run "
-                                "`python -c 'import MODULE'` to see where it hangs"])
+        raise SuiteError(
+            path,
+            [
+                f"loading took more than {LOAD_LIMIT_S} s: a module it imports (a model or technique "
+                "named module:NAME) or a technique's constructor does not return; run "
+                "`python -c 'import MODULE'` to see where it hangs"
+            ],
+        )
 
     previous = signal.signal(signal.SIGALRM, stop)
     signal.alarm(LOAD_LIMIT_S)
@@ -102,17 +114,23 @@ def _limited(path: Path) -> Iterator[None]:
 
 
 def select(suite: Suite, patterns: list[str]) -> Suite:
-    """The runs matching any of the names or globs, always with the baselines they are compared with; a pattern
-    that matches nothing (a typo) or is empty is refused, naming the runs."""
+    """The runs matching any of the names or globs, always with the baselines they are compared with; a
+    pattern that matches nothing (a typo) or is empty is refused, naming the runs."""
     names = [r.name for r in suite.runs]
     unmatched = [p for p in patterns if not p.strip() or not fnmatch.filter(names, p)]
     if unmatched or not patterns:
-        said = "; ".join(f"{p!r} matches no run{did_you_mean(p, names)}" for p in unmatched) or "no pattern given"
+        said = (
+            "; ".join(f"{p!r} matches no run{did_you_mean(p, names)}" for p in unmatched)
+            or "no pattern given"
+        )
         raise SuiteError(suite.path, [f"--only {','.join(patterns)}: {said}; runs: {', '.join(names)}"])
     chosen = {r.name for r in suite.runs if any(fnmatch.fnmatchcase(r.name, p) for p in patterns)}
     chosen |= {r.baseline for r in suite.runs if r.name in chosen}
-    return replace(suite, runs=tuple(r for r in suite.runs if r.name in chosen),
-                   order=suite.order or tuple(r.name for r in suite.runs))
+    return replace(
+        suite,
+        runs=tuple(r for r in suite.runs if r.name in chosen),
+        order=suite.order or tuple(r.name for r in suite.runs),
+    )
 
 
 def spanning(suite: Suite, nproc: int) -> Suite:
@@ -129,7 +147,8 @@ def with_timeout(suite: Suite, seconds: float) -> Suite:
 
 def without_fidelity(suite: Suite) -> Suite:
     """Every run without its fidelity phase (``--no-fidelity``): memory and speed only, sooner. The runs are
-    keyed as entries with ``fidelity = false``, so a record made with the phase is not taken for one without."""
+    keyed as entries with ``fidelity = false``, so a record made with the phase is not taken for one
+    without."""
     return replace(suite, runs=tuple(replace(r, fidelity_gpu=None, fidelity_cpu=None) for r in suite.runs))
 
 
@@ -161,9 +180,15 @@ def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
             continue  # already reported; keep collecting problems from the other entries
         check_fidelity_batch(specs, fidelity, e.where, problems)
         nproc = _nproc(e, specs, problems)
-        gpu, cpu = (replace(shapes[d], **({"batch_size": e.batch[d]} if e.batch else {}),
-                            **({"seq_len": e.seq_len[d]} if e.seq_len else {}),
-                            **({"lengths": e.lengths[d]} if e.lengths else {})) for d in DEVICES)
+        gpu, cpu = (
+            replace(
+                shapes[d],
+                **({"batch_size": e.batch[d]} if e.batch else {}),
+                **({"seq_len": e.seq_len[d]} if e.seq_len else {}),
+                **({"lengths": e.lengths[d]} if e.lengths else {}),
+            )
+            for d in DEVICES
+        )
         said = f"matrix.seq_len: model {spec.name} takes images; seq_len is a token model's"
         if e.seq_len and spec.inputs != "tokens" and said not in problems:
             problems.append(said)
@@ -171,8 +196,22 @@ def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
         base = f"{baseline}{e.suffix}" if baseline in _matrix_keys(entries) else baseline
         # The fidelity phase trains in one process: a distributed run has none.
         fid = {f"fidelity_{d}": fidelity.get(d) if e.fidelity and nproc == 1 else None for d in DEVICES}
-        runs.append(RunSpec(name, e.name, model, specs, gpu, cpu, base, **common, mode=mode, **fid, nproc=nproc,
-                            weights=suite_weights))
+        runs.append(
+            RunSpec(
+                name,
+                e.name,
+                model,
+                specs,
+                gpu,
+                cpu,
+                base,
+                **common,
+                mode=mode,
+                **fid,
+                nproc=nproc,
+                weights=suite_weights,
+            )
+        )
     description = typed(raw, "description", str, "", problems)
     throughput = typed(raw, "throughput", str, THROUGHPUTS[0], problems)
     if throughput not in THROUGHPUTS:
@@ -185,8 +224,10 @@ def _name(raw: dict[str, Any], path: Path, problems: list[str]) -> str:
     name = typed(raw, "name", str, path.stem, problems)
     if not SUITE_NAME.fullmatch(name) or name in (".", ".."):
         given = "name" if "name" in raw else f"name (from the file name {path.name!r})"
-        problems.append(f"{given}: {name!r} cannot name a folder under results/; use letters, digits, '.', '_' "
-                        "and '-', starting with a letter or digit, e.g. name = \"my-suite\"")
+        problems.append(
+            f"{given}: {name!r} cannot name a folder under results/; use letters, digits, '.', '_' "
+            "and '-', starting with a letter or digit, e.g. name = \"my-suite\""
+        )
     return name
 
 
@@ -198,8 +239,10 @@ def _nproc(entry: Entry, specs: tuple[TechniqueSpec, ...], problems: list[str]) 
     if distributed and nproc < 2:
         problems.append(f"{where}.nproc: {distributed[0]} needs at least 2 processes, got {nproc}")
     if not distributed and nproc > 1:
-        problems.append(f"{where}.nproc: {nproc} processes without ddp, fsdp or tensor-parallel would train "
-                        "independent copies; add one of them or remove nproc")
+        problems.append(
+            f"{where}.nproc: {nproc} processes without ddp, fsdp or tensor-parallel would train "
+            "independent copies; add one of them or remove nproc"
+        )
     return nproc
 
 
@@ -207,17 +250,29 @@ def _matrix_keys(entries: list[Entry]) -> set[str]:
     return {e.key for e in entries if e.suffix}
 
 
-def _check_data(specs: tuple[TechniqueSpec, ...], model: ModelSpec, gpu: Shapes, cpu: Shapes, where: str,
-                problems: list[str]) -> None:
+def _check_data(
+    specs: tuple[TechniqueSpec, ...],
+    model: ModelSpec,
+    gpu: Shapes,
+    cpu: Shapes,
+    where: str,
+    problems: list[str],
+) -> None:
     """Techniques that need a kind of input, and those that form batches from variable-length data."""
     for t in specs:
         technique = build(t)
         if technique.inputs is not None and technique.inputs != model.inputs:
-            problems.append(f"{where}: {t.name} applies to models that take {technique.inputs}; model {model.name} "
-                            f"takes {model.inputs}")
-        elif type(technique).batching is not Technique.batching and (gpu.lengths is None or cpu.lengths is None):
-            problems.append(f"{where}: {t.name} forms batches from variable-length data; set lengths in "
-                            "[shapes.gpu] and [shapes.cpu], or name distributions in [matrix.lengths]")
+            problems.append(
+                f"{where}: {t.name} applies to models that take {technique.inputs}; model {model.name} "
+                f"takes {model.inputs}"
+            )
+        elif type(technique).batching is not Technique.batching and (
+            gpu.lengths is None or cpu.lengths is None
+        ):
+            problems.append(
+                f"{where}: {t.name} forms batches from variable-length data; set lengths in "
+                "[shapes.gpu] and [shapes.cpu], or name distributions in [matrix.lengths]"
+            )
 
 
 def _lengths(value: Any, seq_len: int | None, where: str, problems: list[str]) -> str | None:
@@ -231,8 +286,10 @@ def _lengths(value: Any, seq_len: int | None, where: str, problems: list[str]) -
         problems.append(f"{where}: {exc}")
         return value  # reported; kept so that the runs do not also read as having no lengths
     if seq_len is not None and top > seq_len:
-        problems.append(f"{where}: {value!r} reaches {top} tokens, beyond seq_len = {seq_len}; lower its maximum "
-                        "or raise seq_len")
+        problems.append(
+            f"{where}: {value!r} reaches {top} tokens, beyond seq_len = {seq_len}; lower its maximum "
+            "or raise seq_len"
+        )
     return value
 
 
@@ -249,12 +306,16 @@ def _baseline(raw: dict[str, Any], entries: list[Entry], problems: list[str]) ->
     if baseline is None:
         problems.append("baseline: required; the name of a run (or matrix key) to compare against")
     elif baseline not in names | _matrix_keys(entries):
-        problems.append(f"baseline: {baseline!r} is not a run name or matrix key; runs: {', '.join(sorted(names))}")
+        problems.append(
+            f"baseline: {baseline!r} is not a run name or matrix key; runs: {', '.join(sorted(names))}"
+        )
         return None
     return baseline
 
 
-def _shapes(raw: Any, spec: ModelSpec | None, steps: dict[str, int], problems: list[str]) -> dict[str, Shapes] | None:
+def _shapes(
+    raw: Any, spec: ModelSpec | None, steps: dict[str, int], problems: list[str]
+) -> dict[str, Shapes] | None:
     if not isinstance(raw, dict):
         problems.append("shapes: required table with [shapes.gpu] and [shapes.cpu]")
         return None
@@ -265,13 +326,18 @@ def _shapes(raw: Any, spec: ModelSpec | None, steps: dict[str, int], problems: l
     for dev in DEVICES:
         table = raw.get(dev)
         if not isinstance(table, dict):
-            problems.append(f"shapes.{dev}: required table with batch_size and {', '.join(need) or 'the model shapes'}")
+            problems.append(
+                f"shapes.{dev}: required table with batch_size and {', '.join(need) or 'the model shapes'}"
+            )
             continue
         allowed = ("batch_size", *need)
         data = DATA_KEYS if spec is not None and spec.inputs == "tokens" else ()
-        for key in table.keys() - {*allowed, *STEP_KEYS, *data, "model"} if spec is not None else ():  # else: reported
-            problems.append(f"shapes.{dev}.{key}: unknown key for model {spec.name}; "
-                            f"allowed: {', '.join(allowed + STEP_KEYS + data + ('model',))}")
+        # else: reported
+        for key in table.keys() - {*allowed, *STEP_KEYS, *data, "model"} if spec is not None else ():
+            problems.append(
+                f"shapes.{dev}.{key}: unknown key for model {spec.name}; "
+                f"allowed: {', '.join(allowed + STEP_KEYS + data + ('model',))}"
+            )
         values = {key: typed(table, key, int, None, problems, f"shapes.{dev}.") for key in allowed}
         bad = [k for k, v in values.items() if v is None or v <= 0]
         for key in bad:
@@ -281,8 +347,12 @@ def _shapes(raw: Any, spec: ModelSpec | None, steps: dict[str, int], problems: l
         check_ranges(own_steps, f"shapes.{dev}.", problems)
         stand_in = _stand_in(table, spec, f"shapes.{dev}.model", problems)
         if not bad:
-            out[dev] = Shapes(**values, **own_steps, **_data_keys(table, values.get("seq_len"), dev, problems),
-                              model=stand_in)
+            out[dev] = Shapes(
+                **values,
+                **own_steps,
+                **_data_keys(table, values.get("seq_len"), dev, problems),
+                model=stand_in,
+            )
     return out if len(out) == len(DEVICES) else None
 
 
@@ -290,14 +360,17 @@ DATA_KEYS = ("lengths", "loader_workers", "pin_memory")
 
 
 def _stand_in(table: dict[str, Any], spec: ModelSpec | None, where: str, problems: list[str]) -> str | None:
-    """The device's own model, in the suite's place: a known one that takes and predicts what the suite's does."""
+    """The device's own model, in the suite's place: a known one that takes and predicts what the suite's
+    does."""
     name = typed(table, "model", str, None, problems, where.removesuffix("model"))
     own = model_spec(name, where, problems)
     if own is None or spec is None:
         return None
     if (own.inputs, own.objective) != (spec.inputs, spec.objective):
-        problems.append(f"{where}: {name} takes {own.inputs} for {own.objective}, model {spec.name} takes "
-                        f"{spec.inputs} for {spec.objective}; name a smaller model of the same kind")
+        problems.append(
+            f"{where}: {name} takes {own.inputs} for {own.objective}, model {spec.name} takes "
+            f"{spec.inputs} for {spec.objective}; name a smaller model of the same kind"
+        )
         return None
     return name
 
@@ -305,11 +378,15 @@ def _stand_in(table: dict[str, Any], spec: ModelSpec | None, where: str, problem
 def _data_keys(table: dict[str, Any], seq_len: int | None, dev: str, problems: list[str]) -> dict[str, Any]:
     """A token model's data path in [shapes.*]: a length distribution, the loader's workers, pinned memory."""
     where = f"shapes.{dev}."
-    out = {"loader_workers": typed(table, "loader_workers", int, 0, problems, where),
-           "pin_memory": typed(table, "pin_memory", bool, False, problems, where)}
+    out = {
+        "loader_workers": typed(table, "loader_workers", int, 0, problems, where),
+        "pin_memory": typed(table, "pin_memory", bool, False, problems, where),
+    }
     if out["loader_workers"] < 0:
-        problems.append(f"{where}loader_workers: must be 0 (load in the step's process) or more, got "
-                        f"{out['loader_workers']}")
+        problems.append(
+            f"{where}loader_workers: must be 0 (load in the step's process) or more, got "
+            f"{out['loader_workers']}"
+        )
     if "lengths" in table:
         out["lengths"] = _lengths(table["lengths"], seq_len, f"{where}lengths", problems)
     return out
@@ -328,7 +405,6 @@ class Entry(NamedTuple):
     lengths: dict[str, str] | None = None  # per-device length distributions from the matrix, else None
     suffix: str = ""  # what the matrix adds to the key: "@bs16", "@seq2048", "@digits"
     seq_len: dict[str, int] | None = None  # per-device sequence lengths from the matrix, else None
-
 
 
 def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:
@@ -352,7 +428,9 @@ def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:
         nproc = typed(run, "nproc", int, None, problems, f"{where}.")
         if nproc is not None and not 1 <= nproc <= MAX_NPROC:
             problems.append(f"{where}.nproc: must be 1 to {MAX_NPROC:,}, got {nproc}")
-        batch = _entry_batch(run["batch_size"], f"{where}.batch_size", problems) if "batch_size" in run else None
+        batch = (
+            _entry_batch(run["batch_size"], f"{where}.batch_size", problems) if "batch_size" in run else None
+        )
         techniques = run.get("techniques", [])
         if "training_args" in run:
             job = _trainer_job(run, raw, f"{where}.training_args", problems)
@@ -366,8 +444,11 @@ def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:
     for name in (e.name for e in entries):
         if name in seen:
             problems.append(f"runs: duplicate run name {name!r}; names must be unique")
-        if len(name.encode()) > MAX_RUN_NAME:  # its record's file name (plus suffixes) must fit the file system's
-            problems.append(f"runs: run name {name[:40]!r}… is {len(name.encode())} bytes; at most {MAX_RUN_NAME}")
+        # its record's file name (plus suffixes) must fit the file system's
+        if len(name.encode()) > MAX_RUN_NAME:
+            problems.append(
+                f"runs: run name {name[:40]!r}… is {len(name.encode())} bytes; at most {MAX_RUN_NAME}"
+            )
         seen.add(name)
     return entries
 
@@ -380,10 +461,12 @@ class TrainerJob(NamedTuple):
     batch: dict[str, int]
 
 
-def _trainer_job(run: dict[str, Any], raw: dict[str, Any], where: str, problems: list[str]) -> TrainerJob | None:
+def _trainer_job(
+    run: dict[str, Any], raw: dict[str, Any], where: str, problems: list[str]
+) -> TrainerJob | None:
     """A run's TrainingArguments file as its techniques (before the run's own) and its batch: on the GPU the
-    Trainer's (per device, times the accumulation steps); on a CPU the suite's CPU batch, its shapes being the CPU's
-    own. The fields that change nothing a step holds are named once, as ignored."""
+    Trainer's (per device, times the accumulation steps); on a CPU the suite's CPU batch, its shapes being the
+    CPU's own. The fields that change nothing a step holds are named once, as ignored."""
     path = typed(run, "training_args", str, None, problems, where.removesuffix("training_args"))
     if "batch_size" in run:
         problems.append(f"{where}: and batch_size: the arguments give the batch; leave batch_size out")
@@ -392,10 +475,14 @@ def _trainer_job(run: dict[str, Any], raw: dict[str, Any], where: str, problems:
         return None
     if job.ignored and path not in _SAID:
         _SAID.add(path)
-        print(f"{where} {path}: ignored, as they change nothing a step holds: {', '.join(job.ignored)}",
-              file=sys.stderr)
+        print(
+            f"{where} {path}: ignored, as they change nothing a step holds: {', '.join(job.ignored)}",
+            file=sys.stderr,
+        )
     cpu = raw.get("shapes", {}).get("cpu", {}).get("batch_size")
-    return TrainerJob(job.techniques, {"gpu": job.batch_size, "cpu": cpu if isinstance(cpu, int) else job.batch_size})
+    return TrainerJob(
+        job.techniques, {"gpu": job.batch_size, "cpu": cpu if isinstance(cpu, int) else job.batch_size}
+    )
 
 
 _SAID: set[str] = set()  # the files whose ignored fields were named already in this process
@@ -403,8 +490,11 @@ _SAID: set[str] = set()  # the files whose ignored fields were named already in 
 
 def _entry_batch(raw: Any, where: str, problems: list[str]) -> dict[str, int] | None:
     """An entry's own batch sizes (``bench advise --max-batch`` writes each plan's largest)."""
-    if not (isinstance(raw, dict) and set(raw) == set(DEVICES)
-            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in raw.values())):
+    if not (
+        isinstance(raw, dict)
+        and set(raw) == set(DEVICES)
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in raw.values())
+    ):
         problems.append(f"{where}: expected {{ gpu = N, cpu = M }}, positive integers, got {raw!r}")
         return None
     return raw
@@ -416,15 +506,19 @@ def _matrix(raw: Any, problems: list[str]) -> list[Entry]:
         problems.append(f"matrix: expected a table; {TOP_KEYS['matrix']}")
         return []
     for key in raw.keys() - {"techniques", "batch_size", "seq_len", "lengths", "fidelity"}:
-        problems.append(f"matrix.{key}: unknown key; allowed: techniques, batch_size, seq_len, lengths, fidelity")
+        problems.append(
+            f"matrix.{key}: unknown key; allowed: techniques, batch_size, seq_len, lengths, fidelity"
+        )
     fidelity = typed(raw, "fidelity", bool, True, problems, "matrix.")
     techs = raw.get("techniques")
     if not isinstance(techs, dict) or not techs:
         problems.append("matrix.techniques: required table of name = [techniques]")
         return []
     if not raw.keys() & {"batch_size", "seq_len", "lengths"}:
-        problems.append("matrix: give batch_size = {gpu = [...], cpu = [...]}, seq_len = {gpu = [...], cpu = [...]}, "
-                        "[matrix.lengths], or several")
+        problems.append(
+            "matrix: give batch_size = {gpu = [...], cpu = [...]}, seq_len = {gpu = [...], cpu = [...]}, "
+            "[matrix.lengths], or several"
+        )
         return []
     sizes = _matrix_sizes(raw["batch_size"], "batch_size", problems) if "batch_size" in raw else [None]
     seqs = _matrix_sizes(raw["seq_len"], "seq_len", problems) if "seq_len" in raw else [None]
@@ -432,14 +526,26 @@ def _matrix(raw: Any, problems: list[str]) -> list[Entry]:
     if not sizes or not seqs or not lengths:
         return []
     return [
-        Entry(f"{key}{suffix}", t, size, key, f"matrix.techniques.{key}", fidelity, lengths=dists, suffix=suffix,
-              seq_len=seq)
+        Entry(
+            f"{key}{suffix}",
+            t,
+            size,
+            key,
+            f"matrix.techniques.{key}",
+            fidelity,
+            lengths=dists,
+            suffix=suffix,
+            seq_len=seq,
+        )
         for key, t in techs.items()
         for size in sizes
         for seq in seqs
         for name, dists in lengths
-        for suffix in [(f"@bs{size['gpu']}" if size else "") + (f"@seq{seq['gpu']}" if seq else "")
-                       + (f"@{name}" if name else "")]
+        for suffix in [
+            (f"@bs{size['gpu']}" if size else "")
+            + (f"@seq{seq['gpu']}" if seq else "")
+            + (f"@{name}" if name else "")
+        ]
     ]
 
 
@@ -464,14 +570,20 @@ def _matrix_lengths(table: Any, problems: list[str]) -> list[tuple[str, dict[str
     """[matrix.lengths]: name = {gpu = "DIST", cpu = "DIST"}; the distributions are checked against the shapes
     in _check_matrix_lengths."""
     if not isinstance(table, dict) or not table:
-        problems.append(f"matrix.lengths: expected a table of name = {{gpu = \"DIST\", cpu = \"DIST\"}}, DIST "
-                        f"one of {varlen.FORMS}")
+        problems.append(
+            f'matrix.lengths: expected a table of name = {{gpu = "DIST", cpu = "DIST"}}, DIST '
+            f"one of {varlen.FORMS}"
+        )
         return []
     out = []
     for name, per_device in table.items():
-        if not (isinstance(per_device, dict) and set(per_device) == set(DEVICES)) or not SUITE_NAME.fullmatch(name):
-            problems.append(f"matrix.lengths.{name}: expected {{gpu = \"DIST\", cpu = \"DIST\"}} under a plain "
-                            f"name (letters, digits, '.', '_', '-'), DIST one of {varlen.FORMS}")
+        if not (isinstance(per_device, dict) and set(per_device) == set(DEVICES)) or not SUITE_NAME.fullmatch(
+            name
+        ):
+            problems.append(
+                f'matrix.lengths.{name}: expected {{gpu = "DIST", cpu = "DIST"}} under a plain '
+                f"name (letters, digits, '.', '_', '-'), DIST one of {varlen.FORMS}"
+            )
             continue
         out.append((name, per_device))
     return out if len(out) == len(table) else []

@@ -11,18 +11,28 @@ from bench.spec import DEVICES, MODES, Fidelity, Shapes, TechniqueSpec
 from bench.techniques import Technique, build, resolve
 
 
-def techniques(raw: Any, where: str, batch: dict[str, int] | None, shapes: dict[str, Shapes] | None,
-               mode: str, problems: list[str]) -> tuple[TechniqueSpec, ...] | None:
+def techniques(
+    raw: Any,
+    where: str,
+    batch: dict[str, int] | None,
+    shapes: dict[str, Shapes] | None,
+    mode: str,
+    problems: list[str],
+) -> tuple[TechniqueSpec, ...] | None:
     if not isinstance(raw, list):
         problems.append(f"{where}: expected a list of names or {{ name = ..., option = ... }} tables")
         return None
-    specs = [s for i, item in enumerate(raw) if (s := _technique(item, f"{where}[{i}]", problems)) is not None]
+    specs = [
+        s for i, item in enumerate(raw) if (s := _technique(item, f"{where}[{i}]", problems)) is not None
+    ]
     built = [build(s) for s in specs]
     before = len(problems)
     for spec, technique in zip(specs, built):
         if mode in MODES and mode not in technique.modes:
-            problems.append(f"{where}: {spec.name} does not apply to {mode} suites; "
-                            f"it works in: {', '.join(sorted(technique.modes))}")
+            problems.append(
+                f"{where}: {spec.name} does not apply to {mode} suites; "
+                f"it works in: {', '.join(sorted(technique.modes))}"
+            )
     _check_combination(where, built, problems)
     for spec, technique in zip(specs, built):
         for dev in DEVICES:
@@ -34,8 +44,9 @@ def techniques(raw: Any, where: str, batch: dict[str, int] | None, shapes: dict[
     return tuple(specs) if ok else None
 
 
-def check_fidelity_batch(specs: tuple[TechniqueSpec, ...], fidelity: dict[str, Fidelity | None], where: str,
-                         problems: list[str]) -> None:
+def check_fidelity_batch(
+    specs: tuple[TechniqueSpec, ...], fidelity: dict[str, Fidelity | None], where: str, problems: list[str]
+) -> None:
     """The techniques at the fidelity phase's batch size (accumulation must divide it, too)."""
     for dev, fid in fidelity.items():
         for spec in specs if fid is not None else ():
@@ -44,7 +55,8 @@ def check_fidelity_batch(specs: tuple[TechniqueSpec, ...], fidelity: dict[str, F
 
 
 def _own_problems(technique: Technique, name: str, batch_size: int) -> list[str]:
-    """The technique's own checks; one that raises is a problem of that technique, not a crash of the loader."""
+    """The technique's own checks; one that raises is a problem of that technique, not a crash of the
+    loader."""
     try:
         return technique.problems(batch_size)
     except Exception as exc:  # noqa: BLE001  a user's technique may hold any bug
@@ -67,14 +79,17 @@ def _technique(item: Any, where: str, problems: list[str]) -> TechniqueSpec | No
     return _check_options(cls, item, options, where, problems)
 
 
-def _check_options(cls: type[Technique], name: str, options: dict[str, Any], where: str,
-                   problems: list[str]) -> TechniqueSpec | None:
+def _check_options(
+    cls: type[Technique], name: str, options: dict[str, Any], where: str, problems: list[str]
+) -> TechniqueSpec | None:
     hints = typing.get_type_hints(cls.Config)
     allowed = [f.name for f in fields(cls.Config)]
     before = len(problems)
     for key, value in options.items():
         if key not in allowed:
-            problems.append(f"{where}.{key}: unknown option of {name}; allowed: {', '.join(allowed) or 'none'}")
+            problems.append(
+                f"{where}.{key}: unknown option of {name}; allowed: {', '.join(allowed) or 'none'}"
+            )
         elif (why := _type_error(hints[key], value)) is not None:
             problems.append(f"{where}.{key}: {why}")
     if len(problems) > before:
@@ -100,7 +115,7 @@ def _check_combination(where: str, built: list[Technique], problems: list[str]) 
     for n in sorted({n for n in names if names.count(n) > 1}):
         problems.append(f"{where}: technique {n!r} is listed twice")
     for i, a in enumerate(built):
-        for b in built[i + 1:]:
+        for b in built[i + 1 :]:
             if b.name in a.conflicts or a.name in b.conflicts:
                 problems.append(f"{where}: {a.name} and {b.name} cannot be combined; remove one")
             elif why := a.conflict(b) or b.conflict(a):

@@ -1,5 +1,5 @@
-"""A suite file written from its header and runs (advice's suite, a job's suite from its config files): TOML that
-the loader reads back as written."""
+"""A suite file written from its header and runs (advice's suite, a job's suite from its config files): TOML
+that the loader reads back as written."""
 
 from __future__ import annotations
 
@@ -7,8 +7,11 @@ import json
 from typing import Any
 
 
-def to_toml(header: dict[str, Any], runs: list[dict[str, Any]], comments: dict[str, str] | None = None) -> str:
-    """A suite file: the header's keys, its tables, then one [[runs]] entry per run (with its comment above)."""
+def to_toml(
+    header: dict[str, Any], runs: list[dict[str, Any]], comments: dict[str, str] | None = None
+) -> str:
+    """A suite file: the header's keys, its tables, then one [[runs]] entry per run (with its comment
+    above)."""
     lines = [f"{k} = {_value(v)}" for k, v in header.items() if not isinstance(v, dict)]
     for key, table in header.items():
         if isinstance(table, dict):

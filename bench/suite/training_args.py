@@ -1,7 +1,7 @@
-"""A run's ``training_args = "PATH"``: the TrainingArguments of a transformers ``Trainer`` job (a JSON file, as
-``TrainingArguments.to_json_string`` writes it, or YAML, as TRL and axolotl configs hold it), read for the fields
-that change what a step holds, each becoming the technique or batch size it means. Every other field is listed as
-ignored; an unknown field, or two that contradict each other, is a problem naming the key."""
+"""A run's ``training_args = "PATH"``: the TrainingArguments of a transformers ``Trainer`` job (a JSON file,
+as ``TrainingArguments.to_json_string`` writes it, or YAML, as TRL and axolotl configs hold it), read for the
+fields that change what a step holds, each becoming the technique or batch size it means. Every other field is
+listed as ignored; an unknown field, or two that contradict each other, is a problem naming the key."""
 
 from __future__ import annotations
 
@@ -10,22 +10,34 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-# The Trainer's optimizers (its `optim` names) as this harness's techniques, the parameters in the Trainer's groups:
-# its SGD has no momentum (so no state); its Adafactor is transformers' own, whose update holds other temporaries.
+# The Trainer's optimizers (its `optim` names) as this harness's techniques, the parameters in the Trainer's
+# groups: its SGD has no momentum (so no state); its Adafactor is transformers' own, whose update holds other
+# temporaries.
 OPTIMIZERS: dict[str, list[Any]] = {
     "adamw_torch": [{"name": "optimizer", "kind": "adamw", "groups": "trainer"}],
     "adamw_torch_fused": [{"name": "optimizer", "kind": "adamw", "impl": "fused", "groups": "trainer"}],
     "adafactor": [{"name": "optimizer", "kind": "adafactor-transformers", "groups": "trainer"}],
-    "adamw_8bit": ["adamw-8bit"], "adamw_bnb_8bit": ["adamw-8bit"],
+    "adamw_8bit": ["adamw-8bit"],
+    "adamw_bnb_8bit": ["adamw-8bit"],
     "sgd": [{"name": "optimizer", "kind": "sgd", "momentum": 0.0, "groups": "trainer"}],
 }
-READ = ("per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing",
-        "gradient_checkpointing_kwargs", "optim", "bf16", "fp16", "tf32", "torch_compile")
+READ = (
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "gradient_checkpointing",
+    "gradient_checkpointing_kwargs",
+    "optim",
+    "bf16",
+    "fp16",
+    "tf32",
+    "torch_compile",
+)
 
 
 @dataclass(frozen=True)
 class Job:
-    """What the arguments make of a run: its techniques (TOML form), its batch per device, and what was ignored."""
+    """What the arguments make of a run: its techniques (TOML form), its batch per device, and what was
+    ignored."""
 
     techniques: list[Any]
     batch_size: int
@@ -40,9 +52,13 @@ def read(path: str, where: str, problems: list[str]) -> Job | None:
     from transformers import TrainingArguments
 
     known = {f.name for f in fields(TrainingArguments)}
-    found = [f"{where}: {key}: not a TrainingArguments field (transformers {_version()})"
-             for key in sorted(args.keys() - known)]
-    techniques = _precision(args, where, found) + _optimizer(args, where, found) + _checkpointing(args, where, found)
+    found = [
+        f"{where}: {key}: not a TrainingArguments field (transformers {_version()})"
+        for key in sorted(args.keys() - known)
+    ]
+    techniques = (
+        _precision(args, where, found) + _optimizer(args, where, found) + _checkpointing(args, where, found)
+    )
     steps = _positive(args, "gradient_accumulation_steps", 1, where, found)
     batch = _positive(args, "per_device_train_batch_size", 8, where, found)
     techniques += [{"name": "accumulate", "micro_batches": steps}] if steps > 1 else []
@@ -102,10 +118,13 @@ def _optimizer(args: dict[str, Any], where: str, found: list[str]) -> list[Any]:
 
 def _checkpointing(args: dict[str, Any], where: str, found: list[str]) -> list[Any]:
     """gradient_checkpointing_enable wraps each decoder or encoder layer, non-reentrant unless the kwargs say
-    otherwise (transformers 5's default; 4.x defaulted to reentrant, and says so in its kwargs when written)."""
+    otherwise (transformers 5's default; 4.x defaulted to reentrant, and says so in its kwargs when
+    written)."""
     kwargs = args.get("gradient_checkpointing_kwargs") or {}
     if not isinstance(kwargs, dict) or kwargs.keys() - {"use_reentrant"}:
-        found.append(f"{where}: gradient_checkpointing_kwargs: only use_reentrant is modelled, got {kwargs!r}")
+        found.append(
+            f"{where}: gradient_checkpointing_kwargs: only use_reentrant is modelled, got {kwargs!r}"
+        )
         return []
     if not args.get("gradient_checkpointing"):
         return []

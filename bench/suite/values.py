@@ -11,7 +11,9 @@ from bench.models import ModelSpec
 from bench.spec import DEFAULTS, MAX_TIMEOUT_S
 
 
-def typed(table: dict[str, Any], key: str, kind: type, default: Any, problems: list[str], where: str = "") -> Any:
+def typed(
+    table: dict[str, Any], key: str, kind: type, default: Any, problems: list[str], where: str = ""
+) -> Any:
     value = table.get(key, default)
     ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
@@ -23,8 +25,8 @@ def typed(table: dict[str, Any], key: str, kind: type, default: Any, problems: l
 
 
 def check_ranges(values: dict[str, Any], where: str, problems: list[str]) -> None:
-    """Every number a run is made of is finite and, but for the seed, positive (TOML allows nan and inf); a time
-    limit at most a week."""
+    """Every number a run is made of is finite and, but for the seed, positive (TOML allows nan and inf); a
+    time limit at most a week."""
     for k, v in values.items():
         if k in DEFAULTS and k != "seed" and isinstance(v, (int, float)) and not (math.isfinite(v) and v > 0):
             problems.append(f"{where}{k}: must be a finite number > 0, got {v}")
@@ -33,7 +35,8 @@ def check_ranges(values: dict[str, Any], where: str, problems: list[str]) -> Non
 
 
 def model_spec(name: str | None, where: str, problems: list[str]) -> ModelSpec | None:
-    """The named model's spec, or None with the reason among the problems (an unknown name, a failed import)."""
+    """The named model's spec, or None with the reason among the problems (an unknown name, a failed
+    import)."""
     try:
         return None if name is None else models.resolve(name)
     except KeyError as exc:

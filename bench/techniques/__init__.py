@@ -38,6 +38,21 @@ from bench.techniques.base import (
 )
 
 __all__ = [
-    "ANY_MODE", "AXES", "INFERENCE", "TECHNIQUES", "TRAIN", "NoOptions", "Offer", "RunContext", "Step", "Technique",
-    "Unsupported", "build", "combined", "offer", "option", "refuse_unchanged", "resolve",
+    "ANY_MODE",
+    "AXES",
+    "INFERENCE",
+    "TECHNIQUES",
+    "TRAIN",
+    "NoOptions",
+    "Offer",
+    "RunContext",
+    "Step",
+    "Technique",
+    "Unsupported",
+    "build",
+    "combined",
+    "offer",
+    "option",
+    "refuse_unchanged",
+    "resolve",
 ]

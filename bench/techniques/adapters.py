@@ -16,12 +16,15 @@ from torch import nn
 from bench.measure.memory import tensor_bytes
 from bench.techniques.base import TECHNIQUES, RunContext, Technique, Unsupported, listed, option
 
-# Which linear layers get adapters, and which head stays fully trainable, per model family.
-# torchvision's attention projections are called through F.multi_head_attention_forward, not as
-# modules, so an adapter on them would never run: ViT gets its adapters on the MLP instead.
-# Llama: every linear of its layers, as QLoRA adapts them (arXiv:2305.14314), its head frozen as in fine-tuning.
-TARGETS = {"bert": (["query", "value"], ["classifier"]), "vit": (["mlp.0", "mlp.3"], ["heads"]),
-           "llama": (["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], [])}
+# Which linear layers get adapters, and which head stays fully trainable, per model family. torchvision's
+# attention projections are called through F.multi_head_attention_forward, not as modules, so an adapter on
+# them would never run: ViT gets its adapters on the MLP instead. Llama: every linear of its layers, as QLoRA
+# adapts them (arXiv:2305.14314), its head frozen as in fine-tuning.
+TARGETS = {
+    "bert": (["query", "value"], ["classifier"]),
+    "vit": (["mlp.0", "mlp.3"], ["heads"]),
+    "llama": (["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], []),
+}
 
 
 @TECHNIQUES.register("lora")
@@ -35,9 +38,11 @@ class LoRA(Technique):
     """
 
     not_advised = "trains adapters only: another job, not a cheaper way to run this one (name it in a suite)"
-    summary = ("peft LoRA on BERT (query, value), ViT (MLP) and Llama (all seven linears of a layer, head frozen), "
-               "or on the linears named in `targets` (`\"fc1,fc2\"`: names or suffixes) with the `trainable` modules "
-               "trained in full; base frozen")
+    summary = (
+        "peft LoRA on BERT (query, value), ViT (MLP) and Llama (all seven linears of a layer, head frozen), "
+        'or on the linears named in `targets` (`"fc1,fc2"`: names or suffixes) with the `trainable` modules '
+        "trained in full; base frozen"
+    )
 
     adapts = True
 
@@ -45,16 +50,29 @@ class LoRA(Technique):
     class Config:
         rank: int = option(8, "adapter rank r")
         alpha: int = option(16, "scaling numerator (scale = alpha / rank)")
-        targets: str | None = option(None, "comma-separated names (or suffixes) of the linears to adapt; "
-                                           "default: BERT query,value; ViT mlp.0,mlp.3; Llama all seven")
-        trainable: str | None = option(None, "comma-separated modules trained in full (the head); "
-                                             "default: BERT classifier; ViT heads; Llama none")
-        dropout: float = option(0.0, "lora_dropout: a dropped copy of each adapted layer's input, kept for backward")
+        targets: str | None = option(
+            None,
+            "comma-separated names (or suffixes) of the linears to adapt; "
+            "default: BERT query,value; ViT mlp.0,mlp.3; Llama all seven",
+        )
+        trainable: str | None = option(
+            None,
+            "comma-separated modules trained in full (the head); "
+            "default: BERT classifier; ViT heads; Llama none",
+        )
+        dropout: float = option(
+            0.0, "lora_dropout: a dropped copy of each adapted layer's input, kept for backward"
+        )
         adapter_dtype: Literal["float32", "base"] = option(
-            "float32", "the adapters' dtype under a 16-bit base (listed after bf16): float32, as PEFT casts them by "
-                       "default (autocast_adapter_dtype), or the base's")
-        config: str | None = option(None, "PEFT's own adapter_config.json: its r, lora_alpha, lora_dropout, "
-                                          "target_modules and modules_to_save, in place of the options above")
+            "float32",
+            "the adapters' dtype under a 16-bit base (listed after bf16): float32, as PEFT casts them by "
+            "default (autocast_adapter_dtype), or the base's",
+        )
+        config: str | None = option(
+            None,
+            "PEFT's own adapter_config.json: its r, lora_alpha, lora_dropout, "
+            "target_modules and modules_to_save, in place of the options above",
+        )
 
     def problems(self, batch_size: int) -> list[str]:
         if self.config.config is not None:
@@ -64,12 +82,17 @@ class LoRA(Technique):
         return [] if self.config.rank >= 1 else [f"rank must be ≥ 1, got {self.config.rank}"]
 
     def _peft_config(self, problems: list[str] | None = None) -> dict[str, Any]:
-        """The LoraConfig arguments: the options, or PEFT's adapter_config.json where given (its fields that change
-        no memory ignored; one that does but is not modelled, a problem)."""
+        """The LoraConfig arguments: the options, or PEFT's adapter_config.json where given (its fields that
+        change no memory ignored; one that does but is not modelled, a problem)."""
         c = self.config
         if c.config is None:
-            return {"r": c.rank, "lora_alpha": c.alpha, "lora_dropout": c.dropout, "target_modules": listed(c.targets),
-                    "modules_to_save": listed(c.trainable)}
+            return {
+                "r": c.rank,
+                "lora_alpha": c.alpha,
+                "lora_dropout": c.dropout,
+                "target_modules": listed(c.targets),
+                "modules_to_save": listed(c.trainable),
+            }
         return adapter_config(c.config, problems if problems is not None else [])
 
     def unsupported(self, ctx: RunContext) -> str | None:
@@ -84,12 +107,22 @@ class LoRA(Technique):
 
         targets, head = TARGETS.get(ctx.model_spec.family, ([], []))
         found = self._peft_config()
-        config = LoraConfig(**(found | {"target_modules": found["target_modules"] or targets,
-                                        "modules_to_save": found["modules_to_save"] or head}))
+        config = LoraConfig(
+            **(
+                found
+                | {
+                    "target_modules": found["target_modules"] or targets,
+                    "modules_to_save": found["modules_to_save"] or head,
+                }
+            )
+        )
         with warnings.catch_warnings():
-            # peft reads transformers' deprecated is_gradient_checkpointing alias: noise the user cannot act on.
+            # peft reads transformers' deprecated is_gradient_checkpointing alias: noise the user cannot act
+            # on.
             warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
-            self.model = get_peft_model(model, config, autocast_adapter_dtype=self.config.adapter_dtype == "float32")
+            self.model = get_peft_model(
+                model, config, autocast_adapter_dtype=self.config.adapter_dtype == "float32"
+            )
         return self.model
 
     def proof(self, steps: int) -> dict[str, Any]:
@@ -98,12 +131,23 @@ class LoRA(Technique):
         return {"trainable_params": trainable, "total_params": total, "adapted_layers": adapters}
 
 
-# PEFT's adapter_config.json: the fields read, what each is here; the fields that change what a step holds but are
-# not modelled; every other field changes no memory (init, the base model's name, revision, …).
-READ = {"r": "r", "lora_alpha": "lora_alpha", "lora_dropout": "lora_dropout", "target_modules": "target_modules",
-        "modules_to_save": "modules_to_save"}
-NOT_MODELLED = {"use_dora": False, "bias": "none", "layers_to_transform": None, "rank_pattern": {},
-                "alpha_pattern": {}, "target_parameters": None}
+# PEFT's adapter_config.json: the fields read, what each is here; the fields that change what a step holds but
+# are not modelled; every other field changes no memory (init, the base model's name, revision, …).
+READ = {
+    "r": "r",
+    "lora_alpha": "lora_alpha",
+    "lora_dropout": "lora_dropout",
+    "target_modules": "target_modules",
+    "modules_to_save": "modules_to_save",
+}
+NOT_MODELLED = {
+    "use_dora": False,
+    "bias": "none",
+    "layers_to_transform": None,
+    "rank_pattern": {},
+    "alpha_pattern": {},
+    "target_parameters": None,
+}
 
 
 def adapter_config(path: str, problems: list[str]) -> dict[str, Any]:
@@ -114,11 +158,15 @@ def adapter_config(path: str, problems: list[str]) -> dict[str, Any]:
         problems.append(f"config: cannot read {path} as PEFT's adapter_config.json ({exc})")
         return {}
     if not isinstance(raw, dict) or raw.get("peft_type", "LORA") != "LORA":
-        problems.append(f"config: {path} is not a LoRA adapter_config.json (peft_type {raw.get('peft_type')!r})")
+        problems.append(
+            f"config: {path} is not a LoRA adapter_config.json (peft_type {raw.get('peft_type')!r})"
+        )
         return {}
     for key, plain in NOT_MODELLED.items():
         if raw.get(key) not in (plain, None, [], {}):
-            problems.append(f"config: {path}: {key} = {raw[key]!r} is not modelled here; leave it at {plain!r}")
+            problems.append(
+                f"config: {path}: {key} = {raw[key]!r} is not modelled here; leave it at {plain!r}"
+            )
     out = {mine: raw[theirs] for theirs, mine in READ.items() if theirs in raw}
     out["target_modules"] = raw.get("target_modules") or []  # a string is PEFT's regex (or "all-linear")
     out["modules_to_save"] = list(raw.get("modules_to_save") or [])
@@ -129,19 +177,20 @@ def adapter_config(path: str, problems: list[str]) -> dict[str, Any]:
 
 @TECHNIQUES.register("qlora")
 class QLoRA(LoRA):
-    """LoRA on a 4-bit base: every linear inside the model's repeated blocks stored as NF4 (torchao's NormalFloat
-    4-bit, blocks of 64 with double-quantized scales) and frozen, dequantized as it is used; the adapters train in
-    full precision. Embeddings, norms and the head stay as they are, as in QLoRA.
+    """LoRA on a 4-bit base: every linear inside the model's repeated blocks stored as NF4 (torchao's
+    NormalFloat 4-bit, blocks of 64 with double-quantized scales) and frozen, dequantized as it is used; the
+    adapters train in full precision. Embeddings, norms and the head stay as they are, as in QLoRA.
 
     Expected: the blocks' weights from 4 to about 0.52 bytes per parameter (4 bits and the scales), on top of
-    LoRA's savings in gradients and optimizer state; slower than LoRA, since each linear dequantizes its weight
-    in every forward and backward. QLoRA fits a 65B model's fine-tuning in under 48 GB (arXiv:2305.14314).
-    Accuracy: close to LoRA on a 16-bit base.
-    """
+    LoRA's savings in gradients and optimizer state; slower than LoRA, since each linear dequantizes its
+    weight in every forward and backward. QLoRA fits a 65B model's fine-tuning in under 48 GB
+    (arXiv:2305.14314). Accuracy: close to LoRA on a 16-bit base."""
 
     not_advised = "trains adapters only on 4-bit weights: another job, not a cheaper way to run this one"
-    summary = ("`lora` on a frozen base whose block linears are torchao NF4 (4-bit, blocks of 64, double-quantized "
-               "scales), dequantized as used; embeddings, norms and head as they are")
+    summary = (
+        "`lora` on a frozen base whose block linears are torchao NF4 (4-bit, blocks of 64, double-quantized "
+        "scales), dequantized as used; embeddings, norms and head as they are"
+    )
 
     def unsupported(self, ctx: RunContext) -> str | None:
         if importlib.util.find_spec("torchao") is None:
@@ -157,14 +206,18 @@ class QLoRA(LoRA):
                     linear.weight = nn.Parameter(_nf4(linear.weight.detach()), requires_grad=False)
                     self.quantized += 1
         if not self.quantized:
-            raise Unsupported(f"model {ctx.model_spec.name} has no nn.Linear in its repeated blocks to quantize")
+            raise Unsupported(
+                f"model {ctx.model_spec.name} has no nn.Linear in its repeated blocks to quantize"
+            )
         return super().apply(model, ctx)
 
     def proof(self, steps: int) -> dict[str, Any]:
         nf4 = [p for p in self.model.parameters() if type(p).__name__ == "NF4Tensor"]
         held = tensor_bytes(nf4)
-        return super().proof(steps) | {"nf4_linears": self.quantized,
-                                       "nf4_bytes_per_param": round(held / sum(p.numel() for p in nf4), 4)}
+        return super().proof(steps) | {
+            "nf4_linears": self.quantized,
+            "nf4_bytes_per_param": round(held / sum(p.numel() for p in nf4), 4),
+        }
 
 
 def _nf4(weight: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,9 @@ class AllocatorConfig(Technique):
     """
 
     modes = ANY_MODE
-    not_advised = "tunes the CUDA caching allocator: it changes what is reserved, not the tensors a budget counts"
+    not_advised = (
+        "tunes the CUDA caching allocator: it changes what is reserved, not the tensors a budget counts"
+    )
     summary = "`PYTORCH_CUDA_ALLOC_CONF` set before CUDA starts (fresh process per run)"
 
     @dataclass(frozen=True)
@@ -57,7 +59,9 @@ class Environment(Technique):
     """
 
     modes = ANY_MODE
-    not_advised = "tunes the CUDA caching allocator: it changes what is reserved, not the tensors a budget counts"
+    not_advised = (
+        "tunes the CUDA caching allocator: it changes what is reserved, not the tensors a budget counts"
+    )
     summary = "any `NAME=VALUE` pairs set for the run's process before it starts (a fresh interpreter)"
 
     @dataclass(frozen=True)
@@ -89,7 +93,9 @@ class EmptyCacheEveryStep(Technique):
     """
 
     modes = ANY_MODE
-    not_advised = "tunes the CUDA caching allocator: it changes what is reserved, not the tensors a budget counts"
+    not_advised = (
+        "tunes the CUDA caching allocator: it changes what is reserved, not the tensors a budget counts"
+    )
     summary = "`torch.cuda.empty_cache()` after every step"
 
     def unsupported(self, ctx: RunContext) -> str | None:

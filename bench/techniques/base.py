@@ -81,11 +81,13 @@ def combined(steps: list[Step]) -> Step:
     """The techniques' steps as one, in the suite's order: micro-batches multiply; batch preparation, contexts
     (the first outermost), loss scaling and what follows the step chain; the first technique that takes the
     loss, the optimizer step or the zero-grad takes it."""
+
     def chain(fns: list[Callable[[Any], Any]]) -> Callable[[Any], Any]:
         def run(x: Any) -> Any:
             for fn in fns:
                 x = fn(x)
             return x
+
         return run
 
     @contextmanager
@@ -104,18 +106,23 @@ def combined(steps: list[Step]) -> Step:
             if s.after is not None:
                 s.after()
 
-    return Step(micro_batches=math.prod(s.micro_batches for s in steps),
-                prepare=chain([s.prepare for s in steps if s.prepare is not None]), context=contexts,
-                loss=first("loss"), scale_loss=chain([s.scale_loss for s in steps if s.scale_loss is not None]),
-                optimizer_step=first("optimizer_step"), zero_grad=first("zero_grad"),
-                after=after)
+    return Step(
+        micro_batches=math.prod(s.micro_batches for s in steps),
+        prepare=chain([s.prepare for s in steps if s.prepare is not None]),
+        context=contexts,
+        loss=first("loss"),
+        scale_loss=chain([s.scale_loss for s in steps if s.scale_loss is not None]),
+        optimizer_step=first("optimizer_step"),
+        zero_grad=first("zero_grad"),
+        after=after,
+    )
 
 
 @dataclass(frozen=True)
 class Offer:
     """One setting advice tries a technique at: ``label`` is its part of a plan's name ("checkpoint-every-2"),
-    ``options`` the suite options it sets, and ``computes`` the dtype its kernels compute in where it changes it
-    (a speed that counting FLOPs cannot see)."""
+    ``options`` the suite options it sets, and ``computes`` the dtype its kernels compute in where it changes
+    it (a speed that counting FLOPs cannot see)."""
 
     label: str
     options: tuple[tuple[str, Any], ...] = ()
@@ -127,7 +134,16 @@ def offer(label: str, computes: str | None = None, **options: Any) -> Offer:
 
 
 # Advice's axes, in the order a plan names them: the kinds of memory a technique saves, one technique each.
-AXES = ("precision", "activations", "optimizer", "accumulation", "loss", "sharding", "quantization", "autograd")
+AXES = (
+    "precision",
+    "activations",
+    "optimizer",
+    "accumulation",
+    "loss",
+    "sharding",
+    "quantization",
+    "autograd",
+)
 
 
 @dataclass(frozen=True)
@@ -173,8 +189,8 @@ class Technique:
     modes: ClassVar[frozenset[str]] = TRAIN
     # Why fake tensors on a CPU cannot predict this technique's CUDA memory, if they cannot.
     unpredictable: ClassVar[str] = ""
-    # The proof's key that counts what the technique changed in the model (modules wrapped, layers adapted): at 0
-    # it applied to nothing, and a run that measured the baseline under its name would say `ok`.
+    # The proof's key that counts what the technique changed in the model (modules wrapped, layers adapted):
+    # at 0 it applied to nothing, and a run that measured the baseline under its name would say `ok`.
     changes: ClassVar[str] = ""
     # Runs over several processes (the suite entry's nproc, default 2); data_parallel: each rank takes
     # its own batch, so a step processes nproc batches (tensor parallelism shares one).
@@ -182,18 +198,20 @@ class Technique:
     data_parallel: ClassVar[bool] = False
     # The model inputs this technique applies to ("tokens", "image"), checked at suite load; None: any.
     inputs: ClassVar[str | None] = None
-    # Adds trainable adapters to a frozen base (lora, qlora): a cast after it would cast them too (``follows``).
+    # Adds trainable adapters to a frozen base (lora, qlora): a cast after it would cast them too
+    # (``follows``).
     adapts: ClassVar[bool] = False
     # The model objective it applies to ("next-token"); None: any.
     objective: ClassVar[str | None] = None
-    # Advice's catalogue: the axis of AXES it saves memory on (a plan takes one technique an axis) and the settings
-    # advice tries, in order; or, for a technique advice leaves out, why (tests hold every one to one or the other).
+    # Advice's catalogue: the axis of AXES it saves memory on (a plan takes one technique an axis) and the
+    # settings advice tries, in order; or, for a technique advice leaves out, why (tests hold every one to one
+    # or the other).
     axis: ClassVar[str] = ""
     offers: ClassVar[tuple[Offer, ...]] = ()
     not_advised: ClassVar[str] = ""
-    # Bytes it moves between device and host each step, for advice's time estimate: "activations" (those it keeps
-    # off the device, down in forward and up in backward), "optimizer" (gradients down, weights up), or none;
-    # ``overlaps_traffic``: the copies run on a side stream, under compute.
+    # Bytes it moves between device and host each step, for advice's time estimate: "activations" (those it
+    # keeps off the device, down in forward and up in backward), "optimizer" (gradients down, weights up), or
+    # none; ``overlaps_traffic``: the copies run on a side stream, under compute.
     host_traffic: ClassVar[Literal["", "activations", "optimizer"]] = ""
     overlaps_traffic: ClassVar[bool] = False
 
@@ -203,10 +221,17 @@ class Technique:
     @classmethod
     def offered(cls, model: ModelSpec, mode: str, nproc: int, batch: int) -> tuple[Offer, ...]:
         """The settings advice tries for a model in a mode, over ``nproc`` processes at ``batch`` per process:
-        those whose mode, inputs, objective and process count fit, and whose batch multiple divides the batch."""
-        fits = (mode in cls.modes and cls.inputs in (None, model.inputs) and cls.objective in (None, model.objective)
-                and (nproc > 1 or not cls.distributed))
-        return tuple(o for o in cls.offers if fits and batch % cls(cls.Config(**dict(o.options))).batch_multiple() == 0)
+        those whose mode, inputs, objective and process count fit, and whose batch multiple divides the
+        batch."""
+        fits = (
+            mode in cls.modes
+            and cls.inputs in (None, model.inputs)
+            and cls.objective in (None, model.objective)
+            and (nproc > 1 or not cls.distributed)
+        )
+        return tuple(
+            o for o in cls.offers if fits and batch % cls(cls.Config(**dict(o.options))).batch_multiple() == 0
+        )
 
     # -- at suite load, no torch work --
     def batch_multiple(self) -> int:
@@ -214,7 +239,8 @@ class Technique:
         return 1
 
     def attention_backend(self) -> str | None:
-        """The SDPA backend this configuration pins, which a prediction for CUDA must model; None: CUDA picks."""
+        """The SDPA backend this configuration pins, which a prediction for CUDA must model; None: CUDA
+        picks."""
         return None
 
     def problems(self, batch_size: int) -> list[str]:
@@ -226,8 +252,9 @@ class Technique:
         return None
 
     def follows(self, earlier: Technique) -> str | None:
-        """Why this cannot come after ``earlier`` in a run, where the order would change what it does (a cast after
-        adapters casts them too): the loader refuses the ambiguous order rather than pick one silently."""
+        """Why this cannot come after ``earlier`` in a run, where the order would change what it does (a cast
+        after adapters casts them too): the loader refuses the ambiguous order rather than pick one
+        silently."""
         return None
 
     # -- in the parent, before the run's process starts (and so before CUDA initialises) --
@@ -274,8 +301,10 @@ def refuse_unchanged(techniques: list[Technique]) -> None:
     """Unsupported, with the reason, where a technique's proof says it changed nothing in this model."""
     for t in techniques:
         if t.changes and not t.proof(0).get(t.changes):
-            raise Unsupported(f"{t.name}: {t.changes} = 0: it found nothing to apply to in this model, so the run "
-                              "would measure the baseline under its name")
+            raise Unsupported(
+                f"{t.name}: {t.changes} = 0: it found nothing to apply to in this model, so the run "
+                "would measure the baseline under its name"
+            )
 
 
 def resolve(name: str) -> type[Technique]:
@@ -301,7 +330,10 @@ def options_doc(cls: type[Technique]) -> list[tuple[str, str, Any, str]]:
     for f in fields(cls.Config):
         default = f.default if f.default is not MISSING else None
         hint = hints[f.name]
-        kind = (" | ".join(map(repr, typing.get_args(hint))) if typing.get_origin(hint) is Literal
-                else getattr(hint, "__name__", str(hint)))
+        kind = (
+            " | ".join(map(repr, typing.get_args(hint)))
+            if typing.get_origin(hint) is Literal
+            else getattr(hint, "__name__", str(hint))
+        )
         rows.append((f.name, kind, default, f.metadata.get("doc", "")))
     return rows

@@ -1,6 +1,6 @@
 """docs/techniques.md's table, generated from the registry: each technique's options, what it does, what to
-expect of it and its place in advice's catalogue, read off its class, so that the page never disagrees with the
-code (``bench list --docs docs/techniques.md`` rewrites it; a test holds the page to it)."""
+expect of it and its place in advice's catalogue, read off its class, so that the page never disagrees with
+the code (``bench list --docs docs/techniques.md`` rewrites it; a test holds the page to it)."""
 
 from __future__ import annotations
 
@@ -17,16 +17,26 @@ END = "<!-- techniques: end -->\n"
 
 def table() -> str:
     """One table, a section row per family (the technique's module), in the order they are registered."""
-    rows = ["| name | options | what it does | expected (from its docstring) | advice |", "|---|---|---|---|---|"]
+    rows = [
+        "| name | options | what it does | expected (from its docstring) | advice |",
+        "|---|---|---|---|---|",
+    ]
     family = ""
     for name in TECHNIQUES.registered():
         cls = TECHNIQUES.get(name)
         module = sys.modules[cls.__module__]
         if module.__name__ != family:
             family = module.__name__
-            rows.append(f"| **{_cell(inspect.getdoc(module).splitlines()[0].rstrip('.'))}** | | | | |")
-        rows.append(f"| `{name}` | {_options(cls)} | {_cell(cls.summary)} | {_cell(expected(cls))} | {_advice(cls)} |")
+            rows.append(f"| **{_cell(_summary(module))}** | | | | |")
+        rows.append(
+            f"| `{name}` | {_options(cls)} | {_cell(cls.summary)} | {_cell(expected(cls))} | {_advice(cls)} |"
+        )
     return "\n".join(rows) + "\n"
+
+
+def _summary(module: object) -> str:
+    """A module docstring's first sentence, on one line, without its full stop."""
+    return re.split(r"\.(?:\s|$)", " ".join((inspect.getdoc(module) or "").split()))[0]
 
 
 def expected(cls: type[Technique]) -> str:
@@ -49,8 +59,10 @@ def write(path: Path) -> Path:
 
 def _options(cls: type[Technique]) -> str:
     """Each option's name, with its choices where it has a fixed set (``dtype`` = bfloat16 | float16)."""
-    return ", ".join(f"`{name}`" + (f" = {kind.replace(chr(39), '')}" if "|" in kind and "'" in kind else "")
-                     for name, kind, *_ in options_doc(cls)).replace("|", "\\|")
+    return ", ".join(
+        f"`{name}`" + (f" = {kind.replace(chr(39), '')}" if "|" in kind and "'" in kind else "")
+        for name, kind, *_ in options_doc(cls)
+    ).replace("|", "\\|")
 
 
 def _advice(cls: type[Technique]) -> str:

@@ -16,15 +16,25 @@ from bench.techniques.base import TECHNIQUES, RunContext, Technique, listed, off
 
 aten = torch.ops.aten
 MATMULS = [aten.mm.default, aten.addmm.default, aten.bmm.default, aten.convolution.default]
-ATTENTION = [getattr(aten, name).default for name in (
-    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
-) if hasattr(aten, name)]
+ATTENTION = [
+    getattr(aten, name).default
+    for name in (
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+    )
+    if hasattr(aten, name)
+]
 
 
-# The reduce-scatter that tensor (sequence) parallelism issues inside a block, where functional collectives exist.
-REDUCE_SCATTER = [torch.ops._c10d_functional.reduce_scatter_tensor.default] if hasattr(
-    torch.ops, "_c10d_functional") and hasattr(torch.ops._c10d_functional, "reduce_scatter_tensor") else []
+# The reduce-scatter that tensor (sequence) parallelism issues inside a block, where functional collectives
+# exist.
+REDUCE_SCATTER = (
+    [torch.ops._c10d_functional.reduce_scatter_tensor.default]
+    if hasattr(torch.ops, "_c10d_functional") and hasattr(torch.ops._c10d_functional, "reduce_scatter_tensor")
+    else []
+)
 
 
 @TECHNIQUES.register("checkpoint")
@@ -43,8 +53,10 @@ class ActivationCheckpointing(Technique):
 
     axis = "activations"
     offers = (offer("checkpoint-every-2", every=2), offer("checkpoint"))
-    summary = ("non-reentrant `torch.utils.checkpoint` on every (k-th) repeated block; optionally BatchNorm momentum "
-               "1 − √(1 − m) so the recomputation's second running-stats update does not count twice")
+    summary = (
+        "non-reentrant `torch.utils.checkpoint` on every (k-th) repeated block; optionally BatchNorm "
+        "momentum 1 − √(1 − m) so the recomputation's second running-stats update does not count twice"
+    )
     conflicts = frozenset({"selective-checkpoint"})
     changes = "wrapped_modules"
 
@@ -52,8 +64,11 @@ class ActivationCheckpointing(Technique):
     class Config:
         every: int = option(1, "wrap every k-th block (1: all of them)")
         bn_momentum_correction: bool = option(False, "compensate BatchNorm's second running-stats update")
-        reentrant: bool = option(False, "the reentrant implementation (transformers 4's gradient checkpointing "
-                                        "default), else the non-reentrant one PyTorch recommends")
+        reentrant: bool = option(
+            False,
+            "the reentrant implementation (transformers 4's gradient checkpointing "
+            "default), else the non-reentrant one PyTorch recommends",
+        )
 
     def problems(self, batch_size: int) -> list[str]:
         return [] if self.config.every >= 1 else [f"every must be ≥ 1, got {self.config.every}"]
@@ -78,8 +93,9 @@ class ActivationCheckpointing(Technique):
                 bn.momentum = 1 - (1 - bn.momentum) ** 0.5
 
     def wrap(self, block: nn.Module) -> nn.Module:
-        return checkpoint_wrapper(block, CheckpointImpl.REENTRANT if self.config.reentrant
-                                  else CheckpointImpl.NO_REENTRANT)
+        return checkpoint_wrapper(
+            block, CheckpointImpl.REENTRANT if self.config.reentrant else CheckpointImpl.NO_REENTRANT
+        )
 
     def _count(self, module: nn.Module, args: Any) -> None:
         self.calls += 1
@@ -88,14 +104,17 @@ class ActivationCheckpointing(Technique):
         # 2.0 per micro-batch means every wrapped block ran forward twice: once, and once to recompute.
         per_step = self.calls / (steps * len(self.blocks)) if steps and self.blocks else 0.0
         names = self.blocks if len(self.blocks) <= 4 else [*self.blocks[:3], "…", self.blocks[-1]]
-        return {"wrapped_modules": len(self.blocks), "wrapped_names": ", ".join(names),
-                "block_forwards_per_step": per_step}
+        return {
+            "wrapped_modules": len(self.blocks),
+            "wrapped_names": ", ".join(names),
+            "block_forwards_per_step": per_step,
+        }
 
 
 def _own_lists(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
     """The block's list arguments copied: recomputation in backward reads the arguments it was given, and
-    DenseNet's dense block appends to the list of features it passes each layer after the call (recomputed with
-    the longer list, a layer concatenated more channels than its batch norm takes)."""
+    DenseNet's dense block appends to the list of features it passes each layer after the call (recomputed
+    with the longer list, a layer concatenated more channels than its batch norm takes)."""
     return tuple(list(a) if isinstance(a, list) else a for a in args)
 
 
@@ -118,10 +137,15 @@ class SelectiveCheckpointing(ActivationCheckpointing):
     @dataclass(frozen=True)
     class Config(ActivationCheckpointing.Config):
         save: Literal["matmuls", "matmuls+attention", "torchtitan", "ops"] = option(
-            "matmuls", "which op outputs to keep: matmuls (and attention); torchtitan: its op policy, attention and "
-                       "every other matmul; ops: the operators named in ops")
-        ops: str | None = option(None, "with save = 'ops': comma-separated aten operators whose outputs to keep, "
-                                       "e.g. 'mm,_scaled_dot_product_flash_attention' (their .default overload)")
+            "matmuls",
+            "which op outputs to keep: matmuls (and attention); torchtitan: its op policy, attention and "
+            "every other matmul; ops: the operators named in ops",
+        )
+        ops: str | None = option(
+            None,
+            "with save = 'ops': comma-separated aten operators whose outputs to keep, "
+            "e.g. 'mm,_scaled_dot_product_flash_attention' (their .default overload)",
+        )
 
     def problems(self, batch_size: int) -> list[str]:
         found = super().problems(batch_size)
@@ -140,19 +164,22 @@ class SelectiveCheckpointing(ActivationCheckpointing):
         return checkpoint_wrapper(block, CheckpointImpl.NO_REENTRANT, context_fn=self._contexts)
 
     def _contexts(self) -> Any:
-        # A fresh count of matmuls per checkpointed call, in forward and in its recompute apart, as torchtitan's.
+        # A fresh count of matmuls per checkpointed call, in forward and in its recompute apart, as
+        # torchtitan's.
         return create_selective_checkpoint_contexts(partial(self._policy, set(self._saved_ops()), Counter()))
 
     def _saved_ops(self) -> list[Any]:
         save = self.config.save
         if save == "ops":
             return [getattr(aten, n).default for n in listed(self.config.ops)]
-        if save == "torchtitan":  # its op save list: matmuls, attention, the reduce-scatters, amax (for float8)
+        # its op save list: matmuls, attention, the reduce-scatters, amax (for float8)
+        if save == "torchtitan":
             return [aten.mm.default, aten.max.default, *ATTENTION, *REDUCE_SCATTER]
         return MATMULS + (ATTENTION if save == "matmuls+attention" else [])
 
-    def _policy(self, saved: set[Any], matmuls: Counter[bool], ctx: Any, op: Any, *args: Any,
-                **kwargs: Any) -> CheckpointPolicy:
+    def _policy(
+        self, saved: set[Any], matmuls: Counter[bool], ctx: Any, op: Any, *args: Any, **kwargs: Any
+    ) -> CheckpointPolicy:
         keep = op in saved
         if self.config.save == "torchtitan" and op == aten.mm.default:
             matmuls[ctx.is_recompute] += 1

@@ -32,7 +32,8 @@ class Compile(Technique):
         mode: Literal["default", "reduce-overhead", "max-autotune"] = option("default", "torch.compile mode")
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
-        model.compile(mode=self.config.mode)  # in place: parameters, hooks and state_dict keys stay as they are
+        # in place: parameters, hooks and state_dict keys stay as they are
+        model.compile(mode=self.config.mode)
         self.model = model
         return model
 

@@ -35,8 +35,11 @@ class _Distributed(Technique):
 
     def proof(self, steps: int) -> dict[str, Any]:
         local = tensor_bytes(self.model.parameters())
-        return {"world_size": self.world_size, "param_bytes_per_rank": local,
-                "param_fraction_per_rank": round(local / self.full_param_bytes, 4)}
+        return {
+            "world_size": self.world_size,
+            "param_bytes_per_rank": local,
+            "param_fraction_per_rank": round(local / self.full_param_bytes, 4),
+        }
 
 
 def _mesh(ctx: RunContext, inner: int = 0, names: tuple[str, str] = ("replicate", "shard")):
@@ -67,12 +70,14 @@ class DataParallel(_Distributed):
     @dataclass(frozen=True)
     class Config:
         gradient_as_bucket_view: bool = option(
-            False, "gradients are views into the all-reduce buckets (saves a copy)")
+            False, "gradients are views into the all-reduce buckets (saves a copy)"
+        )
 
     def parallelize(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         self.model = nn.parallel.DistributedDataParallel(
-            model, device_ids=ids, gradient_as_bucket_view=self.config.gradient_as_bucket_view)
+            model, device_ids=ids, gradient_as_bucket_view=self.config.gradient_as_bucket_view
+        )
         return self.model
 
     def proof(self, steps: int) -> dict[str, Any]:
@@ -82,7 +87,9 @@ class DataParallel(_Distributed):
         checksum = torch.stack([p.detach().double().sum() for p in self.model.parameters()]).sum().cpu()
         sums = [None] * self.world_size
         dist.all_gather_object(sums, float(checksum))
-        return super().proof(steps) | {"params_in_sync": max(sums) - min(sums) <= 1e-9 * max(1.0, abs(sums[0]))}
+        return super().proof(steps) | {
+            "params_in_sync": max(sums) - min(sums) <= 1e-9 * max(1.0, abs(sums[0]))
+        }
 
 
 @TECHNIQUES.register("fsdp")
@@ -101,24 +108,40 @@ class FullyShard(_Distributed):
 
     data_parallel = True
     axis = "sharding"
-    offers = (offer("fsdp"), offer("fsdp-bf16", mixed_precision="bfloat16"),
-              offer("fsdp-keep", reshard_after_forward=False))
-    summary = ("FSDP2 `fully_shard` on each repeated block, then the root; `shard_group = 8`: hybrid sharding, "
-               "sharded within each group of 8 ranks (a node) and replicated across groups; `tensor_parallel = 8`: "
-               "2-D, each group of 8 neighbouring ranks splits the layers as `tensor-parallel` does and shares a "
-               "batch, and fsdp shards across the groups (torchtitan's FSDP × TP)")
+    offers = (
+        offer("fsdp"),
+        offer("fsdp-bf16", mixed_precision="bfloat16"),
+        offer("fsdp-keep", reshard_after_forward=False),
+    )
+    summary = (
+        "FSDP2 `fully_shard` on each repeated block, then the root; `shard_group = 8`: hybrid sharding, "
+        "sharded within each group of 8 ranks (a node) and replicated across groups; `tensor_parallel = 8`: "
+        "2-D, each group of 8 neighbouring ranks splits the layers as `tensor-parallel` does and shares a "
+        "batch, and fsdp shards across the groups (torchtitan's FSDP × TP)"
+    )
 
     @dataclass(frozen=True)
     class Config:
         reshard_after_forward: bool = option(
-            True, "free gathered parameters after forward (ZeRO-3); false: keep them to backward (ZeRO-2-like)")
+            True,
+            "free gathered parameters after forward (ZeRO-3); false: keep them to backward (ZeRO-2-like)",
+        )
         mixed_precision: Literal["none", "bfloat16", "float16"] = option(
-            "none", "parameter dtype in forward and backward (gradients reduced in float32)")
-        cpu_offload: bool = option(False, "keep sharded parameters, gradients and optimizer step on the host (CUDA)")
-        shard_group: int = option(0, "ranks each shard spans, replicated across the groups (hybrid sharding, e.g. "
-                                     "8: within a node of 8); 0: all ranks")
-        tensor_parallel: int = option(0, "2-D: tensor parallelism over groups of this many ranks (e.g. 8: a node), "
-                                         "fsdp across the groups; 0: none")
+            "none", "parameter dtype in forward and backward (gradients reduced in float32)"
+        )
+        cpu_offload: bool = option(
+            False, "keep sharded parameters, gradients and optimizer step on the host (CUDA)"
+        )
+        shard_group: int = option(
+            0,
+            "ranks each shard spans, replicated across the groups (hybrid sharding, e.g. "
+            "8: within a node of 8); 0: all ranks",
+        )
+        tensor_parallel: int = option(
+            0,
+            "2-D: tensor parallelism over groups of this many ranks (e.g. 8: a node), "
+            "fsdp across the groups; 0: none",
+        )
 
     @property
     def unpredictable(self) -> str:  # type: ignore[override]  an option decides it, not the class
@@ -127,11 +150,16 @@ class FullyShard(_Distributed):
         return ""
 
     def problems(self, batch_size: int) -> list[str]:
-        found = [f"{k} must be 0 or a number of ranks, got {v}" for k in ("shard_group", "tensor_parallel")
-                 if (v := getattr(self.config, k)) < 0]
+        found = [
+            f"{k} must be 0 or a number of ranks, got {v}"
+            for k in ("shard_group", "tensor_parallel")
+            if (v := getattr(self.config, k)) < 0
+        ]
         if self.config.shard_group and self.config.tensor_parallel:
-            found.append("shard_group and tensor_parallel cannot be combined (hybrid sharding with tensor "
-                         "parallelism, 3-D, is not offered); set one to 0")
+            found.append(
+                "shard_group and tensor_parallel cannot be combined (hybrid sharding with tensor "
+                "parallelism, 3-D, is not offered); set one to 0"
+            )
         return found
 
     def replicas(self, world_size: int) -> int:
@@ -150,9 +178,11 @@ class FullyShard(_Distributed):
     def parallelize(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-        kwargs: dict[str, Any] = {"mesh": self._mesh(model, ctx),
-                                  "reshard_after_forward": self.config.reshard_after_forward,
-                                  "offload_policy": CPUOffloadPolicy() if self.config.cpu_offload else OffloadPolicy()}
+        kwargs: dict[str, Any] = {
+            "mesh": self._mesh(model, ctx),
+            "reshard_after_forward": self.config.reshard_after_forward,
+            "offload_policy": CPUOffloadPolicy() if self.config.cpu_offload else OffloadPolicy(),
+        }
         if self.config.mixed_precision != "none":
             dtype = getattr(torch, self.config.mixed_precision)
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
@@ -163,7 +193,8 @@ class FullyShard(_Distributed):
         return self.model
 
     def _mesh(self, model: nn.Module, ctx: RunContext) -> Any:
-        """The mesh FSDP shards over; under 2-D, the outer dimension, once tensor parallelism took the inner."""
+        """The mesh FSDP shards over; under 2-D, the outer dimension, once tensor parallelism took the
+        inner."""
         if not (size := self.config.tensor_parallel):
             return _mesh(ctx, self.config.shard_group)
         mesh = _mesh(ctx, size, ("fsdp", "tp"))
@@ -187,11 +218,15 @@ class TensorParallel(_Distributed):
     activations inside each pair; embeddings, norms and the head stay whole.
     """
 
-    not_advised = "splits each layer over the GPUs of one node, with its own batch semantics; advice shards with FSDP"
-    summary = ("`torch.distributed.tensor.parallel`: attention q/k/v and MLP up column-wise, their output "
-               "projections row-wise (BERT); Llama's q/k/v and gate/up column-wise, o and down row-wise (its heads "
-               "and key-value heads must divide N); the MLP only in torchvision's ViT, whose attention is one packed "
-               "module")
+    not_advised = (
+        "splits each layer over the GPUs of one node, with its own batch semantics; advice shards with FSDP"
+    )
+    summary = (
+        "`torch.distributed.tensor.parallel`: attention q/k/v and MLP up column-wise, their output "
+        "projections row-wise (BERT); Llama's q/k/v and gate/up column-wise, o and down row-wise (its "
+        "heads and key-value heads must divide N); the MLP only in torchvision's ViT, whose attention is "
+        "one packed module"
+    )
 
     def parallelize(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self.sharded = _tensor_parallel(model, _mesh(ctx), ctx)
@@ -212,8 +247,10 @@ def _tensor_parallel(model: nn.Module, mesh: Any, ctx: RunContext) -> int:
     config = getattr(model, "config", None)
     for key in ("num_attention_heads", "num_key_value_heads"):
         if (heads := getattr(config, key, None)) and heads % mesh.size():
-            raise Unsupported(f"{heads} {key.removeprefix('num_').replace('_', ' ')} do not split over "
-                              f"{mesh.size()} ranks; choose a divisor")
+            raise Unsupported(
+                f"{heads} {key.removeprefix('num_').replace('_', ' ')} do not split over "
+                f"{mesh.size()} ranks; choose a divisor"
+            )
     parallelize_module(model, mesh, plan)
     return len(plan)
 
@@ -225,7 +262,9 @@ def _tp_plan(model: nn.Module) -> dict[str, Any]:
     plan: dict[str, Any] = {}
 
     def pair(name: str, columns: tuple[str, ...], row: str) -> None:
-        plan.update({f"{name}.{k}": ColwiseParallel() for k in columns} | {f"{name}.{row}": RowwiseParallel()})
+        plan.update(
+            {f"{name}.{k}": ColwiseParallel() for k in columns} | {f"{name}.{row}": RowwiseParallel()}
+        )
 
     for name, module in model.named_modules():
         kind = type(module).__name__

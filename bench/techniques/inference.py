@@ -13,7 +13,16 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from bench.techniques.base import INFERENCE, TECHNIQUES, RunContext, Step, Technique, Unsupported, offer, option
+from bench.techniques.base import (
+    INFERENCE,
+    TECHNIQUES,
+    RunContext,
+    Step,
+    Technique,
+    Unsupported,
+    offer,
+    option,
+)
 from bench.techniques.lowbit import _has, quantize_body_linears
 from bench.techniques.precision import PureBF16
 
@@ -112,8 +121,11 @@ class _TraceOnFirstCall(nn.Module):
                 warnings.simplefilter("ignore", DeprecationWarning)
                 warnings.simplefilter("ignore", torch.jit.TracerWarning)
                 try:
-                    self.traced = (torch.jit.trace(self.model, example_kwarg_inputs=kwargs, strict=False) if kwargs
-                                   else torch.jit.trace(self.model, args, strict=False))
+                    self.traced = (
+                        torch.jit.trace(self.model, example_kwarg_inputs=kwargs, strict=False)
+                        if kwargs
+                        else torch.jit.trace(self.model, args, strict=False)
+                    )
                 except Exception as exc:  # noqa: BLE001  any tracing failure means this model cannot be traced
                     raise Unsupported(f"torch.jit.trace failed: {type(exc).__name__}: {exc}") from exc
         return self.traced(**kwargs) if kwargs else self.traced(*args)

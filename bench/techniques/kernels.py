@@ -53,8 +53,10 @@ def _channels_last(batch: Batch) -> Batch:
 
 
 BACKENDS = {
-    "math": SDPBackend.MATH, "flash": SDPBackend.FLASH_ATTENTION,
-    "efficient": SDPBackend.EFFICIENT_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "math": SDPBackend.MATH,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
 }
 
 
@@ -95,7 +97,8 @@ class AttentionBackend(Technique):
     def unsupported(self, ctx: RunContext) -> str | None:
         if not ctx.model_spec.attention:
             return "the model has no attention"
-        if ctx.cuda and ctx.device.type != "cuda":  # fake tensors standing for CUDA: no CUDA kernel here to ask
+        # fake tensors standing for CUDA: no CUDA kernel here to ask
+        if ctx.cuda and ctx.device.type != "cuda":
             return None
         q = torch.zeros(1, 1, 8, 16, device=ctx.device, requires_grad=True)
         try:  # the only reliable test of availability is to ask the kernel
@@ -124,8 +127,10 @@ class AttentionBackend(Technique):
                 if "No available kernel" not in str(exc):
                     raise
                 # The kernel exists but refuses this model's call (e.g. CPU flash with attention dropout).
-                raise Unsupported(f"{self.config.backend} attention refuses this model's attention call on "
-                                  f"this device (dropout, mask or head size); see the run's warnings") from exc
+                raise Unsupported(
+                    f"{self.config.backend} attention refuses this model's attention call on "
+                    f"this device (dropout, mask or head size); see the run's warnings"
+                ) from exc
 
     def proof(self, steps: int) -> dict[str, Any]:
         seen = sorted(self.ops.seen) if self.ops else []

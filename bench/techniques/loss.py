@@ -18,11 +18,11 @@ from bench.techniques.base import TECHNIQUES, RunContext, Step, Technique, Unsup
 
 @TECHNIQUES.register("chunked-loss")
 class ChunkedLoss(Technique):
-    """Cross-entropy of a next-token model from its last hidden states, a chunk of positions at a time, so only
-    one chunk's logits are ever alive. Each chunk's gradients (for the hidden states and the head's weight) are
-    computed in forward, as Liger-Kernel's fused linear cross-entropy does, and backward only scales them:
-    nothing is recomputed. Liger's kernel runs where it is installed (CUDA), else this harness's autograd
-    function in plain PyTorch.
+    """Cross-entropy of a next-token model from its last hidden states, a chunk of positions at a time, so
+    only one chunk's logits are ever alive. Each chunk's gradients (for the hidden states and the head's
+    weight) are computed in forward, as Liger-Kernel's fused linear cross-entropy does, and backward only
+    scales them: nothing is recomputed. Liger's kernel runs where it is installed (CUDA), else this harness's
+    autograd function in plain PyTorch.
 
     Expected: the peak falls by about the logits' size, several times over in float32 (the logits, their
     log-softmax saved for backward and its gradient); Liger reports about 60% less memory on Llama-3-8B
@@ -32,29 +32,39 @@ class ChunkedLoss(Technique):
 
     axis = "loss"
     offers = (offer("chunked-loss"),)
-    summary = ("a next-token model's cross-entropy from its last hidden states a chunk of positions at a time, the "
-               "chunk's gradients computed in forward: Liger-Kernel's fused linear cross-entropy where installed "
-               "(CUDA), else the harness's own autograd function")
+    summary = (
+        "a next-token model's cross-entropy from its last hidden states a chunk of positions at a time, the "
+        "chunk's gradients computed in forward: Liger-Kernel's fused linear cross-entropy where installed "
+        "(CUDA), else the harness's own autograd function"
+    )
     inputs, objective = "tokens", "next-token"
 
     @dataclass(frozen=True)
     class Config:
-        chunk_tokens: int = option(0, "positions per chunk; 0: Liger's rule, as many chunks as vocabulary / hidden "
-                                      "size (a power of two positions each), but at least 256 positions")
+        chunk_tokens: int = option(
+            0,
+            "positions per chunk; 0: Liger's rule, as many chunks as vocabulary / hidden "
+            "size (a power of two positions each), but at least 256 positions",
+        )
         implementation: Literal["auto", "liger", "torch"] = option(
-            "auto", "liger: Liger-Kernel's fused kernel (CUDA; pip install liger-kernel); torch: plain PyTorch; "
-                    "auto: liger where it is installed and the run is on CUDA")
+            "auto",
+            "liger: Liger-Kernel's fused kernel (CUDA; pip install liger-kernel); torch: plain PyTorch; "
+            "auto: liger where it is installed and the run is on CUDA",
+        )
 
     def problems(self, batch_size: int) -> list[str]:
-        return [] if self.config.chunk_tokens >= 0 else [f"chunk_tokens must be 0 (automatic) or more, got "
-                                                          f"{self.config.chunk_tokens}"]
+        return (
+            []
+            if self.config.chunk_tokens >= 0
+            else [f"chunk_tokens must be 0 (automatic) or more, got {self.config.chunk_tokens}"]
+        )
 
     def unsupported(self, ctx: RunContext) -> str | None:
         if ctx.model_spec.objective != self.objective:
             return f"applies to next-token models; model {ctx.model_spec.name} classifies"
         if self.config.implementation == "liger":
             if importlib.util.find_spec("liger_kernel") is None:
-                return "Liger-Kernel is not installed: pip install liger-kernel (or implementation = \"torch\")"
+                return 'Liger-Kernel is not installed: pip install liger-kernel (or implementation = "torch")'
             if not ctx.cuda:
                 return "Liger-Kernel's kernels are Triton's, CUDA only; implementation = \"torch\" runs here"
         return None
@@ -62,12 +72,17 @@ class ChunkedLoss(Technique):
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         if not isinstance(head, nn.Linear):
-            raise Unsupported(f"model {ctx.model_spec.name} has no linear output head (get_output_embeddings)")
+            raise Unsupported(
+                f"model {ctx.model_spec.name} has no linear output head (get_output_embeddings)"
+            )
         model.set_output_embeddings(_HiddenStates(head))
         self.head, self.chunks, self.largest_chunk_logits = head, 0, 0
         liger = importlib.util.find_spec("liger_kernel") is not None and ctx.cuda and not ctx.predicting
-        self.implementation = self.config.implementation if self.config.implementation != "auto" else (
-            "liger" if liger else "torch")
+        self.implementation = (
+            self.config.implementation
+            if self.config.implementation != "auto"
+            else ("liger" if liger else "torch")
+        )
         return model
 
     def step(self) -> Step:
@@ -84,20 +99,25 @@ class ChunkedLoss(Technique):
             return LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE)(weight, hidden, targets, bias)
         size = self.config.chunk_tokens or chunk_tokens(len(targets), *weight.shape)
         self.chunks += math.ceil(len(targets) / size)
-        self.largest_chunk_logits = max(self.largest_chunk_logits, min(size, len(targets)) * weight.shape[0] * 4)
+        self.largest_chunk_logits = max(
+            self.largest_chunk_logits, min(size, len(targets)) * weight.shape[0] * 4
+        )
         return _ChunkedCrossEntropy.apply(hidden, weight, bias, targets, size)
 
     def proof(self, steps: int) -> dict[str, Any]:
         """The chunks a step's loss took, and the most logits bytes (float32) one chunk held: the full logits
         never exist."""
-        return {"implementation": self.implementation, "chunks_per_step": self.chunks / max(steps, 1),
-                "largest_chunk_logits_bytes": self.largest_chunk_logits}
+        return {
+            "implementation": self.implementation,
+            "chunks_per_step": self.chunks / max(steps, 1),
+            "largest_chunk_logits_bytes": self.largest_chunk_logits,
+        }
 
 
 def chunk_tokens(tokens: int, vocab: int, hidden: int) -> int:
-    """Liger-Kernel's chunk size, the positions split into about vocab / hidden chunks, a power of two each; but
-    at least MIN_CHUNK positions, since the weight gradient's matmul runs over a chunk's positions (on a CPU, chunks
-    of 8 made llama-tiny's step 6× slower than the full logits)."""
+    """Liger-Kernel's chunk size, the positions split into about vocab / hidden chunks, a power of two each;
+    but at least MIN_CHUNK positions, since the weight gradient's matmul runs over a chunk's positions (on a
+    CPU, chunks of 8 made llama-tiny's step 6× slower than the full logits)."""
     liger = 1 << max(0, math.ceil(math.log2(math.ceil(tokens / math.ceil(vocab / hidden)))))
     return max(liger, MIN_CHUNK)
 
@@ -106,8 +126,8 @@ MIN_CHUNK = 256
 
 
 class _HiddenStates(nn.Module):
-    """The output head, skipped in training, where the loss applies it a chunk at a time; applied in evaluation,
-    whose accuracy reads the logits."""
+    """The output head, skipped in training, where the loss applies it a chunk at a time; applied in
+    evaluation, whose accuracy reads the logits."""
 
     def __init__(self, head: nn.Linear) -> None:
         super().__init__()
@@ -119,14 +139,22 @@ class _HiddenStates(nn.Module):
 
 class _ChunkedCrossEntropy(torch.autograd.Function):
     """Mean cross-entropy of ``hidden @ weight.T + bias`` against ``targets`` (IGNORE: no target), a chunk of
-    ``size`` rows at a time. Forward also computes the gradients, d loss / d logits = (softmax − one-hot) / n for
-    each chunk, folded at once into the gradients of the hidden states, weight and bias; backward scales them."""
+    ``size`` rows at a time. Forward also computes the gradients, d loss / d logits = (softmax − one-hot) / n
+    for each chunk, folded at once into the gradients of the hidden states, weight and bias; backward scales
+    them."""
 
     @staticmethod
-    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                targets: torch.Tensor, size: int) -> torch.Tensor:
+    def forward(
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        targets: torch.Tensor,
+        size: int,
+    ) -> torch.Tensor:
         counted = (targets != IGNORE).sum().clamp(min=1)
-        w = weight.to(hidden.dtype)  # a copy only where they differ, as the plain head's matmul makes under autocast
+        # a copy only where they differ, as the plain head's matmul makes under autocast
+        w = weight.to(hidden.dtype)
         b = None if bias is None else bias.to(hidden.dtype)
         # A frozen head (LoRA's, QLoRA's) gets no weight gradient: at a 128k vocabulary it is the head's size.
         grad_hidden = torch.empty_like(hidden)
@@ -135,7 +163,7 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         grad_bias = torch.zeros_like(bias, dtype=torch.float32) if biased else None
         total = hidden.new_zeros((), dtype=torch.float32)
         for start in range(0, len(targets), size):
-            h, t = hidden[start:start + size], targets[start:start + size]
+            h, t = hidden[start : start + size], targets[start : start + size]
             logits = F.linear(h, w, b).float()
             kept, picked = t != IGNORE, t.clamp(min=0)[:, None]
             lse = logits.logsumexp(-1)
@@ -143,17 +171,22 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
             grad = logits.sub_(lse[:, None]).exp_()  # the softmax, in the logits' place
             grad.scatter_add_(1, picked, -kept[:, None].float()).mul_((kept / counted)[:, None])
             grad = grad.to(h.dtype)
-            grad_hidden[start:start + size] = grad @ w
+            grad_hidden[start : start + size] = grad @ w
             if grad_weight is not None:
                 grad_weight += (grad.T @ h).float()
             if grad_bias is not None:
                 grad_bias += grad.float().sum(0)
-        ctx.save_for_backward(grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype),
-                              None if grad_bias is None else grad_bias.to(bias.dtype))
+        ctx.save_for_backward(
+            grad_hidden,
+            None if grad_weight is None else grad_weight.to(weight.dtype),
+            None if grad_bias is None else grad_bias.to(bias.dtype),
+        )
         return total / counted
 
     @staticmethod
     def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
-        scaled = [None if g is None else g * grad_loss.to(g.dtype) for g in (grad_hidden, grad_weight, grad_bias)]
+        scaled = [
+            None if g is None else g * grad_loss.to(g.dtype) for g in (grad_hidden, grad_weight, grad_bias)
+        ]
         return *scaled, None, None

@@ -84,9 +84,9 @@ class AdamW8bit(Technique):
             from torchao.optim import AdamW8bit as Optimizer
             from torchao.optim.subclass_8bit import OptimState8bit
 
-            # torchao caches its two code books on first use. Made from a prediction's fake tensors, whose values
-            # read as 1, they would quantize every real moment after it in this process to ones; so they are
-            # made here from real ones, whatever mode is active.
+            # torchao caches its two code books on first use. Made from a prediction's fake tensors, whose
+            # values read as 1, they would quantize every real moment after it in this process to ones; so
+            # they are made here from real ones, whatever mode is active.
             with _disable_current_modes():
                 for signed in (True, False):
                     OptimState8bit.zeros((256,), signed)
@@ -145,24 +145,32 @@ class FP8Training(Technique):
     close to bf16 with dynamic scaling.
     """
 
-    not_advised = "float8 matmuls need a card of compute capability 8.9 or more, and no record measured them yet"
-    summary = ("torchao float8 training for every linear layer whose dimensions divide by 16 (compute capability ≥ "
-               "8.9); a model with none (ResNet-50) is unsupported, not run unchanged")
+    not_advised = (
+        "float8 matmuls need a card of compute capability 8.9 or more, and no record measured them yet"
+    )
+    summary = (
+        "torchao float8 training for every linear layer whose dimensions divide by 16 (compute capability ≥ "
+        "8.9); a model with none (ResNet-50) is unsupported, not run unchanged"
+    )
 
     def unsupported(self, ctx: RunContext) -> str | None:
         if not ctx.cuda:
             return "FP8 tensor cores are a GPU feature (compute capability ≥ 8.9)"
         # A prediction stands for a card that has them: what the step keeps does not depend on which card.
         if ctx.device.type == "cuda" and torch.cuda.get_device_capability(ctx.device) < (8, 9):
-            return f"FP8 needs compute capability ≥ 8.9, this GPU has {torch.cuda.get_device_capability(ctx.device)}"
+            has = torch.cuda.get_device_capability(ctx.device)
+            return f"FP8 needs compute capability ≥ 8.9, this GPU has {has}"
         return None  # torchao is asked for in apply, once the model shows FP8 would convert something
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
-        if not any(_fp8_eligible(m) for _, m in linears):  # else the run would be the baseline under another name
+        # else the run would be the baseline under another name
+        if not any(_fp8_eligible(m) for _, m in linears):
             found = ", ".join(f"{n} {m.in_features}→{m.out_features}" for n, m in linears[:3]) or "none"
-            raise Unsupported(f"no linear layer with both dimensions divisible by 16, as FP8 matmuls need "
-                              f"(linears: {found}): nothing would run in FP8")
+            raise Unsupported(
+                f"no linear layer with both dimensions divisible by 16, as FP8 matmuls need "
+                f"(linears: {found}): nothing would run in FP8"
+            )
         # What no install changes comes first: installing torchao would not make FP8 apply to such a model.
         if not _has("torchao"):
             raise Unsupported("needs torchao: pip install torchao")

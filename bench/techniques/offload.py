@@ -41,7 +41,10 @@ class ActivationOffload(Technique):
         return Step(context=lambda: _CountingSaveOnCpu(self, self.config.pin_memory))
 
     def proof(self, steps: int) -> dict[str, Any]:
-        return {"tensors_offloaded_per_step": self.packed / max(steps, 1), "pin_memory": self.config.pin_memory}
+        return {
+            "tensors_offloaded_per_step": self.packed / max(steps, 1),
+            "pin_memory": self.config.pin_memory,
+        }
 
 
 class _CountingSaveOnCpu(torch.autograd.graph.saved_tensors_hooks):
@@ -59,26 +62,28 @@ class _CountingSaveOnCpu(torch.autograd.graph.saved_tensors_hooks):
 
 @TECHNIQUES.register("cpu-offload-optimizer")
 class OptimizerOffload(Technique):
-    """torchao's ``CPUOffloadOptimizer``: AdamW's state, an fp32 copy of each parameter and its gradient live in
-    pinned host memory; backward copies each gradient to the host as it is made (on a side stream), the host
-    steps (fused CPU AdamW) and the new values are copied back. Parameters under 4,096 elements stay with an
-    on-device AdamW. ``offload_gradients`` frees each device gradient once copied.
+    """torchao's ``CPUOffloadOptimizer``: AdamW's state, an fp32 copy of each parameter and its gradient live
+    in pinned host memory; backward copies each gradient to the host as it is made (on a side stream), the
+    host steps (fused CPU AdamW) and the new values are copied back. Parameters under 4,096 elements stay with
+    an on-device AdamW. ``offload_gradients`` frees each device gradient once copied.
 
     Expected: the device sheds AdamW's 8 bytes per parameter (and, offloading gradients, most of the 4 of the
-    gradients); the step waits for the host's update and the copies. torchao's README: ViT-giant 9.82 → 5.24 GB
-    (gradients offloaded too), at a cost in step time that depends on the host.
-    """
+    gradients); the step waits for the host's update and the copies. torchao's README: ViT-giant 9.82 → 5.24
+    GB (gradients offloaded too), at a cost in step time that depends on the host."""
 
     axis = "optimizer"
     offers = (offer("cpu-offload-optimizer"),)
     host_traffic = "optimizer"
-    summary = ("torchao `CPUOffloadOptimizer`: AdamW state, fp32 params and gradients in pinned host memory, the "
-               "step on the host (CUDA)")
+    summary = (
+        "torchao `CPUOffloadOptimizer`: AdamW state, fp32 params and gradients in pinned host memory, the "
+        "step on the host (CUDA)"
+    )
 
     @dataclass(frozen=True)
     class Config:
-        offload_gradients: bool = option(False, "free each device gradient once it is copied to the host "
-                                                "(not with accumulation)")
+        offload_gradients: bool = option(
+            False, "free each device gradient once it is copied to the host (not with accumulation)"
+        )
 
     def conflict(self, other: Technique) -> str | None:
         if other.makes_optimizer:
@@ -100,8 +105,9 @@ class OptimizerOffload(Technique):
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         params = list(model.parameters())
-        self.host = self.host_optimizer()(params, torch.optim.AdamW, lr=self.lr,
-                                          offload_gradients=self.config.offload_gradients)
+        self.host = self.host_optimizer()(
+            params, torch.optim.AdamW, lr=self.lr, offload_gradients=self.config.offload_gradients
+        )
         return _Offloaded(params, self.host)
 
     @staticmethod
@@ -113,14 +119,18 @@ class OptimizerOffload(Technique):
     def proof(self, steps: int) -> dict[str, Any]:
         host = self.host.param_d2h_map.values()
         kept = sum(len(g["params"]) for g in self.host.d_param_groups)
-        return {"offloaded_params": len(host), "host_param_bytes": sum(p.nbytes for p in host),
-                "device_params": kept, "offload_gradients": self.config.offload_gradients}
+        return {
+            "offloaded_params": len(host),
+            "host_param_bytes": sum(p.nbytes for p in host),
+            "device_params": kept,
+            "offload_gradients": self.config.offload_gradients,
+        }
 
 
 class _Offloaded(torch.optim.Optimizer):
-    """torchao's optimizer as the harness steps any other: it never initialises torch's Optimizer, whose step hooks
-    the tracker registers on and whose state it counts. The state here is what stays on the device (the small
-    parameters' AdamW); the host's is host memory."""
+    """torchao's optimizer as the harness steps any other: it never initialises torch's Optimizer, whose step
+    hooks the tracker registers on and whose state it counts. The state here is what stays on the device (the
+    small parameters' AdamW); the host's is host memory."""
 
     def __init__(self, params: list[nn.Parameter], host: Any) -> None:
         super().__init__(params, {})
@@ -137,32 +147,44 @@ class _Offloaded(torch.optim.Optimizer):
 
 @TECHNIQUES.register("activation-offload")
 class OverlappedOffload(Technique):
-    """Saved activations copied to pinned host memory on a side CUDA stream while forward goes on, and copied back
-    in backward one tensor ahead of their use, as torchtune's ``OffloadActivations`` does; ``offload`` beside it
-    is the synchronous ``save_on_cpu``. A device tensor is released as soon as its copy is queued: the allocator,
-    told the copy stream uses it (``record_stream``), keeps its block until the copy is done. Tensors under
-    ``min_bytes`` and parameters stay on the device.
+    """Saved activations copied to pinned host memory on a side CUDA stream while forward goes on, and copied
+    back in backward one tensor ahead of their use, as torchtune's ``OffloadActivations`` does; ``offload``
+    beside it is the synchronous ``save_on_cpu``. A device tensor is released as soon as its copy is queued:
+    the allocator, told the copy stream uses it (``record_stream``), keeps its block until the copy is done.
+    Tensors under ``min_bytes`` and parameters stay on the device.
 
-    Expected: torchtune reports about 24% less memory at under 1% slowdown on Llama-3-8B with checkpointing (its
-    memory optimisations guide); without overlap the copies add their whole PCIe time, as ``offload`` shows.
-    """
+    Expected: torchtune reports about 24% less memory at under 1% slowdown on Llama-3-8B with checkpointing
+    (its memory optimisations guide); without overlap the copies add their whole PCIe time, as ``offload``
+    shows."""
 
     axis = "activations"
     offers = (offer("activation-offload"),)
     host_traffic = "activations"
     overlaps_traffic = True
-    summary = ("saved activations to pinned host memory on a side CUDA stream as forward goes on, fetched back one "
-               "ahead in backward (torchtune's `OffloadActivations`); parameters and tensors under `min_bytes` stay")
+    summary = (
+        "saved activations to pinned host memory on a side CUDA stream as forward goes on, fetched back one "
+        "ahead in backward (torchtune's `OffloadActivations`); parameters and tensors under `min_bytes` stay"
+    )
 
     @dataclass(frozen=True)
     class Config:
-        min_bytes: int = option(1024, "saved tensors smaller than this stay on the device (a copy costs more)")
+        min_bytes: int = option(
+            1024, "saved tensors smaller than this stay on the device (a copy costs more)"
+        )
 
     def problems(self, batch_size: int) -> list[str]:
-        return [] if self.config.min_bytes >= 0 else [f"min_bytes must be 0 or more, got {self.config.min_bytes}"]
+        return (
+            []
+            if self.config.min_bytes >= 0
+            else [f"min_bytes must be 0 or more, got {self.config.min_bytes}"]
+        )
 
     def unsupported(self, ctx: RunContext) -> str | None:
-        return None if ctx.cuda else "copies on a side CUDA stream; on a CPU activations live in host memory already"
+        return (
+            None
+            if ctx.cuda
+            else "copies on a side CUDA stream; on a CPU activations live in host memory already"
+        )
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self.offloaded, self.prefetched = 0, 0
@@ -172,13 +194,15 @@ class OverlappedOffload(Technique):
         return Step(context=lambda: OverlappedSaves(self))
 
     def proof(self, steps: int) -> dict[str, Any]:
-        return {"tensors_offloaded_per_step": self.offloaded / max(steps, 1),
-                "tensors_prefetched_per_step": self.prefetched / max(steps, 1)}
+        return {
+            "tensors_offloaded_per_step": self.offloaded / max(steps, 1),
+            "tensors_prefetched_per_step": self.prefetched / max(steps, 1),
+        }
 
 
 class OverlappedSaves(torch.autograd.graph.saved_tensors_hooks):
-    """One forward and backward's saved tensors: each large one goes to the host on ``copies``, a side stream, and
-    comes back on it, the next one to be needed (the one saved before it) fetched as each is unpacked."""
+    """One forward and backward's saved tensors: each large one goes to the host on ``copies``, a side stream,
+    and comes back on it, the next one to be needed (the one saved before it) fetched as each is unpacked."""
 
     def __init__(self, owner: OverlappedOffload) -> None:
         self.owner, self.copies, self.count = owner, torch.cuda.Stream(), 0
@@ -204,7 +228,8 @@ class OverlappedSaves(torch.autograd.graph.saved_tensors_hooks):
             return packed
         device, done = self.fetched.pop(packed, None) or self._fetch(packed)
         torch.cuda.current_stream().wait_event(done)
-        device.record_stream(torch.cuda.current_stream())  # made on the copy stream, used and freed on this one
+        # made on the copy stream, used and freed on this one
+        device.record_stream(torch.cuda.current_stream())
         if packed - 1 in self.host and packed - 1 not in self.fetched:
             self.fetched[packed - 1] = self._fetch(packed - 1)
             self.owner.prefetched += 1

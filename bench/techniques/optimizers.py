@@ -31,18 +31,27 @@ class OptimizerChoice(Technique):
     @dataclass(frozen=True)
     class Config:
         kind: Literal["sgd", "adamw", "adafactor", "adafactor-transformers"] = option(
-            "adamw", "which optimizer; adafactor-transformers: transformers' own Adafactor, as its Trainer makes it "
-                     "for optim = 'adafactor' (its update's temporaries are not torch's)")
+            "adamw",
+            "which optimizer; adafactor-transformers: transformers' own Adafactor, as its Trainer makes it "
+            "for optim = 'adafactor' (its update's temporaries are not torch's)",
+        )
         impl: Literal["default", "single", "foreach", "fused"] = option(
-            "default", "adamw/sgd update implementation; default lets PyTorch choose")
+            "default", "adamw/sgd update implementation; default lets PyTorch choose"
+        )
         lr: float | None = option(None, "learning rate (default: the run's, as the default AdamW uses)")
         momentum: float = option(0.9, "sgd momentum")
         groups: Literal["model", "trainer"] = option(
-            "model", "trainer: the parameters in transformers' Trainer's two groups, the weights that decay, then the "
-                     "rest; the update runs in that order, which sets the temporaries alive at once")
+            "model",
+            "trainer: the parameters in transformers' Trainer's two groups, the weights that decay, then the "
+            "rest; the update runs in that order, which sets the temporaries alive at once",
+        )
 
     def problems(self, batch_size: int) -> list[str]:
-        if self.config.kind.startswith("adafactor") and self.config.impl not in ("default", "single", "foreach"):
+        if self.config.kind.startswith("adafactor") and self.config.impl not in (
+            "default",
+            "single",
+            "foreach",
+        ):
             return [f"adafactor has no {self.config.impl} implementation; use impl = 'default' or 'foreach'"]
         return []
 
@@ -57,12 +66,19 @@ class OptimizerChoice(Technique):
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         params, c = self._groups(model), self.config
-        impl = {} if c.impl == "default" else {"foreach": c.impl == "foreach"} if c.impl != "fused" else {"fused": True}
+        impl = (
+            {}
+            if c.impl == "default"
+            else {"foreach": c.impl == "foreach"}
+            if c.impl != "fused"
+            else {"fused": True}
+        )
         if c.kind == "sgd":
             self.optimizer = torch.optim.SGD(params, lr=self.lr, momentum=c.momentum, **impl)
         elif c.kind == "adafactor":
             self.optimizer = torch.optim.Adafactor(params, lr=self.lr, **impl)
-        elif c.kind == "adafactor-transformers":  # the Trainer's own arguments for it (get_optimizer_cls_and_kwargs)
+        # the Trainer's own arguments for it (get_optimizer_cls_and_kwargs)
+        elif c.kind == "adafactor-transformers":
             from transformers.optimization import Adafactor
 
             self.optimizer = Adafactor(params, lr=self.lr, scale_parameter=False, relative_step=False)
@@ -76,9 +92,12 @@ class OptimizerChoice(Technique):
             return [p for _, p in named]
         from transformers import Trainer
 
-        decay = set(Trainer.get_decay_parameter_names(None, model))  # the Trainer's own rule; it reads no state
-        return [{"params": [p for n, p in named if n in decay]},
-                {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}]
+        # the Trainer's own rule; it reads no state
+        decay = set(Trainer.get_decay_parameter_names(None, model))
+        return [
+            {"params": [p for n, p in named if n in decay]},
+            {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0},
+        ]
 
     def proof(self, steps: int) -> dict[str, Any]:
         group = self.optimizer.param_groups[0]
@@ -166,8 +185,11 @@ class OptimizerInBackward(Technique):
         return None
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
-        self.optimizers = {p: torch.optim.AdamW([p], lr=self.config.lr or ctx.lr, foreach=False)
-                           for p in model.parameters() if p.requires_grad}
+        self.optimizers = {
+            p: torch.optim.AdamW([p], lr=self.config.lr or ctx.lr, foreach=False)
+            for p in model.parameters()
+            if p.requires_grad
+        }
         self.updates = 0
         for p in self.optimizers:
             p.register_post_accumulate_grad_hook(self._step)
@@ -192,29 +214,35 @@ class GaLore(Technique):
     implementation of pytorch-optimizer, a maintained package). As in the paper, the matrices of the repeated
     blocks (attention and MLP) are projected; embeddings, head and vectors keep full AdamW state.
 
-    Expected: a projected m×n matrix (m ≤ n) holds 2·r·n moments and its m×r projection instead of 2·m·n, so at
-    r = m/4 optimizer state falls to about 5/8 of AdamW's on the projected weights; the paper reports up to 65.5%
-    less optimizer memory and LLaMA-7B pre-training on a 24 GB card (with 8-bit states and per-layer updates).
-    Each refresh costs an SVD per matrix. Accuracy: close to full-rank AdamW at these ranks, per the paper.
-    """
+    Expected: a projected m×n matrix (m ≤ n) holds 2·r·n moments and its m×r projection instead of 2·m·n, so
+    at r = m/4 optimizer state falls to about 5/8 of AdamW's on the projected weights; the paper reports up to
+    65.5% less optimizer memory and LLaMA-7B pre-training on a 24 GB card (with 8-bit states and per-layer
+    updates). Each refresh costs an SVD per matrix. Accuracy: close to full-rank AdamW at these ranks, per the
+    paper."""
 
     axis = "optimizer"
     offers = (offer("galore"),)
-    summary = ("GaLore (pytorch-optimizer): AdamW moments of each block matrix in a rank-r projection of its "
-               "gradient (default r = a quarter of its smaller side), refreshed by SVD every `update_proj_gap` "
-               "steps; embeddings, head and vectors keep AdamW")
+    summary = (
+        "GaLore (pytorch-optimizer): AdamW moments of each block matrix in a rank-r projection of its "
+        "gradient (default r = a quarter of its smaller side), refreshed by SVD every `update_proj_gap` "
+        "steps; embeddings, head and vectors keep AdamW"
+    )
 
     @dataclass(frozen=True)
     class Config:
-        rank: int = option(0, "projection rank; 0: a quarter of each matrix's smaller side (the paper's ratio)")
+        rank: int = option(
+            0, "projection rank; 0: a quarter of each matrix's smaller side (the paper's ratio)"
+        )
         update_proj_gap: int = option(200, "steps between refreshes of the projection (an SVD per matrix)")
         scale: float = option(0.25, "the projected update's scale (the paper's alpha)")
 
     def problems(self, batch_size: int) -> list[str]:
         c = self.config
-        return [f"{k} must be {'0 or more' if k == 'rank' else 'positive'}, got {v}"
-                for k, v in (("rank", c.rank), ("update_proj_gap", c.update_proj_gap), ("scale", c.scale))
-                if v < 0 or (v == 0 and k != "rank")]
+        return [
+            f"{k} must be {'0 or more' if k == 'rank' else 'positive'}, got {v}"
+            for k, v in (("rank", c.rank), ("update_proj_gap", c.update_proj_gap), ("scale", c.scale))
+            if v < 0 or (v == 0 and k != "rank")
+        ]
 
     def conflict(self, other: Technique) -> str | None:
         if other.makes_optimizer:
@@ -228,7 +256,9 @@ class GaLore(Technique):
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self.lr = ctx.lr
-        self.in_blocks = {id(p) for b in ctx.model_spec.blocks(model) for p in model.get_submodule(b).parameters()}
+        self.in_blocks = {
+            id(p) for b in ctx.model_spec.blocks(model) for p in model.get_submodule(b).parameters()
+        }
         return model
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
@@ -243,9 +273,20 @@ class GaLore(Technique):
         c = self.config
         self.projected = sum(len(ps) for rank, ps in groups.items() if rank)
         self.optimizer = Optimizer(
-            [{"params": ps} if not rank else {"params": ps, "rank": rank, "update_proj_gap": c.update_proj_gap,
-                                                "scale": c.scale, "projection_type": "std"}
-             for rank, ps in groups.items()], lr=self.lr)
+            [
+                {"params": ps}
+                if not rank
+                else {
+                    "params": ps,
+                    "rank": rank,
+                    "update_proj_gap": c.update_proj_gap,
+                    "scale": c.scale,
+                    "projection_type": "std",
+                }
+                for rank, ps in groups.items()
+            ],
+            lr=self.lr,
+        )
         return self.optimizer
 
     def proof(self, steps: int) -> dict[str, Any]:

@@ -49,7 +49,9 @@ class PadToMax(Padding):
     the baseline the others are measured against. Expected: the padding costs compute and activation memory
     in proportion to the padding fraction."""
 
-    not_advised = "forms batches from variable-length data (a suite's lengths); advice plans batches of fixed shapes"
+    not_advised = (
+        "forms batches from variable-length data (a suite's lengths); advice plans batches of fixed shapes"
+    )
     summary = "every sequence padded to `seq_len`: the baseline"
 
     def batching(self, ctx: RunContext) -> varlen.Batching:
@@ -61,7 +63,9 @@ class DynamicPadding(Padding):
     """Each batch padded to its longest sequence (transformers' DataCollatorWithPadding). Expected: padding
     falls to the gap between a batch's longest and its others; memory and time with it."""
 
-    not_advised = "forms batches from variable-length data (a suite's lengths); advice plans batches of fixed shapes"
+    not_advised = (
+        "forms batches from variable-length data (a suite's lengths); advice plans batches of fixed shapes"
+    )
     summary = "each batch padded to its longest (transformers' `DataCollatorWithPadding`)"
 
     def batching(self, ctx: RunContext) -> varlen.Batching:
@@ -74,9 +78,13 @@ class LengthBucketing(Padding):
     ``pool`` batches, then padded to each batch's longest. Expected: padding near zero, at the cost of batches
     that are less random."""
 
-    not_advised = "forms batches from variable-length data (a suite's lengths); advice plans batches of fixed shapes"
-    summary = ("batches of similar length from pools of `pool` batches sorted by length, then shuffled "
-               "(transformers' `group_by_length`)")
+    not_advised = (
+        "forms batches from variable-length data (a suite's lengths); advice plans batches of fixed shapes"
+    )
+    summary = (
+        "batches of similar length from pools of `pool` batches sorted by length, then shuffled "
+        "(transformers' `group_by_length`)"
+    )
 
     @dataclass(frozen=True)
     class Config:
@@ -87,8 +95,11 @@ class LengthBucketing(Padding):
 
     def batching(self, ctx: RunContext) -> varlen.Batching:
         pool = self.config.pool
-        return varlen.Batching(pad_to(None, ctx.model_spec.objective),
-                               lambda lengths, size, g: varlen.Buckets(lengths, size, pool, g), self.name)
+        return varlen.Batching(
+            pad_to(None, ctx.model_spec.objective),
+            lambda lengths, size, g: varlen.Buckets(lengths, size, pool, g),
+            self.name,
+        )
 
 
 @TECHNIQUES.register("packing")
@@ -97,28 +108,38 @@ class Packing(Padding):
     one row, position ids restarting at each, and attention on cumulative sequence lengths so that it never
     crosses a sequence. Attention runs ``torch.nn.attention.varlen`` (flash, 16-bit CUDA, no dropout), else a
     jagged NestedTensor through SDPA (flash or memory-efficient on CUDA, per-sequence on a CPU), or for causal
-    attention, which NestedTensors refuse, SDPA one sequence at a time; a classifier pools each sequence's first
-    token. Expected: no padding, no s×s scores; the article's 2.5× step time, and
-    2× tokens/s with about 20% less peak memory (arXiv:2407.09105)."""
+    attention, which NestedTensors refuse, SDPA one sequence at a time; a classifier pools each sequence's
+    first token. Expected: no padding, no s×s scores; the article's 2.5× step time, and 2× tokens/s with about
+    20% less peak memory (arXiv:2407.09105)."""
 
-    not_advised = "forms batches from variable-length data (a suite's lengths); advice plans batches of fixed shapes"
-    summary = ("padding-free: a batch's sequences in one row, positions restarting, attention within each sequence "
-               "on cumulative lengths (`DataCollatorWithFlattening`)")
+    not_advised = (
+        "forms batches from variable-length data (a suite's lengths); advice plans batches of fixed shapes"
+    )
+    summary = (
+        "padding-free: a batch's sequences in one row, positions restarting, attention within each sequence "
+        "on cumulative lengths (`DataCollatorWithFlattening`)"
+    )
 
     def conflict(self, other: Technique) -> str | None:
         if other.name == "accumulate":
-            return "a packed batch is one row, which micro-batches cannot split; accumulate over packed batches"
+            return (
+                "a packed batch is one row, which micro-batches cannot split; accumulate over packed batches"
+            )
         return None
 
     def unsupported(self, ctx: RunContext) -> str | None:
         spec = ctx.model_spec
         if spec.family != "bert" and spec.objective != "next-token":
-            return ("packing needs a model whose attention goes through transformers' attention interface and "
-                    "whose per-sequence output it can find: the bert family, or a next-token language model")
+            return (
+                "packing needs a model whose attention goes through transformers' attention interface and "
+                "whose per-sequence output it can find: the bert family, or a next-token language model"
+            )
         return None
 
     def batching(self, ctx: RunContext) -> varlen.Batching:
-        return varlen.Batching(functools.partial(varlen.packed, objective=ctx.model_spec.objective), name=self.name)
+        return varlen.Batching(
+            functools.partial(varlen.packed, objective=ctx.model_spec.objective), name=self.name
+        )
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         from transformers import AttentionInterface, AttentionMaskInterface
@@ -132,8 +153,11 @@ class Packing(Padding):
         return model
 
     def proof(self, steps: int) -> dict[str, Any]:
-        return {"collator": self.name, "attention_path": ", ".join(sorted(self.paths)) or "none",
-                "attention_calls": sum(self.paths.values())}
+        return {
+            "collator": self.name,
+            "attention_path": ", ".join(sorted(self.paths)) or "none",
+            "attention_calls": sum(self.paths.values()),
+        }
 
 
 @TECHNIQUES.register("nested")
@@ -142,36 +166,52 @@ class Nested(Padding):
     the model's code takes a jagged batch; transformers' models reshape with the batch's sequence length and
     do not, and ``packing`` runs their attention on NestedTensors instead."""
 
-    not_advised = "forms batches from variable-length data (a suite's lengths); advice plans batches of fixed shapes"
+    not_advised = (
+        "forms batches from variable-length data (a suite's lengths); advice plans batches of fixed shapes"
+    )
     summary = "NestedTensor (jagged) batches end to end, where a model takes them"
 
     def unsupported(self, ctx: RunContext) -> str | None:
-        return (f"model {ctx.model_spec.name} reshapes its activations to (batch, sequence length, ...), which a "
-                "jagged NestedTensor has no single value of; packing runs its attention on NestedTensors instead")
+        return (
+            f"model {ctx.model_spec.name} reshapes its activations to (batch, sequence length, ...), which a "
+            "jagged NestedTensor has no single value of; packing runs its attention on NestedTensors instead"
+        )
 
     def batching(self, ctx: RunContext) -> varlen.Batching:
         raise Unsupported(self.unsupported(ctx))
 
 
-def _packed_classifier(self: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                       **lengths: Any) -> dict[str, torch.Tensor]:
-    """BertForSequenceClassification's forward on a packed row: each sequence's [CLS] pooled and classified."""
+def _packed_classifier(
+    self: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor, **lengths: Any
+) -> dict[str, torch.Tensor]:
+    """BertForSequenceClassification's forward on a packed row: each sequence's [CLS] pooled and
+    classified."""
     hidden = self.bert(input_ids=input_ids, position_ids=position_ids, **lengths).last_hidden_state
     first = hidden[0, lengths["cu_seq_lens_q"][:-1].long()]
     return {"logits": self.classifier(self.dropout(self.bert.pooler(first[:, None])))}
 
 
-def packed_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-                     *, paths: Counter[str], **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """Attention over a packed row, (1, heads, tokens, dim), within each sequence of ``cu_seq_lens_q``; returns
-    (1, tokens, heads, dim) as transformers' attention functions do."""
+def packed_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    *,
+    paths: Counter[str],
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention over a packed row, (1, heads, tokens, dim), within each sequence of ``cu_seq_lens_q``;
+    returns (1, tokens, heads, dim) as transformers' attention functions do."""
     cu, longest = kwargs["cu_seq_lens_q"], kwargs["max_length_q"]
     causal = bool(getattr(module, "is_causal", False))
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (tokens, heads, dim)
     if k.shape[1] != q.shape[1]:  # grouped keys: each key head serves its group of query heads
         k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
-    if isinstance(q, FakeTensor):  # bench predict: the flash variable-length kernel's outputs and saved tensors
+    # bench predict: the flash variable-length kernel's outputs and saved tensors
+    if isinstance(q, FakeTensor):
         paths["torch.nn.attention.varlen (fake tensors)"] += 1
         out = _varlen_attn(q, k, v, cu, longest, causal, scaling)
     elif _flash_varlen(q, dropout):
@@ -195,12 +235,21 @@ def _flash_varlen(q: torch.Tensor, dropout: float) -> bool:
     return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and dropout == 0.0
 
 
-def _varlen_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, longest: int, causal: bool,
-                 scaling: float | None) -> torch.Tensor:
+def _varlen_attn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu: torch.Tensor,
+    longest: int,
+    causal: bool,
+    scaling: float | None,
+) -> torch.Tensor:
     from torch.nn.attention.varlen import varlen_attn
 
     params = _varlen_params()
-    extra = {"is_causal": causal} if "is_causal" in params else {"window_size": (-1, 0) if causal else (-1, -1)}
+    extra = (
+        {"is_causal": causal} if "is_causal" in params else {"window_size": (-1, 0) if causal else (-1, -1)}
+    )
     if "scale" in params:
         extra["scale"] = scaling
     return varlen_attn(q, k, v, cu, cu, longest, longest, **extra)
@@ -216,18 +265,23 @@ def _varlen_params() -> frozenset[str]:
     return frozenset(inspect.signature(varlen_attn).parameters)
 
 
-def _per_sequence_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, scaling: float | None,
-                       dropout: float) -> torch.Tensor:
+def _per_sequence_sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, scaling: float | None, dropout: float
+) -> torch.Tensor:
     """Causal attention one sequence at a time (the boundaries read to the host: a sync on CUDA)."""
     bounds = cu.tolist()
-    outs = [F.scaled_dot_product_attention(*(x[a:b].transpose(0, 1) for x in (q, k, v)), dropout_p=dropout,
-                                           is_causal=True, scale=scaling).transpose(0, 1)
-            for a, b in zip(bounds, bounds[1:])]
+    outs = [
+        F.scaled_dot_product_attention(
+            *(x[a:b].transpose(0, 1) for x in (q, k, v)), dropout_p=dropout, is_causal=True, scale=scaling
+        ).transpose(0, 1)
+        for a, b in zip(bounds, bounds[1:])
+    ]
     return torch.cat(outs)
 
 
-def _nested_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, scaling: float | None,
-                 dropout: float) -> torch.Tensor:
+def _nested_sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, scaling: float | None, dropout: float
+) -> torch.Tensor:
     offsets = cu.long()
 
     def jagged(x: torch.Tensor) -> torch.Tensor:  # (sequences, heads, ragged, dim)
@@ -235,5 +289,7 @@ def _nested_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Te
 
     with warnings.catch_warnings():  # the CPU path converts to the strided layout inside SDPA, and says so
         warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in prototype stage")
-        out = F.scaled_dot_product_attention(jagged(q), jagged(k), jagged(v), dropout_p=dropout, scale=scaling)
+        out = F.scaled_dot_product_attention(
+            jagged(q), jagged(k), jagged(v), dropout_p=dropout, scale=scaling
+        )
     return out.transpose(1, 2).values()

@@ -31,13 +31,17 @@ class Amp(Technique):
     modes = ANY_MODE
     axis = "precision"
     offers = (offer("amp-bf16", "bfloat16", dtype="bfloat16"),)
-    summary = ("`torch.autocast` over forward and loss; float16 adds a `GradScaler` (`scaler = false` leaves it out, "
-               "to show the underflow it prevents)")
+    summary = (
+        "`torch.autocast` over forward and loss; float16 adds a `GradScaler` (`scaler = false` leaves it "
+        "out, to show the underflow it prevents)"
+    )
 
     @dataclass(frozen=True)
     class Config:
         dtype: Literal["bfloat16", "float16"] = option("bfloat16", "autocast compute dtype")
-        scaler: bool = option(True, "float16: loss scaling by a GradScaler (false shows the underflow it prevents)")
+        scaler: bool = option(
+            True, "float16: loss scaling by a GradScaler (false shows the underflow it prevents)"
+        )
 
     def problems(self, batch_size: int) -> list[str]:
         if not self.config.scaler and self.config.dtype != "float16":
@@ -70,7 +74,11 @@ class Amp(Technique):
 
     def proof(self, steps: int) -> dict[str, Any]:
         scale = self.scaler.get_scale() if self.scaler else None
-        return {"autocast_dtype": self.config.dtype, "grad_scaler": self.scaler is not None, "loss_scale": scale}
+        return {
+            "autocast_dtype": self.config.dtype,
+            "grad_scaler": self.scaler is not None,
+            "loss_scale": scale,
+        }
 
 
 def emulated_bf16(ctx: RunContext, dtype: str) -> str | None:
@@ -95,9 +103,9 @@ def cast_(model: nn.Module, dtype: torch.dtype) -> nn.Module:
 
 @TECHNIQUES.register("bf16")
 class PureBF16(Technique):
-    """Parameters, gradients, optimizer state and activations all in bfloat16; with ``master_weights``, an fp32
-    copy of the weights in the optimizer, which steps on it and copies the result back (apex's O2, the first
-    seed article's recipe).
+    """Parameters, gradients, optimizer state and activations all in bfloat16; with ``master_weights``, an
+    fp32 copy of the weights in the optimizer, which steps on it and copies the result back (apex's O2, the
+    first seed article's recipe).
 
     Expected: without master weights, model states halve (AdamW: 16 → 8 bytes per parameter) and activations
     halve; updates smaller than bf16's resolution (8 bits of mantissa) are lost, so training can stall where
@@ -108,14 +116,17 @@ class PureBF16(Technique):
 
     axis = "precision"
     offers = (offer("bf16-pure", "bfloat16"),)
-    summary = ("everything in bfloat16; `master_weights = true`: the optimizer steps an fp32 copy of the weights and "
-               "rounds it back into the model (apex O2, the first seed article)")
+    summary = (
+        "everything in bfloat16; `master_weights = true`: the optimizer steps an fp32 copy of the weights "
+        "and rounds it back into the model (apex O2, the first seed article)"
+    )
     conflicts = frozenset({"amp"})
 
     @dataclass(frozen=True)
     class Config:
-        master_weights: bool = option(False, "the optimizer steps an fp32 copy of the weights and copies it back "
-                                             "(apex O2)")
+        master_weights: bool = option(
+            False, "the optimizer steps an fp32 copy of the weights and copies it back (apex O2)"
+        )
 
     @property
     def dtype(self) -> torch.dtype:
@@ -131,7 +142,9 @@ class PureBF16(Technique):
 
     def conflict(self, other: Technique) -> str | None:
         if self.masters and other.makes_optimizer:
-            return f"master_weights makes its own AdamW over the fp32 copy; {other.name} makes another optimizer"
+            return (
+                f"master_weights makes its own AdamW over the fp32 copy; {other.name} makes another optimizer"
+            )
         return None
 
     def unsupported(self, ctx: RunContext) -> str | None:
@@ -139,8 +152,10 @@ class PureBF16(Technique):
 
     def follows(self, earlier: Technique) -> str | None:
         if earlier.adapts:
-            return (f"listed after {earlier.name}, it would cast the adapters too: list {self.name} first, and give "
-                    f"{earlier.name} adapter_dtype (float32, PEFT's default under a 16-bit base, or base)")
+            return (
+                f"listed after {earlier.name}, it would cast the adapters too: list {self.name} first, and "
+                f"give {earlier.name} adapter_dtype (float32, PEFT's default under a 16-bit base, or base)"
+            )
         return None
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
@@ -187,8 +202,11 @@ class PureBF16(Technique):
 
     def proof(self, steps: int) -> dict[str, Any]:
         masters = sorted({str(m.dtype) for _, m in self.pairs})
-        return {"param_dtypes": ",".join(sorted({str(p.dtype) for p in self.model.parameters()})),
-                "master_dtypes": ",".join(masters) or "none", "master_params": len(self.pairs)}
+        return {
+            "param_dtypes": ",".join(sorted({str(p.dtype) for p in self.model.parameters()})),
+            "master_dtypes": ",".join(masters) or "none",
+            "master_params": len(self.pairs),
+        }
 
 
 @TECHNIQUES.register("fp16")
@@ -203,7 +221,9 @@ class PureFP16(PureBF16):
     """
 
     axis, offers = "", ()  # not its parent's place in the catalogue
-    not_advised = "float16 training needs loss scaling and can overflow; bf16-pure and amp-bf16 hold the same bytes"
+    not_advised = (
+        "float16 training needs loss scaling and can overflow; bf16-pure and amp-bf16 hold the same bytes"
+    )
     summary = "everything in float16, fp32 master weights and a `GradScaler` (apex O2; CUDA)"
     conflicts = frozenset({"amp", "bf16"})
     Config = NoOptions
@@ -217,7 +237,11 @@ class PureFP16(PureBF16):
         return True
 
     def unsupported(self, ctx: RunContext) -> str | None:
-        return None if ctx.cuda else "float16 training is a CUDA technique; CPU kernels for it are emulated and slow"
+        return (
+            None
+            if ctx.cuda
+            else "float16 training is a CUDA technique; CPU kernels for it are emulated and slow"
+        )
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self.scaler = torch.amp.GradScaler(ctx.device.type)

@@ -66,7 +66,11 @@ class CrossLayerSharing(Technique):
         return runs
 
     def proof(self, steps: int) -> dict[str, Any]:
-        return {"blocks_sharing": self.shared, "params_before": self.params_before, "params_after": self.params_after}
+        return {
+            "blocks_sharing": self.shared,
+            "params_before": self.params_before,
+            "params_after": self.params_after,
+        }
 
 
 class SharedBasisConv2d(nn.Module):
@@ -99,16 +103,22 @@ class SharedBasisConvolution(Technique):
     """
 
     changes = "replaced_convs"
-    not_advised = "shares a weight basis across layers: another model, whose accuracy must be established anew"
-    summary = ("ResNet: every 3×3 kernel of a stage a learned combination of `basis` kernels shared by the stage, "
-               "started from the SVD of the initial kernels")
+    not_advised = (
+        "shares a weight basis across layers: another model, whose accuracy must be established anew"
+    )
+    summary = (
+        "ResNet: every 3×3 kernel of a stage a learned combination of `basis` kernels shared by the stage, "
+        "started from the SVD of the initial kernels"
+    )
 
     @dataclass(frozen=True)
     class Config:
         basis: int = option(4, "basis kernels per stage (a 3×3 kernel has 9 degrees of freedom)")
 
     def problems(self, batch_size: int) -> list[str]:
-        return [] if 1 <= self.config.basis < 9 else [f"basis must be between 1 and 8, got {self.config.basis}"]
+        return (
+            [] if 1 <= self.config.basis < 9 else [f"basis must be between 1 and 8, got {self.config.basis}"]
+        )
 
     def unsupported(self, ctx: RunContext) -> str | None:
         return None if ctx.model_spec.family == "resnet" else "only ResNet's stages have 3×3 convolutions"
@@ -117,10 +127,15 @@ class SharedBasisConvolution(Technique):
         self.params_before = sum(p.numel() for p in model.parameters())
         self.replaced = 0
         for stage in ("layer1", "layer2", "layer3", "layer4"):
-            convs = [(n, m) for n, m in model.get_submodule(stage).named_modules()
-                     if isinstance(m, nn.Conv2d) and m.kernel_size == (3, 3)]
+            convs = [
+                (n, m)
+                for n, m in model.get_submodule(stage).named_modules()
+                if isinstance(m, nn.Conv2d) and m.kernel_size == (3, 3)
+            ]
             kernels = torch.cat([m.weight.detach().flatten(0, 1).flatten(1) for _, m in convs])  # (N, 9)
-            basis = nn.Parameter(torch.linalg.svd(kernels, full_matrices=False).Vh[: self.config.basis].contiguous())
+            basis = nn.Parameter(
+                torch.linalg.svd(kernels, full_matrices=False).Vh[: self.config.basis].contiguous()
+            )
             for name, conv in convs:
                 parent, _, child = f"{stage}.{name}".rpartition(".")
                 setattr(model.get_submodule(parent), child, SharedBasisConv2d(conv, basis))
@@ -129,5 +144,8 @@ class SharedBasisConvolution(Technique):
         return model
 
     def proof(self, steps: int) -> dict[str, Any]:
-        return {"replaced_convs": self.replaced, "params_before": self.params_before,
-                "params_after": self.params_after}
+        return {
+            "replaced_convs": self.replaced,
+            "params_before": self.params_before,
+            "params_after": self.params_after,
+        }

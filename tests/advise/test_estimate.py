@@ -38,11 +38,26 @@ def test_plans_priced_by_another_models_record_or_by_nothing_rank_after_the_rest
 
 
 def record(suite, run, model, device, techniques, sps, accuracy=None, **extra):
-    spec = {"techniques": [{"name": n, "options": [list(kv) for kv in o.items()]} for n, o in techniques],
-            "gpu": {"batch_size": 8}, "cpu": {"batch_size": 4}, "mode": "train"}
-    return {"suite": suite, "run": run, "baseline": "baseline", "model": model, "device": device,
-            "device_type": "cpu", "status": "ok", "spec": spec, "samples_per_s": sps, "accuracy": accuracy,
-            "step_time_ms_median": 1000 / sps, **extra}
+    spec = {
+        "techniques": [{"name": n, "options": [list(kv) for kv in o.items()]} for n, o in techniques],
+        "gpu": {"batch_size": 8},
+        "cpu": {"batch_size": 4},
+        "mode": "train",
+    }
+    return {
+        "suite": suite,
+        "run": run,
+        "baseline": "baseline",
+        "model": model,
+        "device": device,
+        "device_type": "cpu",
+        "status": "ok",
+        "spec": spec,
+        "samples_per_s": sps,
+        "accuracy": accuracy,
+        "step_time_ms_median": 1000 / sps,
+        **extra,
+    }
 
 
 def write(folder, records):
@@ -53,13 +68,16 @@ def write(folder, records):
 
 
 def test_evidence_prefers_the_same_model_and_reads_accuracy_of_that_model_only(tmp_path):
-    write(tmp_path, [
-        record("a", "baseline", "bert-base", "cpu-x", [], 10.0, 0.90),
-        record("a", "ckpt", "bert-base", "cpu-x", [("checkpoint", {"every": 1})], 7.0, 0.90),
-        record("a", "amp", "bert-base", "cpu-x", [("amp", {"dtype": "bfloat16"})], 15.0, 0.85),
-        record("b", "baseline", "resnet50", "cpu-x", [], 20.0, 0.5),
-        record("b", "ckpt", "resnet50", "cpu-x", [("checkpoint", {})], 10.0, 0.1),
-    ])
+    write(
+        tmp_path,
+        [
+            record("a", "baseline", "bert-base", "cpu-x", [], 10.0, 0.90),
+            record("a", "ckpt", "bert-base", "cpu-x", [("checkpoint", {"every": 1})], 7.0, 0.90),
+            record("a", "amp", "bert-base", "cpu-x", [("amp", {"dtype": "bfloat16"})], 15.0, 0.85),
+            record("b", "baseline", "resnet50", "cpu-x", [], 20.0, 0.5),
+            record("b", "ckpt", "resnet50", "cpu-x", [("checkpoint", {})], 10.0, 0.1),
+        ],
+    )
     evidence = Evidence(tmp_path, "train")
     ckpt = canonical([TechniqueSpec("checkpoint")])
     assert ckpt == canonical([TechniqueSpec("checkpoint", (("every", 1),))]) == frozenset({"checkpoint"})
@@ -74,12 +92,16 @@ def test_evidence_prefers_the_same_model_and_reads_accuracy_of_that_model_only(t
 
 
 def test_a_dtypes_speed_on_a_cpu_comes_from_that_very_cpu_only(tmp_path):
-    # The same processor name with and without AVX-512: bf16 was 1.7x faster on one and 15x slower on the other.
-    write(tmp_path, [
-        record("a", "baseline", "bert-base", "epyc-avx512", [], 10.0),
-        record("a", "amp", "bert-base", "epyc-avx512", [("amp", {"dtype": "bfloat16"})], 17.0),
-        record("a", "ckpt", "bert-base", "epyc-avx512", [("checkpoint", {})], 7.0),
-    ])
+    # The same processor name with and without AVX-512: bf16 was 1.7x faster on one and 15x slower on the
+    # other.
+    write(
+        tmp_path,
+        [
+            record("a", "baseline", "bert-base", "epyc-avx512", [], 10.0),
+            record("a", "amp", "bert-base", "epyc-avx512", [("amp", {"dtype": "bfloat16"})], 17.0),
+            record("a", "ckpt", "bert-base", "epyc-avx512", [("checkpoint", {})], 7.0),
+        ],
+    )
     amp, ckpt = canonical([TechniqueSpec("amp")]), canonical([TechniqueSpec("checkpoint")])
     here = Evidence(tmp_path, "train", device="epyc-avx2")
     assert here.speed(amp, "bert-base", "cpu", dtype=True) is None

@@ -1,5 +1,5 @@
-"""The catalogue on axes: which options a model gets, how many plans they make, and the loader's own verdict on
-each combination."""
+"""The catalogue on axes: which options a model gets, how many plans they make, and the loader's own verdict
+on each combination."""
 
 from bench.advise.plans import Plan, axes, combinations, problems
 from bench.advise.source import source
@@ -14,8 +14,14 @@ def test_a_vision_model_gets_no_loss_axis_and_accumulation_only_where_it_divides
     found = names(axes(resolve("resnet-tiny"), "train", 1, batch=12))
     assert "loss" not in found and "sharding" not in found
     assert found["accumulation"] == ["accumulate-2", "accumulate-4"]  # 8 does not divide 12
-    assert found["activations"] == ["activation-offload", "checkpoint-every-2", "checkpoint", "offload",
-                                    "selective-checkpoint"]  # by technique name, each one's offers in its order
+    assert found["activations"] == [
+        "activation-offload",
+        "checkpoint-every-2",
+        "checkpoint",
+        "offload",
+        # by technique name, each one's offers in its order
+        "selective-checkpoint",
+    ]
 
 
 def test_a_language_model_gets_chunked_loss_and_processes_get_a_required_sharding_axis():
@@ -28,13 +34,17 @@ def test_a_language_model_gets_chunked_loss_and_processes_get_a_required_shardin
     expected = 4
     for a in found:
         expected *= len(a.choices) if not a.required else 1
-    assert len(plans) == expected and all(any(o.technique.name in ("ddp", "fsdp") for o in p.options) for p in plans)
+    assert len(plans) == expected and all(
+        any(o.technique.name in ("ddp", "fsdp") for o in p.options) for p in plans
+    )
 
 
 def test_inference_has_its_own_axes():
     assert names(axes(resolve("bert-tiny"), "inference", 1, batch=8)) == {
-        "precision": ["amp-bf16", "half-fp16", "half-bf16"], "quantization": ["dynamic-int8"],
-        "autograd": ["inference-mode"]}
+        "precision": ["amp-bf16", "half-fp16", "half-bf16"],
+        "quantization": ["dynamic-int8"],
+        "autograd": ["inference-mode"],
+    }
 
 
 def test_the_loader_says_which_combinations_cannot_run(tmp_path):
@@ -54,4 +64,5 @@ def test_a_suites_name_is_taken_where_a_model_is_asked_for():
 
     src = source("resnet", None, None, "cuda")
     assert src.origin == "suites/resnet.toml" and src.template.model == "resnet50"
-    assert source("resnet50", None, None, "cuda").template.model == "resnet50"  # a model's name stays a model's
+    # a model's name stays a model's
+    assert source("resnet50", None, None, "cuda").template.model == "resnet50"

@@ -48,10 +48,14 @@ def test_saved_hugging_face_datasets_images_and_token_ids(tmp_path):
     datasets = pytest.importorskip("datasets")
     images = [Image.new("RGB", (8, 8), color=(i * 20, 0, 0)) for i in range(6)]
     image_ds = datasets.Dataset.from_dict({"image": images, "label": [0, 1, 0, 1, 0, 1]})
-    datasets.DatasetDict({"train": image_ds, "test": image_ds.select(range(2))}).save_to_disk(tmp_path / "img")
+    datasets.DatasetDict({"train": image_ds, "test": image_ds.select(range(2))}).save_to_disk(
+        tmp_path / "img"
+    )
     train, test = real.load(f"hf:{tmp_path / 'img'}", "image", 16)
     assert train.inputs.shape == (6, 3, 16, 16) and len(test) == 2
-    tokens = datasets.Dataset.from_dict({"input_ids": [[1, 5, 6], [1, 7], [1, 8, 9, 4]] * 2, "labels": [0, 1, 2] * 2})
+    tokens = datasets.Dataset.from_dict(
+        {"input_ids": [[1, 5, 6], [1, 7], [1, 8, 9, 4]] * 2, "labels": [0, 1, 2] * 2}
+    )
     tokens.save_to_disk(tmp_path / "tok")
     train, test = real.load(f"hf:{tmp_path / 'tok'}", "tokens", 16)
     assert train.inputs.shape[1] == 4 and len(train) + len(test) == 6
@@ -59,10 +63,13 @@ def test_saved_hugging_face_datasets_images_and_token_ids(tmp_path):
         real.load(f"hf:{tmp_path / 'img'}", "tokens", 16)
 
 
-@pytest.mark.parametrize("source, message", [
-    ("mnist", "expected 'digits', 'imagefolder:PATH' or 'hf:PATH'"),
-    ("imagefolder:/nonexistent", "no such folder"),
-])
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ("mnist", "expected 'digits', 'imagefolder:PATH' or 'hf:PATH'"),
+        ("imagefolder:/nonexistent", "no such folder"),
+    ],
+)
 def test_unusable_sources_say_what_to_fix(source, message):
     with pytest.raises(real.DataError, match=message):
         real.load(source, "image", 8)

@@ -19,7 +19,11 @@ def test_distributions_draw_within_their_bounds():
     drawn = varlen.parse("lognormal:18:1.27:128").sample(2000, g)
     assert min(drawn) >= 1 and max(drawn) == 128 and 14 <= sorted(drawn)[1000] <= 22  # median about 18
     lengths = varlen.sequences(varlen.parse("digits"), MODELS.get("bert-tiny"), 0, 0).lengths
-    assert (min(lengths), max(lengths), len(lengths)) == (17, 43, 1797) == (17, varlen.parse("digits").maximum, 1797)
+    assert (
+        (min(lengths), max(lengths), len(lengths))
+        == (17, 43, 1797)
+        == (17, varlen.parse("digits").maximum, 1797)
+    )
 
 
 def test_a_local_tokenised_dataset_gives_its_rows_without_padding(tmp_path):
@@ -28,7 +32,11 @@ def test_a_local_tokenised_dataset_gives_its_rows_without_padding(tmp_path):
     lengths = varlen.parse(f"hf:{tmp_path / 'tok'}")
     data = varlen.sequences(lengths, MODELS.get("bert-tiny"), 0, 0)
     assert lengths.maximum == 5 and sorted(data.lengths) == [2, 3, 5]
-    assert sorted((s.tolist(), y) for s, y in data.samples) == [([4, 4, 4, 4, 4], 2), ([5, 6, 7], 1), ([8, 9], 0)]
+    assert sorted((s.tolist(), y) for s, y in data.samples) == [
+        ([4, 4, 4, 4, 4], 2),
+        ([5, 6, 7], 1),
+        ([8, 9], 0),
+    ]
 
 
 SUITE = """

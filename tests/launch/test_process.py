@@ -64,9 +64,12 @@ def test_a_crash_or_a_hang_is_a_status_under_either_launcher(launcher, monkeypat
     monkeypatch.setenv("BENCH_TEST_SLEEP", "60")
     monkeypatch.setenv("BENCH_TEST_PID_FILE", str(tmp_path / "pid"))
     hung = run_isolated(spec(techniques=(tech("tests.helpers:Sleep"),), timeout_s=3.0), CPU, kind=launcher)
-    assert hung["status"] == "timeout" and hung["message"].startswith("stopped after 3 s in its predicting its peak")
+    assert hung["status"] == "timeout" and hung["message"].startswith(
+        "stopped after 3 s in its predicting its peak"
+    )
     assert "running the same command again retries it, and --timeout SECONDS" in hung["message"]
-    with pytest.raises(ProcessLookupError):  # stopped at its time: the sleeping process is gone, not waited for
+    # stopped at its time: the sleeping process is gone, not waited for
+    with pytest.raises(ProcessLookupError):
         os.kill(int((tmp_path / "pid").read_text()), 0)
 
 
@@ -90,14 +93,28 @@ def test_a_forked_child_can_use_the_gpu_and_starts_with_zeroed_peaks():
 def test_the_offline_wheel_script_installs_a_wheel_folder_into_a_target(tmp_path):
     wheels, site = tmp_path / "wheels", tmp_path / "site"
     _tiny_wheel(wheels, "benchdemo", "0.1")
-    env = {"OFFLINE_WHEELS": str(wheels), "OFFLINE_SITE": str(site), "OFFLINE_PACKAGES": "benchdemo==0.1",
-           "PATH": "/usr/bin:/bin"}
-    done = subprocess.run(["scripts/offline-wheels", "install", sys.executable], env=env, capture_output=True,
-                          text=True, timeout=120)
+    env = {
+        "OFFLINE_WHEELS": str(wheels),
+        "OFFLINE_SITE": str(site),
+        "OFFLINE_PACKAGES": "benchdemo==0.1",
+        "PATH": "/usr/bin:/bin",
+    }
+    done = subprocess.run(
+        ["scripts/offline-wheels", "install", sys.executable],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert (site / "benchdemo" / "__init__.py").read_text() == "VERSION = '0.1'\n"
-    again = subprocess.run(["scripts/offline-wheels", "install", sys.executable], capture_output=True, text=True,
-                           env=env | {"PYTHONPATH": str(site), "OFFLINE_SITE": str(tmp_path / "other")}, timeout=120)
+    again = subprocess.run(
+        ["scripts/offline-wheels", "install", sys.executable],
+        capture_output=True,
+        text=True,
+        env=env | {"PYTHONPATH": str(site), "OFFLINE_SITE": str(tmp_path / "other")},
+        timeout=120,
+    )
     assert "has every optional package already" in again.stdout  # the host's own copy is never shadowed
 
 
@@ -106,9 +123,11 @@ def _tiny_wheel(folder, name: str, version: str) -> None:
 
     folder.mkdir()
     info = f"{name}-{version}.dist-info"
-    files = {f"{name}/__init__.py": f"VERSION = '{version}'\n",
-             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files = {
+        f"{name}/__init__.py": f"VERSION = '{version}'\n",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
     files[f"{info}/RECORD"] = "".join(f"{p},,\n" for p in files) + f"{info}/RECORD,,\n"
     with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as whl:
         for path, text in files.items():
@@ -123,15 +142,23 @@ def test_a_long_run_says_its_phase_at_least_every_heartbeat(monkeypatch):
     record = run_isolated(spec(techniques=(tech("tests.helpers:Sleep"),)), CPU, heartbeat=said.append)
     assert record["status"] == "ok" and len(said) >= 2
     # the phase and the time so far (the technique sleeps where it is applied: its prediction and its build)
-    phases = r"(starting.*|predicting its peak|building the model|warm-up|instrumented step \(memory\)|timed steps.*)"
+    phases = (
+        r"(starting.*|predicting its peak|building the model|warm-up|instrumented step \(memory\)"
+        r"|timed steps.*)"
+    )
     assert all(re.fullmatch(phases + r" \(\dm\d\ds\)", s) for s in said), said
-    assert any(s.startswith("building the model") for s in said) and any(s.startswith("predicting") for s in said)
+    assert any(s.startswith("building the model") for s in said) and any(
+        s.startswith("predicting") for s in said
+    )
 
 
 @pytest.mark.fault("resources")
 def test_a_fidelity_phase_cut_short_keeps_what_was_measured_before_it():
-    run = spec(techniques=(tech("tests.helpers:DiesInFidelity"),), batch_size=2,
-               fidelity_cpu=Fidelity(steps=2, seeds=1, batch_size=8))
+    run = spec(
+        techniques=(tech("tests.helpers:DiesInFidelity"),),
+        batch_size=2,
+        fidelity_cpu=Fidelity(steps=2, seeds=1, batch_size=8),
+    )
     record = run_isolated(run, CPU)
     assert record["status"] == "ok" and record["peak_tensor_bytes"] > 0 and record["samples_per_s"] > 0
     assert record["fidelity_error"] == "error: run process died: killed by signal SIGKILL"
@@ -157,8 +184,9 @@ def test_a_run_whose_sweep_has_gone_does_not_start(gone, tmp_path):
     dead.wait()
     env = {launch.SWEEP_PID: str(dead.pid if gone == "the sweep" else os.getpid())}
     log = tmp_path / ("stderr.txt" if gone == "the sweep" else "gone/stderr.txt")
-    child = multiprocessing.get_context("fork").Process(target=launch._child, args=(["bench.worker", "x", "y"], env,
-                                                                                     str(log)))
+    child = multiprocessing.get_context("fork").Process(
+        target=launch._child, args=(["bench.worker", "x", "y"], env, str(log))
+    )
     child.start()
     child.join(timeout=60)
     assert child.exitcode == 0 and not log.exists()  # it left at once: nothing run, nothing written

@@ -47,9 +47,10 @@ def test_each_run_is_a_job_and_the_sweep_resumes_as_a_local_one(tmp_path):
     stored = results.load_records(root / "jobs")
     assert {r["run"] for r in stored} == {"baseline", "checkpoint"}
     # The key is the one a local `bench run` on that node would compute: the sweep resumes across launchers.
-    assert all(r["run_key"] == s.measured_key(r["device"], "cpu")
-               for r, s in zip(sorted(stored, key=lambda r: r["run"]),
-                                                                     suite.runs))
+    assert all(
+        r["run_key"] == s.measured_key(r["device"], "cpu")
+        for r, s in zip(sorted(stored, key=lambda r: r["run"]), suite.runs)
+    )
     again = sweep(suite, slurm, root)
     assert [r["stored_at"] for r in again] == [r["stored_at"] for r in records]  # kept, not resubmitted
     here = sweep(suite, Local(detect("cpu")), root)  # the node is this machine: a local sweep keeps them too
@@ -65,22 +66,31 @@ def test_each_run_is_a_job_and_the_sweep_resumes_as_a_local_one(tmp_path):
 
 def test_slurm_options_parse_to_executor_parameters():
     assert parse_options("partition=gpu, gpus_per_node=8,timeout_min=60") == {
-        "partition": "gpu", "gpus_per_node": 8, "timeout_min": 60}
+        "partition": "gpu",
+        "gpus_per_node": 8,
+        "timeout_min": 60,
+    }
     with pytest.raises(ValueError, match="key=value"):
         parse_options("partition")
 
 
-def test_slurm_without_submitit_exits_2_with_the_install_hint_and_writes_nothing(tmp_path, monkeypatch, capsys):
+def test_slurm_without_submitit_exits_2_with_the_install_hint_and_writes_nothing(
+    tmp_path, monkeypatch, capsys
+):
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "submitit" else find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "submitit" else find_spec(name, *a)
+    )
     assert main(["run", "smoke", "--slurm", "cluster=local", "--results", str(tmp_path / "results")]) == 2
     assert "pip install -e '.[cluster]'" in capsys.readouterr().err
     assert not (tmp_path / "results").exists()
 
 
 def test_snapshot_with_slurm_exits_2_before_anything_is_submitted(tmp_path, capsys):
-    assert main(["run", "smoke", "--slurm", "cluster=local", "--snapshot", "--results", str(tmp_path / "r")]) == 2
+    assert (
+        main(["run", "smoke", "--slurm", "cluster=local", "--snapshot", "--results", str(tmp_path / "r")])
+        == 2
+    )
     assert "--snapshot does not go with --slurm" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
 
@@ -93,8 +103,11 @@ def test_a_job_that_fails_on_its_node_says_why_in_the_record(tmp_path):
         pytest.skip("the job's failure here is a CUDA node without a card")
     (tmp_path / "jobs.toml").write_text(SUITE)
     suite = select(load(tmp_path / "jobs.toml"), ["baseline"])
-    records = sweep(suite, Slurm("cuda", tmp_path / ".submitit", {"cluster": "local", "timeout_min": 5}),
-                    tmp_path / "results")
+    records = sweep(
+        suite,
+        Slurm("cuda", tmp_path / ".submitit", {"cluster": "local", "timeout_min": 5}),
+        tmp_path / "results",
+    )
     [failed] = records
     assert failed["status"] == "error" and failed["device"] == "unknown"  # it died before it knew its device
     assert "RuntimeError: Found no NVIDIA driver" in failed["message"], failed["message"]
@@ -108,10 +121,12 @@ class DiedJob:
     paths = SimpleNamespace(stderr=Path("/jobs/4242_0_log.err"))
 
     def result(self):
-        raise RuntimeError("Job (task=0) failed during processing with trace:\n----------------------\nTraceback "
-                           "(most recent call last):\n  File \"x\", line 1, in f\nTimeoutError: DUE TO TIME LIMIT\n"
-                           "\n----------------------\nYou can check full logs with 'job.stderr(0)' and "
-                           "'job.stdout(0)'or at paths:\n  - /jobs/4242_0_log.err\n  - /jobs/4242_0_log.out")
+        raise RuntimeError(
+            "Job (task=0) failed during processing with trace:\n----------------------\nTraceback "
+            '(most recent call last):\n  File "x", line 1, in f\nTimeoutError: DUE TO TIME LIMIT\n'
+            "\n----------------------\nYou can check full logs with 'job.stderr(0)' and "
+            "'job.stdout(0)'or at paths:\n  - /jobs/4242_0_log.err\n  - /jobs/4242_0_log.out"
+        )
 
     def stdout(self):
         return f"submitit INFO - Starting\n{ON_DEVICE}NVIDIA H100 80GB HBM3\n"
@@ -123,4 +138,7 @@ def test_a_job_that_dies_after_finding_its_device_is_filed_under_that_device(tmp
     spec = load(tmp_path / "jobs.toml").runs[0]
     record = _collect(spec, DiedJob())
     assert record["device"] == "NVIDIA H100 80GB HBM3"
-    assert record["message"] == "slurm job 4242 failed: TimeoutError: DUE TO TIME LIMIT (log: /jobs/4242_0_log.err)"
+    assert (
+        record["message"]
+        == "slurm job 4242 failed: TimeoutError: DUE TO TIME LIMIT (log: /jobs/4242_0_log.err)"
+    )

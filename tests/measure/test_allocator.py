@@ -1,4 +1,5 @@
-"""The caching allocator's rules, one hand-worked sequence each, as c10/cuda/CUDACachingAllocator.cpp applies them."""
+"""The caching allocator's rules, one hand-worked sequence each, as c10/cuda/CUDACachingAllocator.cpp applies
+them."""
 
 import pytest
 
@@ -24,7 +25,7 @@ def test_a_large_request_under_10_mib_takes_a_20_mib_segment_that_four_of_5_mib_
     assert (a.reserved, len(a.segments)) == (40 * MiB, 2)
 
 
-def test_a_request_of_10_mib_or_more_takes_its_size_rounded_to_2_mib_and_a_block_left_by_1_mib_or_less_is_not_split():
+def test_a_request_of_10_mib_or_more_takes_its_size_rounded_to_2_mib_and_a_1_mib_rest_is_not_split():
     a = CachingAllocator()
     a.malloc(1, 11 * MiB)
     assert a.reserved == 12 * MiB
@@ -40,7 +41,8 @@ def test_freed_neighbours_merge_and_the_smallest_free_block_that_fits_is_taken()
     a.free(1)
     a.free(0)  # merges with the free block after it: 10 MiB at 0
     a.malloc(3, 9 * MiB)
-    assert (a.reserved, a.largest_free()) == (20 * MiB, 5 * MiB)  # 9 of the merged 10 (1 MiB left unsplit), 15-20
+    # 9 of the merged 10 (1 MiB left unsplit), 15-20
+    assert (a.reserved, a.largest_free()) == (20 * MiB, 5 * MiB)
     a.malloc(4, 4 * MiB)  # the 5 MiB block at 15 is the best fit, taken whole (1 MiB left is not split off)
     assert (a.allocated, a.largest_free()) == (20 * MiB, 0)
 

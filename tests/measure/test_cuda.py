@@ -31,40 +31,52 @@ def test_cuda_event_timing_returns_one_positive_time_per_step():
 
 
 def test_isolated_cuda_run_records_allocator_figures_and_bf16_autocast():
-    record = run_isolated(spec("vit-tiny", (tech("amp", dtype="bfloat16"),), batch_size=32, image_size=64),
-                          Device("cuda", torch.cuda.get_device_name(0)))
+    record = run_isolated(
+        spec("vit-tiny", (tech("amp", dtype="bfloat16"),), batch_size=32, image_size=64),
+        Device("cuda", torch.cuda.get_device_name(0)),
+    )
     assert record["status"] == "ok", record
-    assert record["peak_allocated_bytes"] > 0 and record["peak_reserved_bytes"] >= record["peak_allocated_bytes"]
+    assert (
+        record["peak_allocated_bytes"] > 0 and record["peak_reserved_bytes"] >= record["peak_allocated_bytes"]
+    )
     assert record["proof"]["output_dtype"] == "torch.bfloat16"
     assert record["cuda_version"] and record["tf32_matmul"] in (True, False)
 
 
 def test_fp16_with_grad_scaler_runs_on_cuda():
-    record = run_isolated(spec("vit-tiny", (tech("amp", dtype="float16"),), batch_size=16, image_size=32),
-                          Device("cuda", torch.cuda.get_device_name(0)))
+    record = run_isolated(
+        spec("vit-tiny", (tech("amp", dtype="float16"),), batch_size=16, image_size=32),
+        Device("cuda", torch.cuda.get_device_name(0)),
+    )
     assert record["status"] == "ok", record
     assert record["proof"]["amp.grad_scaler"] is True
 
 
 def test_out_of_memory_on_cuda_is_recorded_as_oom():
-    record = run_isolated(spec(techniques=(tech("tests.helpers:AllocateTooMuch"),)),
-                          Device("cuda", torch.cuda.get_device_name(0)))
+    record = run_isolated(
+        spec(techniques=(tech("tests.helpers:AllocateTooMuch"),)),
+        Device("cuda", torch.cuda.get_device_name(0)),
+    )
     assert record["status"] == "oom", record
 
 
 def test_fp8_converts_linear_layers_on_hopper():
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("FP8 needs compute capability 8.9+")
-    record = run_isolated(spec("bert-tiny", (tech("fp8"),), batch_size=16, seq_len=64),
-                          Device("cuda", torch.cuda.get_device_name(0)))
+    record = run_isolated(
+        spec("bert-tiny", (tech("fp8"),), batch_size=16, seq_len=64),
+        Device("cuda", torch.cuda.get_device_name(0)),
+    )
     assert record["status"] in ("ok", "unsupported"), record  # unsupported: no torchao on the host
     if record["status"] == "ok":
         assert record["proof"]["fp8.float8_linears"] > 0
 
 
 def test_offload_moves_saved_tensors_to_the_host():
-    record = run_isolated(spec("vit-tiny", (tech("offload"),), batch_size=32, image_size=64),
-                          Device("cuda", torch.cuda.get_device_name(0)))
+    record = run_isolated(
+        spec("vit-tiny", (tech("offload"),), batch_size=32, image_size=64),
+        Device("cuda", torch.cuda.get_device_name(0)),
+    )
     assert record["status"] == "ok", record
     assert record["proof"]["offload.tensors_offloaded_per_step"] > 0
     # What forward leaves on the device (the logits) and backward's peak, as bench predict counts them
@@ -73,26 +85,32 @@ def test_offload_moves_saved_tensors_to_the_host():
 
 
 def test_autocast_is_predicted_by_cudas_op_lists():
-    """ConvNeXt's layer norms take bf16 convolution outputs, which CUDA's autocast runs in float32 (CPU's would
-    not): what forward keeps is predicted to the byte."""
-    record = run_isolated(spec("tests.helpers:CONVNEXT", (tech("amp"),), batch_size=8, image_size=64),
-                          Device("cuda", torch.cuda.get_device_name(0)))
+    """ConvNeXt's layer norms take bf16 convolution outputs, which CUDA's autocast runs in float32 (CPU's
+    would not): what forward keeps is predicted to the byte."""
+    record = run_isolated(
+        spec("tests.helpers:CONVNEXT", (tech("amp"),), batch_size=8, image_size=64),
+        Device("cuda", torch.cuda.get_device_name(0)),
+    )
     assert record["status"] == "ok", record
     assert record["activation_bytes"] == record["predicted_activation_bytes"]
 
 
 def test_inference_run_on_cuda_in_half_precision_with_inference_mode():
     techniques = (tech("half", dtype="float16"), tech("inference-mode"))
-    record = run_isolated(spec("vit-tiny", techniques, batch_size=64, image_size=64, mode="inference"),
-                          Device("cuda", torch.cuda.get_device_name(0)))
+    record = run_isolated(
+        spec("vit-tiny", techniques, batch_size=64, image_size=64, mode="inference"),
+        Device("cuda", torch.cuda.get_device_name(0)),
+    )
     assert record["status"] == "ok", record
     assert record["proof"]["output_dtype"] == "torch.float16" and record["proof"]["inference_tensors"] is True
     assert record["optimizer_state_bytes"] == 0 and record["peak_allocated_bytes"] > record["param_bytes"]
 
 
 def test_expandable_segments_reach_the_run_process():
-    record = run_isolated(spec("vit-tiny", (tech("allocator", conf="expandable_segments:True"),), batch_size=16),
-                          Device("cuda", torch.cuda.get_device_name(0)))
+    record = run_isolated(
+        spec("vit-tiny", (tech("allocator", conf="expandable_segments:True"),), batch_size=16),
+        Device("cuda", torch.cuda.get_device_name(0)),
+    )
     assert record["status"] == "ok", record
     assert record["allocator_conf"] == "expandable_segments:True"
 
@@ -101,6 +119,8 @@ def test_snapshot_of_the_instrumented_step_is_saved_for_memory_viz(tmp_path):
     import pickle
 
     path = tmp_path / "run.snapshot.pickle"
-    record = run_isolated(spec("vit-tiny", batch_size=16), Device("cuda", torch.cuda.get_device_name(0)), path)
+    record = run_isolated(
+        spec("vit-tiny", batch_size=16), Device("cuda", torch.cuda.get_device_name(0)), path
+    )
     assert record["status"] == "ok", record
     assert record["snapshot"] == path.name and pickle.loads(path.read_bytes())["segments"]

@@ -30,7 +30,8 @@ def test_a_tensor_marked_as_on_the_host_is_not_counted():
 
 
 def test_stepping_aside_leaves_what_the_block_makes_uncounted_but_still_counts_what_it_frees():
-    """Compiled code cannot run under a dispatch mode, so the tracker steps aside for it (torchao's update)."""
+    """Compiled code cannot run under a dispatch mode, so the tracker steps aside for it (torchao's
+    update)."""
     tracker = LiveBytes(CPU)
     with tracker:
         kept = torch.zeros(100)
@@ -60,9 +61,13 @@ def test_mlp_step_under_adam_matches_the_analytic_figures():
     # What was alive at that peak, exactly: the model states, and two temporaries the size of the first
     # weight (AdamW's per-parameter update); the activations were freed in backward.
     assert {k: v for k, v in figures.items() if k.startswith("at_peak_")} == {
-        "at_peak_parameters_bytes": params, "at_peak_buffers_bytes": 0, "at_peak_gradients_bytes": params,
-        "at_peak_optimizer_state_bytes": 2 * params + 16, "at_peak_activations_bytes": 0,
-        "at_peak_temporaries_bytes": 2 * 64 * 256 * 4}
+        "at_peak_parameters_bytes": params,
+        "at_peak_buffers_bytes": 0,
+        "at_peak_gradients_bytes": params,
+        "at_peak_optimizer_state_bytes": 2 * params + 16,
+        "at_peak_activations_bytes": 0,
+        "at_peak_temporaries_bytes": 2 * 64 * 256 * 4,
+    }
     assert sum(v for k, v in figures.items() if k.startswith("at_peak_")) == figures["peak_tensor_bytes"]
     x = torch.randn(32, 64)
     assert tensor_bytes([x, x[1:]]) == x.numel() * 4  # a view shares its tensor's storage
@@ -91,4 +96,5 @@ def test_cuda_overheads_split_context_from_cache_slack():
     figures = {"peak_allocated_bytes": 700, "peak_reserved_bytes": 1000, "nvml_process_bytes": 1500}
     assert overheads(figures) == {"cache_slack_bytes": 300, "context_bytes": 500}
     assert overheads({"peak_allocated_bytes": 1, "peak_reserved_bytes": 2, "nvml_process_bytes": None}) == {
-        "cache_slack_bytes": 1}
+        "cache_slack_bytes": 1
+    }

@@ -1,5 +1,6 @@
-"""Models from a Hugging Face config.json (``hf:PATH``): the shipped configs build at their published sizes, tiny
-ones train and predict to the byte on a CPU, and a config that cannot be read says which file and the fix."""
+"""Models from a Hugging Face config.json (``hf:PATH``): the shipped configs build at their published sizes,
+tiny ones train and predict to the byte on a CPU, and a config that cannot be read says which file and the
+fix."""
 
 import json
 import shutil
@@ -20,14 +21,19 @@ from tests.predict.test_fake import assert_predicted_exactly
 CONFIGS = "hf:suites/configs/"
 
 
-@pytest.mark.parametrize("name, task, params", [
-    # The parameter counts their model cards state (Llama-3.2: 1.24B and 3.21B; Qwen2.5-0.5B: 0.49B; Mistral-7B:
-    # 7.24B; ViT-L/16: 304M); BERT-large's 335M with a two-label head on its pooler.
-    ("llama-3.2-1b", "causal-lm", 1_235_814_400), ("llama-3.2-3b", "causal-lm", 3_212_749_824),
-    ("qwen2.5-0.5b", "causal-lm", 494_032_768), ("mistral-7b", "causal-lm", 7_241_732_096),
-    ("bert-large-uncased#sequence-classification", "sequence-classification", 335_143_938),
-    ("vit-large-patch16-224", "image-classification", 304_326_632),
-])
+@pytest.mark.parametrize(
+    "name, task, params",
+    [
+        # The parameter counts their model cards state (Llama-3.2: 1.24B and 3.21B; Qwen2.5-0.5B: 0.49B;
+        # Mistral-7B: 7.24B; ViT-L/16: 304M); BERT-large's 335M with a two-label head on its pooler.
+        ("llama-3.2-1b", "causal-lm", 1_235_814_400),
+        ("llama-3.2-3b", "causal-lm", 3_212_749_824),
+        ("qwen2.5-0.5b", "causal-lm", 494_032_768),
+        ("mistral-7b", "causal-lm", 7_241_732_096),
+        ("bert-large-uncased#sequence-classification", "sequence-classification", 335_143_938),
+        ("vit-large-patch16-224", "image-classification", 304_326_632),
+    ],
+)
 def test_the_shipped_configs_build_at_their_published_sizes(name, task, params):
     found = models.resolve(CONFIGS + name)
     assert hf._params(hf._config(CONFIGS + name), task) == params
@@ -35,12 +41,20 @@ def test_the_shipped_configs_build_at_their_published_sizes(name, task, params):
     assert found.objective == ("next-token" if task == "causal-lm" else "classify")
 
 
-@pytest.mark.parametrize("name, techniques", [
-    ("tiny-llama", ()), ("tiny-llama", (tech("checkpoint"),)), ("tiny-llama", (tech("chunked-loss"),)),
-    ("tiny-bert-classifier", ()), ("tiny-vit-classifier", (tech("accumulate", micro_batches=2),)),
-])
+@pytest.mark.parametrize(
+    "name, techniques",
+    [
+        ("tiny-llama", ()),
+        ("tiny-llama", (tech("checkpoint"),)),
+        ("tiny-llama", (tech("chunked-loss"),)),
+        ("tiny-bert-classifier", ()),
+        ("tiny-vit-classifier", (tech("accumulate", micro_batches=2),)),
+    ],
+)
 def test_a_tiny_config_trains_and_is_predicted_to_the_byte(name, techniques):
-    trainer = assert_predicted_exactly(spec(CONFIGS + name, techniques, batch_size=4, image_size=32, seq_len=32))
+    trainer = assert_predicted_exactly(
+        spec(CONFIGS + name, techniques, batch_size=4, image_size=32, seq_len=32)
+    )
     assert trainer.spec.blocks(trainer.model)  # its layers are found, for checkpointing and the rest
 
 
@@ -57,8 +71,10 @@ def test_a_suite_names_the_config_and_an_edit_to_it_measures_again(tmp_path):
     folder = tmp_path / "tiny"
     shutil.copytree("suites/configs/tiny-llama", folder)
     path = tmp_path / "mine.toml"
-    path.write_text(f'model = "hf:{folder}"\nbaseline = "baseline"\n[shapes.gpu]\nbatch_size = 2\nseq_len = 16\n'
-                    '[shapes.cpu]\nbatch_size = 2\nseq_len = 16\n[[runs]]\nname = "baseline"\ntechniques = []\n')
+    path.write_text(
+        f'model = "hf:{folder}"\nbaseline = "baseline"\n[shapes.gpu]\nbatch_size = 2\nseq_len = 16\n'
+        '[shapes.cpu]\nbatch_size = 2\nseq_len = 16\n[[runs]]\nname = "baseline"\ntechniques = []\n'
+    )
     run = load(path).runs[0]
     before = run.measured_key("cpu", "cpu")
     config = json.loads((folder / "config.json").read_text())
@@ -69,21 +85,35 @@ def test_a_suite_names_the_config_and_an_edit_to_it_measures_again(tmp_path):
         load(path)
 
 
-@pytest.mark.parametrize("name, bf16", [("tiny-llama", False), ("tiny-llama", True), ("tiny-bert-classifier", False)])
+@pytest.mark.parametrize(
+    "name, bf16", [("tiny-llama", False), ("tiny-llama", True), ("tiny-bert-classifier", False)]
+)
 def test_the_harness_holds_what_transformers_trainer_holds_in_its_training_step(name, bf16, tmp_path):
     # In bf16 the causal-LM loss upcasts the logits to float32: the harness's own cross-entropy did not.
     from transformers import Trainer, TrainingArguments
 
-    ours, batch = build_trainer(spec(CONFIGS + name, (tech("bf16"),) if bf16 else (), batch_size=4, seq_len=32))
+    ours, batch = build_trainer(
+        spec(CONFIGS + name, (tech("bf16"),) if bf16 else (), batch_size=4, seq_len=32)
+    )
     inputs, labels = batch
     model = build_trainer(spec(CONFIGS + name, batch_size=4, seq_len=32))[0].model
-    theirs = Trainer(model=model.to(torch.bfloat16) if bf16 else model, args=TrainingArguments(
-        output_dir=str(tmp_path), per_device_train_batch_size=4, optim="adamw_torch", learning_rate=1e-3,
-        use_cpu=True, report_to=[], save_strategy="no"))
+    theirs = Trainer(
+        model=model.to(torch.bfloat16) if bf16 else model,
+        args=TrainingArguments(
+            output_dir=str(tmp_path),
+            per_device_train_batch_size=4,
+            optim="adamw_torch",
+            learning_rate=1e-3,
+            use_cpu=True,
+            report_to=[],
+            save_strategy="no",
+        ),
+    )
     theirs.create_optimizer_and_scheduler(num_training_steps=10)
     theirs.current_gradient_accumulation_steps = 1  # what its train loop sets before each step
 
-    def their_step():  # the Trainer's own step (forward and backward), then its optimizer's, as its loop runs them
+    # the Trainer's own step (forward and backward), then its optimizer's, as its loop runs them
+    def their_step():
         theirs.training_step(theirs.model, dict(clone_batch(batch)[0]) | {"labels": labels.clone()})
         theirs.optimizer.step()
         theirs.optimizer.zero_grad(set_to_none=True)
@@ -92,5 +122,8 @@ def test_the_harness_holds_what_transformers_trainer_holds_in_its_training_step(
     their_step()
     measured = tracked_step(lambda: ours.step(clone_batch(batch)), ours.model, ours.optimizer, CPU)
     reference = tracked_step(their_step, theirs.model, theirs.optimizer, CPU)
-    assert abs(measured["peak_tensor_bytes"] / reference["peak_tensor_bytes"] - 1) < 0.01, (measured, reference)
+    assert abs(measured["peak_tensor_bytes"] / reference["peak_tensor_bytes"] - 1) < 0.01, (
+        measured,
+        reference,
+    )
     assert measured["peak_phase"] == reference["peak_phase"]

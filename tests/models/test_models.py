@@ -20,9 +20,14 @@ USER = "tests.helpers:IMAGE_MLP"  # a model of the user's, named by import path
 LM = "tests.helpers:TINY_LM"  # a causal language model of the user's
 
 
-@pytest.mark.parametrize("name, params, blocks", [
-    ("resnet50", 25_557_032, 16), ("vit-b16", 86_567_656, 12), ("bert-base", 109_489_930, 12),
-])
+@pytest.mark.parametrize(
+    "name, params, blocks",
+    [
+        ("resnet50", 25_557_032, 16),
+        ("vit-b16", 86_567_656, 12),
+        ("bert-base", 109_489_930, 12),
+    ],
+)
 def test_full_size_models_match_their_published_sizes(name, params, blocks):
     spec = MODELS.get(name)
     with torch.device("meta"):  # structure only: no memory, no init time
@@ -51,10 +56,16 @@ def test_synthetic_batches_are_reproducible_from_the_seed():
     assert torch.equal(a[0]["input_ids"], b[0]["input_ids"]) and torch.equal(a[1], b[1])
 
 
-@pytest.mark.parametrize("name, shapes", [
-    ("resnet50", Shapes(1, image_size=224)), ("vit-b16", Shapes(1, image_size=224)),
-    ("bert-base", Shapes(1, seq_len=128)), ("vit-tiny", Shapes(1, image_size=32)), ("bert-tiny", Shapes(1, seq_len=16)),
-])
+@pytest.mark.parametrize(
+    "name, shapes",
+    [
+        ("resnet50", Shapes(1, image_size=224)),
+        ("vit-b16", Shapes(1, image_size=224)),
+        ("bert-base", Shapes(1, seq_len=128)),
+        ("vit-tiny", Shapes(1, image_size=32)),
+        ("bert-tiny", Shapes(1, seq_len=16)),
+    ],
+)
 def test_blocks_found_in_the_module_tree_are_the_ones_the_registry_names(name, shapes):
     # The default for a user's model, checked against the hand-written lists of the built-in ones.
     spec = MODELS.get(name)
@@ -69,12 +80,15 @@ def test_a_users_model_is_named_by_import_path_and_its_blocks_found():
     assert spec.blocks(spec.build(Shapes(1, image_size=8))) == ["2.0", "2.1", "2.2"]
 
 
-@pytest.mark.parametrize("name, message", [
-    ("tests.helpers:NOPE", "cannot import model 'tests.helpers:NOPE': AttributeError"),
-    ("no_such_module:SPEC", "cannot import model 'no_such_module:SPEC': ModuleNotFoundError"),
-    ("tests.helpers:spec", "model 'tests.helpers:spec' is a function, not a bench.models.ModelSpec"),
-    ("resnet-51", "unknown model 'resnet-51' (did you mean 'resnet50'?); known: bert-base"),
-])
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("tests.helpers:NOPE", "cannot import model 'tests.helpers:NOPE': AttributeError"),
+        ("no_such_module:SPEC", "cannot import model 'no_such_module:SPEC': ModuleNotFoundError"),
+        ("tests.helpers:spec", "model 'tests.helpers:spec' is a function, not a bench.models.ModelSpec"),
+        ("resnet-51", "unknown model 'resnet-51' (did you mean 'resnet50'?); known: bert-base"),
+    ],
+)
 def test_a_model_that_cannot_be_resolved_says_why(name, message):
     with pytest.raises(KeyError, match=re.escape(message)):
         models.resolve(name)
@@ -105,7 +119,8 @@ def test_a_users_model_runs_in_its_own_process_with_its_blocks_checkpointed():
     assert record["status"] == "ok", record
     assert record["proof"]["checkpoint.wrapped_modules"] == 3
     assert record["proof"]["checkpoint.wrapped_names"] == "2.0, 2.1, 2.2"  # which ones, not only how many
-    assert record["proof"]["checkpoint.block_forwards_per_step"] == 2.0  # each block ran twice: really wrapped
+    # each block ran twice: really wrapped
+    assert record["proof"]["checkpoint.block_forwards_per_step"] == 2.0
 
 
 def test_lora_adapts_the_linears_named_on_a_users_model():
@@ -119,14 +134,21 @@ def test_lora_adapts_the_linears_named_on_a_users_model():
     assert proof["lora.trainable_params"] == head + adapters
 
 
-@pytest.mark.parametrize("technique, reason", [
-    (tech("sdpa"), "the model has no attention"),
-    (tech("lora"), "no default layers to adapt for this model: set targets"),
-    (tech("shared-basis"), "only ResNet's stages have 3×3 convolutions"),
-])
+@pytest.mark.parametrize(
+    "technique, reason",
+    [
+        (tech("sdpa"), "the model has no attention"),
+        (tech("lora"), "no default layers to adapt for this model: set targets"),
+        (tech("shared-basis"), "only ResNet's stages have 3×3 convolutions"),
+    ],
+)
 def test_techniques_that_need_a_layout_say_so_on_a_users_model(technique, reason):
     model_spec = models.resolve(USER)
-    assert build(technique).unsupported(RunContext(CPU, model_spec, Shapes(2, image_size=8), 1e-3)).startswith(reason)
+    assert (
+        build(technique)
+        .unsupported(RunContext(CPU, model_spec, Shapes(2, image_size=8), 1e-3))
+        .startswith(reason)
+    )
 
 
 def test_blocks_are_found_where_a_container_holds_a_run_of_one_class_among_others():

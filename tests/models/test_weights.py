@@ -31,7 +31,9 @@ def test_a_state_dict_file_replaces_every_tensor_and_is_recorded_with_its_digest
     torch.manual_seed(0)
     model, record = build_model(MODELS.get("resnet-tiny"), IMAGE, str(path))
     assert same(model.state_dict(), source, list(source))  # buffers too: BatchNorm's running statistics
-    assert record["weights_loaded"] == len(source) and record["weights_missing"] == record["weights_unused"] == 0
+    assert (
+        record["weights_loaded"] == len(source) and record["weights_missing"] == record["weights_unused"] == 0
+    )
     assert digest(str(path)) == hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
@@ -83,4 +85,5 @@ def test_a_run_records_the_weights_it_measured(tmp_path):
     assert record["status"] == "ok", record
     assert record["weights"] == str(path) and record["weights_loaded"] == len(torch.load(path))
     assert record["weights_sha256"] == digest(str(path))
-    assert run.key("cpu") != spec("resnet-tiny").key("cpu")  # other weights, another run: never resumed as one
+    # other weights, another run: never resumed as one
+    assert run.key("cpu") != spec("resnet-tiny").key("cpu")

@@ -40,17 +40,25 @@ def test_harness_step_is_as_fast_and_as_small_as_a_hand_written_loop(benchmark):
         hand_loop(model, optimizer, batch)
     ours, theirs = [], []
     for _ in range(ROUNDS):
-        for fn, times in ((lambda: trainer.step(batch), ours), (lambda: hand_loop(model, optimizer, batch), theirs)):
+        for fn, times in (
+            (lambda: trainer.step(batch), ours),
+            (lambda: hand_loop(model, optimizer, batch), theirs),
+        ):
             start = time.perf_counter()
             fn()
             times.append(time.perf_counter() - start)
-    ratio = statistics.median(t / o for t, o in zip(theirs, ours))  # throughput of the harness / the hand loop's
+    # throughput of the harness / the hand loop's
+    ratio = statistics.median(t / o for t, o in zip(theirs, ours))
     # Batches cloned inside the tracked step, as the worker does, so both count the batch alike.
-    peak = tracked_step(lambda: trainer.step(clone_batch(batch)), trainer.model, trainer.optimizer,
-                        CPU)["peak_tensor_bytes"]
-    hand = tracked_step(lambda: hand_loop(model, optimizer, clone_batch(batch)), model, optimizer,
-                        CPU)["peak_tensor_bytes"]
-    print(f"\nthroughput harness / hand loop: {ratio:.3f}; peak memory harness / hand loop: {peak / hand:.4f}")
+    peak = tracked_step(lambda: trainer.step(clone_batch(batch)), trainer.model, trainer.optimizer, CPU)[
+        "peak_tensor_bytes"
+    ]
+    hand = tracked_step(lambda: hand_loop(model, optimizer, clone_batch(batch)), model, optimizer, CPU)[
+        "peak_tensor_bytes"
+    ]
+    print(
+        f"\nthroughput harness / hand loop: {ratio:.3f}; peak memory harness / hand loop: {peak / hand:.4f}"
+    )
     benchmark.extra_info |= {"throughput_ratio": ratio, "peak_ratio": peak / hand}
     benchmark.pedantic(lambda: trainer.step(batch), rounds=5, iterations=1)
     assert peak == hand  # the harness adds nothing to what it measures

@@ -20,7 +20,8 @@ BF16, F32 = torch.bfloat16, torch.float32
 
 @contextmanager
 def autocast_on(device: str) -> Iterator[None]:
-    """bfloat16 autocast for ``device``, set directly: ``torch.autocast("cuda")`` turns itself off without a GPU."""
+    """bfloat16 autocast for ``device``, set directly: ``torch.autocast("cuda")`` turns itself off without a
+    GPU."""
     torch.set_autocast_enabled(device, True)
     torch.set_autocast_dtype(device, BF16)
     torch.autocast_increment_nesting()
@@ -33,9 +34,12 @@ def autocast_on(device: str) -> Iterator[None]:
 
 
 def on(device: str, call, emulate: bool = False):
-    """``call(make)`` under bf16 autocast on fake ``device`` tensors; ``make(shape, dtype)`` makes an input."""
+    """``call(make)`` under bf16 autocast on fake ``device`` tensors; ``make(shape, dtype)`` makes an
+    input."""
     with FakeTensorMode(), autocast.cuda_autocast() if emulate else nullcontext(), autocast_on(device):
-        return call(lambda *shape, dtype=F32: torch.empty(shape, dtype=dtype, device=device, requires_grad=True))
+        return call(
+            lambda *shape, dtype=F32: torch.empty(shape, dtype=dtype, device=device, requires_grad=True)
+        )
 
 
 def test_every_op_cudas_autocast_registers_has_a_rule():
@@ -44,24 +48,40 @@ def test_every_op_cudas_autocast_registers_has_a_rule():
 
 
 def test_every_rule_names_an_op_cudas_autocast_registers():
-    """Up to the two ops CUDA's lists gained after torch 2.11, the CUDA host's (a misspelt name would show)."""
-    ruled = {*autocast.LOWER, *autocast.FP32, *autocast.FP32_DTYPE, *autocast.PROMOTE, *autocast.BANNED,
-             *map(autocast._base, autocast.FP32_APPEND)}
-    assert ruled - set(map(autocast._base, autocast._registered("AutocastCUDA"))) <= {"rms_norm", "linalg_matrix_sqrth"}
+    """Up to the two ops CUDA's lists gained after torch 2.11, the CUDA host's (a misspelt name would
+    show)."""
+    ruled = {
+        *autocast.LOWER,
+        *autocast.FP32,
+        *autocast.FP32_DTYPE,
+        *autocast.PROMOTE,
+        *autocast.BANNED,
+        *map(autocast._base, autocast.FP32_APPEND),
+    }
+    assert ruled - set(map(autocast._base, autocast._registered("AutocastCUDA"))) <= {
+        "rms_norm",
+        "linalg_matrix_sqrth",
+    }
 
 
 CALLS = {  # one op or more of each rule, and ops only CPU's autocast casts
     "layer_norm": lambda t: F.layer_norm(t(4, 8, dtype=BF16), (8,), t(8), t(8)),
     "exp, pow": lambda t: (t(4, dtype=BF16).exp(), t(4, dtype=BF16).pow(2)),
-    "softmax, sum": lambda t: (F.softmax(t(4, 8, dtype=BF16), -1), t(4, dtype=BF16).sum(), t(4, 2, dtype=BF16).sum(1)),
+    "softmax, sum": lambda t: (
+        F.softmax(t(4, 8, dtype=BF16), -1),
+        t(4, dtype=BF16).sum(),
+        t(4, 2, dtype=BF16).sum(1),
+    ),
     "sum with a dtype": lambda t: t(4, dtype=BF16).sum(dtype=BF16),
     "norm": lambda t: (t(4, dtype=BF16).norm(), t(4, 2, dtype=BF16).norm(2, 1)),
     "einsum, mv": lambda t: (torch.einsum("ij,jk->ik", t(4, 8), t(8, 2)), torch.mv(t(4, 8), t(8))),
     "linear, conv": lambda t: (F.linear(t(4, 8), t(2, 8)), F.conv2d(t(1, 3, 8, 8), t(4, 3, 3, 3))),
     "addcmul": lambda t: torch.addcmul(t(4, dtype=BF16), t(4), t(4, dtype=BF16)),
     "cross_entropy": lambda t: F.cross_entropy(t(4, 10, dtype=BF16), t(4, 10)),  # CPU's own rule, not CUDA's
-    "avg_pool3d, stack": lambda t: (F.avg_pool3d(t(1, 2, 4, 4, 4, dtype=BF16), 2),
-                                    torch.stack([t(2), t(2, dtype=BF16)])),
+    "avg_pool3d, stack": lambda t: (
+        F.avg_pool3d(t(1, 2, 4, 4, 4, dtype=BF16), 2),
+        torch.stack([t(2), t(2, dtype=BF16)]),
+    ),
 }
 
 
@@ -119,8 +139,9 @@ def saved_for_backward(device: str, emulate: bool = False) -> Counter:
         for module in model.modules():
             for name, p in module._parameters.items():
                 module._parameters[name] = torch.nn.Parameter(t(*p.shape).detach())
-        with torch.autograd.graph.saved_tensors_hooks(lambda s: kept.update([(tuple(s.shape), s.dtype)]) or s,
-                                                      lambda s: s):
+        with torch.autograd.graph.saved_tensors_hooks(
+            lambda s: kept.update([(tuple(s.shape), s.dtype)]) or s, lambda s: s
+        ):
             model(t(2, 3, 32, 32))
 
     on(device, forward, emulate)
@@ -128,10 +149,12 @@ def saved_for_backward(device: str, emulate: bool = False) -> Counter:
 
 
 def test_convnext_keeps_for_backward_what_cudas_autocast_keeps():
-    """ConvNeXt's layer norms take a 16-bit convolution's output. CUDA's autocast runs them in float32, so each
-    keeps a float32 copy of its input (and float32 statistics) where CPU's would keep the 16-bit input."""
+    """ConvNeXt's layer norms take a 16-bit convolution's output. CUDA's autocast runs them in float32, so
+    each keeps a float32 copy of its input (and float32 statistics) where CPU's would keep the 16-bit
+    input."""
     cuda = saved_for_backward("cuda")
     assert saved_for_backward("cpu", emulate=True) == cuda
     cpu = saved_for_backward("cpu")
-    stage_1 = (2, 8, 8, 96)  # channels last at 32 px: the stem's layer norm and the first stage's three blocks'
+    # channels last at 32 px: the stem's layer norm and the first stage's three blocks'
+    stage_1 = (2, 8, 8, 96)
     assert (cuda - cpu)[(stage_1, F32)] == (cpu - cuda)[(stage_1, BF16)] == 4

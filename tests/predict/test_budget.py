@@ -23,13 +23,16 @@ def test_budget_search_finds_the_largest_batch_that_fits_in_a_handful_of_predict
     assert largest_batch(run, 1000) is None
 
 
-@pytest.mark.parametrize("peak", [
-    lambda b: 10_000 + 300 * b,  # linear
-    lambda b: 10_000 + 300 * b + 4_000 * (b // 7),  # steps: a guess off the line, bisection finishes
-    lambda b: 10_000 + 3 * b * b,  # convex
-    lambda b: 10_000 + 300 * b if b < 50 else float("nan"),  # unpredictable past 50: does not fit
-    lambda b: max(30_000, 10_000 + 300 * b),  # the optimizer step holds the peak at small batches
-])
+@pytest.mark.parametrize(
+    "peak",
+    [
+        lambda b: 10_000 + 300 * b,  # linear
+        lambda b: 10_000 + 300 * b + 4_000 * (b // 7),  # steps: a guess off the line, bisection finishes
+        lambda b: 10_000 + 3 * b * b,  # convex
+        lambda b: 10_000 + 300 * b if b < 50 else float("nan"),  # unpredictable past 50: does not fit
+        lambda b: max(30_000, 10_000 + 300 * b),  # the optimizer step holds the peak at small batches
+    ],
+)
 def test_budget_search_agrees_with_trying_every_batch(monkeypatch, peak):
     run = spec("vit-tiny", batch_size=16)
     calls = []
@@ -37,8 +40,11 @@ def test_budget_search_agrees_with_trying_every_batch(monkeypatch, peak):
     def fake(spec, shapes, cuda=True):
         calls.append(shapes.batch_size)
         value = peak(shapes.batch_size)
-        return {"predicted_status": "ok", "predicted_peak_tensor_bytes": value} if value == value else \
-            {"predicted_status": "unpredictable"}
+        return (
+            {"predicted_status": "ok", "predicted_peak_tensor_bytes": value}
+            if value == value
+            else {"predicted_status": "unpredictable"}
+        )
 
     monkeypatch.setattr("bench.predict.budget.predict", fake)
     for budget in (5_000, 10_300, 20_000, 24_567, 60_000, 10**9):
@@ -72,12 +78,16 @@ def test_the_default_reserve_holds_what_every_cuda_record_held_besides_tensors()
     for r in cuda:
         context = r["nvml_process_bytes"] - r["peak_reserved_bytes"]
         allocator = r["peak_allocated_bytes"] - r["peak_tensor_bytes"]
-        assert context > 0 and allocator > 0 and context + allocator <= parse_size(RESERVE), (r["suite"], r["run"])
+        assert context > 0 and allocator > 0 and context + allocator <= parse_size(RESERVE), (
+            r["suite"],
+            r["run"],
+        )
 
 
 def test_every_command_reads_its_budget_one_way():
     assert Budget.parse("16GiB", "cuda").bytes() == 15 * 2**30  # less the reserve, on a card
     assert Budget.parse("16GiB", "cpu").bytes() == 16 * 2**30
-    assert Budget.parse("60%", "cuda", share=True).bytes(1000) == 600  # advise: a share of the baseline's peak
+    # advise: a share of the baseline's peak
+    assert Budget.parse("60%", "cuda", share=True).bytes(1000) == 600
     with pytest.raises(ValueError, match="a share of the baseline's peak is for bench advise"):
         Budget.parse("60%", "cuda")  # predict and fit: there is no baseline to take a share of

@@ -35,6 +35,7 @@ def cuda_prediction(model: str, *techniques: TechniqueSpec, **shapes: Any) -> di
 def test_cuda_prediction_takes_the_optimizer_implementation_cuda_would():
     """At batch 1 the optimizer step holds the peak: the default AdamW is predicted as foreach (its √v for all
     parameters at once), as CUDA runs it, not as the single-tensor loop CPU tensors get."""
+
     def peak(*techniques):
         out = cuda_prediction("vit-tiny", *techniques, batch_size=1)
         assert out["predicted_peak_phase"] == "optimizer"
@@ -74,15 +75,20 @@ def attention_bytes(fn, inputs: tuple[torch.Tensor, ...]) -> tuple[list[torch.Te
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("kv_heads, mask, causal", [(4, None, False), (2, None, True), (4, "bool", False),
-                                                    (2, "float", False)])
+@pytest.mark.parametrize(
+    "kv_heads, mask, causal", [(4, None, False), (2, None, True), (4, "bool", False), (2, "float", False)]
+)
 def test_the_math_path_is_atens_step_for_step_with_cudas_one_byte_dropout_mask(dtype, kv_heads, mask, causal):
     """predict's copy of ATen's math attention computes the same values and gradients, keeps the same tensors
     and peaks at the same bytes as ATen's own; with dropout on, it keeps a bool mask where CPU's kept float32
     noise over the 2·4·8·8 weights (float32 in 16-bit too: the math path computes in float32)."""
     torch.manual_seed(0)
-    qkv = tuple(torch.randn(2, heads, 8, 16, dtype=dtype, requires_grad=True) for heads in (4, kv_heads, kv_heads))
-    m = {None: None, "bool": torch.rand(2, 1, 8, 8) > 0.3, "float": torch.randn(2, 1, 8, 8, dtype=dtype)}[mask]
+    qkv = tuple(
+        torch.randn(2, heads, 8, 16, dtype=dtype, requires_grad=True) for heads in (4, kv_heads, kv_heads)
+    )
+    m = {None: None, "bool": torch.rand(2, 1, 8, 8) > 0.3, "float": torch.randn(2, 1, 8, 8, dtype=dtype)}[
+        mask
+    ]
 
     def aten_math(p: float) -> torch.Tensor:
         with sdpa_kernel(SDPBackend.MATH):
@@ -91,8 +97,9 @@ def test_the_math_path_is_atens_step_for_step_with_cudas_one_byte_dropout_mask(d
     def copy(p: float) -> torch.Tensor:
         return cuda.math_attention(*qkv, m, p, causal, 0.3, grouped=kv_heads != 4)[0]
 
-    (theirs, kept, peak), (mine, mine_kept, mine_peak) = (attention_bytes(lambda f=f: f(0.0), qkv)
-                                                          for f in (aten_math, copy))
+    (theirs, kept, peak), (mine, mine_kept, mine_peak) = (
+        attention_bytes(lambda f=f: f(0.0), qkv) for f in (aten_math, copy)
+    )
     assert all(torch.equal(a, b) and a.dtype == b.dtype == dtype for a, b in zip(mine, theirs))
     assert (mine_kept, mine_peak) == (kept, peak)
     noise, fused = (attention_bytes(lambda f=f: f(0.1), qkv)[1] for f in (aten_math, copy))
@@ -111,18 +118,24 @@ def test_cuda_prediction_of_the_math_path_saves_its_attention_dropout_mask_in_on
     fused = cuda_prediction("bert-tiny", tech("sdpa", backend="math"), batch_size=16, seq_len=16)
     monkeypatch.setattr(cuda, "math_attention", cpu_noise)
     noise = cuda_prediction("bert-tiny", tech("sdpa", backend="math"), batch_size=16, seq_len=16)
-    assert noise["predicted_activation_bytes"] - fused["predicted_activation_bytes"] == 3 * 2 * 16 * 2 * 16 * 16
+    assert (
+        noise["predicted_activation_bytes"] - fused["predicted_activation_bytes"] == 3 * 2 * 16 * 2 * 16 * 16
+    )
 
 
-@pytest.mark.parametrize("techniques, per_layer", [((tech("bf16"),), 34), ((tech("bf16"), tech("checkpoint")), 2)])
+@pytest.mark.parametrize(
+    "techniques, per_layer", [((tech("bf16"),), 34), ((tech("bf16"), tech("checkpoint")), 2)]
+)
 def test_a_transformer_layer_keeps_what_korthikanti_counts(techniques, per_layer):
     """Korthikanti et al. 2022 (arXiv:2205.05198): in 16-bit a transformer layer keeps s·b·h·(34 + 5·a·s/h)
     bytes for backward, 2·s·b·h with full recomputation. Flash attention keeps no s×s matrix (the second
     term), only per-token statistics; the 34 counts one-byte dropout masks, as CUDA keeps them (CPU's
     dropout would make it 36). One layer is the difference between BERT-base with three and with two."""
     s, b, h = 512, 16, 768
-    kept = [cuda_prediction(model, *techniques, batch_size=b, seq_len=s)["predicted_activation_bytes"]
-            for model in ("tests.helpers:BERT_BASE_2", "tests.helpers:BERT_BASE_3")]
+    kept = [
+        cuda_prediction(model, *techniques, batch_size=b, seq_len=s)["predicted_activation_bytes"]
+        for model in ("tests.helpers:BERT_BASE_2", "tests.helpers:BERT_BASE_3")
+    ]
     assert per_layer <= (kept[1] - kept[0]) / (s * b * h) < per_layer + 0.1  # 34.08: the statistics
 
 
@@ -130,32 +143,46 @@ def test_vit_l16_at_batch_1_needs_what_the_optimizer_in_backward_tutorial_measur
     """PyTorch's optimizer_step_in_backward tutorial: ViT-L/16, batch 1, Adam on CUDA peaks at about 6 GB, and
     about 4 GB with the step fused into backward. The first holds only if Adam is predicted as foreach:
     the single-tensor loop's temporaries would make it 4.9 GB."""
+
     def peak(*techniques):
-        return cuda_prediction("tests.helpers:VIT_L16", *techniques, batch_size=1,
-                               image_size=224)["predicted_peak_tensor_bytes"] / 1e9
+        return (
+            cuda_prediction("tests.helpers:VIT_L16", *techniques, batch_size=1, image_size=224)[
+                "predicted_peak_tensor_bytes"
+            ]
+            / 1e9
+        )
 
     assert 5.5 < peak() < 6.5  # 6.09
     assert 3.5 < peak(tech("optimizer-in-backward")) < 4.5  # 4.01
 
 
 def test_grouped_keys_take_flash_in_16_bit_and_the_math_path_otherwise_as_on_cuda():
-    """Llama-style attention with fewer key/value heads than query heads: CUDA's flash kernel takes the grouped
-    keys, its memory-efficient one does not, so float32 falls back to math (s×s scores). Under autocast the
-    inputs are cast to 16-bit first (rotary embeddings leave the query in float32)."""
+    """Llama-style attention with fewer key/value heads than query heads: CUDA's flash kernel takes the
+    grouped keys, its memory-efficient one does not, so float32 falls back to math (s×s scores). Under
+    autocast the inputs are cast to 16-bit first (rotary embeddings leave the query in float32)."""
+
     def peak(*techniques):
-        return cuda_prediction("tests.helpers:TINY_LM", *techniques, batch_size=4,
-                               seq_len=256)["predicted_peak_tensor_bytes"]
+        return cuda_prediction("tests.helpers:TINY_LM", *techniques, batch_size=4, seq_len=256)[
+            "predicted_peak_tensor_bytes"
+        ]
 
     amp = tech("amp", dtype="bfloat16")
     assert peak() == peak(tech("sdpa", backend="math"))
     assert peak(amp) == peak(amp, tech("sdpa", backend="flash")) < peak(amp, tech("sdpa", backend="math"))
 
 
-@pytest.mark.parametrize("model, techniques, why", [
-    ("bert-tiny", (tech("sdpa", backend="flash"),), "flash attention on CUDA takes 16-bit inputs only"),
-    ("bert-tiny", (tech("sdpa", backend="cudnn"),), "cudnn attention on CUDA takes 16-bit inputs only"),
-    ("tests.helpers:TINY_LM", (tech("sdpa", backend="efficient"),), "efficient attention on CUDA takes no grouped"),
-])
+@pytest.mark.parametrize(
+    "model, techniques, why",
+    [
+        ("bert-tiny", (tech("sdpa", backend="flash"),), "flash attention on CUDA takes 16-bit inputs only"),
+        ("bert-tiny", (tech("sdpa", backend="cudnn"),), "cudnn attention on CUDA takes 16-bit inputs only"),
+        (
+            "tests.helpers:TINY_LM",
+            (tech("sdpa", backend="efficient"),),
+            "efficient attention on CUDA takes no grouped",
+        ),
+    ],
+)
 def test_a_pinned_attention_kernel_cuda_would_refuse_makes_the_prediction_unsupported(model, techniques, why):
     """As the run on CUDA would be (the sdpa technique turns the kernel's refusal into `unsupported`), instead
     of a figure for a kernel that never runs; under autocast the same kernels take the call."""
@@ -169,24 +196,29 @@ def test_fp8_is_predicted_keeping_the_activations_it_had_and_adding_its_casts():
     """torchao saves each float8 linear's input for backward in its own precision and casts it again there, so
     FP8 keeps what the model kept; the casts' temporaries (the float8 copies, their scales) raise the peak."""
     pytest.importorskip("torchao")
-    base, fp8 = (cuda_prediction("vit-tiny", *techniques, batch_size=16) for techniques in ((), (tech("fp8"),)))
+    base, fp8 = (
+        cuda_prediction("vit-tiny", *techniques, batch_size=16) for techniques in ((), (tech("fp8"),))
+    )
     assert fp8["predicted_status"] == "ok", fp8
     assert fp8["predicted_activation_bytes"] == base["predicted_activation_bytes"]
     assert fp8["predicted_peak_tensor_bytes"] > base["predicted_peak_tensor_bytes"]
 
 
 def test_offload_leaves_only_the_logits_on_the_device_after_forward():
-    """save_on_cpu moves every tensor saved for backward to the host, so what forward leaves on the device is the
-    logits (16 × 10 in float32: 640 bytes, two 512-byte blocks); backward brings each back while its node runs."""
-    base, offload = (cuda_prediction("vit-tiny", *techniques, batch_size=16) for techniques in ((), (tech("offload"),)))
+    """save_on_cpu moves every tensor saved for backward to the host, so what forward leaves on the device is
+    the logits (16 × 10 in float32: 640 bytes, two 512-byte blocks); backward brings each back while its node
+    runs."""
+    base, offload = (
+        cuda_prediction("vit-tiny", *techniques, batch_size=16) for techniques in ((), (tech("offload"),))
+    )
     assert offload["predicted_activation_bytes"] == 1024
     assert offload["predicted_peak_tensor_bytes"] < base["predicted_peak_tensor_bytes"]
 
 
 def test_offload_brings_host_tensors_back_to_the_host_not_the_device(monkeypatch):
-    """save_on_cpu brings a saved tensor back to the device it came from, so the memory-efficient kernel's seed
-    and offset, which CUDA keeps on the host, never reach the device: bert-tiny's backward peak (SGD keeps it
-    there) comes in an attention layer's backward, where counting them would add their two blocks."""
+    """save_on_cpu brings a saved tensor back to the device it came from, so the memory-efficient kernel's
+    seed and offset, which CUDA keeps on the host, never reach the device: bert-tiny's backward peak (SGD
+    keeps it there) comes in an attention layer's backward, where counting them would add their two blocks."""
     from bench.predict import stand_ins as adapters
 
     techniques = (tech("offload"), tech("optimizer", kind="sgd"))
@@ -208,17 +240,19 @@ def test_the_host_state_is_adams_step_counters_outside_fused_groups():
 
 
 @pytest.mark.full
-@pytest.mark.parametrize("path", sorted(RESULTS.glob("*/nvidia-h100*/*.json")),
-                         ids=lambda p: f"{p.parent.parent.name}-{p.stem}")
+@pytest.mark.parametrize(
+    "path", sorted(RESULTS.glob("*/nvidia-h100*/*.json")), ids=lambda p: f"{p.parent.parent.name}-{p.stem}"
+)
 def test_every_h100_record_is_predicted_byte_for_byte(path):
     """Every committed H100 record against its prediction: what forward kept for backward is what the tracker
     counted there, to the byte, and so is the peak. Each needs CUDA's outputs where they differ from the meta
-    kernels': layer norm's float32 statistics for 16-bit inputs (pure-bf16 ViT read 1.2 MB low without), and the
-    host placement of the memory-efficient attention kernel's seed and offset (fp32 BERT and ViT: 24 blocks high)
-    and of Adam's step counters (BERT's forward peaks: 201 blocks high). The trainer that measured these records
-    (7940e663) held the logits through backward, which today's does not, as a hand-written loop would not: a peak
-    in backward is the prediction and those logits' blocks. Under float16's GradScaler it is one block more (a
-    scalar of the scaled loss alive at that trainer's peak), which nothing here models."""
+    kernels': layer norm's float32 statistics for 16-bit inputs (pure-bf16 ViT read 1.2 MB low without), and
+    the host placement of the memory-efficient attention kernel's seed and offset (fp32 BERT and ViT: 24
+    blocks high) and of Adam's step counters (BERT's forward peaks: 201 blocks high). The trainer that
+    measured these records (7940e663) held the logits through backward, which today's does not, as a
+    hand-written loop would not: a peak in backward is the prediction and those logits' blocks. Under
+    float16's GradScaler it is one block more (a scalar of the scaled loss alive at that trainer's peak),
+    which nothing here models."""
     record = results.read(path)
     out = predict(RunSpec.from_dict(record["spec"]))
     assert out["predicted_activation_bytes"] == record["activation_bytes"]

@@ -23,30 +23,40 @@ from tests.conftest import CPU, build_trainer
 from tests.helpers import spec, tech
 
 
-@pytest.mark.parametrize("model, techniques", [
-    ("vit-tiny", ()),
-    ("vit-tiny", (tech("checkpoint"),)),
-    ("bert-tiny", ()),  # transformers skips the attention mask of an unpadded batch, fake or real
-    ("vit-tiny", (tech("amp", dtype="bfloat16"), tech("accumulate", micro_batches=2))),
-    ("resnet-tiny", (tech("optimizer", kind="sgd"),)),
-    ("resnet-tiny", (tech("channels-last"),)),  # fake tensors cannot be swapped: it converts in place
-    ("vit-tiny", (tech("bf16"),)),
-    ("vit-tiny", (tech("optimizer", kind="adafactor"),)),  # reads norms with .item(): they read as 1
-    ("vit-tiny", (tech("optimizer", kind="adamw", impl="foreach"),)),  # temporaries over all parameters
-    ("bert-tiny", (tech("lora"),)),  # peft casts its adapters with .to(): set in place, as on real tensors
-    ("vit-tiny", (tech("lora"),)),
-    ("tests.helpers:TINY_LM", ()),  # a language model: logits for every position, scored on the next token
-    ("tests.helpers:TINY_LM", (tech("checkpoint"),)),
-    ("resnet-tiny", (tech("amp", dtype="bfloat16"),)),  # batch norm's statistics in the weight's dtype, float32
-])
+@pytest.mark.parametrize(
+    "model, techniques",
+    [
+        ("vit-tiny", ()),
+        ("vit-tiny", (tech("checkpoint"),)),
+        ("bert-tiny", ()),  # transformers skips the attention mask of an unpadded batch, fake or real
+        ("vit-tiny", (tech("amp", dtype="bfloat16"), tech("accumulate", micro_batches=2))),
+        ("resnet-tiny", (tech("optimizer", kind="sgd"),)),
+        ("resnet-tiny", (tech("channels-last"),)),  # fake tensors cannot be swapped: it converts in place
+        ("vit-tiny", (tech("bf16"),)),
+        ("vit-tiny", (tech("optimizer", kind="adafactor"),)),  # reads norms with .item(): they read as 1
+        ("vit-tiny", (tech("optimizer", kind="adamw", impl="foreach"),)),  # temporaries over all parameters
+        (
+            "bert-tiny",
+            (tech("lora"),),
+        ),  # peft casts its adapters with .to(): set in place, as on real tensors
+        ("vit-tiny", (tech("lora"),)),
+        (
+            "tests.helpers:TINY_LM",
+            (),
+        ),  # a language model: logits for every position, scored on the next token
+        ("tests.helpers:TINY_LM", (tech("checkpoint"),)),
+        # batch norm's statistics in the weight's dtype, float32
+        ("resnet-tiny", (tech("amp", dtype="bfloat16"),)),
+    ],
+)
 def test_fake_tensor_prediction_equals_the_real_tracked_step_on_cpu(model, techniques):
     assert_predicted_exactly(spec(model, techniques, batch_size=16))
 
 
 @pytest.mark.slow
 def test_adamw_8bit_predicts_exactly_with_its_compiled_update_run_eager_on_fake_tensors():
-    """torchao compiles the update, which fake tensors cannot enter: they run it eager, and the tracker steps aside
-    for it on both sides, so the 8-bit state is counted to the byte."""
+    """torchao compiles the update, which fake tensors cannot enter: they run it eager, and the tracker steps
+    aside for it on both sides, so the 8-bit state is counted to the byte."""
     pytest.importorskip("torchao")
     assert_predicted_exactly(spec("vit-tiny", (tech("adamw-8bit"),), batch_size=16))
 
@@ -54,8 +64,9 @@ def test_adamw_8bit_predicts_exactly_with_its_compiled_update_run_eager_on_fake_
 def test_predictions_leave_nothing_behind_that_changes_the_real_runs_after_them():
     """A worker predicts, then measures and trains, in one process. Every technique combination of the shipped
     suites, all predicted before any runs for real, must then train to the losses of a process that predicted
-    nothing: torchao once cached its 8-bit code books from fake values (read as 1), and every real 8-bit update
-    after a prediction went wrong (ResNet-50's fidelity run: 96% → 8%). The two processes run side by side."""
+    nothing: torchao once cached its 8-bit code books from fake values (read as 1), and every real 8-bit
+    update after a prediction went wrong (ResNet-50's fidelity run: 96% → 8%). The two processes run side by
+    side."""
     fresh, after = (_result(p) for p in [_probe(*args) for args in ((), ("predict-first",))])
     assert len(fresh) > 30, fresh  # every family's baseline and the suites' combinations that run on a CPU
     assert {k: v for k, v in after.items() if v != fresh.get(k)} == {}
@@ -65,8 +76,14 @@ def _probe(*args: str) -> subprocess.Popen:
     root = Path(__file__).resolve().parents[2]
     # A thread each: the two side by side would otherwise each take a thread per core and contend for them.
     env = os.environ | {"PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "tests.predict.trace_probe", *args], cwd=root, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.predict.trace_probe", *args],
+        cwd=root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _result(probe: subprocess.Popen) -> dict[str, list[float]]:
@@ -81,8 +98,9 @@ def test_inference_mode_predicts_exactly_though_its_reads_come_undecomposed():
     assert_predicted_exactly(spec("bert-tiny", (tech("inference-mode"),), batch_size=16, mode="inference"))
 
 
-@pytest.mark.parametrize("techniques", [(tech("fp8"),), (tech("fp8"), tech("amp", dtype="bfloat16")),
-                                        (tech("fp8"), tech("bf16"))])
+@pytest.mark.parametrize(
+    "techniques", [(tech("fp8"),), (tech("fp8"), tech("amp", dtype="bfloat16")), (tech("fp8"), tech("bf16"))]
+)
 def test_fp8_predicts_exactly_what_its_real_kernels_keep_on_this_cpu(monkeypatch, techniques):
     """torchao's float8 linears run on a CPU too (torch has a CPU ``_scaled_mm``). The harness refuses an FP8
     run there only because FP8 is a matter of GPU speed, so the test lets one through to hold the fake step
@@ -90,12 +108,13 @@ def test_fp8_predicts_exactly_what_its_real_kernels_keep_on_this_cpu(monkeypatch
     pytest.importorskip("torchao")
     monkeypatch.setattr(FP8Training, "unsupported", lambda self, ctx: None)
     trainer = assert_predicted_exactly(spec("vit-tiny", techniques, batch_size=16))
-    assert trainer.proof()["fp8.float8_linears"] == 6  # attention out and two MLP linears a block; the head's 10
+    # attention out and two MLP linears a block; the head's 10
+    assert trainer.proof()["fp8.float8_linears"] == 6
 
 
 class HostOutOfSight(torch.autograd.graph.saved_tensors_hooks):
-    """save_on_cpu between this CPU and a host the tracker cannot see: the copy out is made with dispatch modes
-    off, so it is not counted; the copy back is, as the device copy save_on_cpu's unpack makes."""
+    """save_on_cpu between this CPU and a host the tracker cannot see: the copy out is made with dispatch
+    modes off, so it is not counted; the copy back is, as the device copy save_on_cpu's unpack makes."""
 
     def __init__(self, pin_memory: bool) -> None:
         def pack(t: torch.Tensor) -> torch.Tensor:
@@ -105,13 +124,23 @@ class HostOutOfSight(torch.autograd.graph.saved_tensors_hooks):
         super().__init__(pack, torch.clone)
 
 
-@pytest.mark.parametrize("model, techniques, batch_size", [
-    ("vit-tiny", (), 16), ("bert-tiny", (), 16), ("resnet-tiny", (), 4),
-    ("vit-tiny", (tech("amp", dtype="bfloat16"),), 16),  # autocast's cached weight casts stay on the device
-    ("vit-tiny", (tech("checkpoint"),), 16),  # only the blocks' inputs are saved, and so offloaded
-])
+@pytest.mark.parametrize(
+    "model, techniques, batch_size",
+    [
+        ("vit-tiny", (), 16),
+        ("bert-tiny", (), 16),
+        ("resnet-tiny", (), 4),
+        (
+            "vit-tiny",
+            (tech("amp", dtype="bfloat16"),),
+            16,
+        ),  # autocast's cached weight casts stay on the device
+        ("vit-tiny", (tech("checkpoint"),), 16),  # only the blocks' inputs are saved, and so offloaded
+    ],
+)
 def test_offload_predicts_what_a_real_step_keeps_when_its_saved_tensors_leave_the_device(
-        monkeypatch, model, techniques, batch_size):
+    monkeypatch, model, techniques, batch_size
+):
     """A CPU has no host apart from its device, so the real step here offloads to one the tracker cannot see;
     the fake step, which keeps only each saved tensor's shape and dtype, must count the same bytes: the
     device copies that backward unpacks, when they are made and freed."""
@@ -124,13 +153,24 @@ def test_offload_predicts_what_a_real_step_keeps_when_its_saved_tensors_leave_th
 def assert_predicted_exactly(run) -> Trainer | Inferencer:
     trainer, batch = build_trainer(run)
     trainer.step(batch)
-    real = tracked_step(lambda: trainer.step(clone_batch(batch)), trainer.model, trainer.optimizer, CPU,
-                        compiled_update=any(t.compiled_update for t in trainer.techniques))
+    real = tracked_step(
+        lambda: trainer.step(clone_batch(batch)),
+        trainer.model,
+        trainer.optimizer,
+        CPU,
+        compiled_update=any(t.compiled_update for t in trainer.techniques),
+    )
     fake = predict(run, run.cpu, cuda=False)
     assert fake["predicted_status"] == "ok", fake
     at_peak = [k for k in real if k.startswith("at_peak_")]
-    for key in ("peak_tensor_bytes", "activation_bytes", "param_bytes", "optimizer_state_bytes", "peak_phase",
-                *at_peak):
+    for key in (
+        "peak_tensor_bytes",
+        "activation_bytes",
+        "param_bytes",
+        "optimizer_state_bytes",
+        "peak_phase",
+        *at_peak,
+    ):
         assert fake[f"predicted_{key}"] == real[key], key
     return trainer
 

@@ -53,8 +53,8 @@ def test_fsdp_gathers_parameters_in_forward_and_again_in_backward(n):
 
 
 def _padded_elements(model: str, n: int) -> tuple[int, int]:
-    """FSDP2 shards each parameter along its first dimension, padded to a multiple of N rows: a rank's elements,
-    and the number of parameter tensors."""
+    """FSDP2 shards each parameter along its first dimension, padded to a multiple of N rows: a rank's
+    elements, and the number of parameter tensors."""
     params = list(MODELS.get(model).build(Shapes(1, seq_len=8)).parameters())
     return sum(math.ceil(p.shape[0] / n) * (p.numel() // p.shape[0]) for p in params), len(params)
 
@@ -98,8 +98,13 @@ def test_llama3_8b_over_8_ranks_is_predicted_and_never_built_on_a_cpu():
     anything is built."""
     from bench.recipe import Recipe
 
-    run = spec("llama3-8b", (tech("fsdp", mixed_precision="bfloat16"), tech("checkpoint")), nproc=8, batch_size=1,
-               seq_len=64)
+    run = spec(
+        "llama3-8b",
+        (tech("fsdp", mixed_precision="bfloat16"), tech("checkpoint")),
+        nproc=8,
+        batch_size=1,
+        seq_len=64,
+    )
     out = predict(run, run.cpu)  # standing for CUDA: a CPU run, and so its prediction, is refused
     assert out["predicted_status"] == "ok", out.get("predicted_message")
     assert out["predicted_param_bytes"] == pytest.approx(8_030_261_248 * 4 / 8, rel=1e-5)
@@ -133,21 +138,30 @@ def test_hybrid_sharding_shards_within_a_group_and_replicates_across():
     flat = _predicted(tech("fsdp"), 8)
     assert hybrid["predicted_param_bytes"] == flat["predicted_param_bytes"]
     assert hybrid["predicted_traffic_all_gather_bytes"] == flat["predicted_traffic_all_gather_bytes"]
-    assert hybrid["predicted_traffic_all_reduce_bytes"] == pytest.approx(flat["predicted_param_bytes"], abs=16)
+    assert hybrid["predicted_traffic_all_reduce_bytes"] == pytest.approx(
+        flat["predicted_param_bytes"], abs=16
+    )
     run = spec("bert-tiny", (tech("fsdp", shard_group=3),), nproc=16, batch_size=4, seq_len=16)
-    assert "shard_group 3 does not divide the 16 processes" in predict(run, run.cpu, cuda=False)["predicted_message"]
+    assert (
+        "shard_group 3 does not divide the 16 processes"
+        in predict(run, run.cpu, cuda=False)["predicted_message"]
+    )
 
 
 def test_two_d_splits_the_layers_in_a_group_and_shards_across_the_groups():
-    """fsdp with tensor_parallel 2 over 8 ranks: the 12 linears' split parameters are an eighth per rank, the rest
-    a quarter (each padded to a multiple of 4 rows); the tensor-parallel all-reduces stay in the pair and move
-    what tensor-parallel's alone do over 2 ranks, since a pair takes one batch."""
+    """fsdp with tensor_parallel 2 over 8 ranks: the 12 linears' split parameters are an eighth per rank, the
+    rest a quarter (each padded to a multiple of 4 rows); the tensor-parallel all-reduces stay in the pair and
+    move what tensor-parallel's alone do over 2 ranks, since a pair takes one batch."""
     two_d, tp = _predicted(tech("fsdp", tensor_parallel=2), 8), _predicted(tech("tensor-parallel"), 2)
     model = MODELS.get("bert-tiny").build(Shapes(1, seq_len=8))
-    split = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layer." in n}
+    split = {
+        f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layer." in n
+    }
     split |= {n.replace(".weight", ".bias") for n in split if not n.endswith("output.dense.weight")}
-    elements = sum(p.numel() // 8 if name in split else math.ceil(p.shape[0] / 4) * (p.numel() // p.shape[0])
-                   for name, p in model.named_parameters())
+    elements = sum(
+        p.numel() // 8 if name in split else math.ceil(p.shape[0] / 4) * (p.numel() // p.shape[0])
+        for name, p in model.named_parameters()
+    )
     assert two_d["predicted_param_bytes"] == 4 * elements
     assert two_d["predicted_traffic_all_reduce_bytes"] == tp["predicted_traffic_all_reduce_bytes"] > 0
 
@@ -160,9 +174,9 @@ def test_tensor_parallel_predicted_as_cuda_keeps_split_and_whole_parameters_apar
 
 
 def test_llamas_attention_and_gated_mlp_are_split_and_its_heads_must_divide():
-    """Llama's plan: q, k and v column-wise and o row-wise; gate and up column-wise and down row-wise: 7 linears a
-    layer, every one of them an eighth per rank over 8 (the embedding, norms and head stay whole). Its key-value
-    heads must divide too: llama-tiny's 2 do not split over 4."""
+    """Llama's plan: q, k and v column-wise and o row-wise; gate and up column-wise and down row-wise: 7
+    linears a layer, every one of them an eighth per rank over 8 (the embedding, norms and head stay whole).
+    Its key-value heads must divide too: llama-tiny's 2 do not split over 4."""
     from bench.recipe import Recipe
 
     run = spec("llama-tiny", (tech("tensor-parallel"),), nproc=2, batch_size=1, seq_len=8)
@@ -174,16 +188,22 @@ def test_llamas_attention_and_gated_mlp_are_split_and_its_heads_must_divide():
     with fake_group(2, 0):
         model = recipe.stepper(model).model
     assert sum(isinstance(p, DTensor) for p in model.parameters()) == 7 * 2
-    refused = predict(spec("llama-tiny", (tech("tensor-parallel"),), nproc=4, batch_size=1, seq_len=8), cuda=False)
+    refused = predict(
+        spec("llama-tiny", (tech("tensor-parallel"),), nproc=4, batch_size=1, seq_len=8), cuda=False
+    )
     assert refused["predicted_message"] == "2 key value heads do not split over 4 ranks; choose a divisor"
 
 
 def test_two_d_options_that_cannot_run_say_why():
     problems = build(TechniqueSpec("fsdp", (("shard_group", 8), ("tensor_parallel", 4)))).problems(1)
-    assert problems == ["shard_group and tensor_parallel cannot be combined (hybrid sharding with tensor parallelism, "
-                        "3-D, is not offered); set one to 0"]
-    for nproc, why in ((6, "tensor_parallel 4 does not divide the 6 processes; choose a divisor"),
-                       (4, "tensor_parallel over all the processes leaves none to shard across; use tensor-parallel")):
+    assert problems == [
+        "shard_group and tensor_parallel cannot be combined (hybrid sharding with tensor parallelism, "
+        "3-D, is not offered); set one to 0"
+    ]
+    for nproc, why in (
+        (6, "tensor_parallel 4 does not divide the 6 processes; choose a divisor"),
+        (4, "tensor_parallel over all the processes leaves none to shard across; use tensor-parallel"),
+    ):
         run = spec("bert-tiny", (tech("fsdp", tensor_parallel=4),), nproc=nproc, batch_size=1, seq_len=8)
         assert predict(run, cuda=False)["predicted_message"] == f"fsdp: {why}"
 
@@ -198,8 +218,18 @@ def test_fewest_ranks_tries_only_the_world_sizes_an_entry_runs_at():
     assert fewest_ranks(run, budget) in (4, 6)
 
 
-@pytest.mark.parametrize(("shape", "n", "dim"), [((10, 3), 4, 0), ((7,), 16, 0), ((1, 5), 2, 0), ((64, 8), 1024, 0),
-                                                 ((3, 8), 2, 1), ((0, 4), 3, 0), ((5,), 5, 0)])
+@pytest.mark.parametrize(
+    ("shape", "n", "dim"),
+    [
+        ((10, 3), 4, 0),
+        ((7,), 16, 0),
+        ((1, 5), 2, 0),
+        ((64, 8), 1024, 0),
+        ((3, 8), 2, 1),
+        ((0, 4), 3, 0),
+        ((5,), 5, 0),
+    ],
+)
 def test_a_ranks_chunks_are_made_as_read_and_are_fsdps_own(shape, n, dim):
     """The prediction's cut of a parameter into one chunk per rank (made as each is read, so that 1,024 ranks
     do not make 1,024 views of every parameter) gives FSDP2's chunks: the same shapes and elements."""

@@ -16,12 +16,25 @@ from bench.suite import load, select
 
 @pytest.mark.slow
 def test_predict_command_prints_the_table_with_what_fits_the_budget(tmp_path):
-    cmd = [sys.executable, "-m", "bench", "predict", "smoke", "--only", "checkpoint", "--results", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench",
+        "predict",
+        "smoke",
+        "--only",
+        "checkpoint",
+        "--results",
+        str(tmp_path),
+    ]
     out = subprocess.run(cmd + ["--budget", "2GiB"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert "budget 2GiB less 1GiB for the CUDA context and the allocator's workspaces (--reserve): " \
-           "1.00 GiB for tensors" in out.stderr
-    assert re.search(r"^\| checkpoint \| 32 \| ok \|.* \| yes \| \d+ \|", out.stdout, re.M), out.stdout  # no 194.0
+    assert (
+        "budget 2GiB less 1GiB for the CUDA context and the allocator's workspaces (--reserve): "
+        "1.00 GiB for tensors" in out.stderr
+    )
+    # no 194.0
+    assert re.search(r"^\| checkpoint \| 32 \| ok \|.* \| yes \| \d+ \|", out.stdout, re.M), out.stdout
     assert "largest batch" in out.stdout and "Assumed:" in out.stderr
     line = r"^\[2/\d+\] checkpoint: [\d.]+ GiB at batch 32, peak in \w+, largest batch \d+$"
     assert re.search(line, out.stderr, re.M)
@@ -29,15 +42,20 @@ def test_predict_command_prints_the_table_with_what_fits_the_budget(tmp_path):
 
 def test_bad_budget_reserve_or_jobs_exit_2_naming_the_option_and_print_no_table(tmp_path, capsys):
     args = ["predict", "smoke", "--only", "checkpoint", "--results", str(tmp_path)]
-    for wrong, said in ((["--budget", "lots"], "--budget 'lots': expected a size"),
-                        (["--budget", "1GiB"], "--reserve 1GiB leaves nothing of --budget 1GiB"),
-                        (["--reserve", "0"], "--reserve 0 is held back from a --budget, and none was given")):
+    for wrong, said in (
+        (["--budget", "lots"], "--budget 'lots': expected a size"),
+        (["--budget", "1GiB"], "--reserve 1GiB leaves nothing of --budget 1GiB"),
+        (["--reserve", "0"], "--reserve 0 is held back from a --budget, and none was given"),
+    ):
         assert main(args + wrong) == 2
         out = capsys.readouterr()
         assert said in out.err and not out.out, out.err
     with pytest.raises(SystemExit) as exit_:  # argparse's own exit
         main(args + ["--jobs", "0"])
-    assert exit_.value.code == 2 and "--jobs: expected a whole number of at least 1, got '0'" in capsys.readouterr().err
+    assert (
+        exit_.value.code == 2
+        and "--jobs: expected a whole number of at least 1, got '0'" in capsys.readouterr().err
+    )
 
 
 def test_predicting_in_processes_gives_the_same_table_in_the_suite_order():
@@ -53,12 +71,19 @@ def test_predicting_in_processes_gives_the_same_table_in_the_suite_order():
 @pytest.mark.fault("signals")
 @pytest.mark.parametrize("sent", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_a_signal_to_the_group_stops_predict_and_its_processes(sent):
-    # Ctrl-C reaches the whole foreground group; SIGTERM does too from `timeout`, Slurm and `kill -- -PGID`, and
-    # once left the idle workers dead holding the pool's lock, and the cleanup waiting on it for good: four
-    # processes for four runs, so that the first to finish waits idle for work that never comes.
+    # Ctrl-C reaches the whole foreground group; SIGTERM does too from `timeout`, Slurm and `kill -- -PGID`,
+    # and once left the idle workers dead holding the pool's lock, and the cleanup waiting on it for good:
+    # four processes for four runs, so that the first to finish waits idle for work that never comes.
     cmd = [sys.executable, "-m", "bench", "predict", "smoke", "--budget", "2GiB", "--jobs", "4"]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as in a terminal
+    proc = subprocess.Popen(
+        cmd,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+        # as in a terminal
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     first = "".join(proc.stderr.readline() for _ in range(3))  # what is predicted, the budget, the first run
     assert "\n[" in first, first  # a run is done: the processes are up and predicting the others
     os.killpg(proc.pid, sent)

@@ -31,8 +31,8 @@ TINY = {"resnet": "resnet-tiny", "bert": "bert-tiny", "vit": "vit-tiny"}
 
 
 def runs() -> dict[str, RunSpec]:
-    """One spec per combination of techniques in the shipped suites (and mode), on the tiny model of the family
-    it first appears with; and each family's plain model."""
+    """One spec per combination of techniques in the shipped suites (and mode), on the tiny model of the
+    family it first appears with; and each family's plain model."""
     out = {}
     for name in SUITES:
         for run in load(f"suites/{name}.toml").runs:
@@ -43,8 +43,8 @@ def runs() -> dict[str, RunSpec]:
 
 
 def runnable(run: RunSpec) -> bool:
-    """What runs here for real: one process (no sharding), supported on a CPU, and predicted at all (compile and
-    jit-trace are not, so they can leave nothing behind; compiling would take minutes)."""
+    """What runs here for real: one process (no sharding), supported on a CPU, and predicted at all (compile
+    and jit-trace are not, so they can leave nothing behind; compiling would take minutes)."""
     built = [build(t) for t in run.techniques]
     if any(t.distributed or t.unpredictable for t in built):
         return False

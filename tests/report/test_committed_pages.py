@@ -55,6 +55,7 @@ def test_every_report_opens_with_what_to_use_before_any_device_section(path):
 
 def test_images_never_overflow_their_box_and_wide_tables_scroll_in_their_own():
     assert "img{max-width:100%}" in STYLE and ".scroll{overflow-x:auto}" in STYLE
-    # a table wider than the screen (bert-varlen's at 1366×768) scrolls under its run names, which stay in view
+    # a table wider than the screen (bert-varlen's at 1366×768) scrolls under its run names, which stay in
+    # view
     assert ".scroll td:first-child{position:sticky;left:0" in STYLE
     assert all(read(p).images for p in PAGES)  # the plots are there, embedded

@@ -21,31 +21,39 @@ def test_a_run_that_saves_nothing_is_never_picked():
     """dist-smoke's ddp-bucket-view at 0.998× was once 'the largest saving within 5% of the throughput'."""
     table = summary(results.to_frame([rec("a", "baseline", 1000, 100.0), rec("a", "same", 998, 130.0)]))
     assert picks(table) == {"largest": None, "free": None, "trade": None}
-    assert headline(table, None)[0][1] == ["**Largest saving; Largest saving within 5% of the baseline's throughput; "
-                                           "Best trade (most memory saved per throughput lost)**: no run measured "
-                                           "here qualifies"]
+    assert headline(table, None)[0][1] == [
+        "**Largest saving; Largest saving within 5% of the baseline's throughput; "
+        "Best trade (most memory saved per throughput lost)**: no run measured "
+        "here qualifies"
+    ]
 
 
 def test_the_first_screen_answers_per_device_gpu_first_with_coverage_and_picks(tmp_path):
     gpu = {"device": "NVIDIA X", "device_type": "cuda"}
-    runs = [r | {"suite": "s"} for r in RUNS] + [rec("s", "baseline", 400, 50.0) | gpu,
-                                                rec("s", "ratio", 200, 45.0) | gpu]
+    runs = [r | {"suite": "s"} for r in RUNS] + [
+        rec("s", "baseline", 400, 50.0) | gpu,
+        rec("s", "ratio", 200, 45.0) | gpu,
+    ]
     runs[-2]["peak_allocated_bytes"] = runs[-2].pop("peak_tensor_bytes")
     runs[-1]["peak_allocated_bytes"] = runs[-1].pop("peak_tensor_bytes")
     for r in runs:
         results.write_atomic(results.record_path(tmp_path, "s", r["device"], r["run"]), r)
     build_report(tmp_path / "s")
     text = (tmp_path / "s" / "report.md").read_text()
-    first_screen = text[:text.index("\n## NVIDIA X")]  # everything before the first device's tables
+    first_screen = text[: text.index("\n## NVIDIA X")]  # everything before the first device's tables
     assert "[overview](../overview/overview.md)" in first_screen
-    gpu_at, cpu_at = first_screen.index("**NVIDIA X: 2 runs recorded, 2 ok; memory is the allocator peak, batch 8**"), \
-        first_screen.index("**cpu: 6 runs recorded, 6 ok; memory is the tracked peak of live tensors, batch 8**")
+    gpu_at, cpu_at = (
+        first_screen.index("**NVIDIA X: 2 runs recorded, 2 ok; memory is the allocator peak, batch 8**"),
+        first_screen.index(
+            "**cpu: 6 runs recorded, 6 ok; memory is the tracked peak of live tensors, batch 8**"
+        ),
+    )
     assert gpu_at < cpu_at  # the card before the CPU
     assert "ratio: 0.50× memory, 0.90× throughput, accuracy not measured here" in first_screen
     assert "**Largest saving**: deep: 0.40× memory, 0.50× throughput, accuracy +0.0 pt" in first_screen
     assert text.index("\n## NVIDIA X") < text.index("\n## cpu")  # and its section first too
     page = (tmp_path / "s" / "report.html").read_text()
-    assert "<div class='headline'>" in page[:page.index("<h2>NVIDIA X</h2>")] and "**" not in page
+    assert "<div class='headline'>" in page[: page.index("<h2>NVIDIA X</h2>")] and "**" not in page
 
 
 def test_a_run_that_hurts_accuracy_is_on_no_front_and_pushes_none_off_it():
@@ -61,8 +69,10 @@ def test_a_run_that_hurts_accuracy_is_on_no_front_and_pushes_none_off_it():
 def test_a_cpu_prediction_equal_to_every_peak_is_said_once_not_shown_as_a_column_of_ones(tmp_path):
     from bench.report.tables import display, savings
 
-    runs = [rec("s", "baseline", 100, 100.0, predicted_peak_tensor_bytes=100 * 2**20),
-            rec("s", "same", 100, 100.0, predicted_peak_tensor_bytes=100 * 2**20)]
+    runs = [
+        rec("s", "baseline", 100, 100.0, predicted_peak_tensor_bytes=100 * 2**20),
+        rec("s", "same", 100, 100.0, predicted_peak_tensor_bytes=100 * 2**20),
+    ]
     table = summary(results.to_frame(runs))
     assert "predicted ×" not in display(table).columns
     assert str(savings(table).set_index("run").loc["same", "memory saved %"]) == "0.0"  # never "-0.0"
@@ -78,49 +88,76 @@ def test_where_the_gpu_and_the_cpu_disagree_the_report_says_where_each_peak_fell
     from bench.report.headline import disagreements
 
     gpu = {"device": "NVIDIA X", "device_type": "cuda"}
-    runs = [rec("s", "baseline", 100, 10.0, peak_phase="backward"),
-            rec("s", "checkpoint", 86, 9.0, peak_phase="optimizer"),
-            rec("s", "baseline", 1000, 100.0, peak_phase="backward") | gpu,
-            rec("s", "checkpoint", 350, 80.0, peak_phase="backward") | gpu]
+    runs = [
+        rec("s", "baseline", 100, 10.0, peak_phase="backward"),
+        rec("s", "checkpoint", 86, 9.0, peak_phase="optimizer"),
+        rec("s", "baseline", 1000, 100.0, peak_phase="backward") | gpu,
+        rec("s", "checkpoint", 350, 80.0, peak_phase="backward") | gpu,
+    ]
     table = summary(results.to_frame(runs))
     assert disagreements(table) == [
-        "**checkpoint**: 0.35× memory on NVIDIA X (batch 8) against 0.86× on cpu (batch 8): its peak falls in "
-        "backward on NVIDIA X and in the optimizer step on cpu, so what it saves is alive at one peak and not the "
-        "other"]
+        "**checkpoint**: 0.35× memory on NVIDIA X (batch 8) against 0.86× on cpu (batch 8): its peak falls "
+        "in backward on NVIDIA X and in the optimizer step on cpu, so what it saves is alive at one peak "
+        "and not the other"
+    ]
     assert disagreements(table[table["device"] == "cpu"]) == []  # one device: nothing to hold it against
 
 
 def test_this_machines_device_comes_first_and_a_legacy_cpu_name_last_and_labelled(tmp_path):
     here, old = "AMD EPYC, 2 threads, AVX512", "AMD EPYC, 2 threads"
-    runs = [rec("s", run, peak, sps) | {"device": device}
-            for device in ("NVIDIA X", here, old) for run, peak, sps in (("baseline", 400, 50.0), ("half", 200, 49.0))]
+    runs = [
+        rec("s", run, peak, sps) | {"device": device}
+        for device in ("NVIDIA X", here, old)
+        for run, peak, sps in (("baseline", 400, 50.0), ("half", 200, 49.0))
+    ]
     for r in runs:
         results.write_atomic(results.record_path(tmp_path, "s", r["device"], r["run"]), r)
     build_report(tmp_path / "s", here=here)
     text = (tmp_path / "s" / "report.md").read_text()
     sections = [line for line in text.splitlines() if line.startswith("## ")]
-    assert sections[1:4] == [f"## {here}", "## NVIDIA X", f"## {old} (legacy: recorded before CPU names carried "
-                             "their vector instructions; it may mix machines, and no CPU measures under this name now)"]
+    assert sections[1:4] == [
+        f"## {here}",
+        "## NVIDIA X",
+        f"## {old} (legacy: recorded before CPU names carried "
+        "their vector instructions; it may mix machines, and no CPU measures under this name now)",
+    ]
 
 
 def test_runs_no_gpu_measured_show_their_predicted_peak_at_gpu_shapes(tmp_path):
     gpu = {"device": "NVIDIA X", "device_type": "cuda"}
-    runs = [rec("s", "baseline", 400, 50.0), rec("s", "half", 200, 49.0), rec("s", "baseline", 400, 50.0) | gpu]
+    runs = [
+        rec("s", "baseline", 400, 50.0),
+        rec("s", "half", 200, 49.0),
+        rec("s", "baseline", 400, 50.0) | gpu,
+    ]
     for r in runs:
         results.write_atomic(results.record_path(tmp_path, "s", r["device"], r["run"]), r)
-    table = pd.DataFrame({"run": ["baseline", "half"], "batch": [64, 64], "status": ["ok", "ok"],
-                          "peak_tensor_bytes": [6 * 2**30, 3 * 2**30], "peak_phase": ["backward", "forward"]})
+    table = pd.DataFrame(
+        {
+            "run": ["baseline", "half"],
+            "batch": [64, 64],
+            "status": ["ok", "ok"],
+            "peak_tensor_bytes": [6 * 2**30, 3 * 2**30],
+            "peak_phase": ["backward", "forward"],
+        }
+    )
     save(table, tmp_path / "s" / PREDICTED, "abc123", "2.14")
     build_report(tmp_path / "s")
     text = (tmp_path / "s" / "report.md").read_text()
-    section = text[text.index("## Not yet measured on a GPU"):]
-    assert "1 of the suite's 2 entries have no GPU record" in section and "revision abc123, torch 2.14" in section
+    section = text[text.index("## Not yet measured on a GPU") :]
+    assert (
+        "1 of the suite's 2 entries have no GPU record" in section
+        and "revision abc123, torch 2.14" in section
+    )
     assert "| half | 64 | ok | 3.0 | forward |" in section and "| baseline |" not in section.split("\n## ")[0]
 
 
 def test_a_run_timed_on_a_busy_machine_is_marked_and_never_picked():
-    runs = [rec("s", "baseline", 400, 50.0), rec("s", "half", 200, 49.0) | {"busy_machine": True},
-            rec("s", "quarter", 100, 20.0)]
+    runs = [
+        rec("s", "baseline", 400, 50.0),
+        rec("s", "half", 200, 49.0) | {"busy_machine": True},
+        rec("s", "quarter", 100, 20.0),
+    ]
     table = summary(results.to_frame(runs))
     best = {k: (v["run"] if v is not None else None) for k, v in picks(table).items()}
     assert "half" not in best.values() and best["largest"] == "quarter"

@@ -7,9 +7,20 @@ MiB = 2**20
 
 
 def rec(suite, run, peak, tput, batch=8, **extra):
-    return {"suite": suite, "run": run, "device": "cpu", "device_type": "cpu", "status": "ok", "model": "m",
-            "baseline": "baseline", "batch_size": batch, "techniques": run, "peak_tensor_bytes": peak * MiB,
-            "samples_per_s": tput, "torch_version": "2.14"} | extra
+    return {
+        "suite": suite,
+        "run": run,
+        "device": "cpu",
+        "device_type": "cpu",
+        "status": "ok",
+        "model": "m",
+        "baseline": "baseline",
+        "batch_size": batch,
+        "techniques": run,
+        "peak_tensor_bytes": peak * MiB,
+        "samples_per_s": tput,
+        "torch_version": "2.14",
+    } | extra
 
 
 RUNS = [
@@ -26,8 +37,14 @@ def test_overview_page_covers_every_suite(tmp_path):
     for r in RUNS + [rec("b", "baseline", 10, 10.0)]:
         results.write_atomic(results.record_path(tmp_path, r["suite"], r["device"], r["run"]), r)
     written = build_overview(tmp_path)
-    assert {p.name for p in written} == {"overview.md", "overview.html", "overview-cpu.png", "overview-cpu.svg",
-                                         "figures.md", "README.md"}
+    assert {p.name for p in written} == {
+        "overview.md",
+        "overview.html",
+        "overview-cpu.png",
+        "overview-cpu.svg",
+        "figures.md",
+        "README.md",
+    }
     assert "| `peak_tensor_bytes` |" in (tmp_path / "README.md").read_text()  # the field reference
     assert (tmp_path / "figures.md").read_text().startswith("# Reference figures")
     text = written[0].read_text()

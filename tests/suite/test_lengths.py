@@ -44,8 +44,10 @@ def test_matrix_over_length_distributions_with_matching_baselines(tmp_path):
 
 
 def test_lengths_and_loader_options_in_shapes(tmp_path):
-    text = TOKENS.replace("seq_len = 64", 'seq_len = 64\nlengths = "lognormal:18:1.27:64"\nloader_workers = 2\n'
-                          "pin_memory = true").replace("seq_len = 512", 'seq_len = 512\nlengths = "uniform:1:512"')
+    text = TOKENS.replace(
+        "seq_len = 64",
+        'seq_len = 64\nlengths = "lognormal:18:1.27:64"\nloader_workers = 2\npin_memory = true',
+    ).replace("seq_len = 512", 'seq_len = 512\nlengths = "uniform:1:512"')
     run = load(write_suite(tmp_path, text + RUNS)).runs[1]
     assert (run.cpu.lengths, run.cpu.loader_workers, run.cpu.pin_memory) == ("lognormal:18:1.27:64", 2, True)
     assert run.gpu.lengths == "uniform:1:512" and run.gpu.loader_workers == 0
@@ -60,52 +62,70 @@ def test_fixed_length_runs_keep_their_keys(tmp_path):
 def test_a_distribution_longer_than_seq_len_names_the_key(tmp_path):
     text = TOKENS + MATRIX.replace('cpu = "uniform:4:64"', 'cpu = "uniform:4:100"')
     assert suite_problems(tmp_path, text) == [
-        "matrix.lengths.uniform.cpu: 'uniform:4:100' reaches 100 tokens, beyond seq_len = 64; lower its maximum "
-        "or raise seq_len"]
-    text = TOKENS.replace("seq_len = 64", 'seq_len = 64\nlengths = "digits"').replace("seq_len = 512", 'seq_len = 32'
-                                                                                     '\nlengths = "digits"')
+        "matrix.lengths.uniform.cpu: 'uniform:4:100' reaches 100 tokens, beyond seq_len = 64; lower its "
+        "maximum or raise seq_len"
+    ]
+    text = TOKENS.replace("seq_len = 64", 'seq_len = 64\nlengths = "digits"').replace(
+        "seq_len = 512", 'seq_len = 32\nlengths = "digits"'
+    )
     assert suite_problems(tmp_path, text + RUNS) == [
-        "shapes.gpu.lengths: 'digits' reaches 43 tokens, beyond seq_len = 32; lower its maximum or raise seq_len"]
+        "shapes.gpu.lengths: 'digits' reaches 43 tokens, beyond seq_len = 32; lower its maximum or raise "
+        "seq_len"
+    ]
 
 
 def test_a_distribution_that_is_not_one_lists_the_forms(tmp_path):
     text = TOKENS + MATRIX.replace('cpu = "uniform:4:64"', 'cpu = "zipf:2"')
     (problem,) = suite_problems(tmp_path, text)
-    assert problem.startswith("matrix.lengths.uniform.cpu: 'zipf:2' is not a length distribution; expected "
-                              "'uniform:LO:HI', 'lognormal:MEDIAN:SIGMA:MAX', 'digits' or 'hf:PATH'")
+    assert problem.startswith(
+        "matrix.lengths.uniform.cpu: 'zipf:2' is not a length distribution; expected "
+        "'uniform:LO:HI', 'lognormal:MEDIAN:SIGMA:MAX', 'digits' or 'hf:PATH'"
+    )
 
 
 def test_padding_technique_on_an_image_model_is_refused(tmp_path):
     text = TOKENS.replace("bert-tiny", "vit-tiny").replace("seq_len", "image_size").replace("512", "32")
     problems = suite_problems(tmp_path, text.replace("64", "32") + RUNS)
-    assert "runs[1].techniques: packing applies to models that take tokens; model vit-tiny takes image" in problems
+    assert (
+        "runs[1].techniques: packing applies to models that take tokens; model vit-tiny takes image"
+        in problems
+    )
 
 
 def test_padding_technique_without_lengths_is_refused(tmp_path):
     assert suite_problems(tmp_path, TOKENS + RUNS)[0] == (
-        "runs[0].techniques: pad-to-max forms batches from variable-length data; set lengths in [shapes.gpu] and "
-        "[shapes.cpu], or name distributions in [matrix.lengths]")
+        "runs[0].techniques: pad-to-max forms batches from variable-length data; set lengths in "
+        "[shapes.gpu] and [shapes.cpu], or name distributions in [matrix.lengths]"
+    )
 
 
 def test_packing_with_accumulation_is_refused(tmp_path):
     text = TOKENS.replace("seq_len = 64", 'seq_len = 64\nlengths = "digits"').replace(
-        "seq_len = 512", 'seq_len = 512\nlengths = "digits"')
+        "seq_len = 512", 'seq_len = 512\nlengths = "digits"'
+    )
     text += '[[runs]]\nname = "pad-to-max"\ntechniques = []\n[[runs]]\nname = "p"\n'
     text += 'techniques = ["packing", { name = "accumulate", micro_batches = 2 }]\n'
     (problem,) = suite_problems(tmp_path, text)
-    assert problem.startswith("runs[1].techniques: packing and accumulate cannot be combined: a packed batch is "
-                              "one row")
+    assert problem.startswith(
+        "runs[1].techniques: packing and accumulate cannot be combined: a packed batch is one row"
+    )
 
 
 def test_loader_workers_must_not_be_negative(tmp_path):
     text = TOKENS.replace("seq_len = 64", 'seq_len = 64\nlengths = "digits"\nloader_workers = -1').replace(
-        "seq_len = 512", 'seq_len = 512\nlengths = "digits"')
-    assert "shapes.cpu.loader_workers: must be 0 (load in the step's process) or more, got -1" in suite_problems(
-        tmp_path, text + RUNS)
+        "seq_len = 512", 'seq_len = 512\nlengths = "digits"'
+    )
+    assert (
+        "shapes.cpu.loader_workers: must be 0 (load in the step's process) or more, got -1"
+        in suite_problems(tmp_path, text + RUNS)
+    )
 
 
 def test_image_models_take_no_lengths(tmp_path):
-    text = TOKENS.replace("bert-tiny", "vit-tiny").replace("seq_len = 512", "image_size = 32").replace(
-        "seq_len = 64", 'image_size = 32\nlengths = "digits"')
+    text = (
+        TOKENS.replace("bert-tiny", "vit-tiny")
+        .replace("seq_len = 512", "image_size = 32")
+        .replace("seq_len = 64", 'image_size = 32\nlengths = "digits"')
+    )
     problems = suite_problems(tmp_path, text + '[[runs]]\nname = "pad-to-max"\ntechniques = []\n')
     assert problems[0].startswith("shapes.cpu.lengths: unknown key for model vit-tiny")

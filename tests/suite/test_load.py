@@ -51,15 +51,20 @@ def test_good_suite_loads_into_frozen_dataclasses(tmp_path):
 
 
 def test_matrix_expands_techniques_by_batch_sizes_with_matching_baselines(tmp_path):
-    text = GOOD.split("[[runs]]")[0] + """
+    text = (
+        GOOD.split("[[runs]]")[0]
+        + """
 [matrix]
 techniques = { baseline = [], ckpt = ["checkpoint"] }
 batch_size = { gpu = [16, 32], cpu = [2, 4] }
 """
+    )
     s = load(write_suite(tmp_path, text))
     assert [(r.name, r.gpu.batch_size, r.cpu.batch_size, r.baseline) for r in s.runs] == [
-        ("baseline@bs16", 16, 2, "baseline@bs16"), ("baseline@bs32", 32, 4, "baseline@bs32"),
-        ("ckpt@bs16", 16, 2, "baseline@bs16"), ("ckpt@bs32", 32, 4, "baseline@bs32"),
+        ("baseline@bs16", 16, 2, "baseline@bs16"),
+        ("baseline@bs32", 32, 4, "baseline@bs32"),
+        ("ckpt@bs16", 16, 2, "baseline@bs16"),
+        ("ckpt@bs32", 32, 4, "baseline@bs32"),
     ]
 
 
@@ -78,11 +83,16 @@ seq_len = { gpu = [2048, 8192], cpu = [32, 64] }
 """
     s = load(write_suite(tmp_path, text))
     assert [(r.name, r.gpu.seq_len, r.cpu.seq_len, r.baseline) for r in s.runs] == [
-        ("baseline@seq2048", 2048, 32, "baseline@seq2048"), ("baseline@seq8192", 8192, 64, "baseline@seq8192"),
-        ("ckpt@seq2048", 2048, 32, "baseline@seq2048"), ("ckpt@seq8192", 8192, 64, "baseline@seq8192"),
+        ("baseline@seq2048", 2048, 32, "baseline@seq2048"),
+        ("baseline@seq8192", 8192, 64, "baseline@seq8192"),
+        ("ckpt@seq2048", 2048, 32, "baseline@seq2048"),
+        ("ckpt@seq8192", 8192, 64, "baseline@seq8192"),
     ]
-    found = suite_problems(tmp_path, GOOD.split("[[runs]]")[0] + "[matrix]\ntechniques = { baseline = [] }\n"
-                           "seq_len = { gpu = [64], cpu = [16] }\n")  # GOOD's model takes images
+    found = suite_problems(
+        tmp_path,
+        GOOD.split("[[runs]]")[0] + "[matrix]\ntechniques = { baseline = [] }\n"
+        "seq_len = { gpu = [64], cpu = [16] }\n",
+    )  # GOOD's model takes images
     assert found == ["matrix.seq_len: model vit-tiny takes images; seq_len is a token model's"]
 
 
@@ -103,14 +113,17 @@ def test_a_suite_that_is_not_there_lists_the_ones_that_are(tmp_path):
     (tmp_path / "bert.toml").write_text(GOOD)
     with pytest.raises(SuiteError) as info:
         load(tmp_path / "renset.toml")
-    assert info.value.problems == [f"cannot read: No such file or directory (did you mean 'resnet'?); suites in "
-                                   f"{tmp_path}: bert, resnet"]
+    assert info.value.problems == [
+        f"cannot read: No such file or directory (did you mean 'resnet'?); suites in {tmp_path}: bert, resnet"
+    ]
 
 
 def test_a_missing_suite_is_refused_before_torch_is_imported(tmp_path):
     # Every command took about 45 s on a loaded machine to say so, importing torch first.
-    code = ("import sys; from bench.cli import main; rc = main(['run', 'renset']); "
-            "sys.exit(rc if 'torch' not in sys.modules else 99)")
+    code = (
+        "import sys; from bench.cli import main; rc = main(['run', 'renset']); "
+        "sys.exit(rc if 'torch' not in sys.modules else 99)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 2, out.stderr
     assert "(did you mean 'resnet'?)" in out.stderr
@@ -143,8 +156,8 @@ techniques = [{ name = "accumulate", micro_batches = "two" }]
         "baseline: 'nope' is not a run name",
         "shapes.gpu.batch_size: required positive integer, got 0",
         "shapes.cpu.batch_size: expected int, got str 'eight'",
-        "runs[0].techniques[0]: unknown technique 'warp-drive'; known: accumulate, activation-offload, adamw-8bit, "
-        "allocator, amp",
+        "runs[0].techniques[0]: unknown technique 'warp-drive'; known: accumulate, activation-offload, "
+        "adamw-8bit, allocator, amp",
         "runs[0].techniques[1].dtype: must be one of 'bfloat16', 'float16', got 'float8'",
         "runs[0].techniques[2].speed: unknown option of amp; allowed: dtype",
         "runs[2].techniques[0].micro_batches: expected int, got str 'two'",
@@ -210,7 +223,8 @@ def test_a_run_name_too_long_for_a_file_name_is_refused_at_load(tmp_path):
 
 def test_techniques_must_fit_the_suite_mode(tmp_path):
     infer = GOOD.replace('baseline = "baseline"', 'baseline = "baseline"\nmode = "inference"')
-    (msg,) = suite_problems(tmp_path, infer)  # amp applies to both modes; checkpointing has no backward to save for
+    # amp applies to both modes; checkpointing has no backward to save for
+    (msg,) = suite_problems(tmp_path, infer)
     assert "runs[1].techniques: checkpoint does not apply to inference suites; it works in: train" in msg
     (msg,) = suite_problems(tmp_path, GOOD.replace('"checkpoint"]', '"inference-mode"]'))
     assert "inference-mode does not apply to train suites; it works in: inference" in msg
@@ -223,11 +237,16 @@ def test_train_mode_stays_out_of_the_key_so_older_records_keep_theirs(tmp_path):
     inference = GOOD.replace('"checkpoint"]', "]").replace("model =", 'mode = "inference"\nmodel =')
     infer = load(write_suite(tmp_path, inference)).runs[0]
     assert "mode" not in train.to_dict() and infer.to_dict()["mode"] == "inference"
-    assert suites.RunSpec.from_dict(train.to_dict()) == train and suites.RunSpec.from_dict(infer.to_dict()) == infer
+    assert (
+        suites.RunSpec.from_dict(train.to_dict()) == train
+        and suites.RunSpec.from_dict(infer.to_dict()) == infer
+    )
     assert train.key("cpu") != infer.key("cpu")
 
 
-FIDELITY = GOOD + """
+FIDELITY = (
+    GOOD
+    + """
 [fidelity]
 steps = 50
 seeds = 2
@@ -237,6 +256,7 @@ batch_size = 16
 [fidelity.gpu]
 enabled = false
 """
+)
 
 
 def test_fidelity_table_with_per_device_overrides_and_a_per_run_switch(tmp_path):
@@ -249,14 +269,18 @@ def test_fidelity_table_with_per_device_overrides_and_a_per_run_switch(tmp_path)
 
 def test_no_fidelity_drops_the_phase_and_keys_runs_as_fidelity_false(tmp_path):
     suite = load(write_suite(tmp_path, FIDELITY))
-    off = load(write_suite(tmp_path, FIDELITY.replace('techniques = []', 'fidelity = false\ntechniques = []')))
+    off = load(
+        write_suite(tmp_path, FIDELITY.replace("techniques = []", "fidelity = false\ntechniques = []"))
+    )
     base = suites.without_fidelity(suite).runs[0]
     assert base.fidelity("cpu") is None and base.fidelity("cuda") is None
     assert base.key("cpu") == off.runs[0].key("cpu") != suite.runs[0].key("cpu")
 
 
 def test_fidelity_problems_are_reported_with_their_keys(tmp_path):
-    text = GOOD.replace('"checkpoint"]', '{ name = "accumulate", micro_batches = 2 }]') + """
+    text = (
+        GOOD.replace('"checkpoint"]', '{ name = "accumulate", micro_batches = 2 }]')
+        + """
 [fidelity]
 seeds = 1
 colour = 3
@@ -264,23 +288,33 @@ colour = 3
 model = "bert-tiny"
 batch_size = 15
 """
+    )
     found = suite_problems(tmp_path, text)
-    assert ("fidelity.colour: unknown key; allowed: dataset, steps, batch_size, lr, seeds, image_size, model, weights, "
-            "enabled") in found
+    assert (
+        "fidelity.colour: unknown key; allowed: dataset, steps, batch_size, lr, seeds, image_size, model, "
+        "weights, enabled"
+    ) in found
     assert "fidelity.seeds: must be at least 2" in found  # a shared key: reported once, where it is written
-    assert ("fidelity.cpu.model: 'bert-tiny' takes tokens inputs and the suite's model image inputs; "
-            "choose a model of the same kind") in found
-    assert any("accumulate at fidelity.cpu batch_size 15: micro_batches=2 does not divide" in p for p in found)
+    assert (
+        "fidelity.cpu.model: 'bert-tiny' takes tokens inputs and the suite's model image inputs; "
+        "choose a model of the same kind"
+    ) in found
+    assert any(
+        "accumulate at fidelity.cpu batch_size 15: micro_batches=2 does not divide" in p for p in found
+    )
 
 
 def test_a_users_model_by_import_path(tmp_path):
     s = load(write_suite(tmp_path, GOOD.replace('"vit-tiny"', '"tests.helpers:IMAGE_MLP"')))
     assert s.model == "tests.helpers:IMAGE_MLP" and {r.model for r in s.runs} == {"tests.helpers:IMAGE_MLP"}
-    (msg,) = suite_problems(tmp_path, GOOD.replace('"vit-tiny"', '"tests.helpers:NOPE"'))  # nothing else: shapes wait
+    # nothing else: shapes wait
+    (msg,) = suite_problems(tmp_path, GOOD.replace('"vit-tiny"', '"tests.helpers:NOPE"'))
     assert msg.startswith("model: cannot import model 'tests.helpers:NOPE': AttributeError")
 
 
-WEIGHTS = GOOD.replace('baseline = "baseline"', 'baseline = "baseline"\nweights = "WEIGHTS"') + """
+WEIGHTS = (
+    GOOD.replace('baseline = "baseline"', 'baseline = "baseline"\nweights = "WEIGHTS"')
+    + """
 [fidelity]
 steps = 10
 [fidelity.cpu]
@@ -288,6 +322,7 @@ model = "vit-tiny"
 [fidelity.gpu]
 model = "resnet-tiny"
 """
+)
 
 
 def test_weights_go_to_the_suite_model_wherever_it_is_trained(tmp_path):
@@ -330,8 +365,10 @@ def test_a_device_may_run_a_smaller_model_of_the_suites_kind(tmp_path):
 
 def test_a_stand_in_of_another_kind_is_refused_with_the_fix(tmp_path):
     found = suite_problems(tmp_path, GOOD.replace("[shapes.cpu]\n", '[shapes.cpu]\nmodel = "bert-tiny"\n'))
-    assert ("shapes.cpu.model: bert-tiny takes tokens for classify, model vit-tiny takes image for classify; name a "
-            "smaller model of the same kind") in found
+    assert (
+        "shapes.cpu.model: bert-tiny takes tokens for classify, model vit-tiny takes image for classify; "
+        "name a smaller model of the same kind"
+    ) in found
     found = suite_problems(tmp_path, GOOD.replace("[shapes.cpu]\n", '[shapes.cpu]\nmodel = "nope"\n'))
     assert any(p.startswith("shapes.cpu.model: ") and "nope" in p for p in found)
 

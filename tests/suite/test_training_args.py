@@ -1,6 +1,6 @@
-"""A run's training_args: a transformers TrainingArguments file (JSON or YAML) becomes the techniques and batch it
-means, what changes no memory is named as ignored, a wrong field is a load error naming it, and the run holds what
-the Trainer itself holds in its step."""
+"""A run's training_args: a transformers TrainingArguments file (JSON or YAML) becomes the techniques and
+batch it means, what changes no memory is named as ignored, a wrong field is a load error naming it, and the
+run holds what the Trainer itself holds in its step."""
 
 import json
 
@@ -12,41 +12,66 @@ from bench.measure.memory import tracked_step
 from bench.suite import SuiteError, load
 from tests.conftest import CPU, build_trainer
 
-ARGS = {"output_dir": "out", "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2,
-        "gradient_checkpointing": True, "bf16": True, "optim": "adafactor", "learning_rate": 2e-5, "logging_steps": 5}
+ARGS = {
+    "output_dir": "out",
+    "per_device_train_batch_size": 2,
+    "gradient_accumulation_steps": 2,
+    "gradient_checkpointing": True,
+    "bf16": True,
+    "optim": "adafactor",
+    "learning_rate": 2e-5,
+    "logging_steps": 5,
+}
 
 
 def suite(tmp_path, args, name="args.json", extra=""):
     (tmp_path / name).write_text(args if isinstance(args, str) else json.dumps(args))
     path = tmp_path / "job.toml"
-    path.write_text('model = "hf:suites/configs/tiny-llama"\nbaseline = "baseline"\n[shapes.gpu]\nbatch_size = 4\n'
-                    'seq_len = 32\n[shapes.cpu]\nbatch_size = 4\nseq_len = 32\n[[runs]]\nname = "baseline"\n'
-                    f'techniques = []\n[[runs]]\nname = "trainer"\ntraining_args = "{tmp_path / name}"\n{extra}')
+    path.write_text(
+        'model = "hf:suites/configs/tiny-llama"\nbaseline = "baseline"\n[shapes.gpu]\nbatch_size = 4\n'
+        'seq_len = 32\n[shapes.cpu]\nbatch_size = 4\nseq_len = 32\n[[runs]]\nname = "baseline"\n'
+        f'techniques = []\n[[runs]]\nname = "trainer"\ntraining_args = "{tmp_path / name}"\n{extra}'
+    )
     return path
 
 
-@pytest.mark.parametrize("name, text", [
-    ("args.json", json.dumps(ARGS)),
-    ("args.yaml", "\n".join(f"{k}: {json.dumps(v)}" for k, v in ARGS.items())),  # as TRL and axolotl write them
-])
+@pytest.mark.parametrize(
+    "name, text",
+    [
+        ("args.json", json.dumps(ARGS)),
+        # as TRL and axolotl write them
+        ("args.yaml", "\n".join(f"{k}: {json.dumps(v)}" for k, v in ARGS.items())),
+    ],
+)
 def test_the_fields_that_change_memory_become_techniques_and_the_rest_are_named(name, text, tmp_path, capsys):
     run = load(suite(tmp_path, text, name)).runs[1]
     assert [t.label for t in run.techniques] == [
-        "amp(dtype=bfloat16)", "optimizer(groups=trainer,kind=adafactor-transformers)", "checkpoint",
-        "accumulate(micro_batches=2)"]
+        "amp(dtype=bfloat16)",
+        "optimizer(groups=trainer,kind=adafactor-transformers)",
+        "checkpoint",
+        "accumulate(micro_batches=2)",
+    ]
     assert run.gpu.batch_size == 4  # 2 per device, accumulated twice: the step the harness measures
-    assert "ignored, as they change nothing a step holds: learning_rate, logging_steps, output_dir" in \
-        capsys.readouterr().err
+    assert (
+        "ignored, as they change nothing a step holds: learning_rate, logging_steps, output_dir"
+        in capsys.readouterr().err
+    )
 
 
 @pytest.mark.fault("cli values")
-@pytest.mark.parametrize("change, said", [
-    ({"gradient_acumulation_steps": 2}, "gradient_acumulation_steps: not a TrainingArguments field"),
-    ({"fp16": True}, "bf16 and fp16: both true"),
-    ({"optim": "paged_adamw_8bit"}, "optim = 'paged_adamw_8bit': not modelled here"),
-    ({"per_device_train_batch_size": 0}, "per_device_train_batch_size: expected a whole number of at least 1"),
-    ({"gradient_checkpointing_kwargs": {"preserve_rng_state": False}}, "only use_reentrant is modelled"),
-])
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        ({"gradient_acumulation_steps": 2}, "gradient_acumulation_steps: not a TrainingArguments field"),
+        ({"fp16": True}, "bf16 and fp16: both true"),
+        ({"optim": "paged_adamw_8bit"}, "optim = 'paged_adamw_8bit': not modelled here"),
+        (
+            {"per_device_train_batch_size": 0},
+            "per_device_train_batch_size: expected a whole number of at least 1",
+        ),
+        ({"gradient_checkpointing_kwargs": {"preserve_rng_state": False}}, "only use_reentrant is modelled"),
+    ],
+)
 def test_a_wrong_or_contradictory_field_is_a_load_error_naming_it(change, said, tmp_path):
     with pytest.raises(SuiteError, match=said):
         load(suite(tmp_path, ARGS | change))
@@ -73,8 +98,8 @@ def test_the_run_holds_what_the_trainer_holds_for_the_same_arguments(bf16, tmp_p
 
     def their_step():  # the Trainer's loop: two micro-batches of 2, then the optimizer's step
         for half in range(2):
-            part = {k: v[2 * half:2 * half + 2].clone() for k, v in inputs.items()}
-            theirs.training_step(theirs.model, part | {"labels": labels[2 * half:2 * half + 2].clone()})
+            part = {k: v[2 * half : 2 * half + 2].clone() for k, v in inputs.items()}
+            theirs.training_step(theirs.model, part | {"labels": labels[2 * half : 2 * half + 2].clone()})
         theirs.optimizer.step()
         theirs.optimizer.zero_grad(set_to_none=True)
 
@@ -83,5 +108,6 @@ def test_the_run_holds_what_the_trainer_holds_for_the_same_arguments(bf16, tmp_p
     measured = tracked_step(lambda: ours.step(clone_batch(batch)), ours.model, ours.optimizer, CPU)
     reference = tracked_step(their_step, theirs.model, theirs.optimizer, CPU)
     assert type(theirs.optimizer).__name__ == "Adafactor" and torch.is_grad_enabled()
-    assert abs(measured["peak_tensor_bytes"] / reference["peak_tensor_bytes"] - 1) < 0.01, \
-        {k: (measured[k], reference[k]) for k in measured if measured[k] != reference[k]}
+    assert abs(measured["peak_tensor_bytes"] / reference["peak_tensor_bytes"] - 1) < 0.01, {
+        k: (measured[k], reference[k]) for k in measured if measured[k] != reference[k]
+    }

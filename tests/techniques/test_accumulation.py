@@ -6,7 +6,9 @@ from tests.helpers import spec, tech
 
 
 def params_after_one_step(*techniques):
-    trainer, batch = build_trainer(spec("vit-tiny", (tech("tests.helpers:SGD", lr=1.0), *techniques), batch_size=16))
+    trainer, batch = build_trainer(
+        spec("vit-tiny", (tech("tests.helpers:SGD", lr=1.0), *techniques), batch_size=16)
+    )
     before = torch.cat([p.detach().flatten().clone() for p in trainer.model.parameters()])
     trainer.step(batch)
     after = torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
@@ -23,7 +25,9 @@ def test_accumulated_gradient_equals_the_full_batch_gradient():
 def test_accumulation_lowers_the_peak_at_equal_global_batch():
     peaks = {}
     for n in (1, 4):
-        trainer, batch = build_trainer(spec("vit-tiny", (tech("accumulate", micro_batches=n),), batch_size=64))
+        trainer, batch = build_trainer(
+            spec("vit-tiny", (tech("accumulate", micro_batches=n),), batch_size=64)
+        )
         trainer.step(batch)
         peaks[n] = tracked_step(lambda t=trainer, b=batch: t.step(b), trainer.model, trainer.optimizer, CPU)
     assert peaks[4]["activation_bytes"] < peaks[1]["activation_bytes"] / 3

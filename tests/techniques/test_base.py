@@ -1,5 +1,5 @@
-"""What every technique declares for the rest of the house: its place in advice's catalogue or why it has none,
-the batch multiple it needs, its host traffic and the kernel it pins, read off the built technique."""
+"""What every technique declares for the rest of the house: its place in advice's catalogue or why it has
+none, the batch multiple it needs, its host traffic and the kernel it pins, read off the built technique."""
 
 from dataclasses import fields
 from pathlib import Path
@@ -20,7 +20,9 @@ def test_every_technique_is_in_advices_catalogue_or_says_why_not(name):
     if cls.not_advised:
         assert not cls.axis and not cls.offers, f"{name}: advised and not advised"
     else:
-        assert cls.axis in AXES and cls.offers, f"{name}: neither on an axis of {AXES} nor not_advised with a reason"
+        assert cls.axis in AXES and cls.offers, (
+            f"{name}: neither on an axis of {AXES} nor not_advised with a reason"
+        )
     for offer in cls.offers:  # every setting advice would try is one the technique takes
         assert {k for k, _ in offer.options} <= {f.name for f in fields(cls.Config)}, offer
 
@@ -30,8 +32,9 @@ def test_the_batch_multiple_and_the_pinned_kernel_are_the_techniques_own():
     assert build(TechniqueSpec("checkpoint")).batch_multiple() == 1
     assert build(TechniqueSpec("sdpa")).attention_backend() == "flash"  # its default, written once
     assert build(TechniqueSpec("sdpa", (("backend", "math"),))).attention_backend() == "math"
-    assert {n: TECHNIQUES.get(n).host_traffic for n in ("offload", "activation-offload", "cpu-offload-optimizer")} == {
-        "offload": "activations", "activation-offload": "activations", "cpu-offload-optimizer": "optimizer"}
+    assert {
+        n: TECHNIQUES.get(n).host_traffic for n in ("offload", "activation-offload", "cpu-offload-optimizer")
+    } == {"offload": "activations", "activation-offload": "activations", "cpu-offload-optimizer": "optimizer"}
 
 
 OWN = """model = "bert-tiny"
@@ -62,6 +65,9 @@ def test_a_users_technique_that_declares_an_axis_is_advised_like_a_built_in_one(
 
 def test_the_docs_table_is_the_registrys():
     page = Path("docs/techniques.md").read_text(encoding="utf-8")
-    assert catalogue.BEGIN + "\n" + catalogue.table() + "\n" + catalogue.END in page, \
+    assert catalogue.BEGIN + "\n" + catalogue.table() + "\n" + catalogue.END in page, (
         "docs/techniques.md's table is stale: run make docs"
-    assert catalogue.expected(TECHNIQUES.get("accumulate")).startswith("activation memory scales with the micro-batch")
+    )
+    assert catalogue.expected(TECHNIQUES.get("accumulate")).startswith(
+        "activation memory scales with the micro-batch"
+    )

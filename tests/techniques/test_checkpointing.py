@@ -54,7 +54,9 @@ def test_same_gradients_as_without_checkpointing():
 def test_every_k_and_selective_sit_between_none_and_full():
     held = {}
     for label, techniques in {
-        "none": (), "full": (tech("checkpoint"),), "every-2": (tech("checkpoint", every=2),),
+        "none": (),
+        "full": (tech("checkpoint"),),
+        "every-2": (tech("checkpoint", every=2),),
         "selective": (tech("selective-checkpoint"),),
     }.items():
         figures, trainer = held_and_trainer("vit-tiny", *techniques, batch_size=32)
@@ -66,21 +68,28 @@ def test_every_k_and_selective_sit_between_none_and_full():
             # Per layer: q/k/v in-projection, out-projection, two MLP linears are saved ...
             assert proof["selective-checkpoint.saved_ops_per_step"] > 0
             # ... and the rest (norms, GELU, adds, views) is recomputed.
-            recomputed, saved = (proof[f"selective-checkpoint.{k}_ops_per_step"] for k in ("recomputed", "saved"))
+            recomputed, saved = (
+                proof[f"selective-checkpoint.{k}_ops_per_step"] for k in ("recomputed", "saved")
+            )
             assert recomputed > saved
     assert held["full"] < held["every-2"] < held["none"]
     assert held["full"] < held["selective"] < held["none"]
 
 
 def running_means(trainer) -> dict[str, torch.Tensor]:
-    return {n.replace("_checkpoint_wrapped_module.", ""): b.clone()
-            for n, b in trainer.model.named_buffers() if n.endswith("running_mean")}
+    return {
+        n.replace("_checkpoint_wrapped_module.", ""): b.clone()
+        for n, b in trainer.model.named_buffers()
+        if n.endswith("running_mean")
+    }
 
 
 @pytest.mark.parametrize("correct", [False, True])
 def test_batch_norm_stats_update_twice_unless_the_momentum_is_corrected(correct):
     plain, batch = build_trainer(spec("resnet-tiny", batch_size=8))
-    ckpt, _ = build_trainer(spec("resnet-tiny", (tech("checkpoint", bn_momentum_correction=correct),), batch_size=8))
+    ckpt, _ = build_trainer(
+        spec("resnet-tiny", (tech("checkpoint", bn_momentum_correction=correct),), batch_size=8)
+    )
     plain.step(batch)
     ckpt.step(batch)
     expected, got = running_means(plain), running_means(ckpt)
@@ -95,22 +104,30 @@ def test_selective_policies_are_named_torchtitans_saving_every_other_matmul():
     held = {}
     attention = {"ops": "_scaled_dot_product_flash_attention_for_cpu"}  # SDPA's kernel on a CPU
     for save, extra in (("matmuls", {}), ("torchtitan", {}), ("ops", attention)):
-        trainer, batch = build_trainer(spec("llama-tiny", (tech("selective-checkpoint", save=save, **extra),),
-                                            batch_size=2, seq_len=32))
+        trainer, batch = build_trainer(
+            spec("llama-tiny", (tech("selective-checkpoint", save=save, **extra),), batch_size=2, seq_len=32)
+        )
         trainer.step(batch)
-        held[save] = tracked_step(lambda t=trainer, b=batch: t.step(b), trainer.model, trainer.optimizer,
-                                  CPU)["activation_bytes"]
+        held[save] = tracked_step(
+            lambda t=trainer, b=batch: t.step(b), trainer.model, trainer.optimizer, CPU
+        )["activation_bytes"]
         proof = trainer.techniques[0].proof(1)
         if save == "torchtitan":  # 7 matmuls a layer: 4 saved, 3 recomputed, attention saved
             assert proof["saved_ops_per_step"] > 0 and proof["recomputed_ops_per_step"] > 0
     assert held["ops"] < held["torchtitan"] < held["matmuls"]
 
 
-@pytest.mark.parametrize("options, said", [
-    ({"save": "ops"}, "save = 'ops' needs ops"), ({"ops": "mm"}, "ops goes with save = 'ops'"),
-    ({"save": "ops", "ops": "mm,matmool"}, "no aten operator 'matmool'"),
-])
+@pytest.mark.parametrize(
+    "options, said",
+    [
+        ({"save": "ops"}, "save = 'ops' needs ops"),
+        ({"ops": "mm"}, "ops goes with save = 'ops'"),
+        ({"save": "ops", "ops": "mm,matmool"}, "no aten operator 'matmool'"),
+    ],
+)
 def test_a_selective_policy_that_cannot_be_built_is_refused_at_load(options, said, tmp_path):
-    technique = "{ name = \"selective-checkpoint\", " + ", ".join(f'{k} = "{v}"' for k, v in options.items()) + " }"
+    technique = (
+        '{ name = "selective-checkpoint", ' + ", ".join(f'{k} = "{v}"' for k, v in options.items()) + " }"
+    )
     found = suite_problems(tmp_path, GOOD.replace('"checkpoint"]', technique + "]"))
     assert any(said in p for p in found), found

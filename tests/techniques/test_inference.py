@@ -40,7 +40,8 @@ def test_dynamic_int8_quantizes_every_body_linear_and_shrinks_their_bytes():
     body_bytes = sum(m.weight.numel() * 4 for n, m in model.named_modules() if n in body)
     # int8 instead of fp32 for those weights: 3 bytes per weight saved, less the per-channel scales.
     assert base["param_bytes"] - quant["param_bytes"] > 0.7 * body_bytes
-    # 0.98: with AVX2 kernels only (no VNNI), int8 GEMMs sum byte pairs in saturating int16s; 0.984 measured there
+    # 0.98: with AVX2 kernels only (no VNNI), int8 GEMMs sum byte pairs in saturating int16s; 0.984 measured
+    # there
     assert torch.nn.functional.cosine_similarity(logits.flatten(), expected.flatten(), dim=0) > 0.98
 
 

@@ -59,8 +59,10 @@ def test_technique_environment_reaches_the_run_process():
 
 
 def test_the_env_technique_sets_its_variables_for_a_fresh_run_process():
-    record = run_isolated(spec("vit-tiny", (tech("env", vars="CUDA_LAUNCH_BLOCKING=1 BENCH_NOTE='two words'"),)),
-                          Device("cpu", "cpu"))
+    record = run_isolated(
+        spec("vit-tiny", (tech("env", vars="CUDA_LAUNCH_BLOCKING=1 BENCH_NOTE='two words'"),)),
+        Device("cpu", "cpu"),
+    )
     assert record["status"] == "ok" and record["launcher"] == "fresh"
     assert record["proof"]["env.in_process.CUDA_LAUNCH_BLOCKING"] == "1"
     assert record["proof"]["env.in_process.BENCH_NOTE"] == "two words"
@@ -69,8 +71,10 @@ def test_the_env_technique_sets_its_variables_for_a_fresh_run_process():
 def test_the_env_technique_refuses_what_is_not_a_name_value_pair(tmp_path):
     from tests.helpers import suite_problems
 
-    text = ('model = "vit-tiny"\nbaseline = "b"\n[shapes.gpu]\nbatch_size = 2\nimage_size = 32\n'
-            '[shapes.cpu]\nbatch_size = 2\nimage_size = 32\n[[runs]]\nname = "b"\n'
-            'techniques = [{ name = "env", vars = "CUDA_LAUNCH_BLOCKING 1=x" }]\n')
+    text = (
+        'model = "vit-tiny"\nbaseline = "b"\n[shapes.gpu]\nbatch_size = 2\nimage_size = 32\n'
+        '[shapes.cpu]\nbatch_size = 2\nimage_size = 32\n[[runs]]\nname = "b"\n'
+        'techniques = [{ name = "env", vars = "CUDA_LAUNCH_BLOCKING 1=x" }]\n'
+    )
     (problem,) = {p.split(": env at ")[1].split(": ", 1)[1] for p in suite_problems(tmp_path, text)}
     assert problem == "vars: expected NAME=VALUE pairs, got ['CUDA_LAUNCH_BLOCKING', '1=x']"

@@ -26,7 +26,9 @@ def test_lora_trains_adapters_and_head_only(model):
     lora, trainer = run(model, tech("lora", rank=4))
     proof = trainer.proof()
     trainable = [p for p in trainer.model.parameters() if p.requires_grad]
-    assert proof["lora.trainable_params"] == sum(p.numel() for p in trainable) < proof["lora.total_params"] / 5
+    assert (
+        proof["lora.trainable_params"] == sum(p.numel() for p in trainable) < proof["lora.total_params"] / 5
+    )
     assert proof["lora.adapted_layers"] == 4  # two target layers in each of two blocks
     assert lora["optimizer_state_bytes"] < base["optimizer_state_bytes"] / 5
 
@@ -42,9 +44,9 @@ def test_int8_weights_store_frozen_linears_in_a_quarter_of_the_bytes():
 
 
 def adamw_8bit_state_bytes(numel: int) -> int:
-    """torchao's AdamW8bit state for one parameter: each moment as a byte per value, a float32 scale per block of
-    256 values and its 256-entry float32 code book, for tensors of 4096+ values in whole blocks (smaller ones stay
-    float32, as bitsandbytes does); and a float32 step counter."""
+    """torchao's AdamW8bit state for one parameter: each moment as a byte per value, a float32 scale per block
+    of 256 values and its 256-entry float32 code book, for tensors of 4096+ values in whole blocks (smaller
+    ones stay float32, as bitsandbytes does); and a float32 step counter."""
     moment = numel + numel // 256 * 4 + 256 * 4 if numel >= 4096 and numel % 256 == 0 else 4 * numel
     return 2 * moment + 4
 
@@ -55,27 +57,33 @@ def test_adamw_8bit_keeps_its_moments_in_a_byte_per_value():
     trainer.step(batch)
     figures = model_state_bytes(trainer.model, trainer.optimizer)
     assert trainer.proof()["adamw-8bit.optimizer"] == "torchao.optim.adam.AdamW8bit"
-    assert figures["optimizer_state_bytes"] == sum(adamw_8bit_state_bytes(p.numel())
-                                                   for p in trainer.model.parameters())
+    assert figures["optimizer_state_bytes"] == sum(
+        adamw_8bit_state_bytes(p.numel()) for p in trainer.model.parameters()
+    )
 
 
 def test_adamw_8bit_step_is_tracked_with_its_state_but_not_its_compiled_temporaries():
-    """Linear(64→256)→ReLU→Linear(256→10), batch 32, as the AdamW test in tests/measure/test_tracker.py. torchao
-    compiles each parameter's update, which the tracker steps aside for: the state it keeps is counted, the
-    kernel's temporaries are not, so the peak is backward's where AdamW's own was its step's."""
+    """Linear(64→256)→ReLU→Linear(256→10), batch 32, as the AdamW test in tests/measure/test_tracker.py.
+    torchao compiles each parameter's update, which the tracker steps aside for: the state it keeps is
+    counted, the kernel's temporaries are not, so the peak is backward's where AdamW's own was its step's."""
     model, opt, step = mlp_step(pytest.importorskip("torchao.optim").AdamW8bit)
     figures = tracked_step(step, model, opt, CPU, compiled_update=True)
     params = MLP_PARAM_BYTES
-    state = 2 * (64 * 256 + 64 * 4 + 1024) + 2 * 4 * (256 + 256 * 10 + 10) + 4 * 4  # only the first weight is 8-bit
+    # only the first weight is 8-bit
+    state = 2 * (64 * 256 + 64 * 4 + 1024) + 2 * 4 * (256 + 256 * 10 + 10) + 4 * 4
     assert state == sum(adamw_8bit_state_bytes(p.numel()) for p in model.parameters())
     assert figures["optimizer_state_bytes"] == state
     # At backward's peak: the model states, every gradient, the hidden layer's gradient (32 × 256 floats) as
     # the first weight's is made, and the loss with its gradient (4 bytes each).
     assert figures["peak_phase"] == "backward"
     assert {k: v for k, v in figures.items() if k.startswith("at_peak_")} == {
-        "at_peak_parameters_bytes": params, "at_peak_buffers_bytes": 0, "at_peak_gradients_bytes": params,
-        "at_peak_optimizer_state_bytes": state, "at_peak_activations_bytes": 0,
-        "at_peak_temporaries_bytes": 32 * 256 * 4 + 2 * 4}
+        "at_peak_parameters_bytes": params,
+        "at_peak_buffers_bytes": 0,
+        "at_peak_gradients_bytes": params,
+        "at_peak_optimizer_state_bytes": state,
+        "at_peak_activations_bytes": 0,
+        "at_peak_temporaries_bytes": 32 * 256 * 4 + 2 * 4,
+    }
 
 
 def test_adamw_8bit_runs_record_a_tracked_peak_and_its_breakdown():
@@ -86,11 +94,14 @@ def test_adamw_8bit_runs_record_a_tracked_peak_and_its_breakdown():
     assert sum(v for k, v in record.items() if k.startswith("at_peak_")) == record["peak_tensor_bytes"]
 
 
-@pytest.mark.parametrize("technique, model, reason", [
-    ("fp8", "vit-tiny", "FP8 tensor cores are a GPU feature"),
-    ("int8-weights", "resnet-tiny", "ResNet's only linear layer is its head"),
-    ("lora", "resnet-tiny", "no default layers to adapt for this model: set targets"),
-])
+@pytest.mark.parametrize(
+    "technique, model, reason",
+    [
+        ("fp8", "vit-tiny", "FP8 tensor cores are a GPU feature"),
+        ("int8-weights", "resnet-tiny", "ResNet's only linear layer is its head"),
+        ("lora", "resnet-tiny", "no default layers to adapt for this model: set targets"),
+    ],
+)
 def test_inapplicable_low_bit_runs_are_unsupported(technique, model, reason):
     record = measure(spec(model, (tech(technique),)), CPU)  # decided before anything runs: no process needed
     assert record["status"] == "unsupported" and reason in record["message"], record
@@ -130,13 +141,16 @@ def test_int8_weights_on_a_model_with_no_linear_but_its_head_is_unsupported_not_
         quantize_body_linears(convolutions, Int8WeightOnlyConfig(), freeze=True)
 
 
-@pytest.mark.parametrize("model, torchao, reason", [
-    # ResNet's one linear is its head (to 10 classes here, 1000 at full size): FP8 would convert nothing,
-    # whether or not torchao is there to be asked for.
-    ("resnet-tiny", True, r"\(linears: fc 2048→10\): nothing would run in FP8"),
-    ("resnet-tiny", False, r"\(linears: fc 2048→10\): nothing would run in FP8"),
-    ("bert-tiny", False, "needs torchao: pip install torchao"),
-])
+@pytest.mark.parametrize(
+    "model, torchao, reason",
+    [
+        # ResNet's one linear is its head (to 10 classes here, 1000 at full size): FP8 would convert nothing,
+        # whether or not torchao is there to be asked for.
+        ("resnet-tiny", True, r"\(linears: fc 2048→10\): nothing would run in FP8"),
+        ("resnet-tiny", False, r"\(linears: fc 2048→10\): nothing would run in FP8"),
+        ("bert-tiny", False, "needs torchao: pip install torchao"),
+    ],
+)
 def test_fp8_says_first_what_no_install_changes(monkeypatch, model, torchao, reason):
     """What a CUDA host without torchao would say, through the prediction (which stands for a CUDA run: on
     a CPU, fp8 is refused first as a GPU feature)."""
@@ -153,10 +167,10 @@ def test_fp8_says_first_what_no_install_changes(monkeypatch, model, torchao, rea
 
 
 def test_qlora_stores_every_block_linear_in_nf4_and_trains_the_adapters_only():
-    """llama-tiny: its 14 block linears become frozen NF4 weights of 4 bits a value plus their double-quantized
-    scales (0.54 bytes a parameter at these sizes), adapted by LoRA on all seven linears of a layer; the tied
-    embedding and head stay float32 and frozen. The tracked parameter bytes are LoRA's less exactly what NF4
-    saves on those weights, and the prediction counts the same bytes."""
+    """llama-tiny: its 14 block linears become frozen NF4 weights of 4 bits a value plus their
+    double-quantized scales (0.54 bytes a parameter at these sizes), adapted by LoRA on all seven linears of a
+    layer; the tied embedding and head stay float32 and frozen. The tracked parameter bytes are LoRA's less
+    exactly what NF4 saves on those weights, and the prediction counts the same bytes."""
     pytest.importorskip("torchao")
     pytest.importorskip("peft")
     from bench.predict.fake import predict
@@ -175,34 +189,40 @@ def test_qlora_stores_every_block_linear_in_nf4_and_trains_the_adapters_only():
 
 
 def test_cpu_offload_optimizer_leaves_the_device_its_small_parameters_state_only():
-    """Predicted as CUDA (a CPU run is unsupported: the state is in host memory already): AdamW's state, and with
-    offload_gradients the gradients, of every parameter of 4,096 elements or more leave the device; llama-tiny's
-    five 128-wide norms keep theirs (two float32 moments each)."""
+    """Predicted as CUDA (a CPU run is unsupported: the state is in host memory already): AdamW's state, and
+    with offload_gradients the gradients, of every parameter of 4,096 elements or more leave the device;
+    llama-tiny's five 128-wide norms keep theirs (two float32 moments each)."""
     pytest.importorskip("torchao")
     from bench.predict.fake import predict
     from bench.recipe import Recipe
 
     plain = predict(spec("llama-tiny", (), batch_size=1, seq_len=16))
     out = predict(spec("llama-tiny", (tech("cpu-offload-optimizer"),), batch_size=1, seq_len=16))
-    freed = predict(spec("llama-tiny", (tech("cpu-offload-optimizer", offload_gradients=True),), batch_size=1,
-                         seq_len=16))
+    freed = predict(
+        spec("llama-tiny", (tech("cpu-offload-optimizer", offload_gradients=True),), batch_size=1, seq_len=16)
+    )
     norms = 5 * 128 * 4
     assert out["predicted_optimizer_state_bytes"] == 2 * norms + 4 * 5  # and their AdamW's step counters
     assert out["predicted_gradient_bytes"] == plain["predicted_gradient_bytes"]
     assert freed["predicted_gradient_bytes"] == norms
-    assert plain["predicted_peak_tensor_bytes"] - out["predicted_peak_tensor_bytes"] > 0.9 * plain[
-        "predicted_optimizer_state_bytes"]
+    assert (
+        plain["predicted_peak_tensor_bytes"] - out["predicted_peak_tensor_bytes"]
+        > 0.9 * plain["predicted_optimizer_state_bytes"]
+    )
     reason = Recipe.of(spec("llama-tiny", (tech("cpu-offload-optimizer"),)), CPU).unsupported()
-    assert reason == ("cpu-offload-optimizer: the optimizer state lives in host memory on a CPU already; this moves "
-                      "it off a GPU")
+    assert reason == (
+        "cpu-offload-optimizer: the optimizer state lives in host memory on a CPU already; this moves "
+        "it off a GPU"
+    )
 
 
 @pytest.mark.cuda
 def test_cpu_offload_optimizer_on_a_gpu_keeps_the_offloaded_state_off_the_device():
     pytest.importorskip("torchao")
     cuda = torch.device("cuda")
-    trainer, batch = build_trainer(spec("llama-tiny", (tech("cpu-offload-optimizer"),), batch_size=2, seq_len=64),
-                                   cuda)
+    trainer, batch = build_trainer(
+        spec("llama-tiny", (tech("cpu-offload-optimizer"),), batch_size=2, seq_len=64), cuda
+    )
     trainer.step(batch)
     figures = tracked_step(lambda: trainer.step(batch), trainer.model, trainer.optimizer, cuda)
     assert figures["optimizer_state_bytes"] <= 5 * 2 * 512  # the norms' moments, a 512-byte block each
@@ -233,22 +253,27 @@ def adapters(model):
 @pytest.mark.parametrize("adapter_dtype, expected", [("float32", torch.float32), ("base", torch.bfloat16)])
 def test_the_adapters_dtype_under_a_bf16_base_is_the_options(adapter_dtype, expected):
     pytest.importorskip("peft")
-    trainer, _ = build_trainer(spec("llama-tiny", (tech("bf16"), tech("lora", adapter_dtype=adapter_dtype)),
-                                    batch_size=2, seq_len=16))
+    trainer, _ = build_trainer(
+        spec(
+            "llama-tiny", (tech("bf16"), tech("lora", adapter_dtype=adapter_dtype)), batch_size=2, seq_len=16
+        )
+    )
     assert {p.dtype for p in adapters(trainer.model)} == {expected}  # float32: PEFT's own default there
 
 
 @pytest.mark.parametrize("adapter", ["lora", "qlora"])
 def test_a_cast_listed_after_the_adapters_is_refused_as_ambiguous(adapter, tmp_path):
     found = suite_problems(tmp_path, GOOD_LLAMA.replace("TECHNIQUES", f'"{adapter}", "bf16"'))
-    assert any(f"bf16 after {adapter}: listed after {adapter}, it would cast the adapters too" in p for p in found)
+    assert any(
+        f"bf16 after {adapter}: listed after {adapter}, it would cast the adapters too" in p for p in found
+    )
     (tmp_path / "ordered.toml").write_text(GOOD_LLAMA.replace("TECHNIQUES", f'"bf16", "{adapter}"'))
     assert load(tmp_path / "ordered.toml").runs[1].techniques[0].name == "bf16"  # the cast first: loads
 
 
 def test_a_cast_keeps_nf4_weights_in_their_four_bits():
-    # [qlora, bf16] once dequantized them in a cast (NF4Tensor.to(dtype) dequantizes): Llama-3-8B was predicted at
-    # 5.07 GiB, below its own 5.35 GiB of parameters, the tracker no longer seeing the NF4 bytes.
+    # [qlora, bf16] once dequantized them in a cast (NF4Tensor.to(dtype) dequantizes): Llama-3-8B was
+    # predicted at 5.07 GiB, below its own 5.35 GiB of parameters, the tracker no longer seeing the NF4 bytes.
     pytest.importorskip("torchao")
     trainer, _ = build_trainer(spec("llama-tiny", (tech("qlora"),), batch_size=2, seq_len=16))
     before = model_state_bytes(trainer.model, None)["param_bytes"]
@@ -263,22 +288,31 @@ def test_lora_dropout_keeps_a_dropped_copy_of_each_adapted_input():
     pytest.importorskip("peft")
     held = {}
     for p in (0.0, 0.1):
-        trainer, batch = build_trainer(spec("bert-tiny", (tech("lora", dropout=p),), batch_size=4, seq_len=32))
+        trainer, batch = build_trainer(
+            spec("bert-tiny", (tech("lora", dropout=p),), batch_size=4, seq_len=32)
+        )
         trainer.step(batch)
-        held[p] = tracked_step(lambda t=trainer, b=batch: t.step(b), trainer.model, trainer.optimizer,
-                               CPU)["activation_bytes"]
+        held[p] = tracked_step(lambda t=trainer, b=batch: t.step(b), trainer.model, trainer.optimizer, CPU)[
+            "activation_bytes"
+        ]
     assert held[0.1] > held[0.0]
 
 
 def test_peft_adapter_config_json_is_read_for_the_fields_that_change_memory(tmp_path):
     pytest.importorskip("peft")
     path = tmp_path / "adapter_config.json"
-    path.write_text('{"peft_type": "LORA", "r": 4, "lora_alpha": 8, "lora_dropout": 0.05, '
-                    '"target_modules": ["q_proj", "v_proj"], "base_model_name_or_path": "meta-llama/Llama-3.2-1B"}')
-    trainer, _ = build_trainer(spec("llama-tiny", (tech("lora", config=str(path)),), batch_size=2, seq_len=16))
+    path.write_text(
+        '{"peft_type": "LORA", "r": 4, "lora_alpha": 8, "lora_dropout": 0.05, '
+        '"target_modules": ["q_proj", "v_proj"], "base_model_name_or_path": "meta-llama/Llama-3.2-1B"}'
+    )
+    trainer, _ = build_trainer(
+        spec("llama-tiny", (tech("lora", config=str(path)),), batch_size=2, seq_len=16)
+    )
     shapes = {tuple(p.shape) for n, p in trainer.model.named_parameters() if "lora_A" in n}
     assert {s[0] for s in shapes} == {4}  # r = 4
     assert trainer.techniques[0].proof(1)["adapted_layers"] == 2 * 2  # q and v in each of the two layers
     path.write_text('{"peft_type": "LORA", "r": 4, "use_dora": true}')
-    found = suite_problems(tmp_path, GOOD_LLAMA.replace("TECHNIQUES", f'{{ name = "lora", config = "{path}" }}'))
+    found = suite_problems(
+        tmp_path, GOOD_LLAMA.replace("TECHNIQUES", f'{{ name = "lora", config = "{path}" }}')
+    )
     assert any("use_dora = True is not modelled here" in p for p in found), found

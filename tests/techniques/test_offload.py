@@ -13,14 +13,16 @@ from tests.helpers import spec, tech
 
 def test_a_cpu_run_is_unsupported_with_the_reason():
     run = spec("vit-tiny", (tech("activation-offload"),))
-    assert Recipe.of(run, CPU).unsupported() == ("activation-offload: copies on a side CUDA stream; on a CPU "
-                                                 "activations live in host memory already")
+    assert Recipe.of(run, CPU).unsupported() == (
+        "activation-offload: copies on a side CUDA stream; on a CPU activations live in host memory already"
+    )
 
 
 def test_predicted_as_cuda_it_leaves_the_device_the_small_saved_tensors_only():
     """vit-tiny at batch 16: what forward leaves for backward falls from about 1.9 MiB to the tensors under
-    min_bytes (1,024 bytes: norms' statistics, scalars), as save_on_cpu's does to nothing; raising min_bytes past
-    every saved tensor keeps them all, as without the technique."""
+    min_bytes (1,024 bytes: norms' statistics, scalars), as save_on_cpu's does to nothing; raising min_bytes
+    past every saved tensor keeps them all, as without the technique."""
+
     def held(*techniques):
         return predict(spec("vit-tiny", techniques, batch_size=16))["predicted_activation_bytes"]
 

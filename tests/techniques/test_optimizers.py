@@ -13,9 +13,14 @@ def run(*techniques, model="vit-tiny", batch_size=8):
     return tracked_step(lambda: trainer.step(batch), trainer.model, trainer.optimizer, CPU), trainer
 
 
-@pytest.mark.parametrize("kind, impl, state_per_param", [
-    ("adamw", "single", 2.0), ("adamw", "foreach", 2.0), ("sgd", "default", 1.0),
-])
+@pytest.mark.parametrize(
+    "kind, impl, state_per_param",
+    [
+        ("adamw", "single", 2.0),
+        ("adamw", "foreach", 2.0),
+        ("sgd", "default", 1.0),
+    ],
+)
 def test_optimizer_state_bytes_per_parameter_byte(kind, impl, state_per_param):
     figures, trainer = run(tech("optimizer", kind=kind, impl=impl))
     counters = 4 * len(list(trainer.model.parameters())) if kind == "adamw" else 0  # fp32 step scalars
@@ -47,7 +52,9 @@ def test_zero_grad_keep_holds_gradients_between_steps():
 
 
 def test_optimizer_in_backward_gives_adamw_updates_without_holding_all_gradients():
-    base, adamw = run(tech("optimizer", kind="adamw", impl="single", lr=1e-4), model="bert-tiny", batch_size=4)
+    base, adamw = run(
+        tech("optimizer", kind="adamw", impl="single", lr=1e-4), model="bert-tiny", batch_size=4
+    )
     fused, inbwd = run(tech("optimizer-in-backward", lr=1e-4), model="bert-tiny", batch_size=4)
     for a, b in zip(adamw.model.parameters(), inbwd.model.parameters()):
         torch.testing.assert_close(a, b)
@@ -59,11 +66,13 @@ def test_optimizer_in_backward_gives_adamw_updates_without_holding_all_gradients
 
 def test_optimizer_in_backward_rejects_accumulation_and_fp16_scaling(tmp_path):
     path = tmp_path / "s.toml"
-    path.write_text('model = "vit-tiny"\nbaseline = "a"\n[shapes.gpu]\nbatch_size = 8\nimage_size = 32\n'
-                    '[shapes.cpu]\nbatch_size = 8\nimage_size = 32\n'
-                    '[[runs]]\nname = "a"\ntechniques = ["optimizer-in-backward", "accumulate"]\n'
-                    '[[runs]]\nname = "b"\n'
-                    'techniques = ["optimizer-in-backward", { name = "amp", dtype = "float16" }]\n')
+    path.write_text(
+        'model = "vit-tiny"\nbaseline = "a"\n[shapes.gpu]\nbatch_size = 8\nimage_size = 32\n'
+        "[shapes.cpu]\nbatch_size = 8\nimage_size = 32\n"
+        '[[runs]]\nname = "a"\ntechniques = ["optimizer-in-backward", "accumulate"]\n'
+        '[[runs]]\nname = "b"\n'
+        'techniques = ["optimizer-in-backward", { name = "amp", dtype = "float16" }]\n'
+    )
     with pytest.raises(SuiteError) as info:
         load(path)
     found = "\n".join(info.value.problems)
@@ -72,8 +81,11 @@ def test_optimizer_in_backward_rejects_accumulation_and_fp16_scaling(tmp_path):
 
 
 def test_optimizer_techniques_follow_the_runs_learning_rate_unless_given_one():
-    for technique, expected in [(tech("optimizer", kind="sgd"), 3e-3), (tech("optimizer", kind="sgd", lr=0.01), 0.01),
-                                (tech("adamw-8bit"), 3e-3)]:
+    for technique, expected in [
+        (tech("optimizer", kind="sgd"), 3e-3),
+        (tech("optimizer", kind="sgd", lr=0.01), 0.01),
+        (tech("adamw-8bit"), 3e-3),
+    ]:
         if technique.name == "adamw-8bit":
             pytest.importorskip("torchao")
         trainer, _ = build_trainer(spec("vit-tiny", (technique,), lr=3e-3))
@@ -106,7 +118,8 @@ def test_galore_keeps_each_block_matrixs_moments_in_its_rank_r_projection():
 
 
 def test_techniques_that_make_the_optimizer_refuse_each_other_but_not_pure_bf16():
-    """bf16 makes an optimizer only with master_weights: galore and cpu-offload-optimizer combine with pure bf16."""
+    """bf16 makes an optimizer only with master_weights: galore and cpu-offload-optimizer combine with pure
+    bf16."""
     from bench.suite.techniques import _check_combination
     from bench.techniques import build
 

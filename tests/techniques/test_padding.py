@@ -20,14 +20,17 @@ SEQ_LEN = 32
 
 def _samples(vocab: int) -> list[varlen.Sample]:
     g = torch.Generator().manual_seed(0)
-    return [(torch.randint(varlen.FIRST_TOKEN, vocab, (n,), generator=g), i % 10) for i, n in enumerate(LENGTHS)]
+    return [
+        (torch.randint(varlen.FIRST_TOKEN, vocab, (n,), generator=g), i % 10) for i, n in enumerate(LENGTHS)
+    ]
 
 
 def _run(model: str, technique: str):
     """The model in eval mode (dropout off: the paths must agree exactly) with ``technique`` applied, and its
     collator."""
-    recipe = Recipe.of(spec(model, (tech(technique),), batch_size=len(LENGTHS), seq_len=SEQ_LEN,
-                            lengths=None), CPU)
+    recipe = Recipe.of(
+        spec(model, (tech(technique),), batch_size=len(LENGTHS), seq_len=SEQ_LEN, lengths=None), CPU
+    )
     torch.manual_seed(0)
     trainer = recipe.stepper(recipe.ctx.model_spec.build(recipe.ctx.shapes))
     trainer.model.eval()  # the trainer sets training mode
@@ -61,18 +64,25 @@ def test_same_logits_and_loss_as_padding_to_max(model: str, technique: str) -> N
         got = trainer.spec.logits(trainer.model, got_batch[0])
         for a, b in zip(_per_sequence(want, want_batch, objective), _per_sequence(got, got_batch, objective)):
             torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(trainer.spec.loss(got, got_batch[1]), reference.spec.loss(want, want_batch[1]),
-                                   rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            trainer.spec.loss(got, got_batch[1]),
+            reference.spec.loss(want, want_batch[1]),
+            rtol=1e-5,
+            atol=1e-6,
+        )
 
 
 def test_packing_trains_as_padding_does() -> None:
-    """One training step each, dropout off: packing's gradients are padding's (the packed row is the same sums)."""
+    """One training step each, dropout off: packing's gradients are padding's (the packed row is the same
+    sums)."""
     grads = {}
     for technique in ("pad-to-max", "packing"):
         trainer, collate = _run("bert-tiny", technique)
         batch = collate(_samples(trainer.spec.vocab_size))
         trainer.spec.loss(trainer.spec.logits(trainer.model, batch[0]), batch[1]).backward()
-        grads[technique] = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+        grads[technique] = torch.cat(
+            [p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None]
+        )
     torch.testing.assert_close(grads["packing"], grads["pad-to-max"], rtol=1e-4, atol=1e-6)
 
 
@@ -108,8 +118,9 @@ def test_packing_keeps_fewer_bytes_than_padding() -> None:
     scales with the tokens in the batch, 36 real against 128 padded here."""
     peaks = {}
     for technique in ("pad-to-max", "packing"):
-        recipe = Recipe.of(spec("bert-tiny", (tech(technique),), batch_size=4, seq_len=64,
-                                lengths="uniform:4:16"), CPU)
+        recipe = Recipe.of(
+            spec("bert-tiny", (tech(technique),), batch_size=4, seq_len=64, lengths="uniform:4:16"), CPU
+        )
         trainer = recipe.stepper(recipe.model()[0])
         step = tracked_steps(trainer, recipe.batch(), recipe.feed(), 2)
         peaks[technique] = tracked_step(step, trainer.model, trainer.optimizer, CPU)["peak_tensor_bytes"]
@@ -123,7 +134,8 @@ def test_buckets_batch_similar_lengths_and_cover_the_data() -> None:
     spread = sum(max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in batches) / len(batches)
     assert spread < 10  # random batches of 8 from 1..100 spread about 78
     firsts = [min(lengths[i] for i in b) for b in batches[:10]]
-    assert firsts != sorted(firsts)  # the batches are shuffled again: a pass does not start with the short ones
+    # the batches are shuffled again: a pass does not start with the short ones
+    assert firsts != sorted(firsts)
 
 
 def test_nested_is_unsupported_with_its_reason() -> None:
@@ -133,8 +145,12 @@ def test_nested_is_unsupported_with_its_reason() -> None:
 
 
 def test_feed_gives_the_same_batches_every_pass() -> None:
-    recipe = Recipe.of(spec("bert-tiny", (tech("dynamic-padding"),), batch_size=4, seq_len=64,
-                            lengths="lognormal:18:1.27:64"), CPU)
+    recipe = Recipe.of(
+        spec(
+            "bert-tiny", (tech("dynamic-padding"),), batch_size=4, seq_len=64, lengths="lognormal:18:1.27:64"
+        ),
+        CPU,
+    )
     feed = recipe.feed()
     first = [b[0]["input_ids"] for b in feed.batches(3)]
     again = [b[0]["input_ids"] for b in feed.batches(3)]
@@ -145,9 +161,19 @@ def test_feed_gives_the_same_batches_every_pass() -> None:
 
 def test_loader_workers_give_the_same_batches() -> None:
     """num_workers moves collation to worker processes; the batches are the same."""
+
     def first_batches(workers: int) -> list[torch.Tensor]:
-        recipe = Recipe.of(spec("bert-tiny", (tech("packing"),), batch_size=4, seq_len=64, lengths="uniform:4:64",
-                                loader_workers=workers), CPU)
+        recipe = Recipe.of(
+            spec(
+                "bert-tiny",
+                (tech("packing"),),
+                batch_size=4,
+                seq_len=64,
+                lengths="uniform:4:64",
+                loader_workers=workers,
+            ),
+            CPU,
+        )
         return [b[0]["input_ids"] for b in recipe.feed().batches(2)]
 
     assert all(torch.equal(a, b) for a, b in zip(first_batches(0), first_batches(2)))
@@ -167,16 +193,27 @@ def test_a_measured_run_records_what_its_batches_carried() -> None:
 
     figures = {}
     for technique in ("pad-to-max", "packing"):
-        run = spec("bert-tiny", (tech(technique),), batch_size=4, seq_len=64, lengths="uniform:4:32", measure_steps=3)
+        run = spec(
+            "bert-tiny", (tech(technique),), batch_size=4, seq_len=64, lengths="uniform:4:32", measure_steps=3
+        )
         figures[technique] = measure(run, CPU)
     pad, pack = figures["pad-to-max"], figures["packing"]
     assert pack["padding_fraction"] == 0 and pack["padding_fraction_per_batch"] == [0.0] * 3
     assert 0.5 < pad["padding_fraction"] < 1 and len(pad["padding_fraction_per_batch"]) == 3
-    assert pad["real_tokens_per_s"] < pad["tokens_per_s"] and pack["real_tokens_per_s"] == pack["tokens_per_s"]
-    assert pack["loader"] == "packing" and pack["lengths"] == "uniform:4:32" and pack["loader_wait_ms_median"] >= 0
+    assert (
+        pad["real_tokens_per_s"] < pad["tokens_per_s"] and pack["real_tokens_per_s"] == pack["tokens_per_s"]
+    )
+    assert (
+        pack["loader"] == "packing"
+        and pack["lengths"] == "uniform:4:32"
+        and pack["loader_wait_ms_median"] >= 0
+    )
     assert pack["proof"]["packing.attention_path"] == "nested-jagged-sdpa (cpu)"
     assert pack["peak_tensor_bytes"] < pad["peak_tensor_bytes"]
-    assert pack["predicted_status"] == "ok" and pack["predicted_peak_tensor_bytes"] < pad["predicted_peak_tensor_bytes"]
+    assert (
+        pack["predicted_status"] == "ok"
+        and pack["predicted_peak_tensor_bytes"] < pad["predicted_peak_tensor_bytes"]
+    )
 
 
 @pytest.mark.cuda
@@ -187,7 +224,9 @@ def test_packing_on_cuda_takes_the_variable_length_kernels(dtype: torch.dtype) -
     cuda = torch.device("cuda")
     logits = {}
     for technique in ("pad-to-max", "packing"):
-        recipe = Recipe.of(spec("bert-tiny", (tech(technique),), batch_size=len(LENGTHS), seq_len=SEQ_LEN), cuda)
+        recipe = Recipe.of(
+            spec("bert-tiny", (tech(technique),), batch_size=len(LENGTHS), seq_len=SEQ_LEN), cuda
+        )
         torch.manual_seed(0)
         trainer = recipe.stepper(recipe.ctx.model_spec.build(recipe.ctx.shapes).to(cuda, dtype))
         trainer.model.eval()

@@ -39,6 +39,7 @@ def test_fp16_autocast_comes_with_a_grad_scaler_that_steps_the_optimizer():
 def test_fp16_without_its_scaler_loses_small_gradients_to_underflow():
     """resnet-tiny (vit-tiny's zero-initialised head zeroes its whole first gradient) on a tiny loss:
     scaled, the gradients keep what fp32 would; unscaled, almost every element flushes to zero."""
+
     def zero_fraction(scaler: bool) -> tuple[float, dict]:
         techniques = (tech("tests.helpers:TinyLoss"), tech("amp", dtype="float16", scaler=scaler))
         trainer, batch = build_trainer(spec("resnet-tiny", techniques, batch_size=16))
@@ -83,8 +84,11 @@ def test_master_weights_step_an_fp32_copy_that_keeps_updates_bf16_would_lose():
     (counted as optimizer state with its two fp32 moments: 12 bytes per parameter), and the model rounded from
     the masters after each step. An update far below bf16's resolution is lost by pure bf16 and kept by the
     masters (apex O2's reason to exist)."""
+
     def stepped(master: bool, lr: float):
-        trainer, batch = build_trainer(spec("vit-tiny", (tech("bf16", master_weights=master),), batch_size=16, lr=lr))
+        trainer, batch = build_trainer(
+            spec("vit-tiny", (tech("bf16", master_weights=master),), batch_size=16, lr=lr)
+        )
         before = [p.detach().float().clone() for p in trainer.model.parameters()]
         trainer.step(batch)
         return trainer, batch, before
@@ -110,15 +114,18 @@ def test_fp16_is_o2_on_cuda_only_and_master_weights_claim_the_optimizer():
     from bench.recipe import Recipe
 
     run = spec("vit-tiny", (tech("fp16"),), batch_size=16)
-    assert Recipe.of(run, CPU).unsupported() == ("fp16: float16 training is a CUDA technique; CPU kernels for it are "
-                                                 "emulated and slow")
+    assert Recipe.of(run, CPU).unsupported() == (
+        "fp16: float16 training is a CUDA technique; CPU kernels for it are emulated and slow"
+    )
     out = predict(run)  # standing for CUDA: float16 model, fp32 masters and moments
     master = predict(spec("vit-tiny", (tech("bf16", master_weights=True),), batch_size=16))
     assert out["predicted_optimizer_state_bytes"] == master["predicted_optimizer_state_bytes"]
     assert out["predicted_param_bytes"] == master["predicted_param_bytes"]
     problems = suite_problems_of((tech("bf16", master_weights=True), tech("adamw-8bit")))
-    assert any("master_weights makes its own AdamW over the fp32 copy; adamw-8bit makes another optimizer" in p
-               for p in problems)
+    assert any(
+        "master_weights makes its own AdamW over the fp32 copy; adamw-8bit makes another optimizer" in p
+        for p in problems
+    )
 
 
 def suite_problems_of(techniques) -> list[str]:
@@ -130,10 +137,13 @@ def suite_problems_of(techniques) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("technique", [TechniqueSpec("amp"), TechniqueSpec("bf16"),
-                                       TechniqueSpec("half", (("dtype", "bfloat16"),))])
+@pytest.mark.parametrize(
+    "technique",
+    [TechniqueSpec("amp"), TechniqueSpec("bf16"), TechniqueSpec("half", (("dtype", "bfloat16"),))],
+)
 def test_bf16_on_a_cpu_that_emulates_it_is_unsupported_with_the_reason(technique, monkeypatch):
-    # On such a CPU a ResNet-50 bf16 step took 10.3 s against fp32's 0.95 s: make bench SUITE=resnet took hours.
+    # On such a CPU a ResNet-50 bf16 step took 10.3 s against fp32's 0.95 s: make bench SUITE=resnet took
+    # hours.
     mode = "inference" if technique.name == "half" else "train"
     run = spec("vit-tiny", (technique,), mode=mode)
     monkeypatch.setenv(CPU_BF16, "emulated")

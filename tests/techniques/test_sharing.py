@@ -55,14 +55,19 @@ def test_shared_model_trains_and_shrinks_optimizer_state():
 def test_shared_basis_replaces_every_stage_3x3_conv_with_the_exact_parameter_count():
     trainer, batch = build_trainer(spec("resnet-tiny", (tech("shared-basis", basis=4),), batch_size=4))
     plain, _ = build_trainer(spec("resnet-tiny", batch_size=4))
-    convs = [m for n, m in plain.model.named_modules()
-             if n.startswith("layer") and isinstance(m, torch.nn.Conv2d) and m.kernel_size == (3, 3)]
+    convs = [
+        m
+        for n, m in plain.model.named_modules()
+        if n.startswith("layer") and isinstance(m, torch.nn.Conv2d) and m.kernel_size == (3, 3)
+    ]
     full = sum(m.weight.numel() for m in convs)
     # Each 9-weight kernel becomes 4 coefficients; plus one 4×9 basis per stage.
     expected = sum(p.numel() for p in plain.model.parameters()) - full + full // 9 * 4 + 4 * 4 * 9
     proof = trainer.proof()
     assert proof["shared-basis.replaced_convs"] == len(convs) == 4
-    assert proof["shared-basis.params_after"] == expected == sum(p.numel() for p in trainer.model.parameters())
+    assert (
+        proof["shared-basis.params_after"] == expected == sum(p.numel() for p in trainer.model.parameters())
+    )
     trainer.model(batch[0]).sum().backward()
     bases = {id(m.basis): m.basis for m in trainer.model.modules() if hasattr(m, "basis")}
     assert len(bases) == 4 and all(b.grad is not None and b.grad.abs().sum() > 0 for b in bases.values())
