@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.record import KEY
+
 DEVICES = ("gpu", "cpu")
 MODES = ("train", "inference")
 DEFAULTS = {"seed": 0, "warmup_steps": 2, "measure_steps": 5, "timeout_s": 900.0, "lr": 1e-4}
@@ -180,6 +182,26 @@ def _digest(path: Path) -> str:
 
 
 @dataclass(frozen=True)
+class Job:
+    """What the launcher hands a worker process (as a JSON file): the run, where and how it is measured."""
+
+    spec: RunSpec
+    device_type: str  # cuda or cpu
+    snapshot: str | None = None  # where rank 0 saves the allocator's snapshot (CUDA)
+    prediction: dict[str, Any] | None = None  # made ahead: the worker skips its own
+    launched_at: float | None = None  # the launcher's clock when it started the process
+    budget_bytes: int | None = None  # more memory than this is out of memory (bench fit)
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "spec": self.spec.to_dict()})
+
+    @classmethod
+    def from_json(cls, text: str) -> Job:
+        fields = json.loads(text)
+        return cls(**{**fields, "spec": RunSpec.from_dict(fields["spec"])})
+
+
+@dataclass(frozen=True)
 class Suite:
     name: str
     path: Path
@@ -189,7 +211,7 @@ class Suite:
     runs: tuple[RunSpec, ...]
     # after select(): every run's name as the file lists them (empty: runs are all)
     order: tuple[str, ...] = ()
-    throughput: str = "samples_per_s"  # the record's figure that reports compare as throughput ×
+    throughput: str = KEY.samples_per_s  # the record's figure that reports compare as throughput ×
 
     def position(self, run: str) -> int:
         """The run's 1-based place in the suite file: reports list runs in it, whichever were run last."""

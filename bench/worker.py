@@ -39,6 +39,7 @@ from bench.predict import predict_run
 from bench.provenance import runtime_provenance
 from bench.recipe import Recipe, Stepper, batches, tracked_steps
 from bench.record import KEY, MEMORY_SUMMARY, Status
+from bench.spec import Job
 from bench.suite import Fidelity, RunSpec
 from bench.techniques import RunContext, Technique, Unsupported
 
@@ -287,15 +288,14 @@ def main(spec_path: str, out_path: str) -> int:
     that fails writes its own record beside it and exits 1, so torchrun stops the others at once instead
     of leaving them waiting in a collective."""
     faulthandler.enable()  # a hard crash (abort, segfault) leaves its Python stack in the run's stderr tail
-    job = json.loads(Path(spec_path).read_text())
-    spec = RunSpec.from_dict(job["spec"])
-    prediction = job.get("prediction")
+    job = Job.from_json(Path(spec_path).read_text())
+    spec, prediction = job.spec, job.prediction
     # under a fake process group, which must be gone before the real one
     if prediction is None and spec.nproc > 1:
-        prediction = predict_run(spec, job["device_type"], rank=int(os.environ.get("RANK", "0")))
-    group = process_group.join(job["device_type"], spec.timeout_s)
-    device = process_group.device_of(job["device_type"], group)
-    budget = job.get("budget_bytes")
+        prediction = predict_run(spec, job.device_type, rank=int(os.environ.get("RANK", "0")))
+    group = process_group.join(job.device_type, spec.timeout_s)
+    device = process_group.device_of(job.device_type, group)
+    budget = job.budget_bytes
     try:
         if budget and device.type == "cuda":  # a smaller card: the allocator refuses past the budget
             torch.cuda.set_per_process_memory_fraction(
@@ -310,10 +310,10 @@ def main(spec_path: str, out_path: str) -> int:
         result = measure(
             spec,
             device,
-            job.get("snapshot") if group.rank == 0 else None,
+            job.snapshot if group.rank == 0 else None,
             group,
             prediction,
-            job.get("launched_at"),
+            job.launched_at,
             partial,
         )
         if budget and device.type == "cpu":

@@ -1,11 +1,14 @@
 """The typed record against every committed record, and the field reference generated from it."""
 
+import ast
 import json
 from pathlib import Path
 
 import pytest
 
-from bench.record import DERIVED, Record, label, migrate, reference
+from bench.record import DERIVED, KEY, STATUSES, Record, label, migrate, reference
+from bench.suite.load import DATA_KEYS, RUN_KEYS, TOP_KEYS
+from bench.suite.fidelity_table import FIDELITY_KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMITTED = sorted(ROOT.glob("results/*/*/*.json"))
@@ -64,3 +67,46 @@ def test_per_rank_figures_go_to_the_distributed_group():
 def test_the_results_readme_holds_the_reference_generated_from_the_fields():
     text = (ROOT / "results" / "README.md").read_text()
     assert reference() in text, "results/README.md is stale: run make overview"
+
+
+def _spelt(tree: ast.AST, keys: set[str], in_proof: bool = False) -> list[tuple[int, str]]:
+    """String constants used as a record's key (a subscript, a .get, a dict's key) or compared as a status.
+    A technique's proof is its own namespace (stored as ``<technique>.<key>``)."""
+    found = []
+    for node in ast.iter_child_nodes(tree):
+        proof = in_proof or isinstance(node, ast.FunctionDef) and node.name == "proof"
+        found += _spelt(node, keys, proof)
+        named = (
+            [node.slice]
+            if isinstance(node, ast.Subscript)
+            else node.args[:1]
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "get"
+            else []
+            if proof
+            else node.keys
+            if isinstance(node, ast.Dict)
+            else node.comparators
+            if isinstance(node, ast.Compare)
+            else []
+        )
+        statuses = node.comparators if isinstance(node, ast.Compare) else []
+        for c in named:
+            if isinstance(c, ast.Constant) and (c.value in keys or c in statuses and c.value in STATUSES):
+                found.append((c.lineno, c.value))
+    return found
+
+
+def test_no_module_but_the_record_spells_a_record_key_or_a_status():
+    """Code reads and writes a record's fields as ``KEY.<field>`` and compares statuses as ``Status``: a
+    misspelt one fails at import, where a string would read None. Suite-file keys of the same name (``model``)
+    are the suite's; an identity digest hashes a spec under the names its stored records were keyed with."""
+    suite_keys = {*TOP_KEYS, *DATA_KEYS, *RUN_KEYS, *FIDELITY_KEYS, "batch_size", "image_size", "seq_len"}
+    keys = {k for k in vars(KEY) if not k.startswith("_")} - suite_keys
+    found = [
+        f"{rel}:{line}: {word!r}"
+        for path in sorted((ROOT / "bench").rglob("*.py"))
+        if (rel := str(path.relative_to(ROOT)))
+        not in {"bench/record.py", "bench/spec.py", "bench/advise/predictions.py"}
+        for line, word in _spelt(ast.parse(path.read_text()), keys)
+    ]
+    assert not found, found

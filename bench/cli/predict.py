@@ -164,7 +164,6 @@ def _fit(args: argparse.Namespace) -> int:
             if r.get("within_5pct_below")
             else "safe, more than 5% below"
         )
-        print(
-            f"| {r['run']} | {r.get('measured_largest_batch')} | {r['predicted_largest_batch']} | {verdict} |"
-        )
+        measured, predicted = r.get("measured_largest_batch"), r["predicted_largest_batch"]
+        print(f"| {r[KEY.run]} | {measured} | {predicted} | {verdict} |")
     return 1 if any(r.get("promises_oom") or r[KEY.status] != Status.OK for r in rows) else 0

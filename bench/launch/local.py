@@ -25,6 +25,7 @@ from bench.predict import Ahead
 from bench.provenance import git_revision
 from bench.record import KEY, Status
 from bench.resume import Task
+from bench.spec import Job
 from bench.suite import RunSpec
 from bench.techniques import build
 
@@ -119,15 +120,8 @@ def run_isolated(
         spec_path, out_path, err_path, said = (
             Path(tmp) / n for n in ("spec.json", "out.json", "stderr.txt", "progress.txt")
         )
-        job = {
-            "spec": spec.to_dict(),
-            "device_type": device.type,
-            "snapshot": str(snapshot) if snapshot else None,
-            "prediction": prediction,
-            "launched_at": time.time(),
-            "budget_bytes": budget,
-        }
-        spec_path.write_text(json.dumps(job))
+        job = Job(spec, device.type, str(snapshot) if snapshot else None, prediction, time.time(), budget)
+        spec_path.write_text(job.to_json())
         argv = ["bench.worker", str(spec_path), str(out_path)]
         if spec.nproc > 1:
             argv = [

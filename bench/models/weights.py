@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from bench.record import KEY
+
 Tensors = dict[str, torch.Tensor]
 SHOWN = 5  # names of unmatched tensors kept in the record
 
@@ -49,12 +51,12 @@ def load_weights(model: nn.Module, path: str) -> dict[str, Any]:
             file=sys.stderr,
         )
     return {
-        "weights": path,
-        "weights_loaded": len(mapping),
-        "weights_missing": len(missing),
-        "weights_missing_names": missing[:SHOWN],
-        "weights_unused": len(unused),
-        "weights_unused_names": unused[:SHOWN],
+        KEY.weights: path,
+        KEY.weights_loaded: len(mapping),
+        KEY.weights_missing: len(missing),
+        KEY.weights_missing_names: missing[:SHOWN],
+        KEY.weights_unused: len(unused),
+        KEY.weights_unused_names: unused[:SHOWN],
     }
 
 

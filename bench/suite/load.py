@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 from bench.data import varlen
 from bench.errors import SuiteError, cannot_read
 from bench.models import MODELS, ModelSpec
+from bench.record import KEY
 from bench.registry import did_you_mean
 from bench.spec import DEFAULTS, DEVICES, MAX_NPROC, MODES, STEP_KEYS, RunSpec, Shapes, Suite, TechniqueSpec
 from bench.suite import fidelity_table, training_args
@@ -29,7 +30,11 @@ from bench.suite.values import check_ranges, model_spec, typed, weights
 from bench.techniques import Technique, build
 
 MAX_RUN_NAME = 120  # bytes: a record's file name, its slug and digest, and '.snapshot.pickle' stay under 255
-THROUGHPUTS = ("samples_per_s", "tokens_per_s", "real_tokens_per_s")  # record fields a suite may compare
+THROUGHPUTS = (
+    KEY.samples_per_s,
+    KEY.tokens_per_s,
+    KEY.real_tokens_per_s,
+)  # record fields a suite may compare
 SUITE_NAME = re.compile(r"\w[\w.-]*")  # any script's letters; no separators, no leading dot
 TOP_KEYS = {
     "name": "suite name (defaults to the file name)",
