@@ -16,7 +16,7 @@ from typing import Any
 from bench.errors import BadInput
 from bench.models import ModelSpec
 from bench.spec import RunSpec, TechniqueSpec
-from bench.suite.techniques import techniques as checked
+from bench.suite.techniques import check
 from bench.techniques import AXES, TECHNIQUES, Technique, build, resolve
 
 
@@ -106,7 +106,6 @@ def combinations(found: list[Axis]) -> Iterator[Plan]:
 def problems(plan: Plan, template: RunSpec) -> list[str]:
     """Why the plan cannot be a run of a suite with the template's shapes (empty: it can), as the loader
     says."""
-    raw = [{"name": t.name, **dict(t.options)} for t in plan.techniques]
     found: list[str] = []
-    checked(raw, plan.name, None, {"gpu": template.gpu, "cpu": template.cpu}, template.mode, found)
+    check(plan.techniques, plan.name, None, {"gpu": template.gpu, "cpu": template.cpu}, template.mode, found)
     return found

@@ -25,8 +25,22 @@ def techniques(
     specs = [
         s for i, item in enumerate(raw) if (s := _technique(item, f"{where}[{i}]", problems)) is not None
     ]
-    built = [build(s) for s in specs]
     before = len(problems)
+    check(tuple(specs), where, batch, shapes, mode, problems)
+    ok = len(specs) == len(raw) and len(problems) == before
+    return tuple(specs) if ok else None
+
+
+def check(
+    specs: tuple[TechniqueSpec, ...],
+    where: str,
+    batch: dict[str, int] | None,
+    shapes: dict[str, Shapes] | None,
+    mode: str,
+    problems: list[str],
+) -> None:
+    """Resolved techniques as a run: each in a mode it works in, the combination, each at the batch sizes."""
+    built = [build(s) for s in specs]
     for spec, technique in zip(specs, built):
         if mode in MODES and mode not in technique.modes:
             problems.append(
@@ -40,8 +54,6 @@ def techniques(
                 size = batch[dev] if batch else shapes[dev].batch_size
                 for p in _own_problems(technique, spec.name, size):
                     problems.append(f"{where}: {spec.name} at {dev} batch_size {size}: {p}")
-    ok = len(specs) == len(raw) and len(problems) == before
-    return tuple(specs) if ok else None
 
 
 def check_fidelity_batch(
