@@ -35,29 +35,38 @@ STATUSES = tuple(s.value for s in Status if s is not Status.UNPREDICTABLE)  # wh
 DETERMINISTIC = (Status.OK, Status.OOM, Status.UNSUPPORTED)
 
 
-def doc(text: str, default: Any = None) -> Any:
-    """A field with its documentation; absent (None) unless the run has the figure."""
+def doc(text: str, default: Any = None, table: bool = False) -> Any:
+    """A field with its documentation; absent (None) unless the run has the figure. ``table``: a column of
+    the reports' summary table (COLUMNS)."""
+    meta = {"doc": text, "column": table}
     if isinstance(default, (list, dict)):
-        return field(default_factory=type(default), metadata={"doc": text})
-    return field(default=default, metadata={"doc": text})
+        return field(default_factory=type(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def column(text: str, default: Any = None) -> Any:
+    """A field that is also a column of the summary table."""
+    return doc(text, default, table=True)
 
 
 @dataclass
 class Identity:
     """Which run: the suite's entry as it ran, and where."""
 
-    suite: str = doc("the suite's name")
-    run: str = doc("the run's name in the suite")
+    suite: str = column("the suite's name")
+    run: str = column("the run's name in the suite")
     run_index: int | None = doc("its place in the suite file (reports keep that order)")
-    model: str = doc("the model's registered name, or module:NAME")
+    model: str = column("the model's registered name, or module:NAME")
     baseline: str = doc("the suite's baseline run, which ratios and accuracy deltas are held against")
-    techniques: list[str] = doc("the techniques' labels, with their options, in the order they applied", [])
-    device: str = doc(
+    techniques: list[str] = column(
+        "the techniques' labels, with their options, in the order they applied", []
+    )
+    device: str = column(
         "the device's name: the CUDA card's, or the processor model, thread count and "
         "vector instructions (AVX2, AVX512…)"
     )
-    device_type: str | None = doc("cuda or cpu")
-    batch_size: int | None = doc("the measured steps' batch size (per rank)")
+    device_type: str | None = column("cuda or cpu")
+    batch_size: int | None = column("the measured steps' batch size (per rank)")
     image_size: int | None = doc("image models: the side of the square input")
     seq_len: int | None = doc("token models: tokens per sequence")
     seed: int | None = doc("seeds the model's initial weights, the batch and the fidelity phase's data order")
@@ -72,9 +81,9 @@ class Identity:
 class Outcome:
     """How the run ended."""
 
-    status: str = doc(", ".join(STATUSES[:-1]) + " or " + STATUSES[-1])
-    message: str = doc("empty when ok; else the reason", "")
-    warning: str | None = doc(
+    status: str = column(", ".join(STATUSES[:-1]) + " or " + STATUSES[-1])
+    message: str = column("empty when ok; else the reason", "")
+    warning: str | None = column(
         "an ok run whose first timed step was far slower than the rest (warm-up too short)"
     )
     stderr_tail: str | None = doc("an error's last output (each rank's, under torchrun)")
@@ -94,37 +103,39 @@ class Memory:
     """What was alive: the tracker's live tensor bytes (every device), the CUDA allocator's and NVML's
     figures."""
 
-    peak_tensor_bytes: int | None = doc("tracked peak of live tensor storages over one instrumented step")
-    peak_phase: str | None = doc("where that peak fell: forward, backward or optimizer")
-    activation_bytes: int | None = doc("bytes a forward leaves alive for backward")
+    peak_tensor_bytes: int | None = column("tracked peak of live tensor storages over one instrumented step")
+    peak_phase: str | None = column("where that peak fell: forward, backward or optimizer")
+    activation_bytes: int | None = column("bytes a forward leaves alive for backward")
     gradient_bytes: int | None = doc("gradients alive after backward")
     param_bytes: int | None = doc("the model's parameters")
     buffer_bytes: int | None = doc("the model's buffers")
     optimizer_state_bytes: int | None = doc("the optimizer's state")
-    model_state_bytes: int | None = doc(
+    model_state_bytes: int | None = column(
         "parameters + gradients + optimizer state on one rank (the ZeRO quantity)"
     )
-    at_peak_parameters_bytes: int | None = doc("alive at the tracked peak: parameters")
-    at_peak_buffers_bytes: int | None = doc("alive at the tracked peak: buffers")
-    at_peak_gradients_bytes: int | None = doc("alive at the tracked peak: gradients")
-    at_peak_optimizer_state_bytes: int | None = doc("alive at the tracked peak: optimizer state")
-    at_peak_activations_bytes: int | None = doc(
+    at_peak_parameters_bytes: int | None = column("alive at the tracked peak: parameters")
+    at_peak_buffers_bytes: int | None = column("alive at the tracked peak: buffers")
+    at_peak_gradients_bytes: int | None = column("alive at the tracked peak: gradients")
+    at_peak_optimizer_state_bytes: int | None = column("alive at the tracked peak: optimizer state")
+    at_peak_activations_bytes: int | None = column(
         "alive at the tracked peak: made by a forward, the input included"
     )
-    at_peak_temporaries_bytes: int | None = doc(
+    at_peak_temporaries_bytes: int | None = column(
         "alive at the tracked peak: made in backward or the optimizer step"
     )
     param_count: int | None = doc("parameters")
     trainable_param_count: int | None = doc("parameters that require gradients")
-    rss_peak_bytes: int | None = doc("the run process's peak resident host memory")
-    peak_allocated_bytes: int | None = doc("CUDA: torch.cuda.max_memory_allocated over the timed steps")
-    peak_reserved_bytes: int | None = doc("CUDA: the caching allocator's reserved peak over the timed steps")
+    rss_peak_bytes: int | None = column("the run process's peak resident host memory")
+    peak_allocated_bytes: int | None = column("CUDA: torch.cuda.max_memory_allocated over the timed steps")
+    peak_reserved_bytes: int | None = column(
+        "CUDA: the caching allocator's reserved peak over the timed steps"
+    )
     peak_active_bytes: int | None = doc("CUDA: the allocator's active-bytes peak")
     alloc_retries: int | None = doc("CUDA: allocations retried after freeing the cache (fragmentation)")
     cuda_ooms: int | None = doc("CUDA: out-of-memory errors the allocator raised")
     nvml_process_bytes: int | None = doc("CUDA: what NVML charges the process (context included)")
-    context_bytes: int | None = doc("CUDA: NVML's figure minus reserved: the context and libraries")
-    cache_slack_bytes: int | None = doc("CUDA: reserved minus allocated at their peaks")
+    context_bytes: int | None = column("CUDA: NVML's figure minus reserved: the context and libraries")
+    cache_slack_bytes: int | None = column("CUDA: reserved minus allocated at their peaks")
     snapshot: str | None = doc("CUDA, --snapshot: the allocator history file beside the record")
     memory_summary: str | None = doc("CUDA: the file beside the record with torch.cuda.memory_summary()")
 
@@ -134,17 +145,19 @@ class Timing:
     """How fast, and where the run's time went."""
 
     first_step_ms: float | None = doc("the first warm-up step, where one-off costs (compilation) land")
-    step_time_ms_median: float | None = doc("median timed step (CUDA events on a GPU, wall clock on a CPU)")
-    step_time_ms_p25: float | None = doc("first quartile of the timed steps")
-    step_time_ms_p75: float | None = doc("third quartile of the timed steps")
+    step_time_ms_median: float | None = column(
+        "median timed step (CUDA events on a GPU, wall clock on a CPU)"
+    )
+    step_time_ms_p25: float | None = column("first quartile of the timed steps")
+    step_time_ms_p75: float | None = column("third quartile of the timed steps")
     step_time_ms_min: float | None = doc("fastest timed step")
     step_time_ms_max: float | None = doc("slowest timed step")
     step_times_ms: list[float] | None = doc("every timed step")
-    samples_per_s: float | None = doc(
+    samples_per_s: float | None = column(
         "samples a step processes (every rank's, data-parallel) over the median step"
     )
-    tokens_per_s: float | None = doc("token models: tokens in the batch (padding included) per second")
-    flops_per_step: int | None = doc("the step's FLOPs, counted on fake tensors")
+    tokens_per_s: float | None = column("token models: tokens in the batch (padding included) per second")
+    flops_per_step: int | None = column("the step's FLOPs, counted on fake tensors")
     ops_per_step: int | None = doc(
         "operators the step dispatches, views aside, counted on fake tensors: each a "
         "kernel launch, the fixed cost eager PyTorch pays however small the tensors"
@@ -153,20 +166,20 @@ class Timing:
         "bytes of the tensors those operators take and make, counted on fake tensors: "
         "what crosses device memory, pointwise work's cost"
     )
-    mfu: float | None = doc("CUDA: flops_per_step over the median step, against the card's dense peak")
+    mfu: float | None = column("CUDA: flops_per_step over the median step, against the card's dense peak")
     mfu_dtype: str | None = doc("CUDA: the dtype whose peak mfu is held against")
-    wall_s: float | None = doc("the run's whole process, start-up included")
+    wall_s: float | None = column("the run's whole process, start-up included")
     startup_s: float | None = doc("launch to the first warm-up step: imports, prediction, build")
     prediction_s: float | None = doc("the prediction on fake tensors")
     measure_s: float | None = doc("build, warm-up, instrumented and timed steps")
     fidelity_s: float | None = doc("the fidelity phase")
     launcher: str | None = doc("how the run's process started: fork (from a preloaded server) or fresh")
-    load_average: float | None = doc("CPU: the machine's 1-minute load average as the timed steps ended")
-    cpu_share: float | None = doc(
+    load_average: float | None = column("CPU: the machine's 1-minute load average as the timed steps ended")
+    cpu_share: float | None = column(
         "CPU: the CPU time the run's process got over the timed steps, over their wall "
         "time times its threads (1.0: every thread ran throughout)"
     )
-    busy_machine: bool | None = doc(
+    busy_machine: bool | None = column(
         "CPU: cpu_share under 0.75, the process clearly got less than its share: its "
         "throughput says more about the machine's load than the technique, and no pick "
         "rests on it"
@@ -181,10 +194,10 @@ class Data:
     lengths: str | None = doc("the length distribution the sequences were drawn from (bench.data.varlen)")
     loader: str | None = doc("the technique that formed the batches: pad-to-max, dynamic-padding, packing, …")
     loader_workers: int | None = doc("the DataLoader's worker processes (0: collated in the step's process)")
-    real_tokens_per_s: float | None = doc("sequence tokens over the timed steps' time, padding excluded")
-    padding_fraction: float | None = doc("padding over all tokens of the timed batches")
+    real_tokens_per_s: float | None = column("sequence tokens over the timed steps' time, padding excluded")
+    padding_fraction: float | None = column("padding over all tokens of the timed batches")
     padding_fraction_per_batch: list[float] | None = doc("each timed batch's padding fraction")
-    loader_wait_ms_median: float | None = doc("median host time a timed step waited for its batch")
+    loader_wait_ms_median: float | None = column("median host time a timed step waited for its batch")
 
 
 # What the live-bytes tracker gives for one step: measured (Memory), and predicted on fake tensors
@@ -226,7 +239,7 @@ class _PredictionOutcome:
 Prediction = make_dataclass(
     "Prediction",
     [
-        (f.name, f.type, doc(f"predicted: {f.metadata['doc']}"))
+        (f.name, f.type, doc(f"predicted: {f.metadata['doc']}", table=f.name == "peak_tensor_bytes"))
         for group in (Memory, Timing)
         for f in fields(group)
         if f.name in (*TRACKED, "peak_reserved_bytes", "flops_per_step", "ops_per_step", "op_bytes_per_step")
@@ -245,30 +258,30 @@ class FidelityResult:
     """Does the technique change what the model learns: trained on real data, evaluated on its held-out
     split."""
 
-    accuracy: float | None = doc("held-out accuracy (the first seed's)")
+    accuracy: float | None = column("held-out accuracy (the first seed's)")
     accuracy_seeds: list[float] | None = doc(
         "the baseline: accuracy over each seed (their spread is the band)"
     )
-    final_loss: float | None = doc("mean training loss over the last 10 steps")
-    grad_cosine: float | None = doc(
+    final_loss: float | None = column("mean training loss over the last 10 steps")
+    grad_cosine: float | None = column(
         "first-step gradient against the plain model's, same batch, weights, dropout"
     )
     fidelity_test_loss: float | None = doc("held-out loss")
-    fidelity_agreement: float | None = doc("inference suites: predictions equal to the fp32 model's")
+    fidelity_agreement: float | None = column("inference suites: predictions equal to the fp32 model's")
     fidelity_model: str | None = doc("the model trained (the run's, or the suite's stand-in)")
     fidelity_weights: str | None = doc("the weights it started from, if any")
     fidelity_dataset: str | None = doc("the dataset")
     fidelity_steps: int | None = doc("training steps")
     fidelity_train_size: int | None = doc("training samples")
     fidelity_test_size: int | None = doc("held-out samples")
-    fidelity_error: str | None = doc("the fidelity phase failed: why (the measurement stands)")
+    fidelity_error: str | None = column("the fidelity phase failed: why (the measurement stands)")
 
 
 @dataclass
 class Distributed:
     """Multi-process runs: every figure is the worst rank's (largest memory and step time, smallest rate)."""
 
-    world_size: int | None = doc("processes in the run")
+    world_size: int | None = column("processes in the run")
     peak_rank: int | None = doc("the rank whose figures the record shows")
     ranks: dict[str, list[Any]] = doc("each rank's figure, in rank order, stored as rank_<figure>", {})
 
@@ -277,13 +290,15 @@ class Distributed:
 class Provenance:
     """How, when and with what the run was measured."""
 
-    git_revision: str | None = doc("the harness's commit, -dirty with uncommitted changes outside results/")
-    torch_version: str | None = doc("torch")
+    git_revision: str | None = column(
+        "the harness's commit, -dirty with uncommitted changes outside results/"
+    )
+    torch_version: str | None = column("torch")
     python_version: str | None = doc("Python")
     packages: dict[str, str] | None = doc("versions of the optional packages the run's process imported")
     hostname: str | None = doc("the machine")
     cpu_threads: int | None = doc("torch's intra-op threads in the run")
-    finished_at: str | None = doc("UTC, when the run's process ended")
+    finished_at: str | None = column("UTC, when the run's process ended")
     stored_at: str | None = doc("UTC to the microsecond, when the record was stored (what --force compares)")
     cuda_version: str | None = doc("CUDA: the runtime torch was built with")
     cudnn_version: int | None = doc("CUDA: cuDNN")
@@ -294,8 +309,8 @@ class Provenance:
     )
     tf32_cudnn: bool | None = doc("CUDA: TF32 convolutions allowed")
     cudnn_benchmark: bool | None = doc("CUDA: cuDNN autotuning on")
-    weights: str | None = doc("the measured run's pretrained weights, if any")
-    weights_sha256: str | None = doc("their digest")
+    weights: str | None = column("the measured run's pretrained weights, if any")
+    weights_sha256: str | None = column("their digest")
     weights_loaded: int | None = doc("tensors loaded from them")
     weights_missing: int | None = doc("model tensors they lacked (kept their initialisation)")
     weights_missing_names: list[str] | None = doc("the first of those")
@@ -316,6 +331,13 @@ GROUPS = {
     "provenance": Provenance,
 }
 MEMORY_SUMMARY = "memory_summary_text"
+# The summary table's stored columns, group by group: the fields declared with column().
+COLUMNS = tuple(
+    getattr(group, "prefix", "") + f.name
+    for group in GROUPS.values()
+    for f in fields(group)
+    if f.metadata["column"]
+)
 
 
 class _Keys:

@@ -5,63 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from bench.record import AT_PEAK, KEY, Status
+from bench import record
+from bench.record import DERIVED, KEY, Status
 
-# What holds the bytes alive at a run's peak (bench/measure/memory.py: tracked_step).
-
+# The record's columns, then the ratios computed here against each run's baseline.
 COLUMNS = [
-    KEY.suite,
-    KEY.run,
-    KEY.model,
-    KEY.techniques,
-    KEY.device,
-    KEY.device_type,
-    KEY.batch_size,
-    KEY.world_size,
-    KEY.status,
-    KEY.peak_allocated_bytes,
-    KEY.peak_reserved_bytes,
-    KEY.peak_tensor_bytes,
-    KEY.peak_phase,
-    KEY.activation_bytes,
-    KEY.rss_peak_bytes,
-    KEY.model_state_bytes,
-    KEY.samples_per_s,
-    KEY.tokens_per_s,
-    KEY.real_tokens_per_s,
-    KEY.padding_fraction,
-    KEY.loader_wait_ms_median,
-    KEY.step_time_ms_median,
-    KEY.step_time_ms_p25,
-    KEY.step_time_ms_p75,
+    *record.COLUMNS,
     "memory_vs_baseline",
     "throughput_vs_baseline",
-    KEY.accuracy,
-    "accuracy_delta",
-    "accuracy_band",
-    "outside_band",
-    KEY.grad_cosine,
-    KEY.fidelity_agreement,
-    KEY.fidelity_error,
-    KEY.warning,
-    KEY.busy_machine,
-    KEY.cpu_share,
-    KEY.load_average,
-    KEY.final_loss,
-    KEY.predicted_peak_tensor_bytes,
+    *DERIVED,
     "predicted_vs_measured",
-    KEY.flops_per_step,
-    KEY.mfu,
-    *[f"at_peak_{p}_bytes" for p in AT_PEAK],
-    KEY.cache_slack_bytes,
-    KEY.context_bytes,
-    KEY.git_revision,
-    KEY.weights,
-    KEY.weights_sha256,
-    KEY.torch_version,
-    KEY.finished_at,
-    KEY.wall_s,
-    KEY.message,
 ]
 
 
