@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, make_dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 DERIVED = ("accuracy_delta", "accuracy_band", "outside_band")  # stored by older records; recomputed on read
 RANK_PREFIX = "rank_"  # a multi-process run's per-rank lists: rank_<figure>
@@ -236,8 +236,8 @@ class _PredictionOutcome:
 
 
 # The tracked figures and the FLOPs, each documented as its measured twin, so that the two never drift apart.
-Prediction = make_dataclass(
-    "Prediction",
+_PredictedFigures = make_dataclass(
+    "_PredictedFigures",
     [
         (f.name, f.type, doc(f"predicted: {f.metadata['doc']}", table=f.name == "peak_tensor_bytes"))
         for group in (Memory, Timing)
@@ -245,12 +245,36 @@ Prediction = make_dataclass(
         if f.name in (*TRACKED, "peak_reserved_bytes", "flops_per_step", "ops_per_step", "op_bytes_per_step")
     ],
     bases=(_PredictionOutcome,),
-    namespace={
-        "prefix": "predicted_",
-        "__doc__": "The step predicted on fake tensors before the run, at its "
-        "shapes: the tracker's figures and the FLOPs, as predicted_*.",
-    },
 )
+
+
+@dataclass
+class Prediction(_PredictedFigures):
+    """The step predicted on fake tensors before the run, at its shapes: the tracker's figures and the FLOPs,
+    as predicted_*."""
+
+    prefix: ClassVar[str] = "predicted_"
+
+    @property
+    def ok(self) -> bool:
+        return self.status == Status.OK
+
+    def at_peak(self) -> dict[str, int]:
+        """What was alive at the predicted peak, by category (AT_PEAK), the empty ones left out."""
+        return {p: v for p in AT_PEAK if (v := getattr(self, f"at_peak_{p}_bytes"))}
+
+    def flat(self) -> dict[str, Any]:
+        """As a record stores it: ``predicted_<field>`` for each field that has a value."""
+        return {self.prefix + f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
+
+    @classmethod
+    def of(cls, flat: dict[str, Any]) -> Prediction:
+        """The prediction a record (or a cached prediction) stores; other keys are ignored."""
+        return cls(**{f.name: flat[cls.prefix + f.name] for f in fields(cls) if cls.prefix + f.name in flat})
+
+    @classmethod
+    def failed(cls, status: Status, message: str) -> Prediction:
+        return cls(status=status, message=message)
 
 
 @dataclass

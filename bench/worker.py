@@ -38,7 +38,7 @@ from bench.models.weights import digest
 from bench.predict import predict_run
 from bench.provenance import runtime_provenance
 from bench.recipe import Recipe, Stepper, batches, tracked_steps
-from bench.record import KEY, MEMORY_SUMMARY, Status
+from bench.record import KEY, MEMORY_SUMMARY, Prediction, Status
 from bench.spec import Job
 from bench.suite import Fidelity, RunSpec
 from bench.techniques import RunContext, Technique, Unsupported
@@ -84,8 +84,9 @@ def measure(
     # Data-parallel ranks each take their own batch: a step of the group processes that many.
     ranks = max((t.replicas(group.world_size) for t in techniques), default=1)
     figures |= _timed_pass(trainer, batch, feed, samples_in(batch) * ranks, ctx)
-    counts = (KEY.flops_per_step, KEY.ops_per_step, KEY.op_bytes_per_step)
-    counted = {k: prediction.get(f"predicted_{k}") for k in counts}
+    p = Prediction.of(prediction)  # the step's FLOP and operator counts are the prediction's
+    counted = {KEY.flops_per_step: p.flops_per_step, KEY.ops_per_step: p.ops_per_step}
+    counted[KEY.op_bytes_per_step] = p.op_bytes_per_step
     figures |= _counts(trainer, figures) | prediction | counted
     if device.type == "cuda":
         figures |= mfu(

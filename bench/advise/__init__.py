@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from bench.advise import probe
 from bench.advise.estimate import STATED, Calibration, Estimator, Rates, calibrate
@@ -24,7 +24,7 @@ from bench.advise.search import Candidate, Search, Searcher
 from bench.advise.source import Source, source
 from bench.predict.budget import Budget, fewest_ranks, runs_at
 from bench.provenance import EMULATED_BF16, device_name, native_bf16
-from bench.record import KEY, Status
+from bench.record import KEY, Prediction
 from bench.spec import RunSpec
 
 MOST_RANKS = 8  # nothing fits: the fewest ranks fsdp would need are looked for up to a node's GPUs
@@ -39,7 +39,7 @@ class Advice:
     device_type: str
     budget: int
     budget_text: str
-    baseline: dict[str, Any]
+    baseline: Prediction
     plans: list[Candidate]  # ranked, each fitting
     search: Search
     estimator: Estimator
@@ -92,7 +92,7 @@ def advise(
             _unfit(device_type),
         )
         baseline, estimator = searcher.singles()
-        limit = budget.bytes(baseline[KEY.predicted_peak_tensor_bytes])
+        limit = budget.bytes(baseline.peak_tensor_bytes)
         kept = searcher.pruned_axes(estimator)
         advice = Advice(
             src,
@@ -168,10 +168,10 @@ def _calibration(evidence: Evidence, device_type: str, rates: Rates, predictions
         (
             f"{r[KEY.model]} (results/{r[KEY.suite]})",
             r[KEY.step_time_ms_median] / 1000,
-            tuple(c[f"predicted_{k}"] for k in (KEY.flops_per_step, KEY.ops_per_step, KEY.op_bytes_per_step)),
+            (c.flops_per_step, c.ops_per_step, c.op_bytes_per_step),
         )
         for r, c in zip(records, counts)
-        if c[KEY.predicted_status] == Status.OK
+        if c.ok
     ]
     return calibrate(steps, rates)
 
@@ -201,7 +201,7 @@ def _strongest(
     if plan is None:
         return None
     out = predictions.peaks([plan.spec(searcher.template)])[0]
-    if out[KEY.predicted_status] != Status.OK:
+    if not out.ok:
         return None
     return Candidate(plan, out, estimator.speed(plan), estimator.accuracy(plan))
 

@@ -16,11 +16,11 @@ factors multiplied, or its own where a record of the same model measured the who
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
-from bench.record import KEY
+from bench.record import Prediction
 from bench.advise import probe
 from bench.advise.evidence import Evidence, Figure, canonical
 from bench.advise.plans import Option, Plan
@@ -155,8 +155,8 @@ class Estimator:
         device_type: str,
         rates: Rates,
         calibration: Calibration,
-        baseline: dict[str, Any],
-        alone: dict[str, dict[str, Any]],
+        baseline: Prediction,
+        alone: dict[str, Prediction],
         batch: int,
         timed: dict[str, float] | None = None,
     ) -> None:
@@ -205,28 +205,25 @@ class Estimator:
             return Part(1 / found.value, f"measured (another model), {found.source}", 1)
         return Part(counted, "assumed: a dtype's speed is not counted, and no record measured it", 2)
 
-    def seconds(self, predicted: dict[str, Any], option: Option | None) -> float:
+    def seconds(self, predicted: Prediction, option: Option | None) -> float:
         """Counted seconds per sample of a step as predicted (see the module's note)."""
-        get = lambda key: predicted.get(f"predicted_{key}") or 0  # noqa: E731
         compute = self.calibration.seconds(
-            get(KEY.flops_per_step), get(KEY.ops_per_step), get(KEY.op_bytes_per_step)
+            predicted.flops_per_step or 0, predicted.ops_per_step or 0, predicted.op_bytes_per_step or 0
         )
         moved = self._moved(predicted, option) / self.rates.link
         overlapped = option is not None and option.cls.overlaps_traffic
         return (max(compute, moved) if overlapped else compute + moved) / self.batch
 
-    def _moved(self, predicted: dict[str, Any], option: Option | None) -> float:
+    def _moved(self, predicted: Prediction, option: Option | None) -> float:
         """Bytes an offloading option moves between device and host a step (``Technique.host_traffic``): the
         activations it keeps off the device, down in forward and up in backward; a host optimizer's gradients
         down and weights up."""
         traffic = option.cls.host_traffic if option else ""
         if traffic == "activations":
-            kept_off = (
-                self.baseline[KEY.predicted_activation_bytes] - predicted[KEY.predicted_activation_bytes]
-            )
+            kept_off = self.baseline.activation_bytes - predicted.activation_bytes
             return 2 * max(kept_off, 0)
         if traffic == "optimizer":
-            return 2 * self.baseline[KEY.predicted_param_bytes]
+            return 2 * self.baseline.param_bytes
         return 0.0
 
     def accuracy(self, plan: Plan) -> Accuracy:

@@ -17,6 +17,7 @@ import torch
 from bench.predict.ahead import spawn_pool, stop_pool
 from bench.predict.budget import largest_batch
 from bench.predict.fake import predict
+from bench.record import Prediction
 from bench.results import write_atomic
 from bench.spec import RunSpec
 
@@ -27,13 +28,12 @@ class Predictions:
         self.made = self.reused = 0
         self._pool = None
 
-    def peaks(self, specs: list[RunSpec]) -> list[dict[str, Any]]:
+    def peaks(self, specs: list[RunSpec]) -> list[Prediction]:
         """Each spec's prediction at this device's shapes, in the order given."""
-        return self._each(specs, _predicted, lambda s: {"predict": s.to_dict()})
+        made = self._each(specs, _predicted, lambda s: {"predict": s.to_dict()})
+        return [Prediction.of(m) for m in made]
 
-    def largest_batches(
-        self, specs: list[RunSpec], budget: int, owns: list[dict[str, Any]]
-    ) -> list[int | None]:
+    def largest_batches(self, specs: list[RunSpec], budget: int, owns: list[Prediction]) -> list[int | None]:
         """Each spec's largest batch whose predicted peak fits ``budget`` bytes; ``owns``: each one's
         prediction at its own batch (the search starts from it)."""
         found = self._each(
@@ -88,11 +88,11 @@ class Predictions:
 
 
 def _predicted(spec: RunSpec, device_type: str) -> dict[str, Any]:
-    cuda = device_type == "cuda"
-    return predict(spec, spec.shapes(device_type), cuda=cuda)
+    """The prediction as a record stores it, as the cache keeps it."""
+    return predict(spec, spec.shapes(device_type), cuda=device_type == "cuda").flat()
 
 
-def _largest(work: tuple[RunSpec, int, dict[str, Any]], device_type: str) -> dict[str, Any]:
+def _largest(work: tuple[RunSpec, int, Prediction], device_type: str) -> dict[str, Any]:
     spec, budget, own = work
     return {"largest_batch": largest_batch(spec, budget, own=own, device_type=device_type)}
 

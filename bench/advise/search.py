@@ -19,24 +19,23 @@ from typing import Any, TextIO
 from bench.advise.estimate import Accuracy, Estimate, Estimator
 from bench.advise.plans import Axis, Option, Plan, combinations, problems
 from bench.advise.predictions import Predictions
-from bench.record import KEY, Status
+from bench.record import Prediction
 from bench.spec import RunSpec
 
-PEAK = KEY.predicted_peak_tensor_bytes
 GUESS_MARGIN = 1.0  # a plan whose guessed peak is over the budget by more than this share is not predicted
 
 
 @dataclass
 class Candidate:
     plan: Plan
-    predicted: dict[str, Any]
+    predicted: Prediction
     speed: Estimate
     accuracy: Accuracy
     largest_batch: int | None = None
 
     @property
     def peak(self) -> int:
-        return self.predicted[PEAK]
+        return self.predicted.peak_tensor_bytes
 
 
 @dataclass
@@ -74,12 +73,12 @@ class Searcher:
         )
         self.make_estimator, self.unfit = estimator, unfit  # unfit: why an option is no plan for this device
         self.search = Search()
-        self.alone: dict[str, dict[str, Any]] = {}
+        self.alone: dict[str, Prediction] = {}
         self.order: dict[str, int] = {}  # an option's peak alone: lower saves more
-        self.baseline: dict[str, Any] = {}
+        self.baseline = Prediction()
         self.baseline_peak = 0
 
-    def singles(self) -> tuple[dict[str, Any], Estimator]:
+    def singles(self) -> tuple[Prediction, Estimator]:
         """The baseline's prediction and each option's alone; options that cannot run are dropped."""
         options = [o for a in self.axes for o in a.options if o not in self.base.options]
         plans = [self._alone(o) for o in options]
@@ -93,16 +92,16 @@ class Searcher:
             [self.base.spec(self.template)] + [p.spec(self.template) for _, p in runnable]
         )
         baseline, rest = made[0], made[1:]
-        if baseline[KEY.predicted_status] != Status.OK:
-            raise RuntimeError(f"the baseline cannot be predicted: {baseline.get(KEY.predicted_message)}")
+        if not baseline.ok:
+            raise RuntimeError(f"the baseline cannot be predicted: {baseline.message}")
         for (option, _), out in zip(runnable, rest):
-            why = [] if out[KEY.predicted_status] == Status.OK else [out.get(KEY.predicted_message, "")]
+            why = [] if out.ok else [out.message or ""]
             if not self._refused(option, why):
                 self.alone[option.name] = out
         for o in self.base.options:
             self.alone[o.name] = baseline
-        self.order = {name: out[PEAK] for name, out in self.alone.items()}
-        self.baseline, self.baseline_peak = baseline, baseline[PEAK]
+        self.order = {name: out.peak_tensor_bytes for name, out in self.alone.items()}
+        self.baseline, self.baseline_peak = baseline, baseline.peak_tensor_bytes
         return baseline, self.make_estimator(baseline, self.alone)
 
     def _alone(self, option: Option) -> Plan:
@@ -188,8 +187,8 @@ class Searcher:
             outs = self.predictions.peaks([p.spec(self.template) for _, _, p in batch])
             predicted += len(batch)
             for (speed, accuracy, plan), out in zip(batch, outs):
-                if out[KEY.predicted_status] == Status.OK:
-                    found_in = self.search.fits if out[PEAK] <= budget else self.search.misses
+                if out.ok:
+                    found_in = self.search.fits if out.peak_tensor_bytes <= budget else self.search.misses
                     found_in.append(Candidate(plan, out, speed, accuracy))
             if minimal:  # a plan found in this chunk may cover one found beside it
                 held = [
@@ -223,16 +222,11 @@ class Searcher:
         guess's margin. Each option alone scales each part of the peak (parameters, gradients, optimizer
         state, activations, temporaries); the guess multiplies the scales of each part, as bf16's halving of
         the activations and checkpointing's dropping of most of them compose."""
-        parts = {
-            k.removeprefix("predicted_at_peak_"): v
-            for k, v in self.baseline.items()
-            if k.startswith("predicted_at_peak_") and v
-        }
         guess = 0.0
-        for part, base in parts.items():
+        for part, base in self.baseline.at_peak().items():
             scale = 1.0
             for o in plan.options:
-                scale *= (self.alone[o.name].get(f"predicted_at_peak_{part}") or 0) / base
+                scale *= self.alone[o.name].at_peak().get(part, 0) / base
             guess += base * scale
         return guess > GUESS_MARGIN * budget
 

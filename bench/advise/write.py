@@ -19,7 +19,7 @@ GIB = 2**30
 
 def table(advice: Advice) -> str:
     """The ranked plans that fit, or what the plan that saves most would need."""
-    base = advice.baseline[KEY.predicted_peak_tensor_bytes]
+    base = advice.baseline.peak_tensor_bytes
     head = (
         f"{advice.template.model} ({advice.source.mode}, batch {_batch(advice)}, {advice.device_type} "
         f"shapes from {advice.source.origin}): baseline predicted {base / GIB:,.2f} GiB; budget "
@@ -76,7 +76,7 @@ def nothing_fits(advice: Advice) -> str:
     c = advice.closest
     return (
         f"Nothing fits {advice.budget / GIB:,.2f} GiB. The plan that saves most, {c.plan.name}, peaks at "
-        f"{c.peak / GIB:,.2f} GiB (parameters {c.predicted.get(KEY.predicted_param_bytes, 0) / GIB:,.2f} "
+        f"{c.peak / GIB:,.2f} GiB (parameters {(c.predicted.param_bytes or 0) / GIB:,.2f} "
         f"GiB). It would need {'; or '.join(advice.needs)}."
     )
 

@@ -15,7 +15,7 @@ from multiprocessing.pool import AsyncResult
 from typing import Any
 
 from bench.predict.fake import predict
-from bench.record import KEY, Status
+from bench.record import KEY, Prediction, Status
 from bench.suite import RunSpec
 
 
@@ -27,11 +27,8 @@ def predict_run(spec: RunSpec, device_type: str, rank: int = 0) -> dict[str, Any
     try:
         out = predict(spec, spec.shapes(device_type), cuda=device_type == "cuda", rank=rank)
     except Exception as exc:  # noqa: BLE001
-        out = {
-            KEY.predicted_status: Status.ERROR,
-            KEY.predicted_message: f"{type(exc).__name__}: {exc}"[:300],
-        }
-    return out | {KEY.prediction_s: round(time.perf_counter() - clock, 2)}
+        out = Prediction.failed(Status.ERROR, f"{type(exc).__name__}: {exc}"[:300])
+    return out.flat() | {KEY.prediction_s: round(time.perf_counter() - clock, 2)}
 
 
 def spawn_pool(processes: int) -> multiprocessing.pool.Pool:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
 from bench.predict.fake import CPU, predict
 from bench.recipe import Recipe
-from bench.record import KEY, Status
+from bench.record import Prediction
 from bench.suite import RunSpec
 from bench.techniques import build
 
@@ -25,7 +24,7 @@ def largest_batch(
     spec: RunSpec,
     budget: int,
     limit: int = 1 << 16,
-    own: dict[str, Any] | None = None,
+    own: Prediction | None = None,
     peak: Callable[[int], float] | None = None,
     device_type: str = "cuda",
 ) -> int | None:
@@ -41,15 +40,15 @@ def largest_batch(
     (``bench fit`` measures it)."""
     shapes = spec.shapes(device_type)
 
-    def predicted(batch: int, out: dict[str, Any] | None = None) -> float:
+    def predicted(batch: int, out: Prediction | None = None) -> float:
         out = out or predict(spec, replace(shapes, batch_size=batch), cuda=device_type == "cuda")
-        return out[KEY.predicted_peak_tensor_bytes] if out[KEY.predicted_status] == Status.OK else math.inf
+        return out.peak_tensor_bytes if out.ok else math.inf
 
     unit = math.lcm(1, *(build(t).batch_multiple() for t in spec.techniques))
     lo, hi = 0, limit // unit + 1  # in units: lo fits (0: none yet), hi does not (past the limit: assumed)
     points: list[tuple[int, float]] = []
 
-    def probe(n: int, out: dict[str, Any] | None = None) -> None:
+    def probe(n: int, out: Prediction | None = None) -> None:
         nonlocal lo, hi
         at = peak(n * unit) if peak is not None else predicted(n * unit, out)
         points.append((n, at))
@@ -75,16 +74,16 @@ def largest_batch(
     return lo * unit
 
 
-def fewest_ranks(spec: RunSpec, budget: int, own: dict[str, Any] | None = None) -> int | None:
+def fewest_ranks(spec: RunSpec, budget: int, own: Prediction | None = None) -> int | None:
     """The fewest processes, from 2 to the entry's nproc, over which each rank's predicted peak at GPU shapes
     fits ``budget``; None if even nproc does not. Sharding only takes memory off a rank as ranks are added, so
     the answer is bisected over the world sizes the entry can run at (multiples of its groups, under hybrid
     sharding or 2-D parallelism): about log2(nproc) predictions. ``own``: the prediction at nproc, if made
     already."""
 
-    def fits(n: int, out: dict[str, Any] | None = None) -> bool:
+    def fits(n: int, out: Prediction | None = None) -> bool:
         out = out or predict(replace(spec, nproc=n))
-        return out[KEY.predicted_status] == Status.OK and out[KEY.predicted_peak_tensor_bytes] <= budget
+        return out.ok and out.peak_tensor_bytes <= budget
 
     if not fits(spec.nproc, own):
         return None

@@ -29,7 +29,7 @@ from bench.predict.stand_ins import (
     techniques_as_real,
 )
 from bench.recipe import Recipe, batches, tracked_steps
-from bench.record import KEY, Status
+from bench.record import KEY, Prediction, Status
 from bench.suite import RunSpec, Shapes
 from bench.techniques import Unsupported
 
@@ -43,7 +43,7 @@ def predict(
     cuda: bool = True,
     world_size: int | None = None,
     rank: int = 0,
-) -> dict[str, Any]:
+) -> Prediction:
     """Predicted peak and breakdown of one run at ``shapes`` (default: its GPU shapes); ``cuda`` models
     the CUDA allocator's granularity and CUDA-only techniques, else the CPU run as measured here. A run over
     several processes is predicted as its ``rank`` of ``world_size`` (default: the entry's nproc), with the
@@ -51,21 +51,18 @@ def predict(
     world_size = world_size or spec.nproc
     recipe = Recipe.of(spec, CPU, shapes or spec.gpu, predicting=cuda, world_size=world_size, rank=rank)
     if reason := next((f"{t.name}: {t.unpredictable}" for t in recipe.techniques if t.unpredictable), None):
-        return {KEY.predicted_status: Status.UNPREDICTABLE, KEY.predicted_message: reason}
+        return Prediction.failed(Status.UNPREDICTABLE, reason)
     if reason := recipe.unsupported():
-        return {KEY.predicted_status: Status.UNSUPPORTED, KEY.predicted_message: reason}
+        return Prediction.failed(Status.UNSUPPORTED, reason)
     try:
         with ranks.fake_group(world_size, rank):
             figures = _fake_step(spec, recipe, CUDA_BLOCK if cuda else 1)
     except Unsupported as exc:  # a kernel CUDA would refuse: the run would be unsupported there too
-        return {KEY.predicted_status: Status.UNSUPPORTED, KEY.predicted_message: str(exc)}
+        return Prediction.failed(Status.UNSUPPORTED, str(exc))
     except Exception as exc:  # noqa: BLE001  a technique that needs real values (e.g. .item()) cannot be predicted
         first = (str(exc).strip().splitlines() or [""])[0][:200]
-        return {
-            KEY.predicted_status: Status.UNPREDICTABLE,
-            KEY.predicted_message: f"{type(exc).__name__}: {first}",
-        }
-    return {KEY.predicted_status: Status.OK, **{f"predicted_{k}": v for k, v in figures.items()}}
+        return Prediction.failed(Status.UNPREDICTABLE, f"{type(exc).__name__}: {first}")
+    return Prediction(status=Status.OK, **figures)
 
 
 def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int) -> dict[str, Any]:

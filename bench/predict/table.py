@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -97,13 +97,13 @@ def _row(spec: RunSpec, budget: int | None) -> dict[str, Any]:
     row: dict[str, Any] = {
         KEY.run: spec.name,
         "batch": spec.gpu.batch_size,
-        KEY.status: out[KEY.predicted_status],
+        KEY.status: out.status,
     }
-    row |= {k.removeprefix("predicted_"): v for k, v in out.items() if k.startswith("predicted_")}
-    if budget is not None and out[KEY.predicted_status] == Status.OK:
-        row["fits"] = out[KEY.predicted_peak_tensor_bytes] <= budget
+    row |= {k: v for k, v in asdict(out).items() if v is not None}
+    if budget is not None and out.ok:
+        row["fits"] = out.peak_tensor_bytes <= budget
         row["largest_batch"] = largest_batch(spec, budget, own=out)
-    if budget is not None and spec.nproc > 1 and out[KEY.predicted_status] == Status.OK:
+    if budget is not None and spec.nproc > 1 and out.ok:
         if (fewest := fewest_ranks(spec, budget, own=out)) is not None:
             row["fewest_ranks"] = fewest
             row["largest_batch_there"] = largest_batch(replace(spec, nproc=fewest), budget)

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from bench.predict import RESERVE, Budget, largest_batch, parse_size, predict, tensor_budget
+from bench.record import Prediction
 from tests.helpers import spec, tech
 
 RESULTS = Path(__file__).parent.parent.parent / "results"
@@ -12,13 +13,13 @@ RESULTS = Path(__file__).parent.parent.parent / "results"
 
 def test_budget_search_finds_the_largest_batch_that_fits_in_a_handful_of_predictions(monkeypatch):
     run = spec("vit-tiny", (tech("accumulate", micro_batches=2),), batch_size=16)
-    budget = predict(run, replace(run.gpu, batch_size=40))["predicted_peak_tensor_bytes"]
+    budget = predict(run, replace(run.gpu, batch_size=40)).peak_tensor_bytes
     calls = []
     monkeypatch.setattr("bench.predict.budget.predict", lambda *a, **k: calls.append(a) or predict(*a, **k))
     best = largest_batch(run, budget)
     assert best is not None and best % 2 == 0 and best >= 40
-    over = predict(run, replace(run.gpu, batch_size=best + 2))["predicted_peak_tensor_bytes"]
-    assert predict(run, replace(run.gpu, batch_size=best))["predicted_peak_tensor_bytes"] <= budget < over
+    over = predict(run, replace(run.gpu, batch_size=best + 2)).peak_tensor_bytes
+    assert predict(run, replace(run.gpu, batch_size=best)).peak_tensor_bytes <= budget < over
     assert len(calls) <= 6  # the peak is near linear in the batch: two points, a guess and its neighbour
     assert largest_batch(run, 1000) is None
 
@@ -41,9 +42,9 @@ def test_budget_search_agrees_with_trying_every_batch(monkeypatch, peak):
         calls.append(shapes.batch_size)
         value = peak(shapes.batch_size)
         return (
-            {"predicted_status": "ok", "predicted_peak_tensor_bytes": value}
+            Prediction(status="ok", peak_tensor_bytes=value)
             if value == value
-            else {"predicted_status": "unpredictable"}
+            else Prediction(status="unpredictable")
         )
 
     monkeypatch.setattr("bench.predict.budget.predict", fake)

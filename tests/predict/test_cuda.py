@@ -20,10 +20,10 @@ RESULTS = Path(__file__).parent.parent.parent / "results"
 def test_cuda_prediction_counts_in_allocator_blocks_and_counts_flops():
     run = spec("vit-tiny", batch_size=16)
     cpu, cuda = predict(run, run.cpu, cuda=False), predict(run, run.cpu, cuda=True)
-    assert cuda["predicted_peak_tensor_bytes"] % 512 == 0
-    assert cuda["predicted_peak_tensor_bytes"] > cpu["predicted_peak_tensor_bytes"]
+    assert cuda.peak_tensor_bytes % 512 == 0
+    assert cuda.peak_tensor_bytes > cpu.peak_tensor_bytes
     # Training FLOPs are about 3× the forward's (backward computes two matmuls per forward matmul).
-    assert cuda["predicted_flops_per_step"] > 0
+    assert cuda.flops_per_step > 0
 
 
 def cuda_prediction(model: str, *techniques: TechniqueSpec, **shapes: Any) -> dict[str, Any]:
@@ -38,23 +38,23 @@ def test_cuda_prediction_takes_the_optimizer_implementation_cuda_would():
 
     def peak(*techniques):
         out = cuda_prediction("vit-tiny", *techniques, batch_size=1)
-        assert out["predicted_peak_phase"] == "optimizer"
-        return out["predicted_peak_tensor_bytes"]
+        assert out.peak_phase == "optimizer"
+        return out.peak_tensor_bytes
 
     default = peak()
     assert default == peak(tech("optimizer", kind="adamw", impl="foreach"))
     assert default > peak(tech("optimizer", kind="adamw", impl="single"))
     run = spec("vit-tiny", batch_size=1)
-    assert predict(run, run.cpu, cuda=False)["predicted_peak_tensor_bytes"] < default  # as this CPU runs it
+    assert predict(run, run.cpu, cuda=False).peak_tensor_bytes < default  # as this CPU runs it
 
 
 def test_cuda_prediction_saves_dropout_masks_of_one_byte(monkeypatch):
     """CUDA's dropout is the fused kernel, which keeps a bool mask; CPU's keeps float32 noise: three bytes
     more per element. bert-tiny drops out five times at batch × sequence × hidden (16·16·64: embeddings,
     then attention output and feed-forward in each of two layers) and once on the pooled output (16·64)."""
-    fused = cuda_prediction("bert-tiny", batch_size=16, seq_len=16)["predicted_activation_bytes"]
+    fused = cuda_prediction("bert-tiny", batch_size=16, seq_len=16).activation_bytes
     monkeypatch.setattr(cuda, "cuda_dropout", nullcontext)
-    noise = cuda_prediction("bert-tiny", batch_size=16, seq_len=16)["predicted_activation_bytes"]
+    noise = cuda_prediction("bert-tiny", batch_size=16, seq_len=16).activation_bytes
     assert noise - fused == 3 * (5 * 16 * 16 * 64 + 16 * 64)
 
 
@@ -118,9 +118,7 @@ def test_cuda_prediction_of_the_math_path_saves_its_attention_dropout_mask_in_on
     fused = cuda_prediction("bert-tiny", tech("sdpa", backend="math"), batch_size=16, seq_len=16)
     monkeypatch.setattr(cuda, "math_attention", cpu_noise)
     noise = cuda_prediction("bert-tiny", tech("sdpa", backend="math"), batch_size=16, seq_len=16)
-    assert (
-        noise["predicted_activation_bytes"] - fused["predicted_activation_bytes"] == 3 * 2 * 16 * 2 * 16 * 16
-    )
+    assert noise.activation_bytes - fused.activation_bytes == 3 * 2 * 16 * 2 * 16 * 16
 
 
 @pytest.mark.parametrize(
@@ -133,7 +131,7 @@ def test_a_transformer_layer_keeps_what_korthikanti_counts(techniques, per_layer
     dropout would make it 36). One layer is the difference between BERT-base with three and with two."""
     s, b, h = 512, 16, 768
     kept = [
-        cuda_prediction(model, *techniques, batch_size=b, seq_len=s)["predicted_activation_bytes"]
+        cuda_prediction(model, *techniques, batch_size=b, seq_len=s).activation_bytes
         for model in ("tests.helpers:BERT_BASE_2", "tests.helpers:BERT_BASE_3")
     ]
     assert per_layer <= (kept[1] - kept[0]) / (s * b * h) < per_layer + 0.1  # 34.08: the statistics
@@ -146,9 +144,9 @@ def test_vit_l16_at_batch_1_needs_what_the_optimizer_in_backward_tutorial_measur
 
     def peak(*techniques):
         return (
-            cuda_prediction("tests.helpers:VIT_L16", *techniques, batch_size=1, image_size=224)[
-                "predicted_peak_tensor_bytes"
-            ]
+            cuda_prediction(
+                "tests.helpers:VIT_L16", *techniques, batch_size=1, image_size=224
+            ).peak_tensor_bytes
             / 1e9
         )
 
@@ -162,9 +160,9 @@ def test_grouped_keys_take_flash_in_16_bit_and_the_math_path_otherwise_as_on_cud
     autocast the inputs are cast to 16-bit first (rotary embeddings leave the query in float32)."""
 
     def peak(*techniques):
-        return cuda_prediction("tests.helpers:TINY_LM", *techniques, batch_size=4, seq_len=256)[
-            "predicted_peak_tensor_bytes"
-        ]
+        return cuda_prediction(
+            "tests.helpers:TINY_LM", *techniques, batch_size=4, seq_len=256
+        ).peak_tensor_bytes
 
     amp = tech("amp", dtype="bfloat16")
     assert peak() == peak(tech("sdpa", backend="math"))
@@ -187,9 +185,9 @@ def test_a_pinned_attention_kernel_cuda_would_refuse_makes_the_prediction_unsupp
     """As the run on CUDA would be (the sdpa technique turns the kernel's refusal into `unsupported`), instead
     of a figure for a kernel that never runs; under autocast the same kernels take the call."""
     out = cuda_prediction(model, *techniques, batch_size=4, seq_len=16)
-    assert out["predicted_status"] == "unsupported" and out["predicted_message"].startswith(why)
+    assert out.status == "unsupported" and out.message.startswith(why)
     amp = cuda_prediction(model, *techniques[:1], tech("amp", dtype="bfloat16"), batch_size=4, seq_len=16)
-    assert amp["predicted_status"] == ("unsupported" if "grouped" in why else "ok")
+    assert amp.status == ("unsupported" if "grouped" in why else "ok")
 
 
 def test_fp8_is_predicted_keeping_the_activations_it_had_and_adding_its_casts():
@@ -199,9 +197,9 @@ def test_fp8_is_predicted_keeping_the_activations_it_had_and_adding_its_casts():
     base, fp8 = (
         cuda_prediction("vit-tiny", *techniques, batch_size=16) for techniques in ((), (tech("fp8"),))
     )
-    assert fp8["predicted_status"] == "ok", fp8
-    assert fp8["predicted_activation_bytes"] == base["predicted_activation_bytes"]
-    assert fp8["predicted_peak_tensor_bytes"] > base["predicted_peak_tensor_bytes"]
+    assert fp8.status == "ok", fp8
+    assert fp8.activation_bytes == base.activation_bytes
+    assert fp8.peak_tensor_bytes > base.peak_tensor_bytes
 
 
 def test_offload_leaves_only_the_logits_on_the_device_after_forward():
@@ -211,8 +209,8 @@ def test_offload_leaves_only_the_logits_on_the_device_after_forward():
     base, offload = (
         cuda_prediction("vit-tiny", *techniques, batch_size=16) for techniques in ((), (tech("offload"),))
     )
-    assert offload["predicted_activation_bytes"] == 1024
-    assert offload["predicted_peak_tensor_bytes"] < base["predicted_peak_tensor_bytes"]
+    assert offload.activation_bytes == 1024
+    assert offload.peak_tensor_bytes < base.peak_tensor_bytes
 
 
 def test_offload_brings_host_tensors_back_to_the_host_not_the_device(monkeypatch):
@@ -225,8 +223,8 @@ def test_offload_brings_host_tensors_back_to_the_host_not_the_device(monkeypatch
     kept = cuda_prediction("bert-tiny", *techniques, batch_size=16, seq_len=128)
     monkeypatch.setattr(adapters, "is_on_host", lambda t: False)
     brought = cuda_prediction("bert-tiny", *techniques, batch_size=16, seq_len=128)
-    assert kept["predicted_peak_phase"] == "backward"
-    assert brought["predicted_peak_tensor_bytes"] - kept["predicted_peak_tensor_bytes"] == 2 * 512
+    assert kept.peak_phase == "backward"
+    assert brought.peak_tensor_bytes - kept.peak_tensor_bytes == 2 * 512
 
 
 def test_the_host_state_is_adams_step_counters_outside_fused_groups():
@@ -255,11 +253,11 @@ def test_every_h100_record_is_predicted_byte_for_byte(path):
     which nothing here models."""
     record = results.read(path)
     out = predict(RunSpec.from_dict(record["spec"]))
-    assert out["predicted_activation_bytes"] == record["activation_bytes"]
+    assert out.activation_bytes == record["activation_bytes"]
     held = 0
     if record["peak_phase"] == "backward":
         shapes = record["spec"]["gpu"]
         dtype = getattr(torch, record["proof"]["output_dtype"].removeprefix("torch."))
         logits = shapes["batch_size"] * models.resolve(record["model"]).num_classes * dtype.itemsize
         held = -(-logits // 512) * 512 + (512 if record["proof"].get("amp.grad_scaler") else 0)
-    assert out["predicted_peak_tensor_bytes"] + held == record["peak_tensor_bytes"]
+    assert out.peak_tensor_bytes + held == record["peak_tensor_bytes"]

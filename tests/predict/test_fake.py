@@ -161,7 +161,7 @@ def assert_predicted_exactly(run) -> Trainer | Inferencer:
         compiled_update=any(t.compiled_update for t in trainer.techniques),
     )
     fake = predict(run, run.cpu, cuda=False)
-    assert fake["predicted_status"] == "ok", fake
+    assert fake.status == "ok", fake
     at_peak = [k for k in real if k.startswith("at_peak_")]
     for key in (
         "peak_tensor_bytes",
@@ -171,14 +171,14 @@ def assert_predicted_exactly(run) -> Trainer | Inferencer:
         "peak_phase",
         *at_peak,
     ):
-        assert fake[f"predicted_{key}"] == real[key], key
+        assert getattr(fake, key) == real[key], key
     return trainer
 
 
 def test_techniques_that_cannot_be_predicted_say_why():
     for name, mode in [("compile", "train"), ("jit-trace", "inference")]:
         out = predict(spec("vit-tiny", (tech(name),), mode=mode))
-        assert out["predicted_status"] == "unpredictable" and out["predicted_message"].startswith(name), out
+        assert out.status == "unpredictable" and out.message.startswith(name), out
 
 
 @pytest.mark.full
@@ -188,7 +188,7 @@ def test_full_size_models_predict_at_gpu_shapes():
     for name in ("resnet", "bert", "vit"):  # how fast: make perf (tests/perf/test_predict.py)
         for run in select(load(f"suites/{name}.toml"), ["baseline", "checkpoint"]).runs:
             out = predict(run)
-            assert out["predicted_status"] == "ok" and out["predicted_peak_tensor_bytes"] > 2**30, (name, out)
+            assert out.status == "ok" and out.peak_tensor_bytes > 2**30, (name, out)
 
 
 def test_a_model_that_computes_its_shape_from_tensor_values_is_predicted_exactly():
@@ -197,7 +197,7 @@ def test_a_model_that_computes_its_shape_from_tensor_values_is_predicted_exactly
     trainer, batch = build_trainer(run)
     trainer.step(batch)
     measured = tracked_step(lambda: trainer.step(clone_batch(batch)), trainer.model, trainer.optimizer, CPU)
-    assert predict(run, run.cpu, cuda=False)["predicted_peak_tensor_bytes"] == measured["peak_tensor_bytes"]
+    assert predict(run, run.cpu, cuda=False).peak_tensor_bytes == measured["peak_tensor_bytes"]
 
 
 def test_a_transformers_without_the_fake_tensor_check_is_left_as_it_is(monkeypatch):

@@ -25,7 +25,7 @@ PSI = sum(p.numel() for p in MODELS.get("bert-tiny").build(Shapes(8, seq_len=64)
 def _predicted(technique, nproc: int, model: str = "bert-tiny", **shape) -> dict:
     run = spec(model, (technique,), nproc=nproc, **({"batch_size": 4, "seq_len": 16} | shape))
     out = predict(run, run.cpu, cuda=False)
-    assert out["predicted_status"] == "ok", out.get("predicted_message")
+    assert out.status == "ok", out.message
     assert not dist.is_initialized()  # the fake group is gone once the prediction is made
     return out
 
@@ -34,8 +34,8 @@ def _predicted(technique, nproc: int, model: str = "bert-tiny", **shape) -> dict
 def test_ddp_all_reduces_every_gradient_once_a_step(n):
     """A ring all-reduce moves 2(N−1)/N·Ψ elements per rank; DDP's gradients are float32 here."""
     out = _predicted(tech("ddp"), n)
-    assert out["predicted_traffic_all_reduce_bytes"] == pytest.approx(2 * (n - 1) / n * PSI * 4, abs=n)
-    assert out["predicted_traffic_all_gather_bytes"] == out["predicted_traffic_reduce_scatter_bytes"] == 0
+    assert out.traffic_all_reduce_bytes == pytest.approx(2 * (n - 1) / n * PSI * 4, abs=n)
+    assert out.traffic_all_gather_bytes == out.traffic_reduce_scatter_bytes == 0
 
 
 @pytest.mark.parametrize("n", [2, 8])
@@ -44,12 +44,12 @@ def test_fsdp_gathers_parameters_in_forward_and_again_in_backward(n):
     gradients are reduce-scattered once. Each moves (N−1)/N of the whole padded parameters' bytes."""
     volume = (n - 1) / n * _padded_elements("bert-tiny", n)[0] * n * 4
     resharded, kept = _predicted(tech("fsdp"), n), _predicted(tech("fsdp", reshard_after_forward=False), n)
-    assert resharded["predicted_traffic_all_gather_bytes"] == pytest.approx(2 * volume, abs=n)
-    assert kept["predicted_traffic_all_gather_bytes"] == pytest.approx(volume, abs=n)
+    assert resharded.traffic_all_gather_bytes == pytest.approx(2 * volume, abs=n)
+    assert kept.traffic_all_gather_bytes == pytest.approx(volume, abs=n)
     for out in (resharded, kept):
-        assert out["predicted_traffic_reduce_scatter_bytes"] == pytest.approx(volume, abs=n)
-        assert out["predicted_traffic_all_reduce_bytes"] == 0
-        assert out["predicted_world_size"] == n
+        assert out.traffic_reduce_scatter_bytes == pytest.approx(volume, abs=n)
+        assert out.traffic_all_reduce_bytes == 0
+        assert out.world_size == n
 
 
 def _padded_elements(model: str, n: int) -> tuple[int, int]:
@@ -66,14 +66,14 @@ def test_zero3_model_states_per_rank_at_any_world_size(n):
     parameter's rows to N), and AdamW's step counter per parameter tensor, exactly."""
     out = _predicted(tech("fsdp", mixed_precision="bfloat16"), n, batch_size=1, seq_len=8)
     elements, tensors = _padded_elements("bert-tiny", n)
-    states = sum(out[f"predicted_{k}_bytes"] for k in ("param", "gradient", "optimizer_state"))
+    states = out.param_bytes + out.gradient_bytes + out.optimizer_state_bytes
     assert states == 16 * elements + 4 * tensors
 
 
 def test_zero3_on_bert_base_is_the_textbook_figure():
     """At BERT-base's size, the padding and counters are noise: 16·Ψ/8 to 0.02%."""
     out = _predicted(tech("fsdp", mixed_precision="bfloat16"), 8, "bert-base", batch_size=1, seq_len=8)
-    states = sum(out[f"predicted_{k}_bytes"] for k in ("param", "gradient", "optimizer_state"))
+    states = out.param_bytes + out.gradient_bytes + out.optimizer_state_bytes
     assert states == pytest.approx(16 * 109_489_930 / 8, rel=2e-4)
 
 
@@ -86,8 +86,8 @@ def test_a_prediction_made_beside_a_live_process_group_says_why():
         out = predict(spec("bert-tiny", (tech("ddp"),), nproc=2, batch_size=4, seq_len=16), cuda=False)
     finally:
         dist.destroy_process_group()
-    assert out["predicted_status"] == "unpredictable"
-    assert "already up" in out["predicted_message"]
+    assert out.status == "unpredictable"
+    assert "already up" in out.message
 
 
 @pytest.mark.full
@@ -106,11 +106,11 @@ def test_llama3_8b_over_8_ranks_is_predicted_and_never_built_on_a_cpu():
         seq_len=64,
     )
     out = predict(run, run.cpu)  # standing for CUDA: a CPU run, and so its prediction, is refused
-    assert out["predicted_status"] == "ok", out.get("predicted_message")
-    assert out["predicted_param_bytes"] == pytest.approx(8_030_261_248 * 4 / 8, rel=1e-5)
+    assert out.status == "ok", out.message
+    assert out.param_bytes == pytest.approx(8_030_261_248 * 4 / 8, rel=1e-5)
     # bf16 parameters gathered in forward and again in backward: 2 × 7/8 of the model's bf16 bytes
-    assert out["predicted_traffic_all_gather_bytes"] == pytest.approx(2 * 7 / 8 * 8_030_261_248 * 2, rel=1e-4)
-    assert predict(run, run.cpu, cuda=False)["predicted_status"] == "unsupported"
+    assert out.traffic_all_gather_bytes == pytest.approx(2 * 7 / 8 * 8_030_261_248 * 2, rel=1e-4)
+    assert predict(run, run.cpu, cuda=False).status == "unsupported"
     reason = Recipe.of(run, torch.device("cpu"), world_size=8).unsupported()
     assert reason.startswith("model llama3-8b: too large to build in a CPU's memory")
 
@@ -123,7 +123,7 @@ def test_fewest_ranks_is_the_first_world_size_whose_rank_fits():
     from bench.predict.budget import fewest_ranks
 
     run = spec("bert-tiny", (tech("fsdp"),), nproc=16, batch_size=1, seq_len=8)
-    peak = lambda n: predict(replace(run, nproc=n))["predicted_peak_tensor_bytes"]  # noqa: E731
+    peak = lambda n: predict(replace(run, nproc=n)).peak_tensor_bytes  # noqa: E731
     budget = peak(5)
     fewest = fewest_ranks(run, budget)
     assert 2 <= fewest <= 5 and peak(fewest) <= budget
@@ -136,16 +136,11 @@ def test_hybrid_sharding_shards_within_a_group_and_replicates_across():
     within its group only, and all-reduces its gradient shard across the two groups: 2(2−1)/2 of an eighth."""
     hybrid = _predicted(tech("fsdp", shard_group=8), 16)
     flat = _predicted(tech("fsdp"), 8)
-    assert hybrid["predicted_param_bytes"] == flat["predicted_param_bytes"]
-    assert hybrid["predicted_traffic_all_gather_bytes"] == flat["predicted_traffic_all_gather_bytes"]
-    assert hybrid["predicted_traffic_all_reduce_bytes"] == pytest.approx(
-        flat["predicted_param_bytes"], abs=16
-    )
+    assert hybrid.param_bytes == flat.param_bytes
+    assert hybrid.traffic_all_gather_bytes == flat.traffic_all_gather_bytes
+    assert hybrid.traffic_all_reduce_bytes == pytest.approx(flat.param_bytes, abs=16)
     run = spec("bert-tiny", (tech("fsdp", shard_group=3),), nproc=16, batch_size=4, seq_len=16)
-    assert (
-        "shard_group 3 does not divide the 16 processes"
-        in predict(run, run.cpu, cuda=False)["predicted_message"]
-    )
+    assert "shard_group 3 does not divide the 16 processes" in predict(run, run.cpu, cuda=False).message
 
 
 def test_two_d_splits_the_layers_in_a_group_and_shards_across_the_groups():
@@ -162,15 +157,15 @@ def test_two_d_splits_the_layers_in_a_group_and_shards_across_the_groups():
         p.numel() // 8 if name in split else math.ceil(p.shape[0] / 4) * (p.numel() // p.shape[0])
         for name, p in model.named_parameters()
     )
-    assert two_d["predicted_param_bytes"] == 4 * elements
-    assert two_d["predicted_traffic_all_reduce_bytes"] == tp["predicted_traffic_all_reduce_bytes"] > 0
+    assert two_d.param_bytes == 4 * elements
+    assert two_d.traffic_all_reduce_bytes == tp.traffic_all_reduce_bytes > 0
 
 
 def test_tensor_parallel_predicted_as_cuda_keeps_split_and_whole_parameters_apart():
     """CUDA's optimizers run foreach, whose kernels refuse a list mixing DTensors with whole tensors (the
     embeddings and norms tensor parallelism leaves alone): the trainer keeps them in two parameter groups."""
     run = spec("bert-tiny", (tech("tensor-parallel"),), nproc=2, batch_size=4, seq_len=16)
-    assert predict(run, run.cpu)["predicted_status"] == "ok"
+    assert predict(run, run.cpu).status == "ok"
 
 
 def test_llamas_attention_and_gated_mlp_are_split_and_its_heads_must_divide():
@@ -183,7 +178,7 @@ def test_llamas_attention_and_gated_mlp_are_split_and_its_heads_must_divide():
     out = _predicted(tech("tensor-parallel"), 2, "llama-tiny", batch_size=1, seq_len=8)
     model = MODELS.get("llama-tiny").build(Shapes(1, seq_len=8))
     layers = sum(p.numel() for n, p in model.named_parameters() if n.endswith("proj.weight"))
-    assert out["predicted_param_bytes"] == 4 * (sum(p.numel() for p in model.parameters()) - layers // 2)
+    assert out.param_bytes == 4 * (sum(p.numel() for p in model.parameters()) - layers // 2)
     recipe = Recipe.of(run, torch.device("cpu"), run.cpu, world_size=2)
     with fake_group(2, 0):
         model = recipe.stepper(model).model
@@ -191,7 +186,7 @@ def test_llamas_attention_and_gated_mlp_are_split_and_its_heads_must_divide():
     refused = predict(
         spec("llama-tiny", (tech("tensor-parallel"),), nproc=4, batch_size=1, seq_len=8), cuda=False
     )
-    assert refused["predicted_message"] == "2 key value heads do not split over 4 ranks; choose a divisor"
+    assert refused.message == "2 key value heads do not split over 4 ranks; choose a divisor"
 
 
 def test_two_d_options_that_cannot_run_say_why():
@@ -205,7 +200,7 @@ def test_two_d_options_that_cannot_run_say_why():
         (4, "tensor_parallel over all the processes leaves none to shard across; use tensor-parallel"),
     ):
         run = spec("bert-tiny", (tech("fsdp", tensor_parallel=4),), nproc=nproc, batch_size=1, seq_len=8)
-        assert predict(run, cuda=False)["predicted_message"] == f"fsdp: {why}"
+        assert predict(run, cuda=False).message == f"fsdp: {why}"
 
 
 def test_fewest_ranks_tries_only_the_world_sizes_an_entry_runs_at():
@@ -214,7 +209,7 @@ def test_fewest_ranks_tries_only_the_world_sizes_an_entry_runs_at():
 
     run = spec("bert-tiny", (tech("fsdp", tensor_parallel=2),), nproc=12, batch_size=1, seq_len=8)
     assert [n for n in range(2, 13) if runs_at(run, n)] == [4, 6, 8, 10, 12]
-    budget = predict(dataclasses.replace(run, nproc=6))["predicted_peak_tensor_bytes"]
+    budget = predict(dataclasses.replace(run, nproc=6)).peak_tensor_bytes
     assert fewest_ranks(run, budget) in (4, 6)
 
 

@@ -76,17 +76,15 @@ def test_a_frozen_head_gets_no_weight_gradient_and_evaluation_reads_the_logits()
 
 
 def test_it_applies_to_next_token_models_only_and_is_predicted():
-    assert predict(spec("bert-tiny", (tech("chunked-loss"),)), cuda=False)["predicted_message"] == (
+    assert predict(spec("bert-tiny", (tech("chunked-loss"),)), cuda=False).message == (
         "chunked-loss: applies to next-token models; model bert-tiny classifies"
     )
     run = spec("llama-tiny", (tech("chunked-loss"),), batch_size=8, seq_len=256)
     plain = predict(spec("llama-tiny", (), batch_size=8, seq_len=256), cuda=False)
     out = predict(run, cuda=False)
-    assert (
-        plain["predicted_peak_tensor_bytes"] - out["predicted_peak_tensor_bytes"] >= 0.9 * 8 * 256 * VOCAB * 4
-    )
+    assert plain.peak_tensor_bytes - out.peak_tensor_bytes >= 0.9 * 8 * 256 * VOCAB * 4
     # the head's matmuls, in pieces
-    assert out["predicted_flops_per_step"] == plain["predicted_flops_per_step"]
+    assert out.flops_per_step == plain.flops_per_step
 
 
 def test_liger_where_it_is_missing_is_unsupported_with_the_install_hint():

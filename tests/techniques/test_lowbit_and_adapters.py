@@ -163,7 +163,7 @@ def test_fp8_says_first_what_no_install_changes(monkeypatch, model, torchao, rea
         monkeypatch.setattr(lowbit, "_has", lambda package: False)
     run = spec(model, (tech("fp8"),))
     out = predict(run, run.cpu, cuda=True)
-    assert out["predicted_status"] == "unsupported" and re.search(reason, out["predicted_message"]), out
+    assert out.status == "unsupported" and re.search(reason, out.message), out
 
 
 def test_qlora_stores_every_block_linear_in_nf4_and_trains_the_adapters_only():
@@ -185,7 +185,7 @@ def test_qlora_stores_every_block_linear_in_nf4_and_trains_the_adapters_only():
     assert qlora["param_bytes"] == lora["param_bytes"] - 4 * sum(p.numel() for p in nf4) + held
     assert qlora["optimizer_state_bytes"] == lora["optimizer_state_bytes"]  # the same adapters train
     run_spec = spec("llama-tiny", (tech("qlora"),), batch_size=8, seq_len=32)
-    assert predict(run_spec, cuda=False)["predicted_param_bytes"] == qlora["param_bytes"]
+    assert predict(run_spec, cuda=False).param_bytes == qlora["param_bytes"]
 
 
 def test_cpu_offload_optimizer_leaves_the_device_its_small_parameters_state_only():
@@ -202,13 +202,10 @@ def test_cpu_offload_optimizer_leaves_the_device_its_small_parameters_state_only
         spec("llama-tiny", (tech("cpu-offload-optimizer", offload_gradients=True),), batch_size=1, seq_len=16)
     )
     norms = 5 * 128 * 4
-    assert out["predicted_optimizer_state_bytes"] == 2 * norms + 4 * 5  # and their AdamW's step counters
-    assert out["predicted_gradient_bytes"] == plain["predicted_gradient_bytes"]
-    assert freed["predicted_gradient_bytes"] == norms
-    assert (
-        plain["predicted_peak_tensor_bytes"] - out["predicted_peak_tensor_bytes"]
-        > 0.9 * plain["predicted_optimizer_state_bytes"]
-    )
+    assert out.optimizer_state_bytes == 2 * norms + 4 * 5  # and their AdamW's step counters
+    assert out.gradient_bytes == plain.gradient_bytes
+    assert freed.gradient_bytes == norms
+    assert plain.peak_tensor_bytes - out.peak_tensor_bytes > 0.9 * plain.optimizer_state_bytes
     reason = Recipe.of(spec("llama-tiny", (tech("cpu-offload-optimizer"),)), CPU).unsupported()
     assert reason == (
         "cpu-offload-optimizer: the optimizer state lives in host memory on a CPU already; this moves "

@@ -24,7 +24,7 @@ def test_predicted_as_cuda_it_leaves_the_device_the_small_saved_tensors_only():
     past every saved tensor keeps them all, as without the technique."""
 
     def held(*techniques):
-        return predict(spec("vit-tiny", techniques, batch_size=16))["predicted_activation_bytes"]
+        return predict(spec("vit-tiny", techniques, batch_size=16)).activation_bytes
 
     plain, overlapped = held(), held(tech("activation-offload"))
     assert overlapped < 0.05 * plain

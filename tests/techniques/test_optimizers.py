@@ -114,7 +114,7 @@ def test_galore_keeps_each_block_matrixs_moments_in_its_rank_r_projection():
                 expected += 4 * 2 * p.numel()
     assert tensor_bytes(optimizer_state(trainer.optimizer)) == expected
     assert trainer.proof()["galore.projected_matrices"] == 14
-    assert predict(run, cuda=False)["predicted_optimizer_state_bytes"] == expected
+    assert predict(run, cuda=False).optimizer_state_bytes == expected
 
 
 def test_techniques_that_make_the_optimizer_refuse_each_other_but_not_pure_bf16():

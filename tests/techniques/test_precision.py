@@ -119,8 +119,8 @@ def test_fp16_is_o2_on_cuda_only_and_master_weights_claim_the_optimizer():
     )
     out = predict(run)  # standing for CUDA: float16 model, fp32 masters and moments
     master = predict(spec("vit-tiny", (tech("bf16", master_weights=True),), batch_size=16))
-    assert out["predicted_optimizer_state_bytes"] == master["predicted_optimizer_state_bytes"]
-    assert out["predicted_param_bytes"] == master["predicted_param_bytes"]
+    assert out.optimizer_state_bytes == master.optimizer_state_bytes
+    assert out.param_bytes == master.param_bytes
     problems = suite_problems_of((tech("bf16", master_weights=True), tech("adamw-8bit")))
     assert any(
         "master_weights makes its own AdamW over the fp32 copy; adamw-8bit makes another optimizer" in p
@@ -148,6 +148,6 @@ def test_bf16_on_a_cpu_that_emulates_it_is_unsupported_with_the_reason(technique
     run = spec("vit-tiny", (technique,), mode=mode)
     monkeypatch.setenv(CPU_BF16, "emulated")
     assert Recipe.of(run, CPU).unsupported() == f"{technique.name}: {EMULATED_BF16}"
-    assert predict(run)["predicted_status"] == "ok"  # a card asked about from this CPU is unaffected
+    assert predict(run).status == "ok"  # a card asked about from this CPU is unaffected
     monkeypatch.setenv(CPU_BF16, "native")
     assert Recipe.of(run, CPU).unsupported() is None
