@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -376,3 +377,28 @@ class RaisingChecks(Technique):
 
     def problems(self, batch_size: int) -> list[str]:
         raise ZeroDivisionError("division by zero")
+
+
+def scaled_sgd(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    """A library's optimizer that reads the weights' values when it is made, which fake tensors have not."""
+    params = list(params)
+    largest = max(float(np.abs(p.detach().numpy()).max()) for p in params)
+    return torch.optim.SGD(params, lr=0.01 / max(largest, 1e-6), momentum=0.9)
+
+
+def scaled_sgd_without_values(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    """``scaled_sgd`` for fake tensors: the same optimizer, so the same state, whatever the weights hold."""
+    return torch.optim.SGD(list(params), lr=0.01, momentum=0.9)
+
+
+class ScaledSGD(Technique):
+    """A user's technique whose library call needs values: it declares a stand-in for predictions."""
+
+    stand_ins = {"tests.helpers:scaled_sgd": "tests.helpers:scaled_sgd_without_values"}
+
+    def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return scaled_sgd(model.parameters())
+
+
+class ScaledSGDUndeclared(ScaledSGD):
+    stand_ins = {}

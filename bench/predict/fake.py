@@ -78,7 +78,7 @@ def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int) -> dict[str, Any]:
         OutputsAsReal(ctx.predicting),
         parameters_as_real(),
         masks_as_real(),
-        techniques_as_real(),
+        techniques_as_real(techniques),
         kernels,
     ):
         model = _fake_copy(model)

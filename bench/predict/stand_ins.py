@@ -1,13 +1,15 @@
 """What makes fake tensors behave as the real run's tensors where that changes what is counted: values read,
 kernels' outputs, copies and conversions, and the few techniques whose real behaviour needs values (a
-GradScaler's overflow check) or real memory behind them (save_on_cpu's host copies). Techniques stay free of
-prediction details: their adapters live here."""
+GradScaler's overflow check) or real memory behind them (save_on_cpu's host copies). A technique names the
+stand-ins it needs (``Technique.stand_ins``); the built-in techniques' live here."""
 
 from __future__ import annotations
 
+import inspect
+import pkgutil
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from typing import Any, NamedTuple
 from unittest.mock import patch
 
@@ -17,23 +19,31 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench.measure.tracker import is_on_host, on_host
-from bench.techniques import offload
-from bench.techniques.offload import OptimizerOffload
+from bench.techniques import Technique
 
 aten = torch.ops.aten
 
 
 @contextmanager
-def techniques_as_real() -> Iterator[None]:
-    """Techniques' library calls that fake tensors cannot stand in for, replaced by ones that count the
-    same."""
-    with (
-        patch.object(torch.autograd.graph, "save_on_cpu", FakeSaveOnCpu),
-        patch.object(torch.amp, "GradScaler", ScalerWithoutValues),
-        patch.object(OptimizerOffload, "host_optimizer", staticmethod(lambda: FakeCPUOffloadOptimizer)),
-        patch.object(offload, "OverlappedSaves", FakeOverlappedSaves),
-    ):
+def techniques_as_real(techniques: list[Technique]) -> Iterator[None]:
+    """The library calls the run's techniques declare fake tensors cannot run (``Technique.stand_ins``),
+    each replaced by its stand-in, which makes the same tensors."""
+    declared = {target: using for t in techniques for target, using in t.stand_ins.items()}
+    with ExitStack() as stack:
+        for target, using in declared.items():
+            module, _, path = target.partition(":")
+            owner_path, _, name = path.rpartition(".")
+            owner = pkgutil.resolve_name(f"{module}:{owner_path}" if owner_path else module)
+            replacement = pkgutil.resolve_name(using)
+            if isinstance(inspect.getattr_static(owner, name), staticmethod):
+                replacement = staticmethod(replacement)
+            stack.enter_context(patch.object(owner, name, replacement))
         yield
+
+
+def fake_host_optimizer() -> type[torch.optim.Optimizer]:
+    """``cpu-offload-optimizer``'s host optimizer, for fake tensors."""
+    return FakeCPUOffloadOptimizer
 
 
 class FakeOverlappedSaves(torch.autograd.graph.saved_tensors_hooks):

@@ -214,6 +214,10 @@ class Technique:
     # none; ``overlaps_traffic``: the copies run on a side stream, under compute.
     host_traffic: ClassVar[Literal["", "activations", "optimizer"]] = ""
     overlaps_traffic: ClassVar[bool] = False
+    # Library calls fake tensors cannot run (they need values, streams or host memory), each replaced while
+    # the run is predicted by one that makes the same tensors: {"module:attribute": "module:replacement"}.
+    # The built-in ones live in bench.predict.stand_ins.
+    stand_ins: ClassVar[dict[str, str]] = {}
 
     def __init__(self, config: Any = None) -> None:
         self.config = config if config is not None else self.Config()

@@ -25,6 +25,7 @@ class ActivationOffload(Technique):
     offers = (offer("offload"),)
     host_traffic = "activations"
     summary = "`torch.autograd.graph.save_on_cpu` (CUDA)"
+    stand_ins = {"torch.autograd.graph:save_on_cpu": "bench.predict.stand_ins:FakeSaveOnCpu"}
 
     @dataclass(frozen=True)
     class Config:
@@ -74,6 +75,7 @@ class OptimizerOffload(Technique):
     axis = "optimizer"
     offers = (offer("cpu-offload-optimizer"),)
     host_traffic = "optimizer"
+    stand_ins = {f"{__name__}:OptimizerOffload.host_optimizer": "bench.predict.stand_ins:fake_host_optimizer"}
     summary = (
         "torchao `CPUOffloadOptimizer`: AdamW state, fp32 params and gradients in pinned host memory, the "
         "step on the host (CUDA)"
@@ -161,6 +163,7 @@ class OverlappedOffload(Technique):
     offers = (offer("activation-offload"),)
     host_traffic = "activations"
     overlaps_traffic = True
+    stand_ins = {f"{__name__}:OverlappedSaves": "bench.predict.stand_ins:FakeOverlappedSaves"}
     summary = (
         "saved activations to pinned host memory on a side CUDA stream as forward goes on, fetched back one "
         "ahead in backward (torchtune's `OffloadActivations`); parameters and tensors under `min_bytes` stay"

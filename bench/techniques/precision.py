@@ -31,6 +31,7 @@ class Amp(Technique):
     modes = ANY_MODE
     axis = "precision"
     offers = (offer("amp-bf16", "bfloat16", dtype="bfloat16"),)
+    stand_ins = {"torch.amp:GradScaler": "bench.predict.stand_ins:ScalerWithoutValues"}
     summary = (
         "`torch.autocast` over forward and loss; float16 adds a `GradScaler` (`scaler = false` leaves it "
         "out, to show the underflow it prevents)"
@@ -225,6 +226,7 @@ class PureFP16(PureBF16):
         "float16 training needs loss scaling and can overflow; bf16-pure and amp-bf16 hold the same bytes"
     )
     summary = "everything in float16, fp32 master weights and a `GradScaler` (apex O2; CUDA)"
+    stand_ins = {"torch.amp:GradScaler": "bench.predict.stand_ins:ScalerWithoutValues"}
     conflicts = frozenset({"amp", "bf16"})
     Config = NoOptions
 

@@ -220,3 +220,11 @@ def test_flash_attention_over_grouped_keys_counts_every_query_head():
         out.backward(torch.ones_like(out))
     assert k.grad.shape == k.shape
     assert flops.get_total_flops() == (2 + 5) * 2 * b * h_q * s * s * d
+
+
+def test_a_technique_declares_a_stand_in_for_a_library_call_that_fake_tensors_cannot_run():
+    """``Technique.stand_ins``: a user's optimizer that reads the weights' values is unpredictable until its
+    technique names a stand-in; with it, the prediction equals the real run's tracked figures."""
+    undeclared = predict(spec("vit-tiny", (tech("tests.helpers:ScaledSGDUndeclared"),)), cuda=False)
+    assert undeclared.status == "unpredictable", undeclared
+    assert_predicted_exactly(spec("vit-tiny", (tech("tests.helpers:ScaledSGD"),), batch_size=16))
