@@ -46,6 +46,17 @@ def fake_host_optimizer() -> type[torch.optim.Optimizer]:
     return FakeCPUOffloadOptimizer
 
 
+PAGED_FROM = 100_000  # bitsandbytes.optim.optimizer.Optimizer8bit.get_state_buffer: `p.numel() < 1e5` stay
+
+
+def paged_buffer(self: Any, p: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """bitsandbytes' ``get_state_buffer`` as on CUDA: a paged optimizer's state of a parameter of 100,000
+    elements or more is unified memory wrapped in a host tensor, which the device's allocator never holds
+    (on fake CPU tensors bitsandbytes would take its CPU fallback, an ordinary tensor)."""
+    buffer = torch.zeros_like(p, dtype=dtype)
+    return on_host(buffer) if self.is_paged and p.numel() >= PAGED_FROM else buffer
+
+
 class FakeOverlappedSaves(torch.autograd.graph.saved_tensors_hooks):
     """``activation-offload``'s hooks for fake tensors, which have no streams: a saved tensor of ``min_bytes``
     or more keeps only its shape and dtype once packed (its device block is free once the copy is done, which

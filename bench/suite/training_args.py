@@ -19,6 +19,7 @@ OPTIMIZERS: dict[str, list[Any]] = {
     "adafactor": [{"name": "optimizer", "kind": "adafactor-transformers", "groups": "trainer"}],
     "adamw_8bit": ["adamw-8bit"],
     "adamw_bnb_8bit": ["adamw-8bit"],
+    "paged_adamw_8bit": ["paged-adamw-8bit"],
     "sgd": [{"name": "optimizer", "kind": "sgd", "momentum": 0.0, "groups": "trainer"}],
 }
 READ = (

@@ -99,6 +99,65 @@ class AdamW8bit(Technique):
         return {"optimizer": f"{type(self.optimizer).__module__}.{type(self.optimizer).__name__}"}
 
 
+@TECHNIQUES.register("paged-adamw-8bit")
+class PagedAdamW8bit(Technique):
+    """bitsandbytes' paged 8-bit AdamW, as the Trainer builds it for ``optim="paged_adamw_8bit"`` (QLoRA's
+    optimizer): ``bitsandbytes.optim.AdamW`` with ``optim_bits=8, is_paged=True``. Both moments are blockwise
+    8-bit (a float32 absmax per 256 values; parameters under 4,096 elements keep float32 moments), and each
+    moment of a parameter of 100,000 elements or more lives in CUDA unified memory (``cudaMallocManaged``),
+    which the driver pages to the host when the device runs short instead of failing.
+
+    Expected: PyTorch's allocator never holds the paged moments (bitsandbytes wraps the managed pointer in a
+    host tensor), so ``max_memory_allocated`` falls by about 2 bytes per parameter against adamw-8bit;
+    ``nvidia-smi`` still counts the pages while they sit on the device. The QLoRA paper (arXiv:2305.14314)
+    uses them to ride out the memory spikes of long sequences. Accuracy: as adamw-8bit. On a CPU there is
+    nothing to page (bitsandbytes falls back to its plain 8-bit AdamW, which adamw-8bit stands for), so it is
+    a CUDA technique."""
+
+    axis = "optimizer"
+    offers = (offer("paged-adamw-8bit"),)
+    summary = "bitsandbytes `AdamW(optim_bits=8, is_paged=True)` (the Trainer's `paged_adamw_8bit`; CUDA)"
+    conflicts = frozenset({"optimizer", "optimizer-in-backward", "adamw-8bit"})
+    stand_ins = {
+        "bitsandbytes.optim.optimizer:Optimizer8bit.get_state_buffer": "bench.predict.stand_ins:paged_buffer"
+    }
+
+    @dataclass(frozen=True)
+    class Config:
+        lr: float | None = option(None, "learning rate (default: the run's, as the default AdamW uses)")
+
+    def unsupported(self, ctx: RunContext) -> str | None:
+        if not ctx.cuda:
+            return (
+                "pages CUDA unified memory; on a CPU bitsandbytes falls back to the 8-bit AdamW of adamw-8bit"
+            )
+        if not _has("bitsandbytes"):
+            return "needs bitsandbytes: pip install bitsandbytes (or pip install -e '.[extras]')"
+        return None
+
+    def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        self.lr = self.config.lr or ctx.lr
+        return model
+
+    def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        from bitsandbytes.optim import AdamW
+
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = AdamW(params, lr=self.lr, optim_bits=8, is_paged=True)
+        return self.optimizer
+
+    def proof(self, steps: int) -> dict[str, Any]:
+        moments = [
+            t for s in self.optimizer.state.values() for k, t in s.items() if k in ("state1", "state2")
+        ]
+        paged = [t for t in moments if getattr(t, "is_paged", False)]
+        return {
+            "paged_moments": len(paged),
+            "paged_bytes": sum(t.nbytes for t in paged),
+            "device_moment_bytes": sum(t.nbytes for t in moments if not getattr(t, "is_paged", False)),
+        }
+
+
 @TECHNIQUES.register("int8-weights")
 class Int8FrozenWeights(Technique):
     """Freeze every linear layer except the classification head (and LoRA adapters) and store its

@@ -64,7 +64,7 @@ def test_the_fields_that_change_memory_become_techniques_and_the_rest_are_named(
     [
         ({"gradient_acumulation_steps": 2}, "gradient_acumulation_steps: not a TrainingArguments field"),
         ({"fp16": True}, "bf16 and fp16: both true"),
-        ({"optim": "paged_adamw_8bit"}, "optim = 'paged_adamw_8bit': not modelled here"),
+        ({"optim": "lion_8bit"}, "optim = 'lion_8bit': not modelled here"),
         (
             {"per_device_train_batch_size": 0},
             "per_device_train_batch_size: expected a whole number of at least 1",
@@ -111,3 +111,8 @@ def test_the_run_holds_what_the_trainer_holds_for_the_same_arguments(bf16, tmp_p
     assert abs(measured["peak_tensor_bytes"] / reference["peak_tensor_bytes"] - 1) < 0.01, {
         k: (measured[k], reference[k]) for k in measured if measured[k] != reference[k]
     }
+
+
+def test_the_trainers_paged_8bit_adamw_is_the_paged_technique(tmp_path):
+    run = load(suite(tmp_path, ARGS | {"optim": "paged_adamw_8bit"})).runs[1]
+    assert "paged-adamw-8bit" in [t.name for t in run.techniques]

@@ -1,12 +1,17 @@
 """Techniques from optional packages: run where the package is installed (`make test` installs them),
 unsupported with an install hint where it is not."""
 
+import math
 import re
 
 import pytest
 import torch
 
+from bench.launch import Device
+from bench.launch.local import run_isolated
 from bench.measure.memory import model_state_bytes, tensor_bytes, tracked_step
+from bench.models import MODELS, build_model
+from bench.predict import predict
 from bench.suite import load
 from bench.worker import measure
 from tests.conftest import CPU, build_trainer
@@ -313,3 +318,48 @@ def test_peft_adapter_config_json_is_read_for_the_fields_that_change_memory(tmp_
         tmp_path, GOOD_LLAMA.replace("TECHNIQUES", f'{{ name = "lora", config = "{path}" }}')
     )
     assert any("use_dora = True is not modelled here" in p for p in found), found
+
+
+def _rounded(n: int) -> int:
+    return math.ceil(n / 512) * 512  # what the CUDA allocator takes for a request of n bytes
+
+
+def test_paged_adamw_8bit_keeps_its_large_moments_off_the_cuda_allocator():
+    """Predicted for CUDA, the state the allocator holds is bitsandbytes' rule (optim/optimizer.py): float32
+    moments under 4,096 elements; 8-bit moments above, with a float32 absmax per 256 values and the two shared
+    256-entry code books, the moments of parameters of 100,000 elements or more paged out of its reach."""
+    pytest.importorskip("bitsandbytes")
+    run = spec("llama-tiny", (tech("paged-adamw-8bit"),), batch_size=4, seq_len=16)
+    out = predict(run, run.cpu, cuda=True)
+    assert out.ok, out
+    sizes = [p.numel() for p in build_model(MODELS.get("llama-tiny"), run.cpu)[0].parameters()]
+    assert any(n >= 100_000 for n in sizes) and any(4096 <= n < 100_000 for n in sizes)
+
+    def state(r, paged_out):  # the moments' and absmaxes' bytes, each request as ``r`` takes it
+        return 2 * r(256 * 4) + sum(
+            2 * r(4 * n) if n < 4096 else 2 * r(4 * math.ceil(n / 256)) + (0 if paged_out(n) else 2 * r(n))
+            for n in sizes
+        )
+
+    # the device's share, as its allocator rounds it; and every state tensor, paged ones included
+    assert out.at_peak_optimizer_state_bytes == state(_rounded, lambda n: n >= 100_000)
+    assert out.optimizer_state_bytes == state(lambda b: b, lambda n: False)
+
+
+def test_paged_adamw_8bit_is_a_cuda_technique():
+    run = spec("llama-tiny", (tech("paged-adamw-8bit"),), batch_size=4, seq_len=16)
+    out = predict(run, run.cpu, cuda=False)
+    assert out.status == "unsupported" and "unified memory" in out.message
+
+
+@pytest.mark.cuda
+def test_paged_adamw_8bit_pages_its_large_moments_on_cuda_as_predicted():
+    pytest.importorskip("bitsandbytes")
+    record = run_isolated(
+        spec("llama-tiny", (tech("paged-adamw-8bit"),), batch_size=8, seq_len=64),
+        Device("cuda", torch.cuda.get_device_name(0)),
+    )
+    assert record["status"] == "ok", record
+    assert record["proof"]["paged-adamw-8bit.paged_moments"] > 0
+    assert record["optimizer_state_bytes"] == record["predicted_optimizer_state_bytes"]
+    assert record["peak_tensor_bytes"] == record["predicted_peak_tensor_bytes"]
