@@ -183,10 +183,15 @@ def checkpointed(model: nn.Module, every: int = 1, selective: bool = False) -> H
     return Hand(model)
 
 
-def in_backward(model: nn.Module) -> Hand:
+def in_backward(model: nn.Module, eight_bit: bool = False) -> Hand:
     """PyTorch's optimizer_step_in_backward tutorial: an AdamW per parameter, stepped from its gradient's
-    hook."""
-    steps = {p: torch.optim.AdamW([p], lr=1e-3, foreach=False) for p in model.parameters()}
+    hook (bitsandbytes' 8-bit AdamW, with ``eight_bit``)."""
+    if eight_bit:
+        from bitsandbytes.optim import AdamW8bit
+
+        steps = {p: AdamW8bit([p], lr=1e-3) for p in model.parameters()}
+    else:
+        steps = {p: torch.optim.AdamW([p], lr=1e-3, foreach=False) for p in model.parameters()}
 
     def step(p: nn.Parameter) -> None:
         steps[p].step()
@@ -238,6 +243,10 @@ CASES: dict[str, tuple[tuple[TechniqueSpec, ...], Callable[[nn.Module], Hand]]] 
     "zero-grad-keep": ((TechniqueSpec("zero-grad-keep"),), lambda m: Hand(m, keep_grads=True)),
     "channels-last": ((TechniqueSpec("channels-last"),), lambda m: Hand(m, layout=torch.channels_last)),
     "optimizer-in-backward": ((TechniqueSpec("optimizer-in-backward"),), in_backward),
+    "optimizer-in-backward-8bit": (
+        (TechniqueSpec("optimizer-in-backward", (("optimizer", "adamw-8bit"),)),),
+        lambda m: in_backward(m, eight_bit=True),
+    ),
     "sgd-momentum": (
         (TechniqueSpec("optimizer", (("kind", "sgd"), ("lr", 0.01))),),
         lambda m: Hand(m, torch.optim.SGD, lr=0.01, momentum=0.9),

@@ -168,6 +168,9 @@ class OptimizerInBackward(Technique):
     (ViT-L/16, batch 1, Adam: about 6 GB → 4 GB; PyTorch tutorial optimizer_step_in_backward).
     Cannot accumulate gradients over micro-batches, since each gradient is consumed at once.
     Accuracy: identical to AdamW (same update, per parameter), except without gradient clipping.
+    ``optimizer = "adamw-8bit"`` steps bitsandbytes' 8-bit AdamW per parameter instead (moments in a byte per
+    value, as adamw-8bit keeps them): its update runs eager, so it can run inside backward's hooks, where
+    torchao's compiled one cannot.
     """
 
     axis = "optimizer"
@@ -178,6 +181,14 @@ class OptimizerInBackward(Technique):
     @dataclass(frozen=True)
     class Config:
         lr: float | None = option(None, "learning rate (default: the run's, as the default AdamW uses)")
+        optimizer: Literal["adamw", "adamw-8bit"] = option(
+            "adamw", "each parameter's optimizer: torch's AdamW, or bitsandbytes' 8-bit AdamW"
+        )
+
+    def unsupported(self, ctx: RunContext) -> str | None:
+        if self.config.optimizer == "adamw-8bit" and importlib.util.find_spec("bitsandbytes") is None:
+            return "optimizer = adamw-8bit needs bitsandbytes: pip install bitsandbytes (or '.[extras]')"
+        return None
 
     def conflict(self, other: Technique) -> str | None:
         if other.name == "amp" and other.config.dtype == "float16":
@@ -185,15 +196,19 @@ class OptimizerInBackward(Technique):
         return None
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
-        self.optimizers = {
-            p: torch.optim.AdamW([p], lr=self.config.lr or ctx.lr, foreach=False)
-            for p in model.parameters()
-            if p.requires_grad
-        }
+        lr = self.config.lr or ctx.lr
+        self.optimizers = {p: self._optimizer(p, lr) for p in model.parameters() if p.requires_grad}
         self.updates = 0
         for p in self.optimizers:
             p.register_post_accumulate_grad_hook(self._step)
         return model
+
+    def _optimizer(self, param: nn.Parameter, lr: float) -> torch.optim.Optimizer:
+        if self.config.optimizer == "adamw-8bit":
+            from bitsandbytes.optim import AdamW8bit
+
+            return AdamW8bit([param], lr=lr)
+        return torch.optim.AdamW([param], lr=lr, foreach=False)
 
     def _step(self, param: nn.Parameter) -> None:
         self.optimizers[param].step()

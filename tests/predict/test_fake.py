@@ -228,3 +228,10 @@ def test_a_technique_declares_a_stand_in_for_a_library_call_that_fake_tensors_ca
     undeclared = predict(spec("vit-tiny", (tech("tests.helpers:ScaledSGDUndeclared"),)), cuda=False)
     assert undeclared.status == "unpredictable", undeclared
     assert_predicted_exactly(spec("vit-tiny", (tech("tests.helpers:ScaledSGD"),), batch_size=16))
+
+
+def test_bitsandbytes_8bit_adamw_stepped_in_backward_is_predicted_exactly():
+    pytest.importorskip("bitsandbytes")
+    techniques = (tech("optimizer-in-backward", optimizer="adamw-8bit"),)
+    trainer = assert_predicted_exactly(spec("llama-tiny", techniques, batch_size=4, seq_len=32))
+    assert trainer.proof()["optimizer-in-backward.parameters_stepped_in_backward"] > 0
