@@ -233,6 +233,14 @@ class _PredictionOutcome:
         "the largest single collective's tensors: what a real rank may also "
         "hold at its peak while a collective waits for a peer"
     )
+    card: str | None = doc("the card the step was replayed under (--card): its name")
+    verdict: str | None = doc(
+        "on that card: fits, fits after flushes (the allocator freed its cache and retried: each a pause), "
+        "or out of memory"
+    )
+    flushes: int | None = doc("times the allocator freed its cache and retried on that card")
+    oom_phase: str | None = doc("out of memory: the phase of the request the card could not hold")
+    oom_request_bytes: int | None = doc("out of memory: that request's bytes")
 
 
 # The tracked figures and the FLOPs, each documented as its measured twin, so that the two never drift apart.
@@ -242,7 +250,16 @@ _PredictedFigures = make_dataclass(
         (f.name, f.type, doc(f"predicted: {f.metadata['doc']}", table=f.name == "peak_tensor_bytes"))
         for group in (Memory, Timing)
         for f in fields(group)
-        if f.name in (*TRACKED, "peak_reserved_bytes", "flops_per_step", "ops_per_step", "op_bytes_per_step")
+        if f.name
+        in (
+            *TRACKED,
+            "peak_allocated_bytes",
+            "peak_reserved_bytes",
+            "nvml_process_bytes",
+            "flops_per_step",
+            "ops_per_step",
+            "op_bytes_per_step",
+        )
     ],
     bases=(_PredictionOutcome,),
 )

@@ -244,3 +244,23 @@ def test_a_page_that_cannot_be_written_after_a_sweep_is_named_and_the_rest_are_w
         in said
     )
     assert (tmp_path / "overview" / "overview.md").exists()  # the rest are written
+
+
+def test_predict_on_a_card_gives_each_run_its_verdict_and_the_largest_batch_the_card_holds(capsys):
+    assert main(["predict", "smoke", "--card", "t4", "--only", "baseline", "--jobs", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert "| on NVIDIA T4 |" in out and "| fits |" in out and "largest batch" in out
+    assert "NVIDIA T4: 16 GiB less 764 MiB for the CUDA context" in err
+
+
+@pytest.mark.fault("cli values")
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        (["--card", "rtx5090"], "--card 'rtx5090': not a card known here"),
+        (["--card", "t4", "--budget", "16GiB"], "--card and --budget: give one"),
+    ],
+)
+def test_predict_refuses_an_unknown_card_or_a_card_beside_a_budget(capsys, flags, said):
+    assert main(["predict", "smoke", *flags]) == 2
+    assert said in capsys.readouterr().err

@@ -35,6 +35,13 @@ def add(sub: argparse._SubParsersAction) -> None:
         help="held back from the budget for the CUDA context and the allocator's "
         "workspaces (default 1GiB, what the H100 records needed; 0: none)",
     )
+    pre.add_argument(
+        "--card",
+        metavar="NAME",
+        help="a card (rtx4090, a100-80gb, h100, …): each step replayed through the caching allocator under "
+        "its memory less the CUDA context: fits, fits after cache flushes, or out of memory at a phase; "
+        "and the largest batch it holds",
+    )
     pre.add_argument("--only", metavar="PATTERNS", help="comma-separated run names or globs")
     pre.add_argument(
         "--results", type=Path, default=Path("results"), help="where GPU measurements are read from"
@@ -82,14 +89,17 @@ def add(sub: argparse._SubParsersAction) -> None:
 def _predict(args: argparse.Namespace) -> int:
     path = job_suite(args)
     from bench import suite as suites
-    from bench.predict import ASSUMPTIONS, RESERVE, Budget, markdown, suite_table
+    from bench.predict import ASSUMPTIONS, RESERVE, Budget, cards, markdown, suite_table
     from bench.results import load_records
 
     reserve = args.reserve or RESERVE
     if args.reserve and not args.budget:  # else it would be taken and ignored
         raise BadInput(f"--reserve {args.reserve} is held back from a --budget, and none was given")
+    if args.card and args.budget:
+        raise BadInput("--card and --budget: give one (a card's memory is its budget)")
     try:
         budget = Budget.parse(args.budget, "cuda", reserve).bytes() if args.budget is not None else None
+        card = cards.card(args.card) if args.card else None
     except ValueError as exc:
         raise BadInput(str(exc)) from exc
     suite = selected(path, args)
@@ -110,10 +120,16 @@ def _predict(args: argparse.Namespace) -> int:
             f"(--reserve): {budget / 2**30:.2f} GiB for tensors",
             file=sys.stderr,
         )
-    table = suite_table(list(suite.runs), measured, budget, jobs=args.jobs)
+    if card is not None:
+        print(
+            f"{card.name}: {card.memory / 2**30:g} GiB less {card.context / 2**20:,.0f} MiB for the CUDA "
+            f"context ({card.context_source}): {card.capacity / 2**30:.2f} GiB for the allocator",
+            file=sys.stderr,
+        )
+    table = suite_table(list(suite.runs), measured, budget, jobs=args.jobs, card=card)
     print(markdown(table, args.breakdown))
     # a suite file, whole: its report
-    if args.only is None and budget is None and not args.nproc and not args.hf:
+    if args.only is None and budget is None and card is None and not args.nproc and not args.hf:
         import torch
 
         from bench.predict.table import save

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
 MIN_BLOCK = 512  # kMinBlockSize: every request is rounded up to a multiple of it
 SMALL_SIZE = 1 << 20  # kSmallSize: requests up to this come from the small pool
@@ -24,8 +26,35 @@ MIN_LARGE_ALLOC = 10 << 20  # kMinLargeAlloc
 ROUND_LARGE = 2 << 20  # kRoundLarge: larger requests' segments round up to this
 
 
+# CublasHandlePool.cpp: each cuBLAS handle takes a workspace per stream from this allocator when it first
+# runs, and keeps it: CUBLAS_WORKSPACE_CONFIG's default, 4096 KiB × 8 on compute capability 9.0 (Hopper), else
+# 4096 KiB × 2 + 16 KiB × 8; and a cuBLASLt workspace of CUBLASLT_WORKSPACE_SIZE's default, 1,024 KiB.
+CUBLAS_WORKSPACE = {True: 4096 * 1024 * 8, False: 4096 * 1024 * 2 + 16 * 1024 * 8}
+CUBLASLT_WORKSPACE = 1024 * 1024
+
+
+def cublas_workspaces(hopper: bool, training: bool) -> tuple[int, ...]:
+    """What cuBLAS holds in the allocator once a step has run: a handle per thread that runs matmuls, the
+    main thread's (forward) and, in training, the autograd engine's device thread's (backward)."""
+    return (CUBLAS_WORKSPACE[hopper], CUBLASLT_WORKSPACE) * (2 if training else 1)
+
+
+@dataclass(frozen=True)
+class Replay:
+    """How a step is replayed: the workspaces allocated before it (``cublas_workspaces``), and the bytes its
+    segments may take (the card less the context; None: no cap)."""
+
+    workspaces: tuple[int, ...] = ()
+    capacity: int | None = None
+    history: Any = None  # the steps before, as a tracker saw them (bench.measure.tracker.LiveBytes)
+
+
 class OutOfMemory(Exception):
     """No segment could be reserved under the cap, even after freeing the cached ones."""
+
+    def __init__(self, message: str, request: int) -> None:
+        super().__init__(message)
+        self.request = request
 
 
 @dataclass
@@ -64,12 +93,12 @@ class CachingAllocator:
         self.capacity, self.max_split = capacity, max_split_size
         self.segments: dict[int, Segment] = {}
         self._free: dict[bool, list[tuple[int, int, int]]] = {True: [], False: []}  # (size, segment, offset)
-        self._taken: dict[int, Block] = {}  # an allocation's handle → its block
+        self._taken: dict[Hashable, Block] = {}  # an allocation's handle → its block
         self._next_segment = 0
         self.allocated = self.reserved = self.peak_allocated = self.peak_reserved = 0
         self.retries = 0
 
-    def malloc(self, handle: int, size: int) -> None:
+    def malloc(self, handle: Hashable, size: int) -> None:
         """Allocate ``size`` bytes under ``handle`` (freed by ``free(handle)``)."""
         size = round_size(size)
         small = size <= SMALL_SIZE
@@ -88,7 +117,7 @@ class CachingAllocator:
         self.allocated += block.size
         self.peak_allocated = max(self.peak_allocated, self.allocated)
 
-    def free(self, handle: int) -> None:
+    def free(self, handle: Hashable) -> None:
         block = self._taken.pop(handle)
         self.allocated -= block.size
         block.free = True
@@ -141,7 +170,8 @@ class CachingAllocator:
             self.empty_cache()  # free what is cached, then try once more
             if self.reserved + wanted > self.capacity:
                 raise OutOfMemory(
-                    f"tried to reserve {wanted:,} bytes with {self.reserved:,} of {self.capacity:,} reserved"
+                    f"tried to reserve {wanted:,} bytes with {self.reserved:,} of {self.capacity:,} reserved",
+                    size,
                 )
         key, self._next_segment = self._next_segment, self._next_segment + 1
         block = Block(key, 0, wanted)

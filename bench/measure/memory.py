@@ -9,13 +9,14 @@ import os
 import resource
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any
 from unittest.mock import patch
 
 import torch
 from torch import nn
 
-from bench.measure.allocator import CachingAllocator
+from bench.measure.allocator import CachingAllocator, OutOfMemory, Replay
 from bench.measure.tracker import LiveBytes, storages
 from bench.record import KEY, AT_PEAK as CATEGORIES
 
@@ -106,21 +107,66 @@ def tracked_step(
     device: torch.device,
     rounding: int | None = None,
     compiled_update: bool = False,
-    reserved: bool = False,
+    reserved: Replay | None = None,
 ) -> dict[str, int | str]:
     """One step under the live-bytes tracker: its peak, what was alive at that peak (``at_peak_*_bytes``,
     summing to the peak), and the bytes each forward leaves alive for backward (saved activations plus the
     logits), the quantity checkpointing and autocast shrink. ``compiled_update``: the optimizer's step runs
     compiled code, which the tracker steps aside for; its state is counted, its own temporaries are not.
     ``reserved``: what CUDA's caching allocator would reserve for the step, its allocations and frees replayed
-    through bench.measure.allocator after the tensors alive before it (``peak_reserved_bytes``)."""
+    through bench.measure.allocator after those of the steps before it (``peak_reserved_bytes``), and under a
+    capacity, whether it fits (``_reserved``)."""
+    history = reserved.history if reserved is not None else None
+    done = track(step, model, optimizer, device, rounding, compiled_update, history)
+    tracker = done.tracker
+    at_peak = dict.fromkeys(CATEGORIES, 0)
+    for label, n in tracker.at_peak().items():
+        at_peak[LABELS[label]] += n
+    return (
+        {
+            KEY.peak_tensor_bytes: tracker.peak,
+            KEY.peak_phase: tracker.peak_phase,
+            KEY.activation_bytes: max(done.held),
+            # What the optimizer found in .grad (absent where gradients are freed in backward, or no
+            # optimizer).
+            KEY.gradient_bytes: done.grads[-1] if done.grads else None,
+            **{f"at_peak_{k}_bytes": v for k, v in at_peak.items()},
+        }
+        | model_state_bytes(model, optimizer)
+        | (_reserved(tracker, reserved) if reserved is not None else {})
+    )
+
+
+@dataclass
+class Tracked:
+    """A step as the tracker saw it: every storage's life, what each forward left for backward (``held``), and
+    the gradients the optimizer found (``grads``)."""
+
+    tracker: LiveBytes
+    held: list[int]
+    grads: list[int]
+
+
+def track(
+    step: Callable[[], object],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    device: torch.device,
+    rounding: int | None = None,
+    compiled_update: bool = False,
+    history: LiveBytes | None = None,
+) -> Tracked:
+    """``step`` under a tracker that knows the model's states as such, and each phase as it begins; following
+    ``history``, the tracker of the steps before (``LiveBytes.follow``)."""
     tracker = LiveBytes(device, rounding)
     tracker.add(model.parameters(), "parameters")
     tracker.add(model.buffers(), "buffers")
     tracker.add(_grads(model), "gradients")
     tracker.add(optimizer_state(optimizer), "optimizer_state")
+    if history is not None:
+        tracker.follow(history)
+    done = Tracked(tracker, [], [])
     starts: list[int] = []
-    held: list[int] = []
 
     def forward_start(*_: object) -> None:
         tracker.phase = "forward"
@@ -128,15 +174,14 @@ def tracked_step(
 
     def forward_end(*_: object) -> None:
         tracker.phase = "backward"
-        held.append(tracker.current - starts[-1])
+        done.held.append(tracker.current - starts[-1])
 
     hooks = [model.register_forward_pre_hook(forward_start), model.register_forward_hook(forward_end)]
-    grads: list[int] = []
 
     def optimizer_start(*_: object) -> None:
         tracker.phase = "optimizer"
         tracker.label(_grads(model), "gradients")
-        grads.append(tensor_bytes(_grads(model)))
+        done.grads.append(tensor_bytes(_grads(model)))
 
     if optimizer is not None:
         hooks.append(optimizer.register_step_pre_hook(optimizer_start))
@@ -153,28 +198,39 @@ def tracked_step(
             h.remove()
     tracker.label(_grads(model), "gradients")  # kept past the step (no optimizer, or zero_grad keeps them)
     tracker.label(optimizer_state(optimizer), "optimizer_state")  # made in the step (a first step)
-    at_peak = dict.fromkeys(CATEGORIES, 0)
-    for label, n in tracker.at_peak().items():
-        at_peak[LABELS[label]] += n
-    return (
-        {
-            KEY.peak_tensor_bytes: tracker.peak,
-            KEY.peak_phase: tracker.peak_phase,
-            KEY.activation_bytes: max(held),
-            # What the optimizer found in .grad (absent where gradients are freed in backward, or no
-            # optimizer).
-            KEY.gradient_bytes: grads[-1] if grads else None,
-            **{f"at_peak_{k}_bytes": v for k, v in at_peak.items()},
+    return done
+
+
+# The phase an allocation the card cannot hold was made in, by what the tracker called it.
+OOM_PHASES = {"": "forward", "gradients": "backward", "optimizer_state": "optimizer", "parameters": "set-up"}
+
+
+def _reserved(tracker: LiveBytes, replay: Replay) -> dict[str, Any]:
+    """The step through the caching allocator after the workspaces, under the card's capacity if given: the
+    reserved peak, and the verdict: fits, fits only after freeing the cache (each flush a pause), or out of
+    memory at a phase and request."""
+    allocator = CachingAllocator(replay.capacity)
+    for i, size in enumerate(replay.workspaces):
+        allocator.malloc(("workspace", i), size)  # never freed: cuBLAS keeps its workspaces
+    try:
+        tracker.replay(allocator)
+    except OutOfMemory as exc:
+        return {
+            KEY.peak_allocated_bytes: allocator.peak_allocated,
+            KEY.peak_reserved_bytes: allocator.peak_reserved,
+            "verdict": "out of memory",
+            "flushes": allocator.retries,
+            "oom_phase": OOM_PHASES.get(exc.label, exc.label),
+            "oom_request_bytes": exc.request,
         }
-        | model_state_bytes(model, optimizer)
-        | (_reserved(tracker) if reserved else {})
-    )
-
-
-def _reserved(tracker: LiveBytes) -> dict[str, int]:
-    allocator = CachingAllocator()
-    tracker.replay(allocator)
-    return {KEY.peak_reserved_bytes: allocator.peak_reserved}
+    out: dict[str, Any] = {
+        KEY.peak_allocated_bytes: allocator.peak_allocated,  # the workspaces with the tensors
+        KEY.peak_reserved_bytes: allocator.peak_reserved,
+    }
+    if replay.capacity is not None:
+        verdict = "fits after flushes" if allocator.retries else "fits"
+        out |= {"verdict": verdict, "flushes": allocator.retries}
+    return out
 
 
 def _stepped_aside(step: Callable[..., Any], tracker: LiveBytes) -> Callable[..., Any]:

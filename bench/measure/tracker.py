@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import (
 )
 from torch.utils._pytree import tree_leaves
 
-from bench.measure.allocator import CachingAllocator
+from bench.measure.allocator import CachingAllocator, OutOfMemory
 
 CUDA_BLOCK = 512  # the caching allocator rounds every allocation up to this
 
@@ -68,6 +68,9 @@ class LiveBytes(TorchDispatchMode):
         self.peak = 0
         self.phase = ""  # set by the caller (forward / backward / optimizer); remembered at the peak
         self.peak_phase = ""
+        self._history: LiveBytes | None = None  # follow()
+        self._history_until = 0
+        self._carried: dict[int, int] = {}  # this tracker's index → the history's, for the same storage
 
     def add(self, tensors: Iterable[torch.Tensor], label: str = "") -> None:
         """Count tensors that exist already (parameters, optimizer state), labelled by what they are."""
@@ -118,18 +121,44 @@ class LiveBytes(TorchDispatchMode):
             self.peak, self.peak_phase, self._peak_clock = self.current, self.phase, self._lives[index][2]
         weakref.finalize(storage, self._free, key, index)
 
+    def follow(self, history: LiveBytes) -> None:
+        """Take ``history`` (a tracker of the steps before, still counting frees) as what came before this
+        one: its storages alive now are the tensors this one was given (``add``) before its step."""
+        self._history, self._history_until = history, history._clock
+        self._carried = {i: history._live[key] for key, i in self._live.items() if key in history._live}
+
     def replay(self, allocator: CachingAllocator) -> None:
-        """Every allocation and free this tracker saw, in order, through ``allocator``: the tensors counted
-        before the step (parameters, kept gradients, optimizer state) first, as they were added."""
+        """Every allocation and free this tracker saw, in order, through ``allocator``: after the history's
+        (``follow``), or else with the tensors it was given before its step (parameters, kept gradients,
+        optimizer state) allocated first, in order."""
+        carried = {i: ("history", h) for i, h in self._carried.items()}
+        if self._history is not None:
+            for freeing, i, n in self._history._events(self._history_until):
+                if freeing:
+                    allocator.free(("history", i))
+                else:
+                    self._history._malloc(allocator, ("history", i), n, i)
+        for freeing, i, n in self._events():
+            handle = carried.get(i, i)
+            if freeing:
+                allocator.free(handle)
+            elif i not in carried:
+                self._malloc(allocator, handle, n, i)
+
+    def _events(self, until: int | None = None) -> list[tuple[bool, int, int]]:
+        """(freeing, index, bytes) in clock order, up to ``until``."""
         events = sorted(
             [(born, 0, i, n) for i, (n, _, born, _) in enumerate(self._lives)]
             + [(freed, 1, i, n) for i, (n, _, _, freed) in enumerate(self._lives) if freed is not None]
         )
-        for _, freeing, i, n in events:
-            if freeing:
-                allocator.free(i)
-            else:
-                allocator.malloc(i, n)
+        return [(bool(f), i, n) for clock, f, i, n in events if until is None or clock <= until]
+
+    def _malloc(self, allocator: CachingAllocator, handle: Hashable, n: int, i: int) -> None:
+        try:
+            allocator.malloc(handle, n)
+        except OutOfMemory as exc:
+            exc.label = self._lives[i][1]  # what the request was for: its phase, or what it holds
+            raise
 
     def _tick(self) -> int:
         self._clock += 1

@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from bench.predict.cards import Card
 from bench.predict.fake import CPU, predict
 from bench.recipe import Recipe
 from bench.record import Prediction
@@ -72,6 +73,19 @@ def largest_batch(
         probe(n)
         misses = 0 if hi - lo <= width // 2 else misses + 1
     return lo * unit
+
+
+def largest_batch_on(spec: RunSpec, card: Card, limit: int = 1 << 16) -> int | None:
+    """The largest batch the card holds: the step replayed through the caching allocator under the card's
+    memory less its context, at each batch the search tries (``largest_batch``, on the reserved peak)."""
+    shapes = spec.shapes("cuda")
+
+    def reserved(batch: int) -> float:
+        out = predict(spec, replace(shapes, batch_size=batch), card=card)
+        fits = out.ok and out.verdict != "out of memory"
+        return out.peak_reserved_bytes if fits else math.inf
+
+    return largest_batch(spec, card.capacity, limit, peak=reserved)
 
 
 def fewest_ranks(spec: RunSpec, budget: int, own: Prediction | None = None) -> int | None:

@@ -4,6 +4,7 @@ behave as real ones where that changes what is counted."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -15,7 +16,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
-from bench.measure.memory import tracked_step
+from bench.measure.memory import track, tracked_step
 from bench.measure.tracker import CUDA_BLOCK, on_host
 from bench.models import ModelSpec
 from bench.predict import ranks
@@ -28,6 +29,8 @@ from bench.predict.stand_ins import (
     parameters_as_real,
     techniques_as_real,
 )
+from bench.measure.allocator import Replay, cublas_workspaces
+from bench.predict.cards import CARDS, Card
 from bench.recipe import Recipe, batches, tracked_steps
 from bench.record import KEY, Prediction, Status
 from bench.suite import RunSpec, Shapes
@@ -43,11 +46,14 @@ def predict(
     cuda: bool = True,
     world_size: int | None = None,
     rank: int = 0,
+    card: Card | None = None,
 ) -> Prediction:
     """Predicted peak and breakdown of one run at ``shapes`` (default: its GPU shapes); ``cuda`` models
     the CUDA allocator's granularity and CUDA-only techniques, else the CPU run as measured here. A run over
     several processes is predicted as its ``rank`` of ``world_size`` (default: the entry's nproc), with the
-    bytes its collectives move per step."""
+    bytes its collectives move per step. For CUDA, the step is replayed through the caching allocator on
+    ``card`` (default: an H100 without a cap), which gives the reserved peak, the process's memory as NVML
+    counts it and, on a named card, the verdict."""
     world_size = world_size or spec.nproc
     recipe = Recipe.of(spec, CPU, shapes or spec.gpu, predicting=cuda, world_size=world_size, rank=rank)
     if reason := next((f"{t.name}: {t.unpredictable}" for t in recipe.techniques if t.unpredictable), None):
@@ -56,16 +62,27 @@ def predict(
         return Prediction.failed(Status.UNSUPPORTED, reason)
     try:
         with ranks.fake_group(world_size, rank):
-            figures = _fake_step(spec, recipe, CUDA_BLOCK if cuda else 1)
+            figures = _fake_step(
+                spec, recipe, CUDA_BLOCK if cuda else 1, _replay(card, recipe) if cuda else None
+            )
     except Unsupported as exc:  # a kernel CUDA would refuse: the run would be unsupported there too
         return Prediction.failed(Status.UNSUPPORTED, str(exc))
     except Exception as exc:  # noqa: BLE001  a technique that needs real values (e.g. .item()) cannot be predicted
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         return Prediction.failed(Status.UNPREDICTABLE, f"{type(exc).__name__}: {first}")
-    return Prediction(status=Status.OK, **figures)
+    if cuda:
+        on = card or CARDS["h100"]
+        figures[KEY.nvml_process_bytes] = figures[KEY.peak_reserved_bytes] + on.context
+    return Prediction(status=Status.OK, card=card and card.name, **figures)
 
 
-def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int) -> dict[str, Any]:
+def _replay(card: Card | None, recipe: Recipe) -> Replay:
+    """The allocator the step is replayed through: cuBLAS's workspaces first, under the card's capacity."""
+    hopper = card is None or card.hopper
+    return Replay(cublas_workspaces(hopper, not recipe.inference), card.capacity if card else None)
+
+
+def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int, replay: Replay | None) -> dict[str, Any]:
     ctx, techniques = recipe.ctx, recipe.techniques
     backend = next((b for t in techniques if (b := t.attention_backend())), None)
     # Pretrained weights (spec.weights) are not read: their values change no tensor's size.
@@ -88,9 +105,13 @@ def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int) -> dict[str, Any]:
         if compiled_update:
             runner.optimizer.step = compiled_as_eager(runner.optimizer.step)
         batch = recipe.batch()
-        # The warm-up step, as in the worker (optimizer state exists before the measured step), counts the
+        if replay is not None:  # the first step, as the allocator sees it: where optimizer state first lands
+            first = lambda: runner.step(next(batches(batch, feed, 1)))  # noqa: E731
+            history = track(first, runner.model, runner.optimizer, CPU, rounding, compiled_update).tracker
+            replay = dataclasses.replace(replay, history=history)
+        # A warm-up step, as in the worker (optimizer state exists before the measured step), counts the
         # FLOPs: the counter's module tracking keeps recomputed activations alive, so it stays out of the
-        # measured step.
+        # measured step and of the history above.
         with flop_counter() as flops, OpCounter() as ops:
             runner.step(next(batches(batch, feed, 1)))
         if ctx.predicting:  # the counters that first step made
@@ -101,7 +122,7 @@ def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int) -> dict[str, Any]:
         traffic = ranks.Traffic(ctx.world_size)
         with traffic if ctx.world_size > 1 else nullcontext():
             figures = tracked_step(
-                step, runner.model, runner.optimizer, CPU, rounding, compiled_update, reserved=ctx.predicting
+                step, runner.model, runner.optimizer, CPU, rounding, compiled_update, reserved=replay
             )
     if ctx.world_size > 1:
         figures |= traffic.figures() | {KEY.world_size: ctx.world_size, "rank": ctx.rank}

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from bench.predict.ahead import spawn_pool, stop_pool
-from bench.predict.budget import fewest_ranks, largest_batch
+from bench.predict.budget import fewest_ranks, largest_batch, largest_batch_on
+from bench.predict.cards import Card
 from bench.predict.fake import predict
 from bench.predict.ranks import KINDS
 from bench.record import AT_PEAK, KEY, Status
@@ -26,15 +27,17 @@ def suite_table(
     budget: int | None,
     log: TextIO = sys.stderr,
     jobs: int = 1,
+    card: Card | None = None,
 ) -> pd.DataFrame:
     """One row per run: predicted peak and breakdown at GPU shapes, FLOPs, and where a GPU measured the
-    run, its allocated peak and the ratio; with a budget, whether it fits and the largest batch that does.
+    run, its allocated peak and the ratio; with a budget, whether it fits and the largest batch that does;
+    on a ``card``, the verdict of the step replayed through its allocator, and the largest batch it holds.
     Runs are predicted in ``jobs`` spawned processes (each prediction is single-threaded Python); a
     progress line per run goes to ``log`` as it is done, numbered by its place in the suite."""
     import pandas as pd
 
     rows: list[dict[str, Any]] = [{} for _ in runs]
-    for i, row in _predicted_rows(runs, budget, jobs):
+    for i, row in _predicted_rows(runs, budget, jobs, card):
         if (rec := measured.get(runs[i].name)) and rec.get(KEY.peak_allocated_bytes):
             row["measured_bytes"], row["measured_on"] = rec[KEY.peak_allocated_bytes], rec[KEY.device]
         rows[i] = row
@@ -70,12 +73,12 @@ def save(table: pd.DataFrame, path: Path, revision: str, torch_version: str) -> 
 
 
 def _predicted_rows(
-    runs: list[RunSpec], budget: int | None, jobs: int
+    runs: list[RunSpec], budget: int | None, jobs: int, card: Card | None
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """(index, row) for each run as it is done: here, or in spawned processes (fork is unsafe once torch
     has started threads). A process costs an import of torch (about 5 s and 1 GB), so there is one per run
     at most. Ctrl-C reaches the parent only, which stops the processes on its way out."""
-    work, processes = [(i, spec, budget) for i, spec in enumerate(runs)], min(jobs, len(runs))
+    work, processes = [(i, spec, budget, card) for i, spec in enumerate(runs)], min(jobs, len(runs))
     if processes <= 1:
         yield from map(_indexed_row, work)
         return
@@ -87,13 +90,13 @@ def _predicted_rows(
         stop_pool(pool, interrupted)
 
 
-def _indexed_row(work: tuple[int, RunSpec, int | None]) -> tuple[int, dict[str, Any]]:
-    index, spec, budget = work
-    return index, _row(spec, budget)
+def _indexed_row(work: tuple[int, RunSpec, int | None, Card | None]) -> tuple[int, dict[str, Any]]:
+    index, spec, budget, card = work
+    return index, _row(spec, budget, card)
 
 
-def _row(spec: RunSpec, budget: int | None) -> dict[str, Any]:
-    out = predict(spec)
+def _row(spec: RunSpec, budget: int | None, card: Card | None) -> dict[str, Any]:
+    out = predict(spec, card=card)
     row: dict[str, Any] = {
         KEY.run: spec.name,
         "batch": spec.gpu.batch_size,
@@ -107,6 +110,8 @@ def _row(spec: RunSpec, budget: int | None) -> dict[str, Any]:
         if (fewest := fewest_ranks(spec, budget, own=out)) is not None:
             row["fewest_ranks"] = fewest
             row["largest_batch_there"] = largest_batch(replace(spec, nproc=fewest), budget)
+    if card is not None and out.ok and spec.nproc == 1:
+        row["largest_batch"] = largest_batch_on(spec, card)
     return row
 
 
@@ -115,7 +120,18 @@ def _said(row: dict[str, Any]) -> str:
         return f"{row[KEY.status]}: {row.get(KEY.message, '')}"
     fit = f", largest batch {row['largest_batch']}" if "largest_batch" in row else ""
     peak = row[KEY.peak_tensor_bytes] / 2**30
-    return f"{peak:,.2f} GiB at batch {row['batch']}, peak in {row[KEY.peak_phase]}{fit}"
+    on = f"; on {row['card']}: {verdict(row)}" if row.get("card") else ""
+    return f"{peak:,.2f} GiB at batch {row['batch']}, peak in {row[KEY.peak_phase]}{fit}{on}"
+
+
+def verdict(row: dict[str, Any]) -> str:
+    """A prediction's verdict on its card, in words."""
+    if row.get("verdict") == "out of memory":
+        return (
+            f"out of memory in {row['oom_phase']} (a request of {row['oom_request_bytes'] / 2**20:,.0f} MiB)"
+        )
+    flushes = row.get("flushes") or 0
+    return f"fits after {flushes} cache flush{'es' if flushes > 1 else ''}" if flushes else "fits"
 
 
 def markdown(table: pd.DataFrame, breakdown: bool = False) -> str:
@@ -153,11 +169,20 @@ def markdown(table: pd.DataFrame, breakdown: bool = False) -> str:
         show[f"{kind.replace('_', '-')} MiB/rank"] = (
             pd.to_numeric(table.get(f"traffic_{kind}_bytes"), errors="coerce") / 2**20
         ).round(2)
+    show["reserved GiB"] = gib(KEY.peak_reserved_bytes)
+    show["nvidia-smi GiB"] = gib(KEY.nvml_process_bytes)
+    if "card" in table:
+        show[f"on {table['card'].dropna().iloc[0]}"] = [
+            verdict(r) if r[KEY.status] == Status.OK else "" for r in table.to_dict("records")
+        ]
     if "measured_bytes" in table:
         show["measured GiB"] = gib("measured_bytes")
-        show["predicted / measured"] = (table[KEY.peak_tensor_bytes] / table["measured_bytes"]).round(3)
+        # the allocated peak, cuBLAS's workspaces with the tensors, as max_memory_allocated counts it
+        predicted = table.get(KEY.peak_allocated_bytes, table[KEY.peak_tensor_bytes])
+        show["predicted / measured"] = (predicted / table["measured_bytes"]).round(3)
     if "fits" in table:
         show["fits"] = table["fits"].map({True: "yes", False: "no"})
+    if "largest_batch" in table:
         show["largest batch"] = pd.to_numeric(table["largest_batch"], errors="coerce").astype("Int64")
     # multi-process entries under a budget: the fewest ranks that fit, and its batch
     if "fewest_ranks" in table:

@@ -3,7 +3,7 @@ them."""
 
 import pytest
 
-from bench.measure.allocator import CachingAllocator, OutOfMemory
+from bench.measure.allocator import CachingAllocator, OutOfMemory, cublas_workspaces
 
 MiB = 1 << 20
 
@@ -73,3 +73,23 @@ def test_empty_cache_releases_only_wholly_free_segments():
     a.free(2)
     a.empty_cache()
     assert a.reserved == 20 * MiB and a.peak_reserved == 36 * MiB
+
+
+@pytest.mark.parametrize(
+    "hopper, training, reserved",
+    [
+        (
+            True,
+            True,
+            2 * 32 * MiB + 2 * MiB,
+        ),  # two handles' 32 MiB, their two 1 MiB Lt ones in one small segment
+        (False, False, 20 * MiB + 2 * MiB),  # one handle's 8 MiB + 128 KiB in a 20 MiB segment
+    ],
+)
+def test_cublas_takes_its_workspaces_from_the_allocator_as_cublashandlepool_sizes_them(
+    hopper, training, reserved
+):
+    a = CachingAllocator()
+    for i, size in enumerate(cublas_workspaces(hopper, training)):
+        a.malloc(("workspace", i), size)
+    assert a.reserved == reserved

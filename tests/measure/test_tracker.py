@@ -1,5 +1,6 @@
 import torch
 
+from bench.measure.allocator import CachingAllocator
 from bench.measure.memory import tensor_bytes, tracked_step
 from bench.measure.tracker import LiveBytes, on_host
 from tests.helpers import MLP_PARAM_BYTES, mlp_step
@@ -98,3 +99,41 @@ def test_cuda_overheads_split_context_from_cache_slack():
     assert overheads({"peak_allocated_bytes": 1, "peak_reserved_bytes": 2, "nvml_process_bytes": None}) == {
         "cache_slack_bytes": 1
     }
+
+
+MiB = 1 << 20
+
+
+def _reserved(tracker: LiveBytes) -> int:
+    allocator = CachingAllocator()
+    tracker.replay(allocator)
+    return allocator.peak_reserved
+
+
+def test_a_replay_after_its_history_starts_from_the_segments_the_history_left():
+    """A first step makes the optimizer's state while its activations are alive, in a segment of its own; the
+    next step's larger request finds neither free. Replayed alone, the state would come first and the step's
+    request would take one segment beside it: 36 MiB reserved, where the card reserved 48."""
+    kept = {}
+
+    def first() -> None:
+        activations = torch.empty(12 * MiB, dtype=torch.uint8)
+        kept["state"] = torch.empty(12 * MiB, dtype=torch.uint8)
+        del activations
+
+    def step() -> None:
+        torch.empty(24 * MiB, dtype=torch.uint8)
+
+    history = LiveBytes(torch.device("cpu"), 512)
+    with history:
+        first()
+    trackers = []
+    for follow in (False, True):
+        tracker = LiveBytes(torch.device("cpu"), 512)
+        tracker.add([kept["state"]], "optimizer_state")
+        if follow:
+            tracker.follow(history)
+        with tracker:
+            step()
+        trackers.append(tracker)
+    assert [_reserved(t) for t in trackers] == [36 * MiB, 48 * MiB]

@@ -1,0 +1,51 @@
+"""--card: the step replayed through the caching allocator under a card's memory less its context."""
+
+import math
+from pathlib import Path
+
+import pytest
+
+from bench import results
+from bench.predict import predict
+from bench.predict.cards import CARDS, H100_CONTEXT, Card, card
+from tests.helpers import spec
+
+MiB = 1 << 20
+H100_RECORDS = sorted(Path(__file__).resolve().parents[2].glob("results/*/nvidia-h100*/*.json"))
+
+
+def test_the_h100_context_is_the_largest_the_committed_records_measured():
+    """NVML's process memory less the allocator's reserved peak, in whole MiB."""
+    records = [results.read(p) for p in H100_RECORDS]
+    measured = [
+        r["nvml_process_bytes"] - r["peak_reserved_bytes"] for r in records if r.get("nvml_process_bytes")
+    ]
+    assert len(measured) >= 10 and math.ceil(max(measured) / MiB) * MiB == H100_CONTEXT
+
+
+def test_every_verdict_is_the_allocator_replayed_under_the_cards_capacity():
+    """Where every segment the step reserves fits, it fits; a little less, and the allocator must free its
+    cache and retry; under what the step allocates at once, nothing can save it: out of memory, with the phase
+    and the request that failed."""
+    run = spec("vit-tiny", batch_size=64, image_size=64)
+    free = predict(run)
+    on = lambda capacity: predict(run, card=Card("test", capacity, True, 0, "test"))  # noqa: E731
+    roomy = on(free.peak_reserved_bytes)
+    assert (roomy.verdict, roomy.flushes, roomy.peak_reserved_bytes) == ("fits", 0, free.peak_reserved_bytes)
+    tight = [on(c) for c in range(free.peak_reserved_bytes - 2 * MiB, free.peak_allocated_bytes, -2 * MiB)]
+    assert any(t.verdict == "fits after flushes" and t.flushes > 0 for t in tight)
+    short = on(free.peak_allocated_bytes - 2 * MiB)
+    assert short.verdict == "out of memory" and short.oom_phase in ("forward", "backward", "optimizer")
+    assert short.oom_request_bytes > 0 and short.card == "test"
+
+
+def test_the_process_memory_is_the_reserved_peak_and_the_cards_context():
+    run = spec("vit-tiny", batch_size=8)
+    out = predict(run, card=CARDS["rtx4090"])
+    assert out.nvml_process_bytes == out.peak_reserved_bytes + CARDS["rtx4090"].context
+
+
+def test_a_card_is_named_as_users_write_it_and_an_unknown_one_lists_the_known():
+    assert card("RTX 4090") is card("rtx4090") is CARDS["rtx4090"]
+    with pytest.raises(ValueError, match="not a card known here; one of t4, l4"):
+        card("rtx5090")
