@@ -53,16 +53,16 @@ gpu: $(DEPS) ## on a CUDA host: every default suite, runs never measured there f
 	$(RUN) -m bench campaign --device cuda $(ARGS)
 	$(RUN) -m pytest -m cuda -p no:cacheprovider
 
-predict: $(DEPS) ## predicted peak memory of SUITE (or HF=config.json) at GPU shapes, no GPU needed (BUDGET=16GiB: what fits; NPROC=8: per rank)
-	$(RUN) -m bench predict $(if $(HF),--hf $(HF),$(SUITE)) $(if $(BUDGET),--budget $(BUDGET)) $(if $(RESERVE),--reserve $(RESERVE)) \
+predict: $(DEPS) ## predicted peak memory of SUITE (or HF=config.json) at GPU shapes, no GPU needed (CARD=rtx4090: the verdict on it; BUDGET=16GiB: what fits; NPROC=8: per rank)
+	$(RUN) -m bench predict $(if $(HF),--hf $(HF),$(SUITE)) $(if $(CARD),--card $(CARD)) $(if $(BUDGET),--budget $(BUDGET)) $(if $(RESERVE),--reserve $(RESERVE)) \
 		$(if $(NPROC),--nproc $(NPROC)) $(ARGS)
 
 fit: $(DEPS) ## the largest batch of each SUITE run that really fits BUDGET=16GiB, measured in probes, beside the predicted one
 	$(RUN) -m bench fit $(SUITE) --budget $(or $(BUDGET),$(error BUDGET=… is required, e.g. BUDGET=16GiB)) $(ARGS)
 
-advise: $(DEPS) ## the cheapest plans that fit MODEL=bert-base (or a suite file) in BUDGET=8GiB; writes suites/advice-MODEL.toml
+advise: $(DEPS) ## the cheapest plans that fit MODEL=bert-base (or a suite file) on CARD=rtx4090 or in BUDGET=8GiB; writes suites/advice-MODEL.toml
 	$(RUN) -m bench advise $(or $(MODEL),$(error MODEL=… is required, e.g. MODEL=bert-base)) \
-		--budget $(or $(BUDGET),$(error BUDGET=… is required, e.g. BUDGET=8GiB)) $(ARGS)
+		$(if $(CARD),--card $(CARD),--budget $(or $(BUDGET),$(error CARD=… or BUDGET=… is required, e.g. CARD=rtx4090 or BUDGET=8GiB))) $(ARGS)
 
 report: $(DEPS) ## rebuild results/SUITE/{table.csv,report.md,report.html,plots/} from stored records
 	$(RUN) -m bench report $(SUITE)
@@ -79,8 +79,8 @@ validate: $(DEPS) ## check every suite file
 list: $(DEPS) ## models and techniques with their options
 	$(RUN) -m bench list
 
-docs: $(DEPS) ## docs/techniques.md's table, regenerated from the techniques' classes
-	$(RUN) -m bench list --docs docs/techniques.md
+docs: $(DEPS) ## the generated tables of docs/: techniques (from their classes), GPU records against predictions
+	$(RUN) -m bench list --docs docs/techniques.md --held docs/measuring.md
 
 lint: $(DEPS) ## ruff's rules and its formatting over bench/ and tests/ (pyproject.toml); run by make test
 	@if $(RUN) -m ruff --version > /dev/null 2>&1; then $(RUN) -m ruff check bench tests \

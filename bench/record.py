@@ -284,6 +284,13 @@ class Prediction(_PredictedFigures):
         """As a record stores it: ``predicted_<field>`` for each field that has a value."""
         return {self.prefix + f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
 
+    def fits(self, budget: int) -> bool:
+        """On a named card, its verdict (the step replayed through its allocator); else the peak against
+        ``budget`` bytes for tensors."""
+        if self.verdict is not None:
+            return self.verdict != "out of memory"
+        return self.peak_tensor_bytes <= budget
+
     @classmethod
     def of(cls, flat: dict[str, Any]) -> Prediction:
         """The prediction a record (or a cached prediction) stores; other keys are ignored."""

@@ -51,6 +51,15 @@ def record_path(results: Path, suite: str, device: str, run: str) -> Path:
     return suite_folder(results, suite, device) / f"{run_stem(run)}.json"
 
 
+def write_between(path: Path, begin: str, end: str, body: str, missing: str = "") -> None:
+    """A generated part of a page, rewritten between its two marker lines; the prose around it stays as
+    written. A page without the markers gets the part at its end (``missing``: the text of a page not there).
+    """
+    text = path.read_text(encoding="utf-8") if path.exists() else missing
+    head, _, rest = text.partition(begin)
+    write_atomic(path, head + begin + "\n" + body + "\n" + end + rest.partition(end)[2])
+
+
 def write_atomic(path: Path, record: dict[str, Any] | str) -> None:
     """Write to a temporary file beside the target, then rename: a reader never sees half a record. Readable
     by all, as every other file of a checkout (mkstemp's own mode, 0600, would be committed with it)."""

@@ -76,7 +76,7 @@ def advise(
     rates = STATED[device_type] if link_gbps is None else replace(STATED[device_type], link=link_gbps * 1e9)
     evidence = Evidence(results, src.mode, device_name(device_type) if device_type == "cpu" else "")
     model = template.model_on(device_type)
-    predictions = Predictions(device_type, CACHE, jobs, log)
+    predictions = Predictions(device_type, CACHE, jobs, log, budget.card)
     try:
         calibration = _calibration(evidence, device_type, rates, predictions)
         timed = _timed(template, found, device_type, log)
@@ -106,7 +106,7 @@ def advise(
             max_batch=max_batch,
         )
         strongest = _strongest(searcher, kept, predictions, estimator)
-        if strongest is None or strongest.peak > limit:  # nothing saves more: by monotonicity, nothing fits
+        if strongest is None or not strongest.predicted.fits(limit):  # nothing saves more: nothing fits
             advice.closest = strongest
             if strongest is not None:
                 _needs(advice, strongest, predictions)

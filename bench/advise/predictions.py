@@ -15,7 +15,8 @@ from typing import Any, TextIO
 import torch
 
 from bench.predict.ahead import spawn_pool, stop_pool
-from bench.predict.budget import largest_batch
+from bench.predict.budget import largest_batch, largest_batch_on
+from bench.predict.cards import Card
 from bench.predict.fake import predict
 from bench.record import Prediction
 from bench.results import write_atomic
@@ -23,8 +24,16 @@ from bench.spec import RunSpec
 
 
 class Predictions:
-    def __init__(self, device_type: str, folder: Path | None, jobs: int, log: TextIO = sys.stderr) -> None:
-        self.device_type, self.folder, self.jobs, self.log = device_type, folder, jobs, log
+    def __init__(
+        self,
+        device_type: str,
+        folder: Path | None,
+        jobs: int,
+        log: TextIO = sys.stderr,
+        card: Card | None = None,
+    ) -> None:
+        """``card``: every prediction is replayed on it (its verdict), and a largest batch is the card's."""
+        self.device_type, self.folder, self.jobs, self.log, self.card = device_type, folder, jobs, log, card
         self.made = self.reused = 0
         self._pool = None
 
@@ -50,7 +59,7 @@ class Predictions:
         out: list[dict[str, Any] | None] = [self._cached(k) for k in keys]
         todo = [i for i, o in enumerate(out) if o is None]
         self.reused += len(work) - len(todo)
-        args = [(work[i], self.device_type) for i in todo]
+        args = [(work[i], self.device_type, self.card) for i in todo]
         if len(todo) > 1 and self.jobs > 1:
             self._pool = self._pool or spawn_pool(self.jobs)
             made = self._pool.starmap(job, args)
@@ -69,7 +78,13 @@ class Predictions:
                 for name in ("suite", "name", "baseline"):
                     spec.pop(name, None)
         blob = json.dumps(
-            {**what, "device_type": self.device_type, "torch": torch.__version__, "code": _code()},
+            {
+                **what,
+                "device_type": self.device_type,
+                "card": self.card and self.card.name,
+                "torch": torch.__version__,
+                "code": _code(),
+            },
             sort_keys=True,
             default=str,
         )
@@ -87,13 +102,15 @@ class Predictions:
             self._pool = None
 
 
-def _predicted(spec: RunSpec, device_type: str) -> dict[str, Any]:
+def _predicted(spec: RunSpec, device_type: str, card: Card | None) -> dict[str, Any]:
     """The prediction as a record stores it, as the cache keeps it."""
-    return predict(spec, spec.shapes(device_type), cuda=device_type == "cuda").flat()
+    return predict(spec, spec.shapes(device_type), cuda=device_type == "cuda", card=card).flat()
 
 
-def _largest(work: tuple[RunSpec, int, Prediction], device_type: str) -> dict[str, Any]:
+def _largest(work: tuple[RunSpec, int, Prediction], device_type: str, card: Card | None) -> dict[str, Any]:
     spec, budget, own = work
+    if card is not None:
+        return {"largest_batch": largest_batch_on(spec, card)}
     return {"largest_batch": largest_batch(spec, budget, own=own, device_type=device_type)}
 
 

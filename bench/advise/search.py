@@ -53,6 +53,18 @@ class Search:
     misses: list[Candidate] = field(default_factory=list)
 
 
+def rank(c: Candidate, tolerance_pt: float | None) -> tuple:
+    """A plan's place among those that fit: a known accuracy loss last, then one that fits its card only after
+    pausing to free the allocator's cache, then by estimated speed, fewer techniques, fewer micro-batches."""
+    return (
+        c.accuracy.demoted(tolerance_pt),
+        bool(c.predicted.flushes),
+        c.speed.rank,
+        len(c.plan.options),
+        _micro(c.plan),
+    )
+
+
 class Searcher:
     def __init__(
         self,
@@ -188,7 +200,7 @@ class Searcher:
             predicted += len(batch)
             for (speed, accuracy, plan), out in zip(batch, outs):
                 if out.ok:
-                    found_in = self.search.fits if out.peak_tensor_bytes <= budget else self.search.misses
+                    found_in = self.search.fits if out.fits(budget) else self.search.misses
                     found_in.append(Candidate(plan, out, speed, accuracy))
             if minimal:  # a plan found in this chunk may cover one found beside it
                 held = [
@@ -199,14 +211,7 @@ class Searcher:
             print(
                 f"advise: {predicted} plans predicted, {len(self.search.fits)} fit", file=self.log, flush=True
             )
-        self.search.fits.sort(
-            key=lambda c: (
-                c.accuracy.demoted(tolerance_pt),
-                c.speed.rank,
-                len(c.plan.options),
-                _micro(c.plan),
-            )
-        )
+        self.search.fits.sort(key=lambda c: rank(c, tolerance_pt))
         return self.search
 
     def _cannot_fit(self, plan: Plan) -> bool:

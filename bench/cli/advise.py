@@ -23,9 +23,15 @@ def add(sub: argparse._SubParsersAction) -> None:
     )
     adv.add_argument(
         "--budget",
-        required=True,
         help="the card's memory, e.g. 24GiB (on CUDA less --reserve), or a "
         "share of the baseline's predicted peak, e.g. 60%%",
+    )
+    adv.add_argument(
+        "--card",
+        metavar="NAME",
+        help="a card (rtx4090, a100-80gb, h100, …) instead of --budget: a plan fits where its step, replayed "
+        "through the caching allocator on the card, does; one that fits only after cache flushes ranks "
+        "after those that fit cleanly",
     )
     size = adv.add_mutually_exclusive_group()
     size.add_argument("--batch", type=positive, help="the batch per process (default: the shapes' own)")
@@ -87,7 +93,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 def _advise(args: argparse.Namespace) -> int:
     from bench.advise import advise, source, write
-    from bench.predict import RESERVE, Budget
+    from bench.predict import RESERVE, Budget, cards
     from bench.results import writable
 
     if args.reserve and args.device != "cuda":
@@ -97,8 +103,15 @@ def _advise(args: argparse.Namespace) -> int:
     if args.measure:
         args.slurm, args.snapshot = None, False
         refuse_unusable_flags(args)
+    if (args.card is None) == (args.budget is None):
+        raise BadInput("give one of --budget SIZE and --card NAME")
+    if args.card and args.device != "cuda":
+        raise BadInput(f"--card {args.card} is a CUDA card; leave out --device {args.device}")
     try:
-        budget = Budget.parse(args.budget, args.device, args.reserve or RESERVE, share=True)
+        if args.card:
+            budget = Budget.of_card(cards.card(args.card))
+        else:
+            budget = Budget.parse(args.budget, args.device, args.reserve or RESERVE, share=True)
     except ValueError as exc:
         raise BadInput(str(exc)) from exc
     src = source(args.model, args.mode, args.batch, args.device)

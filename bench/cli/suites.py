@@ -24,6 +24,12 @@ def add(sub: argparse._SubParsersAction) -> None:
         help="rewrite the techniques table in PAGE (between its "
         "markers) from the registry instead: make docs",
     )
+    lst.add_argument(
+        "--held",
+        type=Path,
+        metavar="PAGE",
+        help="rewrite the table of committed GPU records against their predictions in PAGE: make docs",
+    )
     lst.set_defaults(func=_list)
     new = sub.add_parser(
         "suite",
@@ -57,10 +63,16 @@ def _list(args: argparse.Namespace) -> int:
     from bench.techniques import TECHNIQUES, TRAIN
     from bench.techniques.base import options_doc
 
-    if args.docs:
+    if args.docs or args.held:
+        from bench.predict import held
         from bench.techniques import catalogue
 
-        print(catalogue.write(args.docs))
+        for page, write in (
+            (args.docs, catalogue.write),
+            (args.held, lambda p: held.write(p, Path("results"))),
+        ):
+            if page:
+                print(write(page))
         return 0
     print(
         "models:",

@@ -131,6 +131,12 @@ class Budget:
     text: str
     size: int | None = None
     share: float | None = None
+    card: Card | None = None  # a named card: plans fit by its verdict (bench.predict.cards)
+
+    @staticmethod
+    def of_card(card: Card) -> Budget:
+        """A card's budget: what its allocator may reserve; each plan's verdict says whether it fits."""
+        return Budget(card.name, size=card.capacity, card=card)
 
     @staticmethod
     def parse(text: str, device_type: str, reserve: str = RESERVE, share: bool = False) -> Budget:

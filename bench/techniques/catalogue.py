@@ -47,13 +47,11 @@ def expected(cls: type[Technique]) -> str:
 
 def write(path: Path) -> Path:
     """The table between the page's markers, the prose around it as written."""
-    from bench.results import write_atomic
+    from bench.results import write_between
 
-    text = path.read_text(encoding="utf-8")
-    head, sep, rest = text.partition(BEGIN)
-    if not sep:
+    if BEGIN not in path.read_text(encoding="utf-8"):
         raise ValueError(f"{path}: no {BEGIN.strip()} marker to write the table after")
-    write_atomic(path, head + BEGIN + "\n" + table() + "\n" + END + rest.partition(END)[2])
+    write_between(path, BEGIN, END, table())
     return path
 
 

@@ -9,6 +9,7 @@ from bench import advise
 from bench.advise.plans import Option
 from bench.cli import main
 from bench.provenance import CPU_BF16
+from bench.advise import search
 from bench.suite import load
 from tests.advise.test_estimate import record, write
 
@@ -57,6 +58,10 @@ def evidence(tmp_path):
             ["bert-tiny", "--device", "cpu", "--reserve", "1GiB", "--budget", "8GiB"],
             "leave it out with --device cpu",
         ),
+        (["bert-tiny"], "give one of --budget SIZE and --card NAME"),
+        (["bert-tiny", "--card", "t4", "--budget", "8GiB"], "give one of --budget SIZE and --card NAME"),
+        (["bert-tiny", "--card", "rtx5090"], "--card 'rtx5090': not a card known here"),
+        (["bert-tiny", "--card", "t4", "--device", "cpu"], "is a CUDA card; leave out --device cpu"),
     ],
 )
 @pytest.mark.fault("cli values")
@@ -89,6 +94,27 @@ def test_a_budget_under_the_parameters_says_what_the_plan_that_saves_most_would_
         "Nothing fits 0.00 GiB. The plan that saves most" in out and "even a batch of one does not fit" in out
     )
     assert not (tmp_path / "out").exists()  # no suite file of plans that do not fit
+
+
+@pytest.mark.full
+@pytest.mark.slow
+def test_advice_on_a_card_keeps_the_plans_whose_step_its_allocator_holds(capsys, tmp_path, monkeypatch):
+    """--card: each plan's step is replayed through the caching allocator on the card; the plans listed are
+    those it holds, each with its largest batch there."""
+    seen = []
+    real = search.Searcher.walk
+
+    def walk(self, *args, **kwargs):
+        found = real(self, *args, **kwargs)
+        seen.extend(found.fits)
+        return found
+
+    monkeypatch.setattr(search.Searcher, "walk", walk)
+    argv = ["advise", "bert-tiny", "--card", "t4", "--jobs", "1", "--top", "2", "--out", str(tmp_path)]
+    argv += ["--results", str(tmp_path / "none")]
+    assert main(argv) == 0
+    assert seen and all(c.predicted.card == "NVIDIA T4" and c.predicted.verdict == "fits" for c in seen)
+    assert "budget NVIDIA T4" in capsys.readouterr().out
 
 
 @pytest.mark.full

@@ -5,8 +5,11 @@ import json
 
 import pytest
 
-from bench.advise.estimate import STATED, Estimate, calibrate
+from bench.advise.estimate import STATED, Accuracy, Estimate, calibrate
 from bench.advise.evidence import Evidence, canonical
+from bench.advise.plans import Plan
+from bench.advise.search import Candidate, rank
+from bench.record import Prediction
 from bench.spec import TechniqueSpec
 
 
@@ -108,3 +111,20 @@ def test_a_dtypes_speed_on_a_cpu_comes_from_that_very_cpu_only(tmp_path):
     assert here.speed(ckpt, "bert-base", "cpu").value == pytest.approx(0.7)  # fp32's ratio carries over
     there = Evidence(tmp_path, "train", device="epyc-avx512")
     assert there.speed(amp, "bert-base", "cpu", dtype=True).value == pytest.approx(1.7)
+
+
+def test_a_plan_that_fits_its_card_only_after_cache_flushes_ranks_after_one_that_fits_cleanly():
+    """Each flush is the allocator freeing its cache and retrying mid-step: a pause a clean fit never takes,
+    so a faster plan that needs them ranks after a slower one that does not."""
+    same_accuracy = Accuracy(0.0, False, (), ())
+
+    fast = Candidate(
+        Plan(()),
+        Prediction(status="ok", verdict="fits after flushes", flushes=2),
+        Estimate(0.5, ()),
+        same_accuracy,
+    )
+    slow = Candidate(
+        Plan(()), Prediction(status="ok", verdict="fits", flushes=0), Estimate(1.0, ()), same_accuracy
+    )
+    assert sorted([fast, slow], key=lambda c: rank(c, None)) == [slow, fast]

@@ -7,6 +7,7 @@ import pytest
 
 from bench import results
 from bench.predict import predict
+from bench.predict import held
 from bench.predict.cards import CARDS, H100_CONTEXT, Card, card
 from tests.helpers import spec
 
@@ -49,3 +50,13 @@ def test_a_card_is_named_as_users_write_it_and_an_unknown_one_lists_the_known():
     assert card("RTX 4090") is card("rtx4090") is CARDS["rtx4090"]
     with pytest.raises(ValueError, match="not a card known here; one of t4, l4"):
         card("rtx5090")
+
+
+@pytest.mark.full
+def test_the_docs_table_of_gpu_records_against_their_predictions_is_current(tmp_path):
+    """docs/measuring.md's table is what the committed records and today's predictions give: make docs."""
+    page = Path(__file__).resolve().parents[2] / "docs" / "measuring.md"
+    copy = tmp_path / "measuring.md"
+    copy.write_text(page.read_text())
+    held.write(copy, page.parents[1] / "results")
+    assert copy.read_text() == page.read_text(), "docs/measuring.md's table is stale: run make docs"
