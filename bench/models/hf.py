@@ -5,7 +5,8 @@ built-in model (``weights`` loads local ones). The head comes from the config's 
 classifier of its ``num_labels``), or from a task named after the path, ``hf:PATH#sequence-classification``. A
 token model computes its own loss from the labels, as the Trainer calls it (the causal-LM loss upcasts the
 logits to float32). Attention is the config's ``attn_implementation`` where it names one, else SDPA,
-transformers' own default. The weights are float32, as ``from_pretrained`` gives them without a
+transformers' own default; the name may set it after the task, ``hf:PATH#sequence-classification,
+attn_implementation=eager``. The weights are float32, as ``from_pretrained`` gives them without a
 ``torch_dtype``: the precision techniques say what runs in 16 bits."""
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ CPU_PARAMS = 2e9  # over this many parameters (8 GB of float32), a model is pred
 @functools.cache  # a suite's runs resolve their model many times; its size is counted once
 def spec(name: str) -> ModelSpec:
     """The ModelSpec of ``hf:PATH[#task]``; KeyError naming the file and the fix where it cannot be read."""
-    task = name.removeprefix(HF).partition("#")[2]
-    raw = _read(name)
+    task, overrides = _fragment(name)
+    raw = _read(name) | overrides
     task = task or _task(name, raw)
     if task not in TASKS:
         raise KeyError(f"model {name!r}: task {task!r} is none of {', '.join(TASKS)}")
@@ -63,6 +64,26 @@ def spec(name: str) -> ModelSpec:
         cpu=_params(config, task) <= CPU_PARAMS,
         own_loss=tokens,
     )
+
+
+# Config fields a name may set after its task, as from_pretrained takes them.
+OVERRIDES = ("attn_implementation",)
+
+
+def _fragment(name: str) -> tuple[str, dict[str, str]]:
+    """``hf:PATH#task,attn_implementation=eager``: the task named (empty: the config's), and the fields
+    set."""
+    task, overrides = "", {}
+    for item in filter(None, name.removeprefix(HF).partition("#")[2].split(",")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            task = item
+        elif key in OVERRIDES:
+            overrides[key] = value
+        else:
+            known = ", ".join(OVERRIDES)
+            raise KeyError(f"model {name!r}: {key} cannot be set after the path; one of {known}")
+    return task, overrides
 
 
 def _read(name: str) -> dict[str, Any]:

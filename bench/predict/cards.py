@@ -32,7 +32,12 @@ class Card:
         return self.memory - self.context
 
 
+# transformers' docs, "Model training anatomy": a V100-SXM2 16 GB, CUDA 11.2, whose nvidia-smi shows 16160 MiB
+# in all and 1343 MiB once a first tensor has loaded the kernels (no lazy loading before CUDA 11.7).
+V100_DOCS = "transformers docs, model_memory_anatomy (CUDA 11.2)"
+
 CARDS = {
+    "v100": Card("Tesla V100-SXM2 16GB", 16160 * MiB, False, 1343 * MiB, "measured: " + V100_DOCS),
     "t4": Card("NVIDIA T4", 16 * GiB, False, H100_CONTEXT, ASSUMED),
     "l4": Card("NVIDIA L4", 24 * GiB, False, H100_CONTEXT, ASSUMED),
     "a10": Card("NVIDIA A10", 24 * GiB, False, H100_CONTEXT, ASSUMED),

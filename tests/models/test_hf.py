@@ -67,6 +67,20 @@ def test_a_config_without_a_head_names_the_task_to_give(tmp_path):
         models.resolve("hf:missing")
 
 
+def test_the_name_sets_the_attention_after_the_task_as_from_pretrained_takes_it():
+    """Eager attention keeps each layer's probabilities and their dropout mask for backward; the name says so
+    (``#task,attn_implementation=eager``), and the run is predicted to the byte with it."""
+    name = CONFIGS + "tiny-bert-classifier#sequence-classification,attn_implementation=eager"
+    eager, sdpa = models.resolve(name), models.resolve(CONFIGS + "tiny-bert-classifier")
+    assert not eager.attention and sdpa.attention
+    trainer = assert_predicted_exactly(spec(name, batch_size=4, seq_len=32))
+    assert trainer.model.config._attn_implementation == "eager"
+    with pytest.raises(
+        KeyError, match="torch_dtype cannot be set after the path; one of attn_implementation"
+    ):
+        models.resolve(CONFIGS + "tiny-bert-classifier#torch_dtype=bfloat16")
+
+
 def test_a_suite_names_the_config_and_an_edit_to_it_measures_again(tmp_path):
     folder = tmp_path / "tiny"
     shutil.copytree("suites/configs/tiny-llama", folder)

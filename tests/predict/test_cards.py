@@ -48,7 +48,7 @@ def test_the_process_memory_is_the_reserved_peak_and_the_cards_context():
 
 def test_a_card_is_named_as_users_write_it_and_an_unknown_one_lists_the_known():
     assert card("RTX 4090") is card("rtx4090") is CARDS["rtx4090"]
-    with pytest.raises(ValueError, match="not a card known here; one of t4, l4"):
+    with pytest.raises(ValueError, match="not a card known here; one of v100, t4, l4"):
         card("rtx5090")
 
 
