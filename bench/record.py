@@ -137,6 +137,10 @@ class Memory:
     context_bytes: int | None = column("CUDA: NVML's figure minus reserved: the context and libraries")
     cache_slack_bytes: int | None = column("CUDA: reserved minus allocated at their peaks")
     snapshot: str | None = doc("CUDA, --snapshot: the allocator history file beside the record")
+    memory_history: str | None = doc(
+        "CUDA: the allocator's own history of the run, from the build to the instrumented step, beside the "
+        "record (<run>.history.pickle.gz; bench.measure.history replays it)"
+    )
     memory_summary: str | None = doc("CUDA: the file beside the record with torch.cuda.memory_summary()")
 
 

@@ -191,6 +191,7 @@ class Job:
     prediction: dict[str, Any] | None = None  # made ahead: the worker skips its own
     launched_at: float | None = None  # the launcher's clock when it started the process
     budget_bytes: int | None = None  # more memory than this is out of memory (bench fit)
+    history: str | None = None  # where rank 0 saves the allocator's history of the run (CUDA)
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "spec": self.spec.to_dict()})

@@ -24,6 +24,7 @@ from bench import process_group, progress
 from bench.data.synthetic import Batch, samples_in
 from bench.data.varlen import Feed
 from bench.fidelity import run_fidelity
+from bench.measure import history
 from bench.measure.flops import mfu
 from bench.measure.memory import (
     cuda_peaks,
@@ -55,11 +56,14 @@ def measure(
     prediction: dict[str, Any] | None = None,
     launched_at: float | None = None,
     measured: Callable[[dict[str, Any]], None] | None = None,
+    history_path: str | None = None,
 ) -> dict[str, Any]:
     """One run, phase by phase: its own prediction (unless made ahead), build, warm-up, one instrumented step,
     the timed steps, and the fidelity phase; a technique that cannot run here ends it as unsupported before
     any of them. ``launched_at``: when the sweep launched the process (``startup_s`` counts from there);
-    ``measured``: handed the memory and speed figures as soon as they are, before the fidelity phase."""
+    ``measured``: handed the memory and speed figures as soon as they are, before the fidelity phase;
+    ``history_path`` (CUDA): where the allocator's history, from the build to the instrumented step, is saved
+    (bench.measure.history)."""
     recipe = Recipe.of(spec, device, world_size=group.world_size, rank=group.rank)
     ctx, techniques, shapes = recipe.ctx, recipe.techniques, recipe.ctx.shapes
     if reason := recipe.unsupported():
@@ -68,6 +72,8 @@ def measure(
         progress.say("predicting its peak")
         prediction = predict_run(spec, device.type)  # before anything real is allocated
     clock = time.perf_counter()
+    if device.type == "cuda" and (history_path or snapshot):
+        history.start(stacks=bool(snapshot))
     progress.say("building the model")
     trainer, batch, figures = _build(spec, recipe)
     feed = recipe.feed()
@@ -81,6 +87,11 @@ def measure(
     for b in warm:
         trainer.step(b)
     figures |= _memory_pass(trainer, batch, feed, shapes.measure_steps, techniques, device, snapshot)
+    if device.type == "cuda" and history_path:
+        history.save(Path(history_path))
+        figures[KEY.memory_history] = Path(history_path).name
+    elif device.type == "cuda" and snapshot:
+        history.stop()
     # Data-parallel ranks each take their own batch: a step of the group processes that many.
     ranks = max((t.replicas(group.world_size) for t in techniques), default=1)
     figures |= _timed_pass(trainer, batch, feed, samples_in(batch) * ranks, ctx)
@@ -130,11 +141,9 @@ def _memory_pass(
     snapshot: str | None,
 ) -> dict[str, Any]:
     """One instrumented step (every timed batch, on variable-length data), kept out of the timing since the
-    tracker slows it; with ``snapshot``, the allocator's history of that step is saved there, for
+    tracker slows it; with ``snapshot``, the allocator's history up to it, with stacks, is saved there for
     pytorch.org/memory_viz."""
     progress.say("instrumented step (memory)")
-    if snapshot:
-        torch.cuda.memory._record_memory_history(max_entries=200_000)
     if all(t.trackable for t in techniques):
         step = tracked_steps(trainer, batch, feed, steps)
         figures = tracked_step(
@@ -148,7 +157,6 @@ def _memory_pass(
         figures = model_state_bytes(trainer.model, trainer.optimizer)
     if snapshot:
         torch.cuda.memory._dump_snapshot(snapshot)
-        torch.cuda.memory._record_memory_history(enabled=None)
         figures[KEY.snapshot] = Path(snapshot).name
     return figures
 
@@ -316,6 +324,7 @@ def main(spec_path: str, out_path: str) -> int:
             prediction,
             job.launched_at,
             partial,
+            job.history if group.rank == 0 else None,
         )
         if budget and device.type == "cpu":
             result |= over_budget(result, budget)

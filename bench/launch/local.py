@@ -67,6 +67,8 @@ class Local:
 
             def run(task: Task) -> dict[str, Any]:
                 shot = task.path.with_suffix(".snapshot.pickle") if self.snapshot else None
+                cuda = self.device.type == "cuda" and task.path is not None
+                kept = task.path.with_suffix(".history.pickle.gz") if cuda else None
                 clock = time.monotonic()
                 outcome = run_isolated(
                     task.spec,
@@ -76,6 +78,7 @@ class Local:
                     kind,
                     ahead.get(task.spec),
                     heartbeat=lambda said: print(f"    {task.spec.name}: {said}", file=log, flush=True),
+                    history=kept,
                 )
                 # wall_s: the run's whole process (start-up, prediction, measurement, fidelity phase)
                 return (
@@ -103,12 +106,14 @@ def run_isolated(
     prediction: dict[str, Any] | None = None,
     budget: int | None = None,
     heartbeat: Callable[[str], None] | None = None,
+    history: Path | None = None,
 ) -> dict[str, Any]:
     """The run in its own process (``nproc`` > 1: its own torchrun, one process per rank); a crash or a
     timeout becomes a status, never an exception, and keeps the memory and speed figures measured before its
     fidelity phase. With ``snapshot`` (CUDA), the instrumented step's memory history is dumped there for
     memory_viz; with ``prediction``, made ahead, the run skips its own; with ``budget`` (bytes), more memory
-    than that is out of memory (bench fit); ``heartbeat`` is told the run's phase every ``HEARTBEAT_S``."""
+    than that is out of memory (bench fit); ``heartbeat`` is told the run's phase every ``HEARTBEAT_S``;
+    ``history`` (CUDA): where the allocator's history of the run is saved (bench.measure.history)."""
     if device.type == "cuda" and spec.nproc > device.count:
         why = f"needs {spec.nproc} GPUs per node; {device.count} visible"
         return {KEY.status: Status.UNSUPPORTED, KEY.message: why}
@@ -120,7 +125,15 @@ def run_isolated(
         spec_path, out_path, err_path, said = (
             Path(tmp) / n for n in ("spec.json", "out.json", "stderr.txt", "progress.txt")
         )
-        job = Job(spec, device.type, str(snapshot) if snapshot else None, prediction, time.time(), budget)
+        job = Job(
+            spec,
+            device.type,
+            str(snapshot) if snapshot else None,
+            prediction,
+            time.time(),
+            budget,
+            str(history) if history else None,
+        )
         spec_path.write_text(job.to_json())
         argv = ["bench.worker", str(spec_path), str(out_path)]
         if spec.nproc > 1:

@@ -1,0 +1,77 @@
+"""The CUDA caching allocator's own history of a run, saved beside its record, and replayed through the
+simulator (bench.measure.allocator) to check it to the segment.
+
+On a GPU the worker records every allocation and free from before the model is built to the end of the
+instrumented step (``torch.cuda.memory._record_memory_history``, without stacks unless ``--snapshot`` asks
+for them) and saves the snapshot gzipped as ``<run>.history.pickle.gz``. Its trace says what the allocator
+did: each block allocated and freed, and each segment it reserved from the driver and released. Replayed
+block by block through the simulator, the segments the simulator reserves must be the ones the card did."""
+
+from __future__ import annotations
+
+import gzip
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.measure.allocator import CachingAllocator
+
+MAX_ENTRIES = 1_000_000  # trace entries kept (a ring buffer): a step of BERT-base makes a few thousand
+
+
+def start(stacks: bool) -> None:
+    """Record from now: every allocation and free, with Python stacks where ``stacks`` (memory_viz)."""
+    import torch
+
+    context = "all" if stacks else None
+    torch.cuda.memory._record_memory_history("all", context=context, stacks="python", max_entries=MAX_ENTRIES)
+
+
+def save(path: Path) -> None:
+    """The history so far, gzipped (a pickle memory_viz reads once unzipped); recording stops."""
+    import torch
+
+    snapshot = torch.cuda.memory._snapshot()
+    stop()
+    with gzip.open(path, "wb") as f:
+        pickle.dump(snapshot, f)
+
+
+def stop() -> None:
+    import torch
+
+    torch.cuda.memory._record_memory_history(None)
+
+
+def read(path: Path) -> dict[str, Any]:
+    with gzip.open(path, "rb") as f:
+        return pickle.load(f)
+
+
+@dataclass
+class Replayed:
+    """A trace through the simulator: the reserved peak it reached and the one the card's segments did."""
+
+    simulated_peak_reserved: int
+    recorded_peak_reserved: int
+    allocations: int
+
+
+def replay(snapshot: dict[str, Any], device: int = 0) -> Replayed:
+    """The device's trace, block by block, through the simulator; the card's own segments summed beside."""
+    allocator = CachingAllocator()
+    reserved = peak = count = 0
+    for entry in snapshot["device_traces"][device]:
+        action, addr, size = entry["action"], entry.get("addr"), entry.get("size", 0)
+        if action == "alloc":
+            allocator.malloc(addr, size)
+            count += 1
+        elif action == "free_completed":
+            allocator.free(addr)
+        elif action in ("segment_alloc", "segment_map"):
+            reserved += size
+            peak = max(peak, reserved)
+        elif action in ("segment_free", "segment_unmap"):
+            reserved -= size
+    return Replayed(allocator.peak_reserved, peak, count)
