@@ -133,7 +133,7 @@ class Memory:
     peak_active_bytes: int | None = doc("CUDA: the allocator's active-bytes peak")
     alloc_retries: int | None = doc("CUDA: allocations retried after freeing the cache (fragmentation)")
     cuda_ooms: int | None = doc("CUDA: out-of-memory errors the allocator raised")
-    nvml_process_bytes: int | None = doc("CUDA: what NVML charges the process (context included)")
+    nvml_process_bytes: int | None = column("CUDA: what NVML charges the process (context included)")
     context_bytes: int | None = column("CUDA: NVML's figure minus reserved: the context and libraries")
     cache_slack_bytes: int | None = column("CUDA: reserved minus allocated at their peaks")
     snapshot: str | None = doc("CUDA, --snapshot: the allocator history file beside the record")
@@ -248,10 +248,12 @@ class _PredictionOutcome:
 
 
 # The tracked figures and the FLOPs, each documented as its measured twin, so that the two never drift apart.
+# Those the report holds against their twins: the peak, and on CUDA the allocator's figures and nvidia-smi's.
+COMPARED = ("peak_tensor_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "nvml_process_bytes")
 _PredictedFigures = make_dataclass(
     "_PredictedFigures",
     [
-        (f.name, f.type, doc(f"predicted: {f.metadata['doc']}", table=f.name == "peak_tensor_bytes"))
+        (f.name, f.type, doc(f"predicted: {f.metadata['doc']}", table=f.name in COMPARED))
         for group in (Memory, Timing)
         for f in fields(group)
         if f.name

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from bench import record
-from bench.record import DERIVED, KEY, Status
+from bench.record import DERIVED, KEY, Prediction, Status
 
 # The record's columns, then the ratios computed here against each run's baseline.
 COLUMNS = [
@@ -15,6 +15,8 @@ COLUMNS = [
     "throughput_vs_baseline",
     *DERIVED,
     "predicted_vs_measured",
+    "reserved_predicted_vs_measured",
+    "nvml_predicted_vs_measured",
 ]
 
 
@@ -42,9 +44,15 @@ def summary(df: pd.DataFrame, throughput: str = KEY.samples_per_s) -> pd.DataFra
     base_tput = base[throughput].where(ok).reindex(keys).to_numpy()
     df["memory_vs_baseline"] = df["peak_bytes"] / base_peak
     df["throughput_vs_baseline"] = df[throughput] / base_tput
-    df["predicted_vs_measured"] = (
-        pd.to_numeric(df[KEY.predicted_peak_tensor_bytes], errors="coerce") / df["peak_bytes"]
+    # On CUDA the allocated peak, cuBLAS's workspaces with the tensors, where the prediction gave it
+    predicted = pd.to_numeric(df[KEY.predicted_peak_allocated_bytes], errors="coerce").where(
+        df[KEY.peak_allocated_bytes].notna()
     )
+    predicted = predicted.fillna(pd.to_numeric(df[KEY.predicted_peak_tensor_bytes], errors="coerce"))
+    df["predicted_vs_measured"] = predicted / df["peak_bytes"]
+    for name, measured in (("reserved", KEY.peak_reserved_bytes), ("nvml", KEY.nvml_process_bytes)):
+        guess = pd.to_numeric(df[Prediction.prefix + measured], errors="coerce")
+        df[f"{name}_predicted_vs_measured"] = guess / pd.to_numeric(df[measured], errors="coerce")
     packages = sorted(c for c in df.columns if c.startswith("package."))
     extra = packages + [c for c in df.columns if c.startswith("proof.")]
     order = df[KEY.run_index] if KEY.run_index in df else pd.Series(0, index=df.index)
@@ -119,6 +127,9 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
             if table[KEY.world_size].notna().any()
             else None,
             "reserved MiB": (table[KEY.peak_reserved_bytes] / 2**20).round(1),
+            "nvidia-smi MiB": (pd.to_numeric(table[KEY.nvml_process_bytes], errors="coerce") / 2**20).round(
+                1
+            ),
             "samples/s": table[KEY.samples_per_s].round(1),
             "real tokens/s": pd.to_numeric(table[KEY.real_tokens_per_s], errors="coerce").round(0),
             "padding %": (100 * pd.to_numeric(table[KEY.padding_fraction], errors="coerce")).round(1),
@@ -131,6 +142,8 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
             "grad cos": pd.to_numeric(table[KEY.grad_cosine], errors="coerce").round(4),
             "agreement %": (100 * pd.to_numeric(table[KEY.fidelity_agreement], errors="coerce")).round(1),
             "predicted ×": None if prediction_exact(table) else table["predicted_vs_measured"].round(3),
+            "reserved predicted ×": table["reserved_predicted_vs_measured"].round(3),
+            "nvidia-smi predicted ×": table["nvml_predicted_vs_measured"].round(3),
             "MFU %": (100 * pd.to_numeric(table[KEY.mfu], errors="coerce")).round(1),
         }
     )
