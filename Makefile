@@ -57,8 +57,8 @@ predict: $(DEPS) ## predicted peak memory of SUITE (or HF=config.json) at GPU sh
 	$(RUN) -m bench predict $(if $(HF),--hf $(HF),$(SUITE)) $(if $(CARD),--card $(CARD)) $(if $(BUDGET),--budget $(BUDGET)) $(if $(RESERVE),--reserve $(RESERVE)) \
 		$(if $(NPROC),--nproc $(NPROC)) $(ARGS)
 
-fit: $(DEPS) ## the largest batch of each SUITE run that really fits BUDGET=16GiB, measured in probes, beside the predicted one
-	$(RUN) -m bench fit $(SUITE) --budget $(or $(BUDGET),$(error BUDGET=… is required, e.g. BUDGET=16GiB)) $(ARGS)
+fit: $(DEPS) ## the largest batch of each SUITE run that really fits BUDGET=16GiB (or, on a GPU, CARD=rtx4090), measured in probes, beside the predicted one
+	$(RUN) -m bench fit $(SUITE) $(if $(CARD),--card $(CARD),--budget $(or $(BUDGET),$(error BUDGET=… or CARD=… is required, e.g. BUDGET=16GiB))) $(ARGS)
 
 advise: $(DEPS) ## the cheapest plans that fit MODEL=bert-base (or a suite file) on CARD=rtx4090 or in BUDGET=8GiB; writes suites/advice-MODEL.toml
 	$(RUN) -m bench advise $(or $(MODEL),$(error MODEL=… is required, e.g. MODEL=bert-base)) \

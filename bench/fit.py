@@ -22,6 +22,8 @@ from bench import results
 from bench.launch import Device
 from bench.launch.local import run_isolated
 from bench.predict import largest_batch
+from bench.predict.budget import largest_batch_on
+from bench.predict.cards import Card
 from bench.record import KEY, Status
 from bench.suite import RunSpec
 
@@ -32,8 +34,12 @@ class ProbeFailed(Exception):
     """A probe ended in neither ok nor oom: the run cannot be fitted here (its status and message)."""
 
 
-def fit_run(spec: RunSpec, device: Device, budget: int, limit: int = 4096) -> dict[str, Any]:
-    """One run's measured and predicted largest batch under ``budget`` bytes, and each probe taken."""
+def fit_run(
+    spec: RunSpec, device: Device, budget: int, limit: int = 4096, card: Card | None = None
+) -> dict[str, Any]:
+    """One run's measured and predicted largest batch under ``budget`` bytes, and each probe taken; on a
+    ``card``, the probes' allocator is capped at what the card leaves it (``budget``, its capacity), and the
+    prediction is the card's verdict (bench.predict.budget.largest_batch_on)."""
     shapes = spec.shapes(device.type)
     probes: list[dict[str, Any]] = []
 
@@ -53,7 +59,11 @@ def fit_run(spec: RunSpec, device: Device, budget: int, limit: int = 4096) -> di
         return _peak(out) or 0.0
 
     row: dict[str, Any] = {KEY.run: spec.name, "budget_bytes": budget, KEY.device: device.name}
-    row["predicted_largest_batch"] = largest_batch(spec, budget, limit, device_type=device.type)
+    row["predicted_largest_batch"] = (
+        largest_batch_on(spec, card, limit)
+        if card
+        else largest_batch(spec, budget, limit, device_type=device.type)
+    )
     try:
         row["measured_largest_batch"] = largest_batch(
             spec, budget, limit, peak=measured_peak, device_type=device.type
@@ -76,7 +86,12 @@ def verdict(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def fit_suite(
-    runs: list[RunSpec], device: Device, budget: int, results_root: Path, log: TextIO | None = None
+    runs: list[RunSpec],
+    device: Device,
+    budget: int,
+    results_root: Path,
+    log: TextIO | None = None,
+    card: Card | None = None,
 ) -> list[dict[str, Any]]:
     """Every run fitted, each stored under results/<suite>/<device>/fit/ as it is done."""
     log = log or sys.stderr
@@ -92,7 +107,7 @@ def fit_suite(
             file=log,
             flush=True,
         )
-        row = fit_run(spec, device, budget) | {
+        row = fit_run(spec, device, budget, card=card) | {
             KEY.suite: spec.suite,
             KEY.run_key: spec.measured_key(device.name, device.type),
         }

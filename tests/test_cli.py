@@ -264,3 +264,16 @@ def test_predict_on_a_card_gives_each_run_its_verdict_and_the_largest_batch_the_
 def test_predict_refuses_an_unknown_card_or_a_card_beside_a_budget(capsys, flags, said):
     assert main(["predict", "smoke", *flags]) == 2
     assert said in capsys.readouterr().err
+
+
+@pytest.mark.fault("cli values")
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        ([], "give one of --budget SIZE and --card NAME"),
+        (["--card", "t4", "--device", "cpu"], "--card t4: a card's allocator is capped on a GPU"),
+    ],
+)
+def test_fit_takes_a_budget_or_on_a_gpu_a_card(capsys, flags, said):
+    assert main(["fit", "smoke", *flags]) == 2
+    assert said in capsys.readouterr().err

@@ -73,9 +73,14 @@ def add(sub: argparse._SubParsersAction) -> None:
     fit.add_argument("suite", help="suite name (suites/NAME.toml) or path")
     fit.add_argument(
         "--budget",
-        required=True,
         help="the card's memory, e.g. 16GiB (on CUDA less --reserve "
         "is left to tensors; on a CPU, tracked tensor bytes)",
+    )
+    fit.add_argument(
+        "--card",
+        metavar="NAME",
+        help="instead of --budget, on a GPU: a card (rtx4090, a100-40gb, …) whose capacity caps the probes' "
+        "allocator, beside the largest batch predicted by replaying the step on it",
     )
     fit.add_argument(
         "--reserve", default=None, help="CUDA: held back for the context and workspaces (default 1GiB)"
@@ -154,19 +159,25 @@ def _fit(args: argparse.Namespace) -> int:
     path = suite_path(args.suite)  # before torch is imported
     from bench.fit import fit_suite
     from bench.launch import detect
-    from bench.predict import RESERVE, Budget
+    from bench.predict import RESERVE, Budget, cards
 
     args.slurm, args.snapshot = None, False
     refuse_unusable_flags(args)
+    if (args.card is None) == (args.budget is None):
+        raise BadInput("give one of --budget SIZE and --card NAME")
     device = detect(args.device)
+    if args.card and device.type != "cuda":
+        raise BadInput(f"--card {args.card}: a card's allocator is capped on a GPU; this is {device.name}")
     try:
-        budget = Budget.parse(args.budget, device.type, args.reserve or RESERVE).bytes()
+        card = cards.card(args.card) if args.card else None
+        budget = (
+            card.capacity if card else Budget.parse(args.budget, device.type, args.reserve or RESERVE).bytes()
+        )
     except ValueError as exc:
         raise BadInput(str(exc)) from exc
     suite = selected(path, args)
-    rows = fit_suite(
-        [r for r in suite.runs if r.mode == "train" and r.nproc == 1], device, budget, args.results
-    )
+    runs = [r for r in suite.runs if r.mode == "train" and r.nproc == 1]
+    rows = fit_suite(runs, device, budget, args.results, card=card)
     print("| run | measured largest batch | predicted | prediction |\n|---|---|---|---|")
     for r in rows:
         verdict = (
