@@ -1,6 +1,7 @@
 """PyTorch's CUDA caching allocator, simulated: a step's allocations and frees, in order, replayed through its
 rules as ``c10/cuda/CUDACachingAllocator.cpp`` writes them, give what the card would have reserved, not only
-what was allocated. One stream; the defaults of ``PYTORCH_CUDA_ALLOC_CONF`` with its ``max_split_size_mb``.
+what was allocated. One stream; ``PYTORCH_CUDA_ALLOC_CONF``'s ``max_split_size_mb`` and
+``roundup_power2_divisions`` (``Conf``); expandable segments are not modelled.
 
 The rules: a request is rounded up to 512 bytes. Requests up to 1 MiB come from the small pool, whose segments
 are 2 MiB; larger ones from the large pool, whose segments are 20 MiB for requests under 10 MiB, else the
@@ -39,16 +40,6 @@ def cublas_workspaces(hopper: bool, training: bool) -> tuple[int, ...]:
     return (CUBLAS_WORKSPACE[hopper], CUBLASLT_WORKSPACE) * (2 if training else 1)
 
 
-@dataclass(frozen=True)
-class Replay:
-    """How a step is replayed: the workspaces allocated before it (``cublas_workspaces``), and the bytes its
-    segments may take (the card less the context; None: no cap)."""
-
-    workspaces: tuple[int, ...] = ()
-    capacity: int | None = None
-    history: Any = None  # the steps before, as a tracker saw them (bench.measure.tracker.LiveBytes)
-
-
 class OutOfMemory(Exception):
     """No segment could be reserved under the cap, even after freeing the cached ones."""
 
@@ -72,8 +63,43 @@ class Segment:
     blocks: list[Block] = field(default_factory=list)  # in address order, covering the segment
 
 
-def round_size(size: int) -> int:
-    return MIN_BLOCK if size < MIN_BLOCK else MIN_BLOCK * math.ceil(size / MIN_BLOCK)
+@dataclass(frozen=True)
+class Conf:
+    """The settings of ``PYTORCH_CUDA_ALLOC_CONF`` the simulator follows (CUDAAllocatorConfig's names)."""
+
+    max_split_size: int | None = None  # max_split_size_mb, in bytes; None: blocks of any size split
+    roundup_divisions: int = 0  # roundup_power2_divisions (one value for every size); 0 or 1: none
+
+    @staticmethod
+    def parse(text: str) -> Conf:
+        """``"max_split_size_mb:128,roundup_power2_divisions:4"``; other settings change no reservation
+        modelled here and are left out."""
+        found = dict(item.split(":", 1) for item in text.replace(" ", "").split(",") if ":" in item)
+        split = found.get("max_split_size_mb")
+        divisions = found.get("roundup_power2_divisions", "0")
+        return Conf(int(split) << 20 if split else None, int(divisions) if divisions.isdigit() else 0)
+
+
+def round_size(size: int, divisions: int = 0) -> int:
+    """round_size: to 512 bytes, or with ``divisions``, up to the next of that many steps between two powers
+    of two (1200 in 4 divisions of 1024–2048: 1280), for requests over 512 × ``divisions`` bytes."""
+    if size < MIN_BLOCK:
+        return MIN_BLOCK
+    if divisions > 1 and size > MIN_BLOCK * divisions:
+        return roundup_power2(size, divisions)
+    return MIN_BLOCK * math.ceil(size / MIN_BLOCK)
+
+
+def roundup_power2(size: int, divisions: int) -> int:
+    """roundup_power2_next_division."""
+    if size & (size - 1) == 0:
+        return size
+    floor = 1 << (size.bit_length() - 1)
+    step = floor >> (divisions.bit_length() - 1)
+    if step == 0:
+        return floor << 1
+    rounded = size & ~(step - 1)
+    return size if rounded == size else rounded + step
 
 
 def segment_size(size: int) -> int:
@@ -85,12 +111,26 @@ def segment_size(size: int) -> int:
     return ROUND_LARGE * math.ceil(size / ROUND_LARGE)
 
 
+@dataclass(frozen=True)
+class Replay:
+    """How a step is replayed: the workspaces allocated before it (``cublas_workspaces``), and the bytes its
+    segments may take (the card less the context; None: no cap)."""
+
+    workspaces: tuple[int, ...] = ()
+    capacity: int | None = None
+    conf: Conf = Conf()  # the run's PYTORCH_CUDA_ALLOC_CONF
+    history: Any = None  # the steps before, as a tracker saw them (bench.measure.tracker.LiveBytes)
+
+
 class CachingAllocator:
     """``capacity``: the bytes segments may take (the card less what the process holds besides); None, no cap.
-    ``max_split_size``: blocks this large or larger are never split (max_split_size_mb), None: any."""
+    ``max_split_size``: blocks this large or larger are never split (max_split_size_mb), None: any;
+    ``roundup_divisions``: roundup_power2_divisions (``Conf``)."""
 
-    def __init__(self, capacity: int | None = None, max_split_size: int | None = None) -> None:
-        self.capacity, self.max_split = capacity, max_split_size
+    def __init__(
+        self, capacity: int | None = None, max_split_size: int | None = None, roundup_divisions: int = 0
+    ) -> None:
+        self.capacity, self.max_split, self.divisions = capacity, max_split_size, roundup_divisions
         self.segments: dict[int, Segment] = {}
         self._free: dict[bool, list[tuple[int, int, int]]] = {True: [], False: []}  # (size, segment, offset)
         self._taken: dict[Hashable, Block] = {}  # an allocation's handle → its block
@@ -100,7 +140,7 @@ class CachingAllocator:
 
     def malloc(self, handle: Hashable, size: int) -> None:
         """Allocate ``size`` bytes under ``handle`` (freed by ``free(handle)``)."""
-        size = round_size(size)
+        size = round_size(size, self.divisions)
         small = size <= SMALL_SIZE
         block = self._best_fit(size, small)
         if block is None:

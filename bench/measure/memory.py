@@ -209,7 +209,7 @@ def _reserved(tracker: LiveBytes, replay: Replay) -> dict[str, Any]:
     """The step through the caching allocator after the workspaces, under the card's capacity if given: the
     reserved peak, and the verdict: fits, fits only after freeing the cache (each flush a pause), or out of
     memory at a phase and request."""
-    allocator = CachingAllocator(replay.capacity)
+    allocator = CachingAllocator(replay.capacity, replay.conf.max_split_size, replay.conf.roundup_divisions)
     for i, size in enumerate(replay.workspaces):
         allocator.malloc(("workspace", i), size)  # never freed: cuBLAS keeps its workspaces
     try:

@@ -29,7 +29,7 @@ from bench.predict.stand_ins import (
     parameters_as_real,
     techniques_as_real,
 )
-from bench.measure.allocator import Replay, cublas_workspaces
+from bench.measure.allocator import Conf, Replay, cublas_workspaces
 from bench.predict.cards import CARDS, Card
 from bench.recipe import Recipe, batches, tracked_steps
 from bench.record import KEY, Prediction, Status
@@ -79,7 +79,9 @@ def predict(
 def _replay(card: Card | None, recipe: Recipe) -> Replay:
     """The allocator the step is replayed through: cuBLAS's workspaces first, under the card's capacity."""
     hopper = card is None or card.hopper
-    return Replay(cublas_workspaces(hopper, not recipe.inference), card.capacity if card else None)
+    conf = next((c for t in recipe.techniques if (c := t.env().get("PYTORCH_CUDA_ALLOC_CONF"))), "")
+    workspaces = cublas_workspaces(hopper, not recipe.inference)
+    return Replay(workspaces, card.capacity if card else None, Conf.parse(conf))
 
 
 def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int, replay: Replay | None) -> dict[str, Any]:

@@ -3,7 +3,7 @@ them."""
 
 import pytest
 
-from bench.measure.allocator import CachingAllocator, OutOfMemory, cublas_workspaces
+from bench.measure.allocator import CachingAllocator, Conf, OutOfMemory, cublas_workspaces, roundup_power2
 
 MiB = 1 << 20
 
@@ -93,3 +93,17 @@ def test_cublas_takes_its_workspaces_from_the_allocator_as_cublashandlepool_size
     for i, size in enumerate(cublas_workspaces(hopper, training)):
         a.malloc(("workspace", i), size)
     assert a.reserved == reserved
+
+
+def test_roundup_power2_divisions_rounds_a_request_to_the_next_step_between_two_powers_of_two():
+    """CUDACachingAllocator.cpp's own example (1200 in 4 divisions: 1280), and a 5 MiB request plus a byte
+    under roundup_power2_divisions:4 taking 6 MiB, where 512-byte rounding would take 5 MiB and 512 bytes."""
+    assert roundup_power2(1200, 4) == 1280 and roundup_power2(4096, 4) == 4096
+    conf = Conf.parse("max_split_size_mb:64, roundup_power2_divisions:4")
+    assert conf == Conf(64 * MiB, 4)
+    a = CachingAllocator(roundup_divisions=conf.roundup_divisions)
+    a.malloc(1, 5 * MiB + 1)
+    assert a.allocated == 6 * MiB
+    plain = CachingAllocator()
+    plain.malloc(1, 5 * MiB + 1)
+    assert plain.allocated == 5 * MiB + 512
