@@ -5,9 +5,10 @@ built-in model (``weights`` loads local ones). The head comes from the config's 
 classifier of its ``num_labels``), or from a task named after the path, ``hf:PATH#sequence-classification``. A
 token model computes its own loss from the labels, as the Trainer calls it (the causal-LM loss upcasts the
 logits to float32). Attention is the config's ``attn_implementation`` where it names one, else SDPA,
-transformers' own default; the name may set it after the task, ``hf:PATH#sequence-classification,
-attn_implementation=eager``. The weights are float32, as ``from_pretrained`` gives them without a
-``torch_dtype``: the precision techniques say what runs in 16 bits."""
+transformers' own default. The weights are in the config's ``torch_dtype`` (else float32), as transformers 5's
+``from_pretrained`` loads them by default (``dtype="auto"``): a Llama-3.2 config trains in bfloat16. The name
+may set either after the task, as ``from_pretrained`` takes them: ``hf:PATH#causal-lm,dtype=float32``,
+``hf:PATH#sequence-classification,attn_implementation=eager``."""
 
 from __future__ import annotations
 
@@ -51,7 +52,10 @@ def spec(name: str) -> ModelSpec:
     tokens = inputs == "tokens"
     classes = config.vocab_size if objective == "next-token" else config.num_labels
     attention = raw.get("attn_implementation") or raw.get("_attn_implementation") or "sdpa"
-    built = lambda shapes: _build(config, task, attention, shapes)  # noqa: E731
+    dtype = raw.get("dtype") or raw.get("torch_dtype") or "float32"
+    if dtype not in DTYPES:
+        raise KeyError(f"model {name!r}: dtype {dtype!r} is none of {', '.join(DTYPES)}")
+    built = lambda shapes: _build(config, task, attention, getattr(torch, dtype), shapes)  # noqa: E731
     return ModelSpec(
         name,
         built,
@@ -67,7 +71,8 @@ def spec(name: str) -> ModelSpec:
 
 
 # Config fields a name may set after its task, as from_pretrained takes them.
-OVERRIDES = ("attn_implementation",)
+OVERRIDES = ("attn_implementation", "dtype")
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _fragment(name: str) -> tuple[str, dict[str, str]]:
@@ -121,14 +126,14 @@ def _config(name: str) -> Any:
     return config
 
 
-def _build(config: Any, task: str, attention: str, shapes: Shapes) -> nn.Module:
+def _build(config: Any, task: str, attention: str, dtype: torch.dtype, shapes: Shapes) -> nn.Module:
     import transformers
 
     auto = getattr(transformers, TASKS[task][0])
     if task == "image-classification":  # the run's images, the patch grid following; the spec's config stays
         config = copy.deepcopy(config)
         config.image_size = shapes.image_size
-    model = auto.from_config(config, attn_implementation=attention)  # float32: the default dtype
+    model = auto.from_config(config, attn_implementation=attention, dtype=dtype)
     return _Logits(model) if task == "image-classification" else model
 
 

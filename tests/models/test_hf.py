@@ -100,7 +100,13 @@ def test_a_suite_names_the_config_and_an_edit_to_it_measures_again(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "name, bf16", [("tiny-llama", False), ("tiny-llama", True), ("tiny-bert-classifier", False)]
+    "name, bf16",
+    [
+        ("tiny-llama", False),  # its config's torch_dtype, bfloat16, as from_pretrained loads it
+        ("tiny-llama#causal-lm,dtype=float32", False),
+        ("tiny-llama#causal-lm,dtype=float32", True),
+        ("tiny-bert-classifier", False),
+    ],
 )
 def test_the_harness_holds_what_transformers_trainer_holds_in_its_training_step(name, bf16, tmp_path):
     # In bf16 the causal-LM loss upcasts the logits to float32: the harness's own cross-entropy did not.
@@ -141,3 +147,15 @@ def test_the_harness_holds_what_transformers_trainer_holds_in_its_training_step(
         reference,
     )
     assert measured["peak_phase"] == reference["peak_phase"]
+
+
+def test_the_weights_take_the_configs_dtype_as_transformers_5_loads_them_and_the_name_may_set_another():
+    """from_pretrained's dtype="auto": a config that says torch_dtype bfloat16 trains in bfloat16."""
+    shapes = spec(CONFIGS + "tiny-llama", seq_len=16).cpu
+    dtypes = {
+        name: {p.dtype for p in models.resolve(CONFIGS + name).build(shapes).parameters()}
+        for name in ("tiny-llama", "tiny-llama#causal-lm,dtype=float32", "tiny-bert-classifier")
+    }
+    assert list(dtypes.values()) == [{torch.bfloat16}, {torch.float32}, {torch.float32}]
+    with pytest.raises(KeyError, match="dtype 'int8' is none of float32, bfloat16, float16"):
+        models.resolve(CONFIGS + "tiny-llama#causal-lm,dtype=int8")
