@@ -243,6 +243,10 @@ class _PredictionOutcome:
         "or out of memory"
     )
     flushes: int | None = doc("times the allocator freed its cache and retried on that card")
+    largest_free_bytes: int | None = doc(
+        "the largest block the allocator held cached and free when allocation peaked (fragmentation: "
+        "a request larger than it needs a new segment)"
+    )
     oom_phase: str | None = doc("out of memory: the phase of the request the card could not hold")
     oom_request_bytes: int | None = doc("out of memory: that request's bytes")
 

@@ -137,6 +137,7 @@ class CachingAllocator:
         self._next_segment = 0
         self.allocated = self.reserved = self.peak_allocated = self.peak_reserved = 0
         self.retries = 0
+        self.largest_free_at_peak = 0  # the largest cached free block when allocation peaked: fragmentation
 
     def malloc(self, handle: Hashable, size: int) -> None:
         """Allocate ``size`` bytes under ``handle`` (freed by ``free(handle)``)."""
@@ -155,7 +156,8 @@ class CachingAllocator:
         block.free = False
         self._taken[handle] = block
         self.allocated += block.size
-        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        if self.allocated > self.peak_allocated:
+            self.peak_allocated, self.largest_free_at_peak = self.allocated, self.largest_free()
 
     def free(self, handle: Hashable) -> None:
         block = self._taken.pop(handle)
@@ -180,7 +182,7 @@ class CachingAllocator:
                 self.reserved -= segment.size
 
     def largest_free(self) -> int:
-        return max((size for pool in self._free.values() for size, _, _ in pool), default=0)
+        return max((pool[-1][0] for pool in self._free.values() if pool), default=0)  # each pool is sorted
 
     def _best_fit(self, size: int, small: bool) -> Block | None:
         pool = self._free[small]

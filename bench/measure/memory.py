@@ -226,6 +226,7 @@ def _reserved(tracker: LiveBytes, replay: Replay) -> dict[str, Any]:
     out: dict[str, Any] = {
         KEY.peak_allocated_bytes: allocator.peak_allocated,  # the workspaces with the tensors
         KEY.peak_reserved_bytes: allocator.peak_reserved,
+        "largest_free_bytes": allocator.largest_free_at_peak,
     }
     if replay.capacity is not None:
         verdict = "fits after flushes" if allocator.retries else "fits"

@@ -107,3 +107,12 @@ def test_roundup_power2_divisions_rounds_a_request_to_the_next_step_between_two_
     plain = CachingAllocator()
     plain.malloc(1, 5 * MiB + 1)
     assert plain.allocated == 5 * MiB + 512
+
+
+def test_the_largest_free_block_when_allocation_peaks_is_kept_as_the_fragmentation_there():
+    a = CachingAllocator()
+    a.malloc(1, 4 * MiB)
+    a.malloc(2, 4 * MiB)
+    a.free(1)  # 4 MiB free at the head of the 20 MiB segment, 12 MiB after the second block
+    a.malloc(3, 5 * MiB)  # the allocation peak: 9 MiB, best fit left 7 MiB free after it
+    assert (a.peak_allocated, a.largest_free_at_peak) == (9 * MiB, 7 * MiB)
