@@ -118,3 +118,9 @@ def test_the_phase_trains_from_the_pretrained_weights(tmp_path):
     assert out["accuracy"] == (test_labels == 3).float().mean().item()
     assert out["fidelity_test_loss"] > 80  # 100 for every digit but the threes; about 2.3 from random weights
     assert out["fidelity_weights"] == str(tmp_path / "threes.pt")
+
+
+def test_a_masked_language_model_is_told_the_phase_has_no_task_for_it():
+    masked = spec("hf:suites/configs/tiny-bert-classifier#masked-lm", seq_len=32)
+    with pytest.raises(real.DataError, match=r"masked language model: the fidelity phase has no task"):
+        run_fidelity(masked, QUICK, CPU)

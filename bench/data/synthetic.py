@@ -7,11 +7,17 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from bench.models import IGNORE
+
 if TYPE_CHECKING:
     from bench.models import Inputs, ModelSpec
     from bench.spec import Shapes
 
 Batch = tuple["Inputs", torch.Tensor]
+# DataCollatorForLanguageModeling's default mlm_probability: the share of positions a masked LM is scored on.
+# The chosen positions keep their ids: a [MASK] id is the tokenizer's, not the config's, and what the step
+# holds is the same either way.
+MLM_PROBABILITY = 0.15
 
 
 def synthetic_batch(spec: ModelSpec, shapes: Shapes, seed: int, device: torch.device) -> Batch:
@@ -25,6 +31,9 @@ def synthetic_batch(spec: ModelSpec, shapes: Shapes, seed: int, device: torch.de
         inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         if spec.objective == "next-token":  # a language model's targets are its own inputs
             labels = ids.clone()
+        elif spec.objective == "masked-lm":  # DataCollatorForLanguageModeling's share of positions is scored
+            chosen = torch.rand(b, shapes.seq_len, generator=g) < MLM_PROBABILITY
+            labels = ids.masked_fill(~chosen, IGNORE)
     return to_device(inputs, device), labels.to(device)
 
 

@@ -149,7 +149,7 @@ def padded(samples: list[Sample], width: int | None, objective: str) -> Batch:
     for row, (seq, _) in enumerate(samples):
         ids[row, : len(seq)] = seq
     mask = (torch.arange(width) < torch.tensor([len(s) for s, _ in samples])[:, None]).long()
-    if objective == "next-token":
+    if objective != "classify":  # a language model's targets are its tokens: every real one is scored
         return {"input_ids": ids, "attention_mask": mask}, ids.masked_fill(mask == 0, IGNORE)
     return {"input_ids": ids, "attention_mask": mask}, torch.tensor([label for _, label in samples])
 
@@ -173,6 +173,8 @@ def packed(samples: list[Sample], objective: str) -> Batch:
     }
     if objective == "next-token":
         return inputs, ids.clone().index_fill_(1, cu[1:-1].long(), IGNORE)
+    if objective == "masked-lm":
+        return inputs, ids.clone()
     return inputs, torch.tensor([label for _, label in samples])
 
 

@@ -80,7 +80,8 @@ class ModelSpec:
     attention: bool = False  # attention through F.scaled_dot_product_attention (the sdpa technique)
     # "classify": logits (batch, num_classes) against one label per sample. "next-token": a causal language
     # model's logits (batch, seq_len, vocab_size), each position against the next token, as it trains.
-    objective: Literal["classify", "next-token"] = "classify"
+    # "masked-lm": a masked language model's logits at every position, scored where the labels are not IGNORE.
+    objective: Literal["classify", "next-token", "masked-lm"] = "classify"
     # False for a model too large to build in a CPU's memory (Llama-3-8B's 32 GB of float32 weights): it is
     # predicted, built on the meta device, and runs on CUDA; a CPU run of it is unsupported.
     cpu: bool = True
@@ -92,12 +93,12 @@ class ModelSpec:
     def __post_init__(self) -> None:
         if self.inputs not in ("image", "tokens"):
             raise ValueError(f"model {self.name}: inputs must be 'image' or 'tokens', got {self.inputs!r}")
-        if self.objective not in ("classify", "next-token"):
+        if self.objective not in OBJECTIVES:
             raise ValueError(
-                f"model {self.name}: objective must be 'classify' or 'next-token', got {self.objective!r}"
+                f"model {self.name}: objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}"
             )
-        if self.objective == "next-token" and self.inputs != "tokens":
-            raise ValueError(f"model {self.name}: objective 'next-token' needs inputs = 'tokens'")
+        if self.objective != "classify" and self.inputs != "tokens":
+            raise ValueError(f"model {self.name}: objective {self.objective!r} needs inputs = 'tokens'")
         if self.num_classes < 1 or (self.inputs == "tokens" and self.vocab_size < 1):
             raise ValueError(f"model {self.name}: num_classes (and vocab_size for tokens) must be at least 1")
 
@@ -138,7 +139,11 @@ class ModelSpec:
             )
         if self.objective == "classify":
             return F.cross_entropy(logits, labels)
-        return F.cross_entropy(logits.flatten(0, 1), next_tokens(labels).flatten(), ignore_index=IGNORE)
+        targets = next_tokens(labels) if self.objective == "next-token" else labels
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
+
+
+OBJECTIVES = ("classify", "next-token", "masked-lm")
 
 
 def next_tokens(labels: torch.Tensor) -> torch.Tensor:

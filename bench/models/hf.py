@@ -27,11 +27,13 @@ from bench.spec import HF, Shapes, hf_config_file
 TASKS = {
     "causal-lm": ("AutoModelForCausalLM", "tokens", "next-token"),
     "sequence-classification": ("AutoModelForSequenceClassification", "tokens", "classify"),
+    "masked-lm": ("AutoModelForMaskedLM", "tokens", "masked-lm"),
     "image-classification": ("AutoModelForImageClassification", "image", "classify"),
 }
 SUFFIXES = {
     "ForCausalLM": "causal-lm",
     "ForSequenceClassification": "sequence-classification",
+    "ForMaskedLM": "masked-lm",
     "ForImageClassification": "image-classification",
 }
 # Model types whose layers are named as Llama's (q/k/v/o, gate/up/down projections): lora's default targets.
@@ -50,7 +52,7 @@ def spec(name: str) -> ModelSpec:
     _, inputs, objective = TASKS[task]
     config = _config(name)
     tokens = inputs == "tokens"
-    classes = config.vocab_size if objective == "next-token" else config.num_labels
+    classes = config.num_labels if objective == "classify" else config.vocab_size
     attention = raw.get("attn_implementation") or raw.get("_attn_implementation") or "sdpa"
     dtype = raw.get("dtype") or raw.get("torch_dtype") or "float32"
     if dtype not in DTYPES:

@@ -31,6 +31,8 @@ CONFIGS = "hf:suites/configs/"
         ("qwen2.5-0.5b", "causal-lm", 494_032_768),
         ("mistral-7b", "causal-lm", 7_241_732_096),
         ("bert-large-uncased#sequence-classification", "sequence-classification", 335_143_938),
+        # its own head, BertForMaskedLM: the encoder and a prediction head tied to the word embeddings
+        ("bert-large-uncased", "masked-lm", 335_174_458),
         ("vit-large-patch16-224", "image-classification", 304_326_632),
     ],
 )
@@ -38,7 +40,8 @@ def test_the_shipped_configs_build_at_their_published_sizes(name, task, params):
     found = models.resolve(CONFIGS + name)
     assert hf._params(hf._config(CONFIGS + name), task) == params
     assert found.cpu == (params <= hf.CPU_PARAMS)  # the 3B and 7B are predicted only, as llama3-8b is
-    assert found.objective == ("next-token" if task == "causal-lm" else "classify")
+    objective = {"causal-lm": "next-token", "masked-lm": "masked-lm"}.get(task, "classify")
+    assert found.objective == objective
 
 
 @pytest.mark.parametrize(
@@ -48,6 +51,7 @@ def test_the_shipped_configs_build_at_their_published_sizes(name, task, params):
         ("tiny-llama", (tech("checkpoint"),)),
         ("tiny-llama", (tech("chunked-loss"),)),
         ("tiny-bert-classifier", ()),
+        ("tiny-bert-classifier#masked-lm", ()),
         ("tiny-vit-classifier", (tech("accumulate", micro_batches=2),)),
     ],
 )
@@ -60,9 +64,9 @@ def test_a_tiny_config_trains_and_is_predicted_to_the_byte(name, techniques):
 
 def test_a_config_without_a_head_names_the_task_to_give(tmp_path):
     config = json.loads(Path("suites/configs/bert-large-uncased/config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "config.json").write_text(json.dumps(config | {"architectures": ["BertModel"]}))
     with pytest.raises(KeyError, match=r"name one after the path, e.g. hf:.*#causal-lm"):
-        models.resolve(f"hf:{tmp_path}")  # BertForMaskedLM: no head the harness trains
+        models.resolve(f"hf:{tmp_path}")  # the bare encoder: no head the harness trains
     with pytest.raises(KeyError, match="cannot read missing .No such file"):
         models.resolve("hf:missing")
 
@@ -106,6 +110,7 @@ def test_a_suite_names_the_config_and_an_edit_to_it_measures_again(tmp_path):
         ("tiny-llama#causal-lm,dtype=float32", False),
         ("tiny-llama#causal-lm,dtype=float32", True),
         ("tiny-bert-classifier", False),
+        ("tiny-bert-classifier#masked-lm", False),  # BertForMaskedLM's loss over every position's logits
     ],
 )
 def test_the_harness_holds_what_transformers_trainer_holds_in_its_training_step(name, bf16, tmp_path):
