@@ -243,6 +243,10 @@ class _PredictionOutcome:
         "or out of memory"
     )
     flushes: int | None = doc("times the allocator freed its cache and retried on that card")
+    paged_bytes: int | None = doc(
+        "optimizer state in CUDA unified memory (a paged optimizer's): never the allocator's, counted by "
+        "nvidia-smi while its pages sit on the card"
+    )
     largest_free_bytes: int | None = doc(
         "the largest block the allocator held cached and free when allocation peaked (fragmentation: "
         "a request larger than it needs a new segment)"

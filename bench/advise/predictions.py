@@ -104,7 +104,8 @@ class Predictions:
 
 def _predicted(spec: RunSpec, device_type: str, card: Card | None) -> dict[str, Any]:
     """The prediction as a record stores it, as the cache keeps it."""
-    return predict(spec, spec.shapes(device_type), cuda=device_type == "cuda", card=card).flat()
+    cuda = device_type == "cuda"
+    return predict(spec, spec.shapes(device_type), cuda=cuda, card=card, reserved=card is not None).flat()
 
 
 def _largest(work: tuple[RunSpec, int, Prediction], device_type: str, card: Card | None) -> dict[str, Any]:

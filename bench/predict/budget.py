@@ -42,7 +42,8 @@ def largest_batch(
     shapes = spec.shapes(device_type)
 
     def predicted(batch: int, out: Prediction | None = None) -> float:
-        out = out or predict(spec, replace(shapes, batch_size=batch), cuda=device_type == "cuda")
+        cuda = device_type == "cuda"
+        out = out or predict(spec, replace(shapes, batch_size=batch), cuda=cuda, reserved=False)
         return out.peak_tensor_bytes if out.ok else math.inf
 
     unit = math.lcm(1, *(build(t).batch_multiple() for t in spec.techniques))
@@ -96,7 +97,7 @@ def fewest_ranks(spec: RunSpec, budget: int, own: Prediction | None = None) -> i
     already."""
 
     def fits(n: int, out: Prediction | None = None) -> bool:
-        out = out or predict(replace(spec, nproc=n))
+        out = out or predict(replace(spec, nproc=n), reserved=False)
         return out.ok and out.peak_tensor_bytes <= budget
 
     if not fits(spec.nproc, own):

@@ -16,7 +16,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
-from bench.measure.memory import track, tracked_step
+from bench.measure.memory import optimizer_state, track, tracked_step
 from bench.measure.tracker import CUDA_BLOCK, on_host
 from bench.models import ModelSpec
 from bench.predict import ranks
@@ -25,6 +25,7 @@ from bench.predict.stand_ins import (
     OutputsAsReal,
     ScalarsReadAsOne,
     compiled_as_eager,
+    is_paged,
     masks_as_real,
     parameters_as_real,
     techniques_as_real,
@@ -47,13 +48,15 @@ def predict(
     world_size: int | None = None,
     rank: int = 0,
     card: Card | None = None,
+    reserved: bool = True,
 ) -> Prediction:
     """Predicted peak and breakdown of one run at ``shapes`` (default: its GPU shapes); ``cuda`` models
     the CUDA allocator's granularity and CUDA-only techniques, else the CPU run as measured here. A run over
     several processes is predicted as its ``rank`` of ``world_size`` (default: the entry's nproc), with the
     bytes its collectives move per step. For CUDA, the step is replayed through the caching allocator on
     ``card`` (default: an H100 without a cap), which gives the reserved peak, the process's memory as NVML
-    counts it and, on a named card, the verdict."""
+    counts it and, on a named card, the verdict; without a card, ``reserved=False`` leaves that replay (and
+    the first step it tracks) out, for searches that hold only the peak against a budget."""
     world_size = world_size or spec.nproc
     recipe = Recipe.of(spec, CPU, shapes or spec.gpu, predicting=cuda, world_size=world_size, rank=rank)
     if reason := next((f"{t.name}: {t.unpredictable}" for t in recipe.techniques if t.unpredictable), None):
@@ -62,17 +65,18 @@ def predict(
         return Prediction.failed(Status.UNSUPPORTED, reason)
     try:
         with ranks.fake_group(world_size, rank):
-            figures = _fake_step(
-                spec, recipe, CUDA_BLOCK if cuda else 1, _replay(card, recipe) if cuda else None
-            )
+            replay = _replay(card, recipe) if cuda and (reserved or card) else None
+            figures = _fake_step(spec, recipe, CUDA_BLOCK if cuda else 1, replay)
     except Unsupported as exc:  # a kernel CUDA would refuse: the run would be unsupported there too
         return Prediction.failed(Status.UNSUPPORTED, str(exc))
     except Exception as exc:  # noqa: BLE001  a technique that needs real values (e.g. .item()) cannot be predicted
         first = (str(exc).strip().splitlines() or [""])[0][:200]
         return Prediction.failed(Status.UNPREDICTABLE, f"{type(exc).__name__}: {first}")
-    if cuda:
+    if KEY.peak_reserved_bytes in figures:
         on = card or CARDS["h100"]
-        figures[KEY.nvml_process_bytes] = figures[KEY.peak_reserved_bytes] + on.context
+        # pages of unified memory (a paged optimizer's) count for nvidia-smi while they are on the card
+        resident = figures.get("paged_bytes") or 0
+        figures[KEY.nvml_process_bytes] = figures[KEY.peak_reserved_bytes] + on.context + resident
     return Prediction(status=Status.OK, card=card and card.name, **figures)
 
 
@@ -128,6 +132,8 @@ def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int, replay: Replay | No
             )
     if ctx.world_size > 1:
         figures |= traffic.figures() | {KEY.world_size: ctx.world_size, "rank": ctx.rank}
+    if paged := sum(t.nbytes for t in optimizer_state(runner.optimizer) if is_paged(t)):
+        figures["paged_bytes"] = paged
     return {
         **figures,
         KEY.flops_per_step: flops.get_total_flops(),

@@ -54,7 +54,16 @@ def paged_buffer(self: Any, p: torch.Tensor, dtype: torch.dtype = torch.float32)
     elements or more is unified memory wrapped in a host tensor, which the device's allocator never holds
     (on fake CPU tensors bitsandbytes would take its CPU fallback, an ordinary tensor)."""
     buffer = torch.zeros_like(p, dtype=dtype)
-    return on_host(buffer) if self.is_paged and p.numel() >= PAGED_FROM else buffer
+    if self.is_paged and p.numel() >= PAGED_FROM:
+        # not is_paged, bitsandbytes' own mark: it would prefetch the pages, which a fake tensor has not
+        buffer.unified_memory = True
+        return on_host(buffer)
+    return buffer
+
+
+def is_paged(t: torch.Tensor) -> bool:
+    """A tensor standing for CUDA unified memory (``paged_buffer``)."""
+    return getattr(t, "unified_memory", False)
 
 
 class FakeOverlappedSaves(torch.autograd.graph.saved_tensors_hooks):

@@ -38,7 +38,7 @@ def test_budget_search_agrees_with_trying_every_batch(monkeypatch, peak):
     run = spec("vit-tiny", batch_size=16)
     calls = []
 
-    def fake(spec, shapes, cuda=True):
+    def fake(spec, shapes, cuda=True, reserved=True):
         calls.append(shapes.batch_size)
         value = peak(shapes.batch_size)
         return (

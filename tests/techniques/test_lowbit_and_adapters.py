@@ -12,6 +12,7 @@ from bench.launch.local import run_isolated
 from bench.measure.memory import model_state_bytes, tensor_bytes, tracked_step
 from bench.models import MODELS, build_model
 from bench.predict import predict
+from bench.predict.cards import CARDS
 from bench.suite import load
 from bench.worker import measure
 from tests.conftest import CPU, build_trainer
@@ -344,6 +345,10 @@ def test_paged_adamw_8bit_keeps_its_large_moments_off_the_cuda_allocator():
     # the device's share, as its allocator rounds it; and every state tensor, paged ones included
     assert out.at_peak_optimizer_state_bytes == state(_rounded, lambda n: n >= 100_000)
     assert out.optimizer_state_bytes == state(lambda b: b, lambda n: False)
+    # off the allocator, on nvidia-smi's count: the paged moments are resident while the card has room
+    paged = sum(2 * n for n in sizes if n >= 100_000)
+    assert out.paged_bytes == paged
+    assert out.nvml_process_bytes == out.peak_reserved_bytes + CARDS["h100"].context + paged
 
 
 def test_paged_adamw_8bit_is_a_cuda_technique():
