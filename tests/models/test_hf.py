@@ -164,3 +164,27 @@ def test_the_weights_take_the_configs_dtype_as_transformers_5_loads_them_and_the
     assert list(dtypes.values()) == [{torch.bfloat16}, {torch.float32}, {torch.float32}]
     with pytest.raises(KeyError, match="dtype 'int8' is none of float32, bfloat16, float16"):
         models.resolve(CONFIGS + "tiny-llama#causal-lm,dtype=int8")
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("config", ["tiny-llama", "tiny-bert-classifier", "tiny-vit-classifier"])
+def test_every_training_technique_that_applies_to_a_shipped_tiny_config_is_predicted_to_the_byte(config):
+    """Each registered single-process training technique, with its default options, that the run itself
+    accepts on this CPU (its own unsupported() and the model's say so): prediction equals the tracked peak."""
+    from bench.recipe import Recipe
+    from bench.techniques import TECHNIQUES, Unsupported
+
+    applied = []
+    for name in TECHNIQUES.registered():
+        cls = TECHNIQUES.get(name)
+        run = spec(CONFIGS + config, (tech(name),), batch_size=4, image_size=32, seq_len=32)
+        if "train" not in cls.modes or cls.distributed or cls.unpredictable:
+            continue
+        if Recipe.of(run, CPU).unsupported() or (name == "packing" or "lengths" in name):
+            continue  # packing needs variable-length data (a suite's lengths), refused at load without
+        try:
+            assert_predicted_exactly(run)
+        except Unsupported:  # found out by the run itself (flash attention refusing a masked call)
+            continue
+        applied.append(name)
+    assert len(applied) >= 12, applied
