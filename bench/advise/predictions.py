@@ -111,7 +111,7 @@ def _predicted(spec: RunSpec, device_type: str, card: Card | None) -> dict[str, 
 def _largest(work: tuple[RunSpec, int, Prediction], device_type: str, card: Card | None) -> dict[str, Any]:
     spec, budget, own = work
     if card is not None:
-        return {"largest_batch": largest_batch_on(spec, card)}
+        return {"largest_batch": largest_batch_on(spec, card, own=own)}
     return {"largest_batch": largest_batch(spec, budget, own=own, device_type=device_type)}
 
 

@@ -76,13 +76,17 @@ def largest_batch(
     return lo * unit
 
 
-def largest_batch_on(spec: RunSpec, card: Card, limit: int = 1 << 16) -> int | None:
+def largest_batch_on(
+    spec: RunSpec, card: Card, limit: int = 1 << 16, own: Prediction | None = None
+) -> int | None:
     """The largest batch the card holds: the step replayed through the caching allocator under the card's
-    memory less its context, at each batch the search tries (``largest_batch``, on the reserved peak)."""
+    memory less its context, at each batch the search tries (``largest_batch``, on the reserved peak).
+    ``own``: the prediction on the card at the run's own batch, if made already."""
     shapes = spec.shapes("cuda")
 
     def reserved(batch: int) -> float:
-        out = predict(spec, replace(shapes, batch_size=batch), card=card)
+        mine = own is not None and batch == shapes.batch_size
+        out = own if mine else predict(spec, replace(shapes, batch_size=batch), card=card)
         fits = out.ok and out.verdict != "out of memory"
         return out.peak_reserved_bytes if fits else math.inf
 

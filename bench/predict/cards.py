@@ -57,12 +57,3 @@ def card(name: str) -> Card:
     if key not in CARDS:
         raise ValueError(f"--card {name!r}: not a card known here; one of {', '.join(CARDS)}")
     return CARDS[key]
-
-
-def table() -> str:
-    """The cards as a markdown table, for the docs."""
-    rows = [
-        f"| `{k}` | {c.name} | {c.memory / GiB:g} | {c.context / MiB:,.0f} ({c.context_source}) |"
-        for k, c in CARDS.items()
-    ]
-    return "\n".join(["| --card | card | memory GiB | context MiB |", "|---|---|---|---|", *rows])

@@ -42,7 +42,7 @@ def rows(results: Path) -> list[dict[str, Any]]:
 
 
 def markdown(found: list[dict[str, Any]]) -> str:
-    """Measured GiB and predicted ÷ measured, per figure; the worst ratio of each figure at the foot."""
+    """Measured GiB and predicted ÷ measured, per figure, one row per record."""
     head = (
         "| run | device | " + " | ".join(f"{n} GiB | {n} predicted ÷ measured" for n, _, _ in FIGURES) + " |"
     )

@@ -111,7 +111,7 @@ def _row(spec: RunSpec, budget: int | None, card: Card | None) -> dict[str, Any]
             row["fewest_ranks"] = fewest
             row["largest_batch_there"] = largest_batch(replace(spec, nproc=fewest), budget)
     if card is not None and out.ok and spec.nproc == 1:
-        row["largest_batch"] = largest_batch_on(spec, card)
+        row["largest_batch"] = largest_batch_on(spec, card, own=out)
     return row
 
 
