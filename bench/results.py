@@ -109,18 +109,20 @@ def save_beside(path: Path, suffix: str, text: str) -> str:
     return side.name
 
 
+# What a device's folder holds that came from measuring: the records and the files saved beside them.
+PACKED = ("*.json", "*.memory.txt", "*.history.pickle.gz", "*.snapshot.pickle", "fit/*.json")
+
+
 def pack(archive: Path, results: Path, suites: list[str], device: str) -> None:
-    """The suites' records on this device (and the memory summaries beside them) as one .tar.gz, replaced
-    atomically: a machine that hands back one folder, and may be cut off at any moment, hands back every
-    record measured so far."""
+    """The suites' records on this device, with what is saved beside each (memory summary, the allocator's
+    history, a --snapshot) and the fit probes, as one .tar.gz, replaced atomically: a machine that hands back
+    one folder, and may be cut off at any moment, hands back everything measured so far."""
     archive.parent.mkdir(parents=True, exist_ok=True)
     tmp = archive.with_name(f".{archive.name}.tmp")
     with tarfile.open(tmp, "w:gz") as tar:
         for suite in suites:
             folder = suite_folder(results, suite, device)
-            for path in sorted(
-                [*folder.glob("*.json"), *folder.glob("*.memory.txt"), *folder.glob("fit/*.json")]
-            ):
+            for path in sorted(path for pattern in PACKED for path in folder.glob(pattern)):
                 tar.add(path, arcname=path.relative_to(results.parent))
     os.replace(tmp, archive)
 

@@ -23,3 +23,24 @@ def test_every_key_of_the_committed_records_is_explained_in_the_results_readme()
         return f"`{key}`" in docs or bool(family and re.search(rf"`_{family[1]}_?`", docs))
 
     assert sorted(k for k in keys if not named(k)) == []
+
+
+def test_the_archive_a_leased_machine_hands_back_holds_what_each_run_saved_beside_its_record(tmp_path):
+    """The allocator's history (the trace a CUDA run replays to the segment) and a --snapshot travel with
+    the record and its memory summary; another suite's files and the device's stray files do not."""
+    import tarfile
+
+    from bench import results
+
+    folder = results.suite_folder(tmp_path / "results", "s", "nvidia-x")
+    saved = ["a.json", "a.memory.txt", "a.history.pickle.gz", "a.snapshot.pickle", "fit/a.json"]
+    for name in [*saved, "notes.log"]:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(name)
+    other = results.suite_folder(tmp_path / "results", "t", "nvidia-x")
+    other.mkdir(parents=True)
+    (other / "b.json").write_text("{}")
+    archive = tmp_path / "out" / "results.tgz"
+    results.pack(archive, tmp_path / "results", ["s"], "nvidia-x")
+    with tarfile.open(archive) as tar:
+        assert sorted(tar.getnames()) == sorted(f"results/s/nvidia-x/{n}" for n in saved)
