@@ -5,11 +5,11 @@ what was allocated. One stream; ``PYTORCH_CUDA_ALLOC_CONF``'s ``max_split_size_m
 
 The rules: a request is rounded up to 512 bytes. Requests up to 1 MiB come from the small pool, whose segments
 are 2 MiB; larger ones from the large pool, whose segments are 20 MiB for requests under 10 MiB, else the
-request rounded up to 2 MiB. A request takes the smallest free block of its pool that holds it (best fit); the
-block is split when what is left is at least 512 bytes (small pool) or more than 1 MiB (large pool), and a
-freed block merges with the free blocks beside it in its segment. Where no block fits, a new segment is
-reserved; under a memory cap, the allocator first frees every segment wholly unused and tries again (a retry),
-and raises out of memory after."""
+request rounded up to 2 MiB. A request takes the smallest free block of its pool that holds it (best fit), of
+equal sizes the one at the lowest address (BlockComparatorSize); the block is split when what is left is at
+least 512 bytes (small pool) or more than 1 MiB (large pool), and a freed block merges with the free blocks
+beside it in its segment. Where no block fits, a new segment is reserved; under a memory cap, the allocator
+first frees every segment wholly unused and tries again (a retry), and raises out of memory after."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ SMALL_BUFFER = 2 << 20  # kSmallBuffer: a small pool's segment
 LARGE_BUFFER = 20 << 20  # kLargeBuffer: a large pool's segment for requests under MIN_LARGE_ALLOC
 MIN_LARGE_ALLOC = 10 << 20  # kMinLargeAlloc
 ROUND_LARGE = 2 << 20  # kRoundLarge: larger requests' segments round up to this
+UNPLACED = 1 << 60  # where a segment with no recorded address goes: above any real one, in the order made
 
 
 # CublasHandlePool.cpp: each cuBLAS handle takes a workspace per stream from this allocator when it first
@@ -60,6 +61,7 @@ class Block:
 class Segment:
     size: int
     small: bool
+    base: int  # its device address: of two free blocks of one size, the lower address is taken
     blocks: list[Block] = field(default_factory=list)  # in address order, covering the segment
 
 
@@ -132,20 +134,23 @@ class CachingAllocator:
     ) -> None:
         self.capacity, self.max_split, self.divisions = capacity, max_split_size, roundup_divisions
         self.segments: dict[int, Segment] = {}
-        self._free: dict[bool, list[tuple[int, int, int]]] = {True: [], False: []}  # (size, segment, offset)
+        # each pool's free blocks, as the card orders them: (size, address, segment, offset)
+        self._free: dict[bool, list[tuple[int, int, int, int]]] = {True: [], False: []}
         self._taken: dict[Hashable, Block] = {}  # an allocation's handle → its block
         self._next_segment = 0
         self.allocated = self.reserved = self.peak_allocated = self.peak_reserved = 0
         self.retries = 0
         self.largest_free_at_peak = 0  # the largest cached free block when allocation peaked: fragmentation
 
-    def malloc(self, handle: Hashable, size: int) -> None:
-        """Allocate ``size`` bytes under ``handle`` (freed by ``free(handle)``)."""
+    def malloc(self, handle: Hashable, size: int, address: int | None = None) -> None:
+        """Allocate ``size`` bytes under ``handle`` (freed by ``free(handle)``). ``address``: where the driver
+        put the segment, if this request needs a new one (a recorded trace knows; a prediction cannot, and
+        its segments are placed in the order they are made, each above the last)."""
         size = round_size(size, self.divisions)
         small = size <= SMALL_SIZE
         block = self._best_fit(size, small)
         if block is None:
-            block = self._new_segment(size, small)
+            block = self._new_segment(size, small, address)
         self._remove_free(block)
         if self._should_split(block, size, small):
             rest = Block(block.segment, block.offset + size, block.size - size)
@@ -158,6 +163,11 @@ class CachingAllocator:
         self.allocated += block.size
         if self.allocated > self.peak_allocated:
             self.peak_allocated, self.largest_free_at_peak = self.allocated, self.largest_free()
+
+    def address(self, handle: Hashable) -> int:
+        """Where an allocation's block starts."""
+        block = self._taken[handle]
+        return self.segments[block.segment].base + block.offset
 
     def free(self, handle: Hashable) -> None:
         block = self._taken.pop(handle)
@@ -186,10 +196,10 @@ class CachingAllocator:
 
     def _best_fit(self, size: int, small: bool) -> Block | None:
         pool = self._free[small]
-        i = bisect.bisect_left(pool, (size, -1, -1))
+        i = bisect.bisect_left(pool, (size, -1, -1, -1))
         if i == len(pool):
             return None
-        found, segment, offset = pool[i]
+        found, _, segment, offset = pool[i]
         if self.max_split is not None and (
             # an oversize block is kept for large requests
             (size < self.max_split and found >= self.max_split)
@@ -205,7 +215,7 @@ class CachingAllocator:
             return remaining >= MIN_BLOCK
         return (self.max_split is None or size < self.max_split) and remaining > SMALL_SIZE
 
-    def _new_segment(self, size: int, small: bool) -> Block:
+    def _new_segment(self, size: int, small: bool, address: int | None) -> Block:
         wanted = segment_size(size)
         if self.capacity is not None and self.reserved + wanted > self.capacity:
             self.retries += 1
@@ -217,15 +227,18 @@ class CachingAllocator:
                 )
         key, self._next_segment = self._next_segment, self._next_segment + 1
         block = Block(key, 0, wanted)
-        self.segments[key] = Segment(wanted, small, [block])
+        base = address if address is not None else UNPLACED + (key << 40)
+        self.segments[key] = Segment(wanted, small, base, [block])
         self._add_free(block, small)
         self.reserved += wanted
         self.peak_reserved = max(self.peak_reserved, self.reserved)
         return block
 
     def _add_free(self, block: Block, small: bool) -> None:
-        bisect.insort(self._free[small], (block.size, block.segment, block.offset))
+        bisect.insort(self._free[small], self._key(block))
 
     def _remove_free(self, block: Block) -> None:
-        small = self.segments[block.segment].small
-        self._free[small].remove((block.size, block.segment, block.offset))
+        self._free[self.segments[block.segment].small].remove(self._key(block))
+
+    def _key(self, block: Block) -> tuple[int, int, int, int]:
+        return block.size, self.segments[block.segment].base + block.offset, block.segment, block.offset

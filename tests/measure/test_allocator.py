@@ -116,3 +116,25 @@ def test_the_largest_free_block_when_allocation_peaks_is_kept_as_the_fragmentati
     a.free(1)  # 4 MiB free at the head of the 20 MiB segment, 12 MiB after the second block
     a.malloc(3, 5 * MiB)  # the allocation peak: 9 MiB, best fit left 7 MiB free after it
     assert (a.peak_allocated, a.largest_free_at_peak) == (9 * MiB, 7 * MiB)
+
+
+def test_of_two_free_blocks_of_one_size_the_one_at_the_lower_address_is_taken():
+    """BlockComparatorSize orders a pool by size, then address: the driver's placement of a segment, not
+    the order the segments were made in, decides a tie. A prediction, with no addresses, places each new
+    segment above the last."""
+    high, low = 0x9000000, 0x1000000
+    a = CachingAllocator()
+    a.malloc(1, 12 * MiB, address=high)
+    a.malloc(2, 12 * MiB, address=low)  # block 1 is taken: a second segment, below the first
+    a.free(1)
+    a.free(2)
+    a.malloc(3, 12 * MiB)
+    assert (a.address(3), a.reserved) == (low, 24 * MiB)
+    unplaced = CachingAllocator()
+    for handle in (1, 2):
+        unplaced.malloc(handle, 12 * MiB)
+    first = unplaced.address(1)
+    unplaced.free(2)
+    unplaced.free(1)
+    unplaced.malloc(3, 12 * MiB)
+    assert unplaced.address(3) == first
