@@ -1,11 +1,13 @@
 """The fork server against the guarantees a fresh interpreter gives: its own environment, its own peaks,
 its own session, and no CUDA inherited from the server."""
 
+import json
 import multiprocessing
 import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -79,15 +81,30 @@ def test_the_fork_server_refuses_a_child_that_inherited_cuda(monkeypatch):
         launch.refuse_inherited_cuda()
 
 
+LAUNCH_TWO_ON_CUDA = """
+import json, torch
+from bench.launch import detect, process
+from bench.launch.local import run_isolated
+from tests.helpers import spec
+assert process.fork_works_on_cuda() is None
+gpu = detect("cuda")  # the card's name through NVML, as a campaign reads it
+big, small = (run_isolated(spec(batch_size=n), gpu) for n in (64, 2))
+print(json.dumps([big["launcher"], small["launcher"], big["peak_allocated_bytes"],
+                  small["peak_allocated_bytes"], torch.cuda.is_initialized()]))
+"""
+
+
 @pytest.mark.cuda
 def test_a_forked_child_can_use_the_gpu_and_starts_with_zeroed_peaks():
-    assert launch.fork_works_on_cuda() is None
-    gpu = Device("cuda", torch.cuda.get_device_name(0))
-    big = run_isolated(spec(batch_size=64), gpu)
-    small = run_isolated(spec(batch_size=2), gpu)
-    assert big["launcher"] == small["launcher"] == "fork"
-    assert small["peak_allocated_bytes"] < big["peak_allocated_bytes"]
-    assert not torch.cuda.is_initialized()  # this process launched both and never started CUDA
+    """In a fresh interpreter, as a campaign is: pytest's own process has used CUDA in other tests."""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", LAUNCH_TWO_ON_CUDA], cwd=root, capture_output=True, text=True, check=True
+    )
+    big_launcher, small_launcher, big, small, initialized = json.loads(out.stdout.splitlines()[-1])
+    assert big_launcher == small_launcher == "fork"
+    assert small < big
+    assert initialized is False  # the launching process never started CUDA
 
 
 def test_the_offline_wheel_script_installs_a_wheel_folder_into_a_target(tmp_path):

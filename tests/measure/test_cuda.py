@@ -5,6 +5,7 @@ import torch
 
 from bench.launch import Device
 from bench.launch.local import run_isolated
+from bench.measure.allocator import cublas_workspaces
 from bench.measure.memory import cuda_peaks, tracked_step
 from bench.measure.timing import time_steps
 from tests.conftest import build_trainer
@@ -15,13 +16,16 @@ GPU = torch.device("cuda")
 
 
 def test_tracked_peak_agrees_with_the_allocator_within_ten_percent():
+    """The allocator's active peak holds the tensors and what cuBLAS keeps, which no tracker sees: its
+    workspaces, 66 MiB on a Hopper card (H100, 2026-11-26: 100.5 MiB active, 30.7 MiB of it tensors)."""
     trainer, batch = build_trainer(spec("vit-tiny", batch_size=64, image_size=64), GPU)
     trainer.step(batch)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     figures = tracked_step(lambda: trainer.step(batch), trainer.model, trainer.optimizer, GPU)
     active = cuda_peaks(GPU)["peak_active_bytes"]
-    assert figures["peak_tensor_bytes"] == pytest.approx(active, rel=0.10)
+    workspaces = sum(cublas_workspaces(torch.cuda.get_device_capability() == (9, 0), training=True))
+    assert figures["peak_tensor_bytes"] + workspaces == pytest.approx(active, rel=0.10)
 
 
 def test_cuda_event_timing_returns_one_positive_time_per_step():
