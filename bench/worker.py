@@ -57,13 +57,15 @@ def measure(
     launched_at: float | None = None,
     measured: Callable[[dict[str, Any]], None] | None = None,
     history_path: str | None = None,
+    known: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One run, phase by phase: its own prediction (unless made ahead), build, warm-up, one instrumented step,
     the timed steps, and the fidelity phase; a technique that cannot run here ends it as unsupported before
     any of them. ``launched_at``: when the sweep launched the process (``startup_s`` counts from there);
     ``measured``: handed the memory and speed figures as soon as they are, before the fidelity phase;
     ``history_path`` (CUDA): where the allocator's history, from the build to the instrumented step, is saved
-    (bench.measure.history)."""
+    (bench.measure.history); ``known``: given the prediction once there is one, so that a run that then fails
+    (out of memory above all) keeps what was predicted for it."""
     recipe = Recipe.of(spec, device, world_size=group.world_size, rank=group.rank)
     ctx, techniques, shapes = recipe.ctx, recipe.techniques, recipe.ctx.shapes
     if reason := recipe.unsupported():
@@ -71,6 +73,8 @@ def measure(
     if prediction is None:
         progress.say("predicting its peak")
         prediction = predict_run(spec, device.type)  # before anything real is allocated
+    if known is not None:
+        known |= prediction
     clock = time.perf_counter()
     if device.type == "cuda" and (history_path or snapshot):
         history.start(stacks=bool(snapshot))
@@ -305,6 +309,7 @@ def main(spec_path: str, out_path: str) -> int:
     group = process_group.join(job.device_type, spec.timeout_s)
     device = process_group.device_of(job.device_type, group)
     budget = job.budget_bytes
+    known: dict[str, Any] = {}  # the prediction, kept if the run fails after it
     try:
         if budget and device.type == "cuda":  # a smaller card: the allocator refuses past the budget
             torch.cuda.set_per_process_memory_fraction(
@@ -325,6 +330,7 @@ def main(spec_path: str, out_path: str) -> int:
             job.launched_at,
             partial,
             job.history if group.rank == 0 else None,
+            known,
         )
         if budget and device.type == "cpu":
             result |= over_budget(result, budget)
@@ -334,9 +340,9 @@ def main(spec_path: str, out_path: str) -> int:
         traceback.print_exc()
         status = Status.OOM if is_oom(exc) else Status.ERROR
         first_line = (str(exc).strip().splitlines() or [""])[0][:500]
-        result = {KEY.status: status, KEY.message: f"{type(exc).__name__}: {first_line}"}
+        result = known | {KEY.status: status, KEY.message: f"{type(exc).__name__}: {first_line}"}
         if device.type == "cuda":
-            result |= cuda_peaks(device)
+            result |= cuda_peaks(device) | _history_to_failure(job.history if group.rank == 0 else None)
         if group.world_size > 1:
             result |= {KEY.failed_rank: group.rank, KEY.world_size: group.world_size}
             own = result | runtime_provenance(device)
@@ -354,6 +360,15 @@ def main(spec_path: str, out_path: str) -> int:
         sys.stderr.flush()
         os._exit(0)
     return 0
+
+
+def _history_to_failure(path: str | None) -> dict[str, Any]:
+    """The allocator's history up to the failure, saved as a finished run's is: an out-of-memory run's trace
+    shows the request the card refused, to hold a predicted verdict against."""
+    if path is None or not any(torch.cuda.memory._snapshot()["device_traces"]):  # noqa: SLF001  none recorded
+        return {}
+    history.save(Path(path))
+    return {KEY.memory_history: Path(path).name}
 
 
 def _write(path: str, record: dict[str, Any]) -> None:

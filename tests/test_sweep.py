@@ -31,10 +31,15 @@ def suite_of(*runs) -> Suite:
 
 
 @pytest.mark.fault("resources")
-def test_a_run_that_runs_out_of_memory_is_recorded_as_oom():
-    record = run_isolated(spec(techniques=(tech("tests.helpers:AllocateTooMuch"),)), CPU)
+def test_a_run_that_runs_out_of_memory_is_recorded_as_oom_with_what_was_predicted_for_it():
+    """The prediction stays in the record: an out-of-memory run is where a verdict is held to the card."""
+    run = spec(techniques=(tech("tests.helpers:AllocateTooMuch"),))
+    record = run_isolated(run, CPU)
     assert record["status"] == "oom", record
     assert "memory" in record["message"]
+    assert record["predicted_status"] == "ok" and record["predicted_peak_tensor_bytes"] > 0
+    ahead = {"predicted_status": "ok", "predicted_peak_tensor_bytes": 123}
+    assert run_isolated(run, CPU, prediction=ahead).items() >= ahead.items()
 
 
 @pytest.mark.fault("resources")
