@@ -21,7 +21,7 @@ from typing import Any
 
 from bench import results
 from bench.errors import BadInput
-from bench.record import DETERMINISTIC, KEY
+from bench.record import DETERMINISTIC, KEY, Status
 from bench.suite import RunSpec, Suite
 
 FORCE_MARKER = ".forced-since"
@@ -118,6 +118,9 @@ def _decide(
     ):
         return True, f"stored before --force began ({forced_since})"
     status = stored[KEY.status]
+    if status == Status.OK and stored.get(KEY.device_type) == "cuda" and not stored.get(KEY.memory_history):
+        # the trace that holds the simulator to the card: worth a re-measure, after the runs never measured
+        return True, "re-measured: its record, from before CUDA runs saved one, holds no allocator history"
     if status in DETERMINISTIC or keep_failures:
         return False, f"kept stored record ({status})"
     return True, f"retried: the stored record is {status!r}, which may not recur (--keep-failures keeps it)"

@@ -220,3 +220,15 @@ def test_a_run_that_printed_a_flood_keeps_a_bounded_tail(tmp_path):
     log.write_bytes(b"x" * (8 * 2**20) + b"\nthe last words\n")
     tail = local._last_words(log)
     assert tail.endswith("the last words") and len(tail) <= local.STDERR_TAIL
+
+
+def test_a_cuda_record_without_its_allocator_history_is_measured_again_after_the_new_runs(tmp_path):
+    """The 12 H100 records from before runs saved their history cannot be replayed; a campaign re-measures
+    them once the runs never measured are done. A CPU record never has one, and is kept."""
+    suite = suite_of("s", *(spec(name=n, batch_size=2) for n in ("old", "traced", "on-cpu")))
+    store(tmp_path, suite, suite.runs[0], "ok", device_type="cuda")
+    store(tmp_path, suite, suite.runs[1], "ok", device_type="cuda", memory_history="traced.history.pickle.gz")
+    store(tmp_path, suite, suite.runs[2], "ok", device_type="cpu")
+    old, traced, on_cpu = resume.plan(suite, CPU.name, tmp_path)
+    assert (old.measure, traced.measure, on_cpu.measure) == (True, False, False)
+    assert "holds no allocator history" in old.reason and not old.never_measured
