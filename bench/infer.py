@@ -7,7 +7,7 @@ from torch import nn
 
 from bench.data.synthetic import Batch
 from bench.models import ModelSpec
-from bench.techniques import RunContext, Technique, combined, refuse_unchanged
+from bench.techniques import RunContext, Technique, applied, combined
 from bench.train import techniques_proof
 
 
@@ -30,10 +30,7 @@ class Inferencer:
         self, model: nn.Module, spec: ModelSpec, techniques: list[Technique], ctx: RunContext
     ) -> None:
         self.spec, self.techniques = spec, techniques
-        for t in techniques:
-            model = t.apply(model, ctx)
-        refuse_unchanged(techniques)
-        self.model = model.eval()
+        self.model = applied(model, techniques, ctx).eval()
         self.steps = 0
         self.output_dtype: torch.dtype | None = None
         self.inference_tensors = False

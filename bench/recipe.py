@@ -4,6 +4,7 @@ predicted and what is checked for accuracy is what was measured."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -14,13 +15,14 @@ from torch import nn
 from bench import models
 from bench.data import varlen
 from bench.data.synthetic import Batch, clone_batch, synthetic_batch
+from bench.generate import Generator
 from bench.infer import Inferencer
 from bench.spec import RunSpec, Shapes
 from bench.techniques import RunContext, Technique, build
 from bench.techniques.padding import PadToMax
 from bench.train import Trainer
 
-Stepper = Trainer | Inferencer  # what takes a run's steps: training steps, or forward passes only
+Stepper = Trainer | Inferencer | Generator  # what takes a run's steps: training, forward passes, generation
 
 
 @dataclass
@@ -29,8 +31,13 @@ class Recipe:
 
     ctx: RunContext
     techniques: list[Technique]
-    inference: bool
+    mode: str  # train, inference or generate
     seed: int
+
+    @property
+    def inference(self) -> bool:
+        """No backward: forward passes only, or generation."""
+        return self.mode != "train"
 
     @classmethod
     def of(
@@ -63,7 +70,7 @@ class Recipe:
         return cls(
             ctx,
             [build(t) for t in spec.techniques],
-            spec.mode == "inference",
+            spec.mode,
             spec.seed if seed is None else seed,
         )
 
@@ -88,17 +95,22 @@ class Recipe:
     def stepper(
         self, model: nn.Module, techniques: list[Technique] | None = None, inference: bool | None = None
     ) -> Stepper:
-        """``model`` with ``techniques`` (default: the recipe's) applied, in a Trainer, or a Inferencer for an
-        inference run; the fidelity phase trains an inference run's plain model first
+        """``model`` with ``techniques`` (default: the recipe's) applied, in a Trainer, an Inferencer for an
+        inference run, or a Generator; the fidelity phase trains an inference run's plain model first
         (``inference=False``)."""
         techniques = self.techniques if techniques is None else techniques
-        if self.inference if inference is None else inference:
-            return Inferencer(model, self.ctx.model_spec, techniques, self.ctx)
-        return Trainer(model, self.ctx.model_spec, techniques, self.ctx, self.ctx.lr)
+        if inference is False or (inference is None and self.mode == "train"):
+            return Trainer(model, self.ctx.model_spec, techniques, self.ctx, self.ctx.lr)
+        if self.mode == "generate":
+            return Generator(model, self.ctx.model_spec, techniques, self.ctx)
+        return Inferencer(model, self.ctx.model_spec, techniques, self.ctx)
 
     def batch(self) -> Batch:
-        """The synthetic batch every measured step takes, from the seed."""
-        return synthetic_batch(self.ctx.model_spec, self.ctx.shapes, self.seed, self.ctx.device)
+        """The synthetic batch every measured step takes, from the seed: generation's, its prompts."""
+        shapes = self.ctx.shapes
+        if self.mode == "generate":
+            shapes = dataclasses.replace(shapes, seq_len=shapes.prompt_len)
+        return synthetic_batch(self.ctx.model_spec, shapes, self.seed, self.ctx.device)
 
     def _batching(self) -> varlen.Batching | None:
         """The first technique's way of forming batches from variable-length sequences, if one has it."""

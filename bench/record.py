@@ -15,7 +15,15 @@ from typing import Any, ClassVar
 
 DERIVED = ("accuracy_delta", "accuracy_band", "outside_band")  # stored by older records; recomputed on read
 RANK_PREFIX = "rank_"  # a multi-process run's per-rank lists: rank_<figure>
-AT_PEAK = ("parameters", "buffers", "gradients", "optimizer_state", "activations", "temporaries")
+AT_PEAK = (
+    "parameters",
+    "buffers",
+    "gradients",
+    "optimizer_state",
+    "activations",
+    "temporaries",
+    "kv_cache",
+)
 
 
 class Status(StrEnum):
@@ -68,7 +76,9 @@ class Identity:
     device_type: str | None = column("cuda or cpu")
     batch_size: int | None = column("the measured steps' batch size (per rank)")
     image_size: int | None = doc("image models: the side of the square input")
-    seq_len: int | None = doc("token models: tokens per sequence")
+    seq_len: int | None = doc("token models: tokens per sequence (generation: the prompt and the new tokens)")
+    prompt_len: int | None = doc("generation: the prompt's tokens, per sequence")
+    new_tokens: int | None = doc("generation: the tokens generated after the prompt, per sequence")
     seed: int | None = doc("seeds the model's initial weights, the batch and the fidelity phase's data order")
     warmup_steps: int | None = doc("steps before anything is measured")
     measure_steps: int | None = doc("timed steps")
@@ -104,7 +114,16 @@ class Memory:
     figures."""
 
     peak_tensor_bytes: int | None = column("tracked peak of live tensor storages over one instrumented step")
-    peak_phase: str | None = column("where that peak fell: forward, backward or optimizer")
+    peak_phase: str | None = column(
+        "where that peak fell: forward, backward or optimizer (generation: prefill or decode)"
+    )
+    peak_prefill_bytes: int | None = column(
+        "generation: tracked peak while the prompt is processed, up to its first token"
+    )
+    peak_decode_bytes: int | None = column("generation: tracked peak over the tokens after the first")
+    kv_cache_bytes: int | None = column(
+        "generation: the key-value cache's bytes on the device after the last token (its largest)"
+    )
     activation_bytes: int | None = column("bytes a forward leaves alive for backward")
     gradient_bytes: int | None = doc("gradients alive after backward")
     param_bytes: int | None = doc("the model's parameters")
@@ -123,6 +142,7 @@ class Memory:
     at_peak_temporaries_bytes: int | None = column(
         "alive at the tracked peak: made in backward or the optimizer step"
     )
+    at_peak_kv_cache_bytes: int | None = column("alive at the tracked peak: the key-value cache (generation)")
     param_count: int | None = doc("parameters")
     trainable_param_count: int | None = doc("parameters that require gradients")
     rss_peak_bytes: int | None = column("the run process's peak resident host memory")
@@ -160,7 +180,18 @@ class Timing:
     samples_per_s: float | None = column(
         "samples a step processes (every rank's, data-parallel) over the median step"
     )
-    tokens_per_s: float | None = column("token models: tokens in the batch (padding included) per second")
+    tokens_per_s: float | None = column(
+        "token models: tokens in the batch (padding included) per second; generation: new tokens"
+    )
+    ttft_ms_median: float | None = column(
+        "generation: median time to the first token (the prompt's prefill and its sampling)"
+    )
+    ttft_ms_p25: float | None = doc("generation: first quartile of the time to the first token")
+    ttft_ms_p75: float | None = doc("generation: third quartile of the time to the first token")
+    decode_tokens_per_s: float | None = column(
+        "generation: tokens after the first, over every sequence of the batch, per second of decoding "
+        "(median step)"
+    )
     flops_per_step: int | None = column("the step's FLOPs, counted on fake tensors")
     ops_per_step: int | None = doc(
         "operators the step dispatches, views aside, counted on fake tensors: each a "
@@ -209,6 +240,9 @@ class Data:
 TRACKED = (
     "peak_tensor_bytes",
     "peak_phase",
+    "peak_prefill_bytes",
+    "peak_decode_bytes",
+    "kv_cache_bytes",
     "activation_bytes",
     "gradient_bytes",
     "param_bytes",

@@ -177,6 +177,8 @@ def base_record(spec: RunSpec, device: str, device_type: str, key: str, revision
         KEY.batch_size: shapes.batch_size,
         KEY.image_size: shapes.image_size,
         KEY.seq_len: shapes.seq_len,
+        KEY.prompt_len: shapes.prompt_len,
+        KEY.new_tokens: shapes.new_tokens,
         KEY.seed: spec.seed,
         KEY.warmup_steps: shapes.warmup_steps,
         KEY.measure_steps: shapes.measure_steps,

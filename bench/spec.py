@@ -16,7 +16,7 @@ from typing import Any
 from bench.record import KEY
 
 DEVICES = ("gpu", "cpu")
-MODES = ("train", "inference")
+MODES = ("train", "inference", "generate")
 DEFAULTS = {"seed": 0, "warmup_steps": 2, "measure_steps": 5, "timeout_s": 900.0, "lr": 1e-4}
 STEP_KEYS = ("warmup_steps", "measure_steps")  # suite-wide, and overridable per device in [shapes.*]
 # a week: beyond it the wait's arithmetic overflows (1e10 did, at the first run)
@@ -41,10 +41,21 @@ class Shapes:
     # The model this device runs in the suite's place, of its family and smaller (a CPU's llama-tiny for
     # Llama-3-1B); None: the suite's own.
     model: str | None = None
+    # Generation (mode = "generate"): the prompt's tokens and the tokens generated after it; seq_len is their
+    # sum, the context the model holds.
+    prompt_len: int | None = None
+    new_tokens: int | None = None
 
 
 # Left out of a spec's key at their defaults, so that records made before these fields keep their keys.
-DATA_DEFAULTS = {"lengths": None, "loader_workers": 0, "pin_memory": False, "model": None}
+DATA_DEFAULTS = {
+    "lengths": None,
+    "loader_workers": 0,
+    "pin_memory": False,
+    "model": None,
+    "prompt_len": None,
+    "new_tokens": None,
+}
 
 
 @dataclass(frozen=True)

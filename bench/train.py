@@ -7,7 +7,7 @@ from torch import nn
 
 from bench.data.synthetic import Batch, split
 from bench.models import ModelSpec
-from bench.techniques import RunContext, Technique, combined, refuse_unchanged
+from bench.techniques import RunContext, Technique, applied, combined
 
 
 class Trainer:
@@ -15,10 +15,7 @@ class Trainer:
         self, model: nn.Module, spec: ModelSpec, techniques: list[Technique], ctx: RunContext, lr: float
     ) -> None:
         self.spec, self.techniques = spec, techniques
-        for t in techniques:
-            model = t.apply(model, ctx)
-        refuse_unchanged(techniques)
-        self.model = model.train()
+        self.model = applied(model, techniques, ctx).train()
         self.optimizer = self._optimizer(lr)
         self.policy = combined([t.step() for t in techniques])
         self.micro_batches = self.policy.micro_batches

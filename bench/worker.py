@@ -24,6 +24,7 @@ from bench import process_group, progress
 from bench.data.synthetic import Batch, samples_in
 from bench.data.varlen import Feed
 from bench.fidelity import run_fidelity
+from bench.generate import Generator
 from bench.measure import history
 from bench.measure.flops import mfu
 from bench.measure.memory import (
@@ -156,6 +157,7 @@ def _memory_pass(
             trainer.optimizer,
             device,
             compiled_update=any(t.compiled_update for t in techniques),
+            phases=trainer if isinstance(trainer, Generator) else None,
         )
     else:  # a compiled model (torch.compile) runs no Python the tracker could see
         figures = model_state_bytes(trainer.model, trainer.optimizer)
@@ -190,6 +192,9 @@ def _timed_pass(
         # The seed article's monitor, over the timed steps: the runner saves it beside the record.
         figures[MEMORY_SUMMARY] = torch.cuda.memory_summary(device)
     tokens = ctx.shapes.seq_len if ctx.model_spec.inputs == "tokens" and feed is None else None
+    if isinstance(trainer, Generator):
+        tokens = ctx.shapes.new_tokens
+        figures |= generation_figures(trainer.timings(n), samples, tokens)
     return (
         figures
         | summarize(times, samples, tokens)
@@ -197,6 +202,20 @@ def _timed_pass(
         | ({} if feed is None else loader_figures(feed, times))
         | {KEY.step_times_ms: times, KEY.rss_peak_bytes: rss_peak_bytes()}
     )
+
+
+def generation_figures(timings: list[tuple[float, float]], sequences: int, new_tokens: int) -> dict[str, Any]:
+    """The time to the first token (median and quartiles over the timed steps) and the decoding rate: the
+    tokens after the first, over every sequence, per second of the median step's decoding."""
+    firsts = [first for first, _ in timings]
+    q = statistics.quantiles(firsts, n=4) if len(firsts) > 1 else [firsts[0]] * 3
+    decoding = statistics.median(rest for _, rest in timings)
+    return {
+        KEY.ttft_ms_median: statistics.median(firsts),
+        KEY.ttft_ms_p25: q[0],
+        KEY.ttft_ms_p75: q[2],
+        KEY.decode_tokens_per_s: sequences * (new_tokens - 1) / (decoding / 1e3),
+    }
 
 
 BUSY = 0.75  # a CPU run whose process got less than this share of its threads' time over the timed steps

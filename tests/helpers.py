@@ -48,6 +48,27 @@ def spec(
     return RunSpec("test", name, model, techniques, shapes, shapes, "baseline", **common)
 
 
+def generation(
+    techniques: tuple[TechniqueSpec, ...] = (),
+    batch_size: int = 2,
+    prompt_len: int = 32,
+    new_tokens: int = 4,
+    name: str = "run",
+    **kw: Any,
+) -> RunSpec:
+    """A generation of llama-tiny (mode = "generate") at these shapes, on either device."""
+    shapes = Shapes(
+        batch_size,
+        seq_len=prompt_len + new_tokens,
+        warmup_steps=1,
+        measure_steps=2,
+        prompt_len=prompt_len,
+        new_tokens=new_tokens,
+    )
+    common = {"seed": 0, "timeout_s": 120.0, "lr": 1e-3, "mode": "generate"} | kw
+    return RunSpec("test", name, "llama-tiny", techniques, shapes, shapes, "baseline", **common)
+
+
 def tech(name: str, **options: Any) -> TechniqueSpec:
     return TechniqueSpec(name, tuple(sorted(options.items())))
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bench.record import DERIVED, KEY, STATUSES, Record, label, migrate, reference
-from bench.suite.load import DATA_KEYS, RUN_KEYS, TOP_KEYS
+from bench.suite.load import DATA_KEYS, GENERATION_KEYS, RUN_KEYS, TOP_KEYS
 from bench.suite.fidelity_table import FIDELITY_KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,7 +100,16 @@ def test_no_module_but_the_record_spells_a_record_key_or_a_status():
     """Code reads and writes a record's fields as ``KEY.<field>`` and compares statuses as ``Status``: a
     misspelt one fails at import, where a string would read None. Suite-file keys of the same name (``model``)
     are the suite's; an identity digest hashes a spec under the names its stored records were keyed with."""
-    suite_keys = {*TOP_KEYS, *DATA_KEYS, *RUN_KEYS, *FIDELITY_KEYS, "batch_size", "image_size", "seq_len"}
+    suite_keys = {
+        *TOP_KEYS,
+        *DATA_KEYS,
+        *RUN_KEYS,
+        *FIDELITY_KEYS,
+        *GENERATION_KEYS,
+        "batch_size",
+        "image_size",
+        "seq_len",
+    }
     keys = {k for k in vars(KEY) if not k.startswith("_")} - suite_keys
     found = [
         f"{rel}:{line}: {word!r}"

@@ -10,7 +10,7 @@ import resource
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from unittest.mock import patch
 
 import torch
@@ -97,7 +97,23 @@ LABELS = {
     "forward": "activations",
     "backward": "temporaries",
     "optimizer": "temporaries",
+    "prefill": "activations",
+    "decode": "activations",
+    "kv_cache": "kv_cache",
 }
+
+
+class Phases(Protocol):
+    """A stepper whose forwards are phases of their own (generation: the prompt's prefill, then one forward
+    per token), and which keeps a cache from one forward to the next."""
+
+    phase: str  # of the forward now beginning
+    cache_bytes: int  # the cache's device bytes at their largest over the step
+
+    def cache(self) -> list[torch.Tensor]: ...
+
+
+PHASES = ("prefill", "decode")  # a generation's, each with its own peak (peak_<phase>_bytes)
 
 
 def tracked_step(
@@ -108,29 +124,38 @@ def tracked_step(
     rounding: int | None = None,
     compiled_update: bool = False,
     reserved: Replay | None = None,
+    phases: Phases | None = None,
 ) -> dict[str, int | str]:
     """One step under the live-bytes tracker: its peak, what was alive at that peak (``at_peak_*_bytes``,
     summing to the peak), and the bytes each forward leaves alive for backward (saved activations plus the
-    logits), the quantity checkpointing and autocast shrink. ``compiled_update``: the optimizer's step runs
+    logits), the quantity checkpointing and autocast shrink; with ``phases`` (generation), instead of the
+    latter, each phase's peak and the cache's bytes. ``compiled_update``: the optimizer's step runs
     compiled code, which the tracker steps aside for; its state is counted, its own temporaries are not.
     ``reserved``: what CUDA's caching allocator would reserve for the step, its allocations and frees replayed
     through bench.measure.allocator after those of the steps before it (``peak_reserved_bytes``), and under a
     capacity, whether it fits (``_reserved``)."""
     history = reserved.history if reserved is not None else None
-    done = track(step, model, optimizer, device, rounding, compiled_update, history)
+    done = track(step, model, optimizer, device, rounding, compiled_update, history, phases)
     tracker = done.tracker
     at_peak = dict.fromkeys(CATEGORIES, 0)
     for label, n in tracker.at_peak().items():
         at_peak[LABELS[label]] += n
+    generated = (
+        {f"peak_{p}_bytes": tracker.phase_peaks.get(p) for p in PHASES}
+        | {KEY.kv_cache_bytes: phases.cache_bytes}
+        if phases is not None
+        else {KEY.activation_bytes: max(done.held)}
+    )
     return (
         {
             KEY.peak_tensor_bytes: tracker.peak,
             KEY.peak_phase: tracker.peak_phase,
-            KEY.activation_bytes: max(done.held),
+            **generated,
             # What the optimizer found in .grad (absent where gradients are freed in backward, or no
             # optimizer).
             KEY.gradient_bytes: done.grads[-1] if done.grads else None,
-            **{f"at_peak_{k}_bytes": v for k, v in at_peak.items()},
+            # the cache's share where a generation has one (training and forward passes keep none)
+            **{f"at_peak_{k}_bytes": v for k, v in at_peak.items() if k != "kv_cache" or phases},
         }
         | model_state_bytes(model, optimizer)
         | (_reserved(tracker, reserved) if reserved is not None else {})
@@ -155,9 +180,11 @@ def track(
     rounding: int | None = None,
     compiled_update: bool = False,
     history: LiveBytes | None = None,
+    phases: Phases | None = None,
 ) -> Tracked:
-    """``step`` under a tracker that knows the model's states as such, and each phase as it begins; following
-    ``history``, the tracker of the steps before (``LiveBytes.follow``)."""
+    """``step`` under a tracker that knows the model's states as such, and each phase as it begins (forward,
+    backward, optimizer; or the ``phases`` of a generation's forwards, its cache labelled as such after
+    each); following ``history``, the tracker of the steps before (``LiveBytes.follow``)."""
     tracker = LiveBytes(device, rounding)
     tracker.add(model.parameters(), "parameters")
     tracker.add(model.buffers(), "buffers")
@@ -169,12 +196,15 @@ def track(
     starts: list[int] = []
 
     def forward_start(*_: object) -> None:
-        tracker.phase = "forward"
+        tracker.phase = phases.phase if phases is not None else "forward"
         starts.append(tracker.current)
 
     def forward_end(*_: object) -> None:
-        tracker.phase = "backward"
         done.held.append(tracker.current - starts[-1])
+        if phases is None:
+            tracker.phase = "backward"
+        else:  # the phase goes on: the token is chosen after the forward
+            tracker.label(phases.cache(), "kv_cache")
 
     hooks = [model.register_forward_pre_hook(forward_start), model.register_forward_hook(forward_end)]
 

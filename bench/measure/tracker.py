@@ -66,11 +66,21 @@ class LiveBytes(TorchDispatchMode):
         self._peak_clock = 0
         self.current = 0
         self.peak = 0
+        self.phase_peaks: dict[str, int] = {}  # each phase's own peak, from the bytes alive as it began
         self.phase = ""  # set by the caller (forward / backward / optimizer); remembered at the peak
         self.peak_phase = ""
         self._history: LiveBytes | None = None  # follow()
         self._history_until = 0
         self._carried: dict[int, int] = {}  # this tracker's index → the history's, for the same storage
+
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    @phase.setter
+    def phase(self, name: str) -> None:
+        self._phase = name
+        self.phase_peaks[name] = max(self.phase_peaks.get(name, 0), self.current)
 
     def add(self, tensors: Iterable[torch.Tensor], label: str = "") -> None:
         """Count tensors that exist already (parameters, optimizer state), labelled by what they are."""
@@ -117,6 +127,8 @@ class LiveBytes(TorchDispatchMode):
         self._lives.append([n, self.phase if label is None else label, self._tick(), None])
         self._live[key] = index
         self.current += n
+        if self.current > self.phase_peaks[self._phase]:
+            self.phase_peaks[self._phase] = self.current
         if self.current > self.peak:
             self.peak, self.peak_phase, self._peak_clock = self.current, self.phase, self._lives[index][2]
         weakref.finalize(storage, self._free, key, index)

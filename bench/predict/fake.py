@@ -16,6 +16,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
+from bench.generate import Generator
 from bench.measure.memory import optimizer_state, track, tracked_step
 from bench.measure.tracker import CUDA_BLOCK, on_host
 from bench.models import ModelSpec
@@ -25,6 +26,7 @@ from bench.predict.stand_ins import (
     OutputsAsReal,
     ScalarsReadAsOne,
     compiled_as_eager,
+    generation_as_real,
     is_paged,
     masks_as_real,
     parameters_as_real,
@@ -95,6 +97,7 @@ def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int, replay: Replay | No
     model = _meta_model(ctx.model_spec, ctx.shapes)
     kernels = as_cuda(backend) if ctx.predicting else nullcontext()  # a CPU run keeps CPU's kernels
     feed = recipe.feed()  # variable-length sequences drawn with real values, before fake tensors take over
+    generating = recipe.mode == "generate"
     with (
         FakeTensorMode(allow_non_fake_inputs=True),
         ScalarsReadAsOne(),
@@ -102,10 +105,12 @@ def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int, replay: Replay | No
         parameters_as_real(),
         masks_as_real(),
         techniques_as_real(techniques),
+        generation_as_real(ctx.shapes.new_tokens) if generating else nullcontext(),
         kernels,
     ):
         model = _fake_copy(model)
         runner = recipe.stepper(model)
+        phases = runner if isinstance(runner, Generator) else None
         ranks.fake_ddp(runner.model)
         compiled_update = any(t.compiled_update for t in techniques)
         if compiled_update:
@@ -113,7 +118,9 @@ def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int, replay: Replay | No
         batch = recipe.batch()
         if replay is not None:  # the first step, as the allocator sees it: where optimizer state first lands
             first = lambda: runner.step(next(batches(batch, feed, 1)))  # noqa: E731
-            history = track(first, runner.model, runner.optimizer, CPU, rounding, compiled_update).tracker
+            history = track(
+                first, runner.model, runner.optimizer, CPU, rounding, compiled_update, phases=phases
+            ).tracker
             replay = dataclasses.replace(replay, history=history)
         # A warm-up step, as in the worker (optimizer state exists before the measured step), counts the
         # FLOPs: the counter's module tracking keeps recomputed activations alive, so it stays out of the
@@ -128,7 +135,14 @@ def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int, replay: Replay | No
         traffic = ranks.Traffic(ctx.world_size)
         with traffic if ctx.world_size > 1 else nullcontext():
             figures = tracked_step(
-                step, runner.model, runner.optimizer, CPU, rounding, compiled_update, reserved=replay
+                step,
+                runner.model,
+                runner.optimizer,
+                CPU,
+                rounding,
+                compiled_update,
+                reserved=replay,
+                phases=phases,
             )
     if ctx.world_size > 1:
         figures |= traffic.figures() | {KEY.world_size: ctx.world_size, "rank": ctx.rank}

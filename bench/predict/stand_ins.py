@@ -300,3 +300,37 @@ def compiled_as_eager(step: Callable[..., Any]) -> Callable[..., Any]:
             return step(*args, **kwargs)
 
     return run
+
+
+@contextmanager
+def generation_as_real(new_tokens: int) -> Iterator[None]:
+    """generate() stops when every sequence is finished, which it reads off a tensor: on fake tensors that
+    reads True (ScalarsReadAsOne) and generation would stop after its first token. A run generates exactly
+    ``new_tokens`` (min_new_tokens equals it), one per pass of generate()'s loop, so its check says so:
+    true ``new_tokens`` times, then false, afresh for each call of generate(). Its sanity checks read True
+    too, and would warn of right-padding and negative token ids the real run has none of: its warnings are
+    held back."""
+    from transformers.generation.utils import GenerationMixin
+    from transformers.utils import logging
+
+    generate, left = GenerationMixin.generate, [0]
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        left[0] = new_tokens
+        return generate(self, *args, **kwargs)
+
+    def unfinished(self: Any, *args: Any, **kwargs: Any) -> bool:
+        left[0] -= 1
+        return left[0] >= 0
+
+    said = logging.get_logger("transformers.generation.utils")
+    level = said.level
+    said.setLevel(logging.ERROR)
+    try:
+        with (
+            patch.object(GenerationMixin, "generate", counted),
+            patch.object(GenerationMixin, "_has_unfinished_sequences", unfinished),
+        ):
+            yield
+    finally:
+        said.setLevel(level)

@@ -25,9 +25,9 @@ from bench.record import AT_PEAK, KEY, Status
 from bench.report.tables import pareto_front
 
 BASELINE_COLOUR = "#7f7f7f"
-# tab20's pairs split (dark ones first), then Dark2, then tab20b's and tab20c's darkest and middle shade of
-# each hue, without the greys the baseline wears: 43 colours. The built-in techniques take the first ones in
-# name order; a user's own hash into the rest, so one never wears a built-in's colour in a plot beside it.
+# tab20's pairs split (dark ones first), then Dark2, then tab20b's and tab20c's shades of each hue, darkest
+# and middle first, without the greys the baseline wears: 52 colours. The built-in techniques take the first
+# ones in name order; a user's own hash into the rest, so one never wears a built-in's colour beside it.
 PALETTE = [
     c
     for c in (
@@ -38,6 +38,8 @@ PALETTE = [
         *matplotlib.colormaps["tab20b"].colors[2::4],
         *matplotlib.colormaps["tab20c"].colors[0::4],
         *matplotlib.colormaps["tab20c"].colors[2::4],
+        *matplotlib.colormaps["tab20b"].colors[1::4],
+        *matplotlib.colormaps["tab20c"].colors[1::4],
     )
     if len(set(c)) > 1
 ]
@@ -48,6 +50,7 @@ BREAKDOWN_COLOURS = {
     "optimizer_state": "#2ca02c",
     "activations": "#d62728",
     "temporaries": "#9467bd",
+    "kv_cache": "#8c564b",
     "allocator": "#c7c7c7",
 }
 # Accuracy against the baseline's noise band, as the Pareto plot's marker.
@@ -277,14 +280,13 @@ def breakdown_bars(ax: Axes, table: pd.DataFrame, title: str) -> None:
 def breakdown_frame(table: pd.DataFrame) -> pd.DataFrame:
     """One row per run that has an at-peak breakdown (tracked step), columns in AT_PEAK order plus the
     allocator's slack where measured; sorted by total, largest first."""
-    cols = [f"at_peak_{p}_bytes" for p in AT_PEAK]
-    have = (
-        table.dropna(subset=[c for c in cols if c in table])
-        if all(c in table for c in cols)
-        else table.iloc[:0]
-    )
+    cols = [f"at_peak_{p}_bytes" for p in AT_PEAK if p != "kv_cache"]  # a generation's alone, and newer
+    have = table.dropna(subset=cols) if all(c in table for c in cols) else table.iloc[:0]
     have = have[have[KEY.status] == Status.OK]
-    parts = pd.DataFrame({p: have[f"at_peak_{p}_bytes"].astype(float) for p in AT_PEAK}, index=have.index)
+    kept = [p for p in AT_PEAK if f"at_peak_{p}_bytes" in have]
+    parts = pd.DataFrame(
+        {p: have[f"at_peak_{p}_bytes"].astype(float).fillna(0) for p in kept}, index=have.index
+    )
     if KEY.cache_slack_bytes in have and have[KEY.cache_slack_bytes].notna().any():
         parts["allocator"] = pd.to_numeric(have[KEY.cache_slack_bytes], errors="coerce").fillna(0)
     parts.index = have[KEY.run]

@@ -44,7 +44,8 @@ TOP_KEYS = {
     "or 'module:NAME' naming your own bench.models.ModelSpec",
     "weights": "pretrained weights loaded into the model before techniques apply: a state_dict file "
     "(.pt, .bin, .safetensors) or a save_pretrained folder",
-    "mode": '"train" (default: training steps) or "inference" (forward passes only, no gradients)',
+    "mode": '"train" (default: training steps), "inference" (forward passes only, no gradients) or '
+    '"generate" (a causal LM\'s generate(): prompt_len and new_tokens in [shapes.*])',
     "baseline": "name of the run (or matrix key) every run is compared with",
     "seed": "integer seed for weights and data",
     "warmup_steps": "steps before measuring, at least 1 (allocator, autotune, compile); "
@@ -172,7 +173,9 @@ def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
     common = {k: typed(raw, k, type(v), v, problems) for k, v in DEFAULTS.items()}
     check_ranges(common, "", problems)
     steps = {k: common.pop(k) for k in STEP_KEYS}
-    shapes = _shapes(raw.get("shapes"), spec, steps, problems)
+    shapes = _shapes(raw.get("shapes"), spec, steps, problems, mode)
+    if mode == "generate":
+        _check_generation(raw, spec, problems)
     entries = _entries(raw, problems)
     baseline = _baseline(raw, entries, problems)
     fidelity = fidelity_table.parse(raw.get("fidelity"), model, spec, suite_weights, problems)
@@ -319,14 +322,14 @@ def _baseline(raw: dict[str, Any], entries: list[Entry], problems: list[str]) ->
 
 
 def _shapes(
-    raw: Any, spec: ModelSpec | None, steps: dict[str, int], problems: list[str]
+    raw: Any, spec: ModelSpec | None, steps: dict[str, int], problems: list[str], mode: str = "train"
 ) -> dict[str, Shapes] | None:
     if not isinstance(raw, dict):
         problems.append("shapes: required table with [shapes.gpu] and [shapes.cpu]")
         return None
     for key in raw.keys() - set(DEVICES):
         problems.append(f"shapes.{key}: unknown device; allowed: gpu, cpu")
-    need = spec.shape_keys if spec is not None else ()
+    need = (GENERATION_KEYS if mode == "generate" else spec.shape_keys) if spec is not None else ()
     out = {}
     for dev in DEVICES:
         table = raw.get(dev)
@@ -351,6 +354,13 @@ def _shapes(
         own_steps = {k: typed(table, k, int, v, problems, f"shapes.{dev}.") for k, v in steps.items()}
         check_ranges(own_steps, f"shapes.{dev}.", problems)
         stand_in = _stand_in(table, spec, f"shapes.{dev}.model", problems)
+        if mode == "generate" and not bad:  # the context the model holds: the prompt and what follows it
+            values["seq_len"] = values["prompt_len"] + values["new_tokens"]
+            if values["new_tokens"] < 2:
+                problems.append(
+                    f"shapes.{dev}.new_tokens: at least 2, got {values['new_tokens']}: the first token "
+                    "comes from the prefill, and decoding is the tokens after it"
+                )
         if not bad:
             out[dev] = Shapes(
                 **values,
@@ -362,6 +372,21 @@ def _shapes(
 
 
 DATA_KEYS = ("lengths", "loader_workers", "pin_memory")
+GENERATION_KEYS = ("prompt_len", "new_tokens")  # mode = "generate": [shapes.*] gives these, not seq_len
+
+
+def _check_generation(raw: dict[str, Any], spec: ModelSpec | None, problems: list[str]) -> None:
+    """What generation needs that the file may lack: a causal language model, and no table it cannot use."""
+    if spec is not None and spec.objective != "next-token":
+        problems.append(
+            f"mode: generate needs a causal language model (a next-token objective); model {spec.name} "
+            f"is trained for {spec.objective}"
+        )
+    if "fidelity" in raw:
+        problems.append("fidelity: generation has no fidelity phase yet; remove the [fidelity] table")
+    for key in ("seq_len", "lengths") if isinstance(raw.get("matrix"), dict) else ():
+        if key in raw["matrix"]:
+            problems.append(f"matrix.{key}: generation's lengths are [shapes.*] prompt_len and new_tokens")
 
 
 def _stand_in(table: dict[str, Any], spec: ModelSpec | None, where: str, problems: list[str]) -> str | None:

@@ -41,8 +41,9 @@ if TYPE_CHECKING:
     from bench.spec import Shapes, TechniqueSpec
 
 TECHNIQUES: Registry[type[Technique]] = Registry("technique", names=True)
-TRAIN, INFERENCE = frozenset({"train"}), frozenset({"inference"})
-ANY_MODE = TRAIN | INFERENCE  # the suite modes: training steps, or forward passes only
+TRAIN, INFERENCE, GENERATE = frozenset({"train"}), frozenset({"inference"}), frozenset({"generate"})
+SERVING = INFERENCE | GENERATE  # no gradients: forward passes, or generation
+ANY_MODE = TRAIN | SERVING  # the suite modes: training steps, forward passes only, or generation
 
 
 class Unsupported(Exception):
@@ -62,8 +63,9 @@ def option(default: Any, doc: str) -> Any:
 
 @dataclass(frozen=True)
 class Step:
-    """What a technique changes in the training step (and, for batch and context, in an inference step). The
-    trainer composes every technique's, in the suite's order; a field left at its default changes nothing."""
+    """What a technique changes in the training step (and, for batch and context, in an inference step or a
+    generation; ``generation`` in the latter alone). The trainer composes every technique's, in the suite's
+    order; a field left at its default changes nothing."""
 
     micro_batches: int = 1  # the batch is split in this many, their gradients accumulated
     prepare: Callable[[Batch], Batch] | None = None  # each batch as it enters the step (memory format, dtype)
@@ -75,6 +77,8 @@ class Step:
     optimizer_step: Callable[[torch.optim.Optimizer], None] | None = None  # instead of optimizer.step()
     zero_grad: Callable[[torch.optim.Optimizer], None] | None = None  # instead of zero_grad(set_to_none=True)
     after: Callable[[], None] | None = None  # once the step is complete (e.g. emptying the allocator's cache)
+    # Generation: keyword arguments of transformers' generate() (the cache it keeps, chunked prefill).
+    generation: tuple[tuple[str, Any], ...] = ()
 
 
 def combined(steps: list[Step]) -> Step:
@@ -115,6 +119,7 @@ def combined(steps: list[Step]) -> Step:
         optimizer_step=first("optimizer_step"),
         zero_grad=first("zero_grad"),
         after=after,
+        generation=tuple(kv for s in steps for kv in s.generation),
     )
 
 
@@ -143,6 +148,7 @@ AXES = (
     "sharding",
     "quantization",
     "autograd",
+    "cache",
 )
 
 
@@ -301,14 +307,18 @@ class Technique:
         return {}
 
 
-def refuse_unchanged(techniques: list[Technique]) -> None:
-    """Unsupported, with the reason, where a technique's proof says it changed nothing in this model."""
+def applied(model: nn.Module, techniques: list[Technique], ctx: RunContext) -> nn.Module:
+    """The model with each technique applied, in the suite's order; Unsupported, with the reason, where a
+    technique's proof says it changed nothing in this model."""
+    for t in techniques:
+        model = t.apply(model, ctx)
     for t in techniques:
         if t.changes and not t.proof(0).get(t.changes):
             raise Unsupported(
                 f"{t.name}: {t.changes} = 0: it found nothing to apply to in this model, so the run "
                 "would measure the baseline under its name"
             )
+    return model
 
 
 def resolve(name: str) -> type[Technique]:

@@ -15,6 +15,7 @@ from torch import nn
 
 from bench.techniques.base import (
     INFERENCE,
+    SERVING,
     TECHNIQUES,
     RunContext,
     Step,
@@ -40,7 +41,7 @@ class InferenceMode(Technique):
     axis = "autograd"
     offers = (offer("inference-mode"),)
     summary = "`torch.inference_mode()` instead of `no_grad`"
-    modes = INFERENCE
+    modes = SERVING
 
     def step(self) -> Step:
         return Step(context=torch.inference_mode)
@@ -58,7 +59,7 @@ class HalfWeights(PureBF16):
     axis = "precision"
     offers = (offer("half-fp16", "float16"), offer("half-bf16", "bfloat16", dtype="bfloat16"))
     summary = "weights and inputs in 16 bits"
-    modes = INFERENCE
+    modes = SERVING
     conflicts = frozenset({"amp", "bf16"})
 
     @dataclass(frozen=True)
@@ -84,7 +85,7 @@ class DynamicInt8(Technique):
     axis = "quantization"
     offers = (offer("dynamic-int8", "int8"),)
     summary = "torchao int8 weights + per-token dynamic int8 activations for body linear layers"
-    modes = INFERENCE
+    modes = SERVING
 
     def unsupported(self, ctx: RunContext) -> str | None:
         if not _has("torchao"):

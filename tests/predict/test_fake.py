@@ -10,6 +10,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import _disable_current_modes
 
 from bench.data.synthetic import clone_batch
+from bench.generate import Generator
 from bench.infer import Inferencer
 from bench.measure.memory import tracked_step
 from bench.predict import predict
@@ -20,7 +21,7 @@ from bench.techniques.lowbit import FP8Training
 from bench.techniques.offload import ActivationOffload
 from bench.train import Trainer
 from tests.conftest import CPU, build_trainer
-from tests.helpers import spec, tech
+from tests.helpers import generation, spec, tech
 
 
 @pytest.mark.parametrize(
@@ -150,7 +151,7 @@ def test_offload_predicts_what_a_real_step_keeps_when_its_saved_tensors_leave_th
     assert trainer.proof()["offload.tensors_offloaded_per_step"] > 0
 
 
-def assert_predicted_exactly(run) -> Trainer | Inferencer:
+def assert_predicted_exactly(run) -> Trainer | Inferencer | Generator:
     trainer, batch = build_trainer(run)
     trainer.step(batch)
     real = tracked_step(
@@ -159,6 +160,7 @@ def assert_predicted_exactly(run) -> Trainer | Inferencer:
         trainer.optimizer,
         CPU,
         compiled_update=any(t.compiled_update for t in trainer.techniques),
+        phases=trainer if isinstance(trainer, Generator) else None,
     )
     fake = predict(run, run.cpu, cuda=False)
     assert fake.status == "ok", fake
@@ -169,10 +171,36 @@ def assert_predicted_exactly(run) -> Trainer | Inferencer:
         "param_bytes",
         "optimizer_state_bytes",
         "peak_phase",
+        "peak_prefill_bytes",
+        "peak_decode_bytes",
+        "kv_cache_bytes",
         *at_peak,
     ):
-        assert getattr(fake, key) == real[key], key
+        assert getattr(fake, key) == real.get(key), key
     return trainer
+
+
+GENERATION = load(Path(__file__).resolve().parents[2] / "suites" / "llama-generate.toml")
+
+
+@pytest.mark.parametrize("run", GENERATION.runs, ids=lambda r: r.name)
+def test_every_generation_entry_is_predicted_exactly_in_each_phase_or_says_why_not(run):
+    """llama-generate's entries on this CPU: the peak of the prefill and of the decoding, and the cache's
+    bytes, predicted to the byte; an entry that cannot run or be predicted here says why."""
+    made = predict(run, run.cpu, cuda=False)
+    if made.status != "ok":
+        assert made.status in ("unsupported", "unpredictable") and made.message.startswith("kv-cache: ")
+        return
+    generator = assert_predicted_exactly(run)
+    assert generator.generated == run.cpu.new_tokens
+
+
+def test_generation_is_predicted_exactly_with_a_prompt_in_chunks_and_at_gpu_shapes_says_its_phases():
+    chunked = assert_predicted_exactly(generation((tech("chunked-prefill", chunk=8),), prompt_len=20))
+    assert chunked.forwards == {"prefill": 3, "decode": 3}
+    on_gpu = predict(generation(batch_size=4, prompt_len=128, new_tokens=3))
+    assert on_gpu.peak_prefill_bytes > on_gpu.peak_decode_bytes > on_gpu.kv_cache_bytes > 0
+    assert on_gpu.peak_tensor_bytes == on_gpu.peak_prefill_bytes and on_gpu.peak_reserved_bytes
 
 
 def test_techniques_that_cannot_be_predicted_say_why():

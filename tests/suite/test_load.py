@@ -227,9 +227,57 @@ def test_techniques_must_fit_the_suite_mode(tmp_path):
     (msg,) = suite_problems(tmp_path, infer)
     assert "runs[1].techniques: checkpoint does not apply to inference suites; it works in: train" in msg
     (msg,) = suite_problems(tmp_path, GOOD.replace('"checkpoint"]', '"inference-mode"]'))
-    assert "inference-mode does not apply to train suites; it works in: inference" in msg
+    assert "inference-mode does not apply to train suites; it works in: generate, inference" in msg
     serve = GOOD.replace("model =", 'mode = "serve"\nmodel =')
     assert "mode: 'serve' is not a mode" in suite_problems(tmp_path, serve)[0]
+
+
+GENERATE = """
+model = "llama-tiny"
+mode = "generate"
+baseline = "baseline"
+[shapes.gpu]
+batch_size = 8
+prompt_len = 2048
+new_tokens = 128
+[shapes.cpu]
+batch_size = 2
+prompt_len = 64
+new_tokens = 8
+[[runs]]
+name = "baseline"
+techniques = []
+[[runs]]
+name = "static"
+techniques = [{ name = "kv-cache", kind = "static" }, { name = "half", dtype = "bfloat16" }]
+"""
+
+
+def test_a_generation_suite_gives_the_prompt_and_new_tokens_and_holds_their_sum(tmp_path):
+    run = load(write_suite(tmp_path, GENERATE)).runs[1]
+    assert run.mode == "generate" and run.gpu.seq_len == 2048 + 128 and run.cpu.seq_len == 72
+    assert (run.cpu.prompt_len, run.cpu.new_tokens) == (64, 8)
+    assert suites.RunSpec.from_dict(run.to_dict()) == run
+
+
+def test_a_generation_suite_says_what_it_lacks_and_what_it_cannot_use(tmp_path):
+    text = (
+        GENERATE.replace("prompt_len = 64\n", "seq_len = 64\n")
+        .replace("new_tokens = 128", "new_tokens = 1")
+        .replace('"llama-tiny"', '"bert-tiny"')
+        .replace("[[runs]]", '[[runs]]\nname = "ckpt"\ntechniques = ["checkpoint"]\n[[runs]]', 1)
+        + "[fidelity]\nsteps = 10\n"
+    )
+    said = "\n".join(suite_problems(tmp_path, text))
+    for problem in (
+        "mode: generate needs a causal language model (a next-token objective); model bert-tiny",
+        "shapes.cpu.prompt_len: required positive integer",
+        "shapes.cpu.seq_len: unknown key",
+        "shapes.gpu.new_tokens: at least 2, got 1",
+        "fidelity: generation has no fidelity phase yet",
+        "checkpoint does not apply to generate suites",
+    ):
+        assert problem in said, problem
 
 
 def test_train_mode_stays_out_of_the_key_so_older_records_keep_theirs(tmp_path):
