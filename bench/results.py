@@ -222,6 +222,19 @@ def set_aside_if_unreadable(path: Path) -> None:
 
 LOCK = ".sweep.lock"
 PREDICTED = "predicted-gpu.csv"  # beside a suite's device folders: the whole suite predicted at GPU shapes
+CONTEXTS = "longest-{card}.csv"  # beside them too, per card: a generation's longest contexts (predict --card)
+
+
+def read_contexts(suite_dir: Path) -> dict[str, dict[str, int | None]]:
+    """Every card's longest contexts saved beside a suite's records: card name → run → tokens."""
+    import pandas as pd
+
+    out: dict[str, dict[str, int | None]] = {}
+    for path in sorted(suite_dir.glob(CONTEXTS.format(card="*"))):
+        rows = pd.read_csv(path)
+        for card, part in rows.groupby("card"):
+            out[str(card)] = {r: int(n) for r, n in zip(part[KEY.run], part["longest_context"])}
+    return out
 
 
 @contextmanager

@@ -143,6 +143,16 @@ def _predict(args: argparse.Namespace) -> int:
 
         path = save(table, args.results / suite.name / PREDICTED, git_revision(), torch.__version__)
         print(f"\nwritten: {path} (its report shows the runs no GPU has measured yet)", file=sys.stderr)
+    if card is not None and "longest_context" in table:  # kept for the report's first screen
+        import torch
+
+        from bench.predict.table import save_contexts
+        from bench.provenance import git_revision
+        from bench.results import CONTEXTS
+
+        where = args.results / suite.name / CONTEXTS.format(card=args.card.strip().lower())
+        path = save_contexts(table, where, card.name, git_revision(), torch.__version__)
+        print(f"\nwritten: {path} (the report says which run holds the longest context)", file=sys.stderr)
     if any(r.nproc > 1 for r in suite.runs):
         print(
             "\nRanks: each multi-process entry is predicted as rank 0 under a fake process group; the "

@@ -61,11 +61,14 @@ register(ModelSpec("bert-tiny", _bert_tiny, "tokens", NUM_LABELS, vocab_size=128
 
 def _llama(shapes: Shapes, **shape: object) -> nn.Module:
     """A Llama-3-family causal language model of ``shape`` (LlamaConfig's names), random, with SDPA
-    attention."""
+    attention, and Llama-3.1's and 3.2's context of 131,072 positions (no buffer is sized by it)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        rope_theta=500000.0, use_cache=False, max_position_embeddings=max(8192, shapes.seq_len), **shape
+        rope_theta=500000.0,
+        use_cache=False,
+        max_position_embeddings=max(LLAMA3_CONTEXT, shapes.seq_len),
+        **shape,
     )
     return LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
 
@@ -133,6 +136,7 @@ def _llama_digits(shapes: Shapes) -> nn.Module:
 
 
 LLAMA3_VOCAB, TINY_VOCAB, DIGITS_VOCAB = 128_256, 32_768, 48
+LLAMA3_CONTEXT = 131_072  # max_position_embeddings of Meta's Llama-3.1 and 3.2 configs
 LLAMA = {
     "objective": "next-token",
     "attention": True,

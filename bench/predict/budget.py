@@ -10,7 +10,7 @@ from bench.predict.cards import Card
 from bench.predict.fake import CPU, predict
 from bench.recipe import Recipe
 from bench.record import Prediction
-from bench.suite import RunSpec
+from bench.suite import RunSpec, Shapes
 from bench.techniques import build
 
 # Held back from a card's memory (--budget) for what a CUDA process holds besides tensors: the context
@@ -47,33 +47,50 @@ def largest_batch(
         return out.peak_tensor_bytes if out.ok else math.inf
 
     unit = math.lcm(1, *(build(t).batch_multiple() for t in spec.techniques))
-    lo, hi = 0, limit // unit + 1  # in units: lo fits (0: none yet), hi does not (past the limit: assumed)
+    mine = shapes.batch_size // unit
+
+    def at(n: int) -> float:
+        if peak is not None:
+            return peak(n * unit)
+        return predicted(n * unit, own if n == mine else None)
+
+    return largest(at, budget, limit // unit, start=mine) * unit or None
+
+
+def largest(
+    at: Callable[[int], float], budget: float, limit: int, start: int | None = None, grow: int | None = None
+) -> int:
+    """The largest n from 1 to ``limit`` whose ``at(n)`` (a peak) is within ``budget``, 0 if none is: the
+    search of ``largest_batch``, in its units. ``start``: a size whose figure is at hand, probed second.
+    ``grow``: a guess goes no further than this many times the largest size that fits (a line through two
+    small sizes, where fixed costs hold the peak, points far past the answer, and a far size costs more)."""
+    lo, hi = 0, limit + 1  # lo fits (0: none yet), hi does not (past the limit: assumed)
     points: list[tuple[int, float]] = []
 
-    def probe(n: int, out: Prediction | None = None) -> None:
+    def probe(n: int) -> None:
         nonlocal lo, hi
-        at = peak(n * unit) if peak is not None else predicted(n * unit, out)
-        points.append((n, at))
-        lo, hi = (max(lo, n), hi) if at <= budget else (lo, min(hi, n))
+        value = at(n)
+        points.append((n, value))
+        lo, hi = (max(lo, n), hi) if value <= budget else (lo, min(hi, n))
 
     probe(1)
     if lo == 0:
-        return None
-    if lo < (mine := shapes.batch_size // unit) < hi:  # far from 1, so the line through both is a good one
-        probe(mine, own)
+        return 0
+    if start is not None and lo < start < hi:  # far from 1, so the line through both is a good one
+        probe(start)
     misses = 0  # guesses in a row that did not halve the bracket
     while hi - lo > 1:
         width, guess = hi - lo, _on_the_line(points, budget) if misses < 2 else None
         if guess is None:  # no line, or the line is not converging: double, or halve the bracket
-            probe(min(2 * lo, hi - 1) if hi > limit // unit else (lo + hi) // 2)
+            probe(min(2 * lo, hi - 1) if hi > limit else (lo + hi) // 2)
             misses = 0
             continue
-        n = min(max(guess, lo + 1), hi - 1)
+        n = min(max(guess, lo + 1), hi - 1, grow * lo if grow else hi)
         if any(n == m for m, _ in points):  # the line agrees with itself: its neighbour closes the bracket
             n = n + 1 if n == lo else n - 1
         probe(n)
         misses = 0 if hi - lo <= width // 2 else misses + 1
-    return lo * unit
+    return lo
 
 
 def largest_batch_on(
@@ -91,6 +108,75 @@ def largest_batch_on(
         return out.peak_reserved_bytes if fits else math.inf
 
     return largest_batch(spec, card.capacity, limit, peak=reserved)
+
+
+CONTEXT_STEP = 256  # tokens: the longest context is found to this many
+
+
+def longest_context(
+    spec: RunSpec,
+    card: Card | None = None,
+    budget: int | None = None,
+    step: int = CONTEXT_STEP,
+    said: Callable[[str], None] = lambda _: None,
+) -> int | None:
+    """The longest context (prompt and new tokens) a generation holds, its new tokens kept and its prompt
+    lengthened in steps of ``step`` tokens up to the model's positions: on ``card``, the step replayed through
+    its allocator; else its tracked peak within ``budget`` bytes. None if not even the shortest prompt fits.
+
+    A generation predicted whole costs a forward per new token, a minute or two at GPU shapes, so the search
+    predicts generations of two new tokens twice instead, each a few seconds: at the prompt (its prefill is
+    the real one's) and at the prompt and the new tokens less two (its one decode step is the real last one,
+    which holds all that any step before it held: a cache that only grows, and longer ids). The larger of the
+    two peaks leads the search; whole generations then confirm the answer and the prompt a step longer,
+    moving the answer until they agree. ``said`` is told each length tried, as it is (minutes of work)."""
+    shapes, new = spec.gpu, spec.gpu.new_tokens
+    cap = card.capacity if card is not None else budget
+    limit = (_positions(spec) - new) // step  # prompts of 1 to ``limit`` steps
+    first = next((n for n in range(1, limit + 1) if runs_with(spec, replace(shapes, prompt_len=n * step))), 0)
+    if not first:
+        return None
+
+    def peak(prompt: int, tokens: int) -> float:
+        at = replace(shapes, prompt_len=prompt, new_tokens=tokens, seq_len=prompt + tokens)
+        out = predict(spec, at, card=card, reserved=card is not None)
+        fits = out.ok and out.verdict != "out of memory"
+        value = (out.peak_reserved_bytes if card is not None else out.peak_tensor_bytes) if fits else math.inf
+        how = "whole" if tokens == new else f"{tokens} new tokens"
+        said(f"a {prompt:,}-token prompt ({how}): {'fits' if value <= cap else 'does not fit'}")
+        return value
+
+    def led(k: int) -> float:  # the k-th prompt from the first that runs, by its two short generations
+        prompt = (first + k - 1) * step
+        prefilled = peak(prompt, 2)
+        return prefilled if prefilled > cap else max(prefilled, peak(prompt + new - 2, 2))
+
+    def whole(n: int) -> bool:
+        return peak(n * step, new) <= cap
+
+    n = first - 1 + largest(led, cap, limit - first + 1, grow=4)
+    while n >= first and not whole(n):
+        n -= 1
+    while n < limit and whole(n + 1):
+        n += 1
+    return n * step + new if n >= first else None
+
+
+def _positions(spec: RunSpec) -> int:
+    """The positions the model's config gives it (max_position_embeddings), read off the model built on the
+    meta device."""
+    import torch
+
+    from bench import models
+
+    with torch.device("meta"):
+        model = models.resolve(spec.gpu.model or spec.model).build(spec.gpu)
+    return model.config.max_position_embeddings
+
+
+def runs_with(spec: RunSpec, shapes: Shapes) -> bool:
+    """Whether the entry's techniques run at these shapes (a prefill's chunk is shorter than the prompt)."""
+    return Recipe.of(spec, CPU, shapes, predicting=True).unsupported() is None
 
 
 def fewest_ranks(spec: RunSpec, budget: int, own: Prediction | None = None) -> int | None:

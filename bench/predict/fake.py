@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -116,17 +116,24 @@ def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int, replay: Replay | No
         if compiled_update:
             runner.optimizer.step = compiled_as_eager(runner.optimizer.step)
         batch = recipe.batch()
+        first = lambda: runner.step(next(batches(batch, feed, 1)))  # noqa: E731
+        flops, ops = flop_counter(), OpCounter()
+        # The FLOPs are counted on a warm-up step of their own, as the worker warms up (optimizer state exists
+        # before the measured step): the counter's module tracking keeps recomputed activations alive, so it
+        # stays out of the measured step and of the history. Without a backward nothing is recomputed, and a
+        # generation's step costs a minute at GPU shapes: there the history's step is the one counted.
+        counted_first = recipe.inference and replay is not None
         if replay is not None:  # the first step, as the allocator sees it: where optimizer state first lands
-            first = lambda: runner.step(next(batches(batch, feed, 1)))  # noqa: E731
-            history = track(
-                first, runner.model, runner.optimizer, CPU, rounding, compiled_update, phases=phases
-            ).tracker
-            replay = dataclasses.replace(replay, history=history)
-        # A warm-up step, as in the worker (optimizer state exists before the measured step), counts the
-        # FLOPs: the counter's module tracking keeps recomputed activations alive, so it stays out of the
-        # measured step and of the history above.
-        with flop_counter() as flops, OpCounter() as ops:
-            runner.step(next(batches(batch, feed, 1)))
+            with ExitStack() as counting:
+                for counter in (flops, ops) if counted_first else ():
+                    counting.enter_context(counter)
+                history = track(
+                    first, runner.model, runner.optimizer, CPU, rounding, compiled_update, phases=phases
+                )
+            replay = dataclasses.replace(replay, history=history.tracker)
+        if not counted_first:
+            with flops, ops:
+                first()
         if ctx.predicting:  # the counters that first step made
             for t in host_state(runner.optimizer):
                 on_host(t)

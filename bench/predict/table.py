@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from bench.predict.ahead import spawn_pool, stop_pool
-from bench.predict.budget import fewest_ranks, largest_batch, largest_batch_on
+from bench.predict.budget import fewest_ranks, largest_batch, largest_batch_on, longest_context
 from bench.predict.cards import Card
 from bench.predict.fake import predict
 from bench.predict.ranks import KINDS
@@ -55,6 +55,9 @@ SAVED = (
     KEY.gradient_bytes,
     KEY.optimizer_state_bytes,
     KEY.activation_bytes,
+    KEY.peak_prefill_bytes,
+    KEY.peak_decode_bytes,
+    KEY.kv_cache_bytes,
     KEY.flops_per_step,
     KEY.world_size,
     KEY.message,
@@ -69,6 +72,24 @@ def save(table: pd.DataFrame, path: Path, revision: str, torch_version: str) -> 
         git_revision=revision, torch_version=torch_version
     )
     write_atomic(path, kept.to_csv(index=False))
+    return path
+
+
+def save_contexts(table: pd.DataFrame, path: Path, card: str, revision: str, torch_version: str) -> Path:
+    """A generation suite's longest contexts on a card, by run, merged into those predicted before (a run
+    predicted again replaces its row): the report's first screen says which run holds the longest."""
+    import pandas as pd
+
+    from bench.results import write_atomic
+
+    found = table[table["longest_context"].notna()] if "longest_context" in table else table.iloc[:0]
+    rows = found[[KEY.run, "longest_context"]].assign(
+        card=card, git_revision=revision, torch_version=torch_version
+    )
+    if path.exists():
+        before = pd.read_csv(path)
+        rows = pd.concat([before[~before[KEY.run].isin(rows[KEY.run])], rows], ignore_index=True)
+    write_atomic(path, rows.to_csv(index=False))
     return path
 
 
@@ -103,6 +124,11 @@ def _row(spec: RunSpec, budget: int | None, card: Card | None) -> dict[str, Any]
         KEY.status: out.status,
     }
     row |= {k: v for k, v in asdict(out).items() if v is not None}
+    if spec.mode == "generate":  # what a card or budget answers for a generation: its longest context
+        if out.ok and (budget is not None or card is not None):
+            said = lambda text: print(f"    {spec.name}: {text}", file=sys.stderr, flush=True)  # noqa: E731
+            row["longest_context"] = longest_context(spec, card=card, budget=budget, said=said)
+        return row
     if budget is not None and out.ok:
         row["fits"] = out.peak_tensor_bytes <= budget
         row["largest_batch"] = largest_batch(spec, budget, own=out)
@@ -119,9 +145,15 @@ def _said(row: dict[str, Any]) -> str:
     if row[KEY.status] != Status.OK:
         return f"{row[KEY.status]}: {row.get(KEY.message, '')}"
     fit = f", largest batch {row['largest_batch']}" if "largest_batch" in row else ""
+    if "longest_context" in row:
+        fit = f", longest context {_tokens(row['longest_context'])}"
     peak = row[KEY.peak_tensor_bytes] / 2**30
     on = f"; on {row['card']}: {verdict(row)}" if row.get("card") else ""
     return f"{peak:,.2f} GiB at batch {row['batch']}, peak in {row[KEY.peak_phase]}{fit}{on}"
+
+
+def _tokens(n: int | None) -> str:
+    return "none" if n is None else f"{n:,} tokens"
 
 
 def verdict(row: dict[str, Any]) -> str:
@@ -153,6 +185,9 @@ def markdown(table: pd.DataFrame, breakdown: bool = False) -> str:
             "grads GiB": gib(KEY.gradient_bytes),
             "optimizer GiB": gib(KEY.optimizer_state_bytes),
             "activations GiB": gib(KEY.activation_bytes),
+            "prefill GiB": gib(KEY.peak_prefill_bytes),  # generation's phases and cache
+            "decode GiB": gib(KEY.peak_decode_bytes),
+            "cache GiB": gib(KEY.kv_cache_bytes),
             "TFLOP/step": (pd.to_numeric(table.get(KEY.flops_per_step), errors="coerce") / 1e12).round(2),
             "ranks": pd.to_numeric(
                 table.get(KEY.world_size, pd.Series(index=table.index, dtype=float)), errors="coerce"
@@ -184,6 +219,8 @@ def markdown(table: pd.DataFrame, breakdown: bool = False) -> str:
         show["fits"] = table["fits"].map({True: "yes", False: "no"})
     if "largest_batch" in table:
         show["largest batch"] = pd.to_numeric(table["largest_batch"], errors="coerce").astype("Int64")
+    if "longest_context" in table:  # prompt and new tokens
+        show["longest context"] = pd.to_numeric(table["longest_context"], errors="coerce").astype("Int64")
     # multi-process entries under a budget: the fewest ranks that fit, and its batch
     if "fewest_ranks" in table:
         show["fewest ranks"] = pd.to_numeric(table["fewest_ranks"], errors="coerce").astype("Int64")

@@ -6,7 +6,7 @@ import pytest
 
 from bench.predict import RESERVE, Budget, largest_batch, parse_size, predict, tensor_budget
 from bench.record import Prediction
-from tests.helpers import spec, tech
+from tests.helpers import generation, spec, tech
 
 RESULTS = Path(__file__).parent.parent.parent / "results"
 
@@ -92,3 +92,28 @@ def test_every_command_reads_its_budget_one_way():
     assert Budget.parse("60%", "cuda", share=True).bytes(1000) == 600
     with pytest.raises(ValueError, match="a share of the baseline's peak is for bench advise"):
         Budget.parse("60%", "cuda")  # predict and fit: there is no baseline to take a share of
+
+
+@pytest.mark.slow
+def test_the_longest_context_a_generation_holds_fits_whole_and_a_step_longer_does_not(monkeypatch):
+    """Found to 256 tokens, led by short generations and confirmed by whole ones; a prompt shorter than its
+    prefill's chunk is not a run of the entry, so the search begins past it."""
+    from bench.predict.budget import longest_context
+
+    run = generation((tech("chunked-prefill", chunk=300),), batch_size=2, prompt_len=512, new_tokens=8)
+    budget = 30 * 2**20
+
+    def whole(prompt: int) -> int:
+        at = replace(run.gpu, prompt_len=prompt, seq_len=prompt + 8)
+        return predict(run, at, reserved=False).peak_tensor_bytes
+
+    calls = []
+    monkeypatch.setattr(
+        "bench.predict.budget.predict", lambda *a, **k: calls.append(a[1]) or predict(*a, **k)
+    )
+    longest = longest_context(run, budget=budget)
+    assert longest is not None and (longest - 8) % 256 == 0
+    assert whole(longest - 8) <= budget < whole(longest - 8 + 256)
+    assert min(c.prompt_len for c in calls) == 512  # 256 is not over the chunk of 300: not a run of it
+    assert sum(c.new_tokens == 8 for c in calls) <= 3  # whole generations only to confirm
+    assert longest_context(run, budget=2**20) is None

@@ -203,6 +203,18 @@ def test_generation_is_predicted_exactly_with_a_prompt_in_chunks_and_at_gpu_shap
     assert on_gpu.peak_tensor_bytes == on_gpu.peak_prefill_bytes and on_gpu.peak_reserved_bytes
 
 
+@pytest.mark.parametrize(
+    "run", [generation(prompt_len=64), spec("bert-tiny", mode="inference")], ids=["generate", "inference"]
+)
+def test_a_serving_steps_counts_taken_on_its_first_step_are_those_of_a_warm_up_of_their_own(run):
+    """Without a backward the history's step is counted instead of a warm-up step (a generation at GPU shapes
+    takes a minute a step): the same FLOPs, operators and peak."""
+    counted_apart, counted_first = predict(run, reserved=False), predict(run)
+    for key in ("flops_per_step", "ops_per_step", "op_bytes_per_step", "peak_tensor_bytes"):
+        assert getattr(counted_first, key) == getattr(counted_apart, key), key
+    assert counted_first.peak_reserved_bytes and counted_apart.peak_reserved_bytes is None
+
+
 def test_techniques_that_cannot_be_predicted_say_why():
     for name, mode in [("compile", "train"), ("jit-trace", "inference")]:
         out = predict(spec("vit-tiny", (tech(name),), mode=mode))
