@@ -77,8 +77,8 @@ class Identity:
     batch_size: int | None = column("the measured steps' batch size (per rank)")
     image_size: int | None = doc("image models: the side of the square input")
     seq_len: int | None = doc("token models: tokens per sequence (generation: the prompt and the new tokens)")
-    prompt_len: int | None = doc("generation: the prompt's tokens, per sequence")
-    new_tokens: int | None = doc("generation: the tokens generated after the prompt, per sequence")
+    prompt_len: int | None = column("generation: the prompt's tokens, per sequence")
+    new_tokens: int | None = column("generation: the tokens generated after the prompt, per sequence")
     seed: int | None = doc("seeds the model's initial weights, the batch and the fidelity phase's data order")
     warmup_steps: int | None = doc("steps before anything is measured")
     measure_steps: int | None = doc("timed steps")
@@ -191,6 +191,12 @@ class Timing:
     decode_tokens_per_s: float | None = column(
         "generation: tokens after the first, over every sequence of the batch, per second of decoding "
         "(median step)"
+    )
+    decode_tokens_per_s_p25: float | None = doc(
+        "generation: the decoding rate of the third quartile's decoding time (a slower step's)"
+    )
+    decode_tokens_per_s_p75: float | None = doc(
+        "generation: the decoding rate of the first quartile's decoding time (a faster step's)"
     )
     flops_per_step: int | None = column("the step's FLOPs, counted on fake tensors")
     ops_per_step: int | None = doc(

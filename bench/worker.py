@@ -207,14 +207,16 @@ def _timed_pass(
 def generation_figures(timings: list[tuple[float, float]], sequences: int, new_tokens: int) -> dict[str, Any]:
     """The time to the first token (median and quartiles over the timed steps) and the decoding rate: the
     tokens after the first, over every sequence, per second of the median step's decoding."""
-    firsts = [first for first, _ in timings]
-    q = statistics.quantiles(firsts, n=4) if len(firsts) > 1 else [firsts[0]] * 3
-    decoding = statistics.median(rest for _, rest in timings)
+    firsts, rests = ([t[i] for t in timings] for i in (0, 1))
+    q, r = (statistics.quantiles(ms, n=4) if len(ms) > 1 else [ms[0]] * 3 for ms in (firsts, rests))
+    rate = lambda ms: sequences * (new_tokens - 1) / (ms / 1e3)  # noqa: E731  the tokens after the first
     return {
         KEY.ttft_ms_median: statistics.median(firsts),
         KEY.ttft_ms_p25: q[0],
         KEY.ttft_ms_p75: q[2],
-        KEY.decode_tokens_per_s: sequences * (new_tokens - 1) / (decoding / 1e3),
+        KEY.decode_tokens_per_s: rate(statistics.median(rests)),
+        KEY.decode_tokens_per_s_p25: rate(r[2]),  # the slower quarter's decoding
+        KEY.decode_tokens_per_s_p75: rate(r[0]),
     }
 
 

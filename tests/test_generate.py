@@ -2,6 +2,7 @@
 keeps as the textbook counts it, and what a run of it records."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -88,7 +89,41 @@ def test_a_generation_run_records_each_phases_peak_the_time_to_its_first_token_a
     assert record["peak_tensor_bytes"] == max(record["peak_prefill_bytes"], record["peak_decode_bytes"])
     assert record["kv_cache_bytes"] > 0 and "activation_bytes" not in record
     assert 0 < record["ttft_ms_p25"] <= record["ttft_ms_median"] <= record["ttft_ms_p75"]
-    assert record["decode_tokens_per_s"] > 0 and record["tokens_per_s"] > 0
+    assert 0 < record["decode_tokens_per_s_p25"] <= record["decode_tokens_per_s"]
+    assert record["decode_tokens_per_s"] <= record["decode_tokens_per_s_p75"] and record["tokens_per_s"] > 0
     assert record["proof"]["decode_forwards"] == 5
     # what the prediction made ahead says of the same phases, to the byte on a CPU
     assert record["predicted_peak_decode_bytes"] == record["peak_decode_bytes"]
+
+
+def test_a_sliding_window_cache_holds_the_window_not_the_whole_context():
+    """Mistral's sliding window, as its config has it (32 tokens): every forward leaves the window's last 31
+    tokens in the cache, where a full context would be 63. Its bytes at their largest are the prefill's: the
+    31 are a view of the prompt's 48 tokens of states, whose storage stays until decoding concatenates."""
+    run = replace(generation(prompt_len=48, new_tokens=16), model="hf:suites/configs/tiny-mistral")
+    generator, batch = build_trainer(run)
+    held = []
+    generator.model.register_forward_hook(lambda *_: held.append(generator.cache()[0].shape[-2]))
+    generator.step(clone_batch(batch))
+    assert held == [31] * 16
+    config, windows = generator.model.config, 8 * 2  # each layer's window, an int64 tensor
+    assert (
+        generator.cache_bytes == 2 * 2 * config.num_key_value_heads * config.head_dim * 48 * 2 * 4 + windows
+    )
+
+
+@pytest.mark.cuda
+def test_on_a_card_a_generation_is_predicted_in_each_phase_and_an_offloaded_cache_keeps_less_there():
+    """Timed by CUDA events in the generator's hooks (no synchronisation inside the step); the phases'
+    tracked peaks against their prediction made ahead; the offloaded cache's layers mostly on the host."""
+    from bench.launch import detect
+
+    gpu, shapes = detect("cuda"), {"batch_size": 4, "prompt_len": 256, "new_tokens": 8}
+    plain = run_isolated(generation(**shapes), gpu)
+    offloaded = run_isolated(generation((tech("kv-cache", kind="offloaded"),), **shapes), gpu)
+    assert plain["status"] == offloaded["status"] == "ok", (plain, offloaded)
+    assert offloaded["kv_cache_bytes"] < plain["kv_cache_bytes"]
+    assert plain["ttft_ms_median"] > 0 and plain["proof"]["decode_forwards"] == 7
+    for phase in ("prefill", "decode"):
+        predicted, tracked = plain[f"predicted_peak_{phase}_bytes"], plain[f"peak_{phase}_bytes"]
+        assert predicted == pytest.approx(tracked, rel=0.02), phase

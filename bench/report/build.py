@@ -22,7 +22,7 @@ from bench.report.headline import (
     this_machine,
 )
 from bench.report.page import Block, html_page, markdown
-from bench.results import PREDICTED, load_records, slug, to_frame, write_atomic
+from bench.results import PREDICTED, load_records, read_contexts, slug, to_frame, write_atomic
 
 Draw = Callable[[plt.Axes, pd.DataFrame, str], None]
 
@@ -53,7 +53,7 @@ def build_report(suite_dir: Path, here: str | None = None) -> list[Path]:
         Block("nav", _neighbours(suite_dir)),
         *([Block("p", suite.description + ".")] if suite and suite.description else []),
         Block("h2", "What to use"),
-        Block("headline", headline(table, suite_entries(suite_dir.name), here)),
+        Block("headline", headline(table, suite_entries(suite_dir.name), here, read_contexts(suite_dir))),
         Block("p", f"{HEADLINE_NOTE} Throughput × compares {THROUGHPUT_SAID[throughput]}."),
     ]
     if differ := disagreements(table):

@@ -141,18 +141,57 @@ def coverage(part: pd.DataFrame, entries: int | None) -> str:
 
 
 def headline(
-    table: pd.DataFrame, entries: int | None, here: str | None = None
+    table: pd.DataFrame,
+    entries: int | None,
+    here: str | None = None,
+    contexts: dict[str, dict[str, int | None]] | None = None,
 ) -> list[tuple[str, list[str]]]:
     """Per device, ``here`` first and then best first: its heading line (device, coverage, what its peak is)
-    and its picks."""
+    and its picks; a generation suite's first, the context each run holds (``contexts``: per card, each run's
+    predicted longest context) and how fast it decodes."""
     out = []
     for device in devices_best_first(table, here):
         part = table[table[KEY.device] == device]
         title = device_title(str(device), part[KEY.device_type].iloc[0])
-        out.append(
-            (f"{title}: {coverage(part, entries)}; memory is the {memory_figure(part)}", _items(picks(part)))
-        )
+        items = generation_items(part, contexts or {}) + _items(picks(part))
+        out.append((f"{title}: {coverage(part, entries)}; memory is the {memory_figure(part)}", items))
     return out
+
+
+def generation_items(part: pd.DataFrame, contexts: dict[str, dict[str, int | None]]) -> list[str]:
+    """A generation suite on one device: per card predicted, the run that holds the longest context; else the
+    run whose cache costs least per token; and the fastest decoding. Each with its decoding rate here and
+    against the baseline's."""
+    if KEY.decode_tokens_per_s not in part:
+        return []
+    ok = part[(part[KEY.status] == Status.OK) & part[KEY.decode_tokens_per_s].notna()].set_index(KEY.run)
+    if ok.empty:
+        return []
+    base = ok[KEY.decode_tokens_per_s].get(ok[KEY.baseline].iloc[0])
+    per_token = ok[KEY.kv_cache_bytes] / (ok[KEY.batch_size] * (ok[KEY.prompt_len] + ok[KEY.new_tokens] - 1))
+
+    def speed(run: str) -> str:
+        rate, first = ok.loc[run, KEY.decode_tokens_per_s], ok.loc[run, KEY.ttft_ms_median]
+        against = f" ({rate / base:.2f}× the baseline's)" if base else ""
+        return (
+            f"decodes at {rate:,.0f} tokens/s here{against}, {first:,.0f} ms to the first token; its cache "
+            f"{per_token[run] / 1024:,.1f} KiB a token"
+        )
+
+    items = []
+    for card, held in contexts.items():
+        known = {r: n for r, n in held.items() if r in ok.index and n}
+        if known:
+            run = max(known, key=lambda r: (known[r], ok.loc[r, KEY.decode_tokens_per_s]))
+            items.append(
+                f"**Longest context on {card} (predicted)**: {run}: {known[run]:,} tokens; {speed(run)}"
+            )
+    if not items:
+        run = per_token.idxmin()
+        items.append(f"**Smallest cache a token**: {run}: {speed(run)}")
+    fastest = ok[KEY.decode_tokens_per_s].idxmax()
+    items.append(f"**Fastest decoding**: {fastest}: {speed(fastest)}")
+    return items
 
 
 def answer(table: pd.DataFrame, device: str, entries: int | None) -> str:
@@ -160,7 +199,7 @@ def answer(table: pd.DataFrame, device: str, entries: int | None) -> str:
     part = table[table[KEY.device] == device]
     if part.empty:
         return f"What to use on {device}: nothing measured there yet."
-    lines = [item.replace("**", "") for item in _items(picks(part))]
+    lines = [item.replace("**", "") for item in generation_items(part, {}) + _items(picks(part))]
     return "\n".join(
         [
             f"What to use on {device} ({coverage(part, entries)}; against its baseline):",

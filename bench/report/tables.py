@@ -121,6 +121,9 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
             "peak MiB": (table["peak_bytes"] / 2**20).round(1),
             "peak in": table[KEY.peak_phase],
             "activations MiB": (table[KEY.activation_bytes] / 2**20).round(1),
+            "prefill MiB": (pd.to_numeric(table[KEY.peak_prefill_bytes], errors="coerce") / 2**20).round(1),
+            "decode MiB": (pd.to_numeric(table[KEY.peak_decode_bytes], errors="coerce") / 2**20).round(1),
+            "cache MiB": (pd.to_numeric(table[KEY.kv_cache_bytes], errors="coerce") / 2**20).round(2),
             "ranks": pd.to_numeric(table[KEY.world_size], errors="coerce").astype("Int64"),
             # Shown in suites with multi-process runs, for every run there (the single-process one included).
             "model states MiB/rank": (table[KEY.model_state_bytes] / 2**20).round(2)
@@ -131,6 +134,8 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
                 1
             ),
             "samples/s": table[KEY.samples_per_s].round(1),
+            "first token ms": pd.to_numeric(table[KEY.ttft_ms_median], errors="coerce").round(1),
+            "decode tokens/s": pd.to_numeric(table[KEY.decode_tokens_per_s], errors="coerce").round(0),
             "real tokens/s": pd.to_numeric(table[KEY.real_tokens_per_s], errors="coerce").round(0),
             "padding %": (100 * pd.to_numeric(table[KEY.padding_fraction], errors="coerce")).round(1),
             "loader wait ms": pd.to_numeric(table[KEY.loader_wait_ms_median], errors="coerce").round(2),

@@ -165,3 +165,45 @@ def test_a_run_timed_on_a_busy_machine_is_marked_and_never_picked():
     assert shown["half"] == "0.98 (busy ⚠)" and shown["quarter"] == 0.4
     runs[0]["busy_machine"] = True  # a busy baseline: every ratio against it is suspect
     assert picks(summary(results.to_frame(runs))) == {"largest": None, "free": None, "trade": None}
+
+
+def generated(run, peak, decode, cache_kib, **extra):
+    """A generation's record: batch 2, a 63-token prompt, 2 new tokens (64 tokens fed), cache_kib a token."""
+    return (
+        rec("g", run, peak, decode * 2 / 64, batch=2, prompt_len=63, new_tokens=2)
+        | {
+            "decode_tokens_per_s": decode,
+            "ttft_ms_median": 20.0,
+            "kv_cache_bytes": cache_kib * 1024 * 2 * 64,
+        }
+        | extra
+    )
+
+
+def test_a_generation_suites_first_screen_says_which_run_holds_the_longest_context_and_how_fast_it_decodes(
+    tmp_path,
+):
+    runs = [
+        generated("baseline", 100, 400.0, 32),
+        generated("half", 60, 380.0, 16),
+        generated("fp8", 55, 250.0, 8),
+    ]
+    for r in runs:
+        results.write_atomic(results.record_path(tmp_path, "g", "cpu", r["run"]), r)
+    build_report(tmp_path / "g")
+    first = (tmp_path / "g" / "report.md").read_text().split("\n## ")[1]
+    assert "**Smallest cache a token**: fp8: decodes at 250 tokens/s here (0.62× the baseline's)" in first
+    assert "its cache 8.0 KiB a token" in first
+    assert "**Fastest decoding**: baseline: decodes at 400 tokens/s here (1.00× the baseline's)" in first
+    # predicted on a card (bench predict --card): the longest context is the card's, the speed this device's
+    contexts = pd.DataFrame(
+        {"run": ["baseline", "half", "fp8"], "longest_context": [40_000, 90_000, 90_000], "card": "RTX"}
+    )
+    results.write_atomic(tmp_path / "g" / results.CONTEXTS.format(card="rtx"), contexts.to_csv(index=False))
+    build_report(tmp_path / "g")
+    first = (tmp_path / "g" / "report.md").read_text().split("\n## ")[1]
+    # of two that hold as long a context, the faster decoder
+    assert (
+        "**Longest context on RTX (predicted)**: half: 90,000 tokens; decodes at 380 tokens/s here" in first
+    )
+    assert "Smallest cache a token" not in first
