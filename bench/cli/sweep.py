@@ -20,7 +20,8 @@ from bench.cli.common import (
 from bench.errors import BadInput
 from bench.record import KEY, Status
 
-# make gpu's order: the training suites (with their fidelity phases), then inference, then the small ones.
+# make gpu's order: the training suites (with their fidelity phases), then inference and generation, then the
+# small ones.
 CAMPAIGN = (
     "resnet",
     "vit",
@@ -30,6 +31,7 @@ CAMPAIGN = (
     "bert-infer",
     "bert-varlen",
     "llama",
+    "llama-generate",
     "smoke",
     "dist-smoke",
 )
