@@ -1,5 +1,7 @@
 import importlib.util
 
+import pytest
+
 import torch
 
 from bench.recipe import Recipe
@@ -57,3 +59,28 @@ def test_generation_techniques_apply_to_generation_alone_and_weight_precision_to
     for name in ("half", "inference-mode", "int8-weights", "amp", "sdpa"):
         assert "generate" in build(tech(name)).modes, name
     assert torch.bfloat16 == build(tech("half", dtype="bfloat16")).dtype
+
+
+def test_int4_weights_say_where_they_run_and_that_fake_tensors_cannot_pack_them():
+    assert reason(tech("half", dtype="bfloat16"), tech("int4-weights")) == (
+        "int4-weights: torchao's int4 weights run on CUDA here (tinygemm); its CPU layouts need the mslk "
+        "package"
+    )
+    assert build(tech("int4-weights")).unpredictable.startswith("tinygemm packs the weights")
+    assert build(tech("int4-weights", group_size=100)).problems(8) == [
+        "int4-weights: group_size must be one of 32, 64, 128, 256"
+    ]
+
+
+@pytest.mark.cuda
+def test_int4_weights_store_a_generations_linear_layers_in_4_bits_on_a_card():
+    pytest.importorskip("torchao")
+    from bench.launch import detect
+    from bench.launch.local import run_isolated
+
+    half = (tech("half", dtype="bfloat16"),)
+    plain = run_isolated(generation(half), detect("cuda"))
+    int4 = run_isolated(generation((*half, tech("int4-weights", group_size=32))), detect("cuda"))
+    assert plain["status"] == int4["status"] == "ok", int4
+    assert int4["proof"]["int4-weights.quantized_linears"] > 0
+    assert int4["param_bytes"] < plain["param_bytes"]
