@@ -213,8 +213,7 @@ class Int4Weights(Technique):
     """
 
     modes = SERVING
-    axis = "quantization"
-    offers = (offer("int4-weights", "bfloat16"),)
+    not_advised = "advice ranks plans by their prediction, and fake tensors cannot predict this one"
     unpredictable = "tinygemm packs the weights with a CUDA kernel that fake tensors cannot run"
     summary = "torchao int4 weight-only linear layers (tinygemm, CUDA, bfloat16) for serving"
 
