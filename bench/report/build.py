@@ -97,6 +97,9 @@ def _predicted_for_gpu(suite_dir: Path, table: pd.DataFrame) -> list[Block]:
             "predicted peak GiB": gib(KEY.peak_tensor_bytes),
             "peak in": rest.get(KEY.peak_phase),
             "activations GiB": gib(KEY.activation_bytes),
+            "prefill GiB": gib(KEY.peak_prefill_bytes),  # a generation's phases and cache
+            "decode GiB": gib(KEY.peak_decode_bytes),
+            "cache GiB": gib(KEY.kv_cache_bytes),
             "note": rest.get(KEY.message, pd.Series(index=rest.index, dtype=object)).fillna(""),
         }
     )
