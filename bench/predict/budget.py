@@ -127,9 +127,13 @@ def longest_context(
     A generation predicted whole costs a forward per new token, a minute or two at GPU shapes, so the search
     predicts generations of two new tokens twice instead, each a few seconds: at the prompt (its prefill is
     the real one's) and at the prompt and the new tokens less two (its one decode step is the real last one,
-    which holds all that any step before it held: a cache that only grows, and longer ids). The larger of the
-    two peaks leads the search; whole generations then confirm the answer and the prompt a step longer,
-    moving the answer until they agree. ``said`` is told each length tried, as it is (minutes of work)."""
+    which holds all that any step before it held: a cache that only grows, and longer ids). That second
+    generation's prefill is longer than the real one, so only its decode counts: its decode peak, or on a card
+    whether it ran out of memory decoding (a prompt of an odd length fragments the allocator's segments
+    otherwise than the real one, and ran out of memory in a prefill the real generation never makes). The
+    larger of the two leads the search; whole generations then confirm the answer and the prompt a step
+    longer, moving the answer until they agree. ``said`` is told each length tried, as it is (minutes of
+    work)."""
     shapes, new = spec.gpu, spec.gpu.new_tokens
     cap = card.capacity if card is not None else budget
     limit = (_positions(spec) - new) // step  # prompts of 1 to ``limit`` steps
@@ -137,19 +141,25 @@ def longest_context(
     if not first:
         return None
 
-    def peak(prompt: int, tokens: int) -> float:
+    def peak(prompt: int, tokens: int, decoding: bool = False) -> float:
         at = replace(shapes, prompt_len=prompt, new_tokens=tokens, seq_len=prompt + tokens)
         out = predict(spec, at, card=card, reserved=card is not None)
-        fits = out.ok and out.verdict != "out of memory"
-        value = (out.peak_reserved_bytes if card is not None else out.peak_tensor_bytes) if fits else math.inf
-        how = "whole" if tokens == new else f"{tokens} new tokens"
+        if decoding and out.verdict == "out of memory" and out.oom_phase != "decode":
+            value = 0.0  # its own, longer prefill failed: nothing learnt of the real decode
+        elif not out.ok or out.verdict == "out of memory":
+            value = math.inf
+        elif card is not None:
+            value = out.peak_reserved_bytes
+        else:
+            value = out.peak_decode_bytes if decoding else out.peak_tensor_bytes
+        how = "whole" if tokens == new else f"{tokens} new tokens" + (", its decode" if decoding else "")
         said(f"a {prompt:,}-token prompt ({how}): {'fits' if value <= cap else 'does not fit'}")
         return value
 
     def led(k: int) -> float:  # the k-th prompt from the first that runs, by its two short generations
         prompt = (first + k - 1) * step
         prefilled = peak(prompt, 2)
-        return prefilled if prefilled > cap else max(prefilled, peak(prompt + new - 2, 2))
+        return prefilled if prefilled > cap else max(prefilled, peak(prompt + new - 2, 2, decoding=True))
 
     def whole(n: int) -> bool:
         return peak(n * step, new) <= cap

@@ -94,6 +94,40 @@ def test_every_command_reads_its_budget_one_way():
         Budget.parse("60%", "cuda")  # predict and fit: there is no baseline to take a share of
 
 
+def test_a_short_generation_out_of_memory_in_its_own_longer_prefill_does_not_cut_the_context(monkeypatch):
+    """The probe of the last decode step prefills a prompt longer than the real one, of an odd length that
+    fragments the allocator otherwise: on a card, its running out of memory in that prefill says nothing of
+    the real generation (int8 weights on an RTX 4090 did so at 23,166 tokens where 23,040 fit whole, and the
+    search climbed to its answer a whole generation at a time, minutes each). Only a decode that runs out of
+    memory counts against a prompt."""
+    from types import SimpleNamespace
+
+    from bench.predict import budget
+    from bench.predict.cards import card
+
+    rtx = card("rtx4090")
+    fits = 40 * 256  # the longest prompt whose generation (128 new tokens) the fake card holds
+
+    wholes = []
+
+    def fake(spec, at, card=None, reserved=False):
+        wholes.extend([at.prompt_len] if at.new_tokens == 128 else [])
+        over, odd = at.prompt_len + at.new_tokens > fits + 128, at.prompt_len % 256 != 0
+        oom = "prefill" if odd and not over else ("decode" if over else None)
+        return SimpleNamespace(
+            ok=True,
+            verdict="out of memory" if oom else "fits",
+            oom_phase=oom,
+            peak_reserved_bytes=rtx.capacity * at.prompt_len / (fits + 1),
+        )
+
+    monkeypatch.setattr(budget, "predict", fake)
+    monkeypatch.setattr(budget, "_positions", lambda spec: 1 << 17)
+    run = generation(new_tokens=128)
+    assert budget.longest_context(run, card=rtx) == fits + 128
+    assert wholes == [fits, fits + 256]  # whole generations only confirm the answer the short ones led to
+
+
 @pytest.mark.slow
 def test_the_longest_context_a_generation_holds_fits_whole_and_a_step_longer_does_not(monkeypatch):
     """Found to 256 tokens, led by short generations and confirmed by whole ones; a prompt shorter than its
