@@ -377,6 +377,10 @@ class FidelityResult:
     fidelity_train_size: int | None = doc("training samples")
     fidelity_test_size: int | None = doc("held-out samples")
     fidelity_error: str | None = column("the fidelity phase failed: why (the measurement stands)")
+    fidelity_interrupted: bool | None = doc(
+        "the fidelity phase was stopped by Ctrl-C or SIGTERM: the measurement is kept, and a sweep run again "
+        "measures the run again"
+    )
 
 
 @dataclass

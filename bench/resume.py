@@ -76,7 +76,7 @@ def plan(
                 path,
                 key,
                 stored,
-                *_decide(stored, keys, keep_failures, forced_since),
+                *_decide(stored, keys, keep_failures, forced_since, spec.fidelity(device_type) is not None),
                 frozenset(keys),
             )
         )
@@ -102,9 +102,13 @@ def _measured_on(root: Path, suite: str, device_type: str, *specs: RunSpec) -> s
 
 
 def _decide(
-    stored: dict[str, Any] | None, keys: set[str], keep_failures: bool, forced_since: str | None
+    stored: dict[str, Any] | None,
+    keys: set[str],
+    keep_failures: bool,
+    forced_since: str | None,
+    fidelity: bool = True,
 ) -> tuple[bool, str]:
-    """(measure it?, why)."""
+    """(measure it?, why). ``fidelity``: the sweep runs the fidelity phase."""
     if stored is None:
         return True, "no stored record"
     if stored.get(KEY.run_key) not in keys:
@@ -121,6 +125,8 @@ def _decide(
     if status == Status.OK and stored.get(KEY.device_type) == "cuda" and not stored.get(KEY.memory_history):
         # the trace that holds the simulator to the card: worth a re-measure, after the runs never measured
         return True, "re-measured: its record, from before CUDA runs saved one, holds no allocator history"
+    if status == Status.OK and stored.get(KEY.fidelity_interrupted) and fidelity:
+        return True, "re-measured: its fidelity phase was interrupted (its record stands until then)"
     if status in DETERMINISTIC or keep_failures:
         return False, f"kept stored record ({status})"
     return True, f"retried: the stored record is {status!r}, which may not recur (--keep-failures keeps it)"

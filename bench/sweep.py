@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from bench import results, resume
-from bench.launch import Launcher
+from bench.launch import Launcher, MeasuredThenStopped
 from bench.record import KEY, MEMORY_SUMMARY, Record, Status
 from bench.suite import Suite
 
@@ -114,10 +114,18 @@ def _measure(
                 file=log,
                 flush=True,
             )
-            record = result(t) | {KEY.run_index: t.suite.position(t.spec.name)}
+            stopped = None
+            try:
+                record = result(t)
+            except MeasuredThenStopped as stop:  # its memory and speed were measured: stored, never lost
+                record, stopped = stop.record, stop
+            record[KEY.run_index] = t.suite.position(t.spec.name)
             finish(record, records[t.suite.name], results_root)
             if archive is not None and device:
                 results.pack(archive, results_root, names, device)
+            if stopped is not None:
+                print(f"[{i}/{len(todo)}] {label(t)}: stored, fidelity phase cut short", file=log, flush=True)
+                raise stopped
             print(
                 f"[{i}/{len(todo)}] {label(t)}: {_outcome(record, _baseline(record, records[t.suite.name]))}",
                 file=log,

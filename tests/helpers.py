@@ -180,6 +180,17 @@ class DiesInFidelity(Technique):
         return model
 
 
+class SleepsInFidelity(Technique):
+    """Applies at once for the prediction and the measured steps, then, in the fidelity phase (batch 8, where
+    the run's is 2), writes its process id to BENCH_TEST_PID_FILE and sleeps BENCH_TEST_SLEEP seconds."""
+
+    def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        if ctx.shapes.batch_size == 8:
+            Path(os.environ["BENCH_TEST_PID_FILE"]).write_text(str(os.getpid()))
+            time.sleep(float(os.environ.get("BENCH_TEST_SLEEP", "0")))
+        return model
+
+
 class Unavailable(Technique):
     def unsupported(self, ctx: RunContext) -> str | None:
         return "needs a package this machine does not have (pip install nothing-real)"

@@ -175,6 +175,41 @@ def test_a_terminated_sweep_takes_its_run_down_with_it(tmp_path):
         os.kill(worker, 0)
 
 
+@pytest.mark.fault("signals")
+@pytest.mark.slow
+def test_a_sweep_stopped_in_a_runs_fidelity_phase_stores_what_it_measured_and_measures_it_again(tmp_path):
+    """Ctrl-C or SIGTERM in the fidelity phase, minutes after the memory and speed were measured, threw them
+    away with the run's temporary folder. They are stored, marked, and the next sweep measures the run
+    again."""
+    suite = tmp_path / "s.toml"
+    suite.write_text(
+        'model = "vit-tiny"\nbaseline = "slow"\n'
+        "[shapes.gpu]\nbatch_size = 2\nimage_size = 32\n"
+        "[shapes.cpu]\nbatch_size = 2\nimage_size = 32\nwarmup_steps = 1\nmeasure_steps = 1\n"
+        "[fidelity]\nsteps = 2\nseeds = 2\nbatch_size = 8\nimage_size = 32\n"
+        '[[runs]]\nname = "slow"\ntechniques = ["tests.helpers:SleepsInFidelity"]\n'
+    )
+    pid_file = tmp_path / "fidelity.pid"
+    env = os.environ | {"BENCH_TEST_SLEEP": "120", "BENCH_TEST_PID_FILE": str(pid_file)}
+    cmd = [sys.executable, "-m", "bench", "run", str(suite), "--device", "cpu", "--results", tmp_path / "r"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not pid_file.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    proc.terminate()
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "stored, fidelity phase cut short" in out, out
+    path = results.record_path(tmp_path / "r", "s", device_name("cpu"), "slow")
+    stored = results.read(path)
+    assert stored["status"] == "ok" and stored["peak_tensor_bytes"] > 0 and stored["samples_per_s"] > 0
+    assert stored["fidelity_interrupted"] and stored["fidelity_error"].startswith("interrupted")
+    env["BENCH_TEST_SLEEP"] = "0"
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "re-measured: its fidelity phase was interrupted" in again.stderr
+    assert "fidelity_interrupted" not in results.read(path) and results.read(path)["accuracy"] is not None
+
+
 def test_cpu_device_name_carries_the_processor_thread_count_and_vector_instructions():
     # Stored CPU records must not be reused on another processor, thread count or instruction set (bf16's
     # speed).

@@ -35,6 +35,16 @@ def detect(requested: str = "auto") -> Device:
     return Device(kind, device_name(kind), torch.cuda.device_count() if kind == "cuda" else 1)
 
 
+class MeasuredThenStopped(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped a run in its fidelity phase, after its memory and speed were measured: the
+    sweep stores ``record`` (those figures, the phase marked interrupted) before it stops as an interrupt
+    does. A launcher fills in the record as it would a finished run's."""
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        super().__init__()
+        self.record = record
+
+
 class Launcher(Protocol):
     # The device the records will be filed under; None where only the runs find out (a Slurm node).
     device_name: str | None

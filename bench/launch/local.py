@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from bench import progress, results
-from bench.launch import Device
+from bench.launch import Device, MeasuredThenStopped
 from bench.launch.process import Kind, Process, fork_works_on_cuda, start_server
 from bench.predict import Ahead
 from bench.provenance import git_revision
@@ -70,22 +70,30 @@ class Local:
                 cuda = self.device.type == "cuda" and task.path is not None
                 kept = task.path.with_suffix(".history.pickle.gz") if cuda else None
                 clock = time.monotonic()
-                outcome = run_isolated(
-                    task.spec,
-                    self.device,
-                    shot,
-                    self.torchrun,
-                    kind,
-                    ahead.get(task.spec),
-                    heartbeat=lambda said: print(f"    {task.spec.name}: {said}", file=log, flush=True),
-                    history=kept,
-                )
-                # wall_s: the run's whole process (start-up, prediction, measurement, fidelity phase)
-                return (
-                    results.base_record(task.spec, self.device.name, self.device.type, task.key, revision)
-                    | {KEY.wall_s: round(time.monotonic() - clock, 1)}
-                    | outcome
-                )
+
+                def record(outcome: dict[str, Any]) -> dict[str, Any]:
+                    # wall_s: the run's whole process (start-up, prediction, measurement, fidelity phase)
+                    return (
+                        results.base_record(task.spec, self.device.name, self.device.type, task.key, revision)
+                        | {KEY.wall_s: round(time.monotonic() - clock, 1)}
+                        | outcome
+                    )
+
+                try:
+                    outcome = run_isolated(
+                        task.spec,
+                        self.device,
+                        shot,
+                        self.torchrun,
+                        kind,
+                        ahead.get(task.spec),
+                        heartbeat=lambda said: print(f"    {task.spec.name}: {said}", file=log, flush=True),
+                        history=kept,
+                    )
+                except MeasuredThenStopped as stop:
+                    stop.record = record(stop.record)
+                    raise
+                return record(outcome)
 
             yield run
 
@@ -159,8 +167,13 @@ def run_isolated(
                 f"{progress.heard(said)}; running the same command again retries it, and --timeout "
                 "SECONDS (or timeout_s in the suite) raises the limit",
             )
-        except BaseException:  # Ctrl-C: take the run down with us, keep what is stored
+        except BaseException as stop:  # Ctrl-C or SIGTERM: take the run down with us, keep what is stored
             proc.kill()
+            if isinstance(stop, KeyboardInterrupt) and (early := _early(out_path)) is not None:
+                interrupted = "interrupted: stopped by Ctrl-C or SIGTERM; the same command measures it again"
+                raise MeasuredThenStopped(
+                    early | {KEY.fidelity_error: interrupted, KEY.fidelity_interrupted: True}
+                ) from stop
             raise
         tail = _tail(err_path, Path(tmp) / "ranks")
         if code == 0 and out_path.exists():
@@ -238,10 +251,15 @@ def oom_kills() -> int | None:
 def _measured(out_path: Path, status: str, message: str) -> dict[str, Any]:
     """A run stopped short: where its memory and speed were measured before the fidelity phase, it stays
     ``ok`` with those figures and the phase's failure beside them; else ``status`` with ``message``."""
-    early = out_path.with_name(out_path.name + ".measured")
-    if early.exists():
-        return json.loads(early.read_text()) | {KEY.fidelity_error: f"{status}: {message}"}
+    if (early := _early(out_path)) is not None:
+        return early | {KEY.fidelity_error: f"{status}: {message}"}
     return {KEY.status: status, KEY.message: message}
+
+
+def _early(out_path: Path) -> dict[str, Any] | None:
+    """The run's memory and speed figures, handed over before its fidelity phase; None: it got no further."""
+    early = out_path.with_name(out_path.name + ".measured")
+    return json.loads(early.read_text()) if early.exists() else None
 
 
 def _tail(err_path: Path, rank_logs: Path) -> str:
