@@ -23,7 +23,7 @@ ASSUMPTIONS = (
     "fake CPU tensors stand for CUDA ones, in 512-byte blocks; attention runs CUDA's fused kernels as CUDA "
     "picks them (flash for 16-bit inputs without a mask, else memory-efficient, or math for grouped keys; "
     "the sdpa technique's backend where named); dropout, the math path's too, saves a one-byte mask; an "
-    "optimizer left to choose runs foreach; norms save their statistics in CUDA's dtypes; Adam's step "
+    "optimizer left to choose runs foreach; norms save their statistics in CUDA's dtypes; optimizers' step "
     "counters and the memory-efficient kernel's RNG seed and offset live on the host, as on CUDA; autocast "
     "casts by CUDA's op lists; batch norm saves no cuDNN reserve space; the reserved peak replays the first "
     "step and the measured one through the caching allocator after cuBLAS's workspaces (CublasHandlePool's "
@@ -31,7 +31,7 @@ ASSUMPTIONS = (
     "--card names another, following the run's PYTORCH_CUDA_ALLOC_CONF (max_split_size_mb, "
     "roundup_power2_divisions; "
     "expandable segments are replayed as ordinary ones); cuDNN's and other kernels' own workspaces are not "
-    "modelled; float16 autocast leaves out its GradScaler; a value read off a tensor "
+    "modelled; float16's GradScaler counts its scaled loss, not its own scalars; a value read off a tensor "
     "(.item(), as Adafactor's norms) reads as 1; an optimizer update its package compiles (torchao's 8-bit "
     "AdamW) counts its state, not the kernel's temporaries; packed sequences attend through the "
     "variable-length flash kernel; a generation makes exactly its new tokens (generate()'s stop check is "
@@ -200,9 +200,15 @@ def optimizers_as_cuda() -> Iterator[None]:
         yield
 
 
+# The scalar state optimizers make on the host (torch.tensor(0.0), no device): torch.optim's step counters
+# (and NAdam's running product) outside capturable and fused groups, torchao's step counters. A scalar an
+# optimizer computes from a parameter stays on its device: transformers' Adafactor keeps its RMS, a norm,
+# there (hf-bert-large's Adafactor on the H100: a block a parameter).
+HOST_SCALARS = ("step", "mu_product")
+
+
 def host_state(optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
-    """The optimizer state CUDA keeps on the host: torch.optim's scalar state (Adam's step counter, one per
-    parameter) outside capturable and fused groups."""
+    """The optimizer state CUDA keeps on the host (HOST_SCALARS), one tensor per parameter and name."""
     if optimizer is None:
         return []
     on_device = {
@@ -212,6 +218,6 @@ def host_state(optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
         v
         for p, state in optimizer.state.items()
         if id(p) not in on_device
-        for v in state.values()
-        if torch.is_tensor(v) and v.dim() == 0
+        for k, v in state.items()
+        if k in HOST_SCALARS and torch.is_tensor(v) and v.dim() == 0
     ]

@@ -186,13 +186,14 @@ class FakeSaveOnCpu(torch.autograd.graph.saved_tensors_hooks):
 class ScalerWithoutValues:
     """A GradScaler (``amp`` with float16) for fake tensors: its overflow check reads values, which read as 1,
     so the real one would take every step for an overflow and skip the optimizer (whose state would then go
-    uncounted). Its few scalars are not counted: a real run's are 512-byte blocks, off the peak."""
+    uncounted). The scaled loss is a tensor of its own, alive through backward as the real one's is (the H100
+    records' peaks in backward held its 512-byte block); the scaler's own scalars are not counted."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
-        return loss
+        return loss * 1.0  # the real one multiplies by its scale
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.step()

@@ -237,6 +237,9 @@ def test_the_host_state_is_adams_step_counters_outside_fused_groups():
     assert cuda.host_state(fused) == []  # fused and capturable steps keep their counters on the device
 
 
+LOGITS_HELD = "7940e663"  # the revision whose trainer held the logits through backward
+
+
 @pytest.mark.full
 @pytest.mark.parametrize(
     "path", sorted(RESULTS.glob("*/nvidia-h100*/*.json")), ids=lambda p: f"{p.parent.parent.name}-{p.stem}"
@@ -246,18 +249,20 @@ def test_every_h100_record_is_predicted_byte_for_byte(path):
     counted there, to the byte, and so is the peak. Each needs CUDA's outputs where they differ from the meta
     kernels': layer norm's float32 statistics for 16-bit inputs (pure-bf16 ViT read 1.2 MB low without), and
     the host placement of the memory-efficient attention kernel's seed and offset (fp32 BERT and ViT: 24
-    blocks high) and of Adam's step counters (BERT's forward peaks: 201 blocks high). The trainer that
-    measured these records (7940e663) held the logits through backward, which today's does not, as a
-    hand-written loop would not: a peak in backward is the prediction and those logits' blocks. Under
-    float16's GradScaler it is one block more (a scalar of the scaled loss alive at that trainer's peak),
-    which nothing here models."""
+    blocks high), of optimizers' step counters (BERT's forward peaks: 201 blocks high) and not of a scalar an
+    optimizer computes (transformers' Adafactor's RMS: bert-large's, 393 blocks low), and float16's scaled
+    loss alive through backward (a block). The trainer that measured the records of 2026-11-22 (7940e663)
+    held the logits through backward, which today's does not, as a hand-written loop would not: a peak in
+    backward there is the prediction and those logits' blocks."""
     record = results.read(path)
+    if record["status"] != "ok":
+        pytest.skip(f"{record['status']}: no peak to hold the prediction to")
     out = predict(RunSpec.from_dict(record["spec"]))
     assert out.activation_bytes == record["activation_bytes"]
     held = 0
-    if record["peak_phase"] == "backward":
+    if record["peak_phase"] == "backward" and record["git_revision"].startswith(LOGITS_HELD):
         shapes = record["spec"]["gpu"]
         dtype = getattr(torch, record["proof"]["output_dtype"].removeprefix("torch."))
         logits = shapes["batch_size"] * models.resolve(record["model"]).num_classes * dtype.itemsize
-        held = -(-logits // 512) * 512 + (512 if record["proof"].get("amp.grad_scaler") else 0)
+        held = -(-logits // 512) * 512
     assert out.peak_tensor_bytes + held == record["peak_tensor_bytes"]
