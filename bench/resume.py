@@ -106,7 +106,7 @@ def _decide(
     keys: set[str],
     keep_failures: bool,
     forced_since: str | None,
-    fidelity: bool = True,
+    fidelity: bool,
 ) -> tuple[bool, str]:
     """(measure it?, why). ``fidelity``: the sweep runs the fidelity phase."""
     if stored is None:

@@ -137,7 +137,8 @@ def longest_context(
     shapes, new = spec.gpu, spec.gpu.new_tokens
     cap = card.capacity if card is not None else budget
     limit = (_positions(spec) - new) // step  # prompts of 1 to ``limit`` steps
-    first = next((n for n in range(1, limit + 1) if runs_with(spec, replace(shapes, prompt_len=n * step))), 0)
+    prompts = range(1, limit + 1)
+    first = next((n for n in prompts if runs_at(spec, shapes=replace(shapes, prompt_len=n * step))), 0)
     if not first:
         return None
 
@@ -184,11 +185,6 @@ def _positions(spec: RunSpec) -> int:
     return model.config.max_position_embeddings
 
 
-def runs_with(spec: RunSpec, shapes: Shapes) -> bool:
-    """Whether the entry's techniques run at these shapes (a prefill's chunk is shorter than the prompt)."""
-    return Recipe.of(spec, CPU, shapes, predicting=True).unsupported() is None
-
-
 def fewest_ranks(spec: RunSpec, budget: int, own: Prediction | None = None) -> int | None:
     """The fewest processes, from 2 to the entry's nproc, over which each rank's predicted peak at GPU shapes
     fits ``budget``; None if even nproc does not. Sharding only takes memory off a rank as ranks are added, so
@@ -210,9 +206,12 @@ def fewest_ranks(spec: RunSpec, budget: int, own: Prediction | None = None) -> i
     return sizes[hi]
 
 
-def runs_at(spec: RunSpec, world_size: int) -> bool:
-    """Whether the entry's techniques can run over ``world_size`` processes (checked without torch work)."""
-    return Recipe.of(spec, CPU, spec.gpu, predicting=True, world_size=world_size).unsupported() is None
+def runs_at(spec: RunSpec, world_size: int | None = None, shapes: Shapes | None = None) -> bool:
+    """Whether the entry's techniques can run over ``world_size`` processes (default: its own) at ``shapes``
+    (default: its GPU shapes; a prefill's chunk must be shorter than the prompt), checked without torch
+    work."""
+    recipe = Recipe.of(spec, CPU, shapes or spec.gpu, predicting=True, world_size=world_size or spec.nproc)
+    return recipe.unsupported() is None
 
 
 def _on_the_line(points: list[tuple[int, float]], budget: int) -> int | None:

@@ -82,8 +82,7 @@ def save_contexts(table: pd.DataFrame, path: Path, card: str, revision: str, tor
 
     from bench.results import write_atomic
 
-    found = table[table["longest_context"].notna()] if "longest_context" in table else table.iloc[:0]
-    rows = found[[KEY.run, "longest_context"]].assign(
+    rows = table[table["longest_context"].notna()][[KEY.run, "longest_context"]].assign(
         card=card, git_revision=revision, torch_version=torch_version
     )
     if path.exists():
