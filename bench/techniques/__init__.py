@@ -10,6 +10,7 @@ from bench.techniques import (  # noqa: F401  (each module registers its techniq
     generation,
     inference,
     kernels,
+    legacy,
     loss,
     lowbit,
     offload,
