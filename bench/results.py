@@ -223,6 +223,9 @@ def set_aside_if_unreadable(path: Path) -> None:
 LOCK = ".sweep.lock"
 PREDICTED = "predicted-gpu.csv"  # beside a suite's device folders: the whole suite predicted at GPU shapes
 CONTEXTS = "longest-{card}.csv"  # beside them too, per card: a generation's longest contexts (predict --card)
+# Beside them too: figures measured elsewhere and published, a row each: the suite's run, the card (a name of
+# bench.predict.cards), nvidia-smi's MiB for the process, and where it was published (bench.predict.held).
+PUBLISHED = "published.csv"
 
 
 def read_contexts(suite_dir: Path) -> dict[str, dict[str, int | None]]:

@@ -60,3 +60,17 @@ def test_the_docs_table_of_gpu_records_against_their_predictions_is_current(tmp_
     copy.write_text(page.read_text())
     held.write(copy, page.parents[1] / "results")
     assert copy.read_text() == page.read_text(), "docs/measuring.md's table is stale: run make docs"
+
+
+@pytest.mark.full
+def test_every_published_figure_is_predicted_within_five_percent_on_its_card():
+    """results/*/published.csv: what others measured with nvidia-smi (Hugging Face's bert-large table, under
+    PyTorch 1.10), held against the prediction of the suite's run on that card."""
+    root = Path(__file__).resolve().parents[2]
+    found = held.published(root / "results", root / "suites")
+    assert len(found) >= 6
+    assert {
+        r["run"]: round(r["predicted"] / r["published"], 3)
+        for r in found
+        if abs(r["predicted"] / r["published"] - 1) > 0.05
+    } == {}
