@@ -29,13 +29,12 @@ ASSUMPTIONS = (
     "step and the measured one through the caching allocator after cuBLAS's workspaces (CublasHandlePool's "
     "defaults; a handle for forward's thread and, in training, one for backward's), on an H100 unless "
     "--card names another, following the run's PYTORCH_CUDA_ALLOC_CONF (max_split_size_mb, "
-    "roundup_power2_divisions; "
-    "expandable segments are replayed as ordinary ones); cuDNN's and other kernels' own workspaces are not "
-    "modelled; float16's GradScaler counts its scaled loss, not its own scalars; a value read off a tensor "
-    "(.item(), as Adafactor's norms) reads as 1; an optimizer update its package compiles (torchao's 8-bit "
-    "AdamW) counts its state, not the kernel's temporaries; packed sequences attend through the "
-    "variable-length flash kernel; a generation makes exactly its new tokens (generate()'s stop check is "
-    "counted, not read)"
+    "roundup_power2_divisions; expandable segments are replayed as ordinary ones); cuDNN's and other "
+    "kernels' own workspaces are not modelled; float16's GradScaler counts its scaled loss, not its own "
+    "scalars; a value read off a tensor (.item(), as Adafactor's norms) reads as 1; an optimizer update its "
+    "package compiles (torchao's 8-bit AdamW) counts its state, not the kernel's temporaries; packed "
+    "sequences attend through the variable-length flash kernel; a generation makes exactly its new tokens "
+    "(generate()'s stop check is counted, not read)"
 )
 aten = torch.ops.aten
 
