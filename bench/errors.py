@@ -16,6 +16,11 @@ class BadInput(Exception):
     """A flag or value the user can fix: printed as one line."""
 
 
+class NotStored(BadInput):
+    """Runs measured whose records could not be written where the sweep stores them (each was kept in a
+    temporary file, named as it happened): the sweep ends with exit status 2, so a script notices."""
+
+
 class SuiteError(Exception):
     """Every problem found in a suite file, one per line."""
 

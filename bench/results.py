@@ -81,11 +81,13 @@ def write_atomic(path: Path, record: dict[str, Any] | str) -> None:
         raise
 
 
-def store(path: Path, record: dict[str, Any]) -> None:
+def store(path: Path, record: dict[str, Any]) -> bool:
     """Write the record; where that fails (a full disk, a folder made read-only meanwhile), keep the
-    measurement in a file of the temporary folder and name it on stderr rather than lose it."""
+    measurement in a file of the temporary folder and name it on stderr rather than lose it. Returns whether
+    it is at ``path``: the sweep's exit status says so."""
     try:
         write_atomic(path, record)
+        return True
     except OSError as exc:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         kept = (
@@ -97,6 +99,7 @@ def store(path: Path, record: dict[str, Any]) -> None:
             f"copy it there once the folder can be written",
             file=sys.stderr,
         )
+        return False
 
 
 def save_beside(path: Path, suffix: str, text: str) -> str:
@@ -137,11 +140,23 @@ def check_writable(results: Path, suites: list[str], device: str | None) -> None
         )
 
 
+def refuse_dangling(folder: Path, flag: str) -> None:
+    """A symbolic link on the folder's path whose target is gone: BadInput naming both (mkdir said only "File
+    exists", of a folder that does not)."""
+    for p in (folder, *folder.parents):
+        if p.is_symlink() and not p.exists():
+            raise BadInput(
+                f"{p} is a symbolic link to {os.readlink(p)}, which does not exist; make that folder, "
+                f"remove the link, or pass {flag}"
+            )
+
+
 def writable(folder: Path, what: str, flag: str) -> None:
     """Before any work: ``folder`` can be made and written; else BadInput naming it, what would go there, and
     the flag that puts it elsewhere (a search or a sweep's output was found unwritable only once it was done).
     Folders it made to find out are removed again: nothing is left behind by a command that then writes
     nothing."""
+    refuse_dangling(folder, flag)
     made = (
         next((p for p in (folder, *folder.parents) if p.parent.exists()), folder)
         if not folder.exists()

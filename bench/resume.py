@@ -141,7 +141,13 @@ def forced_since(folder: Path, force: bool) -> str | None:
     if not force:
         return None
     now = datetime.now(UTC).isoformat(timespec="microseconds")
-    results.write_atomic(marker, now + "\n")  # never a 0-byte marker: a full disk fails here, before any run
+    try:  # never a 0-byte marker: a full disk fails here, before any run, and leaves none
+        results.write_atomic(marker, now + "\n")
+    except OSError as exc:
+        raise BadInput(
+            f"--force: cannot write its marker {marker} ({exc.strerror or exc}); free space in (or make "
+            f"writable) {folder}, or pass --results FOLDER elsewhere"
+        ) from None
     return now
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from bench import results, resume
+from bench.errors import NotStored
 from bench.launch import Launcher, MeasuredThenStopped
 from bench.record import KEY, MEMORY_SUMMARY, Record, Status
 from bench.suite import Suite
@@ -46,7 +47,7 @@ def campaign(
         for s in suites
     }
     with results.sweeping(list(folders.values())):
-        records, todo = _measure(
+        records, todo, unstored = _measure(
             suites,
             launcher,
             results_root,
@@ -60,6 +61,11 @@ def campaign(
             archive,
         )
     print(f"done: {len(todo)} runs measured in {_elapsed(start)}", file=log)
+    if unstored:
+        raise NotStored(
+            f"{len(unstored)} measured run(s) could not be stored in {results_root}: {', '.join(unstored)}; "
+            "each is kept in the temporary file named above: copy it there once the folder can be written"
+        )
     return records
 
 
@@ -75,8 +81,9 @@ def _measure(
     force: bool,
     never_measured_first: bool,
     archive: Path | None,
-) -> tuple[dict[str, list[dict[str, Any]]], list[resume.Task]]:
-    """The sweep proper, under the folders' lock: plan, say what is kept, measure the rest."""
+) -> tuple[dict[str, list[dict[str, Any]]], list[resume.Task], list[str]]:
+    """The sweep proper, under the folders' lock: plan, say what is kept, measure the rest. Returns the
+    records, the tasks measured, and the runs whose records could not be stored."""
     device, names = launcher.device_name, [s.name for s in suites]
     tasks = [
         t
@@ -106,6 +113,7 @@ def _measure(
     )
     if todo and (said := estimate(todo, results_root, device, launcher.device_type)):
         print(said, file=log)
+    unstored: list[str] = []
     with launcher.running(todo, log) as result:
         for i, t in enumerate(todo, 1):
             print(
@@ -120,7 +128,8 @@ def _measure(
             except MeasuredThenStopped as stop:  # its memory and speed were measured: stored, never lost
                 record, stopped = stop.record, stop
             record[KEY.run_index] = t.suite.position(t.spec.name)
-            finish(record, records[t.suite.name], results_root)
+            if not finish(record, records[t.suite.name], results_root):
+                unstored.append(label(t))
             if archive is not None and device:
                 results.pack(archive, results_root, names, device)
             if stopped is not None:
@@ -133,7 +142,7 @@ def _measure(
             )
     for folder in folders.values():
         resume.force_done(folder)
-    return records, todo
+    return records, todo, unstored
 
 
 def estimate(todo: list[resume.Task], root: Path, device: str | None, device_type: str) -> str:
@@ -176,9 +185,10 @@ def _missing_snapshot(task: resume.Task, launcher: Launcher) -> str:
     return ""
 
 
-def finish(record: dict[str, Any], records: list[dict[str, Any]], results_root: Path) -> None:
+def finish(record: dict[str, Any], records: list[dict[str, Any]], results_root: Path) -> bool:
     """Store the record atomically, in its typed form (bench.record: a figure without a value is absent), and
-    keep it with the others. What is derived from several records (the accuracy delta) is left to reports."""
+    keep it with the others; returns whether it is stored under ``results_root``. What is derived from several
+    records (the accuracy delta) is left to reports."""
     record[KEY.stored_at] = datetime.now(UTC).isoformat(timespec="microseconds")  # what --force compares
     path = results.record_path(results_root, record[KEY.suite], record[KEY.device], record[KEY.run])
     if summary := record.pop(MEMORY_SUMMARY, None):
@@ -186,8 +196,9 @@ def finish(record: dict[str, Any], records: list[dict[str, Any]], results_root: 
     record = finite(Record.from_flat(record).to_flat())
     results.set_aside_if_unreadable(path)
     results.keep_superseded(path)
-    results.store(path, record)
+    stored = results.store(path, record)
     records.append(record)
+    return stored
 
 
 def finite(record: dict[str, Any]) -> dict[str, Any]:

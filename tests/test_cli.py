@@ -131,7 +131,8 @@ def test_sweep_flags_a_slurm_sweep_would_ignore_are_refused(tmp_path, capsys):
     assert "expected a whole number of at least 0" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("nproc", ["0", "1", "-3", "65537", "eight"])
+@pytest.mark.fault("cli values")
+@pytest.mark.parametrize("nproc", ["0", "1", "-3", "65537", "eight", "٣", "３"])
 def test_predict_refuses_a_world_size_out_of_range(capsys, nproc):
     with pytest.raises(SystemExit) as info:
         main(["predict", "dist-smoke", "--nproc", nproc])
@@ -161,7 +162,17 @@ def test_make_refuses_its_variables_in_lower_case():
 
 
 @pytest.mark.fault("cli values")
-@pytest.mark.parametrize("value", ["0", "-5", "1e10", "soon"])
+@pytest.mark.parametrize("flag", ["--jobs", "--predict-jobs"])
+def test_numeric_flags_take_ascii_digits_only(tmp_path, capsys, flag):
+    """Python's int() reads any script's digits ('٣' is 3): a flag here takes ASCII digits, as the rest do."""
+    command = "predict" if flag == "--jobs" else "run"
+    with pytest.raises(SystemExit) as info:
+        main([command, "smoke", flag, "٣", "--only", "baseline", "--results", str(tmp_path)])
+    assert info.value.code == 2 and "expected a whole number" in capsys.readouterr().err
+
+
+@pytest.mark.fault("cli values")
+@pytest.mark.parametrize("value", ["0", "-5", "1e10", "soon", "٣٠"])
 def test_timeout_flag_takes_seconds_up_to_a_week(capsys, value):
     with pytest.raises(SystemExit) as info:
         main(["run", "smoke", "--timeout", value])
@@ -277,3 +288,62 @@ def test_predict_refuses_an_unknown_card_or_a_card_beside_a_budget(capsys, flags
 def test_fit_takes_a_budget_or_on_a_gpu_a_card(capsys, flags, said):
     assert main(["fit", "smoke", *flags]) == 2
     assert said in capsys.readouterr().err
+
+
+@pytest.mark.fault("disk")
+def test_an_archive_path_that_is_a_folder_is_refused_before_any_run(tmp_path, capsys):
+    """It died renaming .archive-dir.tmp onto the folder after the first run, and measured nothing more."""
+    (tmp_path / "out").mkdir()
+    argv = ["campaign", "smoke", "--archive", str(tmp_path / "out"), "--results", str(tmp_path / "r")]
+    assert main(argv) == 2
+    said = capsys.readouterr().err
+    assert f"--archive {tmp_path / 'out'} is a folder; name a file to write" in said
+    assert not (tmp_path / "r").exists() and list((tmp_path / "out").iterdir()) == []
+
+
+@pytest.mark.fault("disk")
+@pytest.mark.parametrize("command", ["run", "overview"])
+def test_a_dangling_link_as_the_results_folder_is_named_with_its_target(tmp_path, capsys, command):
+    (tmp_path / "results").symlink_to(tmp_path / "gone")
+    argv = ["run", "smoke", "--only", "baseline"] if command == "run" else ["overview"]
+    assert main([*argv, "--results", str(tmp_path / "results")]) == 2
+    said = capsys.readouterr().err
+    assert f"{tmp_path / 'results'} is a symbolic link to {tmp_path / 'gone'}, which does not exist" in said
+    assert "File exists" not in said
+
+
+@pytest.mark.fault("disk")
+def test_force_on_a_full_disk_says_so_and_leaves_no_marker(tmp_path, capsys, monkeypatch):
+    from bench import resume
+
+    def full(path, record):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(results, "write_atomic", full)
+    argv = ["run", "smoke", "--only", "baseline", "--device", "cpu", "--force", "--results", str(tmp_path)]
+    assert main(argv) == 2
+    said = capsys.readouterr().err
+    assert "--force: cannot write its marker" in said and "(No space left on device); free space in" in said
+    assert "Traceback" not in said and not list(tmp_path.rglob(resume.FORCE_MARKER))
+
+
+@pytest.mark.fault("disk")
+def test_a_sweep_that_could_not_store_a_measured_run_exits_non_zero(tmp_path, capsys, monkeypatch):
+    """A full disk at the record: it was kept in the temporary folder and named, and the sweep exited 0."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "kept"))
+    (tmp_path / "kept").mkdir()
+    write = results.write_atomic
+
+    def full_at_records(path, record):
+        if path.suffix == ".json" and path.parent.parent.name == "smoke":
+            raise OSError(28, "No space left on device")
+        write(path, record)
+
+    monkeypatch.setattr(results, "write_atomic", full_at_records)
+    argv = ["run", "smoke", "--only", "baseline", "--device", "cpu", "--no-fidelity", "--results"]
+    assert main([*argv, str(tmp_path / "r")]) == 2
+    said = capsys.readouterr().err
+    assert f"error: 1 measured run(s) could not be stored in {tmp_path / 'r'}: baseline" in said
+    assert len(list((tmp_path / "kept").glob("bench-unsaved-smoke-baseline-*.json"))) == 1

@@ -19,15 +19,21 @@ if TYPE_CHECKING:
 JOBS = min(os.cpu_count() or 1, 4)  # processes predicting at once by default: each takes about 1 GB
 
 
+def digits(text: str) -> bool:
+    """Whether ``text`` is a whole number in ASCII digits: ``str.isdigit`` and ``int`` take any script's
+    digits ('٣' is 3 to them), which a numeric flag here does not."""
+    return text.isascii() and text.isdigit()
+
+
 def positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+    if not digits(text) or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
     return int(text)
 
 
 def points(text: str) -> float:
     try:
-        value = float(text)
+        value = float(text) if text.isascii() else -1.0  # float() too reads any script's digits
     except ValueError:
         value = -1.0
     if not 0 <= value <= 100:
@@ -36,7 +42,7 @@ def points(text: str) -> float:
 
 
 def world_size(text: str) -> int:
-    if not text.isdigit() or not 2 <= int(text) <= MAX_NPROC:
+    if not digits(text) or not 2 <= int(text) <= MAX_NPROC:
         raise argparse.ArgumentTypeError(
             f"expected a number of processes from 2 to {MAX_NPROC:,}, got {text!r}"
         )
@@ -44,14 +50,14 @@ def world_size(text: str) -> int:
 
 
 def count(text: str) -> int:
-    if not text.isdigit():
+    if not digits(text):
         raise argparse.ArgumentTypeError(f"expected a whole number of at least 0, got {text!r}")
     return int(text)
 
 
 def seconds(text: str) -> float:
     try:
-        value = float(text)
+        value = float(text) if text.isascii() else -1.0  # float() too reads any script's digits
     except ValueError:
         value = -1.0
     if not 0 < value <= MAX_TIMEOUT_S:

@@ -119,7 +119,6 @@ def _run(args: argparse.Namespace) -> int:
 
 def _campaign(args: argparse.Namespace) -> int:
     paths = [suite_path(name) for name in args.suites]  # before torch is imported
-    from bench.results import writable
     from bench.sweep import campaign
 
     args.slurm, args.snapshot = None, False
@@ -127,13 +126,25 @@ def _campaign(args: argparse.Namespace) -> int:
     chosen = [selected(p, args) for p in paths]  # every file checked before anything runs
     # The archive is rewritten after every run: found unwritable after the first, the rest went unmeasured.
     if args.archive is not None:
-        writable(args.archive.parent, f"the archive {args.archive.name}", "--archive PATH")
+        _archive_writable(args.archive)
     launcher = local(args)
     records = campaign(
         chosen, launcher, args.results, never_measured_first=True, archive=args.archive, **sweep_options(args)
     )
     _pages(args.results, [s.name for s in chosen])
     return 1 if any(r[KEY.status] == Status.ERROR for rs in records.values() for r in rs) else 0
+
+
+def _archive_writable(archive: Path) -> None:
+    """The archive's path names a file that can be written: a folder there took the first rename's
+    traceback, with a temporary file left beside it and every later run unmeasured."""
+    from bench.results import writable
+
+    if archive.is_dir():
+        raise BadInput(
+            f"--archive {archive} is a folder; name a file to write, e.g. --archive {archive / 'records.tgz'}"
+        )
+    writable(archive.parent, f"the archive {archive.name}", "--archive PATH")
 
 
 def _pages(results: Path, suites: list[str]) -> None:

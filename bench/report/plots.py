@@ -7,7 +7,9 @@ baseline."""
 from __future__ import annotations
 
 import os
+import tempfile
 import zlib
+from pathlib import Path
 
 import matplotlib
 
@@ -67,10 +69,14 @@ def save(fig, path, dpi: int = 120) -> None:
     then closed."""
     try:
         for target, options in ((path, {"dpi": dpi}), (path.with_suffix(".svg"), {"metadata": SVG_METADATA})):
-            # a full disk leaves the old plot, never half a new
-            partial = target.with_name(f".{target.name}.tmp")
+            # A full disk leaves the old plot, never half a new; a name of its own, since two reports of one
+            # suite at once each renamed the other's file away from under it.
+            fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+            os.close(fd)
+            partial = Path(name)
             try:
                 fig.savefig(partial, bbox_inches="tight", format=target.suffix[1:], **options)
+                os.chmod(partial, 0o644)
                 os.replace(partial, target)
             finally:
                 partial.unlink(missing_ok=True)

@@ -396,3 +396,29 @@ def test_pages_are_written_whole_in_utf8_whatever_the_locale(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "amp×2" in (tmp_path / "s" / "report.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.fault("concurrency")
+def test_two_reports_writing_one_plot_at_once_each_write_it_whole(tmp_path):
+    """Two `bench report` of one suite at once: each wrote the plot through one temporary name, and the one
+    that renamed it first left the other "No such file or directory". Here the second writes the same plot
+    while the first is in the middle of it."""
+    import matplotlib.pyplot as plt
+
+    from bench.report import plots
+
+    target = tmp_path / "pareto-cpu.png"
+    inner, outer = plt.figure(), plt.figure()
+    savefig, nested = outer.savefig, []
+
+    def saved_with_another_in_between(path, **options):
+        savefig(path, **options)
+        if not nested:
+            nested.append(path)
+            plots.save(inner, target)  # the other process, from start to end
+
+    outer.savefig = saved_with_another_in_between
+    plots.save(outer, target)
+    assert nested and target.read_bytes().startswith(b"\x89PNG")
+    assert target.with_suffix(".svg").read_text().lstrip().startswith("<?xml")
+    assert not list(tmp_path.glob(".*.tmp"))  # nothing left behind
