@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from bench import IMPORT_NOTES
 from bench.record import KEY
 
 
@@ -91,6 +92,8 @@ def runtime_provenance(device: torch.device) -> dict[str, Any]:
         KEY.cpu_threads: torch.get_num_threads(),
         KEY.finished_at: datetime.now(UTC).isoformat(timespec="seconds"),
     }
+    if IMPORT_NOTES:
+        out[KEY.package_notes] = dict(IMPORT_NOTES)
     if device.type == "cuda":
         out |= {
             KEY.cuda_version: torch.version.cuda,

@@ -293,6 +293,10 @@ class _PredictionOutcome:
     )
     oom_phase: str | None = doc("out of memory: the phase of the request the card could not hold")
     oom_request_bytes: int | None = doc("out of memory: that request's bytes")
+    oom_reserved_bytes: int | None = doc(
+        "out of memory: what the allocator held reserved when that request failed (not a peak: the step "
+        "never reached its own)"
+    )
 
 
 # The tracked figures and the FLOPs, each documented as its measured twin, so that the two never drift apart.
@@ -402,6 +406,9 @@ class Provenance:
     torch_version: str | None = column("torch")
     python_version: str | None = doc("Python")
     packages: dict[str, str] | None = doc("versions of the optional packages the run's process imported")
+    package_notes: dict[str, str] | None = doc(
+        "what an optional package said at import it could not load (kept out of the terminal)"
+    )
     hostname: str | None = doc("the machine")
     cpu_threads: int | None = doc("torch's intra-op threads in the run")
     finished_at: str | None = column("UTC, when the run's process ended")

@@ -39,3 +39,23 @@ def test_a_record_names_the_packages_its_run_imported_and_no_others(monkeypatch)
     # the installed release, build tag aside
     assert torchvision.__version__.startswith(packages["torchvision"])
     assert not {"torchao", "bitsandbytes"} & set(packages) and set(packages) <= set(PACKAGES)
+
+
+def test_an_optional_packages_import_warnings_stay_out_of_the_terminal_and_go_in_the_record():
+    """bitsandbytes warned on every `bench predict` that its CPU 4-bit kernels need `kernels`: read as an
+    error by newcomers. Its warnings are kept for the run's record; its errors still reach the terminal."""
+    import sys
+
+    script = (
+        "import logging, torch, bench\n"
+        "from bench.provenance import runtime_provenance\n"
+        "log = logging.getLogger('bitsandbytes.backends.cpu.ops')\n"
+        "log.warning('Failed to load CPU gemm_4bit_forward from kernels-community')\n"
+        "log.warning('a second, later warning')\n"
+        "log.error('a real error')\n"
+        "print(runtime_provenance(torch.device('cpu'))['package_notes'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    kept = "{'bitsandbytes': 'Failed to load CPU gemm_4bit_forward from kernels-community'}"
+    assert done.stdout.strip() == kept
+    assert done.stderr.strip() == "a real error"
