@@ -245,9 +245,8 @@ def _reserved(tracker: LiveBytes, replay: Replay) -> dict[str, Any]:
     try:
         tracker.replay(allocator)
     except OutOfMemory as exc:
-        return {
-            KEY.peak_allocated_bytes: allocator.peak_allocated,
-            KEY.peak_reserved_bytes: allocator.peak_reserved,
+        return {  # no peaks: the step never reached its own, and the reserve here is the failure's
+            "oom_reserved_bytes": allocator.reserved,
             "verdict": "out of memory",
             "flushes": allocator.retries,
             "oom_phase": OOM_PHASES.get(exc.label, exc.label),

@@ -158,8 +158,10 @@ def _tokens(n: int | None) -> str:
 def verdict(row: dict[str, Any]) -> str:
     """A prediction's verdict on its card, in words."""
     if row.get("verdict") == "out of memory":
+        request, held = row["oom_request_bytes"] / 2**20, (row.get("oom_reserved_bytes") or 0) / 2**30
         return (
-            f"out of memory in {row['oom_phase']} (a request of {row['oom_request_bytes'] / 2**20:,.0f} MiB)"
+            f"out of memory in {row['oom_phase']} (a request of {request:,.0f} MiB, {held:.2f} GiB reserved "
+            "then)"
         )
     flushes = row.get("flushes") or 0
     return f"fits after {flushes} cache flush{'es' if flushes > 1 else ''}" if flushes else "fits"

@@ -9,6 +9,7 @@ from bench import results
 from bench.predict import predict
 from bench.predict import held
 from bench.predict.cards import CARDS, H100_CONTEXT, Card, card
+from bench.predict.table import verdict
 from tests.helpers import spec
 
 MiB = 1 << 20
@@ -38,6 +39,12 @@ def test_every_verdict_is_the_allocator_replayed_under_the_cards_capacity():
     short = on(free.peak_allocated_bytes - 2 * MiB)
     assert short.verdict == "out of memory" and short.oom_phase in ("forward", "backward", "optimizer")
     assert short.oom_request_bytes > 0 and short.card == "test"
+    # No peak beside the verdict: the reserve at the failing request is not the run's reserved peak.
+    assert short.peak_reserved_bytes is None and short.nvml_process_bytes is None
+    assert 0 < short.oom_reserved_bytes <= free.peak_allocated_bytes - 2 * MiB
+    said = verdict(vars(short))
+    assert said.startswith(f"out of memory in {short.oom_phase} (a request of ")
+    assert said.endswith(" GiB reserved then)")
 
 
 def test_the_process_memory_is_the_reserved_peak_and_the_cards_context():
