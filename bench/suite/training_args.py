@@ -16,6 +16,8 @@ from typing import Any
 OPTIMIZERS: dict[str, list[Any]] = {
     "adamw_torch": [{"name": "optimizer", "kind": "adamw", "groups": "trainer"}],
     "adamw_torch_fused": [{"name": "optimizer", "kind": "adamw", "impl": "fused", "groups": "trainer"}],
+    # transformers 4.x's own AdamW (every TrainingArguments it wrote names it): a parameter at a time
+    "adamw_hf": [{"name": "optimizer", "kind": "adamw", "impl": "single", "groups": "trainer"}],
     "adafactor": [{"name": "optimizer", "kind": "adafactor-transformers", "groups": "trainer"}],
     "adamw_8bit": ["adamw-8bit"],
     "adamw_bnb_8bit": ["adamw-8bit"],

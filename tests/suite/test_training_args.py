@@ -58,6 +58,13 @@ def test_the_fields_that_change_memory_become_techniques_and_the_rest_are_named(
     )
 
 
+def test_transformers_4s_own_adamw_is_read_as_what_it_was(tmp_path):
+    """optim = "adamw_hf", in every TrainingArguments file transformers 4.x wrote: its own AdamW, stepping one
+    parameter at a time (as the hf-bert-large suite models it), not a refusal."""
+    run = load(suite(tmp_path, ARGS | {"optim": "adamw_hf"})).runs[1]
+    assert "optimizer(groups=trainer,impl=single,kind=adamw)" in [t.label for t in run.techniques]
+
+
 @pytest.mark.fault("cli values")
 @pytest.mark.parametrize(
     "change, said",
