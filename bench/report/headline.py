@@ -26,11 +26,14 @@ PICKS = {
 
 def candidates(table: pd.DataFrame) -> pd.DataFrame:
     """Runs a practitioner could pick: measured, at the baseline's batch size (matrix rows that change the
-    batch are left out), not known to hurt accuracy (a delta outside the baseline's band), and not timed on a
-    busy machine (their throughput × is the neighbours' as much as theirs)."""
+    batch are left out), not known to hurt accuracy (a delta outside the baseline's band), whose accuracy
+    was not refused (a fidelity phase that failed says nothing of it), and not timed on a busy machine (their
+    throughput × is the neighbours' as much as theirs)."""
     base_batch = table.set_index(KEY.run)[KEY.batch_size].reindex(table[KEY.baseline]).to_numpy()
+    refused = table.get(KEY.fidelity_error, pd.Series(None, index=table.index, dtype=object)).notna()
     keep = (
         (table[KEY.status] == Status.OK)
+        & ~refused
         & table["memory_vs_baseline"].notna()
         & table["throughput_vs_baseline"].notna()
         & (table[KEY.batch_size].to_numpy() == base_batch)

@@ -28,6 +28,15 @@ def test_a_run_that_saves_nothing_is_never_picked():
     ]
 
 
+def test_a_run_whose_fidelity_phase_failed_is_never_picked():
+    """resnet's share-layers ended "ok, fidelity failed" and was then named the best trade, "accuracy not
+    measured here": a pick never rests on an entry whose accuracy was refused."""
+    refused = rec("a", "shared", 500, 100.0) | {"fidelity_error": "share-layers: no identical blocks"}
+    runs = [rec("a", "baseline", 1000, 100.0), refused, rec("a", "half", 700, 90.0)]
+    best = {k: v["run"] for k, v in picks(summary(results.to_frame(runs))).items() if v is not None}
+    assert best == {"largest": "half", "trade": "half"}
+
+
 def test_the_first_screen_answers_per_device_gpu_first_with_coverage_and_picks(tmp_path):
     gpu = {"device": "NVIDIA X", "device_type": "cuda"}
     runs = [r | {"suite": "s"} for r in RUNS] + [
