@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import torch
 
 from bench.models import MODELS
@@ -43,10 +45,13 @@ def test_resnet_shares_the_identical_blocks_within_each_stage():
     assert proof["blocks_sharing"] == (3 - 2) + (4 - 2) + (6 - 2) + (3 - 2)
 
 
-def test_resnet_tiny_has_blocks_to_share_as_resnet50_has():
-    """resnet-tiny stands in for ResNet-50 in the fidelity phase: with one block a stage, share-layers found
-    nothing to share there and resnet's share-layers ended "ok, fidelity failed"."""
-    assert shared("resnet-tiny", 1, image_size=32)["blocks_sharing"] == 1
+def test_resnets_fidelity_stand_in_has_blocks_to_share_as_resnet50_has():
+    """resnet-tiny stood in for ResNet-50 in a CPU's fidelity phase: with one block a stage, share-layers
+    found nothing to share there and resnet's share-layers ended "ok, fidelity failed"."""
+    from bench.suite import load
+
+    stand_in = load(Path("suites/resnet.toml")).runs[0].fidelity_cpu.model
+    assert shared(stand_in, 1, image_size=32)["blocks_sharing"] == 1
 
 
 def test_shared_model_trains_and_shrinks_optimizer_state():
@@ -70,7 +75,7 @@ def test_shared_basis_replaces_every_stage_3x3_conv_with_the_exact_parameter_cou
     # Each 9-weight kernel becomes 4 coefficients; plus one 4×9 basis per stage.
     expected = sum(p.numel() for p in plain.model.parameters()) - full + full // 9 * 4 + 4 * 4 * 9
     proof = trainer.proof()
-    assert proof["shared-basis.replaced_convs"] == len(convs) == 6
+    assert proof["shared-basis.replaced_convs"] == len(convs) == 4
     assert (
         proof["shared-basis.params_after"] == expected == sum(p.numel() for p in trainer.model.parameters())
     )
