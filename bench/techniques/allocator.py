@@ -48,6 +48,15 @@ class AllocatorConfig(Technique):
         return {"conf_in_process": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
 
 
+CUDA_ONLY = (
+    "CUDA_",
+    "PYTORCH_CUDA_",
+    "NCCL_",
+    "CUBLAS_",
+    "CUDNN_",
+)  # variables only CUDA and its libraries read
+
+
 @TECHNIQUES.register("env")
 class Environment(Technique):
     """Any environment variables, set for the run's process before it starts (so before torch and CUDA read
@@ -78,6 +87,12 @@ class Environment(Technique):
 
     def env(self) -> dict[str, str]:
         return dict(pair.split("=", 1) for pair in shlex.split(self.config.vars))
+
+    def unsupported(self, ctx: RunContext) -> str | None:
+        # CUDA's own variables change nothing a CPU runs: such a run would measure the baseline again.
+        if ctx.cuda or not all(name.startswith(CUDA_ONLY) for name in self.env()):
+            return None
+        return f"{', '.join(self.env())}: read by CUDA alone; on a CPU the run would be the baseline again"
 
     def proof(self, steps: int) -> dict[str, Any]:
         return {f"in_process.{k}": os.environ.get(k) for k in self.env()}

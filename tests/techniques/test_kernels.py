@@ -68,6 +68,21 @@ def test_the_env_technique_sets_its_variables_for_a_fresh_run_process():
     assert record["proof"]["env.in_process.BENCH_NOTE"] == "two words"
 
 
+def test_the_env_technique_with_only_cudas_variables_is_unsupported_on_a_cpu():
+    """CUDA_LAUNCH_BLOCKING=1 alone changes nothing a CPU runs: resnet's launch-blocking measured its
+    baseline again under another name, for 20 s of a first command."""
+    from bench.models import MODELS
+    from bench.spec import Shapes
+    from bench.techniques.base import RunContext, build
+
+    cpu = RunContext(torch.device("cpu"), MODELS.get("vit-tiny"), Shapes(2, image_size=32))
+    cuda_only = build(tech("env", vars="CUDA_LAUNCH_BLOCKING=1"))
+    assert cuda_only.unsupported(cpu) == (
+        "CUDA_LAUNCH_BLOCKING: read by CUDA alone; on a CPU the run would be the baseline again"
+    )
+    assert build(tech("env", vars="CUDA_LAUNCH_BLOCKING=1 OMP_NUM_THREADS=1")).unsupported(cpu) is None
+
+
 def test_the_env_technique_refuses_what_is_not_a_name_value_pair(tmp_path):
     from tests.helpers import suite_problems
 
