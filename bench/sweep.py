@@ -13,6 +13,7 @@ from typing import Any, TextIO
 from bench import results, resume
 from bench.errors import NotStored
 from bench.launch import Launcher, MeasuredThenStopped
+from bench.pace import Pace
 from bench.record import KEY, MEMORY_SUMMARY, Record, Status
 from bench.suite import Suite
 
@@ -111,14 +112,15 @@ def _measure(
         f"{results_root}",
         file=log,
     )
-    if todo and (said := estimate(todo, results_root, device, launcher.device_type)):
+    pace = Pace(todo, results_root, device, launcher.device_type)
+    if todo and (said := pace.said(todo)):
         print(said, file=log)
     unstored: list[str] = []
     with launcher.running(todo, log) as result:
         for i, t in enumerate(todo, 1):
             print(
                 f"[{i}/{len(todo)}] {label(t)}: running ({t.reason}; {_elapsed(start)} elapsed"
-                f"{_eta(start, i - 1, len(todo))})",
+                f"{_left(pace.left(todo[i - 1 :]))})",
                 file=log,
                 flush=True,
             )
@@ -128,6 +130,7 @@ def _measure(
             except MeasuredThenStopped as stop:  # its memory and speed were measured: stored, never lost
                 record, stopped = stop.record, stop
             record[KEY.run_index] = t.suite.position(t.spec.name)
+            paced = pace.measure(t, record)
             if not finish(record, records[t.suite.name], results_root):
                 unstored.append(label(t))
             if archive is not None and device:
@@ -140,42 +143,11 @@ def _measure(
                 file=log,
                 flush=True,
             )
+            if paced and (left := pace.left(todo[i:])):
+                print(f"{paced}: about {_minutes(left)} left", file=log, flush=True)
     for folder in folders.values():
         resume.force_done(folder)
     return records, todo, unstored
-
-
-def estimate(todo: list[resume.Task], root: Path, device: str | None, device_type: str) -> str:
-    """How long the runs to measure will take, from the wall times their records took before: on this device
-    where it has one, else on another device of its kind (the nearest evidence there is; another CPU may be
-    several times slower or faster); with what the fidelity phase took of it, and the faster ways."""
-    seen: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for suite in {t.suite.name for t in todo}:
-        for r in results.load_records(root / suite):
-            if r.get(KEY.wall_s) and r.get(KEY.device_type, "cpu") == device_type:
-                seen.setdefault((suite, r[KEY.run]), []).append(r)
-    total = fidelity = 0.0
-    known, sources = 0, set()
-    for t in todo:
-        if found := seen.get((t.suite.name, t.spec.name)):
-            r = max(found, key=lambda r: r[KEY.device] == device)
-            wall, fid = float(r[KEY.wall_s]), float(r.get(KEY.fidelity_s) or 0)
-            has_fidelity = t.spec.fidelity(device_type) is not None
-            total += wall if has_fidelity else wall - fid
-            fidelity += fid if has_fidelity else 0.0
-            known, sources = known + 1, sources | {r[KEY.device]}
-    if not known:
-        return ""
-    where = "this device" if sources == {device} else "; ".join(sorted(sources))
-    faster = (
-        f"; {(total - fidelity) / 60:.0f} min of it without the fidelity phase (--no-fidelity)"
-        if fidelity
-        else ""
-    )
-    return (
-        f"estimated: about {total / 60:.0f} min for the {known} of {len(todo)} runs recorded before (their "
-        f"wall times on {where}){faster}; --only NAMES measures some of them"
-    )
 
 
 def _missing_snapshot(task: resume.Task, launcher: Launcher) -> str:
@@ -254,14 +226,14 @@ def _outcome(record: dict[str, Any], baseline: dict[str, Any] | None = None) -> 
     return "ok, " + ", ".join(parts)
 
 
-def _eta(start: float, done: int, total: int) -> str:
-    """The time left, from the mean of the runs measured so far in this sweep."""
-    if not done or done >= total:
-        return ""
-    left = int((time.monotonic() - start) / done * (total - done))
-    return f", about {left // 60}m{left % 60:02d}s left"
+def _left(seconds: float | None) -> str:
+    return f", about {_minutes(seconds)} left" if seconds else ""
+
+
+def _minutes(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 60}m{s % 60:02d}s"
 
 
 def _elapsed(start: float) -> str:
-    s = int(time.monotonic() - start)
-    return f"{s // 60}m{s % 60:02d}s"
+    return _minutes(time.monotonic() - start)

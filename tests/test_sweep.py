@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import results
+from bench import results, resume
 from bench.errors import BadInput
 from bench.launch import Device
 from bench.launch.local import Local, run_isolated
+from bench.pace import Pace
 from bench.provenance import device_name
 from bench.report import build_report
 from bench.suite import Fidelity, Suite, load, select
@@ -402,42 +403,59 @@ def test_a_cpu_run_says_when_the_machine_was_busy(cpu_s, load, busy, monkeypatch
     assert figures == {"load_average": load, "cpu_share": round(cpu_s / 4, 3), "busy_machine": busy}
 
 
-def test_a_sweep_says_how_long_it_will_take_from_the_times_its_runs_took_before(tmp_path):
-    from bench import resume
-    from bench.sweep import estimate
-
+def _priced_suite(tmp_path):
+    """Three runs a, b, c; a and b measured on another CPU (with their fidelity phases), c never."""
     fid = Fidelity(steps=2, seeds=1, batch_size=8)
-    suite = Suite(
-        "s",
-        Path("s.toml"),
-        "vit-tiny",
-        "",
-        "a",
-        tuple(replace(spec(name=n, batch_size=2, fidelity_cpu=fid), suite="s") for n in ("a", "b", "c")),
-    )
-    # measured on another CPU, with fidelity
+    runs = tuple(replace(spec(name=n, batch_size=2, fidelity_cpu=fid), suite="s") for n in ("a", "b", "c"))
+    suite = Suite("s", Path("s.toml"), "vit-tiny", "", "a", runs)
     for run, wall, fid in (("a", 600.0, 420.0), ("b", 300.0, 180.0)):
+        record = {"suite": "s", "run": run, "device": OTHER, "device_type": "cpu", "status": "ok"}
         results.write_atomic(
-            results.record_path(tmp_path, "s", "Other CPU, 2 threads, AVX2", run),
-            {
-                "suite": "s",
-                "run": run,
-                "device": "Other CPU, 2 threads, AVX2",
-                "device_type": "cpu",
-                "status": "ok",
-                "wall_s": wall,
-                "fidelity_s": fid,
-                "baseline": "a",
-            },
+            results.record_path(tmp_path, "s", OTHER, run),
+            record | {"wall_s": wall, "fidelity_s": fid, "baseline": "a"},
         )
+    return suite
+
+
+OTHER = "Other CPU, 2 threads, AVX2"
+
+
+def test_a_sweep_prices_every_run_from_the_records_another_cpu_made(tmp_path):
+    """c has no record anywhere: it is priced as the median run there, not left out (a new CPU's first
+    command said "about 5 min for the 14 of 36 runs recorded before" and took 19)."""
+
+    suite = _priced_suite(tmp_path)
     todo = resume.plan(suite, CPU.name, tmp_path)
-    assert estimate(todo, tmp_path, CPU.name, "cpu") == (
-        "estimated: about 15 min for the 2 of 3 runs recorded before (their wall times on Other CPU, 2 "
-        "threads, AVX2); 5 min of it without the fidelity phase (--no-fidelity); --only NAMES measures "
-        "some of them"
+    assert Pace(todo, tmp_path, CPU.name, "cpu").said(todo) == (
+        f"estimated: about 22 min for 3 of the 3 runs, from their records' wall times on {OTHER} (1 priced "
+        "as a median run there); at that pace until the first runs here measure this machine's; 8 min of it "
+        "without the fidelity phase (--no-fidelity); --only NAMES measures some of them"
     )
     quick = resume.plan(suite, CPU.name, tmp_path, fidelity=False)
-    assert estimate(quick, tmp_path, CPU.name, "cpu").startswith("estimated: about 5 min for the 2 of 3 runs")
+    assert Pace(quick, tmp_path, CPU.name, "cpu").said(quick).startswith("estimated: about 8 min for 3 of")
+
+
+def test_the_time_left_follows_this_machines_pace_from_the_first_run_measured(tmp_path):
+    """a took twice its time there: b and c are priced at twice theirs (c at the median run's)."""
+
+    todo = resume.plan(_priced_suite(tmp_path), CPU.name, tmp_path)
+    pace = Pace(todo, tmp_path, CPU.name, "cpu")
+    assert pace.left(todo) == 600 + 300 + 450
+    said = pace.measure(todo[0], {"status": "ok", "wall_s": 1200.0})
+    assert said == f"pace: this machine took 2.00× the time {OTHER} took for a"
+    assert pace.left(todo[1:]) == 2 * (300 + 450)
+    assert pace.measure(todo[1], {"status": "unsupported", "wall_s": 3.0}) == ""  # refused: no pace
+    assert pace.left(todo[2:]) == 2 * 450
+
+
+def test_runs_nothing_priced_are_priced_by_the_runs_measured_here(tmp_path):
+
+    suite = _priced_suite(tmp_path / "elsewhere")
+    todo = resume.plan(suite, CPU.name, tmp_path)
+    pace = Pace(todo, tmp_path, CPU.name, "cpu")
+    assert pace.said(todo) == "" and pace.left(todo) is None
+    pace.measure(todo[0], {"status": "ok", "wall_s": 40.0})
+    assert pace.left(todo[1:]) == 80.0
 
 
 @pytest.mark.fault("stored data")
