@@ -224,6 +224,7 @@ class Suite:
     # after select(): every run's name as the file lists them (empty: runs are all)
     order: tuple[str, ...] = ()
     throughput: str = KEY.samples_per_s  # the record's figure that reports compare as throughput ×
+    first_look: tuple[str, ...] = ()  # the runs a CPU measures unless --all (empty: every run)
 
     def position(self, run: str) -> int:
         """The run's 1-based place in the suite file: reports list runs in it, whichever were run last."""

@@ -6,6 +6,7 @@ import argparse
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench.cli.common import (
     job_flags,
@@ -19,6 +20,9 @@ from bench.cli.common import (
 )
 from bench.errors import BadInput
 from bench.record import KEY, Status
+
+if TYPE_CHECKING:
+    from bench.spec import Suite
 
 # make gpu's order: the training suites (with their fidelity phases), then inference and generation, then the
 # small ones.
@@ -45,6 +49,11 @@ def add(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--results", type=Path, default=Path("results"), help="results root (default: results)")
     run.add_argument(
         "--only", metavar="PATTERNS", help="comma-separated run names or globs, e.g. 'baseline,amp-*'"
+    )
+    run.add_argument(
+        "--all",
+        action="store_true",
+        help="every run of the suite on a CPU too, where its first_look names the runs a first look measures",
     )
     run.add_argument(
         "--snapshot",
@@ -93,6 +102,8 @@ def _run(args: argparse.Namespace) -> int:
     from bench.sweep import sweep
 
     refuse_unusable_flags(args)
+    if args.all and args.only is not None:
+        raise BadInput("--all and --only: give one, every run or the runs named")
     suite = selected(path, args)
     torchrun = tuple(shlex.split(args.torchrun))
     if args.slurm is not None:
@@ -106,6 +117,7 @@ def _run(args: argparse.Namespace) -> int:
         launcher = Slurm(device_type, args.results / suite.name / ".submitit", options, torchrun)
     else:
         launcher = local(args, torchrun)
+    suite = _first_look(suite, args, launcher.device_type)
     records = sweep(suite, launcher, args.results, **sweep_options(args))
     table = summary(to_frame(records), suite.throughput)
     print(markdown(table))
@@ -115,6 +127,22 @@ def _run(args: argparse.Namespace) -> int:
     _pages(args.results, [suite.name])
     # oom, timeout and unsupported are findings about the configuration; error means something broke.
     return 1 if any(r[KEY.status] == Status.ERROR for r in records) else 0
+
+
+def _first_look(suite: Suite, args: argparse.Namespace, device_type: str) -> Suite:
+    """On a CPU, the runs the suite's first_look names, unless --all or --only says otherwise: a newcomer's
+    first command took 19 minutes of a two-core machine for runs a GPU is there to measure."""
+    if args.all or args.only is not None or device_type != "cpu" or not suite.first_look:
+        return suite
+    from bench import suite as suites
+
+    chosen = suites.select(suite, list(suite.first_look))
+    print(
+        f"a first look on this CPU: {len(chosen.runs)} of the suite's {len(suite.runs)} runs (its "
+        f"first_look); --all measures every run (make bench SUITE={suite.name} ARGS=--all)",
+        file=sys.stderr,
+    )
+    return chosen
 
 
 def _campaign(args: argparse.Namespace) -> int:

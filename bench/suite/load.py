@@ -47,6 +47,8 @@ TOP_KEYS = {
     "mode": '"train" (default: training steps), "inference" (forward passes only, no gradients) or '
     '"generate" (a causal LM\'s generate(): prompt_len and new_tokens in [shapes.*])',
     "baseline": "name of the run (or matrix key) every run is compared with",
+    "first_look": "names (or globs) of the runs `bench run` measures on a CPU unless --all: a first look "
+    "that ends in minutes on two cores (default: every run)",
     "seed": "integer seed for weights and data",
     "warmup_steps": "steps before measuring, at least 1 (allocator, autotune, compile); "
     "per device in [shapes.*]",
@@ -224,7 +226,29 @@ def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
     throughput = typed(raw, "throughput", str, THROUGHPUTS[0], problems)
     if throughput not in THROUGHPUTS:
         problems.append(f"throughput: {throughput!r} is none of {', '.join(THROUGHPUTS)}")
-    return Suite(name, path, model or "", description, baseline or "", tuple(runs), throughput=throughput)
+    first = _first_look(raw, [r.name for r in runs], problems)
+    return Suite(
+        name,
+        path,
+        model or "",
+        description,
+        baseline or "",
+        tuple(runs),
+        throughput=throughput,
+        first_look=first,
+    )
+
+
+def _first_look(raw: dict[str, Any], names: list[str], problems: list[str]) -> tuple[str, ...]:
+    """The runs a CPU measures unless --all: each pattern must name a run (a typo would leave it out)."""
+    patterns = typed(raw, "first_look", list, [], problems)
+    if not all(isinstance(p, str) for p in patterns):
+        problems.append(f"first_look: expected a list of run names, got {patterns!r}")
+        return ()
+    for p in patterns:
+        if names and not fnmatch.filter(names, p):
+            problems.append(f"first_look: {p!r} matches no run{did_you_mean(p, names)}")
+    return tuple(patterns)
 
 
 def _name(raw: dict[str, Any], path: Path, problems: list[str]) -> str:

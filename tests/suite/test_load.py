@@ -432,3 +432,34 @@ def test_a_user_module_that_hangs_on_import_stops_the_load_with_the_reason(tmp_p
     monkeypatch.setattr(loader, "LOAD_LIMIT_S", 1)
     with pytest.raises(SuiteError, match="loading took more than 1 s: a module it imports"):
         load(write_suite(tmp_path, GOOD.replace('"checkpoint"]', '"slow_techs:Mine"]')))
+
+
+FIRST_LOOK = (
+    'model = "vit-tiny"\nbaseline = "b"\nfirst_look = FIRST\n[shapes.gpu]\nbatch_size = 2\nimage_size = 32\n'
+    '[shapes.cpu]\nbatch_size = 2\nimage_size = 32\n[[runs]]\nname = "b"\ntechniques = []\n'
+    '[[runs]]\nname = "amp-bf16"\ntechniques = [{ name = "amp", dtype = "bfloat16" }]\n'
+    '[[runs]]\nname = "checkpoint"\ntechniques = ["checkpoint"]\n'
+)
+
+
+def test_a_first_look_names_runs_of_the_suite_and_a_typo_is_refused(tmp_path):
+    from tests.helpers import suite_problems, write_suite
+
+    assert load(write_suite(tmp_path, FIRST_LOOK.replace("FIRST", '["amp-*"]'))).first_look == ("amp-*",)
+    (problem,) = suite_problems(tmp_path, FIRST_LOOK.replace("FIRST", '["checkpiont"]'))
+    assert problem == "first_look: 'checkpiont' matches no run (did you mean 'checkpoint'?)"
+
+
+def test_a_first_look_is_what_a_cpu_measures_unless_all_or_only_says_otherwise(tmp_path, capsys):
+    from argparse import Namespace
+
+    from bench.cli.sweep import _first_look
+    from tests.helpers import write_suite
+
+    suite = load(write_suite(tmp_path, FIRST_LOOK.replace("FIRST", '["amp-*"]')))
+    plain = Namespace(all=False, only=None)
+    assert [r.name for r in _first_look(suite, plain, "cpu").runs] == ["b", "amp-bf16"]  # with its baseline
+    assert "a first look on this CPU: 2 of the suite's 3 runs" in capsys.readouterr().err
+    assert _first_look(suite, Namespace(all=True, only=None), "cpu") is suite
+    assert _first_look(suite, Namespace(all=False, only="checkpoint"), "cpu") is suite
+    assert _first_look(suite, plain, "cuda") is suite  # a GPU measures every run
