@@ -17,10 +17,12 @@ TEST_PROCESSES :=
 else
 RUN := $(VENV)/bin/python
 DEPS := $(VENV)/.installed
-# pytest-xdist: a test process per core, at most 4 (each, with the runs it starts, held up to about 2 GB). One
-# test handed out at a time, as a process frees up: the slowest are collected first (tests/conftest.py), and
-# xdist's default of handing each process a quarter of its share at once gave one process all of them.
-TEST_PROCESSES := -n auto --maxprocesses 4 --maxschedchunk 1
+# pytest-xdist: a test process per core and one more, at most 4 (each, with the runs it starts, held up to about
+# 2 GB): a fifth of the suite's time is tests waiting on processes they started (a run's timeout, a signal's
+# reach), and a third process on two cores fills it. One test handed out at a time, as a process frees up: the
+# slowest are collected first (tests/conftest.py), and xdist's default of handing each process a quarter of
+# its share at once gave one process all of them.
+TEST_PROCESSES := -n $(shell python3 -c 'import os; print(min(4, (os.cpu_count() or 1) + 1))') --maxschedchunk 1
 endif
 
 # make's variables are case-sensitive: `make bench suite=resnet` would run smoke without a word.

@@ -54,9 +54,11 @@ class Pace:
         sources = sorted({p.reference for p in priced})
         where = "this device" if sources == [self.device] else "; ".join(sources)
         medians = sum(p.there is None for p in priced)
+        runs = f"{len(priced)} of the {len(todo)} runs"
+        if len(priced) == len(todo):
+            runs = f"the {len(todo)} runs"
         parts = [
-            f"estimated: about {total / 60:.0f} min for {len(priced)} of the {len(todo)} runs, from their "
-            f"records' wall times on {where}"
+            f"estimated: about {total / 60:.0f} min for {runs}, from their records' wall times on {where}"
             + (f" ({medians} priced as a median run there)" if medians else "")
         ]
         if sources != [self.device]:

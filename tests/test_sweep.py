@@ -427,12 +427,13 @@ def test_a_sweep_prices_every_run_from_the_records_another_cpu_made(tmp_path):
     suite = _priced_suite(tmp_path)
     todo = resume.plan(suite, CPU.name, tmp_path)
     assert Pace(todo, tmp_path, CPU.name, "cpu").said(todo) == (
-        f"estimated: about 22 min for 3 of the 3 runs, from their records' wall times on {OTHER} (1 priced "
+        f"estimated: about 22 min for the 3 runs, from their records' wall times on {OTHER} (1 priced "
         "as a median run there); at that pace until the first runs here measure this machine's; 8 min of it "
         "without the fidelity phase (--no-fidelity); --only NAMES measures some of them"
     )
     quick = resume.plan(suite, CPU.name, tmp_path, fidelity=False)
-    assert Pace(quick, tmp_path, CPU.name, "cpu").said(quick).startswith("estimated: about 8 min for 3 of")
+    said = Pace(quick, tmp_path, CPU.name, "cpu").said(quick)
+    assert said.startswith("estimated: about 8 min for the 3 runs")
 
 
 def test_the_time_left_follows_this_machines_pace_from_the_first_run_measured(tmp_path):

@@ -54,7 +54,7 @@ def test_fake_tensor_prediction_equals_the_real_tracked_step_on_cpu(model, techn
     assert_predicted_exactly(spec(model, techniques, batch_size=16))
 
 
-@pytest.mark.slow
+@pytest.mark.full  # 50 s, torchao's compile; make test holds adamw-8bit's tracked state byte for byte
 def test_adamw_8bit_predicts_exactly_with_its_compiled_update_run_eager_on_fake_tensors():
     """torchao compiles the update, which fake tensors cannot enter: they run it eager, and the tracker steps
     aside for it on both sides, so the 8-bit state is counted to the byte."""
@@ -62,6 +62,7 @@ def test_adamw_8bit_predicts_exactly_with_its_compiled_update_run_eager_on_fake_
     assert_predicted_exactly(spec("vit-tiny", (tech("adamw-8bit"),), batch_size=16))
 
 
+@pytest.mark.full  # 70 s: every combination of the shipped suites, trained twice in processes of its own
 def test_predictions_leave_nothing_behind_that_changes_the_real_runs_after_them():
     """A worker predicts, then measures and trains, in one process. Every technique combination of the shipped
     suites, all predicted before any runs for real, must then train to the losses of a process that predicted
@@ -223,7 +224,6 @@ def test_techniques_that_cannot_be_predicted_say_why():
 
 
 @pytest.mark.full
-@pytest.mark.slow
 @pytest.mark.slow
 def test_full_size_models_predict_at_gpu_shapes():
     for name in ("resnet", "bert", "vit"):  # how fast: make perf (tests/perf/test_predict.py)
