@@ -38,7 +38,7 @@ help: ## this list
 
 # Quiet, with its progress: pip's own output (about 280 lines) goes to .venv/install.log, shown only on failure.
 $(VENV)/.installed: pyproject.toml
-	@echo "first use: installing the pinned dependencies into $(VENV) (about 1.5 min; pip's log: $(VENV)/install.log)"
+	@echo "first use: installing the pinned dependencies into $(VENV) (about 2 to 3 min; pip's log: $(VENV)/install.log)"
 	@echo "  [1/3] creating $(VENV)" && python3 -m venv $(VENV)
 	@echo "  [2/3] updating pip" && $(VENV)/bin/pip install --quiet --upgrade pip > $(VENV)/install.log 2>&1 \
 		|| { tail -30 $(VENV)/install.log; exit 1; }
