@@ -96,6 +96,8 @@ def test_interrupted_sweep_keeps_finished_records_and_resumes(tmp_path):
         'model = "vit-tiny"\nbaseline = "baseline"\n'
         "[shapes.gpu]\nbatch_size = 4\nimage_size = 32\n"
         "[shapes.cpu]\nbatch_size = 4\nimage_size = 32\nwarmup_steps = 1\nmeasure_steps = 1\n"
+        # a fidelity phase of its own, short: the default's 3 seeds of 100 steps took 15 s of a loaded machine
+        "[fidelity]\nsteps = 2\nseeds = 2\nbatch_size = 8\nimage_size = 32\n"
         '[[runs]]\nname = "baseline"\ntechniques = []\n'
         '[[runs]]\nname = "slow"\ntechniques = ["tests.helpers:Sleep"]\n'
     )

@@ -26,6 +26,8 @@ def test_predict_command_prints_the_table_with_what_fits_the_budget(tmp_path):
         "checkpoint",
         "--results",
         str(tmp_path),
+        "--jobs",  # in this process: the spawned ones are another test's (they took 10 s to start here)
+        "1",
     ]
     out = subprocess.run(cmd + ["--budget", "2GiB"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
