@@ -137,6 +137,7 @@ def test_a_transformer_layer_keeps_what_korthikanti_counts(techniques, per_layer
     assert per_layer <= (kept[1] - kept[0]) / (s * b * h) < per_layer + 0.1  # 34.08: the statistics
 
 
+@pytest.mark.full  # ViT-L/16 at full size, a published figure: 15-20 s of a loaded two-core machine
 def test_vit_l16_at_batch_1_needs_what_the_optimizer_in_backward_tutorial_measured():
     """PyTorch's optimizer_step_in_backward tutorial: ViT-L/16, batch 1, Adam on CUDA peaks at about 6 GB, and
     about 4 GB with the step fused into backward. The first holds only if Adam is predicted as foreach:

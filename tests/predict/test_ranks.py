@@ -70,6 +70,7 @@ def test_zero3_model_states_per_rank_at_any_world_size(n):
     assert states == 16 * elements + 4 * tensors
 
 
+@pytest.mark.full  # BERT-base at full size: make test holds ZeRO-3's states on tiny models
 def test_zero3_on_bert_base_is_the_textbook_figure():
     """At BERT-base's size, the padding and counters are noise: 16·Ψ/8 to 0.02%."""
     out = _predicted(tech("fsdp", mixed_precision="bfloat16"), 8, "bert-base", batch_size=1, seq_len=8)
