@@ -24,13 +24,11 @@ class Price:
     seconds: float
     without_fidelity: float  # the same, less the fidelity phase (what --no-fidelity would take)
     reference: str  # the device whose records priced it
-    there: float | None  # its own record's wall time there, to hold against its time here; None: a median
+    own: bool  # its own record's time, of a run that ran there: its time here sets the pace (else a median)
 
 
-def wall(record: dict[str, Any], fidelity: bool) -> float | None:
+def wall(record: dict[str, Any], fidelity: bool) -> float:
     """The record's wall time, less its fidelity phase for a run measured without one."""
-    if not record.get(KEY.wall_s):
-        return None
     return float(record[KEY.wall_s]) - (0.0 if fidelity else float(record.get(KEY.fidelity_s) or 0))
 
 
@@ -38,7 +36,7 @@ class Pace:
     """The sweep's runs priced from stored records, and this machine's pace learnt from the runs measured."""
 
     def __init__(self, todo: list[Task], root: Path, device: str | None, device_type: str) -> None:
-        self.device, self.device_type = device, device_type
+        self.device = device
         refs = {s: _reference(root / s, device, device_type) for s in {t.suite.name for t in todo}}
         self.prices = {id(t): _price(t, refs[t.suite.name], device_type) for t in todo}
         self.here: dict[str, float] = defaultdict(float)  # per reference: wall times measured here ...
@@ -53,7 +51,7 @@ class Pace:
         total, quick = sum(p.seconds for p in priced), sum(p.without_fidelity for p in priced)
         sources = sorted({p.reference for p in priced})
         where = "this device" if sources == [self.device] else "; ".join(sources)
-        medians = sum(p.there is None for p in priced)
+        medians = sum(not p.own for p in priced)
         runs = f"{len(priced)} of the {len(todo)} runs"
         if len(priced) == len(todo):
             runs = f"the {len(todo)} runs"
@@ -77,11 +75,11 @@ class Pace:
         self.measured.append(float(record[KEY.wall_s]))
         price = self.prices[id(task)]
         # A refused run takes seconds wherever it is refused: its time says nothing of the machine.
-        if price is None or price.there is None or record[KEY.status] != Status.OK:
+        if price is None or not price.own or record[KEY.status] != Status.OK:
             return ""
         first = price.reference not in self.here and price.reference != self.device
         self.here[price.reference] += float(record[KEY.wall_s])
-        self.there[price.reference] += price.there
+        self.there[price.reference] += price.seconds
         if not first:
             return ""
         factor = self.factor(price.reference)
@@ -128,10 +126,10 @@ def _price(task: Task, reference: tuple[str, dict[str, dict]] | None, device_typ
     fidelity = task.spec.fidelity(device_type) is not None
     if (own := records.get(task.spec.name)) is not None:
         ran = own[KEY.status] == Status.OK  # else refused there: its seconds are no measure of the pace
-        return Price(wall(own, fidelity), wall(own, False), name, wall(own, fidelity) if ran else None)
+        return Price(wall(own, fidelity), wall(own, False), name, own=ran)
     ran = [r for r in records.values() if r[KEY.status] == Status.OK]
     if not ran:
         return None
     with_phase = [r for r in ran if r.get(KEY.fidelity_s)] if fidelity else ran
     typical = statistics.median(wall(r, fidelity) for r in with_phase or ran)
-    return Price(typical, statistics.median(wall(r, False) for r in ran), name, None)
+    return Price(typical, statistics.median(wall(r, False) for r in ran), name, own=False)

@@ -31,11 +31,17 @@ def positive(text: str) -> int:
     return int(text)
 
 
-def points(text: str) -> float:
+def _number(text: str) -> float:
+    """``float(text)`` for an ASCII number (float() too reads any script's digits), else -1: out of every
+    range a flag takes."""
     try:
-        value = float(text) if text.isascii() else -1.0  # float() too reads any script's digits
+        return float(text) if text.isascii() else -1.0
     except ValueError:
-        value = -1.0
+        return -1.0
+
+
+def points(text: str) -> float:
+    value = _number(text)
     if not 0 <= value <= 100:
         raise argparse.ArgumentTypeError(f"expected accuracy points from 0 to 100, got {text!r}")
     return value
@@ -56,10 +62,7 @@ def count(text: str) -> int:
 
 
 def seconds(text: str) -> float:
-    try:
-        value = float(text) if text.isascii() else -1.0  # float() too reads any script's digits
-    except ValueError:
-        value = -1.0
+    value = _number(text)
     if not 0 < value <= MAX_TIMEOUT_S:
         raise argparse.ArgumentTypeError(
             f"expected seconds from 1 to {MAX_TIMEOUT_S:g} (a week), got {text!r}"
