@@ -65,13 +65,14 @@ def largest(
     ``grow``: a guess goes no further than this many times the largest size that fits (a line through two
     small sizes, where fixed costs hold the peak, points far past the answer, and a far size costs more)."""
     lo, hi = 0, limit + 1  # lo fits (0: none yet), hi does not (past the limit: assumed)
-    points: list[tuple[int, float]] = []
+    seen: dict[int, float] = {}
+    probed: list[int] = []
 
     def probe(n: int) -> None:
         nonlocal lo, hi
-        value = at(n)
-        points.append((n, value))
-        lo, hi = (max(lo, n), hi) if value <= budget else (lo, min(hi, n))
+        seen[n] = at(n)
+        probed.append(n)
+        lo, hi = (max(lo, n), hi) if seen[n] <= budget else (lo, min(hi, n))
 
     probe(1)
     if lo == 0:
@@ -80,17 +81,27 @@ def largest(
         probe(start)
     misses = 0  # guesses in a row that did not halve the bracket
     while hi - lo > 1:
-        width, guess = hi - lo, _on_the_line(points, budget) if misses < 2 else None
+        width = hi - lo
+        guess = _guess(seen, probed, lo, hi, budget) if misses < 2 else None
         if guess is None:  # no line, or the line is not converging: double, or halve the bracket
             probe(min(2 * lo, hi - 1) if hi > limit else (lo + hi) // 2)
             misses = 0
             continue
-        n = min(max(guess, lo + 1), hi - 1, grow * lo if grow else hi)
-        if any(n == m for m, _ in points):  # the line agrees with itself: its neighbour closes the bracket
-            n = n + 1 if n == lo else n - 1
-        probe(n)
+        probe(min(max(guess, lo + 1), hi - 1, grow * lo if grow else hi))
         misses = 0 if hi - lo <= width // 2 else misses + 1
     return lo
+
+
+def _guess(seen: dict[int, float], probed: list[int], lo: int, hi: int, budget: float) -> int | None:
+    """The next size to try: where the line through the bracket's ends crosses the budget, when both have a
+    figure (a card's out of memory gives one above it: what was reserved and asked for then); else where the
+    line through the last two sizes with a figure does."""
+    ends = [(n, seen[n]) for n in (lo, hi) if math.isfinite(seen.get(n, math.inf))]
+    finite = ends if len(ends) == 2 else [(n, seen[n]) for n in probed if math.isfinite(seen[n])][-2:]
+    if len(finite) < 2 or finite[0][1] == finite[1][1]:
+        return None
+    (a, pa), (b, pb) = finite
+    return math.floor(a + (budget - pa) * (b - a) / (pb - pa))
 
 
 def largest_batch_on(
@@ -104,8 +115,9 @@ def largest_batch_on(
     def reserved(batch: int) -> float:
         mine = own is not None and batch == shapes.batch_size
         out = own if mine else predict(spec, replace(shapes, batch_size=batch), card=card)
-        fits = out.ok and out.verdict != "out of memory"
-        return out.peak_reserved_bytes if fits else math.inf
+        if out.ok and out.verdict == "out of memory":  # above the card by what it could not hold
+            return max(out.oom_reserved_bytes + out.oom_request_bytes, card.capacity + 1)
+        return out.peak_reserved_bytes if out.ok else math.inf
 
     return largest_batch(spec, card.capacity, limit, peak=reserved)
 
@@ -212,15 +224,6 @@ def runs_at(spec: RunSpec, world_size: int | None = None, shapes: Shapes | None 
     work."""
     recipe = Recipe.of(spec, CPU, shapes or spec.gpu, predicting=True, world_size=world_size or spec.nproc)
     return recipe.unsupported() is None
-
-
-def _on_the_line(points: list[tuple[int, float]], budget: int) -> int | None:
-    """The largest batch under the budget on the line through the last two predictions that gave a peak."""
-    finite = [p for p in points if math.isfinite(p[1])]
-    if len(finite) < 2 or finite[-1][1] == finite[-2][1]:
-        return None
-    (a, pa), (b, pb) = finite[-2:]
-    return math.floor(a + (budget - pa) * (b - a) / (pb - pa))
 
 
 @dataclass(frozen=True)

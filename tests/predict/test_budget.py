@@ -1,10 +1,12 @@
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from bench.predict import RESERVE, Budget, largest_batch, parse_size, predict, tensor_budget
+from bench.predict.budget import largest
 from bench.record import Prediction
 from tests.helpers import generation, spec, tech
 
@@ -151,3 +153,18 @@ def test_the_longest_context_a_generation_holds_fits_whole_and_a_step_longer_doe
     assert min(c.prompt_len for c in calls) == 512  # 256 is not over the chunk of 300: not a run of it
     assert sum(c.new_tokens == 8 for c in calls) <= 3  # whole generations only to confirm
     assert longest_context(run, budget=2**20) is None
+
+
+@pytest.mark.parametrize("over", [lambda value: value, lambda value: math.inf])
+def test_a_figure_above_the_budget_narrows_the_search_as_a_card_out_of_memory_gives_one(over):
+    """A card's out of memory says what was reserved and asked for: the line through both ends of the bracket
+    then lands on the answer, where a failure without a figure leaves bisection to close the bracket."""
+    calls = []
+    peak = lambda n: 10_000 + 300 * n + 4_000 * (n // 64)  # noqa: E731  linear, with the allocator's steps
+
+    def at(n: int) -> float:
+        calls.append(n)
+        return peak(n) if peak(n) <= 2_000_000 else over(peak(n))
+
+    assert largest(at, 2_000_000, 1 << 16, start=16) == max(n for n in range(6_000) if peak(n) <= 2_000_000)
+    assert len(calls) <= 8 if over(1.0) == 1.0 else len(calls) > 8, calls
