@@ -8,7 +8,6 @@ from pathlib import Path
 
 from bench.registry import did_you_mean
 
-
 EXIT_BAD_INPUT = 2  # a command's exit status for input the user can fix
 
 

@@ -21,13 +21,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench.record import KEY
 from bench import models, progress
 from bench.data import real
 from bench.data.synthetic import Batch
 from bench.infer import forward
 from bench.models import ModelSpec
 from bench.recipe import Recipe, Stepper
+from bench.record import KEY
 from bench.suite import Fidelity, RunSpec, Shapes
 
 EVAL_BATCH = 256

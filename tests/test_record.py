@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from bench.record import DERIVED, KEY, STATUSES, Record, label, migrate, reference
-from bench.suite.load import DATA_KEYS, GENERATION_KEYS, RUN_KEYS, TOP_KEYS
 from bench.suite.fidelity_table import FIDELITY_KEYS
+from bench.suite.load import DATA_KEYS, GENERATION_KEYS, RUN_KEYS, TOP_KEYS
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMITTED = sorted(ROOT.glob("results/*/*/*.json"))

@@ -20,10 +20,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from bench.record import Prediction
 from bench.advise import probe
 from bench.advise.evidence import Evidence, Figure, canonical
 from bench.advise.plans import Option, Plan
+from bench.record import Prediction
 
 
 @dataclass(frozen=True)

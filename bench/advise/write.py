@@ -10,9 +10,9 @@ from typing import Any
 from bench.advise import Advice
 from bench.advise.search import Candidate
 from bench.advise.source import device_type_key, loaded
-from bench.suite.toml_text import to_toml
 from bench.record import KEY, Status
 from bench.results import slug, write_atomic
+from bench.suite.toml_text import to_toml
 
 GIB = 2**30
 

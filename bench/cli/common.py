@@ -127,8 +127,8 @@ def job_suite(args: argparse.Namespace, folder: Path = Path(".cache/suites")) ->
             "--batch and --training-args: the training arguments give the batch; leave --batch out"
         )
     from bench.models import resolve
-    from bench.suite import from_config
     from bench.spec import HF
+    from bench.suite import from_config
 
     try:
         inputs = resolve(HF + args.hf).inputs

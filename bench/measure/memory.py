@@ -18,7 +18,8 @@ from torch import nn
 
 from bench.measure.allocator import CachingAllocator, OutOfMemory, Replay
 from bench.measure.tracker import LiveBytes, storages
-from bench.record import KEY, AT_PEAK as CATEGORIES
+from bench.record import AT_PEAK as CATEGORIES
+from bench.record import KEY
 
 
 def cuda_peaks(device: torch.device) -> dict[str, int]:

@@ -17,10 +17,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from bench.generate import Generator
+from bench.measure.allocator import Conf, Replay, cublas_workspaces
 from bench.measure.memory import optimizer_state, track, tracked_step
 from bench.measure.tracker import CUDA_BLOCK, on_host
 from bench.models import ModelSpec
 from bench.predict import ranks
+from bench.predict.cards import CARDS, Card
 from bench.predict.cuda import as_cuda, host_state
 from bench.predict.stand_ins import (
     OutputsAsReal,
@@ -32,8 +34,6 @@ from bench.predict.stand_ins import (
     parameters_as_real,
     techniques_as_real,
 )
-from bench.measure.allocator import Conf, Replay, cublas_workspaces
-from bench.predict.cards import CARDS, Card
 from bench.recipe import Recipe, batches, tracked_steps
 from bench.record import KEY, Prediction, Status
 from bench.suite import RunSpec, Shapes

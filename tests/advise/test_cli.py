@@ -6,10 +6,10 @@ import shutil
 import pytest
 
 from bench import advise
+from bench.advise import search
 from bench.advise.plans import Option
 from bench.cli import main
 from bench.provenance import CPU_BF16
-from bench.advise import search
 from bench.suite import load
 from tests.advise.test_estimate import record, write
 

@@ -6,8 +6,7 @@ from pathlib import Path
 import pytest
 
 from bench import results
-from bench.predict import predict
-from bench.predict import held
+from bench.predict import held, predict
 from bench.predict.cards import CARDS, H100_CONTEXT, Card, card
 from bench.predict.table import verdict
 from tests.helpers import spec

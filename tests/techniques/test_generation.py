@@ -1,7 +1,6 @@
 import importlib.util
 
 import pytest
-
 import torch
 
 from bench.recipe import Recipe
