@@ -83,6 +83,9 @@ class TechniqueSpec:
         return f"{self.name}({opts})" if opts else self.name
 
 
+HF = "hf:"  # a model built from a Hugging Face config.json: hf:PATH[#task] (bench.models.hf)
+
+
 @dataclass(frozen=True)
 class RunSpec:
     suite: str
@@ -166,9 +169,6 @@ class RunSpec:
         # an edited config.json measures again too
         configs = sorted(n for n in names if n and n.startswith(HF))
         return {m: _source_digest(m) for m in modules} | {c: _digest(hf_config_file(c)) for c in configs}
-
-
-HF = "hf:"  # a model built from a Hugging Face config.json: hf:PATH[#task] (bench.models.hf)
 
 
 def hf_config_file(name: str) -> Path:

@@ -32,6 +32,9 @@ PRELOAD = ["bench.launch.preload"]  # what a run imports, so that a forked one f
 SERVER_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
 
 
+SWEEP_PID = "BENCH_SWEEP_PID"  # the process that asked for the run
+
+
 class Process:
     """A run's process, forked or fresh, in its own session: ``wait`` and ``kill`` as for a Popen."""
 
@@ -115,9 +118,6 @@ def _child(argv: list[str], env: dict[str, str], log: str) -> None:
 
     sys.argv = [module, *args]
     sys.exit(main(*args))
-
-
-SWEEP_PID = "BENCH_SWEEP_PID"  # the process that asked for the run
 
 
 def _abandoned(env: dict[str, str], log: str) -> bool:

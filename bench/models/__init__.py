@@ -60,6 +60,9 @@ def _inside(name: str, blocks: list[str]) -> bool:
     return any(name == b or name.startswith(f"{b}.") for b in blocks)
 
 
+OBJECTIVES = ("classify", "next-token", "masked-lm")
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A model as the harness needs it: how to build it at a run's shapes and what it takes and predicts."""
@@ -141,9 +144,6 @@ class ModelSpec:
             return F.cross_entropy(logits, labels)
         targets = next_tokens(labels) if self.objective == "next-token" else labels
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
-
-
-OBJECTIVES = ("classify", "next-token", "masked-lm")
 
 
 def next_tokens(labels: torch.Tensor) -> torch.Tensor:

@@ -41,6 +41,9 @@ LLAMA_LAYOUT = {"llama", "mistral", "qwen2", "qwen3"}
 CPU_PARAMS = 2e9  # over this many parameters (8 GB of float32), a model is predicted only, as llama3-8b is
 
 
+DTYPES = ("float32", "bfloat16", "float16")
+
+
 @functools.cache  # a suite's runs resolve their model many times; its size is counted once
 def spec(name: str) -> ModelSpec:
     """The ModelSpec of ``hf:PATH[#task]``; KeyError naming the file and the fix where it cannot be read."""
@@ -74,7 +77,6 @@ def spec(name: str) -> ModelSpec:
 
 # Config fields a name may set after its task, as from_pretrained takes them.
 OVERRIDES = ("attn_implementation", "dtype")
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _fragment(name: str) -> tuple[str, dict[str, str]]:

@@ -59,6 +59,9 @@ register(ModelSpec("bert-base", _bert_base, "tokens", NUM_LABELS, vocab_size=305
 register(ModelSpec("bert-tiny", _bert_tiny, "tokens", NUM_LABELS, vocab_size=128, **BERT))
 
 
+LLAMA3_CONTEXT = 131_072  # max_position_embeddings of Meta's Llama-3.1 and 3.2 configs
+
+
 def _llama(shapes: Shapes, **shape: object) -> nn.Module:
     """A Llama-3-family causal language model of ``shape`` (LlamaConfig's names), random, with SDPA
     attention, and Llama-3.1's and 3.2's context of 131,072 positions (no buffer is sized by it)."""
@@ -136,7 +139,6 @@ def _llama_digits(shapes: Shapes) -> nn.Module:
 
 
 LLAMA3_VOCAB, TINY_VOCAB, DIGITS_VOCAB = 128_256, 32_768, 48
-LLAMA3_CONTEXT = 131_072  # max_position_embeddings of Meta's Llama-3.1 and 3.2 configs
 LLAMA = {
     "objective": "next-token",
     "attention": True,

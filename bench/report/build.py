@@ -27,6 +27,47 @@ from bench.results import PREDICTED, load_records, read_contexts, slug, to_frame
 Draw = Callable[[plt.Axes, pd.DataFrame, str], None]
 
 
+THROUGHPUT_SAID = {
+    KEY.samples_per_s: "samples a second",
+    KEY.tokens_per_s: "tokens a second, padding included",
+    KEY.real_tokens_per_s: "real tokens a second, padding left out (the suite's `throughput`)",
+}
+
+
+HEADLINE_NOTE = (
+    "Picks among the runs at the baseline's batch size that save memory (at most 0.99× the baseline's "
+    "peak) and whose accuracy delta, where measured, lies within the baseline's seed-to-seed band; "
+    "ratios are against the baseline on the same device. The tables below have every run."
+)
+
+
+EXPLAINED = [
+    "**Peak memory**: CUDA's `max_memory_allocated` over the timed steps on GPUs; on CPUs the peak of live "
+    "tensor bytes over one instrumented step (`peak in`: the phase of the step where it happened). "
+    "Activations: bytes a forward leaves alive for backward. Throughput: batch size over the median step "
+    "time of the timed steps, after warm-up. Ratios (×) are against the suite's baseline on the same device. "
+    "`results/README.md` explains every column.",
+    "**Breakdown**: what was alive at the peak of the instrumented step, by what holds it: parameters, "
+    "buffers, gradients, optimizer state, activations (made by the forward, the input batch included, and "
+    "still alive) and temporaries (made in backward or the optimizer step: gradients of activations, "
+    "recomputed activations, update buffers). The parts sum to the tracked peak; on CUDA the allocator's "
+    "cache slack (reserved − allocated) is stacked on top.",
+    "**Pareto plot**: a run is on the front when no other run needs less memory and gives more throughput. "
+    "Up and to the left is better. The marker says whether its accuracy delta lies within the baseline's "
+    "noise band. Colours follow the run's first technique and are the same in every plot and suite.",
+    "**Accuracy** (where a fidelity phase ran): after the measured steps, each run's process trains the "
+    "model named above with the run's techniques on the training split, from the same initial weights and "
+    "in the same data order as the baseline, then evaluates on the held-out split (inference suites: the "
+    "plain model is trained, then evaluated under the run's techniques; `agreement` is the share of "
+    "predictions equal to the fp32 model's). Δ accuracy is in points against the baseline; the band (±) is "
+    "the spread (max − min) of the baseline's accuracy over its seeds, and ⚠ marks a delta outside it. "
+    "`grad cos` is the cosine similarity of the run's first-step gradient to the plain model's on the same "
+    "batch.",
+    "**Step times**: every timed step as a box plot (quartiles; whiskers to 1.5 × IQR). A wide box is a "
+    "noisy run; on a shared CPU, throughput ratios are indicative only.",
+]
+
+
 def build_report(suite_dir: Path, here: str | None = None) -> list[Path]:
     """Aggregate every stored record of the suite; returns the files written (table, Markdown, HTML, plots).
     ``here``: the device the report is built for (its section first), by default this machine's."""
@@ -123,18 +164,6 @@ def _neighbours(suite_dir: Path) -> list[tuple[str, str]]:
         if p.is_dir() and p != suite_dir and any(p.glob("*/*.json"))
     )
     return [("overview", "../overview/overview")] + [(name, f"../{name}/report") for name in others]
-
-
-THROUGHPUT_SAID = {
-    KEY.samples_per_s: "samples a second",
-    KEY.tokens_per_s: "tokens a second, padding included",
-    KEY.real_tokens_per_s: "real tokens a second, padding left out (the suite's `throughput`)",
-}
-HEADLINE_NOTE = (
-    "Picks among the runs at the baseline's batch size that save memory (at most 0.99× the baseline's "
-    "peak) and whose accuracy delta, where measured, lies within the baseline's seed-to-seed band; "
-    "ratios are against the baseline on the same device. The tables below have every run."
-)
 
 
 def device_plots(plot_dir: Path, device: str, part: pd.DataFrame) -> list[Path]:
@@ -291,30 +320,3 @@ def _fidelity_line(rec: dict) -> str:
 def _short(revision: str | None) -> str:
     rev, dirty, _ = str(revision).partition("-dirty")
     return rev[:12] + ("-dirty" if dirty else "")
-
-
-EXPLAINED = [
-    "**Peak memory**: CUDA's `max_memory_allocated` over the timed steps on GPUs; on CPUs the peak of live "
-    "tensor bytes over one instrumented step (`peak in`: the phase of the step where it happened). "
-    "Activations: bytes a forward leaves alive for backward. Throughput: batch size over the median step "
-    "time of the timed steps, after warm-up. Ratios (×) are against the suite's baseline on the same device. "
-    "`results/README.md` explains every column.",
-    "**Breakdown**: what was alive at the peak of the instrumented step, by what holds it: parameters, "
-    "buffers, gradients, optimizer state, activations (made by the forward, the input batch included, and "
-    "still alive) and temporaries (made in backward or the optimizer step: gradients of activations, "
-    "recomputed activations, update buffers). The parts sum to the tracked peak; on CUDA the allocator's "
-    "cache slack (reserved − allocated) is stacked on top.",
-    "**Pareto plot**: a run is on the front when no other run needs less memory and gives more throughput. "
-    "Up and to the left is better. The marker says whether its accuracy delta lies within the baseline's "
-    "noise band. Colours follow the run's first technique and are the same in every plot and suite.",
-    "**Accuracy** (where a fidelity phase ran): after the measured steps, each run's process trains the "
-    "model named above with the run's techniques on the training split, from the same initial weights and "
-    "in the same data order as the baseline, then evaluates on the held-out split (inference suites: the "
-    "plain model is trained, then evaluated under the run's techniques; `agreement` is the share of "
-    "predictions equal to the fp32 model's). Δ accuracy is in points against the baseline; the band (±) is "
-    "the spread (max − min) of the baseline's accuracy over its seeds, and ⚠ marks a delta outside it. "
-    "`grad cos` is the cosine similarity of the run's first-step gradient to the plain model's on the same "
-    "batch.",
-    "**Step times**: every timed step as a box plot (quartiles; whiskers to 1.5 × IQR). A wide box is a "
-    "noisy run; on a shared CPU, throughput ratios are indicative only.",
-]

@@ -27,6 +27,17 @@ from bench.report.page import Block, html_page, markdown
 from bench.report.tables import pareto_front, summary
 from bench.results import load_records, slug, to_frame, write_atomic
 
+INTRO = (
+    "Recorded: how many of the suite's entries the device has a record of (each report lists the rest with "
+    "its predicted peak at GPU shapes). Per suite and device (this machine's, then GPUs, first), three "
+    "picks among the runs measured at the baseline's batch size that save memory (at most 0.99× the "
+    "baseline's peak) and whose accuracy delta (where measured) lies within the baseline's noise band: the "
+    "largest memory saving, the largest that keeps throughput within 5% of the baseline's, and the one "
+    "that saves the most memory per unit of throughput lost ((1 − memory ×) ÷ (1 − throughput ×), a loss "
+    "under 1% counted as 1%). Figures are relative to each suite's own baseline on the same device; each "
+    "suite's report, linked above, has every run."
+)
+
 
 def build_overview(results: Path) -> list[Path]:
     """results/overview/{overview.md, overview.html, *.png, *.svg} from every suite under ``results``."""
@@ -127,15 +138,3 @@ def _suite_grid(table: pd.DataFrame, device: str, path: Path) -> None:
     )
     fig.tight_layout(rect=(0, below, 1, 1 - 0.45 / fig.get_figheight()))  # room for the legend and the title
     plots.save(fig, path, dpi=110)
-
-
-INTRO = (
-    "Recorded: how many of the suite's entries the device has a record of (each report lists the rest with "
-    "its predicted peak at GPU shapes). Per suite and device (this machine's, then GPUs, first), three "
-    "picks among the runs measured at the baseline's batch size that save memory (at most 0.99× the "
-    "baseline's peak) and whose accuracy delta (where measured) lies within the baseline's noise band: the "
-    "largest memory saving, the largest that keeps throughput within 5% of the baseline's, and the one "
-    "that saves the most memory per unit of throughput lost ((1 − memory ×) ÷ (1 − throughput ×), a loss "
-    "under 1% counted as 1%). Figures are relative to each suite's own baseline on the same device; each "
-    "suite's report, linked above, has every run."
-)

@@ -345,6 +345,10 @@ def _baseline(raw: dict[str, Any], entries: list[Entry], problems: list[str]) ->
     return baseline
 
 
+DATA_KEYS = ("lengths", "loader_workers", "pin_memory")
+GENERATION_KEYS = ("prompt_len", "new_tokens")  # mode = "generate": [shapes.*] gives these, not seq_len
+
+
 def _shapes(
     raw: Any, spec: ModelSpec | None, steps: dict[str, int], problems: list[str], mode: str = "train"
 ) -> dict[str, Shapes] | None:
@@ -393,10 +397,6 @@ def _shapes(
                 model=stand_in,
             )
     return out if len(out) == len(DEVICES) else None
-
-
-DATA_KEYS = ("lengths", "loader_workers", "pin_memory")
-GENERATION_KEYS = ("prompt_len", "new_tokens")  # mode = "generate": [shapes.*] gives these, not seq_len
 
 
 def _check_generation(raw: dict[str, Any], spec: ModelSpec | None, problems: list[str]) -> None:
@@ -461,6 +461,9 @@ class Entry(NamedTuple):
     seq_len: dict[str, int] | None = None  # per-device sequence lengths from the matrix, else None
 
 
+RUN_KEYS = ("name", "techniques", "fidelity", "nproc", "batch_size", "training_args")
+
+
 def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:
     entries: list[Entry] = []
     runs = raw.get("runs", [])
@@ -507,12 +510,12 @@ def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:
     return entries
 
 
-RUN_KEYS = ("name", "techniques", "fidelity", "nproc", "batch_size", "training_args")
-
-
 class TrainerJob(NamedTuple):
     techniques: list[Any]
     batch: dict[str, int]
+
+
+_SAID: set[str] = set()  # the files whose ignored fields were named already in this process
 
 
 def _trainer_job(
@@ -537,9 +540,6 @@ def _trainer_job(
     return TrainerJob(
         job.techniques, {"gpu": job.batch_size, "cpu": cpu if isinstance(cpu, int) else job.batch_size}
     )
-
-
-_SAID: set[str] = set()  # the files whose ignored fields were named already in this process
 
 
 def _entry_batch(raw: Any, where: str, problems: list[str]) -> dict[str, int] | None:

@@ -114,15 +114,15 @@ class ChunkedLoss(Technique):
         }
 
 
+MIN_CHUNK = 256
+
+
 def chunk_tokens(tokens: int, vocab: int, hidden: int) -> int:
     """Liger-Kernel's chunk size, the positions split into about vocab / hidden chunks, a power of two each;
     but at least MIN_CHUNK positions, since the weight gradient's matmul runs over a chunk's positions (on a
     CPU, chunks of 8 made llama-tiny's step 6× slower than the full logits)."""
     liger = 1 << max(0, math.ceil(math.log2(math.ceil(tokens / math.ceil(vocab / hidden)))))
     return max(liger, MIN_CHUNK)
-
-
-MIN_CHUNK = 256
 
 
 class _HiddenStates(nn.Module):
