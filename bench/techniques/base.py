@@ -179,39 +179,55 @@ class RunContext:
 
 
 class Technique:
-    """Base class: every hook defaults to 'leave this phase alone'."""
+    """Base class: every hook defaults to 'leave this phase alone'. Its members are grouped by who reads them
+    (``INTERFACE``, and the table of docs/techniques.md made from it): a new technique sets what it is and
+    the hooks that change the run, and the groups between where the loader, advice or prediction needs
+    telling."""
 
     name: ClassVar[str] = ""  # set by TECHNIQUES.register; a user's own class may set it
-    summary: ClassVar[str] = ""
-    Config: ClassVar[type] = NoOptions
-    # Names of techniques this one cannot be combined with; checked both ways at suite load.
-    conflicts: ClassVar[frozenset[str]] = frozenset()
-    # False where the live-tensor tracker cannot see what the technique runs (compiled graphs).
-    trackable: ClassVar[bool] = True
-    # True where the optimizer's step runs compiled code (torchao's update): the tracker steps aside for that
-    # step only, so its state is counted and its temporaries are not; fake tensors run the update eager.
-    compiled_update: ClassVar[bool] = False
-    # Suite modes this technique means something in (checked at suite load).
+    summary: ClassVar[str] = ""  # what it does, in a line (bench list, the docs' table)
+    Config: ClassVar[type] = NoOptions  # its options: a frozen dataclass, each field an ``option``
+
+    # -- what it applies to: read by the suite loader (and by advice, to skip what cannot apply) --
+
+    # Suite modes this technique means something in.
     modes: ClassVar[frozenset[str]] = TRAIN
-    # Why fake tensors on a CPU cannot predict this technique's CUDA memory, if they cannot.
-    unpredictable: ClassVar[str] = ""
-    # The proof's key that counts what the technique changed in the model (modules wrapped, layers adapted):
-    # at 0 it applied to nothing, and a run that measured the baseline under its name would say `ok`.
-    changes: ClassVar[str] = ""
+    # The model inputs this technique applies to ("tokens", "image"); None: any.
+    inputs: ClassVar[str | None] = None
+    # The model objective it applies to ("next-token"); None: any.
+    objective: ClassVar[str | None] = None
     # Runs over several processes (the suite entry's nproc, default 2); data_parallel: each rank takes
     # its own batch, so a step processes nproc batches (tensor parallelism shares one).
     distributed: ClassVar[bool] = False
     data_parallel: ClassVar[bool] = False
-    # The model inputs this technique applies to ("tokens", "image"), checked at suite load; None: any.
-    inputs: ClassVar[str | None] = None
+    # Names of techniques this one cannot be combined with; checked both ways.
+    conflicts: ClassVar[frozenset[str]] = frozenset()
     # Adds trainable adapters to a frozen base (lora, qlora): a cast after it would cast them too
     # (``follows``).
     adapts: ClassVar[bool] = False
-    # The model objective it applies to ("next-token"); None: any.
-    objective: ClassVar[str | None] = None
-    # Advice's catalogue: the axis of AXES it saves memory on (a plan takes one technique an axis) and the
-    # settings advice tries, in order; or, for a technique advice leaves out, why (tests hold every one to one
-    # or the other).
+
+    def batch_multiple(self) -> int:
+        """What the batch must be a multiple of for this configuration to run (its micro-batches)."""
+        return 1
+
+    def problems(self, batch_size: int) -> list[str]:
+        """Reasons this configuration cannot run at ``batch_size`` (reported as validation errors)."""
+        return []
+
+    def conflict(self, other: Technique) -> str | None:
+        """Why this cannot run with ``other`` when that depends on options (names go in ``conflicts``)."""
+        return None
+
+    def follows(self, earlier: Technique) -> str | None:
+        """Why this cannot come after ``earlier`` in a run, where the order would change what it does (a cast
+        after adapters casts them too): the loader refuses the ambiguous order rather than pick one
+        silently."""
+        return None
+
+    # -- its place in advice: read by advice's catalogue and time estimate (bench/advise) --
+
+    # The axis of AXES it saves memory on (a plan takes one technique an axis) and the settings advice tries,
+    # in order; or, for a technique advice leaves out, why (tests hold every one to one or the other).
     axis: ClassVar[str] = ""
     offers: ClassVar[tuple[Offer, ...]] = ()
     not_advised: ClassVar[str] = ""
@@ -220,13 +236,6 @@ class Technique:
     # none; ``overlaps_traffic``: the copies run on a side stream, under compute.
     host_traffic: ClassVar[Literal["", "activations", "optimizer"]] = ""
     overlaps_traffic: ClassVar[bool] = False
-    # Library calls fake tensors cannot run (they need values, streams or host memory), each replaced while
-    # the run is predicted by one that makes the same tensors: {"module:attribute": "module:replacement"}.
-    # The built-in ones live in bench.predict.stand_ins.
-    stand_ins: ClassVar[dict[str, str]] = {}
-
-    def __init__(self, config: Any = None) -> None:
-        self.config = config if config is not None else self.Config()
 
     @classmethod
     def offered(cls, model: ModelSpec, mode: str, nproc: int, batch: int) -> tuple[Offer, ...]:
@@ -243,40 +252,40 @@ class Technique:
             o for o in cls.offers if fits and batch % cls(cls.Config(**dict(o.options))).batch_multiple() == 0
         )
 
-    # -- at suite load, no torch work --
-    def batch_multiple(self) -> int:
-        """What the batch must be a multiple of for this configuration to run (its micro-batches)."""
-        return 1
+    # -- what prediction needs: read by the tracker and by bench/predict --
+
+    # False where the live-tensor tracker cannot see what the technique runs (compiled graphs).
+    trackable: ClassVar[bool] = True
+    # True where the optimizer's step runs compiled code (torchao's update): the tracker steps aside for that
+    # step only, so its state is counted and its temporaries are not; fake tensors run the update eager.
+    compiled_update: ClassVar[bool] = False
+    # Why fake tensors on a CPU cannot predict this technique's CUDA memory, if they cannot.
+    unpredictable: ClassVar[str] = ""
+    # Library calls fake tensors cannot run (they need values, streams or host memory), each replaced while
+    # the run is predicted by one that makes the same tensors: {"module:attribute": "module:replacement"}.
+    # The built-in ones live in bench.predict.stand_ins.
+    stand_ins: ClassVar[dict[str, str]] = {}
 
     def attention_backend(self) -> str | None:
         """The SDPA backend this configuration pins, which a prediction for CUDA must model; None: CUDA
         picks."""
         return None
 
-    def problems(self, batch_size: int) -> list[str]:
-        """Reasons this configuration cannot run at ``batch_size`` (reported as validation errors)."""
-        return []
+    # -- the hooks that change the run: read by the worker, in this order --
 
-    def conflict(self, other: Technique) -> str | None:
-        """Why this cannot run with ``other`` when that depends on options (names go in ``conflicts``)."""
-        return None
+    def __init__(self, config: Any = None) -> None:
+        self.config = config if config is not None else self.Config()
 
-    def follows(self, earlier: Technique) -> str | None:
-        """Why this cannot come after ``earlier`` in a run, where the order would change what it does (a cast
-        after adapters casts them too): the loader refuses the ambiguous order rather than pick one
-        silently."""
-        return None
-
-    # -- in the parent, before the run's process starts (and so before CUDA initialises) --
     def env(self) -> dict[str, str]:
+        """The run's process environment it sets, in the parent, before the process (and CUDA) starts."""
         return {}
 
-    # -- inside the run's process --
     def unsupported(self, ctx: RunContext) -> str | None:
         """A one-line reason this technique cannot apply here (missing package, device), else None."""
         return None
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        """The model, transformed (wrapped, cast, adapted), inside the run's process."""
         return model
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer | None:
@@ -302,9 +311,33 @@ class Technique:
         """What this technique changes in each step, once it is applied."""
         return Step()
 
+    # The proof's key that counts what the technique changed in the model (modules wrapped, layers adapted):
+    # at 0 it applied to nothing, and a run that measured the baseline under its name would say `ok`.
+    changes: ClassVar[str] = ""
+
     def proof(self, steps: int) -> dict[str, Any]:
         """Evidence this technique was applied, after ``steps`` optimizer steps; flat JSON values."""
         return {}
+
+
+# The members of Technique by who reads them, in the class's order (docs/techniques.md's interface table).
+INTERFACE = {
+    "what it is: the registry, bench list": ("name", "summary", "Config"),
+    "what it applies to: the suite loader, advice": (
+        "modes", "inputs", "objective", "distributed", "data_parallel", "conflicts", "adapts",
+        "batch_multiple", "problems", "conflict", "follows",
+    ),
+    "its place in advice: its catalogue and time estimate": (
+        "axis", "offers", "not_advised", "host_traffic", "overlaps_traffic", "offered",
+    ),
+    "what prediction needs: the tracker, bench/predict": (
+        "trackable", "compiled_update", "unpredictable", "stand_ins", "attention_backend",
+    ),
+    "the hooks that change the run: the worker, in this order": (
+        "env", "unsupported", "apply", "make_optimizer", "makes_optimizer", "batching", "replicas", "step",
+        "changes", "proof",
+    ),
+}  # fmt: skip
 
 
 def applied(model: nn.Module, techniques: list[Technique], ctx: RunContext) -> nn.Module:

@@ -1,18 +1,22 @@
-"""docs/techniques.md's table, generated from the registry: each technique's options, what it does, what to
-expect of it and its place in advice's catalogue, read off its class, so that the page never disagrees with
-the code (``bench list --docs docs/techniques.md`` rewrites it; a test holds the page to it)."""
+"""docs/techniques.md's tables, generated from the code: each technique's options, what it does, what to
+expect of it and its place in advice's catalogue, read off its class; and the interface a technique
+declares, read off Technique's source. So the page never disagrees with the code (``bench list --docs
+docs/techniques.md`` rewrites both; a test holds the page to them)."""
 
 from __future__ import annotations
 
+import ast
 import inspect
 import re
 import sys
 from pathlib import Path
 
-from bench.techniques.base import TECHNIQUES, Technique, options_doc
+from bench.techniques.base import AXES, INTERFACE, TECHNIQUES, Technique, options_doc
 
 BEGIN = "<!-- techniques: generated from the registry by make docs; do not edit -->\n"
 END = "<!-- techniques: end -->\n"
+INTERFACE_BEGIN = "<!-- interface: generated from bench/techniques/base.py by make docs; do not edit -->\n"
+INTERFACE_END = "<!-- interface: end -->\n"
 
 
 def table() -> str:
@@ -46,12 +50,15 @@ def expected(cls: type[Technique]) -> str:
 
 
 def write(path: Path) -> Path:
-    """The table between the page's markers, the prose around it as written."""
+    """The techniques' table and the interface's between the page's markers, the prose around them as
+    written."""
     from bench.results import write_between
 
-    if BEGIN not in path.read_text(encoding="utf-8"):
-        raise ValueError(f"{path}: no {BEGIN.strip()} marker to write the table after")
-    write_between(path, BEGIN, END, table())
+    text = path.read_text(encoding="utf-8")
+    for begin, end, made in ((BEGIN, END, table), (INTERFACE_BEGIN, INTERFACE_END, interface_table)):
+        if begin not in text:
+            raise ValueError(f"{path}: no {begin.strip()} marker to write the table after")
+        write_between(path, begin, end, made())
     return path
 
 
@@ -71,3 +78,49 @@ def _advice(cls: type[Technique]) -> str:
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
+
+
+def interface_table() -> str:
+    """Technique's members by who reads them (``INTERFACE``), each row a member, or the attributes one
+    comment of the class's describes together, with that comment or the docstring's first sentence (AXES
+    spelt out: the list the page once kept by hand, and let drift)."""
+    rows = ["| member | says |", "|---|---|"]
+    described = _described_members()
+    for group, names in INTERFACE.items():
+        rows.append(f"| **{group}** | |")
+        for members, text in described:
+            if members[0] in names:
+                said = text.replace("``", "`").replace("AXES", f"advice's axes ({', '.join(AXES)})")
+                rows.append(f"| {', '.join(f'`{m}`' for m in members)} | {_cell(said.removesuffix('.'))} |")
+    return "\n".join(rows) + "\n"
+
+
+def _described_members() -> list[tuple[list[str], str]]:
+    """Technique's members in its source's order, an attribute without a comment of its own joining the one
+    above it."""
+    lines = inspect.getsource(Technique).splitlines()
+    body = ast.parse(inspect.getsource(Technique)).body[0].body
+    out: list[tuple[list[str], str]] = []
+    for node in body:
+        if isinstance(node, ast.FunctionDef) and node.name != "__init__":
+            doc = " ".join((ast.get_docstring(node) or "").split())
+            out.append(([node.name], re.split(r"(?<=\.)\s", doc)[0].removesuffix(".")))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            text = _comment(lines, node.lineno - 1)
+            if text or not out:
+                out.append(([node.target.id], text))
+            else:
+                out[-1][0].append(node.target.id)
+    return out
+
+
+def _comment(lines: list[str], at: int) -> str:
+    """The comment on a source line (0-based), or the block of comment lines directly above it."""
+    code, _, trailing = lines[at].partition("  # ")
+    if trailing:
+        return trailing.strip()
+    above = []
+    while at > 0 and lines[at - 1].strip().startswith("# ") and not lines[at - 1].strip().startswith("# --"):
+        at -= 1
+        above.insert(0, lines[at].strip().removeprefix("# "))
+    return " ".join(above)

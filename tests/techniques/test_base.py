@@ -11,6 +11,7 @@ from bench.advise.source import source
 from bench.models import resolve as model
 from bench.spec import TechniqueSpec
 from bench.techniques import AXES, TECHNIQUES, build, catalogue
+from bench.techniques.base import INTERFACE, Technique
 
 
 @pytest.mark.parametrize("name", TECHNIQUES.names())
@@ -70,4 +71,16 @@ def test_the_docs_table_is_the_registrys():
     )
     assert catalogue.expected(TECHNIQUES.get("accumulate")).startswith(
         "activation memory scales with the micro-batch"
+    )
+
+
+def test_the_interface_table_groups_every_member_of_technique_once_and_is_the_pages():
+    members = {n for n in vars(Technique) if not n.startswith("_")}
+    grouped = [m for names in INTERFACE.values() for m in names]
+    assert sorted(grouped) == sorted(members)  # each member in one group, none forgotten
+    table = catalogue.interface_table()
+    assert "| `axis`, `offers`, `not_advised` |" in table and ", ".join(AXES) in table
+    page = Path("docs/techniques.md").read_text(encoding="utf-8")
+    assert catalogue.INTERFACE_BEGIN + "\n" + table + "\n" + catalogue.INTERFACE_END in page, (
+        "docs/techniques.md's interface table is stale: run make docs"
     )
