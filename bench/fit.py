@@ -113,12 +113,12 @@ def fit_suite(
         }
         folder = results.suite_folder(results_root, spec.suite, device.name) / "fit"
         results.write_atomic(folder / f"{results.run_stem(spec.name)}@{budget}.json", row)
-        print(f"[{i}/{len(runs)}] {spec.name}: {said(row)}", file=log, flush=True)
+        print(f"[{i}/{len(runs)}] {spec.name}: {row_line(row)}", file=log, flush=True)
         rows.append(row)
     return rows
 
 
-def said(row: dict[str, Any]) -> str:
+def row_line(row: dict[str, Any]) -> str:
     if row[KEY.status] != Status.OK:
         return f"{row[KEY.status]}: {row[KEY.message]}"
     flag = " ⚠ the prediction promises a batch that runs out of memory" if row.get("promises_oom") else ""

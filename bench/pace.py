@@ -43,7 +43,7 @@ class Pace:
         self.there: dict[str, float] = defaultdict(float)  # ... and the same runs' there
         self.measured: list[float] = []  # every wall time measured here, for runs nothing priced
 
-    def said(self, todo: list[Task]) -> str:
+    def estimate_line(self, todo: list[Task]) -> str:
         """The estimate before the first run, saying where it comes from."""
         priced = [p for t in todo if (p := self.prices[id(t)])]
         if not priced:

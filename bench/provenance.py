@@ -47,8 +47,8 @@ EMULATED_BF16 = (
 def native_bf16() -> bool:
     """Whether this CPU computes bf16 natively: oneDNN's test, as torch's CPU kernels and inductor ask it (no
     public API says it); ``BENCH_CPU_BF16`` overrides it, so that tests hold on both kinds of CPU."""
-    if (said := os.environ.get(CPU_BF16)) in ("native", "emulated"):
-        return said == "native"
+    if (value := os.environ.get(CPU_BF16)) in ("native", "emulated"):
+        return value == "native"
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 

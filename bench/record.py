@@ -443,7 +443,7 @@ GROUPS = {
     "distributed": Distributed,
     "provenance": Provenance,
 }
-MEMORY_SUMMARY = "memory_summary_text"
+MEMORY_SUMMARY = "memory_summary_text"  # the worker's torch.cuda.memory_summary(); stored beside the record
 # The summary table's stored columns, group by group: the fields declared with column().
 COLUMNS = tuple(
     getattr(group, "prefix", "") + f.name
@@ -466,7 +466,7 @@ class _Keys:
                     setattr(self, prefix + f.name, prefix + f.name)
 
 
-KEY = _Keys()  # the worker's torch.cuda.memory_summary(); stored beside the record instead
+KEY = _Keys()
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """What a loaded suite is: frozen dataclasses the rest of the harness reads, and a run's identity.
 
-The ground floor: plain values that import nothing from the project, so that models, data and techniques
-can take Shapes and a TechniqueSpec without reaching up to the suite loader (bench.techniques.build turns a
+The ground floor: plain values that import nothing from the project but the record's field names
+(bench.record, which imports nothing of ours), so that models, data and techniques can take Shapes and a
+TechniqueSpec without reaching up to the suite loader (bench.techniques.build turns a
 TechniqueSpec into its technique)."""
 
 from __future__ import annotations

@@ -113,8 +113,8 @@ def _measure(
         file=log,
     )
     pace = Pace(todo, results_root, device, launcher.device_type)
-    if todo and (said := pace.said(todo)):
-        print(said, file=log)
+    if todo and (line := pace.estimate_line(todo)):
+        print(line, file=log)
     unstored: list[str] = []
     with launcher.running(todo, log) as result:
         for i, t in enumerate(todo, 1):

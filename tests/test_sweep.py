@@ -428,13 +428,13 @@ def test_a_sweep_prices_every_run_from_the_records_another_cpu_made(tmp_path):
 
     suite = _priced_suite(tmp_path)
     todo = resume.plan(suite, CPU.name, tmp_path)
-    assert Pace(todo, tmp_path, CPU.name, "cpu").said(todo) == (
+    assert Pace(todo, tmp_path, CPU.name, "cpu").estimate_line(todo) == (
         f"estimated: about 22 min for the 3 runs, from their records' wall times on {OTHER} (1 priced "
         "as a median run there); at that pace until the first runs here measure this machine's; 8 min of it "
         "without the fidelity phase (--no-fidelity); --only NAMES measures some of them"
     )
     quick = resume.plan(suite, CPU.name, tmp_path, fidelity=False)
-    said = Pace(quick, tmp_path, CPU.name, "cpu").said(quick)
+    said = Pace(quick, tmp_path, CPU.name, "cpu").estimate_line(quick)
     assert said.startswith("estimated: about 8 min for the 3 runs")
 
 
@@ -456,7 +456,7 @@ def test_runs_nothing_priced_are_priced_by_the_runs_measured_here(tmp_path):
     suite = _priced_suite(tmp_path / "elsewhere")
     todo = resume.plan(suite, CPU.name, tmp_path)
     pace = Pace(todo, tmp_path, CPU.name, "cpu")
-    assert pace.said(todo) == "" and pace.left(todo) is None
+    assert pace.estimate_line(todo) == "" and pace.left(todo) is None
     pace.measure(todo[0], {"status": "ok", "wall_s": 40.0})
     assert pace.left(todo[1:]) == 80.0
 

@@ -35,7 +35,7 @@ class Rates:
     link: float  # bytes/s between device and host (offloading)
     source: str
 
-    def said(self) -> str:
+    def describe(self) -> str:
         return f"link {self.link / 1e9:,.0f} GB/s (--link-gbps): {self.source}"
 
 
@@ -68,13 +68,13 @@ class Calibration:
     def seconds(self, flops: float, ops: float, op_bytes: float) -> float:
         return flops * self.per_flop + ops * self.per_op + op_bytes * self.per_byte
 
-    def said(self) -> str:
-        said = [
+    def describe(self) -> str:
+        parts = [
             f"{1e-9 / self.per_flop:,.0f} GFLOP/s" if self.per_flop else "",
             f"{self.per_op * 1e6:.1f} µs an operator" if self.per_op else "",
             f"{1e-9 / self.per_byte:,.0f} GB/s of operators' tensors" if self.per_byte else "",
         ]
-        return f"{', '.join(p for p in said if p)} (what the fit left out, it prices at zero); {self.source}"
+        return f"{', '.join(p for p in parts if p)} (what the fit left out, it prices at zero); {self.source}"
 
 
 def calibrate(steps: list[tuple[str, float, tuple[float, float, float]]], rates: Rates) -> Calibration:
@@ -82,7 +82,7 @@ def calibrate(steps: list[tuple[str, float, tuple[float, float, float]]], rates:
     that a tiny model's step weighs as much as a large one's, every figure at zero or above (each subset of
     the three tried). Under three steps, the FLOPs alone are fitted; with none, the stated FLOP rate
     stands."""
-    said = "; ".join(sorted({w for w, *_ in steps}))
+    kinds = "; ".join(sorted({w for w, *_ in steps}))
     if not steps:
         return Calibration(1 / rates.flops, 0.0, 0.0, "stated: no baseline step measured on such a device")
     a = np.array([counts for _, _, counts in steps], dtype=float) / np.array([[t] for _, t, _ in steps])
@@ -96,7 +96,7 @@ def calibrate(steps: list[tuple[str, float, tuple[float, float, float]]], rates:
             residual = float(((a @ fitted - 1) ** 2).sum())
             best = best if best and best[0] <= residual else (residual, fitted)
     fitted = best[1] if best else np.array([1 / rates.flops, 0.0, 0.0])
-    return Calibration(*map(float, fitted), f"fitted to {len(steps)} measured baseline steps: {said}")
+    return Calibration(*map(float, fitted), f"fitted to {len(steps)} measured baseline steps: {kinds}")
 
 
 @dataclass(frozen=True)
@@ -199,8 +199,8 @@ class Estimator:
         if option.countable:
             return Part(counted, "counted (FLOPs, operators and their bytes, offload bytes)", 0)
         if option.name in self.timed:
-            said = f"timed on this device ({probe.STEPS} steps against the baseline's)"
-            return Part(self.timed[option.name], said, 0)
+            how = f"timed on this device ({probe.STEPS} steps against the baseline's)"
+            return Part(self.timed[option.name], how, 0)
         if found:
             return Part(1 / found.value, f"measured (another model), {found.source}", 1)
         return Part(counted, "assumed: a dtype's speed is not counted, and no record measured it", 2)

@@ -86,7 +86,7 @@ def sources(advice: Advice) -> str:
     s, est = advice.search, advice.estimator
     listed = advice.plans or ([advice.closest] if advice.closest else [])
     cal = est.calibration
-    lines = [f"- time per sample: {cal.said()}; stated: {est.rates.said()}"]
+    lines = [f"- time per sample: {cal.describe()}; stated: {est.rates.describe()}"]
     lines += sorted({f"- speed, {line}" for c in listed for line in c.speed.sources})
     lines += sorted({f"- accuracy, {line}" for c in listed for line in c.accuracy.sources})
     lines.append(
@@ -227,14 +227,14 @@ def _kinds(c: Candidate) -> str:
     nothing."""
 
     def kind(line: str) -> str:
-        for marker, said in (
+        for marker, message in (
             ("another model", "another model's"),
             ("assumed", "assumed"),
             ("measured", "measured"),
             ("timed on this device", "timed here"),
         ):
             if marker in line:
-                return said
+                return message
         return "counted"
 
     return " + ".join(sorted({kind(line) for line in c.speed.sources})) or "baseline"

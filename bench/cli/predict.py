@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from bench.cli.common import (
     JOBS,
@@ -190,17 +191,19 @@ def _fit(args: argparse.Namespace) -> int:
     rows = fit_suite(runs, device, budget, args.results, card=card)
     print("| run | measured largest batch | predicted | prediction |\n|---|---|---|---|")
     for r in rows:
-        verdict = (
-            "error: " + r[KEY.message]
-            if r[KEY.status] != Status.OK
-            else "nothing fits"
-            if r.get("measured_largest_batch") is None
-            else "⚠ promises an OOM"
-            if r.get("promises_oom")
-            else "within 5% below"
-            if r.get("within_5pct_below")
-            else "safe, more than 5% below"
-        )
         measured, predicted = r.get("measured_largest_batch"), r["predicted_largest_batch"]
-        print(f"| {r[KEY.run]} | {measured} | {predicted} | {verdict} |")
+        print(f"| {r[KEY.run]} | {measured} | {predicted} | {_fit_verdict(r)} |")
     return 1 if any(r.get("promises_oom") or r[KEY.status] != Status.OK for r in rows) else 0
+
+
+def _fit_verdict(row: dict[str, Any]) -> str:
+    """How the predicted largest batch stands against the measured one."""
+    if row[KEY.status] != Status.OK:
+        return "error: " + row[KEY.message]
+    if row.get("measured_largest_batch") is None:
+        return "nothing fits"
+    if row.get("promises_oom"):
+        return "⚠ promises an OOM"
+    if row.get("within_5pct_below"):
+        return "within 5% below"
+    return "safe, more than 5% below"

@@ -31,7 +31,9 @@ class Device:
 
 
 def detect(requested: str = "auto") -> Device:
-    kind = requested if requested != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    kind = requested
+    if requested == "auto":
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
     return Device(kind, device_name(kind), torch.cuda.device_count() if kind == "cuda" else 1)
 
 

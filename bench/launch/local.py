@@ -87,7 +87,7 @@ class Local:
                         self.torchrun,
                         kind,
                         ahead.get(task.spec),
-                        heartbeat=lambda said: print(f"    {task.spec.name}: {said}", file=log, flush=True),
+                        heartbeat=lambda phase: print(f"    {task.spec.name}: {phase}", file=log, flush=True),
                         history=kept,
                     )
                 except MeasuredThenStopped as stop:
@@ -130,7 +130,7 @@ def run_isolated(
         # see bench.launch.process: a fork would start with the server's environment, or one process
         kind = "fresh"
     with tempfile.TemporaryDirectory(prefix="bench-run-") as tmp:
-        spec_path, out_path, err_path, said = (
+        spec_path, out_path, err_path, progress_file = (
             Path(tmp) / n for n in ("spec.json", "out.json", "stderr.txt", "progress.txt")
         )
         job = Job(
@@ -155,16 +155,16 @@ def run_isolated(
                 *argv,
             ]
         kills, seen = oom_kills(), {}
-        proc = Process(argv, os.environ | own_env | {progress.ENV: str(said)}, err_path, kind)
+        proc = Process(argv, os.environ | own_env | {progress.ENV: str(progress_file)}, err_path, kind)
         try:
-            code = _wait(proc, spec.timeout_s, said, heartbeat, seen)
+            code = _wait(proc, spec.timeout_s, progress_file, heartbeat, seen)
         except subprocess.TimeoutExpired:
             proc.kill()
             return _measured(
                 out_path,
                 Status.TIMEOUT,
                 f"stopped after {spec.timeout_s:g} s in its "
-                f"{progress.heard(said)}; running the same command again retries it, and --timeout "
+                f"{progress.heard(progress_file)}; running the same command again retries it, and --timeout "
                 "SECONDS (or timeout_s in the suite) raises the limit",
             )
         except BaseException as stop:  # Ctrl-C or SIGTERM: take the run down with us, keep what is stored
@@ -196,19 +196,17 @@ def run_isolated(
             # The watched peak stands in only where the run measured none: a figure of its timed steps stays
             # theirs.
             return out | {KEY.launcher: kind} | (seen if out[KEY.status] == Status.OOM else {})
-        why = (
-            f"killed by signal {signal.Signals(-code).name}"
-            if code < 0
-            else "no record written (under a multi-node torchrun, rank 0 is on another node)"
-            if code == 0
-            else f"exit status {code}"
-        )
+        why = f"killed by signal {signal.Signals(-code).name}" if code < 0 else _exited(code)
         died = _measured(out_path, Status.ERROR, f"run process died: {why}")
         return died | {KEY.stderr_tail: tail, KEY.launcher: kind}
 
 
 def _wait(
-    proc: Process, timeout_s: float, said: Path, heartbeat: Callable[[str], None] | None, seen: dict[str, int]
+    proc: Process,
+    timeout_s: float,
+    progress_file: Path,
+    heartbeat: Callable[[str], None] | None,
+    seen: dict[str, int],
 ) -> int:
     """The run's exit status, telling ``heartbeat`` its phase every HEARTBEAT_S and keeping the highest
     resident memory its process reached in ``seen`` (a look every WATCH_S); TimeoutExpired past the limit."""
@@ -223,7 +221,7 @@ def _wait(
             seen[KEY.rss_peak_bytes] = max(seen.get(KEY.rss_peak_bytes, 0), _resident_peak(proc.pid))
             if heartbeat is not None and time.monotonic() - last >= HEARTBEAT_S:
                 last, elapsed = time.monotonic(), int(time.monotonic() - start)
-                heartbeat(f"{progress.heard(said)} ({elapsed // 60}m{elapsed % 60:02d}s)")
+                heartbeat(f"{progress.heard(progress_file)} ({elapsed // 60}m{elapsed % 60:02d}s)")
 
 
 def _resident_peak(pid: int) -> int:
@@ -286,3 +284,10 @@ def _last_words(log: Path) -> str:
         return ""
     lines = text.strip().splitlines()
     return "\n".join(x for x in lines if not x.startswith("Extension modules:"))[-STDERR_TAIL:]
+
+
+def _exited(code: int) -> str:
+    """What a run's exit status says of it, where no signal killed it."""
+    if code == 0:
+        return "no record written (under a multi-node torchrun, rank 0 is on another node)"
+    return f"exit status {code}"

@@ -78,12 +78,8 @@ def _tensors_of(value: object) -> list[torch.Tensor]:
     if torch.is_tensor(value):
         return [value]
     held = getattr(value, "__dict__", {}).values()
-    return [
-        t
-        for v in held
-        for t in ([v] if torch.is_tensor(v) else v if isinstance(v, tuple) else [])
-        if torch.is_tensor(t)
-    ]
+    flat = [t for v in held for t in (v if isinstance(v, tuple) else [v])]
+    return [t for t in flat if torch.is_tensor(t)]
 
 
 # What each storage alive at the peak was: model states by what holds them, else by the phase that made

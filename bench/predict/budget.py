@@ -130,7 +130,7 @@ def longest_context(
     card: Card | None = None,
     budget: int | None = None,
     step: int = CONTEXT_STEP,
-    said: Callable[[str], None] = lambda _: None,
+    progress: Callable[[str], None] = lambda _: None,
 ) -> int | None:
     """The longest context (prompt and new tokens) a generation holds, its new tokens kept and its prompt
     lengthened in steps of ``step`` tokens up to the model's positions: on ``card``, the step replayed through
@@ -144,7 +144,7 @@ def longest_context(
     whether it ran out of memory decoding (a prompt of an odd length fragments the allocator's segments
     otherwise than the real one, and ran out of memory in a prefill the real generation never makes). The
     larger of the two leads the search; whole generations then confirm the answer and the prompt a step
-    longer, moving the answer until they agree. ``said`` is told each length tried, as it is (minutes of
+    longer, moving the answer until they agree. ``progress`` is told each length tried, as it is (minutes of
     work)."""
     shapes, new = spec.gpu, spec.gpu.new_tokens
     cap = card.capacity if card is not None else budget
@@ -165,8 +165,9 @@ def longest_context(
             value = out.peak_reserved_bytes
         else:
             value = out.peak_decode_bytes if decoding else out.peak_tensor_bytes
-        how = "whole" if tokens == new else f"{tokens} new tokens" + (", its decode" if decoding else "")
-        said(f"a {prompt:,}-token prompt ({how}): {'fits' if value <= cap else 'does not fit'}")
+        how = "whole" if tokens == new else f"{tokens} new tokens"
+        how += ", its decode" if decoding else ""
+        progress(f"a {prompt:,}-token prompt ({how}): {'fits' if value <= cap else 'does not fit'}")
         return value
 
     def led(k: int) -> float:  # the k-th prompt from the first that runs, by its two short generations

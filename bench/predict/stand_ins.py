@@ -324,9 +324,9 @@ def generation_as_real(new_tokens: int) -> Iterator[None]:
         left[0] -= 1
         return left[0] >= 0
 
-    said = logging.get_logger("transformers.generation.utils")
-    level = said.level
-    said.setLevel(logging.ERROR)
+    logger = logging.get_logger("transformers.generation.utils")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
     try:
         with (
             patch.object(GenerationMixin, "generate", counted),
@@ -334,4 +334,4 @@ def generation_as_real(new_tokens: int) -> Iterator[None]:
         ):
             yield
     finally:
-        said.setLevel(level)
+        logger.setLevel(level)

@@ -125,8 +125,8 @@ def _row(spec: RunSpec, budget: int | None, card: Card | None) -> dict[str, Any]
     row |= {k: v for k, v in asdict(out).items() if v is not None}
     if spec.mode == "generate":  # what a card or budget answers for a generation: its longest context
         if out.ok and (budget is not None or card is not None):
-            said = lambda text: print(f"    {spec.name}: {text}", file=sys.stderr, flush=True)  # noqa: E731
-            row["longest_context"] = longest_context(spec, card=card, budget=budget, said=said)
+            progress = lambda text: print(f"    {spec.name}: {text}", file=sys.stderr, flush=True)  # noqa: E731
+            row["longest_context"] = longest_context(spec, card=card, budget=budget, progress=progress)
         return row
     if budget is not None and out.ok:
         row["fits"] = out.peak_tensor_bytes <= budget
@@ -164,7 +164,9 @@ def verdict(row: dict[str, Any]) -> str:
             "then)"
         )
     flushes = row.get("flushes") or 0
-    return f"fits after {flushes} cache flush{'es' if flushes > 1 else ''}" if flushes else "fits"
+    if not flushes:
+        return "fits"
+    return f"fits after {flushes} cache flush{'es' if flushes > 1 else ''}"
 
 
 def markdown(table: pd.DataFrame, breakdown: bool = False) -> str:

@@ -277,7 +277,9 @@ def provenance(part: pd.DataFrame, rec: dict) -> str:
     if rec.get(KEY.cuda_version):
         versions += f", CUDA {rec[KEY.cuda_version]}"
     dates = sorted(str(d)[:10] for d in part[KEY.finished_at].dropna())
-    when = f"measured {dates[0]}" + (f" to {dates[-1]}" if dates[-1] != dates[0] else "") if dates else ""
+    when = ""
+    if dates:
+        when = f"measured {dates[0]}" + (f" to {dates[-1]}" if dates[-1] != dates[0] else "")
     revisions = ", ".join(sorted({_short(r) for r in part[KEY.git_revision].dropna()}))
     return (
         f"Device: {rec[KEY.device]} · {versions} · {when} · revision {revisions or 'unknown'} · "

@@ -75,11 +75,9 @@ def _row(r: object) -> str:
     def ratio(v: float) -> str:
         return "–" if pd.isna(v) else f"{v:.3f}"
 
-    pt = (
-        "–"
-        if pd.isna(r.accuracy_delta)
-        else f"{100 * r.accuracy_delta:+.1f}" + (" ⚠" if r.outside_band else "")
-    )
+    pt = "–"
+    if not pd.isna(r.accuracy_delta):
+        pt = f"{100 * r.accuracy_delta:+.1f}" + (" ⚠" if r.outside_band else "")
     memory, throughput = ratio(r.memory_vs_baseline), ratio(r.throughput_vs_baseline)
     return f"| {r.run} | {r.batch_size} | {memory} | {throughput} | {pt} |"
 

@@ -70,8 +70,8 @@ def _trainer_batch(training_args: str | None) -> tuple[int, int]:
 
 
 def _given(training_args: str | None, adapter_config: str | None) -> str:
-    said = [
+    parts = [
         f"training arguments {training_args}" if training_args else "",
         f"adapters {adapter_config}" if adapter_config else "",
     ]
-    return (" (" + ", ".join(s for s in said if s) + ")") if any(said) else ""
+    return (" (" + ", ".join(s for s in parts if s) + ")") if any(parts) else ""

@@ -127,11 +127,11 @@ def select(suite: Suite, patterns: list[str]) -> Suite:
     names = [r.name for r in suite.runs]
     unmatched = [p for p in patterns if not p.strip() or not fnmatch.filter(names, p)]
     if unmatched or not patterns:
-        said = (
+        reason = (
             "; ".join(f"{p!r} matches no run{did_you_mean(p, names)}" for p in unmatched)
             or "no pattern given"
         )
-        raise SuiteError(suite.path, [f"--only {','.join(patterns)}: {said}; runs: {', '.join(names)}"])
+        raise SuiteError(suite.path, [f"--only {','.join(patterns)}: {reason}; runs: {', '.join(names)}"])
     chosen = {r.name for r in suite.runs if any(fnmatch.fnmatchcase(r.name, p) for p in patterns)}
     chosen |= {r.baseline for r in suite.runs if r.name in chosen}
     return replace(
@@ -199,9 +199,9 @@ def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
             )
             for d in DEVICES
         )
-        said = f"matrix.seq_len: model {spec.name} takes images; seq_len is a token model's"
-        if e.seq_len and spec.inputs != "tokens" and said not in problems:
-            problems.append(said)
+        problem = f"matrix.seq_len: model {spec.name} takes images; seq_len is a token model's"
+        if e.seq_len and spec.inputs != "tokens" and problem not in problems:
+            problems.append(problem)
         _check_data(specs, spec, gpu, cpu, e.where, problems)
         base = f"{baseline}{e.suffix}" if baseline in _matrix_keys(entries) else baseline
         # The fidelity phase trains in one process: a distributed run has none.
@@ -357,7 +357,9 @@ def _shapes(
         return None
     for key in raw.keys() - set(DEVICES):
         problems.append(f"shapes.{key}: unknown device; allowed: gpu, cpu")
-    need = (GENERATION_KEYS if mode == "generate" else spec.shape_keys) if spec is not None else ()
+    need: tuple[str, ...] = ()
+    if spec is not None:
+        need = GENERATION_KEYS if mode == "generate" else spec.shape_keys
     out = {}
     for dev in DEVICES:
         table = raw.get(dev)
@@ -515,7 +517,7 @@ class TrainerJob(NamedTuple):
     batch: dict[str, int]
 
 
-_SAID: set[str] = set()  # the files whose ignored fields were named already in this process
+_IGNORED_NAMED: set[str] = set()  # the files whose ignored fields were named already in this process
 
 
 def _trainer_job(
@@ -530,8 +532,8 @@ def _trainer_job(
     job = training_args.read(path, where, problems) if path is not None else None
     if job is None:
         return None
-    if job.ignored and path not in _SAID:
-        _SAID.add(path)
+    if job.ignored and path not in _IGNORED_NAMED:
+        _IGNORED_NAMED.add(path)
         print(
             f"{where} {path}: ignored, as they change nothing a step holds: {', '.join(job.ignored)}",
             file=sys.stderr,

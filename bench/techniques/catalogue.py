@@ -90,8 +90,8 @@ def interface_table() -> str:
         rows.append(f"| **{group}** | |")
         for members, text in described:
             if members[0] in names:
-                said = text.replace("``", "`").replace("AXES", f"advice's axes ({', '.join(AXES)})")
-                rows.append(f"| {', '.join(f'`{m}`' for m in members)} | {_cell(said.removesuffix('.'))} |")
+                shown = text.replace("``", "`").replace("AXES", f"advice's axes ({', '.join(AXES)})")
+                rows.append(f"| {', '.join(f'`{m}`' for m in members)} | {_cell(shown.removesuffix('.'))} |")
     return "\n".join(rows) + "\n"
 
 

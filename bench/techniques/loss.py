@@ -78,11 +78,9 @@ class ChunkedLoss(Technique):
         model.set_output_embeddings(_HiddenStates(head))
         self.head, self.chunks, self.largest_chunk_logits = head, 0, 0
         liger = importlib.util.find_spec("liger_kernel") is not None and ctx.cuda and not ctx.predicting
-        self.implementation = (
-            self.config.implementation
-            if self.config.implementation != "auto"
-            else ("liger" if liger else "torch")
-        )
+        self.implementation = self.config.implementation
+        if self.implementation == "auto":
+            self.implementation = "liger" if liger else "torch"
         return model
 
     def step(self) -> Step:

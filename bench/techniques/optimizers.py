@@ -12,6 +12,14 @@ from torch import nn
 
 from bench.techniques.base import TECHNIQUES, RunContext, Step, Technique, offer, option
 
+# Each implementation as torch's optimizers take it (default: torch picks, foreach on CUDA).
+IMPL_KWARGS: dict[str, dict[str, bool]] = {
+    "default": {},
+    "single": {"foreach": False},
+    "foreach": {"foreach": True},
+    "fused": {"fused": True},
+}
+
 
 @TECHNIQUES.register("optimizer")
 class OptimizerChoice(Technique):
@@ -66,13 +74,7 @@ class OptimizerChoice(Technique):
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         params, c = self._groups(model), self.config
-        impl = (
-            {}
-            if c.impl == "default"
-            else {"foreach": c.impl == "foreach"}
-            if c.impl != "fused"
-            else {"fused": True}
-        )
+        impl = IMPL_KWARGS[c.impl]
         if c.kind == "sgd":
             self.optimizer = torch.optim.SGD(params, lr=self.lr, momentum=c.momentum, **impl)
         elif c.kind == "adafactor":
@@ -101,7 +103,7 @@ class OptimizerChoice(Technique):
 
     def proof(self, steps: int) -> dict[str, Any]:
         group = self.optimizer.param_groups[0]
-        impl = "fused" if group.get("fused") else "foreach" if group.get("foreach") else "default/single"
+        impl = next((k for k in ("fused", "foreach") if group.get(k)), "default/single")
         return {"optimizer": type(self.optimizer).__name__, "impl": impl}
 
 

@@ -247,9 +247,9 @@ def _varlen_attn(
     from torch.nn.attention.varlen import varlen_attn
 
     params = _varlen_params()
-    extra = (
-        {"is_causal": causal} if "is_causal" in params else {"window_size": (-1, 0) if causal else (-1, -1)}
-    )
+    extra = {"is_causal": causal}
+    if "is_causal" not in params:
+        extra = {"window_size": (-1, 0) if causal else (-1, -1)}
     if "scale" in params:
         extra["scale"] = scaling
     return varlen_attn(q, k, v, cu, cu, longest, longest, **extra)
