@@ -89,7 +89,7 @@ lint: $(DEPS) ## ruff's rules and its formatting over bench/ and tests/ (pyproje
 		&& $(RUN) -m ruff format --check bench tests; \
 	else echo "lint: skipped, no ruff for $(or $(PYTHON),$(VENV)/bin/python) (a host that cannot install it)"; fi
 
-format: $(DEPS) ## rewrite bench/ and tests/ in ruff's format, lines at most 110 (what make lint checks)
+format: $(DEPS) ## rewrite bench/ and tests/ in ruff's format, lines at most 100 (what make lint checks)
 	$(RUN) -m ruff format bench tests
 
 test: $(DEPS) lint ## ruff, then the test suite (CPU; CUDA tests skip without a GPU)

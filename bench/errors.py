@@ -1,6 +1,7 @@
 """Errors the user can fix, printed without a traceback with exit status 2. They live apart from the
 suite loader, which imports torch, so that a command reading only stored records need not import it:
-compare does not (report and overview still do, for the technique registry that colours their plots)."""
+compare does not (report and overview still do, for the technique registry that colours their
+plots)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ class BadInput(Exception):
 
 
 class NotStored(BadInput):
-    """Runs measured whose records could not be written where the sweep stores them (each was kept in a
-    temporary file, named as it happened): the sweep ends with exit status 2, so a script notices."""
+    """Runs measured whose records could not be written where the sweep stores them (each was kept
+    in a temporary file, named as it happened): the sweep ends with exit status 2, so a script
+    notices."""
 
 
 class SuiteError(Exception):
@@ -33,7 +35,8 @@ class SuiteError(Exception):
 
 
 def cannot_read(path: Path, reason: str) -> SuiteError:
-    """A suite file that cannot be read; where it does not exist, the suites beside it (and the one meant)."""
+    """A suite file that cannot be read; where it does not exist, the suites beside it (and the one
+    meant)."""
     nearby = sorted(p.stem for p in path.parent.glob("*.toml")) if path.parent.is_dir() else []
     hint = ""
     if nearby and not path.exists():

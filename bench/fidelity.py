@@ -1,15 +1,15 @@
 """The fidelity phase: does the technique change what the model learns?
 
-Inside the run's process, after the measured steps: train the run's model (or the suite's stand-in) with
-its techniques on real data from the same initial weights and the same data order as the baseline
-(both follow the seed), then evaluate on the held-out split. The baseline is trained with several seeds;
-the spread of their accuracies is the noise band a delta is held against.
+Inside the run's process, after the measured steps: train the run's model (or the suite's stand-in)
+with its techniques on real data from the same initial weights and the same data order as the
+baseline (both follow the seed), then evaluate on the held-out split. The baseline is trained with
+several seeds; the spread of their accuracies is the noise band a delta is held against.
 
-A language model (objective "next-token") trains on each sequence followed by its class as one more token
-(padding is no target), and is scored on predicting that token.
+A language model (objective "next-token") trains on each sequence followed by its class as one more
+token (padding is no target), and is scored on predicting that token.
 
-Inference suites train the plain model instead, then evaluate it under the run's techniques, and also
-report how often its predictions agree with the fp32 model's.
+Inference suites train the plain model instead, then evaluate it under the run's techniques, and
+also report how often its predictions agree with the fp32 model's.
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ from bench.record import KEY
 from bench.suite import Fidelity, RunSpec, Shapes
 
 EVAL_BATCH = 256
-LAST_STEPS = 10  # final_loss: mean training loss over the last steps, less noisy than the very last one
+LAST_STEPS = (
+    10  # final_loss: mean training loss over the last steps, less noisy than the very last one
+)
 
 
 def run_fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str, Any]:
@@ -46,8 +48,8 @@ def run_fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str
         )
     if model_spec.objective == "masked-lm":
         raise real.DataError(
-            f"model {model_spec.name} is a masked language model: the fidelity phase has no task for one "
-            "yet (its class would be a masked token); set [fidelity] enabled = false"
+            f"model {model_spec.name} is a masked language model: the fidelity phase has no task "
+            "for one yet (its class would be a masked token); set [fidelity] enabled = false"
         )
     if model_spec.objective == "next-token":
         train, test = real.with_label_token(train), real.with_label_token(test)
@@ -59,8 +61,8 @@ def run_fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str
             )
     elif classes > model_spec.num_classes:
         raise real.DataError(
-            f"dataset {fid.dataset!r} has {classes} classes; "
-            f"model {model_spec.name} predicts {model_spec.num_classes}"
+            f"dataset {fid.dataset!r} has {classes} classes; model {model_spec.name} predicts "
+            f"{model_spec.num_classes}"
         )
     shapes = Shapes(
         fid.batch_size,
@@ -69,7 +71,9 @@ def run_fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str
     )
     seeds = range(spec.seed, spec.seed + fid.seeds) if spec.name == spec.baseline else [spec.seed]
     one = _inference_seed if spec.mode == "inference" else _train_seed
-    recipes = [Recipe.of(spec, device, shapes, model=stand_in, lr=fid.lr, seed=seed) for seed in seeds]
+    recipes = [
+        Recipe.of(spec, device, shapes, model=stand_in, lr=fid.lr, seed=seed) for seed in seeds
+    ]
     results = [one(recipe, fid, train, test, classes) for recipe in recipes]
     out = {
         f"fidelity_{k}" if k not in (KEY.accuracy, KEY.final_loss, KEY.grad_cosine) else k: v
@@ -98,16 +102,16 @@ def _train_seed(
     plain = copy.deepcopy(model)
     captured: dict[str, torch.Tensor] = {}
 
-    # Registered before the techniques apply, on the plain model's names, so these hooks run before any
-    # that free gradients early (optimizer-in-backward); with accumulation the last call holds the whole
-    # batch's gradient. Copies: zero_grad(set_to_none=False) would zero a kept reference.
+    # Registered before the techniques apply, on the plain model's names, so these hooks run before
+    # any that free gradients early (optimizer-in-backward); with accumulation the last call holds
+    # the whole batch's gradient. Copies: zero_grad(set_to_none=False) would zero a kept reference.
     def keep(name: str) -> Any:
         return lambda p: captured.__setitem__(name, p.grad.detach().float().clone())
 
     hooks = [p.register_post_accumulate_grad_hook(keep(n)) for n, p in model.named_parameters()]
     trainer = recipe.stepper(model)
-    # The plain model's gradient on the same weights and batch, with the random state the run's first step
-    # will see (the same dropout masks), restored afterwards.
+    # The plain model's gradient on the same weights and batch, with the random state the run's
+    # first step will see (the same dropout masks), restored afterwards.
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         reference = _gradients(plain, model_spec, first)
     losses = [trainer.step(recipe.regroup(first))]
@@ -143,15 +147,18 @@ def _inference_seed(
 def _batches(
     data: real.Labelled, fid: Fidelity, seed: int, device: torch.device, model_spec: ModelSpec
 ) -> Iterator[Batch]:
-    """Shuffled batches from a seeded generator, epoch after epoch: the same order for every technique.
-    A language model's targets are its input ids (the class is the last of them), padding left out."""
+    """Shuffled batches from a seeded generator, epoch after epoch: the same order for every
+    technique. A language model's targets are its input ids (the class is the last of them), padding
+    left out."""
     g = torch.Generator().manual_seed(seed)
     while True:
         order = torch.randperm(len(data), generator=g)
         for i in range(0, len(order) - fid.batch_size + 1, fid.batch_size):
             inputs, labels = data.batch(order[i : i + fid.batch_size], device)
             if model_spec.objective == "next-token":
-                labels = inputs["input_ids"].masked_fill(inputs["input_ids"] == real.PAD, models.IGNORE)
+                labels = inputs["input_ids"].masked_fill(
+                    inputs["input_ids"] == real.PAD, models.IGNORE
+                )
             yield inputs, labels
 
 
@@ -162,24 +169,31 @@ def _gradients(model: nn.Module, model_spec: ModelSpec, batch: Batch) -> dict[st
 
 
 def _cosine(reference: dict[str, torch.Tensor], captured: dict[str, torch.Tensor]) -> float | None:
-    """Cosine similarity of the two first-step gradients over the parameters both have (a technique that
-    freezes or replaces parameters, like LoRA or sharing, is compared on what is left)."""
+    """Cosine similarity of the two first-step gradients over the parameters both have (a technique
+    that freezes or replaces parameters, like LoRA or sharing, is compared on what is left)."""
     common = [n for n in reference if n in captured and captured[n].shape == reference[n].shape]
     if not common:
         return None
-    a = torch.cat([reference[n].flatten() for n in common]).double()  # float32 sums drift past 1 at this size
+    a = torch.cat(
+        [reference[n].flatten() for n in common]
+    ).double()  # float32 sums drift past 1 at this size
     b = torch.cat([captured[n].flatten().to(a.device) for n in common]).double()
     return nn.functional.cosine_similarity(a, b, dim=0).item()
 
 
-def _class_scores(model_spec: ModelSpec, logits: torch.Tensor, inputs: Any, classes: int) -> torch.Tensor:
-    """A language model's scores for the classes are its logits for the class tokens at the position before
-    the class token, each sequence's last (causal: it has seen the sequence, not the class); in a packed row,
-    two before each sequence's end."""
+def _class_scores(
+    model_spec: ModelSpec, logits: torch.Tensor, inputs: Any, classes: int
+) -> torch.Tensor:
+    """A language model's scores for the classes are its logits for the class tokens at the position
+    before the class token, each sequence's last (causal: it has seen the sequence, not the class);
+    in a packed row, two before each sequence's end."""
     if model_spec.objective == "classify":
         return logits
     if "cu_seq_lens_q" in inputs:
-        rows, before = torch.zeros_like(inputs["cu_seq_lens_q"][1:]), inputs["cu_seq_lens_q"][1:] - 2
+        rows, before = (
+            torch.zeros_like(inputs["cu_seq_lens_q"][1:]),
+            inputs["cu_seq_lens_q"][1:] - 2,
+        )
     else:
         rows, before = torch.arange(len(logits)), real.lengths(inputs["input_ids"]) - 2
     return logits[rows.long(), before.long(), real.LABEL_TOKEN : real.LABEL_TOKEN + classes]
@@ -192,9 +206,10 @@ def _evaluate(
     classes: int,
     regroup: Callable[[Batch], Batch] | None = None,
 ) -> dict[str, Any]:
-    """Held-out accuracy and loss over the classes, through the techniques' own batches (``regroup``), batch
-    preparation and step contexts. Every batch has the same size (the last is padded with
-    repeats, dropped afterwards): traced and compiled models keep the shape they were built for."""
+    """Held-out accuracy and loss over the classes, through the techniques' own batches
+    (``regroup``), batch preparation and step contexts. Every batch has the same size (the last is
+    padded with repeats, dropped afterwards): traced and compiled models keep the shape they were
+    built for."""
     model, techniques, n = runner.model, runner.techniques, len(test)
     was_training = model.training
     model.eval()
@@ -202,7 +217,9 @@ def _evaluate(
     with torch.no_grad():
         for i in range(0, n, EVAL_BATCH):
             batch = test.batch(torch.arange(i, i + EVAL_BATCH) % n, device)
-            if regroup:  # the technique's batches; the labels stay the classes (a language model's too)
+            if (
+                regroup
+            ):  # the technique's batches; the labels stay the classes (a language model's too)
                 batch = regroup(batch)[0], batch[1]
             logits, labels = forward(runner.spec, model, techniques, batch)
             logits = _class_scores(runner.spec, logits, batch[0], classes).float()[: n - i]

@@ -1,13 +1,15 @@
-"""``bench fit``: the largest batch that really fits a memory budget, measured, beside the predicted one.
+"""``bench fit``: the largest batch that really fits a memory budget, measured, beside the predicted
+one.
 
-Each probe is a run of its own (one warm-up and one timed step, no fidelity phase) at one batch size. On
-CUDA the process's allocator is limited to the budget (``torch.cuda.set_per_process_memory_fraction``),
-so a batch that does not fit runs out of memory as on a smaller card; on a CPU, which has no allocator to
-limit, the budget holds against the tracked peak of live tensor bytes. The search is the prediction's
-(bench.predict.budget): a line through the last two peaks, with bisection behind it.
+Each probe is a run of its own (one warm-up and one timed step, no fidelity phase) at one batch
+size. On CUDA the process's allocator is limited to the budget
+(``torch.cuda.set_per_process_memory_fraction``), so a batch that does not fit runs out of memory as
+on a smaller card; on a CPU, which has no allocator to limit, the budget holds against the tracked
+peak of live tensor bytes. The search is the prediction's (bench.predict.budget): a line through the
+last two peaks, with bisection behind it.
 
-The prediction must never promise a batch that runs out of memory (predicted ≤ measured), and should lie
-within 5% below the measured largest batch.
+The prediction must never promise a batch that runs out of memory (predicted ≤ measured), and should
+lie within 5% below the measured largest batch.
 """
 
 from __future__ import annotations
@@ -31,15 +33,16 @@ CLOSE = 0.05  # how far below the measured largest batch the predicted one may l
 
 
 class ProbeFailed(Exception):
-    """A probe ended in neither ok nor oom: the run cannot be fitted here (its status and message)."""
+    """A probe ended in neither ok nor oom: the run cannot be fitted here (its status and
+    message)."""
 
 
 def fit_run(
     spec: RunSpec, device: Device, budget: int, limit: int = 4096, card: Card | None = None
 ) -> dict[str, Any]:
-    """One run's measured and predicted largest batch under ``budget`` bytes, and each probe taken; on a
-    ``card``, the probes' allocator is capped at what the card leaves it (``budget``, its capacity), and the
-    prediction is the card's verdict (bench.predict.budget.largest_batch_on)."""
+    """One run's measured and predicted largest batch under ``budget`` bytes, and each probe taken;
+    on a ``card``, the probes' allocator is capped at what the card leaves it (``budget``, its
+    capacity), and the prediction is the card's verdict (bench.predict.budget.largest_batch_on)."""
     shapes = spec.shapes(device.type)
     probes: list[dict[str, Any]] = []
 
@@ -51,7 +54,9 @@ def fit_run(
             **{_field(device): replace(shapes, batch_size=batch, warmup_steps=1, measure_steps=1)},
         )
         out = run_isolated(probe, device, budget=budget)
-        probes.append({KEY.batch_size: batch, KEY.status: out[KEY.status], "peak_bytes": _peak(out)})
+        probes.append(
+            {KEY.batch_size: batch, KEY.status: out[KEY.status], "peak_bytes": _peak(out)}
+        )
         if out[KEY.status] == Status.OOM:
             return math.inf
         if out[KEY.status] != Status.OK:
@@ -75,7 +80,8 @@ def fit_run(
 
 
 def verdict(row: dict[str, Any]) -> dict[str, Any]:
-    """Whether the prediction promised a batch that runs out of memory, and whether it lies close below."""
+    """Whether the prediction promised a batch that runs out of memory, and whether it lies close
+    below."""
     predicted, measured = row.get("predicted_largest_batch"), row.get("measured_largest_batch")
     if predicted is None or measured is None:
         return {}
@@ -98,7 +104,9 @@ def fit_suite(
     # before any probe: measured rows were lost to an unwritable folder
     for suite in {spec.suite for spec in runs}:
         results.writable(
-            results.suite_folder(results_root, suite, device.name) / "fit", "fit rows", "--results FOLDER"
+            results.suite_folder(results_root, suite, device.name) / "fit",
+            "fit rows",
+            "--results FOLDER",
         )
     rows = []
     for i, spec in enumerate(runs, 1):
@@ -121,10 +129,14 @@ def fit_suite(
 def row_line(row: dict[str, Any]) -> str:
     if row[KEY.status] != Status.OK:
         return f"{row[KEY.status]}: {row[KEY.message]}"
-    flag = " ⚠ the prediction promises a batch that runs out of memory" if row.get("promises_oom") else ""
+    flag = (
+        " ⚠ the prediction promises a batch that runs out of memory"
+        if row.get("promises_oom")
+        else ""
+    )
     return (
-        f"largest batch measured {row['measured_largest_batch']}, predicted {row['predicted_largest_batch']} "
-        f"({len(row['probes'])} probes){flag}"
+        f"largest batch measured {row['measured_largest_batch']}, predicted "
+        f"{row['predicted_largest_batch']} ({len(row['probes'])} probes){flag}"
     )
 
 

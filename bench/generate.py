@@ -1,12 +1,12 @@
-"""Generation, for suites with ``mode = "generate"``: transformers' own ``generate()`` on a causal language
-model, greedy, a fixed number of new tokens (``min_new_tokens`` equal to it, so no sequence stops early),
-with the techniques applied. A step is one generation: the prompt's prefill, which makes the first token,
-then one forward per token from the key-value cache.
+"""Generation, for suites with ``mode = "generate"``: transformers' own ``generate()`` on a causal
+language model, greedy, a fixed number of new tokens (``min_new_tokens`` equal to it, so no sequence
+stops early), with the techniques applied. A step is one generation: the prompt's prefill, which
+makes the first token, then one forward per token from the key-value cache.
 
-The generator tells what it sees to those who measure it: the phase of the forward now running (the tracker
-labels what it allocates by it, and keeps each phase's peak), the cache's tensors (counted as such), and per
-step the moments the step began, its first decode forward began and it ended (the time to the first token,
-and the decoding rate)."""
+The generator tells what it sees to those who measure it: the phase of the forward now running (the
+tracker labels what it allocates by it, and keeps each phase's peak), the cache's tensors (counted
+as such), and per step the moments the step began, its first decode forward began and it ended (the
+time to the first token, and the decoding rate)."""
 
 from __future__ import annotations
 
@@ -26,20 +26,22 @@ PREFILL, DECODE = "prefill", "decode"
 
 
 def cache_tensors(cache: Any) -> list[torch.Tensor]:
-    """Every tensor a transformers ``Cache`` holds, layer by layer: keys and values, and a quantized cache's
-    states and scales (wrapper tensors, as quanto's, are counted by what they wrap)."""
+    """Every tensor a transformers ``Cache`` holds, layer by layer: keys and values, and a quantized
+    cache's states and scales (wrapper tensors, as quanto's, are counted by what they wrap)."""
     found = []
     for layer in getattr(cache, "layers", None) or []:
         for value in vars(layer).values():
             found += [
-                t for t in (value if isinstance(value, tuple | list) else (value,)) if torch.is_tensor(t)
+                t
+                for t in (value if isinstance(value, tuple | list) else (value,))
+                if torch.is_tensor(t)
             ]
     return found
 
 
 class Generator:
-    """Eval mode, no optimizer, no gradients; the same interface as ``Trainer`` for the worker, and the
-    phases a tracker reads (``phase``, ``cache``)."""
+    """Eval mode, no optimizer, no gradients; the same interface as ``Trainer`` for the worker, and
+    the phases a tracker reads (``phase``, ``cache``)."""
 
     optimizer = None
 
@@ -54,7 +56,9 @@ class Generator:
         self.phase = ""  # of the forward now running: prefill (every prompt chunk) or decode
         self._seen = 0  # tokens this step's forwards have taken
         self._cache: Any = None  # the cache of the last forward
-        self.cache_class = ""  # its class (DynamicCache, StaticCache, …): what the techniques made of it
+        self.cache_class = (
+            ""  # its class (DynamicCache, StaticCache, …): what the techniques made of it
+        )
         self.forwards = {PREFILL: 0, DECODE: 0}  # in the last step
         self.cache_bytes = 0  # the cache's bytes on the device at their largest, over the last step
         self.marks: list[list[Any]] = []  # per step: its start, its first decode forward's, its end
@@ -64,8 +68,8 @@ class Generator:
         self.model.register_forward_hook(self._end, with_kwargs=True)
 
     def kwargs(self) -> dict[str, Any]:
-        """generate()'s arguments: greedy, exactly ``new_tokens`` new tokens, and the techniques' (the cache,
-        the prefill's chunks)."""
+        """generate()'s arguments: greedy, exactly ``new_tokens`` new tokens, and the techniques'
+        (the cache, the prefill's chunks)."""
         n = self.new_tokens
         fixed = {"max_new_tokens": n, "min_new_tokens": n, "do_sample": False, "use_cache": True}
         return fixed | dict(self.policy.generation)
@@ -89,7 +93,8 @@ class Generator:
         return cache_tensors(self._cache)
 
     def timings(self, steps: int) -> list[tuple[float, float]]:
-        """The last ``steps`` steps' time to the first token and time decoding the rest, in milliseconds."""
+        """The last ``steps`` steps' time to the first token and time decoding the rest, in
+        milliseconds."""
         if self.cuda:
             torch.cuda.synchronize()
 
@@ -120,7 +125,9 @@ class Generator:
     def _end(self, _: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         self._cache = kwargs.get("past_key_values") or getattr(out, "past_key_values", None)
         self.cache_class = type(self._cache).__name__
-        device = "cuda" if self.cuda else "cpu"  # an offloaded cache's layers on the host are not the card's
+        device = (
+            "cuda" if self.cuda else "cpu"
+        )  # an offloaded cache's layers on the host are not the card's
         held = tensor_bytes(t for t in self.cache() if t.device.type == device)
         self.cache_bytes = max(self.cache_bytes, held)
 

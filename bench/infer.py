@@ -1,4 +1,5 @@
-"""One inference step (forward only) with the techniques applied, for suites with ``mode = "inference"``."""
+"""One inference step (forward only) with the techniques applied, for suites with ``mode =
+"inference"``."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from bench.train import techniques_proof
 
 
 def forward(spec: ModelSpec, model: nn.Module, techniques: list[Technique], batch: Batch) -> Batch:
-    """The logits of one batch through the techniques' batch preparation and step contexts (autocast,
-    16-bit inputs, channels_last, inference mode), with the labels as prepared."""
+    """The logits of one batch through the techniques' batch preparation and step contexts
+    (autocast, 16-bit inputs, channels_last, inference mode), with the labels as prepared."""
     policy = combined([t.step() for t in techniques])
     inputs, labels = policy.prepare(batch)
     with policy.context():
@@ -21,8 +22,9 @@ def forward(spec: ModelSpec, model: nn.Module, techniques: list[Technique], batc
 
 
 class Inferencer:
-    """Eval mode, no optimizer, and no gradients: ``torch.no_grad()`` always, inside which a technique may
-    enter a stronger context (``inference_mode``). Same interface as ``Trainer`` for the worker."""
+    """Eval mode, no optimizer, and no gradients: ``torch.no_grad()`` always, inside which a
+    technique may enter a stronger context (``inference_mode``). Same interface as ``Trainer`` for
+    the worker."""
 
     optimizer = None
 

@@ -1,8 +1,8 @@
-"""How long a sweep's runs will take here. Each run is priced by the wall time its stored record took on a
-reference device (this one where it has records, else the one with the most records of the suite), and the
-price is scaled to this machine's pace as runs finish: the runs measured here against the same runs there. A
-CPU never seen before is thus estimated from its first run on (its first command was priced at another
-machine's pace alone, and read 5 minutes for 19)."""
+"""How long a sweep's runs will take here. Each run is priced by the wall time its stored record
+took on a reference device (this one where it has records, else the one with the most records of the
+suite), and the price is scaled to this machine's pace as runs finish: the runs measured here
+against the same runs there. A CPU never seen before is thus estimated from its first run on (its
+first command was priced at another machine's pace alone, and read 5 minutes for 19)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ class Price:
     seconds: float
     without_fidelity: float  # the same, less the fidelity phase (what --no-fidelity would take)
     reference: str  # the device whose records priced it
-    own: bool  # its own record's time, of a run that ran there: its time here sets the pace (else a median)
+    # its own record's time, of a run that ran there: its time here sets the pace (else a median)
+    own: bool
 
 
 def wall(record: dict[str, Any], fidelity: bool) -> float:
@@ -33,13 +34,16 @@ def wall(record: dict[str, Any], fidelity: bool) -> float:
 
 
 class Pace:
-    """The sweep's runs priced from stored records, and this machine's pace learnt from the runs measured."""
+    """The sweep's runs priced from stored records, and this machine's pace learnt from the runs
+    measured."""
 
     def __init__(self, todo: list[Task], root: Path, device: str | None, device_type: str) -> None:
         self.device = device
         refs = {s: _reference(root / s, device, device_type) for s in {t.suite.name for t in todo}}
         self.prices = {id(t): _price(t, refs[t.suite.name], device_type) for t in todo}
-        self.here: dict[str, float] = defaultdict(float)  # per reference: wall times measured here ...
+        self.here: dict[str, float] = defaultdict(
+            float
+        )  # per reference: wall times measured here ...
         self.there: dict[str, float] = defaultdict(float)  # ... and the same runs' there
         self.measured: list[float] = []  # every wall time measured here, for runs nothing priced
 
@@ -56,8 +60,8 @@ class Pace:
         if len(priced) == len(todo):
             runs = f"the {len(todo)} runs"
         parts = [
-            f"estimated: about {total / 60:.0f} min for {runs}, from their records' wall times on {where}"
-            + (f" ({medians} priced as a median run there)" if medians else "")
+            f"estimated: about {total / 60:.0f} min for {runs}, from their records' wall times on "
+            f"{where}" + (f" ({medians} priced as a median run there)" if medians else "")
         ]
         if sources != [self.device]:
             parts.append("at that pace until the first runs here measure this machine's")
@@ -68,8 +72,8 @@ class Pace:
         return "; ".join([*parts, "--only NAMES measures some of them"])
 
     def measure(self, task: Task, record: dict[str, Any]) -> str:
-        """A run measured here: its wall time against its reference's sets the pace. Returns a line to say
-        where this is the first run to set it, else ''."""
+        """A run measured here: its wall time against its reference's sets the pace. Returns a line
+        to say where this is the first run to set it, else ''."""
         if not record.get(KEY.wall_s):
             return ""
         self.measured.append(float(record[KEY.wall_s]))
@@ -83,7 +87,10 @@ class Pace:
         if not first:
             return ""
         factor = self.factor(price.reference)
-        return f"pace: this machine took {factor:.2f}× the time {price.reference} took for {task.spec.name}"
+        return (
+            f"pace: this machine took {factor:.2f}× the time {price.reference} took for "
+            f"{task.spec.name}"
+        )
 
     def factor(self, reference: str) -> float:
         """This machine's time over the reference's, for the same runs; 1 until one is measured."""
@@ -91,7 +98,8 @@ class Pace:
         return self.here[reference] / there if there else 1.0
 
     def left(self, todo: list[Task]) -> float | None:
-        """Seconds the runs of ``todo`` should take here; None where a run is priced by nothing yet."""
+        """Seconds the runs of ``todo`` should take here; None where a run is priced by nothing
+        yet."""
         fallback = statistics.mean(self.measured) if self.measured else None
         total = 0.0
         for t in todo:
@@ -104,9 +112,12 @@ class Pace:
         return total
 
 
-def _reference(folder: Path, device: str | None, device_type: str) -> tuple[str, dict[str, dict]] | None:
-    """The device whose records price a suite's runs, and its records by run: this device where it has any
-    with a wall time, else the one of this kind with the most (one device: one pace scales them all)."""
+def _reference(
+    folder: Path, device: str | None, device_type: str
+) -> tuple[str, dict[str, dict]] | None:
+    """The device whose records price a suite's runs, and its records by run: this device where it
+    has any with a wall time, else the one of this kind with the most (one device: one pace scales
+    them all)."""
     by_device: dict[str, dict[str, dict]] = defaultdict(dict)
     for r in results.load_records(folder) if folder.is_dir() else []:
         if r.get(KEY.wall_s) and r.get(KEY.device_type, "cpu") == device_type:
@@ -117,15 +128,19 @@ def _reference(folder: Path, device: str | None, device_type: str) -> tuple[str,
     return name, by_device[name]
 
 
-def _price(task: Task, reference: tuple[str, dict[str, dict]] | None, device_type: str) -> Price | None:
-    """A run's price at its reference's pace: its own record's wall time there, else the median of the
-    reference's runs that ran (a refused run's seconds would price every new run as refused)."""
+def _price(
+    task: Task, reference: tuple[str, dict[str, dict]] | None, device_type: str
+) -> Price | None:
+    """A run's price at its reference's pace: its own record's wall time there, else the median of
+    the reference's runs that ran (a refused run's seconds would price every new run as refused)."""
     if reference is None:
         return None
     name, records = reference
     fidelity = task.spec.fidelity(device_type) is not None
     if (own := records.get(task.spec.name)) is not None:
-        ran = own[KEY.status] == Status.OK  # else refused there: its seconds are no measure of the pace
+        ran = (
+            own[KEY.status] == Status.OK
+        )  # else refused there: its seconds are no measure of the pace
         return Price(wall(own, fidelity), wall(own, False), name, own=ran)
     ran = [r for r in records.values() if r[KEY.status] == Status.OK]
     if not ran:

@@ -1,6 +1,6 @@
-"""A run over several processes: joining torchrun's process group, and folding every rank's figures into
-one record (per-rank lists, the maximum over ranks where a figure must fit on each device, throughput of
-the whole group bounded by its slowest rank)."""
+"""A run over several processes: joining torchrun's process group, and folding every rank's figures
+into one record (per-rank lists, the maximum over ranks where a figure must fit on each device,
+throughput of the whole group bounded by its slowest rank)."""
 
 from __future__ import annotations
 
@@ -49,8 +49,8 @@ class Group:
 
 
 def join(device_type: str, timeout_s: float) -> Group:
-    """Under torchrun (WORLD_SIZE > 1): join the process group, NCCL on GPUs and gloo on CPUs, and take
-    this rank's GPU. Alone: a group of one, nothing initialised."""
+    """Under torchrun (WORLD_SIZE > 1): join the process group, NCCL on GPUs and gloo on CPUs, and
+    take this rank's GPU. Alone: a group of one, nothing initialised."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return Group()
@@ -59,12 +59,18 @@ def join(device_type: str, timeout_s: float) -> Group:
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if device_type == "cuda":
         torch.cuda.set_device(local)
-    dist.init_process_group("nccl" if device_type == "cuda" else "gloo", timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        "nccl" if device_type == "cuda" else "gloo", timeout=timedelta(seconds=timeout_s)
+    )
     return Group(world, dist.get_rank(), local)
 
 
 def device_of(device_type: str, group: Group) -> torch.device:
-    return torch.device("cuda", group.local_rank) if device_type == "cuda" else torch.device(device_type)
+    return (
+        torch.device("cuda", group.local_rank)
+        if device_type == "cuda"
+        else torch.device(device_type)
+    )
 
 
 def gather(figures: dict[str, Any], group: Group) -> list[dict[str, Any]] | None:
@@ -87,10 +93,13 @@ def leave(group: Group) -> None:
 
 
 def merge(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
-    """One record: the rank with the highest peak speaks for the breakdown; every rank's figure is kept."""
+    """One record: the rank with the highest peak speaks for the breakdown; every rank's figure is
+    kept."""
     if len(per_rank) == 1:
         return per_rank[0]
-    worst = max(per_rank, key=lambda r: r.get(KEY.peak_allocated_bytes) or r.get(KEY.peak_tensor_bytes) or 0)
+    worst = max(
+        per_rank, key=lambda r: r.get(KEY.peak_allocated_bytes) or r.get(KEY.peak_tensor_bytes) or 0
+    )
     out = dict(worst) | {KEY.world_size: len(per_rank), KEY.peak_rank: per_rank.index(worst)}
     for key, pick in [(k, max) for k in PER_RANK_MAX] + [(k, min) for k in PER_RANK_MIN]:
         values = [r.get(key) for r in per_rank]

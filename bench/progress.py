@@ -1,8 +1,9 @@
-"""A run's phase, told by its process to the sweep waiting on it, which prints it as a heartbeat: a CPU run's
-baseline alone can take ten minutes, and nothing else would show that it moves.
+"""A run's phase, told by its process to the sweep waiting on it, which prints it as a heartbeat: a
+CPU run's baseline alone can take ten minutes, and nothing else would show that it moves.
 
-The run's process writes one line to the file ``BENCH_PROGRESS`` names (nothing where it is unset: a run in a
-test or a Slurm job); a change of phase is written at once, steps within a phase at most every few seconds."""
+The run's process writes one line to the file ``BENCH_PROGRESS`` names (nothing where it is unset: a
+run in a test or a Slurm job); a change of phase is written at once, steps within a phase at most
+every few seconds."""
 
 from __future__ import annotations
 

@@ -18,14 +18,19 @@ from bench.record import KEY
 
 
 def device_name(device_type: str) -> str:
-    """The card's name, read through NVML where possible so the parent process never initialises CUDA.
+    """The card's name, read through NVML where possible so the parent process never initialises
+    CUDA.
 
-    On CPU, the processor model, thread count and the vector instructions ATen's kernels use (AVX2, AVX512,
-    SVE256, …): each changes the figures, so each is part of the name that keys stored records (another
-    machine measures afresh instead of reusing them). One "AMD EPYC" name hid two kinds of VM: bf16 steps took
-    0.6 times the fp32 step on one, with AVX-512, and 15 times on the other, without."""
+    On CPU, the processor model, thread count and the vector instructions ATen's kernels use (AVX2,
+    AVX512, SVE256, …): each changes the figures, so each is part of the name that keys stored
+    records (another machine measures afresh instead of reusing them). One "AMD EPYC" name hid two
+    kinds of VM: bf16 steps took 0.6 times the fp32 step on one, with AVX-512, and 15 times on the
+    other, without."""
     if device_type != "cuda":
-        return f"{cpu_model()}, {torch.get_num_threads()} threads, {torch.backends.cpu.get_cpu_capability()}"
+        return (
+            f"{cpu_model()}, {torch.get_num_threads()} threads, "
+            f"{torch.backends.cpu.get_cpu_capability()}"
+        )
     try:
         import pynvml
 
@@ -36,17 +41,19 @@ def device_name(device_type: str) -> str:
         return torch.cuda.get_device_name(0)
 
 
-CPU_BF16 = "BENCH_CPU_BF16"  # "native" or "emulated": stands for the CPU's own answer (tests, on any machine)
+# "native" or "emulated": stands for the CPU's own answer (tests, on any machine)
+CPU_BF16 = "BENCH_CPU_BF16"
 EMULATED_BF16 = (
-    "this CPU has no native bf16 (AVX-512 bf16 or Arm's, for oneDNN): its kernels emulate it, about "
-    "10 times slower than fp32 (ResNet-50's step 10.3 s against 0.95 s), so its figures would describe "
-    "nothing a user would run; measure bf16 on a GPU, or on a CPU that has it"
+    "this CPU has no native bf16 (AVX-512 bf16 or Arm's, for oneDNN): its kernels emulate it, "
+    "about 10 times slower than fp32 (ResNet-50's step 10.3 s against 0.95 s), so its figures "
+    "would describe nothing a user would run; measure bf16 on a GPU, or on a CPU that has it"
 )
 
 
 def native_bf16() -> bool:
-    """Whether this CPU computes bf16 natively: oneDNN's test, as torch's CPU kernels and inductor ask it (no
-    public API says it); ``BENCH_CPU_BF16`` overrides it, so that tests hold on both kinds of CPU."""
+    """Whether this CPU computes bf16 natively: oneDNN's test, as torch's CPU kernels and inductor
+    ask it (no public API says it); ``BENCH_CPU_BF16`` overrides it, so that tests hold on both
+    kinds of CPU."""
     if (value := os.environ.get(CPU_BF16)) in ("native", "emulated"):
         return value == "native"
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
@@ -68,17 +75,28 @@ def git_revision(root: Path | None = None) -> str:
         rev = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
         )
-        # Records and reports under results/ are the harness's own output: a sweep that follows another
-        # would otherwise call its code dirty. What decides the figures is everything else.
-        status = ["git", KEY.status, "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results"]
-        dirty = subprocess.run(status, cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+        # Records and reports under results/ are the harness's own output: a sweep that follows
+        # another would otherwise call its code dirty. What decides the figures is everything else.
+        status = [
+            "git",
+            KEY.status,
+            "--porcelain",
+            "--untracked-files=no",
+            "--",
+            ".",
+            ":(exclude)results",
+        ]
+        dirty = subprocess.run(
+            status, cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return rev.stdout.strip() + ("-dirty" if dirty else "")
 
 
-# Packages whose code a run may execute and whose version can change its figures: a model's implementation
-# (torchvision, transformers, timm), a technique's (peft, torchao, bitsandbytes, accelerate).
+# Packages whose code a run may execute and whose version can change its figures: a model's
+# implementation (torchvision, transformers, timm), a technique's (peft, torchao, bitsandbytes,
+# accelerate).
 PACKAGES = ("torchvision", "transformers", "timm", "peft", "accelerate", "torchao", "bitsandbytes")
 
 

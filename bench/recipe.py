@@ -1,6 +1,6 @@
-"""One recipe for every run: a RunSpec becomes its model, its techniques and a Trainer (or Inferencer) the
-same way in a measured run, a prediction on fake tensors, the fidelity phase and the tests, so that what is
-predicted and what is checked for accuracy is what was measured."""
+"""One recipe for every run: a RunSpec becomes its model, its techniques and a Trainer (or
+Inferencer) the same way in a measured run, a prediction on fake tensors, the fidelity phase and the
+tests, so that what is predicted and what is checked for accuracy is what was measured."""
 
 from __future__ import annotations
 
@@ -22,12 +22,15 @@ from bench.techniques import RunContext, Technique, build
 from bench.techniques.padding import PadToMax
 from bench.train import Trainer
 
-Stepper = Trainer | Inferencer | Generator  # what takes a run's steps: training, forward passes, generation
+Stepper = (
+    Trainer | Inferencer | Generator
+)  # what takes a run's steps: training, forward passes, generation
 
 
 @dataclass
 class Recipe:
-    """A run's context and techniques (built once, applied in the suite's order), its mode and seed."""
+    """A run's context and techniques (built once, applied in the suite's order), its mode and
+    seed."""
 
     ctx: RunContext
     techniques: list[Technique]
@@ -53,9 +56,9 @@ class Recipe:
         world_size: int = 1,
         rank: int = 0,
     ) -> Recipe:
-        """The recipe of ``spec`` on ``device`` at ``shapes`` (default: the spec's for that device type). The
-        fidelity phase names its stand-in ``model``, its ``lr`` and each ``seed``; ``predicting``: fake
-        tensors on the CPU standing for a CUDA run."""
+        """The recipe of ``spec`` on ``device`` at ``shapes`` (default: the spec's for that device
+        type). The fidelity phase names its stand-in ``model``, its ``lr`` and each ``seed``;
+        ``predicting``: fake tensors on the CPU standing for a CUDA run."""
         lr = spec.lr if lr is None else lr
         shapes = shapes or spec.shapes(device.type)
         ctx = RunContext(
@@ -75,29 +78,34 @@ class Recipe:
         )
 
     def unsupported(self) -> str | None:
-        """The model's or the first technique's reason it cannot run here (``"name: reason"``); None when all
-        can."""
+        """The model's or the first technique's reason it cannot run here (``"name: reason"``); None
+        when all can."""
         spec = self.ctx.model_spec
         if not spec.cpu and self.ctx.device.type == "cpu" and not self.ctx.predicting:
             return (
-                f"model {spec.name}: too large to build in a CPU's memory; it is predicted (bench predict) "
-                "and runs on CUDA"
+                f"model {spec.name}: too large to build in a CPU's memory; it is predicted (bench "
+                "predict) and runs on CUDA"
             )
-        return next((f"{t.name}: {r}" for t in self.techniques if (r := t.unsupported(self.ctx))), None)
+        return next(
+            (f"{t.name}: {r}" for t in self.techniques if (r := t.unsupported(self.ctx))), None
+        )
 
     def model(self, weights: str | None = None) -> tuple[nn.Module, dict[str, object]]:
-        """The plain model on the device, initialised from the seed (then ``weights``), with what loading
-        found."""
+        """The plain model on the device, initialised from the seed (then ``weights``), with what
+        loading found."""
         torch.manual_seed(self.seed)
         model, figures = models.build_model(self.ctx.model_spec, self.ctx.shapes, weights)
         return model.to(self.ctx.device), figures
 
     def stepper(
-        self, model: nn.Module, techniques: list[Technique] | None = None, inference: bool | None = None
+        self,
+        model: nn.Module,
+        techniques: list[Technique] | None = None,
+        inference: bool | None = None,
     ) -> Stepper:
-        """``model`` with ``techniques`` (default: the recipe's) applied, in a Trainer, an Inferencer for an
-        inference run, or a Generator; the fidelity phase trains an inference run's plain model first
-        (``inference=False``)."""
+        """``model`` with ``techniques`` (default: the recipe's) applied, in a Trainer, an
+        Inferencer for an inference run, or a Generator; the fidelity phase trains an inference
+        run's plain model first (``inference=False``)."""
         techniques = self.techniques if techniques is None else techniques
         if inference is False or (inference is None and self.mode == "train"):
             return Trainer(model, self.ctx.model_spec, techniques, self.ctx, self.ctx.lr)
@@ -106,46 +114,54 @@ class Recipe:
         return Inferencer(model, self.ctx.model_spec, techniques, self.ctx)
 
     def batch(self) -> Batch:
-        """The synthetic batch every measured step takes, from the seed: generation's, its prompts."""
+        """The synthetic batch every measured step takes, from the seed: generation's, its
+        prompts."""
         shapes = self.ctx.shapes
         if self.mode == "generate":
             shapes = dataclasses.replace(shapes, seq_len=shapes.prompt_len)
         return synthetic_batch(self.ctx.model_spec, shapes, self.seed, self.ctx.device)
 
     def _batching(self) -> varlen.Batching | None:
-        """The first technique's way of forming batches from variable-length sequences, if one has it."""
+        """The first technique's way of forming batches from variable-length sequences, if one has
+        it."""
         return next((b for t in self.techniques if (b := t.batching(self.ctx)) is not None), None)
 
     def regroup(self, batch: Batch) -> Batch:
-        """A padded batch of real data (the fidelity phase's) formed again by the run's batch-forming
-        technique, if it has one: what it is trained and evaluated on is what it measured."""
+        """A padded batch of real data (the fidelity phase's) formed again by the run's
+        batch-forming technique, if it has one: what it is trained and evaluated on is what it
+        measured."""
         batching = self._batching()
         return batch if batching is None else varlen.regroup(batch, batching.collate)
 
     def feed(self) -> varlen.Feed | None:
-        """Where the shapes name a length distribution, the DataLoader feed every step takes its batch from,
-        collated by the run's batch-forming technique (padding to seq_len where it has none); else None."""
+        """Where the shapes name a length distribution, the DataLoader feed every step takes its
+        batch from, collated by the run's batch-forming technique (padding to seq_len where it has
+        none); else None."""
         ctx = self.ctx
         if ctx.shapes.lengths is None:
             return None
         batching = self._batching() or PadToMax().batching(ctx)
         data = varlen.sequences(
-            varlen.parse(ctx.shapes.lengths), ctx.model_spec, varlen.dataset_size(ctx.shapes), self.seed
+            varlen.parse(ctx.shapes.lengths),
+            ctx.model_spec,
+            varlen.dataset_size(ctx.shapes),
+            self.seed,
         )
         return varlen.Feed(data, batching, ctx.shapes, ctx.device, self.seed)
 
 
 def batches(batch: Batch, feed: varlen.Feed | None, n: int) -> Iterator[Batch]:
-    """The batches of ``n`` steps: the loader's, the same ones on every pass, or the one synthetic batch."""
+    """The batches of ``n`` steps: the loader's, the same ones on every pass, or the one synthetic
+    batch."""
     return feed.batches(n) if feed is not None else itertools.repeat(batch, n)
 
 
 def tracked_steps(
     trainer: Stepper, batch: Batch, feed: varlen.Feed | None, steps: int
 ) -> Callable[[], object]:
-    """What the instrumented pass runs: one step on a fresh copy of the synthetic batch (allocated inside it,
-    the batch counts as it does on CUDA), or, on variable-length data, the timed pass's ``steps`` batches,
-    whose peaks differ with their lengths."""
+    """What the instrumented pass runs: one step on a fresh copy of the synthetic batch (allocated
+    inside it, the batch counts as it does on CUDA), or, on variable-length data, the timed pass's
+    ``steps`` batches, whose peaks differ with their lengths."""
     if feed is None:
         return lambda: trainer.step(clone_batch(batch))
     return lambda: [trainer.step(b) for b in feed.batches(steps)]

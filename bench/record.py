@@ -1,8 +1,9 @@
 """The record of one run, typed: what every field is, in which group, and its documentation
-(results/README.md's field reference is generated from it). On disk a record stays one flat JSON object, a key
-per field, so that it reads with any tool and loads into pandas as a row; ``Record.from_flat`` reads one,
-older records included (``migrate``), and ``to_flat`` writes it. Figures derived from several records (the
-accuracy delta against the baseline) are computed when reporting, never stored.
+(results/README.md's field reference is generated from it). On disk a record stays one flat JSON
+object, a key per field, so that it reads with any tool and loads into pandas as a row;
+``Record.from_flat`` reads one, older records included (``migrate``), and ``to_flat`` writes it.
+Figures derived from several records (the accuracy delta against the baseline) are computed when
+reporting, never stored.
 
 Nothing here imports the project: every layer that makes or reads records can use it.
 """
@@ -13,7 +14,11 @@ from dataclasses import dataclass, field, fields, make_dataclass
 from enum import StrEnum
 from typing import Any, ClassVar
 
-DERIVED = ("accuracy_delta", "accuracy_band", "outside_band")  # stored by older records; recomputed on read
+DERIVED = (
+    "accuracy_delta",
+    "accuracy_band",
+    "outside_band",
+)  # stored by older records; recomputed on read
 RANK_PREFIX = "rank_"  # a multi-process run's per-rank lists: rank_<figure>
 AT_PEAK = (
     "parameters",
@@ -27,7 +32,8 @@ AT_PEAK = (
 
 
 class Status(StrEnum):
-    """How a run (``status``) or its prediction (``predicted_status``) ended; stored as its plain string."""
+    """How a run (``status``) or its prediction (``predicted_status``) ended; stored as its plain
+    string."""
 
     OK = "ok"
     # out of memory: the device's, the host's OOM killer, or a --budget the tracked peak went over
@@ -38,14 +44,17 @@ class Status(StrEnum):
     UNPREDICTABLE = "unpredictable"  # predictions only: fake tensors cannot stand for the technique
 
 
-STATUSES = tuple(s.value for s in Status if s is not Status.UNPREDICTABLE)  # what a run's record may say
-# Outcomes another attempt would repeat: a resumed sweep keeps them (an error or a timeout is tried again).
+STATUSES = tuple(
+    s.value for s in Status if s is not Status.UNPREDICTABLE
+)  # what a run's record may say
+# Outcomes another attempt would repeat: a resumed sweep keeps them (an error or a timeout is tried
+# again).
 DETERMINISTIC = (Status.OK, Status.OOM, Status.UNSUPPORTED)
 
 
 def doc(text: str, default: Any = None, table: bool = False) -> Any:
-    """A field with its documentation; absent (None) unless the run has the figure. ``table``: a column of
-    the reports' summary table (COLUMNS)."""
+    """A field with its documentation; absent (None) unless the run has the figure. ``table``: a
+    column of the reports' summary table (COLUMNS)."""
     meta = {"doc": text, "column": table}
     if isinstance(default, (list, dict)):
         return field(default_factory=type(default), metadata=meta)
@@ -65,26 +74,36 @@ class Identity:
     run: str = column("the run's name in the suite")
     run_index: int | None = doc("its place in the suite file (reports keep that order)")
     model: str = column("the model's registered name, or module:NAME")
-    baseline: str = doc("the suite's baseline run, which ratios and accuracy deltas are held against")
+    baseline: str = doc(
+        "the suite's baseline run, which ratios and accuracy deltas are held against"
+    )
     techniques: list[str] = column(
         "the techniques' labels, with their options, in the order they applied", []
     )
     device: str = column(
-        "the device's name: the CUDA card's, or the processor model, thread count and "
-        "vector instructions (AVX2, AVX512…)"
+        "the device's name: the CUDA card's, or the processor model, thread count and vector "
+        "instructions (AVX2, AVX512…)"
     )
     device_type: str | None = column("cuda or cpu")
     batch_size: int | None = column("the measured steps' batch size (per rank)")
     image_size: int | None = doc("image models: the side of the square input")
-    seq_len: int | None = doc("token models: tokens per sequence (generation: the prompt and the new tokens)")
+    seq_len: int | None = doc(
+        "token models: tokens per sequence (generation: the prompt and the new tokens)"
+    )
     prompt_len: int | None = column("generation: the prompt's tokens, per sequence")
-    new_tokens: int | None = column("generation: the tokens generated after the prompt, per sequence")
-    seed: int | None = doc("seeds the model's initial weights, the batch and the fidelity phase's data order")
+    new_tokens: int | None = column(
+        "generation: the tokens generated after the prompt, per sequence"
+    )
+    seed: int | None = doc(
+        "seeds the model's initial weights, the batch and the fidelity phase's data order"
+    )
     warmup_steps: int | None = doc("steps before anything is measured")
     measure_steps: int | None = doc("timed steps")
     nproc: int | None = doc("processes the run takes (torchrun's nproc-per-node)")
     spec: dict[str, Any] | None = doc("the full entry as loaded, options and defaults included")
-    run_key: str | None = doc("hash of spec and device: a stored record with the same key is kept on resume")
+    run_key: str | None = doc(
+        "hash of spec and device: a stored record with the same key is kept on resume"
+    )
 
 
 @dataclass
@@ -98,29 +117,33 @@ class Outcome:
     )
     stderr_tail: str | None = doc("an error's last output (each rank's, under torchrun)")
     non_finite: list[str] | None = doc(
-        "figures that came out NaN or infinite (a diverged fidelity phase's loss), "
-        "stored as null so that any strict JSON reader reads the record"
+        "figures that came out NaN or infinite (a diverged fidelity phase's loss), stored as null "
+        "so that any strict JSON reader reads the record"
     )
     failed_rank: int | None = doc("a multi-process run's rank that failed")
     proof: dict[str, Any] | None = doc(
-        "each technique's evidence of application, read off the live run, as "
-        "<technique>.<key>; the trainer's micro_batches and output_dtype"
+        "each technique's evidence of application, read off the live run, as <technique>.<key>; "
+        "the trainer's micro_batches and output_dtype"
     )
 
 
 @dataclass
 class Memory:
-    """What was alive: the tracker's live tensor bytes (every device), the CUDA allocator's and NVML's
-    figures."""
+    """What was alive: the tracker's live tensor bytes (every device), the CUDA allocator's and
+    NVML's figures."""
 
-    peak_tensor_bytes: int | None = column("tracked peak of live tensor storages over one instrumented step")
+    peak_tensor_bytes: int | None = column(
+        "tracked peak of live tensor storages over one instrumented step"
+    )
     peak_phase: str | None = column(
         "where that peak fell: forward, backward or optimizer (generation: prefill or decode)"
     )
     peak_prefill_bytes: int | None = column(
         "generation: tracked peak while the prompt is processed, up to its first token"
     )
-    peak_decode_bytes: int | None = column("generation: tracked peak over the tokens after the first")
+    peak_decode_bytes: int | None = column(
+        "generation: tracked peak over the tokens after the first"
+    )
     kv_cache_bytes: int | None = column(
         "generation: the key-value cache's bytes on the device after the last token (its largest)"
     )
@@ -142,33 +165,47 @@ class Memory:
     at_peak_temporaries_bytes: int | None = column(
         "alive at the tracked peak: made in backward or the optimizer step"
     )
-    at_peak_kv_cache_bytes: int | None = column("alive at the tracked peak: the key-value cache (generation)")
+    at_peak_kv_cache_bytes: int | None = column(
+        "alive at the tracked peak: the key-value cache (generation)"
+    )
     param_count: int | None = doc("parameters")
     trainable_param_count: int | None = doc("parameters that require gradients")
     rss_peak_bytes: int | None = column("the run process's peak resident host memory")
-    peak_allocated_bytes: int | None = column("CUDA: torch.cuda.max_memory_allocated over the timed steps")
+    peak_allocated_bytes: int | None = column(
+        "CUDA: torch.cuda.max_memory_allocated over the timed steps"
+    )
     peak_reserved_bytes: int | None = column(
         "CUDA: the caching allocator's reserved peak over the timed steps"
     )
     peak_active_bytes: int | None = doc("CUDA: the allocator's active-bytes peak")
-    alloc_retries: int | None = doc("CUDA: allocations retried after freeing the cache (fragmentation)")
+    alloc_retries: int | None = doc(
+        "CUDA: allocations retried after freeing the cache (fragmentation)"
+    )
     cuda_ooms: int | None = doc("CUDA: out-of-memory errors the allocator raised")
-    nvml_process_bytes: int | None = column("CUDA: what NVML charges the process (context included)")
-    context_bytes: int | None = column("CUDA: NVML's figure minus reserved: the context and libraries")
+    nvml_process_bytes: int | None = column(
+        "CUDA: what NVML charges the process (context included)"
+    )
+    context_bytes: int | None = column(
+        "CUDA: NVML's figure minus reserved: the context and libraries"
+    )
     cache_slack_bytes: int | None = column("CUDA: reserved minus allocated at their peaks")
     snapshot: str | None = doc("CUDA, --snapshot: the allocator history file beside the record")
     memory_history: str | None = doc(
-        "CUDA: the allocator's own history of the run, from the build to the instrumented step, beside the "
-        "record (<run>.history.pickle.gz; bench.measure.history replays it)"
+        "CUDA: the allocator's own history of the run, from the build to the instrumented step, "
+        "beside the record (<run>.history.pickle.gz; bench.measure.history replays it)"
     )
-    memory_summary: str | None = doc("CUDA: the file beside the record with torch.cuda.memory_summary()")
+    memory_summary: str | None = doc(
+        "CUDA: the file beside the record with torch.cuda.memory_summary()"
+    )
 
 
 @dataclass
 class Timing:
     """How fast, and where the run's time went."""
 
-    first_step_ms: float | None = doc("the first warm-up step, where one-off costs (compilation) land")
+    first_step_ms: float | None = doc(
+        "the first warm-up step, where one-off costs (compilation) land"
+    )
     step_time_ms_median: float | None = column(
         "median timed step (CUDA events on a GPU, wall clock on a CPU)"
     )
@@ -189,8 +226,8 @@ class Timing:
     ttft_ms_p25: float | None = doc("generation: first quartile of the time to the first token")
     ttft_ms_p75: float | None = doc("generation: third quartile of the time to the first token")
     decode_tokens_per_s: float | None = column(
-        "generation: tokens after the first, over every sequence of the batch, per second of decoding "
-        "(median step)"
+        "generation: tokens after the first, over every sequence of the batch, per second of "
+        "decoding (median step)"
     )
     decode_tokens_per_s_p25: float | None = doc(
         "generation: the decoding rate of the third quartile's decoding time (a slower step's)"
@@ -200,45 +237,60 @@ class Timing:
     )
     flops_per_step: int | None = column("the step's FLOPs, counted on fake tensors")
     ops_per_step: int | None = doc(
-        "operators the step dispatches, views aside, counted on fake tensors: each a "
-        "kernel launch, the fixed cost eager PyTorch pays however small the tensors"
+        "operators the step dispatches, views aside, counted on fake tensors: each a kernel "
+        "launch, the fixed cost eager PyTorch pays however small the tensors"
     )
     op_bytes_per_step: int | None = doc(
-        "bytes of the tensors those operators take and make, counted on fake tensors: "
-        "what crosses device memory, pointwise work's cost"
+        "bytes of the tensors those operators take and make, counted on fake tensors: what crosses "
+        "device memory, pointwise work's cost"
     )
-    mfu: float | None = column("CUDA: flops_per_step over the median step, against the card's dense peak")
+    mfu: float | None = column(
+        "CUDA: flops_per_step over the median step, against the card's dense peak"
+    )
     mfu_dtype: str | None = doc("CUDA: the dtype whose peak mfu is held against")
     wall_s: float | None = column("the run's whole process, start-up included")
     startup_s: float | None = doc("launch to the first warm-up step: imports, prediction, build")
     prediction_s: float | None = doc("the prediction on fake tensors")
     measure_s: float | None = doc("build, warm-up, instrumented and timed steps")
     fidelity_s: float | None = doc("the fidelity phase")
-    launcher: str | None = doc("how the run's process started: fork (from a preloaded server) or fresh")
-    load_average: float | None = column("CPU: the machine's 1-minute load average as the timed steps ended")
+    launcher: str | None = doc(
+        "how the run's process started: fork (from a preloaded server) or fresh"
+    )
+    load_average: float | None = column(
+        "CPU: the machine's 1-minute load average as the timed steps ended"
+    )
     cpu_share: float | None = column(
-        "CPU: the CPU time the run's process got over the timed steps, over their wall "
-        "time times its threads (1.0: every thread ran throughout)"
+        "CPU: the CPU time the run's process got over the timed steps, over their wall time times "
+        "its threads (1.0: every thread ran throughout)"
     )
     busy_machine: bool | None = column(
-        "CPU: cpu_share under 0.75, the process clearly got less than its share: its "
-        "throughput says more about the machine's load than the technique, and no pick "
-        "rests on it"
+        "CPU: cpu_share under 0.75, the process clearly got less than its share: its throughput "
+        "says more about the machine's load than the technique, and no pick rests on it"
     )
 
 
 @dataclass
 class Data:
-    """Variable-length token data (a suite's ``lengths``): what the batches carried, and what feeding them
-    cost."""
+    """Variable-length token data (a suite's ``lengths``): what the batches carried, and what
+    feeding them cost."""
 
-    lengths: str | None = doc("the length distribution the sequences were drawn from (bench.data.varlen)")
-    loader: str | None = doc("the technique that formed the batches: pad-to-max, dynamic-padding, packing, …")
-    loader_workers: int | None = doc("the DataLoader's worker processes (0: collated in the step's process)")
-    real_tokens_per_s: float | None = column("sequence tokens over the timed steps' time, padding excluded")
+    lengths: str | None = doc(
+        "the length distribution the sequences were drawn from (bench.data.varlen)"
+    )
+    loader: str | None = doc(
+        "the technique that formed the batches: pad-to-max, dynamic-padding, packing, …"
+    )
+    loader_workers: int | None = doc(
+        "the DataLoader's worker processes (0: collated in the step's process)"
+    )
+    real_tokens_per_s: float | None = column(
+        "sequence tokens over the timed steps' time, padding excluded"
+    )
     padding_fraction: float | None = column("padding over all tokens of the timed batches")
     padding_fraction_per_batch: list[float] | None = doc("each timed batch's padding fraction")
-    loader_wait_ms_median: float | None = column("median host time a timed step waited for its batch")
+    loader_wait_ms_median: float | None = column(
+        "median host time a timed step waited for its batch"
+    )
 
 
 # What the live-bytes tracker gives for one step: measured (Memory), and predicted on fake tensors
@@ -266,7 +318,9 @@ class _PredictionOutcome:
     world_size: int | None = doc(
         "multi-process runs: the processes of the fake group the rank was predicted in"
     )
-    rank: int | None = doc("multi-process runs: the rank predicted (every rank of a run predicts itself)")
+    rank: int | None = doc(
+        "multi-process runs: the rank predicted (every rank of a run predicts itself)"
+    )
     traffic_all_reduce_bytes: int | None = doc(
         "bytes the rank sends (and receives) in all-reduces a step, in a ring"
     )
@@ -274,34 +328,40 @@ class _PredictionOutcome:
     traffic_reduce_scatter_bytes: int | None = doc("the same for reduce-scatters")
     traffic_broadcast_bytes: int | None = doc("the same for broadcasts and scatters")
     largest_collective_bytes: int | None = doc(
-        "the largest single collective's tensors: what a real rank may also "
-        "hold at its peak while a collective waits for a peer"
+        "the largest single collective's tensors: what a real rank may also hold at its peak while "
+        "a collective waits for a peer"
     )
     card: str | None = doc("the card the step was replayed under (--card): its name")
     verdict: str | None = doc(
-        "on that card: fits, fits after flushes (the allocator freed its cache and retried: each a pause), "
-        "or out of memory"
+        "on that card: fits, fits after flushes (the allocator freed its cache and retried: each a "
+        "pause), or out of memory"
     )
     flushes: int | None = doc("times the allocator freed its cache and retried on that card")
     paged_bytes: int | None = doc(
-        "optimizer state in CUDA unified memory (a paged optimizer's): never the allocator's, counted by "
-        "nvidia-smi while its pages sit on the card"
+        "optimizer state in CUDA unified memory (a paged optimizer's): never the allocator's, "
+        "counted by nvidia-smi while its pages sit on the card"
     )
     largest_free_bytes: int | None = doc(
-        "the largest block the allocator held cached and free when allocation peaked (fragmentation: "
-        "a request larger than it needs a new segment)"
+        "the largest block the allocator held cached and free when allocation peaked "
+        "(fragmentation: a request larger than it needs a new segment)"
     )
     oom_phase: str | None = doc("out of memory: the phase of the request the card could not hold")
     oom_request_bytes: int | None = doc("out of memory: that request's bytes")
     oom_reserved_bytes: int | None = doc(
-        "out of memory: what the allocator held reserved when that request failed (not a peak: the step "
-        "never reached its own)"
+        "out of memory: what the allocator held reserved when that request failed (not a peak: the "
+        "step never reached its own)"
     )
 
 
-# The tracked figures and the FLOPs, each documented as its measured twin, so that the two never drift apart.
-# Those the report holds against their twins: the peak, and on CUDA the allocator's figures and nvidia-smi's.
-COMPARED = ("peak_tensor_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "nvml_process_bytes")
+# The tracked figures and the FLOPs, each documented as its measured twin, so that the two never
+# drift apart. Those the report holds against their twins: the peak, and on CUDA the allocator's
+# figures and nvidia-smi's.
+COMPARED = (
+    "peak_tensor_bytes",
+    "peak_allocated_bytes",
+    "peak_reserved_bytes",
+    "nvml_process_bytes",
+)
 _PredictedFigures = make_dataclass(
     "_PredictedFigures",
     [
@@ -325,8 +385,8 @@ _PredictedFigures = make_dataclass(
 
 @dataclass
 class Prediction(_PredictedFigures):
-    """The step predicted on fake tensors before the run, at its shapes: the tracker's figures and the FLOPs,
-    as predicted_*."""
+    """The step predicted on fake tensors before the run, at its shapes: the tracker's figures and
+    the FLOPs, as predicted_*."""
 
     prefix: ClassVar[str] = "predicted_"
 
@@ -340,11 +400,15 @@ class Prediction(_PredictedFigures):
 
     def flat(self) -> dict[str, Any]:
         """As a record stores it: ``predicted_<field>`` for each field that has a value."""
-        return {self.prefix + f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
+        return {
+            self.prefix + f.name: v
+            for f in fields(self)
+            if (v := getattr(self, f.name)) is not None
+        }
 
     def fits(self, budget: int) -> bool:
-        """On a named card, its verdict (the step replayed through its allocator); else the peak against
-        ``budget`` bytes for tensors."""
+        """On a named card, its verdict (the step replayed through its allocator); else the peak
+        against ``budget`` bytes for tensors."""
         if self.verdict is not None:
             return self.verdict != "out of memory"
         return self.peak_tensor_bytes <= budget
@@ -352,7 +416,13 @@ class Prediction(_PredictedFigures):
     @classmethod
     def of(cls, flat: dict[str, Any]) -> Prediction:
         """The prediction a record (or a cached prediction) stores; other keys are ignored."""
-        return cls(**{f.name: flat[cls.prefix + f.name] for f in fields(cls) if cls.prefix + f.name in flat})
+        return cls(
+            **{
+                f.name: flat[cls.prefix + f.name]
+                for f in fields(cls)
+                if cls.prefix + f.name in flat
+            }
+        )
 
     @classmethod
     def failed(cls, status: Status, message: str) -> Prediction:
@@ -361,8 +431,8 @@ class Prediction(_PredictedFigures):
 
 @dataclass
 class FidelityResult:
-    """Does the technique change what the model learns: trained on real data, evaluated on its held-out
-    split."""
+    """Does the technique change what the model learns: trained on real data, evaluated on its
+    held-out split."""
 
     accuracy: float | None = column("held-out accuracy (the first seed's)")
     accuracy_seeds: list[float] | None = doc(
@@ -373,7 +443,9 @@ class FidelityResult:
         "first-step gradient against the plain model's, same batch, weights, dropout"
     )
     fidelity_test_loss: float | None = doc("held-out loss")
-    fidelity_agreement: float | None = column("inference suites: predictions equal to the fp32 model's")
+    fidelity_agreement: float | None = column(
+        "inference suites: predictions equal to the fp32 model's"
+    )
     fidelity_model: str | None = doc("the model trained (the run's, or the suite's stand-in)")
     fidelity_weights: str | None = doc("the weights it started from, if any")
     fidelity_dataset: str | None = doc("the dataset")
@@ -382,18 +454,21 @@ class FidelityResult:
     fidelity_test_size: int | None = doc("held-out samples")
     fidelity_error: str | None = column("the fidelity phase failed: why (the measurement stands)")
     fidelity_interrupted: bool | None = doc(
-        "the fidelity phase was stopped by Ctrl-C or SIGTERM: the measurement is kept, and a sweep run again "
-        "measures the run again"
+        "the fidelity phase was stopped by Ctrl-C or SIGTERM: the measurement is kept, and a sweep "
+        "run again measures the run again"
     )
 
 
 @dataclass
 class Distributed:
-    """Multi-process runs: every figure is the worst rank's (largest memory and step time, smallest rate)."""
+    """Multi-process runs: every figure is the worst rank's (largest memory and step time, smallest
+    rate)."""
 
     world_size: int | None = column("processes in the run")
     peak_rank: int | None = doc("the rank whose figures the record shows")
-    ranks: dict[str, list[Any]] = doc("each rank's figure, in rank order, stored as rank_<figure>", {})
+    ranks: dict[str, list[Any]] = doc(
+        "each rank's figure, in rank order, stored as rank_<figure>", {}
+    )
 
 
 @dataclass
@@ -405,14 +480,18 @@ class Provenance:
     )
     torch_version: str | None = column("torch")
     python_version: str | None = doc("Python")
-    packages: dict[str, str] | None = doc("versions of the optional packages the run's process imported")
+    packages: dict[str, str] | None = doc(
+        "versions of the optional packages the run's process imported"
+    )
     package_notes: dict[str, str] | None = doc(
         "what an optional package said at import it could not load (kept out of the terminal)"
     )
     hostname: str | None = doc("the machine")
     cpu_threads: int | None = doc("torch's intra-op threads in the run")
     finished_at: str | None = column("UTC, when the run's process ended")
-    stored_at: str | None = doc("UTC to the microsecond, when the record was stored (what --force compares)")
+    stored_at: str | None = doc(
+        "UTC to the microsecond, when the record was stored (what --force compares)"
+    )
     cuda_version: str | None = doc("CUDA: the runtime torch was built with")
     cudnn_version: int | None = doc("CUDA: cuDNN")
     driver_version: str | None = doc("CUDA: the driver")
@@ -443,7 +522,9 @@ GROUPS = {
     "distributed": Distributed,
     "provenance": Provenance,
 }
-MEMORY_SUMMARY = "memory_summary_text"  # the worker's torch.cuda.memory_summary(); stored beside the record
+MEMORY_SUMMARY = (
+    "memory_summary_text"  # the worker's torch.cuda.memory_summary(); stored beside the record
+)
 # The summary table's stored columns, group by group: the fields declared with column().
 COLUMNS = tuple(
     getattr(group, "prefix", "") + f.name
@@ -454,9 +535,10 @@ COLUMNS = tuple(
 
 
 class _Keys:
-    """Every stored key, as an attribute of ``KEY`` (``KEY.peak_tensor_bytes == "peak_tensor_bytes"``),
-    derived from the groups: code reads a record through these names, so that a typo is an AttributeError
-    where it is read rather than a silent None, and a renamed field is renamed everywhere."""
+    """Every stored key, as an attribute of ``KEY`` (``KEY.peak_tensor_bytes ==
+    "peak_tensor_bytes"``), derived from the groups: code reads a record through these names, so
+    that a typo is an AttributeError where it is read rather than a silent None, and a renamed field
+    is renamed everywhere."""
 
     def __init__(self) -> None:
         for group in GROUPS.values():
@@ -480,23 +562,30 @@ class Record:
     fidelity: FidelityResult = field(default_factory=FidelityResult)
     distributed: Distributed = field(default_factory=Distributed)
     provenance: Provenance = field(default_factory=Provenance)
-    extra: dict[str, Any] = field(default_factory=dict)  # keys no group documents: kept, never dropped
+    extra: dict[str, Any] = field(
+        default_factory=dict
+    )  # keys no group documents: kept, never dropped
 
     @classmethod
     def from_flat(cls, flat: dict[str, Any]) -> Record:
         """A stored record, after ``migrate``; keys no group knows go to ``extra``."""
         left = migrate(flat)
-        ranks = {k[len(RANK_PREFIX) :]: left.pop(k) for k in list(left) if k.startswith(RANK_PREFIX)}
+        ranks = {
+            k[len(RANK_PREFIX) :]: left.pop(k) for k in list(left) if k.startswith(RANK_PREFIX)
+        }
         groups = {}
         for name, group in GROUPS.items():
             prefix = getattr(group, "prefix", "")
-            taken = {f.name: left.pop(prefix + f.name) for f in fields(group) if prefix + f.name in left}
+            taken = {
+                f.name: left.pop(prefix + f.name) for f in fields(group) if prefix + f.name in left
+            }
             groups[name] = group(**taken)
         groups["distributed"].ranks = ranks
         return cls(**groups, extra=left)
 
     def to_flat(self) -> dict[str, Any]:
-        """The stored form: one key per field that has a value (a figure a device cannot give is absent)."""
+        """The stored form: one key per field that has a value (a figure a device cannot give is
+        absent)."""
         out: dict[str, Any] = {}
         for name, group in GROUPS.items():
             part, prefix = getattr(self, name), getattr(group, "prefix", "")
@@ -521,8 +610,9 @@ LARGEST = 2**63  # no figure of a run is larger; 10**400 overflowed the reports'
 
 
 def problems(flat: dict[str, Any]) -> list[str]:
-    """Each field whose stored value is not of its documented type ("accuracy: expected float, got str
-    '87%'"): a hand edit or another tool's record, which readers would otherwise trip over one by one."""
+    """Each field whose stored value is not of its documented type ("accuracy: expected float, got
+    str '87%'"): a hand edit or another tool's record, which readers would otherwise trip over one
+    by one."""
     found = []
     for group in GROUPS.values():
         prefix = getattr(group, "prefix", "")
@@ -530,22 +620,29 @@ def problems(flat: dict[str, Any]) -> list[str]:
             key, value = prefix + f.name, flat.get(prefix + f.name)
             if value is None or f.name == "ranks":
                 continue
-            kinds = [k for k in (k.strip().split("[")[0] for k in str(f.type).split("|")) if k != "None"]
+            kinds = [
+                k for k in (k.strip().split("[")[0] for k in str(f.type).split("|")) if k != "None"
+            ]
             allowed = tuple(t for k in kinds for t in KINDS.get(k, (object,)))
             # True is an int to Python, not a figure
             numeric = "bool" not in kinds and isinstance(value, bool)
             if numeric or not isinstance(value, allowed):
                 found.append(
-                    f"{key}: expected {' or '.join(kinds)}, got {type(value).__name__} {str(value)[:40]!r}"
+                    f"{key}: expected {' or '.join(kinds)}, got {type(value).__name__} "
+                    f"{str(value)[:40]!r}"
                 )
-            elif isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) >= LARGEST:
+            elif (
+                isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and abs(value) >= LARGEST
+            ):
                 found.append(f"{key}: {str(value)[:40]}… is out of any figure's range")
     return found
 
 
 def migrate(flat: dict[str, Any]) -> dict[str, Any]:
-    """An older record in today's form: techniques were one label (``"a + b"``, ``"baseline"``), and the
-    accuracy delta was stored with the record rather than derived when reporting."""
+    """An older record in today's form: techniques were one label (``"a + b"``, ``"baseline"``), and
+    the accuracy delta was stored with the record rather than derived when reporting."""
     out = {k: v for k, v in flat.items() if k not in DERIVED}
     if isinstance(out.get("techniques"), str):
         label = out["techniques"]
@@ -569,7 +666,7 @@ def reference() -> str:
             for f in fields(group)
         ]
         parts.append(
-            f"### {title}\n\n{' '.join(group.__doc__.split())}\n\n| field | what it is |\n|---|---|\n"
-            + "\n".join(rows)
+            f"### {title}\n\n{' '.join(group.__doc__.split())}\n\n| field | what it is "
+            "|\n|---|---|\n" + "\n".join(rows)
         )
     return "\n\n".join(parts) + "\n"

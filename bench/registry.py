@@ -1,5 +1,5 @@
-"""A name → object registry in the style of fvcore's: duplicates and unknown names are errors that say
-which."""
+"""A name → object registry in the style of fvcore's: duplicates and unknown names are errors that
+say which."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ class Registry(Generic[T]):
     def register(self, name: str) -> Callable[[T], T]:
         def add(obj: T) -> T:
             if name in self._items:
-                raise KeyError(f"{self.kind} {name!r} is already registered (by {self._items[name]!r})")
+                raise KeyError(
+                    f"{self.kind} {name!r} is already registered (by {self._items[name]!r})"
+                )
             self._items[name] = obj
             if self.names_classes:
                 obj.name = name  # type: ignore[attr-defined]
@@ -52,7 +54,8 @@ class Registry(Generic[T]):
 
 
 def import_object(path: str, kind: str) -> Any:
-    """``"package.module:attr"`` imported; a KeyError that says what failed, like an unknown name."""
+    """``"package.module:attr"`` imported; a KeyError that says what failed, like an unknown
+    name."""
     module_name, _, attr = path.partition(":")
     try:
         return getattr(importlib.import_module(module_name), attr)

@@ -30,15 +30,15 @@ REQUIRED = {KEY.suite, KEY.run, KEY.device, KEY.status}  # what every reader of 
 
 
 def slug(text: str) -> str:
-    """A file-system-safe name in any script: 'NVIDIA H100 80GB HBM3' → 'nvidia-h100-80gb-hbm3', 'Базовый' →
-    'базовый'."""
+    """A file-system-safe name in any script: 'NVIDIA H100 80GB HBM3' → 'nvidia-h100-80gb-hbm3',
+    'Базовый' → 'базовый'."""
     return re.sub(r"[^\w.@+-]+", "-", text.lower()).strip("-.")
 
 
 def run_stem(run: str) -> str:
-    """A run's file name: its slug where that is the name itself, else the slug and a digest of the name, so
-    that no two names ('amp bf16', 'AMP-bf16'; '🚀', '🔥') share a file and one record never replaces
-    another."""
+    """A run's file name: its slug where that is the name itself, else the slug and a digest of the
+    name, so that no two names ('amp bf16', 'AMP-bf16'; '🚀', '🔥') share a file and one record
+    never replaces another."""
     stem = slug(run)
     return stem if stem == run else f"{stem}~{hashlib.sha256(run.encode()).hexdigest()[:8]}"
 
@@ -52,8 +52,9 @@ def record_path(results: Path, suite: str, device: str, run: str) -> Path:
 
 
 def write_between(path: Path, begin: str, end: str, body: str, missing: str = "") -> None:
-    """A generated part of a page, rewritten between its two marker lines; the prose around it stays as
-    written. A page without the markers gets the part at its end (``missing``: the text of a page not there).
+    """A generated part of a page, rewritten between its two marker lines; the prose around it stays
+    as written. A page without the markers gets the part at its end (``missing``: the text of a page
+    not there).
     """
     text = path.read_text(encoding="utf-8") if path.exists() else missing
     head, _, rest = text.partition(begin)
@@ -61,12 +62,15 @@ def write_between(path: Path, begin: str, end: str, body: str, missing: str = ""
 
 
 def write_atomic(path: Path, record: dict[str, Any] | str) -> None:
-    """Write to a temporary file beside the target, then rename: a reader never sees half a record. Readable
-    by all, as every other file of a checkout (mkstemp's own mode, 0600, would be committed with it)."""
+    """Write to a temporary file beside the target, then rename: a reader never sees half a record.
+    Readable by all, as every other file of a checkout (mkstemp's own mode, 0600, would be committed
+    with it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:  # whatever the locale (LC_ALL=C emptied report.md)
+        with os.fdopen(
+            fd, "w", encoding="utf-8"
+        ) as f:  # whatever the locale (LC_ALL=C emptied report.md)
             f.write(
                 record
                 if isinstance(record, str)
@@ -83,27 +87,29 @@ def write_atomic(path: Path, record: dict[str, Any] | str) -> None:
 
 def store(path: Path, record: dict[str, Any]) -> bool:
     """Write the record; where that fails (a full disk, a folder made read-only meanwhile), keep the
-    measurement in a file of the temporary folder and name it on stderr rather than lose it. Returns whether
-    it is at ``path``: the sweep's exit status says so."""
+    measurement in a file of the temporary folder and name it on stderr rather than lose it. Returns
+    whether it is at ``path``: the sweep's exit status says so."""
     try:
         write_atomic(path, record)
         return True
     except OSError as exc:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         kept = (
-            Path(tempfile.gettempdir()) / f"bench-unsaved-{slug(record[KEY.suite])}-{path.stem}-{stamp}.json"
+            Path(tempfile.gettempdir())
+            / f"bench-unsaved-{slug(record[KEY.suite])}-{path.stem}-{stamp}.json"
         )
         kept.write_text(json.dumps(record, indent=1, sort_keys=True, default=str))
         print(
-            f"error: could not write {path} ({exc.strerror or exc}); the measurement is kept in {kept}: "
-            f"copy it there once the folder can be written",
+            f"error: could not write {path} ({exc.strerror or exc}); the measurement is kept in "
+            f"{kept}: copy it there once the folder can be written",
             file=sys.stderr,
         )
         return False
 
 
 def save_beside(path: Path, suffix: str, text: str) -> str:
-    """A text file beside a record (``<run>.memory.txt``); returns its name, for the record to point at."""
+    """A text file beside a record (``<run>.memory.txt``); returns its name, for the record to point
+    at."""
     side = path.with_suffix(suffix)
     try:
         write_atomic(side, text)
@@ -112,14 +118,16 @@ def save_beside(path: Path, suffix: str, text: str) -> str:
     return side.name
 
 
-# What a device's folder holds that came from measuring: the records and the files saved beside them.
+# What a device's folder holds that came from measuring: the records and the files saved beside
+# them.
 PACKED = ("*.json", "*.memory.txt", "*.history.pickle.gz", "*.snapshot.pickle", "fit/*.json")
 
 
 def pack(archive: Path, results: Path, suites: list[str], device: str) -> None:
-    """The suites' records on this device, with what is saved beside each (memory summary, the allocator's
-    history, a --snapshot) and the fit probes, as one .tar.gz, replaced atomically: a machine that hands back
-    one folder, and may be cut off at any moment, hands back everything measured so far."""
+    """The suites' records on this device, with what is saved beside each (memory summary, the
+    allocator's history, a --snapshot) and the fit probes, as one .tar.gz, replaced atomically: a
+    machine that hands back one folder, and may be cut off at any moment, hands back everything
+    measured so far."""
     archive.parent.mkdir(parents=True, exist_ok=True)
     tmp = archive.with_name(f".{archive.name}.tmp")
     with tarfile.open(tmp, "w:gz") as tar:
@@ -131,31 +139,33 @@ def pack(archive: Path, results: Path, suites: list[str], device: str) -> None:
 
 
 def check_writable(results: Path, suites: list[str], device: str | None) -> None:
-    """Before the first run: each suite's record folder (of ``device``; None: not known before the runs, the
-    suite's) can be made and written, so that a measurement is never taken only to be lost. Raises BadInput
-    naming the folder."""
+    """Before the first run: each suite's record folder (of ``device``; None: not known before the
+    runs, the suite's) can be made and written, so that a measurement is never taken only to be
+    lost. Raises BadInput naming the folder."""
     for suite in suites:
         writable(
-            suite_folder(results, suite, device) if device else results / suite, "records", "--results FOLDER"
+            suite_folder(results, suite, device) if device else results / suite,
+            "records",
+            "--results FOLDER",
         )
 
 
 def refuse_dangling(folder: Path, flag: str) -> None:
-    """A symbolic link on the folder's path whose target is gone: BadInput naming both (mkdir said only "File
-    exists", of a folder that does not)."""
+    """A symbolic link on the folder's path whose target is gone: BadInput naming both (mkdir said
+    only "File exists", of a folder that does not)."""
     for p in (folder, *folder.parents):
         if p.is_symlink() and not p.exists():
             raise BadInput(
-                f"{p} is a symbolic link to {os.readlink(p)}, which does not exist; make that folder, "
-                f"remove the link, or pass {flag}"
+                f"{p} is a symbolic link to {os.readlink(p)}, which does not exist; make that "
+                f"folder, remove the link, or pass {flag}"
             )
 
 
 def writable(folder: Path, what: str, flag: str) -> None:
-    """Before any work: ``folder`` can be made and written; else BadInput naming it, what would go there, and
-    the flag that puts it elsewhere (a search or a sweep's output was found unwritable only once it was done).
-    Folders it made to find out are removed again: nothing is left behind by a command that then writes
-    nothing."""
+    """Before any work: ``folder`` can be made and written; else BadInput naming it, what would go
+    there, and the flag that puts it elsewhere (a search or a sweep's output was found unwritable
+    only once it was done). Folders it made to find out are removed again: nothing is left behind by
+    a command that then writes nothing."""
     refuse_dangling(folder, flag)
     made = (
         next((p for p in (folder, *folder.parents) if p.parent.exists()), folder)
@@ -167,19 +177,26 @@ def writable(folder: Path, what: str, flag: str) -> None:
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as exc:
         raise BadInput(
-            f"cannot write {what} in {folder}: {exc.strerror or exc}; make it writable or pass {flag}"
+            f"cannot write {what} in {folder}: {exc.strerror or exc}; make it writable or pass "
+            f"{flag}"
         ) from None
     finally:
         if made is not None and made.is_dir():
-            for p in (folder, *folder.parents):  # the empty folders it made, up to the first that was there
+            for p in (
+                folder,
+                *folder.parents,
+            ):  # the empty folders it made, up to the first that was there
                 if p.is_dir() and not any(p.iterdir()):
                     p.rmdir()
                 if p == made:
                     break
 
 
-def base_record(spec: RunSpec, device: str, device_type: str, key: str, revision: str) -> dict[str, Any]:
-    """What a record says of the run before it is measured: its identity, shapes and specification."""
+def base_record(
+    spec: RunSpec, device: str, device_type: str, key: str, revision: str
+) -> dict[str, Any]:
+    """What a record says of the run before it is measured: its identity, shapes and
+    specification."""
     shapes = spec.shapes(device_type)
     return {
         KEY.suite: spec.suite,
@@ -205,11 +222,15 @@ def base_record(spec: RunSpec, device: str, device_type: str, key: str, revision
 
 
 def read(path: Path, warn: bool = True) -> dict[str, Any] | None:
-    """The stored record, or None. One that cannot be parsed (a hand edit, a git merge conflict) is named
-    on stderr: silently leaving a measured run out of a report would hide it."""
+    """The stored record, or None. One that cannot be parsed (a hand edit, a git merge conflict) is
+    named on stderr: silently leaving a measured run out of a report would hide it."""
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
-        if not (isinstance(record, dict) and record.keys() >= REQUIRED and record[KEY.status] in STATUSES):
+        if not (
+            isinstance(record, dict)
+            and record.keys() >= REQUIRED
+            and record[KEY.status] in STATUSES
+        ):
             raise ValueError(
                 f"not a record: expected an object with {', '.join(sorted(REQUIRED))} and a status "
                 f"among {', '.join(STATUSES)}"
@@ -219,27 +240,36 @@ def read(path: Path, warn: bool = True) -> dict[str, Any] | None:
         return record
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+    except (
+        OSError,
+        ValueError,
+    ) as exc:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
         if warn:
             print(f"warning: {path}: unreadable record, treated as absent ({exc})", file=sys.stderr)
         return None
 
 
 def set_aside_if_unreadable(path: Path) -> None:
-    """Before a record is written over: one that cannot be parsed (a merge conflict may hold two measurements)
-    moves to <run>.json.unreadable (.unreadable-2, … beside earlier ones) rather than being lost."""
+    """Before a record is written over: one that cannot be parsed (a merge conflict may hold two
+    measurements) moves to <run>.json.unreadable (.unreadable-2, … beside earlier ones) rather than
+    being lost."""
     if path.exists() and read(path, warn=False) is None:  # named already, when the sweep read it
         asides = (
-            path.with_name(path.name + ".unreadable" + (f"-{n}" if n > 1 else "")) for n in itertools.count(1)
+            path.with_name(path.name + ".unreadable" + (f"-{n}" if n > 1 else ""))
+            for n in itertools.count(1)
         )
         path.replace(next(a for a in asides if not a.exists()))
 
 
 LOCK = ".sweep.lock"
-PREDICTED = "predicted-gpu.csv"  # beside a suite's device folders: the whole suite predicted at GPU shapes
-CONTEXTS = "longest-{card}.csv"  # beside them too, per card: a generation's longest contexts (predict --card)
-# Beside them too: figures measured elsewhere and published, a row each: the suite's run, the card (a name of
-# bench.predict.cards), nvidia-smi's MiB for the process, and where it was published (bench.predict.held).
+PREDICTED = (
+    "predicted-gpu.csv"  # beside a suite's device folders: the whole suite predicted at GPU shapes
+)
+# beside them too, per card: a generation's longest contexts (predict --card)
+CONTEXTS = "longest-{card}.csv"
+# Beside them too: figures measured elsewhere and published, a row each: the suite's run, the card
+# (a name of bench.predict.cards), nvidia-smi's MiB for the process, and where it was published
+# (bench.predict.held).
 PUBLISHED = "published.csv"
 
 
@@ -257,9 +287,9 @@ def read_contexts(suite_dir: Path) -> dict[str, dict[str, int | None]]:
 
 @contextmanager
 def sweeping(folders: list[Path]) -> Iterator[None]:
-    """Held by one sweep at a time per record folder: a second sweep of the same suite and device would
-    measure every run again beside the first and overwrite its records, so it is refused, naming the first.
-    The lock is the operating system's (flock): a sweep that dies releases it."""
+    """Held by one sweep at a time per record folder: a second sweep of the same suite and device
+    would measure every run again beside the first and overwrite its records, so it is refused,
+    naming the first. The lock is the operating system's (flock): a sweep that dies releases it."""
     held = []
     try:
         for folder in folders:
@@ -272,12 +302,14 @@ def sweeping(folders: list[Path]) -> Iterator[None]:
                 who = handle.read().strip() or "another process"
                 handle.close()
                 raise BadInput(
-                    f"{folder} is being measured by another sweep ({who}); wait for it to finish, or "
-                    "give this one --results elsewhere"
+                    f"{folder} is being measured by another sweep ({who}); wait for it to finish, "
+                    "or give this one --results elsewhere"
                 ) from None
             handle.seek(0)
             handle.truncate()
-            handle.write(f"pid {os.getpid()}, since {datetime.now(UTC).isoformat(timespec='seconds')}\n")
+            handle.write(
+                f"pid {os.getpid()}, since {datetime.now(UTC).isoformat(timespec='seconds')}\n"
+            )
             handle.flush()
             held.append(handle)
         yield
@@ -291,8 +323,8 @@ SUPERSEDED = "superseded"  # beside a device's records: those a later measuremen
 
 def keep_superseded(path: Path) -> Path | None:
     """Before a record is written over by a new measurement: the stored one moves to
-    superseded/<run>.<stored_at>.json beside it (reports read only the folder's own records), so that nothing
-    measured is lost to an edited suite, --force or a changed key."""
+    superseded/<run>.<stored_at>.json beside it (reports read only the folder's own records), so
+    that nothing measured is lost to an edited suite, --force or a changed key."""
     old = read(path, warn=False) if path.exists() else None
     if old is None:
         return None
@@ -302,7 +334,10 @@ def keep_superseded(path: Path) -> Path | None:
         kept.parent.mkdir(exist_ok=True)
         path.replace(kept)
     except OSError as exc:  # the new record is stored all the same (or kept aside by store)
-        print(f"warning: could not keep {path} in {kept.parent}/: {exc.strerror or exc}", file=sys.stderr)
+        print(
+            f"warning: could not keep {path} in {kept.parent}/: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
         return None
     return kept
 
@@ -313,8 +348,8 @@ def load_records(suite_dir: Path) -> list[dict[str, Any]]:
 
 
 def accuracy_vs_baseline(record: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, Any]:
-    """The accuracy delta against the baseline's first seed (same initial weights and data order), and the
-    noise band: the spread (max − min) of the baseline's accuracies over its seeds."""
+    """The accuracy delta against the baseline's first seed (same initial weights and data order),
+    and the noise band: the spread (max − min) of the baseline's accuracies over its seeds."""
     acc, base = record.get(KEY.accuracy), (baseline or {}).get(KEY.accuracy)
     if acc is None or base is None:
         return {}
@@ -324,16 +359,26 @@ def accuracy_vs_baseline(record: dict[str, Any], baseline: dict[str, Any] | None
 
 
 def to_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
-    """One row per run, records of any age in today's form (bench.record.migrate), with what is derived from
-    several of them: the accuracy delta against the baseline run on the same device. ``techniques`` is the
-    label tables show, ``technique`` the first technique's name (what colours it); the technique proofs become
-    ``proof.<technique>.<key>`` columns, the versions of the packages the run imported ``package.<name>``."""
+    """One row per run, records of any age in today's form (bench.record.migrate), with what is
+    derived from several of them: the accuracy delta against the baseline run on the same device.
+    ``techniques`` is the label tables show, ``technique`` the first technique's name (what colours
+    it); the technique proofs become ``proof.<technique>.<key>`` columns, the versions of the
+    packages the run imported ``package.<name>``."""
     flat = [migrate(r) for r in records]
-    baselines = {(r.get(KEY.suite), r[KEY.device]): r for r in flat if r[KEY.run] == r.get(KEY.baseline)}
+    baselines = {
+        (r.get(KEY.suite), r[KEY.device]): r for r in flat if r[KEY.run] == r.get(KEY.baseline)
+    }
     rows = []
     for r in flat:
-        row = {k: v for k, v in r.items() if k not in (KEY.proof, KEY.spec, KEY.packages, KEY.techniques)}
-        row |= {KEY.techniques: label(r.get(KEY.techniques) or []), "technique": _first_technique(r)}
+        row = {
+            k: v
+            for k, v in r.items()
+            if k not in (KEY.proof, KEY.spec, KEY.packages, KEY.techniques)
+        }
+        row |= {
+            KEY.techniques: label(r.get(KEY.techniques) or []),
+            "technique": _first_technique(r),
+        }
         row |= accuracy_vs_baseline(r, baselines.get((r.get(KEY.suite), r[KEY.device])))
         row |= {f"proof.{k}": v for k, v in (r.get(KEY.proof) or {}).items()}
         row |= {f"package.{k}": v for k, v in (r.get(KEY.packages) or {}).items()}
@@ -342,7 +387,8 @@ def to_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
 
 
 def _first_technique(record: dict[str, Any]) -> str:
-    """The name of the run's first technique ("" for none), from its specification where it has one."""
+    """The name of the run's first technique ("" for none), from its specification where it has
+    one."""
     if techniques := (record.get(KEY.spec) or {}).get(KEY.techniques):
         return techniques[0]["name"]
     return (record.get(KEY.techniques) or [""])[0].split("(")[0]

@@ -1,8 +1,8 @@
 """What a loaded suite is: frozen dataclasses the rest of the harness reads, and a run's identity.
 
 The ground floor: plain values that import nothing from the project but the record's field names
-(bench.record, which imports nothing of ours), so that models, data and techniques can take Shapes and a
-TechniqueSpec without reaching up to the suite loader (bench.techniques.build turns a
+(bench.record, which imports nothing of ours), so that models, data and techniques can take Shapes
+and a TechniqueSpec without reaching up to the suite loader (bench.techniques.build turns a
 TechniqueSpec into its technique)."""
 
 from __future__ import annotations
@@ -19,36 +19,44 @@ from bench.record import KEY
 DEVICES = ("gpu", "cpu")
 MODES = ("train", "inference", "generate")
 DEFAULTS = {"seed": 0, "warmup_steps": 2, "measure_steps": 5, "timeout_s": 900.0, "lr": 1e-4}
-STEP_KEYS = ("warmup_steps", "measure_steps")  # suite-wide, and overridable per device in [shapes.*]
+STEP_KEYS = (
+    "warmup_steps",
+    "measure_steps",
+)  # suite-wide, and overridable per device in [shapes.*]
 # a week: beyond it the wait's arithmetic overflows (1e10 did, at the first run)
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
-MAX_NPROC = 65_536  # processes a run (or a prediction) may span: the largest clusters built, and some room
+MAX_NPROC = (
+    65_536  # processes a run (or a prediction) may span: the largest clusters built, and some room
+)
 
 
 @dataclass(frozen=True)
 class Shapes:
-    """What a run does on one kind of device: tensor shapes, and how many steps to warm up and time."""
+    """What a run does on one kind of device: tensor shapes, and how many steps to warm up and
+    time."""
 
     batch_size: int
     image_size: int | None = None
     seq_len: int | None = None
     warmup_steps: int = DEFAULTS["warmup_steps"]
     measure_steps: int = DEFAULTS["measure_steps"]
-    # Variable-length token data through a DataLoader (bench.data.varlen): a length distribution, or None for
-    # fixed-length synthetic batches; the loader's worker processes, and pinned host memory on CUDA.
+    # Variable-length token data through a DataLoader (bench.data.varlen): a length distribution, or
+    # None for fixed-length synthetic batches; the loader's worker processes, and pinned host memory
+    # on CUDA.
     lengths: str | None = None
     loader_workers: int = 0
     pin_memory: bool = False
-    # The model this device runs in the suite's place, of its family and smaller (a CPU's llama-tiny for
-    # Llama-3-1B); None: the suite's own.
+    # The model this device runs in the suite's place, of its family and smaller (a CPU's llama-tiny
+    # for Llama-3-1B); None: the suite's own.
     model: str | None = None
-    # Generation (mode = "generate"): the prompt's tokens and the tokens generated after it; seq_len is their
-    # sum, the context the model holds.
+    # Generation (mode = "generate"): the prompt's tokens and the tokens generated after it; seq_len
+    # is their sum, the context the model holds.
     prompt_len: int | None = None
     new_tokens: int | None = None
 
 
-# Left out of a spec's key at their defaults, so that records made before these fields keep their keys.
+# Left out of a spec's key at their defaults, so that records made before these fields keep their
+# keys.
 DATA_DEFAULTS = {
     "lengths": None,
     "loader_workers": 0,
@@ -61,7 +69,8 @@ DATA_DEFAULTS = {
 
 @dataclass(frozen=True)
 class Fidelity:
-    """The fidelity phase on one kind of device: what to train on, for how long, and on which model."""
+    """The fidelity phase on one kind of device: what to train on, for how long, and on which
+    model."""
 
     dataset: str = "digits"
     steps: int = 100
@@ -138,20 +147,31 @@ class RunSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunSpec:
-        techs = tuple(TechniqueSpec(t["name"], tuple(map(tuple, t["options"]))) for t in d["techniques"])
+        techs = tuple(
+            TechniqueSpec(t["name"], tuple(map(tuple, t["options"]))) for t in d["techniques"]
+        )
         fid = {k: Fidelity(**d[k]) for k in ("fidelity_gpu", "fidelity_cpu") if d.get(k)}
-        return cls(**{**d, "techniques": techs, "gpu": Shapes(**d["gpu"]), "cpu": Shapes(**d["cpu"]), **fid})
+        return cls(
+            **{
+                **d,
+                "techniques": techs,
+                "gpu": Shapes(**d["gpu"]),
+                "cpu": Shapes(**d["cpu"]),
+                **fid,
+            }
+        )
 
     def key(self, device: str) -> str:
-        """The full specification plus the device: the key records were stored under before ``measured_key``,
-        still accepted for runs that name no code of the user's (bench.resume)."""
+        """The full specification plus the device: the key records were stored under before
+        ``measured_key``, still accepted for runs that name no code of the user's (bench.resume)."""
         blob = json.dumps({"spec": self.to_dict(), "device": device}, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def measured_key(self, device: str, device_type: str) -> str:
-        """Identity of a measurement: what can change its figures on this kind of device, the device, and the
-        source of the user's own modules the run names. Left out: the time limit, and the other kind of
-        device's shapes and fidelity phase (editing ``[shapes.gpu]`` re-measures nothing on a CPU)."""
+        """Identity of a measurement: what can change its figures on this kind of device, the
+        device, and the source of the user's own modules the run names. Left out: the time limit,
+        and the other kind of device's shapes and fidelity phase (editing ``[shapes.gpu]``
+        re-measures nothing on a CPU)."""
         spec = self.to_dict()
         other = "cpu" if device_type == "cuda" else "gpu"
         for key in ("timeout_s", other, f"fidelity_{other}"):
@@ -162,18 +182,23 @@ class RunSpec:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def user_code(self) -> dict[str, str]:
-        """A digest of the source file of each module of the user's that the run names (``module:NAME`` models
-        and techniques), found without importing it: an edited class measures again. Modules they import in
-        turn are not read."""
+        """A digest of the source file of each module of the user's that the run names
+        (``module:NAME`` models and techniques), found without importing it: an edited class
+        measures again. Modules they import in turn are not read."""
         names = {self.model, self.gpu.model, self.cpu.model, *(t.name for t in self.techniques)}
-        modules = sorted({n.partition(":")[0] for n in names if n and ":" in n and not n.startswith(HF)})
+        modules = sorted(
+            {n.partition(":")[0] for n in names if n and ":" in n and not n.startswith(HF)}
+        )
         # an edited config.json measures again too
         configs = sorted(n for n in names if n and n.startswith(HF))
-        return {m: _source_digest(m) for m in modules} | {c: _digest(hf_config_file(c)) for c in configs}
+        return {m: _source_digest(m) for m in modules} | {
+            c: _digest(hf_config_file(c)) for c in configs
+        }
 
 
 def hf_config_file(name: str) -> Path:
-    """The config.json an ``hf:PATH[#task]`` model names: PATH itself, or the config.json in that folder."""
+    """The config.json an ``hf:PATH[#task]`` model names: PATH itself, or the config.json in that
+    folder."""
     path = Path(name.removeprefix(HF).partition("#")[0])
     return path / "config.json" if path.is_dir() else path
 
@@ -195,7 +220,8 @@ def _digest(path: Path) -> str:
 
 @dataclass(frozen=True)
 class Job:
-    """What the launcher hands a worker process (as a JSON file): the run, where and how it is measured."""
+    """What the launcher hands a worker process (as a JSON file): the run, where and how it is
+    measured."""
 
     spec: RunSpec
     device_type: str  # cuda or cpu
@@ -228,5 +254,6 @@ class Suite:
     first_look: tuple[str, ...] = ()  # the runs a CPU measures unless --all (empty: every run)
 
     def position(self, run: str) -> int:
-        """The run's 1-based place in the suite file: reports list runs in it, whichever were run last."""
+        """The run's 1-based place in the suite file: reports list runs in it, whichever were run
+        last."""
         return (self.order or tuple(r.name for r in self.runs)).index(run) + 1

@@ -1,5 +1,6 @@
-"""A sweep: every run of its suites planned (bench.resume: what is kept, what is measured), handed to a
-launcher (bench.launch: this machine's processes, or Slurm jobs), and each record stored as it comes back."""
+"""A sweep: every run of its suites planned (bench.resume: what is kept, what is measured), handed
+to a launcher (bench.launch: this machine's processes, or Slurm jobs), and each record stored as it
+comes back."""
 
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ from bench.record import KEY, MEMORY_SUMMARY, Record, Status
 from bench.suite import Suite
 
 
-def sweep(suite: Suite, launcher: Launcher, results_root: Path, **options: Any) -> list[dict[str, Any]]:
-    """Run (or resume) every run of the suite; returns the records, stored and new. ``options``: those of
-    ``campaign``."""
+def sweep(
+    suite: Suite, launcher: Launcher, results_root: Path, **options: Any
+) -> list[dict[str, Any]]:
+    """Run (or resume) every run of the suite; returns the records, stored and new. ``options``:
+    those of ``campaign``."""
     return campaign([suite], launcher, results_root, **options)[suite.name]
 
 
@@ -35,16 +38,19 @@ def campaign(
     never_measured_first: bool = False,
     archive: Path | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Every run of the suites in one sweep (see bench.resume for what is kept); returns each suite's
-    records, stored and new. ``never_measured_first``: runs with no record of this device and key go before
-    retries and re-measurements, so a lease that ends early has added the most. ``archive``: a .tar.gz of the
-    suites' records on this device, rewritten as each run is stored."""
+    """Every run of the suites in one sweep (see bench.resume for what is kept); returns each
+    suite's records, stored and new. ``never_measured_first``: runs with no record of this device
+    and key go before retries and re-measurements, so a lease that ends early has added the most.
+    ``archive``: a .tar.gz of the suites' records on this device, rewritten as each run is
+    stored."""
     start, log = time.monotonic(), log or sys.stderr  # stderr as it is now, not at import
     device = launcher.device_name
     names = [s.name for s in suites]
     results.check_writable(results_root, names, device)  # before --force's marker
     folders = {
-        s.name: results.suite_folder(results_root, s.name, device) if device else results_root / s.name
+        s.name: results.suite_folder(results_root, s.name, device)
+        if device
+        else results_root / s.name
         for s in suites
     }
     with results.sweeping(list(folders.values())):
@@ -64,8 +70,9 @@ def campaign(
     print(f"done: {len(todo)} runs measured in {_elapsed(start)}", file=log)
     if unstored:
         raise NotStored(
-            f"{len(unstored)} measured run(s) could not be stored in {results_root}: {', '.join(unstored)}; "
-            "each is kept in the temporary file named above: copy it there once the folder can be written"
+            f"{len(unstored)} measured run(s) could not be stored in {results_root}: "
+            f"{', '.join(unstored)}; each is kept in the temporary file named above: copy it there "
+            "once the folder can be written"
         )
     return records
 
@@ -83,8 +90,8 @@ def _measure(
     never_measured_first: bool,
     archive: Path | None,
 ) -> tuple[dict[str, list[dict[str, Any]]], list[resume.Task], list[str]]:
-    """The sweep proper, under the folders' lock: plan, say what is kept, measure the rest. Returns the
-    records, the tasks measured, and the runs whose records could not be stored."""
+    """The sweep proper, under the folders' lock: plan, say what is kept, measure the rest. Returns
+    the records, the tasks measured, and the runs whose records could not be stored."""
     device, names = launcher.device_name, [s.name for s in suites]
     tasks = [
         t
@@ -103,13 +110,18 @@ def _measure(
     todo = [t for t in tasks if t.measure]
     if never_measured_first:
         todo.sort(key=lambda t: not t.never_measured)  # stable: the suites' order within each group
-    label = (lambda t: t.spec.name) if len(suites) == 1 else (lambda t: f"{t.suite.name}/{t.spec.name}")
+    label = (
+        (lambda t: t.spec.name) if len(suites) == 1 else (lambda t: f"{t.suite.name}/{t.spec.name}")
+    )
     for i, t in enumerate(tasks, 1):
         if not t.measure:
-            print(f"[{i}/{len(tasks)}] {label(t)}: {t.reason}{_missing_snapshot(t, launcher)}", file=log)
+            print(
+                f"[{i}/{len(tasks)}] {label(t)}: {t.reason}{_missing_snapshot(t, launcher)}",
+                file=log,
+            )
     print(
-        f"{len(todo)} of {len(tasks)} runs to measure on {device or launcher.device_type}, records in "
-        f"{results_root}",
+        f"{len(todo)} of {len(tasks)} runs to measure on {device or launcher.device_type}, records "
+        f"in {results_root}",
         file=log,
     )
     pace = Pace(todo, results_root, device, launcher.device_type)
@@ -119,15 +131,17 @@ def _measure(
     with launcher.running(todo, log) as result:
         for i, t in enumerate(todo, 1):
             print(
-                f"[{i}/{len(todo)}] {label(t)}: running ({t.reason}; {_elapsed(start)} elapsed"
-                f"{_left(pace.left(todo[i - 1 :]))})",
+                f"[{i}/{len(todo)}] {label(t)}: running ({t.reason}; {_elapsed(start)} "
+                f"elapsed{_left(pace.left(todo[i - 1 :]))})",
                 file=log,
                 flush=True,
             )
             stopped = None
             try:
                 record = result(t)
-            except MeasuredThenStopped as stop:  # its memory and speed were measured: stored, never lost
+            except (
+                MeasuredThenStopped
+            ) as stop:  # its memory and speed were measured: stored, never lost
                 record, stopped = stop.record, stop
             record[KEY.run_index] = t.suite.position(t.spec.name)
             paced = pace.measure(t, record)
@@ -136,10 +150,15 @@ def _measure(
             if archive is not None and device:
                 results.pack(archive, results_root, names, device)
             if stopped is not None:
-                print(f"[{i}/{len(todo)}] {label(t)}: stored, fidelity phase cut short", file=log, flush=True)
+                print(
+                    f"[{i}/{len(todo)}] {label(t)}: stored, fidelity phase cut short",
+                    file=log,
+                    flush=True,
+                )
                 raise stopped
             print(
-                f"[{i}/{len(todo)}] {label(t)}: {_outcome(record, _baseline(record, records[t.suite.name]))}",
+                f"[{i}/{len(todo)}] {label(t)}: "
+                f"{_outcome(record, _baseline(record, records[t.suite.name]))}",
                 file=log,
                 flush=True,
             )
@@ -151,17 +170,20 @@ def _measure(
 
 
 def _missing_snapshot(task: resume.Task, launcher: Launcher) -> str:
-    # A snapshot is taken only while a run is measured: say so rather than leave the user looking for it.
+    # A snapshot is taken only while a run is measured: say so rather than leave the user looking
+    # for it.
     if launcher.snapshot and task.path and not task.path.with_suffix(".snapshot.pickle").exists():
         return ", no snapshot: --force re-measures it with one"
     return ""
 
 
 def finish(record: dict[str, Any], records: list[dict[str, Any]], results_root: Path) -> bool:
-    """Store the record atomically, in its typed form (bench.record: a figure without a value is absent), and
-    keep it with the others; returns whether it is stored under ``results_root``. What is derived from several
-    records (the accuracy delta) is left to reports."""
-    record[KEY.stored_at] = datetime.now(UTC).isoformat(timespec="microseconds")  # what --force compares
+    """Store the record atomically, in its typed form (bench.record: a figure without a value is
+    absent), and keep it with the others; returns whether it is stored under ``results_root``. What
+    is derived from several records (the accuracy delta) is left to reports."""
+    record[KEY.stored_at] = datetime.now(UTC).isoformat(
+        timespec="microseconds"
+    )  # what --force compares
     path = results.record_path(results_root, record[KEY.suite], record[KEY.device], record[KEY.run])
     if summary := record.pop(MEMORY_SUMMARY, None):
         record[KEY.memory_summary] = results.save_beside(path, ".memory.txt", summary)
@@ -174,8 +196,8 @@ def finish(record: dict[str, Any], records: list[dict[str, Any]], results_root: 
 
 
 def finite(record: dict[str, Any]) -> dict[str, Any]:
-    """NaN and infinite figures as null (JSON has no such numbers; Python wrote bare NaN tokens), named in
-    ``non_finite``."""
+    """NaN and infinite figures as null (JSON has no such numbers; Python wrote bare NaN tokens),
+    named in ``non_finite``."""
     bad: list[str] = []
 
     def clean(value: Any, key: str) -> Any:
@@ -193,7 +215,8 @@ def finite(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def _baseline(record: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The suite's baseline record on the record's device: the record itself, or one stored before it."""
+    """The suite's baseline record on the record's device: the record itself, or one stored before
+    it."""
     return next(
         (
             r
@@ -205,12 +228,13 @@ def _baseline(record: dict[str, Any], records: list[dict[str, Any]]) -> dict[str
 
 
 def _outcome(record: dict[str, Any], baseline: dict[str, Any] | None = None) -> str:
-    """The progress line's summary: what a user watching the sweep wants first; the accuracy delta against
-    ``baseline`` where both have an accuracy."""
+    """The progress line's summary: what a user watching the sweep wants first; the accuracy delta
+    against ``baseline`` where both have an accuracy."""
     if record[KEY.status] != Status.OK:
         return f"{record[KEY.status]}: {record[KEY.message]}"
     peak = record.get(KEY.peak_allocated_bytes) or record.get(KEY.peak_tensor_bytes)
-    # No peak: a compiled model runs nothing the tracker sees, and a CPU has no allocator peak. Not a zero.
+    # No peak: a compiled model runs nothing the tracker sees, and a CPU has no allocator peak. Not
+    # a zero.
     parts = [
         f"peak {peak / 2**20:,.1f} MiB" if peak else "peak not tracked",
         f"{record[KEY.samples_per_s]:,.1f} samples/s",
@@ -218,7 +242,9 @@ def _outcome(record: dict[str, Any], baseline: dict[str, Any] | None = None) -> 
     if record.get(KEY.accuracy) is not None:
         delta = results.accuracy_vs_baseline(record, baseline).get("accuracy_delta")
         shown = delta is not None and record[KEY.run] != record[KEY.baseline]
-        parts.append(f"accuracy {record[KEY.accuracy]:.1%}" + (f" ({delta * 100:+.1f} pt)" if shown else ""))
+        parts.append(
+            f"accuracy {record[KEY.accuracy]:.1%}" + (f" ({delta * 100:+.1f} pt)" if shown else "")
+        )
     if record.get(KEY.fidelity_error):
         parts.append(f"fidelity phase failed: {record[KEY.fidelity_error]}")
     if record.get(KEY.warning):

@@ -12,7 +12,12 @@ from bench.techniques import RunContext, Technique, applied, combined
 
 class Trainer:
     def __init__(
-        self, model: nn.Module, spec: ModelSpec, techniques: list[Technique], ctx: RunContext, lr: float
+        self,
+        model: nn.Module,
+        spec: ModelSpec,
+        techniques: list[Technique],
+        ctx: RunContext,
+        lr: float,
     ) -> None:
         self.spec, self.techniques = spec, techniques
         self.model = applied(model, techniques, ctx).train()
@@ -29,10 +34,11 @@ class Trainer:
         return torch.optim.AdamW(parameter_groups(self.model), lr=lr)
 
     def step(self, batch: Batch) -> torch.Tensor:
-        """Forward and backward over every micro-batch, then one optimizer step; returns the mean loss."""
+        """Forward and backward over every micro-batch, then one optimizer step; returns the mean
+        loss."""
         total, policy = None, self.policy
-        # Rebound, as a user's loop rebinds `x = x.to(torch.bfloat16)`: the batch as it came (fp32 under pure
-        # bf16) is freed here rather than held through the step beside its prepared copy.
+        # Rebound, as a user's loop rebinds `x = x.to(torch.bfloat16)`: the batch as it came (fp32
+        # under pure bf16) is freed here rather than held through the step beside its prepared copy.
         batch = policy.prepare(batch)
         for inputs, labels in split(batch, self.micro_batches):
             with policy.context():
@@ -69,9 +75,9 @@ def techniques_proof(techniques: list[Technique], steps: int) -> dict[str, objec
 
 
 def parameter_groups(model: nn.Module) -> list[dict[str, list[nn.Parameter]]]:
-    """The parameters, those split across ranks (DTensors) in a group apart from whole ones: the foreach
-    kernels a CUDA optimizer picks refuse a list that mixes them, as tensor parallelism's does (its embeddings
-    and norms stay whole)."""
+    """The parameters, those split across ranks (DTensors) in a group apart from whole ones: the
+    foreach kernels a CUDA optimizer picks refuse a list that mixes them, as tensor parallelism's
+    does (its embeddings and norms stay whole)."""
     from torch.distributed.tensor import DTensor
 
     groups: dict[bool, list[nn.Parameter]] = {}

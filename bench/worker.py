@@ -60,13 +60,14 @@ def measure(
     history_path: str | None = None,
     known: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One run, phase by phase: its own prediction (unless made ahead), build, warm-up, one instrumented step,
-    the timed steps, and the fidelity phase; a technique that cannot run here ends it as unsupported before
-    any of them. ``launched_at``: when the sweep launched the process (``startup_s`` counts from there);
-    ``measured``: handed the memory and speed figures as soon as they are, before the fidelity phase;
-    ``history_path`` (CUDA): where the allocator's history, from the build to the instrumented step, is saved
-    (bench.measure.history); ``known``: given the prediction once there is one, so that a run that then fails
-    (out of memory above all) keeps what was predicted for it."""
+    """One run, phase by phase: its own prediction (unless made ahead), build, warm-up, one
+    instrumented step, the timed steps, and the fidelity phase; a technique that cannot run here
+    ends it as unsupported before any of them. ``launched_at``: when the sweep launched the process
+    (``startup_s`` counts from there); ``measured``: handed the memory and speed figures as soon as
+    they are, before the fidelity phase; ``history_path`` (CUDA): where the allocator's history,
+    from the build to the instrumented step, is saved (bench.measure.history); ``known``: given the
+    prediction once there is one, so that a run that then fails (out of memory above all) keeps what
+    was predicted for it."""
     recipe = Recipe.of(spec, device, world_size=group.world_size, rank=group.rank)
     ctx, techniques, shapes = recipe.ctx, recipe.techniques, recipe.ctx.shapes
     if reason := recipe.unsupported():
@@ -82,16 +83,20 @@ def measure(
     progress.say("building the model")
     trainer, batch, figures = _build(spec, recipe)
     feed = recipe.feed()
-    if launched_at is not None:  # process start, imports, prediction and build: what the device waited for
+    if (
+        launched_at is not None
+    ):  # process start, imports, prediction and build: what the device waited for
         figures[KEY.startup_s] = round(time.time() - launched_at, 2)
-    # Warm-up: allocator, cuDNN autotune, optimizer state, compilation. The first step is timed on its
-    # own, since that is where one-off costs (compilation above all) land.
+    # Warm-up: allocator, cuDNN autotune, optimizer state, compilation. The first step is timed on
+    # its own, since that is where one-off costs (compilation above all) land.
     progress.say("warm-up")
     warm = batches(batch, feed, shapes.warmup_steps)
     figures[KEY.first_step_ms] = time_steps(lambda: trainer.step(next(warm)), 1, device)[0]
     for b in warm:
         trainer.step(b)
-    figures |= _memory_pass(trainer, batch, feed, shapes.measure_steps, techniques, device, snapshot)
+    figures |= _memory_pass(
+        trainer, batch, feed, shapes.measure_steps, techniques, device, snapshot
+    )
     if device.type == "cuda" and history_path:
         history.save(Path(history_path))
         figures[KEY.memory_history] = Path(history_path).name
@@ -126,8 +131,9 @@ def measure(
 
 
 def _build(spec: RunSpec, recipe: Recipe) -> tuple[Stepper, Batch, dict[str, Any]]:
-    """The model on its device, wrapped with its techniques in a trainer (or predictor); the synthetic batch
-    every step takes; and what the build reports (what loading the weights found, their digest)."""
+    """The model on its device, wrapped with its techniques in a trainer (or predictor); the
+    synthetic batch every step takes; and what the build reports (what loading the weights found,
+    their digest)."""
     if recipe.ctx.device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed shapes: let warm-up pick the fastest kernels
     model, figures = recipe.model(spec.weights)
@@ -145,9 +151,9 @@ def _memory_pass(
     device: torch.device,
     snapshot: str | None,
 ) -> dict[str, Any]:
-    """One instrumented step (every timed batch, on variable-length data), kept out of the timing since the
-    tracker slows it; with ``snapshot``, the allocator's history up to it, with stacks, is saved there for
-    pytorch.org/memory_viz."""
+    """One instrumented step (every timed batch, on variable-length data), kept out of the timing
+    since the tracker slows it; with ``snapshot``, the allocator's history up to it, with stacks, is
+    saved there for pytorch.org/memory_viz."""
     progress.say("instrumented step (memory)")
     if all(t.trackable for t in techniques):
         step = tracked_steps(trainer, batch, feed, steps)
@@ -175,7 +181,9 @@ def _timed_pass(
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-        torch.cuda.reset_accumulated_memory_stats(device)  # retries and OOMs of the timed steps only
+        torch.cuda.reset_accumulated_memory_stats(
+            device
+        )  # retries and OOMs of the timed steps only
     todo, n = batches(batch, feed, ctx.shapes.measure_steps), ctx.shapes.measure_steps
     steps = iter(range(1, n + 1))
     cpu_clock = time.process_time()
@@ -204,9 +212,12 @@ def _timed_pass(
     )
 
 
-def generation_figures(timings: list[tuple[float, float]], sequences: int, new_tokens: int) -> dict[str, Any]:
-    """The time to the first token (median and quartiles over the timed steps) and the decoding rate: the
-    tokens after the first, over every sequence, per second of the median step's decoding."""
+def generation_figures(
+    timings: list[tuple[float, float]], sequences: int, new_tokens: int
+) -> dict[str, Any]:
+    """The time to the first token (median and quartiles over the timed steps) and the decoding
+    rate: the tokens after the first, over every sequence, per second of the median step's
+    decoding."""
     firsts, rests = ([t[i] for t in timings] for i in (0, 1))
     q, r = (statistics.quantiles(ms, n=4) if len(ms) > 1 else [ms[0]] * 3 for ms in (firsts, rests))
     rate = lambda ms: sequences * (new_tokens - 1) / (ms / 1e3)  # noqa: E731  the tokens after the first
@@ -220,15 +231,17 @@ def generation_figures(timings: list[tuple[float, float]], sequences: int, new_t
     }
 
 
-BUSY = 0.75  # a CPU run whose process got less than this share of its threads' time over the timed steps
+# a CPU run whose process got less than this share of its threads' time over the timed steps
+BUSY = 0.75
 
 
 def share(cpu_s: float, wall_s: float) -> dict[str, Any]:
-    """How much of the machine a CPU run's timed steps got: the CPU time of its process over the wall time
-    times its threads, and the load average. The machine was busy where both say so: the process got under
-    BUSY of its share while more was runnable than the machine has cores (a tiny model's step, Python-bound,
-    leaves its other threads idle on a quiet machine too). Its throughput then measures the neighbours as much
-    as the technique: the record says so (``busy_machine``), and reports mark it."""
+    """How much of the machine a CPU run's timed steps got: the CPU time of its process over the
+    wall time times its threads, and the load average. The machine was busy where both say so: the
+    process got under BUSY of its share while more was runnable than the machine has cores (a tiny
+    model's step, Python-bound, leaves its other threads idle on a quiet machine too). Its
+    throughput then measures the neighbours as much as the technique: the record says so
+    (``busy_machine``), and reports mark it."""
     got = cpu_s / (wall_s * torch.get_num_threads()) if wall_s > 0 else None
     load = os.getloadavg()[0]
     return {
@@ -239,9 +252,9 @@ def share(cpu_s: float, wall_s: float) -> dict[str, Any]:
 
 
 def loader_figures(feed: Feed, times_ms: list[float]) -> dict[str, Any]:
-    """What variable-length batches cost and carry over the timed steps: the tokens per second in the batch
-    (padding included) and of real sequence (excluded), each batch's padding fraction, and the host's wait on
-    the loader inside each step."""
+    """What variable-length batches cost and carry over the timed steps: the tokens per second in
+    the batch (padding included) and of real sequence (excluded), each batch's padding fraction, and
+    the host's wait on the loader inside each step."""
     seconds = sum(times_ms) / 1e3
     real, total = (sum(column) for column in zip(*feed.tokens))
     return {
@@ -257,35 +270,38 @@ def loader_figures(feed: Feed, times_ms: list[float]) -> dict[str, Any]:
 
 
 def _warm_up_check(times: list[float], warmup_steps: int) -> dict[str, str]:
-    """A warning when the first timed step is far slower than the others: a one-off cost (compilation,
-    autotuning, torchao's first update) landed in the timed steps, and warm-up was too short for it."""
+    """A warning when the first timed step is far slower than the others: a one-off cost
+    (compilation, autotuning, torchao's first update) landed in the timed steps, and warm-up was too
+    short for it."""
     rest = sorted(times[1:])
     if not rest or times[0] <= SLOW_FIRST_STEP * rest[len(rest) // 2]:
         return {}
     median = rest[len(rest) // 2]
     return {
-        KEY.warning: f"the first timed step took {times[0]:,.0f} ms against {median:,.0f} ms for the others: "
-        f"{warmup_steps} warm-up step(s) did not absorb a one-off cost; raise warmup_steps"
+        KEY.warning: f"the first timed step took {times[0]:,.0f} ms against {median:,.0f} ms for "
+        f"the others: {warmup_steps} warm-up step(s) did not absorb a one-off cost; raise "
+        "warmup_steps"
     }
 
 
 def _counts(trainer: Stepper, figures: dict[str, Any]) -> dict[str, Any]:
-    """Parameter counts, model states as the sharding formulas count them (ZeRO: 16·Ψ per rank for Adam,
-    16·Ψ/N fully sharded), and the trainer's proof that each technique took effect."""
+    """Parameter counts, model states as the sharding formulas count them (ZeRO: 16·Ψ per rank for
+    Adam, 16·Ψ/N fully sharded), and the trainer's proof that each technique took effect."""
     params = list(trainer.model.parameters())
     return {
         KEY.param_count: sum(p.numel() for p in params),
         KEY.trainable_param_count: sum(p.numel() for p in params if p.requires_grad),
         KEY.model_state_bytes: sum(
-            figures.get(k) or 0 for k in (KEY.param_bytes, KEY.gradient_bytes, KEY.optimizer_state_bytes)
+            figures.get(k) or 0
+            for k in (KEY.param_bytes, KEY.gradient_bytes, KEY.optimizer_state_bytes)
         ),
         KEY.proof: trainer.proof(),
     }
 
 
 def _fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str, Any]:
-    """The fidelity phase's figures; a failure there is recorded beside the measurement, never instead of
-    it."""
+    """The fidelity phase's figures; a failure there is recorded beside the measurement, never
+    instead of it."""
     if device.type == "cuda":
         torch.cuda.empty_cache()
     try:
@@ -294,14 +310,13 @@ def _fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str, A
         return {KEY.fidelity_error: f"unsupported: {exc}"}
     except Exception as exc:  # noqa: BLE001
         traceback.print_exc()
-        return {
-            KEY.fidelity_error: f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
-        }
+        return {KEY.fidelity_error: f"{type(exc).__name__}: {_first_line(exc)[:300]}"}
 
 
 def over_budget(result: dict[str, Any], budget: int) -> dict[str, Any]:
-    """On a CPU, where no allocator can be limited, a budget holds against the tracked peak of live tensor
-    bytes, the figure a CPU run is measured by: a run over it is out of memory as it would be on a card."""
+    """On a CPU, where no allocator can be limited, a budget holds against the tracked peak of live
+    tensor bytes, the figure a CPU run is measured by: a run over it is out of memory as it would be
+    on a card."""
     peak = result.get(KEY.peak_tensor_bytes)
     if result[KEY.status] != Status.OK or peak is None or peak <= budget:
         return {}
@@ -318,10 +333,11 @@ def is_oom(exc: BaseException) -> bool:
 
 
 def main(spec_path: str, out_path: str) -> int:
-    """Alone, or as one rank under torchrun: every rank measures, rank 0 writes the merged record. A rank
-    that fails writes its own record beside it and exits 1, so torchrun stops the others at once instead
-    of leaving them waiting in a collective."""
-    faulthandler.enable()  # a hard crash (abort, segfault) leaves its Python stack in the run's stderr tail
+    """Alone, or as one rank under torchrun: every rank measures, rank 0 writes the merged record. A
+    rank that fails writes its own record beside it and exits 1, so torchrun stops the others at
+    once instead of leaving them waiting in a collective."""
+    # a hard crash (abort, segfault) leaves its Python stack in the run's stderr tail
+    faulthandler.enable()
     job = Job.from_json(Path(spec_path).read_text())
     spec, prediction = job.spec, job.prediction
     # under a fake process group, which must be gone before the real one
@@ -332,7 +348,9 @@ def main(spec_path: str, out_path: str) -> int:
     budget = job.budget_bytes
     known: dict[str, Any] = {}  # the prediction, kept if the run fails after it
     try:
-        if budget and device.type == "cuda":  # a smaller card: the allocator refuses past the budget
+        if (
+            budget and device.type == "cuda"
+        ):  # a smaller card: the allocator refuses past the budget
             torch.cuda.set_per_process_memory_fraction(
                 budget / torch.cuda.get_device_properties(device).total_memory, device
             )
@@ -340,7 +358,9 @@ def main(spec_path: str, out_path: str) -> int:
             None
             if group.world_size > 1
             # a rank's figures are merged only at the end
-            else (lambda figures: _write(f"{out_path}.measured", figures | runtime_provenance(device)))
+            else (
+                lambda figures: _write(f"{out_path}.measured", figures | runtime_provenance(device))
+            )
         )
         result = measure(
             spec,
@@ -363,7 +383,9 @@ def main(spec_path: str, out_path: str) -> int:
         first_line = (str(exc).strip().splitlines() or [""])[0][:500]
         result = known | {KEY.status: status, KEY.message: f"{type(exc).__name__}: {first_line}"}
         if device.type == "cuda":
-            result |= cuda_peaks(device) | _history_to_failure(job.history if group.rank == 0 else None)
+            result |= cuda_peaks(device) | _history_to_failure(
+                job.history if group.rank == 0 else None
+            )
         if group.world_size > 1:
             result |= {KEY.failed_rank: group.rank, KEY.world_size: group.world_size}
             own = result | runtime_provenance(device)
@@ -374,9 +396,9 @@ def main(spec_path: str, out_path: str) -> int:
         Path(out_path).write_text(json.dumps(process_group.merge(per_rank), default=str))
     process_group.leave(group)
     if group.world_size > 1:
-        # Skip interpreter teardown: gloo's threads can still hold tensors then, and freeing them without
-        # a live interpreter aborts the process (about 1 run in 20 under tensor-parallel) after the record
-        # is already written. Nothing is left to flush but the standard streams.
+        # Skip interpreter teardown: gloo's threads can still hold tensors then, and freeing them
+        # without a live interpreter aborts the process (about 1 run in 20 under tensor-parallel)
+        # after the record is already written. Nothing is left to flush but the standard streams.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
@@ -384,8 +406,8 @@ def main(spec_path: str, out_path: str) -> int:
 
 
 def _history_to_failure(path: str | None) -> dict[str, Any]:
-    """The allocator's history up to the failure, saved as a finished run's is: an out-of-memory run's trace
-    shows the request the card refused, to hold a predicted verdict against."""
+    """The allocator's history up to the failure, saved as a finished run's is: an out-of-memory
+    run's trace shows the request the card refused, to hold a predicted verdict against."""
     if path is None or not any(torch.cuda.memory._snapshot()["device_traces"]):  # noqa: SLF001  none recorded
         return {}
     history.save(Path(path))
@@ -399,3 +421,8 @@ def _write(path: str, record: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     sys.exit(main(*sys.argv[1:3]))
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's message's first line, or nothing."""
+    return (str(exc).strip().splitlines() or [""])[0]

@@ -77,9 +77,9 @@ MLP_PARAM_BYTES = (64 * 256 + 256 + 256 * 10 + 10) * 4
 
 
 def mlp_step(optimizer: type[torch.optim.Optimizer], **options: Any):
-    """Linear(64→256)→ReLU→Linear(256→10) on a batch of 32 (seed 0), with ``optimizer``: the model, the
-    optimizer and its training step (cross entropy, gradients set to None after the update), one step taken
-    already."""
+    """Linear(64→256)→ReLU→Linear(256→10) on a batch of 32 (seed 0), with ``optimizer``: the model,
+    the optimizer and its training step (cross entropy, gradients set to None after the update), one
+    step taken already."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
     opt = optimizer(model.parameters(), **options)
@@ -153,7 +153,9 @@ class Sleep(Technique):
     """Sleeps BENCH_TEST_SLEEP seconds (read at run time, so the spec and its key stay the same)."""
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
-        if pid_file := os.environ.get("BENCH_TEST_PID_FILE"):  # lets a test check the process is gone
+        if pid_file := os.environ.get(
+            "BENCH_TEST_PID_FILE"
+        ):  # lets a test check the process is gone
             Path(pid_file).write_text(str(os.getpid()))
         time.sleep(float(os.environ.get("BENCH_TEST_SLEEP", "0")))
         return model
@@ -171,8 +173,9 @@ class KilledByTheHost(Technique):
 
 
 class DiesInFidelity(Technique):
-    """Applies at once for the prediction and the measured steps, then is killed in the fidelity phase (the
-    only one at the fidelity batch of 8, where the run's is 2), as a timeout or the host would kill it."""
+    """Applies at once for the prediction and the measured steps, then is killed in the fidelity
+    phase (the only one at the fidelity batch of 8, where the run's is 2), as a timeout or the host
+    would kill it."""
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         if ctx.shapes.batch_size == 8:
@@ -181,8 +184,9 @@ class DiesInFidelity(Technique):
 
 
 class SleepsInFidelity(Technique):
-    """Applies at once for the prediction and the measured steps, then, in the fidelity phase (batch 8, where
-    the run's is 2), writes its process id to BENCH_TEST_PID_FILE and sleeps BENCH_TEST_SLEEP seconds."""
+    """Applies at once for the prediction and the measured steps, then, in the fidelity phase (batch
+    8, where the run's is 2), writes its process id to BENCH_TEST_PID_FILE and sleeps
+    BENCH_TEST_SLEEP seconds."""
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         if ctx.shapes.batch_size == 8:
@@ -215,7 +219,8 @@ class TinyLoss(Technique):
 
 
 class ZeroLearningRate(Technique):
-    """Harmful on purpose: an optimizer that never moves the weights, so the model learns nothing."""
+    """Harmful on purpose: an optimizer that never moves the weights, so the model learns
+    nothing."""
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         return torch.optim.SGD(model.parameters(), lr=0.0)
@@ -233,7 +238,8 @@ class FailOnRank1(Technique):
 
 
 class AbortOnRank1(Technique):
-    """Kills rank 1 from inside, as a C++ abort in a collective would: no Python record is written."""
+    """Kills rank 1 from inside, as a C++ abort in a collective would: no Python record is
+    written."""
 
     distributed = True
 
@@ -254,7 +260,8 @@ class _Residual(nn.Module):
 
 
 def _image_mlp(shapes: Shapes) -> nn.Module:
-    """An image MLP: flatten, project, three residual blocks, head. A structure no built-in model has."""
+    """An image MLP: flatten, project, three residual blocks, head. A structure no built-in model
+    has."""
     width = 32
     return nn.Sequential(
         nn.Flatten(),
@@ -264,7 +271,8 @@ def _image_mlp(shapes: Shapes) -> nn.Module:
     )
 
 
-# A user's own model as a suite names it ("tests.helpers:IMAGE_MLP"): no blocks given, so they are found.
+# A user's own model as a suite names it ("tests.helpers:IMAGE_MLP"): no blocks given, so they are
+# found.
 IMAGE_MLP = ModelSpec("image-mlp", _image_mlp, "image", num_classes=10)
 
 
@@ -340,14 +348,17 @@ SMALL_VOCAB_LM = ModelSpec(
 
 
 class _ClassTokenOracle(nn.Module):
-    """Reads the class token, each sequence's last before its padding, and predicts it at the position
-    before: a language model that is always right, if it is scored where the class token is predicted."""
+    """Reads the class token, each sequence's last before its padding, and predicts it at the
+    position before: a language model that is always right, if it is scored where the class token is
+    predicted."""
 
     def __init__(self) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(()))  # something for the optimizer to hold
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
         logits = torch.zeros(*input_ids.shape, LM_VOCAB) + self.weight
         rows, last = torch.arange(len(input_ids)), attention_mask.sum(dim=1) - 1
         logits[rows, last - 1] += nn.functional.one_hot(input_ids[rows, last], LM_VOCAB)
@@ -374,7 +385,9 @@ def _bert_base_layers(layers: int) -> ModelSpec:
 
         return _bert(BertConfig(num_hidden_layers=layers), shapes)
 
-    return ModelSpec(f"bert-base-{layers}", build, "tokens", num_classes=10, vocab_size=30522, attention=True)
+    return ModelSpec(
+        f"bert-base-{layers}", build, "tokens", num_classes=10, vocab_size=30522, attention=True
+    )
 
 
 BERT_BASE_2, BERT_BASE_3 = _bert_base_layers(2), _bert_base_layers(3)
@@ -390,7 +403,8 @@ VIT_L16 = ModelSpec("vit-l16", _vit_l16, "image", num_classes=1000, attention=Tr
 
 
 class HoldHalfAGibibyte(Technique):
-    """Fills half a GiB of host memory once, then frees it: the process's RSS peak carries it afterwards."""
+    """Fills half a GiB of host memory once, then frees it: the process's RSS peak carries it
+    afterwards."""
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         torch.ones(2**29, dtype=torch.uint8)
@@ -412,19 +426,22 @@ class RaisingChecks(Technique):
 
 
 def scaled_sgd(params: list[nn.Parameter]) -> torch.optim.Optimizer:
-    """A library's optimizer that reads the weights' values when it is made, which fake tensors have not."""
+    """A library's optimizer that reads the weights' values when it is made, which fake tensors have
+    not."""
     params = list(params)
     largest = max(float(np.abs(p.detach().numpy()).max()) for p in params)
     return torch.optim.SGD(params, lr=0.01 / max(largest, 1e-6), momentum=0.9)
 
 
 def scaled_sgd_without_values(params: list[nn.Parameter]) -> torch.optim.Optimizer:
-    """``scaled_sgd`` for fake tensors: the same optimizer, so the same state, whatever the weights hold."""
+    """``scaled_sgd`` for fake tensors: the same optimizer, so the same state, whatever the weights
+    hold."""
     return torch.optim.SGD(list(params), lr=0.01, momentum=0.9)
 
 
 class ScaledSGD(Technique):
-    """A user's technique whose library call needs values: it declares a stand-in for predictions."""
+    """A user's technique whose library call needs values: it declares a stand-in for
+    predictions."""
 
     stand_ins = {"tests.helpers:scaled_sgd": "tests.helpers:scaled_sgd_without_values"}
 

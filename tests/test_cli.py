@@ -13,7 +13,9 @@ from bench.results import to_frame
 
 
 def bench(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "bench", *args], capture_output=True, text=True, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "bench", *args], capture_output=True, text=True, cwd=cwd
+    )
 
 
 def test_validate_accepts_every_shipped_suite(capsys):
@@ -38,7 +40,15 @@ def test_bad_suite_exits_2_listing_every_problem_and_writes_nothing(tmp_path):
 @pytest.mark.slow
 def test_no_fidelity_measures_without_the_accuracy_phase(tmp_path):
     out = bench(
-        "run", "smoke", "--only", "baseline", "--device", "cpu", "--no-fidelity", "--results", str(tmp_path)
+        "run",
+        "smoke",
+        "--only",
+        "baseline",
+        "--device",
+        "cpu",
+        "--no-fidelity",
+        "--results",
+        str(tmp_path),
     )
     assert out.returncode == 0, out.stderr
     (record,) = results.load_records(tmp_path / "smoke")
@@ -91,7 +101,12 @@ def test_torchaos_pytree_deprecation_lines_are_dropped_and_nothing_else(caplog):
 
 
 def test_compare_names_a_folder_that_does_not_exist(tmp_path, capsys):
-    assert main(["compare", str(tmp_path / "nowhere"), "results/smoke", "--out", str(tmp_path / "out")]) == 2
+    assert (
+        main(
+            ["compare", str(tmp_path / "nowhere"), "results/smoke", "--out", str(tmp_path / "out")]
+        )
+        == 2
+    )
     assert f"{tmp_path / 'nowhere'}: no such folder" in capsys.readouterr().err
 
 
@@ -141,13 +156,19 @@ def test_predict_refuses_a_world_size_out_of_range(capsys, nproc):
 
 
 def test_predict_spans_the_distributed_entries_over_nproc(capsys):
-    """--nproc re-sizes the entries that run over processes (their rows say so, with each rank's traffic), and
-    leaves a single-process entry as it is."""
-    assert main(["predict", "dist-smoke", "--nproc", "4", "--only", "single,fsdp", "--jobs", "1"]) == 0
+    """--nproc re-sizes the entries that run over processes (their rows say so, with each rank's
+    traffic), and leaves a single-process entry as it is."""
+    assert (
+        main(["predict", "dist-smoke", "--nproc", "4", "--only", "single,fsdp", "--jobs", "1"]) == 0
+    )
     out = capsys.readouterr()
-    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in out.out.splitlines()[2:]}
+    rows = {
+        line.split(" | ")[0].strip("| "): line.split(" | ") for line in out.out.splitlines()[2:]
+    }
     header = out.out.splitlines()[0].split(" | ")
-    assert rows["fsdp"][header.index("ranks")] == "4" and rows["single"][header.index("ranks")] == "–"
+    assert (
+        rows["fsdp"][header.index("ranks")] == "4" and rows["single"][header.index("ranks")] == "–"
+    )
     assert float(rows["fsdp"][header.index("all-gather MiB/rank")]) > 0
     assert "Ranks: each multi-process entry is predicted as rank 0" in out.err
 
@@ -164,7 +185,8 @@ def test_make_refuses_its_variables_in_lower_case():
 @pytest.mark.fault("cli values")
 @pytest.mark.parametrize("flag", ["--jobs", "--predict-jobs"])
 def test_numeric_flags_take_ascii_digits_only(tmp_path, capsys, flag):
-    """Python's int() reads any script's digits ('٣' is 3): a flag here takes ASCII digits, as the rest do."""
+    """Python's int() reads any script's digits ('٣' is 3): a flag here takes ASCII digits, as the
+    rest do."""
     command = "predict" if flag == "--jobs" else "run"
     with pytest.raises(SystemExit) as info:
         main([command, "smoke", flag, "٣", "--only", "baseline", "--results", str(tmp_path)])
@@ -176,7 +198,10 @@ def test_numeric_flags_take_ascii_digits_only(tmp_path, capsys, flag):
 def test_timeout_flag_takes_seconds_up_to_a_week(capsys, value):
     with pytest.raises(SystemExit) as info:
         main(["run", "smoke", "--timeout", value])
-    assert info.value.code == 2 and "expected seconds from 1 to 604800 (a week)" in capsys.readouterr().err
+    assert (
+        info.value.code == 2
+        and "expected seconds from 1 to 604800 (a week)" in capsys.readouterr().err
+    )
 
 
 @pytest.mark.fault("cli values")
@@ -225,7 +250,8 @@ def test_an_output_that_cannot_be_written_is_refused_before_any_work(argv, tmp_p
 def test_a_page_that_cannot_be_written_after_a_sweep_is_named_and_the_rest_are_written(
     tmp_path, capsys, monkeypatch
 ):
-    # A disk that filled mid-sweep: the report rebuild died on ENOSPC with a traceback, a plot half-written.
+    # A disk that filled mid-sweep: the report rebuild died on ENOSPC with a traceback, a plot
+    # half-written.
     from bench.report import build as report_build
 
     def full(*args, **kwargs):
@@ -251,8 +277,8 @@ def test_a_page_that_cannot_be_written_after_a_sweep_is_named_and_the_rest_are_w
     )
     said = capsys.readouterr().err
     assert (
-        "warning: the report of smoke could not be written (No space left on device); the records are stored"
-        in said
+        "warning: the report of smoke could not be written (No space left on device); the records "
+        "are stored" in said
     )
     assert (tmp_path / "overview" / "overview.md").exists()  # the rest are written
 
@@ -292,9 +318,17 @@ def test_fit_takes_a_budget_or_on_a_gpu_a_card(capsys, flags, said):
 
 @pytest.mark.fault("disk")
 def test_an_archive_path_that_is_a_folder_is_refused_before_any_run(tmp_path, capsys):
-    """It died renaming .archive-dir.tmp onto the folder after the first run, and measured nothing more."""
+    """It died renaming .archive-dir.tmp onto the folder after the first run, and measured nothing
+    more."""
     (tmp_path / "out").mkdir()
-    argv = ["campaign", "smoke", "--archive", str(tmp_path / "out"), "--results", str(tmp_path / "r")]
+    argv = [
+        "campaign",
+        "smoke",
+        "--archive",
+        str(tmp_path / "out"),
+        "--results",
+        str(tmp_path / "r"),
+    ]
     assert main(argv) == 2
     said = capsys.readouterr().err
     assert f"--archive {tmp_path / 'out'} is a folder; name a file to write" in said
@@ -308,7 +342,10 @@ def test_a_dangling_link_as_the_results_folder_is_named_with_its_target(tmp_path
     argv = ["run", "smoke", "--only", "baseline"] if command == "run" else ["overview"]
     assert main([*argv, "--results", str(tmp_path / "results")]) == 2
     said = capsys.readouterr().err
-    assert f"{tmp_path / 'results'} is a symbolic link to {tmp_path / 'gone'}, which does not exist" in said
+    assert (
+        f"{tmp_path / 'results'} is a symbolic link to {tmp_path / 'gone'}, which does not exist"
+        in said
+    )
     assert "File exists" not in said
 
 
@@ -320,16 +357,30 @@ def test_force_on_a_full_disk_says_so_and_leaves_no_marker(tmp_path, capsys, mon
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(results, "write_atomic", full)
-    argv = ["run", "smoke", "--only", "baseline", "--device", "cpu", "--force", "--results", str(tmp_path)]
+    argv = [
+        "run",
+        "smoke",
+        "--only",
+        "baseline",
+        "--device",
+        "cpu",
+        "--force",
+        "--results",
+        str(tmp_path),
+    ]
     assert main(argv) == 2
     said = capsys.readouterr().err
-    assert "--force: cannot write its marker" in said and "(No space left on device); free space in" in said
+    assert (
+        "--force: cannot write its marker" in said
+        and "(No space left on device); free space in" in said
+    )
     assert "Traceback" not in said and not list(tmp_path.rglob(resume.FORCE_MARKER))
 
 
 @pytest.mark.fault("disk")
 def test_a_sweep_that_could_not_store_a_measured_run_exits_non_zero(tmp_path, capsys, monkeypatch):
-    """A full disk at the record: it was kept in the temporary folder and named, and the sweep exited 0."""
+    """A full disk at the record: it was kept in the temporary folder and named, and the sweep
+    exited 0."""
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "kept"))

@@ -42,15 +42,16 @@ def test_a_technique_that_stops_learning_falls_outside_the_band():
 
 @pytest.mark.slow
 def test_bert_tiny_learns_digit_sequences_well_above_chance():
-    """The token path (64 intensity tokens) learns too: BertConfig's default initialisation, sized for
-    hidden 768, left bert-tiny at 18-19% after these 100 steps."""
+    """The token path (64 intensity tokens) learns too: BertConfig's default initialisation, sized
+    for hidden 768, left bert-tiny at 18-19% after these 100 steps."""
     out = run_fidelity(spec("bert-tiny", (), name="baseline"), replace(QUICK, steps=100), CPU)
     assert min(out["accuracy_seeds"]) > 0.3  # chance is 0.1
 
 
 def test_a_language_model_is_scored_on_the_class_token_it_predicts():
-    """An oracle that always predicts the class token one position early scores 100% only if the scores are
-    read at that position, over the class tokens (that a real one learns: the README's Llama test)."""
+    """An oracle that always predicts the class token one position early scores 100% only if the
+    scores are read at that position, over the class tokens (that a real one learns: the README's
+    Llama test)."""
     oracle = run_fidelity(spec("tests.helpers:ORACLE_LM"), replace(QUICK, steps=2, seeds=1), CPU)
     assert oracle["accuracy"] == 1.0
     train, _ = real.load("digits", "tokens", 8)
@@ -58,15 +59,18 @@ def test_a_language_model_is_scored_on_the_class_token_it_predicts():
     assert torch.equal(sequences.inputs[:, -1], real.LABEL_TOKEN + train.labels)
 
 
-def test_a_language_model_on_padded_sequences_gets_its_class_after_the_last_token_and_no_padding_targets(
+def test_a_padded_language_model_gets_its_class_after_the_last_token_and_no_padding_targets(
     tmp_path,
 ):
-    """Saved token ids of three lengths, padded to the longest: the class token follows each sequence's own
-    last token, padding is no target, and the oracle is scored where each sequence's class is predicted."""
+    """Saved token ids of three lengths, padded to the longest: the class token follows each
+    sequence's own last token, padding is no target, and the oracle is scored where each sequence's
+    class is predicted."""
     datasets = pytest.importorskip("datasets")
     rows = [[real.CLS, 5, 6], [real.CLS, 7], [real.CLS, 8, 9, 4]] * 8
     saved = datasets.Dataset.from_dict({"input_ids": rows, "labels": [0, 1, 2] * 8})
-    datasets.DatasetDict({"train": saved, "test": saved.select(range(3))}).save_to_disk(tmp_path / "tok")
+    datasets.DatasetDict({"train": saved, "test": saved.select(range(3))}).save_to_disk(
+        tmp_path / "tok"
+    )
     fid = replace(QUICK, dataset=f"hf:{tmp_path / 'tok'}", batch_size=4, steps=2, seeds=1)
     assert run_fidelity(spec("tests.helpers:ORACLE_LM"), fid, CPU)["accuracy"] == 1.0
     c, pad = real.LABEL_TOKEN, real.PAD
@@ -78,7 +82,10 @@ def test_a_language_model_on_padded_sequences_gets_its_class_after_the_last_toke
         [real.CLS, 8, 9, 4, c + 2],
     ]
     inputs, targets = next(_batches(sequences, replace(fid, batch_size=3), 0, CPU, TINY_LM))
-    assert torch.equal(targets == IGNORE, inputs["input_ids"] == real.PAD) and (targets == IGNORE).sum() == 3
+    assert (
+        torch.equal(targets == IGNORE, inputs["input_ids"] == real.PAD)
+        and (targets == IGNORE).sum() == 3
+    )
 
 
 def test_a_dataset_smaller_than_the_batch_is_refused_instead_of_waiting_forever():
@@ -106,7 +113,8 @@ def test_inference_runs_train_the_plain_model_then_evaluate_under_the_technique(
 
 
 def test_the_phase_trains_from_the_pretrained_weights(tmp_path):
-    # A head that always says 3, and a learning rate of zero: what is evaluated is exactly what was loaded.
+    # A head that always says 3, and a learning rate of zero: what is evaluated is exactly what was
+    # loaded.
     torch.manual_seed(1)
     state = MODELS.get("resnet-tiny").build(Shapes(1, image_size=16)).state_dict()
     state["fc.weight"].zero_()
@@ -116,11 +124,15 @@ def test_the_phase_trains_from_the_pretrained_weights(tmp_path):
     out = run_fidelity(spec("resnet-tiny", ()), fid, CPU)
     test_labels = real.load("digits", "image", 16)[1].labels
     assert out["accuracy"] == (test_labels == 3).float().mean().item()
-    assert out["fidelity_test_loss"] > 80  # 100 for every digit but the threes; about 2.3 from random weights
+    assert (
+        out["fidelity_test_loss"] > 80
+    )  # 100 for every digit but the threes; about 2.3 from random weights
     assert out["fidelity_weights"] == str(tmp_path / "threes.pt")
 
 
 def test_a_masked_language_model_is_told_the_phase_has_no_task_for_it():
     masked = spec("hf:suites/configs/tiny-bert-classifier#masked-lm", seq_len=32)
-    with pytest.raises(real.DataError, match=r"masked language model: the fidelity phase has no task"):
+    with pytest.raises(
+        real.DataError, match=r"masked language model: the fidelity phase has no task"
+    ):
         run_fidelity(masked, QUICK, CPU)

@@ -1,6 +1,7 @@
-"""The house's rules that no linter holds, counted over bench/ with the standard library's parser: the
-ground floor imports nothing above it, a constant stands above its first use, and a decision takes a line of
-its own. Where a figure is still above its goal (issue 64's), its ceiling is today's, so it only falls."""
+"""The house's rules that no linter holds, counted over bench/ with the standard library's parser:
+the ground floor imports nothing above it, a constant stands above its first use, and a decision
+takes a line of its own. Where a figure is still above its goal (issue 64's), its ceiling is
+today's, so it only falls."""
 
 import ast
 from pathlib import Path
@@ -19,7 +20,11 @@ def _ours(path: Path) -> set[str]:
     """The modules of bench that a file imports."""
     names = set()
     for node in ast.walk(_tree(path)):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "bench":
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.module
+            and node.module.split(".")[0] == "bench"
+        ):
             names.add(node.module)
         elif isinstance(node, ast.Import):
             names |= {a.name for a in node.names if a.name.split(".")[0] == "bench"}
@@ -71,7 +76,7 @@ def test_no_conditional_expression_holds_another_and_their_count_only_falls():
     assert [where for _, nested in counts for where in nested] == []
     lines = sum(len(p.read_text(encoding="utf-8").splitlines()) for p in FILES)
     per_thousand = 1000 * sum(n for n, _ in counts) / lines
-    assert per_thousand <= 24.2  # goal: 10
+    assert per_thousand <= 22.0  # goal: 10
 
 
 def test_calls_with_five_values_by_position_only_fall():
@@ -84,6 +89,6 @@ def test_calls_with_five_values_by_position_only_fall():
     assert len(calls) <= 101  # goal: one per 1,000 lines
 
 
-def test_lines_over_100_characters_only_fall():
+def test_hardly_a_line_is_over_100_characters():
     lines = [line for p in FILES for line in p.read_text(encoding="utf-8").splitlines()]
-    assert sum(len(line) > 100 for line in lines) / len(lines) <= 0.111  # goal: 2%
+    assert sum(len(line) > 100 for line in lines) / len(lines) <= 0.02

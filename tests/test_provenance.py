@@ -42,20 +42,21 @@ def test_a_record_names_the_packages_its_run_imported_and_no_others(monkeypatch)
 
 
 def test_an_optional_packages_import_warnings_stay_out_of_the_terminal_and_go_in_the_record():
-    """bitsandbytes warned on every `bench predict` that its CPU 4-bit kernels need `kernels`: read as an
-    error by newcomers. Its warnings are kept for the run's record; its errors still reach the terminal."""
+    """bitsandbytes warned on every `bench predict` that its CPU 4-bit kernels need `kernels`: read
+    as an error by newcomers. Its warnings are kept for the run's record; its errors still reach the
+    terminal."""
     import sys
 
     script = (
-        "import logging, torch, bench\n"
-        "from bench.provenance import runtime_provenance\n"
-        "log = logging.getLogger('bitsandbytes.backends.cpu.ops')\n"
-        "log.warning('Failed to load CPU gemm_4bit_forward from kernels-community')\n"
-        "log.warning('a second, later warning')\n"
-        "log.error('a real error')\n"
-        "print(runtime_provenance(torch.device('cpu'))['package_notes'])\n"
+        "import logging, torch, bench\nfrom bench.provenance import runtime_provenance\nlog = "
+        "logging.getLogger('bitsandbytes.backends.cpu.ops')\nlog.warning('Failed to load CPU "
+        "gemm_4bit_forward from kernels-community')\nlog.warning('a second, later "
+        "warning')\nlog.error('a real "
+        "error')\nprint(runtime_provenance(torch.device('cpu'))['package_notes'])\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
     kept = "{'bitsandbytes': 'Failed to load CPU gemm_4bit_forward from kernels-community'}"
     assert done.stdout.strip() == kept
     assert done.stderr.strip() == "a real error"

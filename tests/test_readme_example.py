@@ -24,8 +24,8 @@ def readme_file(name: str) -> str:
 def run_readme_suite(
     tmp_path: Path, module: str, suite: str, *flags: str, edit: Callable[[str], str] = str
 ) -> dict[str, dict]:
-    """Write the README's module and suite (through ``edit``) as a user would, run the suite on the CPU with
-    ``flags``; its records by run."""
+    """Write the README's module and suite (through ``edit``) as a user would, run the suite on the
+    CPU with ``flags``; its records by run."""
     suite_file = f"suites/{suite}.toml"
     for name, text in ((module, readme_file(module)), (suite_file, edit(readme_file(suite_file)))):
         (tmp_path / name).parent.mkdir(exist_ok=True)
@@ -41,12 +41,15 @@ def run_readme_suite(
     )
     assert out.returncode == 0, out.stderr
     assert (tmp_path / f"results/{suite}/report.md").exists()
-    return {p.stem: json.loads(p.read_text()) for p in (tmp_path / f"results/{suite}").glob("*/*.json")}
+    return {
+        p.stem: json.loads(p.read_text()) for p in (tmp_path / f"results/{suite}").glob("*/*.json")
+    }
 
 
 @pytest.mark.slow
 def test_user_technique_from_the_readme_runs_and_proves_itself(tmp_path):
-    # without the fidelity phase (tests/test_fidelity.py holds it): what is asserted is the technique's step
+    # without the fidelity phase (tests/test_fidelity.py holds it): what is asserted is the
+    # technique's step
     records = run_readme_suite(tmp_path, "my_techniques.py", "mine", "--no-fidelity")
     adamw, sgd = records["baseline"], records["sgd-momentum"]
     assert sgd["status"] == "ok" and sgd["proof"]["SGDMomentum.optimizer"] == "SGD"
@@ -60,16 +63,19 @@ def test_user_model_from_the_readme_runs_with_its_blocks_found(tmp_path):
     records = run_readme_suite(tmp_path, "my_models.py", "convnext", "--no-fidelity")
     assert {r["status"] for r in records.values()} == {"ok"}, records
     proof = records["checkpoint"]["proof"]
-    assert proof["checkpoint.wrapped_modules"] == 18 and proof["checkpoint.block_forwards_per_step"] == 2.0
+    assert (
+        proof["checkpoint.wrapped_modules"] == 18
+        and proof["checkpoint.block_forwards_per_step"] == 2.0
+    )
     assert records["checkpoint"]["activation_bytes"] < records["baseline"]["activation_bytes"]
 
 
 @pytest.mark.full
 @pytest.mark.slow
 def test_a_language_model_from_the_readme_trains_on_its_next_tokens(tmp_path):
-    # The suite as written trains its baseline on three seeds and the checkpoint run once more; the fewest
-    # seeds a band takes (two) show the learning in half the time, and the checkpoint run's memory needs no
-    # training.
+    # The suite as written trains its baseline on three seeds and the checkpoint run once more; the
+    # fewest seeds a band takes (two) show the learning in half the time, and the checkpoint run's
+    # memory needs no training.
     def lighter(text: str) -> str:
         text = text.replace("[fidelity]\n", "[fidelity]\nseeds = 2\n")
         return text.replace('name = "checkpoint"\n', 'name = "checkpoint"\nfidelity = false\n')
@@ -77,9 +83,13 @@ def test_a_language_model_from_the_readme_trains_on_its_next_tokens(tmp_path):
     records = run_readme_suite(tmp_path, "my_lm.py", "my-llama", edit=lighter)
     base, ckpt = records["baseline"], records["checkpoint"]
     assert base["status"] == ckpt["status"] == "ok", records
-    assert ckpt["proof"]["checkpoint.wrapped_modules"] == 2  # the two decoder layers, found in the tree
+    assert (
+        ckpt["proof"]["checkpoint.wrapped_modules"] == 2
+    )  # the two decoder layers, found in the tree
     assert ckpt["activation_bytes"] < base["activation_bytes"]
-    assert base["predicted_peak_tensor_bytes"] == base["peak_tensor_bytes"]  # the CPU run, predicted exactly
+    assert (
+        base["predicted_peak_tensor_bytes"] == base["peak_tensor_bytes"]
+    )  # the CPU run, predicted exactly
     assert base["accuracy"] > 0.2  # chance is 0.1: it learned the class as its last next token
 
 

@@ -39,7 +39,9 @@ def test_an_older_records_label_becomes_the_list_of_its_techniques_and_its_delta
     flat = migrate(old)
     assert flat["techniques"] == ["amp(dtype=bfloat16)", "checkpoint"] and not DERIVED & flat.keys()
     assert migrate(old | {"techniques": "baseline"})["techniques"] == []
-    assert label(flat["techniques"]) == "amp(dtype=bfloat16) + checkpoint" and label([]) == "baseline"
+    assert (
+        label(flat["techniques"]) == "amp(dtype=bfloat16) + checkpoint" and label([]) == "baseline"
+    )
 
 
 def test_a_field_no_group_knows_is_kept_not_dropped():
@@ -70,8 +72,8 @@ def test_the_results_readme_holds_the_reference_generated_from_the_fields():
 
 
 def _spelt(tree: ast.AST, keys: set[str], in_proof: bool = False) -> list[tuple[int, str]]:
-    """String constants used as a record's key (a subscript, a .get, a dict's key) or compared as a status.
-    A technique's proof is its own namespace (stored as ``<technique>.<key>``)."""
+    """String constants used as a record's key (a subscript, a .get, a dict's key) or compared as a
+    status. A technique's proof is its own namespace (stored as ``<technique>.<key>``)."""
     found = []
     for node in ast.iter_child_nodes(tree):
         proof = in_proof or isinstance(node, ast.FunctionDef) and node.name == "proof"
@@ -91,15 +93,18 @@ def _spelt(tree: ast.AST, keys: set[str], in_proof: bool = False) -> list[tuple[
         )
         statuses = node.comparators if isinstance(node, ast.Compare) else []
         for c in named:
-            if isinstance(c, ast.Constant) and (c.value in keys or c in statuses and c.value in STATUSES):
+            if isinstance(c, ast.Constant) and (
+                c.value in keys or c in statuses and c.value in STATUSES
+            ):
                 found.append((c.lineno, c.value))
     return found
 
 
 def test_no_module_but_the_record_spells_a_record_key_or_a_status():
-    """Code reads and writes a record's fields as ``KEY.<field>`` and compares statuses as ``Status``: a
-    misspelt one fails at import, where a string would read None. Suite-file keys of the same name (``model``)
-    are the suite's; an identity digest hashes a spec under the names its stored records were keyed with."""
+    """Code reads and writes a record's fields as ``KEY.<field>`` and compares statuses as
+    ``Status``: a misspelt one fails at import, where a string would read None. Suite-file keys of
+    the same name (``model``) are the suite's; an identity digest hashes a spec under the names its
+    stored records were keyed with."""
     suite_keys = {
         *TOP_KEYS,
         *DATA_KEYS,

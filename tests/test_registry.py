@@ -19,7 +19,9 @@ def test_unknown_name_lists_the_known_ones():
 
 
 def test_shipped_registries():
-    assert {"resnet50", "bert-base", "vit-b16", "resnet-tiny", "bert-tiny", "vit-tiny"} <= set(MODELS)
+    assert {"resnet50", "bert-base", "vit-b16", "resnet-tiny", "bert-tiny", "vit-tiny"} <= set(
+        MODELS
+    )
     for name in TECHNIQUES:
         cls = TECHNIQUES.get(name)
         assert cls.name == name and cls.summary and cls.__doc__, name

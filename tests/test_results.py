@@ -6,9 +6,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_every_key_of_the_committed_records_is_explained_in_the_results_readme():
-    """A record is self-describing only if its keys are explained: every key the committed records hold
-    is named in results/README.md or README.md (`rank_` and `predicted_` keys by the figure they repeat,
-    `at_peak_*` and `step_time_ms_*` by their family's short form)."""
+    """A record is self-describing only if its keys are explained: every key the committed records
+    hold is named in results/README.md or README.md (`rank_` and `predicted_` keys by the figure
+    they repeat, `at_peak_*` and `step_time_ms_*` by their family's short form)."""
     docs = (ROOT / "results" / "README.md").read_text() + "".join(
         p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     )
@@ -25,9 +25,12 @@ def test_every_key_of_the_committed_records_is_explained_in_the_results_readme()
     assert sorted(k for k in keys if not named(k)) == []
 
 
-def test_the_archive_a_leased_machine_hands_back_holds_what_each_run_saved_beside_its_record(tmp_path):
-    """The allocator's history (the trace a CUDA run replays to the segment) and a --snapshot travel with
-    the record and its memory summary; another suite's files and the device's stray files do not."""
+def test_the_archive_a_leased_machine_hands_back_holds_what_each_run_saved_beside_its_record(
+    tmp_path,
+):
+    """The allocator's history (the trace a CUDA run replays to the segment) and a --snapshot travel
+    with the record and its memory summary; another suite's files and the device's stray files do
+    not."""
     import tarfile
 
     from bench import results

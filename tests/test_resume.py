@@ -21,7 +21,12 @@ CPU_NAME = device_name("cpu")
 
 def suite_of(name: str, *runs) -> Suite:
     return Suite(
-        name, Path(f"{name}.toml"), "vit-tiny", "", "baseline", tuple(replace(r, suite=name) for r in runs)
+        name,
+        Path(f"{name}.toml"),
+        "vit-tiny",
+        "",
+        "baseline",
+        tuple(replace(r, suite=name) for r in runs),
     )
 
 
@@ -49,7 +54,9 @@ def test_failures_that_may_be_transient_are_retried_and_deterministic_ones_kept(
         store(tmp_path, suite, run, status)
     decided = {t.spec.name: t.measure for t in resume.plan(suite, CPU.name, tmp_path)}
     assert decided == {"baseline": False, "hit-oom": False, "killed": True, "slow": True}
-    kept = {t.spec.name: t.measure for t in resume.plan(suite, CPU.name, tmp_path, keep_failures=True)}
+    kept = {
+        t.spec.name: t.measure for t in resume.plan(suite, CPU.name, tmp_path, keep_failures=True)
+    }
     assert not any(kept.values())
     log = io.StringIO()
     records = sweep(suite, Local(CPU), tmp_path, log=log)
@@ -75,14 +82,18 @@ def test_an_interrupted_force_sweep_resumes_instead_of_starting_over(tmp_path):
     decided = [t.measure for t in resume.plan(suite, CPU.name, tmp_path, forced_since=since)]
     assert decided == [False, True]  # the same command, with or without --force, goes on from there
     assert resume.forced_since(folder, force=False) == since
-    sweep(suite, Local(CPU), tmp_path)  # without --force: the marker still holds, so 'second' is re-measured
+    sweep(
+        suite, Local(CPU), tmp_path
+    )  # without --force: the marker still holds, so 'second' is re-measured
     assert results.read(old[1])["stored_at"] > since
     assert not (folder / resume.FORCE_MARKER).exists()  # complete: later sweeps keep records again
     assert not any(t.measure for t in resume.plan(suite, CPU.name, tmp_path))
 
 
 def test_a_quick_look_without_fidelity_keeps_the_complete_record(tmp_path):
-    full = spec(name="baseline", batch_size=2, fidelity_cpu=Fidelity(steps=2, seeds=1, batch_size=8))
+    full = spec(
+        name="baseline", batch_size=2, fidelity_cpu=Fidelity(steps=2, seeds=1, batch_size=8)
+    )
     suite = suite_of("s", full)
     path = store(tmp_path, suite, suite.runs[0], "ok", accuracy=0.5)
     (task,) = resume.plan(suite, CPU.name, tmp_path, fidelity=False)
@@ -92,22 +103,34 @@ def test_a_quick_look_without_fidelity_keeps_the_complete_record(tmp_path):
 
 
 def test_a_campaign_measures_runs_never_measured_here_before_the_others(tmp_path):
-    first = suite_of("first", spec(name="baseline", batch_size=2), spec(name="retried", batch_size=2))
+    first = suite_of(
+        "first", spec(name="baseline", batch_size=2), spec(name="retried", batch_size=2)
+    )
     second = suite_of("second", spec(name="baseline", batch_size=2))
-    store(tmp_path, first, first.runs[1], "timeout")  # measured here before: a retry waits for the new runs
+    store(
+        tmp_path, first, first.runs[1], "timeout"
+    )  # measured here before: a retry waits for the new runs
     log = io.StringIO()
     records = campaign(
         [first, second], Local(CPU, predict_jobs=1), tmp_path, log=log, never_measured_first=True
     )
     order = [
-        line.split("] ")[1].split(":")[0] for line in log.getvalue().splitlines() if ": running (" in line
+        line.split("] ")[1].split(":")[0]
+        for line in log.getvalue().splitlines()
+        if ": running (" in line
     ]
     assert order == ["first/baseline", "second/baseline", "first/retried"]
     assert "left)" in log.getvalue()  # the ETA, from the runs measured so far
-    assert all(r["predicted_ahead"] and r["predicted_status"] == "ok" for rs in records.values() for r in rs)
+    assert all(
+        r["predicted_ahead"] and r["predicted_status"] == "ok"
+        for rs in records.values()
+        for r in rs
+    )
 
 
-def test_bench_campaign_measures_the_suites_then_writes_their_reports_and_the_figures(tmp_path, capsys):
+def test_bench_campaign_measures_the_suites_then_writes_their_reports_and_the_figures(
+    tmp_path, capsys
+):
     from bench import cli
 
     root, archive = tmp_path / "r", tmp_path / "out" / "results.tgz"
@@ -128,16 +151,26 @@ def test_bench_campaign_measures_the_suites_then_writes_their_reports_and_the_fi
         == 0
     )
     err = capsys.readouterr().err
-    assert "4 of 4 runs to measure" in err and f"the report of smoke: {root / 'smoke' / 'report.html'}" in err
-    assert (root / "smoke" / "report.html").exists() and (root / "overview" / "overview.html").exists()
+    assert (
+        "4 of 4 runs to measure" in err
+        and f"the report of smoke: {root / 'smoke' / 'report.html'}" in err
+    )
+    assert (root / "smoke" / "report.html").exists() and (
+        root / "overview" / "overview.html"
+    ).exists()
     # coverage: all 4 entries
     assert f"| smoke | {CPU_NAME} | 4 | 4 | 4 |" in (root / "figures.md").read_text()
     with tarfile.open(archive) as tar:  # every record, as a leased machine hands it back
         assert sorted(Path(n).name for n in tar.getnames()) == sorted(
             p.name for p in root.glob("smoke/*/*.json")
         )
-    assert cli.main(["campaign", "smoke", "--device", "cpu", "--no-fidelity", "--results", str(root)]) == 0
-    assert "0 of 4 runs to measure" in capsys.readouterr().err  # the next lease resumes: nothing left here
+    assert (
+        cli.main(["campaign", "smoke", "--device", "cpu", "--no-fidelity", "--results", str(root)])
+        == 0
+    )
+    assert (
+        "0 of 4 runs to measure" in capsys.readouterr().err
+    )  # the next lease resumes: nothing left here
 
 
 @pytest.mark.fault("stored data")
@@ -165,7 +198,9 @@ def test_an_edit_that_cannot_change_the_figures_keeps_the_record(tmp_path):
 
 def test_editing_your_own_technique_measures_the_run_again(tmp_path, monkeypatch):
     module = tmp_path / "my_tech.py"
-    module.write_text("from bench.techniques import Technique\n\nclass Mine(Technique):\n    pass\n")
+    module.write_text(
+        "from bench.techniques import Technique\n\nclass Mine(Technique):\n    pass\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     run = spec(name="mine", batch_size=2, techniques=(tech("my_tech:Mine"),))
     suite = suite_of("s", run)
@@ -173,7 +208,9 @@ def test_editing_your_own_technique_measures_the_run_again(tmp_path, monkeypatch
     assert not any(t.measure for t in resume.plan(suite, CPU.name, tmp_path))
     module.write_text(module.read_text() + "    # edited: its step changed\n")
     (task,) = resume.plan(suite, CPU.name, tmp_path)
-    assert task.measure and "the code of the user's modules the run names has changed" in task.reason
+    assert (
+        task.measure and "the code of the user's modules the run names has changed" in task.reason
+    )
 
 
 @pytest.mark.fault("stored data")
@@ -190,7 +227,10 @@ def test_a_record_measured_again_is_kept_in_superseded(tmp_path):
     )
     sweep(suite, Local(CPU), tmp_path)
     (kept,) = (old.parent / results.SUPERSEDED).glob("*.json")
-    assert kept.name == "baseline.2020-01-01T000000+0000.json" and results.read(kept)["samples_per_s"] == 1.5
+    assert (
+        kept.name == "baseline.2020-01-01T000000+0000.json"
+        and results.read(kept)["samples_per_s"] == 1.5
+    )
     # reports read today's only
     assert [r["run"] for r in results.load_records(tmp_path / "s")] == ["baseline"]
 
@@ -203,7 +243,9 @@ def test_a_force_marker_that_holds_no_time_is_refused_naming_it(tmp_path):
 
     folder = results.suite_folder(tmp_path, "s", CPU.name)
     folder.mkdir(parents=True)
-    (folder / resume.FORCE_MARKER).write_text("")  # cut off by a full disk: --force then measured nothing
+    (folder / resume.FORCE_MARKER).write_text(
+        ""
+    )  # cut off by a full disk: --force then measured nothing
     with pytest.raises(BadInput, match="holds no time a --force sweep began; remove it"):
         resume.forced_since(folder, force=True)
     (folder / resume.FORCE_MARKER).unlink()
@@ -223,11 +265,19 @@ def test_a_run_that_printed_a_flood_keeps_a_bounded_tail(tmp_path):
 
 
 def test_a_cuda_record_without_its_allocator_history_is_measured_again_after_the_new_runs(tmp_path):
-    """The 12 H100 records from before runs saved their history cannot be replayed; a campaign re-measures
-    them once the runs never measured are done. A CPU record never has one, and is kept."""
+    """The 12 H100 records from before runs saved their history cannot be replayed; a campaign
+    re-measures them once the runs never measured are done. A CPU record never has one, and is
+    kept."""
     suite = suite_of("s", *(spec(name=n, batch_size=2) for n in ("old", "traced", "on-cpu")))
     store(tmp_path, suite, suite.runs[0], "ok", device_type="cuda")
-    store(tmp_path, suite, suite.runs[1], "ok", device_type="cuda", memory_history="traced.history.pickle.gz")
+    store(
+        tmp_path,
+        suite,
+        suite.runs[1],
+        "ok",
+        device_type="cuda",
+        memory_history="traced.history.pickle.gz",
+    )
     store(tmp_path, suite, suite.runs[2], "ok", device_type="cpu")
     old, traced, on_cpu = resume.plan(suite, CPU.name, tmp_path)
     assert (old.measure, traced.measure, on_cpu.measure) == (True, False, False)

@@ -33,7 +33,8 @@ def suite_of(*runs) -> Suite:
 
 @pytest.mark.fault("resources")
 def test_a_run_that_runs_out_of_memory_is_recorded_as_oom_with_what_was_predicted_for_it():
-    """The prediction stays in the record: an out-of-memory run is where a verdict is held to the card."""
+    """The prediction stays in the record: an out-of-memory run is where a verdict is held to the
+    card."""
     run = spec(techniques=(tech("tests.helpers:AllocateTooMuch"),))
     record = run_isolated(run, CPU)
     assert record["status"] == "oom", record
@@ -58,20 +59,29 @@ def test_an_inapplicable_technique_is_unsupported_with_its_reason():
 
 
 def test_sweep_continues_past_failures_and_stores_every_record(tmp_path):
-    runs = [spec(name="broken", techniques=(tech("tests.helpers:Segfault"),)), spec(name="baseline")]
+    runs = [
+        spec(name="broken", techniques=(tech("tests.helpers:Segfault"),)),
+        spec(name="baseline"),
+    ]
     records = sweep(suite_of(*runs), Local(CPU), tmp_path)
     assert [r["status"] for r in records] == ["error", "ok"]
     stored = results.load_records(tmp_path / "test")
     assert {r["run"]: r["status"] for r in stored} == {"broken": "error", "baseline": "ok"}
     ok = next(r for r in stored if r["status"] == "ok")
-    assert ok["peak_tensor_bytes"] > 0 and ok["samples_per_s"] > 0 and "peak_allocated_bytes" not in ok
+    assert (
+        ok["peak_tensor_bytes"] > 0 and ok["samples_per_s"] > 0 and "peak_allocated_bytes" not in ok
+    )
     assert ok["device"] == "cpu" and ok["torch_version"] and ok["git_revision"]
 
 
 def test_a_selected_run_keeps_its_place_in_the_suite(tmp_path):
     full = suite_of(spec(name="baseline"), spec(name="second"), spec(name="third"))
-    (record,) = [r for r in sweep(select(full, ["third"]), Local(CPU), tmp_path) if r["run"] == "third"]
-    assert record["run_index"] == 3  # reports list runs in the file's order, not the order they last ran
+    (record,) = [
+        r for r in sweep(select(full, ["third"]), Local(CPU), tmp_path) if r["run"] == "third"
+    ]
+    assert (
+        record["run_index"] == 3
+    )  # reports list runs in the file's order, not the order they last ran
 
 
 def test_resume_skips_stored_runs_unless_the_spec_or_device_changed(tmp_path):
@@ -96,7 +106,8 @@ def test_interrupted_sweep_keeps_finished_records_and_resumes(tmp_path):
         'model = "vit-tiny"\nbaseline = "baseline"\n'
         "[shapes.gpu]\nbatch_size = 4\nimage_size = 32\n"
         "[shapes.cpu]\nbatch_size = 4\nimage_size = 32\nwarmup_steps = 1\nmeasure_steps = 1\n"
-        # a fidelity phase of its own, short: the default's 3 seeds of 100 steps took 15 s of a loaded machine
+        # a fidelity phase of its own, short: the default's 3 seeds of 100 steps took 15 s of a
+        # loaded machine
         "[fidelity]\nsteps = 2\nseeds = 2\nbatch_size = 8\nimage_size = 32\n"
         '[[runs]]\nname = "baseline"\ntechniques = []\n'
         '[[runs]]\nname = "slow"\ntechniques = ["tests.helpers:Sleep"]\n'
@@ -113,8 +124,9 @@ def test_interrupted_sweep_keeps_finished_records_and_resumes(tmp_path):
         str(tmp_path / "r"),
     ]
     env = os.environ | {"BENCH_TEST_SLEEP": "120"}
-    # A shell that starts the tests in the background (`make test &`) leaves SIGINT ignored, and Python
-    # then installs no KeyboardInterrupt handler: give the sweep the default disposition a terminal has.
+    # A shell that starts the tests in the background (`make test &`) leaves SIGINT ignored, and
+    # Python then installs no KeyboardInterrupt handler: give the sweep the default disposition a
+    # terminal has.
     proc = subprocess.Popen(
         cmd,
         env=env,
@@ -166,7 +178,9 @@ def test_a_terminated_sweep_takes_its_run_down_with_it(tmp_path):
         "--results",
         str(tmp_path / "r"),
     ]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     deadline = time.monotonic() + 120
     while not pid_file.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -180,10 +194,12 @@ def test_a_terminated_sweep_takes_its_run_down_with_it(tmp_path):
 
 @pytest.mark.fault("signals")
 @pytest.mark.slow
-def test_a_sweep_stopped_in_a_runs_fidelity_phase_stores_what_it_measured_and_measures_it_again(tmp_path):
-    """Ctrl-C or SIGTERM in the fidelity phase, minutes after the memory and speed were measured, threw them
-    away with the run's temporary folder. They are stored, marked, and the next sweep measures the run
-    again."""
+def test_a_sweep_stopped_in_a_runs_fidelity_phase_stores_what_it_measured_and_measures_it_again(
+    tmp_path,
+):
+    """Ctrl-C or SIGTERM in the fidelity phase, minutes after the memory and speed were measured,
+    threw them away with the run's temporary folder. They are stored, marked, and the next sweep
+    measures the run again."""
     suite = tmp_path / "s.toml"
     suite.write_text(
         'model = "vit-tiny"\nbaseline = "slow"\n'
@@ -194,8 +210,20 @@ def test_a_sweep_stopped_in_a_runs_fidelity_phase_stores_what_it_measured_and_me
     )
     pid_file = tmp_path / "fidelity.pid"
     env = os.environ | {"BENCH_TEST_SLEEP": "120", "BENCH_TEST_PID_FILE": str(pid_file)}
-    cmd = [sys.executable, "-m", "bench", "run", str(suite), "--device", "cpu", "--results", tmp_path / "r"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench",
+        "run",
+        str(suite),
+        "--device",
+        "cpu",
+        "--results",
+        tmp_path / "r",
+    ]
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     deadline = time.monotonic() + 120
     while not pid_file.exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.2)
@@ -204,18 +232,23 @@ def test_a_sweep_stopped_in_a_runs_fidelity_phase_stores_what_it_measured_and_me
     assert proc.returncode == 130 and "stored, fidelity phase cut short" in out, out
     path = results.record_path(tmp_path / "r", "s", device_name("cpu"), "slow")
     stored = results.read(path)
-    assert stored["status"] == "ok" and stored["peak_tensor_bytes"] > 0 and stored["samples_per_s"] > 0
+    assert (
+        stored["status"] == "ok" and stored["peak_tensor_bytes"] > 0 and stored["samples_per_s"] > 0
+    )
     assert stored["fidelity_interrupted"] and stored["fidelity_error"].startswith("interrupted")
     env["BENCH_TEST_SLEEP"] = "0"
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     assert "re-measured: its fidelity phase was interrupted" in again.stderr
-    assert "fidelity_interrupted" not in results.read(path) and results.read(path)["accuracy"] is not None
+    assert (
+        "fidelity_interrupted" not in results.read(path)
+        and results.read(path)["accuracy"] is not None
+    )
 
 
 def test_cpu_device_name_carries_the_processor_thread_count_and_vector_instructions():
-    # Stored CPU records must not be reused on another processor, thread count or instruction set (bf16's
-    # speed).
+    # Stored CPU records must not be reused on another processor, thread count or instruction set
+    # (bf16's speed).
     name = device_name("cpu")
     isa = torch.backends.cpu.get_cpu_capability()
     assert name.endswith(f", {torch.get_num_threads()} threads, {isa}") and not name.startswith(",")
@@ -239,17 +272,24 @@ def test_records_carry_the_accuracy_delta_and_the_baselines_noise_band(tmp_path)
     assert len(base["accuracy_seeds"]) == 3 and table.loc["baseline", "accuracy_band"] == max(
         base["accuracy_seeds"]
     ) - min(base["accuracy_seeds"])
-    assert table.loc["checkpoint", "accuracy_delta"] == 0.0 and not table.loc["checkpoint", "outside_band"]
+    assert (
+        table.loc["checkpoint", "accuracy_delta"] == 0.0
+        and not table.loc["checkpoint", "outside_band"]
+    )
     assert table.loc["frozen", "accuracy_delta"] < -0.2 and table.loc["frozen", "outside_band"]
     assert "accuracy" not in skipped and skipped["status"] == "ok"
-    # Where the time went: the whole process covers its prediction, measurement and fidelity phase (wall_s is
-    # rounded to 0.1 s, the parts to 0.01 s each: the roundings' most is allowed).
-    assert base["wall_s"] + 0.08 >= base["prediction_s"] + base["measure_s"] + base["fidelity_s"] > 0
+    # Where the time went: the whole process covers its prediction, measurement and fidelity phase
+    # (wall_s is rounded to 0.1 s, the parts to 0.01 s each: the roundings' most is allowed).
+    assert (
+        base["wall_s"] + 0.08 >= base["prediction_s"] + base["measure_s"] + base["fidelity_s"] > 0
+    )
     assert "fidelity_s" not in skipped
 
 
 def test_snapshot_is_ignored_on_a_cpu_and_the_log_says_so(tmp_path):
-    suite = Suite("s", tmp_path / "s.toml", "vit-tiny", "", "run", (spec(name="run", batch_size=4),))
+    suite = Suite(
+        "s", tmp_path / "s.toml", "vit-tiny", "", "run", (spec(name="run", batch_size=4),)
+    )
     log = io.StringIO()
     (record,) = sweep(suite, Local(CPU, snapshot=True), tmp_path, log=log)
     assert record["status"] == "ok" and "snapshot" not in record
@@ -259,7 +299,9 @@ def test_snapshot_is_ignored_on_a_cpu_and_the_log_says_so(tmp_path):
 
 @pytest.mark.fault("stored data")
 def test_an_unreadable_record_is_moved_aside_and_the_run_measured_again(tmp_path, capsys):
-    suite = Suite("test", tmp_path / "s.toml", "vit-tiny", "", "run", (spec(name="run", batch_size=4),))
+    suite = Suite(
+        "test", tmp_path / "s.toml", "vit-tiny", "", "run", (spec(name="run", batch_size=4),)
+    )
     path = results.record_path(tmp_path, "test", "cpu", "run")
     path.parent.mkdir(parents=True)
     path.write_text("<<<<<<< HEAD\n")
@@ -277,13 +319,23 @@ def test_a_kept_record_without_a_snapshot_says_how_to_get_one(tmp_path):
     gpu, run = Device("cuda", "NVIDIA X"), spec(name="run", batch_size=4)
     path = results.record_path(tmp_path, "s", gpu.name, "run")
     results.write_atomic(
-        path, {"suite": "s", "run": "run", "device": gpu.name, "status": "ok", "run_key": run.key(gpu.name)}
+        path,
+        {
+            "suite": "s",
+            "run": "run",
+            "device": gpu.name,
+            "status": "ok",
+            "run_key": run.key(gpu.name),
+        },
     )
     suite = Suite("s", tmp_path / "s.toml", "vit-tiny", "", "run", (run,))
     log = io.StringIO()
-    sweep(suite, Local(gpu, snapshot=True), tmp_path, log=log)  # nothing runs: the stored record is kept
+    sweep(
+        suite, Local(gpu, snapshot=True), tmp_path, log=log
+    )  # nothing runs: the stored record is kept
     assert (
-        "[1/1] run: kept stored record (ok), no snapshot: --force re-measures it with one" in log.getvalue()
+        "[1/1] run: kept stored record (ok), no snapshot: --force re-measures it with one"
+        in log.getvalue()
     )
     path.with_suffix(".snapshot.pickle").write_bytes(b"")
     sweep(suite, Local(gpu, snapshot=True), tmp_path, log=(log := io.StringIO()))
@@ -297,7 +349,9 @@ def test_the_progress_line_shows_an_untracked_peak_as_absent_and_the_accuracy_as
     ran = ok | {"peak_tensor_bytes": 3 * 2**20, "accuracy": 0.8523}
     base = ran | {"run": "baseline", "accuracy": 0.869}
     assert _outcome(ran, base) == "ok, peak 3.0 MiB, 3.0 samples/s, accuracy 85.2% (-1.7 pt)"
-    assert _outcome(ran) == "ok, peak 3.0 MiB, 3.0 samples/s, accuracy 85.2%"  # no baseline measured yet
+    assert (
+        _outcome(ran) == "ok, peak 3.0 MiB, 3.0 samples/s, accuracy 85.2%"
+    )  # no baseline measured yet
     assert _outcome(base, base).endswith("accuracy 86.9%")
 
 
@@ -321,7 +375,8 @@ def test_a_cuda_runs_memory_summary_is_saved_beside_its_record_and_linked_from_t
     build_report(tmp_path / "s")
     assert "[baseline](nvidia-x/baseline.memory.txt)" in (tmp_path / "s" / "report.md").read_text()
     assert (
-        "<a href='nvidia-x/baseline.memory.txt'>baseline</a>" in (tmp_path / "s" / "report.html").read_text()
+        "<a href='nvidia-x/baseline.memory.txt'>baseline</a>"
+        in (tmp_path / "s" / "report.html").read_text()
     )
 
 
@@ -329,7 +384,13 @@ def test_a_cuda_runs_memory_summary_is_saved_beside_its_record_and_linked_from_t
 def test_a_record_that_cannot_be_written_is_kept_elsewhere_and_named(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "kept"))
     (tmp_path / "kept").mkdir()
-    record = {"suite": "s", "run": "baseline", "baseline": "baseline", "device": "cpu", "status": "ok"}
+    record = {
+        "suite": "s",
+        "run": "baseline",
+        "baseline": "baseline",
+        "device": "cpu",
+        "status": "ok",
+    }
     blocked = tmp_path / "results"
     blocked.write_text("a file where the results folder should be")
     finish(record, [], blocked)
@@ -358,7 +419,9 @@ def test_a_failed_fidelity_phase_shows_in_the_progress_line_the_table_and_the_re
         "peak_tensor_bytes": 2**20,
         "fidelity_error": "DataError: dataset 'mnist': expected 'digits'",
     }
-    assert _outcome(record).endswith("fidelity phase failed: DataError: dataset 'mnist': expected 'digits'")
+    assert _outcome(record).endswith(
+        "fidelity phase failed: DataError: dataset 'mnist': expected 'digits'"
+    )
     finish(record, [], tmp_path)
     build_report(tmp_path / "s")
     report = (tmp_path / "s" / "report.md").read_text()
@@ -373,7 +436,8 @@ def test_a_first_timed_step_far_slower_than_the_rest_warns_that_warm_up_was_shor
     assert _warm_up_check([30.0, 10.0, 11.0], 1) == {}
     warned = _warm_up_check([900.0, 10.0, 11.0], 1)["warning"]
     assert (
-        warned.startswith("the first timed step took 900 ms against 11 ms") and "raise warmup_steps" in warned
+        warned.startswith("the first timed step took 900 ms against 11 ms")
+        and "raise warmup_steps" in warned
     )
     assert _outcome(
         {"status": "ok", "run": "r", "baseline": "r", "samples_per_s": 1.0, "warning": warned}
@@ -382,20 +446,27 @@ def test_a_first_timed_step_far_slower_than_the_rest_warns_that_warm_up_was_shor
 
 @pytest.mark.fault("stored data")
 def test_a_second_sweep_of_the_same_folder_is_refused_naming_the_first(tmp_path):
-    suite = Suite("s", Path("s.toml"), "vit-tiny", "", "run", (replace(spec(batch_size=2), suite="s"),))
+    suite = Suite(
+        "s", Path("s.toml"), "vit-tiny", "", "run", (replace(spec(batch_size=2), suite="s"),)
+    )
     folder = results.suite_folder(tmp_path, "s", CPU.name)
     with results.sweeping([folder]):  # the first sweep, still measuring
         with pytest.raises(
             BadInput, match=rf"{folder} is being measured by another sweep \(pid {os.getpid()}"
         ):
             sweep(suite, Local(CPU), tmp_path)
-    assert [r["status"] for r in sweep(suite, Local(CPU), tmp_path)] == ["ok"]  # once it is done, it may
+    assert [r["status"] for r in sweep(suite, Local(CPU), tmp_path)] == [
+        "ok"
+    ]  # once it is done, it may
 
 
-@pytest.mark.parametrize("cpu_s, load, busy", [(3.8, 1.9, False), (1.0, 1.2, False), (1.0, 4.0, True)])
+@pytest.mark.parametrize(
+    "cpu_s, load, busy", [(3.8, 1.9, False), (1.0, 1.2, False), (1.0, 4.0, True)]
+)
 def test_a_cpu_run_says_when_the_machine_was_busy(cpu_s, load, busy, monkeypatch):
-    # 2 threads for 2 s: 4 CPU-seconds were its share. A Python-bound step idles a thread on a quiet machine
-    # too, so a low share alone is not a busy machine: more must have been runnable than there are cores.
+    # 2 threads for 2 s: 4 CPU-seconds were its share. A Python-bound step idles a thread on a quiet
+    # machine too, so a low share alone is not a busy machine: more must have been runnable than
+    # there are cores.
     from bench import worker
 
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
@@ -408,7 +479,9 @@ def test_a_cpu_run_says_when_the_machine_was_busy(cpu_s, load, busy, monkeypatch
 def _priced_suite(tmp_path):
     """Three runs a, b, c; a and b measured on another CPU (with their fidelity phases), c never."""
     fid = Fidelity(steps=2, seeds=1, batch_size=8)
-    runs = tuple(replace(spec(name=n, batch_size=2, fidelity_cpu=fid), suite="s") for n in ("a", "b", "c"))
+    runs = tuple(
+        replace(spec(name=n, batch_size=2, fidelity_cpu=fid), suite="s") for n in ("a", "b", "c")
+    )
     suite = Suite("s", Path("s.toml"), "vit-tiny", "", "a", runs)
     for run, wall, fid in (("a", 600.0, 420.0), ("b", 300.0, 180.0)):
         record = {"suite": "s", "run": run, "device": OTHER, "device_type": "cpu", "status": "ok"}
@@ -423,15 +496,16 @@ OTHER = "Other CPU, 2 threads, AVX2"
 
 
 def test_a_sweep_prices_every_run_from_the_records_another_cpu_made(tmp_path):
-    """c has no record anywhere: it is priced as the median run there, not left out (a new CPU's first
-    command said "about 5 min for the 14 of 36 runs recorded before" and took 19)."""
+    """c has no record anywhere: it is priced as the median run there, not left out (a new CPU's
+    first command said "about 5 min for the 14 of 36 runs recorded before" and took 19)."""
 
     suite = _priced_suite(tmp_path)
     todo = resume.plan(suite, CPU.name, tmp_path)
     assert Pace(todo, tmp_path, CPU.name, "cpu").estimate_line(todo) == (
-        f"estimated: about 22 min for the 3 runs, from their records' wall times on {OTHER} (1 priced "
-        "as a median run there); at that pace until the first runs here measure this machine's; 8 min of it "
-        "without the fidelity phase (--no-fidelity); --only NAMES measures some of them"
+        f"estimated: about 22 min for the 3 runs, from their records' wall times on {OTHER} (1 "
+        "priced as a median run there); at that pace until the first runs here measure this "
+        "machine's; 8 min of it without the fidelity phase (--no-fidelity); --only NAMES measures "
+        "some of them"
     )
     quick = resume.plan(suite, CPU.name, tmp_path, fidelity=False)
     said = Pace(quick, tmp_path, CPU.name, "cpu").estimate_line(quick)
@@ -477,6 +551,10 @@ def test_a_diverged_figure_is_stored_as_null_and_named(tmp_path):
     }
     finish(record, [], tmp_path)
     text = results.record_path(tmp_path, "s", "cpu", "r").read_text()
-    stored = json.loads(text, parse_constant=lambda token: pytest.fail(f"bare {token} in the record"))
+    stored = json.loads(
+        text, parse_constant=lambda token: pytest.fail(f"bare {token} in the record")
+    )
     assert stored["final_loss"] is None and stored["accuracy_seeds"] == [0.5, None]
-    assert stored["non_finite"] == ["accuracy_seeds", "final_loss"] and stored["samples_per_s"] == 3.0
+    assert (
+        stored["non_finite"] == ["accuracy_seeds", "final_loss"] and stored["samples_per_s"] == 3.0
+    )

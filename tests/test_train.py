@@ -1,6 +1,6 @@
-"""The harness's training step holds exactly what a hand-written loop doing the same thing holds: its tracked
-peak equals the hand loop's to the byte, technique by technique (anything the harness added would be reported
-as the technique's own)."""
+"""The harness's training step holds exactly what a hand-written loop doing the same thing holds:
+its tracked peak equals the hand loop's to the byte, technique by technique (anything the harness
+added would be reported as the technique's own)."""
 
 from collections import OrderedDict
 from collections.abc import Callable
@@ -8,7 +8,11 @@ from collections.abc import Callable
 import pytest
 import torch
 from torch import nn
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 from torch.utils.hooks import RemovableHandle
 
 from bench.data.synthetic import clone_batch
@@ -20,8 +24,8 @@ from tests.helpers import spec
 
 
 class Hand:
-    """A hand-written loop: ``model`` with an ``optimizer``, the batch cast to ``dtype``, split in ``micro``
-    micro-batches, under bf16 autocast where asked."""
+    """A hand-written loop: ``model`` with an ``optimizer``, the batch cast to ``dtype``, split in
+    ``micro`` micro-batches, under bf16 autocast where asked."""
 
     def __init__(
         self,
@@ -35,7 +39,9 @@ class Hand:
         **options: float,
     ) -> None:
         self.model = (model.to(dtype) if dtype else model).to(memory_format=layout)
-        self.optimizer = optimizer(self.model.parameters(), **({"lr": 1e-3} | options)) if optimizer else None
+        self.optimizer = (
+            optimizer(self.model.parameters(), **({"lr": 1e-3} | options)) if optimizer else None
+        )
         self.dtype, self.micro, self.autocast, self.keep_grads = dtype, micro, autocast, keep_grads
         self.layout = layout
         self.counted: object = self.optimizer  # what the tracker counts as optimizer state
@@ -43,8 +49,12 @@ class Hand:
 
     def step(self, batch: list) -> torch.Tensor:
         """One step; the mean loss, summed over the micro-batches as a loop that logs it does."""
-        inputs, labels = batch.pop()  # the caller keeps no reference: a cast frees the batch as it came
-        if isinstance(inputs, dict):  # a language model's token ids: nothing to cast, lay out or split
+        inputs, labels = (
+            batch.pop()
+        )  # the caller keeps no reference: a cast frees the batch as it came
+        if isinstance(
+            inputs, dict
+        ):  # a language model's token ids: nothing to cast, lay out or split
             pieces = [(inputs, labels)]
         else:
             if self.dtype:
@@ -78,8 +88,8 @@ def following(ids: torch.Tensor) -> torch.Tensor:
 
 class LigerStyle(Hand):
     """A loop that takes the loss from the last hidden states a chunk at a time, as a user calls
-    Liger-Kernel's fused linear cross-entropy (its plain-PyTorch twin here): the head never runs on the whole
-    sequence."""
+    Liger-Kernel's fused linear cross-entropy (its plain-PyTorch twin here): the head never runs on
+    the whole sequence."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
@@ -95,8 +105,8 @@ class LigerStyle(Hand):
 
 
 def galore(model: nn.Module) -> Hand:
-    """pytorch-optimizer's GaLore as its README groups it: the blocks' weight matrices projected at a quarter
-    of their smaller side, everything else plain AdamW."""
+    """pytorch-optimizer's GaLore as its README groups it: the blocks' weight matrices projected at
+    a quarter of their smaller side, everything else plain AdamW."""
     from pytorch_optimizer import GaLore
 
     blocks = {id(p) for p in model.encoder.layers.parameters()}
@@ -125,13 +135,17 @@ def adamw_8bit(model: nn.Module) -> Hand:
 
 
 class Checkpointed(nn.Module):
-    def __init__(self, block: nn.Module, selective: bool = False, policy: Callable | None = None) -> None:
+    def __init__(
+        self, block: nn.Module, selective: bool = False, policy: Callable | None = None
+    ) -> None:
         super().__init__()
         # a factory
         self.block, self.policy = block, policy or ((lambda: keep_matmuls) if selective else None)
 
     def forward(self, x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
-        if self.policy:  # PyTorch's documented recipe: keep what the policy says, recompute the rest
+        if (
+            self.policy
+        ):  # PyTorch's documented recipe: keep what the policy says, recompute the rest
             return checkpoint(
                 self.block,
                 x,
@@ -184,8 +198,8 @@ def checkpointed(model: nn.Module, every: int = 1, selective: bool = False) -> H
 
 
 def in_backward(model: nn.Module, eight_bit: bool = False) -> Hand:
-    """PyTorch's optimizer_step_in_backward tutorial: an AdamW per parameter, stepped from its gradient's
-    hook (bitsandbytes' 8-bit AdamW, with ``eight_bit``)."""
+    """PyTorch's optimizer_step_in_backward tutorial: an AdamW per parameter, stepped from its
+    gradient's hook (bitsandbytes' 8-bit AdamW, with ``eight_bit``)."""
     if eight_bit:
         from bitsandbytes.optim import AdamW8bit
 
@@ -205,7 +219,8 @@ def in_backward(model: nn.Module, eight_bit: bool = False) -> Hand:
 
 
 class Held:
-    """The per-parameter optimizers' state, as one optimizer's for the tracker to count; nothing to step."""
+    """The per-parameter optimizers' state, as one optimizer's for the tracker to count; nothing to
+    step."""
 
     def __init__(self, steps: dict[nn.Parameter, torch.optim.Optimizer]) -> None:
         self.steps, self.hooks = steps, OrderedDict()
@@ -219,13 +234,22 @@ class Held:
 
 
 CNN = {"channels-last"}  # cases on resnet-tiny
-LM = {"llm-baseline", "chunked-loss", "selective-torchtitan"}  # on llama-tiny: the rest run on vit-tiny
-COMPILED = {"adamw-8bit"}  # torchao compiles each parameter's update: the tracker steps aside, as for a run
+LM = {
+    "llm-baseline",
+    "chunked-loss",
+    "selective-torchtitan",
+}  # on llama-tiny: the rest run on vit-tiny
+COMPILED = {
+    "adamw-8bit"
+}  # torchao compiles each parameter's update: the tracker steps aside, as for a run
 CASES: dict[str, tuple[tuple[TechniqueSpec, ...], Callable[[nn.Module], Hand]]] = {
     "baseline": ((), Hand),
     "bf16": ((TechniqueSpec("bf16"),), lambda m: Hand(m, dtype=torch.bfloat16)),
     "amp-bf16": ((TechniqueSpec("amp"),), lambda m: Hand(m, autocast=True)),
-    "accumulate-2": ((TechniqueSpec("accumulate", (("micro_batches", 2),)),), lambda m: Hand(m, micro=2)),
+    "accumulate-2": (
+        (TechniqueSpec("accumulate", (("micro_batches", 2),)),),
+        lambda m: Hand(m, micro=2),
+    ),
     "checkpoint": ((TechniqueSpec("checkpoint"),), checkpointed),
     "checkpoint-every-2": (
         (TechniqueSpec("checkpoint", (("every", 2),)),),
@@ -235,13 +259,19 @@ CASES: dict[str, tuple[tuple[TechniqueSpec, ...], Callable[[nn.Module], Hand]]] 
         (TechniqueSpec("selective-checkpoint"),),
         lambda m: checkpointed(m, selective=True),
     ),
-    "accumulate-4": ((TechniqueSpec("accumulate", (("micro_batches", 4),)),), lambda m: Hand(m, micro=4)),
+    "accumulate-4": (
+        (TechniqueSpec("accumulate", (("micro_batches", 4),)),),
+        lambda m: Hand(m, micro=4),
+    ),
     "adafactor": (
         (TechniqueSpec("optimizer", (("kind", "adafactor"), ("lr", 0.01))),),
         lambda m: Hand(m, torch.optim.Adafactor, lr=0.01),
     ),
     "zero-grad-keep": ((TechniqueSpec("zero-grad-keep"),), lambda m: Hand(m, keep_grads=True)),
-    "channels-last": ((TechniqueSpec("channels-last"),), lambda m: Hand(m, layout=torch.channels_last)),
+    "channels-last": (
+        (TechniqueSpec("channels-last"),),
+        lambda m: Hand(m, layout=torch.channels_last),
+    ),
     "optimizer-in-backward": ((TechniqueSpec("optimizer-in-backward"),), in_backward),
     "optimizer-in-backward-8bit": (
         (TechniqueSpec("optimizer-in-backward", (("optimizer", "adamw-8bit"),)),),
@@ -280,6 +310,10 @@ def test_the_harness_holds_what_a_hand_written_loop_doing_the_same_holds(name):
         compiled_update=compiled,
     )
     theirs = tracked_step(
-        lambda: hand.step([clone_batch(batch)]), hand.forward, hand.counted, CPU, compiled_update=compiled
+        lambda: hand.step([clone_batch(batch)]),
+        hand.forward,
+        hand.counted,
+        CPU,
+        compiled_update=compiled,
     )
     assert ours["peak_tensor_bytes"] == theirs["peak_tensor_bytes"], (ours, theirs)

@@ -1,10 +1,10 @@
-"""``bench advise``: the cheapest plans that make a model fit a budget, from the catalogue, predictions and
-the committed records.
+"""``bench advise``: the cheapest plans that make a model fit a budget, from the catalogue,
+predictions and the committed records.
 
-``source`` turns the model or suite asked about into a suite header and its baseline run; ``plans`` lays the
-catalogue out on axes; ``predictions`` predicts plans in processes, cached; ``evidence`` reads what the
-records measured; ``estimate`` costs a plan; ``search`` walks the plans cheapest first; ``write`` prints the
-table and writes the advice suite file."""
+``source`` turns the model or suite asked about into a suite header and its baseline run; ``plans``
+lays the catalogue out on axes; ``predictions`` predicts plans in processes, cached; ``evidence``
+reads what the records measured; ``estimate`` costs a plan; ``search`` walks the plans cheapest
+first; ``write`` prints the table and writes the advice suite file."""
 
 from __future__ import annotations
 
@@ -43,7 +43,9 @@ class Advice:
     plans: list[Candidate]  # ranked, each fitting
     search: Search
     estimator: Estimator
-    closest: Candidate | None = None  # nothing fits: the plan that saves most (None: none could be predicted)
+    closest: Candidate | None = (
+        None  # nothing fits: the plan that saves most (None: none could be predicted)
+    )
     needs: tuple[str, ...] = ()  # nothing fits: what the closest plan would need
     predicted: int = 0
     reused: int = 0
@@ -67,13 +69,18 @@ def advise(
     link_gbps: float | None = None,
     log: TextIO = sys.stderr,
 ) -> Advice:
-    """The ``top`` cheapest plans for ``src`` whose predicted peak at ``device_type``'s shapes fits ``budget``
-    (with ``max_batch``, those fitting the largest batch); see bench.advise.search for how they are found."""
+    """The ``top`` cheapest plans for ``src`` whose predicted peak at ``device_type``'s shapes fits
+    ``budget`` (with ``max_batch``, those fitting the largest batch); see bench.advise.search for
+    how they are found."""
     template = replace(src.template, nproc=nproc)
     batch = template.shapes(device_type).batch_size
     found = axes(src.model, src.mode, nproc, batch, src.own)
     base = Plan(tuple(o for a in found if a.required for o in a.options[:1]))  # over processes: ddp
-    rates = STATED[device_type] if link_gbps is None else replace(STATED[device_type], link=link_gbps * 1e9)
+    rates = (
+        STATED[device_type]
+        if link_gbps is None
+        else replace(STATED[device_type], link=link_gbps * 1e9)
+    )
     evidence = Evidence(results, src.mode, device_name(device_type) if device_type == "cpu" else "")
     model = template.model_on(device_type)
     predictions = Predictions(device_type, CACHE, jobs, log, budget.card)
@@ -106,7 +113,9 @@ def advise(
             max_batch=max_batch,
         )
         strongest = _strongest(searcher, kept, predictions, estimator)
-        if strongest is None or not strongest.predicted.fits(limit):  # nothing saves more: nothing fits
+        if strongest is None or not strongest.predicted.fits(
+            limit
+        ):  # nothing saves more: nothing fits
             advice.closest = strongest
             if strongest is not None:
                 _needs(advice, strongest, predictions)
@@ -122,7 +131,9 @@ def advise(
                 max(jobs, 2),
                 minimal=not max_batch,
             )
-            advice.plans = search.fits or [strongest]  # the walk's limit reached first: the plan known to fit
+            advice.plans = search.fits or [
+                strongest
+            ]  # the walk's limit reached first: the plan known to fit
             _rank(advice, predictions, top, max_batch, tolerance_pt)
     except BaseException:
         predictions.close(interrupted=True)
@@ -133,35 +144,39 @@ def advise(
 
 
 def _unfit(device_type: str) -> Callable[[Option], list[str]]:
-    """Why an option is no plan for the device asked about: on a CPU whose kernels have no native bf16
-    (oneDNN's own test, which PyTorch's CPU paths use: AVX-512, or Arm's bf16), bf16 runs on emulated kernels,
-    as float16 does on every CPU (which the harness calls unsupported there). On such a VM a BERT-base bf16
-    step took 173 s, fp32's 11 s; ResNet-50's 10.3 s and 0.95 s."""
+    """Why an option is no plan for the device asked about: on a CPU whose kernels have no native
+    bf16 (oneDNN's own test, which PyTorch's CPU paths use: AVX-512, or Arm's bf16), bf16 runs on
+    emulated kernels, as float16 does on every CPU (which the harness calls unsupported there). On
+    such a VM a BERT-base bf16 step took 173 s, fp32's 11 s; ResNet-50's 10.3 s and 0.95 s."""
     if device_type != "cpu" or native_bf16():
         return lambda option: []
     return lambda option: [EMULATED] if option.computes == "bfloat16" else []
 
 
 def _timed(template: RunSpec, found: list[Axis], device_type: str, log: TextIO) -> dict[str, float]:
-    """The dtype options' step times over the baseline's, timed here where the device asked about is this CPU
-    (one process: its records of a dtype may not exist yet, and counting cannot price one). A card is asked
-    about from afar: its dtypes' speeds come from its records."""
+    """The dtype options' step times over the baseline's, timed here where the device asked about is
+    this CPU (one process: its records of a dtype may not exist yet, and counting cannot price one).
+    A card is asked about from afar: its dtypes' speeds come from its records."""
     unfit = _unfit(device_type)
     chosen = [o for a in found for o in a.options if not o.countable and not unfit(o)]
     if device_type != "cpu" or template.nproc > 1 or not chosen:
         return {}
     print(
-        f"advise: timing {', '.join(o.name for o in chosen)} against the baseline here ({probe.STEPS} steps "
-        "each)",
+        f"advise: timing {', '.join(o.name for o in chosen)} against the baseline here "
+        f"({probe.STEPS} steps each)",
         file=log,
         flush=True,
     )
-    return time_factors(Plan(()).spec(template), {o.name: Plan((o,)).spec(template) for o in chosen})
+    return time_factors(
+        Plan(()).spec(template), {o.name: Plan((o,)).spec(template) for o in chosen}
+    )
 
 
-def _calibration(evidence: Evidence, device_type: str, rates: Rates, predictions: Predictions) -> Calibration:
-    """The device's seconds a FLOP and an operator, from its measured baseline steps; a record older than its
-    counts is counted again (predicted at its own shapes, cached)."""
+def _calibration(
+    evidence: Evidence, device_type: str, rates: Rates, predictions: Predictions
+) -> Calibration:
+    """The device's seconds a FLOP and an operator, from its measured baseline steps; a record older
+    than its counts is counted again (predicted at its own shapes, cached)."""
     records = evidence.baselines(device_type)
     counts = predictions.peaks([RunSpec.from_dict(r[KEY.spec]) for r in records])
     steps = [
@@ -184,7 +199,9 @@ def _rank(
         advice.plans = advice.plans[:top]
     specs = [c.plan.spec(advice.template) for c in advice.plans]
     owns = [c.predicted for c in advice.plans]
-    for candidate, largest in zip(advice.plans, predictions.largest_batches(specs, advice.budget, owns)):
+    for candidate, largest in zip(
+        advice.plans, predictions.largest_batches(specs, advice.budget, owns)
+    ):
         candidate.largest_batch = largest
     if max_batch:
         advice.plans = sorted(
@@ -196,7 +213,8 @@ def _rank(
 def _strongest(
     searcher: Searcher, kept: list[Axis], predictions: Predictions, estimator: Estimator
 ) -> Candidate | None:
-    """The plan of each axis's most saving option, predicted first: if it does not fit, nothing does."""
+    """The plan of each axis's most saving option, predicted first: if it does not fit, nothing
+    does."""
     plan = searcher.strongest(kept)
     if plan is None:
         return None
@@ -211,7 +229,8 @@ def _needs(advice: Advice, closest: Candidate, predictions: Predictions) -> None
     memory)."""
     spec = closest.plan.spec(advice.template)
     needs = [
-        f"{closest.peak / 2**30:,.2f} GiB for tensors at batch {spec.shapes(advice.device_type).batch_size}"
+        f"{closest.peak / 2**30:,.2f} GiB for tensors at batch "
+        f"{spec.shapes(advice.device_type).batch_size}"
     ]
     smaller = predictions.largest_batches([spec], advice.budget, [closest.predicted])[0]
     needs.append(
@@ -219,7 +238,9 @@ def _needs(advice: Advice, closest: Candidate, predictions: Predictions) -> None
         if smaller
         else "a smaller model: even a batch of one does not fit"
     )
-    if advice.device_type == "cuda" and spec.nproc == 1:  # sharded over ranks instead: the fewest that fit
+    if (
+        advice.device_type == "cuda" and spec.nproc == 1
+    ):  # sharded over ranks instead: the fewest that fit
         sharded = Plan((*closest.plan.options, Option.of("fsdp", "fsdp")))
         wide = replace(sharded.spec(advice.template), nproc=MOST_RANKS)
         if not problems(sharded, advice.template) and runs_at(wide, MOST_RANKS):

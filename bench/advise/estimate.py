@@ -1,17 +1,19 @@
-"""What a plan costs: its time per sample over the baseline's, and its known accuracy effect, each figure with
-where it came from.
+"""What a plan costs: its time per sample over the baseline's, and its known accuracy effect, each
+figure with where it came from.
 
-A technique's time factor is measured where a committed record of the same model on the same kind of device
-has it, else counted from its prediction at the plan's shapes: the step's FLOPs (recomputation under
-checkpointing included), its operators and the bytes of their tensors (the optimizer's update, pointwise
-work), each at the cost a FLOP, an operator and a byte take on the device, fitted to its measured baseline
-steps; and bytes moved between device and host by offloading, at the link's stated bandwidth (hidden under
-compute where the technique overlaps its copies).
+A technique's time factor is measured where a committed record of the same model on the same kind of
+device has it, else counted from its prediction at the plan's shapes: the step's FLOPs
+(recomputation under checkpointing included), its operators and the bytes of their tensors (the
+optimizer's update, pointwise work), each at the cost a FLOP, an operator and a byte take on the
+device, fitted to its measured baseline steps; and bytes moved between device and host by
+offloading, at the link's stated bandwidth (hidden under compute where the technique overlaps its
+copies).
 
-What counting cannot see, a dtype's speed, is timed here where the device asked about is this CPU (the model's
-own steps, bench.advise.probe), else taken from another model's record, else assumed to be the count; plans
-resting on either of the last two rank after the rest (``Estimate.rank``). A plan's factor is its techniques'
-factors multiplied, or its own where a record of the same model measured the whole plan."""
+What counting cannot see, a dtype's speed, is timed here where the device asked about is this CPU
+(the model's own steps, bench.advise.probe), else taken from another model's record, else assumed to
+be the count; plans resting on either of the last two rank after the rest (``Estimate.rank``). A
+plan's factor is its techniques' factors multiplied, or its own where a record of the same model
+measured the whole plan."""
 
 from __future__ import annotations
 
@@ -28,8 +30,8 @@ from bench.record import Prediction
 
 @dataclass(frozen=True)
 class Rates:
-    """A device's stated figures: its FLOP rate where no baseline record measured it, and what no record
-    can."""
+    """A device's stated figures: its FLOP rate where no baseline record measured it, and what no
+    record can."""
 
     flops: float  # FLOP/s of an fp32 step, where no baseline record gives the measured rate
     link: float  # bytes/s between device and host (offloading)
@@ -43,22 +45,22 @@ STATED = {
     "cuda": Rates(
         67e12,
         25e9,
-        "an H100 SXM's datasheet (67 TFLOP/s fp32, where no record measured it); "
-        "the link as PCIe 4.0 x16's pinned copies",
+        "an H100 SXM's datasheet (67 TFLOP/s fp32, where no record measured it); the link as PCIe "
+        "4.0 x16's pinned copies",
     ),
     "cpu": Rates(
         100e9,
         20e9,
-        "a server CPU's order of magnitude (100 GFLOP/s where no record measured it); "
-        "offloading copies within its memory",
+        "a server CPU's order of magnitude (100 GFLOP/s where no record measured it); offloading "
+        "copies within its memory",
     ),
 }
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """Seconds a FLOP, an operator and a byte of operators' tensors take on a kind of device, fitted to its
-    measured baseline steps."""
+    """Seconds a FLOP, an operator and a byte of operators' tensors take on a kind of device, fitted
+    to its measured baseline steps."""
 
     per_flop: float
     per_op: float
@@ -74,18 +76,27 @@ class Calibration:
             f"{self.per_op * 1e6:.1f} µs an operator" if self.per_op else "",
             f"{1e-9 / self.per_byte:,.0f} GB/s of operators' tensors" if self.per_byte else "",
         ]
-        return f"{', '.join(p for p in parts if p)} (what the fit left out, it prices at zero); {self.source}"
+        return (
+            f"{', '.join(p for p in parts if p)} (what the fit left out, it prices at zero); "
+            f"{self.source}"
+        )
 
 
-def calibrate(steps: list[tuple[str, float, tuple[float, float, float]]], rates: Rates) -> Calibration:
-    """Fitted to ``steps`` (where, seconds, (FLOPs, operators, bytes)) by least squares in relative error, so
-    that a tiny model's step weighs as much as a large one's, every figure at zero or above (each subset of
-    the three tried). Under three steps, the FLOPs alone are fitted; with none, the stated FLOP rate
-    stands."""
+def calibrate(
+    steps: list[tuple[str, float, tuple[float, float, float]]], rates: Rates
+) -> Calibration:
+    """Fitted to ``steps`` (where, seconds, (FLOPs, operators, bytes)) by least squares in relative
+    error, so that a tiny model's step weighs as much as a large one's, every figure at zero or
+    above (each subset of the three tried). Under three steps, the FLOPs alone are fitted; with
+    none, the stated FLOP rate stands."""
     kinds = "; ".join(sorted({w for w, *_ in steps}))
     if not steps:
-        return Calibration(1 / rates.flops, 0.0, 0.0, "stated: no baseline step measured on such a device")
-    a = np.array([counts for _, _, counts in steps], dtype=float) / np.array([[t] for _, t, _ in steps])
+        return Calibration(
+            1 / rates.flops, 0.0, 0.0, "stated: no baseline step measured on such a device"
+        )
+    a = np.array([counts for _, _, counts in steps], dtype=float) / np.array(
+        [[t] for _, t, _ in steps]
+    )
     columns = [(0, 1, 2), (0, 2), (0, 1), (1, 2), (0,), (2,), (1,)] if len(steps) >= 3 else [(0,)]
     best: tuple[float, np.ndarray] | None = None
     for cols in columns:
@@ -96,7 +107,9 @@ def calibrate(steps: list[tuple[str, float, tuple[float, float, float]]], rates:
             residual = float(((a @ fitted - 1) ** 2).sum())
             best = best if best and best[0] <= residual else (residual, fitted)
     fitted = best[1] if best else np.array([1 / rates.flops, 0.0, 0.0])
-    return Calibration(*map(float, fitted), f"fitted to {len(steps)} measured baseline steps: {kinds}")
+    return Calibration(
+        *map(float, fitted), f"fitted to {len(steps)} measured baseline steps: {kinds}"
+    )
 
 
 @dataclass(frozen=True)
@@ -104,7 +117,9 @@ class Estimate:
     factor: float  # time per sample over the baseline's: 1.25 is a 0.8× throughput
     sources: tuple[str, ...]  # one line per technique: its factor, and where it came from
     uncertain: tuple[str, ...] = ()  # options priced by another model's record, or by nothing
-    tier: int = 0  # 0: every figure this model's record or counted; 1: another model's record; 2: assumed
+    tier: int = (
+        0  # 0: every figure this model's record or counted; 1: another model's record; 2: assumed
+    )
 
     @property
     def throughput(self) -> float:
@@ -112,10 +127,11 @@ class Estimate:
 
     @property
     def rank(self) -> tuple[int, float]:
-        """The order plans are tried and listed in: those priced by this model's records and by counting
-        first, then by another model's records (a speed-up may not carry over: bf16 made BERT-base 1.7× faster
-        on the committed records' CPU and BERT-tiny 5× slower on one without AVX-512), then by assumption;
-        within each, by factor to the percent (finer differences are counting's noise)."""
+        """The order plans are tried and listed in: those priced by this model's records and by
+        counting first, then by another model's records (a speed-up may not carry over: bf16 made
+        BERT-base 1.7× faster on the committed records' CPU and BERT-tiny 5× slower on one without
+        AVX-512), then by assumption; within each, by factor to the percent (finer differences are
+        counting's noise)."""
         return self.tier, round(self.factor, 2)
 
 
@@ -129,7 +145,9 @@ class Part(NamedTuple):
 
 @dataclass(frozen=True)
 class Accuracy:
-    delta: float | None  # the worst known delta among the plan's techniques (a fraction), None: none measured
+    delta: (
+        float | None
+    )  # the worst known delta among the plan's techniques (a fraction), None: none measured
     outside_band: bool
     unknown: tuple[str, ...]  # options no fidelity record covers
     sources: tuple[str, ...]
@@ -139,14 +157,15 @@ class Accuracy:
         return None if self.delta is None else 100 * self.delta
 
     def demoted(self, tolerance_pt: float | None) -> bool:
-        """Whether the plan ranks after every plan without such a loss: a known loss outside the baseline's
-        seed band, unless the user accepted losses (``--tolerance-pt``; larger ones are dropped before
-        this)."""
+        """Whether the plan ranks after every plan without such a loss: a known loss outside the
+        baseline's seed band, unless the user accepted losses (``--tolerance-pt``; larger ones are
+        dropped before this)."""
         return tolerance_pt is None and self.outside_band and (self.delta or 0.0) < 0
 
 
 class Estimator:
-    """Estimates for the plans of one model, from the baseline's and each option's own prediction."""
+    """Estimates for the plans of one model, from the baseline's and each option's own
+    prediction."""
 
     def __init__(
         self,
@@ -160,14 +179,28 @@ class Estimator:
         batch: int,
         timed: dict[str, float] | None = None,
     ) -> None:
-        self.evidence, self.model, self.device_type, self.rates = evidence, model, device_type, rates
-        self.calibration, self.baseline, self.alone, self.batch = calibration, baseline, alone, batch
-        self.timed = timed or {}  # an option's step time over the baseline's, timed on this very CPU
+        self.evidence, self.model, self.device_type, self.rates = (
+            evidence,
+            model,
+            device_type,
+            rates,
+        )
+        self.calibration, self.baseline, self.alone, self.batch = (
+            calibration,
+            baseline,
+            alone,
+            batch,
+        )
+        self.timed = (
+            timed or {}
+        )  # an option's step time over the baseline's, timed on this very CPU
         self._factors: dict[str, Part] = {}
 
     def speed(self, plan: Plan) -> Estimate:
         dtype = any(not o.countable for o in plan.options)
-        if whole := self.evidence.speed(canonical(plan.techniques), self.model, self.device_type, dtype):
+        if whole := self.evidence.speed(
+            canonical(plan.techniques), self.model, self.device_type, dtype
+        ):
             if whole.same_model and len(plan.options) > 1:
                 return Estimate(
                     1 / whole.value, (f"{plan.name}: {whole.value:.2f}× measured, {whole.source}",)
@@ -188,8 +221,8 @@ class Estimator:
         return self._factors[option.name]
 
     def _factor(self, option: Option) -> Part:
-        """This model's record; else counting; else, for what counting cannot see (a dtype's speed), its steps
-        timed here; else another model's record; else the count, assumed to hold."""
+        """This model's record; else counting; else, for what counting cannot see (a dtype's speed),
+        its steps timed here; else another model's record; else the count, assumed to hold."""
         found = self.evidence.speed(
             canonical((option.technique,)), self.model, self.device_type, not option.countable
         )
@@ -203,21 +236,25 @@ class Estimator:
             return Part(self.timed[option.name], how, 0)
         if found:
             return Part(1 / found.value, f"measured (another model), {found.source}", 1)
-        return Part(counted, "assumed: a dtype's speed is not counted, and no record measured it", 2)
+        return Part(
+            counted, "assumed: a dtype's speed is not counted, and no record measured it", 2
+        )
 
     def seconds(self, predicted: Prediction, option: Option | None) -> float:
         """Counted seconds per sample of a step as predicted (see the module's note)."""
         compute = self.calibration.seconds(
-            predicted.flops_per_step or 0, predicted.ops_per_step or 0, predicted.op_bytes_per_step or 0
+            predicted.flops_per_step or 0,
+            predicted.ops_per_step or 0,
+            predicted.op_bytes_per_step or 0,
         )
         moved = self._moved(predicted, option) / self.rates.link
         overlapped = option is not None and option.cls.overlaps_traffic
         return (max(compute, moved) if overlapped else compute + moved) / self.batch
 
     def _moved(self, predicted: Prediction, option: Option | None) -> float:
-        """Bytes an offloading option moves between device and host a step (``Technique.host_traffic``): the
-        activations it keeps off the device, down in forward and up in backward; a host optimizer's gradients
-        down and weights up."""
+        """Bytes an offloading option moves between device and host a step
+        (``Technique.host_traffic``): the activations it keeps off the device, down in forward and
+        up in backward; a host optimizer's gradients down and weights up."""
         traffic = option.cls.host_traffic if option else ""
         if traffic == "activations":
             kept_off = self.baseline.activation_bytes - predicted.activation_bytes
@@ -227,13 +264,16 @@ class Estimator:
         return 0.0
 
     def accuracy(self, plan: Plan) -> Accuracy:
-        """The plan's known accuracy effect: its own fidelity record where one exists, else the worst of its
-        techniques' (the same model's where measured)."""
+        """The plan's known accuracy effect: its own fidelity record where one exists, else the
+        worst of its techniques' (the same model's where measured)."""
         if not plan.options:
             return Accuracy(0.0, False, (), ())
         if whole := self.evidence.accuracy(canonical(plan.techniques), self.model):
             return Accuracy(whole.value, whole.outside_band, (), (f"{plan.name}: {_pt(whole)}",))
-        found = {o.name: self.evidence.accuracy(canonical((o.technique,)), self.model) for o in plan.options}
+        found = {
+            o.name: self.evidence.accuracy(canonical((o.technique,)), self.model)
+            for o in plan.options
+        }
         known: dict[str, Figure] = {k: f for k, f in found.items() if f is not None}
         worst = min((f.value for f in known.values()), default=None)
         return Accuracy(

@@ -1,10 +1,11 @@
 """The plans advice chooses among: one option (or none) on each axis of the catalogue, combined.
 
-An axis holds the techniques that save the same kind of memory in different ways (activations: recompute them
-or move them to the host), so a plan takes at most one of each. The catalogue is what each technique declares
-(``Technique.axis`` and ``offers``: checkpoint every-k, accumulation factors, optimizer kinds, precisions,
-offload, and sharding when the plan spans processes), a user's own techniques among them where they declare an
-axis; whether a combination can run is the suite loader's own check."""
+An axis holds the techniques that save the same kind of memory in different ways (activations:
+recompute them or move them to the host), so a plan takes at most one of each. The catalogue is what
+each technique declares (``Technique.axis`` and ``offers``: checkpoint every-k, accumulation
+factors, optimizer kinds, precisions, offload, and sharding when the plan spans processes), a user's
+own techniques among them where they declare an axis; whether a combination can run is the suite
+loader's own check."""
 
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ class Option:
 
     name: str
     technique: TechniqueSpec
-    computes: str | None = None  # the dtype its kernels compute in, where it changes it ("bfloat16", "int8")
+    computes: str | None = (
+        None  # the dtype its kernels compute in, where it changes it ("bfloat16", "int8")
+    )
 
     @staticmethod
     def of(name: str, technique: str, computes: str | None = None, **options: Any) -> Option:
@@ -43,14 +46,15 @@ class Option:
 
     @property
     def countable(self) -> bool:
-        """Whether counting FLOPs and bytes says what it costs: not where it changes the dtype, whose speed is
-        the device's."""
+        """Whether counting FLOPs and bytes says what it costs: not where it changes the dtype,
+        whose speed is the device's."""
         return self.computes is None
 
 
 @dataclass(frozen=True)
 class Axis:
-    """Options of which a plan takes at most one (exactly one where ``required``: sharding over processes)."""
+    """Options of which a plan takes at most one (exactly one where ``required``: sharding over
+    processes)."""
 
     name: str
     options: tuple[Option, ...]
@@ -77,17 +81,21 @@ class Plan:
         return replace(template, name=self.name, techniques=self.techniques, baseline=template.name)
 
 
-def axes(model: ModelSpec, mode: str, nproc: int, batch: int, own: tuple[str, ...] = ()) -> list[Axis]:
-    """The catalogue's options for a model in a mode, spanning ``nproc`` processes at ``batch`` per process:
-    what every registered technique, and each of the user's ``own`` (module:Class) that declares an axis,
-    offers (``Technique.offered``), by axis in AXES order. CUDA-only options (offload, the host optimizer)
-    stay in: a CPU plan drops them as unsupported. Sharding is required over processes: each plan takes one
-    way of it."""
+def axes(
+    model: ModelSpec, mode: str, nproc: int, batch: int, own: tuple[str, ...] = ()
+) -> list[Axis]:
+    """The catalogue's options for a model in a mode, spanning ``nproc`` processes at ``batch`` per
+    process: what every registered technique, and each of the user's ``own`` (module:Class) that
+    declares an axis, offers (``Technique.offered``), by axis in AXES order. CUDA-only options
+    (offload, the host optimizer) stay in: a CPU plan drops them as unsupported. Sharding is
+    required over processes: each plan takes one way of it."""
     found: dict[str, list[Option]] = {axis: [] for axis in AXES}
     for name in (*TECHNIQUES.names(), *own):
         cls = resolve(name)
         if cls.axis and cls.axis not in AXES:
-            raise BadInput(f"technique {name}: axis {cls.axis!r} is none of advice's: {', '.join(AXES)}")
+            raise BadInput(
+                f"technique {name}: axis {cls.axis!r} is none of advice's: {', '.join(AXES)}"
+            )
         for o in cls.offered(model, mode, nproc, batch) if cls.axis else ():
             found[cls.axis].append(Option(o.label, TechniqueSpec(name, o.options), o.computes))
     return [
@@ -104,8 +112,15 @@ def combinations(found: list[Axis]) -> Iterator[Plan]:
 
 
 def problems(plan: Plan, template: RunSpec) -> list[str]:
-    """Why the plan cannot be a run of a suite with the template's shapes (empty: it can), as the loader
-    says."""
+    """Why the plan cannot be a run of a suite with the template's shapes (empty: it can), as the
+    loader says."""
     found: list[str] = []
-    check(plan.techniques, plan.name, None, {"gpu": template.gpu, "cpu": template.cpu}, template.mode, found)
+    check(
+        plan.techniques,
+        plan.name,
+        None,
+        {"gpu": template.gpu, "cpu": template.cpu},
+        template.mode,
+        found,
+    )
     return found

@@ -1,6 +1,6 @@
-"""Predictions for advice: made in spawned processes, and kept on disk by what decides them (the run's
-specification less its names, the device kind, torch's version and this harness's code), so that asking again
-with another budget predicts nothing twice."""
+"""Predictions for advice: made in spawned processes, and kept on disk by what decides them (the
+run's specification less its names, the device kind, torch's version and this harness's code), so
+that asking again with another budget predicts nothing twice."""
 
 from __future__ import annotations
 
@@ -32,8 +32,15 @@ class Predictions:
         log: TextIO = sys.stderr,
         card: Card | None = None,
     ) -> None:
-        """``card``: every prediction is replayed on it (its verdict), and a largest batch is the card's."""
-        self.device_type, self.folder, self.jobs, self.log, self.card = device_type, folder, jobs, log, card
+        """``card``: every prediction is replayed on it (its verdict), and a largest batch is the
+        card's."""
+        self.device_type, self.folder, self.jobs, self.log, self.card = (
+            device_type,
+            folder,
+            jobs,
+            log,
+            card,
+        )
         self.made = self.reused = 0
         self._pool = None
 
@@ -42,9 +49,11 @@ class Predictions:
         made = self._each(specs, _predicted, lambda s: {"predict": s.to_dict()})
         return [Prediction.of(m) for m in made]
 
-    def largest_batches(self, specs: list[RunSpec], budget: int, owns: list[Prediction]) -> list[int | None]:
-        """Each spec's largest batch whose predicted peak fits ``budget`` bytes; ``owns``: each one's
-        prediction at its own batch (the search starts from it)."""
+    def largest_batches(
+        self, specs: list[RunSpec], budget: int, owns: list[Prediction]
+    ) -> list[int | None]:
+        """Each spec's largest batch whose predicted peak fits ``budget`` bytes; ``owns``: each
+        one's prediction at its own batch (the search starts from it)."""
         found = self._each(
             [(s, budget, o) for s, o in zip(specs, owns)],
             _largest,
@@ -53,7 +62,10 @@ class Predictions:
         return [f["largest_batch"] for f in found]
 
     def _each(
-        self, work: list[Any], job: Callable[..., dict[str, Any]], keyed: Callable[[Any], dict[str, Any]]
+        self,
+        work: list[Any],
+        job: Callable[..., dict[str, Any]],
+        keyed: Callable[[Any], dict[str, Any]],
     ) -> list[dict[str, Any]]:
         keys = [self._key(keyed(w)) for w in work]
         out: list[dict[str, Any] | None] = [self._cached(k) for k in keys]
@@ -92,7 +104,11 @@ class Predictions:
 
     def _cached(self, key: str) -> dict[str, Any] | None:
         try:
-            return json.loads((self.folder / f"{key}.json").read_text()) if self.folder is not None else None
+            return (
+                json.loads((self.folder / f"{key}.json").read_text())
+                if self.folder is not None
+                else None
+            )
         except (OSError, ValueError):  # not made yet, or cut off mid-write by hand: made again
             return None
 
@@ -105,10 +121,14 @@ class Predictions:
 def _predicted(spec: RunSpec, device_type: str, card: Card | None) -> dict[str, Any]:
     """The prediction as a record stores it, as the cache keeps it."""
     cuda = device_type == "cuda"
-    return predict(spec, spec.shapes(device_type), cuda=cuda, card=card, reserved=card is not None).flat()
+    return predict(
+        spec, spec.shapes(device_type), cuda=cuda, card=card, reserved=card is not None
+    ).flat()
 
 
-def _largest(work: tuple[RunSpec, int, Prediction], device_type: str, card: Card | None) -> dict[str, Any]:
+def _largest(
+    work: tuple[RunSpec, int, Prediction], device_type: str, card: Card | None
+) -> dict[str, Any]:
     spec, budget, own = work
     if card is not None:
         return {"largest_batch": largest_batch_on(spec, card, own=own)}

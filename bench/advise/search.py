@@ -1,12 +1,15 @@
 """The search for the cheapest plans that fit a budget, predicting as few plans as it can.
 
-1. Each option is predicted alone: its peak, and so its place in its axis's order of savings, and its cost.
-2. An option another choice on its axis beats on peak, cost and known accuracy alike is dropped (dominance).
-3. The combinations of what is left are walked cheapest first, by estimated cost, and predicted a few at a
-   time (in parallel processes); the first ``want`` that fit are the answer, as every cheaper plan was tried.
-4. A plan that saves no more than one found not to fit, on every axis, is skipped unpredicted (monotonicity:
-   the option that saves more alone is taken to save more beside the others), as is one whose peak, guessed
-   from its options' own, is well over the budget (``_short``)."""
+1. Each option is predicted alone: its peak, and so its place in its axis's order of savings, and
+   its cost.
+2. An option another choice on its axis beats on peak, cost and known accuracy alike is dropped
+   (dominance).
+3. The combinations of what is left are walked cheapest first, by estimated cost, and predicted a
+   few at a time (in parallel processes); the first ``want`` that fit are the answer, as every
+   cheaper plan was tried.
+4. A plan that saves no more than one found not to fit, on every axis, is skipped unpredicted
+   (monotonicity: the option that saves more alone is taken to save more beside the others), as is
+   one whose peak, guessed from its options' own, is well over the budget (``_short``)."""
 
 from __future__ import annotations
 
@@ -22,7 +25,9 @@ from bench.advise.predictions import Predictions
 from bench.record import Prediction
 from bench.spec import RunSpec
 
-GUESS_MARGIN = 1.0  # a plan whose guessed peak is over the budget by more than this share is not predicted
+GUESS_MARGIN = (
+    1.0  # a plan whose guessed peak is over the budget by more than this share is not predicted
+)
 
 
 @dataclass
@@ -54,8 +59,9 @@ class Search:
 
 
 def rank(c: Candidate, tolerance_pt: float | None) -> tuple:
-    """A plan's place among those that fit: a known accuracy loss last, then one that fits its card only after
-    pausing to free the allocator's cache, then by estimated speed, fewer techniques, fewer micro-batches."""
+    """A plan's place among those that fit: a known accuracy loss last, then one that fits its card
+    only after pausing to free the allocator's cache, then by estimated speed, fewer techniques,
+    fewer micro-batches."""
     return (
         c.accuracy.demoted(tolerance_pt),
         bool(c.predicted.flushes),
@@ -83,7 +89,10 @@ class Searcher:
             predictions,
             log,
         )
-        self.make_estimator, self.unfit = estimator, unfit  # unfit: why an option is no plan for this device
+        self.make_estimator, self.unfit = (
+            estimator,
+            unfit,
+        )  # unfit: why an option is no plan for this device
         self.search = Search()
         self.alone: dict[str, Prediction] = {}
         self.order: dict[str, int] = {}  # an option's peak alone: lower saves more
@@ -91,7 +100,8 @@ class Searcher:
         self.baseline_peak = 0
 
     def singles(self) -> tuple[Prediction, Estimator]:
-        """The baseline's prediction and each option's alone; options that cannot run are dropped."""
+        """The baseline's prediction and each option's alone; options that cannot run are
+        dropped."""
         options = [o for a in self.axes for o in a.options if o not in self.base.options]
         plans = [self._alone(o) for o in options]
         runnable = [
@@ -99,7 +109,11 @@ class Searcher:
             for o, p in zip(options, plans)
             if not self._refused(o, problems(p, self.template) or self.unfit(o))
         ]
-        print(f"advise: predicting the baseline and {len(runnable)} options alone", file=self.log, flush=True)
+        print(
+            f"advise: predicting the baseline and {len(runnable)} options alone",
+            file=self.log,
+            flush=True,
+        )
         made = self.predictions.peaks(
             [self.base.spec(self.template)] + [p.spec(self.template) for _, p in runnable]
         )
@@ -117,7 +131,9 @@ class Searcher:
         return baseline, self.make_estimator(baseline, self.alone)
 
     def _alone(self, option: Option) -> Plan:
-        kept = [o for o in self.base.options if _axis_of(self.axes, o) != _axis_of(self.axes, option)]
+        kept = [
+            o for o in self.base.options if _axis_of(self.axes, o) != _axis_of(self.axes, option)
+        ]
         return Plan((*kept, option))
 
     def _refused(self, option: Option, why: list[str]) -> bool:
@@ -134,9 +150,11 @@ class Searcher:
             kept.append(replace(axis, options=tuple(survivors)))
         return kept
 
-    def _dominated(self, option: Option, options: list[Option], axis: Axis, estimator: Estimator) -> bool:
-        """Whether another choice on the axis (none included, where the axis allows it) peaks no higher, costs
-        no more and is known to lose no more accuracy."""
+    def _dominated(
+        self, option: Option, options: list[Option], axis: Axis, estimator: Estimator
+    ) -> bool:
+        """Whether another choice on the axis (none included, where the axis allows it) peaks no
+        higher, costs no more and is known to lose no more accuracy."""
 
         def score(o: Option | None) -> tuple[int, float, float]:
             if o is None:
@@ -155,7 +173,9 @@ class Searcher:
             if all(t <= m for t, m in zip(theirs, mine)) and (
                 theirs != mine or _before(rival, option, options)
             ):
-                self.search.dominated.append(f"{option.name} (by {rival.name if rival else 'none'})")
+                self.search.dominated.append(
+                    f"{option.name} (by {rival.name if rival else 'none'})"
+                )
                 return True
         return False
 
@@ -170,9 +190,9 @@ class Searcher:
         chunk: int,
         minimal: bool = True,
     ) -> Search:
-        """The combinations, cheapest first, predicted ``chunk`` at a time until ``want`` fit or ``limit``
-        predictions were made. ``minimal``: a plan holding one that fits is not one (what it adds costs, and
-        the estimate may not see it: the launches of more micro-batches)."""
+        """The combinations, cheapest first, predicted ``chunk`` at a time until ``want`` fit or
+        ``limit`` predictions were made. ``minimal``: a plan holding one that fits is not one (what
+        it adds costs, and the estimate may not see it: the launches of more micro-batches)."""
         queue = []
         for plan in combinations(found):
             self.search.combinations += 1
@@ -180,11 +200,17 @@ class Searcher:
                 self.search.cannot_combine += 1
                 continue
             accuracy = estimator.accuracy(plan)
-            if tolerance_pt is not None and accuracy.points is not None and accuracy.points < -tolerance_pt:
+            if (
+                tolerance_pt is not None
+                and accuracy.points is not None
+                and accuracy.points < -tolerance_pt
+            ):
                 self.search.over_tolerance += 1
                 continue
             queue.append((estimator.speed(plan), accuracy, plan))
-        queue.sort(key=lambda q: (q[1].demoted(tolerance_pt), q[0].rank, len(q[2].options), _micro(q[2])))
+        queue.sort(
+            key=lambda q: (q[1].demoted(tolerance_pt), q[0].rank, len(q[2].options), _micro(q[2]))
+        )
         predicted = 0
         while queue and len(self.search.fits) < want and predicted < limit:
             batch = []
@@ -204,12 +230,16 @@ class Searcher:
                     found_in.append(Candidate(plan, out, speed, accuracy))
             if minimal:  # a plan found in this chunk may cover one found beside it
                 held = [
-                    c for c in self.search.fits if any(_covers(c.plan, c.speed, o) for o in self.search.fits)
+                    c
+                    for c in self.search.fits
+                    if any(_covers(c.plan, c.speed, o) for o in self.search.fits)
                 ]
                 self.search.covering += len(held)
                 self.search.fits = [c for c in self.search.fits if c not in held]
             print(
-                f"advise: {predicted} plans predicted, {len(self.search.fits)} fit", file=self.log, flush=True
+                f"advise: {predicted} plans predicted, {len(self.search.fits)} fit",
+                file=self.log,
+                flush=True,
             )
         self.search.fits.sort(key=lambda c: rank(c, tolerance_pt))
         return self.search
@@ -223,10 +253,11 @@ class Searcher:
         )
 
     def _short(self, plan: Plan, budget: int) -> bool:
-        """Whether the plan's peak, guessed from its options' own, stays over the budget by more than the
-        guess's margin. Each option alone scales each part of the peak (parameters, gradients, optimizer
-        state, activations, temporaries); the guess multiplies the scales of each part, as bf16's halving of
-        the activations and checkpointing's dropping of most of them compose."""
+        """Whether the plan's peak, guessed from its options' own, stays over the budget by more
+        than the guess's margin. Each option alone scales each part of the peak (parameters,
+        gradients, optimizer state, activations, temporaries); the guess multiplies the scales of
+        each part, as bf16's halving of the activations and checkpointing's dropping of most of them
+        compose."""
         guess = 0.0
         for part, base in self.baseline.at_peak().items():
             scale = 1.0
@@ -239,12 +270,13 @@ class Searcher:
         """Each axis's option's peak alone (the baseline's where the plan takes none)."""
         chosen = {_axis_of(self.axes, o): o.name for o in plan.options}
         return {
-            a.name: self.order[chosen[a.name]] if a.name in chosen else self.baseline_peak for a in self.axes
+            a.name: self.order[chosen[a.name]] if a.name in chosen else self.baseline_peak
+            for a in self.axes
         }
 
     def strongest(self, found: list[Axis]) -> Plan | None:
-        """The combination of each axis's most saving option, as far as they combine (dropping, from the axis
-        whose option saves least, until they do)."""
+        """The combination of each axis's most saving option, as far as they combine (dropping, from
+        the axis whose option saves least, until they do)."""
         chosen = [min(a.options, key=lambda o: self.order[o.name]) for a in found if a.options]
         while chosen:
             plan = Plan(tuple(chosen))
@@ -259,8 +291,8 @@ def _axis_of(found: list[Axis], option: Option) -> str:
 
 
 def _covers(plan: Plan, speed: Estimate, fit: Candidate) -> bool:
-    """Whether ``plan`` takes everything a plan that fits takes (as many micro-batches or more), and more, at
-    no lower estimated cost: what it adds buys nothing."""
+    """Whether ``plan`` takes everything a plan that fits takes (as many micro-batches or more), and
+    more, at no lower estimated cost: what it adds buys nothing."""
     if plan == fit.plan or fit.speed.rank > speed.rank:
         return False
     mine = {o for o in plan.options if o.multiple == 1}

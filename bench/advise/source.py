@@ -1,6 +1,6 @@
-"""What advice is asked about: a model (built-in or ``module:NAME``) or a suite file, as the header of a suite
-(model, mode, shapes, steps, fidelity) that the advice suite file is written from and the plans are runs
-of."""
+"""What advice is asked about: a model (built-in or ``module:NAME``) or a suite file, as the header
+of a suite (model, mode, shapes, steps, fidelity) that the advice suite file is written from and the
+plans are runs of."""
 
 from __future__ import annotations
 
@@ -31,10 +31,13 @@ HEADER_KEYS = (
     "shapes",
     "fidelity",
 )
-# Shapes for a model no shipped suite measures: the ViT and BERT studies' GPU shapes, a few seconds a step on
-# a CPU.
+# Shapes for a model no shipped suite measures: the ViT and BERT studies' GPU shapes, a few seconds
+# a step on a CPU.
 DEFAULT_SHAPES = {
-    "image": {"gpu": {"batch_size": 32, "image_size": 224}, "cpu": {"batch_size": 8, "image_size": 64}},
+    "image": {
+        "gpu": {"batch_size": 32, "image_size": 224},
+        "cpu": {"batch_size": 8, "image_size": 64},
+    },
     "tokens": {"gpu": {"batch_size": 8, "seq_len": 512}, "cpu": {"batch_size": 8, "seq_len": 64}},
 }
 
@@ -70,17 +73,20 @@ def source(
         if mode and raw.get("mode", "train") != mode:
             flag = "--train" if mode == "train" else "--infer"
             raise BadInput(
-                f"{path} is a {raw.get('mode', 'train')} suite; leave out {flag}, or name its model instead"
+                f"{path} is a {raw.get('mode', 'train')} suite; leave out {flag}, or name its "
+                "model instead"
             )
     else:
         try:
             spec = resolve_model(name)
         except (KeyError, ImportError) as exc:
             raise BadInput(
-                f"{exc.args[0] if exc.args else exc}; or module:NAME for your own ModelSpec, or a suite "
-                "file (suites/NAME.toml)"
+                f"{exc.args[0] if exc.args else exc}; or module:NAME for your own ModelSpec, or a "
+                "suite file (suites/NAME.toml)"
             ) from None
-        raw, origin = _shipped(name, mode or "train", suites) or _defaults(name, spec, mode or "train")
+        raw, origin = _shipped(name, mode or "train", suites) or _defaults(
+            name, spec, mode or "train"
+        )
     header = {k: raw[k] for k in HEADER_KEYS if k in raw}
     if batch is not None:
         header["shapes"][device_type_key(device_type)]["batch_size"] = batch
@@ -89,8 +95,8 @@ def source(
 
 
 def _own(raw: dict[str, Any]) -> tuple[str, ...]:
-    """The user's own techniques that a suite's runs name and that declare an axis of advice's catalogue, in
-    the order they are first named: advised beside the built-in ones."""
+    """The user's own techniques that a suite's runs name and that declare an axis of advice's
+    catalogue, in the order they are first named: advised beside the built-in ones."""
     named = [
         t if isinstance(t, str) else t.get("name", "")
         for run in raw.get("runs", [])
@@ -104,7 +110,8 @@ def device_type_key(device_type: str) -> str:
 
 
 def template(header: dict[str, Any]) -> RunSpec:
-    """The baseline run of a suite with this header (loaded as a file is, so that every check applies)."""
+    """The baseline run of a suite with this header (loaded as a file is, so that every check
+    applies)."""
     return loaded(header, [{"name": "baseline", "techniques": []}]).runs[0]
 
 

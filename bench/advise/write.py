@@ -1,5 +1,6 @@
-"""Advice as the user reads it: the ranked table, one line of reasoning, where the figures came from, and the
-advice suite file; after ``--measure``, the plans' measured peaks and throughput beside their predictions."""
+"""Advice as the user reads it: the ranked table, one line of reasoning, where the figures came
+from, and the advice suite file; after ``--measure``, the plans' measured peaks and throughput
+beside their predictions."""
 
 from __future__ import annotations
 
@@ -21,26 +22,29 @@ def table(advice: Advice) -> str:
     """The ranked plans that fit, or what the plan that saves most would need."""
     base = advice.baseline.peak_tensor_bytes
     head = (
-        f"{advice.template.model} ({advice.source.mode}, batch {_batch(advice)}, {advice.device_type} "
-        f"shapes from {advice.source.origin}): baseline predicted {base / GIB:,.2f} GiB; budget "
-        f"{advice.budget_text} → {advice.budget / GIB:,.2f} GiB for tensors"
+        f"{advice.template.model} ({advice.source.mode}, batch {_batch(advice)}, "
+        f"{advice.device_type} shapes from {advice.source.origin}): baseline predicted "
+        f"{base / GIB:,.2f} GiB; budget {advice.budget_text} → {advice.budget / GIB:,.2f} GiB for "
+        "tensors"
     )
     if not advice.plans:
         return head + "\n\n" + nothing_fits(advice)
     if base <= advice.budget:  # said before any plan: the user's own run needs no technique to fit
         head += (
-            f"\n\nThe baseline already fits ({base / GIB:,.2f} of {advice.budget / GIB:,.2f} GiB): no "
-            "technique is needed. The plans below buy headroom or speed, at the accuracy each shows."
+            f"\n\nThe baseline already fits ({base / GIB:,.2f} of {advice.budget / GIB:,.2f} GiB): "
+            "no technique is needed. The plans below buy headroom or speed, at the accuracy each "
+            "shows."
         )
     rows = [
-        "| # | plan | peak GiB | headroom GiB | largest batch | est. throughput | accuracy | figures |",
+        "| # | plan | peak GiB | headroom GiB | largest batch | est. throughput | accuracy | "
+        "figures |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for i, c in enumerate(advice.plans, 1):
         rows.append(
-            f"| {i} | {c.plan.name} | {c.peak / GIB:,.2f} | {(advice.budget - c.peak) / GIB:,.2f} | "
-            f"{c.largest_batch if c.largest_batch is not None else '—'} | {c.speed.throughput:.2f}× | "
-            f"{_accuracy(c)} | {_kinds(c)} |"
+            f"| {i} | {c.plan.name} | {c.peak / GIB:,.2f} | {(advice.budget - c.peak) / GIB:,.2f} "
+            f"| {c.largest_batch if c.largest_batch is not None else '—'} | "
+            f"{c.speed.throughput:.2f}× | {_accuracy(c)} | {_kinds(c)} |"
         )
     return "\n".join([head, "", *rows, "", reasoning(advice)])
 
@@ -50,8 +54,8 @@ def reasoning(advice: Advice) -> str:
     best, fits = advice.plans[0], len(advice.search.fits) or len(advice.plans)
     why = (
         f"Why {best.plan.name}: the highest estimated throughput ({best.speed.throughput:.2f}× the "
-        f"baseline's) of the {fits} plan{'s' if fits > 1 else ''} found to fit, at {best.peak / GIB:,.2f} "
-        f"GiB ({(advice.budget - best.peak) / GIB:,.2f} GiB spare)"
+        f"baseline's) of the {fits} plan{'s' if fits > 1 else ''} found to fit, at "
+        f"{best.peak / GIB:,.2f} GiB ({(advice.budget - best.peak) / GIB:,.2f} GiB spare)"
     )
     if best.accuracy.points is not None and best.plan.options:
         why += f"; known accuracy effect {best.accuracy.points:+.1f} pt"
@@ -59,8 +63,8 @@ def reasoning(advice: Advice) -> str:
         why += f"; no fidelity record for {', '.join(best.accuracy.unknown)}"
     if best.speed.uncertain:
         why += (
-            f"; {', '.join(best.speed.uncertain)} priced by another model's record or assumed (no plan "
-            "priced by this model's records and counting alone fit)"
+            f"; {', '.join(best.speed.uncertain)} priced by another model's record or assumed (no "
+            "plan priced by this model's records and counting alone fit)"
         )
     elif any(c.speed.uncertain for c in advice.plans):
         why += (
@@ -75,8 +79,8 @@ def nothing_fits(advice: Advice) -> str:
         return "Nothing fits, and no plan could be predicted to say what would."
     c = advice.closest
     return (
-        f"Nothing fits {advice.budget / GIB:,.2f} GiB. The plan that saves most, {c.plan.name}, peaks at "
-        f"{c.peak / GIB:,.2f} GiB (parameters {(c.predicted.param_bytes or 0) / GIB:,.2f} "
+        f"Nothing fits {advice.budget / GIB:,.2f} GiB. The plan that saves most, {c.plan.name}, "
+        f"peaks at {c.peak / GIB:,.2f} GiB (parameters {(c.predicted.param_bytes or 0) / GIB:,.2f} "
         f"GiB). It would need {'; or '.join(advice.needs)}."
     )
 
@@ -90,23 +94,23 @@ def sources(advice: Advice) -> str:
     lines += sorted({f"- speed, {line}" for c in listed for line in c.speed.sources})
     lines += sorted({f"- accuracy, {line}" for c in listed for line in c.accuracy.sources})
     lines.append(
-        f"- searched: {len(est.alone)} options alone; dropped {len(s.dropped)}"
-        f"{': ' + '; '.join(s.dropped) if s.dropped else ''}; dominated {len(s.dominated)}"
-        f"{': ' + ', '.join(s.dominated) if s.dominated else ''}"
+        f"- searched: {len(est.alone)} options alone; dropped "
+        f"{len(s.dropped)}{': ' + '; '.join(s.dropped) if s.dropped else ''}; dominated "
+        f"{len(s.dominated)}{': ' + ', '.join(s.dominated) if s.dominated else ''}"
     )
     lines.append(
-        f"- {s.combinations:,} combinations: {s.cannot_combine:,} cannot combine, {s.over_tolerance:,} over "
-        f"the accuracy tolerance, {s.skipped:,} skipped as saving less than a plan that did not fit (or "
-        "guessed well over the budget), "
-        f"{s.covering:,} as a plan that fits and more at no lower cost; "
-        f"{advice.predicted} predictions made, {advice.reused} reused (.cache/predictions)"
+        f"- {s.combinations:,} combinations: {s.cannot_combine:,} cannot combine, "
+        f"{s.over_tolerance:,} over the accuracy tolerance, {s.skipped:,} skipped as saving less "
+        f"than a plan that did not fit (or guessed well over the budget), {s.covering:,} as a plan "
+        f"that fits and more at no lower cost; {advice.predicted} predictions made, "
+        f"{advice.reused} reused (.cache/predictions)"
     )
     return "\n".join(lines)
 
 
 def suite_file(advice: Advice, command: str, folder: Path = Path("suites")) -> Path:
-    """suites/advice-<model>.toml: the baseline and the listed plans, ready for ``make bench``; checked by
-    loading it before it is written."""
+    """suites/advice-<model>.toml: the baseline and the listed plans, ready for ``make bench``;
+    checked by loading it before it is written."""
     name = f"advice-{slug(advice.template.model.replace(':', '-'))}"
     header = {
         "description": f"bench advise: the cheapest plans under {advice.budget_text}",
@@ -152,8 +156,9 @@ def measured(advice: Advice, records: list[dict[str, Any]]) -> str:
         sps = r[KEY.samples_per_s] if r else None
         rank = speeds.index(sps) + 1 if c in fitting else "—"
         rows.append(
-            f"| {i} | {c.plan.name} | {c.peak / GIB:,.3f} | {peak} | {'yes' if c in fitting else 'no'} | "
-            f"{c.speed.throughput:.2f}× | {f'{sps:,.2f}' if sps else '—'} | {rank} |"
+            f"| {i} | {c.plan.name} | {c.peak / GIB:,.3f} | {peak} | "
+            f"{'yes' if c in fitting else 'no'} | {c.speed.throughput:.2f}× | "
+            f"{f'{sps:,.2f}' if sps else '—'} | {rank} |"
         )
     return "\n".join(rows) + "\n\n" + verdict(advice, by_run)
 
@@ -170,14 +175,14 @@ def verdict(advice: Advice, by_run: dict[str, dict[str, Any]]) -> str:
     )
     share = record[KEY.samples_per_s] / best
     return (
-        f"The top plan, {top.plan.name}, fits as measured here, at {share:.0%} of the best measured "
-        "throughput among the listed plans that fit."
+        f"The top plan, {top.plan.name}, fits as measured here, at {share:.0%} of the best "
+        "measured throughput among the listed plans that fit."
     )
 
 
 def top_holds(advice: Advice, records: list[dict[str, Any]], within: float = 0.10) -> bool:
-    """Whether the measured top plan fits and its throughput is the best, or within ``within`` of the best,
-    among the listed plans that fit: the check of advice on a CPU."""
+    """Whether the measured top plan fits and its throughput is the best, or within ``within`` of
+    the best, among the listed plans that fit: the check of advice on a CPU."""
     by_run = {r[KEY.run]: r for r in records if r.get(KEY.status) == Status.OK}
     fit = [
         by_run[c.plan.name][KEY.samples_per_s]

@@ -1,6 +1,6 @@
-"""Command line: python -m bench {run,campaign,predict,fit,advise,report,overview,compare,validate,list}. One
-module per family of commands, each adding its own parsers (``add``); the logic each calls lives with its
-package."""
+"""Command line: python -m bench
+{run,campaign,predict,fit,advise,report,overview,compare,validate,list}. One module per family of
+commands, each adding its own parsers (``add``); the logic each calls lives with its package."""
 
 from __future__ import annotations
 
@@ -27,14 +27,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        stored = ": finished runs are stored; run the same command again to resume" if args.sweeping else ""
+        stored = (
+            ": finished runs are stored; run the same command again to resume"
+            if args.sweeping
+            else ""
+        )
         print(f"\ninterrupted{stored}", file=sys.stderr)
         return 130
 
 
 def interrupt(signum: int, frame: object) -> None:
-    """SIGTERM (kill, a scheduler's time limit) stops a sweep as Ctrl-C does: the running run's process
-    group is killed on the way out and finished records are kept."""
+    """SIGTERM (kill, a scheduler's time limit) stops a sweep as Ctrl-C does: the running run's
+    process group is killed on the way out and finished records are kept."""
     raise KeyboardInterrupt
 
 

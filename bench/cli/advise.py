@@ -1,4 +1,5 @@
-"""``bench advise``: the cheapest plans that fit a budget, written as a suite, measured here on request."""
+"""``bench advise``: the cheapest plans that fit a budget, written as a suite, measured here on
+request."""
 
 from __future__ import annotations
 
@@ -19,23 +20,28 @@ def add(sub: argparse._SubParsersAction) -> None:
         "suites/advice-MODEL.toml to measure them",
     )
     adv.add_argument(
-        "model", help="a model (bench list), module:NAME, or a suite file whose model and shapes to take"
+        "model",
+        help="a model (bench list), module:NAME, or a suite file whose model and shapes to take",
     )
     adv.add_argument(
         "--budget",
-        help="the card's memory, e.g. 24GiB (on CUDA less --reserve), or a "
-        "share of the baseline's predicted peak, e.g. 60%%",
+        help="the card's memory, e.g. 24GiB (on CUDA less --reserve), or a share of the baseline's "
+        "predicted peak, e.g. 60%%",
     )
     adv.add_argument(
         "--card",
         metavar="NAME",
-        help="a card (rtx4090, a100-80gb, h100, …) instead of --budget: a plan fits where its step, replayed "
-        "through the caching allocator on the card, does; one that fits only after cache flushes ranks "
-        "after those that fit cleanly",
+        help="a card (rtx4090, a100-80gb, h100, …) instead of --budget: a plan fits where its "
+        "step, replayed through the caching allocator on the card, does; one that fits only after "
+        "cache flushes ranks after those that fit cleanly",
     )
     size = adv.add_mutually_exclusive_group()
-    size.add_argument("--batch", type=positive, help="the batch per process (default: the shapes' own)")
-    size.add_argument("--max-batch", action="store_true", help="rank plans by the largest batch each fits")
+    size.add_argument(
+        "--batch", type=positive, help="the batch per process (default: the shapes' own)"
+    )
+    size.add_argument(
+        "--max-batch", action="store_true", help="rank plans by the largest batch each fits"
+    )
     adv.add_argument(
         "--nproc",
         type=world_size,
@@ -47,25 +53,33 @@ def add(sub: argparse._SubParsersAction) -> None:
     mode.add_argument(
         "--train", dest="mode", action="store_const", const="train", help="training steps (default)"
     )
-    mode.add_argument("--infer", dest="mode", action="store_const", const="inference", help="inference only")
+    mode.add_argument(
+        "--infer", dest="mode", action="store_const", const="inference", help="inference only"
+    )
     adv.add_argument(
         "--tolerance-pt",
         type=points,
         metavar="X",
-        help="drop plans whose techniques lost more than X accuracy points in committed fidelity records",
+        help=(
+            "drop plans whose techniques lost more than X accuracy points in committed fidelity "
+            "records"
+        ),
     )
     adv.add_argument("--top", type=positive, default=5, help="plans listed and written (default 5)")
     adv.add_argument(
         "--measure",
         action="store_true",
-        help="measure the listed plans here and report, predicted against measured, whether each fit "
-        "and how it ranked",
+        help="measure the listed plans here and report, predicted against measured, whether each "
+        "fit and how it ranked",
     )
     adv.add_argument(
         "--device",
         choices=["cuda", "cpu"],
         default="cuda",
-        help="cuda (default): a card, at GPU shapes, predicted anywhere; cpu: this machine at CPU shapes",
+        help=(
+            "cuda (default): a card, at GPU shapes, predicted anywhere; cpu: this machine at CPU "
+            "shapes"
+        ),
     )
     adv.add_argument(
         "--reserve",
@@ -87,7 +101,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     adv.add_argument(
         "--results", type=Path, default=Path("results"), help="committed records read as evidence"
     )
-    adv.add_argument("--out", type=Path, default=Path("suites"), help="folder for advice-MODEL.toml")
+    adv.add_argument(
+        "--out", type=Path, default=Path("suites"), help="folder for advice-MODEL.toml"
+    )
     adv.set_defaults(func=_advise)
 
 
@@ -140,9 +156,9 @@ def _advise(args: argparse.Namespace) -> int:
 
 
 def _measure_advice(advice: object, path: Path, args: argparse.Namespace) -> int:
-    """The advice suite measured here, without fidelity phases, then predicted against measured; exit 1 unless
-    the top plan fits as measured and its throughput is within 10% of the best of the listed plans that
-    fit."""
+    """The advice suite measured here, without fidelity phases, then predicted against measured;
+    exit 1 unless the top plan fits as measured and its throughput is within 10% of the best of the
+    listed plans that fit."""
     from bench import suite as suites
     from bench.advise import write
     from bench.sweep import sweep

@@ -1,5 +1,5 @@
-"""What several commands share: argument types, the suite a command names (loaded with --only and --timeout),
-the flags of a sweep, and this machine's launcher."""
+"""What several commands share: argument types, the suite a command names (loaded with --only and
+--timeout), the flags of a sweep, and this machine's launcher."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ JOBS = min(os.cpu_count() or 1, 4)  # processes predicting at once by default: e
 
 
 def digits(text: str) -> bool:
-    """Whether ``text`` is a whole number in ASCII digits: ``str.isdigit`` and ``int`` take any script's
-    digits ('٣' is 3 to them), which a numeric flag here does not."""
+    """Whether ``text`` is a whole number in ASCII digits: ``str.isdigit`` and ``int`` take any
+    script's digits ('٣' is 3 to them), which a numeric flag here does not."""
     return text.isascii() and text.isdigit()
 
 
@@ -32,8 +32,8 @@ def positive(text: str) -> int:
 
 
 def _number(text: str) -> float:
-    """``float(text)`` for an ASCII number (float() too reads any script's digits), else -1: out of every
-    range a flag takes."""
+    """``float(text)`` for an ASCII number (float() too reads any script's digits), else -1: out of
+    every range a flag takes."""
     try:
         return float(text) if text.isascii() else -1.0
     except ValueError:
@@ -71,8 +71,8 @@ def seconds(text: str) -> float:
 
 
 def suite_path(name: str) -> Path:
-    """suites/NAME.toml, or the file named; one that does not exist is refused here, before torch is imported
-    (which took 45 s on a loaded machine before the error)."""
+    """suites/NAME.toml, or the file named; one that does not exist is refused here, before torch is
+    imported (which took 45 s on a loaded machine before the error)."""
     path = Path(name)
     if not (path.suffix == ".toml" or path.exists()):
         path = Path("suites") / f"{name}.toml"
@@ -84,19 +84,28 @@ def suite_path(name: str) -> Path:
 def job_flags(p: argparse.ArgumentParser, suite: bool = True) -> None:
     """A job given as its files instead of a suite (``bench.suite.from_config``)."""
     if suite:
-        p.add_argument("suite", nargs="?", help="suite name (suites/NAME.toml) or path; or give --hf")
+        p.add_argument(
+            "suite", nargs="?", help="suite name (suites/NAME.toml) or path; or give --hf"
+        )
     p.add_argument(
         "--hf",
         metavar="PATH",
-        help="a Hugging Face config.json (or its folder): a suite of full "
-        "fine-tuning against the job the other flags give",
+        help="a Hugging Face config.json (or its folder): a suite of full fine-tuning against the "
+        "job the other flags give",
     )
     p.add_argument(
-        "--training-args", metavar="FILE", help="with --hf: the job's TrainingArguments (JSON or YAML)"
+        "--training-args",
+        metavar="FILE",
+        help="with --hf: the job's TrainingArguments (JSON or YAML)",
     )
-    p.add_argument("--adapter-config", metavar="FILE", help="with --hf: the job's PEFT adapter_config.json")
     p.add_argument(
-        "--seq-len", type=positive, metavar="N", help="with --hf: tokens per sequence on the GPU (512)"
+        "--adapter-config", metavar="FILE", help="with --hf: the job's PEFT adapter_config.json"
+    )
+    p.add_argument(
+        "--seq-len",
+        type=positive,
+        metavar="N",
+        help="with --hf: tokens per sequence on the GPU (512)",
     )
     p.add_argument(
         "--batch",
@@ -107,13 +116,16 @@ def job_flags(p: argparse.ArgumentParser, suite: bool = True) -> None:
 
 
 def job_suite(args: argparse.Namespace, folder: Path = Path(".cache/suites")) -> Path:
-    """The suite file a command runs: the one named, or the one ``--hf`` and its flags describe, written to
-    ``folder`` as hf-<model>.toml (``bench suite --hf`` writes it where it is kept)."""
-    given = [f for f in ("training_args", "adapter_config", "seq_len", "batch") if getattr(args, f, None)]
+    """The suite file a command runs: the one named, or the one ``--hf`` and its flags describe,
+    written to ``folder`` as hf-<model>.toml (``bench suite --hf`` writes it where it is kept)."""
+    given = [
+        f for f in ("training_args", "adapter_config", "seq_len", "batch") if getattr(args, f, None)
+    ]
     if not args.hf:
         if given:
             raise BadInput(
-                f"--{given[0].replace('_', '-')} goes with --hf PATH (a config.json); a suite says it"
+                f"--{given[0].replace('_', '-')} goes with --hf PATH (a config.json); a suite says "
+                "it"
             )
         if not args.suite:
             raise BadInput(
@@ -144,8 +156,8 @@ def job_suite(args: argparse.Namespace, folder: Path = Path(".cache/suites")) ->
 
 
 def selected(path: Path, args: argparse.Namespace) -> Suite:
-    """The suite file loaded, with the runs ``--only`` names and the time limit ``--timeout`` sets, where the
-    command has them: one place for what run, predict, fit and campaign each did apart."""
+    """The suite file loaded, with the runs ``--only`` names and the time limit ``--timeout`` sets,
+    where the command has them: one place for what run, predict, fit and campaign each did apart."""
     from bench import suite as suites
 
     suite = suites.load(path)
@@ -161,12 +173,17 @@ def sweep_flags(p: argparse.ArgumentParser) -> None:
         "--timeout",
         type=seconds,
         metavar="SECONDS",
-        help="stop each run after this long instead of its suite's timeout_s (a stored record is kept)",
+        help=(
+            "stop each run after this long instead of its suite's timeout_s (a stored record is "
+            "kept)"
+        ),
     )
     p.add_argument(
         "--force",
         action="store_true",
-        help="re-measure runs stored before this sweep began (interrupted, the same command resumes)",
+        help=(
+            "re-measure runs stored before this sweep began (interrupted, the same command resumes)"
+        ),
     )
     p.add_argument(
         "--keep-failures",
@@ -192,13 +209,17 @@ def sweep_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="processes predicting the pending runs while the device measures (default: on CUDA "
-        "the spare cores, at most 4; on a CPU 0, each run predicting itself, so that "
-        "predictions do not slow the measured steps)",
+        "the spare cores, at most 4; on a CPU 0, each run predicting itself, so that predictions "
+        "do not slow the measured steps)",
     )
 
 
 def sweep_options(args: argparse.Namespace) -> dict[str, object]:
-    return {"force": args.force, "keep_failures": args.keep_failures, "fidelity": not args.no_fidelity}
+    return {
+        "force": args.force,
+        "keep_failures": args.keep_failures,
+        "fidelity": not args.no_fidelity,
+    }
 
 
 def local(args: argparse.Namespace, torchrun: tuple[str, ...] = ()) -> Launcher:
@@ -219,8 +240,8 @@ def refuse_unusable_flags(args: argparse.Namespace) -> None:
     if args.slurm is not None:
         if args.snapshot:
             raise BadInput(
-                "--snapshot does not go with --slurm (the file would be written on the node); "
-                "take one on a GPU node with `bench run SUITE --only RUN --snapshot`"
+                "--snapshot does not go with --slurm (the file would be written on the node); take "
+                "one on a GPU node with `bench run SUITE --only RUN --snapshot`"
             )
         # A Slurm job is one run in one fresh process, predicting itself.
         if ignored := [
@@ -231,14 +252,18 @@ def refuse_unusable_flags(args: argparse.Namespace) -> None:
             )
             if on
         ]:
-            raise BadInput(f"{', '.join(ignored)}: for local sweeps only; leave them out with --slurm")
+            raise BadInput(
+                f"{', '.join(ignored)}: for local sweeps only; leave them out with --slurm"
+            )
         if importlib.util.find_spec("submitit") is None:
-            raise BadInput("--slurm needs submitit: pip install -e '.[cluster]' (or pip install submitit)")
+            raise BadInput(
+                "--slurm needs submitit: pip install -e '.[cluster]' (or pip install submitit)"
+            )
     elif args.device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
             raise BadInput(
-                f"--device cuda, but torch {torch.__version__} (CUDA {torch.version.cuda}) finds no "
-                "CUDA device here; leave --device out to run on this machine's CPU"
+                f"--device cuda, but torch {torch.__version__} (CUDA {torch.version.cuda}) finds "
+                "no CUDA device here; leave --device out to run on this machine's CPU"
             )

@@ -29,19 +29,20 @@ def add(sub: argparse._SubParsersAction) -> None:
     )
     job_flags(pre)
     pre.add_argument(
-        "--budget", help="the card's memory, e.g. 16GiB: which runs fit, and the largest batch that does"
+        "--budget",
+        help="the card's memory, e.g. 16GiB: which runs fit, and the largest batch that does",
     )
     pre.add_argument(
         "--reserve",
-        help="held back from the budget for the CUDA context and the allocator's "
-        "workspaces (default 1GiB, what the H100 records needed; 0: none)",
+        help="held back from the budget for the CUDA context and the allocator's workspaces "
+        "(default 1GiB, what the H100 records needed; 0: none)",
     )
     pre.add_argument(
         "--card",
         metavar="NAME",
-        help="a card (rtx4090, a100-80gb, h100, …): each step replayed through the caching allocator under "
-        "its memory less the CUDA context: fits, fits after cache flushes, or out of memory at a phase; "
-        "and the largest batch it holds",
+        help="a card (rtx4090, a100-80gb, h100, …): each step replayed through the caching "
+        "allocator under its memory less the CUDA context: fits, fits after cache flushes, or out "
+        "of memory at a phase; and the largest batch it holds",
     )
     pre.add_argument("--only", metavar="PATTERNS", help="comma-separated run names or globs")
     pre.add_argument(
@@ -63,28 +64,33 @@ def add(sub: argparse._SubParsersAction) -> None:
     pre.add_argument(
         "--breakdown",
         action="store_true",
-        help="what is alive at each run's peak, by kind (parameters, "
-        "gradients, optimizer state, activations, temporaries)",
+        help="what is alive at each run's peak, by kind (parameters, gradients, optimizer state, "
+        "activations, temporaries)",
     )
     pre.set_defaults(func=_predict)
     fit = sub.add_parser(
         "fit",
-        help="the largest batch that really fits a budget, measured in probes, beside the predicted one",
+        help=(
+            "the largest batch that really fits a budget, measured in probes, beside the predicted "
+            "one"
+        ),
     )
     fit.add_argument("suite", help="suite name (suites/NAME.toml) or path")
     fit.add_argument(
         "--budget",
-        help="the card's memory, e.g. 16GiB (on CUDA less --reserve "
-        "is left to tensors; on a CPU, tracked tensor bytes)",
+        help="the card's memory, e.g. 16GiB (on CUDA less --reserve is left to tensors; on a CPU, "
+        "tracked tensor bytes)",
     )
     fit.add_argument(
         "--card",
         metavar="NAME",
-        help="instead of --budget, on a GPU: a card (rtx4090, a100-40gb, …) whose capacity caps the probes' "
-        "allocator, beside the largest batch predicted by replaying the step on it",
+        help="instead of --budget, on a GPU: a card (rtx4090, a100-40gb, …) whose capacity caps "
+        "the probes' allocator, beside the largest batch predicted by replaying the step on it",
     )
     fit.add_argument(
-        "--reserve", default=None, help="CUDA: held back for the context and workspaces (default 1GiB)"
+        "--reserve",
+        default=None,
+        help="CUDA: held back for the context and workspaces (default 1GiB)",
     )
     fit.add_argument("--only", metavar="PATTERNS", help="comma-separated run names or globs")
     fit.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
@@ -104,7 +110,9 @@ def _predict(args: argparse.Namespace) -> int:
     if args.card and args.budget:
         raise BadInput("--card and --budget: give one (a card's memory is its budget)")
     try:
-        budget = Budget.parse(args.budget, "cuda", reserve).bytes() if args.budget is not None else None
+        budget = (
+            Budget.parse(args.budget, "cuda", reserve).bytes() if args.budget is not None else None
+        )
         card = cards.card(args.card) if args.card else None
     except ValueError as exc:
         raise BadInput(str(exc)) from exc
@@ -114,22 +122,26 @@ def _predict(args: argparse.Namespace) -> int:
     measured = {
         r[KEY.run]: r
         for r in load_records(args.results / suite.name)
-        if r.get(KEY.device_type) == "cuda" and r.get(KEY.status) == Status.OK and r.get(KEY.run_key)
+        if r.get(KEY.device_type) == "cuda"
+        and r.get(KEY.status) == Status.OK
+        and r.get(KEY.run_key)
     }
     print(
-        f"{suite.name}: predicting {len(suite.runs)} runs at GPU shapes (fake tensors, nothing allocated)",
+        f"{suite.name}: predicting {len(suite.runs)} runs at GPU shapes (fake tensors, nothing "
+        "allocated)",
         file=sys.stderr,
     )
     if budget is not None:
         print(
-            f"budget {args.budget} less {reserve} for the CUDA context and the allocator's workspaces "
-            f"(--reserve): {budget / 2**30:.2f} GiB for tensors",
+            f"budget {args.budget} less {reserve} for the CUDA context and the allocator's "
+            f"workspaces (--reserve): {budget / 2**30:.2f} GiB for tensors",
             file=sys.stderr,
         )
     if card is not None:
         print(
-            f"{card.name}: {card.memory / 2**30:g} GiB less {card.context / 2**20:,.0f} MiB for the CUDA "
-            f"context ({card.context_source}): {card.capacity / 2**30:.2f} GiB for the allocator",
+            f"{card.name}: {card.memory / 2**30:g} GiB less {card.context / 2**20:,.0f} MiB for "
+            f"the CUDA context ({card.context_source}): {card.capacity / 2**30:.2f} GiB for the "
+            "allocator",
             file=sys.stderr,
         )
     table = suite_table(list(suite.runs), measured, budget, jobs=args.jobs, card=card)
@@ -143,7 +155,10 @@ def _predict(args: argparse.Namespace) -> int:
         from bench.results import PREDICTED
 
         path = save(table, args.results / suite.name / PREDICTED, git_revision(), torch.__version__)
-        print(f"\nwritten: {path} (its report shows the runs no GPU has measured yet)", file=sys.stderr)
+        print(
+            f"\nwritten: {path} (its report shows the runs no GPU has measured yet)",
+            file=sys.stderr,
+        )
     if card is not None and "longest_context" in table:  # kept for the report's first screen
         import torch
 
@@ -153,13 +168,16 @@ def _predict(args: argparse.Namespace) -> int:
 
         where = args.results / suite.name / CONTEXTS.format(card=args.card.strip().lower())
         path = save_contexts(table, where, card.name, git_revision(), torch.__version__)
-        print(f"\nwritten: {path} (the report says which run holds the longest context)", file=sys.stderr)
+        print(
+            f"\nwritten: {path} (the report says which run holds the longest context)",
+            file=sys.stderr,
+        )
     if any(r.nproc > 1 for r in suite.runs):
         print(
-            "\nRanks: each multi-process entry is predicted as rank 0 under a fake process group; the "
-            "other ranks run the same program on their own shards (fsdp's last ranks may hold a few "
-            "padding elements less). Traffic is what a rank sends per step, as a ring moves it, and it "
-            "receives as much.",
+            "\nRanks: each multi-process entry is predicted as rank 0 under a fake process group; "
+            "the other ranks run the same program on their own shards (fsdp's last ranks may hold "
+            "a few padding elements less). Traffic is what a rank sends per step, as a ring moves "
+            "it, and it receives as much.",
             file=sys.stderr,
         )
     print(f"\nAssumed: {ASSUMPTIONS}.", file=sys.stderr)
@@ -178,11 +196,15 @@ def _fit(args: argparse.Namespace) -> int:
         raise BadInput("give one of --budget SIZE and --card NAME")
     device = detect(args.device)
     if args.card and device.type != "cuda":
-        raise BadInput(f"--card {args.card}: a card's allocator is capped on a GPU; this is {device.name}")
+        raise BadInput(
+            f"--card {args.card}: a card's allocator is capped on a GPU; this is {device.name}"
+        )
     try:
         card = cards.card(args.card) if args.card else None
         budget = (
-            card.capacity if card else Budget.parse(args.budget, device.type, args.reserve or RESERVE).bytes()
+            card.capacity
+            if card
+            else Budget.parse(args.budget, device.type, args.reserve or RESERVE).bytes()
         )
     except ValueError as exc:
         raise BadInput(str(exc)) from exc

@@ -15,13 +15,21 @@ def add(sub: argparse._SubParsersAction) -> None:
     rep.add_argument("suite", help="suite name, or a results/<suite> folder")
     rep.add_argument("--results", type=Path, default=Path("results"))
     rep.set_defaults(func=_report)
-    ovr = sub.add_parser("overview", help="one page over every suite: the best combination per model")
+    ovr = sub.add_parser(
+        "overview", help="one page over every suite: the best combination per model"
+    )
     ovr.add_argument("--results", type=Path, default=Path("results"))
     ovr.set_defaults(func=_overview)
-    cmp = sub.add_parser("compare", help="per-run changes between two result folders, regressions flagged")
-    cmp.add_argument("a", type=Path, help="results/, results/<suite>/ or results/<suite>/<device>/ (before)")
+    cmp = sub.add_parser(
+        "compare", help="per-run changes between two result folders, regressions flagged"
+    )
+    cmp.add_argument(
+        "a", type=Path, help="results/, results/<suite>/ or results/<suite>/<device>/ (before)"
+    )
     cmp.add_argument("b", type=Path, help="the same for the other side (after)")
-    cmp.add_argument("--device", help="where a folder holds several devices: which one (part of its name)")
+    cmp.add_argument(
+        "--device", help="where a folder holds several devices: which one (part of its name)"
+    )
     cmp.add_argument(
         "--out", type=Path, default=Path("results/compare"), help="folder for compare.{md,csv,png}"
     )
@@ -40,10 +48,12 @@ def _report(args: argparse.Namespace) -> int:
     from bench.report import build_report
     from bench.results import writable
 
-    # A suite's name reads --results/NAME, even where ./NAME is a folder; a path (with a slash) is read as
-    # given.
+    # A suite's name reads --results/NAME, even where ./NAME is a folder; a path (with a slash) is
+    # read as given.
     folder = (
-        Path(args.suite) if "/" in args.suite and Path(args.suite).is_dir() else args.results / args.suite
+        Path(args.suite)
+        if "/" in args.suite and Path(args.suite).is_dir()
+        else args.results / args.suite
     )
     if folder.is_dir():
         writable(folder, "the report", "--results FOLDER (a writable copy)")
@@ -67,7 +77,9 @@ def _compare(args: argparse.Namespace) -> int:
     from bench.results import writable
 
     # --strict alone gates every kind; --strict KINDS those named; no --strict, none.
-    gate = set(compare.REGRESSIONS if args.strict == "all" else (args.strict or "").split(",")) - {""}
+    gate = set(compare.REGRESSIONS if args.strict == "all" else (args.strict or "").split(",")) - {
+        ""
+    }
     if unknown := sorted(gate - set(compare.REGRESSIONS)):
         raise BadInput(
             f"--strict {args.strict}: unknown {', '.join(map(repr, unknown))}; expected some of "

@@ -1,5 +1,5 @@
-"""``bench validate``, ``bench list`` and ``bench suite``: suite files checked, models and techniques listed,
-and a suite written from a job's files."""
+"""``bench validate``, ``bench list`` and ``bench suite``: suite files checked, models and
+techniques listed, and a suite written from a job's files."""
 
 from __future__ import annotations
 
@@ -21,14 +21,17 @@ def add(sub: argparse._SubParsersAction) -> None:
         "--docs",
         type=Path,
         metavar="PAGE",
-        help="rewrite the techniques table in PAGE (between its "
-        "markers) from the registry instead: make docs",
+        help="rewrite the techniques table in PAGE (between its markers) from the registry "
+        "instead: make docs",
     )
     lst.add_argument(
         "--held",
         type=Path,
         metavar="PAGE",
-        help="rewrite the table of committed GPU records against their predictions in PAGE: make docs",
+        help=(
+            "rewrite the table of committed GPU records against their predictions in PAGE: make "
+            "docs"
+        ),
     )
     lst.set_defaults(func=_list)
     new = sub.add_parser(
@@ -38,13 +41,18 @@ def add(sub: argparse._SubParsersAction) -> None:
     )
     job_flags(new, suite=False)
     new.add_argument(
-        "--out", type=Path, default=Path("suites"), help="folder for hf-<model>.toml (default: suites)"
+        "--out",
+        type=Path,
+        default=Path("suites"),
+        help="folder for hf-<model>.toml (default: suites)",
     )
     new.set_defaults(func=_suite, suite=None)
 
 
 def _validate(args: argparse.Namespace) -> int:
-    paths = [suite_path(p) for p in args.suites] or sorted(Path("suites").glob("*.toml"))  # before torch
+    paths = [suite_path(p) for p in args.suites] or sorted(
+        Path("suites").glob("*.toml")
+    )  # before torch
     from bench import suite as suites
 
     failed = 0
@@ -77,8 +85,8 @@ def _list(args: argparse.Namespace) -> int:
     print(
         "models:",
         ", ".join(MODELS.names()),
-        "(or 'hf:PATH' for a Hugging Face config.json, or 'module:NAME' "
-        "naming your own bench.models.ModelSpec)",
+        "(or 'hf:PATH' for a Hugging Face config.json, or 'module:NAME' naming your own "
+        "bench.models.ModelSpec)",
     )
     print("techniques:")
     for name in TECHNIQUES:

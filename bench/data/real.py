@@ -1,15 +1,18 @@
-"""Real labelled data for the fidelity phase, held in memory as tensors: a fixed train / held-out split.
+"""Real labelled data for the fidelity phase, held in memory as tensors: a fixed train / held-out
+split.
 
 Sources (the suite's ``[fidelity] dataset``):
 - ``digits``: scikit-learn's 1,797 handwritten 8×8 digits, shipped with the package (works offline).
   Images are upsampled to the model's size with channels repeated; sequences are the 64 pixel
   intensities (0–16) as token ids between [CLS] and [SEP].
-- ``digit-pixels``: the same digits as variable-length sequences, [CLS] then the positions of the non-zero
-  pixels (17 to 43 tokens; bench.data.varlen), padded here to the longest.
-- ``imagefolder:PATH``: ``torchvision.datasets.ImageFolder`` layout, with ``train/`` and ``test/`` (or
-  ``val/``) class folders as CIFAR-style exports have, or one set of class folders that is split here.
-- ``hf:PATH``: a Hugging Face dataset saved with ``save_to_disk`` (``datasets`` package), with a label
-  column (``label`` or ``labels``) and ``image``/``img`` for images or ``input_ids`` for sequences.
+- ``digit-pixels``: the same digits as variable-length sequences, [CLS] then the positions of the
+  non-zero pixels (17 to 43 tokens; bench.data.varlen), padded here to the longest.
+- ``imagefolder:PATH``: ``torchvision.datasets.ImageFolder`` layout, with ``train/`` and ``test/``
+  (or ``val/``) class folders as CIFAR-style exports have, or one set of class folders that is split
+  here.
+- ``hf:PATH``: a Hugging Face dataset saved with ``save_to_disk`` (``datasets`` package), with a
+  label column (``label`` or ``labels``) and ``image``/``img`` for images or ``input_ids`` for
+  sequences.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from torch.nn import functional as F
 from bench.data.synthetic import Batch
 
 HELD_OUT = 0.2  # fraction held out when a source has no split of its own
-SPLIT_SEED = 0  # the split never changes with the run's seed: every run is evaluated on the same images
+SPLIT_SEED = (
+    0  # the split never changes with the run's seed: every run is evaluated on the same images
+)
 PAD, CLS, SEP, FIRST_TOKEN = 0, 1, 2, 3  # digit intensity v is token FIRST_TOKEN + v
 LABEL_TOKEN = FIRST_TOKEN + 17  # for a language model, class c is token LABEL_TOKEN + c
 
@@ -47,39 +52,46 @@ class Labelled:
 
     def batch(self, index: torch.Tensor, device: torch.device) -> Batch:
         x, y = self.inputs[index].to(device), self.labels[index].to(device)
-        if x.dtype == torch.long:  # token ids; every position is real (sequences are padded only by PAD)
+        if (
+            x.dtype == torch.long
+        ):  # token ids; every position is real (sequences are padded only by PAD)
             return {"input_ids": x, "attention_mask": (x != PAD).long()}, y
         return x, y
 
 
 def with_label_token(data: Labelled) -> Labelled:
-    """Sequences for a language model: the class as one more token right after each sequence's last token,
-    before its padding, which it learns as that sequence's last next token and is scored on predicting (the
-    labels stay the classes)."""
+    """Sequences for a language model: the class as one more token right after each sequence's last
+    token, before its padding, which it learns as that sequence's last next token and is scored on
+    predicting (the labels stay the classes)."""
     ids = F.pad(data.inputs, (0, 1), value=PAD)
     ids[torch.arange(len(ids)), lengths(data.inputs)] = LABEL_TOKEN + data.labels
     return Labelled(ids, data.labels)
 
 
 def lengths(ids: torch.Tensor) -> torch.Tensor:
-    """Each sequence's length: the position after its last token that is not padding (padding trails)."""
+    """Each sequence's length: the position after its last token that is not padding (padding
+    trails)."""
     return ((ids != PAD) * torch.arange(1, ids.shape[1] + 1, device=ids.device)).amax(dim=1)
 
 
 def load(source: str, kind: str, image_size: int) -> tuple[Labelled, Labelled]:
-    """(train, held-out) from a source string; ``kind`` is the model's input kind, image or tokens."""
+    """(train, held-out) from a source string; ``kind`` is the model's input kind, image or
+    tokens."""
     name, _, path = source.partition(":")
     if name == "digits":
         return _split(*_digits(kind, image_size))
     if name == "digit-pixels":
         if kind != "tokens":
             raise DataError(
-                f"dataset {source!r}: digit pixel sequences feed token models; this model takes images"
+                f"dataset {source!r}: digit pixel sequences feed token models; this model takes "
+                "images"
             )
         return _split(*_digit_pixels())
     if name == "imagefolder" and path:
         if kind != "image":
-            raise DataError(f"dataset {source!r}: image folders feed image models; this model takes tokens")
+            raise DataError(
+                f"dataset {source!r}: image folders feed image models; this model takes tokens"
+            )
         return _imagefolder(Path(path), image_size)
     if name == "hf" and path:
         return _hf(Path(path), kind, image_size)
@@ -122,7 +134,9 @@ def digit_samples() -> list[tuple[torch.Tensor, int]]:
 
 def _digit_pixels() -> tuple[torch.Tensor, torch.Tensor]:
     samples = digit_samples()
-    ids = torch.nn.utils.rnn.pad_sequence([seq for seq, _ in samples], batch_first=True, padding_value=PAD)
+    ids = torch.nn.utils.rnn.pad_sequence(
+        [seq for seq, _ in samples], batch_first=True, padding_value=PAD
+    )
     return ids, torch.tensor([label for _, label in samples])
 
 
@@ -145,7 +159,9 @@ def _imagefolder(root: Path, image_size: int) -> tuple[Labelled, Labelled]:
     return _split(inputs, labels)
 
 
-def _read_folder(root: Path, image_size: int, classes: list[str] | None = None) -> tuple[Any, Any, list[str]]:
+def _read_folder(
+    root: Path, image_size: int, classes: list[str] | None = None
+) -> tuple[Any, Any, list[str]]:
     from torchvision import transforms
     from torchvision.datasets import ImageFolder
 
@@ -155,16 +171,24 @@ def _read_folder(root: Path, image_size: int, classes: list[str] | None = None) 
     except (FileNotFoundError, RuntimeError) as exc:
         raise DataError(f"dataset imagefolder:{root}: {exc}") from None
     if classes is not None and folder.classes != classes:
-        raise DataError(f"dataset imagefolder:{root}: classes {folder.classes} differ from train's {classes}")
+        raise DataError(
+            f"dataset imagefolder:{root}: classes {folder.classes} differ from train's {classes}"
+        )
     images = torch.stack([folder[i][0] for i in range(len(folder))])
-    return _images(images, image_size), torch.as_tensor(folder.targets, dtype=torch.long), folder.classes
+    return (
+        _images(images, image_size),
+        torch.as_tensor(folder.targets, dtype=torch.long),
+        folder.classes,
+    )
 
 
 def _hf(root: Path, kind: str, image_size: int) -> tuple[Labelled, Labelled]:
     try:
         from datasets import Dataset, load_from_disk
     except ImportError:
-        raise DataError(f"dataset hf:{root}: needs the datasets package (pip install -e '.[data]')") from None
+        raise DataError(
+            f"dataset hf:{root}: needs the datasets package (pip install -e '.[data]')"
+        ) from None
     try:
         saved = load_from_disk(str(root))
     except FileNotFoundError as exc:
@@ -173,7 +197,9 @@ def _hf(root: Path, kind: str, image_size: int) -> tuple[Labelled, Labelled]:
         return _split(*_hf_tensors(saved, root, kind, image_size))
     held = next((s for s in ("test", "validation") if s in saved), None)
     if "train" not in saved or held is None:
-        raise DataError(f"dataset hf:{root}: splits {list(saved)}; need 'train' and 'test' (or 'validation')")
+        raise DataError(
+            f"dataset hf:{root}: splits {list(saved)}; need 'train' and 'test' (or 'validation')"
+        )
     train, test = (_hf_tensors(saved[s], root, kind, image_size) for s in ("train", held))
     if kind == "tokens":  # pad both splits to one length
         width = max(train[0].shape[1], test[0].shape[1])
@@ -181,23 +207,37 @@ def _hf(root: Path, kind: str, image_size: int) -> tuple[Labelled, Labelled]:
     return Labelled(*train), Labelled(*test)
 
 
-def _hf_tensors(ds: Any, root: Path, kind: str, image_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _hf_tensors(
+    ds: Any, root: Path, kind: str, image_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     label = next((c for c in ("label", "labels") if c in ds.column_names), None)
     column = next(
-        (c for c in (("image", "img") if kind == "image" else ("input_ids",)) if c in ds.column_names), None
+        (
+            c
+            for c in (("image", "img") if kind == "image" else ("input_ids",))
+            if c in ds.column_names
+        ),
+        None,
     )
     if label is None or column is None:
         want = "image (or img)" if kind == "image" else "input_ids"
-        raise DataError(f"dataset hf:{root}: columns {ds.column_names}; need {want} and label (or labels)")
+        raise DataError(
+            f"dataset hf:{root}: columns {ds.column_names}; need {want} and label (or labels)"
+        )
     labels = torch.as_tensor(ds[label], dtype=torch.long)
     if kind == "tokens":
         rows = ds[column]
         width = max(len(r) for r in rows)
-        return torch.tensor([list(r) + [PAD] * (width - len(r)) for r in rows], dtype=torch.long), labels
+        return torch.tensor(
+            [list(r) + [PAD] * (width - len(r)) for r in rows], dtype=torch.long
+        ), labels
     from torchvision.transforms.functional import pil_to_tensor
 
     images = [pil_to_tensor(im.convert("RGB")).float() / 255 for im in ds[column]]
     resized = torch.stack(
-        [F.interpolate(im[None], size=(image_size, image_size), mode="bilinear")[0] for im in images]
+        [
+            F.interpolate(im[None], size=(image_size, image_size), mode="bilinear")[0]
+            for im in images
+        ]
     )
     return _images(resized, image_size), labels

@@ -1,5 +1,5 @@
-"""Synthetic batches: random inputs of the model's shape and labels in its label space (for a language
-model, its input ids), from a seed."""
+"""Synthetic batches: random inputs of the model's shape and labels in its label space (for a
+language model, its input ids), from a seed."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ if TYPE_CHECKING:
     from bench.spec import Shapes
 
 Batch = tuple["Inputs", torch.Tensor]
-# DataCollatorForLanguageModeling's default mlm_probability: the share of positions a masked LM is scored on.
-# The chosen positions keep their ids: a [MASK] id is the tokenizer's, not the config's, and what the step
-# holds is the same either way.
+# DataCollatorForLanguageModeling's default mlm_probability: the share of positions a masked LM is
+# scored on. The chosen positions keep their ids: a [MASK] id is the tokenizer's, not the config's,
+# and what the step holds is the same either way.
 MLM_PROBABILITY = 0.15
 
 
@@ -31,14 +31,17 @@ def synthetic_batch(spec: ModelSpec, shapes: Shapes, seed: int, device: torch.de
         inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         if spec.objective == "next-token":  # a language model's targets are its own inputs
             labels = ids.clone()
-        elif spec.objective == "masked-lm":  # DataCollatorForLanguageModeling's share of positions is scored
+        elif (
+            spec.objective == "masked-lm"
+        ):  # DataCollatorForLanguageModeling's share of positions is scored
             chosen = torch.rand(b, shapes.seq_len, generator=g) < MLM_PROBABILITY
             labels = ids.masked_fill(~chosen, IGNORE)
     return to_device(inputs, device), labels.to(device)
 
 
 def to_device(inputs: Inputs, device: torch.device, non_blocking: bool = False) -> Inputs:
-    """``non_blocking``: from pinned host memory, the copy overlaps the step instead of waiting for it."""
+    """``non_blocking``: from pinned host memory, the copy overlaps the step instead of waiting for
+    it."""
     if isinstance(inputs, dict):  # a packed batch's longest length rides along as an int
         return {
             k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
@@ -58,7 +61,8 @@ def clone_batch(batch: Batch) -> Batch:
 
 
 def split(batch: Batch, n: int) -> list[Batch]:
-    """``n`` equal micro-batches along the batch dimension (n divides the batch: checked at load)."""
+    """``n`` equal micro-batches along the batch dimension (n divides the batch: checked at
+    load)."""
     if n == 1:  # a packed batch is one row with its lengths beside it, whole
         return [batch]
     inputs, labels = batch

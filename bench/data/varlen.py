@@ -1,14 +1,14 @@
-"""Variable-length token data through a real DataLoader: a length distribution, the sequences it yields, the
-collators that batch them (padded to the suite's seq_len, to the batch's longest, or packed into one row), the
-bucketing sampler, and the feed that times the step's wait on the loader.
+"""Variable-length token data through a real DataLoader: a length distribution, the sequences it
+yields, the collators that batch them (padded to the suite's seq_len, to the batch's longest, or
+packed into one row), the bucketing sampler, and the feed that times the step's wait on the loader.
 
 Distributions, as a suite names them (``lengths`` in ``[shapes.*]`` or ``[matrix.lengths]``):
 - ``uniform:LO:HI``: lengths drawn uniformly in LO..HI;
 - ``lognormal:MEDIAN:SIGMA:MAX``: exp(N(ln MEDIAN, SIGMA)), rounded, clipped to 1..MAX;
-- ``digits``: real data, each of scikit-learn's handwritten digits as [CLS] then the positions of its non-zero
-  pixels (17 to 43 tokens), with its class as label;
-- ``hf:PATH``: a local tokenised dataset (``datasets``' ``save_to_disk``, an ``input_ids`` column and a label
-  column; its train split), each row up to its last token that is not 0.
+- ``digits``: real data, each of scikit-learn's handwritten digits as [CLS] then the positions of
+  its non-zero pixels (17 to 43 tokens), with its class as label;
+- ``hf:PATH``: a local tokenised dataset (``datasets``' ``save_to_disk``, an ``input_ids`` column
+  and a label column; its train split), each row up to its last token that is not 0.
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ PAD = real.PAD
 FIRST_TOKEN = 3  # synthetic sequences draw their ids from here up (0, 1, 2: padding, [CLS], [SEP])
 DIGITS_LENGTHS = (17, 43)  # [CLS] plus 16 to 42 non-zero pixels, over all 1,797 digits
 FORMS = "'uniform:LO:HI', 'lognormal:MEDIAN:SIGMA:MAX', 'digits' or 'hf:PATH'"
-SEQUENCES_PER_BATCH_SLOT = 16  # the dataset holds this many batches: enough distinct ones for any pass
+SEQUENCES_PER_BATCH_SLOT = (
+    16  # the dataset holds this many batches: enough distinct ones for any pass
+)
 Sample = tuple[torch.Tensor, int]  # one sequence's token ids, and its label
 
 
@@ -84,7 +86,13 @@ def parse(text: str) -> Lengths:
         and all(p.is_integer() for p in params)
     ):
         return Lengths(kind, params)
-    if kind == "lognormal" and len(params) == 3 and params[0] > 0 and params[1] >= 0 and params[2] >= 1:
+    if (
+        kind == "lognormal"
+        and len(params) == 3
+        and params[0] > 0
+        and params[1] >= 0
+        and params[2] >= 1
+    ):
         return Lengths(kind, params)
     raise ValueError(
         f"{text!r} is not a length distribution; expected {FORMS} (integers LO ≤ HI, MEDIAN > 0, "
@@ -93,8 +101,8 @@ def parse(text: str) -> Lengths:
 
 
 class Sequences(Dataset):
-    """Token sequences of varying length with a label each: drawn from a distribution (random ids, random
-    labels, from the seed) or the real digits."""
+    """Token sequences of varying length with a label each: drawn from a distribution (random ids,
+    random labels, from the seed) or the real digits."""
 
     def __init__(self, samples: list[Sample]) -> None:
         self.samples = samples
@@ -129,38 +137,47 @@ def sequences(lengths: Lengths, spec: ModelSpec, n: int, seed: int) -> Sequences
 
 @functools.cache
 def hf_sequences(path: str) -> Sequences:
-    """The train split of a local tokenised dataset, each row without its trailing padding; DataError (naming
-    the dataset and what is wrong) where it cannot be read."""
+    """The train split of a local tokenised dataset, each row without its trailing padding;
+    DataError (naming the dataset and what is wrong) where it cannot be read."""
     train, _ = real.load(f"hf:{path}", "tokens", 0)
     ends = real.lengths(train.inputs).tolist()
     if not train.inputs.numel() or min(ends) == 0:
-        raise real.DataError(f"dataset hf:{path}: a row without tokens; every input_ids row needs one")
-    return Sequences([(row[:end], int(label)) for row, end, label in zip(train.inputs, ends, train.labels)])
+        raise real.DataError(
+            f"dataset hf:{path}: a row without tokens; every input_ids row needs one"
+        )
+    return Sequences(
+        [(row[:end], int(label)) for row, end, label in zip(train.inputs, ends, train.labels)]
+    )
 
 
-# -- collators: a list of samples becomes a batch, as the technique chooses ------------------------------
+# -- collators: a list of samples becomes a batch, as the technique chooses --------------------
 
 
 def padded(samples: list[Sample], width: int | None, objective: str) -> Batch:
-    """Every sequence padded to ``width`` (None: the longest's) with an attention mask; a language model's
-    labels are its ids, with the padding ignored."""
+    """Every sequence padded to ``width`` (None: the longest's) with an attention mask; a language
+    model's labels are its ids, with the padding ignored."""
     width = width or max(len(seq) for seq, _ in samples)
     ids = torch.full((len(samples), width), PAD, dtype=torch.long)
     for row, (seq, _) in enumerate(samples):
         ids[row, : len(seq)] = seq
     mask = (torch.arange(width) < torch.tensor([len(s) for s, _ in samples])[:, None]).long()
-    if objective != "classify":  # a language model's targets are its tokens: every real one is scored
+    if (
+        objective != "classify"
+    ):  # a language model's targets are its tokens: every real one is scored
         return {"input_ids": ids, "attention_mask": mask}, ids.masked_fill(mask == 0, IGNORE)
     return {"input_ids": ids, "attention_mask": mask}, torch.tensor([label for _, label in samples])
 
 
 def packed(samples: list[Sample], objective: str) -> Batch:
-    """The batch's sequences one after another in a single row, no padding: position ids restart at each
-    sequence, and ``cu_seq_lens`` (cumulative lengths, as flash attention's variable-length path takes them)
-    keep attention inside each. A language model's first token of each sequence after the first is ignored
-    as a target, so no sequence is scored on predicting the next one's start."""
+    """The batch's sequences one after another in a single row, no padding: position ids restart at
+    each sequence, and ``cu_seq_lens`` (cumulative lengths, as flash attention's variable-length
+    path takes them) keep attention inside each. A language model's first token of each sequence
+    after the first is ignored as a target, so no sequence is scored on predicting the next one's
+    start."""
     seqs = [s for s, _ in samples]
-    lens = [len(s) for s in seqs]  # Python values throughout: bench predict collates under fake tensors
+    lens = [
+        len(s) for s in seqs
+    ]  # Python values throughout: bench predict collates under fake tensors
     cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
     ids = torch.cat(seqs)[None]
     inputs = {
@@ -179,12 +196,16 @@ def packed(samples: list[Sample], objective: str) -> Batch:
 
 
 def regroup(batch: Batch, collate: Callable[[list[Sample]], Batch]) -> Batch:
-    """A batch of padded rows (the fidelity phase's real data) collated again as a technique forms batches:
-    each row's sequence up to its last token that is not padding, with its label."""
+    """A batch of padded rows (the fidelity phase's real data) collated again as a technique forms
+    batches: each row's sequence up to its last token that is not padding, with its label."""
     inputs, labels = batch
     ids = inputs["input_ids"]
-    ends = ((ids != PAD) * torch.arange(1, ids.shape[1] + 1, device=ids.device)).amax(dim=1).tolist()
-    inputs, labels = collate([(row[:end].cpu(), int(label)) for row, end, label in zip(ids, ends, labels)])
+    ends = (
+        ((ids != PAD) * torch.arange(1, ids.shape[1] + 1, device=ids.device)).amax(dim=1).tolist()
+    )
+    inputs, labels = collate(
+        [(row[:end].cpu(), int(label)) for row, end, label in zip(ids, ends, labels)]
+    )
     return to_device(inputs, ids.device), labels.to(ids.device)
 
 
@@ -197,11 +218,19 @@ def real_tokens(batch: Batch) -> tuple[int, int]:
 
 
 class Buckets(Sampler[list[int]]):
-    """Batches of similar length: the dataset shuffled, cut in pools of ``pool`` batches, each pool sorted by
-    length and cut into batches, and the batches shuffled again (so that no pass sees only the short ones)."""
+    """Batches of similar length: the dataset shuffled, cut in pools of ``pool`` batches, each pool
+    sorted by length and cut into batches, and the batches shuffled again (so that no pass sees only
+    the short ones)."""
 
-    def __init__(self, lengths: list[int], batch_size: int, pool: int, generator: torch.Generator) -> None:
-        self.lengths, self.batch_size, self.pool, self.generator = lengths, batch_size, pool, generator
+    def __init__(
+        self, lengths: list[int], batch_size: int, pool: int, generator: torch.Generator
+    ) -> None:
+        self.lengths, self.batch_size, self.pool, self.generator = (
+            lengths,
+            batch_size,
+            pool,
+            generator,
+        )
 
     def __iter__(self) -> Iterator[list[int]]:
         order = torch.randperm(len(self.lengths), generator=self.generator).tolist()
@@ -222,7 +251,8 @@ class Buckets(Sampler[list[int]]):
 
 @dataclass(frozen=True)
 class Batching:
-    """How a technique forms batches: its collator (samples → batch) and, where it has one, its sampler."""
+    """How a technique forms batches: its collator (samples → batch) and, where it has one, its
+    sampler."""
 
     collate: Callable[[list[Sample]], Batch]
     sampler: Callable[[list[int], int, torch.Generator], Sampler[list[int]]] | None = None
@@ -254,11 +284,13 @@ class Feed:
             return DataLoader(
                 self.data, batch_sampler=self.batching.sampler(self.data.lengths, size, g), **common
             )
-        return DataLoader(self.data, batch_size=size, shuffle=True, drop_last=True, generator=g, **common)
+        return DataLoader(
+            self.data, batch_size=size, shuffle=True, drop_last=True, generator=g, **common
+        )
 
     def batches(self, n: int) -> Iterator[Batch]:
-        """The first ``n`` batches of the pass (epochs repeat, in the same order, where ``n`` runs past
-        one)."""
+        """The first ``n`` batches of the pass (epochs repeat, in the same order, where ``n`` runs
+        past one)."""
         self.waits_ms, self.tokens = [], []
         given = 0
         while given < n:
@@ -268,7 +300,10 @@ class Feed:
                 inputs, labels = next(it)
                 self.waits_ms.append((time.perf_counter() - start) * 1e3)
                 self.tokens.append(real_tokens((inputs, labels)))
-                yield to_device(inputs, self.device, True), labels.to(self.device, non_blocking=True)
+                yield (
+                    to_device(inputs, self.device, True),
+                    labels.to(self.device, non_blocking=True),
+                )
                 given += 1
 
 

@@ -1,13 +1,15 @@
-"""Launchers: how a sweep's runs reach a device. The sweep (bench.sweep) plans what to measure and stores what
-comes back; a launcher only starts runs and hands back their records.
+"""Launchers: how a sweep's runs reach a device. The sweep (bench.sweep) plans what to measure and
+stores what comes back; a launcher only starts runs and hands back their records.
 
 - ``Local``: each run in its own process on this machine (forked from a preloaded server, or a fresh
-  interpreter), or in its own torchrun for a multi-process run (bench.launch.local, bench.launch.process).
-- ``Slurm``: each run as a Slurm job that does on its node what ``Local`` does here (bench.launch.slurm).
+  interpreter), or in its own torchrun for a multi-process run (bench.launch.local,
+  bench.launch.process).
+- ``Slurm``: each run as a Slurm job that does on its node what ``Local`` does here
+  (bench.launch.slurm).
 
-A launcher's ``running(todo, log)`` is a context manager giving the function that returns a task's record
-without what the sweep adds when it stores it (its place in the suite, ``stored_at``).
-Local runs start when their record is asked for, one at a time; Slurm's jobs are all submitted on entry.
+A launcher's ``running(todo, log)`` is a context manager giving the function that returns a task's
+record without what the sweep adds when it stores it (its place in the suite, ``stored_at``). Local
+runs start when their record is asked for, one at a time; Slurm's jobs are all submitted on entry.
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ def detect(requested: str = "auto") -> Device:
 
 
 class MeasuredThenStopped(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM stopped a run in its fidelity phase, after its memory and speed were measured: the
-    sweep stores ``record`` (those figures, the phase marked interrupted) before it stops as an interrupt
-    does. A launcher fills in the record as it would a finished run's."""
+    """Ctrl-C or SIGTERM stopped a run in its fidelity phase, after its memory and speed were
+    measured: the sweep stores ``record`` (those figures, the phase marked interrupted) before it
+    stops as an interrupt does. A launcher fills in the record as it would a finished run's."""
 
     def __init__(self, record: dict[str, Any]) -> None:
         super().__init__()

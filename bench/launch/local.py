@@ -1,8 +1,9 @@
-"""Runs on this machine: each in its own process with a timeout (a fork of the preloaded server, or a fresh
-interpreter; several ranks under their own torchrun), while spare processes predict the runs still to come.
+"""Runs on this machine: each in its own process with a timeout (a fork of the preloaded server, or
+a fresh interpreter; several ranks under their own torchrun), while spare processes predict the runs
+still to come.
 
-A process per run keeps peaks and allocator state from leaking between runs and lets a technique set allocator
-options before CUDA starts.
+A process per run keeps peaks and allocator state from leaking between runs and lets a technique set
+allocator options before CUDA starts.
 """
 
 from __future__ import annotations
@@ -35,10 +36,10 @@ WATCH_S = 2.0  # how often the run's resident memory is looked at (what an OOM k
 
 
 class Local:
-    """``kind``: how each run's process starts (bench.launch.process); ``torchrun``: launcher arguments for
-    multi-process runs instead of ``--standalone``; ``snapshot``: on CUDA, each run's allocator history of its
-    instrumented step beside its record; ``predict_jobs``: processes predicting the pending runs while the
-    device measures (0: each run predicts itself)."""
+    """``kind``: how each run's process starts (bench.launch.process); ``torchrun``: launcher
+    arguments for multi-process runs instead of ``--standalone``; ``snapshot``: on CUDA, each run's
+    allocator history of its instrumented step beside its record; ``predict_jobs``: processes
+    predicting the pending runs while the device measures (0: each run predicts itself)."""
 
     def __init__(
         self,
@@ -48,7 +49,12 @@ class Local:
         snapshot: bool = False,
         predict_jobs: int = 0,
     ) -> None:
-        self.device, self.kind, self.torchrun, self.predict_jobs = device, kind, torchrun, predict_jobs
+        self.device, self.kind, self.torchrun, self.predict_jobs = (
+            device,
+            kind,
+            torchrun,
+            predict_jobs,
+        )
         self.device_name, self.device_type = device.name, device.type
         self.snapshot = snapshot and device.type == "cuda"
         self.refused_snapshot = snapshot and not self.snapshot
@@ -59,7 +65,8 @@ class Local:
     def running(self, todo: list[Task], log: TextIO) -> Iterator[Callable[[Task], dict[str, Any]]]:
         if self.refused_snapshot:
             print(
-                f"--snapshot: the allocator history is CUDA's; none is saved on {self.device.name}", file=log
+                f"--snapshot: the allocator history is CUDA's; none is saved on {self.device.name}",
+                file=log,
             )
         kind = self._usable(log) if todo else self.kind
         revision = git_revision()
@@ -72,9 +79,12 @@ class Local:
                 clock = time.monotonic()
 
                 def record(outcome: dict[str, Any]) -> dict[str, Any]:
-                    # wall_s: the run's whole process (start-up, prediction, measurement, fidelity phase)
+                    # wall_s: the run's whole process (start-up, prediction, measurement, fidelity
+                    # phase)
                     return (
-                        results.base_record(task.spec, self.device.name, self.device.type, task.key, revision)
+                        results.base_record(
+                            task.spec, self.device.name, self.device.type, task.key, revision
+                        )
                         | {KEY.wall_s: round(time.monotonic() - clock, 1)}
                         | outcome
                     )
@@ -87,7 +97,9 @@ class Local:
                         self.torchrun,
                         kind,
                         ahead.get(task.spec),
-                        heartbeat=lambda phase: print(f"    {task.spec.name}: {phase}", file=log, flush=True),
+                        heartbeat=lambda phase: print(
+                            f"    {task.spec.name}: {phase}", file=log, flush=True
+                        ),
                         history=kept,
                     )
                 except MeasuredThenStopped as stop:
@@ -98,7 +110,8 @@ class Local:
             yield run
 
     def _usable(self, log: TextIO) -> Kind:
-        """The fork server, where a forked child can use this device; else fresh processes, saying why."""
+        """The fork server, where a forked child can use this device; else fresh processes, saying
+        why."""
         if self.kind == "fork" and self.device.type == "cuda" and (why := fork_works_on_cuda()):
             print(f"warning: {why}; every run starts a fresh interpreter instead", file=log)
             return "fresh"
@@ -116,12 +129,13 @@ def run_isolated(
     heartbeat: Callable[[str], None] | None = None,
     history: Path | None = None,
 ) -> dict[str, Any]:
-    """The run in its own process (``nproc`` > 1: its own torchrun, one process per rank); a crash or a
-    timeout becomes a status, never an exception, and keeps the memory and speed figures measured before its
-    fidelity phase. With ``snapshot`` (CUDA), the instrumented step's memory history is dumped there for
-    memory_viz; with ``prediction``, made ahead, the run skips its own; with ``budget`` (bytes), more memory
-    than that is out of memory (bench fit); ``heartbeat`` is told the run's phase every ``HEARTBEAT_S``;
-    ``history`` (CUDA): where the allocator's history of the run is saved (bench.measure.history)."""
+    """The run in its own process (``nproc`` > 1: its own torchrun, one process per rank); a crash
+    or a timeout becomes a status, never an exception, and keeps the memory and speed figures
+    measured before its fidelity phase. With ``snapshot`` (CUDA), the instrumented step's memory
+    history is dumped there for memory_viz; with ``prediction``, made ahead, the run skips its own;
+    with ``budget`` (bytes), more memory than that is out of memory (bench fit); ``heartbeat`` is
+    told the run's phase every ``HEARTBEAT_S``; ``history`` (CUDA): where the allocator's history of
+    the run is saved (bench.measure.history)."""
     if device.type == "cuda" and spec.nproc > device.count:
         why = f"needs {spec.nproc} GPUs per node; {device.count} visible"
         return {KEY.status: Status.UNSUPPORTED, KEY.message: why}
@@ -155,7 +169,9 @@ def run_isolated(
                 *argv,
             ]
         kills, seen = oom_kills(), {}
-        proc = Process(argv, os.environ | own_env | {progress.ENV: str(progress_file)}, err_path, kind)
+        proc = Process(
+            argv, os.environ | own_env | {progress.ENV: str(progress_file)}, err_path, kind
+        )
         try:
             code = _wait(proc, spec.timeout_s, progress_file, heartbeat, seen)
         except subprocess.TimeoutExpired:
@@ -163,14 +179,18 @@ def run_isolated(
             return _measured(
                 out_path,
                 Status.TIMEOUT,
-                f"stopped after {spec.timeout_s:g} s in its "
-                f"{progress.heard(progress_file)}; running the same command again retries it, and --timeout "
-                "SECONDS (or timeout_s in the suite) raises the limit",
+                f"stopped after {spec.timeout_s:g} s in its {progress.heard(progress_file)}; "
+                "running the same command again retries it, and --timeout SECONDS (or timeout_s "
+                "in the suite) raises the limit",
             )
-        except BaseException as stop:  # Ctrl-C or SIGTERM: take the run down with us, keep what is stored
+        except (
+            BaseException
+        ) as stop:  # Ctrl-C or SIGTERM: take the run down with us, keep what is stored
             proc.kill()
             if isinstance(stop, KeyboardInterrupt) and (early := _early(out_path)) is not None:
-                interrupted = "interrupted: stopped by Ctrl-C or SIGTERM; the same command measures it again"
+                interrupted = (
+                    "interrupted: stopped by Ctrl-C or SIGTERM; the same command measures it again"
+                )
                 raise MeasuredThenStopped(
                     early | {KEY.fidelity_error: interrupted, KEY.fidelity_interrupted: True}
                 ) from stop
@@ -183,18 +203,20 @@ def run_isolated(
                 | {KEY.launcher: kind}
                 | ({KEY.stderr_tail: tail} if out[KEY.status] == Status.ERROR else {})
             )
-        if failed := sorted(Path(tmp).glob("out.json.rank*")):  # a rank's own record of why it stopped
+        if failed := sorted(
+            Path(tmp).glob("out.json.rank*")
+        ):  # a rank's own record of why it stopped
             return json.loads(failed[0].read_text()) | {KEY.stderr_tail: tail}
         if code == -signal.SIGKILL and kills is not None and (oom_kills() or 0) > kills:
             reached = seen.get(KEY.rss_peak_bytes, 0) / 2**30
             out = _measured(
                 out_path,
                 Status.OOM,
-                "killed by the host's OOM killer (SIGKILL, and /proc/vmstat's "
-                f"oom_kill rose): its resident memory reached {reached:,.2f} GiB at the last look",
+                "killed by the host's OOM killer (SIGKILL, and /proc/vmstat's oom_kill rose): its "
+                f"resident memory reached {reached:,.2f} GiB at the last look",
             )
-            # The watched peak stands in only where the run measured none: a figure of its timed steps stays
-            # theirs.
+            # The watched peak stands in only where the run measured none: a figure of its timed
+            # steps stays theirs.
             return out | {KEY.launcher: kind} | (seen if out[KEY.status] == Status.OOM else {})
         why = f"killed by signal {signal.Signals(-code).name}" if code < 0 else _exited(code)
         died = _measured(out_path, Status.ERROR, f"run process died: {why}")
@@ -208,8 +230,9 @@ def _wait(
     heartbeat: Callable[[str], None] | None,
     seen: dict[str, int],
 ) -> int:
-    """The run's exit status, telling ``heartbeat`` its phase every HEARTBEAT_S and keeping the highest
-    resident memory its process reached in ``seen`` (a look every WATCH_S); TimeoutExpired past the limit."""
+    """The run's exit status, telling ``heartbeat`` its phase every HEARTBEAT_S and keeping the
+    highest resident memory its process reached in ``seen`` (a look every WATCH_S); TimeoutExpired
+    past the limit."""
     start = last = time.monotonic()
     while True:
         left = timeout_s - (time.monotonic() - start)
@@ -218,7 +241,9 @@ def _wait(
         try:
             return proc.wait(timeout=min(left, WATCH_S))
         except subprocess.TimeoutExpired:
-            seen[KEY.rss_peak_bytes] = max(seen.get(KEY.rss_peak_bytes, 0), _resident_peak(proc.pid))
+            seen[KEY.rss_peak_bytes] = max(
+                seen.get(KEY.rss_peak_bytes, 0), _resident_peak(proc.pid)
+            )
             if heartbeat is not None and time.monotonic() - last >= HEARTBEAT_S:
                 last, elapsed = time.monotonic(), int(time.monotonic() - start)
                 heartbeat(f"{progress.heard(progress_file)} ({elapsed // 60}m{elapsed % 60:02d}s)")
@@ -236,7 +261,8 @@ def _resident_peak(pid: int) -> int:
 
 
 def oom_kills() -> int | None:
-    """How many processes the kernel's OOM killer has ended since boot (/proc/vmstat), None where unknown."""
+    """How many processes the kernel's OOM killer has ended since boot (/proc/vmstat), None where
+    unknown."""
     try:
         for line in Path("/proc/vmstat").read_text().splitlines():
             if line.startswith("oom_kill "):
@@ -247,22 +273,25 @@ def oom_kills() -> int | None:
 
 
 def _measured(out_path: Path, status: str, message: str) -> dict[str, Any]:
-    """A run stopped short: where its memory and speed were measured before the fidelity phase, it stays
-    ``ok`` with those figures and the phase's failure beside them; else ``status`` with ``message``."""
+    """A run stopped short: where its memory and speed were measured before the fidelity phase, it
+    stays ``ok`` with those figures and the phase's failure beside them; else ``status`` with
+    ``message``."""
     if (early := _early(out_path)) is not None:
         return early | {KEY.fidelity_error: f"{status}: {message}"}
     return {KEY.status: status, KEY.message: message}
 
 
 def _early(out_path: Path) -> dict[str, Any] | None:
-    """The run's memory and speed figures, handed over before its fidelity phase; None: it got no further."""
+    """The run's memory and speed figures, handed over before its fidelity phase; None: it got no
+    further."""
     early = out_path.with_name(out_path.name + ".measured")
     return json.loads(early.read_text()) if early.exists() else None
 
 
 def _tail(err_path: Path, rank_logs: Path) -> str:
     """The end of the run's output; under torchrun, each rank's own stderr too, since the launcher's
-    closing report would otherwise push the failing rank's last words (an abort message) out of the tail."""
+    closing report would otherwise push the failing rank's last words (an abort message) out of the
+    tail."""
     tail = _last_words(err_path)
     for log in sorted(rank_logs.glob("*/attempt_*/*/stderr.log")):
         if text := _last_words(log):

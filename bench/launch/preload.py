@@ -1,9 +1,11 @@
-"""What the fork server (bench.launch.process) imports once, so that every forked run finds it imported.
+"""What the fork server (bench.launch.process) imports once, so that every forked run finds it
+imported.
 
-Nothing here may start CUDA: a child forked from a process that has cannot use it. Two imports would:
-torchao asks for the GPU's properties as it loads, and transformers imports torchao when it is installed.
-So torchao stays hidden from transformers while the server imports it (transformers then leaves out its own
-torchao integration, which no technique uses) and is left for a run that needs it to import itself.
+Nothing here may start CUDA: a child forked from a process that has cannot use it. Two imports
+would: torchao asks for the GPU's properties as it loads, and transformers imports torchao when it
+is installed. So torchao stays hidden from transformers while the server imports it (transformers
+then leaves out its own torchao integration, which no technique uses) and is left for a run that
+needs it to import itself.
 """
 
 import sys

@@ -1,15 +1,16 @@
-"""How a run's process starts: a fresh interpreter, or a fork of a server that has imported torch already.
+"""How a run's process starts: a fresh interpreter, or a fork of a server that has imported torch
+already.
 
-A fresh interpreter pays for torch's, torchvision's and transformers' imports on every run (4 to 12 s on
-a CI core). The fork server is multiprocessing's: a fresh interpreter, started once per sweep, that
-imports ``PRELOAD`` and forks one child per run. The server never touches CUDA (its imports see NVML for
-any availability check), so each child still creates its own CUDA context and caching allocator, and
-starts with zeroed peaks; the child takes the run's environment and its own session before the worker
-starts.
+A fresh interpreter pays for torch's, torchvision's and transformers' imports on every run (4 to 12
+s on a CI core). The fork server is multiprocessing's: a fresh interpreter, started once per sweep,
+that imports ``PRELOAD`` and forks one child per run. The server never touches CUDA (its imports see
+NVML for any availability check), so each child still creates its own CUDA context and caching
+allocator, and starts with zeroed peaks; the child takes the run's environment and its own session
+before the worker starts.
 
 A run starts fresh where a fork cannot give it what it needs: several processes (torchrun), or an
-environment variable set by a technique (torch reads some, like its allocator settings, at import or at
-CUDA's start, and a fork would start with the server's).
+environment variable set by a technique (torch reads some, like its allocator settings, at import or
+at CUDA's start, and a fork would start with the server's).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from typing import Literal
 Kind = Literal["fork", "fresh"]
 KINDS: tuple[Kind, ...] = ("fork", "fresh")
 PRELOAD = ["bench.launch.preload"]  # what a run imports, so that a forked one finds it imported
-# torch.cuda.is_available() through NVML: a check by the CUDA runtime would initialise its driver in the
-# server, which every forked child would inherit unusable.
+# torch.cuda.is_available() through NVML: a check by the CUDA runtime would initialise its driver in
+# the server, which every forked child would inherit unusable.
 SERVER_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
 
 
@@ -36,7 +37,8 @@ SWEEP_PID = "BENCH_SWEEP_PID"  # the process that asked for the run
 
 
 class Process:
-    """A run's process, forked or fresh, in its own session: ``wait`` and ``kill`` as for a Popen."""
+    """A run's process, forked or fresh, in its own session: ``wait`` and ``kill`` as for a
+    Popen."""
 
     def __init__(self, argv: list[str], env: dict[str, str], log: Path, kind: Kind) -> None:
         self.started = time.time()
@@ -58,7 +60,8 @@ class Process:
         self.pid = self._forked.pid
 
     def wait(self, timeout: float | None = None) -> int:
-        """The exit status (negative: killed by that signal); subprocess.TimeoutExpired past ``timeout``."""
+        """The exit status (negative: killed by that signal); subprocess.TimeoutExpired past
+        ``timeout``."""
         if self._popen is not None:
             return self._popen.wait(timeout)
         self._forked.join(timeout)
@@ -99,8 +102,8 @@ def _context() -> multiprocessing.context.BaseContext:
 
 
 def _child(argv: list[str], env: dict[str, str], log: str) -> None:
-    """In the forked child: its own session (a kill takes its group), the run's environment and output file,
-    then the module as ``python -m`` would run it."""
+    """In the forked child: its own session (a kill takes its group), the run's environment and
+    output file, then the module as ``python -m`` would run it."""
     os.setsid()
     if _abandoned(env, log):
         os._exit(0)
@@ -121,9 +124,9 @@ def _child(argv: list[str], env: dict[str, str], log: str) -> None:
 
 
 def _abandoned(env: dict[str, str], log: str) -> bool:
-    """Whether the run was asked for by a sweep that has gone since: a signal in its first seconds, while the
-    server still imported torch, left the request behind it, and the run started after bench had exited (its
-    temporary folder gone: a traceback on the terminal)."""
+    """Whether the run was asked for by a sweep that has gone since: a signal in its first seconds,
+    while the server still imported torch, left the request behind it, and the run started after
+    bench had exited (its temporary folder gone: a traceback on the terminal)."""
     if not Path(log).parent.is_dir():
         return True
     try:
@@ -136,7 +139,8 @@ def _abandoned(env: dict[str, str], log: str) -> bool:
 
 
 def refuse_inherited_cuda() -> None:
-    """A child forked from a process that had started CUDA cannot use it: fail loudly, never measure that."""
+    """A child forked from a process that had started CUDA cannot use it: fail loudly, never measure
+    that."""
     import torch
 
     if torch.cuda.is_initialized():
@@ -144,22 +148,27 @@ def refuse_inherited_cuda() -> None:
 
 
 def fork_works_on_cuda(timeout_s: float = 120.0) -> str | None:
-    """On a CUDA host, before a sweep forks its runs: why a forked child cannot allocate on the GPU, or None.
-    One small fork (about a second) instead of a sweep of failed runs."""
+    """On a CUDA host, before a sweep forks its runs: why a forked child cannot allocate on the GPU,
+    or None. One small fork (about a second) instead of a sweep of failed runs."""
     probe = _context().Process(target=_cuda_probe)
     probe.start()
     probe.join(timeout_s)
     if probe.exitcode is None:
         probe.kill()
         return f"a forked CUDA probe did not finish in {timeout_s:g} s"
-    return None if probe.exitcode == 0 else f"a forked CUDA probe failed (exit status {probe.exitcode})"
+    return (
+        None
+        if probe.exitcode == 0
+        else f"a forked CUDA probe failed (exit status {probe.exitcode})"
+    )
 
 
 def _cuda_probe() -> None:
     import torch
 
     refuse_inherited_cuda()
-    # Poisoned: the server asked the CUDA runtime (not NVML) how many GPUs there are. Harmless to a CPU run.
+    # Poisoned: the server asked the CUDA runtime (not NVML) how many GPUs there are. Harmless to a
+    # CPU run.
     if torch.cuda._is_in_bad_fork():  # noqa: SLF001
         raise RuntimeError("the fork server asked the CUDA runtime for its devices")
     torch.zeros(1, device="cuda").add_(1)

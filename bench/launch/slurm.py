@@ -1,6 +1,6 @@
-"""Runs as Slurm jobs, through submitit: each run is one job, which measures on its node exactly as ``bench
-run`` would there (its own process, or its own torchrun), and hands its record back to the sweep, which stores
-it in the same results folder, under the device the job found."""
+"""Runs as Slurm jobs, through submitit: each run is one job, which measures on its node exactly as
+``bench run`` would there (its own process, or its own torchrun), and hands its record back to the
+sweep, which stores it in the same results folder, under the device the job found."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ from bench.suite import RunSpec
 
 
 def parse_options(text: str) -> dict[str, Any]:
-    """``partition=gpu,gpus_per_node=8,timeout_min=60`` → submitit parameters (integers where they are);
-    ``cluster=local`` runs the jobs as local processes (what the tests use), ``cluster=debug`` in-process."""
+    """``partition=gpu,gpus_per_node=8,timeout_min=60`` → submitit parameters (integers where they
+    are); ``cluster=local`` runs the jobs as local processes (what the tests use), ``cluster=debug``
+    in-process."""
     out: dict[str, Any] = {}
     for item in filter(None, (i.strip() for i in text.split(","))):
         key, sep, value = item.partition("=")
@@ -32,14 +33,19 @@ def parse_options(text: str) -> dict[str, Any]:
 
 
 class Slurm:
-    """``device_type``: the nodes' (the device itself, and so the records' folder, is known when a job
-    reports); ``options``: submitit's parameters (``parse_options``); ``torchrun``: as for ``Local``."""
+    """``device_type``: the nodes' (the device itself, and so the records' folder, is known when a
+    job reports); ``options``: submitit's parameters (``parse_options``); ``torchrun``: as for
+    ``Local``."""
 
     device_name = None
     snapshot = False  # the file would be written on the node
 
     def __init__(
-        self, device_type: str, folder: Path, options: dict[str, Any], torchrun: tuple[str, ...] = ()
+        self,
+        device_type: str,
+        folder: Path,
+        options: dict[str, Any],
+        torchrun: tuple[str, ...] = (),
     ) -> None:
         self.device_type, self.folder, self.options, self.torchrun = (
             device_type,
@@ -80,8 +86,8 @@ class Slurm:
         } | ({"gpus_per_node": gpus} if gpus else {})
 
 
-# The line a job prints once it knows its node's device, so that a job that dies later is filed under that
-# device.
+# The line a job prints once it knows its node's device, so that a job that dies later is filed
+# under that device.
 ON_DEVICE = "bench: measuring on "
 
 
@@ -103,9 +109,9 @@ def remote_run(
 
 
 def _collect(spec: RunSpec, job: Any) -> dict[str, Any]:
-    """The job's record; a job that died (preempted, out of time, no device on its node) becomes an error
-    record of the run, filed under the device its node reported (``unknown`` where it died before knowing it),
-    with the error's own line and where the job's log is."""
+    """The job's record; a job that died (preempted, out of time, no device on its node) becomes an
+    error record of the run, filed under the device its node reported (``unknown`` where it died
+    before knowing it), with the error's own line and where the job's log is."""
     try:
         out = job.result()
     except Exception as exc:  # noqa: BLE001  submitit re-raises the job's failure here
@@ -115,7 +121,9 @@ def _collect(spec: RunSpec, job: Any) -> dict[str, Any]:
             KEY.run: spec.name,
             KEY.device: device or "unknown",
             KEY.status: Status.ERROR,
-            KEY.message: f"slurm job {job.job_id} failed: {_cause(str(exc))} (log: {job.paths.stderr})",
+            KEY.message: (
+                f"slurm job {job.job_id} failed: {_cause(str(exc))} (log: {job.paths.stderr})"
+            ),
             KEY.baseline: spec.baseline,
         }
     if not isinstance(out, list):
@@ -125,9 +133,12 @@ def _collect(spec: RunSpec, job: Any) -> dict[str, Any]:
 
 
 def _cause(text: str) -> str:
-    """The error's own line in submitit's message: the trace's last line, not the log paths after it."""
+    """The error's own line in submitit's message: the trace's last line, not the log paths after
+    it."""
     trace = text.split("\n----------------------\nYou can check full logs")[0]
-    lines = [line for line in trace.splitlines() if line.strip() and not line.startswith((" ", "-"))]
+    lines = [
+        line for line in trace.splitlines() if line.strip() and not line.startswith((" ", "-"))
+    ]
     return (lines[-1] if lines else text.strip() or "no message")[:300]
 
 
@@ -136,5 +147,9 @@ def _reported_device(job: Any) -> str | None:
         printed = job.stdout() or ""
     except OSError:  # the log never reached the shared folder
         return None
-    found = [line[len(ON_DEVICE) :].strip() for line in printed.splitlines() if line.startswith(ON_DEVICE)]
+    found = [
+        line[len(ON_DEVICE) :].strip()
+        for line in printed.splitlines()
+        if line.startswith(ON_DEVICE)
+    ]
     return found[-1] if found else None

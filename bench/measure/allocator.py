@@ -1,15 +1,17 @@
-"""PyTorch's CUDA caching allocator, simulated: a step's allocations and frees, in order, replayed through its
-rules as ``c10/cuda/CUDACachingAllocator.cpp`` writes them, give what the card would have reserved, not only
-what was allocated. One stream; ``PYTORCH_CUDA_ALLOC_CONF``'s ``max_split_size_mb`` and
-``roundup_power2_divisions`` (``Conf``); expandable segments are not modelled.
+"""PyTorch's CUDA caching allocator, simulated: a step's allocations and frees, in order, replayed
+through its rules as ``c10/cuda/CUDACachingAllocator.cpp`` writes them, give what the card would
+have reserved, not only what was allocated. One stream; ``PYTORCH_CUDA_ALLOC_CONF``'s
+``max_split_size_mb`` and ``roundup_power2_divisions`` (``Conf``); expandable segments are not
+modelled.
 
-The rules: a request is rounded up to 512 bytes. Requests up to 1 MiB come from the small pool, whose segments
-are 2 MiB; larger ones from the large pool, whose segments are 20 MiB for requests under 10 MiB, else the
-request rounded up to 2 MiB. A request takes the smallest free block of its pool that holds it (best fit), of
-equal sizes the one at the lowest address (BlockComparatorSize); the block is split when what is left is at
-least 512 bytes (small pool) or more than 1 MiB (large pool), and a freed block merges with the free blocks
-beside it in its segment. Where no block fits, a new segment is reserved; under a memory cap, the allocator
-first frees every segment wholly unused and tries again (a retry), and raises out of memory after."""
+The rules: a request is rounded up to 512 bytes. Requests up to 1 MiB come from the small pool,
+whose segments are 2 MiB; larger ones from the large pool, whose segments are 20 MiB for requests
+under 10 MiB, else the request rounded up to 2 MiB. A request takes the smallest free block of its
+pool that holds it (best fit), of equal sizes the one at the lowest address (BlockComparatorSize);
+the block is split when what is left is at least 512 bytes (small pool) or more than 1 MiB (large
+pool), and a freed block merges with the free blocks beside it in its segment. Where no block fits,
+a new segment is reserved; under a memory cap, the allocator first frees every segment wholly unused
+and tries again (a retry), and raises out of memory after."""
 
 from __future__ import annotations
 
@@ -25,19 +27,23 @@ SMALL_BUFFER = 2 << 20  # kSmallBuffer: a small pool's segment
 LARGE_BUFFER = 20 << 20  # kLargeBuffer: a large pool's segment for requests under MIN_LARGE_ALLOC
 MIN_LARGE_ALLOC = 10 << 20  # kMinLargeAlloc
 ROUND_LARGE = 2 << 20  # kRoundLarge: larger requests' segments round up to this
-UNPLACED = 1 << 60  # where a segment with no recorded address goes: above any real one, in the order made
+UNPLACED = (
+    1 << 60
+)  # where a segment with no recorded address goes: above any real one, in the order made
 
 
-# CublasHandlePool.cpp: each cuBLAS handle takes a workspace per stream from this allocator when it first
-# runs, and keeps it: CUBLAS_WORKSPACE_CONFIG's default, 4096 KiB × 8 on compute capability 9.0 (Hopper), else
-# 4096 KiB × 2 + 16 KiB × 8; and a cuBLASLt workspace of CUBLASLT_WORKSPACE_SIZE's default, 1,024 KiB.
+# CublasHandlePool.cpp: each cuBLAS handle takes a workspace per stream from this allocator when it
+# first runs, and keeps it: CUBLAS_WORKSPACE_CONFIG's default, 4096 KiB × 8 on compute capability
+# 9.0 (Hopper), else 4096 KiB × 2 + 16 KiB × 8; and a cuBLASLt workspace of
+# CUBLASLT_WORKSPACE_SIZE's default, 1,024 KiB.
 CUBLAS_WORKSPACE = {True: 4096 * 1024 * 8, False: 4096 * 1024 * 2 + 16 * 1024 * 8}
 CUBLASLT_WORKSPACE = 1024 * 1024
 
 
 def cublas_workspaces(hopper: bool, training: bool) -> tuple[int, ...]:
-    """What cuBLAS holds in the allocator once a step has run: a handle per thread that runs matmuls, the
-    main thread's (forward) and, in training, the autograd engine's device thread's (backward)."""
+    """What cuBLAS holds in the allocator once a step has run: a handle per thread that runs
+    matmuls, the main thread's (forward) and, in training, the autograd engine's device thread's
+    (backward)."""
     return (CUBLAS_WORKSPACE[hopper], CUBLASLT_WORKSPACE) * (2 if training else 1)
 
 
@@ -67,24 +73,28 @@ class Segment:
 
 @dataclass(frozen=True)
 class Conf:
-    """The settings of ``PYTORCH_CUDA_ALLOC_CONF`` the simulator follows (CUDAAllocatorConfig's names)."""
+    """The settings of ``PYTORCH_CUDA_ALLOC_CONF`` the simulator follows (CUDAAllocatorConfig's
+    names)."""
 
     max_split_size: int | None = None  # max_split_size_mb, in bytes; None: blocks of any size split
     roundup_divisions: int = 0  # roundup_power2_divisions (one value for every size); 0 or 1: none
 
     @staticmethod
     def parse(text: str) -> Conf:
-        """``"max_split_size_mb:128,roundup_power2_divisions:4"``; other settings change no reservation
-        modelled here and are left out."""
+        """``"max_split_size_mb:128,roundup_power2_divisions:4"``; other settings change no
+        reservation modelled here and are left out."""
         found = dict(item.split(":", 1) for item in text.replace(" ", "").split(",") if ":" in item)
         split = found.get("max_split_size_mb")
         divisions = found.get("roundup_power2_divisions", "0")
-        return Conf(int(split) << 20 if split else None, int(divisions) if divisions.isdigit() else 0)
+        return Conf(
+            int(split) << 20 if split else None, int(divisions) if divisions.isdigit() else 0
+        )
 
 
 def round_size(size: int, divisions: int = 0) -> int:
-    """round_size: to 512 bytes, or with ``divisions``, up to the next of that many steps between two powers
-    of two (1200 in 4 divisions of 1024–2048: 1280), for requests over 512 × ``divisions`` bytes."""
+    """round_size: to 512 bytes, or with ``divisions``, up to the next of that many steps between
+    two powers of two (1200 in 4 divisions of 1024–2048: 1280), for requests over 512 ×
+    ``divisions`` bytes."""
     if size < MIN_BLOCK:
         return MIN_BLOCK
     if divisions > 1 and size > MIN_BLOCK * divisions:
@@ -115,8 +125,8 @@ def segment_size(size: int) -> int:
 
 @dataclass(frozen=True)
 class Replay:
-    """How a step is replayed: the workspaces allocated before it (``cublas_workspaces``), and the bytes its
-    segments may take (the card less the context; None: no cap)."""
+    """How a step is replayed: the workspaces allocated before it (``cublas_workspaces``), and the
+    bytes its segments may take (the card less the context; None: no cap)."""
 
     workspaces: tuple[int, ...] = ()
     capacity: int | None = None
@@ -125,12 +135,15 @@ class Replay:
 
 
 class CachingAllocator:
-    """``capacity``: the bytes segments may take (the card less what the process holds besides); None, no cap.
-    ``max_split_size``: blocks this large or larger are never split (max_split_size_mb), None: any;
-    ``roundup_divisions``: roundup_power2_divisions (``Conf``)."""
+    """``capacity``: the bytes segments may take (the card less what the process holds besides);
+    None, no cap. ``max_split_size``: blocks this large or larger are never split
+    (max_split_size_mb), None: any; ``roundup_divisions``: roundup_power2_divisions (``Conf``)."""
 
     def __init__(
-        self, capacity: int | None = None, max_split_size: int | None = None, roundup_divisions: int = 0
+        self,
+        capacity: int | None = None,
+        max_split_size: int | None = None,
+        roundup_divisions: int = 0,
     ) -> None:
         self.capacity, self.max_split, self.divisions = capacity, max_split_size, roundup_divisions
         self.segments: dict[int, Segment] = {}
@@ -140,12 +153,15 @@ class CachingAllocator:
         self._next_segment = 0
         self.allocated = self.reserved = self.peak_allocated = self.peak_reserved = 0
         self.retries = 0
-        self.largest_free_at_peak = 0  # the largest cached free block when allocation peaked: fragmentation
+        self.largest_free_at_peak = (
+            0  # the largest cached free block when allocation peaked: fragmentation
+        )
 
     def malloc(self, handle: Hashable, size: int, address: int | None = None) -> None:
-        """Allocate ``size`` bytes under ``handle`` (freed by ``free(handle)``). ``address``: where the driver
-        put the segment, if this request needs a new one (a recorded trace knows; a prediction cannot, and
-        its segments are placed in the order they are made, each above the last)."""
+        """Allocate ``size`` bytes under ``handle`` (freed by ``free(handle)``). ``address``: where
+        the driver put the segment, if this request needs a new one (a recorded trace knows; a
+        prediction cannot, and its segments are placed in the order they are made, each above the
+        last)."""
         size = round_size(size, self.divisions)
         small = size <= SMALL_SIZE
         block = self._best_fit(size, small)
@@ -176,10 +192,17 @@ class CachingAllocator:
         segment = self.segments[block.segment]
         i = segment.blocks.index(block)
         for j in (i + 1, i - 1):  # merge with the free neighbours, the one after first
-            if 0 <= j < len(segment.blocks) and segment.blocks[j].free and segment.blocks[j] is not block:
+            if (
+                0 <= j < len(segment.blocks)
+                and segment.blocks[j].free
+                and segment.blocks[j] is not block
+            ):
                 neighbour = segment.blocks[j]
                 self._remove_free(neighbour)
-                block.offset, block.size = min(block.offset, neighbour.offset), block.size + neighbour.size
+                block.offset, block.size = (
+                    min(block.offset, neighbour.offset),
+                    block.size + neighbour.size,
+                )
                 segment.blocks.remove(neighbour)
         self._add_free(block, segment.small)
 
@@ -192,7 +215,9 @@ class CachingAllocator:
                 self.reserved -= segment.size
 
     def largest_free(self) -> int:
-        return max((pool[-1][0] for pool in self._free.values() if pool), default=0)  # each pool is sorted
+        return max(
+            (pool[-1][0] for pool in self._free.values() if pool), default=0
+        )  # each pool is sorted
 
     def _best_fit(self, size: int, small: bool) -> Block | None:
         pool = self._free[small]
@@ -222,7 +247,8 @@ class CachingAllocator:
             self.empty_cache()  # free what is cached, then try once more
             if self.reserved + wanted > self.capacity:
                 raise OutOfMemory(
-                    f"tried to reserve {wanted:,} bytes with {self.reserved:,} of {self.capacity:,} reserved",
+                    f"tried to reserve {wanted:,} bytes with {self.reserved:,} of "
+                    f"{self.capacity:,} reserved",
                     size,
                 )
         key, self._next_segment = self._next_segment, self._next_segment + 1
@@ -241,4 +267,9 @@ class CachingAllocator:
         self._free[self.segments[block.segment].small].remove(self._key(block))
 
     def _key(self, block: Block) -> tuple[int, int, int, int]:
-        return block.size, self.segments[block.segment].base + block.offset, block.segment, block.offset
+        return (
+            block.size,
+            self.segments[block.segment].base + block.offset,
+            block.segment,
+            block.offset,
+        )

@@ -1,4 +1,5 @@
-"""Model-FLOPs utilisation: the step's counted FLOPs against the card's dense peak for the dtype in use."""
+"""Model-FLOPs utilisation: the step's counted FLOPs against the card's dense peak for the dtype in
+use."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ PEAK_TFLOPS = {
 
 
 def compute_dtype(record: dict[str, Any]) -> str:
-    """The dtype the step's matmuls ran in, from the record: FP8, the logits' dtype, TF32, else fp32."""
+    """The dtype the step's matmuls ran in, from the record: FP8, the logits' dtype, TF32, else
+    fp32."""
     proof = record.get(KEY.proof) or {}
     if any(k.startswith("fp8.") for k in proof):
         return "float8"

@@ -1,13 +1,14 @@
-"""The CUDA caching allocator's own history of a run, saved beside its record, and replayed through the
-simulator (bench.measure.allocator) to check it to the segment.
+"""The CUDA caching allocator's own history of a run, saved beside its record, and replayed through
+the simulator (bench.measure.allocator) to check it to the segment.
 
-On a GPU the worker records every allocation and free from before the model is built to the end of the
-instrumented step (``torch.cuda.memory._record_memory_history``, without stacks unless ``--snapshot`` asks
-for them) and saves the snapshot gzipped as ``<run>.history.pickle.gz``. Its trace says what the allocator
-did: each block allocated and freed, and each segment it reserved from the driver (at the address the driver
-chose) and released. Replayed block by block through the simulator, with each new segment where the driver put
-it (the allocator breaks ties between free blocks of one size by address), every block must land where the
-card put it, and the segments the simulator reserves must be the ones the card did."""
+On a GPU the worker records every allocation and free from before the model is built to the end of
+the instrumented step (``torch.cuda.memory._record_memory_history``, without stacks unless
+``--snapshot`` asks for them) and saves the snapshot gzipped as ``<run>.history.pickle.gz``. Its
+trace says what the allocator did: each block allocated and freed, and each segment it reserved from
+the driver (at the address the driver chose) and released. Replayed block by block through the
+simulator, with each new segment where the driver put it (the allocator breaks ties between free
+blocks of one size by address), every block must land where the card put it, and the segments the
+simulator reserves must be the ones the card did."""
 
 from __future__ import annotations
 
@@ -19,15 +20,20 @@ from typing import Any
 
 from bench.measure.allocator import CachingAllocator
 
-MAX_ENTRIES = 1_000_000  # trace entries kept (a ring buffer): a step of BERT-base makes a few thousand
+MAX_ENTRIES = (
+    1_000_000  # trace entries kept (a ring buffer): a step of BERT-base makes a few thousand
+)
 
 
 def start(stacks: bool) -> None:
-    """Record from now: every allocation and free, with Python stacks where ``stacks`` (memory_viz)."""
+    """Record from now: every allocation and free, with Python stacks where ``stacks``
+    (memory_viz)."""
     import torch
 
     context = "all" if stacks else None
-    torch.cuda.memory._record_memory_history("all", context=context, stacks="python", max_entries=MAX_ENTRIES)
+    torch.cuda.memory._record_memory_history(
+        "all", context=context, stacks="python", max_entries=MAX_ENTRIES
+    )
 
 
 def save(path: Path) -> None:
@@ -53,9 +59,9 @@ def read(path: Path) -> dict[str, Any]:
 
 @dataclass
 class Replayed:
-    """A trace through the simulator: the reserved peak it reached and the one the card's segments did, and
-    how many of the allocations it placed elsewhere than the card did (0: the simulator chose every block
-    the card chose)."""
+    """A trace through the simulator: the reserved peak it reached and the one the card's segments
+    did, and how many of the allocations it placed elsewhere than the card did (0: the simulator
+    chose every block the card chose)."""
 
     simulated_peak_reserved: int
     recorded_peak_reserved: int
@@ -64,15 +70,22 @@ class Replayed:
 
 
 def replay(snapshot: dict[str, Any], device: int = 0) -> Replayed:
-    """The device's trace, block by block, through the simulator; the card's own segments summed beside."""
+    """The device's trace, block by block, through the simulator; the card's own segments summed
+    beside."""
     allocator = CachingAllocator()
     reserved = peak = count = misplaced = 0
     placed = None  # where the driver put the segment the card reserved for the request that follows
     for entry in snapshot["device_traces"][device]:
         action, addr, size = entry["action"], entry.get("addr"), entry.get("size", 0)
         if action == "alloc":
-            allocator.malloc(addr, size, placed)  # ties between free blocks go by address, as on the card
-            placed, count, misplaced = None, count + 1, misplaced + (allocator.address(addr) != addr)
+            allocator.malloc(
+                addr, size, placed
+            )  # ties between free blocks go by address, as on the card
+            placed, count, misplaced = (
+                None,
+                count + 1,
+                misplaced + (allocator.address(addr) != addr),
+            )
         elif action == "free_completed":
             allocator.free(addr)
         elif action in ("segment_alloc", "segment_map"):

@@ -1,6 +1,6 @@
-"""Memory figures. CUDA: the caching allocator's own statistics and NVML's view of the process.
-Any device: the peak of live tensor bytes (a dispatch-mode tracker, see tracker.py), the bytes held
-from forward into backward, model-state bytes, and the process's resident-set peak. A figure that cannot
+"""Memory figures. CUDA: the caching allocator's own statistics and NVML's view of the process. Any
+device: the peak of live tensor bytes (a dispatch-mode tracker, see tracker.py), the bytes held from
+forward into backward, model-state bytes, and the process's resident-set peak. A figure that cannot
 be had here is absent, never 0."""
 
 from __future__ import annotations
@@ -55,14 +55,15 @@ def rss_peak_bytes() -> int:
 
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes of the distinct storages behind ``tensors``."""
-    # Keyed by the C++ storage object: views share one, and fake tensors (prediction) have no addresses.
+    # Keyed by the C++ storage object: views share one, and fake tensors (prediction) have no
+    # addresses.
     unique = {s._cdata: s.nbytes() for t in tensors for s in storages(t)}
     return sum(unique.values())
 
 
 def optimizer_state(optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
-    """The optimizer's state, and the parameters it steps that are copies of the model's (fp32 master weights,
-    which ZeRO counts as optimizer state)."""
+    """The optimizer's state, and the parameters it steps that are copies of the model's (fp32
+    master weights, which ZeRO counts as optimizer state)."""
     if optimizer is None:  # inference
         return []
     masters = getattr(optimizer, "masters", [])
@@ -73,8 +74,8 @@ def optimizer_state(optimizer: torch.optim.Optimizer | None) -> list[torch.Tenso
 
 
 def _tensors_of(value: object) -> list[torch.Tensor]:
-    """A state value's tensors: itself, or those an object in the state holds (GaLore's projector, its
-    basis)."""
+    """A state value's tensors: itself, or those an object in the state holds (GaLore's projector,
+    its basis)."""
     if torch.is_tensor(value):
         return [value]
     held = getattr(value, "__dict__", {}).values()
@@ -82,9 +83,9 @@ def _tensors_of(value: object) -> list[torch.Tensor]:
     return [t for t in flat if torch.is_tensor(t)]
 
 
-# What each storage alive at the peak was: model states by what holds them, else by the phase that made
-# it (the batch, cloned before the forward, counts with the activations it feeds).
-# The tracker's labels, each in the record's at-peak category (bench.record.AT_PEAK).
+# What each storage alive at the peak was: model states by what holds them, else by the phase that
+# made it (the batch, cloned before the forward, counts with the activations it feeds). The
+# tracker's labels, each in the record's at-peak category (bench.record.AT_PEAK).
 LABELS = {
     "parameters": "parameters",
     "buffers": "buffers",
@@ -101,8 +102,8 @@ LABELS = {
 
 
 class Phases(Protocol):
-    """A stepper whose forwards are phases of their own (generation: the prompt's prefill, then one forward
-    per token), and which keeps a cache from one forward to the next."""
+    """A stepper whose forwards are phases of their own (generation: the prompt's prefill, then one
+    forward per token), and which keeps a cache from one forward to the next."""
 
     phase: str  # of the forward now beginning
     cache_bytes: int  # the cache's device bytes at their largest over the step
@@ -123,14 +124,15 @@ def tracked_step(
     reserved: Replay | None = None,
     phases: Phases | None = None,
 ) -> dict[str, int | str]:
-    """One step under the live-bytes tracker: its peak, what was alive at that peak (``at_peak_*_bytes``,
-    summing to the peak), and the bytes each forward leaves alive for backward (saved activations plus the
-    logits), the quantity checkpointing and autocast shrink; with ``phases`` (generation), instead of the
-    latter, each phase's peak and the cache's bytes. ``compiled_update``: the optimizer's step runs
-    compiled code, which the tracker steps aside for; its state is counted, its own temporaries are not.
-    ``reserved``: what CUDA's caching allocator would reserve for the step, its allocations and frees replayed
-    through bench.measure.allocator after those of the steps before it (``peak_reserved_bytes``), and under a
-    capacity, whether it fits (``_reserved``)."""
+    """One step under the live-bytes tracker: its peak, what was alive at that peak
+    (``at_peak_*_bytes``, summing to the peak), and the bytes each forward leaves alive for backward
+    (saved activations plus the logits), the quantity checkpointing and autocast shrink; with
+    ``phases`` (generation), instead of the latter, each phase's peak and the cache's bytes.
+    ``compiled_update``: the optimizer's step runs compiled code, which the tracker steps aside for;
+    its state is counted, its own temporaries are not. ``reserved``: what CUDA's caching allocator
+    would reserve for the step, its allocations and frees replayed through bench.measure.allocator
+    after those of the steps before it (``peak_reserved_bytes``), and under a capacity, whether it
+    fits (``_reserved``)."""
     history = reserved.history if reserved is not None else None
     done = track(step, model, optimizer, device, rounding, compiled_update, history, phases)
     tracker = done.tracker
@@ -161,8 +163,8 @@ def tracked_step(
 
 @dataclass
 class Tracked:
-    """A step as the tracker saw it: every storage's life, what each forward left for backward (``held``), and
-    the gradients the optimizer found (``grads``)."""
+    """A step as the tracker saw it: every storage's life, what each forward left for backward
+    (``held``), and the gradients the optimizer found (``grads``)."""
 
     tracker: LiveBytes
     held: list[int]
@@ -179,9 +181,10 @@ def track(
     history: LiveBytes | None = None,
     phases: Phases | None = None,
 ) -> Tracked:
-    """``step`` under a tracker that knows the model's states as such, and each phase as it begins (forward,
-    backward, optimizer; or the ``phases`` of a generation's forwards, its cache labelled as such after
-    each); following ``history``, the tracker of the steps before (``LiveBytes.follow``)."""
+    """``step`` under a tracker that knows the model's states as such, and each phase as it begins
+    (forward, backward, optimizer; or the ``phases`` of a generation's forwards, its cache labelled
+    as such after each); following ``history``, the tracker of the steps before
+    (``LiveBytes.follow``)."""
     tracker = LiveBytes(device, rounding)
     tracker.add(model.parameters(), "parameters")
     tracker.add(model.buffers(), "buffers")
@@ -203,7 +206,10 @@ def track(
         else:  # the phase goes on: the token is chosen after the forward
             tracker.label(phases.cache(), "kv_cache")
 
-    hooks = [model.register_forward_pre_hook(forward_start), model.register_forward_hook(forward_end)]
+    hooks = [
+        model.register_forward_pre_hook(forward_start),
+        model.register_forward_hook(forward_end),
+    ]
 
     def optimizer_start(*_: object) -> None:
         tracker.phase = "optimizer"
@@ -223,20 +229,29 @@ def track(
     finally:
         for h in hooks:
             h.remove()
-    tracker.label(_grads(model), "gradients")  # kept past the step (no optimizer, or zero_grad keeps them)
+    tracker.label(
+        _grads(model), "gradients"
+    )  # kept past the step (no optimizer, or zero_grad keeps them)
     tracker.label(optimizer_state(optimizer), "optimizer_state")  # made in the step (a first step)
     return done
 
 
 # The phase an allocation the card cannot hold was made in, by what the tracker called it.
-OOM_PHASES = {"": "forward", "gradients": "backward", "optimizer_state": "optimizer", "parameters": "set-up"}
+OOM_PHASES = {
+    "": "forward",
+    "gradients": "backward",
+    "optimizer_state": "optimizer",
+    "parameters": "set-up",
+}
 
 
 def _reserved(tracker: LiveBytes, replay: Replay) -> dict[str, Any]:
-    """The step through the caching allocator after the workspaces, under the card's capacity if given: the
-    reserved peak, and the verdict: fits, fits only after freeing the cache (each flush a pause), or out of
-    memory at a phase and request."""
-    allocator = CachingAllocator(replay.capacity, replay.conf.max_split_size, replay.conf.roundup_divisions)
+    """The step through the caching allocator after the workspaces, under the card's capacity if
+    given: the reserved peak, and the verdict: fits, fits only after freeing the cache (each flush a
+    pause), or out of memory at a phase and request."""
+    allocator = CachingAllocator(
+        replay.capacity, replay.conf.max_split_size, replay.conf.roundup_divisions
+    )
     for i, size in enumerate(replay.workspaces):
         allocator.malloc(("workspace", i), size)  # never freed: cuBLAS keeps its workspaces
     try:
@@ -281,11 +296,16 @@ def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None)
 
 
 def overheads(figures: dict[str, Any]) -> dict[str, int]:
-    """CUDA memory beyond the tensors: the context and libraries (NVML's process figure minus what the
-    allocator reserved) and the cache's slack (reserved minus allocated at their peaks)."""
+    """CUDA memory beyond the tensors: the context and libraries (NVML's process figure minus what
+    the allocator reserved) and the cache's slack (reserved minus allocated at their peaks)."""
     out = {}
-    if figures.get(KEY.peak_reserved_bytes) is not None and figures.get(KEY.peak_allocated_bytes) is not None:
-        out[KEY.cache_slack_bytes] = figures[KEY.peak_reserved_bytes] - figures[KEY.peak_allocated_bytes]
+    if (
+        figures.get(KEY.peak_reserved_bytes) is not None
+        and figures.get(KEY.peak_allocated_bytes) is not None
+    ):
+        out[KEY.cache_slack_bytes] = (
+            figures[KEY.peak_reserved_bytes] - figures[KEY.peak_allocated_bytes]
+        )
     if figures.get(KEY.nvml_process_bytes) and figures.get(KEY.peak_reserved_bytes) is not None:
         out[KEY.context_bytes] = figures[KEY.nvml_process_bytes] - figures[KEY.peak_reserved_bytes]
     return out

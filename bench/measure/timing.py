@@ -15,7 +15,8 @@ def time_steps(step: Callable[[], object], n: int, device: torch.device) -> list
     """Run ``step`` n times; each step's duration in milliseconds."""
     if device.type == "cuda":
         events = [
-            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            for _ in range(n)
         ]
         for start, end in events:
             start.record()
@@ -31,7 +32,9 @@ def time_steps(step: Callable[[], object], n: int, device: torch.device) -> list
     return times
 
 
-def summarize(times_ms: list[float], samples: int, tokens_per_sample: int | None) -> dict[str, float]:
+def summarize(
+    times_ms: list[float], samples: int, tokens_per_sample: int | None
+) -> dict[str, float]:
     """Median and spread (never a single run), and the throughput the median implies."""
     q = statistics.quantiles(times_ms, n=4) if len(times_ms) > 1 else [times_ms[0]] * 3
     median = statistics.median(times_ms)

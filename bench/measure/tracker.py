@@ -6,7 +6,8 @@ statistics this works on the CPU, and unlike PyTorch's MemTracker it handles a m
 times in one step (gradient accumulation) and reports the bytes held from forward into backward.
 
 Every storage's life is kept as (bytes, label, born, freed) on one event clock, so what was alive at
-the peak, and what it was, can be read off afterwards without copying the live set at every new peak.
+the peak, and what it was, can be read off afterwards without copying the live set at every new
+peak.
 """
 
 from __future__ import annotations
@@ -30,15 +31,16 @@ CUDA_BLOCK = 512  # the caching allocator rounds every allocation up to this
 
 
 def inner_tensors(t: torch.Tensor) -> list[torch.Tensor]:
-    """The plain tensors holding a wrapper subclass's data (quantized weights, 8-bit states, a DTensor's
-    local shard; a DTensor also names its device mesh, which holds no data)."""
+    """The plain tensors holding a wrapper subclass's data (quantized weights, 8-bit states, a
+    DTensor's local shard; a DTensor also names its device mesh, which holds no data)."""
     names, _ = t.__tensor_flatten__()
     return [x for n in names if isinstance(x := getattr(t, n), torch.Tensor)]
 
 
 def on_host(t: torch.Tensor) -> torch.Tensor:
-    """Marks ``t`` as standing for a tensor the modelled device keeps on the host, so it is not counted:
-    a prediction's fake CPU tensors stand for CUDA ones, and a few of those live on the host there."""
+    """Marks ``t`` as standing for a tensor the modelled device keeps on the host, so it is not
+    counted: a prediction's fake CPU tensors stand for CUDA ones, and a few of those live on the
+    host there."""
     t.on_host = True
     return t
 
@@ -55,8 +57,8 @@ def storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
 
 class LiveBytes(TorchDispatchMode):
     def __init__(self, device: torch.device, rounding: int | None = None) -> None:
-        """``rounding``: allocation granularity to count in; CUDA's 512 bytes by default on CUDA, so a
-        prediction on a CPU can model the CUDA allocator too."""
+        """``rounding``: allocation granularity to count in; CUDA's 512 bytes by default on CUDA, so
+        a prediction on a CPU can model the CUDA allocator too."""
         super().__init__()
         self.device_type = device.type
         self.rounding = rounding or (CUDA_BLOCK if device.type == "cuda" else 1)
@@ -66,12 +68,18 @@ class LiveBytes(TorchDispatchMode):
         self._peak_clock = 0
         self.current = 0
         self.peak = 0
-        self.phase_peaks: dict[str, int] = {}  # each phase's own peak, from the bytes alive as it began
-        self.phase = ""  # set by the caller (forward / backward / optimizer); remembered at the peak
+        self.phase_peaks: dict[
+            str, int
+        ] = {}  # each phase's own peak, from the bytes alive as it began
+        self.phase = (
+            ""  # set by the caller (forward / backward / optimizer); remembered at the peak
+        )
         self.peak_phase = ""
         self._history: LiveBytes | None = None  # follow()
         self._history_until = 0
-        self._carried: dict[int, int] = {}  # this tracker's index → the history's, for the same storage
+        self._carried: dict[
+            int, int
+        ] = {}  # this tracker's index → the history's, for the same storage
 
     @property
     def phase(self) -> str:
@@ -83,20 +91,22 @@ class LiveBytes(TorchDispatchMode):
         self.phase_peaks[name] = max(self.phase_peaks.get(name, 0), self.current)
 
     def add(self, tensors: Iterable[torch.Tensor], label: str = "") -> None:
-        """Count tensors that exist already (parameters, optimizer state), labelled by what they are."""
+        """Count tensors that exist already (parameters, optimizer state), labelled by what they
+        are."""
         for t in tensors:
             self._count(t, label)
 
     def label(self, tensors: Iterable[torch.Tensor], label: str) -> None:
-        """Name what live storages are (gradients are only known as such once backward has made them)."""
+        """Name what live storages are (gradients are only known as such once backward has made
+        them)."""
         for t in tensors:
             for storage in storages(t):
                 if (index := self._live.get(id(storage))) is not None:
                     self._lives[index][1] = label
 
     def at_peak(self) -> dict[str, int]:
-        """Bytes alive at the peak by label; storages counted while running carry the phase they were
-        made in. The values sum to ``peak``."""
+        """Bytes alive at the peak by label; storages counted while running carry the phase they
+        were made in. The values sum to ``peak``."""
         out: dict[str, int] = {}
         for n, label, born, freed in self._lives:
             if born <= self._peak_clock and (freed is None or freed > self._peak_clock):
@@ -105,8 +115,9 @@ class LiveBytes(TorchDispatchMode):
 
     @contextmanager
     def stepped_aside(self) -> Iterator[None]:
-        """The block runs without this mode, as compiled code must (dynamo refuses to trace under a dispatch
-        mode): what it allocates is not counted, what it frees still is (the finalizers stay)."""
+        """The block runs without this mode, as compiled code must (dynamo refuses to trace under a
+        dispatch mode): what it allocates is not counted, what it frees still is (the finalizers
+        stay)."""
         with _pop_mode_temporarily() as mode:
             assert mode is self, "the tracker must be the innermost dispatch mode to step aside"
             yield
@@ -130,19 +141,26 @@ class LiveBytes(TorchDispatchMode):
         if self.current > self.phase_peaks[self._phase]:
             self.phase_peaks[self._phase] = self.current
         if self.current > self.peak:
-            self.peak, self.peak_phase, self._peak_clock = self.current, self.phase, self._lives[index][2]
+            self.peak, self.peak_phase, self._peak_clock = (
+                self.current,
+                self.phase,
+                self._lives[index][2],
+            )
         weakref.finalize(storage, self._free, key, index)
 
     def follow(self, history: LiveBytes) -> None:
-        """Take ``history`` (a tracker of the steps before, still counting frees) as what came before this
-        one: its storages alive now are the tensors this one was given (``add``) before its step."""
+        """Take ``history`` (a tracker of the steps before, still counting frees) as what came
+        before this one: its storages alive now are the tensors this one was given (``add``) before
+        its step."""
         self._history, self._history_until = history, history._clock
-        self._carried = {i: history._live[key] for key, i in self._live.items() if key in history._live}
+        self._carried = {
+            i: history._live[key] for key, i in self._live.items() if key in history._live
+        }
 
     def replay(self, allocator: CachingAllocator) -> None:
-        """Every allocation and free this tracker saw, in order, through ``allocator``: after the history's
-        (``follow``), or else with the tensors it was given before its step (parameters, kept gradients,
-        optimizer state) allocated first, in order."""
+        """Every allocation and free this tracker saw, in order, through ``allocator``: after the
+        history's (``follow``), or else with the tensors it was given before its step (parameters,
+        kept gradients, optimizer state) allocated first, in order."""
         carried = {i: ("history", h) for i, h in self._carried.items()}
         if self._history is not None:
             for freeing, i, n in self._history._events(self._history_until):
@@ -161,7 +179,11 @@ class LiveBytes(TorchDispatchMode):
         """(freeing, index, bytes) in clock order, up to ``until``."""
         events = sorted(
             [(born, 0, i, n) for i, (n, _, born, _) in enumerate(self._lives)]
-            + [(freed, 1, i, n) for i, (n, _, _, freed) in enumerate(self._lives) if freed is not None]
+            + [
+                (freed, 1, i, n)
+                for i, (n, _, _, freed) in enumerate(self._lives)
+                if freed is not None
+            ]
         )
         return [(bool(f), i, n) for clock, f, i, n in events if until is None or clock <= until]
 

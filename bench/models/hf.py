@@ -1,13 +1,14 @@
-"""A model from its Hugging Face ``config.json``: ``model = "hf:PATH"`` in a suite, PATH a folder holding one
-(or the file itself), for any architecture transformers builds from a config. Weights are random, as for every
-built-in model (``weights`` loads local ones). The head comes from the config's ``architectures``
-(``…ForCausalLM``: a next-token model; ``…ForSequenceClassification`` or ``…ForImageClassification``: a
-classifier of its ``num_labels``), or from a task named after the path, ``hf:PATH#sequence-classification``. A
-token model computes its own loss from the labels, as the Trainer calls it (the causal-LM loss upcasts the
-logits to float32). Attention is the config's ``attn_implementation`` where it names one, else SDPA,
-transformers' own default. The weights are in the config's ``torch_dtype`` (else float32), as transformers 5's
-``from_pretrained`` loads them by default (``dtype="auto"``): a Llama-3.2 config trains in bfloat16. The name
-may set either after the task, as ``from_pretrained`` takes them: ``hf:PATH#causal-lm,dtype=float32``,
+"""A model from its Hugging Face ``config.json``: ``model = "hf:PATH"`` in a suite, PATH a folder
+holding one (or the file itself), for any architecture transformers builds from a config. Weights
+are random, as for every built-in model (``weights`` loads local ones). The head comes from the
+config's ``architectures`` (``…ForCausalLM``: a next-token model; ``…ForSequenceClassification`` or
+``…ForImageClassification``: a classifier of its ``num_labels``), or from a task named after the
+path, ``hf:PATH#sequence-classification``. A token model computes its own loss from the labels, as
+the Trainer calls it (the causal-LM loss upcasts the logits to float32). Attention is the config's
+``attn_implementation`` where it names one, else SDPA, transformers' own default. The weights are in
+the config's ``torch_dtype`` (else float32), as transformers 5's ``from_pretrained`` loads them by
+default (``dtype="auto"``): a Llama-3.2 config trains in bfloat16. The name may set either after the
+task, as ``from_pretrained`` takes them: ``hf:PATH#causal-lm,dtype=float32``,
 ``hf:PATH#sequence-classification,attn_implementation=eager``."""
 
 from __future__ import annotations
@@ -36,9 +37,12 @@ SUFFIXES = {
     "ForMaskedLM": "masked-lm",
     "ForImageClassification": "image-classification",
 }
-# Model types whose layers are named as Llama's (q/k/v/o, gate/up/down projections): lora's default targets.
+# Model types whose layers are named as Llama's (q/k/v/o, gate/up/down projections): lora's default
+# targets.
 LLAMA_LAYOUT = {"llama", "mistral", "qwen2", "qwen3"}
-CPU_PARAMS = 2e9  # over this many parameters (8 GB of float32), a model is predicted only, as llama3-8b is
+CPU_PARAMS = (
+    2e9  # over this many parameters (8 GB of float32), a model is predicted only, as llama3-8b is
+)
 
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -46,7 +50,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 @functools.cache  # a suite's runs resolve their model many times; its size is counted once
 def spec(name: str) -> ModelSpec:
-    """The ModelSpec of ``hf:PATH[#task]``; KeyError naming the file and the fix where it cannot be read."""
+    """The ModelSpec of ``hf:PATH[#task]``; KeyError naming the file and the fix where it cannot be
+    read."""
     task, overrides = _fragment(name)
     raw = _read(name) | overrides
     task = task or _task(name, raw)
@@ -80,8 +85,8 @@ OVERRIDES = ("attn_implementation", "dtype")
 
 
 def _fragment(name: str) -> tuple[str, dict[str, str]]:
-    """``hf:PATH#task,attn_implementation=eager``: the task named (empty: the config's), and the fields
-    set."""
+    """``hf:PATH#task,attn_implementation=eager``: the task named (empty: the config's), and the
+    fields set."""
     task, overrides = "", {}
     for item in filter(None, name.removeprefix(HF).partition("#")[2].split(",")):
         key, eq, value = item.partition("=")
@@ -114,8 +119,8 @@ def _task(name: str, raw: dict[str, Any]) -> str:
             if architecture.endswith(suffix):
                 return task
     raise KeyError(
-        f"model {name!r}: its config's architectures ({raw.get('architectures')}) name no head this "
-        f"harness trains; name one after the path, e.g. {name}#causal-lm ({', '.join(TASKS)})"
+        f"model {name!r}: its config's architectures ({raw.get('architectures')}) name no head "
+        f"this harness trains; name one after the path, e.g. {name}#causal-lm ({', '.join(TASKS)})"
     )
 
 
@@ -125,7 +130,9 @@ def _config(name: str) -> Any:
     try:
         config = AutoConfig.from_pretrained(str(hf_config_file(name)), local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
-        raise KeyError(f"model {name!r}: transformers cannot build a config from it: {exc}") from None
+        raise KeyError(
+            f"model {name!r}: transformers cannot build a config from it: {exc}"
+        ) from None
     config.use_cache = False  # training keeps no key-value cache
     return config
 
@@ -134,7 +141,9 @@ def _build(config: Any, task: str, attention: str, dtype: torch.dtype, shapes: S
     import transformers
 
     auto = getattr(transformers, TASKS[task][0])
-    if task == "image-classification":  # the run's images, the patch grid following; the spec's config stays
+    if (
+        task == "image-classification"
+    ):  # the run's images, the patch grid following; the spec's config stays
         config = copy.deepcopy(config)
         config.image_size = shapes.image_size
     model = auto.from_config(config, attn_implementation=attention, dtype=dtype)
@@ -151,8 +160,8 @@ def _params(config: Any, task: str) -> int:
 
 
 class _Logits(nn.Module):
-    """An image classifier taking the batch as its one argument and returning its logits, as the harness calls
-    every image model."""
+    """An image classifier taking the batch as its one argument and returning its logits, as the
+    harness calls every image model."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()

@@ -1,6 +1,6 @@
-"""BERT-base for sequence classification (transformers, random init from BertConfig), plus a tiny variant; and
-Llama-3 causal language models: 8B's shapes for predictions of runs over many GPUs, 1B's for one GPU, and a
-tiny one of the same family for a CPU.
+"""BERT-base for sequence classification (transformers, random init from BertConfig), plus a tiny
+variant; and Llama-3 causal language models: 8B's shapes for predictions of runs over many GPUs,
+1B's for one GPU, and a tiny one of the same family for a CPU.
 
 transformers is imported inside the builders: it takes seconds, and vision runs never need it."""
 
@@ -38,10 +38,11 @@ def _bert_base(shapes: Shapes) -> nn.Module:
 def _bert_tiny(shapes: Shapes) -> nn.Module:
     from transformers import BertConfig
 
-    # BertConfig's initializer_range (0.02) is sized for hidden 768. At hidden 64 each sublayer's output
-    # starts about 6x smaller than its input, so the post-LN encoder begins close to the identity and
-    # learned digits to only 44% in the fidelity budget (±10.6 over seeds). LeCun's fan-in scale,
-    # 1/sqrt(hidden), gives 82% (standard deviation 3.0 over six seeds) in the same 300 steps.
+    # BertConfig's initializer_range (0.02) is sized for hidden 768. At hidden 64 each sublayer's
+    # output starts about 6x smaller than its input, so the post-LN encoder begins close to the
+    # identity and learned digits to only 44% in the fidelity budget (±10.6 over seeds). LeCun's
+    # fan-in scale, 1/sqrt(hidden), gives 82% (standard deviation 3.0 over six seeds) in the same
+    # 300 steps.
     hidden = 64
     config = BertConfig(
         vocab_size=128,
@@ -77,8 +78,9 @@ def _llama(shapes: Shapes, **shape: object) -> nn.Module:
 
 
 def _llama3_8b(shapes: Shapes) -> nn.Module:
-    """Llama-3-8B's shapes (Meta's config.json): 32 layers of 4,096 with 32 query and 8 key-value heads, an
-    MLP of 14,336 and a 128,256-token vocabulary; 8.03 billion parameters, random, never trained here."""
+    """Llama-3-8B's shapes (Meta's config.json): 32 layers of 4,096 with 32 query and 8 key-value
+    heads, an MLP of 14,336 and a 128,256-token vocabulary; 8.03 billion parameters, random, never
+    trained here."""
     return _llama(
         shapes,
         vocab_size=LLAMA3_VOCAB,
@@ -92,9 +94,9 @@ def _llama3_8b(shapes: Shapes) -> nn.Module:
 
 
 def _llama3_1b(shapes: Shapes) -> nn.Module:
-    """Llama-3.2-1B's shapes (Meta's config.json): 16 layers of 2,048 with 32 query and 8 key-value heads, an
-    MLP of 8,192, and the 128,256-token vocabulary, its embedding tied to the head; 1.24 billion
-    parameters."""
+    """Llama-3.2-1B's shapes (Meta's config.json): 16 layers of 2,048 with 32 query and 8 key-value
+    heads, an MLP of 8,192, and the 128,256-token vocabulary, its embedding tied to the head; 1.24
+    billion parameters."""
     return _llama(
         shapes,
         vocab_size=LLAMA3_VOCAB,
@@ -108,9 +110,9 @@ def _llama3_1b(shapes: Shapes) -> nn.Module:
 
 
 def _llama_tiny(shapes: Shapes) -> nn.Module:
-    """The same family at a CPU's size, its vocabulary kept at 32,768 so that, as in the real model, the
-    logits are the largest activation (batch 8 × 256 tokens: 256 MiB of float32 logits against 4.6 million
-    parameters)."""
+    """The same family at a CPU's size, its vocabulary kept at 32,768 so that, as in the real model,
+    the logits are the largest activation (batch 8 × 256 tokens: 256 MiB of float32 logits against
+    4.6 million parameters)."""
     return _llama(
         shapes,
         vocab_size=TINY_VOCAB,
@@ -124,8 +126,8 @@ def _llama_tiny(shapes: Shapes) -> nn.Module:
 
 
 def _llama_digits(shapes: Shapes) -> nn.Module:
-    """llama-tiny's layers with the 48 tokens of the digits task (bench.data.real), for a CPU's fidelity
-    phase: at 32,768 tokens the head made a training step of the task take seconds."""
+    """llama-tiny's layers with the 48 tokens of the digits task (bench.data.real), for a CPU's
+    fidelity phase: at 32,768 tokens the head made a training step of the task take seconds."""
     return _llama(
         shapes,
         vocab_size=DIGITS_VOCAB,
@@ -146,8 +148,16 @@ LLAMA = {
     "family": "llama",
 }
 register(
-    ModelSpec("llama3-8b", _llama3_8b, "tokens", LLAMA3_VOCAB, vocab_size=LLAMA3_VOCAB, cpu=False, **LLAMA)
+    ModelSpec(
+        "llama3-8b", _llama3_8b, "tokens", LLAMA3_VOCAB, vocab_size=LLAMA3_VOCAB, cpu=False, **LLAMA
+    )
 )
-register(ModelSpec("llama3-1b", _llama3_1b, "tokens", LLAMA3_VOCAB, vocab_size=LLAMA3_VOCAB, **LLAMA))
+register(
+    ModelSpec("llama3-1b", _llama3_1b, "tokens", LLAMA3_VOCAB, vocab_size=LLAMA3_VOCAB, **LLAMA)
+)
 register(ModelSpec("llama-tiny", _llama_tiny, "tokens", TINY_VOCAB, vocab_size=TINY_VOCAB, **LLAMA))
-register(ModelSpec("llama-digits", _llama_digits, "tokens", DIGITS_VOCAB, vocab_size=DIGITS_VOCAB, **LLAMA))
+register(
+    ModelSpec(
+        "llama-digits", _llama_digits, "tokens", DIGITS_VOCAB, vocab_size=DIGITS_VOCAB, **LLAMA
+    )
+)

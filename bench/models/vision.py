@@ -24,16 +24,18 @@ def _resnet50(shapes: Shapes) -> nn.Module:
 def _resnet_tiny(shapes: Shapes) -> nn.Module:
     from torchvision.models.resnet import Bottleneck, ResNet
 
-    # One bottleneck per stage, narrow: the same code paths as ResNet-50 (BN, downsample, residuals).
+    # One bottleneck per stage, narrow: the same code paths as ResNet-50 (BN, downsample,
+    # residuals).
     return ResNet(Bottleneck, [1, 1, 1, 1], num_classes=10, width_per_group=16)
 
 
 def _resnet_small(shapes: Shapes) -> nn.Module:
     from torchvision.models.resnet import Bottleneck, ResNet
 
-    # resnet-tiny with three blocks in its third stage, the last two identical as ResNet-50's blocks after
-    # a stage's first are: ResNet-50's stand-in in a CPU's fidelity phase, where share-layers has blocks to
-    # share (on resnet-tiny it had none, and its phase failed). 8% slower a step than resnet-tiny.
+    # resnet-tiny with three blocks in its third stage, the last two identical as ResNet-50's blocks
+    # after a stage's first are: ResNet-50's stand-in in a CPU's fidelity phase, where share-layers
+    # has blocks to share (on resnet-tiny it had none, and its phase failed). 8% slower a step than
+    # resnet-tiny.
     return ResNet(Bottleneck, [1, 1, 3, 1], num_classes=10, width_per_group=16)
 
 

@@ -1,12 +1,13 @@
-"""Pretrained weights from a local path, loaded into a freshly built model before any technique applies.
+"""Pretrained weights from a local path, loaded into a freshly built model before any technique
+applies.
 
 Accepted: a state_dict file saved with ``torch.save`` (.pt, .pth, .bin) or safetensors, a checkpoint
 dict holding one under ``"state_dict"`` or ``"model"``, or a folder written by transformers'
-``save_pretrained`` (its ``*.safetensors``, else ``pytorch_model*.bin``). Tensors are matched by name and
-shape. A prefix the file and the model disagree on (DDP's ``module.``, a bare ``BertModel`` under
-``bert.``) is found by trying each. Tensors without a match keep their random initialisation (typically
-a classification head of another size) and are counted in the record, so a partly loaded model is never
-mistaken for a fully loaded one.
+``save_pretrained`` (its ``*.safetensors``, else ``pytorch_model*.bin``). Tensors are matched by
+name and shape. A prefix the file and the model disagree on (DDP's ``module.``, a bare ``BertModel``
+under ``bert.``) is found by trying each. Tensors without a match keep their random initialisation
+(typically a classification head of another size) and are counted in the record, so a partly loaded
+model is never mistaken for a fully loaded one.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ class WeightsError(Exception):
 
 
 def load_weights(model: nn.Module, path: str) -> dict[str, Any]:
-    """Copy the matching tensors of ``path`` into ``model``; what was loaded and what was not, for the
-    record."""
+    """Copy the matching tensors of ``path`` into ``model``; what was loaded and what was not, for
+    the record."""
     state = _read(_files(Path(path)))
     own = model.state_dict()
     mapping = max(_alignments(state, own), key=len)
@@ -44,10 +45,12 @@ def load_weights(model: nn.Module, path: str) -> dict[str, Any]:
     mapped = set(mapping.values())
     missing = [n for n in own if n not in mapped]
     unused = [n for n in state if n not in mapping]
-    if missing:  # in the run's log as well as its record: a partly loaded model should never go unnoticed
+    if (
+        missing
+    ):  # in the run's log as well as its record: a partly loaded model should never go unnoticed
         print(
-            f"weights {path}: {len(mapping)} tensors loaded; {len(missing)} keep their initialisation "
-            f"({', '.join(missing[:SHOWN])}{', …' if len(missing) > SHOWN else ''})",
+            f"weights {path}: {len(mapping)} tensors loaded; {len(missing)} keep their "
+            f"initialisation ({', '.join(missing[:SHOWN])}{', …' if len(missing) > SHOWN else ''})",
             file=sys.stderr,
         )
     return {
@@ -93,9 +96,10 @@ def _read(files: list[Path]) -> Tensors:
 
 
 def _alignments(state: Tensors, own: Tensors) -> list[dict[str, str]]:
-    """The file's tensors that match the model's by name and shape: as named, then with each leading name
-    of the file's stripped, then with each of the model's added. Never both: swapping one leading name for
-    another would match unrelated tensors of equal shape (one head's bias for another's)."""
+    """The file's tensors that match the model's by name and shape: as named, then with each leading
+    name of the file's stripped, then with each of the model's added. Never both: swapping one
+    leading name for another would match unrelated tensors of equal shape (one head's bias for
+    another's)."""
 
     def leading(keys: Tensors) -> list[str]:
         return sorted({k.split(".", 1)[0] + "." for k in keys if "." in k})
@@ -109,7 +113,8 @@ def _alignments(state: Tensors, own: Tensors) -> list[dict[str, str]]:
 
 
 def digest(path: str) -> str:
-    """The first 16 hex digits of the SHA-256 over the files the weights are read from, for provenance."""
+    """The first 16 hex digits of the SHA-256 over the files the weights are read from, for
+    provenance."""
     h = hashlib.sha256()
     for f in _files(Path(path)):
         with f.open("rb") as stream:

@@ -1,4 +1,5 @@
-"""Predict a run's peak memory without a GPU: the run's step on fake tensors, counted by the tracker.
+"""Predict a run's peak memory without a GPU: the run's step on fake tensors, counted by the
+tracker.
 
 Under ``FakeTensorMode`` every operator computes shapes and dtypes but allocates nothing, so a full
 ResNet-50 step at batch 256 takes about a second on a laptop. The live-bytes tracker counts the fake
@@ -6,12 +7,14 @@ storages exactly as it counts real ones, in CUDA's 512-byte allocation granulari
 ``FlopCounterMode`` counts the step's FLOPs on the way.
 
 Fake CUDA tensors cannot run backward without a CUDA context, so the fake tensors sit on the CPU and
-stand for CUDA ones; where the two differ the prediction assumes (see ``ASSUMPTIONS``). What it counts is
-tensor bytes: the CUDA allocator's peak adds workspaces (cuBLAS, cuDNN) and fragmentation on top.
+stand for CUDA ones; where the two differ the prediction assumes (see ``ASSUMPTIONS``). What it
+counts is tensor bytes: the CUDA allocator's peak adds workspaces (cuBLAS, cuDNN) and fragmentation
+on top.
 
-``fake`` runs and counts the step; ``cuda`` makes it CUDA's (its kernels, and what it keeps on the host),
-``autocast`` casts by CUDA's autocast lists; ``budget`` finds the largest batch under a budget; ``table``
-predicts a suite, in processes, as a table; ``ahead`` makes a sweep's predictions beside its runs.
+``fake`` runs and counts the step; ``cuda`` makes it CUDA's (its kernels, and what it keeps on the
+host), ``autocast`` casts by CUDA's autocast lists; ``budget`` finds the largest batch under a
+budget; ``table`` predicts a suite, in processes, as a table; ``ahead`` makes a sweep's predictions
+beside its runs.
 """
 
 from bench.predict.ahead import Ahead, predict_run

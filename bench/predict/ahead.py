@@ -1,8 +1,9 @@
 """A run's own prediction, made in the run's process or ahead of it on the host's spare cores.
 
-Every record carries the prediction of its own run, so the table can hold prediction against measurement.
-Made inside the run's process it costs 1 to 6 s of the device's clock; on a GPU host the sweep makes the
-pending runs' predictions ahead, in processes on the CPU cores, while the GPU measures the runs before them.
+Every record carries the prediction of its own run, so the table can hold prediction against
+measurement. Made inside the run's process it costs 1 to 6 s of the device's clock; on a GPU host
+the sweep makes the pending runs' predictions ahead, in processes on the CPU cores, while the GPU
+measures the runs before them.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from bench.suite import RunSpec
 
 
 def predict_run(spec: RunSpec, device_type: str, rank: int = 0) -> dict[str, Any]:
-    """The run's prediction at the run's shapes (as its ``rank``, over several processes), modelling CUDA for
-    a CUDA run and the CPU run exactly on a CPU, with the seconds it took; a failed prediction is a status,
-    never a cost to the measurement."""
+    """The run's prediction at the run's shapes (as its ``rank``, over several processes), modelling
+    CUDA for a CUDA run and the CPU run exactly on a CPU, with the seconds it took; a failed
+    prediction is a status, never a cost to the measurement."""
     clock = time.perf_counter()
     try:
         out = predict(spec, spec.shapes(device_type), cuda=device_type == "cuda", rank=rank)
@@ -32,19 +33,19 @@ def predict_run(spec: RunSpec, device_type: str, rank: int = 0) -> dict[str, Any
 
 
 def spawn_pool(processes: int) -> multiprocessing.pool.Pool:
-    """Processes that each import torch afresh (a fork of a process that has run torch ops may deadlock in its
-    thread pools). They ignore Ctrl-C: it reaches the parent only, which terminates the pool on its way
-    out."""
+    """Processes that each import torch afresh (a fork of a process that has run torch ops may
+    deadlock in its thread pools). They ignore Ctrl-C: it reaches the parent only, which terminates
+    the pool on its way out."""
     return multiprocessing.get_context("spawn").Pool(
         processes, initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN)
     )
 
 
 def stop_pool(pool: multiprocessing.pool.Pool, interrupted: bool) -> None:
-    """The pool's processes ended. Interrupted (SIGTERM to the process group, as `timeout` and Slurm send it),
-    a worker may have died holding the pool's queue lock, and Pool.terminate would wait on that lock forever
-    (13 minutes, once): the workers are killed outright instead, none respawned, and the pool's own finalizer,
-    which would wait on the same lock at exit, is cancelled."""
+    """The pool's processes ended. Interrupted (SIGTERM to the process group, as `timeout` and Slurm
+    send it), a worker may have died holding the pool's queue lock, and Pool.terminate would wait on
+    that lock forever (13 minutes, once): the workers are killed outright instead, none respawned,
+    and the pool's own finalizer, which would wait on the same lock at exit, is cancelled."""
     if not interrupted:
         pool.terminate()
         pool.join()
@@ -57,8 +58,8 @@ def stop_pool(pool: multiprocessing.pool.Pool, interrupted: bool) -> None:
 
 
 class Ahead:
-    """Predictions of runs still to be measured, computed in ``jobs`` spawned processes in the order given;
-    ``jobs`` = 0 makes none, and each run predicts itself."""
+    """Predictions of runs still to be measured, computed in ``jobs`` spawned processes in the order
+    given; ``jobs`` = 0 makes none, and each run predicts itself."""
 
     def __init__(self, specs: list[RunSpec], device_type: str, jobs: int) -> None:
         self._pool = None
@@ -71,7 +72,8 @@ class Ahead:
         }
 
     def get(self, spec: RunSpec) -> dict[str, Any] | None:
-        """The run's prediction (waiting for it if it is still being made), or None: the run makes its own."""
+        """The run's prediction (waiting for it if it is still being made), or None: the run makes
+        its own."""
         result = self._pending.pop((spec.suite, spec.name), None)
         return None if result is None else result.get() | {KEY.predicted_ahead: True}
 
@@ -79,5 +81,7 @@ class Ahead:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
-        if self._pool is not None:  # predictions of runs never reached (an interrupted sweep) are dropped
+        if (
+            self._pool is not None
+        ):  # predictions of runs never reached (an interrupted sweep) are dropped
             stop_pool(self._pool, interrupted=kind is not None)

@@ -1,14 +1,15 @@
 """CUDA's autocast for the fake CPU tensors that stand for CUDA ones.
 
-Autocast keeps other op lists per device: CUDA runs layer norm, softmax, ``exp`` or ``sum`` in float32
-when handed 16-bit tensors, where CPU runs them as given; it runs ``mv`` or ``addmv`` in 16 bits, where
-CPU leaves them in float32; and CPU's float32 losses and padding ops are not on CUDA's lists at all. What
-each op keeps for backward follows (ConvNeXt's layer norms, on a 16-bit convolution's output, keep a
-float32 copy of their input on CUDA). So while predicting, the CPU autocast key runs CUDA's lists: ops
-CUDA casts get its casting rule, ops only CPU casts fall through, and the ops both cast to 16 bits keep
-CPU's own kernel (and its cache of cast weights, as CUDA's). The lists are CUDA's in
-``torch/include/ATen/autocast_mode.h``; a test holds them to the ops this torch registers for CUDA's
-autocast, and holds the rules to CUDA's own kernels run on fake CUDA tensors.
+Autocast keeps other op lists per device: CUDA runs layer norm, softmax, ``exp`` or ``sum`` in
+float32 when handed 16-bit tensors, where CPU runs them as given; it runs ``mv`` or ``addmv`` in 16
+bits, where CPU leaves them in float32; and CPU's float32 losses and padding ops are not on CUDA's
+lists at all. What each op keeps for backward follows (ConvNeXt's layer norms, on a 16-bit
+convolution's output, keep a float32 copy of their input on CUDA). So while predicting, the CPU
+autocast key runs CUDA's lists: ops CUDA casts get its casting rule, ops only CPU casts fall
+through, and the ops both cast to 16 bits keep CPU's own kernel (and its cache of cast weights, as
+CUDA's). The lists are CUDA's in ``torch/include/ATen/autocast_mode.h``; a test holds them to the
+ops this torch registers for CUDA's autocast, and holds the rules to CUDA's own kernels run on fake
+CUDA tensors.
 """
 
 from __future__ import annotations
@@ -161,16 +162,22 @@ def cuda_autocast() -> Iterator[None]:
     """While it lasts, CPU autocast casts as CUDA's does (the registrations are undone on exit)."""
     lib, casts = Library("aten", "IMPL"), _Casts()
     try:
-        with warnings.catch_warnings():  # overriding CPU's kernels is the point (torch 2.11 warns of it)
+        with (
+            warnings.catch_warnings()
+        ):  # overriding CPU's kernels is the point (torch 2.11 warns of it)
             warnings.filterwarnings("ignore", "Warning only once for all operators", UserWarning)
             for name in _registered("AutocastCPU") - _registered("AutocastCUDA"):
                 lib.impl(name, fallthrough_kernel, "AutocastCPU")
             for name in _registered("AutocastCUDA"):
-                if _base(name) in LOWER and name in _registered("AutocastCPU"):  # CPU's kernel does as CUDA's
+                if _base(name) in LOWER and name in _registered(
+                    "AutocastCPU"
+                ):  # CPU's kernel does as CUDA's
                     continue
                 if kernel := _kernel(name, casts):
                     lib.impl(name, kernel, "AutocastCPU")
-        with patch.object(torch, "clear_autocast_cache", casts.clear_with(torch.clear_autocast_cache)):
+        with patch.object(
+            torch, "clear_autocast_cache", casts.clear_with(torch.clear_autocast_cache)
+        ):
             yield
     finally:
         lib._destroy()
@@ -178,11 +185,13 @@ def cuda_autocast() -> Iterator[None]:
 
 @functools.cache
 def _registered(key: str) -> frozenset[str]:
-    """The aten ops (``name`` or ``name.overload``) with a kernel of their own for dispatch ``key``. Other
-    libraries' ops (torchvision's) keep their own autocast kernels."""
+    """The aten ops (``name`` or ``name.overload``) with a kernel of their own for dispatch ``key``.
+    Other libraries' ops (torchvision's) keep their own autocast kernels."""
     names = [n for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::")]
     return frozenset(
-        n.removeprefix("aten::") for n in names if torch._C._dispatch_has_kernel_for_dispatch_key(n, key)
+        n.removeprefix("aten::")
+        for n in names
+        if torch._C._dispatch_has_kernel_for_dispatch_key(n, key)
     )
 
 
@@ -196,9 +205,9 @@ def _op(name: str) -> torch._ops.OpOverload:
 
 
 def _kernel(name: str, casts: _Casts) -> Callable[..., Any] | None:
-    """CUDA's rule for op ``name``, as a kernel for the CPU autocast key: cast, then run below autocast. None
-    for an op these lists do not know (a newer torch's), which keeps CPU's rule; a test holds them to this
-    torch."""
+    """CUDA's rule for op ``name``, as a kernel for the CPU autocast key: cast, then run below
+    autocast. None for an op these lists do not know (a newer torch's), which keeps CPU's rule; a
+    test holds them to this torch."""
     op, base = _op(name), _base(name)
     if base in BANNED:
 
@@ -241,8 +250,8 @@ def _first_or(t: Any, dtype: torch.dtype) -> torch.dtype:
 
 
 def _with_float32(op: torch._ops.OpOverload, slot: int, args: tuple, kwargs: dict[str, Any]) -> Any:
-    """``op`` with float32 as its ``dtype`` (argument ``slot``) where the caller gave none and the first
-    input is eligible."""
+    """``op`` with float32 as its ``dtype`` (argument ``slot``) where the caller gave none and the
+    first input is eligible."""
     given = args[slot] if len(args) > slot else kwargs.get("dtype")
     if given is not None or not _eligible(args[0]):
         return op(*args, **kwargs)
@@ -252,25 +261,38 @@ def _with_float32(op: torch._ops.OpOverload, slot: int, args: tuple, kwargs: dic
 
 
 def _widest(args: list[Any]) -> torch.dtype:
-    tensors = [t for a in args for t in (a if isinstance(a, (list, tuple)) else [a]) if _eligible(t)]
-    return functools.reduce(torch.promote_types, (t.dtype for t in tensors), torch.get_autocast_dtype("cpu"))
+    tensors = [
+        t for a in args for t in (a if isinstance(a, (list, tuple)) else [a]) if _eligible(t)
+    ]
+    return functools.reduce(
+        torch.promote_types, (t.dtype for t in tensors), torch.get_autocast_dtype("cpu")
+    )
 
 
 class _Casts:
-    """Casts as CUDA's autocast makes them: eligible tensors (in lists too) to the rule's type, and a float32
-    leaf that requires grad (a weight) cast to 16 bits once per autocast region, held until it ends. (CPU's
-    kernels kept for the ops both devices cast keep their own cache: a weight that one of them and one of
-    these cast would be cast twice, where CUDA casts it once.)"""
+    """Casts as CUDA's autocast makes them: eligible tensors (in lists too) to the rule's type, and
+    a float32 leaf that requires grad (a weight) cast to 16 bits once per autocast region, held
+    until it ends. (CPU's kernels kept for the ops both devices cast keep their own cache: a weight
+    that one of them and one of these cast would be cast twice, where CUDA casts it once.)"""
 
     def __init__(self) -> None:
         self.cache: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
 
-    def run(self, op: torch._ops.OpOverload, dtype: torch.dtype, args: tuple, kwargs: dict[str, Any]) -> Any:
+    def run(
+        self, op: torch._ops.OpOverload, dtype: torch.dtype, args: tuple, kwargs: dict[str, Any]
+    ) -> Any:
         """``op`` on its arguments cast to ``dtype``."""
-        return op(*(self.each(a, dtype) for a in args), **{k: self.each(v, dtype) for k, v in kwargs.items()})
+        return op(
+            *(self.each(a, dtype) for a in args),
+            **{k: self.each(v, dtype) for k, v in kwargs.items()},
+        )
 
     def each(self, arg: Any, dtype: torch.dtype) -> Any:
-        return [self.one(t, dtype) for t in arg] if isinstance(arg, (list, tuple)) else self.one(arg, dtype)
+        return (
+            [self.one(t, dtype) for t in arg]
+            if isinstance(arg, (list, tuple))
+            else self.one(arg, dtype)
+        )
 
     def one(self, t: Any, dtype: torch.dtype) -> Any:
         if not _eligible(t) or t.dtype == dtype:
@@ -292,8 +314,8 @@ class _Casts:
         return cast
 
     def clear_with(self, clear: Callable[[], None]) -> Callable[[], None]:
-        """``torch.clear_autocast_cache`` (called as the outermost autocast region ends) clearing this cache
-        too."""
+        """``torch.clear_autocast_cache`` (called as the outermost autocast region ends) clearing
+        this cache too."""
 
         def both() -> None:
             self.cache.clear()

@@ -13,11 +13,12 @@ from bench.record import Prediction
 from bench.suite import RunSpec, Shapes
 from bench.techniques import build
 
-# Held back from a card's memory (--budget) for what a CUDA process holds besides tensors: the context
-# (the driver's, CUDA's and its libraries' code and handles; NVML's process memory less the allocator's
-# reserve: 742–764 MiB in every committed H100 record) and the allocator's own share of its peak (cuBLAS
-# and cuDNN workspaces, kernels' buffers: 68–213 MiB). Fragmentation is not held back: under pressure the
-# allocator frees its cache and retries. tests/predict/test_budget.py holds this against the records.
+# Held back from a card's memory (--budget) for what a CUDA process holds besides tensors: the
+# context (the driver's, CUDA's and its libraries' code and handles; NVML's process memory less the
+# allocator's reserve: 742–764 MiB in every committed H100 record) and the allocator's own share of
+# its peak (cuBLAS and cuDNN workspaces, kernels' buffers: 68–213 MiB). Fragmentation is not held
+# back: under pressure the allocator frees its cache and retries. tests/predict/test_budget.py holds
+# this against the records.
 RESERVE = "1GiB"
 
 
@@ -30,15 +31,15 @@ def largest_batch(
     device_type: str = "cuda",
 ) -> int | None:
     """The largest batch whose predicted peak fits ``budget`` bytes (in multiples of the micro-batch
-    count, so every candidate is a valid run); None if none fits. A peak is close to linear in the batch
-    (past the small batches where the optimizer step holds it), so the line through the last two
-    predictions guesses the answer, and a guess the line gives again is confirmed by its neighbour: four
-    to seven predictions a run, where doubling and bisection took about seventeen. A guess that does not
-    halve the bracket twice in a row is followed by a doubling or bisection step, so a peak far from
-    linear still gets the right answer in at most three times bisection's count.
-    ``own``: the prediction at the run's own batch, if made already (the line starts from it). ``peak``: the
-    peak at a batch size (inf: it does not fit), instead of the prediction at ``device_type``'s shapes
-    (``bench fit`` measures it)."""
+    count, so every candidate is a valid run); None if none fits. A peak is close to linear in the
+    batch (past the small batches where the optimizer step holds it), so the line through the last
+    two predictions guesses the answer, and a guess the line gives again is confirmed by its
+    neighbour: four to seven predictions a run, where doubling and bisection took about seventeen. A
+    guess that does not halve the bracket twice in a row is followed by a doubling or bisection
+    step, so a peak far from linear still gets the right answer in at most three times bisection's
+    count. ``own``: the prediction at the run's own batch, if made already (the line starts from
+    it). ``peak``: the peak at a batch size (inf: it does not fit), instead of the prediction at
+    ``device_type``'s shapes (``bench fit`` measures it)."""
     shapes = spec.shapes(device_type)
 
     def predicted(batch: int, out: Prediction | None = None) -> float:
@@ -58,12 +59,17 @@ def largest_batch(
 
 
 def largest(
-    at: Callable[[int], float], budget: float, limit: int, start: int | None = None, grow: int | None = None
+    at: Callable[[int], float],
+    budget: float,
+    limit: int,
+    start: int | None = None,
+    grow: int | None = None,
 ) -> int:
-    """The largest n from 1 to ``limit`` whose ``at(n)`` (a peak) is within ``budget``, 0 if none is: the
-    search of ``largest_batch``, in its units. ``start``: a size whose figure is at hand, probed second.
-    ``grow``: a guess goes no further than this many times the largest size that fits (a line through two
-    small sizes, where fixed costs hold the peak, points far past the answer, and a far size costs more)."""
+    """The largest n from 1 to ``limit`` whose ``at(n)`` (a peak) is within ``budget``, 0 if none
+    is: the search of ``largest_batch``, in its units. ``start``: a size whose figure is at hand,
+    probed second. ``grow``: a guess goes no further than this many times the largest size that fits
+    (a line through two small sizes, where fixed costs hold the peak, points far past the answer,
+    and a far size costs more)."""
     lo, hi = 0, limit + 1  # lo fits (0: none yet), hi does not (past the limit: assumed)
     seen: dict[int, float] = {}
     probed: list[int] = []
@@ -92,12 +98,16 @@ def largest(
     return lo
 
 
-def _guess(seen: dict[int, float], probed: list[int], lo: int, hi: int, budget: float) -> int | None:
-    """The next size to try: where the line through the bracket's ends crosses the budget, when both have a
-    figure (a card's out of memory gives one above it: what was reserved and asked for then); else where the
-    line through the last two sizes with a figure does."""
+def _guess(
+    seen: dict[int, float], probed: list[int], lo: int, hi: int, budget: float
+) -> int | None:
+    """The next size to try: where the line through the bracket's ends crosses the budget, when both
+    have a figure (a card's out of memory gives one above it: what was reserved and asked for then);
+    else where the line through the last two sizes with a figure does."""
     ends = [(n, seen[n]) for n in (lo, hi) if math.isfinite(seen.get(n, math.inf))]
-    finite = ends if len(ends) == 2 else [(n, seen[n]) for n in probed if math.isfinite(seen[n])][-2:]
+    finite = (
+        ends if len(ends) == 2 else [(n, seen[n]) for n in probed if math.isfinite(seen[n])][-2:]
+    )
     if len(finite) < 2 or finite[0][1] == finite[1][1]:
         return None
     (a, pa), (b, pb) = finite
@@ -107,9 +117,9 @@ def _guess(seen: dict[int, float], probed: list[int], lo: int, hi: int, budget: 
 def largest_batch_on(
     spec: RunSpec, card: Card, limit: int = 1 << 16, own: Prediction | None = None
 ) -> int | None:
-    """The largest batch the card holds: the step replayed through the caching allocator under the card's
-    memory less its context, at each batch the search tries (``largest_batch``, on the reserved peak).
-    ``own``: the prediction on the card at the run's own batch, if made already."""
+    """The largest batch the card holds: the step replayed through the caching allocator under the
+    card's memory less its context, at each batch the search tries (``largest_batch``, on the
+    reserved peak). ``own``: the prediction on the card at the run's own batch, if made already."""
     shapes = spec.shapes("cuda")
 
     def reserved(batch: int) -> float:
@@ -132,25 +142,28 @@ def longest_context(
     step: int = CONTEXT_STEP,
     progress: Callable[[str], None] = lambda _: None,
 ) -> int | None:
-    """The longest context (prompt and new tokens) a generation holds, its new tokens kept and its prompt
-    lengthened in steps of ``step`` tokens up to the model's positions: on ``card``, the step replayed through
-    its allocator; else its tracked peak within ``budget`` bytes. None if not even the shortest prompt fits.
+    """The longest context (prompt and new tokens) a generation holds, its new tokens kept and its
+    prompt lengthened in steps of ``step`` tokens up to the model's positions: on ``card``, the step
+    replayed through its allocator; else its tracked peak within ``budget`` bytes. None if not even
+    the shortest prompt fits.
 
-    A generation predicted whole costs a forward per new token, a minute or two at GPU shapes, so the search
-    predicts generations of two new tokens twice instead, each a few seconds: at the prompt (its prefill is
-    the real one's) and at the prompt and the new tokens less two (its one decode step is the real last one,
-    which holds all that any step before it held: a cache that only grows, and longer ids). That second
-    generation's prefill is longer than the real one, so only its decode counts: its decode peak, or on a card
-    whether it ran out of memory decoding (a prompt of an odd length fragments the allocator's segments
-    otherwise than the real one, and ran out of memory in a prefill the real generation never makes). The
-    larger of the two leads the search; whole generations then confirm the answer and the prompt a step
-    longer, moving the answer until they agree. ``progress`` is told each length tried, as it is (minutes of
-    work)."""
+    A generation predicted whole costs a forward per new token, a minute or two at GPU shapes, so
+    the search predicts generations of two new tokens twice instead, each a few seconds: at the
+    prompt (its prefill is the real one's) and at the prompt and the new tokens less two (its one
+    decode step is the real last one, which holds all that any step before it held: a cache that
+    only grows, and longer ids). That second generation's prefill is longer than the real one, so
+    only its decode counts: its decode peak, or on a card whether it ran out of memory decoding (a
+    prompt of an odd length fragments the allocator's segments otherwise than the real one, and ran
+    out of memory in a prefill the real generation never makes). The larger of the two leads the
+    search; whole generations then confirm the answer and the prompt a step longer, moving the
+    answer until they agree. ``progress`` is told each length tried, as it is (minutes of work)."""
     shapes, new = spec.gpu, spec.gpu.new_tokens
     cap = card.capacity if card is not None else budget
     limit = (_positions(spec) - new) // step  # prompts of 1 to ``limit`` steps
     prompts = range(1, limit + 1)
-    first = next((n for n in prompts if runs_at(spec, shapes=replace(shapes, prompt_len=n * step))), 0)
+    first = next(
+        (n for n in prompts if runs_at(spec, shapes=replace(shapes, prompt_len=n * step))), 0
+    )
     if not first:
         return None
 
@@ -170,10 +183,16 @@ def longest_context(
         progress(f"a {prompt:,}-token prompt ({how}): {'fits' if value <= cap else 'does not fit'}")
         return value
 
-    def led(k: int) -> float:  # the k-th prompt from the first that runs, by its two short generations
+    def led(
+        k: int,
+    ) -> float:  # the k-th prompt from the first that runs, by its two short generations
         prompt = (first + k - 1) * step
         prefilled = peak(prompt, 2)
-        return prefilled if prefilled > cap else max(prefilled, peak(prompt + new - 2, 2, decoding=True))
+        return (
+            prefilled
+            if prefilled > cap
+            else max(prefilled, peak(prompt + new - 2, 2, decoding=True))
+        )
 
     def whole(n: int) -> bool:
         return peak(n * step, new) <= cap
@@ -187,8 +206,8 @@ def longest_context(
 
 
 def _positions(spec: RunSpec) -> int:
-    """The positions the model's config gives it (max_position_embeddings), read off the model built on the
-    meta device."""
+    """The positions the model's config gives it (max_position_embeddings), read off the model built
+    on the meta device."""
     import torch
 
     from bench import models
@@ -199,11 +218,11 @@ def _positions(spec: RunSpec) -> int:
 
 
 def fewest_ranks(spec: RunSpec, budget: int, own: Prediction | None = None) -> int | None:
-    """The fewest processes, from 2 to the entry's nproc, over which each rank's predicted peak at GPU shapes
-    fits ``budget``; None if even nproc does not. Sharding only takes memory off a rank as ranks are added, so
-    the answer is bisected over the world sizes the entry can run at (multiples of its groups, under hybrid
-    sharding or 2-D parallelism): about log2(nproc) predictions. ``own``: the prediction at nproc, if made
-    already."""
+    """The fewest processes, from 2 to the entry's nproc, over which each rank's predicted peak at
+    GPU shapes fits ``budget``; None if even nproc does not. Sharding only takes memory off a rank
+    as ranks are added, so the answer is bisected over the world sizes the entry can run at
+    (multiples of its groups, under hybrid sharding or 2-D parallelism): about log2(nproc)
+    predictions. ``own``: the prediction at nproc, if made already."""
 
     def fits(n: int, out: Prediction | None = None) -> bool:
         out = out or predict(replace(spec, nproc=n), reserved=False)
@@ -220,10 +239,12 @@ def fewest_ranks(spec: RunSpec, budget: int, own: Prediction | None = None) -> i
 
 
 def runs_at(spec: RunSpec, world_size: int | None = None, shapes: Shapes | None = None) -> bool:
-    """Whether the entry's techniques can run over ``world_size`` processes (default: its own) at ``shapes``
-    (default: its GPU shapes; a prefill's chunk must be shorter than the prompt), checked without torch
-    work."""
-    recipe = Recipe.of(spec, CPU, shapes or spec.gpu, predicting=True, world_size=world_size or spec.nproc)
+    """Whether the entry's techniques can run over ``world_size`` processes (default: its own) at
+    ``shapes`` (default: its GPU shapes; a prefill's chunk must be shorter than the prompt), checked
+    without torch work."""
+    recipe = Recipe.of(
+        spec, CPU, shapes or spec.gpu, predicting=True, world_size=world_size or spec.nproc
+    )
     return recipe.unsupported() is None
 
 
@@ -239,19 +260,20 @@ class Budget:
 
     @staticmethod
     def of_card(card: Card) -> Budget:
-        """A card's budget: what its allocator may reserve; each plan's verdict says whether it fits."""
+        """A card's budget: what its allocator may reserve; each plan's verdict says whether it
+        fits."""
         return Budget(card.name, size=card.capacity, card=card)
 
     @staticmethod
     def parse(text: str, device_type: str, reserve: str = RESERVE, share: bool = False) -> Budget:
-        """'16GiB' (on CUDA less ``reserve`` for the context and workspaces), or, where ``share`` (advice,
-        which predicts the baseline first), '60%'; ValueError naming the fix. Every command's --budget is read
-        here."""
+        """'16GiB' (on CUDA less ``reserve`` for the context and workspaces), or, where ``share``
+        (advice, which predicts the baseline first), '60%'; ValueError naming the fix. Every
+        command's --budget is read here."""
         if text.strip().endswith("%"):
             if not share:
                 raise ValueError(
-                    f"--budget {text!r}: a share of the baseline's peak is for bench advise; give the "
-                    "card's memory, such as 16GiB"
+                    f"--budget {text!r}: a share of the baseline's peak is for bench advise; give "
+                    "the card's memory, such as 16GiB"
                 )
             try:
                 share = float(text.strip()[:-1]) / 100
@@ -259,24 +281,26 @@ class Budget:
                 share = -1
             if not 0 < share <= 10:
                 raise ValueError(
-                    f"--budget {text!r}: expected a size such as 16GiB, or a share of the baseline's "
-                    "predicted peak such as 60%"
+                    f"--budget {text!r}: expected a size such as 16GiB, or a share of the "
+                    "baseline's predicted peak such as 60%"
                 )
             return Budget(text, share=share)
-        return Budget(text, size=tensor_budget(text, reserve) if device_type == "cuda" else parse_size(text))
+        return Budget(
+            text, size=tensor_budget(text, reserve) if device_type == "cuda" else parse_size(text)
+        )
 
     def bytes(self, baseline_peak: int = 0) -> int:
         return self.size if self.size is not None else int(self.share * baseline_peak)
 
 
 def tensor_budget(card: str, reserve: str = RESERVE) -> int:
-    """Bytes left for tensors on a card of ``card`` once ``reserve`` is held back (both sizes as text);
-    ValueError naming the option at fault."""
+    """Bytes left for tensors on a card of ``card`` once ``reserve`` is held back (both sizes as
+    text); ValueError naming the option at fault."""
     total, held = parse_size(card), parse_size(reserve, "--reserve")
     if held >= total:
         raise ValueError(
-            f"--reserve {reserve} leaves nothing of --budget {card} for tensors: "
-            "give the card's whole memory as the budget, or a smaller reserve (0 for none)"
+            f"--reserve {reserve} leaves nothing of --budget {card} for tensors: give the card's "
+            "whole memory as the budget, or a smaller reserve (0 for none)"
         )
     return total - held
 

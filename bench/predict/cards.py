@@ -1,8 +1,10 @@
-"""The cards ``--card`` names: their memory, and what a CUDA process holds on them besides its tensors.
+"""The cards ``--card`` names: their memory, and what a CUDA process holds on them besides its
+tensors.
 
-A step fits a card when the caching allocator, replayed under the card's memory less the context, can reserve
-every segment the step asks for (bench.measure.allocator). The context is what NVML counts for the process
-beyond the allocator's reserve: the CUDA context, the kernels' code, the libraries' handles."""
+A step fits a card when the caching allocator, replayed under the card's memory less the context,
+can reserve every segment the step asks for (bench.measure.allocator). The context is what NVML
+counts for the process beyond the allocator's reserve: the CUDA context, the kernels' code, the
+libraries' handles."""
 
 from __future__ import annotations
 
@@ -10,9 +12,9 @@ from dataclasses import dataclass
 
 GiB, MiB = 2**30, 2**20
 
-# NVML's process memory less the allocator's peak reserve, the largest of the 14 committed H100 records
-# (742–764 MiB; tests/predict/test_cards.py holds it to them). No record yet measures another family: theirs
-# is taken to be the same, which the table says.
+# NVML's process memory less the allocator's peak reserve, the largest of the 14 committed H100
+# records (742–764 MiB; tests/predict/test_cards.py holds it to them). No record yet measures
+# another family: theirs is taken to be the same, which the table says.
 H100_CONTEXT = 764 * MiB
 MEASURED = "measured: NVML less reserved, committed H100 records"
 ASSUMED = "assumed: the H100 figure (no record of this family yet)"
@@ -22,7 +24,9 @@ ASSUMED = "assumed: the H100 figure (no record of this family yet)"
 class Card:
     name: str
     memory: int  # bytes, as its maker states it
-    hopper: bool  # compute capability 9.0: cuBLAS takes its larger workspace (bench.measure.allocator)
+    hopper: (
+        bool  # compute capability 9.0: cuBLAS takes its larger workspace (bench.measure.allocator)
+    )
     context: int
     context_source: str
 
@@ -32,8 +36,9 @@ class Card:
         return self.memory - self.context
 
 
-# transformers' docs, "Model training anatomy": a V100-SXM2 16 GB, CUDA 11.2, whose nvidia-smi shows 16160 MiB
-# in all and 1343 MiB once a first tensor has loaded the kernels (no lazy loading before CUDA 11.7).
+# transformers' docs, "Model training anatomy": a V100-SXM2 16 GB, CUDA 11.2, whose nvidia-smi shows
+# 16160 MiB in all and 1343 MiB once a first tensor has loaded the kernels (no lazy loading before
+# CUDA 11.7).
 V100_DOCS = "transformers docs, model_memory_anatomy (CUDA 11.2)"
 
 CARDS = {

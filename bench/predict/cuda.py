@@ -1,7 +1,7 @@
-"""What makes the fake step on a CPU stand for CUDA's: the kernels and implementations CUDA picks where
-they keep other tensors than CPU's (attention, dropout, the optimizer's loop; autocast's op lists are in
-``autocast``), and the state CUDA keeps on the host. ``ASSUMPTIONS`` says each of them, and what is not
-modelled, to the table's reader."""
+"""What makes the fake step on a CPU stand for CUDA's: the kernels and implementations CUDA picks
+where they keep other tensors than CPU's (attention, dropout, the optimizer's loop; autocast's op
+lists are in ``autocast``), and the state CUDA keeps on the host. ``ASSUMPTIONS`` says each of them,
+and what is not modelled, to the table's reader."""
 
 from __future__ import annotations
 
@@ -20,39 +20,41 @@ from bench.predict.autocast import cuda_autocast
 from bench.techniques import Unsupported
 
 ASSUMPTIONS = (
-    "fake CPU tensors stand for CUDA ones, in 512-byte blocks; attention runs CUDA's fused kernels as CUDA "
-    "picks them (flash for 16-bit inputs without a mask, else memory-efficient, or math for grouped keys; "
-    "the sdpa technique's backend where named); dropout, the math path's too, saves a one-byte mask; an "
-    "optimizer left to choose runs foreach; norms save their statistics in CUDA's dtypes; optimizers' step "
-    "counters and the memory-efficient kernel's RNG seed and offset live on the host, as on CUDA; autocast "
-    "casts by CUDA's op lists; batch norm saves no cuDNN reserve space; the reserved peak replays the first "
-    "step and the measured one through the caching allocator after cuBLAS's workspaces (CublasHandlePool's "
-    "defaults; a handle for forward's thread and, in training, one for backward's), on an H100 unless "
-    "--card names another, following the run's PYTORCH_CUDA_ALLOC_CONF (max_split_size_mb, "
-    "roundup_power2_divisions; expandable segments are replayed as ordinary ones); cuDNN's and other "
-    "kernels' own workspaces are not modelled; float16's GradScaler counts its scaled loss, not its own "
-    "scalars; a value read off a tensor (.item(), as Adafactor's norms) reads as 1; an optimizer update its "
-    "package compiles (torchao's 8-bit AdamW) counts its state, not the kernel's temporaries; packed "
-    "sequences attend through the variable-length flash kernel; a generation makes exactly its new tokens "
-    "(generate()'s stop check is counted, not read)"
+    "fake CPU tensors stand for CUDA ones, in 512-byte blocks; attention runs CUDA's fused kernels "
+    "as CUDA picks them (flash for 16-bit inputs without a mask, else memory-efficient, or math "
+    "for grouped keys; the sdpa technique's backend where named); dropout, the math path's too, "
+    "saves a one-byte mask; an optimizer left to choose runs foreach; norms save their statistics "
+    "in CUDA's dtypes; optimizers' step counters and the memory-efficient kernel's RNG seed and "
+    "offset live on the host, as on CUDA; autocast casts by CUDA's op lists; batch norm saves no "
+    "cuDNN reserve space; the reserved peak replays the first step and the measured one through "
+    "the caching allocator after cuBLAS's workspaces (CublasHandlePool's defaults; a handle for "
+    "forward's thread and, in training, one for backward's), on an H100 unless --card names "
+    "another, following the run's PYTORCH_CUDA_ALLOC_CONF (max_split_size_mb, "
+    "roundup_power2_divisions; expandable segments are replayed as ordinary ones); cuDNN's and "
+    "other kernels' own workspaces are not modelled; float16's GradScaler counts its scaled loss, "
+    "not its own scalars; a value read off a tensor (.item(), as Adafactor's norms) reads as 1; an "
+    "optimizer update its package compiles (torchao's 8-bit AdamW) counts its state, not the "
+    "kernel's temporaries; packed sequences attend through the variable-length flash kernel; a "
+    "generation makes exactly its new tokens (generate()'s stop check is counted, not read)"
 )
 aten = torch.ops.aten
 
 
 @contextmanager
 def as_cuda(backend: str | None) -> Iterator[None]:
-    """The kernels and implementations CUDA would pick where they differ from CPU's in what they keep."""
+    """The kernels and implementations CUDA would pick where they differ from CPU's in what they
+    keep."""
     with cuda_attention(backend), cuda_dropout(), optimizers_as_cuda(), cuda_autocast():
         yield
 
 
 @contextmanager
 def cuda_attention(backend: str | None) -> Iterator[None]:
-    """Routes ``F.scaled_dot_product_attention`` to the fused kernel CUDA would run (the sdpa technique's
-    ``backend`` where named). Their fake (meta) implementations give the real kernels' outputs and saved
-    tensors on any device; CPU's own kernels fall back to the math path (s×s attention matrices) wherever
-    dropout is on. Patched on the module, not through a function mode, so checkpointing's recomputation
-    (in backward) takes the same route as the forward."""
+    """Routes ``F.scaled_dot_product_attention`` to the fused kernel CUDA would run (the sdpa
+    technique's ``backend`` where named). Their fake (meta) implementations give the real kernels'
+    outputs and saved tensors on any device; CPU's own kernels fall back to the math path (s×s
+    attention matrices) wherever dropout is on. Patched on the module, not through a function mode,
+    so checkpointing's recomputation (in backward) takes the same route as the forward."""
     original = F.scaled_dot_product_attention
 
     def routed(
@@ -70,15 +72,20 @@ def cuda_attention(backend: str | None) -> Iterator[None]:
         if torch.is_autocast_enabled("cpu"):
             dtype = torch.get_autocast_dtype("cpu")
             query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
-        # Grouped keys (fewer key/value heads than query heads, as Llama's): flash and cuDNN take them as they
-        # are, CUDA's memory-efficient kernel does not, and such a call runs the math path there.
+        # Grouped keys (fewer key/value heads than query heads, as Llama's): flash and cuDNN take
+        # them as they are, CUDA's memory-efficient kernel does not, and such a call runs the math
+        # path there.
         grouped = enable_gqa and key.shape[-3] != query.shape[-3]
-        flash = _refused("flash", query, attn_mask, grouped) is None  # what CUDA picks first, left to choose
+        flash = (
+            _refused("flash", query, attn_mask, grouped) is None
+        )  # what CUDA picks first, left to choose
         fused = backend in ("flash", "cudnn") or (backend is None and flash)
         if why := _refused(backend, query, attn_mask, grouped):
             raise Unsupported(f"{backend} attention on CUDA {why}")
         if (backend == "math" or (grouped and not fused)) and dropout_p > 0 and not kwargs:
-            return math_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, grouped)[0]
+            return math_attention(
+                query, key, value, attn_mask, dropout_p, is_causal, scale, grouped
+            )[0]
         if backend == "math" or kwargs or (grouped and not fused):
             with sdpa_kernel(SDPBackend.MATH):
                 return original(
@@ -107,8 +114,8 @@ def cuda_attention(backend: str | None) -> Iterator[None]:
 def _refused(
     backend: str | None, query: torch.Tensor, attn_mask: torch.Tensor | None, grouped: bool
 ) -> str | None:
-    """Why this kernel would refuse this call on CUDA (its checks in sdp_utils), as a run there pinned to it
-    would find out; None where it takes the call."""
+    """Why this kernel would refuse this call on CUDA (its checks in sdp_utils), as a run there
+    pinned to it would find out; None where it takes the call."""
     if backend in ("flash", "cudnn") and query.dtype not in (torch.float16, torch.bfloat16):
         return f"takes 16-bit inputs only; this call's are {query.dtype}"
     if backend == "flash" and attn_mask is not None:
@@ -130,17 +137,20 @@ def math_attention(
     scale: float | None,
     grouped: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """ATen's math path (``_scaled_dot_product_attention_math``) step for step, with its dropout as CUDA runs
-    it: output and attention weights. That composite calls ``at::dropout`` from C++, out of cuda_dropout's
-    reach, which on a CPU tensor keeps float32 noise the size of the s×s scores where CUDA's fused kernel
-    keeps a one-byte mask."""
+    """ATen's math path (``_scaled_dot_product_attention_math``) step for step, with its dropout as
+    CUDA runs it: output and attention weights. That composite calls ``at::dropout`` from C++, out
+    of cuda_dropout's reach, which on a CPU tensor keeps float32 noise the size of the s×s scores
+    where CUDA's fused kernel keeps a one-byte mask."""
     dtype = query.dtype
-    if attn_mask is not None and attn_mask.dtype == torch.bool:  # as SDPA converts it, before the math path
+    if (
+        attn_mask is not None and attn_mask.dtype == torch.bool
+    ):  # as SDPA converts it, before the math path
         attn_mask = torch.where(
             attn_mask, torch.tensor(0.0, dtype=dtype), torch.tensor(-math.inf, dtype=dtype)
         )
-    # Names as ATen's locals, so each tensor lives as long as there: the float32 copies (the math path
-    # computes in float32) and the repeated heads until it returns, the scores only until softmax.
+    # Names as ATen's locals, so each tensor lives as long as there: the float32 copies (the math
+    # path computes in float32) and the repeated heads until it returns, the scores only until
+    # softmax.
     query_acc, key_acc, value_acc = (
         t.float() if dtype in (torch.float16, torch.bfloat16) else t for t in (query, key, value)
     )
@@ -151,7 +161,9 @@ def math_attention(
         attn_mask = torch.where(attn_mask, torch.tensor(0.0), torch.tensor(-math.inf))
     # each key/value head repeated for its group of query heads
     key_expanded, value_expanded = (
-        (_repeat_heads(t, query.shape[-3]) for t in (key_acc, value_acc)) if grouped else (key_acc, value_acc)
+        (_repeat_heads(t, query.shape[-3]) for t in (key_acc, value_acc))
+        if grouped
+        else (key_acc, value_acc)
     )
     attn = query @ (key_expanded.transpose(-2, -1) * factor)
     if attn_mask is not None:
@@ -170,10 +182,10 @@ def _repeat_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
 
 @contextmanager
 def cuda_dropout() -> Iterator[None]:
-    """Dropout as CUDA runs it: the fused ``native_dropout``, which saves a one-byte mask for backward.
-    On a CPU tensor ``dropout`` multiplies by a noise tensor of the input's dtype and saves that: three
-    bytes more per element in float32 (BERT-base at batch 16 × 512: 0.42 GiB). In-place dropout is not
-    fused on CUDA either, and p = 0 or 1 never reaches the fused kernel."""
+    """Dropout as CUDA runs it: the fused ``native_dropout``, which saves a one-byte mask for
+    backward. On a CPU tensor ``dropout`` multiplies by a noise tensor of the input's dtype and
+    saves that: three bytes more per element in float32 (BERT-base at batch 16 × 512: 0.42 GiB).
+    In-place dropout is not fused on CUDA either, and p = 0 or 1 never reaches the fused kernel."""
     original = F.dropout
 
     def routed(input, p=0.5, training=True, inplace=False):
@@ -187,9 +199,10 @@ def cuda_dropout() -> Iterator[None]:
 
 @contextmanager
 def optimizers_as_cuda() -> Iterator[None]:
-    """An optimizer left to choose its implementation picks foreach for CUDA tensors: one kernel per step over
-    all parameters, whose temporaries (Adam's √v) are the size of all parameters at once. For CPU tensors, and
-    fake ones, it picks the loop over single tensors, whose temporaries are one parameter's size."""
+    """An optimizer left to choose its implementation picks foreach for CUDA tensors: one kernel per
+    step over all parameters, whose temporaries (Adam's √v) are the size of all parameters at once.
+    For CPU tensors, and fake ones, it picks the loop over single tensors, whose temporaries are one
+    parameter's size."""
     devices = [*torch_optimizer._get_foreach_kernels_supported_devices(), "cpu"]
     types = [*torch_optimizer._foreach_supported_types, FakeTensor]
     with (
@@ -199,19 +212,24 @@ def optimizers_as_cuda() -> Iterator[None]:
         yield
 
 
-# The scalar state optimizers make on the host (torch.tensor(0.0), no device): torch.optim's step counters
-# (and NAdam's running product) outside capturable and fused groups, torchao's step counters. A scalar an
-# optimizer computes from a parameter stays on its device: transformers' Adafactor keeps its RMS, a norm,
-# there (hf-bert-large's Adafactor on the H100: a block a parameter).
+# The scalar state optimizers make on the host (torch.tensor(0.0), no device): torch.optim's step
+# counters (and NAdam's running product) outside capturable and fused groups, torchao's step
+# counters. A scalar an optimizer computes from a parameter stays on its device: transformers'
+# Adafactor keeps its RMS, a norm, there (hf-bert-large's Adafactor on the H100: a block a
+# parameter).
 HOST_SCALARS = ("step", "mu_product")
 
 
 def host_state(optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
-    """The optimizer state CUDA keeps on the host (HOST_SCALARS), one tensor per parameter and name."""
+    """The optimizer state CUDA keeps on the host (HOST_SCALARS), one tensor per parameter and
+    name."""
     if optimizer is None:
         return []
     on_device = {
-        id(p) for g in optimizer.param_groups if g.get("capturable") or g.get("fused") for p in g["params"]
+        id(p)
+        for g in optimizer.param_groups
+        if g.get("capturable") or g.get("fused")
+        for p in g["params"]
     }
     return [
         v

@@ -1,6 +1,6 @@
 """One run's step on fake tensors, counted as the worker counts a real one: the predicted peak, its
-breakdown and FLOPs. Fake tensors hold no values and run meta kernels; bench.predict.stand_ins makes them
-behave as real ones where that changes what is counted."""
+breakdown and FLOPs. Fake tensors hold no values and run meta kernels; bench.predict.stand_ins makes
+them behave as real ones where that changes what is counted."""
 
 from __future__ import annotations
 
@@ -52,16 +52,21 @@ def predict(
     card: Card | None = None,
     reserved: bool = True,
 ) -> Prediction:
-    """Predicted peak and breakdown of one run at ``shapes`` (default: its GPU shapes); ``cuda`` models
-    the CUDA allocator's granularity and CUDA-only techniques, else the CPU run as measured here. A run over
-    several processes is predicted as its ``rank`` of ``world_size`` (default: the entry's nproc), with the
-    bytes its collectives move per step. For CUDA, the step is replayed through the caching allocator on
-    ``card`` (default: an H100 without a cap), which gives the reserved peak, the process's memory as NVML
-    counts it and, on a named card, the verdict; without a card, ``reserved=False`` leaves that replay (and
-    the first step it tracks) out, for searches that hold only the peak against a budget."""
+    """Predicted peak and breakdown of one run at ``shapes`` (default: its GPU shapes); ``cuda``
+    models the CUDA allocator's granularity and CUDA-only techniques, else the CPU run as measured
+    here. A run over several processes is predicted as its ``rank`` of ``world_size`` (default: the
+    entry's nproc), with the bytes its collectives move per step. For CUDA, the step is replayed
+    through the caching allocator on ``card`` (default: an H100 without a cap), which gives the
+    reserved peak, the process's memory as NVML counts it and, on a named card, the verdict; without
+    a card, ``reserved=False`` leaves that replay (and the first step it tracks) out, for searches
+    that hold only the peak against a budget."""
     world_size = world_size or spec.nproc
-    recipe = Recipe.of(spec, CPU, shapes or spec.gpu, predicting=cuda, world_size=world_size, rank=rank)
-    if reason := next((f"{t.name}: {t.unpredictable}" for t in recipe.techniques if t.unpredictable), None):
+    recipe = Recipe.of(
+        spec, CPU, shapes or spec.gpu, predicting=cuda, world_size=world_size, rank=rank
+    )
+    if reason := next(
+        (f"{t.name}: {t.unpredictable}" for t in recipe.techniques if t.unpredictable), None
+    ):
         return Prediction.failed(Status.UNPREDICTABLE, reason)
     if reason := recipe.unsupported():
         return Prediction.failed(Status.UNSUPPORTED, reason)
@@ -76,27 +81,33 @@ def predict(
         return Prediction.failed(Status.UNPREDICTABLE, f"{type(exc).__name__}: {first}")
     if KEY.peak_reserved_bytes in figures:
         on = card or CARDS["h100"]
-        # pages of unified memory (a paged optimizer's) count for nvidia-smi while they are on the card
+        # pages of unified memory (a paged optimizer's) count for nvidia-smi while they are on the
+        # card
         resident = figures.get("paged_bytes") or 0
         figures[KEY.nvml_process_bytes] = figures[KEY.peak_reserved_bytes] + on.context + resident
     return Prediction(status=Status.OK, card=card and card.name, **figures)
 
 
 def _replay(card: Card | None, recipe: Recipe) -> Replay:
-    """The allocator the step is replayed through: cuBLAS's workspaces first, under the card's capacity."""
+    """The allocator the step is replayed through: cuBLAS's workspaces first, under the card's
+    capacity."""
     hopper = card is None or card.hopper
     conf = next((c for t in recipe.techniques if (c := t.env().get("PYTORCH_CUDA_ALLOC_CONF"))), "")
     workspaces = cublas_workspaces(hopper, not recipe.inference)
     return Replay(workspaces, card.capacity if card else None, Conf.parse(conf))
 
 
-def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int, replay: Replay | None) -> dict[str, Any]:
+def _fake_step(
+    spec: RunSpec, recipe: Recipe, rounding: int, replay: Replay | None
+) -> dict[str, Any]:
     ctx, techniques = recipe.ctx, recipe.techniques
     backend = next((b for t in techniques if (b := t.attention_backend())), None)
     # Pretrained weights (spec.weights) are not read: their values change no tensor's size.
     model = _meta_model(ctx.model_spec, ctx.shapes)
     kernels = as_cuda(backend) if ctx.predicting else nullcontext()  # a CPU run keeps CPU's kernels
-    feed = recipe.feed()  # variable-length sequences drawn with real values, before fake tensors take over
+    feed = (
+        recipe.feed()
+    )  # variable-length sequences drawn with real values, before fake tensors take over
     generating = recipe.mode == "generate"
     with (
         FakeTensorMode(allow_non_fake_inputs=True),
@@ -118,17 +129,26 @@ def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int, replay: Replay | No
         batch = recipe.batch()
         first = lambda: runner.step(next(batches(batch, feed, 1)))  # noqa: E731
         flops, ops = flop_counter(), OpCounter()
-        # The FLOPs are counted on a warm-up step of their own, as the worker warms up (optimizer state exists
-        # before the measured step): the counter's module tracking keeps recomputed activations alive, so it
-        # stays out of the measured step and of the history. Without a backward nothing is recomputed, and a
-        # generation's step costs a minute at GPU shapes: there the history's step is the one counted.
+        # The FLOPs are counted on a warm-up step of their own, as the worker warms up (optimizer
+        # state exists before the measured step): the counter's module tracking keeps recomputed
+        # activations alive, so it stays out of the measured step and of the history. Without a
+        # backward nothing is recomputed, and a generation's step costs a minute at GPU shapes:
+        # there the history's step is the one counted.
         counted_first = recipe.inference and replay is not None
-        if replay is not None:  # the first step, as the allocator sees it: where optimizer state first lands
+        if (
+            replay is not None
+        ):  # the first step, as the allocator sees it: where optimizer state first lands
             with ExitStack() as counting:
                 for counter in (flops, ops) if counted_first else ():
                     counting.enter_context(counter)
                 history = track(
-                    first, runner.model, runner.optimizer, CPU, rounding, compiled_update, phases=phases
+                    first,
+                    runner.model,
+                    runner.optimizer,
+                    CPU,
+                    rounding,
+                    compiled_update,
+                    phases=phases,
                 )
             replay = dataclasses.replace(replay, history=history.tracker)
         if not counted_first:
@@ -137,7 +157,9 @@ def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int, replay: Replay | No
         if ctx.predicting:  # the counters that first step made
             for t in host_state(runner.optimizer):
                 on_host(t)
-        step = tracked_steps(runner, batch, feed, ctx.shapes.measure_steps)  # the batches, as in the worker
+        step = tracked_steps(
+            runner, batch, feed, ctx.shapes.measure_steps
+        )  # the batches, as in the worker
         # the measured step's collectives, not the set-up's or warm-up's
         traffic = ranks.Traffic(ctx.world_size)
         with traffic if ctx.world_size > 1 else nullcontext():
@@ -164,10 +186,10 @@ def _fake_step(spec: RunSpec, recipe: Recipe, rounding: int, replay: Replay | No
 
 
 class OpCounter(TorchDispatchMode):
-    """Operators dispatched, views aside (they launch nothing), and the bytes of the tensors they take and
-    make: each operator is a kernel launch with a fixed cost, and its bytes cross device memory, which is what
-    makes pointwise work (normalisation, activations, recomputing them) and tiny steps slower than their FLOPs
-    say."""
+    """Operators dispatched, views aside (they launch nothing), and the bytes of the tensors they
+    take and make: each operator is a kernel launch with a fixed cost, and its bytes cross device
+    memory, which is what makes pointwise work (normalisation, activations, recomputing them) and
+    tiny steps slower than their FLOPs say."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -178,42 +200,50 @@ class OpCounter(TorchDispatchMode):
         if not func.is_view:
             self.ops += 1
             self.bytes += sum(
-                t.nbytes for t in pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)
+                t.nbytes
+                for t in pytree.tree_leaves((args, kwargs, out))
+                if isinstance(t, torch.Tensor)
             )
         return out
 
 
 def flop_counter() -> FlopCounterMode:
-    """torch's FLOP counter, counting flash attention over grouped keys (fewer key and value heads than query
-    heads, as Llama's) as the kernel runs it, each key and value head serving its group of query heads. torch
-    2.11's formulas (the CUDA host's) refuse those shapes, which would leave such a model unpredicted."""
+    """torch's FLOP counter, counting flash attention over grouped keys (fewer key and value heads
+    than query heads, as Llama's) as the kernel runs it, each key and value head serving its group
+    of query heads. torch 2.11's formulas (the CUDA host's) refuse those shapes, which would leave
+    such a model unpredicted."""
     query_at = {
         aten._scaled_dot_product_flash_attention: 0,
         aten._scaled_dot_product_flash_attention_backward: 1,
     }
     return FlopCounterMode(
         display=False,
-        custom_mapping={op: _keys_per_query_head(flop_registry[op], at) for op, at in query_at.items()},
+        custom_mapping={
+            op: _keys_per_query_head(flop_registry[op], at) for op, at in query_at.items()
+        },
     )
 
 
 def _keys_per_query_head(formula: Callable[..., int], query_at: int) -> Callable[..., int]:
-    """``formula`` given shapes whose key and value (after the query, at ``query_at``) have the query's
-    heads."""
+    """``formula`` given shapes whose key and value (after the query, at ``query_at``) have the
+    query's heads."""
 
     def count(*shapes: Any, out_shape: Any = None, **kwargs: Any) -> int:
         q, k, v = shapes[query_at : query_at + 3]
         k, v = ((*s[:1], q[1], *s[2:]) for s in (k, v))
-        return formula(*shapes[:query_at], q, k, v, *shapes[query_at + 3 :], out_val=out_shape, **kwargs)
+        return formula(
+            *shapes[:query_at], q, k, v, *shapes[query_at + 3 :], out_val=out_shape, **kwargs
+        )
 
     return count
 
 
 def _meta_model(spec: ModelSpec, shapes: Shapes) -> nn.Module:
-    """The model built on the meta device: no initialisation work, and none of the init ops fake tensors
-    refuse. A model that computes its own shape from tensor values while it is built (torchvision's RegNet
-    calls .tolist() on its block widths) is built on the CPU instead, each parameter and buffer moved to the
-    meta device as it is registered, so that no more than one of them is ever held in memory."""
+    """The model built on the meta device: no initialisation work, and none of the init ops fake
+    tensors refuse. A model that computes its own shape from tensor values while it is built
+    (torchvision's RegNet calls .tolist() on its block widths) is built on the CPU instead, each
+    parameter and buffer moved to the meta device as it is registered, so that no more than one of
+    them is ever held in memory."""
     try:
         with torch.device("meta"):
             return spec.build(shapes)
@@ -231,19 +261,24 @@ def _registered_on_meta() -> Iterator[None]:
             param = nn.Parameter(param.to("meta"), param.requires_grad)
         register_parameter(module, name, param)
 
-    def buffer(module: nn.Module, name: str, tensor: torch.Tensor | None, persistent: bool = True) -> None:
+    def buffer(
+        module: nn.Module, name: str, tensor: torch.Tensor | None, persistent: bool = True
+    ) -> None:
         register_buffer(module, name, None if tensor is None else tensor.to("meta"), persistent)
 
     nn.Module.register_parameter, nn.Module.register_buffer = parameter, buffer
     try:
         yield
     finally:
-        nn.Module.register_parameter, nn.Module.register_buffer = register_parameter, register_buffer
+        nn.Module.register_parameter, nn.Module.register_buffer = (
+            register_parameter,
+            register_buffer,
+        )
 
 
 def _fake_copy(model: nn.Module) -> nn.Module:
-    """The meta model's parameters and buffers replaced by (fake) CPU tensors of the same shapes and dtypes;
-    shared parameters stay shared. Called inside the fake mode."""
+    """The meta model's parameters and buffers replaced by (fake) CPU tensors of the same shapes and
+    dtypes; shared parameters stay shared. Called inside the fake mode."""
     made: dict[int, nn.Parameter] = {}
     for module in model.modules():
         for name, p in module._parameters.items():

@@ -1,7 +1,8 @@
-"""What makes fake tensors behave as the real run's tensors where that changes what is counted: values read,
-kernels' outputs, copies and conversions, and the few techniques whose real behaviour needs values (a
-GradScaler's overflow check) or real memory behind them (save_on_cpu's host copies). A technique names the
-stand-ins it needs (``Technique.stand_ins``); the built-in techniques' live here."""
+"""What makes fake tensors behave as the real run's tensors where that changes what is counted:
+values read, kernels' outputs, copies and conversions, and the few techniques whose real behaviour
+needs values (a GradScaler's overflow check) or real memory behind them (save_on_cpu's host copies).
+A technique names the stand-ins it needs (``Technique.stand_ins``); the built-in techniques' live
+here."""
 
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ aten = torch.ops.aten
 
 @contextmanager
 def techniques_as_real(techniques: list[Technique]) -> Iterator[None]:
-    """The library calls the run's techniques declare fake tensors cannot run (``Technique.stand_ins``),
-    each replaced by its stand-in, which makes the same tensors."""
+    """The library calls the run's techniques declare fake tensors cannot run
+    (``Technique.stand_ins``), each replaced by its stand-in, which makes the same tensors."""
     declared = {target: using for t in techniques for target, using in t.stand_ins.items()}
     with ExitStack() as stack:
         for target, using in declared.items():
@@ -46,16 +47,20 @@ def fake_host_optimizer() -> type[torch.optim.Optimizer]:
     return FakeCPUOffloadOptimizer
 
 
-PAGED_FROM = 100_000  # bitsandbytes.optim.optimizer.Optimizer8bit.get_state_buffer: `p.numel() < 1e5` stay
+PAGED_FROM = (
+    100_000  # bitsandbytes.optim.optimizer.Optimizer8bit.get_state_buffer: `p.numel() < 1e5` stay
+)
 
 
 def paged_buffer(self: Any, p: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """bitsandbytes' ``get_state_buffer`` as on CUDA: a paged optimizer's state of a parameter of 100,000
-    elements or more is unified memory wrapped in a host tensor, which the device's allocator never holds
-    (on fake CPU tensors bitsandbytes would take its CPU fallback, an ordinary tensor)."""
+    """bitsandbytes' ``get_state_buffer`` as on CUDA: a paged optimizer's state of a parameter of
+    100,000 elements or more is unified memory wrapped in a host tensor, which the device's
+    allocator never holds (on fake CPU tensors bitsandbytes would take its CPU fallback, an ordinary
+    tensor)."""
     buffer = torch.zeros_like(p, dtype=dtype)
     if self.is_paged and p.numel() >= PAGED_FROM:
-        # not is_paged, bitsandbytes' own mark: it would prefetch the pages, which a fake tensor has not
+        # not is_paged, bitsandbytes' own mark: it would prefetch the pages, which a fake tensor has
+        # not
         buffer.unified_memory = True
         return on_host(buffer)
     return buffer
@@ -67,10 +72,11 @@ def is_paged(t: torch.Tensor) -> bool:
 
 
 class FakeOverlappedSaves(torch.autograd.graph.saved_tensors_hooks):
-    """``activation-offload``'s hooks for fake tensors, which have no streams: a saved tensor of ``min_bytes``
-    or more keeps only its shape and dtype once packed (its device block is free once the copy is done, which
-    is taken to be before the allocator needs it again); each unpack makes its device copy, and the copy of
-    the tensor saved before it, fetched one ahead, lives until that one is unpacked."""
+    """``activation-offload``'s hooks for fake tensors, which have no streams: a saved tensor of
+    ``min_bytes`` or more keeps only its shape and dtype once packed (its device block is free once
+    the copy is done, which is taken to be before the allocator needs it again); each unpack makes
+    its device copy, and the copy of the tensor saved before it, fetched one ahead, lives until that
+    one is unpacked."""
 
     def __init__(self, owner: Any) -> None:
         self.owner, self.count = owner, 0
@@ -104,12 +110,12 @@ class FakeOverlappedSaves(torch.autograd.graph.saved_tensors_hooks):
 
 
 class FakeCPUOffloadOptimizer:
-    """torchao's CPUOffloadOptimizer (``cpu-offload-optimizer``) for fake tensors, which it cannot take (it
-    pins host memory and runs CUDA streams). The same placement: each parameter of 4,096 elements or more has
-    a host copy and a host gradient, its own AdamW stepping on the host, its state marked as host memory;
-    backward copies each gradient into the host one as it is made, and frees the device's with
-    ``offload_gradients``; the new values are copied back in place. Smaller parameters keep an AdamW on the
-    device."""
+    """torchao's CPUOffloadOptimizer (``cpu-offload-optimizer``) for fake tensors, which it cannot
+    take (it pins host memory and runs CUDA streams). The same placement: each parameter of 4,096
+    elements or more has a host copy and a host gradient, its own AdamW stepping on the host, its
+    state marked as host memory; backward copies each gradient into the host one as it is made, and
+    frees the device's with ``offload_gradients``; the new values are copied back in place. Smaller
+    parameters keep an AdamW on the device."""
 
     def __init__(
         self,
@@ -166,10 +172,10 @@ class _DeviceCopy(NamedTuple):
 
 
 class FakeSaveOnCpu(torch.autograd.graph.saved_tensors_hooks):
-    """``save_on_cpu`` for fake tensors standing for CUDA ones (the ``offload`` technique): a saved tensor
-    keeps only its shape and dtype, and unpacking it makes the device copy that save_on_cpu's ``.to(device)``
-    makes, contiguous as the pinned copy is; one standing for a host tensor stays as it is, as on CUDA, where
-    it never reaches the device."""
+    """``save_on_cpu`` for fake tensors standing for CUDA ones (the ``offload`` technique): a saved
+    tensor keeps only its shape and dtype, and unpacking it makes the device copy that save_on_cpu's
+    ``.to(device)`` makes, contiguous as the pinned copy is; one standing for a host tensor stays as
+    it is, as on CUDA, where it never reaches the device."""
 
     def __init__(self, pin_memory: bool = False, device_type: str = "cuda") -> None:
         def pack(t: torch.Tensor) -> Any:
@@ -177,17 +183,20 @@ class FakeSaveOnCpu(torch.autograd.graph.saved_tensors_hooks):
 
         def unpack(packed: Any) -> torch.Tensor:
             return (
-                torch.empty(packed.shape, dtype=packed.dtype) if isinstance(packed, _DeviceCopy) else packed
+                torch.empty(packed.shape, dtype=packed.dtype)
+                if isinstance(packed, _DeviceCopy)
+                else packed
             )
 
         super().__init__(pack, unpack)
 
 
 class ScalerWithoutValues:
-    """A GradScaler (``amp`` with float16) for fake tensors: its overflow check reads values, which read as 1,
-    so the real one would take every step for an overflow and skip the optimizer (whose state would then go
-    uncounted). The scaled loss is a tensor of its own, alive through backward as the real one's is (the H100
-    records' peaks in backward held its 512-byte block); the scaler's own scalars are not counted."""
+    """A GradScaler (``amp`` with float16) for fake tensors: its overflow check reads values, which
+    read as 1, so the real one would take every step for an overflow and skip the optimizer (whose
+    state would then go uncounted). The scaled loss is a tensor of its own, alive through backward
+    as the real one's is (the H100 records' peaks in backward held its 512-byte block); the scaler's
+    own scalars are not counted."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass
@@ -206,9 +215,10 @@ class ScalerWithoutValues:
 
 
 class ScalarsReadAsOne(TorchDispatchMode):
-    """Fake tensors hold no values, so reading one (``.item()``, ``bool()``) fails; an optimizer that scales
-    its step by a norm (Adafactor) would be unpredictable. Memory does not depend on such a value: it reads
-    as 1. Under ``inference_mode`` the read reaches this mode undecomposed, as ``item`` or ``is_nonzero``."""
+    """Fake tensors hold no values, so reading one (``.item()``, ``bool()``) fails; an optimizer
+    that scales its step by a norm (Adafactor) would be unpredictable. Memory does not depend on
+    such a value: it reads as 1. Under ``inference_mode`` the read reaches this mode undecomposed,
+    as ``item`` or ``is_nonzero``."""
 
     READS = (aten._local_scalar_dense.default, aten.item.default, aten.is_nonzero.default)
 
@@ -219,13 +229,13 @@ class ScalarsReadAsOne(TorchDispatchMode):
 
 
 class OutputsAsReal(TorchDispatchMode):
-    """Outputs as the real kernels return them, where the meta kernels fake tensors run differ in what is
-    counted. The mean and inverse std a norm saves for backward, in the real kernel's dtype where the meta
-    kernel gives the input's. Batch norm: the weight's (float32 under autocast), in CPU's kernel and cuDNN's
-    alike. Layer norm on CUDA (``cuda``): float32 for 16-bit inputs, its accumulation type, where CPU's kernel
-    keeps the input's (pure bf16 ViT-B at batch 64: 1.2 MB). And on CUDA, the memory-efficient attention
-    kernel's RNG seed and offset, which it keeps on the host outside CUDA-graph capture (two 512-byte blocks a
-    layer)."""
+    """Outputs as the real kernels return them, where the meta kernels fake tensors run differ in
+    what is counted. The mean and inverse std a norm saves for backward, in the real kernel's dtype
+    where the meta kernel gives the input's. Batch norm: the weight's (float32 under autocast), in
+    CPU's kernel and cuDNN's alike. Layer norm on CUDA (``cuda``): float32 for 16-bit inputs, its
+    accumulation type, where CPU's kernel keeps the input's (pure bf16 ViT-B at batch 64: 1.2 MB).
+    And on CUDA, the memory-efficient attention kernel's RNG seed and offset, which it keeps on the
+    host outside CUDA-graph capture (two 512-byte blocks a layer)."""
 
     def __init__(self, cuda: bool) -> None:
         super().__init__()
@@ -250,10 +260,11 @@ class OutputsAsReal(TorchDispatchMode):
 
 @contextmanager
 def parameters_as_real() -> Iterator[None]:
-    """Fake parameters copied and converted as real ones are. ``Module.to()`` sets a real parameter's
-    converted copy in place (``.data =``) but swaps a fake one for it, which fake tensors' weak references
-    refuse; and a deep-copied fake tensor's views get storages of their own, so the tracker would count a
-    view of it as new bytes. channels-last converts the model; peft casts its adapters and copies the head."""
+    """Fake parameters copied and converted as real ones are. ``Module.to()`` sets a real
+    parameter's converted copy in place (``.data =``) but swaps a fake one for it, which fake
+    tensors' weak references refuse; and a deep-copied fake tensor's views get storages of their
+    own, so the tracker would count a view of it as new bytes. channels-last converts the model;
+    peft casts its adapters and copies the head."""
     swap = torch.utils.swap_tensors
 
     def set_in_place(t1: torch.Tensor, t2: torch.Tensor) -> None:
@@ -264,7 +275,9 @@ def parameters_as_real() -> Iterator[None]:
     def deepcopy(t: FakeTensor, memo: dict[int, Any]) -> torch.Tensor:
         if id(t) not in memo:
             twin = t.detach().clone()
-            memo[id(t)] = nn.Parameter(twin, t.requires_grad) if isinstance(t, nn.Parameter) else twin
+            memo[id(t)] = (
+                nn.Parameter(twin, t.requires_grad) if isinstance(t, nn.Parameter) else twin
+            )
         return memo[id(t)]
 
     with (
@@ -276,22 +289,27 @@ def parameters_as_real() -> Iterator[None]:
 
 @contextmanager
 def masks_as_real() -> Iterator[None]:
-    """transformers takes fake tensors for tracing, and then always builds the attention mask; a real run
-    without padding (every synthetic batch) skips it, so SDPA may pick flash. Here fake inputs are not taken
-    for tracing: the mask's check reads True (ScalarsReadAsOne) and the prediction takes the real run's
-    path."""
-    utils = sys.modules.get("transformers.utils.import_utils")  # imported by then if the model needs it
-    known = hasattr(utils, "is_fake_tensor")  # a transformers without the check builds masks as it would
+    """transformers takes fake tensors for tracing, and then always builds the attention mask; a
+    real run without padding (every synthetic batch) skips it, so SDPA may pick flash. Here fake
+    inputs are not taken for tracing: the mask's check reads True (ScalarsReadAsOne) and the
+    prediction takes the real run's path."""
+    utils = sys.modules.get(
+        "transformers.utils.import_utils"
+    )  # imported by then if the model needs it
+    known = hasattr(
+        utils, "is_fake_tensor"
+    )  # a transformers without the check builds masks as it would
     with patch.object(utils, "is_fake_tensor", lambda _: False) if known else nullcontext():
         yield
 
 
 def compiled_as_eager(step: Callable[..., Any]) -> Callable[..., Any]:
-    """The optimizer's ``step`` with ``torch.compile`` handing back the function itself: fake tensors cannot
-    enter compiled code (dynamo refuses to trace under the fake mode). The tracker steps aside for that step
-    as on a real run (``Technique.compiled_update``), so the state is counted and the eager update's
-    temporaries, which the compiled kernel would not keep, are not. Patched for the step alone, so that
-    nothing compiled elsewhere in the process (an import's decorator) stays eager."""
+    """The optimizer's ``step`` with ``torch.compile`` handing back the function itself: fake
+    tensors cannot enter compiled code (dynamo refuses to trace under the fake mode). The tracker
+    steps aside for that step as on a real run (``Technique.compiled_update``), so the state is
+    counted and the eager update's temporaries, which the compiled kernel would not keep, are not.
+    Patched for the step alone, so that nothing compiled elsewhere in the process (an import's
+    decorator) stays eager."""
 
     def eager(model: Callable[..., Any] | None = None, **_: Any) -> Any:
         return model if model is not None else (lambda fn: fn)
@@ -305,12 +323,12 @@ def compiled_as_eager(step: Callable[..., Any]) -> Callable[..., Any]:
 
 @contextmanager
 def generation_as_real(new_tokens: int) -> Iterator[None]:
-    """generate() stops when every sequence is finished, which it reads off a tensor: on fake tensors that
-    reads True (ScalarsReadAsOne) and generation would stop after its first token. A run generates exactly
-    ``new_tokens`` (min_new_tokens equals it), one per pass of generate()'s loop, so its check says so:
-    true ``new_tokens`` times, then false, afresh for each call of generate(). Its sanity checks read True
-    too, and would warn of right-padding and negative token ids the real run has none of: its warnings are
-    held back."""
+    """generate() stops when every sequence is finished, which it reads off a tensor: on fake
+    tensors that reads True (ScalarsReadAsOne) and generation would stop after its first token. A
+    run generates exactly ``new_tokens`` (min_new_tokens equals it), one per pass of generate()'s
+    loop, so its check says so: true ``new_tokens`` times, then false, afresh for each call of
+    generate(). Its sanity checks read True too, and would warn of right-padding and negative token
+    ids the real run has none of: its warnings are held back."""
     from transformers.generation.utils import GenerationMixin
     from transformers.utils import logging
 

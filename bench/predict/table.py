@@ -1,5 +1,5 @@
-"""A suite's predictions as a table (``bench predict``): one row per run, predicted in processes, with
-the measured peak beside it where a GPU measured the run, and what fits a budget."""
+"""A suite's predictions as a table (``bench predict``): one row per run, predicted in processes,
+with the measured peak beside it where a GPU measured the run, and what fits a budget."""
 
 from __future__ import annotations
 
@@ -29,17 +29,21 @@ def suite_table(
     jobs: int = 1,
     card: Card | None = None,
 ) -> pd.DataFrame:
-    """One row per run: predicted peak and breakdown at GPU shapes, FLOPs, and where a GPU measured the
-    run, its allocated peak and the ratio; with a budget, whether it fits and the largest batch that does;
-    on a ``card``, the verdict of the step replayed through its allocator, and the largest batch it holds.
-    Runs are predicted in ``jobs`` spawned processes (each prediction is single-threaded Python); a
-    progress line per run goes to ``log`` as it is done, numbered by its place in the suite."""
+    """One row per run: predicted peak and breakdown at GPU shapes, FLOPs, and where a GPU measured
+    the run, its allocated peak and the ratio; with a budget, whether it fits and the largest batch
+    that does; on a ``card``, the verdict of the step replayed through its allocator, and the
+    largest batch it holds. Runs are predicted in ``jobs`` spawned processes (each prediction is
+    single-threaded Python); a progress line per run goes to ``log`` as it is done, numbered by its
+    place in the suite."""
     import pandas as pd
 
     rows: list[dict[str, Any]] = [{} for _ in runs]
     for i, row in _predicted_rows(runs, budget, jobs, card):
         if (rec := measured.get(runs[i].name)) and rec.get(KEY.peak_allocated_bytes):
-            row["measured_bytes"], row["measured_on"] = rec[KEY.peak_allocated_bytes], rec[KEY.device]
+            row["measured_bytes"], row["measured_on"] = (
+                rec[KEY.peak_allocated_bytes],
+                rec[KEY.device],
+            )
         rows[i] = row
         print(f"[{i + 1}/{len(runs)}] {runs[i].name}: {_said(row)}", file=log, flush=True)
     return pd.DataFrame(rows)
@@ -75,9 +79,12 @@ def save(table: pd.DataFrame, path: Path, revision: str, torch_version: str) -> 
     return path
 
 
-def save_contexts(table: pd.DataFrame, path: Path, card: str, revision: str, torch_version: str) -> Path:
-    """A generation suite's longest contexts on a card, by run, merged into those predicted before (a run
-    predicted again replaces its row): the report's first screen says which run holds the longest."""
+def save_contexts(
+    table: pd.DataFrame, path: Path, card: str, revision: str, torch_version: str
+) -> Path:
+    """A generation suite's longest contexts on a card, by run, merged into those predicted before
+    (a run predicted again replaces its row): the report's first screen says which run holds the
+    longest."""
     import pandas as pd
 
     from bench.results import write_atomic
@@ -95,9 +102,10 @@ def save_contexts(table: pd.DataFrame, path: Path, card: str, revision: str, tor
 def _predicted_rows(
     runs: list[RunSpec], budget: int | None, jobs: int, card: Card | None
 ) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(index, row) for each run as it is done: here, or in spawned processes (fork is unsafe once torch
-    has started threads). A process costs an import of torch (about 5 s and 1 GB), so there is one per run
-    at most. Ctrl-C reaches the parent only, which stops the processes on its way out."""
+    """(index, row) for each run as it is done: here, or in spawned processes (fork is unsafe once
+    torch has started threads). A process costs an import of torch (about 5 s and 1 GB), so there is
+    one per run at most. Ctrl-C reaches the parent only, which stops the processes on its way
+    out."""
     work, processes = [(i, spec, budget, card) for i, spec in enumerate(runs)], min(jobs, len(runs))
     if processes <= 1:
         yield from map(_indexed_row, work)
@@ -123,10 +131,14 @@ def _row(spec: RunSpec, budget: int | None, card: Card | None) -> dict[str, Any]
         KEY.status: out.status,
     }
     row |= {k: v for k, v in asdict(out).items() if v is not None}
-    if spec.mode == "generate":  # what a card or budget answers for a generation: its longest context
+    if (
+        spec.mode == "generate"
+    ):  # what a card or budget answers for a generation: its longest context
         if out.ok and (budget is not None or card is not None):
             progress = lambda text: print(f"    {spec.name}: {text}", file=sys.stderr, flush=True)  # noqa: E731
-            row["longest_context"] = longest_context(spec, card=card, budget=budget, progress=progress)
+            row["longest_context"] = longest_context(
+                spec, card=card, budget=budget, progress=progress
+            )
         return row
     if budget is not None and out.ok:
         row["fits"] = out.peak_tensor_bytes <= budget
@@ -158,10 +170,13 @@ def _tokens(n: int | None) -> str:
 def verdict(row: dict[str, Any]) -> str:
     """A prediction's verdict on its card, in words."""
     if row.get("verdict") == "out of memory":
-        request, held = row["oom_request_bytes"] / 2**20, (row.get("oom_reserved_bytes") or 0) / 2**30
+        request, held = (
+            row["oom_request_bytes"] / 2**20,
+            (row.get("oom_reserved_bytes") or 0) / 2**30,
+        )
         return (
-            f"out of memory in {row['oom_phase']} (a request of {request:,.0f} MiB, {held:.2f} GiB reserved "
-            "then)"
+            f"out of memory in {row['oom_phase']} (a request of {request:,.0f} MiB, {held:.2f} GiB "
+            "reserved then)"
         )
     flushes = row.get("flushes") or 0
     if not flushes:
@@ -170,8 +185,8 @@ def verdict(row: dict[str, Any]) -> str:
 
 
 def markdown(table: pd.DataFrame, breakdown: bool = False) -> str:
-    """The table as Markdown; ``breakdown``: what was alive at each run's peak, by kind, in place of the
-    model's states (the at-peak columns sum to the peak)."""
+    """The table as Markdown; ``breakdown``: what was alive at each run's peak, by kind, in place of
+    the model's states (the at-peak columns sum to the peak)."""
     import pandas as pd
 
     from bench.report.tables import to_markdown
@@ -191,9 +206,12 @@ def markdown(table: pd.DataFrame, breakdown: bool = False) -> str:
             "prefill GiB": gib(KEY.peak_prefill_bytes),  # generation's phases and cache
             "decode GiB": gib(KEY.peak_decode_bytes),
             "cache GiB": gib(KEY.kv_cache_bytes),
-            "TFLOP/step": (pd.to_numeric(table.get(KEY.flops_per_step), errors="coerce") / 1e12).round(2),
+            "TFLOP/step": (
+                pd.to_numeric(table.get(KEY.flops_per_step), errors="coerce") / 1e12
+            ).round(2),
             "ranks": pd.to_numeric(
-                table.get(KEY.world_size, pd.Series(index=table.index, dtype=float)), errors="coerce"
+                table.get(KEY.world_size, pd.Series(index=table.index, dtype=float)),
+                errors="coerce",
             ).astype("Int64"),
         }
     )
@@ -201,7 +219,9 @@ def markdown(table: pd.DataFrame, breakdown: bool = False) -> str:
         show = show.drop(columns=["params GiB", "grads GiB", "optimizer GiB", "activations GiB"])
         for part in AT_PEAK:
             show.insert(
-                len(show.columns) - 2, f"{part.replace('_', ' ')} at peak GiB", gib(f"at_peak_{part}_bytes")
+                len(show.columns) - 2,
+                f"{part.replace('_', ' ')} at peak GiB",
+                gib(f"at_peak_{part}_bytes"),
             )
     for kind in KINDS:  # sent per rank per step, in a ring
         show[f"{kind.replace('_', '-')} MiB/rank"] = (
@@ -215,21 +235,28 @@ def markdown(table: pd.DataFrame, breakdown: bool = False) -> str:
         ]
     if "measured_bytes" in table:
         show["measured GiB"] = gib("measured_bytes")
-        # the allocated peak, cuBLAS's workspaces with the tensors, as max_memory_allocated counts it
+        # the allocated peak, cuBLAS's workspaces with the tensors, as max_memory_allocated counts
+        # it
         predicted = table.get(KEY.peak_allocated_bytes, table[KEY.peak_tensor_bytes])
         show["predicted / measured"] = (predicted / table["measured_bytes"]).round(3)
     if "fits" in table:
         show["fits"] = table["fits"].map({True: "yes", False: "no"})
     if "largest_batch" in table:
-        show["largest batch"] = pd.to_numeric(table["largest_batch"], errors="coerce").astype("Int64")
+        show["largest batch"] = pd.to_numeric(table["largest_batch"], errors="coerce").astype(
+            "Int64"
+        )
     if "longest_context" in table:  # prompt and new tokens
-        show["longest context"] = pd.to_numeric(table["longest_context"], errors="coerce").astype("Int64")
+        show["longest context"] = pd.to_numeric(table["longest_context"], errors="coerce").astype(
+            "Int64"
+        )
     # multi-process entries under a budget: the fewest ranks that fit, and its batch
     if "fewest_ranks" in table:
         show["fewest ranks"] = pd.to_numeric(table["fewest_ranks"], errors="coerce").astype("Int64")
-        show["largest batch there"] = pd.to_numeric(table["largest_batch_there"], errors="coerce").astype(
-            "Int64"
-        )
+        show["largest batch there"] = pd.to_numeric(
+            table["largest_batch_there"], errors="coerce"
+        ).astype("Int64")
     show["note"] = table.get(KEY.message, pd.Series(dtype=object)).fillna("")
-    show = show.loc[:, show.notna().any() & (show != 0).any()]  # traffic columns no entry has, or all zero
+    show = show.loc[
+        :, show.notna().any() & (show != 0).any()
+    ]  # traffic columns no entry has, or all zero
     return to_markdown(show)

@@ -35,42 +35,45 @@ THROUGHPUT_SAID = {
 
 
 HEADLINE_NOTE = (
-    "Picks among the runs at the baseline's batch size that save memory (at most 0.99× the baseline's "
-    "peak) and whose accuracy delta, where measured, lies within the baseline's seed-to-seed band; "
-    "ratios are against the baseline on the same device. The tables below have every run."
+    "Picks among the runs at the baseline's batch size that save memory (at most 0.99× the "
+    "baseline's peak) and whose accuracy delta, where measured, lies within the baseline's "
+    "seed-to-seed band; ratios are against the baseline on the same device. The tables below have "
+    "every run."
 )
 
 
 EXPLAINED = [
-    "**Peak memory**: CUDA's `max_memory_allocated` over the timed steps on GPUs; on CPUs the peak of live "
-    "tensor bytes over one instrumented step (`peak in`: the phase of the step where it happened). "
-    "Activations: bytes a forward leaves alive for backward. Throughput: batch size over the median step "
-    "time of the timed steps, after warm-up. Ratios (×) are against the suite's baseline on the same device. "
-    "`results/README.md` explains every column.",
-    "**Breakdown**: what was alive at the peak of the instrumented step, by what holds it: parameters, "
-    "buffers, gradients, optimizer state, activations (made by the forward, the input batch included, and "
-    "still alive) and temporaries (made in backward or the optimizer step: gradients of activations, "
-    "recomputed activations, update buffers). The parts sum to the tracked peak; on CUDA the allocator's "
-    "cache slack (reserved − allocated) is stacked on top.",
-    "**Pareto plot**: a run is on the front when no other run needs less memory and gives more throughput. "
-    "Up and to the left is better. The marker says whether its accuracy delta lies within the baseline's "
-    "noise band. Colours follow the run's first technique and are the same in every plot and suite.",
-    "**Accuracy** (where a fidelity phase ran): after the measured steps, each run's process trains the "
-    "model named above with the run's techniques on the training split, from the same initial weights and "
-    "in the same data order as the baseline, then evaluates on the held-out split (inference suites: the "
-    "plain model is trained, then evaluated under the run's techniques; `agreement` is the share of "
-    "predictions equal to the fp32 model's). Δ accuracy is in points against the baseline; the band (±) is "
-    "the spread (max − min) of the baseline's accuracy over its seeds, and ⚠ marks a delta outside it. "
-    "`grad cos` is the cosine similarity of the run's first-step gradient to the plain model's on the same "
-    "batch.",
-    "**Step times**: every timed step as a box plot (quartiles; whiskers to 1.5 × IQR). A wide box is a "
-    "noisy run; on a shared CPU, throughput ratios are indicative only.",
+    "**Peak memory**: CUDA's `max_memory_allocated` over the timed steps on GPUs; on CPUs the peak "
+    "of live tensor bytes over one instrumented step (`peak in`: the phase of the step where it "
+    "happened). Activations: bytes a forward leaves alive for backward. Throughput: batch size "
+    "over the median step time of the timed steps, after warm-up. Ratios (×) are against the "
+    "suite's baseline on the same device. `results/README.md` explains every column.",
+    "**Breakdown**: what was alive at the peak of the instrumented step, by what holds it: "
+    "parameters, buffers, gradients, optimizer state, activations (made by the forward, the input "
+    "batch included, and still alive) and temporaries (made in backward or the optimizer step: "
+    "gradients of activations, recomputed activations, update buffers). The parts sum to the "
+    "tracked peak; on CUDA the allocator's cache slack (reserved − allocated) is stacked on top.",
+    "**Pareto plot**: a run is on the front when no other run needs less memory and gives more "
+    "throughput. Up and to the left is better. The marker says whether its accuracy delta lies "
+    "within the baseline's noise band. Colours follow the run's first technique and are the same "
+    "in every plot and suite.",
+    "**Accuracy** (where a fidelity phase ran): after the measured steps, each run's process "
+    "trains the model named above with the run's techniques on the training split, from the same "
+    "initial weights and in the same data order as the baseline, then evaluates on the held-out "
+    "split (inference suites: the plain model is trained, then evaluated under the run's "
+    "techniques; `agreement` is the share of predictions equal to the fp32 model's). Δ accuracy is "
+    "in points against the baseline; the band (±) is the spread (max − min) of the baseline's "
+    "accuracy over its seeds, and ⚠ marks a delta outside it. `grad cos` is the cosine similarity "
+    "of the run's first-step gradient to the plain model's on the same batch.",
+    "**Step times**: every timed step as a box plot (quartiles; whiskers to 1.5 × IQR). A wide box "
+    "is a noisy run; on a shared CPU, throughput ratios are indicative only.",
 ]
 
 
 def build_report(suite_dir: Path, here: str | None = None) -> list[Path]:
-    """Aggregate every stored record of the suite; returns the files written (table, Markdown, HTML, plots).
-    ``here``: the device the report is built for (its section first), by default this machine's."""
+    """Aggregate every stored record of the suite; returns the files written (table, Markdown, HTML,
+    plots). ``here``: the device the report is built for (its section first), by default this
+    machine's."""
     here = this_machine() if here is None else here
     records = load_records(suite_dir)
     if not records:
@@ -79,7 +82,8 @@ def build_report(suite_dir: Path, here: str | None = None) -> list[Path]:
         hint = (
             f"run `make bench SUITE={suite_dir.name}` first"
             if path.exists()
-            else f"there is no suite {path} either; suites with records: {', '.join(known) or 'none'}"
+            else f"there is no suite {path} either; "
+            f"suites with records: {', '.join(known) or 'none'}"
         )
         raise FileNotFoundError(f"no records under {suite_dir}/*/; {hint}")
     throughput = suite_throughput(suite_dir.name)
@@ -94,7 +98,10 @@ def build_report(suite_dir: Path, here: str | None = None) -> list[Path]:
         Block("nav", _neighbours(suite_dir)),
         *([Block("p", suite.description + ".")] if suite and suite.description else []),
         Block("h2", "What to use"),
-        Block("headline", headline(table, suite_entries(suite_dir.name), here, read_contexts(suite_dir))),
+        Block(
+            "headline",
+            headline(table, suite_entries(suite_dir.name), here, read_contexts(suite_dir)),
+        ),
         Block("p", f"{HEADLINE_NOTE} Throughput × compares {THROUGHPUT_SAID[throughput]}."),
     ]
     if differ := disagreements(table):
@@ -114,20 +121,23 @@ def build_report(suite_dir: Path, here: str | None = None) -> list[Path]:
 
 
 def _predicted_for_gpu(suite_dir: Path, table: pd.DataFrame) -> list[Block]:
-    """The suite's runs that no GPU has measured, with their predicted peaks at GPU shapes (``make predict``
-    writes them beside the records): what a card would need, before one is rented."""
+    """The suite's runs that no GPU has measured, with their predicted peaks at GPU shapes (``make
+    predict`` writes them beside the records): what a card would need, before one is rented."""
     path = suite_dir / PREDICTED
     if not path.exists():
         return []
     predicted = pd.read_csv(path)
-    measured = set(table.loc[(table[KEY.device_type] == "cuda") & (table[KEY.status] == Status.OK), KEY.run])
+    measured = set(
+        table.loc[(table[KEY.device_type] == "cuda") & (table[KEY.status] == Status.OK), KEY.run]
+    )
     rest = predicted[~predicted[KEY.run].isin(measured)]
     if rest.empty:
         return []
     how = (
         f"predicted on fake tensors by `make predict SUITE={suite_dir.name}` (revision "
-        f"{str(predicted[KEY.git_revision].iloc[0])[:12]}, torch {predicted[KEY.torch_version].iloc[0]}); a "
-        "GPU's allocated peak has come within a few percent of such predictions on the H100 records"
+        f"{str(predicted[KEY.git_revision].iloc[0])[:12]}, torch "
+        f"{predicted[KEY.torch_version].iloc[0]}); a GPU's allocated peak has come within a few "
+        "percent of such predictions on the H100 records"
     )
     gib = lambda col: (pd.to_numeric(rest.get(col), errors="coerce") / 2**30).round(2)  # noqa: E731
     shown = pd.DataFrame(
@@ -149,8 +159,8 @@ def _predicted_for_gpu(suite_dir: Path, table: pd.DataFrame) -> list[Block]:
         Block("h2", "Not yet measured on a GPU"),
         Block(
             "p",
-            f"{len(rest)} of the suite's {len(predicted)} entries have no GPU record; their peaks at "
-            f"the suite's GPU shapes, {how}.",
+            f"{len(rest)} of the suite's {len(predicted)} entries have no GPU record; their peaks "
+            f"at the suite's GPU shapes, {how}.",
         ),
         Block("table", shown),
     ]
@@ -167,7 +177,8 @@ def _neighbours(suite_dir: Path) -> list[tuple[str, str]]:
 
 
 def device_plots(plot_dir: Path, device: str, part: pd.DataFrame) -> list[Path]:
-    """The plots that have something to show for this device, each as PNG and SVG; returns the PNGs."""
+    """The plots that have something to show for this device, each as PNG and SVG; returns the
+    PNGs."""
     title = f"{part[KEY.suite].iloc[0]} on {device}"
     views: list[tuple[str, Draw, tuple[float, float]]] = [
         ("pareto", plots.pareto, (9, 6.5)),
@@ -177,9 +188,13 @@ def device_plots(plot_dir: Path, device: str, part: pd.DataFrame) -> list[Path]:
         views.append(("breakdown", plots.breakdown_bars, (9, 0.3 * broken_down + 2)))
     if part[KEY.step_times_ms].map(lambda v: isinstance(v, list)).any():
         views.append(("step_times", plots.step_time_boxes, (8, 0.3 * len(part) + 2)))
-    predicted = int((part[KEY.predicted_peak_tensor_bytes].notna() & part["peak_bytes"].notna()).sum())
+    predicted = int(
+        (part[KEY.predicted_peak_tensor_bytes].notna() & part["peak_bytes"].notna()).sum()
+    )
     if predicted and not tables.prediction_exact(part):
-        views.append(("predicted_vs_measured", plots.predicted_vs_measured, (7, 0.3 * predicted + 2)))
+        views.append(
+            ("predicted_vs_measured", plots.predicted_vs_measured, (7, 0.3 * predicted + 2))
+        )
     out = []
     for name, draw, size in views:
         fig, ax = plt.subplots(figsize=size)
@@ -191,28 +206,39 @@ def device_plots(plot_dir: Path, device: str, part: pd.DataFrame) -> list[Path]:
     return out
 
 
-def _device_section(device: str, part: pd.DataFrame, records: list[dict], images: list[Path]) -> list[Block]:
+def _device_section(
+    device: str, part: pd.DataFrame, records: list[dict], images: list[Path]
+) -> list[Block]:
     rec = next(r for r in records if r[KEY.device] == device)
-    base = next((r for r in records if r[KEY.device] == device and r[KEY.run] == r.get(KEY.baseline)), rec)
+    base = next(
+        (r for r in records if r[KEY.device] == device and r[KEY.run] == r.get(KEY.baseline)), rec
+    )
     failed = part[part[KEY.status] != Status.OK]
     title = device_title(device, part[KEY.device_type].iloc[0])
     blocks = [
         Block("h2", title),
         Block(
             "p",
-            f"Memory here is the {memory_figure(part)} (a run's own batch where its "
-            "name says so); × is against the baseline on this device.",
+            f"Memory here is the {memory_figure(part)} (a run's own batch where its name says so); "
+            "× is against the baseline on this device.",
         ),
         Block("p", provenance(part, rec)),
         Block("table", tables.display(part)),
     ]
     if len(failed):
-        blocks.append(Block("list", [f"**{r.run}**: {r.status}: {r.message}" for r in failed.itertuples()]))
-    if len(no_accuracy := part[part[KEY.fidelity_error].notna()]):  # measured, but its accuracy is missing
+        blocks.append(
+            Block("list", [f"**{r.run}**: {r.status}: {r.message}" for r in failed.itertuples()])
+        )
+    if len(
+        no_accuracy := part[part[KEY.fidelity_error].notna()]
+    ):  # measured, but its accuracy is missing
         blocks.append(
             Block(
                 "list",
-                [f"**{r.run}**: fidelity phase failed: {r.fidelity_error}" for r in no_accuracy.itertuples()],
+                [
+                    f"**{r.run}**: fidelity phase failed: {r.fidelity_error}"
+                    for r in no_accuracy.itertuples()
+                ],
             )
         )
     if len(warned := part[part[KEY.warning].notna()]):
@@ -225,8 +251,8 @@ def _device_section(device: str, part: pd.DataFrame, records: list[dict], images
                 "p",
                 f"Prediction: each of the {int(part['predicted_vs_measured'].notna().sum())} "
                 "predicted runs' peak, predicted on fake tensors before it ran, equals its "
-                "measured peak to the byte, as it should on a CPU, where both count the same "
-                "live tensors; on CUDA the prediction models the allocator (`make predict`).",
+                "measured peak to the byte, as it should on a CPU, where both count the same live "
+                "tensors; on CUDA the prediction models the allocator (`make predict`).",
             )
         )
     if monitors := _monitor_links(records, device):
@@ -247,8 +273,8 @@ def _device_section(device: str, part: pd.DataFrame, records: list[dict], images
         blocks.append(
             Block(
                 "p",
-                "No at-peak breakdown (a compiled model the tracker cannot see, or a record "
-                f"older than the breakdown): {', '.join(no_breakdown)}.",
+                "No at-peak breakdown (a compiled model the tracker cannot see, or a record older "
+                f"than the breakdown): {', '.join(no_breakdown)}.",
             )
         )
     return blocks + [Block("image", p) for p in images]
@@ -290,7 +316,8 @@ def provenance(part: pd.DataFrame, rec: dict) -> str:
 
 
 def _weights(part: pd.DataFrame) -> str:
-    """The pretrained weights the runs started from, with their digests; nothing for random weights."""
+    """The pretrained weights the runs started from, with their digests; nothing for random
+    weights."""
     loaded = part.dropna(subset=[KEY.weights])
     return "".join(
         f" · weights {w} (sha256 {h})"
@@ -313,8 +340,8 @@ def _fidelity_line(rec: dict) -> str:
     start = f" from {rec[KEY.fidelity_weights]}" if rec.get(KEY.fidelity_weights) else ""
     return (
         f"Fidelity phase: {rec[KEY.fidelity_model]}{start} on {rec[KEY.fidelity_dataset]} "
-        f"({rec.get(KEY.fidelity_train_size)} training / {rec.get(KEY.fidelity_test_size)} held-out "
-        f"samples), {rec.get(KEY.fidelity_steps)} steps; baseline over "
+        f"({rec.get(KEY.fidelity_train_size)} training / {rec.get(KEY.fidelity_test_size)} "
+        f"held-out samples), {rec.get(KEY.fidelity_steps)} steps; baseline over "
         f"{len(rec.get(KEY.accuracy_seeds) or [1])} seeds."
     )
 

@@ -1,5 +1,6 @@
-"""Two result folders side by side (two GPUs, two torch versions, before and after a change): per-run
-changes in memory, throughput and accuracy, with regressions flagged only beyond the runs' own spread."""
+"""Two result folders side by side (two GPUs, two torch versions, before and after a change):
+per-run changes in memory, throughput and accuracy, with regressions flagged only beyond the runs'
+own spread."""
 
 from __future__ import annotations
 
@@ -17,40 +18,49 @@ from bench.results import read, slug, to_frame, write_atomic
 
 # Peak memory is deterministic up to the allocator's rounding: a change under 1% is not a change.
 MEMORY_TOLERANCE = 0.01
-REGRESSIONS = ("memory", "throughput", "accuracy")  # what a run can regress in; --strict picks among them
+REGRESSIONS = (
+    "memory",
+    "throughput",
+    "accuracy",
+)  # what a run can regress in; --strict picks among them
 
 
 def load_side(folder: Path, device: str | None = None) -> pd.DataFrame:
     """The ok records under a device folder (results/resnet/nvidia-h100…), a suite folder or a whole
-    results root, from one device: ``device`` (a substring of its name) picks one where there are several."""
+    results root, from one device: ``device`` (a substring of its name) picks one where there are
+    several."""
     if not folder.is_dir():
         raise FileNotFoundError(
-            f"{folder}: no such folder (expected results/, results/<suite>/ or results/<suite>/<device>/)"
+            f"{folder}: no such folder (expected results/, results/<suite>/ or "
+            "results/<suite>/<device>/)"
         )
     records = _records(folder)
     if device:
         records = [
-            r for r in records if device.lower() in r[KEY.device].lower() or device == slug(r[KEY.device])
+            r
+            for r in records
+            if device.lower() in r[KEY.device].lower() or device == slug(r[KEY.device])
         ]
     if not records:
         raise FileNotFoundError(
-            f"no records in {folder}{f' for device {device!r}' if device else ''} "
-            "(expected results/, results/<suite>/ or results/<suite>/<device>/)"
+            f"no records in {folder}{f' for device {device!r}' if device else ''} (expected "
+            "results/, results/<suite>/ or results/<suite>/<device>/)"
         )
     devices = sorted({r[KEY.device] for r in records})
     if len(devices) > 1:
         raise FileNotFoundError(
-            f"{folder} holds several devices ({', '.join(devices)}); pick one with "
-            f"--device, e.g. --device {slug(devices[0])}"
+            f"{folder} holds several devices ({', '.join(devices)}); pick one with --device, e.g. "
+            f"--device {slug(devices[0])}"
         )
     frame = to_frame(records)
     return frame[frame[KEY.status] == Status.OK].set_index([KEY.suite, KEY.run])
 
 
 def _records(folder: Path) -> list[dict]:
-    """The records of a device folder, a suite folder or a results root, read at that level only (a device's
-    fit/ and superseded/ files are not records of its runs), and within a root only from the folder named
-    after each record's suite (a backup copy of a suite beside it would give every run twice)."""
+    """The records of a device folder, a suite folder or a results root, read at that level only (a
+    device's fit/ and superseded/ files are not records of its runs), and within a root only from
+    the folder named after each record's suite (a backup copy of a suite beside it would give every
+    run twice)."""
     for depth in ("*.json", "*/*.json", "*/*/*.json"):
         if paths := sorted(folder.glob(depth)):
             break
@@ -63,8 +73,8 @@ def _records(folder: Path) -> list[dict]:
         key = (r[KEY.suite], r[KEY.run], r[KEY.device])
         if key in found:
             raise BadInput(
-                f"run {r[KEY.run]!r} of suite {r[KEY.suite]!r} on {r[KEY.device]} is in both {found[key]} "
-                f"and {p}; compare one of the folders that hold it"
+                f"run {r[KEY.run]!r} of suite {r[KEY.suite]!r} on {r[KEY.device]} is in both "
+                f"{found[key]} and {p}; compare one of the folders that hold it"
             )
         found[key] = p
         records.append(r)
@@ -72,12 +82,15 @@ def _records(folder: Path) -> list[dict]:
 
 
 def compare(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
-    """One row per run present on both sides; ``regression`` names what got worse beyond the noise."""
+    """One row per run present on both sides; ``regression`` names what got worse beyond the
+    noise."""
     both = a.index.intersection(b.index)
     out = pd.DataFrame(index=both)
     for side, frame in (("a", a), ("b", b)):
         f = frame.reindex(both)
-        out[f"peak_{side}"] = pd.to_numeric(peak_bytes(f), errors="coerce")  # as in the suite's own table
+        out[f"peak_{side}"] = pd.to_numeric(
+            peak_bytes(f), errors="coerce"
+        )  # as in the suite's own table
         out[f"samples_per_s_{side}"] = _num(f, KEY.samples_per_s)
         for q in ("p25", "median", "p75"):
             out[f"step_ms_{q}_{side}"] = _num(f, f"step_time_ms_{q}")
@@ -91,7 +104,8 @@ def compare(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
 
 
 def unmatched(a: pd.DataFrame, b: pd.DataFrame) -> list[str]:
-    """A line for each run in only one of the two folders: left out of the comparison, never silently."""
+    """A line for each run in only one of the two folders: left out of the comparison, never
+    silently."""
 
     def name(key: object) -> str:
         return "/".join(map(str, key)) if isinstance(key, tuple) else str(key)
@@ -104,7 +118,9 @@ def unmatched(a: pd.DataFrame, b: pd.DataFrame) -> list[str]:
 def _num(frame: pd.DataFrame, col: str) -> pd.Series:
     """A numeric column; all-NaN where no record has it."""
     return (
-        pd.to_numeric(frame[col], errors="coerce") if col in frame else pd.Series(np.nan, index=frame.index)
+        pd.to_numeric(frame[col], errors="coerce")
+        if col in frame
+        else pd.Series(np.nan, index=frame.index)
     )
 
 
@@ -122,30 +138,34 @@ def _regressions(row) -> list[str]:
 
 
 def shared_shift(table: pd.DataFrame) -> str:
-    """The throughput change every run shares. A step's spread is measured within one process, so a slower
-    machine (other load, clocks), driver, torch or harness moves every run at once and flags each."""
+    """The throughput change every run shares. A step's spread is measured within one process, so a
+    slower machine (other load, clocks), driver, torch or harness moves every run at once and flags
+    each."""
     ratios = table["throughput_ratio"].dropna()
     return (
-        f"Throughput × over the {len(ratios)} runs: median {ratios.median():.3f}, from {ratios.min():.3f} "
-        f"to {ratios.max():.3f}. A change every run shares points at the machine (other load, clocks), the "
-        "driver, torch or the harness, not at one technique."
+        f"Throughput × over the {len(ratios)} runs: median {ratios.median():.3f}, from "
+        f"{ratios.min():.3f} to {ratios.max():.3f}. A change every run shares points at the "
+        "machine (other load, clocks), the driver, torch or the harness, not at one technique."
     )
 
 
 def describe(frame: pd.DataFrame, folder: Path) -> str:
     """Where one side's figures come from: folder, device, software and revision."""
     first = frame.iloc[0]
-    revisions = ", ".join(sorted({str(r)[:12] for r in frame.get(KEY.git_revision, pd.Series()).dropna()}))
+    revisions = ", ".join(
+        sorted({str(r)[:12] for r in frame.get(KEY.git_revision, pd.Series()).dropna()})
+    )
     return (
-        f"`{folder}`: {first[KEY.device]}, torch {first.get(KEY.torch_version)}, "
-        f"revision {revisions or 'unknown'}, {len(frame)} ok runs"
+        f"`{folder}`: {first[KEY.device]}, torch {first.get(KEY.torch_version)}, revision "
+        f"{revisions or 'unknown'}, {len(frame)} ok runs"
     )
 
 
 def write(
     table: pd.DataFrame, a: tuple[Path, pd.DataFrame], b: tuple[Path, pd.DataFrame], out: Path
 ) -> list[Path]:
-    """compare.md (sides, table, flagged runs), compare.csv and the side-by-side plot, under ``out``."""
+    """compare.md (sides, table, flagged runs), compare.csv and the side-by-side plot, under
+    ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     flagged = table[table["regression"] != ""]
     lines = [
@@ -161,9 +181,10 @@ def write(
         "",
         shared_shift(table),
         "",
-        "Regression rules: memory more than 1% above A (peaks are deterministic up to allocator rounding); "
-        "throughput when B's step-time quartiles lie wholly above A's middle half (p25 of B > p75 of A); "
-        "accuracy when it drops by more than the wider of the two baselines' seed bands.",
+        "Regression rules: memory more than 1% above A (peaks are deterministic up to allocator "
+        "rounding); throughput when B's step-time quartiles lie wholly above A's middle half (p25 "
+        "of B > p75 of A); accuracy when it drops by more than the wider of the two baselines' "
+        "seed bands.",
         "",
         "![side by side](compare.png)",
         "",
@@ -188,7 +209,9 @@ def markdown(table: pd.DataFrame, name_a: str, name_b: str) -> str:
             f"samples/s ({name_b})": table["samples_per_s_b"].round(1),
             "throughput ×": table["throughput_ratio"].round(3),
             "Δ accuracy pt": (100 * table["accuracy_change"]).round(1),
-            "regression": table["regression"].replace("", "–").map(lambda s: s if s == "–" else f"⚠ {s}"),
+            "regression": table["regression"]
+            .replace("", "–")
+            .map(lambda s: s if s == "–" else f"⚠ {s}"),
         }
     )
     return to_markdown(show.dropna(axis=1, how="all"))
@@ -197,7 +220,8 @@ def markdown(table: pd.DataFrame, name_a: str, name_b: str) -> str:
 def side_by_side(table: pd.DataFrame, name_a: str, name_b: str, path: Path) -> None:
     """Memory and throughput of each run, A and B as paired bars; regressions' names in red."""
     labels = [
-        f"{s}/{r}" if table[KEY.suite].nunique() > 1 else r for s, r in zip(table[KEY.suite], table[KEY.run])
+        f"{s}/{r}" if table[KEY.suite].nunique() > 1 else r
+        for s, r in zip(table[KEY.suite], table[KEY.run])
     ]
     y = np.arange(len(table))
     fig, axes = plt.subplots(1, 2, figsize=(12, 0.35 * len(table) + 2), sharey=True)

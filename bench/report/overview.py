@@ -1,5 +1,5 @@
-"""One page over every suite in a results folder: per model and device, which combination of techniques
-gives the most memory for the throughput it costs."""
+"""One page over every suite in a results folder: per model and device, which combination of
+techniques gives the most memory for the throughput it costs."""
 
 from __future__ import annotations
 
@@ -28,24 +28,33 @@ from bench.report.tables import pareto_front, summary
 from bench.results import load_records, slug, to_frame, write_atomic
 
 INTRO = (
-    "Recorded: how many of the suite's entries the device has a record of (each report lists the rest with "
-    "its predicted peak at GPU shapes). Per suite and device (this machine's, then GPUs, first), three "
-    "picks among the runs measured at the baseline's batch size that save memory (at most 0.99× the "
-    "baseline's peak) and whose accuracy delta (where measured) lies within the baseline's noise band: the "
-    "largest memory saving, the largest that keeps throughput within 5% of the baseline's, and the one "
-    "that saves the most memory per unit of throughput lost ((1 − memory ×) ÷ (1 − throughput ×), a loss "
-    "under 1% counted as 1%). Figures are relative to each suite's own baseline on the same device; each "
-    "suite's report, linked above, has every run."
+    "Recorded: how many of the suite's entries the device has a record of (each report lists the "
+    "rest with its predicted peak at GPU shapes). Per suite and device (this machine's, then GPUs, "
+    "first), three picks among the runs measured at the baseline's batch size that save memory (at "
+    "most 0.99× the baseline's peak) and whose accuracy delta (where measured) lies within the "
+    "baseline's noise band: the largest memory saving, the largest that keeps throughput within 5% "
+    "of the baseline's, and the one that saves the most memory per unit of throughput lost ((1 − "
+    "memory ×) ÷ (1 − throughput ×), a loss under 1% counted as 1%). Figures are relative to each "
+    "suite's own baseline on the same device; each suite's report, linked above, has every run."
 )
 
 
 def build_overview(results: Path) -> list[Path]:
-    """results/overview/{overview.md, overview.html, *.png, *.svg} from every suite under ``results``."""
-    loaded = {p: load_records(p) for p in sorted(results.iterdir()) if p.is_dir() and any(p.glob("*/*.json"))}
-    suites = [p for p, records in loaded.items() if records]  # a suite whose every record is unreadable: none
+    """results/overview/{overview.md, overview.html, *.png, *.svg} from every suite under
+    ``results``."""
+    loaded = {
+        p: load_records(p)
+        for p in sorted(results.iterdir())
+        if p.is_dir() and any(p.glob("*/*.json"))
+    }
+    suites = [
+        p for p, records in loaded.items() if records
+    ]  # a suite whose every record is unreadable: none
     tables = [summary(to_frame(loaded[p]), suite_throughput(p.name)) for p in suites]
     if not tables:
-        raise FileNotFoundError(f"no suite records under {results}/*/*/; run `make bench SUITE=…` first")
+        raise FileNotFoundError(
+            f"no suite records under {results}/*/*/; run `make bench SUITE=…` first"
+        )
     figures = write_figures(results, {p.name: t for p, t in zip(suites, tables)})
     everything = pd.concat(tables, ignore_index=True)
     out = results / "overview"
@@ -68,8 +77,12 @@ def build_overview(results: Path) -> list[Path]:
                     KEY.suite: suite,
                     KEY.model: t[KEY.model].iloc[0],
                     "recorded": f"{len(t)} of {entries}" if entries else str(len(t)),
-                    "baseline peak GiB": round(base["peak_bytes"].iloc[0] / 2**30, 3) if len(base) else None,
-                    "baseline samples/s": round(base[KEY.samples_per_s].iloc[0], 1) if len(base) else None,
+                    "baseline peak GiB": round(base["peak_bytes"].iloc[0] / 2**30, 3)
+                    if len(base)
+                    else None,
+                    "baseline samples/s": round(base[KEY.samples_per_s].iloc[0], 1)
+                    if len(base)
+                    else None,
                     **{PICKS[k]: pick_text(v) for k, v in best.items()},
                 }
             )
@@ -84,10 +97,12 @@ def build_overview(results: Path) -> list[Path]:
 
 
 def _suite_grid(table: pd.DataFrame, device: str, path: Path) -> None:
-    """One panel per suite: memory × against throughput × of every run, relative to its baseline, so the
-    models can be read on one scale; the Pareto front joined, colours per technique as in every plot."""
+    """One panel per suite: memory × against throughput × of every run, relative to its baseline, so
+    the models can be read on one scale; the Pareto front joined, colours per technique as in every
+    plot."""
     groups = list(table.groupby(KEY.suite, sort=True))
-    # Two panels a row at 110 dpi: about 1,200 px wide, the page's width, so labels show at their own size.
+    # Two panels a row at 110 dpi: about 1,200 px wide, the page's width, so labels show at their
+    # own size.
     cols = min(2, len(groups))
     rows = int(np.ceil(len(groups) / cols))
     fig, axes = plt.subplots(rows, cols, figsize=(5.4 * cols, 4.6 * rows), squeeze=False)
@@ -119,7 +134,8 @@ def _suite_grid(table: pd.DataFrame, device: str, path: Path) -> None:
         ax.set_visible(False)
     # Points off the front are identified by colour: their first technique, as in every report.
     handles = [
-        plt.Line2D([], [], marker="o", ls="", color=colours[name], label=name) for name in sorted(colours)
+        plt.Line2D([], [], marker="o", ls="", color=colours[name], label=name)
+        for name in sorted(colours)
     ]
     ncol = min(6, len(handles)) or 1
     fig.legend(
@@ -136,5 +152,7 @@ def _suite_grid(table: pd.DataFrame, device: str, path: Path) -> None:
         f"Every suite on {device}: up and left of the dashed cross is better than the baseline "
         "(front labelled)"
     )
-    fig.tight_layout(rect=(0, below, 1, 1 - 0.45 / fig.get_figheight()))  # room for the legend and the title
+    fig.tight_layout(
+        rect=(0, below, 1, 1 - 0.45 / fig.get_figheight())
+    )  # room for the legend and the title
     plots.save(fig, path, dpi=110)

@@ -1,8 +1,8 @@
 """Plot helpers: small pure functions that draw one view of the summary table onto an Axes.
 
 Every run has one colour wherever it appears, in every plot and suite: the colour of its first
-technique (built-ins in name order on a fixed palette, a user's own by a hash of its name), grey for the
-baseline."""
+technique (built-ins in name order on a fixed palette, a user's own by a hash of its name), grey for
+the baseline."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # files only; no display on CI or GPU hosts
-matplotlib.rcParams["svg.hashsalt"] = "memsave-bench"  # fixed element ids: a rebuilt report changes no file
+matplotlib.rcParams["svg.hashsalt"] = (
+    "memsave-bench"  # fixed element ids: a rebuilt report changes no file
+)
 SVG_METADATA = {"Date": None}  # nor a timestamp
 
 import matplotlib.pyplot
@@ -27,9 +29,10 @@ from bench.record import AT_PEAK, KEY, Status
 from bench.report.tables import pareto_front
 
 BASELINE_COLOUR = "#7f7f7f"
-# tab20's pairs split (dark ones first), then Dark2, then tab20b's and tab20c's shades of each hue, darkest
-# and middle first, without the greys the baseline wears: 52 colours. The built-in techniques take the first
-# ones in name order; a user's own hash into the rest, so one never wears a built-in's colour beside it.
+# tab20's pairs split (dark ones first), then Dark2, then tab20b's and tab20c's shades of each hue,
+# darkest and middle first, without the greys the baseline wears: 52 colours. The built-in
+# techniques take the first ones in name order; a user's own hash into the rest, so one never wears
+# a built-in's colour beside it.
 PALETTE = [
     c
     for c in (
@@ -65,12 +68,15 @@ ACCURACY_MARKERS = {
 
 
 def save(fig, path, dpi: int = 120) -> None:
-    """The figure as PNG at ``path`` and SVG beside it, with tight bounds (legends outside the axes stay in),
-    then closed."""
+    """The figure as PNG at ``path`` and SVG beside it, with tight bounds (legends outside the axes
+    stay in), then closed."""
     try:
-        for target, options in ((path, {"dpi": dpi}), (path.with_suffix(".svg"), {"metadata": SVG_METADATA})):
-            # A full disk leaves the old plot, never half a new; a name of its own, since two reports of one
-            # suite at once each renamed the other's file away from under it.
+        for target, options in (
+            (path, {"dpi": dpi}),
+            (path.with_suffix(".svg"), {"metadata": SVG_METADATA}),
+        ):
+            # A full disk leaves the old plot, never half a new; a name of its own, since two
+            # reports of one suite at once each renamed the other's file away from under it.
             fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
             os.close(fd)
             partial = Path(name)
@@ -95,9 +101,10 @@ def memory_label(device_type: str, unit: str) -> str:
 
 
 def technique_colour(first: str, is_baseline: bool = False) -> tuple | str:
-    """The colour of a run by the name of its first technique (the table's ``technique``), the same in every
-    report: a built-in's by its place among the registered names, a user's own ('module:Class') by a hash of
-    its name into the colours after those, so it is neither a built-in's nor the baseline's grey."""
+    """The colour of a run by the name of its first technique (the table's ``technique``), the same
+    in every report: a built-in's by its place among the registered names, a user's own
+    ('module:Class') by a hash of its name into the colours after those, so it is neither a
+    built-in's nor the baseline's grey."""
     from bench.techniques import TECHNIQUES
 
     if is_baseline or first in ("", "baseline"):
@@ -116,13 +123,19 @@ def _colours(table: pd.DataFrame) -> list:
 
 
 def peak_memory_bars(ax: Axes, table: pd.DataFrame, title: str) -> None:
-    """Peak memory per run in suite order, each bar labelled with its ratio to the baseline; runs without a
-    figure are named with their status."""
+    """Peak memory per run in suite order, each bar labelled with its ratio to the baseline; runs
+    without a figure are named with their status."""
     divisor, unit = byte_unit(table["peak_bytes"].max())
     peaks = table["peak_bytes"] / divisor
     ax.barh(table[KEY.run], peaks.fillna(0), color=_colours(table))
-    for y, (peak, ratio, status) in enumerate(zip(peaks, table["memory_vs_baseline"], table[KEY.status])):
-        text = f" {peak:,.1f} ({ratio:.2f}×)" if status == Status.OK and pd.notna(ratio) else f" {status}"
+    for y, (peak, ratio, status) in enumerate(
+        zip(peaks, table["memory_vs_baseline"], table[KEY.status])
+    ):
+        text = (
+            f" {peak:,.1f} ({ratio:.2f}×)"
+            if status == Status.OK and pd.notna(ratio)
+            else f" {status}"
+        )
         ax.text(
             0 if pd.isna(peak) else peak,
             y,
@@ -146,8 +159,9 @@ def accuracy_class(row: pd.Series) -> str:
 
 
 def usable_front(memory: np.ndarray, throughput: np.ndarray, classes: np.ndarray) -> np.ndarray:
-    """The Pareto front of the runs a practitioner could choose: one known to hurt accuracy (worse than the
-    baseline's band) is drawn, but is on no front, and does not push a usable run off it."""
+    """The Pareto front of the runs a practitioner could choose: one known to hurt accuracy (worse
+    than the baseline's band) is drawn, but is on no front, and does not push a usable run off
+    it."""
     usable = classes != "worse, outside band"
     front = np.zeros(len(memory), dtype=bool)
     front[usable] = pareto_front(memory[usable], throughput[usable])
@@ -155,13 +169,22 @@ def usable_front(memory: np.ndarray, throughput: np.ndarray, classes: np.ndarray
 
 
 def pareto(ax: Axes, table: pd.DataFrame, title: str) -> None:
-    """Peak memory against throughput, one point per measured run; the front (runs no other run beats on
-    both) joined by a line. Marker: accuracy against the baseline's band. Up and left is better."""
+    """Peak memory against throughput, one point per measured run; the front (runs no other run
+    beats on both) joined by a line. Marker: accuracy against the baseline's band. Up and left is
+    better."""
     ok = table[
-        (table[KEY.status] == Status.OK) & table["peak_bytes"].notna() & table[KEY.samples_per_s].notna()
+        (table[KEY.status] == Status.OK)
+        & table["peak_bytes"].notna()
+        & table[KEY.samples_per_s].notna()
     ]
     if ok.empty:
-        ax.text(0.5, 0.5, "no run with both peak memory and throughput", ha="center", transform=ax.transAxes)
+        ax.text(
+            0.5,
+            0.5,
+            "no run with both peak memory and throughput",
+            ha="center",
+            transform=ax.transAxes,
+        )
         ax.set_title(title)
         return
     divisor, unit = byte_unit(ok["peak_bytes"].max())
@@ -169,7 +192,9 @@ def pareto(ax: Axes, table: pd.DataFrame, title: str) -> None:
     classes = ok.apply(accuracy_class, axis=1).to_numpy()
     front = usable_front(x, y, classes)
     order = np.argsort(x[front])
-    ax.step(x[front][order], y[front][order], where="post", color="black", lw=1, alpha=0.6, zorder=2)
+    ax.step(
+        x[front][order], y[front][order], where="post", color="black", lw=1, alpha=0.6, zorder=2
+    )
     is_base = (ok[KEY.run] == ok[KEY.baseline]).to_numpy()
     for i, colour in enumerate(_colours(ok)):
         marker = "*" if is_base[i] else ACCURACY_MARKERS[classes[i]]
@@ -184,7 +209,8 @@ def pareto(ax: Axes, table: pd.DataFrame, title: str) -> None:
             linewidths=1.2,
         )
     labels = [
-        f"{r}{' (baseline)' if b and 'baseline' not in r else ''}" for r, b in zip(ok[KEY.run], is_base)
+        f"{r}{' (baseline)' if b and 'baseline' not in r else ''}"
+        for r, b in zip(ok[KEY.run], is_base)
     ]
     place_labels(ax, x, y, labels)
     handles = [
@@ -210,15 +236,20 @@ def pareto(ax: Axes, table: pd.DataFrame, title: str) -> None:
     ax.set_title(title)
 
 
-def place_labels(ax: Axes, x: np.ndarray, y: np.ndarray, labels: list[str], fontsize: float = 7) -> None:
-    """Each label at the first of a ring of offsets around its point where it overlaps no label placed
-    before it and no point; a leader line where it had to move away. Greedy, dependency-free."""
+def place_labels(
+    ax: Axes, x: np.ndarray, y: np.ndarray, labels: list[str], fontsize: float = 7
+) -> None:
+    """Each label at the first of a ring of offsets around its point where it overlaps no label
+    placed before it and no point; a leader line where it had to move away. Greedy,
+    dependency-free."""
     fig = ax.figure
     fig.canvas.draw()  # fixes the axes' limits and transform
     renderer = fig.canvas.get_renderer()
     points = ax.transData.transform(np.column_stack([x, y]))
     taken: list = []
-    frame = ax.get_window_extent(renderer)  # a label that crosses it would be clipped or sit on the axis
+    frame = ax.get_window_extent(
+        renderer
+    )  # a label that crosses it would be clipped or sit on the axis
     offsets = [
         (dx * r, dy * r)
         for r in (6, 16, 28, 42)
@@ -229,7 +260,12 @@ def place_labels(ax: Axes, x: np.ndarray, y: np.ndarray, labels: list[str], font
         for dx, dy in offsets:
             text = _label(ax, labels[i], (x[i], y[i]), (dx, dy), fontsize)
             box = text.get_window_extent(renderer).expanded(1.05, 1.1)
-            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+            inside = (
+                frame.x0 <= box.x0
+                and box.x1 <= frame.x1
+                and frame.y0 <= box.y0
+                and box.y1 <= frame.y1
+            )
             if (
                 inside
                 and not any(box.overlaps(t) for t in taken)
@@ -268,14 +304,20 @@ def _label(
 
 
 def breakdown_bars(ax: Axes, table: pd.DataFrame, title: str) -> None:
-    """What was alive at each run's peak, stacked, runs sorted by total; on CUDA the allocator's cache
-    slack (reserved − allocated) on top."""
+    """What was alive at each run's peak, stacked, runs sorted by total; on CUDA the allocator's
+    cache slack (reserved − allocated) on top."""
     parts = breakdown_frame(table)
     divisor, unit = byte_unit(parts.sum(axis=1).max() if len(parts) else 0)
     left = np.zeros(len(parts))
     for part in parts.columns:
         values = parts[part].to_numpy() / divisor
-        ax.barh(parts.index, values, left=left, color=BREAKDOWN_COLOURS[part], label=part.replace("_", " "))
+        ax.barh(
+            parts.index,
+            values,
+            left=left,
+            color=BREAKDOWN_COLOURS[part],
+            label=part.replace("_", " "),
+        )
         left += values
     ax.invert_yaxis()
     ax.set_xlabel(f"bytes alive at the peak ({unit}), by what holds them")
@@ -284,9 +326,11 @@ def breakdown_bars(ax: Axes, table: pd.DataFrame, title: str) -> None:
 
 
 def breakdown_frame(table: pd.DataFrame) -> pd.DataFrame:
-    """One row per run that has an at-peak breakdown (tracked step), columns in AT_PEAK order plus the
-    allocator's slack where measured; sorted by total, largest first."""
-    cols = [f"at_peak_{p}_bytes" for p in AT_PEAK if p != "kv_cache"]  # a generation's alone, and newer
+    """One row per run that has an at-peak breakdown (tracked step), columns in AT_PEAK order plus
+    the allocator's slack where measured; sorted by total, largest first."""
+    cols = [
+        f"at_peak_{p}_bytes" for p in AT_PEAK if p != "kv_cache"
+    ]  # a generation's alone, and newer
     have = table.dropna(subset=cols) if all(c in table for c in cols) else table.iloc[:0]
     have = have[have[KEY.status] == Status.OK]
     kept = [p for p in AT_PEAK if f"at_peak_{p}_bytes" in have]
@@ -300,8 +344,8 @@ def breakdown_frame(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def step_time_boxes(ax: Axes, table: pd.DataFrame, title: str) -> None:
-    """Every timed step of every run as a box (quartiles, whiskers to 1.5 IQR, outliers as dots): a wide
-    box is a noisy run, whose ratios deserve less trust."""
+    """Every timed step of every run as a box (quartiles, whiskers to 1.5 IQR, outliers as dots): a
+    wide box is a noisy run, whose ratios deserve less trust."""
     timed = table[KEY.step_times_ms].map(lambda v: isinstance(v, list) and len(v) > 0)
     ok = table[(table[KEY.status] == Status.OK) & timed]
     boxes = ax.boxplot(
@@ -332,7 +376,9 @@ def predicted_vs_measured(ax: Axes, table: pd.DataFrame, title: str) -> None:
     ax.axvline(1.0, color="black", lw=1)
     ax.scatter(ratio, range(len(both)), color=_colours(both), zorder=3)
     for y, r in enumerate(ratio):
-        ax.annotate(f"{r:.3f}", (r, y), xytext=(6, 0), textcoords="offset points", va="center", fontsize=7)
+        ax.annotate(
+            f"{r:.3f}", (r, y), xytext=(6, 0), textcoords="offset points", va="center", fontsize=7
+        )
     ax.set_yticks(range(len(both)), both[KEY.run])
     ax.invert_yaxis()
     low, high = min(ratio.min(), 0.85), max(ratio.max(), 1.15)

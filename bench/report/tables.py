@@ -21,15 +21,16 @@ COLUMNS = [
 
 
 def peak_bytes(df: pd.DataFrame) -> pd.Series:
-    """The peak to compare runs by: CUDA's allocated peak where measured, else tracked live tensor bytes."""
+    """The peak to compare runs by: CUDA's allocated peak where measured, else tracked live tensor
+    bytes."""
     allocated = df.get(KEY.peak_allocated_bytes, pd.Series(index=df.index, dtype=float))
     return allocated.fillna(df.get(KEY.peak_tensor_bytes, pd.Series(index=df.index, dtype=float)))
 
 
 def summary(df: pd.DataFrame, throughput: str = KEY.samples_per_s) -> pd.DataFrame:
-    """The records as the reports' table, with each run's memory × and throughput × against its baseline on
-    the same device; ``throughput``: the figure compared (the suite's, e.g. real tokens/s for variable-length
-    data)."""
+    """The records as the reports' table, with each run's memory × and throughput × against its
+    baseline on the same device; ``throughput``: the figure compared (the suite's, e.g. real
+    tokens/s for variable-length data)."""
     df = df.copy()
     for col in COLUMNS:
         if col not in df:
@@ -48,7 +49,9 @@ def summary(df: pd.DataFrame, throughput: str = KEY.samples_per_s) -> pd.DataFra
     predicted = pd.to_numeric(df[KEY.predicted_peak_allocated_bytes], errors="coerce").where(
         df[KEY.peak_allocated_bytes].notna()
     )
-    predicted = predicted.fillna(pd.to_numeric(df[KEY.predicted_peak_tensor_bytes], errors="coerce"))
+    predicted = predicted.fillna(
+        pd.to_numeric(df[KEY.predicted_peak_tensor_bytes], errors="coerce")
+    )
     df["predicted_vs_measured"] = predicted / df["peak_bytes"]
     for name, measured in (("reserved", KEY.peak_reserved_bytes), ("nvml", KEY.nvml_process_bytes)):
         guess = pd.to_numeric(df[Prediction.prefix + measured], errors="coerce")
@@ -59,14 +62,14 @@ def summary(df: pd.DataFrame, throughput: str = KEY.samples_per_s) -> pd.DataFra
     df = df.assign(_order=order).sort_values([KEY.device, "_order", KEY.run])
     df[KEY.step_times_ms] = df.get(KEY.step_times_ms)
     df["technique"] = df.get("technique")
-    return df[COLUMNS + ["peak_bytes", KEY.baseline, "technique", KEY.step_times_ms] + extra].reset_index(
-        drop=True
-    )
+    return df[
+        COLUMNS + ["peak_bytes", KEY.baseline, "technique", KEY.step_times_ms] + extra
+    ].reset_index(drop=True)
 
 
 def pareto_front(memory: np.ndarray, throughput: np.ndarray) -> np.ndarray:
-    """True for each point no other point beats: as little memory or less and as much throughput or more,
-    strictly better in one."""
+    """True for each point no other point beats: as little memory or less and as much throughput or
+    more, strictly better in one."""
     m, t = np.asarray(memory, dtype=float), np.asarray(throughput, dtype=float)
     no_worse = (m[None, :] <= m[:, None]) & (t[None, :] >= t[:, None])
     better = (m[None, :] < m[:, None]) | (t[None, :] > t[:, None])
@@ -74,15 +77,16 @@ def pareto_front(memory: np.ndarray, throughput: np.ndarray) -> np.ndarray:
 
 
 def savings(table: pd.DataFrame) -> pd.DataFrame:
-    """Against the baseline, largest saving first: memory and throughput as × and %, accuracy with its band.
-    Runs without figures are left to the list of failed runs."""
+    """Against the baseline, largest saving first: memory and throughput as × and %, accuracy with
+    its band. Runs without figures are left to the list of failed runs."""
     ok = table[(table[KEY.status] == Status.OK) & table["memory_vs_baseline"].notna()]
     ok = ok.sort_values("memory_vs_baseline", kind="stable")
     return pd.DataFrame(
         {
             KEY.run: ok[KEY.run],
             "memory ×": ok["memory_vs_baseline"].round(3),
-            "memory saved %": (100 * (1 - ok["memory_vs_baseline"])).round(1) + 0.0,  # + 0.0: never "-0.0"
+            "memory saved %": (100 * (1 - ok["memory_vs_baseline"])).round(1)
+            + 0.0,  # + 0.0: never "-0.0"
             "throughput ×": ok["throughput_vs_baseline"].round(3),
             "throughput change %": (100 * (ok["throughput_vs_baseline"] - 1)).round(1) + 0.0,
             "Δ accuracy pt (band)": ok.apply(_delta_cell, axis=1) if len(ok) else None,
@@ -102,15 +106,15 @@ def markdown(table: pd.DataFrame) -> str:
 
 
 def prediction_exact(table: pd.DataFrame) -> bool:
-    """Every predicted run's prediction equals its measured peak (a CPU's, where both count the same live
-    tensors): a column of 1.000s says nothing that one sentence does not."""
+    """Every predicted run's prediction equals its measured peak (a CPU's, where both count the same
+    live tensors): a column of 1.000s says nothing that one sentence does not."""
     ratios = pd.to_numeric(table["predicted_vs_measured"], errors="coerce").dropna()
     return len(ratios) > 0 and bool((ratios.round(3) == 1).all())
 
 
 def display(table: pd.DataFrame) -> pd.DataFrame:
-    """The human-facing table: MiB, ratios and statuses, one line per run; columns no run has are left out
-    (e.g. no CUDA columns for a CPU)."""
+    """The human-facing table: MiB, ratios and statuses, one line per run; columns no run has are
+    left out (e.g. no CUDA columns for a CPU)."""
     show = pd.DataFrame(
         {
             KEY.run: table[KEY.run],
@@ -121,32 +125,49 @@ def display(table: pd.DataFrame) -> pd.DataFrame:
             "peak MiB": (table["peak_bytes"] / 2**20).round(1),
             "peak in": table[KEY.peak_phase],
             "activations MiB": (table[KEY.activation_bytes] / 2**20).round(1),
-            "prefill MiB": (pd.to_numeric(table[KEY.peak_prefill_bytes], errors="coerce") / 2**20).round(1),
-            "decode MiB": (pd.to_numeric(table[KEY.peak_decode_bytes], errors="coerce") / 2**20).round(1),
-            "cache MiB": (pd.to_numeric(table[KEY.kv_cache_bytes], errors="coerce") / 2**20).round(2),
+            "prefill MiB": (
+                pd.to_numeric(table[KEY.peak_prefill_bytes], errors="coerce") / 2**20
+            ).round(1),
+            "decode MiB": (
+                pd.to_numeric(table[KEY.peak_decode_bytes], errors="coerce") / 2**20
+            ).round(1),
+            "cache MiB": (pd.to_numeric(table[KEY.kv_cache_bytes], errors="coerce") / 2**20).round(
+                2
+            ),
             "ranks": pd.to_numeric(table[KEY.world_size], errors="coerce").astype("Int64"),
-            # Shown in suites with multi-process runs, for every run there (the single-process one included).
+            # Shown in suites with multi-process runs, for every run there (the single-process one
+            # included).
             "model states MiB/rank": (table[KEY.model_state_bytes] / 2**20).round(2)
             if table[KEY.world_size].notna().any()
             else None,
             "reserved MiB": (table[KEY.peak_reserved_bytes] / 2**20).round(1),
-            "nvidia-smi MiB": (pd.to_numeric(table[KEY.nvml_process_bytes], errors="coerce") / 2**20).round(
-                1
-            ),
+            "nvidia-smi MiB": (
+                pd.to_numeric(table[KEY.nvml_process_bytes], errors="coerce") / 2**20
+            ).round(1),
             "samples/s": table[KEY.samples_per_s].round(1),
             "first token ms": pd.to_numeric(table[KEY.ttft_ms_median], errors="coerce").round(1),
-            "decode tokens/s": pd.to_numeric(table[KEY.decode_tokens_per_s], errors="coerce").round(0),
+            "decode tokens/s": pd.to_numeric(table[KEY.decode_tokens_per_s], errors="coerce").round(
+                0
+            ),
             "real tokens/s": pd.to_numeric(table[KEY.real_tokens_per_s], errors="coerce").round(0),
-            "padding %": (100 * pd.to_numeric(table[KEY.padding_fraction], errors="coerce")).round(1),
-            "loader wait ms": pd.to_numeric(table[KEY.loader_wait_ms_median], errors="coerce").round(2),
+            "padding %": (100 * pd.to_numeric(table[KEY.padding_fraction], errors="coerce")).round(
+                1
+            ),
+            "loader wait ms": pd.to_numeric(
+                table[KEY.loader_wait_ms_median], errors="coerce"
+            ).round(2),
             "step ms (median)": table[KEY.step_time_ms_median].round(1),
             "memory ×": table["memory_vs_baseline"].round(3),
             "throughput ×": _throughput_cell(table),
             "accuracy %": (100 * pd.to_numeric(table[KEY.accuracy], errors="coerce")).round(1),
             "Δ accuracy pt (band)": table.apply(_delta_cell, axis=1) if len(table) else None,
             "grad cos": pd.to_numeric(table[KEY.grad_cosine], errors="coerce").round(4),
-            "agreement %": (100 * pd.to_numeric(table[KEY.fidelity_agreement], errors="coerce")).round(1),
-            "predicted ×": None if prediction_exact(table) else table["predicted_vs_measured"].round(3),
+            "agreement %": (
+                100 * pd.to_numeric(table[KEY.fidelity_agreement], errors="coerce")
+            ).round(1),
+            "predicted ×": None
+            if prediction_exact(table)
+            else table["predicted_vs_measured"].round(3),
             "reserved predicted ×": table["reserved_predicted_vs_measured"].round(3),
             "nvidia-smi predicted ×": table["nvml_predicted_vs_measured"].round(3),
             "MFU %": (100 * pd.to_numeric(table[KEY.mfu], errors="coerce")).round(1),
@@ -163,7 +184,8 @@ def _throughput_cell(table: pd.DataFrame) -> pd.Series:
 
 
 def busy_runs(table: pd.DataFrame) -> pd.Series:
-    """Runs whose throughput × rests on steps timed on a busy machine: their own, or their baseline's."""
+    """Runs whose throughput × rests on steps timed on a busy machine: their own, or their
+    baseline's."""
     busy = table[KEY.busy_machine].eq(True)
     base = table.set_index([KEY.device, KEY.run])[KEY.busy_machine].eq(True)
     return busy | pd.Series(

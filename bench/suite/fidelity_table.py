@@ -11,24 +11,32 @@ from bench.spec import DEVICES, Fidelity
 from bench.suite.values import check_ranges, model_spec, typed, weights
 
 FIDELITY_KEYS = {
-    "dataset": "'digits' (scikit-learn, offline), 'digit-pixels' (the same digits as variable-length "
-    "sequences of their non-zero pixels, for token models), 'imagefolder:PATH' or 'hf:PATH' (save_to_disk)",
+    "dataset": "'digits' (scikit-learn, offline), 'digit-pixels' (the same digits as "
+    "variable-length sequences of their non-zero pixels, for token models), 'imagefolder:PATH' or "
+    "'hf:PATH' (save_to_disk)",
     "steps": "optimizer steps of training from the run's initial weights",
     "batch_size": "training batch size",
     "lr": "learning rate of the default AdamW optimizer",
     "seeds": "seeds the baseline is trained with, for the noise band (at least 2)",
     "image_size": "image side for image models (digits are upsampled from 8 px)",
-    "model": "model to train instead of the suite's (e.g. its tiny variant, so CPU runs stay short)",
-    "weights": "pretrained weights for the phase's model "
-    "(default: the suite's, when it trains the suite's model)",
+    "model": (
+        "model to train instead of the suite's (e.g. its tiny variant, so CPU runs stay short)"
+    ),
+    "weights": "pretrained weights for the phase's model (default: the suite's, when it trains the "
+    "suite's model)",
     "enabled": "false switches the phase off (per device in [fidelity.gpu] / [fidelity.cpu])",
 }
 
 
 def parse(
-    raw: Any, model: str | None, spec: ModelSpec | None, suite_weights: str | None, problems: list[str]
+    raw: Any,
+    model: str | None,
+    spec: ModelSpec | None,
+    suite_weights: str | None,
+    problems: list[str],
 ) -> dict[str, Fidelity | None]:
-    """Per device, the fidelity phase's settings: the table's keys, overridden by [fidelity.gpu/cpu]."""
+    """Per device, the fidelity phase's settings: the table's keys, overridden by
+    [fidelity.gpu/cpu]."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -41,10 +49,14 @@ def parse(
     for dev in DEVICES:
         own = raw.get(dev, {}) if isinstance(raw.get(dev), dict) else {}
         for key in own.keys() - FIDELITY_KEYS.keys():
-            problems.append(f"fidelity.{dev}.{key}: unknown key; allowed: {', '.join(FIDELITY_KEYS)}")
+            problems.append(
+                f"fidelity.{dev}.{key}: unknown key; allowed: {', '.join(FIDELITY_KEYS)}"
+            )
         found: list[str] = []
         out[dev] = _device(shared | own, dev, own.keys(), model, spec, suite_weights, found)
-        problems.extend(p for p in found if p not in problems)  # shared keys: reported once, not per device
+        problems.extend(
+            p for p in found if p not in problems
+        )  # shared keys: reported once, not per device
     return out
 
 
@@ -74,21 +86,25 @@ def _device(
         values["weights"] = suite_weights  # the suite's model, so the suite's weights
     for key in ("steps", "batch_size", "image_size", "seeds"):
         if not values[key] or values[key] <= 0 or (key == "seeds" and values[key] < 2):
-            found.append(f"{where(key)}{key}: must be {'at least 2' if key == 'seeds' else 'positive'}")
+            found.append(
+                f"{where(key)}{key}: must be {'at least 2' if key == 'seeds' else 'positive'}"
+            )
     check_ranges({"lr": values["lr"]}, where("lr"), found)
     dataset = values["dataset"]
     if not (dataset in ("digits", "digit-pixels") or dataset.startswith(("imagefolder:", "hf:"))):
-        found.append(f"{where('dataset')}dataset: {dataset!r} is not a dataset; {FIDELITY_KEYS['dataset']}")
+        found.append(
+            f"{where('dataset')}dataset: {dataset!r} is not a dataset; {FIDELITY_KEYS['dataset']}"
+        )
     elif ":" in dataset and not Path(dataset.split(":", 1)[1]).exists():
         found.append(
-            f"{where('dataset')}dataset: no folder {dataset.split(':', 1)[1]!r} "
-            "(relative paths start where bench runs)"
+            f"{where('dataset')}dataset: no folder {dataset.split(':', 1)[1]!r} (relative paths "
+            "start where bench runs)"
         )
     other = model_spec(values["model"], f"{where('model')}model", found)
     if other is not None and spec is not None and other.inputs != spec.inputs:
         found.append(
-            f"{where('model')}model: {values['model']!r} takes {other.inputs} inputs and the suite's "
-            f"model {spec.inputs} inputs; choose a model of the same kind"
+            f"{where('model')}model: {values['model']!r} takes {other.inputs} inputs and the "
+            f"suite's model {spec.inputs} inputs; choose a model of the same kind"
         )
     return Fidelity(**values)
 

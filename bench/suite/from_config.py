@@ -1,7 +1,7 @@
-"""A suite for a job given as its files rather than written out: a Hugging Face config.json, and optionally
-the job's TrainingArguments and PEFT adapter_config.json (``bench predict --hf PATH …``, ``bench suite
---hf``). The suite holds a baseline (the model fine-tuned in full, at the job's batch) and the job itself, so
-that its report says what the job's choices save."""
+"""A suite for a job given as its files rather than written out: a Hugging Face config.json, and
+optionally the job's TrainingArguments and PEFT adapter_config.json (``bench predict --hf PATH …``,
+``bench suite --hf``). The suite holds a baseline (the model fine-tuned in full, at the job's batch)
+and the job itself, so that its report says what the job's choices save."""
 
 from __future__ import annotations
 
@@ -11,8 +11,16 @@ from typing import Any
 
 from bench.spec import HF
 
-SEQ_LEN, IMAGE_SIZE, BATCH = 512, 224, 8  # the GPU shapes where neither the flags nor the arguments give them
-CPU_SEQ_LEN, CPU_IMAGE_SIZE, CPU_BATCH = 64, 32, 2  # a CPU's: a few seconds a step on a small config
+SEQ_LEN, IMAGE_SIZE, BATCH = (
+    512,
+    224,
+    8,
+)  # the GPU shapes where neither the flags nor the arguments give them
+CPU_SEQ_LEN, CPU_IMAGE_SIZE, CPU_BATCH = (
+    64,
+    32,
+    2,
+)  # a CPU's: a few seconds a step on a small config
 
 
 def name_of(config: str) -> str:
@@ -30,8 +38,8 @@ def suite_text(
     batch: int | None = None,
     inputs: str = "tokens",
 ) -> str:
-    """The suite's TOML: ``inputs`` is the model's ("tokens" or "image"), which sets the shape keys. Without
-    arguments or adapters, the baseline alone: the model fine-tuned in full."""
+    """The suite's TOML: ``inputs`` is the model's ("tokens" or "image"), which sets the shape keys.
+    Without arguments or adapters, the baseline alone: the model fine-tuned in full."""
     from bench.suite.toml_text import to_toml
 
     size_key = "seq_len" if inputs == "tokens" else "image_size"
@@ -39,11 +47,15 @@ def suite_text(
     cpu_size = min(size, CPU_SEQ_LEN if inputs == "tokens" else CPU_IMAGE_SIZE)
     per_device, steps = _trainer_batch(training_args)
     gpu_batch = batch or per_device * steps
-    cpu_batch = min(per_device, CPU_BATCH) * steps  # the accumulation steps divide it, as the job's own batch
+    cpu_batch = (
+        min(per_device, CPU_BATCH) * steps
+    )  # the accumulation steps divide it, as the job's own batch
     header = {
         "model": HF + config,
         "baseline": "baseline",
-        "description": f"{config}: the job{_given(training_args, adapter_config)} beside full fine-tuning",
+        "description": (
+            f"{config}: the job{_given(training_args, adapter_config)} beside full fine-tuning"
+        ),
         "shapes": {
             "gpu": {"batch_size": gpu_batch, size_key: size},
             "cpu": {"batch_size": cpu_batch, size_key: cpu_size},
@@ -54,19 +66,26 @@ def suite_text(
         job["training_args"] = training_args
     if adapter_config:
         job["techniques"] = [{"name": "lora", "config": adapter_config}]
-    runs = [{"name": "baseline", "techniques": []}] + ([job] if training_args or adapter_config else [])
+    runs = [{"name": "baseline", "techniques": []}] + (
+        [job] if training_args or adapter_config else []
+    )
     return to_toml(header, runs)
 
 
 def _trainer_batch(training_args: str | None) -> tuple[int, int]:
-    """The job's batch per device and its accumulation steps, for the baseline to run at the job's batch; the
-    defaults where no arguments (or unreadable ones, which the loader then names) give them."""
+    """The job's batch per device and its accumulation steps, for the baseline to run at the job's
+    batch; the defaults where no arguments (or unreadable ones, which the loader then names) give
+    them."""
     from bench.suite.training_args import load_args
 
     args = load_args(Path(training_args), "", []) if training_args else None
     per_device = (args or {}).get("per_device_train_batch_size", BATCH)
     steps = (args or {}).get("gradient_accumulation_steps", 1)
-    return (per_device, steps) if isinstance(per_device, int) and isinstance(steps, int) else (BATCH, 1)
+    return (
+        (per_device, steps)
+        if isinstance(per_device, int) and isinstance(steps, int)
+        else (BATCH, 1)
+    )
 
 
 def _given(training_args: str | None, adapter_config: str | None) -> str:

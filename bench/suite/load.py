@@ -23,13 +23,25 @@ from bench.errors import SuiteError, cannot_read
 from bench.models import MODELS, ModelSpec
 from bench.record import KEY
 from bench.registry import did_you_mean
-from bench.spec import DEFAULTS, DEVICES, MAX_NPROC, MODES, STEP_KEYS, RunSpec, Shapes, Suite, TechniqueSpec
+from bench.spec import (
+    DEFAULTS,
+    DEVICES,
+    MAX_NPROC,
+    MODES,
+    STEP_KEYS,
+    RunSpec,
+    Shapes,
+    Suite,
+    TechniqueSpec,
+)
 from bench.suite import fidelity_table, training_args
 from bench.suite.techniques import check_fidelity_batch, techniques
 from bench.suite.values import check_ranges, model_spec, typed, weights
 from bench.techniques import Technique, build
 
-MAX_RUN_NAME = 120  # bytes: a record's file name, its slug and digest, and '.snapshot.pickle' stay under 255
+MAX_RUN_NAME = (
+    120  # bytes: a record's file name, its slug and digest, and '.snapshot.pickle' stay under 255
+)
 THROUGHPUTS = (
     KEY.samples_per_s,
     KEY.tokens_per_s,
@@ -39,31 +51,34 @@ SUITE_NAME = re.compile(r"\w[\w.-]*")  # any script's letters; no separators, no
 TOP_KEYS = {
     "name": "suite name (defaults to the file name)",
     "description": "one line shown in reports",
-    "model": f"one of {', '.join(MODELS.names())}, "
-    "'hf:PATH' for a Hugging Face config.json (a folder holding one), "
-    "or 'module:NAME' naming your own bench.models.ModelSpec",
-    "weights": "pretrained weights loaded into the model before techniques apply: a state_dict file "
-    "(.pt, .bin, .safetensors) or a save_pretrained folder",
+    "model": f"one of {', '.join(MODELS.names())}, 'hf:PATH' for a Hugging Face config.json (a "
+    "folder holding one), or 'module:NAME' naming your own bench.models.ModelSpec",
+    "weights": "pretrained weights loaded into the model before techniques apply: a state_dict "
+    "file (.pt, .bin, .safetensors) or a save_pretrained folder",
     "mode": '"train" (default: training steps), "inference" (forward passes only, no gradients) or '
     '"generate" (a causal LM\'s generate(): prompt_len and new_tokens in [shapes.*])',
     "baseline": "name of the run (or matrix key) every run is compared with",
-    "first_look": "names (or globs) of the runs `bench run` measures on a CPU unless --all: a first look "
-    "that ends in minutes on two cores (default: every run)",
+    "first_look": "names (or globs) of the runs `bench run` measures on a CPU unless --all: a "
+    "first look that ends in minutes on two cores (default: every run)",
     "seed": "integer seed for weights and data",
-    "warmup_steps": "steps before measuring, at least 1 (allocator, autotune, compile); "
-    "per device in [shapes.*]",
+    "warmup_steps": "steps before measuring, at least 1 (allocator, autotune, compile); per device "
+    "in [shapes.*]",
     "measure_steps": "timed steps; per device in [shapes.*]",
     "timeout_s": "seconds before a run is stopped and recorded as a timeout",
     "lr": "learning rate of the default AdamW optimizer",
     "shapes": "[shapes.gpu] and [shapes.cpu] tables",
-    "runs": "[[runs]] entries with name and techniques (optional: fidelity = false, nproc = N processes, "
+    "runs": "[[runs]] entries with name and techniques (optional: fidelity = false, nproc = N "
+    "processes, "
     'training_args = "PATH": a transformers TrainingArguments file\'s techniques and batch)',
-    "matrix": "[matrix] with techniques = {name = [...]}, and batch_size = {gpu = [...], cpu = [...]}, "
+    "matrix": "[matrix] with techniques = {name = [...]}, and batch_size = {gpu = [...], cpu = "
+    "[...]}, "
     'seq_len = {gpu = [...], cpu = [...]} (token models) or [matrix.lengths] name = {gpu = "DIST", '
     'cpu = "DIST"} (or several)',
-    "fidelity": "[fidelity] table: train on real data and report the accuracy delta (see FIDELITY_KEYS)",
-    "throughput": f"the figure reports compare as throughput ×: one of {', '.join(THROUGHPUTS)} (default "
-    "samples_per_s; real_tokens_per_s for variable-length data, padding left out)",
+    "fidelity": (
+        "[fidelity] table: train on real data and report the accuracy delta (see FIDELITY_KEYS)"
+    ),
+    "throughput": f"the figure reports compare as throughput ×: one of {', '.join(THROUGHPUTS)} "
+    "(default samples_per_s; real_tokens_per_s for variable-length data, padding left out)",
 }
 
 
@@ -77,8 +92,8 @@ def load(path: str | Path) -> Suite:
         raise SuiteError(
             path,
             [
-                f"not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset {exc.start}; "
-                "save the file as UTF-8"
+                f"not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset {exc.start}; save "
+                "the file as UTF-8"
             ],
         ) from None
     except tomllib.TOMLDecodeError as exc:
@@ -91,13 +106,16 @@ def load(path: str | Path) -> Suite:
     return suite
 
 
-LOAD_LIMIT_S = 120  # importing a user's module and building its techniques: a hang there once waited forever
+LOAD_LIMIT_S = (
+    120  # importing a user's module and building its techniques: a hang there once waited forever
+)
 
 
 @contextmanager
 def _limited(path: Path) -> Iterator[None]:
-    """Loading stopped after LOAD_LIMIT_S with the reason, where it can be (the main thread: SIGALRM): a model
-    or technique module of the user's that hangs on import, or a constructor that never returns."""
+    """Loading stopped after LOAD_LIMIT_S with the reason, where it can be (the main thread:
+    SIGALRM): a model or technique module of the user's that hangs on import, or a constructor that
+    never returns."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -106,8 +124,8 @@ def _limited(path: Path) -> Iterator[None]:
         raise SuiteError(
             path,
             [
-                f"loading took more than {LOAD_LIMIT_S} s: a module it imports (a model or technique "
-                "named module:NAME) or a technique's constructor does not return; run "
+                f"loading took more than {LOAD_LIMIT_S} s: a module it imports (a model or "
+                "technique named module:NAME) or a technique's constructor does not return; run "
                 "`python -c 'import MODULE'` to see where it hangs"
             ],
         )
@@ -122,8 +140,8 @@ def _limited(path: Path) -> Iterator[None]:
 
 
 def select(suite: Suite, patterns: list[str]) -> Suite:
-    """The runs matching any of the names or globs, always with the baselines they are compared with; a
-    pattern that matches nothing (a typo) or is empty is refused, naming the runs."""
+    """The runs matching any of the names or globs, always with the baselines they are compared
+    with; a pattern that matches nothing (a typo) or is empty is refused, naming the runs."""
     names = [r.name for r in suite.runs]
     unmatched = [p for p in patterns if not p.strip() or not fnmatch.filter(names, p)]
     if unmatched or not patterns:
@@ -131,7 +149,9 @@ def select(suite: Suite, patterns: list[str]) -> Suite:
             "; ".join(f"{p!r} matches no run{did_you_mean(p, names)}" for p in unmatched)
             or "no pattern given"
         )
-        raise SuiteError(suite.path, [f"--only {','.join(patterns)}: {reason}; runs: {', '.join(names)}"])
+        raise SuiteError(
+            suite.path, [f"--only {','.join(patterns)}: {reason}; runs: {', '.join(names)}"]
+        )
     chosen = {r.name for r in suite.runs if any(fnmatch.fnmatchcase(r.name, p) for p in patterns)}
     chosen |= {r.baseline for r in suite.runs if r.name in chosen}
     return replace(
@@ -142,22 +162,26 @@ def select(suite: Suite, patterns: list[str]) -> Suite:
 
 
 def spanning(suite: Suite, nproc: int) -> Suite:
-    """Every entry with a distributed technique spanning ``nproc`` processes (``bench predict --nproc``); the
-    others stay in one."""
-    return replace(suite, runs=tuple(replace(r, nproc=nproc) if r.nproc > 1 else r for r in suite.runs))
+    """Every entry with a distributed technique spanning ``nproc`` processes (``bench predict
+    --nproc``); the others stay in one."""
+    return replace(
+        suite, runs=tuple(replace(r, nproc=nproc) if r.nproc > 1 else r for r in suite.runs)
+    )
 
 
 def with_timeout(suite: Suite, seconds: float) -> Suite:
-    """Every run stopped after ``seconds`` (``--timeout``): the limit is not part of a run's key, so a record
-    kept before stays kept."""
+    """Every run stopped after ``seconds`` (``--timeout``): the limit is not part of a run's key, so
+    a record kept before stays kept."""
     return replace(suite, runs=tuple(replace(r, timeout_s=seconds) for r in suite.runs))
 
 
 def without_fidelity(suite: Suite) -> Suite:
-    """Every run without its fidelity phase (``--no-fidelity``): memory and speed only, sooner. The runs are
-    keyed as entries with ``fidelity = false``, so a record made with the phase is not taken for one
-    without."""
-    return replace(suite, runs=tuple(replace(r, fidelity_gpu=None, fidelity_cpu=None) for r in suite.runs))
+    """Every run without its fidelity phase (``--no-fidelity``): memory and speed only, sooner. The
+    runs are keyed as entries with ``fidelity = false``, so a record made with the phase is not
+    taken for one without."""
+    return replace(
+        suite, runs=tuple(replace(r, fidelity_gpu=None, fidelity_cpu=None) for r in suite.runs)
+    )
 
 
 def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
@@ -205,7 +229,9 @@ def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
         _check_data(specs, spec, gpu, cpu, e.where, problems)
         base = f"{baseline}{e.suffix}" if baseline in _matrix_keys(entries) else baseline
         # The fidelity phase trains in one process: a distributed run has none.
-        fid = {f"fidelity_{d}": fidelity.get(d) if e.fidelity and nproc == 1 else None for d in DEVICES}
+        fid = {
+            f"fidelity_{d}": fidelity.get(d) if e.fidelity and nproc == 1 else None for d in DEVICES
+        }
         runs.append(
             RunSpec(
                 name,
@@ -240,7 +266,8 @@ def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
 
 
 def _first_look(raw: dict[str, Any], names: list[str], problems: list[str]) -> tuple[str, ...]:
-    """The runs a CPU measures unless --all: each pattern must name a run (a typo would leave it out)."""
+    """The runs a CPU measures unless --all: each pattern must name a run (a typo would leave it
+    out)."""
     patterns = typed(raw, "first_look", list, [], problems)
     if not all(isinstance(p, str) for p in patterns):
         problems.append(f"first_look: expected a list of run names, got {patterns!r}")
@@ -252,7 +279,8 @@ def _first_look(raw: dict[str, Any], names: list[str], problems: list[str]) -> t
 
 
 def _name(raw: dict[str, Any], path: Path, problems: list[str]) -> str:
-    """The suite's name, which names its folder under results/: a plain folder name, never a path."""
+    """The suite's name, which names its folder under results/: a plain folder name, never a
+    path."""
     name = typed(raw, "name", str, path.stem, problems)
     if not SUITE_NAME.fullmatch(name) or name in (".", ".."):
         given = "name" if "name" in raw else f"name (from the file name {path.name!r})"
@@ -264,7 +292,8 @@ def _name(raw: dict[str, Any], path: Path, problems: list[str]) -> str:
 
 
 def _nproc(entry: Entry, specs: tuple[TechniqueSpec, ...], problems: list[str]) -> int:
-    """Processes for the run: as written, else 2 where a technique is distributed; checked both ways."""
+    """Processes for the run: as written, else 2 where a technique is distributed; checked both
+    ways."""
     distributed = [t.name for t in specs if build(t).distributed]
     nproc = entry.nproc or (2 if distributed else 1)
     where = entry.where.removesuffix(".techniques")
@@ -290,13 +319,14 @@ def _check_data(
     where: str,
     problems: list[str],
 ) -> None:
-    """Techniques that need a kind of input, and those that form batches from variable-length data."""
+    """Techniques that need a kind of input, and those that form batches from variable-length
+    data."""
     for t in specs:
         technique = build(t)
         if technique.inputs is not None and technique.inputs != model.inputs:
             problems.append(
-                f"{where}: {t.name} applies to models that take {technique.inputs}; model {model.name} "
-                f"takes {model.inputs}"
+                f"{where}: {t.name} applies to models that take {technique.inputs}; model "
+                f"{model.name} takes {model.inputs}"
             )
         elif type(technique).batching is not Technique.batching and (
             gpu.lengths is None or cpu.lengths is None
@@ -308,7 +338,8 @@ def _check_data(
 
 
 def _lengths(value: Any, seq_len: int | None, where: str, problems: list[str]) -> str | None:
-    """A length distribution as written, checked: a known form whose longest sequence fits seq_len."""
+    """A length distribution as written, checked: a known form whose longest sequence fits
+    seq_len."""
     if not isinstance(value, str):
         problems.append(f"{where}: expected a string ({varlen.FORMS}), got {value!r}")
         return None
@@ -319,8 +350,8 @@ def _lengths(value: Any, seq_len: int | None, where: str, problems: list[str]) -
         return value  # reported; kept so that the runs do not also read as having no lengths
     if seq_len is not None and top > seq_len:
         problems.append(
-            f"{where}: {value!r} reaches {top} tokens, beyond seq_len = {seq_len}; lower its maximum "
-            "or raise seq_len"
+            f"{where}: {value!r} reaches {top} tokens, beyond seq_len = {seq_len}; lower its "
+            "maximum or raise seq_len"
         )
     return value
 
@@ -329,7 +360,9 @@ def _check_matrix_lengths(raw: Any, shapes: dict[str, Shapes], problems: list[st
     table = raw.get("lengths") if isinstance(raw, dict) else None
     for name, per_device in table.items() if isinstance(table, dict) else ():
         for dev in DEVICES if isinstance(per_device, dict) else ():
-            _lengths(per_device.get(dev), shapes[dev].seq_len, f"matrix.lengths.{name}.{dev}", problems)
+            _lengths(
+                per_device.get(dev), shapes[dev].seq_len, f"matrix.lengths.{name}.{dev}", problems
+            )
 
 
 def _baseline(raw: dict[str, Any], entries: list[Entry], problems: list[str]) -> str | None:
@@ -339,18 +372,26 @@ def _baseline(raw: dict[str, Any], entries: list[Entry], problems: list[str]) ->
         problems.append("baseline: required; the name of a run (or matrix key) to compare against")
     elif baseline not in names | _matrix_keys(entries):
         problems.append(
-            f"baseline: {baseline!r} is not a run name or matrix key; runs: {', '.join(sorted(names))}"
+            f"baseline: {baseline!r} is not a run name or matrix key; runs: "
+            f"{', '.join(sorted(names))}"
         )
         return None
     return baseline
 
 
 DATA_KEYS = ("lengths", "loader_workers", "pin_memory")
-GENERATION_KEYS = ("prompt_len", "new_tokens")  # mode = "generate": [shapes.*] gives these, not seq_len
+GENERATION_KEYS = (
+    "prompt_len",
+    "new_tokens",
+)  # mode = "generate": [shapes.*] gives these, not seq_len
 
 
 def _shapes(
-    raw: Any, spec: ModelSpec | None, steps: dict[str, int], problems: list[str], mode: str = "train"
+    raw: Any,
+    spec: ModelSpec | None,
+    steps: dict[str, int],
+    problems: list[str],
+    mode: str = "train",
 ) -> dict[str, Shapes] | None:
     if not isinstance(raw, dict):
         problems.append("shapes: required table with [shapes.gpu] and [shapes.cpu]")
@@ -365,31 +406,40 @@ def _shapes(
         table = raw.get(dev)
         if not isinstance(table, dict):
             problems.append(
-                f"shapes.{dev}: required table with batch_size and {', '.join(need) or 'the model shapes'}"
+                f"shapes.{dev}: required table with batch_size and "
+                f"{', '.join(need) or 'the model shapes'}"
             )
             continue
         allowed = ("batch_size", *need)
         data = DATA_KEYS if spec is not None and spec.inputs == "tokens" else ()
         # else: reported
-        for key in table.keys() - {*allowed, *STEP_KEYS, *data, "model"} if spec is not None else ():
+        for key in (
+            table.keys() - {*allowed, *STEP_KEYS, *data, "model"} if spec is not None else ()
+        ):
             problems.append(
-                f"shapes.{dev}.{key}: unknown key for model {spec.name}; "
-                f"allowed: {', '.join(allowed + STEP_KEYS + data + ('model',))}"
+                f"shapes.{dev}.{key}: unknown key for model {spec.name}; allowed: "
+                f"{', '.join(allowed + STEP_KEYS + data + ('model',))}"
             )
         values = {key: typed(table, key, int, None, problems, f"shapes.{dev}.") for key in allowed}
         bad = [k for k, v in values.items() if v is None or v <= 0]
         for key in bad:
             if values[key] is not None or key not in table:  # a wrong type is reported already
-                problems.append(f"shapes.{dev}.{key}: required positive integer, got {table.get(key)!r}")
-        own_steps = {k: typed(table, k, int, v, problems, f"shapes.{dev}.") for k, v in steps.items()}
+                problems.append(
+                    f"shapes.{dev}.{key}: required positive integer, got {table.get(key)!r}"
+                )
+        own_steps = {
+            k: typed(table, k, int, v, problems, f"shapes.{dev}.") for k, v in steps.items()
+        }
         check_ranges(own_steps, f"shapes.{dev}.", problems)
         stand_in = _stand_in(table, spec, f"shapes.{dev}.model", problems)
-        if mode == "generate" and not bad:  # the context the model holds: the prompt and what follows it
+        if (
+            mode == "generate" and not bad
+        ):  # the context the model holds: the prompt and what follows it
             values["seq_len"] = values["prompt_len"] + values["new_tokens"]
             if values["new_tokens"] < 2:
                 problems.append(
-                    f"shapes.{dev}.new_tokens: at least 2, got {values['new_tokens']}: the first token "
-                    "comes from the prefill, and decoding is the tokens after it"
+                    f"shapes.{dev}.new_tokens: at least 2, got {values['new_tokens']}: the first "
+                    "token comes from the prefill, and decoding is the tokens after it"
                 )
         if not bad:
             out[dev] = Shapes(
@@ -402,22 +452,29 @@ def _shapes(
 
 
 def _check_generation(raw: dict[str, Any], spec: ModelSpec | None, problems: list[str]) -> None:
-    """What generation needs that the file may lack: a causal language model, and no table it cannot use."""
+    """What generation needs that the file may lack: a causal language model, and no table it cannot
+    use."""
     if spec is not None and spec.objective != "next-token":
         problems.append(
-            f"mode: generate needs a causal language model (a next-token objective); model {spec.name} "
-            f"is trained for {spec.objective}"
+            "mode: generate needs a causal language model (a next-token objective); model "
+            f"{spec.name} is trained for {spec.objective}"
         )
     if "fidelity" in raw:
-        problems.append("fidelity: generation has no fidelity phase yet; remove the [fidelity] table")
+        problems.append(
+            "fidelity: generation has no fidelity phase yet; remove the [fidelity] table"
+        )
     for key in ("seq_len", "lengths") if isinstance(raw.get("matrix"), dict) else ():
         if key in raw["matrix"]:
-            problems.append(f"matrix.{key}: generation's lengths are [shapes.*] prompt_len and new_tokens")
+            problems.append(
+                f"matrix.{key}: generation's lengths are [shapes.*] prompt_len and new_tokens"
+            )
 
 
-def _stand_in(table: dict[str, Any], spec: ModelSpec | None, where: str, problems: list[str]) -> str | None:
-    """The device's own model, in the suite's place: a known one that takes and predicts what the suite's
-    does."""
+def _stand_in(
+    table: dict[str, Any], spec: ModelSpec | None, where: str, problems: list[str]
+) -> str | None:
+    """The device's own model, in the suite's place: a known one that takes and predicts what the
+    suite's does."""
     name = typed(table, "model", str, None, problems, where.removesuffix("model"))
     own = model_spec(name, where, problems)
     if own is None or spec is None:
@@ -431,8 +488,11 @@ def _stand_in(table: dict[str, Any], spec: ModelSpec | None, where: str, problem
     return name
 
 
-def _data_keys(table: dict[str, Any], seq_len: int | None, dev: str, problems: list[str]) -> dict[str, Any]:
-    """A token model's data path in [shapes.*]: a length distribution, the loader's workers, pinned memory."""
+def _data_keys(
+    table: dict[str, Any], seq_len: int | None, dev: str, problems: list[str]
+) -> dict[str, Any]:
+    """A token model's data path in [shapes.*]: a length distribution, the loader's workers, pinned
+    memory."""
     where = f"shapes.{dev}."
     out = {
         "loader_workers": typed(table, "loader_workers", int, 0, problems, where),
@@ -458,7 +518,9 @@ class Entry(NamedTuple):
     where: str  # key path for messages
     fidelity: bool = True  # false: this entry skips the fidelity phase
     nproc: int | None = None  # processes, as written (None: 2 with a distributed technique, else 1)
-    lengths: dict[str, str] | None = None  # per-device length distributions from the matrix, else None
+    lengths: dict[str, str] | None = (
+        None  # per-device length distributions from the matrix, else None
+    )
     suffix: str = ""  # what the matrix adds to the key: "@bs16", "@seq2048", "@digits"
     seq_len: dict[str, int] | None = None  # per-device sequence lengths from the matrix, else None
 
@@ -488,12 +550,16 @@ def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:
         if nproc is not None and not 1 <= nproc <= MAX_NPROC:
             problems.append(f"{where}.nproc: must be 1 to {MAX_NPROC:,}, got {nproc}")
         batch = (
-            _entry_batch(run["batch_size"], f"{where}.batch_size", problems) if "batch_size" in run else None
+            _entry_batch(run["batch_size"], f"{where}.batch_size", problems)
+            if "batch_size" in run
+            else None
         )
         techniques = run.get("techniques", [])
         if "training_args" in run:
             job = _trainer_job(run, raw, f"{where}.training_args", problems)
-            techniques, batch = (job.techniques + list(techniques), job.batch) if job else (techniques, batch)
+            techniques, batch = (
+                (job.techniques + list(techniques), job.batch) if job else (techniques, batch)
+            )
         entries.append(Entry(name, techniques, batch, name, f"{where}.techniques", fidelity, nproc))
     if "matrix" in raw:
         entries += _matrix(raw["matrix"], problems)
@@ -506,7 +572,8 @@ def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:
         # its record's file name (plus suffixes) must fit the file system's
         if len(name.encode()) > MAX_RUN_NAME:
             problems.append(
-                f"runs: run name {name[:40]!r}… is {len(name.encode())} bytes; at most {MAX_RUN_NAME}"
+                f"runs: run name {name[:40]!r}… is {len(name.encode())} bytes; at most "
+                f"{MAX_RUN_NAME}"
             )
         seen.add(name)
     return entries
@@ -517,30 +584,37 @@ class TrainerJob(NamedTuple):
     batch: dict[str, int]
 
 
-_IGNORED_NAMED: set[str] = set()  # the files whose ignored fields were named already in this process
+_IGNORED_NAMED: set[str] = (
+    set()
+)  # the files whose ignored fields were named already in this process
 
 
 def _trainer_job(
     run: dict[str, Any], raw: dict[str, Any], where: str, problems: list[str]
 ) -> TrainerJob | None:
-    """A run's TrainingArguments file as its techniques (before the run's own) and its batch: on the GPU the
-    Trainer's (per device, times the accumulation steps); on a CPU the suite's CPU batch, its shapes being the
-    CPU's own. The fields that change nothing a step holds are named once, as ignored."""
+    """A run's TrainingArguments file as its techniques (before the run's own) and its batch: on the
+    GPU the Trainer's (per device, times the accumulation steps); on a CPU the suite's CPU batch,
+    its shapes being the CPU's own. The fields that change nothing a step holds are named once, as
+    ignored."""
     path = typed(run, "training_args", str, None, problems, where.removesuffix("training_args"))
     if "batch_size" in run:
-        problems.append(f"{where}: and batch_size: the arguments give the batch; leave batch_size out")
+        problems.append(
+            f"{where}: and batch_size: the arguments give the batch; leave batch_size out"
+        )
     job = training_args.read(path, where, problems) if path is not None else None
     if job is None:
         return None
     if job.ignored and path not in _IGNORED_NAMED:
         _IGNORED_NAMED.add(path)
         print(
-            f"{where} {path}: ignored, as they change nothing a step holds: {', '.join(job.ignored)}",
+            f"{where} {path}: ignored, as they change nothing a step holds: "
+            f"{', '.join(job.ignored)}",
             file=sys.stderr,
         )
     cpu = raw.get("shapes", {}).get("cpu", {}).get("batch_size")
     return TrainerJob(
-        job.techniques, {"gpu": job.batch_size, "cpu": cpu if isinstance(cpu, int) else job.batch_size}
+        job.techniques,
+        {"gpu": job.batch_size, "cpu": cpu if isinstance(cpu, int) else job.batch_size},
     )
 
 
@@ -557,13 +631,15 @@ def _entry_batch(raw: Any, where: str, problems: list[str]) -> dict[str, int] | 
 
 
 def _matrix(raw: Any, problems: list[str]) -> list[Entry]:
-    """Every technique list at every batch size pair and every named length distribution the matrix gives."""
+    """Every technique list at every batch size pair and every named length distribution the matrix
+    gives."""
     if not isinstance(raw, dict):
         problems.append(f"matrix: expected a table; {TOP_KEYS['matrix']}")
         return []
     for key in raw.keys() - {"techniques", "batch_size", "seq_len", "lengths", "fidelity"}:
         problems.append(
-            f"matrix.{key}: unknown key; allowed: techniques, batch_size, seq_len, lengths, fidelity"
+            f"matrix.{key}: unknown key; allowed: techniques, batch_size, seq_len, lengths, "
+            "fidelity"
         )
     fidelity = typed(raw, "fidelity", bool, True, problems, "matrix.")
     techs = raw.get("techniques")
@@ -572,11 +648,13 @@ def _matrix(raw: Any, problems: list[str]) -> list[Entry]:
         return []
     if not raw.keys() & {"batch_size", "seq_len", "lengths"}:
         problems.append(
-            "matrix: give batch_size = {gpu = [...], cpu = [...]}, seq_len = {gpu = [...], cpu = [...]}, "
-            "[matrix.lengths], or several"
+            "matrix: give batch_size = {gpu = [...], cpu = [...]}, seq_len = {gpu = [...], cpu = "
+            "[...]}, [matrix.lengths], or several"
         )
         return []
-    sizes = _matrix_sizes(raw["batch_size"], "batch_size", problems) if "batch_size" in raw else [None]
+    sizes = (
+        _matrix_sizes(raw["batch_size"], "batch_size", problems) if "batch_size" in raw else [None]
+    )
     seqs = _matrix_sizes(raw["seq_len"], "seq_len", problems) if "seq_len" in raw else [None]
     lengths = _matrix_lengths(raw["lengths"], problems) if "lengths" in raw else [("", None)]
     if not sizes or not seqs or not lengths:
@@ -606,10 +684,13 @@ def _matrix(raw: Any, problems: list[str]) -> list[Entry]:
 
 
 def _matrix_sizes(sizes: Any, key: str, problems: list[str]) -> list[dict[str, int]]:
-    """A matrix dimension of per-device sizes (batch_size, seq_len): the pairs, gpu and cpu, in order."""
+    """A matrix dimension of per-device sizes (batch_size, seq_len): the pairs, gpu and cpu, in
+    order."""
     lists = isinstance(sizes, dict) and all(isinstance(v, list) for v in sizes.values())
     if not (lists and set(sizes) == set(DEVICES)):
-        problems.append(f"matrix.{key}: required {{gpu = [...], cpu = [...]}}, lists of equal length")
+        problems.append(
+            f"matrix.{key}: required {{gpu = [...], cpu = [...]}}, lists of equal length"
+        )
         return []
     if len(sizes["gpu"]) != len(sizes["cpu"]) or not sizes["gpu"]:
         problems.append(f"matrix.{key}: gpu and cpu lists must be non-empty and of equal length")
@@ -623,8 +704,8 @@ def _matrix_sizes(sizes: Any, key: str, problems: list[str]) -> list[dict[str, i
 
 
 def _matrix_lengths(table: Any, problems: list[str]) -> list[tuple[str, dict[str, str]]]:
-    """[matrix.lengths]: name = {gpu = "DIST", cpu = "DIST"}; the distributions are checked against the shapes
-    in _check_matrix_lengths."""
+    """[matrix.lengths]: name = {gpu = "DIST", cpu = "DIST"}; the distributions are checked against
+    the shapes in _check_matrix_lengths."""
     if not isinstance(table, dict) or not table:
         problems.append(
             f'matrix.lengths: expected a table of name = {{gpu = "DIST", cpu = "DIST"}}, DIST '
@@ -633,9 +714,9 @@ def _matrix_lengths(table: Any, problems: list[str]) -> list[tuple[str, dict[str
         return []
     out = []
     for name, per_device in table.items():
-        if not (isinstance(per_device, dict) and set(per_device) == set(DEVICES)) or not SUITE_NAME.fullmatch(
-            name
-        ):
+        if not (
+            isinstance(per_device, dict) and set(per_device) == set(DEVICES)
+        ) or not SUITE_NAME.fullmatch(name):
             problems.append(
                 f'matrix.lengths.{name}: expected {{gpu = "DIST", cpu = "DIST"}} under a plain '
                 f"name (letters, digits, '.', '_', '-'), DIST one of {varlen.FORMS}"

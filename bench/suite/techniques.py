@@ -1,4 +1,5 @@
-"""A run's technique list: names resolved, options type-checked, combinations and batch sizes checked."""
+"""A run's technique list: names resolved, options type-checked, combinations and batch sizes
+checked."""
 
 from __future__ import annotations
 
@@ -20,10 +21,14 @@ def techniques(
     problems: list[str],
 ) -> tuple[TechniqueSpec, ...] | None:
     if not isinstance(raw, list):
-        problems.append(f"{where}: expected a list of names or {{ name = ..., option = ... }} tables")
+        problems.append(
+            f"{where}: expected a list of names or {{ name = ..., option = ... }} tables"
+        )
         return None
     specs = [
-        s for i, item in enumerate(raw) if (s := _technique(item, f"{where}[{i}]", problems)) is not None
+        s
+        for i, item in enumerate(raw)
+        if (s := _technique(item, f"{where}[{i}]", problems)) is not None
     ]
     before = len(problems)
     check(tuple(specs), where, batch, shapes, mode, problems)
@@ -39,13 +44,14 @@ def check(
     mode: str,
     problems: list[str],
 ) -> None:
-    """Resolved techniques as a run: each in a mode it works in, the combination, each at the batch sizes."""
+    """Resolved techniques as a run: each in a mode it works in, the combination, each at the batch
+    sizes."""
     built = [build(s) for s in specs]
     for spec, technique in zip(specs, built):
         if mode in MODES and mode not in technique.modes:
             problems.append(
-                f"{where}: {spec.name} does not apply to {mode} suites; "
-                f"it works in: {', '.join(sorted(technique.modes))}"
+                f"{where}: {spec.name} does not apply to {mode} suites; it works in: "
+                f"{', '.join(sorted(technique.modes))}"
             )
     _check_combination(where, built, problems)
     for spec, technique in zip(specs, built):
@@ -57,18 +63,23 @@ def check(
 
 
 def check_fidelity_batch(
-    specs: tuple[TechniqueSpec, ...], fidelity: dict[str, Fidelity | None], where: str, problems: list[str]
+    specs: tuple[TechniqueSpec, ...],
+    fidelity: dict[str, Fidelity | None],
+    where: str,
+    problems: list[str],
 ) -> None:
     """The techniques at the fidelity phase's batch size (accumulation must divide it, too)."""
     for dev, fid in fidelity.items():
         for spec in specs if fid is not None else ():
             for p in _own_problems(build(spec), spec.name, fid.batch_size):
-                problems.append(f"{where}: {spec.name} at fidelity.{dev} batch_size {fid.batch_size}: {p}")
+                problems.append(
+                    f"{where}: {spec.name} at fidelity.{dev} batch_size {fid.batch_size}: {p}"
+                )
 
 
 def _own_problems(technique: Technique, name: str, batch_size: int) -> list[str]:
-    """The technique's own checks; one that raises is a problem of that technique, not a crash of the
-    loader."""
+    """The technique's own checks; one that raises is a problem of that technique, not a crash of
+    the loader."""
     try:
         return technique.problems(batch_size)
     except Exception as exc:  # noqa: BLE001  a user's technique may hold any bug
@@ -114,7 +125,11 @@ def _type_error(hint: Any, value: Any) -> str | None:
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
     if typing.get_origin(hint) is Literal:
         choices = typing.get_args(hint)
-        return None if value in choices else f"must be one of {', '.join(map(repr, choices))}, got {value!r}"
+        return (
+            None
+            if value in choices
+            else f"must be one of {', '.join(map(repr, choices))}, got {value!r}"
+        )
     if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return None if math.isfinite(value) else f"must be a finite number, got {value}"
     if isinstance(value, hint) and not (hint is not bool and isinstance(value, bool)):

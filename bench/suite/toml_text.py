@@ -1,5 +1,5 @@
-"""A suite file written from its header and runs (advice's suite, a job's suite from its config files): TOML
-that the loader reads back as written."""
+"""A suite file written from its header and runs (advice's suite, a job's suite from its config
+files): TOML that the loader reads back as written."""
 
 from __future__ import annotations
 
@@ -10,21 +10,27 @@ from typing import Any
 def to_toml(
     header: dict[str, Any], runs: list[dict[str, Any]], comments: dict[str, str] | None = None
 ) -> str:
-    """A suite file: the header's keys, its tables, then one [[runs]] entry per run (with its comment
-    above)."""
+    """A suite file: the header's keys, its tables, then one [[runs]] entry per run (with its
+    comment above)."""
     lines = [f"{k} = {_value(v)}" for k, v in header.items() if not isinstance(v, dict)]
     for key, table in header.items():
         if isinstance(table, dict):
             lines += _table(key, table)
     for run in runs:
-        lines += ["", *(f"# {c}" for c in (comments or {}).get(run["name"], "").splitlines()), "[[runs]]"]
+        lines += [
+            "",
+            *(f"# {c}" for c in (comments or {}).get(run["name"], "").splitlines()),
+            "[[runs]]",
+        ]
         lines += [f"{k} = {_value(v)}" for k, v in run.items()]
     return "\n".join(lines) + "\n"
 
 
 def _table(name: str, table: dict[str, Any]) -> list[str]:
     own = [f"{k} = {_value(v)}" for k, v in table.items() if not isinstance(v, dict)]
-    lines = ["", f"[{name}]", *own] if own else []  # a table of tables only needs no header of its own
+    lines = (
+        ["", f"[{name}]", *own] if own else []
+    )  # a table of tables only needs no header of its own
     for key, sub in table.items():
         if isinstance(sub, dict):
             lines += _table(f"{name}.{key}", sub)

@@ -1,7 +1,8 @@
-"""A run's ``training_args = "PATH"``: the TrainingArguments of a transformers ``Trainer`` job (a JSON file,
-as ``TrainingArguments.to_json_string`` writes it, or YAML, as TRL and axolotl configs hold it), read for the
-fields that change what a step holds, each becoming the technique or batch size it means. Every other field is
-listed as ignored; an unknown field, or two that contradict each other, is a problem naming the key."""
+"""A run's ``training_args = "PATH"``: the TrainingArguments of a transformers ``Trainer`` job (a
+JSON file, as ``TrainingArguments.to_json_string`` writes it, or YAML, as TRL and axolotl configs
+hold it), read for the fields that change what a step holds, each becoming the technique or batch
+size it means. Every other field is listed as ignored; an unknown field, or two that contradict each
+other, is a problem naming the key."""
 
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-# The Trainer's optimizers (its `optim` names) as this harness's techniques, the parameters in the Trainer's
-# groups: its SGD has no momentum (so no state); its Adafactor is transformers' own, whose update holds other
-# temporaries.
+# The Trainer's optimizers (its `optim` names) as this harness's techniques, the parameters in the
+# Trainer's groups: its SGD has no momentum (so no state); its Adafactor is transformers' own, whose
+# update holds other temporaries.
 OPTIMIZERS: dict[str, list[Any]] = {
     "adamw_torch": [{"name": "optimizer", "kind": "adamw", "groups": "trainer"}],
-    "adamw_torch_fused": [{"name": "optimizer", "kind": "adamw", "impl": "fused", "groups": "trainer"}],
-    # transformers 4.x's own AdamW (every TrainingArguments it wrote names it): a parameter at a time
+    "adamw_torch_fused": [
+        {"name": "optimizer", "kind": "adamw", "impl": "fused", "groups": "trainer"}
+    ],
+    # transformers 4.x's own AdamW (every TrainingArguments it wrote names it): a parameter at a
+    # time
     "adamw_hf": [{"name": "optimizer", "kind": "adamw", "impl": "single", "groups": "trainer"}],
     "adafactor": [{"name": "optimizer", "kind": "adafactor-transformers", "groups": "trainer"}],
     "adamw_8bit": ["adamw-8bit"],
@@ -39,8 +43,8 @@ READ = (
 
 @dataclass(frozen=True)
 class Job:
-    """What the arguments make of a run: its techniques (TOML form), its batch per device, and what was
-    ignored."""
+    """What the arguments make of a run: its techniques (TOML form), its batch per device, and what
+    was ignored."""
 
     techniques: list[Any]
     batch_size: int
@@ -48,7 +52,8 @@ class Job:
 
 
 def read(path: str, where: str, problems: list[str]) -> Job | None:
-    """The job ``path`` describes; None, with the problems said, where it cannot be read or makes no sense."""
+    """The job ``path`` describes; None, with the problems said, where it cannot be read or makes no
+    sense."""
     args = load_args(Path(path), where, problems)
     if args is None:
         return None
@@ -60,7 +65,9 @@ def read(path: str, where: str, problems: list[str]) -> Job | None:
         for key in sorted(args.keys() - known)
     ]
     techniques = (
-        _precision(args, where, found) + _optimizer(args, where, found) + _checkpointing(args, where, found)
+        _precision(args, where, found)
+        + _optimizer(args, where, found)
+        + _checkpointing(args, where, found)
     )
     steps = _positive(args, "gradient_accumulation_steps", 1, where, found)
     batch = _positive(args, "per_device_train_batch_size", 8, where, found)
@@ -73,7 +80,8 @@ def read(path: str, where: str, problems: list[str]) -> Job | None:
 
 
 def load_args(path: Path, where: str, problems: list[str]) -> dict[str, Any] | None:
-    """The file's fields; None, with the problem said, where it cannot be read as a table of them."""
+    """The file's fields; None, with the problem said, where it cannot be read as a table of
+    them."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -85,7 +93,9 @@ def load_args(path: Path, where: str, problems: list[str]) -> dict[str, Any] | N
         problems.append(f"{where}: {path} does not parse: {exc}")
         return None
     if not isinstance(args, dict):
-        problems.append(f"{where}: {path} holds a {type(args).__name__}; expected TrainingArguments' fields")
+        problems.append(
+            f"{where}: {path} holds a {type(args).__name__}; expected TrainingArguments' fields"
+        )
         return None
     return args
 
@@ -120,18 +130,23 @@ def _optimizer(args: dict[str, Any], where: str, found: list[str]) -> list[Any]:
 
 
 def _checkpointing(args: dict[str, Any], where: str, found: list[str]) -> list[Any]:
-    """gradient_checkpointing_enable wraps each decoder or encoder layer, non-reentrant unless the kwargs say
-    otherwise (transformers 5's default; 4.x defaulted to reentrant, and says so in its kwargs when
-    written)."""
+    """gradient_checkpointing_enable wraps each decoder or encoder layer, non-reentrant unless the
+    kwargs say otherwise (transformers 5's default; 4.x defaulted to reentrant, and says so in its
+    kwargs when written)."""
     kwargs = args.get("gradient_checkpointing_kwargs") or {}
     if not isinstance(kwargs, dict) or kwargs.keys() - {"use_reentrant"}:
         found.append(
-            f"{where}: gradient_checkpointing_kwargs: only use_reentrant is modelled, got {kwargs!r}"
+            f"{where}: gradient_checkpointing_kwargs: only use_reentrant is modelled, got "
+            f"{kwargs!r}"
         )
         return []
     if not args.get("gradient_checkpointing"):
         return []
-    return [{"name": "checkpoint", "reentrant": True}] if kwargs.get("use_reentrant") else ["checkpoint"]
+    return (
+        [{"name": "checkpoint", "reentrant": True}]
+        if kwargs.get("use_reentrant")
+        else ["checkpoint"]
+    )
 
 
 def _positive(args: dict[str, Any], key: str, default: int, where: str, found: list[str]) -> int:

@@ -16,10 +16,11 @@ from torch import nn
 from bench.measure.memory import tensor_bytes
 from bench.techniques.base import TECHNIQUES, RunContext, Technique, Unsupported, listed, option
 
-# Which linear layers get adapters, and which head stays fully trainable, per model family. torchvision's
-# attention projections are called through F.multi_head_attention_forward, not as modules, so an adapter on
-# them would never run: ViT gets its adapters on the MLP instead. Llama: every linear of its layers, as QLoRA
-# adapts them (arXiv:2305.14314), its head frozen as in fine-tuning.
+# Which linear layers get adapters, and which head stays fully trainable, per model family.
+# torchvision's attention projections are called through F.multi_head_attention_forward, not as
+# modules, so an adapter on them would never run: ViT gets its adapters on the MLP instead. Llama:
+# every linear of its layers, as QLoRA adapts them (arXiv:2305.14314), its head frozen as in
+# fine-tuning.
 TARGETS = {
     "bert": (["query", "value"], ["classifier"]),
     "vit": (["mlp.0", "mlp.3"], ["heads"]),
@@ -37,10 +38,14 @@ class LoRA(Technique):
     Accuracy: below full fine-tuning from random init, since most weights never train here.
     """
 
-    not_advised = "trains adapters only: another job, not a cheaper way to run this one (name it in a suite)"
+    not_advised = (
+        "trains adapters only: another job, not a cheaper way to run this one (name it in a suite)"
+    )
     summary = (
-        "peft LoRA on BERT (query, value), ViT (MLP) and Llama (all seven linears of a layer, head frozen), "
-        'or on the linears named in `targets` (`"fc1,fc2"`: names or suffixes) with the `trainable` modules '
+        "peft LoRA on BERT (query, value), ViT (MLP) and Llama (all seven linears of a layer, "
+        "head frozen), "
+        'or on the linears named in `targets` (`"fc1,fc2"`: names or suffixes) with the '
+        "`trainable` modules "
         "trained in full; base frozen"
     )
 
@@ -52,26 +57,26 @@ class LoRA(Technique):
         alpha: int = option(16, "scaling numerator (scale = alpha / rank)")
         targets: str | None = option(
             None,
-            "comma-separated names (or suffixes) of the linears to adapt; "
-            "default: BERT query,value; ViT mlp.0,mlp.3; Llama all seven",
+            "comma-separated names (or suffixes) of the linears to adapt; default: BERT "
+            "query,value; ViT mlp.0,mlp.3; Llama all seven",
         )
         trainable: str | None = option(
             None,
-            "comma-separated modules trained in full (the head); "
-            "default: BERT classifier; ViT heads; Llama none",
+            "comma-separated modules trained in full (the head); default: BERT classifier; ViT "
+            "heads; Llama none",
         )
         dropout: float = option(
             0.0, "lora_dropout: a dropped copy of each adapted layer's input, kept for backward"
         )
         adapter_dtype: Literal["float32", "base"] = option(
             "float32",
-            "the adapters' dtype under a 16-bit base (listed after bf16): float32, as PEFT casts them by "
-            "default (autocast_adapter_dtype), or the base's",
+            "the adapters' dtype under a 16-bit base (listed after bf16): float32, as PEFT casts "
+            "them by default (autocast_adapter_dtype), or the base's",
         )
         config: str | None = option(
             None,
-            "PEFT's own adapter_config.json: its r, lora_alpha, lora_dropout, "
-            "target_modules and modules_to_save, in place of the options above",
+            "PEFT's own adapter_config.json: its r, lora_alpha, lora_dropout, target_modules and "
+            "modules_to_save, in place of the options above",
         )
 
     def problems(self, batch_size: int) -> list[str]:
@@ -82,8 +87,8 @@ class LoRA(Technique):
         return [] if self.config.rank >= 1 else [f"rank must be ≥ 1, got {self.config.rank}"]
 
     def _peft_config(self, problems: list[str] | None = None) -> dict[str, Any]:
-        """The LoraConfig arguments: the options, or PEFT's adapter_config.json where given (its fields that
-        change no memory ignored; one that does but is not modelled, a problem)."""
+        """The LoraConfig arguments: the options, or PEFT's adapter_config.json where given (its
+        fields that change no memory ignored; one that does but is not modelled, a problem)."""
         c = self.config
         if c.config is None:
             return {
@@ -99,7 +104,10 @@ class LoRA(Technique):
         if importlib.util.find_spec("peft") is None:
             return "needs peft: pip install peft (or pip install -e '.[extras]')"
         if self.config.targets is None and ctx.model_spec.family not in TARGETS:
-            return "no default layers to adapt for this model: set targets = 'name,name' (and trainable)"
+            return (
+                "no default layers to adapt for this model: set targets = 'name,name' (and "
+                "trainable)"
+            )
         return None
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
@@ -117,9 +125,11 @@ class LoRA(Technique):
             )
         )
         with warnings.catch_warnings():
-            # peft reads transformers' deprecated is_gradient_checkpointing alias: noise the user cannot act
-            # on.
-            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+            # peft reads transformers' deprecated is_gradient_checkpointing alias: noise the user
+            # cannot act on.
+            warnings.filterwarnings(
+                "ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning
+            )
             self.model = get_peft_model(
                 model, config, autocast_adapter_dtype=self.config.adapter_dtype == "float32"
             )
@@ -131,8 +141,9 @@ class LoRA(Technique):
         return {"trainable_params": trainable, "total_params": total, "adapted_layers": adapters}
 
 
-# PEFT's adapter_config.json: the fields read, what each is here; the fields that change what a step holds but
-# are not modelled; every other field changes no memory (init, the base model's name, revision, …).
+# PEFT's adapter_config.json: the fields read, what each is here; the fields that change what a step
+# holds but are not modelled; every other field changes no memory (init, the base model's name,
+# revision, …).
 READ = {
     "r": "r",
     "lora_alpha": "lora_alpha",
@@ -151,7 +162,8 @@ NOT_MODELLED = {
 
 
 def adapter_config(path: str, problems: list[str]) -> dict[str, Any]:
-    """LoraConfig's arguments from PEFT's adapter_config.json; each problem names the file and the field."""
+    """LoraConfig's arguments from PEFT's adapter_config.json; each problem names the file and the
+    field."""
     try:
         raw = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -168,33 +180,43 @@ def adapter_config(path: str, problems: list[str]) -> dict[str, Any]:
                 f"config: {path}: {key} = {raw[key]!r} is not modelled here; leave it at {plain!r}"
             )
     out = {mine: raw[theirs] for theirs, mine in READ.items() if theirs in raw}
-    out["target_modules"] = raw.get("target_modules") or []  # a string is PEFT's regex (or "all-linear")
+    out["target_modules"] = (
+        raw.get("target_modules") or []
+    )  # a string is PEFT's regex (or "all-linear")
     out["modules_to_save"] = list(raw.get("modules_to_save") or [])
     if not isinstance(out.get("r", 8), int) or out.get("r", 8) < 1:
-        problems.append(f"config: {path}: r must be a whole number of at least 1, got {out.get('r')!r}")
+        problems.append(
+            f"config: {path}: r must be a whole number of at least 1, got {out.get('r')!r}"
+        )
     return {"r": 8, "lora_alpha": 8, "lora_dropout": 0.0} | out
 
 
 @TECHNIQUES.register("qlora")
 class QLoRA(LoRA):
-    """LoRA on a 4-bit base: every linear inside the model's repeated blocks stored as NF4 (torchao's
-    NormalFloat 4-bit, blocks of 64 with double-quantized scales) and frozen, dequantized as it is used; the
-    adapters train in full precision. Embeddings, norms and the head stay as they are, as in QLoRA.
+    """LoRA on a 4-bit base: every linear inside the model's repeated blocks stored as NF4
+    (torchao's NormalFloat 4-bit, blocks of 64 with double-quantized scales) and frozen, dequantized
+    as it is used; the adapters train in full precision. Embeddings, norms and the head stay as they
+    are, as in QLoRA.
 
-    Expected: the blocks' weights from 4 to about 0.52 bytes per parameter (4 bits and the scales), on top of
-    LoRA's savings in gradients and optimizer state; slower than LoRA, since each linear dequantizes its
-    weight in every forward and backward. QLoRA fits a 65B model's fine-tuning in under 48 GB
-    (arXiv:2305.14314). Accuracy: close to LoRA on a 16-bit base."""
+    Expected: the blocks' weights from 4 to about 0.52 bytes per parameter (4 bits and the scales),
+    on top of LoRA's savings in gradients and optimizer state; slower than LoRA, since each linear
+    dequantizes its weight in every forward and backward. QLoRA fits a 65B model's fine-tuning in
+    under 48 GB (arXiv:2305.14314). Accuracy: close to LoRA on a 16-bit base."""
 
-    not_advised = "trains adapters only on 4-bit weights: another job, not a cheaper way to run this one"
+    not_advised = (
+        "trains adapters only on 4-bit weights: another job, not a cheaper way to run this one"
+    )
     summary = (
-        "`lora` on a frozen base whose block linears are torchao NF4 (4-bit, blocks of 64, double-quantized "
-        "scales), dequantized as used; embeddings, norms and head as they are"
+        "`lora` on a frozen base whose block linears are torchao NF4 (4-bit, blocks of 64, "
+        "double-quantized scales), dequantized as used; embeddings, norms and head as they are"
     )
 
     def unsupported(self, ctx: RunContext) -> str | None:
         if importlib.util.find_spec("torchao") is None:
-            return "needs torchao for its NF4 weights: pip install torchao (or pip install -e '.[extras]')"
+            return (
+                "needs torchao for its NF4 weights: pip install torchao (or pip install -e "
+                "'.[extras]')"
+            )
         return super().unsupported(ctx)
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
@@ -221,10 +243,12 @@ class QLoRA(LoRA):
 
 
 def _nf4(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` in NF4: blocks of 64 values, their scales quantized again in blocks of 256, or of as many as
-    divide a small layer's scales (llama-tiny's key projection has 128)."""
+    """``weight`` in NF4: blocks of 64 values, their scales quantized again in blocks of 256, or of
+    as many as divide a small layer's scales (llama-tiny's key projection has 128)."""
     from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
 
     if weight.numel() % 64:
-        raise Unsupported(f"a {tuple(weight.shape)} weight does not split into NF4's blocks of 64 values")
+        raise Unsupported(
+            f"a {tuple(weight.shape)} weight does not split into NF4's blocks of 64 values"
+        )
     return to_nf4(weight, 64, math.gcd(256, weight.numel() // 64))

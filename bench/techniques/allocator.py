@@ -19,14 +19,15 @@ class AllocatorConfig(Technique):
     """Set ``PYTORCH_CUDA_ALLOC_CONF`` for the run's process before CUDA starts (the runner starts a
     fresh process per run, which is what makes this possible at all).
 
-    Expected: ``expandable_segments:True`` maps memory into growing segments instead of fixed blocks, so
-    reserved memory stays closer to allocated (less fragmentation, fewer allocation retries) at the same
-    allocated peak. Accuracy: identical.
+    Expected: ``expandable_segments:True`` maps memory into growing segments instead of fixed
+    blocks, so reserved memory stays closer to allocated (less fragmentation, fewer allocation
+    retries) at the same allocated peak. Accuracy: identical.
     """
 
     modes = ANY_MODE
     not_advised = (
-        "tunes the CUDA caching allocator: it changes what is reserved, not the tensors a budget counts"
+        "tunes the CUDA caching allocator: it changes what is reserved, not the tensors a budget "
+        "counts"
     )
     summary = "`PYTORCH_CUDA_ALLOC_CONF` set before CUDA starts (fresh process per run)"
 
@@ -59,23 +60,28 @@ CUDA_ONLY = (
 
 @TECHNIQUES.register("env")
 class Environment(Technique):
-    """Any environment variables, set for the run's process before it starts (so before torch and CUDA read
-    them): the seed articles' monitoring advice, measured rather than repeated.
+    """Any environment variables, set for the run's process before it starts (so before torch and
+    CUDA read them): the seed articles' monitoring advice, measured rather than repeated.
 
-    Expected, for ``CUDA_LAUNCH_BLOCKING=1`` (claimed by the first seed article to cure memory leaks caused by
-    asynchronous execution): every kernel launch waits for the kernel, so the same peak memory at a lower
-    throughput; there is no leak for it to cure. Accuracy: identical.
+    Expected, for ``CUDA_LAUNCH_BLOCKING=1`` (claimed by the first seed article to cure memory leaks
+    caused by asynchronous execution): every kernel launch waits for the kernel, so the same peak
+    memory at a lower throughput; there is no leak for it to cure. Accuracy: identical.
     """
 
     modes = ANY_MODE
     not_advised = (
-        "tunes the CUDA caching allocator: it changes what is reserved, not the tensors a budget counts"
+        "tunes the CUDA caching allocator: it changes what is reserved, not the tensors a budget "
+        "counts"
     )
-    summary = "any `NAME=VALUE` pairs set for the run's process before it starts (a fresh interpreter)"
+    summary = (
+        "any `NAME=VALUE` pairs set for the run's process before it starts (a fresh interpreter)"
+    )
 
     @dataclass(frozen=True)
     class Config:
-        vars: str = option("CUDA_LAUNCH_BLOCKING=1", "NAME=VALUE pairs separated by spaces (shell quoting)")
+        vars: str = option(
+            "CUDA_LAUNCH_BLOCKING=1", "NAME=VALUE pairs separated by spaces (shell quoting)"
+        )
 
     def problems(self, batch_size: int) -> list[str]:
         try:
@@ -89,10 +95,14 @@ class Environment(Technique):
         return dict(pair.split("=", 1) for pair in shlex.split(self.config.vars))
 
     def unsupported(self, ctx: RunContext) -> str | None:
-        # CUDA's own variables change nothing a CPU runs: such a run would measure the baseline again.
+        # CUDA's own variables change nothing a CPU runs: such a run would measure the baseline
+        # again.
         if ctx.cuda or not all(name.startswith(CUDA_ONLY) for name in self.env()):
             return None
-        return f"{', '.join(self.env())}: read by CUDA alone; on a CPU the run would be the baseline again"
+        return (
+            f"{', '.join(self.env())}: read by CUDA alone; on a CPU the run would be the baseline "
+            "again"
+        )
 
     def proof(self, steps: int) -> dict[str, Any]:
         return {f"in_process.{k}": os.environ.get(k) for k in self.env()}
@@ -102,14 +112,15 @@ class Environment(Technique):
 class EmptyCacheEveryStep(Technique):
     """``torch.cuda.empty_cache()`` after every step: the caching allocator returns its free blocks.
 
-    Expected: the seed articles' fragmentation advice, measured: reserved memory between steps drops,
-    the allocated peak does not move (empty_cache frees nothing in use), and each step pays for
-    cudaFree/cudaMalloc again, so throughput falls. Accuracy: identical.
+    Expected: the seed articles' fragmentation advice, measured: reserved memory between steps
+    drops, the allocated peak does not move (empty_cache frees nothing in use), and each step pays
+    for cudaFree/cudaMalloc again, so throughput falls. Accuracy: identical.
     """
 
     modes = ANY_MODE
     not_advised = (
-        "tunes the CUDA caching allocator: it changes what is reserved, not the tensors a budget counts"
+        "tunes the CUDA caching allocator: it changes what is reserved, not the tensors a budget "
+        "counts"
     )
     summary = "`torch.cuda.empty_cache()` after every step"
 

@@ -9,7 +9,10 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    CheckpointImpl,
+    checkpoint_wrapper,
+)
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from bench.techniques.base import TECHNIQUES, RunContext, Technique, listed, offer, option
@@ -28,34 +31,36 @@ ATTENTION = [
 ]
 
 
-# The reduce-scatter that tensor (sequence) parallelism issues inside a block, where functional collectives
-# exist.
+# The reduce-scatter that tensor (sequence) parallelism issues inside a block, where functional
+# collectives exist.
 REDUCE_SCATTER = (
     [torch.ops._c10d_functional.reduce_scatter_tensor.default]
-    if hasattr(torch.ops, "_c10d_functional") and hasattr(torch.ops._c10d_functional, "reduce_scatter_tensor")
+    if hasattr(torch.ops, "_c10d_functional")
+    and hasattr(torch.ops._c10d_functional, "reduce_scatter_tensor")
     else []
 )
 
 
 @TECHNIQUES.register("checkpoint")
 class ActivationCheckpointing(Technique):
-    """Recompute repeated blocks (ResNet bottleneck, encoder layer) in backward instead of saving their
-    activations; only block inputs are kept (non-reentrant ``torch.utils.checkpoint``).
+    """Recompute repeated blocks (ResNet bottleneck, encoder layer) in backward instead of saving
+    their activations; only block inputs are kept (non-reentrant ``torch.utils.checkpoint``).
 
     Expected: activation memory falls towards one block's worth plus the block inputs, for about one
     extra forward (~30% more step time; Chen et al. 2016, arXiv:1604.06174; Korthikanti et al. 2022:
-    2·s·b·h bytes per transformer layer with full recomputation). ``every`` = k wraps every k-th block,
-    a knob between the two. Accuracy: identical without dropout or batch norm; BatchNorm's running
-    statistics are updated twice per step (once more in the recomputation), as if with a larger momentum;
-    ``bn_momentum_correction`` sets each wrapped BatchNorm's momentum to 1 − √(1 − m), so that two updates
-    with the same batch statistics equal one with m.
+    2·s·b·h bytes per transformer layer with full recomputation). ``every`` = k wraps every k-th
+    block, a knob between the two. Accuracy: identical without dropout or batch norm; BatchNorm's
+    running statistics are updated twice per step (once more in the recomputation), as if with a
+    larger momentum; ``bn_momentum_correction`` sets each wrapped BatchNorm's momentum to 1 − √(1 −
+    m), so that two updates with the same batch statistics equal one with m.
     """
 
     axis = "activations"
     offers = (offer("checkpoint-every-2", every=2), offer("checkpoint"))
     summary = (
-        "non-reentrant `torch.utils.checkpoint` on every (k-th) repeated block; optionally BatchNorm "
-        "momentum 1 − √(1 − m) so the recomputation's second running-stats update does not count twice"
+        "non-reentrant `torch.utils.checkpoint` on every (k-th) repeated block; optionally "
+        "BatchNorm momentum 1 − √(1 − m) so the recomputation's second running-stats update does "
+        "not count twice"
     )
     conflicts = frozenset({"selective-checkpoint"})
     changes = "wrapped_modules"
@@ -63,11 +68,13 @@ class ActivationCheckpointing(Technique):
     @dataclass(frozen=True)
     class Config:
         every: int = option(1, "wrap every k-th block (1: all of them)")
-        bn_momentum_correction: bool = option(False, "compensate BatchNorm's second running-stats update")
+        bn_momentum_correction: bool = option(
+            False, "compensate BatchNorm's second running-stats update"
+        )
         reentrant: bool = option(
             False,
-            "the reentrant implementation (transformers 4's gradient checkpointing "
-            "default), else the non-reentrant one PyTorch recommends",
+            "the reentrant implementation (transformers 4's gradient checkpointing default), else "
+            "the non-reentrant one PyTorch recommends",
         )
 
     def problems(self, batch_size: int) -> list[str]:
@@ -94,14 +101,16 @@ class ActivationCheckpointing(Technique):
 
     def wrap(self, block: nn.Module) -> nn.Module:
         return checkpoint_wrapper(
-            block, CheckpointImpl.REENTRANT if self.config.reentrant else CheckpointImpl.NO_REENTRANT
+            block,
+            CheckpointImpl.REENTRANT if self.config.reentrant else CheckpointImpl.NO_REENTRANT,
         )
 
     def _count(self, module: nn.Module, args: Any) -> None:
         self.calls += 1
 
     def proof(self, steps: int) -> dict[str, Any]:
-        # 2.0 per micro-batch means every wrapped block ran forward twice: once, and once to recompute.
+        # 2.0 per micro-batch means every wrapped block ran forward twice: once, and once to
+        # recompute.
         per_step = self.calls / (steps * len(self.blocks)) if steps and self.blocks else 0.0
         names = self.blocks if len(self.blocks) <= 4 else [*self.blocks[:3], "…", self.blocks[-1]]
         return {
@@ -112,21 +121,22 @@ class ActivationCheckpointing(Technique):
 
 
 def _own_lists(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """The block's list arguments copied: recomputation in backward reads the arguments it was given, and
-    DenseNet's dense block appends to the list of features it passes each layer after the call (recomputed
-    with the longer list, a layer concatenated more channels than its batch norm takes)."""
+    """The block's list arguments copied: recomputation in backward reads the arguments it was
+    given, and DenseNet's dense block appends to the list of features it passes each layer after the
+    call (recomputed with the longer list, a layer concatenated more channels than its batch norm
+    takes)."""
     return tuple(list(a) if isinstance(a, list) else a for a in args)
 
 
 @TECHNIQUES.register("selective-checkpoint")
 class SelectiveCheckpointing(ActivationCheckpointing):
-    """Inside each wrapped block, save the outputs of the expensive ops (matmuls and convolutions, and
-    optionally attention) and recompute only the cheap pointwise ones
+    """Inside each wrapped block, save the outputs of the expensive ops (matmuls and convolutions,
+    and optionally attention) and recompute only the cheap pointwise ones
     (``torch.utils.checkpoint.create_selective_checkpoint_contexts``).
 
-    Expected: between no checkpointing and full: most of full checkpointing's recompute time is saved,
-    while pointwise activations (GELU, dropout masks, norms) are dropped (Korthikanti et al. 2022's
-    selective recomputation: 34 → ~10 bytes per s·b·h in 16-bit for attention recompute).
+    Expected: between no checkpointing and full: most of full checkpointing's recompute time is
+    saved, while pointwise activations (GELU, dropout masks, norms) are dropped (Korthikanti et al.
+    2022's selective recomputation: 34 → ~10 bytes per s·b·h in 16-bit for attention recompute).
     """
 
     axis = "activations"
@@ -138,23 +148,29 @@ class SelectiveCheckpointing(ActivationCheckpointing):
     class Config(ActivationCheckpointing.Config):
         save: Literal["matmuls", "matmuls+attention", "torchtitan", "ops"] = option(
             "matmuls",
-            "which op outputs to keep: matmuls (and attention); torchtitan: its op policy, attention and "
-            "every other matmul; ops: the operators named in ops",
+            "which op outputs to keep: matmuls (and attention); torchtitan: its op policy, "
+            "attention and every other matmul; ops: the operators named in ops",
         )
         ops: str | None = option(
             None,
-            "with save = 'ops': comma-separated aten operators whose outputs to keep, "
-            "e.g. 'mm,_scaled_dot_product_flash_attention' (their .default overload)",
+            "with save = 'ops': comma-separated aten operators whose outputs to keep, e.g. "
+            "'mm,_scaled_dot_product_flash_attention' (their .default overload)",
         )
 
     def problems(self, batch_size: int) -> list[str]:
         found = super().problems(batch_size)
         if self.config.reentrant:
-            found.append("reentrant: selective checkpointing runs non-reentrant only (its contexts need it)")
+            found.append(
+                "reentrant: selective checkpointing runs non-reentrant only (its contexts need it)"
+            )
         if (self.config.save == "ops") != (self.config.ops is not None):
-            found.append("ops goes with save = 'ops', and save = 'ops' needs ops: the operators to keep")
+            found.append(
+                "ops goes with save = 'ops', and save = 'ops' needs ops: the operators to keep"
+            )
         unknown = [n for n in listed(self.config.ops) if not hasattr(aten, n)]
-        return found + ([f"ops: no aten operator {', '.join(map(repr, unknown))}"] if unknown else [])
+        return found + (
+            [f"ops: no aten operator {', '.join(map(repr, unknown))}"] if unknown else []
+        )
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self.decisions: Counter[str] = Counter()
@@ -166,7 +182,9 @@ class SelectiveCheckpointing(ActivationCheckpointing):
     def _contexts(self) -> Any:
         # A fresh count of matmuls per checkpointed call, in forward and in its recompute apart, as
         # torchtitan's.
-        return create_selective_checkpoint_contexts(partial(self._policy, set(self._saved_ops()), Counter()))
+        return create_selective_checkpoint_contexts(
+            partial(self._policy, set(self._saved_ops()), Counter())
+        )
 
     def _saved_ops(self) -> list[Any]:
         save = self.config.save

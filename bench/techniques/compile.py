@@ -12,13 +12,13 @@ from bench.techniques.base import ANY_MODE, TECHNIQUES, RunContext, Technique, o
 
 @TECHNIQUES.register("compile")
 class Compile(Technique):
-    """``torch.compile`` the model (TorchInductor). The first warm-up step includes compilation, so its
-    time is recorded separately (``first_step_ms``) and kept out of the throughput.
+    """``torch.compile`` the model (TorchInductor). The first warm-up step includes compilation, so
+    its time is recorded separately (``first_step_ms``) and kept out of the throughput.
 
-    Expected: fused pointwise kernels save both time and the intermediate activations those ops would
-    have saved for backward; compilation costs tens of seconds up front. The live-tensor tracker cannot
-    see inside compiled graphs, so compiled runs have allocator figures (CUDA) but no tracked peak.
-    Accuracy: same up to rounding.
+    Expected: fused pointwise kernels save both time and the intermediate activations those ops
+    would have saved for backward; compilation costs tens of seconds up front. The live-tensor
+    tracker cannot see inside compiled graphs, so compiled runs have allocator figures (CUDA) but no
+    tracked peak. Accuracy: same up to rounding.
     """
 
     unpredictable = "compiled graphs fuse and free differently from eager; run it to know"
@@ -29,7 +29,9 @@ class Compile(Technique):
 
     @dataclass(frozen=True)
     class Config:
-        mode: Literal["default", "reduce-overhead", "max-autotune"] = option("default", "torch.compile mode")
+        mode: Literal["default", "reduce-overhead", "max-autotune"] = option(
+            "default", "torch.compile mode"
+        )
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         # in place: parameters, hooks and state_dict keys stay as they are

@@ -1,6 +1,7 @@
-"""Beyond one device: data parallelism, fully sharded model states and tensor parallelism, on PyTorch's
-own engine (torch.distributed). The runner starts these runs under torchrun with ``nproc`` processes;
-the worker joins the process group (NCCL on GPUs, gloo on CPUs) before the techniques apply."""
+"""Beyond one device: data parallelism, fully sharded model states and tensor parallelism, on
+PyTorch's own engine (torch.distributed). The runner starts these runs under torchrun with ``nproc``
+processes; the worker joins the process group (NCCL on GPUs, gloo on CPUs) before the techniques
+apply."""
 
 from __future__ import annotations
 
@@ -18,11 +19,16 @@ DISTRIBUTED = frozenset({"ddp", "fsdp", "tensor-parallel"})
 
 class _Distributed(Technique):
     distributed = True
-    conflicts = DISTRIBUTED  # one parallelism technique per run; 2-D (TP inside FSDP) is an fsdp option
+    conflicts = (
+        DISTRIBUTED  # one parallelism technique per run; 2-D (TP inside FSDP) is an fsdp option
+    )
 
     def unsupported(self, ctx: RunContext) -> str | None:
         if ctx.world_size < 2:
-            return f"needs at least 2 processes (nproc in the suite entry); this run has {ctx.world_size}"
+            return (
+                "needs at least 2 processes (nproc in the suite entry); this run has "
+                f"{ctx.world_size}"
+            )
         return None
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
@@ -43,23 +49,25 @@ class _Distributed(Technique):
 
 
 def _mesh(ctx: RunContext, inner: int = 0, names: tuple[str, str] = ("replicate", "shard")):
-    """The ranks as one dimension, or as (world_size / inner, inner): a 2-D mesh whose inner groups are
-    neighbouring ranks (a node). FSDP2 shards over the inner dimension and replicates over the outer (HSDP);
-    under 2-D parallelism, tensor parallelism takes the inner and FSDP the outer."""
+    """The ranks as one dimension, or as (world_size / inner, inner): a 2-D mesh whose inner groups
+    are neighbouring ranks (a node). FSDP2 shards over the inner dimension and replicates over the
+    outer (HSDP); under 2-D parallelism, tensor parallelism takes the inner and FSDP the outer."""
     from torch.distributed.device_mesh import init_device_mesh
 
     if inner and inner < ctx.world_size:
-        return init_device_mesh(ctx.device.type, (ctx.world_size // inner, inner), mesh_dim_names=names)
+        return init_device_mesh(
+            ctx.device.type, (ctx.world_size // inner, inner), mesh_dim_names=names
+        )
     return init_device_mesh(ctx.device.type, (ctx.world_size,))
 
 
 @TECHNIQUES.register("ddp")
 class DataParallel(_Distributed):
-    """DistributedDataParallel: every rank holds the whole model and its own slice of the data; gradients
-    are all-reduced in buckets during backward. The multi-GPU baseline.
+    """DistributedDataParallel: every rank holds the whole model and its own slice of the data;
+    gradients are all-reduced in buckets during backward. The multi-GPU baseline.
 
-    Expected: per-rank memory as on one GPU plus the communication buckets (about one more copy of the
-    gradients, unless ``gradient_as_bucket_view``); throughput about ``nproc`` times one GPU's.
+    Expected: per-rank memory as on one GPU plus the communication buckets (about one more copy of
+    the gradients, unless ``gradient_as_bucket_view``); throughput about ``nproc`` times one GPU's.
     """
 
     data_parallel = True
@@ -81,10 +89,13 @@ class DataParallel(_Distributed):
         return self.model
 
     def proof(self, steps: int) -> dict[str, Any]:
-        """Also that the ranks' parameters are still identical after the steps: the all-reduce happened."""
+        """Also that the ranks' parameters are still identical after the steps: the all-reduce
+        happened."""
         import torch.distributed as dist
 
-        checksum = torch.stack([p.detach().double().sum() for p in self.model.parameters()]).sum().cpu()
+        checksum = (
+            torch.stack([p.detach().double().sum() for p in self.model.parameters()]).sum().cpu()
+        )
         sums = [None] * self.world_size
         dist.all_gather_object(sums, float(checksum))
         return super().proof(steps) | {
@@ -94,16 +105,17 @@ class DataParallel(_Distributed):
 
 @TECHNIQUES.register("fsdp")
 class FullyShard(_Distributed):
-    """FSDP2 (``torch.distributed.fsdp.fully_shard``) on every repeated block, then the root: parameters,
-    gradients and optimizer state are split across ranks (ZeRO-3); each block's parameters are
-    all-gathered just before use and freed after.
+    """FSDP2 (``torch.distributed.fsdp.fully_shard``) on every repeated block, then the root:
+    parameters, gradients and optimizer state are split across ranks (ZeRO-3); each block's
+    parameters are all-gathered just before use and freed after.
 
     Expected: per-rank model states of 16·Ψ/N bytes for Adam in fp32 (and for mixed-precision Adam),
-    against DDP's 16·Ψ; activations as DDP's; throughput a little below DDP's from the extra gathers. With
-    ``shard_group`` G (hybrid sharding), 16·Ψ/G, the gathers kept inside a group (a node), and the gradients
-    all-reduced across the groups. With ``tensor_parallel`` T (2-D, torchtitan's FSDP × TP), each group of T
-    neighbouring ranks splits every layer as ``tensor-parallel`` does and shares one batch, and FSDP shards
-    across the N/T groups: the sharded layers' model states are 16·Ψ/N per rank.
+    against DDP's 16·Ψ; activations as DDP's; throughput a little below DDP's from the extra
+    gathers. With ``shard_group`` G (hybrid sharding), 16·Ψ/G, the gathers kept inside a group (a
+    node), and the gradients all-reduced across the groups. With ``tensor_parallel`` T (2-D,
+    torchtitan's FSDP × TP), each group of T neighbouring ranks splits every layer as
+    ``tensor-parallel`` does and shares one batch, and FSDP shards across the N/T groups: the
+    sharded layers' model states are 16·Ψ/N per rank.
     """
 
     data_parallel = True
@@ -114,17 +126,19 @@ class FullyShard(_Distributed):
         offer("fsdp-keep", reshard_after_forward=False),
     )
     summary = (
-        "FSDP2 `fully_shard` on each repeated block, then the root; `shard_group = 8`: hybrid sharding, "
-        "sharded within each group of 8 ranks (a node) and replicated across groups; `tensor_parallel = 8`: "
-        "2-D, each group of 8 neighbouring ranks splits the layers as `tensor-parallel` does and shares a "
-        "batch, and fsdp shards across the groups (torchtitan's FSDP × TP)"
+        "FSDP2 `fully_shard` on each repeated block, then the root; `shard_group = 8`: hybrid "
+        "sharding, sharded within each group of 8 ranks (a node) and replicated across groups; "
+        "`tensor_parallel = 8`: 2-D, each group of 8 neighbouring ranks splits the layers as "
+        "`tensor-parallel` does and shares a batch, and fsdp shards across the groups "
+        "(torchtitan's FSDP × TP)"
     )
 
     @dataclass(frozen=True)
     class Config:
         reshard_after_forward: bool = option(
             True,
-            "free gathered parameters after forward (ZeRO-3); false: keep them to backward (ZeRO-2-like)",
+            "free gathered parameters after forward (ZeRO-3); false: keep them to backward "
+            "(ZeRO-2-like)",
         )
         mixed_precision: Literal["none", "bfloat16", "float16"] = option(
             "none", "parameter dtype in forward and backward (gradients reduced in float32)"
@@ -134,19 +148,22 @@ class FullyShard(_Distributed):
         )
         shard_group: int = option(
             0,
-            "ranks each shard spans, replicated across the groups (hybrid sharding, e.g. "
-            "8: within a node of 8); 0: all ranks",
+            "ranks each shard spans, replicated across the groups (hybrid sharding, e.g. 8: within "
+            "a node of 8); 0: all ranks",
         )
         tensor_parallel: int = option(
             0,
-            "2-D: tensor parallelism over groups of this many ranks (e.g. 8: a node), "
-            "fsdp across the groups; 0: none",
+            "2-D: tensor parallelism over groups of this many ranks (e.g. 8: a node), fsdp across "
+            "the groups; 0: none",
         )
 
     @property
     def unpredictable(self) -> str:  # type: ignore[override]  an option decides it, not the class
         if self.config.cpu_offload:
-            return "cpu_offload keeps the shards in pinned host memory, which fake tensors cannot stand for"
+            return (
+                "cpu_offload keeps the shards in pinned host memory, which fake tensors cannot "
+                "stand for"
+            )
         return ""
 
     def problems(self, batch_size: int) -> list[str]:
@@ -168,15 +185,28 @@ class FullyShard(_Distributed):
     def unsupported(self, ctx: RunContext) -> str | None:
         for key in ("shard_group", "tensor_parallel"):
             if (group := getattr(self.config, key)) and ctx.world_size % group:
-                return f"{key} {group} does not divide the {ctx.world_size} processes; choose a divisor"
+                return (
+                    f"{key} {group} does not divide the {ctx.world_size} processes; choose a "
+                    "divisor"
+                )
         if self.config.tensor_parallel == ctx.world_size:
-            return "tensor_parallel over all the processes leaves none to shard across; use tensor-parallel"
+            return (
+                "tensor_parallel over all the processes leaves none to shard across; use "
+                "tensor-parallel"
+            )
         if self.config.cpu_offload and not ctx.cuda:
-            return "cpu_offload moves sharded states to host memory; on a CPU they are there already"
+            return (
+                "cpu_offload moves sharded states to host memory; on a CPU they are there already"
+            )
         return super().unsupported(ctx)
 
     def parallelize(self, model: nn.Module, ctx: RunContext) -> nn.Module:
-        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+        from torch.distributed.fsdp import (
+            CPUOffloadPolicy,
+            MixedPrecisionPolicy,
+            OffloadPolicy,
+            fully_shard,
+        )
 
         kwargs: dict[str, Any] = {
             "mesh": self._mesh(model, ctx),
@@ -185,7 +215,9 @@ class FullyShard(_Distributed):
         }
         if self.config.mixed_precision != "none":
             dtype = getattr(torch, self.config.mixed_precision)
-            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+            kwargs["mp_policy"] = MixedPrecisionPolicy(
+                param_dtype=dtype, reduce_dtype=torch.float32
+            )
         self.blocks = ctx.model_spec.blocks(model)
         for name in self.blocks:
             fully_shard(model.get_submodule(name), **kwargs)
@@ -193,8 +225,8 @@ class FullyShard(_Distributed):
         return self.model
 
     def _mesh(self, model: nn.Module, ctx: RunContext) -> Any:
-        """The mesh FSDP shards over; under 2-D, the outer dimension, once tensor parallelism took the
-        inner."""
+        """The mesh FSDP shards over; under 2-D, the outer dimension, once tensor parallelism took
+        the inner."""
         if not (size := self.config.tensor_parallel):
             return _mesh(ctx, self.config.shard_group)
         mesh = _mesh(ctx, size, ("fsdp", "tp"))
@@ -208,24 +240,25 @@ class FullyShard(_Distributed):
 
 @TECHNIQUES.register("tensor-parallel")
 class TensorParallel(_Distributed):
-    """Megatron-style tensor parallelism (``torch.distributed.tensor.parallel``): in each transformer
-    layer the first linear of a pair is split by output columns and the second by input rows, so the
-    pair needs one all-reduce. BERT: query/key/value column-wise, the attention output row-wise, the MLP
-    column- then row-wise. torchvision's ViT: its MLP (its attention is one packed
+    """Megatron-style tensor parallelism (``torch.distributed.tensor.parallel``): in each
+    transformer layer the first linear of a pair is split by output columns and the second by input
+    rows, so the pair needs one all-reduce. BERT: query/key/value column-wise, the attention output
+    row-wise, the MLP column- then row-wise. torchvision's ViT: its MLP (its attention is one packed
     ``nn.MultiheadAttention`` that this plan leaves whole). Every rank sees the same batch.
 
-    Expected: the sharded layers' weights, gradients and optimizer state divided by N per rank, and the
-    activations inside each pair; embeddings, norms and the head stay whole.
+    Expected: the sharded layers' weights, gradients and optimizer state divided by N per rank, and
+    the activations inside each pair; embeddings, norms and the head stay whole.
     """
 
     not_advised = (
-        "splits each layer over the GPUs of one node, with its own batch semantics; advice shards with FSDP"
+        "splits each layer over the GPUs of one node, with its own batch semantics; advice shards "
+        "with FSDP"
     )
     summary = (
         "`torch.distributed.tensor.parallel`: attention q/k/v and MLP up column-wise, their output "
-        "projections row-wise (BERT); Llama's q/k/v and gate/up column-wise, o and down row-wise (its "
-        "heads and key-value heads must divide N); the MLP only in torchvision's ViT, whose attention is "
-        "one packed module"
+        "projections row-wise (BERT); Llama's q/k/v and gate/up column-wise, o and down row-wise "
+        "(its heads and key-value heads must divide N); the MLP only in torchvision's ViT, whose "
+        "attention is one packed module"
     )
 
     def parallelize(self, model: nn.Module, ctx: RunContext) -> nn.Module:
@@ -238,7 +271,8 @@ class TensorParallel(_Distributed):
 
 
 def _tensor_parallel(model: nn.Module, mesh: Any, ctx: RunContext) -> int:
-    """``model``'s linear pairs split in place over the 1-D ``mesh``; the number of linears split."""
+    """``model``'s linear pairs split in place over the 1-D ``mesh``; the number of linears
+    split."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     plan = _tp_plan(model)
@@ -256,19 +290,23 @@ def _tensor_parallel(model: nn.Module, mesh: Any, ctx: RunContext) -> int:
 
 
 def _tp_plan(model: nn.Module) -> dict[str, Any]:
-    """Module name → ColwiseParallel / RowwiseParallel, found by the layer classes of the three families."""
+    """Module name → ColwiseParallel / RowwiseParallel, found by the layer classes of the three
+    families."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     plan: dict[str, Any] = {}
 
     def pair(name: str, columns: tuple[str, ...], row: str) -> None:
         plan.update(
-            {f"{name}.{k}": ColwiseParallel() for k in columns} | {f"{name}.{row}": RowwiseParallel()}
+            {f"{name}.{k}": ColwiseParallel() for k in columns}
+            | {f"{name}.{row}": RowwiseParallel()}
         )
 
     for name, module in model.named_modules():
         kind = type(module).__name__
-        if kind.endswith("SelfAttention") and all(hasattr(module, k) for k in ("query", "key", "value")):
+        if kind.endswith("SelfAttention") and all(
+            hasattr(module, k) for k in ("query", "key", "value")
+        ):
             plan |= {f"{name}.{k}": ColwiseParallel() for k in ("query", "key", "value")}
         elif kind.endswith("SelfOutput"):  # attention's output projection
             plan[f"{name}.dense"] = RowwiseParallel()
@@ -276,9 +314,13 @@ def _tp_plan(model: nn.Module) -> dict[str, Any]:
             plan[f"{name}.dense"] = ColwiseParallel()
         elif kind.endswith("Output") and hasattr(module, "dense") and f"{name}.dense" not in plan:
             plan[f"{name}.dense"] = RowwiseParallel()  # the MLP's down projection (BertOutput)
-        elif all(hasattr(module, k) for k in ("q_proj", "k_proj", "v_proj", "o_proj")):  # Llama's attention
+        elif all(
+            hasattr(module, k) for k in ("q_proj", "k_proj", "v_proj", "o_proj")
+        ):  # Llama's attention
             pair(name, ("q_proj", "k_proj", "v_proj"), "o_proj")
-        elif all(hasattr(module, k) for k in ("gate_proj", "up_proj", "down_proj")):  # Llama's gated MLP
+        elif all(
+            hasattr(module, k) for k in ("gate_proj", "up_proj", "down_proj")
+        ):  # Llama's gated MLP
             pair(name, ("gate_proj", "up_proj"), "down_proj")
         elif kind == "MLPBlock":  # torchvision ViT: Linear, GELU, Dropout, Linear, Dropout
             plan |= {f"{name}.0": ColwiseParallel(), f"{name}.3": RowwiseParallel()}

@@ -1,6 +1,6 @@
-"""Generation techniques, for suites with ``mode = "generate"``: the key-value cache generate() keeps, and how
-the prompt is prefilled. Each sets transformers' own generate() arguments; the run's proof names the cache
-class generate() made and counts the prefill's forwards."""
+"""Generation techniques, for suites with ``mode = "generate"``: the key-value cache generate()
+keeps, and how the prompt is prefilled. Each sets transformers' own generate() arguments; the run's
+proof names the cache class generate() made and counts the prefill's forwards."""
 
 from __future__ import annotations
 
@@ -24,22 +24,26 @@ KINDS = {  # the kind, as generate()'s cache_implementation names it
 
 @TECHNIQUES.register("kv-cache")
 class KVCache(Technique):
-    """The key-value cache generate() keeps (``cache_implementation``): ``dynamic`` grows by one token per
-    layer each step (concatenation, the default); ``static`` is allocated at the full length once, so shapes
-    never change (what ``torch.compile`` needs); ``offloaded`` keeps every layer but the one computing on the
-    host (CUDA); ``quantized`` stores keys and values in ``nbits`` (transformers' QuantizedCache: quanto or
-    HQQ where installed, or fp8 where transformers has it), with the last ``residual_length`` tokens kept in
-    full precision.
+    """The key-value cache generate() keeps (``cache_implementation``): ``dynamic`` grows by one
+    token per layer each step (concatenation, the default); ``static`` is allocated at the full
+    length once, so shapes never change (what ``torch.compile`` needs); ``offloaded`` keeps every
+    layer but the one computing on the host (CUDA); ``quantized`` stores keys and values in
+    ``nbits`` (transformers' QuantizedCache: quanto or HQQ where installed, or fp8 where
+    transformers has it), with the last ``residual_length`` tokens kept in full precision.
 
-    Expected: the cache is 2 × layers × key-value heads × head dim × tokens × batch × bytes per element;
-    static holds it at prompt + new tokens from the start (the same peak, no growth, no copies); quantized
-    at 4 bits about a quarter of it plus scales and the residual window (KIVI; transformers' docs); offloaded
-    about one layer's worth on the card, at the cost of host transfers each token.
+    Expected: the cache is 2 × layers × key-value heads × head dim × tokens × batch × bytes per
+    element; static holds it at prompt + new tokens from the start (the same peak, no growth, no
+    copies); quantized at 4 bits about a quarter of it plus scales and the residual window (KIVI;
+    transformers' docs); offloaded about one layer's worth on the card, at the cost of host
+    transfers each token.
     """
 
     modes = GENERATE
     axis = "cache"
-    offers = (offer("kv-cache-static", kind="static"), offer("kv-cache-quantized", kind="quantized"))
+    offers = (
+        offer("kv-cache-static", kind="static"),
+        offer("kv-cache-quantized", kind="quantized"),
+    )
     conflicts = frozenset({"kv-cache"})
     summary = "the key-value cache generate() keeps: dynamic, static, offloaded or quantized"
 
@@ -49,8 +53,12 @@ class KVCache(Technique):
             "static", "the cache generate() keeps"
         )
         backend: Literal["quanto", "hqq", "fp8"] = option("quanto", "quantized: the quantizer")
-        nbits: int = option(4, "quantized (quanto, hqq): bits per element, 2 or 4 (quanto), up to 8 (hqq)")
-        residual_length: int = option(128, "quantized (quanto, hqq): recent tokens kept in full precision")
+        nbits: int = option(
+            4, "quantized (quanto, hqq): bits per element, 2 or 4 (quanto), up to 8 (hqq)"
+        )
+        residual_length: int = option(
+            128, "quantized (quanto, hqq): recent tokens kept in full precision"
+        )
         q_group_size: int = option(64, "quantized (quanto, hqq): elements sharing a scale")
 
     @property
@@ -74,7 +82,10 @@ class KVCache(Technique):
     def unsupported(self, ctx: RunContext) -> str | None:
         c = self.config
         if c.kind.startswith("offloaded") and not ctx.cuda:
-            return "offloading moves the cache from the card to the host; a CPU run keeps it there already"
+            return (
+                "offloading moves the cache from the card to the host; a CPU run keeps it there "
+                "already"
+            )
         if c.kind != "quantized":
             return None
         if c.backend == "fp8":
@@ -92,20 +103,24 @@ class KVCache(Technique):
         c = self.config
         kwargs: dict[str, Any] = {"cache_implementation": KINDS[c.kind]}
         if c.kind == "quantized":
-            group = {"nbits": c.nbits, "residual_length": c.residual_length, "q_group_size": c.q_group_size}
+            group = {
+                "nbits": c.nbits,
+                "residual_length": c.residual_length,
+                "q_group_size": c.q_group_size,
+            }
             kwargs["cache_config"] = {"backend": c.backend} | ({} if c.backend == "fp8" else group)
         return Step(generation=tuple(kwargs.items()))
 
 
 @TECHNIQUES.register("chunked-prefill")
 class ChunkedPrefill(Technique):
-    """The prompt prefilled ``chunk`` tokens at a time (generate()'s ``prefill_chunk_size``), each chunk's
-    keys and values written to the cache before the next: the prefill's activations are a chunk's, not the
-    prompt's.
+    """The prompt prefilled ``chunk`` tokens at a time (generate()'s ``prefill_chunk_size``), each
+    chunk's keys and values written to the cache before the next: the prefill's activations are a
+    chunk's, not the prompt's.
 
-    Expected: the prefill peak falls towards the cache plus one chunk's activations (the attention scores
-    and the MLP's intermediate grow with the chunk); the decode peak is unchanged; the time to the first
-    token rises a little (more, smaller forwards).
+    Expected: the prefill peak falls towards the cache plus one chunk's activations (the attention
+    scores and the MLP's intermediate grow with the chunk); the decode peak is unchanged; the time
+    to the first token rises a little (more, smaller forwards).
     """
 
     modes = GENERATE
@@ -127,8 +142,8 @@ class ChunkedPrefill(Technique):
     def unsupported(self, ctx: RunContext) -> str | None:
         if ctx.shapes.prompt_len is not None and self.config.chunk >= ctx.shapes.prompt_len:
             return (
-                f"chunk = {self.config.chunk} holds the whole prompt of {ctx.shapes.prompt_len} tokens: the "
-                "run would measure the baseline under its name"
+                f"chunk = {self.config.chunk} holds the whole prompt of {ctx.shapes.prompt_len} "
+                "tokens: the run would measure the baseline under its name"
             )
         return None
 

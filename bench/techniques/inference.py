@@ -30,12 +30,12 @@ from bench.techniques.precision import PureBF16
 
 @TECHNIQUES.register("inference-mode")
 class InferenceMode(Technique):
-    """``torch.inference_mode()`` instead of ``torch.no_grad()``: outputs are inference tensors, which
-    skip autograd's version counters and view tracking.
+    """``torch.inference_mode()`` instead of ``torch.no_grad()``: outputs are inference tensors,
+    which skip autograd's version counters and view tracking.
 
     Expected: the same memory (``no_grad`` already saves nothing for backward) and a little less
-    per-operator overhead, visible at small batches on CPU (PyTorch docs, "Inference Mode"). Outputs are
-    bit-identical.
+    per-operator overhead, visible at small batches on CPU (PyTorch docs, "Inference Mode"). Outputs
+    are bit-identical.
     """
 
     axis = "autograd"
@@ -51,9 +51,9 @@ class InferenceMode(Technique):
 class HalfWeights(PureBF16):
     """Weights and inputs cast to 16 bits for serving: ``model.to(dtype)``, no fp32 copy anywhere.
 
-    Expected: weight bytes and activations halve; on tensor-core GPUs 2–3× the fp32 throughput. Accuracy:
-    predictions almost always agree with fp32 (float16 keeps 3 more mantissa bits than bfloat16 but
-    overflows above 65504).
+    Expected: weight bytes and activations halve; on tensor-core GPUs 2–3× the fp32 throughput.
+    Accuracy: predictions almost always agree with fp32 (float16 keeps 3 more mantissa bits than
+    bfloat16 but overflows above 65504).
     """
 
     axis = "precision"
@@ -64,7 +64,9 @@ class HalfWeights(PureBF16):
 
     @dataclass(frozen=True)
     class Config:
-        dtype: Literal["bfloat16", "float16"] = option("float16", "16-bit type of weights and inputs")
+        dtype: Literal["bfloat16", "float16"] = option(
+            "float16", "16-bit type of weights and inputs"
+        )
 
     @property
     def dtype(self) -> torch.dtype:
@@ -75,11 +77,12 @@ class HalfWeights(PureBF16):
 class DynamicInt8(Technique):
     """Dynamic int8 quantization of every linear layer except the classification head: int8 weights
     with per-channel scales, activations quantized per token at run time (torchao
-    ``Int8DynamicActivationInt8WeightConfig``, the successor of ``torch.ao.quantization.quantize_dynamic``).
+    ``Int8DynamicActivationInt8WeightConfig``, the successor of
+    ``torch.ao.quantization.quantize_dynamic``).
 
     Expected: linear weights 4 → ~1 byte per parameter; int8 matmuls where the backend has them (x86
-    VNNI/AMX, CUDA with ``torch.compile``), else slower than fp32 in eager mode. Accuracy: typically a
-    fraction of a point on classification (torchao's README reports the same for LLM perplexity).
+    VNNI/AMX, CUDA with ``torch.compile``), else slower than fp32 in eager mode. Accuracy: typically
+    a fraction of a point on classification (torchao's README reports the same for LLM perplexity).
     """
 
     axis = "quantization"
@@ -97,7 +100,9 @@ class DynamicInt8(Technique):
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         from torchao.quantization import Int8DynamicActivationInt8WeightConfig
 
-        self.quantized = quantize_body_linears(model, Int8DynamicActivationInt8WeightConfig(), freeze=False)
+        self.quantized = quantize_body_linears(
+            model, Int8DynamicActivationInt8WeightConfig(), freeze=False
+        )
         return model
 
     def proof(self, steps: int) -> dict[str, Any]:
@@ -105,8 +110,8 @@ class DynamicInt8(Technique):
 
 
 class _TraceOnFirstCall(nn.Module):
-    """Traces the wrapped model with the first real inputs (already shaped and cast by the techniques
-    before it), then runs the traced graph; the first step's time is the tracing time."""
+    """Traces the wrapped model with the first real inputs (already shaped and cast by the
+    techniques before it), then runs the traced graph; the first step's time is the tracing time."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
@@ -116,8 +121,8 @@ class _TraceOnFirstCall(nn.Module):
     def forward(self, *args: torch.Tensor, **kwargs: torch.Tensor) -> Any:
         if self.traced is None:
             with warnings.catch_warnings():
-                # Deprecated in favour of compile/export (a DeprecationWarning in torch 2.11, a FutureWarning
-                # since); and shapes are fixed, so traced constants are fine.
+                # Deprecated in favour of compile/export (a DeprecationWarning in torch 2.11, a
+                # FutureWarning since); and shapes are fixed, so traced constants are fine.
                 warnings.simplefilter("ignore", FutureWarning)
                 warnings.simplefilter("ignore", DeprecationWarning)
                 warnings.simplefilter("ignore", torch.jit.TracerWarning)
@@ -128,18 +133,21 @@ class _TraceOnFirstCall(nn.Module):
                         else torch.jit.trace(self.model, args, strict=False)
                     )
                 except Exception as exc:  # noqa: BLE001  any tracing failure means this model cannot be traced
-                    raise Unsupported(f"torch.jit.trace failed: {type(exc).__name__}: {exc}") from exc
+                    raise Unsupported(
+                        f"torch.jit.trace failed: {type(exc).__name__}: {exc}"
+                    ) from exc
         return self.traced(**kwargs) if kwargs else self.traced(*args)
 
 
 @TECHNIQUES.register("jit-trace")
 class JitTrace(Technique):
     """``torch.jit.trace`` the model with the first batch and run the TorchScript graph, the older
-    alternative to ``torch.compile`` (deprecated by PyTorch in favour of compile and export, still widely
-    deployed).
+    alternative to ``torch.compile`` (deprecated by PyTorch in favour of compile and export, still
+    widely deployed).
 
-    Expected: same memory as eager; TorchScript's profiling executor fuses some pointwise ops on CUDA after
-    a few calls, so gains are small next to ``compile``. Outputs identical up to fusion rounding.
+    Expected: same memory as eager; TorchScript's profiling executor fuses some pointwise ops on
+    CUDA after a few calls, so gains are small next to ``compile``. Outputs identical up to fusion
+    rounding.
     """
 
     unpredictable = "TorchScript tracing needs real values"
@@ -154,4 +162,7 @@ class JitTrace(Technique):
 
     def proof(self, steps: int) -> dict[str, Any]:
         graph = self.wrapper.traced.inlined_graph if self.wrapper.traced is not None else None
-        return {"traced": graph is not None, "graph_nodes": sum(1 for _ in graph.nodes()) if graph else 0}
+        return {
+            "traced": graph is not None,
+            "graph_nodes": sum(1 for _ in graph.nodes()) if graph else 0,
+        }

@@ -12,7 +12,15 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bench.techniques.base import ANY_MODE, TECHNIQUES, RunContext, Step, Technique, Unsupported, option
+from bench.techniques.base import (
+    ANY_MODE,
+    TECHNIQUES,
+    RunContext,
+    Step,
+    Technique,
+    Unsupported,
+    option,
+)
 
 if TYPE_CHECKING:
     from bench.data.synthetic import Batch
@@ -22,9 +30,10 @@ if TYPE_CHECKING:
 class ChannelsLast(Technique):
     """NHWC memory format for the model's 4-D weights and for the input images.
 
-    Expected: no memory change; cuDNN's tensor-core convolutions run NHWC natively, so mixed-precision
-    ResNet-50 gets about +22% (RTX 3090, timm: 826 → 1218 img/s; PyTorch memory-format tutorial);
-    none for ViT, whose only convolution is the patch embedding. Accuracy: identical.
+    Expected: no memory change; cuDNN's tensor-core convolutions run NHWC natively, so
+    mixed-precision ResNet-50 gets about +22% (RTX 3090, timm: 826 → 1218 img/s; PyTorch
+    memory-format tutorial); none for ViT, whose only convolution is the patch embedding. Accuracy:
+    identical.
     """
 
     modes = ANY_MODE
@@ -32,7 +41,11 @@ class ChannelsLast(Technique):
     summary = "NHWC weights and inputs"
 
     def unsupported(self, ctx: RunContext) -> str | None:
-        return None if ctx.model_spec.inputs == "image" else "channels_last applies to image models only"
+        return (
+            None
+            if ctx.model_spec.inputs == "image"
+            else "channels_last applies to image models only"
+        )
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self.model = model.to(memory_format=torch.channels_last)
@@ -79,17 +92,21 @@ class AttentionBackend(Technique):
 
     Expected: math materialises the s×s attention matrix per head (memory quadratic in sequence
     length); flash and memory-efficient attention never do (linear), and are faster on GPUs. On a
-    CPU, PyTorch has math and a flash kernel; memory-efficient and cuDNN are CUDA-only. The kernel that
-    actually ran is read off the first step's operators. Accuracy: same up to rounding.
+    CPU, PyTorch has math and a flash kernel; memory-efficient and cuDNN are CUDA-only. The kernel
+    that actually ran is read off the first step's operators. Accuracy: same up to rounding.
     """
 
     modes = ANY_MODE
-    not_advised = "pins the attention kernel that CUDA otherwise picks: no choice of memory for advice"
+    not_advised = (
+        "pins the attention kernel that CUDA otherwise picks: no choice of memory for advice"
+    )
     summary = "`torch.nn.attention.sdpa_kernel`; records which kernel ran"
 
     @dataclass(frozen=True)
     class Config:
-        backend: Literal["math", "flash", "efficient", "cudnn"] = option("flash", "SDPA backend to allow")
+        backend: Literal["math", "flash", "efficient", "cudnn"] = option(
+            "flash", "SDPA backend to allow"
+        )
 
     def attention_backend(self) -> str | None:
         return self.config.backend
@@ -105,7 +122,9 @@ class AttentionBackend(Technique):
             with sdpa_kernel(BACKENDS[self.config.backend]):
                 torch.nn.functional.scaled_dot_product_attention(q, q, q)
         except RuntimeError:
-            return f"no {self.config.backend} attention kernel on {ctx.device.type} for these inputs"
+            return (
+                f"no {self.config.backend} attention kernel on {ctx.device.type} for these inputs"
+            )
         return None
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
@@ -119,17 +138,20 @@ class AttentionBackend(Technique):
     def _context(self) -> Iterator[None]:
         with ExitStack() as stack:
             stack.enter_context(sdpa_kernel(BACKENDS[self.config.backend]))
-            if self.ops is None:  # observe the first step only: a dispatch mode would slow the timed ones
+            if (
+                self.ops is None
+            ):  # observe the first step only: a dispatch mode would slow the timed ones
                 self.ops = stack.enter_context(_AttentionOps())
             try:
                 yield
             except RuntimeError as exc:
                 if "No available kernel" not in str(exc):
                     raise
-                # The kernel exists but refuses this model's call (e.g. CPU flash with attention dropout).
+                # The kernel exists but refuses this model's call (e.g. CPU flash with attention
+                # dropout).
                 raise Unsupported(
-                    f"{self.config.backend} attention refuses this model's attention call on "
-                    f"this device (dropout, mask or head size); see the run's warnings"
+                    f"{self.config.backend} attention refuses this model's attention call on this "
+                    "device (dropout, mask or head size); see the run's warnings"
                 ) from exc
 
     def proof(self, steps: int) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""The loss of a language model without its full logits: at a 128k vocabulary they outgrow everything else
-a fine-tuning step holds (Llama-3 at 8 × 2,048 tokens: 7.8 GiB in float32)."""
+"""The loss of a language model without its full logits: at a 128k vocabulary they outgrow
+everything else a fine-tuning step holds (Llama-3 at 8 × 2,048 tokens: 7.8 GiB in float32)."""
 
 from __future__ import annotations
 
@@ -13,29 +13,37 @@ from torch import nn
 from torch.nn import functional as F
 
 from bench.models import IGNORE, next_tokens
-from bench.techniques.base import TECHNIQUES, RunContext, Step, Technique, Unsupported, offer, option
+from bench.techniques.base import (
+    TECHNIQUES,
+    RunContext,
+    Step,
+    Technique,
+    Unsupported,
+    offer,
+    option,
+)
 
 
 @TECHNIQUES.register("chunked-loss")
 class ChunkedLoss(Technique):
-    """Cross-entropy of a next-token model from its last hidden states, a chunk of positions at a time, so
-    only one chunk's logits are ever alive. Each chunk's gradients (for the hidden states and the head's
-    weight) are computed in forward, as Liger-Kernel's fused linear cross-entropy does, and backward only
-    scales them: nothing is recomputed. Liger's kernel runs where it is installed (CUDA), else this harness's
-    autograd function in plain PyTorch.
+    """Cross-entropy of a next-token model from its last hidden states, a chunk of positions at a
+    time, so only one chunk's logits are ever alive. Each chunk's gradients (for the hidden states
+    and the head's weight) are computed in forward, as Liger-Kernel's fused linear cross-entropy
+    does, and backward only scales them: nothing is recomputed. Liger's kernel runs where it is
+    installed (CUDA), else this harness's autograd function in plain PyTorch.
 
-    Expected: the peak falls by about the logits' size, several times over in float32 (the logits, their
-    log-softmax saved for backward and its gradient); Liger reports about 60% less memory on Llama-3-8B
-    (arXiv:2410.10989). Throughput about the same: the head's three matmuls are the same FLOPs, in smaller
-    pieces. Accuracy: identical to the full cross-entropy, up to float rounding.
+    Expected: the peak falls by about the logits' size, several times over in float32 (the logits,
+    their log-softmax saved for backward and its gradient); Liger reports about 60% less memory on
+    Llama-3-8B (arXiv:2410.10989). Throughput about the same: the head's three matmuls are the same
+    FLOPs, in smaller pieces. Accuracy: identical to the full cross-entropy, up to float rounding.
     """
 
     axis = "loss"
     offers = (offer("chunked-loss"),)
     summary = (
-        "a next-token model's cross-entropy from its last hidden states a chunk of positions at a time, the "
-        "chunk's gradients computed in forward: Liger-Kernel's fused linear cross-entropy where installed "
-        "(CUDA), else the harness's own autograd function"
+        "a next-token model's cross-entropy from its last hidden states a chunk of positions at a "
+        "time, the chunk's gradients computed in forward: Liger-Kernel's fused linear "
+        "cross-entropy where installed (CUDA), else the harness's own autograd function"
     )
     inputs, objective = "tokens", "next-token"
 
@@ -43,13 +51,13 @@ class ChunkedLoss(Technique):
     class Config:
         chunk_tokens: int = option(
             0,
-            "positions per chunk; 0: Liger's rule, as many chunks as vocabulary / hidden "
-            "size (a power of two positions each), but at least 256 positions",
+            "positions per chunk; 0: Liger's rule, as many chunks as vocabulary / hidden size (a "
+            "power of two positions each), but at least 256 positions",
         )
         implementation: Literal["auto", "liger", "torch"] = option(
             "auto",
-            "liger: Liger-Kernel's fused kernel (CUDA; pip install liger-kernel); torch: plain PyTorch; "
-            "auto: liger where it is installed and the run is on CUDA",
+            "liger: Liger-Kernel's fused kernel (CUDA; pip install liger-kernel); torch: plain "
+            "PyTorch; auto: liger where it is installed and the run is on CUDA",
         )
 
     def problems(self, batch_size: int) -> list[str]:
@@ -64,9 +72,15 @@ class ChunkedLoss(Technique):
             return f"applies to next-token models; model {ctx.model_spec.name} classifies"
         if self.config.implementation == "liger":
             if importlib.util.find_spec("liger_kernel") is None:
-                return 'Liger-Kernel is not installed: pip install liger-kernel (or implementation = "torch")'
+                return (
+                    "Liger-Kernel is not installed: pip install liger-kernel (or implementation = "
+                    '"torch")'
+                )
             if not ctx.cuda:
-                return "Liger-Kernel's kernels are Triton's, CUDA only; implementation = \"torch\" runs here"
+                return (
+                    "Liger-Kernel's kernels are Triton's, CUDA only; implementation = \"torch\" "
+                    "runs here"
+                )
         return None
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
@@ -77,7 +91,9 @@ class ChunkedLoss(Technique):
             )
         model.set_output_embeddings(_HiddenStates(head))
         self.head, self.chunks, self.largest_chunk_logits = head, 0, 0
-        liger = importlib.util.find_spec("liger_kernel") is not None and ctx.cuda and not ctx.predicting
+        liger = (
+            importlib.util.find_spec("liger_kernel") is not None and ctx.cuda and not ctx.predicting
+        )
         self.implementation = self.config.implementation
         if self.implementation == "auto":
             self.implementation = "liger" if liger else "torch"
@@ -87,14 +103,17 @@ class ChunkedLoss(Technique):
         return Step(loss=self._loss)
 
     def _loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy over the positions with a next token, from the (batch, seq, hidden) states."""
+        """Mean cross-entropy over the positions with a next token, from the (batch, seq, hidden)
+        states."""
         hidden, targets = hidden.flatten(0, 1), next_tokens(labels).flatten()
         weight, bias = self.head.weight, self.head.bias
         if self.implementation == "liger":
             from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
             self.chunks += 1
-            return LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE)(weight, hidden, targets, bias)
+            return LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE)(
+                weight, hidden, targets, bias
+            )
         size = self.config.chunk_tokens or chunk_tokens(len(targets), *weight.shape)
         self.chunks += math.ceil(len(targets) / size)
         self.largest_chunk_logits = max(
@@ -103,8 +122,8 @@ class ChunkedLoss(Technique):
         return _ChunkedCrossEntropy.apply(hidden, weight, bias, targets, size)
 
     def proof(self, steps: int) -> dict[str, Any]:
-        """The chunks a step's loss took, and the most logits bytes (float32) one chunk held: the full logits
-        never exist."""
+        """The chunks a step's loss took, and the most logits bytes (float32) one chunk held: the
+        full logits never exist."""
         return {
             "implementation": self.implementation,
             "chunks_per_step": self.chunks / max(steps, 1),
@@ -116,9 +135,10 @@ MIN_CHUNK = 256
 
 
 def chunk_tokens(tokens: int, vocab: int, hidden: int) -> int:
-    """Liger-Kernel's chunk size, the positions split into about vocab / hidden chunks, a power of two each;
-    but at least MIN_CHUNK positions, since the weight gradient's matmul runs over a chunk's positions (on a
-    CPU, chunks of 8 made llama-tiny's step 6× slower than the full logits)."""
+    """Liger-Kernel's chunk size, the positions split into about vocab / hidden chunks, a power of
+    two each; but at least MIN_CHUNK positions, since the weight gradient's matmul runs over a
+    chunk's positions (on a CPU, chunks of 8 made llama-tiny's step 6× slower than the full
+    logits)."""
     liger = 1 << max(0, math.ceil(math.log2(math.ceil(tokens / math.ceil(vocab / hidden)))))
     return max(liger, MIN_CHUNK)
 
@@ -136,10 +156,10 @@ class _HiddenStates(nn.Module):
 
 
 class _ChunkedCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy of ``hidden @ weight.T + bias`` against ``targets`` (IGNORE: no target), a chunk of
-    ``size`` rows at a time. Forward also computes the gradients, d loss / d logits = (softmax − one-hot) / n
-    for each chunk, folded at once into the gradients of the hidden states, weight and bias; backward scales
-    them."""
+    """Mean cross-entropy of ``hidden @ weight.T + bias`` against ``targets`` (IGNORE: no target), a
+    chunk of ``size`` rows at a time. Forward also computes the gradients, d loss / d logits =
+    (softmax − one-hot) / n for each chunk, folded at once into the gradients of the hidden states,
+    weight and bias; backward scales them."""
 
     @staticmethod
     def forward(
@@ -154,9 +174,12 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         # a copy only where they differ, as the plain head's matmul makes under autocast
         w = weight.to(hidden.dtype)
         b = None if bias is None else bias.to(hidden.dtype)
-        # A frozen head (LoRA's, QLoRA's) gets no weight gradient: at a 128k vocabulary it is the head's size.
+        # A frozen head (LoRA's, QLoRA's) gets no weight gradient: at a 128k vocabulary it is the
+        # head's size.
         grad_hidden = torch.empty_like(hidden)
-        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+        grad_weight = (
+            torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+        )
         biased = bias is not None and ctx.needs_input_grad[2]
         grad_bias = torch.zeros_like(bias, dtype=torch.float32) if biased else None
         total = hidden.new_zeros((), dtype=torch.float32)
@@ -185,6 +208,7 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
     def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
         scaled = [
-            None if g is None else g * grad_loss.to(g.dtype) for g in (grad_hidden, grad_weight, grad_bias)
+            None if g is None else g * grad_loss.to(g.dtype)
+            for g in (grad_hidden, grad_weight, grad_bias)
         ]
         return *scaled, None, None

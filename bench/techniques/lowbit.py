@@ -37,9 +37,10 @@ def _is_head(fqn: str) -> bool:
 
 
 def quantize_body_linears(model: nn.Module, config: Any, freeze: bool) -> list[str]:
-    """torchao ``quantize_`` with ``config`` on every plain ``nn.Linear`` except the classification head
-    and LoRA adapters (optionally frozen first); returns their names. Exact type: torchvision
-    attention's out_proj (a Linear subclass) is used transposed, which torchao's tensors cannot serve."""
+    """torchao ``quantize_`` with ``config`` on every plain ``nn.Linear`` except the classification
+    head and LoRA adapters (optionally frozen first); returns their names. Exact type: torchvision
+    attention's out_proj (a Linear subclass) is used transposed, which torchao's tensors cannot
+    serve."""
     from torchao.quantization import quantize_
 
     picked: list[str] = []
@@ -53,7 +54,9 @@ def quantize_body_linears(model: nn.Module, config: Any, freeze: bool) -> list[s
         return pick
 
     quantize_(model, config, filter_fn=body_linear)
-    if not picked:  # a model of convolutions, say: a run that quantized nothing would pass for one that did
+    if (
+        not picked
+    ):  # a model of convolutions, say: a run that quantized nothing would pass for one that did
         raise Unsupported(f"no nn.Linear outside the head ({', '.join(HEADS)}) to quantize")
     return picked
 
@@ -63,9 +66,9 @@ class AdamW8bit(Technique):
     """AdamW with both moments stored blockwise-quantized in 8 bits (torchao ``AdamW8bit``; else
     bitsandbytes on CUDA).
 
-    Expected: optimizer state from 8 to about 2 bytes per parameter (BERT-large, V100: 14949 → 13085 MB
-    and slightly faster, HF perf_train_gpu_one). Accuracy: close to AdamW; quantization noise in the
-    moments can show on small models.
+    Expected: optimizer state from 8 to about 2 bytes per parameter (BERT-large, V100: 14949 → 13085
+    MB and slightly faster, HF perf_train_gpu_one). Accuracy: close to AdamW; quantization noise in
+    the moments can show on small models.
     """
 
     axis = "optimizer"
@@ -76,7 +79,9 @@ class AdamW8bit(Technique):
 
     @dataclass(frozen=True)
     class Config:
-        lr: float | None = option(None, "learning rate (default: the run's, as the default AdamW uses)")
+        lr: float | None = option(
+            None, "learning rate (default: the run's, as the default AdamW uses)"
+        )
 
     def unsupported(self, ctx: RunContext) -> str | None:
         if _has("torchao") or (_has("bitsandbytes") and ctx.device.type == "cuda"):
@@ -93,9 +98,9 @@ class AdamW8bit(Technique):
             from torchao.optim import AdamW8bit as Optimizer
             from torchao.optim.subclass_8bit import OptimState8bit
 
-            # torchao caches its two code books on first use. Made from a prediction's fake tensors, whose
-            # values read as 1, they would quantize every real moment after it in this process to ones; so
-            # they are made here from real ones, whatever mode is active.
+            # torchao caches its two code books on first use. Made from a prediction's fake tensors,
+            # whose values read as 1, they would quantize every real moment after it in this process
+            # to ones; so they are made here from real ones, whatever mode is active.
             with _disable_current_modes():
                 for signed in (True, False):
                     OptimState8bit.zeros((256,), signed)
@@ -110,35 +115,43 @@ class AdamW8bit(Technique):
 
 @TECHNIQUES.register("paged-adamw-8bit")
 class PagedAdamW8bit(Technique):
-    """bitsandbytes' paged 8-bit AdamW, as the Trainer builds it for ``optim="paged_adamw_8bit"`` (QLoRA's
-    optimizer): ``bitsandbytes.optim.AdamW`` with ``optim_bits=8, is_paged=True``. Both moments are blockwise
-    8-bit (a float32 absmax per 256 values; parameters under 4,096 elements keep float32 moments), and each
-    moment of a parameter of 100,000 elements or more lives in CUDA unified memory (``cudaMallocManaged``),
-    which the driver pages to the host when the device runs short instead of failing.
+    """bitsandbytes' paged 8-bit AdamW, as the Trainer builds it for ``optim="paged_adamw_8bit"``
+    (QLoRA's optimizer): ``bitsandbytes.optim.AdamW`` with ``optim_bits=8, is_paged=True``. Both
+    moments are blockwise 8-bit (a float32 absmax per 256 values; parameters under 4,096 elements
+    keep float32 moments), and each moment of a parameter of 100,000 elements or more lives in CUDA
+    unified memory (``cudaMallocManaged``), which the driver pages to the host when the device runs
+    short instead of failing.
 
-    Expected: PyTorch's allocator never holds the paged moments (bitsandbytes wraps the managed pointer in a
-    host tensor), so ``max_memory_allocated`` falls by about 2 bytes per parameter against adamw-8bit;
-    ``nvidia-smi`` still counts the pages while they sit on the device. The QLoRA paper (arXiv:2305.14314)
-    uses them to ride out the memory spikes of long sequences. Accuracy: as adamw-8bit. On a CPU there is
-    nothing to page (bitsandbytes falls back to its plain 8-bit AdamW, which adamw-8bit stands for), so it is
-    a CUDA technique."""
+    Expected: PyTorch's allocator never holds the paged moments (bitsandbytes wraps the managed
+    pointer in a host tensor), so ``max_memory_allocated`` falls by about 2 bytes per parameter
+    against adamw-8bit; ``nvidia-smi`` still counts the pages while they sit on the device. The
+    QLoRA paper (arXiv:2305.14314) uses them to ride out the memory spikes of long sequences.
+    Accuracy: as adamw-8bit. On a CPU there is nothing to page (bitsandbytes falls back to its plain
+    8-bit AdamW, which adamw-8bit stands for), so it is a CUDA technique."""
 
     axis = "optimizer"
     offers = (offer("paged-adamw-8bit"),)
-    summary = "bitsandbytes `AdamW(optim_bits=8, is_paged=True)` (the Trainer's `paged_adamw_8bit`; CUDA)"
+    summary = (
+        "bitsandbytes `AdamW(optim_bits=8, is_paged=True)` (the Trainer's `paged_adamw_8bit`; CUDA)"
+    )
     conflicts = frozenset({"optimizer", "optimizer-in-backward", "adamw-8bit"})
     stand_ins = {
-        "bitsandbytes.optim.optimizer:Optimizer8bit.get_state_buffer": "bench.predict.stand_ins:paged_buffer"
+        "bitsandbytes.optim.optimizer:Optimizer8bit.get_state_buffer": (
+            "bench.predict.stand_ins:paged_buffer"
+        )
     }
 
     @dataclass(frozen=True)
     class Config:
-        lr: float | None = option(None, "learning rate (default: the run's, as the default AdamW uses)")
+        lr: float | None = option(
+            None, "learning rate (default: the run's, as the default AdamW uses)"
+        )
 
     def unsupported(self, ctx: RunContext) -> str | None:
         if not ctx.cuda:
             return (
-                "pages CUDA unified memory; on a CPU bitsandbytes falls back to the 8-bit AdamW of adamw-8bit"
+                "pages CUDA unified memory; on a CPU bitsandbytes falls back to the 8-bit AdamW of "
+                "adamw-8bit"
             )
         if not _has("bitsandbytes"):
             return "needs bitsandbytes: pip install bitsandbytes (or pip install -e '.[extras]')"
@@ -157,25 +170,30 @@ class PagedAdamW8bit(Technique):
 
     def proof(self, steps: int) -> dict[str, Any]:
         moments = [
-            t for s in self.optimizer.state.values() for k, t in s.items() if k in ("state1", "state2")
+            t
+            for s in self.optimizer.state.values()
+            for k, t in s.items()
+            if k in ("state1", "state2")
         ]
         paged = [t for t in moments if getattr(t, "is_paged", False)]
         return {
             "paged_moments": len(paged),
             "paged_bytes": sum(t.nbytes for t in paged),
-            "device_moment_bytes": sum(t.nbytes for t in moments if not getattr(t, "is_paged", False)),
+            "device_moment_bytes": sum(
+                t.nbytes for t in moments if not getattr(t, "is_paged", False)
+            ),
         }
 
 
 @TECHNIQUES.register("int8-weights")
 class Int8FrozenWeights(Technique):
     """Freeze every linear layer except the classification head (and LoRA adapters) and store its
-    weight as int8 with a per-channel scale (torchao ``Int8WeightOnlyConfig``): the QLoRA recipe with
-    int8 instead of NF4. Combine with ``lora`` so the model still learns.
+    weight as int8 with a per-channel scale (torchao ``Int8WeightOnlyConfig``): the QLoRA recipe
+    with int8 instead of NF4. Combine with ``lora`` so the model still learns.
 
-    Expected: frozen linear weights 4 → ~1 byte per parameter, no gradients or optimizer state for them;
-    activations unchanged. Accuracy: the frozen base loses precision; alone (no adapters) most of the
-    model no longer trains.
+    Expected: frozen linear weights 4 → ~1 byte per parameter, no gradients or optimizer state for
+    them; activations unchanged. Accuracy: the frozen base loses precision; alone (no adapters) most
+    of the model no longer trains.
     """
 
     modes = ANY_MODE
@@ -185,7 +203,10 @@ class Int8FrozenWeights(Technique):
     def unsupported(self, ctx: RunContext) -> str | None:
         # What no install changes first: installing torchao would not make it apply.
         if ctx.model_spec.family == "resnet":
-            return "ResNet's only linear layer is its head; int8 convolutions for training are out of scope"
+            return (
+                "ResNet's only linear layer is its head; int8 convolutions for training are out of "
+                "scope"
+            )
         if not _has("torchao"):
             return "needs torchao: pip install torchao (or pip install -e '.[extras]')"
         return None
@@ -202,14 +223,15 @@ class Int8FrozenWeights(Technique):
 
 @TECHNIQUES.register("int4-weights")
 class Int4Weights(Technique):
-    """Every linear layer except the classification head stored as 4-bit integers in groups of ``group_size``
-    with a bfloat16 scale and zero point each (torchao ``Int4WeightOnlyConfig``, its tinygemm layout), for
-    serving: the weights are frozen. tinygemm's kernels are CUDA's and take bfloat16 activations: pair it with
-    ``half`` in bfloat16.
+    """Every linear layer except the classification head stored as 4-bit integers in groups of
+    ``group_size`` with a bfloat16 scale and zero point each (torchao ``Int4WeightOnlyConfig``, its
+    tinygemm layout), for serving: the weights are frozen. tinygemm's kernels are CUDA's and take
+    bfloat16 activations: pair it with ``half`` in bfloat16.
 
-    Expected: linear weights 2 → about 0.56 bytes per parameter in bfloat16 (4 bits, and a scale and zero
-    point per 128); the embedding and the head stay as they are. Decoding is memory-bound, so it speeds up
-    roughly with the bytes read. Accuracy: a small perplexity loss at 4 bits (torchao's README).
+    Expected: linear weights 2 → about 0.56 bytes per parameter in bfloat16 (4 bits, and a scale and
+    zero point per 128); the embedding and the head stay as they are. Decoding is memory-bound, so
+    it speeds up roughly with the bytes read. Accuracy: a small perplexity loss at 4 bits (torchao's
+    README).
     """
 
     modes = SERVING
@@ -229,7 +251,10 @@ class Int4Weights(Technique):
 
     def unsupported(self, ctx: RunContext) -> str | None:
         if not ctx.cuda:
-            return "torchao's int4 weights run on CUDA here (tinygemm); its CPU layouts need the mslk package"
+            return (
+                "torchao's int4 weights run on CUDA here (tinygemm); its CPU layouts need the mslk "
+                "package"
+            )
         if not _has("torchao"):
             return "needs torchao: pip install torchao (or pip install -e '.[extras]')"
         return None
@@ -256,48 +281,57 @@ class Int4Weights(Technique):
 @TECHNIQUES.register("fp8")
 class FP8Training(Technique):
     """FP8 matmuls for every linear layer with dimensions divisible by 16 (torchao
-    ``convert_to_float8_training``, dynamic tensorwise scaling); Hopper-class GPUs (compute capability
-    8.9+) only. A model with no such layer (ResNet-50: its one linear is the 2048→1000 head) is unsupported
-    rather than run unchanged.
+    ``convert_to_float8_training``, dynamic tensorwise scaling); Hopper-class GPUs (compute
+    capability 8.9+) only. A model with no such layer (ResNet-50: its one linear is the 2048→1000
+    head) is unsupported rather than run unchanged.
 
-    Expected: on H100, up to ~1.5× faster linear layers than bf16. Memory does not go down: torchao keeps
-    each linear's input for backward in its own precision and casts it again there, and the casts'
-    temporaries raise the peak a little; weights and optimizer state unchanged (fp32 master). Accuracy:
-    close to bf16 with dynamic scaling.
+    Expected: on H100, up to ~1.5× faster linear layers than bf16. Memory does not go down: torchao
+    keeps each linear's input for backward in its own precision and casts it again there, and the
+    casts' temporaries raise the peak a little; weights and optimizer state unchanged (fp32 master).
+    Accuracy: close to bf16 with dynamic scaling.
     """
 
     not_advised = (
-        "float8 matmuls need a card of compute capability 8.9 or more, and no record measured them yet"
+        "float8 matmuls need a card of compute capability 8.9 or more, and no record measured them "
+        "yet"
     )
     summary = (
-        "torchao float8 training for every linear layer whose dimensions divide by 16 (compute capability ≥ "
-        "8.9); a model with none (ResNet-50) is unsupported, not run unchanged"
+        "torchao float8 training for every linear layer whose dimensions divide by 16 (compute "
+        "capability ≥ 8.9); a model with none (ResNet-50) is unsupported, not run unchanged"
     )
 
     def unsupported(self, ctx: RunContext) -> str | None:
         if not ctx.cuda:
             return "FP8 tensor cores are a GPU feature (compute capability ≥ 8.9)"
-        # A prediction stands for a card that has them: what the step keeps does not depend on which card.
+        # A prediction stands for a card that has them: what the step keeps does not depend on which
+        # card.
         if ctx.device.type == "cuda" and torch.cuda.get_device_capability(ctx.device) < (8, 9):
             has = torch.cuda.get_device_capability(ctx.device)
             return f"FP8 needs compute capability ≥ 8.9, this GPU has {has}"
-        return None  # torchao is asked for in apply, once the model shows FP8 would convert something
+        return (
+            None  # torchao is asked for in apply, once the model shows FP8 would convert something
+        )
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
         # else the run would be the baseline under another name
         if not any(_fp8_eligible(m) for _, m in linears):
-            found = ", ".join(f"{n} {m.in_features}→{m.out_features}" for n, m in linears[:3]) or "none"
+            found = (
+                ", ".join(f"{n} {m.in_features}→{m.out_features}" for n, m in linears[:3]) or "none"
+            )
             raise Unsupported(
-                f"no linear layer with both dimensions divisible by 16, as FP8 matmuls need "
+                "no linear layer with both dimensions divisible by 16, as FP8 matmuls need "
                 f"(linears: {found}): nothing would run in FP8"
             )
-        # What no install changes comes first: installing torchao would not make FP8 apply to such a model.
+        # What no install changes comes first: installing torchao would not make FP8 apply to such a
+        # model.
         if not _has("torchao"):
             raise Unsupported("needs torchao: pip install torchao")
         from torchao.float8 import convert_to_float8_training
 
-        convert_to_float8_training(model, module_filter_fn=lambda module, fqn: _fp8_eligible(module))
+        convert_to_float8_training(
+            model, module_filter_fn=lambda module, fqn: _fp8_eligible(module)
+        )
         self.converted = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
         return model
 
@@ -306,4 +340,8 @@ class FP8Training(Technique):
 
 
 def _fp8_eligible(module: nn.Module) -> bool:
-    return isinstance(module, nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0
+    return (
+        isinstance(module, nn.Linear)
+        and module.in_features % 16 == 0
+        and module.out_features % 16 == 0
+    )

@@ -1,4 +1,5 @@
-"""Offloading to host memory: the activations saved for backward, or the optimizer's state and step."""
+"""Offloading to host memory: the activations saved for backward, or the optimizer's state and
+step."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from bench.techniques.base import TECHNIQUES, RunContext, Step, Technique, offer
 
 @TECHNIQUES.register("offload")
 class ActivationOffload(Technique):
-    """Move every tensor saved for backward to host memory during forward and bring it back in backward
-    (``torch.autograd.graph.save_on_cpu``).
+    """Move every tensor saved for backward to host memory during forward and bring it back in
+    backward (``torch.autograd.graph.save_on_cpu``).
 
     Expected: GPU activation memory close to zero, paid for in PCIe transfers: the step slows by the
     time to copy the activations twice, less with pinned memory. Accuracy: identical.
@@ -29,7 +30,9 @@ class ActivationOffload(Technique):
 
     @dataclass(frozen=True)
     class Config:
-        pin_memory: bool = option(True, "copy through page-locked host memory (faster, not pageable)")
+        pin_memory: bool = option(
+            True, "copy through page-locked host memory (faster, not pageable)"
+        )
 
     def unsupported(self, ctx: RunContext) -> str | None:
         return None if ctx.cuda else "activations already live in host memory on a CPU"
@@ -63,22 +66,26 @@ class _CountingSaveOnCpu(torch.autograd.graph.saved_tensors_hooks):
 
 @TECHNIQUES.register("cpu-offload-optimizer")
 class OptimizerOffload(Technique):
-    """torchao's ``CPUOffloadOptimizer``: AdamW's state, an fp32 copy of each parameter and its gradient live
-    in pinned host memory; backward copies each gradient to the host as it is made (on a side stream), the
-    host steps (fused CPU AdamW) and the new values are copied back. Parameters under 4,096 elements stay with
-    an on-device AdamW. ``offload_gradients`` frees each device gradient once copied.
+    """torchao's ``CPUOffloadOptimizer``: AdamW's state, an fp32 copy of each parameter and its
+    gradient live in pinned host memory; backward copies each gradient to the host as it is made (on
+    a side stream), the host steps (fused CPU AdamW) and the new values are copied back. Parameters
+    under 4,096 elements stay with an on-device AdamW. ``offload_gradients`` frees each device
+    gradient once copied.
 
-    Expected: the device sheds AdamW's 8 bytes per parameter (and, offloading gradients, most of the 4 of the
-    gradients); the step waits for the host's update and the copies. torchao's README: ViT-giant 9.82 → 5.24
-    GB (gradients offloaded too), at a cost in step time that depends on the host."""
+    Expected: the device sheds AdamW's 8 bytes per parameter (and, offloading gradients, most of the
+    4 of the gradients); the step waits for the host's update and the copies. torchao's README:
+    ViT-giant 9.82 → 5.24 GB (gradients offloaded too), at a cost in step time that depends on the
+    host."""
 
     axis = "optimizer"
     offers = (offer("cpu-offload-optimizer"),)
     host_traffic = "optimizer"
-    stand_ins = {f"{__name__}:OptimizerOffload.host_optimizer": "bench.predict.stand_ins:fake_host_optimizer"}
+    stand_ins = {
+        f"{__name__}:OptimizerOffload.host_optimizer": "bench.predict.stand_ins:fake_host_optimizer"
+    }
     summary = (
-        "torchao `CPUOffloadOptimizer`: AdamW state, fp32 params and gradients in pinned host memory, the "
-        "step on the host (CUDA)"
+        "torchao `CPUOffloadOptimizer`: AdamW state, fp32 params and gradients in pinned host "
+        "memory, the step on the host (CUDA)"
     )
 
     @dataclass(frozen=True)
@@ -91,14 +98,19 @@ class OptimizerOffload(Technique):
         if other.makes_optimizer:
             return f"the host steps its own AdamW; {other.name} makes another optimizer"
         if self.config.offload_gradients and other.name == "accumulate":
-            return "offload_gradients frees each gradient after backward, so micro-batches cannot accumulate"
+            return (
+                "offload_gradients frees each gradient after backward, so micro-batches cannot "
+                "accumulate"
+            )
         return None
 
     def unsupported(self, ctx: RunContext) -> str | None:
         if importlib.util.find_spec("torchao") is None:
             return "needs torchao: pip install torchao (or pip install -e '.[extras]')"
         if not ctx.cuda:
-            return "the optimizer state lives in host memory on a CPU already; this moves it off a GPU"
+            return (
+                "the optimizer state lives in host memory on a CPU already; this moves it off a GPU"
+            )
         return None
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
@@ -130,9 +142,9 @@ class OptimizerOffload(Technique):
 
 
 class _Offloaded(torch.optim.Optimizer):
-    """torchao's optimizer as the harness steps any other: it never initialises torch's Optimizer, whose step
-    hooks the tracker registers on and whose state it counts. The state here is what stays on the device (the
-    small parameters' AdamW); the host's is host memory."""
+    """torchao's optimizer as the harness steps any other: it never initialises torch's Optimizer,
+    whose step hooks the tracker registers on and whose state it counts. The state here is what
+    stays on the device (the small parameters' AdamW); the host's is host memory."""
 
     def __init__(self, params: list[nn.Parameter], host: Any) -> None:
         super().__init__(params, {})
@@ -149,15 +161,16 @@ class _Offloaded(torch.optim.Optimizer):
 
 @TECHNIQUES.register("activation-offload")
 class OverlappedOffload(Technique):
-    """Saved activations copied to pinned host memory on a side CUDA stream while forward goes on, and copied
-    back in backward one tensor ahead of their use, as torchtune's ``OffloadActivations`` does; ``offload``
-    beside it is the synchronous ``save_on_cpu``. A device tensor is released as soon as its copy is queued:
-    the allocator, told the copy stream uses it (``record_stream``), keeps its block until the copy is done.
-    Tensors under ``min_bytes`` and parameters stay on the device.
+    """Saved activations copied to pinned host memory on a side CUDA stream while forward goes on,
+    and copied back in backward one tensor ahead of their use, as torchtune's ``OffloadActivations``
+    does; ``offload`` beside it is the synchronous ``save_on_cpu``. A device tensor is released as
+    soon as its copy is queued: the allocator, told the copy stream uses it (``record_stream``),
+    keeps its block until the copy is done. Tensors under ``min_bytes`` and parameters stay on the
+    device.
 
-    Expected: torchtune reports about 24% less memory at under 1% slowdown on Llama-3-8B with checkpointing
-    (its memory optimisations guide); without overlap the copies add their whole PCIe time, as ``offload``
-    shows."""
+    Expected: torchtune reports about 24% less memory at under 1% slowdown on Llama-3-8B with
+    checkpointing (its memory optimisations guide); without overlap the copies add their whole PCIe
+    time, as ``offload`` shows."""
 
     axis = "activations"
     offers = (offer("activation-offload"),)
@@ -165,8 +178,9 @@ class OverlappedOffload(Technique):
     overlaps_traffic = True
     stand_ins = {f"{__name__}:OverlappedSaves": "bench.predict.stand_ins:FakeOverlappedSaves"}
     summary = (
-        "saved activations to pinned host memory on a side CUDA stream as forward goes on, fetched back one "
-        "ahead in backward (torchtune's `OffloadActivations`); parameters and tensors under `min_bytes` stay"
+        "saved activations to pinned host memory on a side CUDA stream as forward goes on, fetched "
+        "back one ahead in backward (torchtune's `OffloadActivations`); parameters and tensors "
+        "under `min_bytes` stay"
     )
 
     @dataclass(frozen=True)
@@ -204,8 +218,9 @@ class OverlappedOffload(Technique):
 
 
 class OverlappedSaves(torch.autograd.graph.saved_tensors_hooks):
-    """One forward and backward's saved tensors: each large one goes to the host on ``copies``, a side stream,
-    and comes back on it, the next one to be needed (the one saved before it) fetched as each is unpacked."""
+    """One forward and backward's saved tensors: each large one goes to the host on ``copies``, a
+    side stream, and comes back on it, the next one to be needed (the one saved before it) fetched
+    as each is unpacked."""
 
     def __init__(self, owner: OverlappedOffload) -> None:
         self.owner, self.copies, self.count = owner, torch.cuda.Stream(), 0
@@ -214,7 +229,11 @@ class OverlappedSaves(torch.autograd.graph.saved_tensors_hooks):
         super().__init__(self.pack, self.unpack)
 
     def pack(self, t: torch.Tensor) -> Any:
-        if t.device.type != "cuda" or t.nbytes < self.owner.config.min_bytes or isinstance(t, nn.Parameter):
+        if (
+            t.device.type != "cuda"
+            or t.nbytes < self.owner.config.min_bytes
+            or isinstance(t, nn.Parameter)
+        ):
             return t
         host = torch.empty_like(t, device="cpu", pin_memory=True)
         self.copies.wait_stream(torch.cuda.current_stream())  # t is complete before it is copied

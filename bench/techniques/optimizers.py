@@ -25,33 +25,39 @@ IMPL_KWARGS: dict[str, dict[str, bool]] = {
 class OptimizerChoice(Technique):
     """Replace the default AdamW (foreach on CUDA) with another optimizer or implementation.
 
-    Expected optimizer state per parameter: AdamW 8 bytes (fp32 exp_avg + exp_avg_sq), SGD with momentum
-    4, Adafactor ~0 (factored second moments: one row and one column vector per matrix; BERT-large,
-    V100: 14949 → 12295 MB, HF perf_train_gpu_one). ``foreach`` batches the update into a few kernels at
-    the cost of temporaries the size of a parameter group; ``fused`` does it in one kernel without
-    them. Accuracy: SGD and Adafactor need their own learning rates to match AdamW.
+    Expected optimizer state per parameter: AdamW 8 bytes (fp32 exp_avg + exp_avg_sq), SGD with
+    momentum 4, Adafactor ~0 (factored second moments: one row and one column vector per matrix;
+    BERT-large, V100: 14949 → 12295 MB, HF perf_train_gpu_one). ``foreach`` batches the update into
+    a few kernels at the cost of temporaries the size of a parameter group; ``fused`` does it in one
+    kernel without them. Accuracy: SGD and Adafactor need their own learning rates to match AdamW.
     """
 
     axis = "optimizer"
-    offers = (offer("adafactor", kind="adafactor", lr=0.01), offer("sgd-momentum", kind="sgd", lr=0.01))
+    offers = (
+        offer("adafactor", kind="adafactor", lr=0.01),
+        offer("sgd-momentum", kind="sgd", lr=0.01),
+    )
     summary = "another optimizer or update implementation"
 
     @dataclass(frozen=True)
     class Config:
         kind: Literal["sgd", "adamw", "adafactor", "adafactor-transformers"] = option(
             "adamw",
-            "which optimizer; adafactor-transformers: transformers' own Adafactor, as its Trainer makes it "
-            "for optim = 'adafactor' (its update's temporaries are not torch's)",
+            "which optimizer; adafactor-transformers: transformers' own Adafactor, as its Trainer "
+            "makes it for optim = 'adafactor' (its update's temporaries are not torch's)",
         )
         impl: Literal["default", "single", "foreach", "fused"] = option(
             "default", "adamw/sgd update implementation; default lets PyTorch choose"
         )
-        lr: float | None = option(None, "learning rate (default: the run's, as the default AdamW uses)")
+        lr: float | None = option(
+            None, "learning rate (default: the run's, as the default AdamW uses)"
+        )
         momentum: float = option(0.9, "sgd momentum")
         groups: Literal["model", "trainer"] = option(
             "model",
-            "trainer: the parameters in transformers' Trainer's two groups, the weights that decay, then the "
-            "rest; the update runs in that order, which sets the temporaries alive at once",
+            "trainer: the parameters in transformers' Trainer's two groups, the weights that "
+            "decay, then the rest; the update runs in that order, which sets the temporaries alive "
+            "at once",
         )
 
     def problems(self, batch_size: int) -> list[str]:
@@ -60,7 +66,10 @@ class OptimizerChoice(Technique):
             "single",
             "foreach",
         ):
-            return [f"adafactor has no {self.config.impl} implementation; use impl = 'default' or 'foreach'"]
+            return [
+                f"adafactor has no {self.config.impl} implementation; use impl = 'default' or "
+                "'foreach'"
+            ]
         return []
 
     def unsupported(self, ctx: RunContext) -> str | None:
@@ -83,7 +92,9 @@ class OptimizerChoice(Technique):
         elif c.kind == "adafactor-transformers":
             from transformers.optimization import Adafactor
 
-            self.optimizer = Adafactor(params, lr=self.lr, scale_parameter=False, relative_step=False)
+            self.optimizer = Adafactor(
+                params, lr=self.lr, scale_parameter=False, relative_step=False
+            )
         else:
             self.optimizer = torch.optim.AdamW(params, lr=self.lr, **impl)
         return self.optimizer
@@ -111,12 +122,14 @@ class OptimizerChoice(Technique):
 class ZeroGradKeep(Technique):
     """``optimizer.zero_grad(set_to_none=False)``: gradients are zeroed in place and stay allocated.
 
-    Expected: a contrast to PyTorch's default (``set_to_none=True`` since 2.0): the gradients' bytes (4
-    per fp32 parameter) stay allocated between steps, so the peak of the forward pass grows by them;
-    a memset per step instead of fresh allocations. Accuracy: identical.
+    Expected: a contrast to PyTorch's default (``set_to_none=True`` since 2.0): the gradients' bytes
+    (4 per fp32 parameter) stay allocated between steps, so the peak of the forward pass grows by
+    them; a memset per step instead of fresh allocations. Accuracy: identical.
     """
 
-    not_advised = "keeps the gradients allocated between steps: it spares the allocator, never memory"
+    not_advised = (
+        "keeps the gradients allocated between steps: it spares the allocator, never memory"
+    )
     summary = "`zero_grad(set_to_none=False)`"
 
     def step(self) -> Step:
@@ -150,8 +163,9 @@ class _PerParameterState(Mapping):
 
 
 class _StepsInBackward(torch.optim.Optimizer):
-    """What the trainer holds when every parameter steps from its own hook: stepping it does nothing,
-    its ``state`` is all the per-parameter optimizers' state (so memory accounting sees it)."""
+    """What the trainer holds when every parameter steps from its own hook: stepping it does
+    nothing, its ``state`` is all the per-parameter optimizers' state (so memory accounting sees
+    it)."""
 
     def __init__(self, optimizers: dict[nn.Parameter, torch.optim.Optimizer]) -> None:
         super().__init__(list(optimizers), {})
@@ -163,16 +177,17 @@ class _StepsInBackward(torch.optim.Optimizer):
 
 @TECHNIQUES.register("optimizer-in-backward")
 class OptimizerInBackward(Technique):
-    """Fuse the optimizer step into backward: each parameter is updated by its own AdamW as soon as its
-    gradient is complete (``Tensor.register_post_accumulate_grad_hook``), and the gradient is freed.
+    """Fuse the optimizer step into backward: each parameter is updated by its own AdamW as soon as
+    its gradient is complete (``Tensor.register_post_accumulate_grad_hook``), and the gradient is
+    freed.
 
     Expected: gradients never all exist at once, so up to 4 bytes per parameter come off the peak
     (ViT-L/16, batch 1, Adam: about 6 GB → 4 GB; PyTorch tutorial optimizer_step_in_backward).
     Cannot accumulate gradients over micro-batches, since each gradient is consumed at once.
     Accuracy: identical to AdamW (same update, per parameter), except without gradient clipping.
-    ``optimizer = "adamw-8bit"`` steps bitsandbytes' 8-bit AdamW per parameter instead (moments in a byte per
-    value, as adamw-8bit keeps them): its update runs eager, so it can run inside backward's hooks, where
-    torchao's compiled one cannot.
+    ``optimizer = "adamw-8bit"`` steps bitsandbytes' 8-bit AdamW per parameter instead (moments in a
+    byte per value, as adamw-8bit keeps them): its update runs eager, so it can run inside
+    backward's hooks, where torchao's compiled one cannot.
     """
 
     axis = "optimizer"
@@ -182,19 +197,30 @@ class OptimizerInBackward(Technique):
 
     @dataclass(frozen=True)
     class Config:
-        lr: float | None = option(None, "learning rate (default: the run's, as the default AdamW uses)")
+        lr: float | None = option(
+            None, "learning rate (default: the run's, as the default AdamW uses)"
+        )
         optimizer: Literal["adamw", "adamw-8bit"] = option(
             "adamw", "each parameter's optimizer: torch's AdamW, or bitsandbytes' 8-bit AdamW"
         )
 
     def unsupported(self, ctx: RunContext) -> str | None:
-        if self.config.optimizer == "adamw-8bit" and importlib.util.find_spec("bitsandbytes") is None:
-            return "optimizer = adamw-8bit needs bitsandbytes: pip install bitsandbytes (or '.[extras]')"
+        if (
+            self.config.optimizer == "adamw-8bit"
+            and importlib.util.find_spec("bitsandbytes") is None
+        ):
+            return (
+                "optimizer = adamw-8bit needs bitsandbytes: pip install bitsandbytes (or "
+                "'.[extras]')"
+            )
         return None
 
     def conflict(self, other: Technique) -> str | None:
         if other.name == "amp" and other.config.dtype == "float16":
-            return "float16 loss scaling must see every gradient before any step; use amp with bfloat16"
+            return (
+                "float16 loss scaling must see every gradient before any step; use amp with "
+                "bfloat16"
+            )
         return None
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
@@ -226,23 +252,24 @@ class OptimizerInBackward(Technique):
 
 @TECHNIQUES.register("galore")
 class GaLore(Technique):
-    """AdamW whose moments for each weight matrix live in a rank-r projection of its gradient, the projection
-    refreshed from the gradient's SVD every ``update_proj_gap`` steps (GaLore, arXiv:2403.03507; the
-    implementation of pytorch-optimizer, a maintained package). As in the paper, the matrices of the repeated
-    blocks (attention and MLP) are projected; embeddings, head and vectors keep full AdamW state.
+    """AdamW whose moments for each weight matrix live in a rank-r projection of its gradient, the
+    projection refreshed from the gradient's SVD every ``update_proj_gap`` steps (GaLore,
+    arXiv:2403.03507; the implementation of pytorch-optimizer, a maintained package). As in the
+    paper, the matrices of the repeated blocks (attention and MLP) are projected; embeddings, head
+    and vectors keep full AdamW state.
 
-    Expected: a projected m×n matrix (m ≤ n) holds 2·r·n moments and its m×r projection instead of 2·m·n, so
-    at r = m/4 optimizer state falls to about 5/8 of AdamW's on the projected weights; the paper reports up to
-    65.5% less optimizer memory and LLaMA-7B pre-training on a 24 GB card (with 8-bit states and per-layer
-    updates). Each refresh costs an SVD per matrix. Accuracy: close to full-rank AdamW at these ranks, per the
-    paper."""
+    Expected: a projected m×n matrix (m ≤ n) holds 2·r·n moments and its m×r projection instead of
+    2·m·n, so at r = m/4 optimizer state falls to about 5/8 of AdamW's on the projected weights; the
+    paper reports up to 65.5% less optimizer memory and LLaMA-7B pre-training on a 24 GB card (with
+    8-bit states and per-layer updates). Each refresh costs an SVD per matrix. Accuracy: close to
+    full-rank AdamW at these ranks, per the paper."""
 
     axis = "optimizer"
     offers = (offer("galore"),)
     summary = (
-        "GaLore (pytorch-optimizer): AdamW moments of each block matrix in a rank-r projection of its "
-        "gradient (default r = a quarter of its smaller side), refreshed by SVD every `update_proj_gap` "
-        "steps; embeddings, head and vectors keep AdamW"
+        "GaLore (pytorch-optimizer): AdamW moments of each block matrix in a rank-r projection of "
+        "its gradient (default r = a quarter of its smaller side), refreshed by SVD every "
+        "`update_proj_gap` steps; embeddings, head and vectors keep AdamW"
     )
 
     @dataclass(frozen=True)
@@ -250,14 +277,20 @@ class GaLore(Technique):
         rank: int = option(
             0, "projection rank; 0: a quarter of each matrix's smaller side (the paper's ratio)"
         )
-        update_proj_gap: int = option(200, "steps between refreshes of the projection (an SVD per matrix)")
+        update_proj_gap: int = option(
+            200, "steps between refreshes of the projection (an SVD per matrix)"
+        )
         scale: float = option(0.25, "the projected update's scale (the paper's alpha)")
 
     def problems(self, batch_size: int) -> list[str]:
         c = self.config
         return [
             f"{k} must be {'0 or more' if k == 'rank' else 'positive'}, got {v}"
-            for k, v in (("rank", c.rank), ("update_proj_gap", c.update_proj_gap), ("scale", c.scale))
+            for k, v in (
+                ("rank", c.rank),
+                ("update_proj_gap", c.update_proj_gap),
+                ("scale", c.scale),
+            )
             if v < 0 or (v == 0 and k != "rank")
         ]
 
@@ -268,7 +301,10 @@ class GaLore(Technique):
 
     def unsupported(self, ctx: RunContext) -> str | None:
         if importlib.util.find_spec("pytorch_optimizer") is None:
-            return "needs pytorch-optimizer: pip install pytorch-optimizer (or pip install -e '.[extras]')"
+            return (
+                "needs pytorch-optimizer: pip install pytorch-optimizer (or pip install -e "
+                "'.[extras]')"
+            )
         return None
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:

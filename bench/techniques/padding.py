@@ -1,10 +1,11 @@
-"""How variable-length sequences become batches: padded to the suite's seq_len (the baseline), to the batch's
-longest, in batches of similar length, or packed into one row with attention that never crosses a sequence.
+"""How variable-length sequences become batches: padded to the suite's seq_len (the baseline), to
+the batch's longest, in batches of similar length, or packed into one row with attention that never
+crosses a sequence.
 
-Each chooses the run's collator (and sampler) through ``batching``; the data itself comes from the suite's
-``lengths`` (bench.data.varlen). Packing also changes the model: its attention runs on cumulative sequence
-lengths (``attention_path``), through torch's variable-length flash attention where it can, else a jagged
-NestedTensor with SDPA."""
+Each chooses the run's collator (and sampler) through ``batching``; the data itself comes from the
+suite's ``lengths`` (bench.data.varlen). Packing also changes the model: its attention runs on
+cumulative sequence lengths (``attention_path``), through torch's variable-length flash attention
+where it can, else a jagged NestedTensor with SDPA."""
 
 from __future__ import annotations
 
@@ -38,19 +39,20 @@ class Padding(Technique):
 
 
 def pad_to(width: int | None, objective: str) -> Any:
-    """The padding collator: to ``width``, or to the batch's longest sequence where it is None (a partial, so
-    that the loader's worker processes can take it)."""
+    """The padding collator: to ``width``, or to the batch's longest sequence where it is None (a
+    partial, so that the loader's worker processes can take it)."""
     return functools.partial(varlen.padded, width=width, objective=objective)
 
 
 @TECHNIQUES.register("pad-to-max")
 class PadToMax(Padding):
-    """Every sequence padded to the suite's ``seq_len``: the fixed-shape batch most training scripts feed, and
-    the baseline the others are measured against. Expected: the padding costs compute and activation memory
-    in proportion to the padding fraction."""
+    """Every sequence padded to the suite's ``seq_len``: the fixed-shape batch most training scripts
+    feed, and the baseline the others are measured against. Expected: the padding costs compute and
+    activation memory in proportion to the padding fraction."""
 
     not_advised = (
-        "forms batches from variable-length data (a suite's lengths); advice plans batches of fixed shapes"
+        "forms batches from variable-length data (a suite's lengths); advice plans batches of "
+        "fixed shapes"
     )
     summary = "every sequence padded to `seq_len`: the baseline"
 
@@ -60,11 +62,12 @@ class PadToMax(Padding):
 
 @TECHNIQUES.register("dynamic-padding")
 class DynamicPadding(Padding):
-    """Each batch padded to its longest sequence (transformers' DataCollatorWithPadding). Expected: padding
-    falls to the gap between a batch's longest and its others; memory and time with it."""
+    """Each batch padded to its longest sequence (transformers' DataCollatorWithPadding). Expected:
+    padding falls to the gap between a batch's longest and its others; memory and time with it."""
 
     not_advised = (
-        "forms batches from variable-length data (a suite's lengths); advice plans batches of fixed shapes"
+        "forms batches from variable-length data (a suite's lengths); advice plans batches of "
+        "fixed shapes"
     )
     summary = "each batch padded to its longest (transformers' `DataCollatorWithPadding`)"
 
@@ -74,12 +77,13 @@ class DynamicPadding(Padding):
 
 @TECHNIQUES.register("length-bucketing")
 class LengthBucketing(Padding):
-    """Batches of similar length (transformers' group_by_length): sequences sorted by length within pools of
-    ``pool`` batches, then padded to each batch's longest. Expected: padding near zero, at the cost of batches
-    that are less random."""
+    """Batches of similar length (transformers' group_by_length): sequences sorted by length within
+    pools of ``pool`` batches, then padded to each batch's longest. Expected: padding near zero, at
+    the cost of batches that are less random."""
 
     not_advised = (
-        "forms batches from variable-length data (a suite's lengths); advice plans batches of fixed shapes"
+        "forms batches from variable-length data (a suite's lengths); advice plans batches of "
+        "fixed shapes"
     )
     summary = (
         "batches of similar length from pools of `pool` batches sorted by length, then shuffled "
@@ -88,7 +92,9 @@ class LengthBucketing(Padding):
 
     @dataclass(frozen=True)
     class Config:
-        pool: int = option(50, "batches per pool sorted by length (larger: less padding, less randomness)")
+        pool: int = option(
+            50, "batches per pool sorted by length (larger: less padding, less randomness)"
+        )
 
     def problems(self, batch_size: int) -> list[str]:
         return [] if self.config.pool >= 1 else [f"pool must be ≥ 1, got {self.config.pool}"]
@@ -104,26 +110,29 @@ class LengthBucketing(Padding):
 
 @TECHNIQUES.register("packing")
 class Packing(Padding):
-    """Padding-free batches (transformers' DataCollatorWithFlattening): the batch's sequences concatenated in
-    one row, position ids restarting at each, and attention on cumulative sequence lengths so that it never
-    crosses a sequence. Attention runs ``torch.nn.attention.varlen`` (flash, 16-bit CUDA, no dropout), else a
-    jagged NestedTensor through SDPA (flash or memory-efficient on CUDA, per-sequence on a CPU), or for causal
-    attention, which NestedTensors refuse, SDPA one sequence at a time; a classifier pools each sequence's
-    first token. Expected: no padding, no s×s scores; the article's 2.5× step time, and 2× tokens/s with about
-    20% less peak memory (arXiv:2407.09105)."""
+    """Padding-free batches (transformers' DataCollatorWithFlattening): the batch's sequences
+    concatenated in one row, position ids restarting at each, and attention on cumulative sequence
+    lengths so that it never crosses a sequence. Attention runs ``torch.nn.attention.varlen``
+    (flash, 16-bit CUDA, no dropout), else a jagged NestedTensor through SDPA (flash or
+    memory-efficient on CUDA, per-sequence on a CPU), or for causal attention, which NestedTensors
+    refuse, SDPA one sequence at a time; a classifier pools each sequence's first token. Expected:
+    no padding, no s×s scores; the article's 2.5× step time, and 2× tokens/s with about 20% less
+    peak memory (arXiv:2407.09105)."""
 
     not_advised = (
-        "forms batches from variable-length data (a suite's lengths); advice plans batches of fixed shapes"
+        "forms batches from variable-length data (a suite's lengths); advice plans batches of "
+        "fixed shapes"
     )
     summary = (
-        "padding-free: a batch's sequences in one row, positions restarting, attention within each sequence "
-        "on cumulative lengths (`DataCollatorWithFlattening`)"
+        "padding-free: a batch's sequences in one row, positions restarting, attention within each "
+        "sequence on cumulative lengths (`DataCollatorWithFlattening`)"
     )
 
     def conflict(self, other: Technique) -> str | None:
         if other.name == "accumulate":
             return (
-                "a packed batch is one row, which micro-batches cannot split; accumulate over packed batches"
+                "a packed batch is one row, which micro-batches cannot split; accumulate over "
+                "packed batches"
             )
         return None
 
@@ -131,8 +140,9 @@ class Packing(Padding):
         spec = ctx.model_spec
         if spec.family != "bert" and spec.objective != "next-token":
             return (
-                "packing needs a model whose attention goes through transformers' attention interface and "
-                "whose per-sequence output it can find: the bert family, or a next-token language model"
+                "packing needs a model whose attention goes through transformers' attention "
+                "interface and whose per-sequence output it can find: the bert family, or a "
+                "next-token language model"
             )
         return None
 
@@ -145,8 +155,12 @@ class Packing(Padding):
         from transformers import AttentionInterface, AttentionMaskInterface
 
         self.paths: Counter[str] = Counter()
-        AttentionInterface.register(ATTENTION, functools.partial(packed_attention, paths=self.paths))
-        AttentionMaskInterface.register(ATTENTION, lambda *args, **kwargs: None)  # the lengths are the mask
+        AttentionInterface.register(
+            ATTENTION, functools.partial(packed_attention, paths=self.paths)
+        )
+        AttentionMaskInterface.register(
+            ATTENTION, lambda *args, **kwargs: None
+        )  # the lengths are the mask
         model.config._attn_implementation = ATTENTION
         if ctx.model_spec.family == "bert":  # pool each sequence's [CLS], not the row's
             model.forward = types.MethodType(_packed_classifier, model)
@@ -162,19 +176,21 @@ class Packing(Padding):
 
 @TECHNIQUES.register("nested")
 class Nested(Padding):
-    """NestedTensor (jagged) batches end to end: no padding anywhere, every op on the ragged batch. Runs where
-    the model's code takes a jagged batch; transformers' models reshape with the batch's sequence length and
-    do not, and ``packing`` runs their attention on NestedTensors instead."""
+    """NestedTensor (jagged) batches end to end: no padding anywhere, every op on the ragged batch.
+    Runs where the model's code takes a jagged batch; transformers' models reshape with the batch's
+    sequence length and do not, and ``packing`` runs their attention on NestedTensors instead."""
 
     not_advised = (
-        "forms batches from variable-length data (a suite's lengths); advice plans batches of fixed shapes"
+        "forms batches from variable-length data (a suite's lengths); advice plans batches of "
+        "fixed shapes"
     )
     summary = "NestedTensor (jagged) batches end to end, where a model takes them"
 
     def unsupported(self, ctx: RunContext) -> str | None:
         return (
-            f"model {ctx.model_spec.name} reshapes its activations to (batch, sequence length, ...), which a "
-            "jagged NestedTensor has no single value of; packing runs its attention on NestedTensors instead"
+            f"model {ctx.model_spec.name} reshapes its activations to (batch, sequence length, "
+            "...), which a jagged NestedTensor has no single value of; packing runs its attention "
+            "on NestedTensors instead"
         )
 
     def batching(self, ctx: RunContext) -> varlen.Batching:
@@ -203,8 +219,8 @@ def packed_attention(
     paths: Counter[str],
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """Attention over a packed row, (1, heads, tokens, dim), within each sequence of ``cu_seq_lens_q``;
-    returns (1, tokens, heads, dim) as transformers' attention functions do."""
+    """Attention over a packed row, (1, heads, tokens, dim), within each sequence of
+    ``cu_seq_lens_q``; returns (1, tokens, heads, dim) as transformers' attention functions do."""
     cu, longest = kwargs["cu_seq_lens_q"], kwargs["max_length_q"]
     causal = bool(getattr(module, "is_causal", False))
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (tokens, heads, dim)
@@ -227,7 +243,8 @@ def packed_attention(
 
 
 def _flash_varlen(q: torch.Tensor, dropout: float) -> bool:
-    """Whether torch's variable-length flash attention can run: CUDA, 16-bit, no dropout (it takes none)."""
+    """Whether torch's variable-length flash attention can run: CUDA, 16-bit, no dropout (it takes
+    none)."""
     try:
         import torch.nn.attention.varlen  # noqa: F401  torch 2.10 and later
     except ImportError:
@@ -257,7 +274,8 @@ def _varlen_attn(
 
 @functools.cache
 def _varlen_params() -> frozenset[str]:
-    """varlen_attn's keyword names, read once: torch 2.10/2.11 take is_causal, later releases a window."""
+    """varlen_attn's keyword names, read once: torch 2.10/2.11 take is_causal, later releases a
+    window."""
     import inspect
 
     from torch.nn.attention.varlen import varlen_attn
@@ -266,13 +284,21 @@ def _varlen_params() -> frozenset[str]:
 
 
 def _per_sequence_sdpa(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, scaling: float | None, dropout: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu: torch.Tensor,
+    scaling: float | None,
+    dropout: float,
 ) -> torch.Tensor:
     """Causal attention one sequence at a time (the boundaries read to the host: a sync on CUDA)."""
     bounds = cu.tolist()
     outs = [
         F.scaled_dot_product_attention(
-            *(x[a:b].transpose(0, 1) for x in (q, k, v)), dropout_p=dropout, is_causal=True, scale=scaling
+            *(x[a:b].transpose(0, 1) for x in (q, k, v)),
+            dropout_p=dropout,
+            is_causal=True,
+            scale=scaling,
         ).transpose(0, 1)
         for a, b in zip(bounds, bounds[1:])
     ]
@@ -280,15 +306,24 @@ def _per_sequence_sdpa(
 
 
 def _nested_sdpa(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, scaling: float | None, dropout: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu: torch.Tensor,
+    scaling: float | None,
+    dropout: float,
 ) -> torch.Tensor:
     offsets = cu.long()
 
     def jagged(x: torch.Tensor) -> torch.Tensor:  # (sequences, heads, ragged, dim)
         return torch.nested.nested_tensor_from_jagged(x, offsets=offsets).transpose(1, 2)
 
-    with warnings.catch_warnings():  # the CPU path converts to the strided layout inside SDPA, and says so
-        warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in prototype stage")
+    with (
+        warnings.catch_warnings()
+    ):  # the CPU path converts to the strided layout inside SDPA, and says so
+        warnings.filterwarnings(
+            "ignore", message="The PyTorch API of nested tensors is in prototype stage"
+        )
         out = F.scaled_dot_product_attention(
             jagged(q), jagged(k), jagged(v), dropout_p=dropout, scale=scaling
         )

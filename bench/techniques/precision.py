@@ -10,7 +10,16 @@ from torch import nn
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from bench.provenance import EMULATED_BF16, native_bf16
-from bench.techniques.base import ANY_MODE, TECHNIQUES, NoOptions, RunContext, Step, Technique, offer, option
+from bench.techniques.base import (
+    ANY_MODE,
+    TECHNIQUES,
+    NoOptions,
+    RunContext,
+    Step,
+    Technique,
+    offer,
+    option,
+)
 
 if TYPE_CHECKING:
     from bench.data.synthetic import Batch
@@ -20,12 +29,13 @@ if TYPE_CHECKING:
 class Amp(Technique):
     """Autocast forward and loss to a 16-bit dtype; fp32 weights and optimizer stay as they are.
 
-    Expected: activations saved for backward roughly halve (matmul/conv outputs in 16-bit), model states
-    unchanged; on tensor-core GPUs 2.6-3.3× ResNet-50 throughput (NVIDIA DeepLearningExamples: V100
-    367 → 1200 img/s, A100 938 → 2470). float16 needs loss scaling or small gradients underflow, so it
-    comes with a GradScaler; bfloat16 has fp32's range and needs none. Accuracy: on par with fp32.
-    ``scaler = false`` drops the GradScaler from float16, to show what it prevents: gradients below
-    float16's smallest subnormal (6e-8) flush to zero and those weights stop learning.
+    Expected: activations saved for backward roughly halve (matmul/conv outputs in 16-bit), model
+    states unchanged; on tensor-core GPUs 2.6-3.3× ResNet-50 throughput (NVIDIA
+    DeepLearningExamples: V100 367 → 1200 img/s, A100 938 → 2470). float16 needs loss scaling or
+    small gradients underflow, so it comes with a GradScaler; bfloat16 has fp32's range and needs
+    none. Accuracy: on par with fp32. ``scaler = false`` drops the GradScaler from float16, to show
+    what it prevents: gradients below float16's smallest subnormal (6e-8) flush to zero and those
+    weights stop learning.
     """
 
     modes = ANY_MODE
@@ -33,8 +43,8 @@ class Amp(Technique):
     offers = (offer("amp-bf16", "bfloat16", dtype="bfloat16"),)
     stand_ins = {"torch.amp:GradScaler": "bench.predict.stand_ins:ScalerWithoutValues"}
     summary = (
-        "`torch.autocast` over forward and loss; float16 adds a `GradScaler` (`scaler = false` leaves it "
-        "out, to show the underflow it prevents)"
+        "`torch.autocast` over forward and loss; float16 adds a `GradScaler` (`scaler = false` "
+        "leaves it out, to show the underflow it prevents)"
     )
 
     @dataclass(frozen=True)
@@ -46,13 +56,16 @@ class Amp(Technique):
 
     def problems(self, batch_size: int) -> list[str]:
         if not self.config.scaler and self.config.dtype != "float16":
-            return ["scaler = false applies to float16 only: bfloat16 has fp32's range and is never scaled"]
+            return [
+                "scaler = false applies to float16 only: bfloat16 has fp32's range and is never "
+                "scaled"
+            ]
         return []
 
     def unsupported(self, ctx: RunContext) -> str | None:
         if self.config.dtype == "float16" and not ctx.cuda:
-            # It runs, but on emulated half-precision kernels (>10x slower than fp32 on this CI CPU),
-            # so its figures would describe nothing a user would run; it is a GPU technique.
+            # It runs, but on emulated half-precision kernels (>10x slower than fp32 on this CI
+            # CPU), so its figures would describe nothing a user would run; it is a GPU technique.
             return "float16 autocast is a CUDA technique; CPU kernels for it are emulated and slow"
         return emulated_bf16(ctx, self.config.dtype)
 
@@ -83,18 +96,24 @@ class Amp(Technique):
 
 
 def emulated_bf16(ctx: RunContext, dtype: str) -> str | None:
-    """The reason a bf16 run is unsupported on a CPU that only emulates bf16, as float16 is on every CPU; a
-    prediction for CUDA is unaffected."""
-    if dtype == "bfloat16" and ctx.device.type == "cpu" and not ctx.predicting and not native_bf16():
+    """The reason a bf16 run is unsupported on a CPU that only emulates bf16, as float16 is on every
+    CPU; a prediction for CUDA is unaffected."""
+    if (
+        dtype == "bfloat16"
+        and ctx.device.type == "cpu"
+        and not ctx.predicting
+        and not native_bf16()
+    ):
         return EMULATED_BF16
     return None
 
 
 def cast_(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """``model.to(dtype)`` in place, as ``Module.to`` does for plain tensors (floating-point parameters
-    and buffers only). Written out because ``Module.to`` swaps fake tensors (``bench predict``), which
-    the fake mode's own references forbid. A quantized weight (qlora's NF4) keeps its format, as a 4-bit
-    model loaded in bfloat16 keeps its 4-bit layers: its ``.to(dtype)`` would dequantize it."""
+    """``model.to(dtype)`` in place, as ``Module.to`` does for plain tensors (floating-point
+    parameters and buffers only). Written out because ``Module.to`` swaps fake tensors (``bench
+    predict``), which the fake mode's own references forbid. A quantized weight (qlora's NF4) keeps
+    its format, as a 4-bit model loaded in bfloat16 keeps its 4-bit layers: its ``.to(dtype)`` would
+    dequantize it."""
     with torch.no_grad():
         for t in [*model.parameters(), *model.buffers()]:
             if t.is_floating_point() and not is_traceable_wrapper_subclass(t):
@@ -104,22 +123,22 @@ def cast_(model: nn.Module, dtype: torch.dtype) -> nn.Module:
 
 @TECHNIQUES.register("bf16")
 class PureBF16(Technique):
-    """Parameters, gradients, optimizer state and activations all in bfloat16; with ``master_weights``, an
-    fp32 copy of the weights in the optimizer, which steps on it and copies the result back (apex's O2, the
-    first seed article's recipe).
+    """Parameters, gradients, optimizer state and activations all in bfloat16; with
+    ``master_weights``, an fp32 copy of the weights in the optimizer, which steps on it and copies
+    the result back (apex's O2, the first seed article's recipe).
 
-    Expected: without master weights, model states halve (AdamW: 16 → 8 bytes per parameter) and activations
-    halve; updates smaller than bf16's resolution (8 bits of mantissa) are lost, so training can stall where
-    autocast would not. With them, 16 bytes per parameter as autocast's (2 + 2 + 4 master + 8 moments: ZeRO's
-    mixed-precision Adam, arXiv:1910.02054) plus the fp32 gradients during the step, activations still halved,
-    and autocast's accuracy.
+    Expected: without master weights, model states halve (AdamW: 16 → 8 bytes per parameter) and
+    activations halve; updates smaller than bf16's resolution (8 bits of mantissa) are lost, so
+    training can stall where autocast would not. With them, 16 bytes per parameter as autocast's (2
+    + 2 + 4 master + 8 moments: ZeRO's mixed-precision Adam, arXiv:1910.02054) plus the fp32
+    gradients during the step, activations still halved, and autocast's accuracy.
     """
 
     axis = "precision"
     offers = (offer("bf16-pure", "bfloat16"),)
     summary = (
-        "everything in bfloat16; `master_weights = true`: the optimizer steps an fp32 copy of the weights "
-        "and rounds it back into the model (apex O2, the first seed article)"
+        "everything in bfloat16; `master_weights = true`: the optimizer steps an fp32 copy of the "
+        "weights and rounds it back into the model (apex O2, the first seed article)"
     )
     conflicts = frozenset({"amp"})
 
@@ -144,7 +163,8 @@ class PureBF16(Technique):
     def conflict(self, other: Technique) -> str | None:
         if self.masters and other.makes_optimizer:
             return (
-                f"master_weights makes its own AdamW over the fp32 copy; {other.name} makes another optimizer"
+                f"master_weights makes its own AdamW over the fp32 copy; {other.name} makes "
+                "another optimizer"
             )
         return None
 
@@ -154,8 +174,9 @@ class PureBF16(Technique):
     def follows(self, earlier: Technique) -> str | None:
         if earlier.adapts:
             return (
-                f"listed after {earlier.name}, it would cast the adapters too: list {self.name} first, and "
-                f"give {earlier.name} adapter_dtype (float32, PEFT's default under a 16-bit base, or base)"
+                f"listed after {earlier.name}, it would cast the adapters too: list {self.name} "
+                f"first, and give {earlier.name} adapter_dtype (float32, PEFT's default under a "
+                "16-bit base, or base)"
             )
         return None
 
@@ -167,19 +188,25 @@ class PureBF16(Technique):
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer | None:
         if not self.masters:
             return None
-        self.pairs = [(p, nn.Parameter(p.detach().float())) for p in model.parameters() if p.requires_grad]
+        self.pairs = [
+            (p, nn.Parameter(p.detach().float())) for p in model.parameters() if p.requires_grad
+        ]
         optimizer = torch.optim.AdamW([m for _, m in self.pairs], lr=self.lr)
-        optimizer.masters = [m for _, m in self.pairs]  # counted as optimizer state (bench.measure.memory)
+        optimizer.masters = [
+            m for _, m in self.pairs
+        ]  # counted as optimizer state (bench.measure.memory)
         return optimizer
 
     def step(self) -> Step:
         if not self.masters:
             return Step(prepare=self._cast_inputs)
-        return Step(prepare=self._cast_inputs, optimizer_step=self._master_step, zero_grad=self._zero_grad)
+        return Step(
+            prepare=self._cast_inputs, optimizer_step=self._master_step, zero_grad=self._zero_grad
+        )
 
     def _master_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """The 16-bit gradients as the masters' fp32 ones, the update on the masters, their new values rounded
-        into the model; the fp32 gradients live for the step only."""
+        """The 16-bit gradients as the masters' fp32 ones, the update on the masters, their new
+        values rounded into the model; the fp32 gradients live for the step only."""
         for p, master in self.pairs:
             master.grad = None if p.grad is None else p.grad.float()
         self._update(optimizer)
@@ -212,18 +239,20 @@ class PureBF16(Technique):
 
 @TECHNIQUES.register("fp16")
 class PureFP16(PureBF16):
-    """Pure float16 with fp32 master weights and dynamic loss scaling: apex's O2 as the first seed article
-    describes it. The model, its gradients and activations in float16; the optimizer steps an fp32 copy,
-    on gradients a GradScaler unscaled (it refuses float16 ones, so float16 always has its masters).
+    """Pure float16 with fp32 master weights and dynamic loss scaling: apex's O2 as the first seed
+    article describes it. The model, its gradients and activations in float16; the optimizer steps
+    an fp32 copy, on gradients a GradScaler unscaled (it refuses float16 ones, so float16 always has
+    its masters).
 
-    Expected: as ``bf16`` with ``master_weights`` in memory (16 bytes per parameter plus the fp32 gradients
-    during the step, activations halved); float16's 10-bit mantissa is closer to fp32 than bfloat16's 7, its
-    range narrower, which the scaler covers. Tensor-core throughput as bf16's.
+    Expected: as ``bf16`` with ``master_weights`` in memory (16 bytes per parameter plus the fp32
+    gradients during the step, activations halved); float16's 10-bit mantissa is closer to fp32 than
+    bfloat16's 7, its range narrower, which the scaler covers. Tensor-core throughput as bf16's.
     """
 
     axis, offers = "", ()  # not its parent's place in the catalogue
     not_advised = (
-        "float16 training needs loss scaling and can overflow; bf16-pure and amp-bf16 hold the same bytes"
+        "float16 training needs loss scaling and can overflow; bf16-pure and amp-bf16 hold the "
+        "same bytes"
     )
     summary = "everything in float16, fp32 master weights and a `GradScaler` (apex O2; CUDA)"
     stand_ins = {"torch.amp:GradScaler": "bench.predict.stand_ins:ScalerWithoutValues"}
@@ -262,11 +291,12 @@ class PureFP16(PureBF16):
 
 @TECHNIQUES.register("tf32")
 class TF32(Technique):
-    """TensorFloat-32 for fp32 matmuls and convolutions on Ampere and newer (10-bit mantissa inputs).
+    """TensorFloat-32 for fp32 matmuls and convolutions on Ampere and newer (10-bit mantissa
+    inputs).
 
     Expected: no memory change; fp32 matmul throughput several times higher on A100/H100 (NVIDIA
-    DeepLearningExamples run their "FP32" rows as TF32). Every CUDA record states both settings anyway,
-    because PyTorch's defaults differ for matmul (off) and cuDNN (on).
+    DeepLearningExamples run their "FP32" rows as TF32). Every CUDA record states both settings
+    anyway, because PyTorch's defaults differ for matmul (off) and cuDNN (on).
     """
 
     modes = ANY_MODE
@@ -286,4 +316,7 @@ class TF32(Technique):
         return model
 
     def proof(self, steps: int) -> dict[str, Any]:
-        return {"matmul": torch.backends.cuda.matmul.allow_tf32, "cudnn": torch.backends.cudnn.allow_tf32}
+        return {
+            "matmul": torch.backends.cuda.matmul.allow_tf32,
+            "cudnn": torch.backends.cudnn.allow_tf32,
+        }

@@ -1,4 +1,5 @@
-"""Parameter sharing: across repeated blocks (ALBERT style), and within convolution kernels (shared basis)."""
+"""Parameter sharing: across repeated blocks (ALBERT style), and within convolution kernels (shared
+basis)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,9 @@ class CrossLayerSharing(Technique):
     """
 
     changes = "blocks_sharing"
-    not_advised = "shares weights across layers: another model, whose accuracy must be established anew"
+    not_advised = (
+        "shares weights across layers: another model, whose accuracy must be established anew"
+    )
     summary = "ALBERT-style: identical consecutive blocks share weights"
 
     @dataclass(frozen=True)
@@ -51,7 +54,9 @@ class CrossLayerSharing(Technique):
                     parent, _, child = path.rpartition(".")
                     setattr(model.get_submodule(parent), child, model.get_submodule(owner))
                     self.shared += 1
-        self.params_after = sum(p.numel() for p in model.parameters())  # parameters() dedupes shared ones
+        self.params_after = sum(
+            p.numel() for p in model.parameters()
+        )  # parameters() dedupes shared ones
         return model
 
     @staticmethod
@@ -74,13 +79,16 @@ class CrossLayerSharing(Technique):
 
 
 class SharedBasisConv2d(nn.Module):
-    """A k×k convolution whose every kernel is a learned combination of a few basis kernels; the basis
-    is a parameter shared with the stage's other convolutions, the coefficients are this layer's own."""
+    """A k×k convolution whose every kernel is a learned combination of a few basis kernels; the
+    basis is a parameter shared with the stage's other convolutions, the coefficients are this
+    layer's own."""
 
     def __init__(self, conv: nn.Conv2d, basis: nn.Parameter) -> None:
         super().__init__()
         self.basis = basis  # (K, kh·kw), orthonormal rows at the start
-        self.coefficients = nn.Parameter(conv.weight.detach().flatten(2) @ basis.detach().T)  # (out, in, K)
+        self.coefficients = nn.Parameter(
+            conv.weight.detach().flatten(2) @ basis.detach().T
+        )  # (out, in, K)
         self.bias = conv.bias
         self.kernel_size, self.stride, self.padding = conv.kernel_size, conv.stride, conv.padding
         self.dilation, self.groups = conv.dilation, conv.groups
@@ -94,21 +102,23 @@ class SharedBasisConv2d(nn.Module):
 class SharedBasisConvolution(Technique):
     """Shared-basis convolutions for ResNet: in each stage, every 3×3 kernel becomes a learned
     combination of ``basis`` kernels common to the stage's 3×3 convolutions. The basis starts as the
-    top singular vectors of the stage's initial kernels, the coefficients as their projections, so the
-    model starts from the best rank-``basis`` approximation of its own initialisation.
+    top singular vectors of the stage's initial kernels, the coefficients as their projections, so
+    the model starts from the best rank-``basis`` approximation of its own initialisation.
 
-    Expected: 3×3 weights, their gradients and optimizer state shrink by about 9/``basis`` (4: 2.25×);
-    each forward materialises the full kernels again, a small extra activation; the activations
-    themselves do not change. Accuracy: fewer degrees of freedom per kernel, so a small drop.
+    Expected: 3×3 weights, their gradients and optimizer state shrink by about 9/``basis`` (4:
+    2.25×); each forward materialises the full kernels again, a small extra activation; the
+    activations themselves do not change. Accuracy: fewer degrees of freedom per kernel, so a small
+    drop.
     """
 
     changes = "replaced_convs"
     not_advised = (
-        "shares a weight basis across layers: another model, whose accuracy must be established anew"
+        "shares a weight basis across layers: another model, whose accuracy must be established "
+        "anew"
     )
     summary = (
-        "ResNet: every 3×3 kernel of a stage a learned combination of `basis` kernels shared by the stage, "
-        "started from the SVD of the initial kernels"
+        "ResNet: every 3×3 kernel of a stage a learned combination of `basis` kernels shared by "
+        "the stage, started from the SVD of the initial kernels"
     )
 
     @dataclass(frozen=True)
@@ -117,11 +127,17 @@ class SharedBasisConvolution(Technique):
 
     def problems(self, batch_size: int) -> list[str]:
         return (
-            [] if 1 <= self.config.basis < 9 else [f"basis must be between 1 and 8, got {self.config.basis}"]
+            []
+            if 1 <= self.config.basis < 9
+            else [f"basis must be between 1 and 8, got {self.config.basis}"]
         )
 
     def unsupported(self, ctx: RunContext) -> str | None:
-        return None if ctx.model_spec.family == "resnet" else "only ResNet's stages have 3×3 convolutions"
+        return (
+            None
+            if ctx.model_spec.family == "resnet"
+            else "only ResNet's stages have 3×3 convolutions"
+        )
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self.params_before = sum(p.numel() for p in model.parameters())
@@ -132,7 +148,9 @@ class SharedBasisConvolution(Technique):
                 for n, m in model.get_submodule(stage).named_modules()
                 if isinstance(m, nn.Conv2d) and m.kernel_size == (3, 3)
             ]
-            kernels = torch.cat([m.weight.detach().flatten(0, 1).flatten(1) for _, m in convs])  # (N, 9)
+            kernels = torch.cat(
+                [m.weight.detach().flatten(0, 1).flatten(1) for _, m in convs]
+            )  # (N, 9)
             basis = nn.Parameter(
                 torch.linalg.svd(kernels, full_matrices=False).Vh[: self.config.basis].contiguous()
             )

@@ -1,5 +1,6 @@
-"""Prices and evidence: the calibration recovers the costs that made the steps, the records give measured
-ratios and accuracy deltas with their sources, and plans rank by how their figures were obtained."""
+"""Prices and evidence: the calibration recovers the costs that made the steps, the records give
+measured ratios and accuracy deltas with their sources, and plans rank by how their figures were
+obtained."""
 
 import json
 
@@ -24,7 +25,11 @@ def test_calibration_recovers_the_seconds_a_flop_an_operator_and_a_byte_take():
 
 def test_calibration_keeps_every_price_at_zero_or_above_and_falls_back_to_the_stated_rate():
     # operators that make steps faster are no price: the fit drops them
-    steps = [("a", 1.0, (1e11, 1e6, 0.0)), ("b", 2.0, (2e11, 1e3, 0.0)), ("c", 0.5, (5e10, 1e6, 0.0))]
+    steps = [
+        ("a", 1.0, (1e11, 1e6, 0.0)),
+        ("b", 2.0, (2e11, 1e3, 0.0)),
+        ("c", 0.5, (5e10, 1e6, 0.0)),
+    ]
     fitted = calibrate(steps, STATED["cpu"])
     assert fitted.per_op == 0 and fitted.per_byte == 0 and fitted.per_flop > 0
     assert calibrate([], STATED["cuda"]).per_flop == 1 / STATED["cuda"].flops
@@ -36,13 +41,19 @@ def test_plans_priced_by_another_models_record_or_by_nothing_rank_after_the_rest
     counted = Estimate(1.30, ("checkpoint: counted",))
     borrowed = Estimate(0.20, ("bf16-pure: measured (another model)",), ("bf16-pure",), tier=1)
     assumed = Estimate(0.10, ("amp: assumed",), ("amp",), tier=2)
-    assert sorted([assumed, borrowed, counted], key=lambda e: e.rank) == [counted, borrowed, assumed]
+    assert sorted([assumed, borrowed, counted], key=lambda e: e.rank) == [
+        counted,
+        borrowed,
+        assumed,
+    ]
     assert Estimate(1.004, ()).rank == Estimate(0.996, ()).rank  # under a percent: counting's noise
 
 
 def record(suite, run, model, device, techniques, sps, accuracy=None, **extra):
     spec = {
-        "techniques": [{"name": n, "options": [list(kv) for kv in o.items()]} for n, o in techniques],
+        "techniques": [
+            {"name": n, "options": [list(kv) for kv in o.items()]} for n, o in techniques
+        ],
         "gpu": {"batch_size": 8},
         "cpu": {"batch_size": 4},
         "mode": "train",
@@ -83,7 +94,11 @@ def test_evidence_prefers_the_same_model_and_reads_accuracy_of_that_model_only(t
     )
     evidence = Evidence(tmp_path, "train")
     ckpt = canonical([TechniqueSpec("checkpoint")])
-    assert ckpt == canonical([TechniqueSpec("checkpoint", (("every", 1),))]) == frozenset({"checkpoint"})
+    assert (
+        ckpt
+        == canonical([TechniqueSpec("checkpoint", (("every", 1),))])
+        == frozenset({"checkpoint"})
+    )
     mine = evidence.speed(ckpt, "bert-base", "cpu")
     assert mine.value == pytest.approx(0.7) and mine.same_model and "results/a, ckpt" in mine.source
     other = evidence.speed(ckpt, "vit-b16", "cpu")
@@ -95,8 +110,8 @@ def test_evidence_prefers_the_same_model_and_reads_accuracy_of_that_model_only(t
 
 
 def test_a_dtypes_speed_on_a_cpu_comes_from_that_very_cpu_only(tmp_path):
-    # The same processor name with and without AVX-512: bf16 was 1.7x faster on one and 15x slower on the
-    # other.
+    # The same processor name with and without AVX-512: bf16 was 1.7x faster on one and 15x slower
+    # on the other.
     write(
         tmp_path,
         [
@@ -108,14 +123,16 @@ def test_a_dtypes_speed_on_a_cpu_comes_from_that_very_cpu_only(tmp_path):
     amp, ckpt = canonical([TechniqueSpec("amp")]), canonical([TechniqueSpec("checkpoint")])
     here = Evidence(tmp_path, "train", device="epyc-avx2")
     assert here.speed(amp, "bert-base", "cpu", dtype=True) is None
-    assert here.speed(ckpt, "bert-base", "cpu").value == pytest.approx(0.7)  # fp32's ratio carries over
+    assert here.speed(ckpt, "bert-base", "cpu").value == pytest.approx(
+        0.7
+    )  # fp32's ratio carries over
     there = Evidence(tmp_path, "train", device="epyc-avx512")
     assert there.speed(amp, "bert-base", "cpu", dtype=True).value == pytest.approx(1.7)
 
 
 def test_a_plan_that_fits_its_card_only_after_cache_flushes_ranks_after_one_that_fits_cleanly():
-    """Each flush is the allocator freeing its cache and retrying mid-step: a pause a clean fit never takes,
-    so a faster plan that needs them ranks after a slower one that does not."""
+    """Each flush is the allocator freeing its cache and retrying mid-step: a pause a clean fit
+    never takes, so a faster plan that needs them ranks after a slower one that does not."""
     same_accuracy = Accuracy(0.0, False, (), ())
 
     fast = Candidate(
@@ -125,6 +142,9 @@ def test_a_plan_that_fits_its_card_only_after_cache_flushes_ranks_after_one_that
         same_accuracy,
     )
     slow = Candidate(
-        Plan(()), Prediction(status="ok", verdict="fits", flushes=0), Estimate(1.0, ()), same_accuracy
+        Plan(()),
+        Prediction(status="ok", verdict="fits", flushes=0),
+        Estimate(1.0, ()),
+        same_accuracy,
     )
     assert sorted([fast, slow], key=lambda c: rank(c, None)) == [slow, fast]

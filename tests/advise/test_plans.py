@@ -1,5 +1,5 @@
-"""The catalogue on axes: which options a model gets, how many plans they make, and the loader's own verdict
-on each combination."""
+"""The catalogue on axes: which options a model gets, how many plans they make, and the loader's own
+verdict on each combination."""
 
 from bench.advise.plans import Plan, axes, combinations, problems
 from bench.advise.source import source

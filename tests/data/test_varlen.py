@@ -1,4 +1,5 @@
-"""Length distributions, and a local tokenised dataset as the source of variable-length sequences."""
+"""Length distributions, and a local tokenised dataset as the source of variable-length
+sequences."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ def test_distributions_draw_within_their_bounds():
     g = torch.Generator().manual_seed(0)
     assert set(varlen.parse("uniform:3:5").sample(200, g)) == {3, 4, 5}
     drawn = varlen.parse("lognormal:18:1.27:128").sample(2000, g)
-    assert min(drawn) >= 1 and max(drawn) == 128 and 14 <= sorted(drawn)[1000] <= 22  # median about 18
+    assert (
+        min(drawn) >= 1 and max(drawn) == 128 and 14 <= sorted(drawn)[1000] <= 22
+    )  # median about 18
     lengths = varlen.sequences(varlen.parse("digits"), MODELS.get("bert-tiny"), 0, 0).lengths
     assert (
         (min(lengths), max(lengths), len(lengths))
@@ -28,7 +31,9 @@ def test_distributions_draw_within_their_bounds():
 
 def test_a_local_tokenised_dataset_gives_its_rows_without_padding(tmp_path):
     rows = [[5, 6, 7, 0, 0], [8, 9, 0, 0, 0], [4, 4, 4, 4, 4]]
-    datasets.Dataset.from_dict({"input_ids": rows, "label": [1, 0, 2]}).save_to_disk(tmp_path / "tok")
+    datasets.Dataset.from_dict({"input_ids": rows, "label": [1, 0, 2]}).save_to_disk(
+        tmp_path / "tok"
+    )
     lengths = varlen.parse(f"hf:{tmp_path / 'tok'}")
     data = varlen.sequences(lengths, MODELS.get("bert-tiny"), 0, 0)
     assert lengths.maximum == 5 and sorted(data.lengths) == [2, 3, 5]
@@ -61,4 +66,6 @@ def test_a_dataset_that_cannot_be_read_is_a_load_error_naming_it(tmp_path):
 
     with pytest.raises(SuiteError) as info:
         load(write_suite(tmp_path, SUITE.format(lengths=f"hf:{tmp_path / 'nowhere'}")))
-    assert info.value.problems[0].startswith(f"shapes.gpu.lengths: dataset hf:{tmp_path / 'nowhere'}:")
+    assert info.value.problems[0].startswith(
+        f"shapes.gpu.lengths: dataset hf:{tmp_path / 'nowhere'}:"
+    )

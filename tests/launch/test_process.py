@@ -1,5 +1,5 @@
-"""The fork server against the guarantees a fresh interpreter gives: its own environment, its own peaks,
-its own session, and no CUDA inherited from the server."""
+"""The fork server against the guarantees a fresh interpreter gives: its own environment, its own
+peaks, its own session, and no CUDA inherited from the server."""
 
 import json
 import multiprocessing
@@ -22,9 +22,15 @@ CPU = Device("cpu", "cpu")
 
 
 def _imports_in_a_fork() -> None:
-    """Exit 0 when the forked child finds what the server preloaded, without torchao and without CUDA."""
-    assert "transformers.models.bert.modeling_bert" in sys.modules and "torchvision.models" in sys.modules
-    assert "torchao" not in sys.modules  # its import asks the GPU for its properties: never in the server
+    """Exit 0 when the forked child finds what the server preloaded, without torchao and without
+    CUDA."""
+    assert (
+        "transformers.models.bert.modeling_bert" in sys.modules
+        and "torchvision.models" in sys.modules
+    )
+    assert (
+        "torchao" not in sys.modules
+    )  # its import asks the GPU for its properties: never in the server
     assert not torch.cuda.is_initialized()
 
 
@@ -54,7 +60,9 @@ def test_a_forked_run_starts_with_its_own_peak_not_its_predecessors():
     big = run_isolated(spec(techniques=(tech("tests.helpers:HoldHalfAGibibyte"),)), CPU)
     small = run_isolated(spec(), CPU)
     assert big["launcher"] == small["launcher"] == "fork"
-    assert big["rss_peak_bytes"] - small["rss_peak_bytes"] > 2**28  # the half GiB stayed with its own run
+    assert (
+        big["rss_peak_bytes"] - small["rss_peak_bytes"] > 2**28
+    )  # the half GiB stayed with its own run
 
 
 @pytest.mark.fault("resources")
@@ -65,9 +73,12 @@ def test_a_crash_or_a_hang_is_a_status_under_either_launcher(launcher, monkeypat
     assert "about to crash" in crashed["stderr_tail"]
     monkeypatch.setenv("BENCH_TEST_SLEEP", "60")
     monkeypatch.setenv("BENCH_TEST_PID_FILE", str(tmp_path / "pid"))
-    # long enough to reach the prediction: a fresh interpreter's imports took over 3 s on a busy 2-core CI
+    # long enough to reach the prediction: a fresh interpreter's imports took over 3 s on a busy
+    # 2-core CI
     limit = 3 if launcher == "fork" else 20
-    hung = run_isolated(spec(techniques=(tech("tests.helpers:Sleep"),), timeout_s=limit), CPU, kind=launcher)
+    hung = run_isolated(
+        spec(techniques=(tech("tests.helpers:Sleep"),), timeout_s=limit), CPU, kind=launcher
+    )
     assert hung["status"] == "timeout" and hung["message"].startswith(
         f"stopped after {limit} s in its predicting its peak"
     )
@@ -98,10 +109,15 @@ print(json.dumps([big["launcher"], small["launcher"], big["peak_allocated_bytes"
 
 @pytest.mark.cuda
 def test_a_forked_child_can_use_the_gpu_and_starts_with_zeroed_peaks():
-    """In a fresh interpreter, as a campaign is: pytest's own process has used CUDA in other tests."""
+    """In a fresh interpreter, as a campaign is: pytest's own process has used CUDA in other
+    tests."""
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run(
-        [sys.executable, "-c", LAUNCH_TWO_ON_CUDA], cwd=root, capture_output=True, text=True, check=True
+        [sys.executable, "-c", LAUNCH_TWO_ON_CUDA],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     big_launcher, small_launcher, big, small, initialized = json.loads(out.stdout.splitlines()[-1])
     assert big_launcher == small_launcher == "fork"
@@ -134,7 +150,9 @@ def test_the_offline_wheel_script_installs_a_wheel_folder_into_a_target(tmp_path
         env=env | {"PYTHONPATH": str(site), "OFFLINE_SITE": str(tmp_path / "other")},
         timeout=120,
     )
-    assert "has every optional package already" in again.stdout  # the host's own copy is never shadowed
+    assert (
+        "has every optional package already" in again.stdout
+    )  # the host's own copy is never shadowed
 
 
 def _tiny_wheel(folder, name: str, version: str) -> None:
@@ -145,7 +163,9 @@ def _tiny_wheel(folder, name: str, version: str) -> None:
     files = {
         f"{name}/__init__.py": f"VERSION = '{version}'\n",
         f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{info}/WHEEL": (
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
     }
     files[f"{info}/RECORD"] = "".join(f"{p},,\n" for p in files) + f"{info}/RECORD,,\n"
     with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as whl:
@@ -158,9 +178,12 @@ def test_a_long_run_says_its_phase_at_least_every_heartbeat(monkeypatch):
     monkeypatch.setattr(local, "WATCH_S", 0.5)
     monkeypatch.setenv("BENCH_TEST_SLEEP", "4")
     said = []
-    record = run_isolated(spec(techniques=(tech("tests.helpers:Sleep"),)), CPU, heartbeat=said.append)
+    record = run_isolated(
+        spec(techniques=(tech("tests.helpers:Sleep"),)), CPU, heartbeat=said.append
+    )
     assert record["status"] == "ok" and len(said) >= 2
-    # the phase and the time so far (the technique sleeps where it is applied: its prediction and its build)
+    # the phase and the time so far (the technique sleeps where it is applied: its prediction and
+    # its build)
     phases = (
         r"(starting.*|predicting its peak|building the model|warm-up|instrumented step \(memory\)"
         r"|timed steps.*)"
@@ -179,26 +202,38 @@ def test_a_fidelity_phase_cut_short_keeps_what_was_measured_before_it():
         fidelity_cpu=Fidelity(steps=2, seeds=1, batch_size=8),
     )
     record = run_isolated(run, CPU)
-    assert record["status"] == "ok" and record["peak_tensor_bytes"] > 0 and record["samples_per_s"] > 0
+    assert (
+        record["status"] == "ok" and record["peak_tensor_bytes"] > 0 and record["samples_per_s"] > 0
+    )
     assert record["fidelity_error"] == "error: run process died: killed by signal SIGKILL"
 
 
 @pytest.mark.fault("resources")
 def test_a_run_the_hosts_oom_killer_ended_is_an_oom_with_the_memory_it_reached(monkeypatch):
-    counts = iter([7, 8])  # /proc/vmstat's oom_kill before the run and after it: the kernel killed a process
+    counts = iter(
+        [7, 8]
+    )  # /proc/vmstat's oom_kill before the run and after it: the kernel killed a process
     monkeypatch.setattr(local, "oom_kills", lambda: next(counts))
     record = run_isolated(spec(techniques=(tech("tests.helpers:KilledByTheHost"),)), CPU)
-    assert record["status"] == "oom" and record["message"].startswith("killed by the host's OOM killer")
+    assert record["status"] == "oom" and record["message"].startswith(
+        "killed by the host's OOM killer"
+    )
     assert record["rss_peak_bytes"] > 2**20  # the run's process was looked at while it lived
-    monkeypatch.setattr(local, "oom_kills", lambda: 7)  # no OOM kill: a SIGKILL from elsewhere stays an error
-    assert run_isolated(spec(techniques=(tech("tests.helpers:KilledByTheHost"),)), CPU)["status"] == "error"
+    monkeypatch.setattr(
+        local, "oom_kills", lambda: 7
+    )  # no OOM kill: a SIGKILL from elsewhere stays an error
+    assert (
+        run_isolated(spec(techniques=(tech("tests.helpers:KilledByTheHost"),)), CPU)["status"]
+        == "error"
+    )
 
 
 @pytest.mark.fault("signals")
 @pytest.mark.parametrize("gone", ["the sweep", "its folder"])
 def test_a_run_whose_sweep_has_gone_does_not_start(gone, tmp_path):
-    # A signal in bench's first seconds left its request with the fork server, which started the run once its
-    # imports were done, after bench had exited: a traceback on the terminal, and a run nobody waited for.
+    # A signal in bench's first seconds left its request with the fork server, which started the run
+    # once its imports were done, after bench had exited: a traceback on the terminal, and a run
+    # nobody waited for.
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     env = {launch.SWEEP_PID: str(dead.pid if gone == "the sweep" else os.getpid())}

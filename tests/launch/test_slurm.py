@@ -1,4 +1,5 @@
-"""Sweeps as Slurm jobs, through submitit's local executor (each job a local process, as on a node)."""
+"""Sweeps as Slurm jobs, through submitit's local executor (each job a local process, as on a
+node)."""
 
 import importlib.util
 from pathlib import Path
@@ -46,16 +47,22 @@ def test_each_run_is_a_job_and_the_sweep_resumes_as_a_local_one(tmp_path):
     assert [r["status"] for r in records] == ["ok", "ok"], records
     stored = results.load_records(root / "jobs")
     assert {r["run"] for r in stored} == {"baseline", "checkpoint"}
-    # The key is the one a local `bench run` on that node would compute: the sweep resumes across launchers.
+    # The key is the one a local `bench run` on that node would compute: the sweep resumes across
+    # launchers.
     assert all(
         r["run_key"] == s.measured_key(r["device"], "cpu")
         for r, s in zip(sorted(stored, key=lambda r: r["run"]), suite.runs)
     )
     again = sweep(suite, slurm, root)
-    assert [r["stored_at"] for r in again] == [r["stored_at"] for r in records]  # kept, not resubmitted
-    here = sweep(suite, Local(detect("cpu")), root)  # the node is this machine: a local sweep keeps them too
+    assert [r["stored_at"] for r in again] == [
+        r["stored_at"] for r in records
+    ]  # kept, not resubmitted
+    here = sweep(
+        suite, Local(detect("cpu")), root
+    )  # the node is this machine: a local sweep keeps them too
     assert [r["stored_at"] for r in here] == [r["stored_at"] for r in records]
-    # A failure that may not recur is kept under --keep-failures, else submitted again, as in a local sweep.
+    # A failure that may not recur is kept under --keep-failures, else submitted again, as in a
+    # local sweep.
     path = results.record_path(root, "jobs", records[0]["device"], "baseline")
     results.write_atomic(path, records[0] | {"status": "error", "message": "a node went away"})
     kept = sweep(suite, slurm, root, keep_failures=True)
@@ -79,16 +86,31 @@ def test_slurm_without_submitit_exits_2_with_the_install_hint_and_writes_nothing
 ):
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "submitit" else find_spec(name, *a)
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "submitit" else find_spec(name, *a),
     )
-    assert main(["run", "smoke", "--slurm", "cluster=local", "--results", str(tmp_path / "results")]) == 2
+    assert (
+        main(["run", "smoke", "--slurm", "cluster=local", "--results", str(tmp_path / "results")])
+        == 2
+    )
     assert "pip install -e '.[cluster]'" in capsys.readouterr().err
     assert not (tmp_path / "results").exists()
 
 
 def test_snapshot_with_slurm_exits_2_before_anything_is_submitted(tmp_path, capsys):
     assert (
-        main(["run", "smoke", "--slurm", "cluster=local", "--snapshot", "--results", str(tmp_path / "r")])
+        main(
+            [
+                "run",
+                "smoke",
+                "--slurm",
+                "cluster=local",
+                "--snapshot",
+                "--results",
+                str(tmp_path / "r"),
+            ]
+        )
         == 2
     )
     assert "--snapshot does not go with --slurm" in capsys.readouterr().err
@@ -109,7 +131,9 @@ def test_a_job_that_fails_on_its_node_says_why_in_the_record(tmp_path):
         tmp_path / "results",
     )
     [failed] = records
-    assert failed["status"] == "error" and failed["device"] == "unknown"  # it died before it knew its device
+    assert (
+        failed["status"] == "error" and failed["device"] == "unknown"
+    )  # it died before it knew its device
     assert "RuntimeError: Found no NVIDIA driver" in failed["message"], failed["message"]
     assert "_log.err)" in failed["message"]  # and where its log is
 

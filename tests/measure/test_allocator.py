@@ -1,9 +1,15 @@
-"""The caching allocator's rules, one hand-worked sequence each, as c10/cuda/CUDACachingAllocator.cpp applies
-them."""
+"""The caching allocator's rules, one hand-worked sequence each, as
+c10/cuda/CUDACachingAllocator.cpp applies them."""
 
 import pytest
 
-from bench.measure.allocator import CachingAllocator, Conf, OutOfMemory, cublas_workspaces, roundup_power2
+from bench.measure.allocator import (
+    CachingAllocator,
+    Conf,
+    OutOfMemory,
+    cublas_workspaces,
+    roundup_power2,
+)
 
 MiB = 1 << 20
 
@@ -20,17 +26,22 @@ def test_a_large_request_under_10_mib_takes_a_20_mib_segment_that_four_of_5_mib_
     a = CachingAllocator()
     for handle in range(4):
         a.malloc(handle, 5 * MiB)
-    assert (a.reserved, len(a.segments)) == (20 * MiB, 1)  # the fourth takes the 5 MiB left, unsplit
+    assert (a.reserved, len(a.segments)) == (
+        20 * MiB,
+        1,
+    )  # the fourth takes the 5 MiB left, unsplit
     a.malloc(4, 5 * MiB)
     assert (a.reserved, len(a.segments)) == (40 * MiB, 2)
 
 
-def test_a_request_of_10_mib_or_more_takes_its_size_rounded_to_2_mib_and_a_1_mib_rest_is_not_split():
+def test_a_request_of_10_mib_or_more_is_rounded_to_2_mib_and_a_1_mib_rest_is_not_split():
     a = CachingAllocator()
     a.malloc(1, 11 * MiB)
     assert a.reserved == 12 * MiB
     a.free(1)
-    a.malloc(2, 11 * MiB + MiB // 2)  # 0.5 MiB would be left: the whole 12 MiB block is taken, and counted
+    a.malloc(
+        2, 11 * MiB + MiB // 2
+    )  # 0.5 MiB would be left: the whole 12 MiB block is taken, and counted
     assert (a.allocated, a.reserved) == (12 * MiB, 12 * MiB)
 
 
@@ -43,7 +54,9 @@ def test_freed_neighbours_merge_and_the_smallest_free_block_that_fits_is_taken()
     a.malloc(3, 9 * MiB)
     # 9 of the merged 10 (1 MiB left unsplit), 15-20
     assert (a.reserved, a.largest_free()) == (20 * MiB, 5 * MiB)
-    a.malloc(4, 4 * MiB)  # the 5 MiB block at 15 is the best fit, taken whole (1 MiB left is not split off)
+    a.malloc(
+        4, 4 * MiB
+    )  # the 5 MiB block at 15 is the best fit, taken whole (1 MiB left is not split off)
     assert (a.allocated, a.largest_free()) == (20 * MiB, 0)
 
 
@@ -96,8 +109,9 @@ def test_cublas_takes_its_workspaces_from_the_allocator_as_cublashandlepool_size
 
 
 def test_roundup_power2_divisions_rounds_a_request_to_the_next_step_between_two_powers_of_two():
-    """CUDACachingAllocator.cpp's own example (1200 in 4 divisions: 1280), and a 5 MiB request plus a byte
-    under roundup_power2_divisions:4 taking 6 MiB, where 512-byte rounding would take 5 MiB and 512 bytes."""
+    """CUDACachingAllocator.cpp's own example (1200 in 4 divisions: 1280), and a 5 MiB request plus
+    a byte under roundup_power2_divisions:4 taking 6 MiB, where 512-byte rounding would take 5 MiB
+    and 512 bytes."""
     assert roundup_power2(1200, 4) == 1280 and roundup_power2(4096, 4) == 4096
     conf = Conf.parse("max_split_size_mb:64, roundup_power2_divisions:4")
     assert conf == Conf(64 * MiB, 4)
@@ -119,9 +133,9 @@ def test_the_largest_free_block_when_allocation_peaks_is_kept_as_the_fragmentati
 
 
 def test_of_two_free_blocks_of_one_size_the_one_at_the_lower_address_is_taken():
-    """BlockComparatorSize orders a pool by size, then address: the driver's placement of a segment, not
-    the order the segments were made in, decides a tie. A prediction, with no addresses, places each new
-    segment above the last."""
+    """BlockComparatorSize orders a pool by size, then address: the driver's placement of a segment,
+    not the order the segments were made in, decides a tie. A prediction, with no addresses, places
+    each new segment above the last."""
     high, low = 0x9000000, 0x1000000
     a = CachingAllocator()
     a.malloc(1, 12 * MiB, address=high)

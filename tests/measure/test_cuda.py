@@ -16,8 +16,9 @@ GPU = torch.device("cuda")
 
 
 def test_tracked_peak_agrees_with_the_allocator_within_ten_percent():
-    """The allocator's active peak holds the tensors and what cuBLAS keeps, which no tracker sees: its
-    workspaces, 66 MiB on a Hopper card (H100, 2026-11-26: 100.5 MiB active, 30.7 MiB of it tensors)."""
+    """The allocator's active peak holds the tensors and what cuBLAS keeps, which no tracker sees:
+    its workspaces, 66 MiB on a Hopper card (H100, 2026-11-26: 100.5 MiB active, 30.7 MiB of it
+    tensors)."""
     trainer, batch = build_trainer(spec("vit-tiny", batch_size=64, image_size=64), GPU)
     trainer.step(batch)
     torch.cuda.synchronize()
@@ -41,7 +42,8 @@ def test_isolated_cuda_run_records_allocator_figures_and_bf16_autocast():
     )
     assert record["status"] == "ok", record
     assert (
-        record["peak_allocated_bytes"] > 0 and record["peak_reserved_bytes"] >= record["peak_allocated_bytes"]
+        record["peak_allocated_bytes"] > 0
+        and record["peak_reserved_bytes"] >= record["peak_allocated_bytes"]
     )
     assert record["proof"]["output_dtype"] == "torch.bfloat16"
     assert record["cuda_version"] and record["tf32_matmul"] in (True, False)
@@ -83,14 +85,15 @@ def test_offload_moves_saved_tensors_to_the_host():
     )
     assert record["status"] == "ok", record
     assert record["proof"]["offload.tensors_offloaded_per_step"] > 0
-    # What forward leaves on the device (the logits) and backward's peak, as bench predict counts them
+    # What forward leaves on the device (the logits) and backward's peak, as bench predict counts
+    # them
     assert record["activation_bytes"] == record["predicted_activation_bytes"]
     assert record["peak_tensor_bytes"] == record["predicted_peak_tensor_bytes"]
 
 
 def test_autocast_is_predicted_by_cudas_op_lists():
-    """ConvNeXt's layer norms take bf16 convolution outputs, which CUDA's autocast runs in float32 (CPU's
-    would not): what forward keeps is predicted to the byte."""
+    """ConvNeXt's layer norms take bf16 convolution outputs, which CUDA's autocast runs in float32
+    (CPU's would not): what forward keeps is predicted to the byte."""
     record = run_isolated(
         spec("tests.helpers:CONVNEXT", (tech("amp"),), batch_size=8, image_size=64),
         Device("cuda", torch.cuda.get_device_name(0)),
@@ -106,8 +109,14 @@ def test_inference_run_on_cuda_in_half_precision_with_inference_mode():
         Device("cuda", torch.cuda.get_device_name(0)),
     )
     assert record["status"] == "ok", record
-    assert record["proof"]["output_dtype"] == "torch.float16" and record["proof"]["inference_tensors"] is True
-    assert record["optimizer_state_bytes"] == 0 and record["peak_allocated_bytes"] > record["param_bytes"]
+    assert (
+        record["proof"]["output_dtype"] == "torch.float16"
+        and record["proof"]["inference_tensors"] is True
+    )
+    assert (
+        record["optimizer_state_bytes"] == 0
+        and record["peak_allocated_bytes"] > record["param_bytes"]
+    )
 
 
 def test_expandable_segments_reach_the_run_process():

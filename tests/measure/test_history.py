@@ -1,5 +1,5 @@
-"""The allocator's recorded history, replayed through the simulator: the segments it reserves must be the
-card's. On a CPU, a hand-made trace in the form CUDA writes; on a GPU, a step's own."""
+"""The allocator's recorded history, replayed through the simulator: the segments it reserves must
+be the card's. On a CPU, a hand-made trace in the form CUDA writes; on a GPU, a step's own."""
 
 import gzip
 import pickle
@@ -14,12 +14,16 @@ RECORDED = Path(__file__).resolve().parents[2].glob("results/*/*/*.history.pickl
 
 
 def _trace(*entries):
-    return {"segments": [], "device_traces": [[dict(zip(("action", "addr", "size"), e)) for e in entries]]}
+    return {
+        "segments": [],
+        "device_traces": [[dict(zip(("action", "addr", "size"), e)) for e in entries]],
+    }
 
 
 def test_a_trace_replays_block_by_block_and_its_segments_are_summed_beside():
-    """What the card does for 1 MiB, then 5 MiB, then 12 MiB once the 5 MiB block is freed: a 2 MiB small
-    segment, a 20 MiB large one, and no third: the 12 MiB request is split off the freed 20 MiB block."""
+    """What the card does for 1 MiB, then 5 MiB, then 12 MiB once the 5 MiB block is freed: a 2 MiB
+    small segment, a 20 MiB large one, and no third: the 12 MiB request is split off the freed 20
+    MiB block."""
     trace = _trace(
         ("segment_alloc", 0x1000000, 2 * MiB),
         ("alloc", 0x1000000, 1 * MiB),
@@ -30,7 +34,12 @@ def test_a_trace_replays_block_by_block_and_its_segments_are_summed_beside():
         ("alloc", 0x2000000, 12 * MiB),
     )
     out = history.replay(trace)
-    assert (out.simulated_peak_reserved, out.recorded_peak_reserved, out.allocations, out.misplaced) == (
+    assert (
+        out.simulated_peak_reserved,
+        out.recorded_peak_reserved,
+        out.allocations,
+        out.misplaced,
+    ) == (
         22 * MiB,
         22 * MiB,
         3,
@@ -39,8 +48,9 @@ def test_a_trace_replays_block_by_block_and_its_segments_are_summed_beside():
 
 
 def test_a_tie_between_free_blocks_goes_to_the_address_the_driver_gave_the_segment():
-    """Two 12 MiB segments, the second placed below the first: once both are free, the card takes the lower
-    one. The replay places each segment where the trace says, so it takes the same block."""
+    """Two 12 MiB segments, the second placed below the first: once both are free, the card takes
+    the lower one. The replay places each segment where the trace says, so it takes the same
+    block."""
     trace = _trace(
         ("segment_alloc", 0x9000000, 12 * MiB),
         ("alloc", 0x9000000, 12 * MiB),
@@ -53,7 +63,10 @@ def test_a_tie_between_free_blocks_goes_to_the_address_the_driver_gave_the_segme
     )
     assert history.replay(trace).misplaced == 0
     swapped = trace["device_traces"][0]
-    swapped[-2:] = [swapped[-1], swapped[-2]]  # a card that took the higher one would not be this allocator
+    swapped[-2:] = [
+        swapped[-1],
+        swapped[-2],
+    ]  # a card that took the higher one would not be this allocator
     assert history.replay(trace).misplaced == 2
 
 
@@ -61,8 +74,8 @@ def test_a_tie_between_free_blocks_goes_to_the_address_the_driver_gave_the_segme
     "path", sorted(RECORDED), ids=lambda p: f"{p.parent.parent.name}/{p.name.split('.')[0]}"
 )
 def test_every_committed_gpu_trace_replays_to_the_card_block_by_block(path):
-    """The histories the H100 recorded (results/<suite>/<card>/<run>.history.pickle.gz), from the build to
-    the instrumented step: every block where the card put it, so the same reserved peak."""
+    """The histories the H100 recorded (results/<suite>/<card>/<run>.history.pickle.gz), from the
+    build to the instrumented step: every block where the card put it, so the same reserved peak."""
     out = history.replay(history.read(path))
     assert out.allocations > 1000
     assert (out.misplaced, out.simulated_peak_reserved) == (0, out.recorded_peak_reserved)
@@ -78,15 +91,17 @@ def test_a_saved_history_reads_back_as_it_was(tmp_path):
 
 @pytest.mark.cuda
 def test_a_cuda_runs_recorded_history_replays_to_the_card_block_by_block(tmp_path):
-    """A run as the campaign makes it, in its own process, so the allocator starts empty (in pytest's process
-    other tests' segments would be there already, unknown to the trace): a ViT's build and steps, every block
-    where the card put it."""
+    """A run as the campaign makes it, in its own process, so the allocator starts empty (in
+    pytest's process other tests' segments would be there already, unknown to the trace): a ViT's
+    build and steps, every block where the card put it."""
     from bench.launch import detect
     from bench.launch.local import run_isolated
     from tests.helpers import spec
 
     path = tmp_path / "run.history.pickle.gz"
-    record = run_isolated(spec("vit-tiny", batch_size=64, image_size=64), detect("cuda"), history=path)
+    record = run_isolated(
+        spec("vit-tiny", batch_size=64, image_size=64), detect("cuda"), history=path
+    )
     assert record["status"] == "ok", record
     out = history.replay(history.read(path))
     assert out.allocations > 100

@@ -23,7 +23,8 @@ def test_counts_new_storages_once_and_uncounts_them_when_freed():
 
 
 def test_a_tensor_marked_as_on_the_host_is_not_counted():
-    """A prediction's fake CPU tensors stand for CUDA ones; the few CUDA keeps on the host are marked so."""
+    """A prediction's fake CPU tensors stand for CUDA ones; the few CUDA keeps on the host are
+    marked so."""
     tracker = LiveBytes(CPU)
     state = [torch.zeros(1000), on_host(torch.zeros(())), on_host(torch.zeros(()))]
     tracker.add(state, "optimizer_state")
@@ -51,16 +52,19 @@ def test_mlp_step_under_adam_matches_the_analytic_figures():
     figures = tracked_step(step, model, opt, CPU)
     params = MLP_PARAM_BYTES
     assert figures["param_bytes"] == params
-    assert figures["optimizer_state_bytes"] == 2 * params + 4 * 4  # exp_avg, exp_avg_sq, 4 fp32 step counters
+    assert (
+        figures["optimizer_state_bytes"] == 2 * params + 4 * 4
+    )  # exp_avg, exp_avg_sq, 4 fp32 step counters
     # Held from forward into backward: the ReLU output (ReLU saves its result, the second Linear its
     # input: one storage) and the logits. The first Linear's output is freed once ReLU has run, and
     # the input x existed before the step.
     assert figures["activation_bytes"] == 32 * 256 * 4 + 32 * 10 * 4
-    # Here the peak comes in the optimizer step: model states, all gradients, and AdamW's per-parameter
-    # temporaries (64 KiB for the first weight) outweigh the 33 KiB of activations held in backward.
+    # Here the peak comes in the optimizer step: model states, all gradients, and AdamW's
+    # per-parameter temporaries (64 KiB for the first weight) outweigh the 33 KiB of activations
+    # held in backward.
     assert figures["peak_phase"] == "optimizer"
-    # What was alive at that peak, exactly: the model states, and two temporaries the size of the first
-    # weight (AdamW's per-parameter update); the activations were freed in backward.
+    # What was alive at that peak, exactly: the model states, and two temporaries the size of the
+    # first weight (AdamW's per-parameter update); the activations were freed in backward.
     assert {k: v for k, v in figures.items() if k.startswith("at_peak_")} == {
         "at_peak_parameters_bytes": params,
         "at_peak_buffers_bytes": 0,
@@ -69,13 +73,17 @@ def test_mlp_step_under_adam_matches_the_analytic_figures():
         "at_peak_activations_bytes": 0,
         "at_peak_temporaries_bytes": 2 * 64 * 256 * 4,
     }
-    assert sum(v for k, v in figures.items() if k.startswith("at_peak_")) == figures["peak_tensor_bytes"]
+    assert (
+        sum(v for k, v in figures.items() if k.startswith("at_peak_"))
+        == figures["peak_tensor_bytes"]
+    )
     x = torch.randn(32, 64)
     assert tensor_bytes([x, x[1:]]) == x.numel() * 4  # a view shares its tensor's storage
 
 
 def test_at_peak_splits_what_forward_made_from_what_backward_made():
-    """A forward-only peak holds the activations; the labels follow the phase a storage was made in."""
+    """A forward-only peak holds the activations; the labels follow the phase a storage was made
+    in."""
     tracker = LiveBytes(CPU)
     weight = torch.ones(100)
     tracker.add([weight], "parameters")
@@ -96,9 +104,9 @@ def test_cuda_overheads_split_context_from_cache_slack():
 
     figures = {"peak_allocated_bytes": 700, "peak_reserved_bytes": 1000, "nvml_process_bytes": 1500}
     assert overheads(figures) == {"cache_slack_bytes": 300, "context_bytes": 500}
-    assert overheads({"peak_allocated_bytes": 1, "peak_reserved_bytes": 2, "nvml_process_bytes": None}) == {
-        "cache_slack_bytes": 1
-    }
+    assert overheads(
+        {"peak_allocated_bytes": 1, "peak_reserved_bytes": 2, "nvml_process_bytes": None}
+    ) == {"cache_slack_bytes": 1}
 
 
 MiB = 1 << 20
@@ -111,9 +119,10 @@ def _reserved(tracker: LiveBytes) -> int:
 
 
 def test_a_replay_after_its_history_starts_from_the_segments_the_history_left():
-    """A first step makes the optimizer's state while its activations are alive, in a segment of its own; the
-    next step's larger request finds neither free. Replayed alone, the state would come first and the step's
-    request would take one segment beside it: 36 MiB reserved, where the card reserved 48."""
+    """A first step makes the optimizer's state while its activations are alive, in a segment of its
+    own; the next step's larger request finds neither free. Replayed alone, the state would come
+    first and the step's request would take one segment beside it: 36 MiB reserved, where the card
+    reserved 48."""
     kept = {}
 
     def first() -> None:

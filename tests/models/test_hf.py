@@ -1,6 +1,6 @@
-"""Models from a Hugging Face config.json (``hf:PATH``): the shipped configs build at their published sizes,
-tiny ones train and predict to the byte on a CPU, and a config that cannot be read says which file and the
-fix."""
+"""Models from a Hugging Face config.json (``hf:PATH``): the shipped configs build at their
+published sizes, tiny ones train and predict to the byte on a CPU, and a config that cannot be read
+says which file and the fix."""
 
 import json
 import shutil
@@ -24,14 +24,16 @@ CONFIGS = "hf:suites/configs/"
 @pytest.mark.parametrize(
     "name, task, params",
     [
-        # The parameter counts their model cards state (Llama-3.2: 1.24B and 3.21B; Qwen2.5-0.5B: 0.49B;
-        # Mistral-7B: 7.24B; ViT-L/16: 304M); BERT-large's 335M with a two-label head on its pooler.
+        # The parameter counts their model cards state (Llama-3.2: 1.24B and 3.21B; Qwen2.5-0.5B:
+        # 0.49B; Mistral-7B: 7.24B; ViT-L/16: 304M); BERT-large's 335M with a two-label head on its
+        # pooler.
         ("llama-3.2-1b", "causal-lm", 1_235_814_400),
         ("llama-3.2-3b", "causal-lm", 3_212_749_824),
         ("qwen2.5-0.5b", "causal-lm", 494_032_768),
         ("mistral-7b", "causal-lm", 7_241_732_096),
         ("bert-large-uncased#sequence-classification", "sequence-classification", 335_143_938),
-        # its own head, BertForMaskedLM: the encoder and a prediction head tied to the word embeddings
+        # its own head, BertForMaskedLM: the encoder and a prediction head tied to the word
+        # embeddings
         ("bert-large-uncased", "masked-lm", 335_174_458),
         ("vit-large-patch16-224", "image-classification", 304_326_632),
     ],
@@ -39,7 +41,9 @@ CONFIGS = "hf:suites/configs/"
 def test_the_shipped_configs_build_at_their_published_sizes(name, task, params):
     found = models.resolve(CONFIGS + name)
     assert hf._params(hf._config(CONFIGS + name), task) == params
-    assert found.cpu == (params <= hf.CPU_PARAMS)  # the 3B and 7B are predicted only, as llama3-8b is
+    assert found.cpu == (
+        params <= hf.CPU_PARAMS
+    )  # the 3B and 7B are predicted only, as llama3-8b is
     objective = {"causal-lm": "next-token", "masked-lm": "masked-lm"}.get(task, "classify")
     assert found.objective == objective
 
@@ -59,7 +63,9 @@ def test_a_tiny_config_trains_and_is_predicted_to_the_byte(name, techniques):
     trainer = assert_predicted_exactly(
         spec(CONFIGS + name, techniques, batch_size=4, image_size=32, seq_len=32)
     )
-    assert trainer.spec.blocks(trainer.model)  # its layers are found, for checkpointing and the rest
+    assert trainer.spec.blocks(
+        trainer.model
+    )  # its layers are found, for checkpointing and the rest
 
 
 def test_a_config_without_a_head_names_the_task_to_give(tmp_path):
@@ -72,8 +78,9 @@ def test_a_config_without_a_head_names_the_task_to_give(tmp_path):
 
 
 def test_the_name_sets_the_attention_after_the_task_as_from_pretrained_takes_it():
-    """Eager attention keeps each layer's probabilities and their dropout mask for backward; the name says so
-    (``#task,attn_implementation=eager``), and the run is predicted to the byte with it."""
+    """Eager attention keeps each layer's probabilities and their dropout mask for backward; the
+    name says so (``#task,attn_implementation=eager``), and the run is predicted to the byte with
+    it."""
     name = CONFIGS + "tiny-bert-classifier#sequence-classification,attn_implementation=eager"
     eager, sdpa = models.resolve(name), models.resolve(CONFIGS + "tiny-bert-classifier")
     assert not eager.attention and sdpa.attention
@@ -90,7 +97,8 @@ def test_a_suite_names_the_config_and_an_edit_to_it_measures_again(tmp_path):
     shutil.copytree("suites/configs/tiny-llama", folder)
     path = tmp_path / "mine.toml"
     path.write_text(
-        f'model = "hf:{folder}"\nbaseline = "baseline"\n[shapes.gpu]\nbatch_size = 2\nseq_len = 16\n'
+        f'model = "hf:{folder}"\nbaseline = "baseline"\n[shapes.gpu]\nbatch_size = 2\nseq_len = '
+        "16\n"
         '[shapes.cpu]\nbatch_size = 2\nseq_len = 16\n[[runs]]\nname = "baseline"\ntechniques = []\n'
     )
     run = load(path).runs[0]
@@ -110,11 +118,17 @@ def test_a_suite_names_the_config_and_an_edit_to_it_measures_again(tmp_path):
         ("tiny-llama#causal-lm,dtype=float32", False),
         ("tiny-llama#causal-lm,dtype=float32", True),
         ("tiny-bert-classifier", False),
-        ("tiny-bert-classifier#masked-lm", False),  # BertForMaskedLM's loss over every position's logits
+        (
+            "tiny-bert-classifier#masked-lm",
+            False,
+        ),  # BertForMaskedLM's loss over every position's logits
     ],
 )
-def test_the_harness_holds_what_transformers_trainer_holds_in_its_training_step(name, bf16, tmp_path):
-    # In bf16 the causal-LM loss upcasts the logits to float32: the harness's own cross-entropy did not.
+def test_the_harness_holds_what_transformers_trainer_holds_in_its_training_step(
+    name, bf16, tmp_path
+):
+    # In bf16 the causal-LM loss upcasts the logits to float32: the harness's own cross-entropy did
+    # not.
     from transformers import Trainer, TrainingArguments
 
     ours, batch = build_trainer(
@@ -154,8 +168,9 @@ def test_the_harness_holds_what_transformers_trainer_holds_in_its_training_step(
     assert measured["peak_phase"] == reference["peak_phase"]
 
 
-def test_the_weights_take_the_configs_dtype_as_transformers_5_loads_them_and_the_name_may_set_another():
-    """from_pretrained's dtype="auto": a config that says torch_dtype bfloat16 trains in bfloat16."""
+def test_weights_take_the_configs_dtype_as_transformers_5_loads_them_or_one_the_name_sets():
+    """from_pretrained's dtype="auto": a config that says torch_dtype bfloat16 trains in
+    bfloat16."""
     shapes = spec(CONFIGS + "tiny-llama", seq_len=16).cpu
     dtypes = {
         name: {p.dtype for p in models.resolve(CONFIGS + name).build(shapes).parameters()}
@@ -168,9 +183,12 @@ def test_the_weights_take_the_configs_dtype_as_transformers_5_loads_them_and_the
 
 @pytest.mark.full
 @pytest.mark.parametrize("config", ["tiny-llama", "tiny-bert-classifier", "tiny-vit-classifier"])
-def test_every_training_technique_that_applies_to_a_shipped_tiny_config_is_predicted_to_the_byte(config):
-    """Each registered single-process training technique, with its default options, that the run itself
-    accepts on this CPU (its own unsupported() and the model's say so): prediction equals the tracked peak."""
+def test_every_training_technique_that_applies_to_a_shipped_tiny_config_is_predicted_to_the_byte(
+    config,
+):
+    """Each registered single-process training technique, with its default options, that the run
+    itself accepts on this CPU (its own unsupported() and the model's say so): prediction equals the
+    tracked peak."""
     from bench.recipe import Recipe
     from bench.techniques import TECHNIQUES, Unsupported
 
@@ -181,7 +199,8 @@ def test_every_training_technique_that_applies_to_a_shipped_tiny_config_is_predi
         if "train" not in cls.modes or cls.distributed or cls.unpredictable:
             continue
         if Recipe.of(run, CPU).unsupported() or (name == "packing" or "lengths" in name):
-            continue  # packing needs variable-length data (a suite's lengths), refused at load without
+            # packing needs variable-length data (a suite's lengths), refused at load without
+            continue
         try:
             assert_predicted_exactly(run)
         except Unsupported:  # found out by the run itself (flash attention refusing a masked call)

@@ -85,7 +85,10 @@ def test_a_users_model_is_named_by_import_path_and_its_blocks_found():
     [
         ("tests.helpers:NOPE", "cannot import model 'tests.helpers:NOPE': AttributeError"),
         ("no_such_module:SPEC", "cannot import model 'no_such_module:SPEC': ModuleNotFoundError"),
-        ("tests.helpers:spec", "model 'tests.helpers:spec' is a function, not a bench.models.ModelSpec"),
+        (
+            "tests.helpers:spec",
+            "model 'tests.helpers:spec' is a function, not a bench.models.ModelSpec",
+        ),
         ("resnet-51", "unknown model 'resnet-51' (did you mean 'resnet50'?); known: bert-base"),
     ],
 )
@@ -101,7 +104,9 @@ def test_a_model_spec_with_impossible_inputs_is_refused_where_it_is_written():
 
 def test_a_language_model_is_a_token_model():
     with pytest.raises(ValueError, match="objective 'next-token' needs inputs = 'tokens'"):
-        ModelSpec("pixels", lambda shapes: nn.Identity(), "image", num_classes=2, objective="next-token")
+        ModelSpec(
+            "pixels", lambda shapes: nn.Identity(), "image", num_classes=2, objective="next-token"
+        )
 
 
 def test_a_language_models_loss_scores_each_position_on_the_next_token():
@@ -118,7 +123,9 @@ def test_a_users_model_runs_in_its_own_process_with_its_blocks_checkpointed():
     record = run_isolated(spec(USER, (tech("checkpoint"),)), Device("cpu", "cpu"))
     assert record["status"] == "ok", record
     assert record["proof"]["checkpoint.wrapped_modules"] == 3
-    assert record["proof"]["checkpoint.wrapped_names"] == "2.0, 2.1, 2.2"  # which ones, not only how many
+    assert (
+        record["proof"]["checkpoint.wrapped_names"] == "2.0, 2.1, 2.2"
+    )  # which ones, not only how many
     # each block ran twice: really wrapped
     assert record["proof"]["checkpoint.block_forwards_per_step"] == 2.0
 
@@ -156,10 +163,14 @@ def test_blocks_are_found_where_a_container_holds_a_run_of_one_class_among_other
 
     from bench.models import repeated_blocks
 
-    mobile = repeated_blocks(mobilenet_v3_small())  # stem and head share the Sequential with the 11 blocks
+    mobile = repeated_blocks(
+        mobilenet_v3_small()
+    )  # stem and head share the Sequential with the 11 blocks
     assert mobile == [f"features.{i}" for i in range(1, 12)]
     efficient = repeated_blocks(efficientnet_b0())  # stages 1 and 7 hold a single block each
-    assert len(efficient) == 16 and efficient[0] == "features.1.0" and efficient[-1] == "features.7.0"
+    assert (
+        len(efficient) == 16 and efficient[0] == "features.1.0" and efficient[-1] == "features.7.0"
+    )
 
 
 def test_logits_narrower_than_num_classes_say_which_widths_disagree():

@@ -30,15 +30,19 @@ def test_a_state_dict_file_replaces_every_tensor_and_is_recorded_with_its_digest
     torch.save(source, path)
     torch.manual_seed(0)
     model, record = build_model(MODELS.get("resnet-tiny"), IMAGE, str(path))
-    assert same(model.state_dict(), source, list(source))  # buffers too: BatchNorm's running statistics
+    assert same(
+        model.state_dict(), source, list(source)
+    )  # buffers too: BatchNorm's running statistics
     assert (
-        record["weights_loaded"] == len(source) and record["weights_missing"] == record["weights_unused"] == 0
+        record["weights_loaded"] == len(source)
+        and record["weights_missing"] == record["weights_unused"] == 0
     )
     assert digest(str(path)) == hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
 def test_a_save_pretrained_folder_of_the_bare_encoder_loads_under_its_prefix(tmp_path):
-    # A BertModel's names lack BertForSequenceClassification's "bert." prefix; the head stays as initialised.
+    # A BertModel's names lack BertForSequenceClassification's "bert." prefix; the head stays as
+    # initialised.
     encoder = built("bert-tiny", seed=1, shapes=TOKENS).bert
     encoder.save_pretrained(tmp_path / "encoder")  # model.safetensors
     torch.manual_seed(0)
@@ -51,7 +55,10 @@ def test_a_save_pretrained_folder_of_the_bare_encoder_loads_under_its_prefix(tmp
 
 def test_a_training_checkpoint_from_ddp_loads_and_a_head_of_another_size_is_left_out(tmp_path):
     source = built("resnet-tiny", seed=1).state_dict()
-    source["fc.weight"], source["fc.bias"] = torch.zeros(5, source["fc.weight"].shape[1]), torch.zeros(5)
+    source["fc.weight"], source["fc.bias"] = (
+        torch.zeros(5, source["fc.weight"].shape[1]),
+        torch.zeros(5),
+    )
     path = tmp_path / "checkpoint.pth"
     torch.save({"model": {f"module.{k}": v for k, v in source.items()}, "epoch": 3}, path)
     model, record = build_model(MODELS.get("resnet-tiny"), IMAGE, str(path))

@@ -1,9 +1,9 @@
-"""``bench advise`` checked on the shipped models (``make perf``): at CPU shapes, with the budget at 60% of
-the baseline's predicted (on a CPU, exact) peak, the listed plans are measured here, and the top plan must fit
-and run within 10% of the best throughput among those that fit. Plans known to lose more than 5 accuracy
-points are dropped, as a user would. On a CPU without native bf16 (the CI's VMs, some of them), no bf16 plan
-is offered: its steps take 6 to 15 times fp32's there. The committed records are the evidence, copied so that
-the measurements land in a scratch folder."""
+"""``bench advise`` checked on the shipped models (``make perf``): at CPU shapes, with the budget at
+60% of the baseline's predicted (on a CPU, exact) peak, the listed plans are measured here, and the
+top plan must fit and run within 10% of the best throughput among those that fit. Plans known to
+lose more than 5 accuracy points are dropped, as a user would. On a CPU without native bf16 (the
+CI's VMs, some of them), no bf16 plan is offered: its steps take 6 to 15 times fp32's there. The
+committed records are the evidence, copied so that the measurements land in a scratch folder."""
 
 import os
 import shutil
@@ -22,7 +22,9 @@ pytestmark = pytest.mark.perf
 def test_the_top_plan_fits_and_is_within_ten_percent_of_the_best_measured(suite, tmp_path):
     results = tmp_path / "results"
     shutil.copytree(
-        "results", results, ignore=shutil.ignore_patterns("plots", "overview", "*.html", "*.md", "*.svg")
+        "results",
+        results,
+        ignore=shutil.ignore_patterns("plots", "overview", "*.html", "*.md", "*.svg"),
     )
     start = time.perf_counter()
     argv = [
@@ -42,10 +44,12 @@ def test_the_top_plan_fits_and_is_within_ten_percent_of_the_best_measured(suite,
         "--out",
         str(tmp_path),
     ]
-    # The shipped-model check asks this very CPU, as a user's advice would. Left out of the advice's process
-    # only: popped here at import, it had left every test collected after it asking the CPU (bf16 tests failed
-    # on AVX2).
+    # The shipped-model check asks this very CPU, as a user's advice would. Left out of the advice's
+    # process only: popped here at import, it had left every test collected after it asking the CPU
+    # (bf16 tests failed on AVX2).
     here = {k: v for k, v in os.environ.items() if k != CPU_BF16}
-    done = subprocess.run([sys.executable, "-m", "bench", *argv], capture_output=True, text=True, env=here)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", *argv], capture_output=True, text=True, env=here
+    )
     print(f"\n{suite}: {time.perf_counter() - start:.0f} s\n{done.stdout}")
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]

@@ -1,8 +1,9 @@
-"""The harness against a minimal hand-written training loop on the same model and batch (``make perf``).
+"""The harness against a minimal hand-written training loop on the same model and batch (``make
+perf``).
 
-Not part of ``make test``: timings are noisy, so the two loops are timed back to back, round after round,
-and compared by the median of the rounds' ratios (a pair shares the machine's state; a round a neighbour
-disturbed is dropped); memory is compared exactly, through the live-bytes tracker.
+Not part of ``make test``: timings are noisy, so the two loops are timed back to back, round after
+round, and compared by the median of the rounds' ratios (a pair shares the machine's state; a round
+a neighbour disturbed is dropped); memory is compared exactly, through the live-bytes tracker.
 """
 
 import statistics
@@ -18,8 +19,8 @@ from tests.conftest import CPU, build_trainer
 from tests.helpers import spec
 
 pytestmark = pytest.mark.perf
-# On two noisy cores, the ratio of 20 rounds' medians spread over 0.95–1.02 from run to run; the median of
-# 60 rounds' ratios over 0.987–1.007 (nine runs).
+# On two noisy cores, the ratio of 20 rounds' medians spread over 0.95–1.02 from run to run; the
+# median of 60 rounds' ratios over 0.987–1.007 (nine runs).
 ROUNDS = 60
 
 
@@ -50,14 +51,15 @@ def test_harness_step_is_as_fast_and_as_small_as_a_hand_written_loop(benchmark):
     # throughput of the harness / the hand loop's
     ratio = statistics.median(t / o for t, o in zip(theirs, ours))
     # Batches cloned inside the tracked step, as the worker does, so both count the batch alike.
-    peak = tracked_step(lambda: trainer.step(clone_batch(batch)), trainer.model, trainer.optimizer, CPU)[
-        "peak_tensor_bytes"
-    ]
-    hand = tracked_step(lambda: hand_loop(model, optimizer, clone_batch(batch)), model, optimizer, CPU)[
-        "peak_tensor_bytes"
-    ]
+    peak = tracked_step(
+        lambda: trainer.step(clone_batch(batch)), trainer.model, trainer.optimizer, CPU
+    )["peak_tensor_bytes"]
+    hand = tracked_step(
+        lambda: hand_loop(model, optimizer, clone_batch(batch)), model, optimizer, CPU
+    )["peak_tensor_bytes"]
     print(
-        f"\nthroughput harness / hand loop: {ratio:.3f}; peak memory harness / hand loop: {peak / hand:.4f}"
+        f"\nthroughput harness / hand loop: {ratio:.3f}; peak memory harness / hand loop: "
+        f"{peak / hand:.4f}"
     )
     benchmark.extra_info |= {"throughput_ratio": ratio, "peak_ratio": peak / hand}
     benchmark.pedantic(lambda: trainer.step(batch), rounds=5, iterations=1)

@@ -1,6 +1,6 @@
-"""How long predicting full-size models at GPU shapes takes (``make perf``; not in ``make test``: a loaded
-machine takes severalfold longer): each prediction's time against one real step of a tiny model on this
-machine."""
+"""How long predicting full-size models at GPU shapes takes (``make perf``; not in ``make test``: a
+loaded machine takes severalfold longer): each prediction's time against one real step of a tiny
+model on this machine."""
 
 import time
 
@@ -28,19 +28,24 @@ def test_full_size_predictions_take_seconds():
             out = predict(run)
             took = time.perf_counter() - start
             print(
-                f"\n{name}/{run.name}: predicted in {took:.1f} s, {took / tiny:.0f}× a resnet-tiny step here"
+                f"\n{name}/{run.name}: predicted in {took:.1f} s, {took / tiny:.0f}× a resnet-tiny "
+                "step here"
             )
             assert out.status == "ok"
             assert took < 30  # about 2.5 s each on a quiet two-core CI machine
 
 
 def __getattr__(name: str) -> ModelSpec:
-    """``tests.perf.test_predict:TV_<name>``: torchvision's classification model ``name``, as a user names
-    one."""
+    """``tests.perf.test_predict:TV_<name>``: torchvision's classification model ``name``, as a user
+    names one."""
     if not name.startswith("TV_"):
         raise AttributeError(name)
     model = name.removeprefix("TV_")
-    quiet = {"aux_logits": False, "init_weights": False} if model in ("inception_v3", "googlenet") else {}
+    quiet = (
+        {"aux_logits": False, "init_weights": False}
+        if model in ("inception_v3", "googlenet")
+        else {}
+    )
     return ModelSpec(
         model,
         lambda shapes: torchvision.models.get_model(model, num_classes=10, **quiet),
@@ -51,6 +56,8 @@ def __getattr__(name: str) -> ModelSpec:
 
 @pytest.mark.parametrize("model", torchvision.models.list_models(module=torchvision.models))
 def test_every_torchvision_classification_model_predicts(model):
-    size = 299 if model == "inception_v3" else 224  # about 140 s for the 80 models on a two-core CI machine
+    size = (
+        299 if model == "inception_v3" else 224
+    )  # about 140 s for the 80 models on a two-core CI machine
     out = predict(spec(f"tests.perf.test_predict:TV_{model}", batch_size=1, image_size=size))
     assert out.status == "ok", out

@@ -1,5 +1,6 @@
-"""CUDA's autocast on fake CPU tensors, held against CUDA's own autocast kernels: this torch registers them
-without a GPU, and they run forward on fake CUDA tensors (backward would need a CUDA context)."""
+"""CUDA's autocast on fake CPU tensors, held against CUDA's own autocast kernels: this torch
+registers them without a GPU, and they run forward on fake CUDA tensors (backward would need a CUDA
+context)."""
 
 from collections import Counter
 from collections.abc import Iterator
@@ -20,8 +21,8 @@ BF16, F32 = torch.bfloat16, torch.float32
 
 @contextmanager
 def autocast_on(device: str) -> Iterator[None]:
-    """bfloat16 autocast for ``device``, set directly: ``torch.autocast("cuda")`` turns itself off without a
-    GPU."""
+    """bfloat16 autocast for ``device``, set directly: ``torch.autocast("cuda")`` turns itself off
+    without a GPU."""
     torch.set_autocast_enabled(device, True)
     torch.set_autocast_dtype(device, BF16)
     torch.autocast_increment_nesting()
@@ -34,22 +35,30 @@ def autocast_on(device: str) -> Iterator[None]:
 
 
 def on(device: str, call, emulate: bool = False):
-    """``call(make)`` under bf16 autocast on fake ``device`` tensors; ``make(shape, dtype)`` makes an
-    input."""
-    with FakeTensorMode(), autocast.cuda_autocast() if emulate else nullcontext(), autocast_on(device):
+    """``call(make)`` under bf16 autocast on fake ``device`` tensors; ``make(shape, dtype)`` makes
+    an input."""
+    with (
+        FakeTensorMode(),
+        autocast.cuda_autocast() if emulate else nullcontext(),
+        autocast_on(device),
+    ):
         return call(
-            lambda *shape, dtype=F32: torch.empty(shape, dtype=dtype, device=device, requires_grad=True)
+            lambda *shape, dtype=F32: torch.empty(
+                shape, dtype=dtype, device=device, requires_grad=True
+            )
         )
 
 
 def test_every_op_cudas_autocast_registers_has_a_rule():
     registered = autocast._registered("AutocastCUDA")
-    assert {name for name in registered if autocast._kernel(name, autocast._Casts()) is None} == set()
+    assert {
+        name for name in registered if autocast._kernel(name, autocast._Casts()) is None
+    } == set()
 
 
 def test_every_rule_names_an_op_cudas_autocast_registers():
-    """Up to the two ops CUDA's lists gained after torch 2.11, the CUDA host's (a misspelt name would
-    show)."""
+    """Up to the two ops CUDA's lists gained after torch 2.11, the CUDA host's (a misspelt name
+    would show)."""
     ruled = {
         *autocast.LOWER,
         *autocast.FP32,
@@ -77,7 +86,9 @@ CALLS = {  # one op or more of each rule, and ops only CPU's autocast casts
     "einsum, mv": lambda t: (torch.einsum("ij,jk->ik", t(4, 8), t(8, 2)), torch.mv(t(4, 8), t(8))),
     "linear, conv": lambda t: (F.linear(t(4, 8), t(2, 8)), F.conv2d(t(1, 3, 8, 8), t(4, 3, 3, 3))),
     "addcmul": lambda t: torch.addcmul(t(4, dtype=BF16), t(4), t(4, dtype=BF16)),
-    "cross_entropy": lambda t: F.cross_entropy(t(4, 10, dtype=BF16), t(4, 10)),  # CPU's own rule, not CUDA's
+    "cross_entropy": lambda t: F.cross_entropy(
+        t(4, 10, dtype=BF16), t(4, 10)
+    ),  # CPU's own rule, not CUDA's
     "avg_pool3d, stack": lambda t: (
         F.avg_pool3d(t(1, 2, 4, 4, 4, dtype=BF16), 2),
         torch.stack([t(2), t(2, dtype=BF16)]),
@@ -95,10 +106,19 @@ def test_each_rule_gives_what_cudas_own_kernel_gives(call):
 
 
 def test_cpus_own_lists_give_other_dtypes_for_most_of_these_ops():
-    """The difference the rules are there for (mv in float32, layer norm or sum in 16 bits, avg_pool3d in
-    float32 on a CPU), and the ops where CPU's lists already agree with CUDA's."""
-    differ = {name for name, call in CALLS.items() if dtypes(on("cpu", call)) != dtypes(on("cuda", call))}
-    assert differ == {"layer_norm", "exp, pow", "softmax, sum", "norm", "einsum, mv", "avg_pool3d, stack"}
+    """The difference the rules are there for (mv in float32, layer norm or sum in 16 bits,
+    avg_pool3d in float32 on a CPU), and the ops where CPU's lists already agree with CUDA's."""
+    differ = {
+        name for name, call in CALLS.items() if dtypes(on("cpu", call)) != dtypes(on("cuda", call))
+    }
+    assert differ == {
+        "layer_norm",
+        "exp, pow",
+        "softmax, sum",
+        "norm",
+        "einsum, mv",
+        "avg_pool3d, stack",
+    }
 
 
 def test_an_op_cudas_autocast_refuses_is_unsupported():
@@ -130,7 +150,8 @@ def test_a_weight_is_cast_once_per_autocast_region():
 
 
 def saved_for_backward(device: str, emulate: bool = False) -> Counter:
-    """(shape, dtype) of every tensor ConvNeXt-T's forward saves for backward under bf16 autocast."""
+    """(shape, dtype) of every tensor ConvNeXt-T's forward saves for backward under bf16
+    autocast."""
     kept = Counter()
 
     def forward(t):
@@ -149,9 +170,9 @@ def saved_for_backward(device: str, emulate: bool = False) -> Counter:
 
 
 def test_convnext_keeps_for_backward_what_cudas_autocast_keeps():
-    """ConvNeXt's layer norms take a 16-bit convolution's output. CUDA's autocast runs them in float32, so
-    each keeps a float32 copy of its input (and float32 statistics) where CPU's would keep the 16-bit
-    input."""
+    """ConvNeXt's layer norms take a 16-bit convolution's output. CUDA's autocast runs them in
+    float32, so each keeps a float32 copy of its input (and float32 statistics) where CPU's would
+    keep the 16-bit input."""
     cuda = saved_for_backward("cuda")
     assert saved_for_backward("cpu", emulate=True) == cuda
     cpu = saved_for_backward("cpu")

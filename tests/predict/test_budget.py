@@ -17,12 +17,16 @@ def test_budget_search_finds_the_largest_batch_that_fits_in_a_handful_of_predict
     run = spec("vit-tiny", (tech("accumulate", micro_batches=2),), batch_size=16)
     budget = predict(run, replace(run.gpu, batch_size=40)).peak_tensor_bytes
     calls = []
-    monkeypatch.setattr("bench.predict.budget.predict", lambda *a, **k: calls.append(a) or predict(*a, **k))
+    monkeypatch.setattr(
+        "bench.predict.budget.predict", lambda *a, **k: calls.append(a) or predict(*a, **k)
+    )
     best = largest_batch(run, budget)
     assert best is not None and best % 2 == 0 and best >= 40
     over = predict(run, replace(run.gpu, batch_size=best + 2)).peak_tensor_bytes
     assert predict(run, replace(run.gpu, batch_size=best)).peak_tensor_bytes <= budget < over
-    assert len(calls) <= 6  # the peak is near linear in the batch: two points, a guess and its neighbour
+    assert (
+        len(calls) <= 6
+    )  # the peak is near linear in the batch: two points, a guess and its neighbour
     assert largest_batch(run, 1000) is None
 
 
@@ -30,10 +34,16 @@ def test_budget_search_finds_the_largest_batch_that_fits_in_a_handful_of_predict
     "peak",
     [
         lambda b: 10_000 + 300 * b,  # linear
-        lambda b: 10_000 + 300 * b + 4_000 * (b // 7),  # steps: a guess off the line, bisection finishes
+        lambda b: (
+            10_000 + 300 * b + 4_000 * (b // 7)
+        ),  # steps: a guess off the line, bisection finishes
         lambda b: 10_000 + 3 * b * b,  # convex
-        lambda b: 10_000 + 300 * b if b < 50 else float("nan"),  # unpredictable past 50: does not fit
-        lambda b: max(30_000, 10_000 + 300 * b),  # the optimizer step holds the peak at small batches
+        lambda b: (
+            10_000 + 300 * b if b < 50 else float("nan")
+        ),  # unpredictable past 50: does not fit
+        lambda b: max(
+            30_000, 10_000 + 300 * b
+        ),  # the optimizer step holds the peak at small batches
     ],
 )
 def test_budget_search_agrees_with_trying_every_batch(monkeypatch, peak):
@@ -54,11 +64,17 @@ def test_budget_search_agrees_with_trying_every_batch(monkeypatch, peak):
         fits = [b for b in range(1, (1 << 16) + 1) if (p := peak(b)) == p and p <= budget]
         calls.clear()
         assert largest_batch(run, budget, limit=1 << 16) == (max(fits) if fits else None), budget
-        assert len(calls) <= 3 * 17, calls  # bounded by three times doubling then bisection over 1…65536
+        assert len(calls) <= 3 * 17, (
+            calls
+        )  # bounded by three times doubling then bisection over 1…65536
 
 
 def test_sizes_parse_with_binary_and_decimal_units():
-    assert parse_size("16GiB") == 16 * 2**30 and parse_size("80GB") == 80 * 10**9 and parse_size("512") == 512
+    assert (
+        parse_size("16GiB") == 16 * 2**30
+        and parse_size("80GB") == 80 * 10**9
+        and parse_size("512") == 512
+    )
     for wrong in ("lots", "-1GiB", "infGB", "16XB"):
         with pytest.raises(ValueError, match="expected a size"):
             parse_size(wrong)
@@ -68,13 +84,16 @@ def test_a_budget_is_the_cards_memory_less_the_reserve():
     assert tensor_budget("16GiB") == 15 * 2**30 and tensor_budget("80GB", "0") == 80 * 10**9
     with pytest.raises(ValueError, match="--reserve 'some': expected a size"):
         tensor_budget("16GiB", "some")
-    with pytest.raises(ValueError, match="--reserve 1GiB leaves nothing of --budget 1GiB for tensors"):
+    with pytest.raises(
+        ValueError, match="--reserve 1GiB leaves nothing of --budget 1GiB for tensors"
+    ):
         tensor_budget("1GiB")
 
 
 def test_the_default_reserve_holds_what_every_cuda_record_held_besides_tensors():
-    """The CUDA context (NVML's process memory less the allocator's reserve) and the allocator's own share of
-    its peak (its allocated peak less the tracked tensors'), summed, in every committed CUDA record."""
+    """The CUDA context (NVML's process memory less the allocator's reserve) and the allocator's own
+    share of its peak (its allocated peak less the tracked tensors'), summed, in every committed
+    CUDA record."""
     records = [json.loads(p.read_text()) for p in RESULTS.glob("*/*/*.json")]
     cuda = [r for r in records if r.get("device_type") == "cuda" and r.get("nvml_process_bytes")]
     assert len(cuda) >= 14
@@ -96,12 +115,14 @@ def test_every_command_reads_its_budget_one_way():
         Budget.parse("60%", "cuda")  # predict and fit: there is no baseline to take a share of
 
 
-def test_a_short_generation_out_of_memory_in_its_own_longer_prefill_does_not_cut_the_context(monkeypatch):
-    """The probe of the last decode step prefills a prompt longer than the real one, of an odd length that
-    fragments the allocator otherwise: on a card, its running out of memory in that prefill says nothing of
-    the real generation (int8 weights on an RTX 4090 did so at 23,166 tokens where 23,040 fit whole, and the
-    search climbed to its answer a whole generation at a time, minutes each). Only a decode that runs out of
-    memory counts against a prompt."""
+def test_a_short_generation_out_of_memory_in_its_own_longer_prefill_does_not_cut_the_context(
+    monkeypatch,
+):
+    """The probe of the last decode step prefills a prompt longer than the real one, of an odd
+    length that fragments the allocator otherwise: on a card, its running out of memory in that
+    prefill says nothing of the real generation (int8 weights on an RTX 4090 did so at 23,166 tokens
+    where 23,040 fit whole, and the search climbed to its answer a whole generation at a time,
+    minutes each). Only a decode that runs out of memory counts against a prompt."""
     from types import SimpleNamespace
 
     from bench.predict import budget
@@ -127,16 +148,21 @@ def test_a_short_generation_out_of_memory_in_its_own_longer_prefill_does_not_cut
     monkeypatch.setattr(budget, "_positions", lambda spec: 1 << 17)
     run = generation(new_tokens=128)
     assert budget.longest_context(run, card=rtx) == fits + 128
-    assert wholes == [fits, fits + 256]  # whole generations only confirm the answer the short ones led to
+    assert wholes == [
+        fits,
+        fits + 256,
+    ]  # whole generations only confirm the answer the short ones led to
 
 
 @pytest.mark.slow
 def test_the_longest_context_a_generation_holds_fits_whole_and_a_step_longer_does_not(monkeypatch):
-    """Found to 256 tokens, led by short generations and confirmed by whole ones; a prompt shorter than its
-    prefill's chunk is not a run of the entry, so the search begins past it."""
+    """Found to 256 tokens, led by short generations and confirmed by whole ones; a prompt shorter
+    than its prefill's chunk is not a run of the entry, so the search begins past it."""
     from bench.predict.budget import longest_context
 
-    run = generation((tech("chunked-prefill", chunk=300),), batch_size=2, prompt_len=512, new_tokens=8)
+    run = generation(
+        (tech("chunked-prefill", chunk=300),), batch_size=2, prompt_len=512, new_tokens=8
+    )
     budget = 30 * 2**20
 
     def whole(prompt: int) -> int:
@@ -150,15 +176,18 @@ def test_the_longest_context_a_generation_holds_fits_whole_and_a_step_longer_doe
     longest = longest_context(run, budget=budget)
     assert longest is not None and (longest - 8) % 256 == 0
     assert whole(longest - 8) <= budget < whole(longest - 8 + 256)
-    assert min(c.prompt_len for c in calls) == 512  # 256 is not over the chunk of 300: not a run of it
+    assert (
+        min(c.prompt_len for c in calls) == 512
+    )  # 256 is not over the chunk of 300: not a run of it
     assert sum(c.new_tokens == 8 for c in calls) <= 3  # whole generations only to confirm
     assert longest_context(run, budget=2**20) is None
 
 
 @pytest.mark.parametrize("over", [lambda value: value, lambda value: math.inf])
 def test_a_figure_above_the_budget_narrows_the_search_as_a_card_out_of_memory_gives_one(over):
-    """A card's out of memory says what was reserved and asked for: the line through both ends of the bracket
-    then lands on the answer, where a failure without a figure leaves bisection to close the bracket."""
+    """A card's out of memory says what was reserved and asked for: the line through both ends of
+    the bracket then lands on the answer, where a failure without a figure leaves bisection to close
+    the bracket."""
     calls = []
     peak = lambda n: 10_000 + 300 * n + 4_000 * (n // 64)  # noqa: E731  linear, with the allocator's steps
 
@@ -166,5 +195,7 @@ def test_a_figure_above_the_budget_narrows_the_search_as_a_card_out_of_memory_gi
         calls.append(n)
         return peak(n) if peak(n) <= 2_000_000 else over(peak(n))
 
-    assert largest(at, 2_000_000, 1 << 16, start=16) == max(n for n in range(6_000) if peak(n) <= 2_000_000)
+    assert largest(at, 2_000_000, 1 << 16, start=16) == max(
+        n for n in range(6_000) if peak(n) <= 2_000_000
+    )
     assert len(calls) <= 8 if over(1.0) == 1.0 else len(calls) > 8, calls

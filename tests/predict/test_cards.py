@@ -1,4 +1,5 @@
-"""--card: the step replayed through the caching allocator under a card's memory less its context."""
+"""--card: the step replayed through the caching allocator under a card's memory less its
+context."""
 
 import math
 from pathlib import Path
@@ -19,24 +20,37 @@ def test_the_h100_context_is_the_largest_the_committed_records_measured():
     """NVML's process memory less the allocator's reserved peak, in whole MiB."""
     records = [results.read(p) for p in H100_RECORDS]
     measured = [
-        r["nvml_process_bytes"] - r["peak_reserved_bytes"] for r in records if r.get("nvml_process_bytes")
+        r["nvml_process_bytes"] - r["peak_reserved_bytes"]
+        for r in records
+        if r.get("nvml_process_bytes")
     ]
     assert len(measured) >= 10 and math.ceil(max(measured) / MiB) * MiB == H100_CONTEXT
 
 
 def test_every_verdict_is_the_allocator_replayed_under_the_cards_capacity():
-    """Where every segment the step reserves fits, it fits; a little less, and the allocator must free its
-    cache and retry; under what the step allocates at once, nothing can save it: out of memory, with the phase
-    and the request that failed."""
+    """Where every segment the step reserves fits, it fits; a little less, and the allocator must
+    free its cache and retry; under what the step allocates at once, nothing can save it: out of
+    memory, with the phase and the request that failed."""
     run = spec("vit-tiny", batch_size=64, image_size=64)
     free = predict(run)
     on = lambda capacity: predict(run, card=Card("test", capacity, True, 0, "test"))  # noqa: E731
     roomy = on(free.peak_reserved_bytes)
-    assert (roomy.verdict, roomy.flushes, roomy.peak_reserved_bytes) == ("fits", 0, free.peak_reserved_bytes)
-    tight = [on(c) for c in range(free.peak_reserved_bytes - 2 * MiB, free.peak_allocated_bytes, -2 * MiB)]
+    assert (roomy.verdict, roomy.flushes, roomy.peak_reserved_bytes) == (
+        "fits",
+        0,
+        free.peak_reserved_bytes,
+    )
+    tight = [
+        on(c)
+        for c in range(free.peak_reserved_bytes - 2 * MiB, free.peak_allocated_bytes, -2 * MiB)
+    ]
     assert any(t.verdict == "fits after flushes" and t.flushes > 0 for t in tight)
     short = on(free.peak_allocated_bytes - 2 * MiB)
-    assert short.verdict == "out of memory" and short.oom_phase in ("forward", "backward", "optimizer")
+    assert short.verdict == "out of memory" and short.oom_phase in (
+        "forward",
+        "backward",
+        "optimizer",
+    )
     assert short.oom_request_bytes > 0 and short.card == "test"
     # No peak beside the verdict: the reserve at the failing request is not the run's reserved peak.
     assert short.peak_reserved_bytes is None and short.nvml_process_bytes is None
@@ -60,7 +74,8 @@ def test_a_card_is_named_as_users_write_it_and_an_unknown_one_lists_the_known():
 
 @pytest.mark.full
 def test_the_docs_table_of_gpu_records_against_their_predictions_is_current(tmp_path):
-    """docs/measuring.md's table is what the committed records and today's predictions give: make docs."""
+    """docs/measuring.md's table is what the committed records and today's predictions give: make
+    docs."""
     page = Path(__file__).resolve().parents[2] / "docs" / "measuring.md"
     copy = tmp_path / "measuring.md"
     copy.write_text(page.read_text())
@@ -70,8 +85,8 @@ def test_the_docs_table_of_gpu_records_against_their_predictions_is_current(tmp_
 
 @pytest.mark.full
 def test_every_published_figure_is_predicted_within_five_percent_on_its_card():
-    """results/*/published.csv: what others measured with nvidia-smi (Hugging Face's bert-large table, under
-    PyTorch 1.10), held against the prediction of the suite's run on that card."""
+    """results/*/published.csv: what others measured with nvidia-smi (Hugging Face's bert-large
+    table, under PyTorch 1.10), held against the prediction of the suite's run on that card."""
     root = Path(__file__).resolve().parents[2]
     found = held.published(root / "results", root / "suites")
     assert len(found) >= 6

@@ -27,14 +27,16 @@ def test_cuda_prediction_counts_in_allocator_blocks_and_counts_flops():
 
 
 def cuda_prediction(model: str, *techniques: TechniqueSpec, **shapes: Any) -> dict[str, Any]:
-    """A run's CUDA-modelled prediction at the shapes given (``spec``'s keywords), small enough for tests."""
+    """A run's CUDA-modelled prediction at the shapes given (``spec``'s keywords), small enough for
+    tests."""
     run = spec(model, techniques, **shapes)
     return predict(run, run.cpu, cuda=True)
 
 
 def test_cuda_prediction_takes_the_optimizer_implementation_cuda_would():
-    """At batch 1 the optimizer step holds the peak: the default AdamW is predicted as foreach (its √v for all
-    parameters at once), as CUDA runs it, not as the single-tensor loop CPU tensors get."""
+    """At batch 1 the optimizer step holds the peak: the default AdamW is predicted as foreach (its
+    √v for all parameters at once), as CUDA runs it, not as the single-tensor loop CPU tensors
+    get."""
 
     def peak(*techniques):
         out = cuda_prediction("vit-tiny", *techniques, batch_size=1)
@@ -49,9 +51,10 @@ def test_cuda_prediction_takes_the_optimizer_implementation_cuda_would():
 
 
 def test_cuda_prediction_saves_dropout_masks_of_one_byte(monkeypatch):
-    """CUDA's dropout is the fused kernel, which keeps a bool mask; CPU's keeps float32 noise: three bytes
-    more per element. bert-tiny drops out five times at batch × sequence × hidden (16·16·64: embeddings,
-    then attention output and feed-forward in each of two layers) and once on the pooled output (16·64)."""
+    """CUDA's dropout is the fused kernel, which keeps a bool mask; CPU's keeps float32 noise: three
+    bytes more per element. bert-tiny drops out five times at batch × sequence × hidden (16·16·64:
+    embeddings, then attention output and feed-forward in each of two layers) and once on the pooled
+    output (16·64)."""
     fused = cuda_prediction("bert-tiny", batch_size=16, seq_len=16).activation_bytes
     monkeypatch.setattr(cuda, "cuda_dropout", nullcontext)
     noise = cuda_prediction("bert-tiny", batch_size=16, seq_len=16).activation_bytes
@@ -59,8 +62,8 @@ def test_cuda_prediction_saves_dropout_masks_of_one_byte(monkeypatch):
 
 
 def attention_bytes(fn, inputs: tuple[torch.Tensor, ...]) -> tuple[list[torch.Tensor], int, int]:
-    """fn's output and its inputs' gradients, the bytes of the storages autograd keeps for backward, and the
-    peak live bytes of forward and backward as the tracker counts them."""
+    """fn's output and its inputs' gradients, the bytes of the storages autograd keeps for backward,
+    and the peak live bytes of forward and backward as the tracker counts them."""
     storages: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -76,19 +79,26 @@ def attention_bytes(fn, inputs: tuple[torch.Tensor, ...]) -> tuple[list[torch.Te
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
-    "kv_heads, mask, causal", [(4, None, False), (2, None, True), (4, "bool", False), (2, "float", False)]
+    "kv_heads, mask, causal",
+    [(4, None, False), (2, None, True), (4, "bool", False), (2, "float", False)],
 )
-def test_the_math_path_is_atens_step_for_step_with_cudas_one_byte_dropout_mask(dtype, kv_heads, mask, causal):
-    """predict's copy of ATen's math attention computes the same values and gradients, keeps the same tensors
-    and peaks at the same bytes as ATen's own; with dropout on, it keeps a bool mask where CPU's kept float32
-    noise over the 2·4·8·8 weights (float32 in 16-bit too: the math path computes in float32)."""
+def test_the_math_path_is_atens_step_for_step_with_cudas_one_byte_dropout_mask(
+    dtype, kv_heads, mask, causal
+):
+    """predict's copy of ATen's math attention computes the same values and gradients, keeps the
+    same tensors and peaks at the same bytes as ATen's own; with dropout on, it keeps a bool mask
+    where CPU's kept float32 noise over the 2·4·8·8 weights (float32 in 16-bit too: the math path
+    computes in float32)."""
     torch.manual_seed(0)
     qkv = tuple(
-        torch.randn(2, heads, 8, 16, dtype=dtype, requires_grad=True) for heads in (4, kv_heads, kv_heads)
+        torch.randn(2, heads, 8, 16, dtype=dtype, requires_grad=True)
+        for heads in (4, kv_heads, kv_heads)
     )
-    m = {None: None, "bool": torch.rand(2, 1, 8, 8) > 0.3, "float": torch.randn(2, 1, 8, 8, dtype=dtype)}[
-        mask
-    ]
+    m = {
+        None: None,
+        "bool": torch.rand(2, 1, 8, 8) > 0.3,
+        "float": torch.randn(2, 1, 8, 8, dtype=dtype),
+    }[mask]
 
     def aten_math(p: float) -> torch.Tensor:
         with sdpa_kernel(SDPBackend.MATH):
@@ -107,8 +117,9 @@ def test_the_math_path_is_atens_step_for_step_with_cudas_one_byte_dropout_mask(d
 
 
 def test_cuda_prediction_of_the_math_path_saves_its_attention_dropout_mask_in_one_byte(monkeypatch):
-    """bert-tiny with sdpa's math backend drops out its s×s attention weights (p 0.1) in each of two layers of
-    two heads: a bool mask apiece on CUDA, where ATen's composite on a CPU tensor keeps float32 noise."""
+    """bert-tiny with sdpa's math backend drops out its s×s attention weights (p 0.1) in each of two
+    layers of two heads: a bool mask apiece on CUDA, where ATen's composite on a CPU tensor keeps
+    float32 noise."""
     aten_math = F.scaled_dot_product_attention  # the prediction routes the module's name to its own
 
     def cpu_noise(q, k, v, m, p, causal, scale, grouped):
@@ -125,10 +136,11 @@ def test_cuda_prediction_of_the_math_path_saves_its_attention_dropout_mask_in_on
     "techniques, per_layer", [((tech("bf16"),), 34), ((tech("bf16"), tech("checkpoint")), 2)]
 )
 def test_a_transformer_layer_keeps_what_korthikanti_counts(techniques, per_layer):
-    """Korthikanti et al. 2022 (arXiv:2205.05198): in 16-bit a transformer layer keeps s·b·h·(34 + 5·a·s/h)
-    bytes for backward, 2·s·b·h with full recomputation. Flash attention keeps no s×s matrix (the second
-    term), only per-token statistics; the 34 counts one-byte dropout masks, as CUDA keeps them (CPU's
-    dropout would make it 36). One layer is the difference between BERT-base with three and with two."""
+    """Korthikanti et al. 2022 (arXiv:2205.05198): in 16-bit a transformer layer keeps s·b·h·(34 +
+    5·a·s/h) bytes for backward, 2·s·b·h with full recomputation. Flash attention keeps no s×s
+    matrix (the second term), only per-token statistics; the 34 counts one-byte dropout masks, as
+    CUDA keeps them (CPU's dropout would make it 36). One layer is the difference between BERT-base
+    with three and with two."""
     s, b, h = 512, 16, 768
     kept = [
         cuda_prediction(model, *techniques, batch_size=b, seq_len=s).activation_bytes
@@ -139,9 +151,9 @@ def test_a_transformer_layer_keeps_what_korthikanti_counts(techniques, per_layer
 
 @pytest.mark.full  # ViT-L/16 at full size, a published figure: 15-20 s of a loaded two-core machine
 def test_vit_l16_at_batch_1_needs_what_the_optimizer_in_backward_tutorial_measured():
-    """PyTorch's optimizer_step_in_backward tutorial: ViT-L/16, batch 1, Adam on CUDA peaks at about 6 GB, and
-    about 4 GB with the step fused into backward. The first holds only if Adam is predicted as foreach:
-    the single-tensor loop's temporaries would make it 4.9 GB."""
+    """PyTorch's optimizer_step_in_backward tutorial: ViT-L/16, batch 1, Adam on CUDA peaks at about
+    6 GB, and about 4 GB with the step fused into backward. The first holds only if Adam is
+    predicted as foreach: the single-tensor loop's temporaries would make it 4.9 GB."""
 
     def peak(*techniques):
         return (
@@ -156,9 +168,10 @@ def test_vit_l16_at_batch_1_needs_what_the_optimizer_in_backward_tutorial_measur
 
 
 def test_grouped_keys_take_flash_in_16_bit_and_the_math_path_otherwise_as_on_cuda():
-    """Llama-style attention with fewer key/value heads than query heads: CUDA's flash kernel takes the
-    grouped keys, its memory-efficient one does not, so float32 falls back to math (s×s scores). Under
-    autocast the inputs are cast to 16-bit first (rotary embeddings leave the query in float32)."""
+    """Llama-style attention with fewer key/value heads than query heads: CUDA's flash kernel takes
+    the grouped keys, its memory-efficient one does not, so float32 falls back to math (s×s scores).
+    Under autocast the inputs are cast to 16-bit first (rotary embeddings leave the query in
+    float32)."""
 
     def peak(*techniques):
         return cuda_prediction(
@@ -167,14 +180,26 @@ def test_grouped_keys_take_flash_in_16_bit_and_the_math_path_otherwise_as_on_cud
 
     amp = tech("amp", dtype="bfloat16")
     assert peak() == peak(tech("sdpa", backend="math"))
-    assert peak(amp) == peak(amp, tech("sdpa", backend="flash")) < peak(amp, tech("sdpa", backend="math"))
+    assert (
+        peak(amp)
+        == peak(amp, tech("sdpa", backend="flash"))
+        < peak(amp, tech("sdpa", backend="math"))
+    )
 
 
 @pytest.mark.parametrize(
     "model, techniques, why",
     [
-        ("bert-tiny", (tech("sdpa", backend="flash"),), "flash attention on CUDA takes 16-bit inputs only"),
-        ("bert-tiny", (tech("sdpa", backend="cudnn"),), "cudnn attention on CUDA takes 16-bit inputs only"),
+        (
+            "bert-tiny",
+            (tech("sdpa", backend="flash"),),
+            "flash attention on CUDA takes 16-bit inputs only",
+        ),
+        (
+            "bert-tiny",
+            (tech("sdpa", backend="cudnn"),),
+            "cudnn attention on CUDA takes 16-bit inputs only",
+        ),
         (
             "tests.helpers:TINY_LM",
             (tech("sdpa", backend="efficient"),),
@@ -182,21 +207,28 @@ def test_grouped_keys_take_flash_in_16_bit_and_the_math_path_otherwise_as_on_cud
         ),
     ],
 )
-def test_a_pinned_attention_kernel_cuda_would_refuse_makes_the_prediction_unsupported(model, techniques, why):
-    """As the run on CUDA would be (the sdpa technique turns the kernel's refusal into `unsupported`), instead
-    of a figure for a kernel that never runs; under autocast the same kernels take the call."""
+def test_a_pinned_attention_kernel_cuda_would_refuse_makes_the_prediction_unsupported(
+    model, techniques, why
+):
+    """As the run on CUDA would be (the sdpa technique turns the kernel's refusal into
+    `unsupported`), instead of a figure for a kernel that never runs; under autocast the same
+    kernels take the call."""
     out = cuda_prediction(model, *techniques, batch_size=4, seq_len=16)
     assert out.status == "unsupported" and out.message.startswith(why)
-    amp = cuda_prediction(model, *techniques[:1], tech("amp", dtype="bfloat16"), batch_size=4, seq_len=16)
+    amp = cuda_prediction(
+        model, *techniques[:1], tech("amp", dtype="bfloat16"), batch_size=4, seq_len=16
+    )
     assert amp.status == ("unsupported" if "grouped" in why else "ok")
 
 
 def test_fp8_is_predicted_keeping_the_activations_it_had_and_adding_its_casts():
-    """torchao saves each float8 linear's input for backward in its own precision and casts it again there, so
-    FP8 keeps what the model kept; the casts' temporaries (the float8 copies, their scales) raise the peak."""
+    """torchao saves each float8 linear's input for backward in its own precision and casts it again
+    there, so FP8 keeps what the model kept; the casts' temporaries (the float8 copies, their
+    scales) raise the peak."""
     pytest.importorskip("torchao")
     base, fp8 = (
-        cuda_prediction("vit-tiny", *techniques, batch_size=16) for techniques in ((), (tech("fp8"),))
+        cuda_prediction("vit-tiny", *techniques, batch_size=16)
+        for techniques in ((), (tech("fp8"),))
     )
     assert fp8.status == "ok", fp8
     assert fp8.activation_bytes == base.activation_bytes
@@ -204,20 +236,22 @@ def test_fp8_is_predicted_keeping_the_activations_it_had_and_adding_its_casts():
 
 
 def test_offload_leaves_only_the_logits_on_the_device_after_forward():
-    """save_on_cpu moves every tensor saved for backward to the host, so what forward leaves on the device is
-    the logits (16 × 10 in float32: 640 bytes, two 512-byte blocks); backward brings each back while its node
-    runs."""
+    """save_on_cpu moves every tensor saved for backward to the host, so what forward leaves on the
+    device is the logits (16 × 10 in float32: 640 bytes, two 512-byte blocks); backward brings each
+    back while its node runs."""
     base, offload = (
-        cuda_prediction("vit-tiny", *techniques, batch_size=16) for techniques in ((), (tech("offload"),))
+        cuda_prediction("vit-tiny", *techniques, batch_size=16)
+        for techniques in ((), (tech("offload"),))
     )
     assert offload.activation_bytes == 1024
     assert offload.peak_tensor_bytes < base.peak_tensor_bytes
 
 
 def test_offload_brings_host_tensors_back_to_the_host_not_the_device(monkeypatch):
-    """save_on_cpu brings a saved tensor back to the device it came from, so the memory-efficient kernel's
-    seed and offset, which CUDA keeps on the host, never reach the device: bert-tiny's backward peak (SGD
-    keeps it there) comes in an attention layer's backward, where counting them would add their two blocks."""
+    """save_on_cpu brings a saved tensor back to the device it came from, so the memory-efficient
+    kernel's seed and offset, which CUDA keeps on the host, never reach the device: bert-tiny's
+    backward peak (SGD keeps it there) comes in an attention layer's backward, where counting them
+    would add their two blocks."""
     from bench.predict import stand_ins as adapters
 
     techniques = (tech("offload"), tech("optimizer", kind="sgd"))
@@ -235,7 +269,9 @@ def test_the_host_state_is_adams_step_counters_outside_fused_groups():
         p.grad = torch.ones_like(p)
     plain.step(), fused.step()
     assert cuda.host_state(plain) == [plain.state[p]["step"] for p in params[:2]]
-    assert cuda.host_state(fused) == []  # fused and capturable steps keep their counters on the device
+    assert (
+        cuda.host_state(fused) == []
+    )  # fused and capturable steps keep their counters on the device
 
 
 LOGITS_HELD = "7940e663"  # the revision whose trainer held the logits through backward
@@ -243,18 +279,21 @@ LOGITS_HELD = "7940e663"  # the revision whose trainer held the logits through b
 
 @pytest.mark.full
 @pytest.mark.parametrize(
-    "path", sorted(RESULTS.glob("*/nvidia-h100*/*.json")), ids=lambda p: f"{p.parent.parent.name}-{p.stem}"
+    "path",
+    sorted(RESULTS.glob("*/nvidia-h100*/*.json")),
+    ids=lambda p: f"{p.parent.parent.name}-{p.stem}",
 )
 def test_every_h100_record_is_predicted_byte_for_byte(path):
-    """Every committed H100 record against its prediction: what forward kept for backward is what the tracker
-    counted there, to the byte, and so is the peak. Each needs CUDA's outputs where they differ from the meta
-    kernels': layer norm's float32 statistics for 16-bit inputs (pure-bf16 ViT read 1.2 MB low without), and
-    the host placement of the memory-efficient attention kernel's seed and offset (fp32 BERT and ViT: 24
-    blocks high), of optimizers' step counters (BERT's forward peaks: 201 blocks high) and not of a scalar an
-    optimizer computes (transformers' Adafactor's RMS: bert-large's, 393 blocks low), and float16's scaled
-    loss alive through backward (a block). The trainer that measured the records of 2026-11-22 (7940e663)
-    held the logits through backward, which today's does not, as a hand-written loop would not: a peak in
-    backward there is the prediction and those logits' blocks."""
+    """Every committed H100 record against its prediction: what forward kept for backward is what
+    the tracker counted there, to the byte, and so is the peak. Each needs CUDA's outputs where they
+    differ from the meta kernels': layer norm's float32 statistics for 16-bit inputs (pure-bf16 ViT
+    read 1.2 MB low without), and the host placement of the memory-efficient attention kernel's seed
+    and offset (fp32 BERT and ViT: 24 blocks high), of optimizers' step counters (BERT's forward
+    peaks: 201 blocks high) and not of a scalar an optimizer computes (transformers' Adafactor's
+    RMS: bert-large's, 393 blocks low), and float16's scaled loss alive through backward (a block).
+    The trainer that measured the records of 2026-11-22 (7940e663) held the logits through backward,
+    which today's does not, as a hand-written loop would not: a peak in backward there is the
+    prediction and those logits' blocks."""
     record = results.read(path)
     if record["status"] != "ok":
         pytest.skip(f"{record['status']}: no peak to hold the prediction to")

@@ -29,13 +29,25 @@ from tests.helpers import generation, spec, tech
     [
         ("vit-tiny", ()),
         ("vit-tiny", (tech("checkpoint"),)),
-        ("bert-tiny", ()),  # transformers skips the attention mask of an unpadded batch, fake or real
+        (
+            "bert-tiny",
+            (),
+        ),  # transformers skips the attention mask of an unpadded batch, fake or real
         ("vit-tiny", (tech("amp", dtype="bfloat16"), tech("accumulate", micro_batches=2))),
         ("resnet-tiny", (tech("optimizer", kind="sgd"),)),
-        ("resnet-tiny", (tech("channels-last"),)),  # fake tensors cannot be swapped: it converts in place
+        (
+            "resnet-tiny",
+            (tech("channels-last"),),
+        ),  # fake tensors cannot be swapped: it converts in place
         ("vit-tiny", (tech("bf16"),)),
-        ("vit-tiny", (tech("optimizer", kind="adafactor"),)),  # reads norms with .item(): they read as 1
-        ("vit-tiny", (tech("optimizer", kind="adamw", impl="foreach"),)),  # temporaries over all parameters
+        (
+            "vit-tiny",
+            (tech("optimizer", kind="adafactor"),),
+        ),  # reads norms with .item(): they read as 1
+        (
+            "vit-tiny",
+            (tech("optimizer", kind="adamw", impl="foreach"),),
+        ),  # temporaries over all parameters
         (
             "bert-tiny",
             (tech("lora"),),
@@ -54,29 +66,34 @@ def test_fake_tensor_prediction_equals_the_real_tracked_step_on_cpu(model, techn
     assert_predicted_exactly(spec(model, techniques, batch_size=16))
 
 
-@pytest.mark.full  # 50 s, torchao's compile; make test holds adamw-8bit's tracked state byte for byte
+# 50 s, torchao's compile; make test holds adamw-8bit's tracked state byte for byte
+@pytest.mark.full
 def test_adamw_8bit_predicts_exactly_with_its_compiled_update_run_eager_on_fake_tensors():
-    """torchao compiles the update, which fake tensors cannot enter: they run it eager, and the tracker steps
-    aside for it on both sides, so the 8-bit state is counted to the byte."""
+    """torchao compiles the update, which fake tensors cannot enter: they run it eager, and the
+    tracker steps aside for it on both sides, so the 8-bit state is counted to the byte."""
     pytest.importorskip("torchao")
     assert_predicted_exactly(spec("vit-tiny", (tech("adamw-8bit"),), batch_size=16))
 
 
-@pytest.mark.full  # 70 s: every combination of the shipped suites, trained twice in processes of its own
+# 70 s: every combination of the shipped suites, trained twice in processes of its own
+@pytest.mark.full
 def test_predictions_leave_nothing_behind_that_changes_the_real_runs_after_them():
-    """A worker predicts, then measures and trains, in one process. Every technique combination of the shipped
-    suites, all predicted before any runs for real, must then train to the losses of a process that predicted
-    nothing: torchao once cached its 8-bit code books from fake values (read as 1), and every real 8-bit
-    update after a prediction went wrong (ResNet-50's fidelity run: 96% → 8%). The two processes run side by
-    side."""
+    """A worker predicts, then measures and trains, in one process. Every technique combination of
+    the shipped suites, all predicted before any runs for real, must then train to the losses of a
+    process that predicted nothing: torchao once cached its 8-bit code books from fake values (read
+    as 1), and every real 8-bit update after a prediction went wrong (ResNet-50's fidelity run: 96%
+    → 8%). The two processes run side by side."""
     fresh, after = (_result(p) for p in [_probe(*args) for args in ((), ("predict-first",))])
-    assert len(fresh) > 30, fresh  # every family's baseline and the suites' combinations that run on a CPU
+    assert len(fresh) > 30, (
+        fresh
+    )  # every family's baseline and the suites' combinations that run on a CPU
     assert {k: v for k, v in after.items() if v != fresh.get(k)} == {}
 
 
 def _probe(*args: str) -> subprocess.Popen:
     root = Path(__file__).resolve().parents[2]
-    # A thread each: the two side by side would otherwise each take a thread per core and contend for them.
+    # A thread each: the two side by side would otherwise each take a thread per core and contend
+    # for them.
     env = os.environ | {"PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(
         [sys.executable, "-m", "tests.predict.trace_probe", *args],
@@ -97,16 +114,20 @@ def _result(probe: subprocess.Popen) -> dict[str, list[float]]:
 def test_inference_mode_predicts_exactly_though_its_reads_come_undecomposed():
     """Under inference_mode, transformers' padding check (bool of a tensor) reaches the fake mode as
     is_nonzero, not as the value read it decomposes into elsewhere."""
-    assert_predicted_exactly(spec("bert-tiny", (tech("inference-mode"),), batch_size=16, mode="inference"))
+    assert_predicted_exactly(
+        spec("bert-tiny", (tech("inference-mode"),), batch_size=16, mode="inference")
+    )
 
 
 @pytest.mark.parametrize(
-    "techniques", [(tech("fp8"),), (tech("fp8"), tech("amp", dtype="bfloat16")), (tech("fp8"), tech("bf16"))]
+    "techniques",
+    [(tech("fp8"),), (tech("fp8"), tech("amp", dtype="bfloat16")), (tech("fp8"), tech("bf16"))],
 )
 def test_fp8_predicts_exactly_what_its_real_kernels_keep_on_this_cpu(monkeypatch, techniques):
-    """torchao's float8 linears run on a CPU too (torch has a CPU ``_scaled_mm``). The harness refuses an FP8
-    run there only because FP8 is a matter of GPU speed, so the test lets one through to hold the fake step
-    against the real one: the casts' temporaries, the float8 copies and the saved inputs, byte for byte."""
+    """torchao's float8 linears run on a CPU too (torch has a CPU ``_scaled_mm``). The harness
+    refuses an FP8 run there only because FP8 is a matter of GPU speed, so the test lets one through
+    to hold the fake step against the real one: the casts' temporaries, the float8 copies and the
+    saved inputs, byte for byte."""
     pytest.importorskip("torchao")
     monkeypatch.setattr(FP8Training, "unsupported", lambda self, ctx: None)
     trainer = assert_predicted_exactly(spec("vit-tiny", techniques, batch_size=16))
@@ -115,8 +136,9 @@ def test_fp8_predicts_exactly_what_its_real_kernels_keep_on_this_cpu(monkeypatch
 
 
 class HostOutOfSight(torch.autograd.graph.saved_tensors_hooks):
-    """save_on_cpu between this CPU and a host the tracker cannot see: the copy out is made with dispatch
-    modes off, so it is not counted; the copy back is, as the device copy save_on_cpu's unpack makes."""
+    """save_on_cpu between this CPU and a host the tracker cannot see: the copy out is made with
+    dispatch modes off, so it is not counted; the copy back is, as the device copy save_on_cpu's
+    unpack makes."""
 
     def __init__(self, pin_memory: bool) -> None:
         def pack(t: torch.Tensor) -> torch.Tensor:
@@ -137,18 +159,26 @@ class HostOutOfSight(torch.autograd.graph.saved_tensors_hooks):
             (tech("amp", dtype="bfloat16"),),
             16,
         ),  # autocast's cached weight casts stay on the device
-        ("vit-tiny", (tech("checkpoint"),), 16),  # only the blocks' inputs are saved, and so offloaded
+        (
+            "vit-tiny",
+            (tech("checkpoint"),),
+            16,
+        ),  # only the blocks' inputs are saved, and so offloaded
     ],
 )
 def test_offload_predicts_what_a_real_step_keeps_when_its_saved_tensors_leave_the_device(
     monkeypatch, model, techniques, batch_size
 ):
-    """A CPU has no host apart from its device, so the real step here offloads to one the tracker cannot see;
-    the fake step, which keeps only each saved tensor's shape and dtype, must count the same bytes: the
-    device copies that backward unpacks, when they are made and freed."""
-    monkeypatch.setattr(ActivationOffload, "unsupported", lambda self, ctx: None)  # refused on a CPU run
+    """A CPU has no host apart from its device, so the real step here offloads to one the tracker
+    cannot see; the fake step, which keeps only each saved tensor's shape and dtype, must count the
+    same bytes: the device copies that backward unpacks, when they are made and freed."""
+    monkeypatch.setattr(
+        ActivationOffload, "unsupported", lambda self, ctx: None
+    )  # refused on a CPU run
     monkeypatch.setattr(torch.autograd.graph, "save_on_cpu", HostOutOfSight)
-    trainer = assert_predicted_exactly(spec(model, (tech("offload"), *techniques), batch_size=batch_size))
+    trainer = assert_predicted_exactly(
+        spec(model, (tech("offload"), *techniques), batch_size=batch_size)
+    )
     assert trainer.proof()["offload.tensors_offloaded_per_step"] > 0
 
 
@@ -186,8 +216,8 @@ GENERATION = load(Path(__file__).resolve().parents[2] / "suites" / "llama-genera
 
 @pytest.mark.parametrize("run", GENERATION.runs, ids=lambda r: r.name)
 def test_every_generation_entry_is_predicted_exactly_in_each_phase_or_says_why_not(run):
-    """llama-generate's entries on this CPU: the peak of the prefill and of the decoding, and the cache's
-    bytes, predicted to the byte; an entry that cannot run or be predicted here says why."""
+    """llama-generate's entries on this CPU: the peak of the prefill and of the decoding, and the
+    cache's bytes, predicted to the byte; an entry that cannot run or be predicted here says why."""
     made = predict(run, run.cpu, cuda=False)
     if made.status != "ok":
         assert made.status in ("unsupported", "unpredictable")
@@ -197,8 +227,10 @@ def test_every_generation_entry_is_predicted_exactly_in_each_phase_or_says_why_n
     assert generator.generated == run.cpu.new_tokens
 
 
-def test_generation_is_predicted_exactly_with_a_prompt_in_chunks_and_at_gpu_shapes_says_its_phases():
-    chunked = assert_predicted_exactly(generation((tech("chunked-prefill", chunk=8),), prompt_len=20))
+def test_generation_is_predicted_exactly_with_a_chunked_prompt_and_at_gpu_shapes_by_phase():
+    chunked = assert_predicted_exactly(
+        generation((tech("chunked-prefill", chunk=8),), prompt_len=20)
+    )
     assert chunked.forwards == {"prefill": 3, "decode": 3}
     on_gpu = predict(generation(batch_size=4, prompt_len=128, new_tokens=3))
     assert on_gpu.peak_prefill_bytes > on_gpu.peak_decode_bytes > on_gpu.kv_cache_bytes > 0
@@ -206,11 +238,13 @@ def test_generation_is_predicted_exactly_with_a_prompt_in_chunks_and_at_gpu_shap
 
 
 @pytest.mark.parametrize(
-    "run", [generation(prompt_len=64), spec("bert-tiny", mode="inference")], ids=["generate", "inference"]
+    "run",
+    [generation(prompt_len=64), spec("bert-tiny", mode="inference")],
+    ids=["generate", "inference"],
 )
 def test_a_serving_steps_counts_taken_on_its_first_step_are_those_of_a_warm_up_of_their_own(run):
-    """Without a backward the history's step is counted instead of a warm-up step (a generation at GPU shapes
-    takes a minute a step): the same FLOPs, operators and peak."""
+    """Without a backward the history's step is counted instead of a warm-up step (a generation at
+    GPU shapes takes a minute a step): the same FLOPs, operators and peak."""
     counted_apart, counted_first = predict(run, reserved=False), predict(run)
     for key in ("flops_per_step", "ops_per_step", "op_bytes_per_step", "peak_tensor_bytes"):
         assert getattr(counted_first, key) == getattr(counted_apart, key), key
@@ -233,11 +267,14 @@ def test_full_size_models_predict_at_gpu_shapes():
 
 
 def test_a_model_that_computes_its_shape_from_tensor_values_is_predicted_exactly():
-    # torchvision's RegNet calls .tolist() on its block widths while it is built, which no meta tensor allows
+    # torchvision's RegNet calls .tolist() on its block widths while it is built, which no meta
+    # tensor allows
     run = spec("tests.helpers:REGNET", batch_size=2, image_size=32)
     trainer, batch = build_trainer(run)
     trainer.step(batch)
-    measured = tracked_step(lambda: trainer.step(clone_batch(batch)), trainer.model, trainer.optimizer, CPU)
+    measured = tracked_step(
+        lambda: trainer.step(clone_batch(batch)), trainer.model, trainer.optimizer, CPU
+    )
     assert predict(run, run.cpu, cuda=False).peak_tensor_bytes == measured["peak_tensor_bytes"]
 
 
@@ -250,9 +287,9 @@ def test_a_transformers_without_the_fake_tensor_check_is_left_as_it_is(monkeypat
 
 
 def test_flash_attention_over_grouped_keys_counts_every_query_head():
-    """Two key/value heads serving eight query heads: forward's two s×s products and backward's five (the
-    scores recomputed, then four gradients) per query head, 2·s·s·d FLOPs each. torch 2.11's own formula
-    refuses the shapes."""
+    """Two key/value heads serving eight query heads: forward's two s×s products and backward's five
+    (the scores recomputed, then four gradients) per query head, 2·s·s·d FLOPs each. torch 2.11's
+    own formula refuses the shapes."""
     b, h_q, h_kv, s, d = 2, 8, 2, 64, 32
     with FakeTensorMode(), flop_counter() as flops:
         q = torch.empty(b, h_q, s, d, dtype=torch.bfloat16, requires_grad=True)
@@ -264,8 +301,9 @@ def test_flash_attention_over_grouped_keys_counts_every_query_head():
 
 
 def test_a_technique_declares_a_stand_in_for_a_library_call_that_fake_tensors_cannot_run():
-    """``Technique.stand_ins``: a user's optimizer that reads the weights' values is unpredictable until its
-    technique names a stand-in; with it, the prediction equals the real run's tracked figures."""
+    """``Technique.stand_ins``: a user's optimizer that reads the weights' values is unpredictable
+    until its technique names a stand-in; with it, the prediction equals the real run's tracked
+    figures."""
     undeclared = predict(spec("vit-tiny", (tech("tests.helpers:ScaledSGDUndeclared"),)), cuda=False)
     assert undeclared.status == "unpredictable", undeclared
     assert_predicted_exactly(spec("vit-tiny", (tech("tests.helpers:ScaledSGD"),), batch_size=16))

@@ -1,6 +1,7 @@
-"""One rank of a multi-process run predicted in this process, under torch's fake process group: the bytes its
-collectives move, held against the textbook volumes, and ZeRO-3's model states per rank at any world size.
-(That each rank's prediction is its measured peak under gloo is tests/test_process_group.py's.)"""
+"""One rank of a multi-process run predicted in this process, under torch's fake process group: the
+bytes its collectives move, held against the textbook volumes, and ZeRO-3's model states per rank at
+any world size. (That each rank's prediction is its measured peak under gloo is
+tests/test_process_group.py's.)"""
 
 from __future__ import annotations
 
@@ -40,10 +41,14 @@ def test_ddp_all_reduces_every_gradient_once_a_step(n):
 
 @pytest.mark.parametrize("n", [2, 8])
 def test_fsdp_gathers_parameters_in_forward_and_again_in_backward(n):
-    """With resharding after forward each block's parameters are gathered twice a step, without it once;
-    gradients are reduce-scattered once. Each moves (N−1)/N of the whole padded parameters' bytes."""
+    """With resharding after forward each block's parameters are gathered twice a step, without it
+    once; gradients are reduce-scattered once. Each moves (N−1)/N of the whole padded parameters'
+    bytes."""
     volume = (n - 1) / n * _padded_elements("bert-tiny", n)[0] * n * 4
-    resharded, kept = _predicted(tech("fsdp"), n), _predicted(tech("fsdp", reshard_after_forward=False), n)
+    resharded, kept = (
+        _predicted(tech("fsdp"), n),
+        _predicted(tech("fsdp", reshard_after_forward=False), n),
+    )
     assert resharded.traffic_all_gather_bytes == pytest.approx(2 * volume, abs=n)
     assert kept.traffic_all_gather_bytes == pytest.approx(volume, abs=n)
     for out in (resharded, kept):
@@ -53,17 +58,18 @@ def test_fsdp_gathers_parameters_in_forward_and_again_in_backward(n):
 
 
 def _padded_elements(model: str, n: int) -> tuple[int, int]:
-    """FSDP2 shards each parameter along its first dimension, padded to a multiple of N rows: a rank's
-    elements, and the number of parameter tensors."""
+    """FSDP2 shards each parameter along its first dimension, padded to a multiple of N rows: a
+    rank's elements, and the number of parameter tensors."""
     params = list(MODELS.get(model).build(Shapes(1, seq_len=8)).parameters())
     return sum(math.ceil(p.shape[0] / n) * (p.numel() // p.shape[0]) for p in params), len(params)
 
 
 @pytest.mark.parametrize("n", [8, 64, 1024])
 def test_zero3_model_states_per_rank_at_any_world_size(n):
-    """fsdp with bf16 mixed precision and AdamW keeps float32 sharded parameters, gradients and both moments:
-    16 bytes per element of the rank's shard (ZeRO-3's 16·Ψ/N, arXiv:1910.02054, with FSDP2's padding of each
-    parameter's rows to N), and AdamW's step counter per parameter tensor, exactly."""
+    """fsdp with bf16 mixed precision and AdamW keeps float32 sharded parameters, gradients and both
+    moments: 16 bytes per element of the rank's shard (ZeRO-3's 16·Ψ/N, arXiv:1910.02054, with
+    FSDP2's padding of each parameter's rows to N), and AdamW's step counter per parameter tensor,
+    exactly."""
     out = _predicted(tech("fsdp", mixed_precision="bfloat16"), n, batch_size=1, seq_len=8)
     elements, tensors = _padded_elements("bert-tiny", n)
     states = out.param_bytes + out.gradient_bytes + out.optimizer_state_bytes
@@ -73,18 +79,23 @@ def test_zero3_model_states_per_rank_at_any_world_size(n):
 @pytest.mark.full  # BERT-base at full size: make test holds ZeRO-3's states on tiny models
 def test_zero3_on_bert_base_is_the_textbook_figure():
     """At BERT-base's size, the padding and counters are noise: 16·Ψ/8 to 0.02%."""
-    out = _predicted(tech("fsdp", mixed_precision="bfloat16"), 8, "bert-base", batch_size=1, seq_len=8)
+    out = _predicted(
+        tech("fsdp", mixed_precision="bfloat16"), 8, "bert-base", batch_size=1, seq_len=8
+    )
     states = out.param_bytes + out.gradient_bytes + out.optimizer_state_bytes
     assert states == pytest.approx(16 * 109_489_930 / 8, rel=2e-4)
 
 
 def test_a_prediction_made_beside_a_live_process_group_says_why():
-    """Inside a rank of a real run the fake group cannot come up: the worker predicts before joining."""
+    """Inside a rank of a real run the fake group cannot come up: the worker predicts before
+    joining."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
     try:
-        out = predict(spec("bert-tiny", (tech("ddp"),), nproc=2, batch_size=4, seq_len=16), cuda=False)
+        out = predict(
+            spec("bert-tiny", (tech("ddp"),), nproc=2, batch_size=4, seq_len=16), cuda=False
+        )
     finally:
         dist.destroy_process_group()
     assert out.status == "unpredictable"
@@ -94,9 +105,9 @@ def test_a_prediction_made_beside_a_live_process_group_says_why():
 @pytest.mark.full
 @pytest.mark.slow
 def test_llama3_8b_over_8_ranks_is_predicted_and_never_built_on_a_cpu():
-    """Llama-3-8B's 8.03 billion parameters under fsdp over 8 ranks: a rank holds an eighth of the float32
-    weights, gradients and AdamW moments, built on the meta device only; a CPU run of it is refused before
-    anything is built."""
+    """Llama-3-8B's 8.03 billion parameters under fsdp over 8 ranks: a rank holds an eighth of the
+    float32 weights, gradients and AdamW moments, built on the meta device only; a CPU run of it is
+    refused before anything is built."""
     from bench.recipe import Recipe
 
     run = spec(
@@ -117,8 +128,8 @@ def test_llama3_8b_over_8_ranks_is_predicted_and_never_built_on_a_cpu():
 
 
 def test_fewest_ranks_is_the_first_world_size_whose_rank_fits():
-    """Under fsdp a rank's peak falls as ranks are added: the fewest ranks under a budget set at 5 ranks' peak
-    is 5 or fewer, and one rank fewer is over it."""
+    """Under fsdp a rank's peak falls as ranks are added: the fewest ranks under a budget set at 5
+    ranks' peak is 5 or fewer, and one rank fewer is over it."""
     from dataclasses import replace
 
     from bench.predict.budget import fewest_ranks
@@ -133,25 +144,35 @@ def test_fewest_ranks_is_the_first_world_size_whose_rank_fits():
 
 
 def test_hybrid_sharding_shards_within_a_group_and_replicates_across():
-    """fsdp with shard_group 8 over 16 ranks: each rank holds an eighth of the model (as at 8 ranks), gathers
-    within its group only, and all-reduces its gradient shard across the two groups: 2(2−1)/2 of an eighth."""
+    """fsdp with shard_group 8 over 16 ranks: each rank holds an eighth of the model (as at 8
+    ranks), gathers within its group only, and all-reduces its gradient shard across the two groups:
+    2(2−1)/2 of an eighth."""
     hybrid = _predicted(tech("fsdp", shard_group=8), 16)
     flat = _predicted(tech("fsdp"), 8)
     assert hybrid.param_bytes == flat.param_bytes
     assert hybrid.traffic_all_gather_bytes == flat.traffic_all_gather_bytes
     assert hybrid.traffic_all_reduce_bytes == pytest.approx(flat.param_bytes, abs=16)
     run = spec("bert-tiny", (tech("fsdp", shard_group=3),), nproc=16, batch_size=4, seq_len=16)
-    assert "shard_group 3 does not divide the 16 processes" in predict(run, run.cpu, cuda=False).message
+    assert (
+        "shard_group 3 does not divide the 16 processes"
+        in predict(run, run.cpu, cuda=False).message
+    )
 
 
 def test_two_d_splits_the_layers_in_a_group_and_shards_across_the_groups():
-    """fsdp with tensor_parallel 2 over 8 ranks: the 12 linears' split parameters are an eighth per rank, the
-    rest a quarter (each padded to a multiple of 4 rows); the tensor-parallel all-reduces stay in the pair and
-    move what tensor-parallel's alone do over 2 ranks, since a pair takes one batch."""
-    two_d, tp = _predicted(tech("fsdp", tensor_parallel=2), 8), _predicted(tech("tensor-parallel"), 2)
+    """fsdp with tensor_parallel 2 over 8 ranks: the 12 linears' split parameters are an eighth per
+    rank, the rest a quarter (each padded to a multiple of 4 rows); the tensor-parallel all-reduces
+    stay in the pair and move what tensor-parallel's alone do over 2 ranks, since a pair takes one
+    batch."""
+    two_d, tp = (
+        _predicted(tech("fsdp", tensor_parallel=2), 8),
+        _predicted(tech("tensor-parallel"), 2),
+    )
     model = MODELS.get("bert-tiny").build(Shapes(1, seq_len=8))
     split = {
-        f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layer." in n
+        f"{n}.weight"
+        for n, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and ".layer." in n
     }
     split |= {n.replace(".weight", ".bias") for n in split if not n.endswith("output.dense.weight")}
     elements = sum(
@@ -163,16 +184,18 @@ def test_two_d_splits_the_layers_in_a_group_and_shards_across_the_groups():
 
 
 def test_tensor_parallel_predicted_as_cuda_keeps_split_and_whole_parameters_apart():
-    """CUDA's optimizers run foreach, whose kernels refuse a list mixing DTensors with whole tensors (the
-    embeddings and norms tensor parallelism leaves alone): the trainer keeps them in two parameter groups."""
+    """CUDA's optimizers run foreach, whose kernels refuse a list mixing DTensors with whole tensors
+    (the embeddings and norms tensor parallelism leaves alone): the trainer keeps them in two
+    parameter groups."""
     run = spec("bert-tiny", (tech("tensor-parallel"),), nproc=2, batch_size=4, seq_len=16)
     assert predict(run, run.cpu).status == "ok"
 
 
 def test_llamas_attention_and_gated_mlp_are_split_and_its_heads_must_divide():
-    """Llama's plan: q, k and v column-wise and o row-wise; gate and up column-wise and down row-wise: 7
-    linears a layer, every one of them an eighth per rank over 8 (the embedding, norms and head stay whole).
-    Its key-value heads must divide too: llama-tiny's 2 do not split over 4."""
+    """Llama's plan: q, k and v column-wise and o row-wise; gate and up column-wise and down
+    row-wise: 7 linears a layer, every one of them an eighth per rank over 8 (the embedding, norms
+    and head stay whole). Its key-value heads must divide too: llama-tiny's 2 do not split over
+    4."""
     from bench.recipe import Recipe
 
     run = spec("llama-tiny", (tech("tensor-parallel"),), nproc=2, batch_size=1, seq_len=8)
@@ -191,21 +214,30 @@ def test_llamas_attention_and_gated_mlp_are_split_and_its_heads_must_divide():
 
 
 def test_two_d_options_that_cannot_run_say_why():
-    problems = build(TechniqueSpec("fsdp", (("shard_group", 8), ("tensor_parallel", 4)))).problems(1)
+    problems = build(TechniqueSpec("fsdp", (("shard_group", 8), ("tensor_parallel", 4)))).problems(
+        1
+    )
     assert problems == [
-        "shard_group and tensor_parallel cannot be combined (hybrid sharding with tensor parallelism, "
-        "3-D, is not offered); set one to 0"
+        "shard_group and tensor_parallel cannot be combined (hybrid sharding with tensor "
+        "parallelism, 3-D, is not offered); set one to 0"
     ]
     for nproc, why in (
         (6, "tensor_parallel 4 does not divide the 6 processes; choose a divisor"),
-        (4, "tensor_parallel over all the processes leaves none to shard across; use tensor-parallel"),
+        (
+            4,
+            "tensor_parallel over all the processes leaves none to shard across; use "
+            "tensor-parallel",
+        ),
     ):
-        run = spec("bert-tiny", (tech("fsdp", tensor_parallel=4),), nproc=nproc, batch_size=1, seq_len=8)
+        run = spec(
+            "bert-tiny", (tech("fsdp", tensor_parallel=4),), nproc=nproc, batch_size=1, seq_len=8
+        )
         assert predict(run, cuda=False).message == f"fsdp: {why}"
 
 
 def test_fewest_ranks_tries_only_the_world_sizes_an_entry_runs_at():
-    """Under 2-D over pairs, 3 or 5 ranks cannot run: the answer is a multiple of the pair, past one pair."""
+    """Under 2-D over pairs, 3 or 5 ranks cannot run: the answer is a multiple of the pair, past one
+    pair."""
     from bench.predict.budget import fewest_ranks, runs_at
 
     run = spec("bert-tiny", (tech("fsdp", tensor_parallel=2),), nproc=12, batch_size=1, seq_len=8)
@@ -227,8 +259,9 @@ def test_fewest_ranks_tries_only_the_world_sizes_an_entry_runs_at():
     ],
 )
 def test_a_ranks_chunks_are_made_as_read_and_are_fsdps_own(shape, n, dim):
-    """The prediction's cut of a parameter into one chunk per rank (made as each is read, so that 1,024 ranks
-    do not make 1,024 views of every parameter) gives FSDP2's chunks: the same shapes and elements."""
+    """The prediction's cut of a parameter into one chunk per rank (made as each is read, so that
+    1,024 ranks do not make 1,024 views of every parameter) gives FSDP2's chunks: the same shapes
+    and elements."""
     from torch.distributed.fsdp._fully_shard._fsdp_common import _chunk_with_empty
 
     from bench.predict.ranks import _one_chunk_at_a_time

@@ -26,7 +26,8 @@ def test_predict_command_prints_the_table_with_what_fits_the_budget(tmp_path):
         "checkpoint",
         "--results",
         str(tmp_path),
-        "--jobs",  # in this process: the spawned ones are another test's (they took 10 s to start here)
+        # in this process: the spawned ones are another test's (they took 10 s to start here)
+        "--jobs",
         "1",
     ]
     out = subprocess.run(cmd + ["--budget", "2GiB"], capture_output=True, text=True, timeout=300)
@@ -36,7 +37,9 @@ def test_predict_command_prints_the_table_with_what_fits_the_budget(tmp_path):
         "1.00 GiB for tensors" in out.stderr
     )
     # no 194.0
-    assert re.search(r"^\| checkpoint \| 32 \| ok \|.* \| yes \| \d+ \|", out.stdout, re.M), out.stdout
+    assert re.search(r"^\| checkpoint \| 32 \| ok \|.* \| yes \| \d+ \|", out.stdout, re.M), (
+        out.stdout
+    )
     assert "largest batch" in out.stdout and "Assumed:" in out.stderr
     line = r"^\[2/\d+\] checkpoint: [\d.]+ GiB at batch 32, peak in \w+, largest batch \d+$"
     assert re.search(line, out.stderr, re.M)
@@ -73,12 +76,23 @@ def test_predicting_in_processes_gives_the_same_table_in_the_suite_order():
 @pytest.mark.fault("signals")
 @pytest.mark.parametrize("sent", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_a_signal_to_the_group_stops_predict_and_its_processes(sent):
-    # Ctrl-C reaches the whole foreground group; SIGTERM does too from `timeout`, Slurm and `kill -- -PGID`,
-    # and once left the idle workers dead holding the pool's lock, and the cleanup waiting on it for good:
-    # two processes for two runs, so that the first to finish waits idle for work that never comes (four for
-    # four took 50 s of a loaded two-core machine, for the same case).
+    # Ctrl-C reaches the whole foreground group; SIGTERM does too from `timeout`, Slurm and `kill --
+    # -PGID`, and once left the idle workers dead holding the pool's lock, and the cleanup waiting
+    # on it for good: two processes for two runs, so that the first to finish waits idle for work
+    # that never comes (four for four took 50 s of a loaded two-core machine, for the same case).
     only = ["--only", "baseline,checkpoint"]
-    cmd = [sys.executable, "-m", "bench", "predict", "smoke", *only, "--budget", "2GiB", "--jobs", "2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench",
+        "predict",
+        "smoke",
+        *only,
+        "--budget",
+        "2GiB",
+        "--jobs",
+        "2",
+    ]
     proc = subprocess.Popen(
         cmd,
         stderr=subprocess.PIPE,
@@ -88,12 +102,16 @@ def test_a_signal_to_the_group_stops_predict_and_its_processes(sent):
         # as in a terminal
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    first = "".join(proc.stderr.readline() for _ in range(3))  # what is predicted, the budget, the first run
+    first = "".join(
+        proc.stderr.readline() for _ in range(3)
+    )  # what is predicted, the budget, the first run
     assert "\n[" in first, first  # a run is done: the processes are up and predicting the others
     os.killpg(proc.pid, sent)
     _, rest = proc.communicate(timeout=60)  # a hang fails here rather than holding the test suite
     assert proc.wait(timeout=60) == 130 and "interrupted" in rest and "Traceback" not in rest, rest
-    deadline = time.monotonic() + 10  # multiprocessing's resource tracker exits once it sees the parent go
+    deadline = (
+        time.monotonic() + 10
+    )  # multiprocessing's resource tracker exits once it sees the parent go
     with pytest.raises(ProcessLookupError):
         while time.monotonic() < deadline:
             os.killpg(proc.pid, 0)  # raises once nothing of the group is left

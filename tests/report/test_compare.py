@@ -60,7 +60,9 @@ def sides(tmp_path):
             rec("noisy", 800, 106.0, 10.0),  # 6% slower, but inside its own ±10 ms spread: noise
             rec("fatter", 560, 100.0, 1.0),  # planted: 12% more memory
             rec("rounding", 502, 100.0, 1.0),  # 0.4%: allocator rounding, not a change
-            rec("worse", 500, 100.0, 1.0, accuracy=0.80),  # planted: -10 pt against the baseline's 2 pt band
+            rec(
+                "worse", 500, 100.0, 1.0, accuracy=0.80
+            ),  # planted: -10 pt against the baseline's 2 pt band
             rec("only-after", 1, 1.0, 0.1),
         ],
     )
@@ -85,9 +87,16 @@ def test_compare_command_writes_table_and_plot_and_fails_in_strict_mode(sides, t
     out = tmp_path / "cmp"
     assert main(["compare", str(sides[0]), str(sides[1]), "--out", str(out)]) == 0
     assert main(["compare", str(sides[0]), str(sides[1]), "--out", str(out), "--strict"]) == 1
-    assert {p.name for p in out.iterdir()} == {"compare.md", "compare.csv", "compare.png", "compare.svg"}
+    assert {p.name for p in out.iterdir()} == {
+        "compare.md",
+        "compare.csv",
+        "compare.png",
+        "compare.svg",
+    }
     text, said = capsys.readouterr()
-    assert said.count("only in B (not compared): demo/only-after") == 2  # a run without its pair, said aloud
+    assert (
+        said.count("only in B (not compared): demo/only-after") == 2
+    )  # a run without its pair, said aloud
     assert "| demo | slower |" in text and "⚠ throughput" in text and "4 regressed" not in text
     assert "3 regressed beyond their spread: fatter, slower, worse." in text
     # only-after has no pair
@@ -123,17 +132,20 @@ def test_strict_can_gate_some_kinds_only(sides, tmp_path, capsys):
 
 
 def test_a_folder_with_several_devices_must_name_one(tmp_path, capsys):
-    root = write(tmp_path, [rec("baseline", 1, 1.0, 0.1), rec("baseline", 1, 1.0, 0.1, device="cpu")])
+    root = write(
+        tmp_path, [rec("baseline", 1, 1.0, 0.1), rec("baseline", 1, 1.0, 0.1, device="cpu")]
+    )
     assert main(["compare", str(root), str(root)]) == 2
     assert "--device" in capsys.readouterr().err
     assert len(load_side(root, "h100")) == 1
 
 
 def test_compare_starts_without_importing_torch(sides, tmp_path):
-    """It only reads records: on a laptop holding results, torch's import would be most of its time."""
+    """It only reads records: on a laptop holding results, torch's import would be most of its
+    time."""
     code = (
-        "import sys; from bench.cli import main; rc = main(sys.argv[1:]); "
-        "sys.exit(rc if 'torch' not in sys.modules else 99)"
+        "import sys; from bench.cli import main; rc = main(sys.argv[1:]); sys.exit(rc if 'torch' "
+        "not in sys.modules else 99)"
     )
     args = ["compare", str(sides[0]), str(sides[1]), "--out", str(tmp_path / "c")]
     done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
@@ -141,14 +153,18 @@ def test_compare_starts_without_importing_torch(sides, tmp_path):
 
 
 @pytest.mark.fault("stored data")
-def test_a_backup_copy_and_fit_rows_in_the_tree_are_not_read_as_the_suites_records(sides, tmp_path, capsys):
+def test_a_backup_copy_and_fit_rows_in_the_tree_are_not_read_as_the_suites_records(
+    sides, tmp_path, capsys
+):
     import shutil
 
     before, after = sides
     shutil.copytree(before, before.parent / "demo-backup")  # the same records, another folder name
     device = next(before.iterdir())
     (device / "fit").mkdir()
-    results.write_atomic(device / "fit" / "baseline.json", rec("baseline", 1, 1.0, 0.1))  # a bench fit row
+    results.write_atomic(
+        device / "fit" / "baseline.json", rec("baseline", 1, 1.0, 0.1)
+    )  # a bench fit row
     table = compare(load_side(before.parent), load_side(after))
     assert len(table) == 6 and table.set_index("run").loc["baseline", "peak_a"] == 1000 * MiB
     assert len(compare(load_side(device), load_side(after))) == 6

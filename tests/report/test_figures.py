@@ -1,7 +1,9 @@
-"""results/figures.md, the reference figures the documentation points to, against the committed records.
+"""results/figures.md, the reference figures the documentation points to, against the committed
+records.
 
-The committed page is held to the committed records, read from git's HEAD: a user's own `make bench` adds
-records and rewrites the page in their working tree, and the test must hold whatever they ran."""
+The committed page is held to the committed records, read from git's HEAD: a user's own `make bench`
+adds records and rewrites the page in their working tree, and the test must hold whatever they
+ran."""
 
 import io
 import subprocess
@@ -23,7 +25,9 @@ def committed(folder: Path) -> Path:
     """HEAD's results/ and suites/, as committed, under ``folder``."""
     try:
         tar = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", "HEAD", "results", "suites"], capture_output=True, check=True
+            ["git", "-C", str(ROOT), "archive", "HEAD", "results", "suites"],
+            capture_output=True,
+            check=True,
         ).stdout
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("not a git checkout: nothing is committed to compare")
@@ -35,7 +39,9 @@ def committed(folder: Path) -> Path:
 def tables_of(results: Path) -> dict:
     suites = sorted(p for p in results.iterdir() if p.is_dir() and any(p.glob("*/*.json")))
     return {
-        p.name: summary(to_frame(load_records(p)), suite_throughput(p.name, results.parent / "suites"))
+        p.name: summary(
+            to_frame(load_records(p)), suite_throughput(p.name, results.parent / "suites")
+        )
         for p in suites
     }
 
@@ -45,7 +51,8 @@ def test_the_committed_figures_page_is_what_the_committed_records_give(tmp_path)
     tables = tables_of(root / "results")
     entries = {name: len(load(root / "suites" / f"{name}.toml").runs) for name in tables}
     assert (root / "results" / "figures.md").read_text() == figures_page(tables, entries), (
-        "results/figures.md is stale against the committed records: run `make overview` and commit it"
+        "results/figures.md is stale against the committed records: run `make overview` and commit "
+        "it"
     )
 
 

@@ -18,20 +18,24 @@ def test_picks_skip_harmful_and_other_batch_runs():
 
 
 def test_a_run_that_saves_nothing_is_never_picked():
-    """dist-smoke's ddp-bucket-view at 0.998× was once 'the largest saving within 5% of the throughput'."""
-    table = summary(results.to_frame([rec("a", "baseline", 1000, 100.0), rec("a", "same", 998, 130.0)]))
+    """dist-smoke's ddp-bucket-view at 0.998× was once 'the largest saving within 5% of the
+    throughput'."""
+    table = summary(
+        results.to_frame([rec("a", "baseline", 1000, 100.0), rec("a", "same", 998, 130.0)])
+    )
     assert picks(table) == {"largest": None, "free": None, "trade": None}
     assert headline(table, None)[0][1] == [
-        "**Largest saving; Largest saving within 5% of the baseline's throughput; "
-        "Best trade (most memory saved per throughput lost)**: no run measured "
-        "here qualifies"
+        "**Largest saving; Largest saving within 5% of the baseline's throughput; Best trade (most "
+        "memory saved per throughput lost)**: no run measured here qualifies"
     ]
 
 
 def test_a_run_whose_fidelity_phase_failed_is_never_picked():
-    """resnet's share-layers ended "ok, fidelity failed" and was then named the best trade, "accuracy not
-    measured here": a pick never rests on an entry whose accuracy was refused."""
-    refused = rec("a", "shared", 500, 100.0) | {"fidelity_error": "share-layers: no identical blocks"}
+    """resnet's share-layers ended "ok, fidelity failed" and was then named the best trade,
+    "accuracy not measured here": a pick never rests on an entry whose accuracy was refused."""
+    refused = rec("a", "shared", 500, 100.0) | {
+        "fidelity_error": "share-layers: no identical blocks"
+    }
     runs = [rec("a", "baseline", 1000, 100.0), refused, rec("a", "half", 700, 90.0)]
     best = {k: v["run"] for k, v in picks(summary(results.to_frame(runs))).items() if v is not None}
     assert best == {"largest": "half", "trade": "half"}
@@ -49,17 +53,23 @@ def test_the_first_screen_answers_per_device_gpu_first_with_coverage_and_picks(t
         results.write_atomic(results.record_path(tmp_path, "s", r["device"], r["run"]), r)
     build_report(tmp_path / "s")
     text = (tmp_path / "s" / "report.md").read_text()
-    first_screen = text[: text.index("\n## NVIDIA X")]  # everything before the first device's tables
+    first_screen = text[
+        : text.index("\n## NVIDIA X")
+    ]  # everything before the first device's tables
     assert "[overview](../overview/overview.md)" in first_screen
     gpu_at, cpu_at = (
-        first_screen.index("**NVIDIA X: 2 runs recorded, 2 ok; memory is the allocator peak, batch 8**"),
+        first_screen.index(
+            "**NVIDIA X: 2 runs recorded, 2 ok; memory is the allocator peak, batch 8**"
+        ),
         first_screen.index(
             "**cpu: 6 runs recorded, 6 ok; memory is the tracked peak of live tensors, batch 8**"
         ),
     )
     assert gpu_at < cpu_at  # the card before the CPU
     assert "ratio: 0.50× memory, 0.90× throughput, accuracy not measured here" in first_screen
-    assert "**Largest saving**: deep: 0.40× memory, 0.50× throughput, accuracy +0.0 pt" in first_screen
+    assert (
+        "**Largest saving**: deep: 0.40× memory, 0.50× throughput, accuracy +0.0 pt" in first_screen
+    )
     assert text.index("\n## NVIDIA X") < text.index("\n## cpu")  # and its section first too
     page = (tmp_path / "s" / "report.html").read_text()
     assert "<div class='headline'>" in page[: page.index("<h2>NVIDIA X</h2>")] and "**" not in page
@@ -71,8 +81,14 @@ def test_a_run_that_hurts_accuracy_is_on_no_front_and_pushes_none_off_it():
     from bench.report.plots import usable_front
 
     memory, throughput = np.array([100.0, 60.0, 10.0]), np.array([100.0, 90.0, 100.0])
-    classes = np.array(["within band", "within band", "worse, outside band"])  # LoRA at -50 pt, saving most
-    assert list(usable_front(memory, throughput, classes)) == [True, True, False]  # it would beat both
+    classes = np.array(
+        ["within band", "within band", "worse, outside band"]
+    )  # LoRA at -50 pt, saving most
+    assert list(usable_front(memory, throughput, classes)) == [
+        True,
+        True,
+        False,
+    ]  # it would beat both
 
 
 def test_a_cpu_prediction_equal_to_every_peak_is_said_once_not_shown_as_a_column_of_ones(tmp_path):
@@ -84,7 +100,9 @@ def test_a_cpu_prediction_equal_to_every_peak_is_said_once_not_shown_as_a_column
     ]
     table = summary(results.to_frame(runs))
     assert "predicted ×" not in display(table).columns
-    assert str(savings(table).set_index("run").loc["same", "memory saved %"]) == "0.0"  # never "-0.0"
+    assert (
+        str(savings(table).set_index("run").loc["same", "memory saved %"]) == "0.0"
+    )  # never "-0.0"
     for r in runs:
         results.write_atomic(results.record_path(tmp_path, "s", r["device"], r["run"]), r)
     written = {p.name for p in build_report(tmp_path / "s")}
@@ -93,7 +111,8 @@ def test_a_cpu_prediction_equal_to_every_peak_is_said_once_not_shown_as_a_column
 
 
 def test_where_the_gpu_and_the_cpu_disagree_the_report_says_where_each_peak_fell():
-    """bert's checkpoint: 0.35× on the H100, 0.86× on the CPU, whose peak at batch 8 is the optimizer step."""
+    """bert's checkpoint: 0.35× on the H100, 0.86× on the CPU, whose peak at batch 8 is the
+    optimizer step."""
     from bench.report.headline import disagreements
 
     gpu = {"device": "NVIDIA X", "device_type": "cuda"}
@@ -105,11 +124,13 @@ def test_where_the_gpu_and_the_cpu_disagree_the_report_says_where_each_peak_fell
     ]
     table = summary(results.to_frame(runs))
     assert disagreements(table) == [
-        "**checkpoint**: 0.35× memory on NVIDIA X (batch 8) against 0.86× on cpu (batch 8): its peak falls "
-        "in backward on NVIDIA X and in the optimizer step on cpu, so what it saves is alive at one peak "
-        "and not the other"
+        "**checkpoint**: 0.35× memory on NVIDIA X (batch 8) against 0.86× on cpu (batch 8): its "
+        "peak falls in backward on NVIDIA X and in the optimizer step on cpu, so what it saves is "
+        "alive at one peak and not the other"
     ]
-    assert disagreements(table[table["device"] == "cpu"]) == []  # one device: nothing to hold it against
+    assert (
+        disagreements(table[table["device"] == "cpu"]) == []
+    )  # one device: nothing to hold it against
 
 
 def test_this_machines_device_comes_first_and_a_legacy_cpu_name_last_and_labelled(tmp_path):
@@ -127,8 +148,8 @@ def test_this_machines_device_comes_first_and_a_legacy_cpu_name_last_and_labelle
     assert sections[1:4] == [
         f"## {here}",
         "## NVIDIA X",
-        f"## {old} (legacy: recorded before CPU names carried "
-        "their vector instructions; it may mix machines, and no CPU measures under this name now)",
+        f"## {old} (legacy: recorded before CPU names carried their vector instructions; it may "
+        "mix machines, and no CPU measures under this name now)",
     ]
 
 
@@ -158,7 +179,10 @@ def test_runs_no_gpu_measured_show_their_predicted_peak_at_gpu_shapes(tmp_path):
         "1 of the suite's 2 entries have no GPU record" in section
         and "revision abc123, torch 2.14" in section
     )
-    assert "| half | 64 | ok | 3.0 | forward |" in section and "| baseline |" not in section.split("\n## ")[0]
+    assert (
+        "| half | 64 | ok | 3.0 | forward |" in section
+        and "| baseline |" not in section.split("\n## ")[0]
+    )
 
 
 def test_a_run_timed_on_a_busy_machine_is_marked_and_never_picked():
@@ -177,7 +201,8 @@ def test_a_run_timed_on_a_busy_machine_is_marked_and_never_picked():
 
 
 def generated(run, peak, decode, cache_kib, **extra):
-    """A generation's record: batch 2, a 63-token prompt, 2 new tokens (64 tokens fed), cache_kib a token."""
+    """A generation's record: batch 2, a 63-token prompt, 2 new tokens (64 tokens fed), cache_kib a
+    token."""
     return (
         rec("g", run, peak, decode * 2 / 64, batch=2, prompt_len=63, new_tokens=2)
         | {
@@ -189,7 +214,7 @@ def generated(run, peak, decode, cache_kib, **extra):
     )
 
 
-def test_a_generation_suites_first_screen_says_which_run_holds_the_longest_context_and_how_fast_it_decodes(
+def test_a_generation_suites_first_screen_names_the_longest_context_and_its_decoding_rate(
     tmp_path,
 ):
     runs = [
@@ -201,18 +226,32 @@ def test_a_generation_suites_first_screen_says_which_run_holds_the_longest_conte
         results.write_atomic(results.record_path(tmp_path, "g", "cpu", r["run"]), r)
     build_report(tmp_path / "g")
     first = (tmp_path / "g" / "report.md").read_text().split("\n## ")[1]
-    assert "**Smallest cache a token**: fp8: decodes at 250 tokens/s here (0.62× the baseline's)" in first
-    assert "its cache 8.0 KiB a token" in first
-    assert "**Fastest decoding**: baseline: decodes at 400 tokens/s here (1.00× the baseline's)" in first
-    # predicted on a card (bench predict --card): the longest context is the card's, the speed this device's
-    contexts = pd.DataFrame(
-        {"run": ["baseline", "half", "fp8"], "longest_context": [40_000, 90_000, 90_000], "card": "RTX"}
+    assert (
+        "**Smallest cache a token**: fp8: decodes at 250 tokens/s here (0.62× the baseline's)"
+        in first
     )
-    results.write_atomic(tmp_path / "g" / results.CONTEXTS.format(card="rtx"), contexts.to_csv(index=False))
+    assert "its cache 8.0 KiB a token" in first
+    assert (
+        "**Fastest decoding**: baseline: decodes at 400 tokens/s here (1.00× the baseline's)"
+        in first
+    )
+    # predicted on a card (bench predict --card): the longest context is the card's, the speed this
+    # device's
+    contexts = pd.DataFrame(
+        {
+            "run": ["baseline", "half", "fp8"],
+            "longest_context": [40_000, 90_000, 90_000],
+            "card": "RTX",
+        }
+    )
+    results.write_atomic(
+        tmp_path / "g" / results.CONTEXTS.format(card="rtx"), contexts.to_csv(index=False)
+    )
     build_report(tmp_path / "g")
     first = (tmp_path / "g" / "report.md").read_text().split("\n## ")[1]
     # of two that hold as long a context, the faster decoder
     assert (
-        "**Longest context on RTX (predicted)**: half: 90,000 tokens; decodes at 380 tokens/s here" in first
+        "**Longest context on RTX (predicted)**: half: 90,000 tokens; decodes at 380 tokens/s here"
+        in first
     )
     assert "Smallest cache a token" not in first

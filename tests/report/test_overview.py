@@ -48,12 +48,18 @@ def test_overview_page_covers_every_suite(tmp_path):
     assert "| `peak_tensor_bytes` |" in (tmp_path / "README.md").read_text()  # the field reference
     assert (tmp_path / "figures.md").read_text().startswith("# Reference figures")
     text = written[0].read_text()
-    # how many of the suite's records the device has (no suite file here: the records alone), then the picks
-    assert "| a | m | 6 | 0.098 | 100.0 | deep: 0.40× memory, 0.50× throughput, accuracy +0.0 pt" in text
+    # how many of the suite's records the device has (no suite file here: the records alone), then
+    # the picks
+    assert (
+        "| a | m | 6 | 0.098 | 100.0 | deep: 0.40× memory, 0.50× throughput, accuracy +0.0 pt"
+        in text
+    )
     assert "| b | m |" in text
     page = written[1].read_text()
     assert "**" not in page, "literal Markdown in the overview's HTML"
-    assert "<td>deep: 0.40× memory" in page and '<td class="n">100.0</td>' in page  # text left, figures right
+    assert (
+        "<td>deep: 0.40× memory" in page and '<td class="n">100.0</td>' in page
+    )  # text left, figures right
     assert "<a href='../a/report.html'>a</a>" in page  # the overview links to each suite's report
 
 

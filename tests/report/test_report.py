@@ -64,7 +64,11 @@ def suite_dir(tmp_path):
         record("broken", status="error", stderr_tail="Traceback ..."),
         record("fp8", status="unsupported"),
         record(
-            "baseline", device="NVIDIA H100 80GB HBM3", peak=8000, tput=1000.0, peak_reserved_bytes=9000 * MiB
+            "baseline",
+            device="NVIDIA H100 80GB HBM3",
+            peak=8000,
+            tput=1000.0,
+            peak_reserved_bytes=9000 * MiB,
         ),
         record(
             "checkpoint",
@@ -84,13 +88,18 @@ def test_report_writes_table_markdown_html_and_each_plot_that_has_data(suite_dir
     (suite_dir / "plots" / "memory_vs_throughput-cpu.png").write_bytes(b"old view")
     written = build_report(suite_dir)
     names = {p.name for p in written}
-    # The CPU records have a breakdown, step times and a prediction (one run each); the GPU ones do not.
+    # The CPU records have a breakdown, step times and a prediction (one run each); the GPU ones do
+    # not.
     cpu = {
         f"{v}-cpu.{ext}"
         for v in ("pareto", "peak_memory", "breakdown", "step_times", "predicted_vs_measured")
         for ext in ("png", "svg")
     }
-    gpu = {f"{v}-nvidia-h100-80gb-hbm3.{ext}" for v in ("pareto", "peak_memory") for ext in ("png", "svg")}
+    gpu = {
+        f"{v}-nvidia-h100-80gb-hbm3.{ext}"
+        for v in ("pareto", "peak_memory")
+        for ext in ("png", "svg")
+    }
     assert names == {"table.csv", "report.md", "report.html"} | cpu | gpu
     assert all(p.stat().st_size > 0 for p in written)
     assert {p.name for p in (suite_dir / "plots").iterdir()} == cpu | gpu  # the stale view is gone
@@ -110,8 +119,8 @@ def test_pareto_front_on_a_hand_made_set():
 
     memory = [1.0, 2.0, 2.0, 3.0, 4.0, 1.0]
     throughput = [1.0, 3.0, 2.0, 3.0, 5.0, 1.0]
-    # (2,2) is beaten by (2,3); (3,3) by (2,3); the duplicate (1,1) points beat neither each other nor are
-    # beaten, so both stay.
+    # (2,2) is beaten by (2,3); (3,3) by (2,3); the duplicate (1,1) points beat neither each other
+    # nor are beaten, so both stay.
     assert list(pareto_front(memory, throughput)) == [True, True, False, False, True, True]
 
 
@@ -124,7 +133,10 @@ def test_breakdown_sums_to_the_peak_and_savings_table_is_relative_to_the_baselin
     parts = breakdown_frame(cpu)
     assert list(parts.index) == ["checkpoint"] and parts.loc["checkpoint"].sum() == 300 * MiB
     rows = savings(cpu).set_index("run")
-    assert list(rows.index) == ["checkpoint", "baseline"]  # failed runs are listed elsewhere, not here
+    assert list(rows.index) == [
+        "checkpoint",
+        "baseline",
+    ]  # failed runs are listed elsewhere, not here
     assert rows.loc["checkpoint", "memory saved %"] == 25.0
     assert rows.loc["checkpoint", "throughput change %"] == -25.0
 
@@ -175,7 +187,9 @@ def test_markdown_lists_failed_runs_with_their_reason_and_provenance(suite_dir):
         "· 2 min 06 s of runs (2 without a time)",
     ]:
         assert line in md
-    assert md.count("of runs") == 1  # the H100 records kept no run times: nothing is claimed for them
+    assert (
+        md.count("of runs") == 1
+    )  # the H100 records kept no run times: nothing is claimed for them
 
 
 def test_report_without_records_says_what_to_run(tmp_path):
@@ -203,7 +217,9 @@ def test_accuracy_deltas_sit_next_to_the_baselines_band_and_are_flagged_outside_
 
     frame = results.to_frame(
         [
-            record("baseline", peak=400, tput=100.0, accuracy=0.90, accuracy_seeds=[0.90, 0.88, 0.91]),
+            record(
+                "baseline", peak=400, tput=100.0, accuracy=0.90, accuracy_seeds=[0.90, 0.88, 0.91]
+            ),
             record("checkpoint", peak=300, tput=75.0, accuracy=0.89),
             record("frozen", peak=300, tput=75.0, accuracy=0.10),
             record("no-fidelity", peak=300, tput=75.0),
@@ -240,17 +256,28 @@ def test_predicted_peak_is_held_against_the_measured_one():
 
 def test_the_provenance_line_names_the_pretrained_weights_and_their_digest(tmp_path):
     weights = {"weights": "ckpt/resnet50.pt", "weights_sha256": "0123456789abcdef"}
-    for r in (record("baseline", peak=400, tput=100.0, **weights), record("fp8", status="unsupported")):
+    for r in (
+        record("baseline", peak=400, tput=100.0, **weights),
+        record("fp8", status="unsupported"),
+    ):
         results.write_atomic(results.record_path(tmp_path, "demo", r["device"], r["run"]), r)
     build_report(tmp_path / "demo")
     md = (tmp_path / "demo" / "report.md").read_text()
-    assert "seed 0 · weights ckpt/resnet50.pt (sha256 0123456789abcdef) · warm-up 1 + 3 measured steps" in md
+    assert (
+        "seed 0 · weights ckpt/resnet50.pt (sha256 0123456789abcdef) · warm-up 1 + 3 measured steps"
+        in md
+    )
 
 
 def test_the_provenance_line_and_table_name_the_package_versions_the_runs_imported(tmp_path):
     for r in (
         record("baseline", peak=400, tput=100.0, packages={"torchvision": "0.29.1"}),
-        record("adamw-8bit", peak=300, tput=90.0, packages={"torchvision": "0.29.1", "torchao": "0.18.0"}),
+        record(
+            "adamw-8bit",
+            peak=300,
+            tput=90.0,
+            packages={"torchvision": "0.29.1", "torchao": "0.18.0"},
+        ),
     ):
         results.write_atomic(results.record_path(tmp_path, "demo", r["device"], r["run"]), r)
     build_report(tmp_path / "demo")
@@ -270,7 +297,9 @@ def test_every_technique_has_its_own_colour_across_reports_and_only_the_baseline
     assert len(PALETTE) > len(names), (
         "every built-in needs its own colour and users' own a spare: extend PALETTE"
     )
-    assert len({technique_colour(n) for n in names}) == len(names)  # once, tf32 wore adamw-8bit's colour
+    assert len({technique_colour(n) for n in names}) == len(
+        names
+    )  # once, tf32 wore adamw-8bit's colour
 
     frame = results.to_frame(
         [
@@ -281,10 +310,14 @@ def test_every_technique_has_its_own_colour_across_reports_and_only_the_baseline
     # a run is coloured by its first technique, in any record
     assert list(frame["technique"]) == ["amp", "amp"]
     assert technique_colour("amp") != technique_colour("checkpoint")
-    assert technique_colour("amp", is_baseline=True) == technique_colour("baseline") == BASELINE_COLOUR
+    assert (
+        technique_colour("amp", is_baseline=True) == technique_colour("baseline") == BASELINE_COLOUR
+    )
     own = {technique_colour(f"my_techniques:Own{i}") for i in range(50)}
     assert own <= set(PALETTE) and len(own) > 1  # a user's own: spread over the palette, never grey
-    assert not own & {technique_colour(n) for n in names}  # once, SGDMomentum wore a built-in's colour
+    assert not own & {
+        technique_colour(n) for n in names
+    }  # once, SGDMomentum wore a built-in's colour
 
 
 def test_a_suite_names_the_figure_its_throughput_compares(tmp_path):
@@ -305,7 +338,9 @@ def test_a_suite_names_the_figure_its_throughput_compares(tmp_path):
         base | {"run": "pad", "samples_per_s": 10.0, "real_tokens_per_s": 400.0},
         base | {"run": "bucket", "samples_per_s": 56.0, "real_tokens_per_s": 1440.0},
     ]
-    assert summary(to_frame(records)).set_index("run").loc["bucket", "throughput_vs_baseline"] == 5.6
+    assert (
+        summary(to_frame(records)).set_index("run").loc["bucket", "throughput_vs_baseline"] == 5.6
+    )
     table = summary(to_frame(records), "real_tokens_per_s").set_index("run")
     assert table.loc["bucket", "throughput_vs_baseline"] == 3.6
     assert load("suites/bert-varlen.toml").throughput == "real_tokens_per_s"
@@ -322,8 +357,8 @@ HOSTILE = [
 
 
 class Scripts(HTMLParser):
-    """What in a page could run: script elements, event-handler attributes, links that are not relative or
-    http(s)."""
+    """What in a page could run: script elements, event-handler attributes, links that are not
+    relative or http(s)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -335,9 +370,17 @@ class Scripts(HTMLParser):
         for name, value in attrs:
             if name.startswith("on"):
                 self.found.append(f"{name}=")
-            embedded = name == "src" and (value or "").startswith("data:image/png;base64,")  # the plots
+            embedded = name == "src" and (value or "").startswith(
+                "data:image/png;base64,"
+            )  # the plots
             web = (value or "").startswith(("http://", "https://"))
-            if name in ("href", "src") and value and ":" in value.split("/")[0] and not embedded and not web:
+            if (
+                name in ("href", "src")
+                and value
+                and ":" in value.split("/")[0]
+                and not embedded
+                and not web
+            ):
                 self.found.append(f"{name}={value}")
 
 
@@ -361,7 +404,9 @@ def test_hostile_run_names_and_messages_run_nothing_in_any_page(tmp_path):
     ]
     for r in records:
         results.write_atomic(results.record_path(tmp_path, "s", r["device"], r["run"]), r)
-    pages = [p for p in build_report(tmp_path / "s") + build_overview(tmp_path) if p.suffix == ".html"]
+    pages = [
+        p for p in build_report(tmp_path / "s") + build_overview(tmp_path) if p.suffix == ".html"
+    ]
     assert len(pages) == 2
     for page in pages:
         parser = Scripts()
@@ -385,7 +430,7 @@ def test_pages_are_written_whole_in_utf8_whatever_the_locale(tmp_path):
     for r in (base | {"run": "baseline"}, base | {"run": "amp×2", "peak_tensor_bytes": 50}):
         results.write_atomic(results.record_path(tmp_path, "s", r["device"], r["run"]), r)
     code = (
-        f"from pathlib import Path; from bench.report import build_report; "
+        "from pathlib import Path; from bench.report import build_report; "
         f"build_report(Path({str(tmp_path / 's')!r}))"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("LC_")} | {
@@ -400,9 +445,9 @@ def test_pages_are_written_whole_in_utf8_whatever_the_locale(tmp_path):
 
 @pytest.mark.fault("concurrency")
 def test_two_reports_writing_one_plot_at_once_each_write_it_whole(tmp_path):
-    """Two `bench report` of one suite at once: each wrote the plot through one temporary name, and the one
-    that renamed it first left the other "No such file or directory". Here the second writes the same plot
-    while the first is in the middle of it."""
+    """Two `bench report` of one suite at once: each wrote the plot through one temporary name, and
+    the one that renamed it first left the other "No such file or directory". Here the second writes
+    the same plot while the first is in the middle of it."""
     import matplotlib.pyplot as plt
 
     from bench.report import plots

@@ -1,6 +1,6 @@
-"""Malformed suites, as users write them: each is refused at load with exit status 2, every problem named
-(file and key), no traceback, and nothing written anywhere; and the names that load, in any script, keep one
-record per run."""
+"""Malformed suites, as users write them: each is refused at load with exit status 2, every problem
+named (file and key), no traceback, and nothing written anywhere; and the names that load, in any
+script, keep one record per run."""
 
 import json
 
@@ -12,7 +12,9 @@ from bench.provenance import device_name
 from tests.helpers import write_suite
 
 HEAD = 'model = "vit-tiny"\nbaseline = "baseline"\n'
-SHAPES = "[shapes.gpu]\nbatch_size = 4\nimage_size = 32\n[shapes.cpu]\nbatch_size = 2\nimage_size = 32\n"
+SHAPES = (
+    "[shapes.gpu]\nbatch_size = 4\nimage_size = 32\n[shapes.cpu]\nbatch_size = 2\nimage_size = 32\n"
+)
 RUN = '[[runs]]\nname = "baseline"\ntechniques = []\n'
 GOOD = HEAD + SHAPES + RUN
 
@@ -46,7 +48,11 @@ CORPUS = [
     ("lr nan", "lr = nan\n" + GOOD, "lr: must be a finite number > 0, got nan"),
     ("lr negative", "lr = -1.0\n" + GOOD, "lr: must be a finite number > 0, got -1.0"),
     ("timeout inf", "timeout_s = inf\n" + GOOD, "timeout_s: must be a finite number > 0, got inf"),
-    ("timeout past a week", "timeout_s = 1e10\n" + GOOD, "timeout_s: at most 604800 s (a week), got 1e+10"),
+    (
+        "timeout past a week",
+        "timeout_s = 1e10\n" + GOOD,
+        "timeout_s: at most 604800 s (a week), got 1e+10",
+    ),
     ("zero warm-up", "warmup_steps = 0\n" + GOOD, "warmup_steps: must be a finite number > 0"),
     ("no runs", HEAD + SHAPES, "the suite has no runs"),
     (
@@ -83,8 +89,8 @@ CORPUS = [
     (
         "own problems() raises",
         GOOD + '[[runs]]\nname = "x"\ntechniques = ["tests.helpers:RaisingChecks"]\n',
-        "its problems() raised ZeroDivisionError: division by zero; fix tests.helpers:RaisingChecks's "
-        "problems()",
+        "its problems() raised ZeroDivisionError: division by zero; fix "
+        "tests.helpers:RaisingChecks's problems()",
     ),
     (
         "technique not importable",
@@ -96,15 +102,27 @@ CORPUS = [
         GOOD + '[fidelity]\ndataset = "mnist"\n',
         "fidelity.dataset: 'mnist' is not a dataset",
     ),
-    ("fidelity lr negative", GOOD + "[fidelity]\nlr = -0.1\n", "fidelity.lr: must be a finite number > 0"),
-    ("fidelity lr nan", GOOD + "[fidelity]\nlr = nan\n", "fidelity.lr: must be a finite number > 0, got nan"),
+    (
+        "fidelity lr negative",
+        GOOD + "[fidelity]\nlr = -0.1\n",
+        "fidelity.lr: must be a finite number > 0",
+    ),
+    (
+        "fidelity lr nan",
+        GOOD + "[fidelity]\nlr = nan\n",
+        "fidelity.lr: must be a finite number > 0, got nan",
+    ),
     (
         "fidelity folder missing",
         GOOD + '[fidelity]\ndataset = "imagefolder:/no/such/folder"\n',
         "fidelity.dataset: no folder '/no/such/folder'",
     ),
     ("fidelity one seed", GOOD + "[fidelity]\nseeds = 1\n", "fidelity.seeds: must be at least 2"),
-    ("matrix without sizes", GOOD + "[matrix]\ntechniques = { a = [] }\n", "matrix: give batch_size"),
+    (
+        "matrix without sizes",
+        GOOD + "[matrix]\ntechniques = { a = [] }\n",
+        "matrix: give batch_size",
+    ),
     ("TOML syntax", GOOD + "[[runs]\n", "TOML syntax"),
 ]
 
@@ -128,14 +146,19 @@ def test_a_malformed_suite_exits_2_naming_the_problem_and_writes_nothing(
     [b"\x00\x01\xff\xfe binary", 'description = "caf\xe9"\n'.encode("latin-1")],
     ids=["binary", "latin-1"],
 )
-def test_a_suite_that_is_not_utf8_is_named_and_the_others_still_validate(raw, tmp_path, capsys, monkeypatch):
+def test_a_suite_that_is_not_utf8_is_named_and_the_others_still_validate(
+    raw, tmp_path, capsys, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "suites").mkdir()
     (tmp_path / "suites" / "bad.toml").write_bytes(raw)
     (tmp_path / "suites" / "good.toml").write_text(GOOD)
     assert cli.main(["validate"]) == cli.EXIT_BAD_INPUT
     out = capsys.readouterr()
-    assert "suites/bad.toml: not UTF-8 text: byte 0x" in out.err and "save the file as UTF-8" in out.err
+    assert (
+        "suites/bad.toml: not UTF-8 text: byte 0x" in out.err
+        and "save the file as UTF-8" in out.err
+    )
     assert "ok: suites/good.toml" in out.out and "Traceback" not in out.err
 
 
@@ -147,7 +170,9 @@ def test_a_huge_suite_shows_its_first_problems_and_counts_the_rest(tmp_path):
         load(write_suite(tmp_path, GOOD + runs))
     assert len(info.value.problems) == 200
     text = str(info.value)
-    assert text.count("unknown technique 'nope'") == SuiteError.SHOWN and text.endswith("… and 150 more")
+    assert text.count("unknown technique 'nope'") == SuiteError.SHOWN and text.endswith(
+        "… and 150 more"
+    )
 
 
 def test_names_in_any_script_and_names_alike_keep_one_record_per_run(tmp_path, capsys):
@@ -159,7 +184,14 @@ def test_names_in_any_script_and_names_alike_keep_one_record_per_run(tmp_path, c
         + "".join(f'[[runs]]\nname = "{n}"\ntechniques = []\n' for n in names)
     )
     code = cli.main(
-        ["run", str(write_suite(tmp_path, text)), "--device", "cpu", "--results", str(tmp_path / "r")]
+        [
+            "run",
+            str(write_suite(tmp_path, text)),
+            "--device",
+            "cpu",
+            "--results",
+            str(tmp_path / "r"),
+        ]
     )
     assert code == 0, capsys.readouterr().err
     stored = list((tmp_path / "r" / "s").glob("*/*.json"))
@@ -173,14 +205,18 @@ def test_names_in_any_script_and_names_alike_keep_one_record_per_run(tmp_path, c
 
 @pytest.mark.fault("stored data")
 def test_a_record_of_the_wrong_shape_is_set_aside_and_measured_again(tmp_path, capsys):
-    path = write_suite(tmp_path, GOOD.replace(SHAPES, SHAPES + "warmup_steps = 1\nmeasure_steps = 1\n"))
+    path = write_suite(
+        tmp_path, GOOD.replace(SHAPES, SHAPES + "warmup_steps = 1\nmeasure_steps = 1\n")
+    )
     record = results.record_path(tmp_path / "r", "s", device_name("cpu"), "baseline")
     record.parent.mkdir(parents=True)
     for wrong in ("[1, 2, 3]", '{"status": "ok"}'):
         record.write_text(wrong)
         # no record: named, no crash
         assert cli.main(["report", str(tmp_path / "r" / "s")]) == cli.EXIT_BAD_INPUT
-        assert cli.main(["run", str(path), "--device", "cpu", "--results", str(tmp_path / "r")]) == 0
+        assert (
+            cli.main(["run", str(path), "--device", "cpu", "--results", str(tmp_path / "r")]) == 0
+        )
         assert results.read(record)["status"] == "ok"
         assert "unreadable record, treated as absent (not a record" in capsys.readouterr().err
     assert sorted(p.read_text() for p in record.parent.glob("baseline.json.unreadable*")) == [
@@ -220,16 +256,23 @@ def test_a_record_with_a_wrong_typed_field_is_named_and_left_out_and_the_rest_re
         "peak_tensor_bytes": 100,
         "samples_per_s": 2.0,
     }
-    results.write_atomic(results.record_path(tmp_path, "s", "cpu", "baseline"), good | {"run": "baseline"})
+    results.write_atomic(
+        results.record_path(tmp_path, "s", "cpu", "baseline"), good | {"run": "baseline"}
+    )
     bad = results.record_path(tmp_path, "s", "cpu", "bad")
     bad.write_text(
         json.dumps(good | {"run": "bad", field: value}, default=str)
         if field != "peak_tensor_bytes"
-        else json.dumps(good | {"run": "bad"}).replace('"peak_tensor_bytes": 100', f'"{field}": {value}')
+        else json.dumps(good | {"run": "bad"}).replace(
+            '"peak_tensor_bytes": 100', f'"{field}": {value}'
+        )
     )
     assert [r["run"] for r in results.load_records(tmp_path / "s")] == ["baseline"]
     said = capsys.readouterr().err
-    assert f"warning: {bad}: unreadable record" in said and f"a field of the wrong type: {field}: " in said
+    assert (
+        f"warning: {bad}: unreadable record" in said
+        and f"a field of the wrong type: {field}: " in said
+    )
     build_report(tmp_path / "s")  # the rest is reported, and the overview is made
     build_overview(tmp_path)
 

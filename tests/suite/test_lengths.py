@@ -1,4 +1,5 @@
-"""Variable-length data in a suite: lengths per device or as a matrix, and the problems the loader refuses."""
+"""Variable-length data in a suite: lengths per device or as a matrix, and the problems the loader
+refuses."""
 
 from __future__ import annotations
 
@@ -49,28 +50,35 @@ def test_lengths_and_loader_options_in_shapes(tmp_path):
         'seq_len = 64\nlengths = "lognormal:18:1.27:64"\nloader_workers = 2\npin_memory = true',
     ).replace("seq_len = 512", 'seq_len = 512\nlengths = "uniform:1:512"')
     run = load(write_suite(tmp_path, text + RUNS)).runs[1]
-    assert (run.cpu.lengths, run.cpu.loader_workers, run.cpu.pin_memory) == ("lognormal:18:1.27:64", 2, True)
+    assert (run.cpu.lengths, run.cpu.loader_workers, run.cpu.pin_memory) == (
+        "lognormal:18:1.27:64",
+        2,
+        True,
+    )
     assert run.gpu.lengths == "uniform:1:512" and run.gpu.loader_workers == 0
 
 
 def test_fixed_length_runs_keep_their_keys(tmp_path):
-    """Shapes without the data keys write none of them: records stored before lengths existed still match."""
-    run = load(write_suite(tmp_path, TOKENS + '[[runs]]\nname = "pad-to-max"\ntechniques = []\n')).runs[0]
+    """Shapes without the data keys write none of them: records stored before lengths existed still
+    match."""
+    run = load(
+        write_suite(tmp_path, TOKENS + '[[runs]]\nname = "pad-to-max"\ntechniques = []\n')
+    ).runs[0]
     assert "lengths" not in run.to_dict()["cpu"] and "loader_workers" not in run.to_dict()["gpu"]
 
 
 def test_a_distribution_longer_than_seq_len_names_the_key(tmp_path):
     text = TOKENS + MATRIX.replace('cpu = "uniform:4:64"', 'cpu = "uniform:4:100"')
     assert suite_problems(tmp_path, text) == [
-        "matrix.lengths.uniform.cpu: 'uniform:4:100' reaches 100 tokens, beyond seq_len = 64; lower its "
-        "maximum or raise seq_len"
+        "matrix.lengths.uniform.cpu: 'uniform:4:100' reaches 100 tokens, beyond seq_len = 64; "
+        "lower its maximum or raise seq_len"
     ]
     text = TOKENS.replace("seq_len = 64", 'seq_len = 64\nlengths = "digits"').replace(
         "seq_len = 512", 'seq_len = 32\nlengths = "digits"'
     )
     assert suite_problems(tmp_path, text + RUNS) == [
-        "shapes.gpu.lengths: 'digits' reaches 43 tokens, beyond seq_len = 32; lower its maximum or raise "
-        "seq_len"
+        "shapes.gpu.lengths: 'digits' reaches 43 tokens, beyond seq_len = 32; lower its maximum or "
+        "raise seq_len"
     ]
 
 
@@ -84,7 +92,11 @@ def test_a_distribution_that_is_not_one_lists_the_forms(tmp_path):
 
 
 def test_padding_technique_on_an_image_model_is_refused(tmp_path):
-    text = TOKENS.replace("bert-tiny", "vit-tiny").replace("seq_len", "image_size").replace("512", "32")
+    text = (
+        TOKENS.replace("bert-tiny", "vit-tiny")
+        .replace("seq_len", "image_size")
+        .replace("512", "32")
+    )
     problems = suite_problems(tmp_path, text.replace("64", "32") + RUNS)
     assert (
         "runs[1].techniques: packing applies to models that take tokens; model vit-tiny takes image"
@@ -112,9 +124,9 @@ def test_packing_with_accumulation_is_refused(tmp_path):
 
 
 def test_loader_workers_must_not_be_negative(tmp_path):
-    text = TOKENS.replace("seq_len = 64", 'seq_len = 64\nlengths = "digits"\nloader_workers = -1').replace(
-        "seq_len = 512", 'seq_len = 512\nlengths = "digits"'
-    )
+    text = TOKENS.replace(
+        "seq_len = 64", 'seq_len = 64\nlengths = "digits"\nloader_workers = -1'
+    ).replace("seq_len = 512", 'seq_len = 512\nlengths = "digits"')
     assert (
         "shapes.cpu.loader_workers: must be 0 (load in the step's process) or more, got -1"
         in suite_problems(tmp_path, text + RUNS)

@@ -31,7 +31,9 @@ techniques = [{ name = "amp", dtype = "float16" }, "checkpoint"]
 @pytest.mark.parametrize("path", SUITES, ids=[p.stem for p in SUITES])
 def test_every_shipped_suite_loads(path):
     s = load(path)
-    assert s.runs and s.baseline in {r.name for r in s.runs} | {r.name.split("@")[0] for r in s.runs}
+    assert s.runs and s.baseline in {r.name for r in s.runs} | {
+        r.name.split("@")[0] for r in s.runs
+    }
     assert all(r.baseline in {x.name for x in s.runs} for r in s.runs)
 
 
@@ -90,8 +92,8 @@ seq_len = { gpu = [2048, 8192], cpu = [32, 64] }
     ]
     found = suite_problems(
         tmp_path,
-        GOOD.split("[[runs]]")[0] + "[matrix]\ntechniques = { baseline = [] }\n"
-        "seq_len = { gpu = [64], cpu = [16] }\n",
+        GOOD.split("[[runs]]")[0] + "[matrix]\ntechniques = { baseline = [] }\nseq_len = { gpu = "
+        "[64], cpu = [16] }\n",
     )  # GOOD's model takes images
     assert found == ["matrix.seq_len: model vit-tiny takes images; seq_len is a token model's"]
 
@@ -114,15 +116,16 @@ def test_a_suite_that_is_not_there_lists_the_ones_that_are(tmp_path):
     with pytest.raises(SuiteError) as info:
         load(tmp_path / "renset.toml")
     assert info.value.problems == [
-        f"cannot read: No such file or directory (did you mean 'resnet'?); suites in {tmp_path}: bert, resnet"
+        f"cannot read: No such file or directory (did you mean 'resnet'?); suites in {tmp_path}: "
+        "bert, resnet"
     ]
 
 
 def test_a_missing_suite_is_refused_before_torch_is_imported(tmp_path):
     # Every command took about 45 s on a loaded machine to say so, importing torch first.
     code = (
-        "import sys; from bench.cli import main; rc = main(['run', 'renset']); "
-        "sys.exit(rc if 'torch' not in sys.modules else 99)"
+        "import sys; from bench.cli import main; rc = main(['run', 'renset']); sys.exit(rc if "
+        "'torch' not in sys.modules else 99)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 2, out.stderr
@@ -156,8 +159,8 @@ techniques = [{ name = "accumulate", micro_batches = "two" }]
         "baseline: 'nope' is not a run name",
         "shapes.gpu.batch_size: required positive integer, got 0",
         "shapes.cpu.batch_size: expected int, got str 'eight'",
-        "runs[0].techniques[0]: unknown technique 'warp-drive'; known: accumulate, activation-offload, "
-        "adamw-8bit, allocator, amp",
+        "runs[0].techniques[0]: unknown technique 'warp-drive'; known: accumulate, "
+        "activation-offload, adamw-8bit, allocator, amp",
         "runs[0].techniques[1].dtype: must be one of 'bfloat16', 'float16', got 'float8'",
         "runs[0].techniques[2].speed: unknown option of amp; allowed: dtype",
         "runs[2].techniques[0].micro_batches: expected int, got str 'two'",
@@ -175,7 +178,9 @@ def test_accumulation_must_divide_the_batch_on_each_device(tmp_path):
 def test_an_option_that_would_be_ignored_is_rejected(tmp_path):
     text = GOOD.replace('"checkpoint"]', '{ name = "amp", dtype = "bfloat16", scaler = false }]')
     found = suite_problems(tmp_path, text)
-    assert any("amp at cpu batch_size 4: scaler = false applies to float16 only" in p for p in found), found
+    assert any(
+        "amp at cpu batch_size 4: scaler = false applies to float16 only" in p for p in found
+    ), found
 
 
 def test_conflicting_and_repeated_techniques_are_rejected(tmp_path, monkeypatch):
@@ -209,14 +214,17 @@ def test_selecting_runs_keeps_their_baselines(tmp_path):
     with pytest.raises(SuiteError, match="'nothing' matches no run"):
         suites.select(s, ["nothing"])
     with pytest.raises(SuiteError, match=r"'ampp' matches no run \(did you mean 'amp'\?\)"):
-        suites.select(load(write_suite(tmp_path, GOOD)), ["baseline", "ampp"])  # a typo is never dropped
+        suites.select(
+            load(write_suite(tmp_path, GOOD)), ["baseline", "ampp"]
+        )  # a typo is never dropped
     with pytest.raises(SuiteError, match="'' matches no run"):
         suites.select(s, [""])  # --only "" once ran the whole suite
 
 
 @pytest.mark.fault("hostile text")
 def test_a_run_name_too_long_for_a_file_name_is_refused_at_load(tmp_path):
-    # 300 characters were measured, then storing failed with "file name too long" and no record anywhere
+    # 300 characters were measured, then storing failed with "file name too long" and no record
+    # anywhere
     found = suite_problems(tmp_path, GOOD.replace('name = "amp"', f'name = "{"a" * 300}"'))
     assert any("is 300 bytes; at most 120" in p for p in found), found
 
@@ -225,7 +233,10 @@ def test_techniques_must_fit_the_suite_mode(tmp_path):
     infer = GOOD.replace('baseline = "baseline"', 'baseline = "baseline"\nmode = "inference"')
     # amp applies to both modes; checkpointing has no backward to save for
     (msg,) = suite_problems(tmp_path, infer)
-    assert "runs[1].techniques: checkpoint does not apply to inference suites; it works in: train" in msg
+    assert (
+        "runs[1].techniques: checkpoint does not apply to inference suites; it works in: train"
+        in msg
+    )
     (msg,) = suite_problems(tmp_path, GOOD.replace('"checkpoint"]', '"inference-mode"]'))
     assert "inference-mode does not apply to train suites; it works in: generate, inference" in msg
     serve = GOOD.replace("model =", 'mode = "serve"\nmodel =')
@@ -308,9 +319,13 @@ enabled = false
 
 
 def test_fidelity_table_with_per_device_overrides_and_a_per_run_switch(tmp_path):
-    text = FIDELITY.replace('name = "amp"\ntechniques', 'name = "amp"\nfidelity = false\ntechniques')
+    text = FIDELITY.replace(
+        'name = "amp"\ntechniques', 'name = "amp"\nfidelity = false\ntechniques'
+    )
     base, amp = load(write_suite(tmp_path, text)).runs
-    assert base.fidelity("cpu") == suites.Fidelity(steps=50, batch_size=16, seeds=2, model="vit-tiny")
+    assert base.fidelity("cpu") == suites.Fidelity(
+        steps=50, batch_size=16, seeds=2, model="vit-tiny"
+    )
     assert base.fidelity("cuda") is None and amp.fidelity("cpu") is None
     assert suites.RunSpec.from_dict(base.to_dict()) == base
 
@@ -318,7 +333,9 @@ def test_fidelity_table_with_per_device_overrides_and_a_per_run_switch(tmp_path)
 def test_no_fidelity_drops_the_phase_and_keys_runs_as_fidelity_false(tmp_path):
     suite = load(write_suite(tmp_path, FIDELITY))
     off = load(
-        write_suite(tmp_path, FIDELITY.replace("techniques = []", "fidelity = false\ntechniques = []"))
+        write_suite(
+            tmp_path, FIDELITY.replace("techniques = []", "fidelity = false\ntechniques = []")
+        )
     )
     base = suites.without_fidelity(suite).runs[0]
     assert base.fidelity("cpu") is None and base.fidelity("cuda") is None
@@ -339,22 +356,27 @@ batch_size = 15
     )
     found = suite_problems(tmp_path, text)
     assert (
-        "fidelity.colour: unknown key; allowed: dataset, steps, batch_size, lr, seeds, image_size, model, "
-        "weights, enabled"
+        "fidelity.colour: unknown key; allowed: dataset, steps, batch_size, lr, seeds, image_size, "
+        "model, weights, enabled"
     ) in found
-    assert "fidelity.seeds: must be at least 2" in found  # a shared key: reported once, where it is written
+    assert (
+        "fidelity.seeds: must be at least 2" in found
+    )  # a shared key: reported once, where it is written
     assert (
         "fidelity.cpu.model: 'bert-tiny' takes tokens inputs and the suite's model image inputs; "
         "choose a model of the same kind"
     ) in found
     assert any(
-        "accumulate at fidelity.cpu batch_size 15: micro_batches=2 does not divide" in p for p in found
+        "accumulate at fidelity.cpu batch_size 15: micro_batches=2 does not divide" in p
+        for p in found
     )
 
 
 def test_a_users_model_by_import_path(tmp_path):
     s = load(write_suite(tmp_path, GOOD.replace('"vit-tiny"', '"tests.helpers:IMAGE_MLP"')))
-    assert s.model == "tests.helpers:IMAGE_MLP" and {r.model for r in s.runs} == {"tests.helpers:IMAGE_MLP"}
+    assert s.model == "tests.helpers:IMAGE_MLP" and {r.model for r in s.runs} == {
+        "tests.helpers:IMAGE_MLP"
+    }
     # nothing else: shapes wait
     (msg,) = suite_problems(tmp_path, GOOD.replace('"vit-tiny"', '"tests.helpers:NOPE"'))
     assert msg.startswith("model: cannot import model 'tests.helpers:NOPE': AttributeError")
@@ -378,26 +400,38 @@ def test_weights_go_to_the_suite_model_wherever_it_is_trained(tmp_path):
     weights.write_bytes(b"")  # existence is checked at load; reading it waits for the run
     base = load(write_suite(tmp_path, WEIGHTS.replace("WEIGHTS", str(weights)))).runs[0]
     assert base.weights == str(weights) and base.fidelity("cpu").weights == str(weights)
-    assert base.fidelity("cuda").weights is None  # another model: the suite's weights would not fit it
+    assert (
+        base.fidelity("cuda").weights is None
+    )  # another model: the suite's weights would not fit it
     assert suites.RunSpec.from_dict(base.to_dict()) == base
 
 
 def test_a_suite_without_weights_keeps_the_run_keys_it_had(tmp_path):
     spec = load(write_suite(tmp_path, WEIGHTS.replace('weights = "WEIGHTS"\n', ""))).runs[0]
     d = spec.to_dict()
-    assert "weights" not in d and "weights" not in d["fidelity_cpu"] and "weights" not in d["fidelity_gpu"]
+    assert (
+        "weights" not in d
+        and "weights" not in d["fidelity_cpu"]
+        and "weights" not in d["fidelity_gpu"]
+    )
 
 
 def test_weights_that_are_not_there_are_reported_where_they_are_named(tmp_path):
-    text = WEIGHTS.replace("WEIGHTS", "nope.pt").replace('model = "resnet-tiny"', 'weights = "gone/"')
+    text = WEIGHTS.replace("WEIGHTS", "nope.pt").replace(
+        'model = "resnet-tiny"', 'weights = "gone/"'
+    )
     found = suite_problems(tmp_path, text)
     assert "weights: no file or folder 'nope.pt' (relative paths start where bench runs)" in found
-    assert "fidelity.gpu.weights: no file or folder 'gone/' (relative paths start where bench runs)" in found
+    assert (
+        "fidelity.gpu.weights: no file or folder 'gone/' (relative paths start where bench runs)"
+        in found
+    )
 
 
 def test_a_device_may_run_a_smaller_model_of_the_suites_kind(tmp_path):
-    """[shapes.cpu] model: the CPU builds llama-tiny where a GPU builds Llama-3-1B; the record names the model
-    built, predictions at GPU shapes keep the suite's, and a suite without the key keeps its run keys."""
+    """[shapes.cpu] model: the CPU builds llama-tiny where a GPU builds Llama-3-1B; the record names
+    the model built, predictions at GPU shapes keep the suite's, and a suite without the key keeps
+    its run keys."""
     from bench.recipe import Recipe
     from bench.results import base_record
     from tests.conftest import CPU
@@ -412,12 +446,16 @@ def test_a_device_may_run_a_smaller_model_of_the_suites_kind(tmp_path):
 
 
 def test_a_stand_in_of_another_kind_is_refused_with_the_fix(tmp_path):
-    found = suite_problems(tmp_path, GOOD.replace("[shapes.cpu]\n", '[shapes.cpu]\nmodel = "bert-tiny"\n'))
+    found = suite_problems(
+        tmp_path, GOOD.replace("[shapes.cpu]\n", '[shapes.cpu]\nmodel = "bert-tiny"\n')
+    )
     assert (
-        "shapes.cpu.model: bert-tiny takes tokens for classify, model vit-tiny takes image for classify; "
-        "name a smaller model of the same kind"
+        "shapes.cpu.model: bert-tiny takes tokens for classify, model vit-tiny takes image for "
+        "classify; name a smaller model of the same kind"
     ) in found
-    found = suite_problems(tmp_path, GOOD.replace("[shapes.cpu]\n", '[shapes.cpu]\nmodel = "nope"\n'))
+    found = suite_problems(
+        tmp_path, GOOD.replace("[shapes.cpu]\n", '[shapes.cpu]\nmodel = "nope"\n')
+    )
     assert any(p.startswith("shapes.cpu.model: ") and "nope" in p for p in found)
 
 
@@ -425,7 +463,9 @@ def test_a_stand_in_of_another_kind_is_refused_with_the_fix(tmp_path):
 def test_a_user_module_that_hangs_on_import_stops_the_load_with_the_reason(tmp_path, monkeypatch):
     import importlib
 
-    loader = importlib.import_module("bench.suite.load")  # the module: the package's `load` is its function
+    loader = importlib.import_module(
+        "bench.suite.load"
+    )  # the module: the package's `load` is its function
 
     (tmp_path / "slow_techs.py").write_text("import time\ntime.sleep(600)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -435,7 +475,8 @@ def test_a_user_module_that_hangs_on_import_stops_the_load_with_the_reason(tmp_p
 
 
 FIRST_LOOK = (
-    'model = "vit-tiny"\nbaseline = "b"\nfirst_look = FIRST\n[shapes.gpu]\nbatch_size = 2\nimage_size = 32\n'
+    'model = "vit-tiny"\nbaseline = "b"\nfirst_look = FIRST\n[shapes.gpu]\nbatch_size = '
+    "2\nimage_size = 32\n"
     '[shapes.cpu]\nbatch_size = 2\nimage_size = 32\n[[runs]]\nname = "b"\ntechniques = []\n'
     '[[runs]]\nname = "amp-bf16"\ntechniques = [{ name = "amp", dtype = "bfloat16" }]\n'
     '[[runs]]\nname = "checkpoint"\ntechniques = ["checkpoint"]\n'
@@ -445,7 +486,9 @@ FIRST_LOOK = (
 def test_a_first_look_names_runs_of_the_suite_and_a_typo_is_refused(tmp_path):
     from tests.helpers import suite_problems, write_suite
 
-    assert load(write_suite(tmp_path, FIRST_LOOK.replace("FIRST", '["amp-*"]'))).first_look == ("amp-*",)
+    assert load(write_suite(tmp_path, FIRST_LOOK.replace("FIRST", '["amp-*"]'))).first_look == (
+        "amp-*",
+    )
     (problem,) = suite_problems(tmp_path, FIRST_LOOK.replace("FIRST", '["checkpiont"]'))
     assert problem == "first_look: 'checkpiont' matches no run (did you mean 'checkpoint'?)"
 
@@ -458,7 +501,10 @@ def test_a_first_look_is_what_a_cpu_measures_unless_all_or_only_says_otherwise(t
 
     suite = load(write_suite(tmp_path, FIRST_LOOK.replace("FIRST", '["amp-*"]')))
     plain = Namespace(all=False, only=None)
-    assert [r.name for r in _first_look(suite, plain, "cpu").runs] == ["b", "amp-bf16"]  # with its baseline
+    assert [r.name for r in _first_look(suite, plain, "cpu").runs] == [
+        "b",
+        "amp-bf16",
+    ]  # with its baseline
     assert "a first look on this CPU: 2 of the suite's 3 runs" in capsys.readouterr().err
     assert _first_look(suite, Namespace(all=True, only=None), "cpu") is suite
     assert _first_look(suite, Namespace(all=False, only="checkpoint"), "cpu") is suite

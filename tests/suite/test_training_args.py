@@ -1,6 +1,6 @@
-"""A run's training_args: a transformers TrainingArguments file (JSON or YAML) becomes the techniques and
-batch it means, what changes no memory is named as ignored, a wrong field is a load error naming it, and the
-run holds what the Trainer itself holds in its step."""
+"""A run's training_args: a transformers TrainingArguments file (JSON or YAML) becomes the
+techniques and batch it means, what changes no memory is named as ignored, a wrong field is a load
+error naming it, and the run holds what the Trainer itself holds in its step."""
 
 import json
 
@@ -28,7 +28,8 @@ def suite(tmp_path, args, name="args.json", extra=""):
     (tmp_path / name).write_text(args if isinstance(args, str) else json.dumps(args))
     path = tmp_path / "job.toml"
     path.write_text(
-        'model = "hf:suites/configs/tiny-llama"\nbaseline = "baseline"\n[shapes.gpu]\nbatch_size = 4\n'
+        'model = "hf:suites/configs/tiny-llama"\nbaseline = "baseline"\n[shapes.gpu]\nbatch_size '
+        "= 4\n"
         'seq_len = 32\n[shapes.cpu]\nbatch_size = 4\nseq_len = 32\n[[runs]]\nname = "baseline"\n'
         f'techniques = []\n[[runs]]\nname = "trainer"\ntraining_args = "{tmp_path / name}"\n{extra}'
     )
@@ -43,7 +44,9 @@ def suite(tmp_path, args, name="args.json", extra=""):
         ("args.yaml", "\n".join(f"{k}: {json.dumps(v)}" for k, v in ARGS.items())),
     ],
 )
-def test_the_fields_that_change_memory_become_techniques_and_the_rest_are_named(name, text, tmp_path, capsys):
+def test_the_fields_that_change_memory_become_techniques_and_the_rest_are_named(
+    name, text, tmp_path, capsys
+):
     run = load(suite(tmp_path, text, name)).runs[1]
     assert [t.label for t in run.techniques] == [
         "amp(dtype=bfloat16)",
@@ -59,8 +62,8 @@ def test_the_fields_that_change_memory_become_techniques_and_the_rest_are_named(
 
 
 def test_transformers_4s_own_adamw_is_read_as_what_it_was(tmp_path):
-    """optim = "adamw_hf", in every TrainingArguments file transformers 4.x wrote: its own AdamW, stepping one
-    parameter at a time (as the hf-bert-large suite models it), not a refusal."""
+    """optim = "adamw_hf", in every TrainingArguments file transformers 4.x wrote: its own AdamW,
+    stepping one parameter at a time (as the hf-bert-large suite models it), not a refusal."""
     run = load(suite(tmp_path, ARGS | {"optim": "adamw_hf"})).runs[1]
     assert "optimizer(groups=trainer,impl=single,kind=adamw)" in [t.label for t in run.techniques]
 
@@ -69,14 +72,20 @@ def test_transformers_4s_own_adamw_is_read_as_what_it_was(tmp_path):
 @pytest.mark.parametrize(
     "change, said",
     [
-        ({"gradient_acumulation_steps": 2}, "gradient_acumulation_steps: not a TrainingArguments field"),
+        (
+            {"gradient_acumulation_steps": 2},
+            "gradient_acumulation_steps: not a TrainingArguments field",
+        ),
         ({"fp16": True}, "bf16 and fp16: both true"),
         ({"optim": "lion_8bit"}, "optim = 'lion_8bit': not modelled here"),
         (
             {"per_device_train_batch_size": 0},
             "per_device_train_batch_size: expected a whole number of at least 1",
         ),
-        ({"gradient_checkpointing_kwargs": {"preserve_rng_state": False}}, "only use_reentrant is modelled"),
+        (
+            {"gradient_checkpointing_kwargs": {"preserve_rng_state": False}},
+            "only use_reentrant is modelled",
+        ),
     ],
 )
 def test_a_wrong_or_contradictory_field_is_a_load_error_naming_it(change, said, tmp_path):
@@ -106,7 +115,9 @@ def test_the_run_holds_what_the_trainer_holds_for_the_same_arguments(bf16, tmp_p
     def their_step():  # the Trainer's loop: two micro-batches of 2, then the optimizer's step
         for half in range(2):
             part = {k: v[2 * half : 2 * half + 2].clone() for k, v in inputs.items()}
-            theirs.training_step(theirs.model, part | {"labels": labels[2 * half : 2 * half + 2].clone()})
+            theirs.training_step(
+                theirs.model, part | {"labels": labels[2 * half : 2 * half + 2].clone()}
+            )
         theirs.optimizer.step()
         theirs.optimizer.zero_grad(set_to_none=True)
 

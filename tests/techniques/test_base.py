@@ -1,5 +1,6 @@
-"""What every technique declares for the rest of the house: its place in advice's catalogue or why it has
-none, the batch multiple it needs, its host traffic and the kernel it pins, read off the built technique."""
+"""What every technique declares for the rest of the house: its place in advice's catalogue or why
+it has none, the batch multiple it needs, its host traffic and the kernel it pins, read off the
+built technique."""
 
 from dataclasses import fields
 from pathlib import Path
@@ -34,8 +35,13 @@ def test_the_batch_multiple_and_the_pinned_kernel_are_the_techniques_own():
     assert build(TechniqueSpec("sdpa")).attention_backend() == "flash"  # its default, written once
     assert build(TechniqueSpec("sdpa", (("backend", "math"),))).attention_backend() == "math"
     assert {
-        n: TECHNIQUES.get(n).host_traffic for n in ("offload", "activation-offload", "cpu-offload-optimizer")
-    } == {"offload": "activations", "activation-offload": "activations", "cpu-offload-optimizer": "optimizer"}
+        n: TECHNIQUES.get(n).host_traffic
+        for n in ("offload", "activation-offload", "cpu-offload-optimizer")
+    } == {
+        "offload": "activations",
+        "activation-offload": "activations",
+        "cpu-offload-optimizer": "optimizer",
+    }
 
 
 OWN = """model = "bert-tiny"
@@ -58,10 +64,16 @@ techniques = ["tests.helpers:HalfMomentumSGD", "tests.helpers:SGD"]
 def test_a_users_technique_that_declares_an_axis_is_advised_like_a_built_in_one(tmp_path):
     (tmp_path / "own.toml").write_text(OWN)
     src = source(str(tmp_path / "own.toml"), None, None, "cpu")
-    assert src.own == ("tests.helpers:HalfMomentumSGD",)  # SGD declares no axis: not advice's to try
-    optimizers = next(a for a in axes(model("bert-tiny"), "train", 1, 8, src.own) if a.name == "optimizer")
+    assert src.own == (
+        "tests.helpers:HalfMomentumSGD",
+    )  # SGD declares no axis: not advice's to try
+    optimizers = next(
+        a for a in axes(model("bert-tiny"), "train", 1, 8, src.own) if a.name == "optimizer"
+    )
     mine = [o for o in optimizers.options if o.technique.name == "tests.helpers:HalfMomentumSGD"]
-    assert [o.name for o in mine] == ["half-momentum-sgd"] and mine[0].technique.options == (("lr", 0.01),)
+    assert [o.name for o in mine] == ["half-momentum-sgd"] and mine[0].technique.options == (
+        ("lr", 0.01),
+    )
 
 
 def test_the_docs_table_is_the_registrys():

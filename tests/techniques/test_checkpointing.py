@@ -36,12 +36,15 @@ def test_dense_layers_in_a_module_dict_are_found_and_wrapped():
 
 
 def test_a_model_with_no_block_to_wrap_is_unsupported_with_the_reason():
-    with pytest.raises(Unsupported, match="checkpoint: wrapped_modules = 0: it found nothing to apply to"):
+    with pytest.raises(
+        Unsupported, match="checkpoint: wrapped_modules = 0: it found nothing to apply to"
+    ):
         build_trainer(spec("tests.helpers:LINEAR", (tech("checkpoint"),)))
 
 
 def test_same_gradients_as_without_checkpointing():
-    """ViT-tiny has neither dropout nor batch norm: recomputation must reproduce the forward exactly."""
+    """ViT-tiny has neither dropout nor batch norm: recomputation must reproduce the forward
+    exactly."""
     grads = []
     for techniques in [(), (tech("checkpoint"),)]:
         trainer, (inputs, labels) = build_trainer(spec("vit-tiny", techniques))
@@ -95,9 +98,12 @@ def test_batch_norm_stats_update_twice_unless_the_momentum_is_corrected(correct)
     expected, got = running_means(plain), running_means(ckpt)
     in_blocks = [n for n in expected if n.startswith("layer")]
     same = [torch.allclose(got[n], expected[n], rtol=1e-5, atol=1e-6) for n in in_blocks]
-    # Corrected: two updates with momentum 1 - sqrt(1 - m) equal one with m. Uncorrected: none match.
+    # Corrected: two updates with momentum 1 - sqrt(1 - m) equal one with m. Uncorrected: none
+    # match.
     assert all(same) if correct else not any(same)
-    assert torch.equal(got["bn1.running_mean"], expected["bn1.running_mean"])  # the stem is not wrapped
+    assert torch.equal(
+        got["bn1.running_mean"], expected["bn1.running_mean"]
+    )  # the stem is not wrapped
 
 
 def test_selective_policies_are_named_torchtitans_saving_every_other_matmul():
@@ -105,7 +111,12 @@ def test_selective_policies_are_named_torchtitans_saving_every_other_matmul():
     attention = {"ops": "_scaled_dot_product_flash_attention_for_cpu"}  # SDPA's kernel on a CPU
     for save, extra in (("matmuls", {}), ("torchtitan", {}), ("ops", attention)):
         trainer, batch = build_trainer(
-            spec("llama-tiny", (tech("selective-checkpoint", save=save, **extra),), batch_size=2, seq_len=32)
+            spec(
+                "llama-tiny",
+                (tech("selective-checkpoint", save=save, **extra),),
+                batch_size=2,
+                seq_len=32,
+            )
         )
         trainer.step(batch)
         held[save] = tracked_step(
@@ -127,7 +138,9 @@ def test_selective_policies_are_named_torchtitans_saving_every_other_matmul():
 )
 def test_a_selective_policy_that_cannot_be_built_is_refused_at_load(options, said, tmp_path):
     technique = (
-        '{ name = "selective-checkpoint", ' + ", ".join(f'{k} = "{v}"' for k, v in options.items()) + " }"
+        '{ name = "selective-checkpoint", '
+        + ", ".join(f'{k} = "{v}"' for k, v in options.items())
+        + " }"
     )
     found = suite_problems(tmp_path, GOOD.replace('"checkpoint"]', technique + "]"))
     assert any(said in p for p in found), found

@@ -7,9 +7,12 @@ from tests.helpers import spec, tech
 
 @pytest.mark.slow
 def test_compiled_run_records_compile_time_apart_and_no_tracked_peak():
-    record = run_isolated(spec("vit-tiny", (tech("compile"),), measure_steps=3), Device("cpu", "cpu"))
+    record = run_isolated(
+        spec("vit-tiny", (tech("compile"),), measure_steps=3), Device("cpu", "cpu")
+    )
     assert record["status"] == "ok", record
     assert record["proof"]["compile.compiled"] is True
-    # The first step (where compilation happens) is timed apart from the steps throughput comes from.
+    # The first step (where compilation happens) is timed apart from the steps throughput comes
+    # from.
     assert record["first_step_ms"] > 0 and len(record["step_times_ms"]) == 3
     assert "peak_tensor_bytes" not in record  # the tracker cannot see inside compiled graphs

@@ -16,18 +16,31 @@ def reason(*techniques, **shapes) -> str | None:
 
 def test_each_cache_kind_is_the_cache_implementation_generate_takes():
     for kind, named in [("static", "static"), ("offloaded-static", "offloaded_static")]:
-        assert build(tech("kv-cache", kind=kind)).step().generation == (("cache_implementation", named),)
-    quantized = dict(build(tech("kv-cache", kind="quantized", nbits=2, residual_length=64)).step().generation)
+        assert build(tech("kv-cache", kind=kind)).step().generation == (
+            ("cache_implementation", named),
+        )
+    quantized = dict(
+        build(tech("kv-cache", kind="quantized", nbits=2, residual_length=64)).step().generation
+    )
     assert quantized == {
         "cache_implementation": "quantized",
-        "cache_config": {"backend": "quanto", "nbits": 2, "residual_length": 64, "q_group_size": 64},
+        "cache_config": {
+            "backend": "quanto",
+            "nbits": 2,
+            "residual_length": 64,
+            "q_group_size": 64,
+        },
     }
     fp8 = dict(build(tech("kv-cache", kind="quantized", backend="fp8")).step().generation)
-    assert fp8["cache_config"] == {"backend": "fp8"}  # per-tensor: the group-wise options are refused there
+    assert fp8["cache_config"] == {
+        "backend": "fp8"
+    }  # per-tensor: the group-wise options are refused there
 
 
 def test_a_cache_that_cannot_be_kept_here_or_predicted_says_why(monkeypatch):
-    assert reason(tech("kv-cache", kind="offloaded")).startswith("kv-cache: offloading moves the cache")
+    assert reason(tech("kv-cache", kind="offloaded")).startswith(
+        "kv-cache: offloading moves the cache"
+    )
     real_find = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda n, *a: None if n == "optimum" else real_find(n, *a)
@@ -35,16 +48,20 @@ def test_a_cache_that_cannot_be_kept_here_or_predicted_says_why(monkeypatch):
     assert reason(tech("kv-cache", kind="quantized")) == (
         "kv-cache: needs optimum-quanto for the quanto backend: pip install optimum-quanto"
     )
-    assert KVCache(KVCache.Config(kind="offloaded")).unpredictable.startswith("fake tensors cannot stand")
-    assert KVCache(KVCache.Config(kind="quantized")).unpredictable.startswith("quanto's quantizer reads")
+    assert KVCache(KVCache.Config(kind="offloaded")).unpredictable.startswith(
+        "fake tensors cannot stand"
+    )
+    assert KVCache(KVCache.Config(kind="quantized")).unpredictable.startswith(
+        "quanto's quantizer reads"
+    )
     assert KVCache(KVCache.Config(kind="quantized", backend="fp8")).unpredictable == ""
     assert KVCache(KVCache.Config(kind="static")).unpredictable == ""
 
 
 def test_a_chunk_that_holds_the_whole_prompt_would_measure_the_baseline_and_is_refused():
     assert reason(tech("chunked-prefill", chunk=32), prompt_len=32) == (
-        "chunked-prefill: chunk = 32 holds the whole prompt of 32 tokens: the run would measure the baseline "
-        "under its name"
+        "chunked-prefill: chunk = 32 holds the whole prompt of 32 tokens: the run would measure "
+        "the baseline under its name"
     )
     assert reason(tech("chunked-prefill", chunk=31), prompt_len=32) is None
     assert build(tech("chunked-prefill", chunk=0)).problems(8) == [
@@ -62,8 +79,8 @@ def test_generation_techniques_apply_to_generation_alone_and_weight_precision_to
 
 def test_int4_weights_say_where_they_run_and_that_fake_tensors_cannot_pack_them():
     assert reason(tech("half", dtype="bfloat16"), tech("int4-weights")) == (
-        "int4-weights: torchao's int4 weights run on CUDA here (tinygemm); its CPU layouts need the mslk "
-        "package"
+        "int4-weights: torchao's int4 weights run on CUDA here (tinygemm); its CPU layouts need "
+        "the mslk package"
     )
     assert build(tech("int4-weights")).unpredictable.startswith("tinygemm packs the weights")
     assert build(tech("int4-weights", group_size=100)).problems(8) == [

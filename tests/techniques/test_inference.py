@@ -8,7 +8,9 @@ from tests.helpers import spec, tech
 
 
 def infer(model="vit-tiny", *techniques, batch_size=8):
-    predictor, batch = build_trainer(spec(model, techniques, batch_size=batch_size, mode="inference"))
+    predictor, batch = build_trainer(
+        spec(model, techniques, batch_size=batch_size, mode="inference")
+    )
     logits = predictor.step(batch)
     figures = tracked_step(lambda: predictor.step(batch), predictor.model, None, CPU)
     return figures, predictor, logits
@@ -27,7 +29,10 @@ def test_half_stores_weights_in_16_bits_and_halves_their_bytes(dtype):
     half, predictor, logits = infer("vit-tiny", tech("half", dtype=dtype))
     assert {p.dtype for p in predictor.model.parameters()} == {getattr(torch, dtype)}
     assert half["param_bytes"] * 2 == base["param_bytes"]
-    assert logits.dtype == getattr(torch, dtype) and predictor.proof()["output_dtype"] == f"torch.{dtype}"
+    assert (
+        logits.dtype == getattr(torch, dtype)
+        and predictor.proof()["output_dtype"] == f"torch.{dtype}"
+    )
 
 
 def test_dynamic_int8_quantizes_every_body_linear_and_shrinks_their_bytes():
@@ -40,8 +45,8 @@ def test_dynamic_int8_quantizes_every_body_linear_and_shrinks_their_bytes():
     body_bytes = sum(m.weight.numel() * 4 for n, m in model.named_modules() if n in body)
     # int8 instead of fp32 for those weights: 3 bytes per weight saved, less the per-channel scales.
     assert base["param_bytes"] - quant["param_bytes"] > 0.7 * body_bytes
-    # 0.98: with AVX2 kernels only (no VNNI), int8 GEMMs sum byte pairs in saturating int16s; 0.984 measured
-    # there
+    # 0.98: with AVX2 kernels only (no VNNI), int8 GEMMs sum byte pairs in saturating int16s; 0.984
+    # measured there
     assert torch.nn.functional.cosine_similarity(logits.flatten(), expected.flatten(), dim=0) > 0.98
 
 

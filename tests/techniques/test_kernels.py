@@ -18,7 +18,9 @@ def test_channels_last_converts_every_conv_weight_and_the_inputs():
     _, trainer = run("resnet-tiny", tech("channels-last"))
     convs = [p for p in trainer.model.parameters() if p.dim() == 4]
     assert all(p.is_contiguous(memory_format=torch.channels_last) for p in convs)
-    assert trainer.proof()["channels-last.conv_weights_channels_last"] == f"{len(convs)}/{len(convs)}"
+    assert (
+        trainer.proof()["channels-last.conv_weights_channels_last"] == f"{len(convs)}/{len(convs)}"
+    )
 
 
 def test_sdpa_records_the_kernel_that_ran_and_math_holds_the_attention_matrix():
@@ -39,8 +41,8 @@ def test_a_kernel_that_refuses_the_models_call_makes_the_run_unsupported():
 
 
 def test_unavailable_kernels_and_devices_are_unsupported_with_a_reason():
-    # Each is decided before anything runs, so the worker's measure() is called here, not in a process of its
-    # own (test_runner holds an unsupported run's record end to end).
+    # Each is decided before anything runs, so the worker's measure() is called here, not in a
+    # process of its own (test_runner holds an unsupported run's record end to end).
     for technique, model, reason in [
         (tech("sdpa", backend="efficient"), "vit-tiny", "no efficient attention kernel on cpu"),
         (tech("sdpa"), "resnet-tiny", "the model has no attention"),
@@ -69,8 +71,8 @@ def test_the_env_technique_sets_its_variables_for_a_fresh_run_process():
 
 
 def test_the_env_technique_with_only_cudas_variables_is_unsupported_on_a_cpu():
-    """CUDA_LAUNCH_BLOCKING=1 alone changes nothing a CPU runs: resnet's launch-blocking measured its
-    baseline again under another name, for 20 s of a first command."""
+    """CUDA_LAUNCH_BLOCKING=1 alone changes nothing a CPU runs: resnet's launch-blocking measured
+    its baseline again under another name, for 20 s of a first command."""
     from bench.models import MODELS
     from bench.spec import Shapes
     from bench.techniques.base import RunContext, build
@@ -80,7 +82,9 @@ def test_the_env_technique_with_only_cudas_variables_is_unsupported_on_a_cpu():
     assert cuda_only.unsupported(cpu) == (
         "CUDA_LAUNCH_BLOCKING: read by CUDA alone; on a CPU the run would be the baseline again"
     )
-    assert build(tech("env", vars="CUDA_LAUNCH_BLOCKING=1 OMP_NUM_THREADS=1")).unsupported(cpu) is None
+    assert (
+        build(tech("env", vars="CUDA_LAUNCH_BLOCKING=1 OMP_NUM_THREADS=1")).unsupported(cpu) is None
+    )
 
 
 def test_the_env_technique_refuses_what_is_not_a_name_value_pair(tmp_path):

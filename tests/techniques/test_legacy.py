@@ -26,8 +26,14 @@ def run(*techniques, model=BERT):
     "also, kept_bytes",
     [
         ((), LAYERS * SCORES * 4),  # every layer's float32 scores, held until backward reaches it
-        ((tech("checkpoint", reentrant=True),), SCORES * 4),  # only the layer recomputed from backward
-        ((tech("amp", dtype="bfloat16"),), LAYERS * SCORES * 2),  # CPU's autocast runs softmax as given
+        (
+            (tech("checkpoint", reentrant=True),),
+            SCORES * 4,
+        ),  # only the layer recomputed from backward
+        (
+            (tech("amp", dtype="bfloat16"),),
+            LAYERS * SCORES * 2,
+        ),  # CPU's autocast runs softmax as given
     ],
 )
 def test_softmax_keeps_its_input_until_backward_as_torch_1_10_did(also, kept_bytes):
@@ -35,13 +41,17 @@ def test_softmax_keeps_its_input_until_backward_as_torch_1_10_did(also, kept_byt
     legacy, trainer = run(*also, tech("softmax-keeps-input"))
     assert legacy["peak_tensor_bytes"] - today["peak_tensor_bytes"] == kept_bytes
     assert trainer.proof()["softmax-keeps-input.softmaxes_keeping_input_per_step"] == LAYERS
-    for ours, theirs in zip(trainer.model.parameters(), base.model.parameters()):  # the same training
+    for ours, theirs in zip(
+        trainer.model.parameters(), base.model.parameters()
+    ):  # the same training
         torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("also", [(), (tech("checkpoint", reentrant=True),)])
 def test_fake_tensors_predict_the_kept_inputs_to_the_byte(also):
-    assert_predicted_exactly(spec(BERT, (*also, tech("softmax-keeps-input")), batch_size=B, seq_len=S))
+    assert_predicted_exactly(
+        spec(BERT, (*also, tech("softmax-keeps-input")), batch_size=B, seq_len=S)
+    )
 
 
 def test_under_cudas_autocast_it_keeps_the_float32_copy_softmax_takes():

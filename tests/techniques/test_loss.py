@@ -1,5 +1,5 @@
-"""chunked-loss: the cross-entropy of the full logits, its gradients too, without the full logits ever
-alive."""
+"""chunked-loss: the cross-entropy of the full logits, its gradients too, without the full logits
+ever alive."""
 
 import pytest
 import torch
@@ -15,7 +15,8 @@ VOCAB = MODELS.get("llama-tiny").vocab_size
 
 
 def _trained(*techniques, batch_size=4, seq_len=64, lr=0.0):
-    """llama-tiny after one step on the synthetic batch (lr 0: the weights stay those of the seed)."""
+    """llama-tiny after one step on the synthetic batch (lr 0: the weights stay those of the
+    seed)."""
     trainer, batch = build_trainer(
         spec("llama-tiny", techniques, batch_size=batch_size, seq_len=seq_len, lr=lr)
     )
@@ -25,8 +26,9 @@ def _trained(*techniques, batch_size=4, seq_len=64, lr=0.0):
 
 @pytest.mark.parametrize("chunk", [0, 7, 4096])
 def test_the_loss_and_every_gradient_are_the_full_cross_entropys(chunk):
-    """Any chunking (Liger's rule, chunks that do not divide the positions, one chunk of all): the same loss,
-    and the same gradients for every parameter, the tied embedding and head among them, to float rounding."""
+    """Any chunking (Liger's rule, chunks that do not divide the positions, one chunk of all): the
+    same loss, and the same gradients for every parameter, the tied embedding and head among them,
+    to float rounding."""
     plain, batch, full = _trained()
     chunked, _, loss = _trained(tech("chunked-loss", chunk_tokens=chunk))
     assert loss.item() == pytest.approx(full.item(), rel=1e-6)
@@ -37,10 +39,10 @@ def test_the_loss_and_every_gradient_are_the_full_cross_entropys(chunk):
 
 
 def test_the_full_logits_never_exist_and_the_peak_falls_by_more_than_them():
-    """At the suite's CPU shapes (8 × 256 positions, a 32,768-token vocabulary) the float32 logits are 256
-    MiB; the step's tracked peak falls by at least 90% of that (in fact by about three times it: the logits,
-    their log-softmax saved for backward, and its gradient); a chunk holds 256 positions' logits, an
-    eighth."""
+    """At the suite's CPU shapes (8 × 256 positions, a 32,768-token vocabulary) the float32 logits
+    are 256 MiB; the step's tracked peak falls by at least 90% of that (in fact by about three times
+    it: the logits, their log-softmax saved for backward, and its gradient); a chunk holds 256
+    positions' logits, an eighth."""
     logits = 8 * 256 * VOCAB * 4
     peaks = {}
     for name, techniques in (("plain", ()), ("chunked", (tech("chunked-loss"),))):
@@ -49,23 +51,26 @@ def test_the_full_logits_never_exist_and_the_peak_falls_by_more_than_them():
         peaks[name] = tracked_step(
             lambda t=trainer, b=batch: t.step(b), trainer.model, trainer.optimizer, CPU
         )
-    assert peaks["plain"]["peak_tensor_bytes"] - peaks["chunked"]["peak_tensor_bytes"] >= 0.9 * logits
+    assert (
+        peaks["plain"]["peak_tensor_bytes"] - peaks["chunked"]["peak_tensor_bytes"] >= 0.9 * logits
+    )
     proof = trainer.proof()
     assert proof["chunked-loss.largest_chunk_logits_bytes"] == 256 * VOCAB * 4
     assert proof["chunked-loss.chunks_per_step"] == 8
 
 
 def test_liger_rules_chunk_size_with_a_floor_of_256_positions():
-    """Liger's rule makes a chunk's logits the hidden states' size: Llama-3.2-1B at 8 × 2,048 splits into 63,
-    then into 32 chunks of a power of two; llama-tiny's rule (256 chunks of 8) is raised to 256 positions."""
+    """Liger's rule makes a chunk's logits the hidden states' size: Llama-3.2-1B at 8 × 2,048 splits
+    into 63, then into 32 chunks of a power of two; llama-tiny's rule (256 chunks of 8) is raised to
+    256 positions."""
     assert chunk_tokens(8 * 2048, 128_256, 2048) == 512
     assert chunk_tokens(8 * 256, VOCAB, 128) == 256
     assert chunk_tokens(3, 10, 100) == 256
 
 
 def test_a_frozen_head_gets_no_weight_gradient_and_evaluation_reads_the_logits():
-    """Under LoRA the head is frozen: the loss makes no gradient for it (a 128k × 2,048 head's would be 1
-    GiB). In evaluation the model returns the logits themselves, which accuracy reads."""
+    """Under LoRA the head is frozen: the loss makes no gradient for it (a 128k × 2,048 head's would
+    be 1 GiB). In evaluation the model returns the logits themselves, which accuracy reads."""
     trainer, batch, _ = _trained(tech("lora"), tech("chunked-loss"))
     head = trainer.techniques[1].head
     assert not head.weight.requires_grad and head.weight.grad is None

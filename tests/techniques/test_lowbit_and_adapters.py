@@ -1,5 +1,5 @@
-"""Techniques from optional packages: run where the package is installed (`make test` installs them),
-unsupported with an install hint where it is not."""
+"""Techniques from optional packages: run where the package is installed (`make test` installs
+them), unsupported with an install hint where it is not."""
 
 import math
 import re
@@ -33,7 +33,9 @@ def test_lora_trains_adapters_and_head_only(model):
     proof = trainer.proof()
     trainable = [p for p in trainer.model.parameters() if p.requires_grad]
     assert (
-        proof["lora.trainable_params"] == sum(p.numel() for p in trainable) < proof["lora.total_params"] / 5
+        proof["lora.trainable_params"]
+        == sum(p.numel() for p in trainable)
+        < proof["lora.total_params"] / 5
     )
     assert proof["lora.adapted_layers"] == 4  # two target layers in each of two blocks
     assert lora["optimizer_state_bytes"] < base["optimizer_state_bytes"] / 5
@@ -45,14 +47,16 @@ def test_int8_weights_store_frozen_linears_in_a_quarter_of_the_bytes():
     lora, _ = run("bert-tiny", tech("lora"))
     int8, trainer = run("bert-tiny", tech("lora"), tech("int8-weights"))
     frozen_linears = trainer.proof()["int8-weights.quantized_linears"]
-    assert frozen_linears == 2 * 6 + 1  # per layer q, k, v, attention out, MLP in, MLP out; plus the pooler
+    assert (
+        frozen_linears == 2 * 6 + 1
+    )  # per layer q, k, v, attention out, MLP in, MLP out; plus the pooler
     assert int8["param_bytes"] < lora["param_bytes"]
 
 
 def adamw_8bit_state_bytes(numel: int) -> int:
-    """torchao's AdamW8bit state for one parameter: each moment as a byte per value, a float32 scale per block
-    of 256 values and its 256-entry float32 code book, for tensors of 4096+ values in whole blocks (smaller
-    ones stay float32, as bitsandbytes does); and a float32 step counter."""
+    """torchao's AdamW8bit state for one parameter: each moment as a byte per value, a float32 scale
+    per block of 256 values and its 256-entry float32 code book, for tensors of 4096+ values in
+    whole blocks (smaller ones stay float32, as bitsandbytes does); and a float32 step counter."""
     moment = numel + numel // 256 * 4 + 256 * 4 if numel >= 4096 and numel % 256 == 0 else 4 * numel
     return 2 * moment + 4
 
@@ -69,9 +73,10 @@ def test_adamw_8bit_keeps_its_moments_in_a_byte_per_value():
 
 
 def test_adamw_8bit_step_is_tracked_with_its_state_but_not_its_compiled_temporaries():
-    """Linear(64→256)→ReLU→Linear(256→10), batch 32, as the AdamW test in tests/measure/test_tracker.py.
-    torchao compiles each parameter's update, which the tracker steps aside for: the state it keeps is
-    counted, the kernel's temporaries are not, so the peak is backward's where AdamW's own was its step's."""
+    """Linear(64→256)→ReLU→Linear(256→10), batch 32, as the AdamW test in
+    tests/measure/test_tracker.py. torchao compiles each parameter's update, which the tracker steps
+    aside for: the state it keeps is counted, the kernel's temporaries are not, so the peak is
+    backward's where AdamW's own was its step's."""
     model, opt, step = mlp_step(pytest.importorskip("torchao.optim").AdamW8bit)
     figures = tracked_step(step, model, opt, CPU, compiled_update=True)
     params = MLP_PARAM_BYTES
@@ -79,8 +84,8 @@ def test_adamw_8bit_step_is_tracked_with_its_state_but_not_its_compiled_temporar
     state = 2 * (64 * 256 + 64 * 4 + 1024) + 2 * 4 * (256 + 256 * 10 + 10) + 4 * 4
     assert state == sum(adamw_8bit_state_bytes(p.numel()) for p in model.parameters())
     assert figures["optimizer_state_bytes"] == state
-    # At backward's peak: the model states, every gradient, the hidden layer's gradient (32 × 256 floats) as
-    # the first weight's is made, and the loss with its gradient (4 bytes each).
+    # At backward's peak: the model states, every gradient, the hidden layer's gradient (32 × 256
+    # floats) as the first weight's is made, and the loss with its gradient (4 bytes each).
     assert figures["peak_phase"] == "backward"
     assert {k: v for k, v in figures.items() if k.startswith("at_peak_")} == {
         "at_peak_parameters_bytes": params,
@@ -97,7 +102,9 @@ def test_adamw_8bit_runs_record_a_tracked_peak_and_its_breakdown():
     record = measure(spec("vit-tiny", (tech("adamw-8bit"),), batch_size=8), CPU)
     assert record["status"] == "ok", record
     assert record["at_peak_optimizer_state_bytes"] == record["optimizer_state_bytes"] > 0
-    assert sum(v for k, v in record.items() if k.startswith("at_peak_")) == record["peak_tensor_bytes"]
+    assert (
+        sum(v for k, v in record.items() if k.startswith("at_peak_")) == record["peak_tensor_bytes"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -109,7 +116,9 @@ def test_adamw_8bit_runs_record_a_tracked_peak_and_its_breakdown():
     ],
 )
 def test_inapplicable_low_bit_runs_are_unsupported(technique, model, reason):
-    record = measure(spec(model, (tech(technique),)), CPU)  # decided before anything runs: no process needed
+    record = measure(
+        spec(model, (tech(technique),)), CPU
+    )  # decided before anything runs: no process needed
     assert record["status"] == "unsupported" and reason in record["message"], record
 
 
@@ -126,11 +135,14 @@ def test_missing_optional_package_gives_the_install_hint(monkeypatch):
 
 
 def test_int8_weights_leave_torchvision_attention_projections_alone():
-    """torchvision's attention calls out_proj's weight directly (transposed), which int8 storage cannot."""
+    """torchvision's attention calls out_proj's weight directly (transposed), which int8 storage
+    cannot."""
     pytest.importorskip("torchao")
     pytest.importorskip("peft")
     _, trainer = run("vit-tiny", tech("lora"), tech("int8-weights"))
-    assert trainer.proof()["int8-weights.quantized_linears"] == 2 * 2  # the two MLP linears per block
+    assert (
+        trainer.proof()["int8-weights.quantized_linears"] == 2 * 2
+    )  # the two MLP linears per block
 
 
 def test_int8_weights_on_a_model_with_no_linear_but_its_head_is_unsupported_not_a_silent_no_op():
@@ -142,24 +154,28 @@ def test_int8_weights_on_a_model_with_no_linear_but_its_head_is_unsupported_not_
     from bench.techniques import Unsupported
     from bench.techniques.lowbit import quantize_body_linears
 
-    convolutions = MODELS.get("resnet-tiny").build(Shapes(1, image_size=32))  # as a user's CNN would be
-    with pytest.raises(Unsupported, match=r"no nn.Linear outside the head \(classifier, heads, fc\)"):
+    convolutions = MODELS.get("resnet-tiny").build(
+        Shapes(1, image_size=32)
+    )  # as a user's CNN would be
+    with pytest.raises(
+        Unsupported, match=r"no nn.Linear outside the head \(classifier, heads, fc\)"
+    ):
         quantize_body_linears(convolutions, Int8WeightOnlyConfig(), freeze=True)
 
 
 @pytest.mark.parametrize(
     "model, torchao, reason",
     [
-        # ResNet's one linear is its head (to 10 classes here, 1000 at full size): FP8 would convert nothing,
-        # whether or not torchao is there to be asked for.
+        # ResNet's one linear is its head (to 10 classes here, 1000 at full size): FP8 would convert
+        # nothing, whether or not torchao is there to be asked for.
         ("resnet-tiny", True, r"\(linears: fc 2048→10\): nothing would run in FP8"),
         ("resnet-tiny", False, r"\(linears: fc 2048→10\): nothing would run in FP8"),
         ("bert-tiny", False, "needs torchao: pip install torchao"),
     ],
 )
 def test_fp8_says_first_what_no_install_changes(monkeypatch, model, torchao, reason):
-    """What a CUDA host without torchao would say, through the prediction (which stands for a CUDA run: on
-    a CPU, fp8 is refused first as a GPU feature)."""
+    """What a CUDA host without torchao would say, through the prediction (which stands for a CUDA
+    run: on a CPU, fp8 is refused first as a GPU feature)."""
     from bench.predict.fake import predict
     from bench.techniques import lowbit
 
@@ -174,9 +190,10 @@ def test_fp8_says_first_what_no_install_changes(monkeypatch, model, torchao, rea
 
 def test_qlora_stores_every_block_linear_in_nf4_and_trains_the_adapters_only():
     """llama-tiny: its 14 block linears become frozen NF4 weights of 4 bits a value plus their
-    double-quantized scales (0.54 bytes a parameter at these sizes), adapted by LoRA on all seven linears of a
-    layer; the tied embedding and head stay float32 and frozen. The tracked parameter bytes are LoRA's less
-    exactly what NF4 saves on those weights, and the prediction counts the same bytes."""
+    double-quantized scales (0.54 bytes a parameter at these sizes), adapted by LoRA on all seven
+    linears of a layer; the tied embedding and head stay float32 and frozen. The tracked parameter
+    bytes are LoRA's less exactly what NF4 saves on those weights, and the prediction counts the
+    same bytes."""
     pytest.importorskip("torchao")
     pytest.importorskip("peft")
     from bench.predict.fake import predict
@@ -189,15 +206,17 @@ def test_qlora_stores_every_block_linear_in_nf4_and_trains_the_adapters_only():
     held = tensor_bytes(nf4)  # the storages behind their quantized values and scales
     assert proof["qlora.nf4_bytes_per_param"] == round(held / sum(p.numel() for p in nf4), 4) < 0.55
     assert qlora["param_bytes"] == lora["param_bytes"] - 4 * sum(p.numel() for p in nf4) + held
-    assert qlora["optimizer_state_bytes"] == lora["optimizer_state_bytes"]  # the same adapters train
+    assert (
+        qlora["optimizer_state_bytes"] == lora["optimizer_state_bytes"]
+    )  # the same adapters train
     run_spec = spec("llama-tiny", (tech("qlora"),), batch_size=8, seq_len=32)
     assert predict(run_spec, cuda=False).param_bytes == qlora["param_bytes"]
 
 
 def test_cpu_offload_optimizer_leaves_the_device_its_small_parameters_state_only():
-    """Predicted as CUDA (a CPU run is unsupported: the state is in host memory already): AdamW's state, and
-    with offload_gradients the gradients, of every parameter of 4,096 elements or more leave the device;
-    llama-tiny's five 128-wide norms keep theirs (two float32 moments each)."""
+    """Predicted as CUDA (a CPU run is unsupported: the state is in host memory already): AdamW's
+    state, and with offload_gradients the gradients, of every parameter of 4,096 elements or more
+    leave the device; llama-tiny's five 128-wide norms keep theirs (two float32 moments each)."""
     pytest.importorskip("torchao")
     from bench.predict.fake import predict
     from bench.recipe import Recipe
@@ -205,7 +224,12 @@ def test_cpu_offload_optimizer_leaves_the_device_its_small_parameters_state_only
     plain = predict(spec("llama-tiny", (), batch_size=1, seq_len=16))
     out = predict(spec("llama-tiny", (tech("cpu-offload-optimizer"),), batch_size=1, seq_len=16))
     freed = predict(
-        spec("llama-tiny", (tech("cpu-offload-optimizer", offload_gradients=True),), batch_size=1, seq_len=16)
+        spec(
+            "llama-tiny",
+            (tech("cpu-offload-optimizer", offload_gradients=True),),
+            batch_size=1,
+            seq_len=16,
+        )
     )
     norms = 5 * 128 * 4
     assert out.optimizer_state_bytes == 2 * norms + 4 * 5  # and their AdamW's step counters
@@ -214,8 +238,8 @@ def test_cpu_offload_optimizer_leaves_the_device_its_small_parameters_state_only
     assert plain.peak_tensor_bytes - out.peak_tensor_bytes > 0.9 * plain.optimizer_state_bytes
     reason = Recipe.of(spec("llama-tiny", (tech("cpu-offload-optimizer"),)), CPU).unsupported()
     assert reason == (
-        "cpu-offload-optimizer: the optimizer state lives in host memory on a CPU already; this moves "
-        "it off a GPU"
+        "cpu-offload-optimizer: the optimizer state lives in host memory on a CPU already; this "
+        "moves it off a GPU"
     )
 
 
@@ -228,7 +252,9 @@ def test_cpu_offload_optimizer_on_a_gpu_keeps_the_offloaded_state_off_the_device
     )
     trainer.step(batch)
     figures = tracked_step(lambda: trainer.step(batch), trainer.model, trainer.optimizer, cuda)
-    assert figures["optimizer_state_bytes"] <= 5 * 2 * 512  # the norms' moments, a 512-byte block each
+    assert (
+        figures["optimizer_state_bytes"] <= 5 * 2 * 512
+    )  # the norms' moments, a 512-byte block each
     assert trainer.proof()["cpu-offload-optimizer.offloaded_params"] > 0
 
 
@@ -253,30 +279,41 @@ def adapters(model):
     return [p for n, p in model.named_parameters() if "lora_" in n]
 
 
-@pytest.mark.parametrize("adapter_dtype, expected", [("float32", torch.float32), ("base", torch.bfloat16)])
+@pytest.mark.parametrize(
+    "adapter_dtype, expected", [("float32", torch.float32), ("base", torch.bfloat16)]
+)
 def test_the_adapters_dtype_under_a_bf16_base_is_the_options(adapter_dtype, expected):
     pytest.importorskip("peft")
     trainer, _ = build_trainer(
         spec(
-            "llama-tiny", (tech("bf16"), tech("lora", adapter_dtype=adapter_dtype)), batch_size=2, seq_len=16
+            "llama-tiny",
+            (tech("bf16"), tech("lora", adapter_dtype=adapter_dtype)),
+            batch_size=2,
+            seq_len=16,
         )
     )
-    assert {p.dtype for p in adapters(trainer.model)} == {expected}  # float32: PEFT's own default there
+    assert {p.dtype for p in adapters(trainer.model)} == {
+        expected
+    }  # float32: PEFT's own default there
 
 
 @pytest.mark.parametrize("adapter", ["lora", "qlora"])
 def test_a_cast_listed_after_the_adapters_is_refused_as_ambiguous(adapter, tmp_path):
     found = suite_problems(tmp_path, GOOD_LLAMA.replace("TECHNIQUES", f'"{adapter}", "bf16"'))
     assert any(
-        f"bf16 after {adapter}: listed after {adapter}, it would cast the adapters too" in p for p in found
+        f"bf16 after {adapter}: listed after {adapter}, it would cast the adapters too" in p
+        for p in found
     )
     (tmp_path / "ordered.toml").write_text(GOOD_LLAMA.replace("TECHNIQUES", f'"bf16", "{adapter}"'))
-    assert load(tmp_path / "ordered.toml").runs[1].techniques[0].name == "bf16"  # the cast first: loads
+    assert (
+        load(tmp_path / "ordered.toml").runs[1].techniques[0].name == "bf16"
+    )  # the cast first: loads
 
 
 def test_a_cast_keeps_nf4_weights_in_their_four_bits():
-    # [qlora, bf16] once dequantized them in a cast (NF4Tensor.to(dtype) dequantizes): Llama-3-8B was
-    # predicted at 5.07 GiB, below its own 5.35 GiB of parameters, the tracker no longer seeing the NF4 bytes.
+    # [qlora, bf16] once dequantized them in a cast (NF4Tensor.to(dtype) dequantizes): Llama-3-8B
+    # was predicted at 5.07 GiB, below its own 5.35 GiB of parameters, the tracker no longer seeing
+    # the NF4 bytes.
     pytest.importorskip("torchao")
     trainer, _ = build_trainer(spec("llama-tiny", (tech("qlora"),), batch_size=2, seq_len=16))
     before = model_state_bytes(trainer.model, None)["param_bytes"]
@@ -295,9 +332,9 @@ def test_lora_dropout_keeps_a_dropped_copy_of_each_adapted_input():
             spec("bert-tiny", (tech("lora", dropout=p),), batch_size=4, seq_len=32)
         )
         trainer.step(batch)
-        held[p] = tracked_step(lambda t=trainer, b=batch: t.step(b), trainer.model, trainer.optimizer, CPU)[
-            "activation_bytes"
-        ]
+        held[p] = tracked_step(
+            lambda t=trainer, b=batch: t.step(b), trainer.model, trainer.optimizer, CPU
+        )["activation_bytes"]
     assert held[0.1] > held[0.0]
 
 
@@ -306,14 +343,17 @@ def test_peft_adapter_config_json_is_read_for_the_fields_that_change_memory(tmp_
     path = tmp_path / "adapter_config.json"
     path.write_text(
         '{"peft_type": "LORA", "r": 4, "lora_alpha": 8, "lora_dropout": 0.05, '
-        '"target_modules": ["q_proj", "v_proj"], "base_model_name_or_path": "meta-llama/Llama-3.2-1B"}'
+        '"target_modules": ["q_proj", "v_proj"], "base_model_name_or_path": '
+        '"meta-llama/Llama-3.2-1B"}'
     )
     trainer, _ = build_trainer(
         spec("llama-tiny", (tech("lora", config=str(path)),), batch_size=2, seq_len=16)
     )
     shapes = {tuple(p.shape) for n, p in trainer.model.named_parameters() if "lora_A" in n}
     assert {s[0] for s in shapes} == {4}  # r = 4
-    assert trainer.techniques[0].proof(1)["adapted_layers"] == 2 * 2  # q and v in each of the two layers
+    assert (
+        trainer.techniques[0].proof(1)["adapted_layers"] == 2 * 2
+    )  # q and v in each of the two layers
     path.write_text('{"peft_type": "LORA", "r": 4, "use_dora": true}')
     found = suite_problems(
         tmp_path, GOOD_LLAMA.replace("TECHNIQUES", f'{{ name = "lora", config = "{path}" }}')
@@ -326,9 +366,10 @@ def _rounded(n: int) -> int:
 
 
 def test_paged_adamw_8bit_keeps_its_large_moments_off_the_cuda_allocator():
-    """Predicted for CUDA, the state the allocator holds is bitsandbytes' rule (optim/optimizer.py): float32
-    moments under 4,096 elements; 8-bit moments above, with a float32 absmax per 256 values and the two shared
-    256-entry code books, the moments of parameters of 100,000 elements or more paged out of its reach."""
+    """Predicted for CUDA, the state the allocator holds is bitsandbytes' rule (optim/optimizer.py):
+    float32 moments under 4,096 elements; 8-bit moments above, with a float32 absmax per 256 values
+    and the two shared 256-entry code books, the moments of parameters of 100,000 elements or more
+    paged out of its reach."""
     pytest.importorskip("bitsandbytes")
     run = spec("llama-tiny", (tech("paged-adamw-8bit"),), batch_size=4, seq_len=16)
     out = predict(run, run.cpu, cuda=True)
@@ -338,14 +379,17 @@ def test_paged_adamw_8bit_keeps_its_large_moments_off_the_cuda_allocator():
 
     def state(r, paged_out):  # the moments' and absmaxes' bytes, each request as ``r`` takes it
         return 2 * r(256 * 4) + sum(
-            2 * r(4 * n) if n < 4096 else 2 * r(4 * math.ceil(n / 256)) + (0 if paged_out(n) else 2 * r(n))
+            2 * r(4 * n)
+            if n < 4096
+            else 2 * r(4 * math.ceil(n / 256)) + (0 if paged_out(n) else 2 * r(n))
             for n in sizes
         )
 
     # the device's share, as its allocator rounds it; and every state tensor, paged ones included
     assert out.at_peak_optimizer_state_bytes == state(_rounded, lambda n: n >= 100_000)
     assert out.optimizer_state_bytes == state(lambda b: b, lambda n: False)
-    # off the allocator, on nvidia-smi's count: the paged moments are resident while the card has room
+    # off the allocator, on nvidia-smi's count: the paged moments are resident while the card has
+    # room
     paged = sum(2 * n for n in sizes if n >= 100_000)
     assert out.paged_bytes == paged
     assert out.nvml_process_bytes == out.peak_reserved_bytes + CARDS["h100"].context + paged

@@ -23,7 +23,9 @@ def run(*techniques, model="vit-tiny", batch_size=8):
 )
 def test_optimizer_state_bytes_per_parameter_byte(kind, impl, state_per_param):
     figures, trainer = run(tech("optimizer", kind=kind, impl=impl))
-    counters = 4 * len(list(trainer.model.parameters())) if kind == "adamw" else 0  # fp32 step scalars
+    counters = (
+        4 * len(list(trainer.model.parameters())) if kind == "adamw" else 0
+    )  # fp32 step scalars
     assert figures["optimizer_state_bytes"] == state_per_param * figures["param_bytes"] + counters
     assert trainer.proof()["optimizer.optimizer"] == {"adamw": "AdamW", "sgd": "SGD"}[kind]
 
@@ -48,7 +50,9 @@ def test_zero_grad_keep_holds_gradients_between_steps():
     # The price: every gradient is alive through backward, so the peak holds all of them.
     assert kept["at_peak_gradients_bytes"] == kept["param_bytes"] > fresh["at_peak_gradients_bytes"]
     assert kept["peak_tensor_bytes"] > fresh["peak_tensor_bytes"]
-    assert trainer.proof()["zero-grad-keep.grads_kept_between_steps"] == len(list(trainer.model.parameters()))
+    assert trainer.proof()["zero-grad-keep.grads_kept_between_steps"] == len(
+        list(trainer.model.parameters())
+    )
 
 
 def test_optimizer_in_backward_gives_adamw_updates_without_holding_all_gradients():
@@ -93,9 +97,10 @@ def test_optimizer_techniques_follow_the_runs_learning_rate_unless_given_one():
 
 
 def test_galore_keeps_each_block_matrixs_moments_in_its_rank_r_projection():
-    """llama-tiny: the 14 matrices of its blocks are projected at a quarter of their smaller side (m×n, m ≤ n:
-    both moments r×n and the m×r basis); the tied embedding and the norms keep AdamW's two full moments. The
-    state is exactly that, the projector's basis counted with it, and the prediction counts the same."""
+    """llama-tiny: the 14 matrices of its blocks are projected at a quarter of their smaller side
+    (m×n, m ≤ n: both moments r×n and the m×r basis); the tied embedding and the norms keep AdamW's
+    two full moments. The state is exactly that, the projector's basis counted with it, and the
+    prediction counts the same."""
     pytest.importorskip("pytorch_optimizer")
     from bench.measure.memory import optimizer_state, tensor_bytes
     from bench.predict.fake import predict
@@ -118,8 +123,8 @@ def test_galore_keeps_each_block_matrixs_moments_in_its_rank_r_projection():
 
 
 def test_techniques_that_make_the_optimizer_refuse_each_other_but_not_pure_bf16():
-    """bf16 makes an optimizer only with master_weights: galore and cpu-offload-optimizer combine with pure
-    bf16."""
+    """bf16 makes an optimizer only with master_weights: galore and cpu-offload-optimizer combine
+    with pure bf16."""
     from bench.suite.techniques import _check_combination
     from bench.techniques import build
 

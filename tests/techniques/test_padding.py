@@ -1,4 +1,5 @@
-"""The batch-forming techniques: equal losses on equal sequences, what each batch carries, and the proof."""
+"""The batch-forming techniques: equal losses on equal sequences, what each batch carries, and the
+proof."""
 
 from __future__ import annotations
 
@@ -14,20 +15,26 @@ from bench.techniques import RunContext, build
 from tests.helpers import spec, tech
 
 CPU = torch.device("cpu")
-LENGTHS = [5, 17, 3, 11]  # four sequences of one batch, far shorter than the seq_len they are padded to
+LENGTHS = [
+    5,
+    17,
+    3,
+    11,
+]  # four sequences of one batch, far shorter than the seq_len they are padded to
 SEQ_LEN = 32
 
 
 def _samples(vocab: int) -> list[varlen.Sample]:
     g = torch.Generator().manual_seed(0)
     return [
-        (torch.randint(varlen.FIRST_TOKEN, vocab, (n,), generator=g), i % 10) for i, n in enumerate(LENGTHS)
+        (torch.randint(varlen.FIRST_TOKEN, vocab, (n,), generator=g), i % 10)
+        for i, n in enumerate(LENGTHS)
     ]
 
 
 def _run(model: str, technique: str):
-    """The model in eval mode (dropout off: the paths must agree exactly) with ``technique`` applied, and its
-    collator."""
+    """The model in eval mode (dropout off: the paths must agree exactly) with ``technique``
+    applied, and its collator."""
     recipe = Recipe.of(
         spec(model, (tech(technique),), batch_size=len(LENGTHS), seq_len=SEQ_LEN, lengths=None), CPU
     )
@@ -38,7 +45,8 @@ def _run(model: str, technique: str):
 
 
 def _per_sequence(logits: torch.Tensor, batch, objective: str) -> list[torch.Tensor]:
-    """Each sequence's logits: a classifier's row, or a language model's positions of that sequence."""
+    """Each sequence's logits: a classifier's row, or a language model's positions of that
+    sequence."""
     if objective == "classify":
         return list(logits)
     inputs = batch[0]
@@ -51,9 +59,9 @@ def _per_sequence(logits: torch.Tensor, batch, objective: str) -> list[torch.Ten
 @pytest.mark.parametrize("model", ["bert-tiny", "tests.helpers:TINY_LM"])
 @pytest.mark.parametrize("technique", ["dynamic-padding", "length-bucketing", "packing"])
 def test_same_logits_and_loss_as_padding_to_max(model: str, technique: str) -> None:
-    """Padding-free and dynamically padded batches give every sequence the logits and the loss it gets padded
-    to seq_len, to float32 rounding: the mask, the restarted positions and the cumulative lengths keep
-    sequences apart."""
+    """Padding-free and dynamically padded batches give every sequence the logits and the loss it
+    gets padded to seq_len, to float32 rounding: the mask, the restarted positions and the
+    cumulative lengths keep sequences apart."""
     reference, pad = _run(model, "pad-to-max")
     trainer, collate = _run(model, technique)
     objective = trainer.spec.objective
@@ -62,7 +70,9 @@ def test_same_logits_and_loss_as_padding_to_max(model: str, technique: str) -> N
     with torch.no_grad():
         want = reference.spec.logits(reference.model, want_batch[0])
         got = trainer.spec.logits(trainer.model, got_batch[0])
-        for a, b in zip(_per_sequence(want, want_batch, objective), _per_sequence(got, got_batch, objective)):
+        for a, b in zip(
+            _per_sequence(want, want_batch, objective), _per_sequence(got, got_batch, objective)
+        ):
             torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(
             trainer.spec.loss(got, got_batch[1]),
@@ -73,8 +83,8 @@ def test_same_logits_and_loss_as_padding_to_max(model: str, technique: str) -> N
 
 
 def test_packing_trains_as_padding_does() -> None:
-    """One training step each, dropout off: packing's gradients are padding's (the packed row is the same
-    sums)."""
+    """One training step each, dropout off: packing's gradients are padding's (the packed row is the
+    same sums)."""
     grads = {}
     for technique in ("pad-to-max", "packing"):
         trainer, collate = _run("bert-tiny", technique)
@@ -98,7 +108,8 @@ def test_packed_batch_has_no_padding_and_restarts_positions() -> None:
 
 
 def test_language_model_targets_never_cross_sequences() -> None:
-    """In a packed row, each sequence's first token is no target (the previous sequence would predict it)."""
+    """In a packed row, each sequence's first token is no target (the previous sequence would
+    predict it)."""
     inputs, labels = varlen.packed(_samples(48), "next-token")
     assert labels[0, [5, 22, 25]].tolist() == [-100] * 3
     assert (labels[0, :5] == inputs["input_ids"][0, :5]).all()
@@ -114,16 +125,19 @@ def test_packing_proof_names_the_attention_path() -> None:
 
 
 def test_packing_keeps_fewer_bytes_than_padding() -> None:
-    """The tracked peak of a step on the same sequences: padded to seq_len against packed. Every activation
-    scales with the tokens in the batch, 36 real against 128 padded here."""
+    """The tracked peak of a step on the same sequences: padded to seq_len against packed. Every
+    activation scales with the tokens in the batch, 36 real against 128 padded here."""
     peaks = {}
     for technique in ("pad-to-max", "packing"):
         recipe = Recipe.of(
-            spec("bert-tiny", (tech(technique),), batch_size=4, seq_len=64, lengths="uniform:4:16"), CPU
+            spec("bert-tiny", (tech(technique),), batch_size=4, seq_len=64, lengths="uniform:4:16"),
+            CPU,
         )
         trainer = recipe.stepper(recipe.model()[0])
         step = tracked_steps(trainer, recipe.batch(), recipe.feed(), 2)
-        peaks[technique] = tracked_step(step, trainer.model, trainer.optimizer, CPU)["peak_tensor_bytes"]
+        peaks[technique] = tracked_step(step, trainer.model, trainer.optimizer, CPU)[
+            "peak_tensor_bytes"
+        ]
     assert peaks["packing"] < 0.6 * peaks["pad-to-max"]
 
 
@@ -131,7 +145,9 @@ def test_buckets_batch_similar_lengths_and_cover_the_data() -> None:
     lengths = varlen.parse("uniform:1:100").sample(400, torch.Generator().manual_seed(0))
     batches = list(varlen.Buckets(lengths, 8, 10, torch.Generator().manual_seed(0)))
     assert sorted(i for b in batches for i in b) == list(range(400))
-    spread = sum(max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in batches) / len(batches)
+    spread = sum(max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in batches) / len(
+        batches
+    )
     assert spread < 10  # random batches of 8 from 1..100 spread about 78
     firsts = [min(lengths[i] for i in b) for b in batches[:10]]
     # the batches are shuffled again: a pass does not start with the short ones
@@ -147,7 +163,11 @@ def test_nested_is_unsupported_with_its_reason() -> None:
 def test_feed_gives_the_same_batches_every_pass() -> None:
     recipe = Recipe.of(
         spec(
-            "bert-tiny", (tech("dynamic-padding"),), batch_size=4, seq_len=64, lengths="lognormal:18:1.27:64"
+            "bert-tiny",
+            (tech("dynamic-padding"),),
+            batch_size=4,
+            seq_len=64,
+            lengths="lognormal:18:1.27:64",
         ),
         CPU,
     )
@@ -187,21 +207,27 @@ def test_padding_loss_ignores_padding() -> None:
 
 
 def test_a_measured_run_records_what_its_batches_carried() -> None:
-    """The worker's record of a variable-length run: tokens with and without padding, the padding of each
-    batch, the loader's wait, and a prediction made on the same batches."""
+    """The worker's record of a variable-length run: tokens with and without padding, the padding of
+    each batch, the loader's wait, and a prediction made on the same batches."""
     from bench.worker import measure
 
     figures = {}
     for technique in ("pad-to-max", "packing"):
         run = spec(
-            "bert-tiny", (tech(technique),), batch_size=4, seq_len=64, lengths="uniform:4:32", measure_steps=3
+            "bert-tiny",
+            (tech(technique),),
+            batch_size=4,
+            seq_len=64,
+            lengths="uniform:4:32",
+            measure_steps=3,
         )
         figures[technique] = measure(run, CPU)
     pad, pack = figures["pad-to-max"], figures["packing"]
     assert pack["padding_fraction"] == 0 and pack["padding_fraction_per_batch"] == [0.0] * 3
     assert 0.5 < pad["padding_fraction"] < 1 and len(pad["padding_fraction_per_batch"]) == 3
     assert (
-        pad["real_tokens_per_s"] < pad["tokens_per_s"] and pack["real_tokens_per_s"] == pack["tokens_per_s"]
+        pad["real_tokens_per_s"] < pad["tokens_per_s"]
+        and pack["real_tokens_per_s"] == pack["tokens_per_s"]
     )
     assert (
         pack["loader"] == "packing"
@@ -217,8 +243,9 @@ def test_a_measured_run_records_what_its_batches_carried() -> None:
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_packing_on_cuda_takes_the_variable_length_kernels(dtype: torch.dtype) -> None:
-    """On a GPU, 16-bit packed attention without dropout runs torch's varlen flash kernel, float32 a jagged
-    NestedTensor through SDPA; either gives each sequence the logits padding to seq_len gives it."""
+    """On a GPU, 16-bit packed attention without dropout runs torch's varlen flash kernel, float32 a
+    jagged NestedTensor through SDPA; either gives each sequence the logits padding to seq_len gives
+    it."""
     cuda = torch.device("cuda")
     logits = {}
     for technique in ("pad-to-max", "packing"):
@@ -235,5 +262,7 @@ def test_packing_on_cuda_takes_the_variable_length_kernels(dtype: torch.dtype) -
         proof = trainer.techniques[0].proof(1)
     want = "torch.nn.attention.varlen" if dtype == torch.bfloat16 else "nested-jagged-sdpa (cuda)"
     assert proof["attention_path"] == want
-    tolerance = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {"rtol": 1e-4, "atol": 1e-4}
+    tolerance = (
+        {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {"rtol": 1e-4, "atol": 1e-4}
+    )
     torch.testing.assert_close(logits["packing"], logits["pad-to-max"], **tolerance)

@@ -37,8 +37,9 @@ def test_fp16_autocast_comes_with_a_grad_scaler_that_steps_the_optimizer():
 
 
 def test_fp16_without_its_scaler_loses_small_gradients_to_underflow():
-    """resnet-tiny (vit-tiny's zero-initialised head zeroes its whole first gradient) on a tiny loss:
-    scaled, the gradients keep what fp32 would; unscaled, almost every element flushes to zero."""
+    """resnet-tiny (vit-tiny's zero-initialised head zeroes its whole first gradient) on a tiny
+    loss: scaled, the gradients keep what fp32 would; unscaled, almost every element flushes to
+    zero."""
 
     def zero_fraction(scaler: bool) -> tuple[float, dict]:
         techniques = (tech("tests.helpers:TinyLoss"), tech("amp", dtype="float16", scaler=scaler))
@@ -80,10 +81,10 @@ def test_tf32_is_unsupported_off_cuda():
 
 
 def test_master_weights_step_an_fp32_copy_that_keeps_updates_bf16_would_lose():
-    """bf16 with master_weights: bf16 parameters and gradients, an fp32 master per parameter in the optimizer
-    (counted as optimizer state with its two fp32 moments: 12 bytes per parameter), and the model rounded from
-    the masters after each step. An update far below bf16's resolution is lost by pure bf16 and kept by the
-    masters (apex O2's reason to exist)."""
+    """bf16 with master_weights: bf16 parameters and gradients, an fp32 master per parameter in the
+    optimizer (counted as optimizer state with its two fp32 moments: 12 bytes per parameter), and
+    the model rounded from the masters after each step. An update far below bf16's resolution is
+    lost by pure bf16 and kept by the masters (apex O2's reason to exist)."""
 
     def stepped(master: bool, lr: float):
         trainer, batch = build_trainer(
@@ -96,7 +97,9 @@ def test_master_weights_step_an_fp32_copy_that_keeps_updates_bf16_would_lose():
     trainer, batch, before = stepped(True, 1e-6)
     params = list(trainer.model.parameters())
     masters = [m for _, m in trainer.techniques[0].pairs]
-    assert {p.dtype for p in params} == {torch.bfloat16} and {m.dtype for m in masters} == {torch.float32}
+    assert {p.dtype for p in params} == {torch.bfloat16} and {m.dtype for m in masters} == {
+        torch.float32
+    }
     assert any(not torch.equal(m, b) for m, b in zip(masters, before))  # the masters moved
     assert all(torch.equal(p, m.to(torch.bfloat16)) for p, m in zip(params, masters))
     pure, _, pure_before = stepped(False, 1e-6)
@@ -104,7 +107,9 @@ def test_master_weights_step_an_fp32_copy_that_keeps_updates_bf16_would_lose():
     assert moved <= 2  # only the zero-initialised head's weights can take so small a step in bf16
     figures = tracked_step(lambda: trainer.step(batch), trainer.model, trainer.optimizer, CPU)
     psi = sum(p.numel() for p in params)
-    assert figures["optimizer_state_bytes"] == 12 * psi + 4 * len(params)  # and AdamW's step counters
+    assert figures["optimizer_state_bytes"] == 12 * psi + 4 * len(
+        params
+    )  # and AdamW's step counters
     assert figures["param_bytes"] == 2 * psi
     assert trainer.proof()["bf16.master_dtypes"] == "torch.float32"
 
@@ -123,7 +128,8 @@ def test_fp16_is_o2_on_cuda_only_and_master_weights_claim_the_optimizer():
     assert out.param_bytes == master.param_bytes
     problems = suite_problems_of((tech("bf16", master_weights=True), tech("adamw-8bit")))
     assert any(
-        "master_weights makes its own AdamW over the fp32 copy; adamw-8bit makes another optimizer" in p
+        "master_weights makes its own AdamW over the fp32 copy; adamw-8bit makes another optimizer"
+        in p
         for p in problems
     )
 
@@ -142,8 +148,8 @@ def suite_problems_of(techniques) -> list[str]:
     [TechniqueSpec("amp"), TechniqueSpec("bf16"), TechniqueSpec("half", (("dtype", "bfloat16"),))],
 )
 def test_bf16_on_a_cpu_that_emulates_it_is_unsupported_with_the_reason(technique, monkeypatch):
-    # On such a CPU a ResNet-50 bf16 step took 10.3 s against fp32's 0.95 s: make bench SUITE=resnet took
-    # hours.
+    # On such a CPU a ResNet-50 bf16 step took 10.3 s against fp32's 0.95 s: make bench SUITE=resnet
+    # took hours.
     mode = "inference" if technique.name == "half" else "train"
     run = spec("vit-tiny", (technique,), mode=mode)
     monkeypatch.setenv(CPU_BF16, "emulated")

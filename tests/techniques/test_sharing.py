@@ -46,8 +46,9 @@ def test_resnet_shares_the_identical_blocks_within_each_stage():
 
 
 def test_resnets_fidelity_stand_in_has_blocks_to_share_as_resnet50_has():
-    """resnet-tiny stood in for ResNet-50 in a CPU's fidelity phase: with one block a stage, share-layers
-    found nothing to share there and resnet's share-layers ended "ok, fidelity failed"."""
+    """resnet-tiny stood in for ResNet-50 in a CPU's fidelity phase: with one block a stage,
+    share-layers found nothing to share there and resnet's share-layers ended "ok, fidelity
+    failed"."""
     from bench.suite import load
 
     stand_in = load(Path("suites/resnet.toml")).runs[0].fidelity_cpu.model
@@ -64,7 +65,9 @@ def test_shared_model_trains_and_shrinks_optimizer_state():
 
 
 def test_shared_basis_replaces_every_stage_3x3_conv_with_the_exact_parameter_count():
-    trainer, batch = build_trainer(spec("resnet-tiny", (tech("shared-basis", basis=4),), batch_size=4))
+    trainer, batch = build_trainer(
+        spec("resnet-tiny", (tech("shared-basis", basis=4),), batch_size=4)
+    )
     plain, _ = build_trainer(spec("resnet-tiny", batch_size=4))
     convs = [
         m
@@ -77,11 +80,15 @@ def test_shared_basis_replaces_every_stage_3x3_conv_with_the_exact_parameter_cou
     proof = trainer.proof()
     assert proof["shared-basis.replaced_convs"] == len(convs) == 4
     assert (
-        proof["shared-basis.params_after"] == expected == sum(p.numel() for p in trainer.model.parameters())
+        proof["shared-basis.params_after"]
+        == expected
+        == sum(p.numel() for p in trainer.model.parameters())
     )
     trainer.model(batch[0]).sum().backward()
     bases = {id(m.basis): m.basis for m in trainer.model.modules() if hasattr(m, "basis")}
-    assert len(bases) == 4 and all(b.grad is not None and b.grad.abs().sum() > 0 for b in bases.values())
+    assert len(bases) == 4 and all(
+        b.grad is not None and b.grad.abs().sum() > 0 for b in bases.values()
+    )
 
 
 def test_shared_basis_starts_from_the_best_low_rank_version_of_the_initial_kernels():
