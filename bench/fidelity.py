@@ -190,10 +190,8 @@ def _class_scores(
     if model_spec.objective == "classify":
         return logits
     if "cu_seq_lens_q" in inputs:
-        rows, before = (
-            torch.zeros_like(inputs["cu_seq_lens_q"][1:]),
-            inputs["cu_seq_lens_q"][1:] - 2,
-        )
+        rows = torch.zeros_like(inputs["cu_seq_lens_q"][1:])
+        before = inputs["cu_seq_lens_q"][1:] - 2
     else:
         rows, before = torch.arange(len(logits)), real.lengths(inputs["input_ids"]) - 2
     return logits[rows.long(), before.long(), real.LABEL_TOKEN : real.LABEL_TOKEN + classes]

@@ -125,9 +125,8 @@ class Generator:
     def _end(self, _: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         self._cache = kwargs.get("past_key_values") or getattr(out, "past_key_values", None)
         self.cache_class = type(self._cache).__name__
-        device = (
-            "cuda" if self.cuda else "cpu"
-        )  # an offloaded cache's layers on the host are not the card's
+        # an offloaded cache's layers on the host are not the card's
+        device = "cuda" if self.cuda else "cpu"
         held = tensor_bytes(t for t in self.cache() if t.device.type == device)
         self.cache_bytes = max(self.cache_bytes, held)
 

@@ -41,9 +41,8 @@ class Pace:
         self.device = device
         refs = {s: _reference(root / s, device, device_type) for s in {t.suite.name for t in todo}}
         self.prices = {id(t): _price(t, refs[t.suite.name], device_type) for t in todo}
-        self.here: dict[str, float] = defaultdict(
-            float
-        )  # per reference: wall times measured here ...
+        # per reference: wall times measured here ...
+        self.here: dict[str, float] = defaultdict(float)
         self.there: dict[str, float] = defaultdict(float)  # ... and the same runs' there
         self.measured: list[float] = []  # every wall time measured here, for runs nothing priced
 
@@ -138,9 +137,8 @@ def _price(
     name, records = reference
     fidelity = task.spec.fidelity(device_type) is not None
     if (own := records.get(task.spec.name)) is not None:
-        ran = (
-            own[KEY.status] == Status.OK
-        )  # else refused there: its seconds are no measure of the pace
+        # else refused there: its seconds are no measure of the pace
+        ran = own[KEY.status] == Status.OK
         return Price(wall(own, fidelity), wall(own, False), name, own=ran)
     ran = [r for r in records.values() if r[KEY.status] == Status.OK]
     if not ran:

@@ -22,9 +22,8 @@ from bench.techniques import RunContext, Technique, build
 from bench.techniques.padding import PadToMax
 from bench.train import Trainer
 
-Stepper = (
-    Trainer | Inferencer | Generator
-)  # what takes a run's steps: training, forward passes, generation
+# what takes a run's steps: training, forward passes, generation
+Stepper = Trainer | Inferencer | Generator
 
 
 @dataclass

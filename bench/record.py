@@ -14,11 +14,12 @@ from dataclasses import dataclass, field, fields, make_dataclass
 from enum import StrEnum
 from typing import Any, ClassVar
 
+# stored by older records; recomputed on read
 DERIVED = (
     "accuracy_delta",
     "accuracy_band",
     "outside_band",
-)  # stored by older records; recomputed on read
+)
 RANK_PREFIX = "rank_"  # a multi-process run's per-rank lists: rank_<figure>
 AT_PEAK = (
     "parameters",
@@ -44,9 +45,8 @@ class Status(StrEnum):
     UNPREDICTABLE = "unpredictable"  # predictions only: fake tensors cannot stand for the technique
 
 
-STATUSES = tuple(
-    s.value for s in Status if s is not Status.UNPREDICTABLE
-)  # what a run's record may say
+# what a run's record may say
+STATUSES = tuple(s.value for s in Status if s is not Status.UNPREDICTABLE)
 # Outcomes another attempt would repeat: a resumed sweep keeps them (an error or a timeout is tried
 # again).
 DETERMINISTIC = (Status.OK, Status.OOM, Status.UNSUPPORTED)
@@ -562,9 +562,8 @@ class Record:
     fidelity: FidelityResult = field(default_factory=FidelityResult)
     distributed: Distributed = field(default_factory=Distributed)
     provenance: Provenance = field(default_factory=Provenance)
-    extra: dict[str, Any] = field(
-        default_factory=dict
-    )  # keys no group documents: kept, never dropped
+    # keys no group documents: kept, never dropped
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_flat(cls, flat: dict[str, Any]) -> Record:

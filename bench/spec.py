@@ -19,10 +19,11 @@ from bench.record import KEY
 DEVICES = ("gpu", "cpu")
 MODES = ("train", "inference", "generate")
 DEFAULTS = {"seed": 0, "warmup_steps": 2, "measure_steps": 5, "timeout_s": 900.0, "lr": 1e-4}
+# suite-wide, and overridable per device in [shapes.*]
 STEP_KEYS = (
     "warmup_steps",
     "measure_steps",
-)  # suite-wide, and overridable per device in [shapes.*]
+)
 # a week: beyond it the wait's arithmetic overflows (1e10 did, at the first run)
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 MAX_NPROC = (

@@ -181,9 +181,8 @@ def finish(record: dict[str, Any], records: list[dict[str, Any]], results_root: 
     """Store the record atomically, in its typed form (bench.record: a figure without a value is
     absent), and keep it with the others; returns whether it is stored under ``results_root``. What
     is derived from several records (the accuracy delta) is left to reports."""
-    record[KEY.stored_at] = datetime.now(UTC).isoformat(
-        timespec="microseconds"
-    )  # what --force compares
+    # what --force compares
+    record[KEY.stored_at] = datetime.now(UTC).isoformat(timespec="microseconds")
     path = results.record_path(results_root, record[KEY.suite], record[KEY.device], record[KEY.run])
     if summary := record.pop(MEMORY_SUMMARY, None):
         record[KEY.memory_summary] = results.save_beside(path, ".memory.txt", summary)

@@ -181,9 +181,8 @@ def _timed_pass(
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-        torch.cuda.reset_accumulated_memory_stats(
-            device
-        )  # retries and OOMs of the timed steps only
+        # retries and OOMs of the timed steps only
+        torch.cuda.reset_accumulated_memory_stats(device)
     todo, n = batches(batch, feed, ctx.shapes.measure_steps), ctx.shapes.measure_steps
     steps = iter(range(1, n + 1))
     cpu_clock = time.process_time()

@@ -43,9 +43,8 @@ def test_bench_suite_writes_the_jobs_suite_beside_full_fine_tuning(job, tmp_path
         baseline.techniques == () and baseline.gpu.batch_size == 4 and baseline.gpu.seq_len == 256
     )
     assert [t.name for t in mine.techniques] == ["optimizer", "checkpoint", "accumulate", "lora"]
-    assert (
-        mine.gpu.batch_size == 4 and mine.cpu.batch_size % 2 == 0
-    )  # the accumulation steps divide both
+    # the accumulation steps divide both
+    assert mine.gpu.batch_size == 4 and mine.cpu.batch_size % 2 == 0
     assert main(["suite", *job, "--out", str(tmp_path / "suites")]) == 2  # kept: never written over
     assert "exists; edit it" in capsys.readouterr().err
 
@@ -54,9 +53,8 @@ def test_bench_predict_takes_the_files_and_shows_the_breakdown_at_the_peak(
     job, tmp_path, capsys, monkeypatch
 ):
     shutil.copytree(TINY, tmp_path / TINY)
-    monkeypatch.chdir(
-        tmp_path
-    )  # where results/ would be written: nothing is, for files given directly
+    # where results/ would be written: nothing is, for files given directly
+    monkeypatch.chdir(tmp_path)
     assert main(["predict", *job, "--breakdown", "--jobs", "1"]) == 0
     out = capsys.readouterr().out
     assert "| job | 4 | ok |" in out and "temporaries at peak GiB" in out

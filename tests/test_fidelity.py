@@ -124,9 +124,8 @@ def test_the_phase_trains_from_the_pretrained_weights(tmp_path):
     out = run_fidelity(spec("resnet-tiny", ()), fid, CPU)
     test_labels = real.load("digits", "image", 16)[1].labels
     assert out["accuracy"] == (test_labels == 3).float().mean().item()
-    assert (
-        out["fidelity_test_loss"] > 80
-    )  # 100 for every digit but the threes; about 2.3 from random weights
+    # 100 for every digit but the threes; about 2.3 from random weights
+    assert out["fidelity_test_loss"] > 80
     assert out["fidelity_weights"] == str(tmp_path / "threes.pt")
 
 

@@ -16,24 +16,21 @@ def test_the_measured_largest_batch_matches_the_prediction_that_a_cpu_run_is_hel
     run = spec("vit-tiny", batch_size=4, name="baseline")
     (row,) = fit_suite([run], CPU, budget=3 * 2**20, results_root=tmp_path)
     assert row["status"] == "ok" and row["measured_largest_batch"] > 1
-    assert (
-        row["measured_largest_batch"] == row["predicted_largest_batch"]
-    )  # on a CPU the prediction is exact
+    # on a CPU the prediction is exact
+    assert row["measured_largest_batch"] == row["predicted_largest_batch"]
     assert not row["promises_oom"] and row["within_5pct_below"]
     fits = [p for p in row["probes"] if p["status"] == "ok"]
     over = [p for p in row["probes"] if p["status"] == "oom"]
     assert max(p["batch_size"] for p in fits) == row["measured_largest_batch"]
-    assert (
-        min(p["batch_size"] for p in over) == row["measured_largest_batch"] + 1
-    )  # the bracket is closed
+    # the bracket is closed
+    assert min(p["batch_size"] for p in over) == row["measured_largest_batch"] + 1
     assert all(p["peak_bytes"] <= 3 * 2**20 for p in fits) and all(
         p["peak_bytes"] > 3 * 2**20 for p in over
     )
     stored = results.suite_folder(tmp_path, "test", "cpu") / "fit" / f"baseline@{3 * 2**20}.json"
     assert results.read(stored)["measured_largest_batch"] == row["measured_largest_batch"]
-    assert (
-        results.load_records(tmp_path / "test") == []
-    )  # not a run's record: reports never take it for one
+    # not a run's record: reports never take it for one
+    assert results.load_records(tmp_path / "test") == []
 
 
 def test_a_run_over_the_budget_is_out_of_memory_and_one_under_it_is_untouched():

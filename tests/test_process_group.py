@@ -20,9 +20,8 @@ from tests.helpers import spec, suite_problems, tech
 CPU = Device("cpu", "cpu")
 PSI = sum(p.numel() for p in MODELS.get("bert-tiny").build(Shapes(8, seq_len=64)).parameters())
 ADAM_FP32 = 16  # bytes per parameter: fp32 weight 4, gradient 4, Adam's two moments 8
-STEP_COUNTERS = (
-    4 * 41
-)  # AdamW's per-parameter step counter (a 0-d float32 tensor): 41 parameter tensors
+# AdamW's per-parameter step counter (a 0-d float32 tensor): 41 parameter tensors
+STEP_COUNTERS = 4 * 41
 
 
 # Every multi-process dist-smoke entry a CPU runs (fsdp-offload needs CUDA).
@@ -43,9 +42,8 @@ def dist_records(tmp_path_factory):
     common folder while the others wait on its lock, then read the stored records, rather than each
     sweeping again."""
     base = tmp_path_factory.getbasetemp()
-    shared = (
-        base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    )  # the session's, not another's
+    # the session's, not another's
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     with FileLock(shared / "dist-records.lock"):
         root = shared / "dist-records"
         if not root.exists():
@@ -72,10 +70,8 @@ def test_every_rank_reports_and_the_record_keeps_each_ranks_figure(dist_records)
 def test_per_rank_model_states_match_the_zero_formulas(dist_records):
     """DDP replicates: 16·Ψ bytes per rank for fp32 Adam. FSDP (ZeRO-3) shards all three states:
     16·Ψ/N. Tolerance: FSDP pads each flat shard to a multiple of N elements (< 0.1% here)."""
-    ddp, fsdp = (
-        dist_records["ddp"]["rank_model_state_bytes"],
-        dist_records["fsdp"]["rank_model_state_bytes"],
-    )
+    ddp = dist_records["ddp"]["rank_model_state_bytes"]
+    fsdp = dist_records["fsdp"]["rank_model_state_bytes"]
     assert ddp == [ADAM_FP32 * PSI + STEP_COUNTERS] * 2
     for per_rank in fsdp:
         assert per_rank == pytest.approx(ADAM_FP32 * PSI / 2, rel=1e-3)
@@ -185,9 +181,8 @@ def test_suite_checks_nproc_against_the_techniques(tmp_path):
     path.write_text(base + '[[runs]]\nname = "b"\ntechniques = ["fsdp"]\n[fidelity]\nsteps = 1\n')
     runs = {r.name: r for r in load(path).runs}
     assert runs["b"].nproc == 2 and runs["a"].nproc == 1  # implied by the technique
-    assert (
-        runs["b"].fidelity("cpu") is None and runs["a"].fidelity("cpu") is not None
-    )  # one process trains
+    # one process trains
+    assert runs["b"].fidelity("cpu") is None and runs["a"].fidelity("cpu") is not None
     with pytest.raises(SuiteError):
         path.write_text(base + '[[runs]]\nname = "b"\ntechniques = ["fsdp", "ddp"]\n')
         load(path)
@@ -208,10 +203,8 @@ def assert_predicted_per_rank(record: dict) -> None:
     was seen on a loaded machine. Exactness to the byte is held by the single-process tests, where
     nothing waits on a peer."""
     assert record["predicted_status"] == "ok", record.get("predicted_message")
-    predicted, measured = (
-        record["rank_predicted_peak_tensor_bytes"],
-        record["rank_peak_tensor_bytes"],
-    )
+    predicted = record["rank_predicted_peak_tensor_bytes"]
+    measured = record["rank_peak_tensor_bytes"]
     gaps = [m - p for p, m in zip(predicted, measured)]
     slack = 2 * record["predicted_largest_collective_bytes"]
     assert all(0 <= gap <= slack for gap in gaps), (predicted, measured, slack)

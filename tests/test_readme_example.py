@@ -83,13 +83,11 @@ def test_a_language_model_from_the_readme_trains_on_its_next_tokens(tmp_path):
     records = run_readme_suite(tmp_path, "my_lm.py", "my-llama", edit=lighter)
     base, ckpt = records["baseline"], records["checkpoint"]
     assert base["status"] == ckpt["status"] == "ok", records
-    assert (
-        ckpt["proof"]["checkpoint.wrapped_modules"] == 2
-    )  # the two decoder layers, found in the tree
+    # the two decoder layers, found in the tree
+    assert ckpt["proof"]["checkpoint.wrapped_modules"] == 2
     assert ckpt["activation_bytes"] < base["activation_bytes"]
-    assert (
-        base["predicted_peak_tensor_bytes"] == base["peak_tensor_bytes"]
-    )  # the CPU run, predicted exactly
+    # the CPU run, predicted exactly
+    assert base["predicted_peak_tensor_bytes"] == base["peak_tensor_bytes"]
     assert base["accuracy"] > 0.2  # chance is 0.1: it learned the class as its last next token
 
 

@@ -82,9 +82,8 @@ def test_an_interrupted_force_sweep_resumes_instead_of_starting_over(tmp_path):
     decided = [t.measure for t in resume.plan(suite, CPU.name, tmp_path, forced_since=since)]
     assert decided == [False, True]  # the same command, with or without --force, goes on from there
     assert resume.forced_since(folder, force=False) == since
-    sweep(
-        suite, Local(CPU), tmp_path
-    )  # without --force: the marker still holds, so 'second' is re-measured
+    # without --force: the marker still holds, so 'second' is re-measured
+    sweep(suite, Local(CPU), tmp_path)
     assert results.read(old[1])["stored_at"] > since
     assert not (folder / resume.FORCE_MARKER).exists()  # complete: later sweeps keep records again
     assert not any(t.measure for t in resume.plan(suite, CPU.name, tmp_path))
@@ -107,9 +106,8 @@ def test_a_campaign_measures_runs_never_measured_here_before_the_others(tmp_path
         "first", spec(name="baseline", batch_size=2), spec(name="retried", batch_size=2)
     )
     second = suite_of("second", spec(name="baseline", batch_size=2))
-    store(
-        tmp_path, first, first.runs[1], "timeout"
-    )  # measured here before: a retry waits for the new runs
+    # measured here before: a retry waits for the new runs
+    store(tmp_path, first, first.runs[1], "timeout")
     log = io.StringIO()
     records = campaign(
         [first, second], Local(CPU, predict_jobs=1), tmp_path, log=log, never_measured_first=True
@@ -168,9 +166,8 @@ def test_bench_campaign_measures_the_suites_then_writes_their_reports_and_the_fi
         cli.main(["campaign", "smoke", "--device", "cpu", "--no-fidelity", "--results", str(root)])
         == 0
     )
-    assert (
-        "0 of 4 runs to measure" in capsys.readouterr().err
-    )  # the next lease resumes: nothing left here
+    # the next lease resumes: nothing left here
+    assert "0 of 4 runs to measure" in capsys.readouterr().err
 
 
 @pytest.mark.fault("stored data")
@@ -243,9 +240,8 @@ def test_a_force_marker_that_holds_no_time_is_refused_naming_it(tmp_path):
 
     folder = results.suite_folder(tmp_path, "s", CPU.name)
     folder.mkdir(parents=True)
-    (folder / resume.FORCE_MARKER).write_text(
-        ""
-    )  # cut off by a full disk: --force then measured nothing
+    # cut off by a full disk: --force then measured nothing
+    (folder / resume.FORCE_MARKER).write_text("")
     with pytest.raises(BadInput, match="holds no time a --force sweep began; remove it"):
         resume.forced_since(folder, force=True)
     (folder / resume.FORCE_MARKER).unlink()

@@ -79,9 +79,8 @@ def test_a_selected_run_keeps_its_place_in_the_suite(tmp_path):
     (record,) = [
         r for r in sweep(select(full, ["third"]), Local(CPU), tmp_path) if r["run"] == "third"
     ]
-    assert (
-        record["run_index"] == 3
-    )  # reports list runs in the file's order, not the order they last ran
+    # reports list runs in the file's order, not the order they last ran
+    assert record["run_index"] == 3
 
 
 def test_resume_skips_stored_runs_unless_the_spec_or_device_changed(tmp_path):
@@ -330,9 +329,8 @@ def test_a_kept_record_without_a_snapshot_says_how_to_get_one(tmp_path):
     )
     suite = Suite("s", tmp_path / "s.toml", "vit-tiny", "", "run", (run,))
     log = io.StringIO()
-    sweep(
-        suite, Local(gpu, snapshot=True), tmp_path, log=log
-    )  # nothing runs: the stored record is kept
+    # nothing runs: the stored record is kept
+    sweep(suite, Local(gpu, snapshot=True), tmp_path, log=log)
     assert (
         "[1/1] run: kept stored record (ok), no snapshot: --force re-measures it with one"
         in log.getvalue()
@@ -349,9 +347,8 @@ def test_the_progress_line_shows_an_untracked_peak_as_absent_and_the_accuracy_as
     ran = ok | {"peak_tensor_bytes": 3 * 2**20, "accuracy": 0.8523}
     base = ran | {"run": "baseline", "accuracy": 0.869}
     assert _outcome(ran, base) == "ok, peak 3.0 MiB, 3.0 samples/s, accuracy 85.2% (-1.7 pt)"
-    assert (
-        _outcome(ran) == "ok, peak 3.0 MiB, 3.0 samples/s, accuracy 85.2%"
-    )  # no baseline measured yet
+    # no baseline measured yet
+    assert _outcome(ran) == "ok, peak 3.0 MiB, 3.0 samples/s, accuracy 85.2%"
     assert _outcome(base, base).endswith("accuracy 86.9%")
 
 
@@ -455,9 +452,8 @@ def test_a_second_sweep_of_the_same_folder_is_refused_naming_the_first(tmp_path)
             BadInput, match=rf"{folder} is being measured by another sweep \(pid {os.getpid()}"
         ):
             sweep(suite, Local(CPU), tmp_path)
-    assert [r["status"] for r in sweep(suite, Local(CPU), tmp_path)] == [
-        "ok"
-    ]  # once it is done, it may
+    # once it is done, it may
+    assert [r["status"] for r in sweep(suite, Local(CPU), tmp_path)] == ["ok"]
 
 
 @pytest.mark.parametrize(

@@ -49,9 +49,8 @@ class Hand:
 
     def step(self, batch: list) -> torch.Tensor:
         """One step; the mean loss, summed over the micro-batches as a loop that logs it does."""
-        inputs, labels = (
-            batch.pop()
-        )  # the caller keeps no reference: a cast frees the batch as it came
+        # the caller keeps no reference: a cast frees the batch as it came
+        inputs, labels = batch.pop()
         if isinstance(
             inputs, dict
         ):  # a language model's token ids: nothing to cast, lay out or split
@@ -234,14 +233,14 @@ class Held:
 
 
 CNN = {"channels-last"}  # cases on resnet-tiny
+# on llama-tiny: the rest run on vit-tiny
 LM = {
     "llm-baseline",
     "chunked-loss",
     "selective-torchtitan",
-}  # on llama-tiny: the rest run on vit-tiny
-COMPILED = {
-    "adamw-8bit"
-}  # torchao compiles each parameter's update: the tracker steps aside, as for a run
+}
+# torchao compiles each parameter's update: the tracker steps aside, as for a run
+COMPILED = {"adamw-8bit"}
 CASES: dict[str, tuple[tuple[TechniqueSpec, ...], Callable[[nn.Module], Hand]]] = {
     "baseline": ((), Hand),
     "bf16": ((TechniqueSpec("bf16"),), lambda m: Hand(m, dtype=torch.bfloat16)),

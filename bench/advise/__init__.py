@@ -131,9 +131,8 @@ def advise(
                 max(jobs, 2),
                 minimal=not max_batch,
             )
-            advice.plans = search.fits or [
-                strongest
-            ]  # the walk's limit reached first: the plan known to fit
+            # the walk's limit reached first: the plan known to fit
+            advice.plans = search.fits or [strongest]
             _rank(advice, predictions, top, max_batch, tolerance_pt)
     except BaseException:
         predictions.close(interrupted=True)

@@ -145,9 +145,8 @@ class Part(NamedTuple):
 
 @dataclass(frozen=True)
 class Accuracy:
-    delta: (
-        float | None
-    )  # the worst known delta among the plan's techniques (a fraction), None: none measured
+    # the worst known delta among the plan's techniques (a fraction), None: none measured
+    delta: float | None
     outside_band: bool
     unknown: tuple[str, ...]  # options no fidelity record covers
     sources: tuple[str, ...]
@@ -179,21 +178,16 @@ class Estimator:
         batch: int,
         timed: dict[str, float] | None = None,
     ) -> None:
-        self.evidence, self.model, self.device_type, self.rates = (
-            evidence,
-            model,
-            device_type,
-            rates,
-        )
-        self.calibration, self.baseline, self.alone, self.batch = (
-            calibration,
-            baseline,
-            alone,
-            batch,
-        )
-        self.timed = (
-            timed or {}
-        )  # an option's step time over the baseline's, timed on this very CPU
+        self.evidence = evidence
+        self.model = model
+        self.device_type = device_type
+        self.rates = rates
+        self.calibration = calibration
+        self.baseline = baseline
+        self.alone = alone
+        self.batch = batch
+        # an option's step time over the baseline's, timed on this very CPU
+        self.timed = timed or {}
         self._factors: dict[str, Part] = {}
 
     def speed(self, plan: Plan) -> Estimate:

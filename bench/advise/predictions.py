@@ -34,13 +34,11 @@ class Predictions:
     ) -> None:
         """``card``: every prediction is replayed on it (its verdict), and a largest batch is the
         card's."""
-        self.device_type, self.folder, self.jobs, self.log, self.card = (
-            device_type,
-            folder,
-            jobs,
-            log,
-            card,
-        )
+        self.device_type = device_type
+        self.folder = folder
+        self.jobs = jobs
+        self.log = log
+        self.card = card
         self.made = self.reused = 0
         self._pool = None
 

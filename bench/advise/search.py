@@ -82,17 +82,14 @@ class Searcher:
         log: TextIO = sys.stderr,
         unfit: Callable[[Option], list[str]] = lambda option: [],
     ):
-        self.template, self.base, self.axes, self.predictions, self.log = (
-            template,
-            base,
-            found,
-            predictions,
-            log,
-        )
-        self.make_estimator, self.unfit = (
-            estimator,
-            unfit,
-        )  # unfit: why an option is no plan for this device
+        self.template = template
+        self.base = base
+        self.axes = found
+        self.predictions = predictions
+        self.log = log
+        # unfit: why an option is no plan for this device
+        self.make_estimator = estimator
+        self.unfit = unfit
         self.search = Search()
         self.alone: dict[str, Prediction] = {}
         self.order: dict[str, int] = {}  # an option's peak alone: lower saves more

@@ -50,9 +50,8 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    paths = [suite_path(p) for p in args.suites] or sorted(
-        Path("suites").glob("*.toml")
-    )  # before torch
+    # before torch
+    paths = [suite_path(p) for p in args.suites] or sorted(Path("suites").glob("*.toml"))
     from bench import suite as suites
 
     failed = 0

@@ -125,9 +125,8 @@ def _run(args: argparse.Namespace) -> int:
             options = parse_options(args.slurm)
         except ValueError as exc:
             raise BadInput(str(exc)) from exc
-        device_type = (
-            "cuda" if args.device == "auto" else args.device
-        )  # the nodes', not this machine's
+        # the nodes', not this machine's
+        device_type = "cuda" if args.device == "auto" else args.device
         launcher = Slurm(device_type, args.results / suite.name / ".submitit", options, torchrun)
     else:
         launcher = local(args, torchrun)

@@ -175,9 +175,8 @@ def packed(samples: list[Sample], objective: str) -> Batch:
     after the first is ignored as a target, so no sequence is scored on predicting the next one's
     start."""
     seqs = [s for s, _ in samples]
-    lens = [
-        len(s) for s in seqs
-    ]  # Python values throughout: bench predict collates under fake tensors
+    # Python values throughout: bench predict collates under fake tensors
+    lens = [len(s) for s in seqs]
     cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
     ids = torch.cat(seqs)[None]
     inputs = {
@@ -225,12 +224,10 @@ class Buckets(Sampler[list[int]]):
     def __init__(
         self, lengths: list[int], batch_size: int, pool: int, generator: torch.Generator
     ) -> None:
-        self.lengths, self.batch_size, self.pool, self.generator = (
-            lengths,
-            batch_size,
-            pool,
-            generator,
-        )
+        self.lengths = lengths
+        self.batch_size = batch_size
+        self.pool = pool
+        self.generator = generator
 
     def __iter__(self) -> Iterator[list[int]]:
         order = torch.randperm(len(self.lengths), generator=self.generator).tolist()

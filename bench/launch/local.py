@@ -49,12 +49,10 @@ class Local:
         snapshot: bool = False,
         predict_jobs: int = 0,
     ) -> None:
-        self.device, self.kind, self.torchrun, self.predict_jobs = (
-            device,
-            kind,
-            torchrun,
-            predict_jobs,
-        )
+        self.device = device
+        self.kind = kind
+        self.torchrun = torchrun
+        self.predict_jobs = predict_jobs
         self.device_name, self.device_type = device.name, device.type
         self.snapshot = snapshot and device.type == "cuda"
         self.refused_snapshot = snapshot and not self.snapshot

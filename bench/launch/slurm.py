@@ -47,12 +47,10 @@ class Slurm:
         options: dict[str, Any],
         torchrun: tuple[str, ...] = (),
     ) -> None:
-        self.device_type, self.folder, self.options, self.torchrun = (
-            device_type,
-            folder,
-            dict(options),
-            torchrun,
-        )
+        self.device_type = device_type
+        self.folder = folder
+        self.options = dict(options)
+        self.torchrun = torchrun
 
     @contextmanager
     def running(self, todo: list[Task], log: TextIO) -> Iterator[Callable[[Task], dict[str, Any]]]:

@@ -27,9 +27,8 @@ SMALL_BUFFER = 2 << 20  # kSmallBuffer: a small pool's segment
 LARGE_BUFFER = 20 << 20  # kLargeBuffer: a large pool's segment for requests under MIN_LARGE_ALLOC
 MIN_LARGE_ALLOC = 10 << 20  # kMinLargeAlloc
 ROUND_LARGE = 2 << 20  # kRoundLarge: larger requests' segments round up to this
-UNPLACED = (
-    1 << 60
-)  # where a segment with no recorded address goes: above any real one, in the order made
+# where a segment with no recorded address goes: above any real one, in the order made
+UNPLACED = 1 << 60
 
 
 # CublasHandlePool.cpp: each cuBLAS handle takes a workspace per stream from this allocator when it
@@ -215,9 +214,8 @@ class CachingAllocator:
                 self.reserved -= segment.size
 
     def largest_free(self) -> int:
-        return max(
-            (pool[-1][0] for pool in self._free.values() if pool), default=0
-        )  # each pool is sorted
+        # each pool is sorted
+        return max((pool[-1][0] for pool in self._free.values() if pool), default=0)
 
     def _best_fit(self, size: int, small: bool) -> Block | None:
         pool = self._free[small]

@@ -78,9 +78,8 @@ def replay(snapshot: dict[str, Any], device: int = 0) -> Replayed:
     for entry in snapshot["device_traces"][device]:
         action, addr, size = entry["action"], entry.get("addr"), entry.get("size", 0)
         if action == "alloc":
-            allocator.malloc(
-                addr, size, placed
-            )  # ties between free blocks go by address, as on the card
+            # ties between free blocks go by address, as on the card
+            allocator.malloc(addr, size, placed)
             placed, count, misplaced = (
                 None,
                 count + 1,

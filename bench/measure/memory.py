@@ -229,9 +229,8 @@ def track(
     finally:
         for h in hooks:
             h.remove()
-    tracker.label(
-        _grads(model), "gradients"
-    )  # kept past the step (no optimizer, or zero_grad keeps them)
+    # kept past the step (no optimizer, or zero_grad keeps them)
+    tracker.label(_grads(model), "gradients")
     tracker.label(optimizer_state(optimizer), "optimizer_state")  # made in the step (a first step)
     return done
 

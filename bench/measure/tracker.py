@@ -141,11 +141,9 @@ class LiveBytes(TorchDispatchMode):
         if self.current > self.phase_peaks[self._phase]:
             self.phase_peaks[self._phase] = self.current
         if self.current > self.peak:
-            self.peak, self.peak_phase, self._peak_clock = (
-                self.current,
-                self.phase,
-                self._lives[index][2],
-            )
+            self.peak = self.current
+            self.peak_phase = self.phase
+            self._peak_clock = self._lives[index][2]
         weakref.finalize(storage, self._free, key, index)
 
     def follow(self, history: LiveBytes) -> None:

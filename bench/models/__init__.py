@@ -147,9 +147,8 @@ class ModelSpec:
 
     def logits(self, model: nn.Module, inputs: Inputs) -> torch.Tensor:
         if isinstance(inputs, dict):
-            return model(**inputs)[
-                "logits"
-            ]  # a ModelOutput, or the plain dict a traced model returns
+            # a ModelOutput, or the plain dict a traced model returns
+            return model(**inputs)["logits"]
         return model(inputs)
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

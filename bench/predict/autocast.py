@@ -29,6 +29,7 @@ from torch.library import Library, fallthrough_kernel
 from bench.techniques import Unsupported
 
 # By op name: CUDA registers each overload, every overload of a name under one rule.
+# the last three: CUDA's own ops
 LOWER = (
     "_convolution",
     "conv1d",
@@ -65,7 +66,7 @@ LOWER = (
     "cudnn_convolution",
     "cudnn_convolution_transpose",
     "_cudnn_rnn",
-)  # the last three: CUDA's own ops
+)
 FP32 = (
     "acos",
     "asin",
@@ -125,6 +126,7 @@ FP32 = (
     "_upsample_bicubic2d_aa",
     "linalg_matrix_sqrth",
 )
+# float32 unless asked
 FP32_DTYPE = (
     "prod",
     "softmax",
@@ -134,12 +136,14 @@ FP32_DTYPE = (
     "linalg_vector_norm",
     "linalg_matrix_norm",
     "sum",
-)  # float32 unless asked
+)
+# (torch 2.11 registers the last)
 FP32_APPEND = {
     "norm.Scalar": "ScalarOpt_dtype",
     "norm.ScalarOpt_dim": "ScalarOpt_dim_dtype",  # → overload
     "norm.names_ScalarOpt_dim": "names_ScalarOpt_dim_dtype",
-}  # (torch 2.11 registers the last)
+}
+# the widest of the inputs' types
 PROMOTE = (
     "addcdiv",
     "addcmul",
@@ -152,7 +156,7 @@ PROMOTE = (
     "index_put",
     "tensordot",
     "scatter_add",
-)  # the widest of the inputs' types
+)
 BANNED = ("binary_cross_entropy",)  # CUDA's autocast refuses it (unsafe in 16 bits)
 AUTOCAST = DispatchKeySet(DispatchKey.AutocastCPU)
 

@@ -76,9 +76,8 @@ def cuda_attention(backend: str | None) -> Iterator[None]:
         # them as they are, CUDA's memory-efficient kernel does not, and such a call runs the math
         # path there.
         grouped = enable_gqa and key.shape[-3] != query.shape[-3]
-        flash = (
-            _refused("flash", query, attn_mask, grouped) is None
-        )  # what CUDA picks first, left to choose
+        # what CUDA picks first, left to choose
+        flash = _refused("flash", query, attn_mask, grouped) is None
         fused = backend in ("flash", "cudnn") or (backend is None and flash)
         if why := _refused(backend, query, attn_mask, grouped):
             raise Unsupported(f"{backend} attention on CUDA {why}")

@@ -105,9 +105,8 @@ def _fake_step(
     # Pretrained weights (spec.weights) are not read: their values change no tensor's size.
     model = _meta_model(ctx.model_spec, ctx.shapes)
     kernels = as_cuda(backend) if ctx.predicting else nullcontext()  # a CPU run keeps CPU's kernels
-    feed = (
-        recipe.feed()
-    )  # variable-length sequences drawn with real values, before fake tensors take over
+    # variable-length sequences drawn with real values, before fake tensors take over
+    feed = recipe.feed()
     generating = recipe.mode == "generate"
     with (
         FakeTensorMode(allow_non_fake_inputs=True),
@@ -157,9 +156,8 @@ def _fake_step(
         if ctx.predicting:  # the counters that first step made
             for t in host_state(runner.optimizer):
                 on_host(t)
-        step = tracked_steps(
-            runner, batch, feed, ctx.shapes.measure_steps
-        )  # the batches, as in the worker
+        # the batches, as in the worker
+        step = tracked_steps(runner, batch, feed, ctx.shapes.measure_steps)
         # the measured step's collectives, not the set-up's or warm-up's
         traffic = ranks.Traffic(ctx.world_size)
         with traffic if ctx.world_size > 1 else nullcontext():
@@ -270,10 +268,8 @@ def _registered_on_meta() -> Iterator[None]:
     try:
         yield
     finally:
-        nn.Module.register_parameter, nn.Module.register_buffer = (
-            register_parameter,
-            register_buffer,
-        )
+        nn.Module.register_parameter = register_parameter
+        nn.Module.register_buffer = register_buffer
 
 
 def _fake_copy(model: nn.Module) -> nn.Module:

@@ -109,9 +109,10 @@ def fake_group(world_size: int, rank: int) -> Iterator[None]:
         raise RuntimeError(
             "a process group is already up in this process; predict before joining it"
         )
+    # registers the "fake" backend
     from torch.testing._internal.distributed.fake_pg import (
         FakeStore,
-    )  # registers the "fake" backend
+    )
 
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
@@ -158,9 +159,8 @@ class _OneChunkAtATime(Sequence):
 
     def __init__(self, tensor: torch.Tensor, n: int, dim: int) -> None:
         self.tensor, self.n, self.dim = tensor, n, dim
-        self.size = -(
-            -tensor.size(dim) // n
-        )  # torch.chunk's: ceil, so fewer than n chunks may hold rows
+        # torch.chunk's: ceil, so fewer than n chunks may hold rows
+        self.size = -(-tensor.size(dim) // n)
 
     def __len__(self) -> int:
         return self.n

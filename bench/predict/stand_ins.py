@@ -293,12 +293,10 @@ def masks_as_real() -> Iterator[None]:
     real run without padding (every synthetic batch) skips it, so SDPA may pick flash. Here fake
     inputs are not taken for tracing: the mask's check reads True (ScalarsReadAsOne) and the
     prediction takes the real run's path."""
-    utils = sys.modules.get(
-        "transformers.utils.import_utils"
-    )  # imported by then if the model needs it
-    known = hasattr(
-        utils, "is_fake_tensor"
-    )  # a transformers without the check builds masks as it would
+    # imported by then if the model needs it
+    utils = sys.modules.get("transformers.utils.import_utils")
+    # a transformers without the check builds masks as it would
+    known = hasattr(utils, "is_fake_tensor")
     with patch.object(utils, "is_fake_tensor", lambda _: False) if known else nullcontext():
         yield
 

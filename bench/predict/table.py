@@ -40,10 +40,8 @@ def suite_table(
     rows: list[dict[str, Any]] = [{} for _ in runs]
     for i, row in _predicted_rows(runs, budget, jobs, card):
         if (rec := measured.get(runs[i].name)) and rec.get(KEY.peak_allocated_bytes):
-            row["measured_bytes"], row["measured_on"] = (
-                rec[KEY.peak_allocated_bytes],
-                rec[KEY.device],
-            )
+            row["measured_bytes"] = rec[KEY.peak_allocated_bytes]
+            row["measured_on"] = rec[KEY.device]
         rows[i] = row
         print(f"[{i + 1}/{len(runs)}] {runs[i].name}: {_said(row)}", file=log, flush=True)
     return pd.DataFrame(rows)
@@ -170,10 +168,8 @@ def _tokens(n: int | None) -> str:
 def verdict(row: dict[str, Any]) -> str:
     """A prediction's verdict on its card, in words."""
     if row.get("verdict") == "out of memory":
-        request, held = (
-            row["oom_request_bytes"] / 2**20,
-            (row.get("oom_reserved_bytes") or 0) / 2**30,
-        )
+        request = row["oom_request_bytes"] / 2**20
+        held = (row.get("oom_reserved_bytes") or 0) / 2**30
         return (
             f"out of memory in {row['oom_phase']} (a request of {request:,.0f} MiB, {held:.2f} GiB "
             "reserved then)"
@@ -256,7 +252,6 @@ def markdown(table: pd.DataFrame, breakdown: bool = False) -> str:
             table["largest_batch_there"], errors="coerce"
         ).astype("Int64")
     show["note"] = table.get(KEY.message, pd.Series(dtype=object)).fillna("")
-    show = show.loc[
-        :, show.notna().any() & (show != 0).any()
-    ]  # traffic columns no entry has, or all zero
+    # traffic columns no entry has, or all zero
+    show = show.loc[:, show.notna().any() & (show != 0).any()]
     return to_markdown(show)

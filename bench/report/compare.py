@@ -18,11 +18,12 @@ from bench.results import read, slug, to_frame, write_atomic
 
 # Peak memory is deterministic up to the allocator's rounding: a change under 1% is not a change.
 MEMORY_TOLERANCE = 0.01
+# what a run can regress in; --strict picks among them
 REGRESSIONS = (
     "memory",
     "throughput",
     "accuracy",
-)  # what a run can regress in; --strict picks among them
+)
 
 
 def load_side(folder: Path, device: str | None = None) -> pd.DataFrame:
@@ -88,9 +89,8 @@ def compare(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame(index=both)
     for side, frame in (("a", a), ("b", b)):
         f = frame.reindex(both)
-        out[f"peak_{side}"] = pd.to_numeric(
-            peak_bytes(f), errors="coerce"
-        )  # as in the suite's own table
+        # as in the suite's own table
+        out[f"peak_{side}"] = pd.to_numeric(peak_bytes(f), errors="coerce")
         out[f"samples_per_s_{side}"] = _num(f, KEY.samples_per_s)
         for q in ("p25", "median", "p75"):
             out[f"step_ms_{q}_{side}"] = _num(f, f"step_time_ms_{q}")

@@ -45,9 +45,8 @@ def candidates(table: pd.DataFrame) -> pd.DataFrame:
     )
     out = table[keep].copy()
     saved, lost = 1 - out["memory_vs_baseline"], (1 - out["throughput_vs_baseline"]).clip(lower=0)
-    out["memory_per_throughput"] = saved / lost.clip(
-        lower=0.01
-    )  # a free saving scores as if it cost 1%
+    # a free saving scores as if it cost 1%
+    out["memory_per_throughput"] = saved / lost.clip(lower=0.01)
     return out
 
 
@@ -260,10 +259,8 @@ def disagreements(table: pd.DataFrame, shown: int = 3) -> list[str]:
     with where its peak fell on each: a technique saves at the peak only what is alive there
     (checkpointing saves nothing when the peak is the optimizer step, as at small CPU shapes)."""
     kinds = table.groupby(KEY.device)[KEY.device_type].first()
-    gpus, cpus = (
-        [d for d in kinds.index if kinds[d] == "cuda"],
-        [d for d in kinds.index if kinds[d] != "cuda"],
-    )
+    gpus = [d for d in kinds.index if kinds[d] == "cuda"]
+    cpus = [d for d in kinds.index if kinds[d] != "cuda"]
     if not gpus or not cpus:
         return []
     gpu, cpu = (table[table[KEY.device] == d].set_index(KEY.run) for d in (gpus[0], cpus[0]))

@@ -47,9 +47,8 @@ def build_overview(results: Path) -> list[Path]:
         for p in sorted(results.iterdir())
         if p.is_dir() and any(p.glob("*/*.json"))
     }
-    suites = [
-        p for p, records in loaded.items() if records
-    ]  # a suite whose every record is unreadable: none
+    # a suite whose every record is unreadable: none
+    suites = [p for p, records in loaded.items() if records]
     tables = [summary(to_frame(loaded[p]), suite_throughput(p.name)) for p in suites]
     if not tables:
         raise FileNotFoundError(
@@ -152,7 +151,6 @@ def _suite_grid(table: pd.DataFrame, device: str, path: Path) -> None:
         f"Every suite on {device}: up and left of the dashed cross is better than the baseline "
         "(front labelled)"
     )
-    fig.tight_layout(
-        rect=(0, below, 1, 1 - 0.45 / fig.get_figheight())
-    )  # room for the legend and the title
+    # room for the legend and the title
+    fig.tight_layout(rect=(0, below, 1, 1 - 0.45 / fig.get_figheight()))
     plots.save(fig, path, dpi=110)

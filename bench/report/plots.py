@@ -247,9 +247,8 @@ def place_labels(
     renderer = fig.canvas.get_renderer()
     points = ax.transData.transform(np.column_stack([x, y]))
     taken: list = []
-    frame = ax.get_window_extent(
-        renderer
-    )  # a label that crosses it would be clipped or sit on the axis
+    # a label that crosses it would be clipped or sit on the axis
+    frame = ax.get_window_extent(renderer)
     offsets = [
         (dx * r, dy * r)
         for r in (6, 16, 28, 42)
@@ -328,9 +327,8 @@ def breakdown_bars(ax: Axes, table: pd.DataFrame, title: str) -> None:
 def breakdown_frame(table: pd.DataFrame) -> pd.DataFrame:
     """One row per run that has an at-peak breakdown (tracked step), columns in AT_PEAK order plus
     the allocator's slack where measured; sorted by total, largest first."""
-    cols = [
-        f"at_peak_{p}_bytes" for p in AT_PEAK if p != "kv_cache"
-    ]  # a generation's alone, and newer
+    # a generation's alone, and newer
+    cols = [f"at_peak_{p}_bytes" for p in AT_PEAK if p != "kv_cache"]
     have = table.dropna(subset=cols) if all(c in table for c in cols) else table.iloc[:0]
     have = have[have[KEY.status] == Status.OK]
     kept = [p for p in AT_PEAK if f"at_peak_{p}_bytes" in have]

@@ -54,9 +54,8 @@ def parse(
             )
         found: list[str] = []
         out[dev] = _device(shared | own, dev, own.keys(), model, spec, suite_weights, found)
-        problems.extend(
-            p for p in found if p not in problems
-        )  # shared keys: reported once, not per device
+        # shared keys: reported once, not per device
+        problems.extend(p for p in found if p not in problems)
     return out
 
 

@@ -11,16 +11,14 @@ from typing import Any
 
 from bench.spec import HF
 
-SEQ_LEN, IMAGE_SIZE, BATCH = (
-    512,
-    224,
-    8,
-)  # the GPU shapes where neither the flags nor the arguments give them
-CPU_SEQ_LEN, CPU_IMAGE_SIZE, CPU_BATCH = (
-    64,
-    32,
-    2,
-)  # a CPU's: a few seconds a step on a small config
+# the GPU shapes where neither the flags nor the arguments give them
+SEQ_LEN = 512
+IMAGE_SIZE = 224
+BATCH = 8
+# a CPU's: a few seconds a step on a small config
+CPU_SEQ_LEN = 64
+CPU_IMAGE_SIZE = 32
+CPU_BATCH = 2
 
 
 def name_of(config: str) -> str:
@@ -47,9 +45,8 @@ def suite_text(
     cpu_size = min(size, CPU_SEQ_LEN if inputs == "tokens" else CPU_IMAGE_SIZE)
     per_device, steps = _trainer_batch(training_args)
     gpu_batch = batch or per_device * steps
-    cpu_batch = (
-        min(per_device, CPU_BATCH) * steps
-    )  # the accumulation steps divide it, as the job's own batch
+    # the accumulation steps divide it, as the job's own batch
+    cpu_batch = min(per_device, CPU_BATCH) * steps
     header = {
         "model": HF + config,
         "baseline": "baseline",

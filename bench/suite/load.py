@@ -42,11 +42,12 @@ from bench.techniques import Technique, build
 MAX_RUN_NAME = (
     120  # bytes: a record's file name, its slug and digest, and '.snapshot.pickle' stay under 255
 )
+# record fields a suite may compare
 THROUGHPUTS = (
     KEY.samples_per_s,
     KEY.tokens_per_s,
     KEY.real_tokens_per_s,
-)  # record fields a suite may compare
+)
 SUITE_NAME = re.compile(r"\w[\w.-]*")  # any script's letters; no separators, no leading dot
 TOP_KEYS = {
     "name": "suite name (defaults to the file name)",
@@ -380,10 +381,11 @@ def _baseline(raw: dict[str, Any], entries: list[Entry], problems: list[str]) ->
 
 
 DATA_KEYS = ("lengths", "loader_workers", "pin_memory")
+# mode = "generate": [shapes.*] gives these, not seq_len
 GENERATION_KEYS = (
     "prompt_len",
     "new_tokens",
-)  # mode = "generate": [shapes.*] gives these, not seq_len
+)
 
 
 def _shapes(
@@ -584,9 +586,8 @@ class TrainerJob(NamedTuple):
     batch: dict[str, int]
 
 
-_IGNORED_NAMED: set[str] = (
-    set()
-)  # the files whose ignored fields were named already in this process
+# the files whose ignored fields were named already in this process
+_IGNORED_NAMED: set[str] = set()
 
 
 def _trainer_job(

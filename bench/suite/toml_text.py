@@ -28,9 +28,8 @@ def to_toml(
 
 def _table(name: str, table: dict[str, Any]) -> list[str]:
     own = [f"{k} = {_value(v)}" for k, v in table.items() if not isinstance(v, dict)]
-    lines = (
-        ["", f"[{name}]", *own] if own else []
-    )  # a table of tables only needs no header of its own
+    # a table of tables only needs no header of its own
+    lines = ["", f"[{name}]", *own] if own else []
     for key, sub in table.items():
         if isinstance(sub, dict):
             lines += _table(f"{name}.{key}", sub)

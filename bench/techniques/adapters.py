@@ -180,9 +180,8 @@ def adapter_config(path: str, problems: list[str]) -> dict[str, Any]:
                 f"config: {path}: {key} = {raw[key]!r} is not modelled here; leave it at {plain!r}"
             )
     out = {mine: raw[theirs] for theirs, mine in READ.items() if theirs in raw}
-    out["target_modules"] = (
-        raw.get("target_modules") or []
-    )  # a string is PEFT's regex (or "all-linear")
+    # a string is PEFT's regex (or "all-linear")
+    out["target_modules"] = raw.get("target_modules") or []
     out["modules_to_save"] = list(raw.get("modules_to_save") or [])
     if not isinstance(out.get("r", 8), int) or out.get("r", 8) < 1:
         problems.append(

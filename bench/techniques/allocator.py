@@ -49,13 +49,14 @@ class AllocatorConfig(Technique):
         return {"conf_in_process": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
 
 
+# variables only CUDA and its libraries read
 CUDA_ONLY = (
     "CUDA_",
     "PYTORCH_CUDA_",
     "NCCL_",
     "CUBLAS_",
     "CUDNN_",
-)  # variables only CUDA and its libraries read
+)
 
 
 @TECHNIQUES.register("env")

@@ -86,9 +86,8 @@ class SoftmaxKeepsInput(Technique):
         "memory"
     )
     summary = "softmax keeping its input for backward, as PyTorch ≤ 1.10 did"
-    conflicts = frozenset(
-        {"compile"}
-    )  # the mode is entered from module hooks, which a compiled graph skips
+    # the mode is entered from module hooks, which a compiled graph skips
+    conflicts = frozenset({"compile"})
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         # Every module's call, not only the model's: checkpointing recomputes a layer from backward,

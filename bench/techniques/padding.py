@@ -158,9 +158,8 @@ class Packing(Padding):
         AttentionInterface.register(
             ATTENTION, functools.partial(packed_attention, paths=self.paths)
         )
-        AttentionMaskInterface.register(
-            ATTENTION, lambda *args, **kwargs: None
-        )  # the lengths are the mask
+        # the lengths are the mask
+        AttentionMaskInterface.register(ATTENTION, lambda *args, **kwargs: None)
         model.config._attn_implementation = ATTENTION
         if ctx.model_spec.family == "bert":  # pool each sequence's [CLS], not the row's
             model.forward = types.MethodType(_packed_classifier, model)

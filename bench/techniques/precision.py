@@ -192,9 +192,8 @@ class PureBF16(Technique):
             (p, nn.Parameter(p.detach().float())) for p in model.parameters() if p.requires_grad
         ]
         optimizer = torch.optim.AdamW([m for _, m in self.pairs], lr=self.lr)
-        optimizer.masters = [
-            m for _, m in self.pairs
-        ]  # counted as optimizer state (bench.measure.memory)
+        # counted as optimizer state (bench.measure.memory)
+        optimizer.masters = [m for _, m in self.pairs]
         return optimizer
 
     def step(self) -> Step:

@@ -54,9 +54,8 @@ class CrossLayerSharing(Technique):
                     parent, _, child = path.rpartition(".")
                     setattr(model.get_submodule(parent), child, model.get_submodule(owner))
                     self.shared += 1
-        self.params_after = sum(
-            p.numel() for p in model.parameters()
-        )  # parameters() dedupes shared ones
+        # parameters() dedupes shared ones
+        self.params_after = sum(p.numel() for p in model.parameters())
         return model
 
     @staticmethod
@@ -86,9 +85,8 @@ class SharedBasisConv2d(nn.Module):
     def __init__(self, conv: nn.Conv2d, basis: nn.Parameter) -> None:
         super().__init__()
         self.basis = basis  # (K, kh·kw), orthonormal rows at the start
-        self.coefficients = nn.Parameter(
-            conv.weight.detach().flatten(2) @ basis.detach().T
-        )  # (out, in, K)
+        # (out, in, K)
+        self.coefficients = nn.Parameter(conv.weight.detach().flatten(2) @ basis.detach().T)
         self.bias = conv.bias
         self.kernel_size, self.stride, self.padding = conv.kernel_size, conv.stride, conv.padding
         self.dilation, self.groups = conv.dilation, conv.groups
@@ -148,9 +146,8 @@ class SharedBasisConvolution(Technique):
                 for n, m in model.get_submodule(stage).named_modules()
                 if isinstance(m, nn.Conv2d) and m.kernel_size == (3, 3)
             ]
-            kernels = torch.cat(
-                [m.weight.detach().flatten(0, 1).flatten(1) for _, m in convs]
-            )  # (N, 9)
+            # (N, 9)
+            kernels = torch.cat([m.weight.detach().flatten(0, 1).flatten(1) for _, m in convs])
             basis = nn.Parameter(
                 torch.linalg.svd(kernels, full_matrices=False).Vh[: self.config.basis].contiguous()
             )

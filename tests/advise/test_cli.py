@@ -247,9 +247,8 @@ def test_a_cpu_without_native_bf16_is_advised_no_bf16_plan(monkeypatch, capsys, 
         for t in r.techniques
     )
     amp = Option.of("amp-bf16", "amp", "bfloat16", dtype="bfloat16")
-    assert (
-        advise._unfit("cuda")(amp) == []
-    )  # a card is asked about from afar: nothing of this CPU applies
+    # a card is asked about from afar: nothing of this CPU applies
+    assert advise._unfit("cuda")(amp) == []
 
 
 @pytest.mark.parametrize("ratio, bf16_first", [(0.25, True), (8.0, False)])
@@ -304,9 +303,8 @@ def test_a_known_loss_outside_the_seed_band_ranks_last_unless_a_tolerance_accept
     monkeypatch.setattr(
         advise, "time_factors", lambda base, options: {"amp-bf16": 0.5, "bf16-pure": 0.25}
     )
-    untimed = {
-        "step_time_ms_median": None
-    }  # no step to calibrate prices with: accuracy is what is read here
+    # no step to calibrate prices with: accuracy is what is read here
+    untimed = {"step_time_ms_median": None}
     write(
         tmp_path / "results",
         [

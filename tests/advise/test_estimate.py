@@ -123,9 +123,8 @@ def test_a_dtypes_speed_on_a_cpu_comes_from_that_very_cpu_only(tmp_path):
     amp, ckpt = canonical([TechniqueSpec("amp")]), canonical([TechniqueSpec("checkpoint")])
     here = Evidence(tmp_path, "train", device="epyc-avx2")
     assert here.speed(amp, "bert-base", "cpu", dtype=True) is None
-    assert here.speed(ckpt, "bert-base", "cpu").value == pytest.approx(
-        0.7
-    )  # fp32's ratio carries over
+    # fp32's ratio carries over
+    assert here.speed(ckpt, "bert-base", "cpu").value == pytest.approx(0.7)
     there = Evidence(tmp_path, "train", device="epyc-avx512")
     assert there.speed(amp, "bert-base", "cpu", dtype=True).value == pytest.approx(1.7)
 

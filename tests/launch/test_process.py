@@ -28,9 +28,8 @@ def _imports_in_a_fork() -> None:
         "transformers.models.bert.modeling_bert" in sys.modules
         and "torchvision.models" in sys.modules
     )
-    assert (
-        "torchao" not in sys.modules
-    )  # its import asks the GPU for its properties: never in the server
+    # its import asks the GPU for its properties: never in the server
+    assert "torchao" not in sys.modules
     assert not torch.cuda.is_initialized()
 
 
@@ -60,9 +59,8 @@ def test_a_forked_run_starts_with_its_own_peak_not_its_predecessors():
     big = run_isolated(spec(techniques=(tech("tests.helpers:HoldHalfAGibibyte"),)), CPU)
     small = run_isolated(spec(), CPU)
     assert big["launcher"] == small["launcher"] == "fork"
-    assert (
-        big["rss_peak_bytes"] - small["rss_peak_bytes"] > 2**28
-    )  # the half GiB stayed with its own run
+    # the half GiB stayed with its own run
+    assert big["rss_peak_bytes"] - small["rss_peak_bytes"] > 2**28
 
 
 @pytest.mark.fault("resources")
@@ -150,9 +148,8 @@ def test_the_offline_wheel_script_installs_a_wheel_folder_into_a_target(tmp_path
         env=env | {"PYTHONPATH": str(site), "OFFLINE_SITE": str(tmp_path / "other")},
         timeout=120,
     )
-    assert (
-        "has every optional package already" in again.stdout
-    )  # the host's own copy is never shadowed
+    # the host's own copy is never shadowed
+    assert "has every optional package already" in again.stdout
 
 
 def _tiny_wheel(folder, name: str, version: str) -> None:
@@ -210,18 +207,16 @@ def test_a_fidelity_phase_cut_short_keeps_what_was_measured_before_it():
 
 @pytest.mark.fault("resources")
 def test_a_run_the_hosts_oom_killer_ended_is_an_oom_with_the_memory_it_reached(monkeypatch):
-    counts = iter(
-        [7, 8]
-    )  # /proc/vmstat's oom_kill before the run and after it: the kernel killed a process
+    # /proc/vmstat's oom_kill before the run and after it: the kernel killed a process
+    counts = iter([7, 8])
     monkeypatch.setattr(local, "oom_kills", lambda: next(counts))
     record = run_isolated(spec(techniques=(tech("tests.helpers:KilledByTheHost"),)), CPU)
     assert record["status"] == "oom" and record["message"].startswith(
         "killed by the host's OOM killer"
     )
     assert record["rss_peak_bytes"] > 2**20  # the run's process was looked at while it lived
-    monkeypatch.setattr(
-        local, "oom_kills", lambda: 7
-    )  # no OOM kill: a SIGKILL from elsewhere stays an error
+    # no OOM kill: a SIGKILL from elsewhere stays an error
+    monkeypatch.setattr(local, "oom_kills", lambda: 7)
     assert (
         run_isolated(spec(techniques=(tech("tests.helpers:KilledByTheHost"),)), CPU)["status"]
         == "error"

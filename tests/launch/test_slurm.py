@@ -54,12 +54,10 @@ def test_each_run_is_a_job_and_the_sweep_resumes_as_a_local_one(tmp_path):
         for r, s in zip(sorted(stored, key=lambda r: r["run"]), suite.runs)
     )
     again = sweep(suite, slurm, root)
-    assert [r["stored_at"] for r in again] == [
-        r["stored_at"] for r in records
-    ]  # kept, not resubmitted
-    here = sweep(
-        suite, Local(detect("cpu")), root
-    )  # the node is this machine: a local sweep keeps them too
+    # kept, not resubmitted
+    assert [r["stored_at"] for r in again] == [r["stored_at"] for r in records]
+    # the node is this machine: a local sweep keeps them too
+    here = sweep(suite, Local(detect("cpu")), root)
     assert [r["stored_at"] for r in here] == [r["stored_at"] for r in records]
     # A failure that may not recur is kept under --keep-failures, else submitted again, as in a
     # local sweep.
@@ -131,9 +129,8 @@ def test_a_job_that_fails_on_its_node_says_why_in_the_record(tmp_path):
         tmp_path / "results",
     )
     [failed] = records
-    assert (
-        failed["status"] == "error" and failed["device"] == "unknown"
-    )  # it died before it knew its device
+    # it died before it knew its device
+    assert failed["status"] == "error" and failed["device"] == "unknown"
     assert "RuntimeError: Found no NVIDIA driver" in failed["message"], failed["message"]
     assert "_log.err)" in failed["message"]  # and where its log is
 

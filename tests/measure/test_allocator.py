@@ -26,10 +26,11 @@ def test_a_large_request_under_10_mib_takes_a_20_mib_segment_that_four_of_5_mib_
     a = CachingAllocator()
     for handle in range(4):
         a.malloc(handle, 5 * MiB)
+    # the fourth takes the 5 MiB left, unsplit
     assert (a.reserved, len(a.segments)) == (
         20 * MiB,
         1,
-    )  # the fourth takes the 5 MiB left, unsplit
+    )
     a.malloc(4, 5 * MiB)
     assert (a.reserved, len(a.segments)) == (40 * MiB, 2)
 
@@ -39,9 +40,8 @@ def test_a_request_of_10_mib_or_more_is_rounded_to_2_mib_and_a_1_mib_rest_is_not
     a.malloc(1, 11 * MiB)
     assert a.reserved == 12 * MiB
     a.free(1)
-    a.malloc(
-        2, 11 * MiB + MiB // 2
-    )  # 0.5 MiB would be left: the whole 12 MiB block is taken, and counted
+    # 0.5 MiB would be left: the whole 12 MiB block is taken, and counted
+    a.malloc(2, 11 * MiB + MiB // 2)
     assert (a.allocated, a.reserved) == (12 * MiB, 12 * MiB)
 
 
@@ -54,9 +54,8 @@ def test_freed_neighbours_merge_and_the_smallest_free_block_that_fits_is_taken()
     a.malloc(3, 9 * MiB)
     # 9 of the merged 10 (1 MiB left unsplit), 15-20
     assert (a.reserved, a.largest_free()) == (20 * MiB, 5 * MiB)
-    a.malloc(
-        4, 4 * MiB
-    )  # the 5 MiB block at 15 is the best fit, taken whole (1 MiB left is not split off)
+    # the 5 MiB block at 15 is the best fit, taken whole (1 MiB left is not split off)
+    a.malloc(4, 4 * MiB)
     assert (a.allocated, a.largest_free()) == (20 * MiB, 0)
 
 
@@ -91,11 +90,12 @@ def test_empty_cache_releases_only_wholly_free_segments():
 @pytest.mark.parametrize(
     "hopper, training, reserved",
     [
+        # two handles' 32 MiB, their two 1 MiB Lt ones in one small segment
         (
             True,
             True,
             2 * 32 * MiB + 2 * MiB,
-        ),  # two handles' 32 MiB, their two 1 MiB Lt ones in one small segment
+        ),
         (False, False, 20 * MiB + 2 * MiB),  # one handle's 8 MiB + 128 KiB in a 20 MiB segment
     ],
 )

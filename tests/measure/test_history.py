@@ -63,10 +63,11 @@ def test_a_tie_between_free_blocks_goes_to_the_address_the_driver_gave_the_segme
     )
     assert history.replay(trace).misplaced == 0
     swapped = trace["device_traces"][0]
+    # a card that took the higher one would not be this allocator
     swapped[-2:] = [
         swapped[-1],
         swapped[-2],
-    ]  # a card that took the higher one would not be this allocator
+    ]
     assert history.replay(trace).misplaced == 2
 
 

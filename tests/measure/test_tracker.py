@@ -52,9 +52,8 @@ def test_mlp_step_under_adam_matches_the_analytic_figures():
     figures = tracked_step(step, model, opt, CPU)
     params = MLP_PARAM_BYTES
     assert figures["param_bytes"] == params
-    assert (
-        figures["optimizer_state_bytes"] == 2 * params + 4 * 4
-    )  # exp_avg, exp_avg_sq, 4 fp32 step counters
+    # exp_avg, exp_avg_sq, 4 fp32 step counters
+    assert figures["optimizer_state_bytes"] == 2 * params + 4 * 4
     # Held from forward into backward: the ReLU output (ReLU saves its result, the second Linear its
     # input: one storage) and the logits. The first Linear's output is freed once ReLU has run, and
     # the input x existed before the step.

@@ -41,9 +41,8 @@ CONFIGS = "hf:suites/configs/"
 def test_the_shipped_configs_build_at_their_published_sizes(name, task, params):
     found = models.resolve(CONFIGS + name)
     assert hf._params(hf._config(CONFIGS + name), task) == params
-    assert found.cpu == (
-        params <= hf.CPU_PARAMS
-    )  # the 3B and 7B are predicted only, as llama3-8b is
+    # the 3B and 7B are predicted only, as llama3-8b is
+    assert found.cpu == (params <= hf.CPU_PARAMS)
     objective = {"causal-lm": "next-token", "masked-lm": "masked-lm"}.get(task, "classify")
     assert found.objective == objective
 
@@ -63,9 +62,8 @@ def test_a_tiny_config_trains_and_is_predicted_to_the_byte(name, techniques):
     trainer = assert_predicted_exactly(
         spec(CONFIGS + name, techniques, batch_size=4, image_size=32, seq_len=32)
     )
-    assert trainer.spec.blocks(
-        trainer.model
-    )  # its layers are found, for checkpointing and the rest
+    # its layers are found, for checkpointing and the rest
+    assert trainer.spec.blocks(trainer.model)
 
 
 def test_a_config_without_a_head_names_the_task_to_give(tmp_path):
@@ -118,10 +116,11 @@ def test_a_suite_names_the_config_and_an_edit_to_it_measures_again(tmp_path):
         ("tiny-llama#causal-lm,dtype=float32", False),
         ("tiny-llama#causal-lm,dtype=float32", True),
         ("tiny-bert-classifier", False),
+        # BertForMaskedLM's loss over every position's logits
         (
             "tiny-bert-classifier#masked-lm",
             False,
-        ),  # BertForMaskedLM's loss over every position's logits
+        ),
     ],
 )
 def test_the_harness_holds_what_transformers_trainer_holds_in_its_training_step(

@@ -123,9 +123,8 @@ def test_a_users_model_runs_in_its_own_process_with_its_blocks_checkpointed():
     record = run_isolated(spec(USER, (tech("checkpoint"),)), Device("cpu", "cpu"))
     assert record["status"] == "ok", record
     assert record["proof"]["checkpoint.wrapped_modules"] == 3
-    assert (
-        record["proof"]["checkpoint.wrapped_names"] == "2.0, 2.1, 2.2"
-    )  # which ones, not only how many
+    # which ones, not only how many
+    assert record["proof"]["checkpoint.wrapped_names"] == "2.0, 2.1, 2.2"
     # each block ran twice: really wrapped
     assert record["proof"]["checkpoint.block_forwards_per_step"] == 2.0
 
@@ -163,9 +162,8 @@ def test_blocks_are_found_where_a_container_holds_a_run_of_one_class_among_other
 
     from bench.models import repeated_blocks
 
-    mobile = repeated_blocks(
-        mobilenet_v3_small()
-    )  # stem and head share the Sequential with the 11 blocks
+    # stem and head share the Sequential with the 11 blocks
+    mobile = repeated_blocks(mobilenet_v3_small())
     assert mobile == [f"features.{i}" for i in range(1, 12)]
     efficient = repeated_blocks(efficientnet_b0())  # stages 1 and 7 hold a single block each
     assert (

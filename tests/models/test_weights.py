@@ -30,9 +30,8 @@ def test_a_state_dict_file_replaces_every_tensor_and_is_recorded_with_its_digest
     torch.save(source, path)
     torch.manual_seed(0)
     model, record = build_model(MODELS.get("resnet-tiny"), IMAGE, str(path))
-    assert same(
-        model.state_dict(), source, list(source)
-    )  # buffers too: BatchNorm's running statistics
+    # buffers too: BatchNorm's running statistics
+    assert same(model.state_dict(), source, list(source))
     assert (
         record["weights_loaded"] == len(source)
         and record["weights_missing"] == record["weights_unused"] == 0

@@ -56,8 +56,7 @@ def __getattr__(name: str) -> ModelSpec:
 
 @pytest.mark.parametrize("model", torchvision.models.list_models(module=torchvision.models))
 def test_every_torchvision_classification_model_predicts(model):
-    size = (
-        299 if model == "inception_v3" else 224
-    )  # about 140 s for the 80 models on a two-core CI machine
+    # about 140 s for the 80 models on a two-core CI machine
+    size = 299 if model == "inception_v3" else 224
     out = predict(spec(f"tests.perf.test_predict:TV_{model}", batch_size=1, image_size=size))
     assert out.status == "ok", out

@@ -86,9 +86,8 @@ CALLS = {  # one op or more of each rule, and ops only CPU's autocast casts
     "einsum, mv": lambda t: (torch.einsum("ij,jk->ik", t(4, 8), t(8, 2)), torch.mv(t(4, 8), t(8))),
     "linear, conv": lambda t: (F.linear(t(4, 8), t(2, 8)), F.conv2d(t(1, 3, 8, 8), t(4, 3, 3, 3))),
     "addcmul": lambda t: torch.addcmul(t(4, dtype=BF16), t(4), t(4, dtype=BF16)),
-    "cross_entropy": lambda t: F.cross_entropy(
-        t(4, 10, dtype=BF16), t(4, 10)
-    ),  # CPU's own rule, not CUDA's
+    # CPU's own rule, not CUDA's
+    "cross_entropy": lambda t: F.cross_entropy(t(4, 10, dtype=BF16), t(4, 10)),
     "avg_pool3d, stack": lambda t: (
         F.avg_pool3d(t(1, 2, 4, 4, 4, dtype=BF16), 2),
         torch.stack([t(2), t(2, dtype=BF16)]),

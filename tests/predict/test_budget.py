@@ -24,9 +24,8 @@ def test_budget_search_finds_the_largest_batch_that_fits_in_a_handful_of_predict
     assert best is not None and best % 2 == 0 and best >= 40
     over = predict(run, replace(run.gpu, batch_size=best + 2)).peak_tensor_bytes
     assert predict(run, replace(run.gpu, batch_size=best)).peak_tensor_bytes <= budget < over
-    assert (
-        len(calls) <= 6
-    )  # the peak is near linear in the batch: two points, a guess and its neighbour
+    # the peak is near linear in the batch: two points, a guess and its neighbour
+    assert len(calls) <= 6
     assert largest_batch(run, 1000) is None
 
 
@@ -34,16 +33,13 @@ def test_budget_search_finds_the_largest_batch_that_fits_in_a_handful_of_predict
     "peak",
     [
         lambda b: 10_000 + 300 * b,  # linear
-        lambda b: (
-            10_000 + 300 * b + 4_000 * (b // 7)
-        ),  # steps: a guess off the line, bisection finishes
+        # steps: a guess off the line, bisection finishes
+        lambda b: 10_000 + 300 * b + 4_000 * (b // 7),
         lambda b: 10_000 + 3 * b * b,  # convex
-        lambda b: (
-            10_000 + 300 * b if b < 50 else float("nan")
-        ),  # unpredictable past 50: does not fit
-        lambda b: max(
-            30_000, 10_000 + 300 * b
-        ),  # the optimizer step holds the peak at small batches
+        # unpredictable past 50: does not fit
+        lambda b: 10_000 + 300 * b if b < 50 else float("nan"),
+        # the optimizer step holds the peak at small batches
+        lambda b: max(30_000, 10_000 + 300 * b),
     ],
 )
 def test_budget_search_agrees_with_trying_every_batch(monkeypatch, peak):
@@ -64,9 +60,8 @@ def test_budget_search_agrees_with_trying_every_batch(monkeypatch, peak):
         fits = [b for b in range(1, (1 << 16) + 1) if (p := peak(b)) == p and p <= budget]
         calls.clear()
         assert largest_batch(run, budget, limit=1 << 16) == (max(fits) if fits else None), budget
-        assert len(calls) <= 3 * 17, (
-            calls
-        )  # bounded by three times doubling then bisection over 1…65536
+        # bounded by three times doubling then bisection over 1…65536
+        assert len(calls) <= 3 * 17, calls
 
 
 def test_sizes_parse_with_binary_and_decimal_units():
@@ -148,10 +143,11 @@ def test_a_short_generation_out_of_memory_in_its_own_longer_prefill_does_not_cut
     monkeypatch.setattr(budget, "_positions", lambda spec: 1 << 17)
     run = generation(new_tokens=128)
     assert budget.longest_context(run, card=rtx) == fits + 128
+    # whole generations only confirm the answer the short ones led to
     assert wholes == [
         fits,
         fits + 256,
-    ]  # whole generations only confirm the answer the short ones led to
+    ]
 
 
 @pytest.mark.slow
@@ -176,9 +172,8 @@ def test_the_longest_context_a_generation_holds_fits_whole_and_a_step_longer_doe
     longest = longest_context(run, budget=budget)
     assert longest is not None and (longest - 8) % 256 == 0
     assert whole(longest - 8) <= budget < whole(longest - 8 + 256)
-    assert (
-        min(c.prompt_len for c in calls) == 512
-    )  # 256 is not over the chunk of 300: not a run of it
+    # 256 is not over the chunk of 300: not a run of it
+    assert min(c.prompt_len for c in calls) == 512
     assert sum(c.new_tokens == 8 for c in calls) <= 3  # whole generations only to confirm
     assert longest_context(run, budget=2**20) is None
 

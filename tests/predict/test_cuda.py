@@ -269,9 +269,8 @@ def test_the_host_state_is_adams_step_counters_outside_fused_groups():
         p.grad = torch.ones_like(p)
     plain.step(), fused.step()
     assert cuda.host_state(plain) == [plain.state[p]["step"] for p in params[:2]]
-    assert (
-        cuda.host_state(fused) == []
-    )  # fused and capturable steps keep their counters on the device
+    # fused and capturable steps keep their counters on the device
+    assert cuda.host_state(fused) == []
 
 
 LOGITS_HELD = "7940e663"  # the revision whose trainer held the logits through backward

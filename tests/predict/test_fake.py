@@ -29,34 +29,40 @@ from tests.helpers import generation, spec, tech
     [
         ("vit-tiny", ()),
         ("vit-tiny", (tech("checkpoint"),)),
+        # transformers skips the attention mask of an unpadded batch, fake or real
         (
             "bert-tiny",
             (),
-        ),  # transformers skips the attention mask of an unpadded batch, fake or real
+        ),
         ("vit-tiny", (tech("amp", dtype="bfloat16"), tech("accumulate", micro_batches=2))),
         ("resnet-tiny", (tech("optimizer", kind="sgd"),)),
+        # fake tensors cannot be swapped: it converts in place
         (
             "resnet-tiny",
             (tech("channels-last"),),
-        ),  # fake tensors cannot be swapped: it converts in place
+        ),
         ("vit-tiny", (tech("bf16"),)),
+        # reads norms with .item(): they read as 1
         (
             "vit-tiny",
             (tech("optimizer", kind="adafactor"),),
-        ),  # reads norms with .item(): they read as 1
+        ),
+        # temporaries over all parameters
         (
             "vit-tiny",
             (tech("optimizer", kind="adamw", impl="foreach"),),
-        ),  # temporaries over all parameters
+        ),
+        # peft casts its adapters with .to(): set in place, as on real tensors
         (
             "bert-tiny",
             (tech("lora"),),
-        ),  # peft casts its adapters with .to(): set in place, as on real tensors
+        ),
         ("vit-tiny", (tech("lora"),)),
+        # a language model: logits for every position, scored on the next token
         (
             "tests.helpers:TINY_LM",
             (),
-        ),  # a language model: logits for every position, scored on the next token
+        ),
         ("tests.helpers:TINY_LM", (tech("checkpoint"),)),
         # batch norm's statistics in the weight's dtype, float32
         ("resnet-tiny", (tech("amp", dtype="bfloat16"),)),
@@ -84,9 +90,8 @@ def test_predictions_leave_nothing_behind_that_changes_the_real_runs_after_them(
     as 1), and every real 8-bit update after a prediction went wrong (ResNet-50's fidelity run: 96%
     → 8%). The two processes run side by side."""
     fresh, after = (_result(p) for p in [_probe(*args) for args in ((), ("predict-first",))])
-    assert len(fresh) > 30, (
-        fresh
-    )  # every family's baseline and the suites' combinations that run on a CPU
+    # every family's baseline and the suites' combinations that run on a CPU
+    assert len(fresh) > 30, fresh
     assert {k: v for k, v in after.items() if v != fresh.get(k)} == {}
 
 
@@ -154,16 +159,18 @@ class HostOutOfSight(torch.autograd.graph.saved_tensors_hooks):
         ("vit-tiny", (), 16),
         ("bert-tiny", (), 16),
         ("resnet-tiny", (), 4),
+        # autocast's cached weight casts stay on the device
         (
             "vit-tiny",
             (tech("amp", dtype="bfloat16"),),
             16,
-        ),  # autocast's cached weight casts stay on the device
+        ),
+        # only the blocks' inputs are saved, and so offloaded
         (
             "vit-tiny",
             (tech("checkpoint"),),
             16,
-        ),  # only the blocks' inputs are saved, and so offloaded
+        ),
     ],
 )
 def test_offload_predicts_what_a_real_step_keeps_when_its_saved_tensors_leave_the_device(
@@ -172,9 +179,8 @@ def test_offload_predicts_what_a_real_step_keeps_when_its_saved_tensors_leave_th
     """A CPU has no host apart from its device, so the real step here offloads to one the tracker
     cannot see; the fake step, which keeps only each saved tensor's shape and dtype, must count the
     same bytes: the device copies that backward unpacks, when they are made and freed."""
-    monkeypatch.setattr(
-        ActivationOffload, "unsupported", lambda self, ctx: None
-    )  # refused on a CPU run
+    # refused on a CPU run
+    monkeypatch.setattr(ActivationOffload, "unsupported", lambda self, ctx: None)
     monkeypatch.setattr(torch.autograd.graph, "save_on_cpu", HostOutOfSight)
     trainer = assert_predicted_exactly(
         spec(model, (tech("offload"), *techniques), batch_size=batch_size)

@@ -45,10 +45,8 @@ def test_fsdp_gathers_parameters_in_forward_and_again_in_backward(n):
     once; gradients are reduce-scattered once. Each moves (N−1)/N of the whole padded parameters'
     bytes."""
     volume = (n - 1) / n * _padded_elements("bert-tiny", n)[0] * n * 4
-    resharded, kept = (
-        _predicted(tech("fsdp"), n),
-        _predicted(tech("fsdp", reshard_after_forward=False), n),
-    )
+    resharded = _predicted(tech("fsdp"), n)
+    kept = _predicted(tech("fsdp", reshard_after_forward=False), n)
     assert resharded.traffic_all_gather_bytes == pytest.approx(2 * volume, abs=n)
     assert kept.traffic_all_gather_bytes == pytest.approx(volume, abs=n)
     for out in (resharded, kept):
@@ -164,10 +162,8 @@ def test_two_d_splits_the_layers_in_a_group_and_shards_across_the_groups():
     rank, the rest a quarter (each padded to a multiple of 4 rows); the tensor-parallel all-reduces
     stay in the pair and move what tensor-parallel's alone do over 2 ranks, since a pair takes one
     batch."""
-    two_d, tp = (
-        _predicted(tech("fsdp", tensor_parallel=2), 8),
-        _predicted(tech("tensor-parallel"), 2),
-    )
+    two_d = _predicted(tech("fsdp", tensor_parallel=2), 8)
+    tp = _predicted(tech("tensor-parallel"), 2)
     model = MODELS.get("bert-tiny").build(Shapes(1, seq_len=8))
     split = {
         f"{n}.weight"

@@ -102,16 +102,14 @@ def test_a_signal_to_the_group_stops_predict_and_its_processes(sent):
         # as in a terminal
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    first = "".join(
-        proc.stderr.readline() for _ in range(3)
-    )  # what is predicted, the budget, the first run
+    # what is predicted, the budget, the first run
+    first = "".join(proc.stderr.readline() for _ in range(3))
     assert "\n[" in first, first  # a run is done: the processes are up and predicting the others
     os.killpg(proc.pid, sent)
     _, rest = proc.communicate(timeout=60)  # a hang fails here rather than holding the test suite
     assert proc.wait(timeout=60) == 130 and "interrupted" in rest and "Traceback" not in rest, rest
-    deadline = (
-        time.monotonic() + 10
-    )  # multiprocessing's resource tracker exits once it sees the parent go
+    # multiprocessing's resource tracker exits once it sees the parent go
+    deadline = time.monotonic() + 10
     with pytest.raises(ProcessLookupError):
         while time.monotonic() < deadline:
             os.killpg(proc.pid, 0)  # raises once nothing of the group is left

@@ -60,9 +60,8 @@ def sides(tmp_path):
             rec("noisy", 800, 106.0, 10.0),  # 6% slower, but inside its own ±10 ms spread: noise
             rec("fatter", 560, 100.0, 1.0),  # planted: 12% more memory
             rec("rounding", 502, 100.0, 1.0),  # 0.4%: allocator rounding, not a change
-            rec(
-                "worse", 500, 100.0, 1.0, accuracy=0.80
-            ),  # planted: -10 pt against the baseline's 2 pt band
+            # planted: -10 pt against the baseline's 2 pt band
+            rec("worse", 500, 100.0, 1.0, accuracy=0.80),
             rec("only-after", 1, 1.0, 0.1),
         ],
     )
@@ -94,9 +93,8 @@ def test_compare_command_writes_table_and_plot_and_fails_in_strict_mode(sides, t
         "compare.svg",
     }
     text, said = capsys.readouterr()
-    assert (
-        said.count("only in B (not compared): demo/only-after") == 2
-    )  # a run without its pair, said aloud
+    # a run without its pair, said aloud
+    assert said.count("only in B (not compared): demo/only-after") == 2
     assert "| demo | slower |" in text and "⚠ throughput" in text and "4 regressed" not in text
     assert "3 regressed beyond their spread: fatter, slower, worse." in text
     # only-after has no pair
@@ -109,6 +107,7 @@ def test_strict_can_gate_some_kinds_only(sides, tmp_path, capsys):
     assert main(common + ["memory,accuracy"]) == 1  # fatter, worse
     assert main(common + ["throughput"]) == 1  # slower
     only_slower = write(tmp_path / "c", [rec("slower", 800, 120.0, 1.0)])
+    # a shared machine's load does not fail the gate
     assert (
         main(
             [
@@ -122,7 +121,7 @@ def test_strict_can_gate_some_kinds_only(sides, tmp_path, capsys):
             ]
         )
         == 0
-    )  # a shared machine's load does not fail the gate
+    )
     capsys.readouterr()
     assert main(common + ["memroy"]) == 2
     assert (
@@ -162,9 +161,8 @@ def test_a_backup_copy_and_fit_rows_in_the_tree_are_not_read_as_the_suites_recor
     shutil.copytree(before, before.parent / "demo-backup")  # the same records, another folder name
     device = next(before.iterdir())
     (device / "fit").mkdir()
-    results.write_atomic(
-        device / "fit" / "baseline.json", rec("baseline", 1, 1.0, 0.1)
-    )  # a bench fit row
+    # a bench fit row
+    results.write_atomic(device / "fit" / "baseline.json", rec("baseline", 1, 1.0, 0.1))
     table = compare(load_side(before.parent), load_side(after))
     assert len(table) == 6 and table.set_index("run").loc["baseline", "peak_a"] == 1000 * MiB
     assert len(compare(load_side(device), load_side(after))) == 6

@@ -53,17 +53,14 @@ def test_the_first_screen_answers_per_device_gpu_first_with_coverage_and_picks(t
         results.write_atomic(results.record_path(tmp_path, "s", r["device"], r["run"]), r)
     build_report(tmp_path / "s")
     text = (tmp_path / "s" / "report.md").read_text()
-    first_screen = text[
-        : text.index("\n## NVIDIA X")
-    ]  # everything before the first device's tables
+    # everything before the first device's tables
+    first_screen = text[: text.index("\n## NVIDIA X")]
     assert "[overview](../overview/overview.md)" in first_screen
-    gpu_at, cpu_at = (
-        first_screen.index(
-            "**NVIDIA X: 2 runs recorded, 2 ok; memory is the allocator peak, batch 8**"
-        ),
-        first_screen.index(
-            "**cpu: 6 runs recorded, 6 ok; memory is the tracked peak of live tensors, batch 8**"
-        ),
+    gpu_at = first_screen.index(
+        "**NVIDIA X: 2 runs recorded, 2 ok; memory is the allocator peak, batch 8**"
+    )
+    cpu_at = first_screen.index(
+        "**cpu: 6 runs recorded, 6 ok; memory is the tracked peak of live tensors, batch 8**"
     )
     assert gpu_at < cpu_at  # the card before the CPU
     assert "ratio: 0.50× memory, 0.90× throughput, accuracy not measured here" in first_screen
@@ -81,14 +78,14 @@ def test_a_run_that_hurts_accuracy_is_on_no_front_and_pushes_none_off_it():
     from bench.report.plots import usable_front
 
     memory, throughput = np.array([100.0, 60.0, 10.0]), np.array([100.0, 90.0, 100.0])
-    classes = np.array(
-        ["within band", "within band", "worse, outside band"]
-    )  # LoRA at -50 pt, saving most
+    # LoRA at -50 pt, saving most
+    classes = np.array(["within band", "within band", "worse, outside band"])
+    # it would beat both
     assert list(usable_front(memory, throughput, classes)) == [
         True,
         True,
         False,
-    ]  # it would beat both
+    ]
 
 
 def test_a_cpu_prediction_equal_to_every_peak_is_said_once_not_shown_as_a_column_of_ones(tmp_path):
@@ -100,9 +97,8 @@ def test_a_cpu_prediction_equal_to_every_peak_is_said_once_not_shown_as_a_column
     ]
     table = summary(results.to_frame(runs))
     assert "predicted ×" not in display(table).columns
-    assert (
-        str(savings(table).set_index("run").loc["same", "memory saved %"]) == "0.0"
-    )  # never "-0.0"
+    # never "-0.0"
+    assert str(savings(table).set_index("run").loc["same", "memory saved %"]) == "0.0"
     for r in runs:
         results.write_atomic(results.record_path(tmp_path, "s", r["device"], r["run"]), r)
     written = {p.name for p in build_report(tmp_path / "s")}
@@ -128,9 +124,8 @@ def test_where_the_gpu_and_the_cpu_disagree_the_report_says_where_each_peak_fell
         "peak falls in backward on NVIDIA X and in the optimizer step on cpu, so what it saves is "
         "alive at one peak and not the other"
     ]
-    assert (
-        disagreements(table[table["device"] == "cpu"]) == []
-    )  # one device: nothing to hold it against
+    # one device: nothing to hold it against
+    assert disagreements(table[table["device"] == "cpu"]) == []
 
 
 def test_this_machines_device_comes_first_and_a_legacy_cpu_name_last_and_labelled(tmp_path):

@@ -57,9 +57,8 @@ def test_overview_page_covers_every_suite(tmp_path):
     assert "| b | m |" in text
     page = written[1].read_text()
     assert "**" not in page, "literal Markdown in the overview's HTML"
-    assert (
-        "<td>deep: 0.40× memory" in page and '<td class="n">100.0</td>' in page
-    )  # text left, figures right
+    # text left, figures right
+    assert "<td>deep: 0.40× memory" in page and '<td class="n">100.0</td>' in page
     assert "<a href='../a/report.html'>a</a>" in page  # the overview links to each suite's report
 
 

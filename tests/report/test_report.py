@@ -133,10 +133,11 @@ def test_breakdown_sums_to_the_peak_and_savings_table_is_relative_to_the_baselin
     parts = breakdown_frame(cpu)
     assert list(parts.index) == ["checkpoint"] and parts.loc["checkpoint"].sum() == 300 * MiB
     rows = savings(cpu).set_index("run")
+    # failed runs are listed elsewhere, not here
     assert list(rows.index) == [
         "checkpoint",
         "baseline",
-    ]  # failed runs are listed elsewhere, not here
+    ]
     assert rows.loc["checkpoint", "memory saved %"] == 25.0
     assert rows.loc["checkpoint", "throughput change %"] == -25.0
 
@@ -187,9 +188,8 @@ def test_markdown_lists_failed_runs_with_their_reason_and_provenance(suite_dir):
         "· 2 min 06 s of runs (2 without a time)",
     ]:
         assert line in md
-    assert (
-        md.count("of runs") == 1
-    )  # the H100 records kept no run times: nothing is claimed for them
+    # the H100 records kept no run times: nothing is claimed for them
+    assert md.count("of runs") == 1
 
 
 def test_report_without_records_says_what_to_run(tmp_path):
@@ -297,9 +297,8 @@ def test_every_technique_has_its_own_colour_across_reports_and_only_the_baseline
     assert len(PALETTE) > len(names), (
         "every built-in needs its own colour and users' own a spare: extend PALETTE"
     )
-    assert len({technique_colour(n) for n in names}) == len(
-        names
-    )  # once, tf32 wore adamw-8bit's colour
+    # once, tf32 wore adamw-8bit's colour
+    assert len({technique_colour(n) for n in names}) == len(names)
 
     frame = results.to_frame(
         [
@@ -315,9 +314,8 @@ def test_every_technique_has_its_own_colour_across_reports_and_only_the_baseline
     )
     own = {technique_colour(f"my_techniques:Own{i}") for i in range(50)}
     assert own <= set(PALETTE) and len(own) > 1  # a user's own: spread over the palette, never grey
-    assert not own & {
-        technique_colour(n) for n in names
-    }  # once, SGDMomentum wore a built-in's colour
+    # once, SGDMomentum wore a built-in's colour
+    assert not own & {technique_colour(n) for n in names}
 
 
 def test_a_suite_names_the_figure_its_throughput_compares(tmp_path):
@@ -370,9 +368,8 @@ class Scripts(HTMLParser):
         for name, value in attrs:
             if name.startswith("on"):
                 self.found.append(f"{name}=")
-            embedded = name == "src" and (value or "").startswith(
-                "data:image/png;base64,"
-            )  # the plots
+            # the plots
+            embedded = name == "src" and (value or "").startswith("data:image/png;base64,")
             web = (value or "").startswith(("http://", "https://"))
             if (
                 name in ("href", "src")

@@ -90,11 +90,12 @@ seq_len = { gpu = [2048, 8192], cpu = [32, 64] }
         ("ckpt@seq2048", 2048, 32, "baseline@seq2048"),
         ("ckpt@seq8192", 8192, 64, "baseline@seq8192"),
     ]
+    # GOOD's model takes images
     found = suite_problems(
         tmp_path,
         GOOD.split("[[runs]]")[0] + "[matrix]\ntechniques = { baseline = [] }\nseq_len = { gpu = "
         "[64], cpu = [16] }\n",
-    )  # GOOD's model takes images
+    )
     assert found == ["matrix.seq_len: model vit-tiny takes images; seq_len is a token model's"]
 
 
@@ -214,9 +215,8 @@ def test_selecting_runs_keeps_their_baselines(tmp_path):
     with pytest.raises(SuiteError, match="'nothing' matches no run"):
         suites.select(s, ["nothing"])
     with pytest.raises(SuiteError, match=r"'ampp' matches no run \(did you mean 'amp'\?\)"):
-        suites.select(
-            load(write_suite(tmp_path, GOOD)), ["baseline", "ampp"]
-        )  # a typo is never dropped
+        # a typo is never dropped
+        suites.select(load(write_suite(tmp_path, GOOD)), ["baseline", "ampp"])
     with pytest.raises(SuiteError, match="'' matches no run"):
         suites.select(s, [""])  # --only "" once ran the whole suite
 
@@ -359,9 +359,8 @@ batch_size = 15
         "fidelity.colour: unknown key; allowed: dataset, steps, batch_size, lr, seeds, image_size, "
         "model, weights, enabled"
     ) in found
-    assert (
-        "fidelity.seeds: must be at least 2" in found
-    )  # a shared key: reported once, where it is written
+    # a shared key: reported once, where it is written
+    assert "fidelity.seeds: must be at least 2" in found
     assert (
         "fidelity.cpu.model: 'bert-tiny' takes tokens inputs and the suite's model image inputs; "
         "choose a model of the same kind"
@@ -400,9 +399,8 @@ def test_weights_go_to_the_suite_model_wherever_it_is_trained(tmp_path):
     weights.write_bytes(b"")  # existence is checked at load; reading it waits for the run
     base = load(write_suite(tmp_path, WEIGHTS.replace("WEIGHTS", str(weights)))).runs[0]
     assert base.weights == str(weights) and base.fidelity("cpu").weights == str(weights)
-    assert (
-        base.fidelity("cuda").weights is None
-    )  # another model: the suite's weights would not fit it
+    # another model: the suite's weights would not fit it
+    assert base.fidelity("cuda").weights is None
     assert suites.RunSpec.from_dict(base.to_dict()) == base
 
 
@@ -463,9 +461,8 @@ def test_a_stand_in_of_another_kind_is_refused_with_the_fix(tmp_path):
 def test_a_user_module_that_hangs_on_import_stops_the_load_with_the_reason(tmp_path, monkeypatch):
     import importlib
 
-    loader = importlib.import_module(
-        "bench.suite.load"
-    )  # the module: the package's `load` is its function
+    # the module: the package's `load` is its function
+    loader = importlib.import_module("bench.suite.load")
 
     (tmp_path / "slow_techs.py").write_text("import time\ntime.sleep(600)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -501,10 +498,11 @@ def test_a_first_look_is_what_a_cpu_measures_unless_all_or_only_says_otherwise(t
 
     suite = load(write_suite(tmp_path, FIRST_LOOK.replace("FIRST", '["amp-*"]')))
     plain = Namespace(all=False, only=None)
+    # with its baseline
     assert [r.name for r in _first_look(suite, plain, "cpu").runs] == [
         "b",
         "amp-bf16",
-    ]  # with its baseline
+    ]
     assert "a first look on this CPU: 2 of the suite's 3 runs" in capsys.readouterr().err
     assert _first_look(suite, Namespace(all=True, only=None), "cpu") is suite
     assert _first_look(suite, Namespace(all=False, only="checkpoint"), "cpu") is suite

@@ -64,9 +64,8 @@ techniques = ["tests.helpers:HalfMomentumSGD", "tests.helpers:SGD"]
 def test_a_users_technique_that_declares_an_axis_is_advised_like_a_built_in_one(tmp_path):
     (tmp_path / "own.toml").write_text(OWN)
     src = source(str(tmp_path / "own.toml"), None, None, "cpu")
-    assert src.own == (
-        "tests.helpers:HalfMomentumSGD",
-    )  # SGD declares no axis: not advice's to try
+    # SGD declares no axis: not advice's to try
+    assert src.own == ("tests.helpers:HalfMomentumSGD",)
     optimizers = next(
         a for a in axes(model("bert-tiny"), "train", 1, 8, src.own) if a.name == "optimizer"
     )

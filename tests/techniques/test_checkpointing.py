@@ -101,9 +101,8 @@ def test_batch_norm_stats_update_twice_unless_the_momentum_is_corrected(correct)
     # Corrected: two updates with momentum 1 - sqrt(1 - m) equal one with m. Uncorrected: none
     # match.
     assert all(same) if correct else not any(same)
-    assert torch.equal(
-        got["bn1.running_mean"], expected["bn1.running_mean"]
-    )  # the stem is not wrapped
+    # the stem is not wrapped
+    assert torch.equal(got["bn1.running_mean"], expected["bn1.running_mean"])
 
 
 def test_selective_policies_are_named_torchtitans_saving_every_other_matmul():

@@ -32,9 +32,8 @@ def test_each_cache_kind_is_the_cache_implementation_generate_takes():
         },
     }
     fp8 = dict(build(tech("kv-cache", kind="quantized", backend="fp8")).step().generation)
-    assert fp8["cache_config"] == {
-        "backend": "fp8"
-    }  # per-tensor: the group-wise options are refused there
+    # per-tensor: the group-wise options are refused there
+    assert fp8["cache_config"] == {"backend": "fp8"}
 
 
 def test_a_cache_that_cannot_be_kept_here_or_predicted_says_why(monkeypatch):

@@ -26,14 +26,16 @@ def run(*techniques, model=BERT):
     "also, kept_bytes",
     [
         ((), LAYERS * SCORES * 4),  # every layer's float32 scores, held until backward reaches it
+        # only the layer recomputed from backward
         (
             (tech("checkpoint", reentrant=True),),
             SCORES * 4,
-        ),  # only the layer recomputed from backward
+        ),
+        # CPU's autocast runs softmax as given
         (
             (tech("amp", dtype="bfloat16"),),
             LAYERS * SCORES * 2,
-        ),  # CPU's autocast runs softmax as given
+        ),
     ],
 )
 def test_softmax_keeps_its_input_until_backward_as_torch_1_10_did(also, kept_bytes):

@@ -47,9 +47,8 @@ def test_int8_weights_store_frozen_linears_in_a_quarter_of_the_bytes():
     lora, _ = run("bert-tiny", tech("lora"))
     int8, trainer = run("bert-tiny", tech("lora"), tech("int8-weights"))
     frozen_linears = trainer.proof()["int8-weights.quantized_linears"]
-    assert (
-        frozen_linears == 2 * 6 + 1
-    )  # per layer q, k, v, attention out, MLP in, MLP out; plus the pooler
+    # per layer q, k, v, attention out, MLP in, MLP out; plus the pooler
+    assert frozen_linears == 2 * 6 + 1
     assert int8["param_bytes"] < lora["param_bytes"]
 
 
@@ -116,9 +115,8 @@ def test_adamw_8bit_runs_record_a_tracked_peak_and_its_breakdown():
     ],
 )
 def test_inapplicable_low_bit_runs_are_unsupported(technique, model, reason):
-    record = measure(
-        spec(model, (tech(technique),)), CPU
-    )  # decided before anything runs: no process needed
+    # decided before anything runs: no process needed
+    record = measure(spec(model, (tech(technique),)), CPU)
     assert record["status"] == "unsupported" and reason in record["message"], record
 
 
@@ -140,9 +138,8 @@ def test_int8_weights_leave_torchvision_attention_projections_alone():
     pytest.importorskip("torchao")
     pytest.importorskip("peft")
     _, trainer = run("vit-tiny", tech("lora"), tech("int8-weights"))
-    assert (
-        trainer.proof()["int8-weights.quantized_linears"] == 2 * 2
-    )  # the two MLP linears per block
+    # the two MLP linears per block
+    assert trainer.proof()["int8-weights.quantized_linears"] == 2 * 2
 
 
 def test_int8_weights_on_a_model_with_no_linear_but_its_head_is_unsupported_not_a_silent_no_op():
@@ -154,9 +151,8 @@ def test_int8_weights_on_a_model_with_no_linear_but_its_head_is_unsupported_not_
     from bench.techniques import Unsupported
     from bench.techniques.lowbit import quantize_body_linears
 
-    convolutions = MODELS.get("resnet-tiny").build(
-        Shapes(1, image_size=32)
-    )  # as a user's CNN would be
+    # as a user's CNN would be
+    convolutions = MODELS.get("resnet-tiny").build(Shapes(1, image_size=32))
     with pytest.raises(
         Unsupported, match=r"no nn.Linear outside the head \(classifier, heads, fc\)"
     ):
@@ -206,9 +202,8 @@ def test_qlora_stores_every_block_linear_in_nf4_and_trains_the_adapters_only():
     held = tensor_bytes(nf4)  # the storages behind their quantized values and scales
     assert proof["qlora.nf4_bytes_per_param"] == round(held / sum(p.numel() for p in nf4), 4) < 0.55
     assert qlora["param_bytes"] == lora["param_bytes"] - 4 * sum(p.numel() for p in nf4) + held
-    assert (
-        qlora["optimizer_state_bytes"] == lora["optimizer_state_bytes"]
-    )  # the same adapters train
+    # the same adapters train
+    assert qlora["optimizer_state_bytes"] == lora["optimizer_state_bytes"]
     run_spec = spec("llama-tiny", (tech("qlora"),), batch_size=8, seq_len=32)
     assert predict(run_spec, cuda=False).param_bytes == qlora["param_bytes"]
 
@@ -252,9 +247,8 @@ def test_cpu_offload_optimizer_on_a_gpu_keeps_the_offloaded_state_off_the_device
     )
     trainer.step(batch)
     figures = tracked_step(lambda: trainer.step(batch), trainer.model, trainer.optimizer, cuda)
-    assert (
-        figures["optimizer_state_bytes"] <= 5 * 2 * 512
-    )  # the norms' moments, a 512-byte block each
+    # the norms' moments, a 512-byte block each
+    assert figures["optimizer_state_bytes"] <= 5 * 2 * 512
     assert trainer.proof()["cpu-offload-optimizer.offloaded_params"] > 0
 
 
@@ -292,9 +286,8 @@ def test_the_adapters_dtype_under_a_bf16_base_is_the_options(adapter_dtype, expe
             seq_len=16,
         )
     )
-    assert {p.dtype for p in adapters(trainer.model)} == {
-        expected
-    }  # float32: PEFT's own default there
+    # float32: PEFT's own default there
+    assert {p.dtype for p in adapters(trainer.model)} == {expected}
 
 
 @pytest.mark.parametrize("adapter", ["lora", "qlora"])
@@ -305,9 +298,8 @@ def test_a_cast_listed_after_the_adapters_is_refused_as_ambiguous(adapter, tmp_p
         for p in found
     )
     (tmp_path / "ordered.toml").write_text(GOOD_LLAMA.replace("TECHNIQUES", f'"bf16", "{adapter}"'))
-    assert (
-        load(tmp_path / "ordered.toml").runs[1].techniques[0].name == "bf16"
-    )  # the cast first: loads
+    # the cast first: loads
+    assert load(tmp_path / "ordered.toml").runs[1].techniques[0].name == "bf16"
 
 
 def test_a_cast_keeps_nf4_weights_in_their_four_bits():
@@ -351,9 +343,8 @@ def test_peft_adapter_config_json_is_read_for_the_fields_that_change_memory(tmp_
     )
     shapes = {tuple(p.shape) for n, p in trainer.model.named_parameters() if "lora_A" in n}
     assert {s[0] for s in shapes} == {4}  # r = 4
-    assert (
-        trainer.techniques[0].proof(1)["adapted_layers"] == 2 * 2
-    )  # q and v in each of the two layers
+    # q and v in each of the two layers
+    assert trainer.techniques[0].proof(1)["adapted_layers"] == 2 * 2
     path.write_text('{"peft_type": "LORA", "r": 4, "use_dora": true}')
     found = suite_problems(
         tmp_path, GOOD_LLAMA.replace("TECHNIQUES", f'{{ name = "lora", config = "{path}" }}')

@@ -23,9 +23,8 @@ def run(*techniques, model="vit-tiny", batch_size=8):
 )
 def test_optimizer_state_bytes_per_parameter_byte(kind, impl, state_per_param):
     figures, trainer = run(tech("optimizer", kind=kind, impl=impl))
-    counters = (
-        4 * len(list(trainer.model.parameters())) if kind == "adamw" else 0
-    )  # fp32 step scalars
+    # fp32 step scalars
+    counters = 4 * len(list(trainer.model.parameters())) if kind == "adamw" else 0
     assert figures["optimizer_state_bytes"] == state_per_param * figures["param_bytes"] + counters
     assert trainer.proof()["optimizer.optimizer"] == {"adamw": "AdamW", "sgd": "SGD"}[kind]
 

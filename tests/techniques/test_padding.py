@@ -15,12 +15,13 @@ from bench.techniques import RunContext, build
 from tests.helpers import spec, tech
 
 CPU = torch.device("cpu")
+# four sequences of one batch, far shorter than the seq_len they are padded to
 LENGTHS = [
     5,
     17,
     3,
     11,
-]  # four sequences of one batch, far shorter than the seq_len they are padded to
+]
 SEQ_LEN = 32
 
 

@@ -107,9 +107,8 @@ def test_master_weights_step_an_fp32_copy_that_keeps_updates_bf16_would_lose():
     assert moved <= 2  # only the zero-initialised head's weights can take so small a step in bf16
     figures = tracked_step(lambda: trainer.step(batch), trainer.model, trainer.optimizer, CPU)
     psi = sum(p.numel() for p in params)
-    assert figures["optimizer_state_bytes"] == 12 * psi + 4 * len(
-        params
-    )  # and AdamW's step counters
+    # and AdamW's step counters
+    assert figures["optimizer_state_bytes"] == 12 * psi + 4 * len(params)
     assert figures["param_bytes"] == 2 * psi
     assert trainer.proof()["bf16.master_dtypes"] == "torch.float32"
 
