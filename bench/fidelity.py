@@ -65,9 +65,9 @@ def run_fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str
             f"{model_spec.num_classes}"
         )
     shapes = Shapes(
-        fid.batch_size,
-        fid.image_size if model_spec.inputs == "image" else None,
-        int(train.inputs.shape[1]) if model_spec.inputs == "tokens" else None,
+        batch_size=fid.batch_size,
+        image_size=fid.image_size if model_spec.inputs == "image" else None,
+        seq_len=int(train.inputs.shape[1]) if model_spec.inputs == "tokens" else None,
     )
     seeds = range(spec.seed, spec.seed + fid.seeds) if spec.name == spec.baseline else [spec.seed]
     one = _inference_seed if spec.mode == "inference" else _train_seed
@@ -97,7 +97,7 @@ def _train_seed(
 ) -> dict[str, Any]:
     model_spec, device = recipe.ctx.model_spec, recipe.ctx.device
     model = recipe.model(fid.weights)[0]
-    batches = _batches(train, fid, recipe.seed, device, model_spec)
+    batches = _batches(train, fid, seed=recipe.seed, device=device, model_spec=model_spec)
     first = next(batches)  # padded, for the plain model's reference gradient
     plain = copy.deepcopy(model)
     captured: dict[str, torch.Tensor] = {}
@@ -121,7 +121,7 @@ def _train_seed(
         progress.say(f"fidelity phase, seed {recipe.seed}", step, fid.steps)
         losses.append(trainer.step(recipe.regroup(next(batches))))
     final = torch.stack(losses[-LAST_STEPS:]).float().mean().item()
-    figures = _evaluate(trainer, test, device, classes, recipe.regroup)
+    figures = _evaluate(trainer, test, device=device, classes=classes, regroup=recipe.regroup)
     del figures["predictions"]
     return figures | {KEY.final_loss: final, KEY.grad_cosine: _cosine(reference, captured)}
 
@@ -131,14 +131,16 @@ def _inference_seed(
 ) -> dict[str, Any]:
     device = recipe.ctx.device
     plain = recipe.stepper(recipe.model(fid.weights)[0], [], inference=False)
-    batches = _batches(train, fid, recipe.seed, device, recipe.ctx.model_spec)
+    batches = _batches(
+        train, fid, seed=recipe.seed, device=device, model_spec=recipe.ctx.model_spec
+    )
     losses = []
     for step in range(1, fid.steps + 1):
         progress.say(f"fidelity phase, seed {recipe.seed}", step, fid.steps)
         losses.append(plain.step(next(batches)))
     reference = _evaluate(recipe.stepper(plain.model, []), test, device, classes)
     served = recipe.stepper(plain.model)
-    figures = _evaluate(served, test, device, classes, recipe.regroup)
+    figures = _evaluate(served, test, device=device, classes=classes, regroup=recipe.regroup)
     agree = (figures.pop("predictions") == reference["predictions"]).float().mean().item()
     final = torch.stack(losses[-LAST_STEPS:]).float().mean().item()
     return figures | {KEY.final_loss: final, "agreement": agree}

@@ -17,7 +17,7 @@ from bench.record import KEY, Status
 from bench.resume import Task
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Price:
     """A run's wall time at its reference's pace."""
 
@@ -139,10 +139,17 @@ def _price(
     if (own := records.get(task.spec.name)) is not None:
         # else refused there: its seconds are no measure of the pace
         ran = own[KEY.status] == Status.OK
-        return Price(wall(own, fidelity), wall(own, False), name, own=ran)
+        return Price(
+            seconds=wall(own, fidelity), without_fidelity=wall(own, False), reference=name, own=ran
+        )
     ran = [r for r in records.values() if r[KEY.status] == Status.OK]
     if not ran:
         return None
     with_phase = [r for r in ran if r.get(KEY.fidelity_s)] if fidelity else ran
     typical = statistics.median(wall(r, fidelity) for r in with_phase or ran)
-    return Price(typical, statistics.median(wall(r, False) for r in ran), name, own=False)
+    return Price(
+        seconds=typical,
+        without_fidelity=statistics.median(wall(r, False) for r in ran),
+        reference=name,
+        own=False,
+    )

@@ -26,7 +26,7 @@ from bench.train import Trainer
 Stepper = Trainer | Inferencer | Generator
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Recipe:
     """A run's context and techniques (built once, applied in the suite's order), its mode and
     seed."""
@@ -61,19 +61,19 @@ class Recipe:
         lr = spec.lr if lr is None else lr
         shapes = shapes or spec.shapes(device.type)
         ctx = RunContext(
-            device,
-            models.resolve(model or shapes.model or spec.model),
-            shapes,
-            lr,
+            device=device,
+            model_spec=models.resolve(model or shapes.model or spec.model),
+            shapes=shapes,
+            lr=lr,
             predicting=predicting,
             world_size=world_size,
             rank=rank,
         )
         return cls(
-            ctx,
-            [build(t) for t in spec.techniques],
-            spec.mode,
-            spec.seed if seed is None else seed,
+            ctx=ctx,
+            techniques=[build(t) for t in spec.techniques],
+            mode=spec.mode,
+            seed=spec.seed if seed is None else seed,
         )
 
     def unsupported(self) -> str | None:
@@ -146,7 +146,9 @@ class Recipe:
             varlen.dataset_size(ctx.shapes),
             self.seed,
         )
-        return varlen.Feed(data, batching, ctx.shapes, ctx.device, self.seed)
+        return varlen.Feed(
+            data=data, batching=batching, shapes=ctx.shapes, device=ctx.device, seed=self.seed
+        )
 
 
 def batches(batch: Batch, feed: varlen.Feed | None, n: int) -> Iterator[Batch]:

@@ -66,7 +66,7 @@ def column(text: str, default: Any = None) -> Any:
     return doc(text, default, table=True)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Identity:
     """Which run: the suite's entry as it ran, and where."""
 
@@ -106,7 +106,7 @@ class Identity:
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Outcome:
     """How the run ended."""
 
@@ -127,7 +127,7 @@ class Outcome:
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Memory:
     """What was alive: the tracker's live tensor bytes (every device), the CUDA allocator's and
     NVML's figures."""
@@ -199,7 +199,7 @@ class Memory:
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Timing:
     """How fast, and where the run's time went."""
 
@@ -269,7 +269,7 @@ class Timing:
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Data:
     """Variable-length token data (a suite's ``lengths``): what the batches carried, and what
     feeding them cost."""
@@ -310,7 +310,7 @@ TRACKED = (
 )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _PredictionOutcome:
     status: str | None = doc("ok, unsupported or unpredictable")
     message: str | None = doc("why a prediction was not made")
@@ -429,7 +429,7 @@ class Prediction(_PredictedFigures):
         return cls(status=status, message=message)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class FidelityResult:
     """Does the technique change what the model learns: trained on real data, evaluated on its
     held-out split."""
@@ -471,7 +471,7 @@ class Distributed:
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Provenance:
     """How, when and with what the run was measured."""
 
@@ -551,7 +551,7 @@ class _Keys:
 KEY = _Keys()
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Record:
     identity: Identity
     outcome: Outcome

@@ -28,7 +28,7 @@ from bench.suite import RunSpec, Suite
 FORCE_MARKER = ".forced-since"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Task:
     """One run of a sweep: where its record goes, its key, the stored record, and the decision."""
 
@@ -65,28 +65,38 @@ def plan(
         device = device_name or _measured_on(root, suite.name, device_type, full, spec)
         if device is None:
             tasks.append(
-                Task(suite, spec, None, "", None, True, "no stored record of it on any device")
+                Task(
+                    suite=suite,
+                    spec=spec,
+                    path=None,
+                    key="",
+                    stored=None,
+                    measure=True,
+                    reason="no stored record of it on any device",
+                )
             )
             continue
         path = results.record_path(root, suite.name, device, spec.name)
         key, stored = spec.measured_key(device, device_type), results.read(path)
         # a record with the fidelity phase stands for one without
         keys = accepted(device, device_type, full, spec)
+        measure, reason = _decide(
+            stored,
+            keys,
+            keep_failures=keep_failures,
+            forced_since=forced_since,
+            fidelity=spec.fidelity(device_type) is not None,
+        )
         tasks.append(
             Task(
-                suite,
-                spec,
-                path,
-                key,
-                stored,
-                *_decide(
-                    stored,
-                    keys,
-                    keep_failures,
-                    forced_since,
-                    spec.fidelity(device_type) is not None,
-                ),
-                frozenset(keys),
+                suite=suite,
+                spec=spec,
+                path=path,
+                key=key,
+                stored=stored,
+                measure=measure,
+                reason=reason,
+                keys=frozenset(keys),
             )
         )
     return tasks

@@ -31,7 +31,7 @@ MAX_NPROC = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Shapes:
     """What a run does on one kind of device: tensor shapes, and how many steps to warm up and
     time."""
@@ -68,7 +68,7 @@ DATA_DEFAULTS = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Fidelity:
     """The fidelity phase on one kind of device: what to train on, for how long, and on which
     model."""
@@ -97,7 +97,7 @@ class TechniqueSpec:
 HF = "hf:"  # a model built from a Hugging Face config.json: hf:PATH[#task] (bench.models.hf)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunSpec:
     suite: str
     name: str
@@ -241,7 +241,7 @@ class Job:
         return cls(**{**fields, "spec": RunSpec.from_dict(fields["spec"])})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Suite:
     name: str
     path: Path

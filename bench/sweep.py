@@ -57,15 +57,15 @@ def campaign(
         records, todo, unstored = _measure(
             suites,
             launcher,
-            results_root,
-            folders,
-            start,
-            log,
-            fidelity,
-            keep_failures,
-            force,
-            never_measured_first,
-            archive,
+            results_root=results_root,
+            folders=folders,
+            start=start,
+            log=log,
+            fidelity=fidelity,
+            keep_failures=keep_failures,
+            force=force,
+            never_measured_first=never_measured_first,
+            archive=archive,
         )
     print(f"done: {len(todo)} runs measured in {_elapsed(start)}", file=log)
     if unstored:
@@ -99,11 +99,11 @@ def _measure(
         for t in resume.plan(
             s,
             device,
-            results_root,
-            fidelity,
-            keep_failures,
-            resume.forced_since(folders[s.name], force),
-            launcher.device_type,
+            root=results_root,
+            fidelity=fidelity,
+            keep_failures=keep_failures,
+            forced_since=resume.forced_since(folders[s.name], force),
+            device_type=launcher.device_type,
         )
     ]
     records = {s.name: [t.stored for t in tasks if t.suite is s and not t.measure] for s in suites}

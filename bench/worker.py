@@ -95,7 +95,13 @@ def measure(
     for b in warm:
         trainer.step(b)
     figures |= _memory_pass(
-        trainer, batch, feed, shapes.measure_steps, techniques, device, snapshot
+        trainer,
+        batch,
+        feed=feed,
+        steps=shapes.measure_steps,
+        techniques=techniques,
+        device=device,
+        snapshot=snapshot,
     )
     if device.type == "cuda" and history_path:
         history.save(Path(history_path))
@@ -104,7 +110,7 @@ def measure(
         history.stop()
     # Data-parallel ranks each take their own batch: a step of the group processes that many.
     ranks = max((t.replicas(group.world_size) for t in techniques), default=1)
-    figures |= _timed_pass(trainer, batch, feed, samples_in(batch) * ranks, ctx)
+    figures |= _timed_pass(trainer, batch, feed=feed, samples=samples_in(batch) * ranks, ctx=ctx)
     p = Prediction.of(prediction)  # the step's FLOP and operator counts are the prediction's
     counted = {KEY.flops_per_step: p.flops_per_step, KEY.ops_per_step: p.ops_per_step}
     counted[KEY.op_bytes_per_step] = p.op_bytes_per_step

@@ -36,16 +36,25 @@ def spec(
 ) -> RunSpec:
     text = models.resolve(model).inputs == "tokens"
     shapes = Shapes(
-        batch_size,
-        None if text else image_size,
-        seq_len if text else None,
-        warmup_steps,
-        measure_steps,
-        lengths,
-        loader_workers,
+        batch_size=batch_size,
+        image_size=None if text else image_size,
+        seq_len=seq_len if text else None,
+        warmup_steps=warmup_steps,
+        measure_steps=measure_steps,
+        lengths=lengths,
+        loader_workers=loader_workers,
     )
     common = {"seed": 0, "timeout_s": 120.0, "lr": 1e-3} | kw
-    return RunSpec("test", name, model, techniques, shapes, shapes, "baseline", **common)
+    return RunSpec(
+        suite="test",
+        name=name,
+        model=model,
+        techniques=techniques,
+        gpu=shapes,
+        cpu=shapes,
+        baseline="baseline",
+        **common,
+    )
 
 
 def generation(
@@ -58,7 +67,7 @@ def generation(
 ) -> RunSpec:
     """A generation of llama-tiny (mode = "generate") at these shapes, on either device."""
     shapes = Shapes(
-        batch_size,
+        batch_size=batch_size,
         seq_len=prompt_len + new_tokens,
         warmup_steps=1,
         measure_steps=2,
@@ -66,7 +75,16 @@ def generation(
         new_tokens=new_tokens,
     )
     common = {"seed": 0, "timeout_s": 120.0, "lr": 1e-3, "mode": "generate"} | kw
-    return RunSpec("test", name, "llama-tiny", techniques, shapes, shapes, "baseline", **common)
+    return RunSpec(
+        suite="test",
+        name=name,
+        model="llama-tiny",
+        techniques=techniques,
+        gpu=shapes,
+        cpu=shapes,
+        baseline="baseline",
+        **common,
+    )
 
 
 def tech(name: str, **options: Any) -> TechniqueSpec:
@@ -273,7 +291,7 @@ def _image_mlp(shapes: Shapes) -> nn.Module:
 
 # A user's own model as a suite names it ("tests.helpers:IMAGE_MLP"): no blocks given, so they are
 # found.
-IMAGE_MLP = ModelSpec("image-mlp", _image_mlp, "image", num_classes=10)
+IMAGE_MLP = ModelSpec(name="image-mlp", build=_image_mlp, inputs="image", num_classes=10)
 
 
 def _densenet(shapes: Shapes) -> nn.Module:
@@ -283,12 +301,12 @@ def _densenet(shapes: Shapes) -> nn.Module:
 
 
 # Dense layers in a ModuleDict (torchvision's _DenseBlock), as DenseNet-121's 58 are.
-DENSENET = ModelSpec("densenet-small", _densenet, "image", num_classes=10)
+DENSENET = ModelSpec(name="densenet-small", build=_densenet, inputs="image", num_classes=10)
 # One linear layer: nothing repeats, so checkpointing has no block to wrap.
 LINEAR = ModelSpec(
-    "linear",
-    lambda shapes: nn.Sequential(nn.Flatten(), nn.Linear(3 * shapes.image_size**2, 10)),
-    "image",
+    name="linear",
+    build=lambda shapes: nn.Sequential(nn.Flatten(), nn.Linear(3 * shapes.image_size**2, 10)),
+    inputs="image",
     num_classes=10,
 )
 
@@ -299,7 +317,7 @@ def _regnet(shapes: Shapes) -> nn.Module:
     return regnet_y_400mf(num_classes=10)
 
 
-REGNET = ModelSpec("regnet-y-400mf", _regnet, "image", num_classes=10)
+REGNET = ModelSpec(name="regnet-y-400mf", build=_regnet, inputs="image", num_classes=10)
 
 
 def _convnext_tiny(shapes: Shapes) -> nn.Module:
@@ -309,7 +327,7 @@ def _convnext_tiny(shapes: Shapes) -> nn.Module:
 
 
 # Layer norms on convolutions' outputs: 16-bit inputs under autocast, which CUDA runs in float32.
-CONVNEXT = ModelSpec("convnext-tiny", _convnext_tiny, "image", num_classes=10)
+CONVNEXT = ModelSpec(name="convnext-tiny", build=_convnext_tiny, inputs="image", num_classes=10)
 
 
 LM_VOCAB = 48  # the digits' tokens and their ten class tokens, for the fidelity phase
@@ -333,9 +351,9 @@ def _tiny_llama(shapes: Shapes) -> nn.Module:
 
 # A causal language model, trained on every position's next token.
 TINY_LM = ModelSpec(
-    "tiny-llama",
-    _tiny_llama,
-    "tokens",
+    name="tiny-llama",
+    build=_tiny_llama,
+    inputs="tokens",
     num_classes=LM_VOCAB,
     vocab_size=LM_VOCAB,
     objective="next-token",
@@ -343,7 +361,12 @@ TINY_LM = ModelSpec(
 )
 # Too few tokens for the digits' class tokens: the fidelity phase refuses it before building it.
 SMALL_VOCAB_LM = ModelSpec(
-    "small-vocab", _tiny_llama, "tokens", num_classes=24, vocab_size=24, objective="next-token"
+    name="small-vocab",
+    build=_tiny_llama,
+    inputs="tokens",
+    num_classes=24,
+    vocab_size=24,
+    objective="next-token",
 )
 
 
@@ -366,9 +389,9 @@ class _ClassTokenOracle(nn.Module):
 
 
 ORACLE_LM = ModelSpec(
-    "oracle",
-    lambda shapes: _ClassTokenOracle(),
-    "tokens",
+    name="oracle",
+    build=lambda shapes: _ClassTokenOracle(),
+    inputs="tokens",
     num_classes=LM_VOCAB,
     vocab_size=LM_VOCAB,
     objective="next-token",
@@ -386,7 +409,12 @@ def _bert_base_layers(layers: int) -> ModelSpec:
         return _bert(BertConfig(num_hidden_layers=layers), shapes)
 
     return ModelSpec(
-        f"bert-base-{layers}", build, "tokens", num_classes=10, vocab_size=30522, attention=True
+        name=f"bert-base-{layers}",
+        build=build,
+        inputs="tokens",
+        num_classes=10,
+        vocab_size=30522,
+        attention=True,
     )
 
 
@@ -399,7 +427,9 @@ def _vit_l16(shapes: Shapes) -> nn.Module:
     return vit_l_16(weights=None, image_size=shapes.image_size)
 
 
-VIT_L16 = ModelSpec("vit-l16", _vit_l16, "image", num_classes=1000, attention=True)
+VIT_L16 = ModelSpec(
+    name="vit-l16", build=_vit_l16, inputs="image", num_classes=1000, attention=True
+)
 
 
 class HoldHalfAGibibyte(Technique):

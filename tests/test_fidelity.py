@@ -116,7 +116,7 @@ def test_the_phase_trains_from_the_pretrained_weights(tmp_path):
     # A head that always says 3, and a learning rate of zero: what is evaluated is exactly what was
     # loaded.
     torch.manual_seed(1)
-    state = MODELS.get("resnet-tiny").build(Shapes(1, image_size=16)).state_dict()
+    state = MODELS.get("resnet-tiny").build(Shapes(batch_size=1, image_size=16)).state_dict()
     state["fc.weight"].zero_()
     state["fc.bias"].zero_()[3] = 100.0
     torch.save(state, tmp_path / "threes.pt")

@@ -79,14 +79,17 @@ def test_no_conditional_expression_holds_another_and_their_count_only_falls():
     assert per_thousand <= 22.0  # goal: 10
 
 
-def test_calls_with_five_values_by_position_only_fall():
+def test_hardly_a_call_passes_five_values_by_position():
+    """Five values by position ask the reader to count; torch's kernels and an autograd Function's
+    apply take nothing else, and are most of the few left."""
     calls = [
         n
         for p in FILES
         for n in ast.walk(_tree(p))
         if isinstance(n, ast.Call) and sum(not isinstance(a, ast.Starred) for a in n.args) >= 5
     ]
-    assert len(calls) <= 101  # goal: one per 1,000 lines
+    lines = sum(len(p.read_text(encoding="utf-8").splitlines()) for p in FILES)
+    assert 1000 * len(calls) / lines <= 1.0
 
 
 def test_hardly_a_line_is_over_100_characters():

@@ -18,7 +18,9 @@ from bench.sweep import sweep
 from tests.helpers import spec, suite_problems, tech
 
 CPU = Device("cpu", "cpu")
-PSI = sum(p.numel() for p in MODELS.get("bert-tiny").build(Shapes(8, seq_len=64)).parameters())
+PSI = sum(
+    p.numel() for p in MODELS.get("bert-tiny").build(Shapes(batch_size=8, seq_len=64)).parameters()
+)
 ADAM_FP32 = 16  # bytes per parameter: fp32 weight 4, gradient 4, Adam's two moments 8
 # AdamW's per-parameter step counter (a 0-d float32 tensor): 41 parameter tensors
 STEP_COUNTERS = 4 * 41
@@ -102,7 +104,7 @@ def test_tensor_parallel_shards_the_attention_and_mlp_pairs_exactly(dist_records
 def _tp_split() -> int:
     """bert-tiny's parameters that tensor parallelism splits: the weights of the 12 linears in its
     layers, and the biases of the column-wise ones (a row-wise linear adds its bias once, whole)."""
-    model = MODELS.get("bert-tiny").build(Shapes(8, seq_len=64))
+    model = MODELS.get("bert-tiny").build(Shapes(batch_size=8, seq_len=64))
     return sum(
         m.weight.numel() + (0 if name.endswith("output.dense") else m.bias.numel())
         for name, m in model.named_modules()

@@ -21,12 +21,12 @@ CPU_NAME = device_name("cpu")
 
 def suite_of(name: str, *runs) -> Suite:
     return Suite(
-        name,
-        Path(f"{name}.toml"),
-        "vit-tiny",
-        "",
-        "baseline",
-        tuple(replace(r, suite=name) for r in runs),
+        name=name,
+        path=Path(f"{name}.toml"),
+        model="vit-tiny",
+        description="",
+        baseline="baseline",
+        runs=tuple(replace(r, suite=name) for r in runs),
     )
 
 

@@ -28,7 +28,14 @@ CPU = Device("cpu", "cpu")
 
 
 def suite_of(*runs) -> Suite:
-    return Suite("test", Path("test.toml"), "vit-tiny", "", "baseline", tuple(runs))
+    return Suite(
+        name="test",
+        path=Path("test.toml"),
+        model="vit-tiny",
+        description="",
+        baseline="baseline",
+        runs=tuple(runs),
+    )
 
 
 @pytest.mark.fault("resources")
@@ -287,7 +294,12 @@ def test_records_carry_the_accuracy_delta_and_the_baselines_noise_band(tmp_path)
 
 def test_snapshot_is_ignored_on_a_cpu_and_the_log_says_so(tmp_path):
     suite = Suite(
-        "s", tmp_path / "s.toml", "vit-tiny", "", "run", (spec(name="run", batch_size=4),)
+        name="s",
+        path=tmp_path / "s.toml",
+        model="vit-tiny",
+        description="",
+        baseline="run",
+        runs=(spec(name="run", batch_size=4),),
     )
     log = io.StringIO()
     (record,) = sweep(suite, Local(CPU, snapshot=True), tmp_path, log=log)
@@ -299,7 +311,12 @@ def test_snapshot_is_ignored_on_a_cpu_and_the_log_says_so(tmp_path):
 @pytest.mark.fault("stored data")
 def test_an_unreadable_record_is_moved_aside_and_the_run_measured_again(tmp_path, capsys):
     suite = Suite(
-        "test", tmp_path / "s.toml", "vit-tiny", "", "run", (spec(name="run", batch_size=4),)
+        name="test",
+        path=tmp_path / "s.toml",
+        model="vit-tiny",
+        description="",
+        baseline="run",
+        runs=(spec(name="run", batch_size=4),),
     )
     path = results.record_path(tmp_path, "test", "cpu", "run")
     path.parent.mkdir(parents=True)
@@ -327,7 +344,14 @@ def test_a_kept_record_without_a_snapshot_says_how_to_get_one(tmp_path):
             "run_key": run.key(gpu.name),
         },
     )
-    suite = Suite("s", tmp_path / "s.toml", "vit-tiny", "", "run", (run,))
+    suite = Suite(
+        name="s",
+        path=tmp_path / "s.toml",
+        model="vit-tiny",
+        description="",
+        baseline="run",
+        runs=(run,),
+    )
     log = io.StringIO()
     # nothing runs: the stored record is kept
     sweep(suite, Local(gpu, snapshot=True), tmp_path, log=log)
@@ -444,7 +468,12 @@ def test_a_first_timed_step_far_slower_than_the_rest_warns_that_warm_up_was_shor
 @pytest.mark.fault("stored data")
 def test_a_second_sweep_of_the_same_folder_is_refused_naming_the_first(tmp_path):
     suite = Suite(
-        "s", Path("s.toml"), "vit-tiny", "", "run", (replace(spec(batch_size=2), suite="s"),)
+        name="s",
+        path=Path("s.toml"),
+        model="vit-tiny",
+        description="",
+        baseline="run",
+        runs=(replace(spec(batch_size=2), suite="s"),),
     )
     folder = results.suite_folder(tmp_path, "s", CPU.name)
     with results.sweeping([folder]):  # the first sweep, still measuring
@@ -478,7 +507,9 @@ def _priced_suite(tmp_path):
     runs = tuple(
         replace(spec(name=n, batch_size=2, fidelity_cpu=fid), suite="s") for n in ("a", "b", "c")
     )
-    suite = Suite("s", Path("s.toml"), "vit-tiny", "", "a", runs)
+    suite = Suite(
+        name="s", path=Path("s.toml"), model="vit-tiny", description="", baseline="a", runs=runs
+    )
     for run, wall, fid in (("a", 600.0, 420.0), ("b", 300.0, 180.0)):
         record = {"suite": "s", "run": run, "device": OTHER, "device_type": "cpu", "status": "ok"}
         results.write_atomic(

@@ -33,7 +33,7 @@ CACHE = Path(".cache/predictions")  # beside results/, never in it: its files ar
 EMULATED = EMULATED_BF16
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Advice:
     source: Source
     device_type: str
@@ -74,7 +74,7 @@ def advise(
     how they are found."""
     template = replace(src.template, nproc=nproc)
     batch = template.shapes(device_type).batch_size
-    found = axes(src.model, src.mode, nproc, batch, src.own)
+    found = axes(src.model, src.mode, nproc=nproc, batch=batch, own=src.own)
     base = Plan(tuple(o for a in found if a.required for o in a.options[:1]))  # over processes: ddp
     rates = (
         STATED[device_type]
@@ -83,33 +83,41 @@ def advise(
     )
     evidence = Evidence(results, src.mode, device_name(device_type) if device_type == "cpu" else "")
     model = template.model_on(device_type)
-    predictions = Predictions(device_type, CACHE, jobs, log, budget.card)
+    predictions = Predictions(device_type, folder=CACHE, jobs=jobs, log=log, card=budget.card)
     try:
         calibration = _calibration(evidence, device_type, rates, predictions)
         timed = _timed(template, found, device_type, log)
         searcher = Searcher(
             template,
             base,
-            found,
-            predictions,
-            lambda b, alone: Estimator(
-                evidence, model, device_type, rates, calibration, b, alone, batch, timed
+            found=found,
+            predictions=predictions,
+            estimator=lambda b, alone: Estimator(
+                evidence,
+                model,
+                device_type=device_type,
+                rates=rates,
+                calibration=calibration,
+                baseline=b,
+                alone=alone,
+                batch=batch,
+                timed=timed,
             ),
-            log,
-            _unfit(device_type),
+            log=log,
+            unfit=_unfit(device_type),
         )
         baseline, estimator = searcher.singles()
         limit = budget.bytes(baseline.peak_tensor_bytes)
         kept = searcher.pruned_axes(estimator)
         advice = Advice(
-            src,
-            device_type,
-            limit,
-            budget.text,
-            baseline,
-            [],
-            searcher.search,
-            estimator,
+            source=src,
+            device_type=device_type,
+            budget=limit,
+            budget_text=budget.text,
+            baseline=baseline,
+            plans=[],
+            search=searcher.search,
+            estimator=estimator,
             max_batch=max_batch,
         )
         strongest = _strongest(searcher, kept, predictions, estimator)
@@ -124,16 +132,16 @@ def advise(
             search = searcher.walk(
                 kept,
                 estimator,
-                limit,
-                want,
-                tolerance_pt,
-                PREDICTION_LIMIT,
-                max(jobs, 2),
+                budget=limit,
+                want=want,
+                tolerance_pt=tolerance_pt,
+                limit=PREDICTION_LIMIT,
+                chunk=max(jobs, 2),
                 minimal=not max_batch,
             )
             # the walk's limit reached first: the plan known to fit
             advice.plans = search.fits or [strongest]
-            _rank(advice, predictions, top, max_batch, tolerance_pt)
+            _rank(advice, predictions, top=top, max_batch=max_batch, tolerance_pt=tolerance_pt)
     except BaseException:
         predictions.close(interrupted=True)
         raise
@@ -220,7 +228,9 @@ def _strongest(
     out = predictions.peaks([plan.spec(searcher.template)])[0]
     if not out.ok:
         return None
-    return Candidate(plan, out, estimator.speed(plan), estimator.accuracy(plan))
+    return Candidate(
+        plan=plan, predicted=out, speed=estimator.speed(plan), accuracy=estimator.accuracy(plan)
+    )
 
 
 def _needs(advice: Advice, closest: Candidate, predictions: Predictions) -> None:

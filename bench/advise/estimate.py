@@ -57,7 +57,7 @@ STATED = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Calibration:
     """Seconds a FLOP, an operator and a byte of operators' tensors take on a kind of device, fitted
     to its measured baseline steps."""
@@ -92,7 +92,10 @@ def calibrate(
     kinds = "; ".join(sorted({w for w, *_ in steps}))
     if not steps:
         return Calibration(
-            1 / rates.flops, 0.0, 0.0, "stated: no baseline step measured on such a device"
+            per_flop=1 / rates.flops,
+            per_op=0.0,
+            per_byte=0.0,
+            source="stated: no baseline step measured on such a device",
         )
     a = np.array([counts for _, _, counts in steps], dtype=float) / np.array(
         [[t] for _, t, _ in steps]
@@ -107,12 +110,16 @@ def calibrate(
             residual = float(((a @ fitted - 1) ** 2).sum())
             best = best if best and best[0] <= residual else (residual, fitted)
     fitted = best[1] if best else np.array([1 / rates.flops, 0.0, 0.0])
+    per_flop, per_op, per_byte = map(float, fitted)
     return Calibration(
-        *map(float, fitted), f"fitted to {len(steps)} measured baseline steps: {kinds}"
+        per_flop=per_flop,
+        per_op=per_op,
+        per_byte=per_byte,
+        source=f"fitted to {len(steps)} measured baseline steps: {kinds}",
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Estimate:
     factor: float  # time per sample over the baseline's: 1.25 is a 0.8× throughput
     sources: tuple[str, ...]  # one line per technique: its factor, and where it came from
@@ -143,7 +150,7 @@ class Part(NamedTuple):
     tier: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Accuracy:
     # the worst known delta among the plan's techniques (a fraction), None: none measured
     delta: float | None
@@ -197,7 +204,8 @@ class Estimator:
         ):
             if whole.same_model and len(plan.options) > 1:
                 return Estimate(
-                    1 / whole.value, (f"{plan.name}: {whole.value:.2f}× measured, {whole.source}",)
+                    factor=1 / whole.value,
+                    sources=(f"{plan.name}: {whole.value:.2f}× measured, {whole.source}",),
                 )
         factor, sources, uncertain, tier = 1.0, [], [], 0
         for option in plan.options:
@@ -206,7 +214,9 @@ class Estimator:
             sources.append(f"{option.name}: {1 / part.factor:.2f}× {part.source}")
             uncertain += [option.name] if part.tier else []
             tier = max(tier, part.tier)
-        return Estimate(factor, tuple(sources), tuple(uncertain), tier)
+        return Estimate(
+            factor=factor, sources=tuple(sources), uncertain=tuple(uncertain), tier=tier
+        )
 
     def factor(self, option: Option) -> Part:
         """The option's time factor alone, and where it came from."""
@@ -261,9 +271,14 @@ class Estimator:
         """The plan's known accuracy effect: its own fidelity record where one exists, else the
         worst of its techniques' (the same model's where measured)."""
         if not plan.options:
-            return Accuracy(0.0, False, (), ())
+            return Accuracy(delta=0.0, outside_band=False, unknown=(), sources=())
         if whole := self.evidence.accuracy(canonical(plan.techniques), self.model):
-            return Accuracy(whole.value, whole.outside_band, (), (f"{plan.name}: {_pt(whole)}",))
+            return Accuracy(
+                delta=whole.value,
+                outside_band=whole.outside_band,
+                unknown=(),
+                sources=(f"{plan.name}: {_pt(whole)}",),
+            )
         found = {
             o.name: self.evidence.accuracy(canonical((o.technique,)), self.model)
             for o in plan.options
@@ -271,10 +286,10 @@ class Estimator:
         known: dict[str, Figure] = {k: f for k, f in found.items() if f is not None}
         worst = min((f.value for f in known.values()), default=None)
         return Accuracy(
-            worst,
-            any(f.outside_band for f in known.values()),
-            tuple(k for k, f in found.items() if f is None),
-            tuple(f"{k}: {_pt(f)}" for k, f in known.items()),
+            delta=worst,
+            outside_band=any(f.outside_band for f in known.values()),
+            unknown=tuple(k for k, f in found.items() if f is None),
+            sources=tuple(f"{k}: {_pt(f)}" for k, f in known.items()),
         )
 
 

@@ -15,7 +15,7 @@ from bench.spec import TechniqueSpec
 from bench.techniques import resolve
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Figure:
     """A measured figure and where it came from ("bert-base on amd-epyc-2-threads, suite bert, run
     checkpoint")."""
@@ -119,7 +119,7 @@ class Evidence:
                 f[0].get(KEY.measure_steps, 0),
             ),
         )
-        return Figure(v, where(r), same_model=r[KEY.model] == model)
+        return Figure(value=v, source=where(r), same_model=r[KEY.model] == model)
 
     def accuracy(self, plan: frozenset[str], model: str) -> Figure | None:
         """The plan's accuracy delta against its baseline in the fidelity phase (a fraction), on any
@@ -129,7 +129,9 @@ class Evidence:
         if not found:
             return None
         r = max(found, key=lambda r: r.get(KEY.device_type) == "cuda")
-        return Figure(r["accuracy_delta"], where(r), bool(r.get("outside_band")))
+        return Figure(
+            value=r["accuracy_delta"], source=where(r), outside_band=bool(r.get("outside_band"))
+        )
 
     def baselines(self, device_type: str) -> list[dict[str, Any]]:
         """The measured baseline steps (one process, no technique) on devices of ``device_type``."""

@@ -118,9 +118,9 @@ def problems(plan: Plan, template: RunSpec) -> list[str]:
     check(
         plan.techniques,
         plan.name,
-        None,
-        {"gpu": template.gpu, "cpu": template.cpu},
-        template.mode,
-        found,
+        batch=None,
+        shapes={"gpu": template.gpu, "cpu": template.cpu},
+        mode=template.mode,
+        problems=found,
     )
     return found

@@ -30,7 +30,7 @@ GUESS_MARGIN = (
 )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Candidate:
     plan: Plan
     predicted: Prediction
@@ -43,7 +43,7 @@ class Candidate:
         return self.predicted.peak_tensor_bytes
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Search:
     """What was tried and why the rest was not: the counts advice reports under its table."""
 
@@ -224,7 +224,9 @@ class Searcher:
             for (speed, accuracy, plan), out in zip(batch, outs):
                 if out.ok:
                     found_in = self.search.fits if out.fits(budget) else self.search.misses
-                    found_in.append(Candidate(plan, out, speed, accuracy))
+                    found_in.append(
+                        Candidate(plan=plan, predicted=out, speed=speed, accuracy=accuracy)
+                    )
             if minimal:  # a plan found in this chunk may cover one found beside it
                 held = [
                     c

@@ -42,7 +42,7 @@ DEFAULT_SHAPES = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Source:
     header: dict[str, Any]  # the suite's top-level keys and tables, as TOML values
     origin: str  # where the shapes came from, for the table's caption
@@ -91,7 +91,9 @@ def source(
     if batch is not None:
         header["shapes"][device_type_key(device_type)]["batch_size"] = batch
     model = resolve_model(header["model"])
-    return Source(header, origin, model, template(header), _own(raw))
+    return Source(
+        header=header, origin=origin, model=model, template=template(header), own=_own(raw)
+    )
 
 
 def _own(raw: dict[str, Any]) -> tuple[str, ...]:

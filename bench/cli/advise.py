@@ -135,14 +135,14 @@ def _advise(args: argparse.Namespace) -> int:
     advice = advise(
         src,
         budget,
-        args.device,
-        args.nproc,
-        args.top,
-        args.tolerance_pt,
-        args.max_batch,
-        args.results,
-        args.jobs,
-        args.link_gbps,
+        device_type=args.device,
+        nproc=args.nproc,
+        top=args.top,
+        tolerance_pt=args.tolerance_pt,
+        max_batch=args.max_batch,
+        results=args.results,
+        jobs=args.jobs,
+        link_gbps=args.link_gbps,
     )
     print(write.table(advice))
     print("\nFigures:\n" + write.sources(advice), file=sys.stderr)

@@ -147,7 +147,12 @@ def job_suite(args: argparse.Namespace, folder: Path = Path(".cache/suites")) ->
     except KeyError as exc:
         raise BadInput(str(exc.args[0] if exc.args else exc)) from None
     text = from_config.suite_text(
-        args.hf, args.training_args, args.adapter_config, args.seq_len, args.batch, inputs
+        args.hf,
+        args.training_args,
+        adapter_config=args.adapter_config,
+        seq_len=args.seq_len,
+        batch=args.batch,
+        inputs=inputs,
     )
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{from_config.name_of(args.hf)}.toml"
@@ -232,7 +237,13 @@ def local(args: argparse.Namespace, torchrun: tuple[str, ...] = ()) -> Launcher:
     if jobs is None:
         jobs = min(4, (os.cpu_count() or 1) - 1) if device.type == "cuda" else 0
     # a one-core host has no spare core
-    return Local(device, args.launcher, torchrun, args.snapshot, max(jobs, 0))
+    return Local(
+        device,
+        args.launcher,
+        torchrun=torchrun,
+        snapshot=args.snapshot,
+        predict_jobs=max(jobs, 0),
+    )
 
 
 def refuse_unusable_flags(args: argparse.Namespace) -> None:

@@ -167,7 +167,9 @@ def _predict(args: argparse.Namespace) -> int:
         from bench.results import CONTEXTS
 
         where = args.results / suite.name / CONTEXTS.format(card=args.card.strip().lower())
-        path = save_contexts(table, where, card.name, git_revision(), torch.__version__)
+        path = save_contexts(
+            table, where, card=card.name, revision=git_revision(), torch_version=torch.__version__
+        )
         print(
             f"\nwritten: {path} (the report says which run holds the longest context)",
             file=sys.stderr,

@@ -256,7 +256,7 @@ class Batching:
     name: str = ""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Feed:
     """Batches from a DataLoader over ``data``, the same ones in the same order on every pass
     (``batches(n)``), with the host time each waited for and each batch's real and padded tokens."""

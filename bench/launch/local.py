@@ -81,7 +81,11 @@ class Local:
                     # phase)
                     return (
                         results.base_record(
-                            task.spec, self.device.name, self.device.type, task.key, revision
+                            task.spec,
+                            self.device.name,
+                            device_type=self.device.type,
+                            key=task.key,
+                            revision=revision,
                         )
                         | {KEY.wall_s: round(time.monotonic() - clock, 1)}
                         | outcome
@@ -91,10 +95,10 @@ class Local:
                     outcome = run_isolated(
                         task.spec,
                         self.device,
-                        shot,
-                        self.torchrun,
-                        kind,
-                        ahead.get(task.spec),
+                        snapshot=shot,
+                        torchrun=self.torchrun,
+                        kind=kind,
+                        prediction=ahead.get(task.spec),
                         heartbeat=lambda phase: print(
                             f"    {task.spec.name}: {phase}", file=log, flush=True
                         ),
@@ -171,7 +175,9 @@ def run_isolated(
             argv, os.environ | own_env | {progress.ENV: str(progress_file)}, err_path, kind
         )
         try:
-            code = _wait(proc, spec.timeout_s, progress_file, heartbeat, seen)
+            code = _wait(
+                proc, spec.timeout_s, progress_file=progress_file, heartbeat=heartbeat, seen=seen
+            )
         except subprocess.TimeoutExpired:
             proc.kill()
             return _measured(

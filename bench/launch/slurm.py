@@ -97,10 +97,10 @@ def remote_run(
     device = detect(device_type)
     print(f"{ON_DEVICE}{device.name}", flush=True)
     clock = time.monotonic()
-    outcome = run_isolated(spec, device, None, torchrun, "fresh")
+    outcome = run_isolated(spec, device, snapshot=None, torchrun=torchrun, kind="fresh")
     key = spec.measured_key(device.name, device.type)
     return (
-        results.base_record(spec, device.name, device.type, key, revision)
+        results.base_record(spec, device.name, device_type=device.type, key=key, revision=revision)
         | {KEY.wall_s: round(time.monotonic() - clock, 1)}
         | outcome
     )

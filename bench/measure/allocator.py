@@ -62,7 +62,7 @@ class Block:
     free: bool = True
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Segment:
     size: int
     small: bool
@@ -122,7 +122,7 @@ def segment_size(size: int) -> int:
     return ROUND_LARGE * math.ceil(size / ROUND_LARGE)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Replay:
     """How a step is replayed: the workspaces allocated before it (``cublas_workspaces``), and the
     bytes its segments may take (the card less the context; None: no cap)."""
@@ -252,7 +252,7 @@ class CachingAllocator:
         key, self._next_segment = self._next_segment, self._next_segment + 1
         block = Block(key, 0, wanted)
         base = address if address is not None else UNPLACED + (key << 40)
-        self.segments[key] = Segment(wanted, small, base, [block])
+        self.segments[key] = Segment(size=wanted, small=small, base=base, blocks=[block])
         self._add_free(block, small)
         self.reserved += wanted
         self.peak_reserved = max(self.peak_reserved, self.reserved)

@@ -57,7 +57,7 @@ def read(path: Path) -> dict[str, Any]:
         return pickle.load(f)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Replayed:
     """A trace through the simulator: the reserved peak it reached and the one the card's segments
     did, and how many of the allocations it placed elsewhere than the card did (0: the simulator
@@ -92,4 +92,9 @@ def replay(snapshot: dict[str, Any], device: int = 0) -> Replayed:
             peak = max(peak, reserved)
         elif action in ("segment_free", "segment_unmap"):
             reserved -= size
-    return Replayed(allocator.peak_reserved, peak, count, misplaced)
+    return Replayed(
+        simulated_peak_reserved=allocator.peak_reserved,
+        recorded_peak_reserved=peak,
+        allocations=count,
+        misplaced=misplaced,
+    )

@@ -134,7 +134,16 @@ def tracked_step(
     after those of the steps before it (``peak_reserved_bytes``), and under a capacity, whether it
     fits (``_reserved``)."""
     history = reserved.history if reserved is not None else None
-    done = track(step, model, optimizer, device, rounding, compiled_update, history, phases)
+    done = track(
+        step,
+        model,
+        optimizer=optimizer,
+        device=device,
+        rounding=rounding,
+        compiled_update=compiled_update,
+        history=history,
+        phases=phases,
+    )
     tracker = done.tracker
     at_peak = dict.fromkeys(CATEGORIES, 0)
     for label, n in tracker.at_peak().items():

@@ -69,7 +69,7 @@ def _inside(name: str, blocks: list[str]) -> bool:
 OBJECTIVES = ("classify", "next-token", "masked-lm")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     """A model as the harness needs it: how to build it at a run's shapes and what it takes and
     predicts."""

@@ -67,10 +67,10 @@ def spec(name: str) -> ModelSpec:
         raise KeyError(f"model {name!r}: dtype {dtype!r} is none of {', '.join(DTYPES)}")
     built = lambda shapes: _build(config, task, attention, getattr(torch, dtype), shapes)  # noqa: E731
     return ModelSpec(
-        name,
-        built,
-        inputs,
-        classes,
+        name=name,
+        build=built,
+        inputs=inputs,
+        num_classes=classes,
         vocab_size=config.vocab_size if tokens else 0,
         family="llama" if config.model_type in LLAMA_LAYOUT else "",
         attention=attention == "sdpa",

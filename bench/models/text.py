@@ -56,8 +56,26 @@ def _bert_tiny(shapes: Shapes) -> nn.Module:
 
 
 BERT = {"blocks": children_of("bert.encoder.layer"), "family": "bert", "attention": True}
-register(ModelSpec("bert-base", _bert_base, "tokens", NUM_LABELS, vocab_size=30522, **BERT))
-register(ModelSpec("bert-tiny", _bert_tiny, "tokens", NUM_LABELS, vocab_size=128, **BERT))
+register(
+    ModelSpec(
+        name="bert-base",
+        build=_bert_base,
+        inputs="tokens",
+        num_classes=NUM_LABELS,
+        vocab_size=30522,
+        **BERT,
+    )
+)
+register(
+    ModelSpec(
+        name="bert-tiny",
+        build=_bert_tiny,
+        inputs="tokens",
+        num_classes=NUM_LABELS,
+        vocab_size=128,
+        **BERT,
+    )
+)
 
 
 LLAMA3_CONTEXT = 131_072  # max_position_embeddings of Meta's Llama-3.1 and 3.2 configs
@@ -149,15 +167,42 @@ LLAMA = {
 }
 register(
     ModelSpec(
-        "llama3-8b", _llama3_8b, "tokens", LLAMA3_VOCAB, vocab_size=LLAMA3_VOCAB, cpu=False, **LLAMA
+        name="llama3-8b",
+        build=_llama3_8b,
+        inputs="tokens",
+        num_classes=LLAMA3_VOCAB,
+        vocab_size=LLAMA3_VOCAB,
+        cpu=False,
+        **LLAMA,
     )
 )
 register(
-    ModelSpec("llama3-1b", _llama3_1b, "tokens", LLAMA3_VOCAB, vocab_size=LLAMA3_VOCAB, **LLAMA)
+    ModelSpec(
+        name="llama3-1b",
+        build=_llama3_1b,
+        inputs="tokens",
+        num_classes=LLAMA3_VOCAB,
+        vocab_size=LLAMA3_VOCAB,
+        **LLAMA,
+    )
 )
-register(ModelSpec("llama-tiny", _llama_tiny, "tokens", TINY_VOCAB, vocab_size=TINY_VOCAB, **LLAMA))
 register(
     ModelSpec(
-        "llama-digits", _llama_digits, "tokens", DIGITS_VOCAB, vocab_size=DIGITS_VOCAB, **LLAMA
+        name="llama-tiny",
+        build=_llama_tiny,
+        inputs="tokens",
+        num_classes=TINY_VOCAB,
+        vocab_size=TINY_VOCAB,
+        **LLAMA,
+    )
+)
+register(
+    ModelSpec(
+        name="llama-digits",
+        build=_llama_digits,
+        inputs="tokens",
+        num_classes=DIGITS_VOCAB,
+        vocab_size=DIGITS_VOCAB,
+        **LLAMA,
     )
 )

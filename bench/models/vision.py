@@ -61,8 +61,12 @@ def _vit_tiny(shapes: Shapes) -> nn.Module:
 
 RESNET = {"blocks": children_of("layer1,layer2,layer3,layer4"), "family": "resnet"}
 VIT = {"blocks": children_of("encoder.layers"), "family": "vit", "attention": True}
-register(ModelSpec("resnet50", _resnet50, "image", 1000, **RESNET))
-register(ModelSpec("resnet-tiny", _resnet_tiny, "image", 10, **RESNET))
-register(ModelSpec("resnet-small", _resnet_small, "image", 10, **RESNET))
-register(ModelSpec("vit-b16", _vit_b16, "image", 1000, **VIT))
-register(ModelSpec("vit-tiny", _vit_tiny, "image", 10, **VIT))
+register(ModelSpec(name="resnet50", build=_resnet50, inputs="image", num_classes=1000, **RESNET))
+register(
+    ModelSpec(name="resnet-tiny", build=_resnet_tiny, inputs="image", num_classes=10, **RESNET)
+)
+register(
+    ModelSpec(name="resnet-small", build=_resnet_small, inputs="image", num_classes=10, **RESNET)
+)
+register(ModelSpec(name="vit-b16", build=_vit_b16, inputs="image", num_classes=1000, **VIT))
+register(ModelSpec(name="vit-tiny", build=_vit_tiny, inputs="image", num_classes=10, **VIT))

@@ -88,7 +88,7 @@ def largest(
     misses = 0  # guesses in a row that did not halve the bracket
     while hi - lo > 1:
         width = hi - lo
-        guess = _guess(seen, probed, lo, hi, budget) if misses < 2 else None
+        guess = _guess(seen, probed, lo=lo, hi=hi, budget=budget) if misses < 2 else None
         if guess is None:  # no line, or the line is not converging: double, or halve the bracket
             probe(min(2 * lo, hi - 1) if hi > limit else (lo + hi) // 2)
             misses = 0
@@ -248,7 +248,7 @@ def runs_at(spec: RunSpec, world_size: int | None = None, shapes: Shapes | None 
     return recipe.unsupported() is None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Budget:
     """The memory a plan may peak at: bytes for tensors, or a share of the baseline's predicted peak
     ("60%")."""
@@ -262,7 +262,7 @@ class Budget:
     def of_card(card: Card) -> Budget:
         """A card's budget: what its allocator may reserve; each plan's verdict says whether it
         fits."""
-        return Budget(card.name, size=card.capacity, card=card)
+        return Budget(text=card.name, size=card.capacity, card=card)
 
     @staticmethod
     def parse(text: str, device_type: str, reserve: str = RESERVE, share: bool = False) -> Budget:
@@ -284,9 +284,10 @@ class Budget:
                     f"--budget {text!r}: expected a size such as 16GiB, or a share of the "
                     "baseline's predicted peak such as 60%"
                 )
-            return Budget(text, share=share)
+            return Budget(text=text, share=share)
         return Budget(
-            text, size=tensor_budget(text, reserve) if device_type == "cuda" else parse_size(text)
+            text=text,
+            size=tensor_budget(text, reserve) if device_type == "cuda" else parse_size(text),
         )
 
     def bytes(self, baseline_peak: int = 0) -> int:

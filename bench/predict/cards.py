@@ -20,15 +20,14 @@ MEASURED = "measured: NVML less reserved, committed H100 records"
 ASSUMED = "assumed: the H100 figure (no record of this family yet)"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Card:
     name: str
     memory: int  # bytes, as its maker states it
-    hopper: (
-        bool  # compute capability 9.0: cuBLAS takes its larger workspace (bench.measure.allocator)
-    )
-    context: int
-    context_source: str
+    # compute capability 9.0: cuBLAS takes its larger workspace (bench.measure.allocator)
+    hopper: bool = False
+    context: int = H100_CONTEXT
+    context_source: str = ASSUMED
 
     @property
     def capacity(self) -> int:
@@ -42,17 +41,22 @@ class Card:
 V100_DOCS = "transformers docs, model_memory_anatomy (CUDA 11.2)"
 
 CARDS = {
-    "v100": Card("Tesla V100-SXM2 16GB", 16160 * MiB, False, 1343 * MiB, "measured: " + V100_DOCS),
-    "t4": Card("NVIDIA T4", 16 * GiB, False, H100_CONTEXT, ASSUMED),
-    "l4": Card("NVIDIA L4", 24 * GiB, False, H100_CONTEXT, ASSUMED),
-    "a10": Card("NVIDIA A10", 24 * GiB, False, H100_CONTEXT, ASSUMED),
-    "rtx3090": Card("NVIDIA GeForce RTX 3090", 24 * GiB, False, H100_CONTEXT, ASSUMED),
-    "rtx4090": Card("NVIDIA GeForce RTX 4090", 24 * GiB, False, H100_CONTEXT, ASSUMED),
-    "a100-40gb": Card("NVIDIA A100 40GB", 40 * GiB, False, H100_CONTEXT, ASSUMED),
-    "a100-80gb": Card("NVIDIA A100 80GB", 80 * GiB, False, H100_CONTEXT, ASSUMED),
-    "l40s": Card("NVIDIA L40S", 48 * GiB, False, H100_CONTEXT, ASSUMED),
-    "h100": Card("NVIDIA H100 80GB", 80 * GiB, True, H100_CONTEXT, MEASURED),
-    "h200": Card("NVIDIA H200", 141 * GiB, True, H100_CONTEXT, ASSUMED),
+    "v100": Card(
+        name="Tesla V100-SXM2 16GB",
+        memory=16160 * MiB,
+        context=1343 * MiB,
+        context_source="measured: " + V100_DOCS,
+    ),
+    "t4": Card(name="NVIDIA T4", memory=16 * GiB),
+    "l4": Card(name="NVIDIA L4", memory=24 * GiB),
+    "a10": Card(name="NVIDIA A10", memory=24 * GiB),
+    "rtx3090": Card(name="NVIDIA GeForce RTX 3090", memory=24 * GiB),
+    "rtx4090": Card(name="NVIDIA GeForce RTX 4090", memory=24 * GiB),
+    "a100-40gb": Card(name="NVIDIA A100 40GB", memory=40 * GiB),
+    "a100-80gb": Card(name="NVIDIA A100 80GB", memory=80 * GiB),
+    "l40s": Card(name="NVIDIA L40S", memory=48 * GiB),
+    "h100": Card(name="NVIDIA H100 80GB", memory=80 * GiB, hopper=True, context_source=MEASURED),
+    "h200": Card(name="NVIDIA H200", memory=141 * GiB, hopper=True),
 }
 
 

@@ -94,7 +94,9 @@ def _replay(card: Card | None, recipe: Recipe) -> Replay:
     hopper = card is None or card.hopper
     conf = next((c for t in recipe.techniques if (c := t.env().get("PYTORCH_CUDA_ALLOC_CONF"))), "")
     workspaces = cublas_workspaces(hopper, not recipe.inference)
-    return Replay(workspaces, card.capacity if card else None, Conf.parse(conf))
+    return Replay(
+        workspaces=workspaces, capacity=card.capacity if card else None, conf=Conf.parse(conf)
+    )
 
 
 def _fake_step(
@@ -143,10 +145,10 @@ def _fake_step(
                 history = track(
                     first,
                     runner.model,
-                    runner.optimizer,
-                    CPU,
-                    rounding,
-                    compiled_update,
+                    optimizer=runner.optimizer,
+                    device=CPU,
+                    rounding=rounding,
+                    compiled_update=compiled_update,
                     phases=phases,
                 )
             replay = dataclasses.replace(replay, history=history.tracker)
@@ -164,10 +166,10 @@ def _fake_step(
             figures = tracked_step(
                 step,
                 runner.model,
-                runner.optimizer,
-                CPU,
-                rounding,
-                compiled_update,
+                optimizer=runner.optimizer,
+                device=CPU,
+                rounding=rounding,
+                compiled_update=compiled_update,
                 reserved=replay,
                 phases=phases,
             )

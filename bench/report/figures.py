@@ -98,7 +98,11 @@ def write_fields(results: Path) -> Path:
     results folder of one's own gets a README of the reference alone)."""
     path = results / "README.md"
     write_between(
-        path, FIELDS_BEGIN, FIELDS_END, reference(), "# Results\n\nEach record's fields.\n\n"
+        path,
+        FIELDS_BEGIN,
+        end=FIELDS_END,
+        body=reference(),
+        missing="# Results\n\nEach record's fields.\n\n",
     )
     return path
 

@@ -257,7 +257,7 @@ def place_labels(
     for i in np.argsort(-y):  # top points first: they have the least room above
         others = [pt for j, pt in enumerate(points) if j != i]
         for dx, dy in offsets:
-            text = _label(ax, labels[i], (x[i], y[i]), (dx, dy), fontsize)
+            text = _label(ax, labels[i], xy=(x[i], y[i]), offset=(dx, dy), fontsize=fontsize)
             box = text.get_window_extent(renderer).expanded(1.05, 1.1)
             inside = (
                 frame.x0 <= box.x0
@@ -274,11 +274,11 @@ def place_labels(
             text.remove()
         else:  # nowhere clear: the nearest place, overlapping
             dx, dy = offsets[0]
-            text = _label(ax, labels[i], (x[i], y[i]), (dx, dy), fontsize)
+            text = _label(ax, labels[i], xy=(x[i], y[i]), offset=(dx, dy), fontsize=fontsize)
             box = text.get_window_extent(renderer)
         if (dx, dy) != offsets[0]:  # moved away: a leader line says whose label it is
             text.remove()
-            _label(ax, labels[i], (x[i], y[i]), (dx, dy), fontsize, leader=True)
+            _label(ax, labels[i], xy=(x[i], y[i]), offset=(dx, dy), fontsize=fontsize, leader=True)
         taken.append(box)
 
 

@@ -53,7 +53,15 @@ def parse(
                 f"fidelity.{dev}.{key}: unknown key; allowed: {', '.join(FIDELITY_KEYS)}"
             )
         found: list[str] = []
-        out[dev] = _device(shared | own, dev, own.keys(), model, spec, suite_weights, found)
+        out[dev] = _device(
+            shared | own,
+            dev,
+            own=own.keys(),
+            model=model,
+            spec=spec,
+            suite_weights=suite_weights,
+            found=found,
+        )
         # shared keys: reported once, not per device
         problems.extend(p for p in found if p not in problems)
     return out
@@ -73,10 +81,17 @@ def _device(
     def where(key: str) -> str:
         return f"fidelity.{dev}." if key in own else "fidelity."
 
-    if not typed(table, "enabled", bool, True, found, where("enabled")):
+    if not typed(table, "enabled", kind=bool, default=True, problems=found, where=where("enabled")):
         return None
     values = {
-        f.name: typed(table, f.name, _kind(f.type), f.default, found, where(f.name))
+        f.name: typed(
+            table,
+            f.name,
+            kind=_kind(f.type),
+            default=f.default,
+            problems=found,
+            where=where(f.name),
+        )
         for f in fields(Fidelity)
         if f.name != "weights"
     }

@@ -189,18 +189,20 @@ def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
     for key in raw.keys() - TOP_KEYS.keys():
         problems.append(f"{key}: unknown key; allowed: {', '.join(TOP_KEYS)}")
     name = _name(raw, path, problems)
-    model = typed(raw, "model", str, None, problems)
+    model = typed(raw, "model", kind=str, default=None, problems=problems)
     if model is None:
         problems.append(f"model: required; {TOP_KEYS['model']}")
     spec = model_spec(model, "model", problems)
     suite_weights = weights(raw, "", problems)
-    mode = typed(raw, "mode", str, "train", problems)
+    mode = typed(raw, "mode", kind=str, default="train", problems=problems)
     if mode not in MODES:
         problems.append(f"mode: {mode!r} is not a mode; allowed: {', '.join(MODES)}")
-    common = {k: typed(raw, k, type(v), v, problems) for k, v in DEFAULTS.items()}
+    common = {
+        k: typed(raw, k, kind=type(v), default=v, problems=problems) for k, v in DEFAULTS.items()
+    }
     check_ranges(common, "", problems)
     steps = {k: common.pop(k) for k in STEP_KEYS}
-    shapes = _shapes(raw.get("shapes"), spec, steps, problems, mode)
+    shapes = _shapes(raw.get("shapes"), spec, steps=steps, problems=problems, mode=mode)
     if mode == "generate":
         _check_generation(raw, spec, problems)
     entries = _entries(raw, problems)
@@ -227,7 +229,7 @@ def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
         problem = f"matrix.seq_len: model {spec.name} takes images; seq_len is a token model's"
         if e.seq_len and spec.inputs != "tokens" and problem not in problems:
             problems.append(problem)
-        _check_data(specs, spec, gpu, cpu, e.where, problems)
+        _check_data(specs, spec, gpu=gpu, cpu=cpu, where=e.where, problems=problems)
         base = f"{baseline}{e.suffix}" if baseline in _matrix_keys(entries) else baseline
         # The fidelity phase trains in one process: a distributed run has none.
         fid = {
@@ -235,13 +237,13 @@ def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
         }
         runs.append(
             RunSpec(
-                name,
-                e.name,
-                model,
-                specs,
-                gpu,
-                cpu,
-                base,
+                suite=name,
+                name=e.name,
+                model=model,
+                techniques=specs,
+                gpu=gpu,
+                cpu=cpu,
+                baseline=base,
                 **common,
                 mode=mode,
                 **fid,
@@ -249,18 +251,18 @@ def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
                 weights=suite_weights,
             )
         )
-    description = typed(raw, "description", str, "", problems)
-    throughput = typed(raw, "throughput", str, THROUGHPUTS[0], problems)
+    description = typed(raw, "description", kind=str, default="", problems=problems)
+    throughput = typed(raw, "throughput", kind=str, default=THROUGHPUTS[0], problems=problems)
     if throughput not in THROUGHPUTS:
         problems.append(f"throughput: {throughput!r} is none of {', '.join(THROUGHPUTS)}")
     first = _first_look(raw, [r.name for r in runs], problems)
     return Suite(
-        name,
-        path,
-        model or "",
-        description,
-        baseline or "",
-        tuple(runs),
+        name=name,
+        path=path,
+        model=model or "",
+        description=description,
+        baseline=baseline or "",
+        runs=tuple(runs),
         throughput=throughput,
         first_look=first,
     )
@@ -269,7 +271,7 @@ def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
 def _first_look(raw: dict[str, Any], names: list[str], problems: list[str]) -> tuple[str, ...]:
     """The runs a CPU measures unless --all: each pattern must name a run (a typo would leave it
     out)."""
-    patterns = typed(raw, "first_look", list, [], problems)
+    patterns = typed(raw, "first_look", kind=list, default=[], problems=problems)
     if not all(isinstance(p, str) for p in patterns):
         problems.append(f"first_look: expected a list of run names, got {patterns!r}")
         return ()
@@ -282,7 +284,7 @@ def _first_look(raw: dict[str, Any], names: list[str], problems: list[str]) -> t
 def _name(raw: dict[str, Any], path: Path, problems: list[str]) -> str:
     """The suite's name, which names its folder under results/: a plain folder name, never a
     path."""
-    name = typed(raw, "name", str, path.stem, problems)
+    name = typed(raw, "name", kind=str, default=path.stem, problems=problems)
     if not SUITE_NAME.fullmatch(name) or name in (".", ".."):
         given = "name" if "name" in raw else f"name (from the file name {path.name!r})"
         problems.append(
@@ -367,7 +369,7 @@ def _check_matrix_lengths(raw: Any, shapes: dict[str, Shapes], problems: list[st
 
 
 def _baseline(raw: dict[str, Any], entries: list[Entry], problems: list[str]) -> str | None:
-    baseline = typed(raw, "baseline", str, None, problems)
+    baseline = typed(raw, "baseline", kind=str, default=None, problems=problems)
     names = {e.name for e in entries}
     if baseline is None:
         problems.append("baseline: required; the name of a run (or matrix key) to compare against")
@@ -422,7 +424,12 @@ def _shapes(
                 f"shapes.{dev}.{key}: unknown key for model {spec.name}; allowed: "
                 f"{', '.join(allowed + STEP_KEYS + data + ('model',))}"
             )
-        values = {key: typed(table, key, int, None, problems, f"shapes.{dev}.") for key in allowed}
+        values = {
+            key: typed(
+                table, key, kind=int, default=None, problems=problems, where=f"shapes.{dev}."
+            )
+            for key in allowed
+        }
         bad = [k for k, v in values.items() if v is None or v <= 0]
         for key in bad:
             if values[key] is not None or key not in table:  # a wrong type is reported already
@@ -430,7 +437,8 @@ def _shapes(
                     f"shapes.{dev}.{key}: required positive integer, got {table.get(key)!r}"
                 )
         own_steps = {
-            k: typed(table, k, int, v, problems, f"shapes.{dev}.") for k, v in steps.items()
+            k: typed(table, k, kind=int, default=v, problems=problems, where=f"shapes.{dev}.")
+            for k, v in steps.items()
         }
         check_ranges(own_steps, f"shapes.{dev}.", problems)
         stand_in = _stand_in(table, spec, f"shapes.{dev}.model", problems)
@@ -477,7 +485,9 @@ def _stand_in(
 ) -> str | None:
     """The device's own model, in the suite's place: a known one that takes and predicts what the
     suite's does."""
-    name = typed(table, "model", str, None, problems, where.removesuffix("model"))
+    name = typed(
+        table, "model", kind=str, default=None, problems=problems, where=where.removesuffix("model")
+    )
     own = model_spec(name, where, problems)
     if own is None or spec is None:
         return None
@@ -497,8 +507,12 @@ def _data_keys(
     memory."""
     where = f"shapes.{dev}."
     out = {
-        "loader_workers": typed(table, "loader_workers", int, 0, problems, where),
-        "pin_memory": typed(table, "pin_memory", bool, False, problems, where),
+        "loader_workers": typed(
+            table, "loader_workers", kind=int, default=0, problems=problems, where=where
+        ),
+        "pin_memory": typed(
+            table, "pin_memory", kind=bool, default=False, problems=problems, where=where
+        ),
     }
     if out["loader_workers"] < 0:
         problems.append(
@@ -543,12 +557,14 @@ def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:
             continue
         for key in run.keys() - set(RUN_KEYS):
             problems.append(f"{where}.{key}: unknown key; allowed: {', '.join(RUN_KEYS)}")
-        name = typed(run, "name", str, None, problems, f"{where}.")
+        name = typed(run, "name", kind=str, default=None, problems=problems, where=f"{where}.")
         if name is None:
             problems.append(f"{where}.name: required string")
             continue
-        fidelity = typed(run, "fidelity", bool, True, problems, f"{where}.")
-        nproc = typed(run, "nproc", int, None, problems, f"{where}.")
+        fidelity = typed(
+            run, "fidelity", kind=bool, default=True, problems=problems, where=f"{where}."
+        )
+        nproc = typed(run, "nproc", kind=int, default=None, problems=problems, where=f"{where}.")
         if nproc is not None and not 1 <= nproc <= MAX_NPROC:
             problems.append(f"{where}.nproc: must be 1 to {MAX_NPROC:,}, got {nproc}")
         batch = (
@@ -562,7 +578,17 @@ def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:
             techniques, batch = (
                 (job.techniques + list(techniques), job.batch) if job else (techniques, batch)
             )
-        entries.append(Entry(name, techniques, batch, name, f"{where}.techniques", fidelity, nproc))
+        entries.append(
+            Entry(
+                name,
+                techniques,
+                batch=batch,
+                key=name,
+                where=f"{where}.techniques",
+                fidelity=fidelity,
+                nproc=nproc,
+            )
+        )
     if "matrix" in raw:
         entries += _matrix(raw["matrix"], problems)
     if not entries:
@@ -597,7 +623,14 @@ def _trainer_job(
     GPU the Trainer's (per device, times the accumulation steps); on a CPU the suite's CPU batch,
     its shapes being the CPU's own. The fields that change nothing a step holds are named once, as
     ignored."""
-    path = typed(run, "training_args", str, None, problems, where.removesuffix("training_args"))
+    path = typed(
+        run,
+        "training_args",
+        kind=str,
+        default=None,
+        problems=problems,
+        where=where.removesuffix("training_args"),
+    )
     if "batch_size" in run:
         problems.append(
             f"{where}: and batch_size: the arguments give the batch; leave batch_size out"
@@ -642,7 +675,7 @@ def _matrix(raw: Any, problems: list[str]) -> list[Entry]:
             f"matrix.{key}: unknown key; allowed: techniques, batch_size, seq_len, lengths, "
             "fidelity"
         )
-    fidelity = typed(raw, "fidelity", bool, True, problems, "matrix.")
+    fidelity = typed(raw, "fidelity", kind=bool, default=True, problems=problems, where="matrix.")
     techs = raw.get("techniques")
     if not isinstance(techs, dict) or not techs:
         problems.append("matrix.techniques: required table of name = [techniques]")
@@ -664,10 +697,10 @@ def _matrix(raw: Any, problems: list[str]) -> list[Entry]:
         Entry(
             f"{key}{suffix}",
             t,
-            size,
-            key,
-            f"matrix.techniques.{key}",
-            fidelity,
+            batch=size,
+            key=key,
+            where=f"matrix.techniques.{key}",
+            fidelity=fidelity,
             lengths=dists,
             suffix=suffix,
             seq_len=seq,

@@ -31,7 +31,7 @@ def techniques(
         if (s := _technique(item, f"{where}[{i}]", problems)) is not None
     ]
     before = len(problems)
-    check(tuple(specs), where, batch, shapes, mode, problems)
+    check(tuple(specs), where, batch=batch, shapes=shapes, mode=mode, problems=problems)
     ok = len(specs) == len(raw) and len(problems) == before
     return tuple(specs) if ok else None
 

@@ -69,8 +69,8 @@ def read(path: str, where: str, problems: list[str]) -> Job | None:
         + _optimizer(args, where, found)
         + _checkpointing(args, where, found)
     )
-    steps = _positive(args, "gradient_accumulation_steps", 1, where, found)
-    batch = _positive(args, "per_device_train_batch_size", 8, where, found)
+    steps = _positive(args, "gradient_accumulation_steps", default=1, where=where, found=found)
+    batch = _positive(args, "per_device_train_batch_size", default=8, where=where, found=found)
     techniques += [{"name": "accumulate", "micro_batches": steps}] if steps > 1 else []
     techniques += [{"name": "tf32", "enabled": True}] if args.get("tf32") else []
     techniques += ["compile"] if args.get("torch_compile") else []

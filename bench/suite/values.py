@@ -53,7 +53,7 @@ def model_spec(name: str | None, where: str, problems: list[str]) -> ModelSpec |
 
 
 def weights(table: dict[str, Any], where: str, problems: list[str]) -> str | None:
-    path = typed(table, "weights", str, None, problems, where)
+    path = typed(table, "weights", kind=str, default=None, problems=problems, where=where)
     if path is not None and not Path(path).exists():
         problems.append(
             f"{where}weights: no file or folder {path!r} (relative paths start where bench runs)"

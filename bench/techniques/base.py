@@ -62,7 +62,7 @@ def option(default: Any, doc: str) -> Any:
     return field(default=default, metadata={"doc": doc})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Step:
     """What a technique changes in the training step (and, for batch and context, in an inference
     step or a generation; ``generation`` in the latter alone). The trainer composes every
@@ -170,7 +170,7 @@ class NoOptions:
     """For techniques without options."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunContext:
     """What a technique may look at while it is applied inside the run's process."""
 

@@ -228,16 +228,16 @@ def packed_attention(
     # bench predict: the flash variable-length kernel's outputs and saved tensors
     if isinstance(q, FakeTensor):
         paths["torch.nn.attention.varlen (fake tensors)"] += 1
-        out = _varlen_attn(q, k, v, cu, longest, causal, scaling)
+        out = _varlen_attn(q, k, v=v, cu=cu, longest=longest, causal=causal, scaling=scaling)
     elif _flash_varlen(q, dropout):
         paths["torch.nn.attention.varlen"] += 1
-        out = _varlen_attn(q, k, v, cu, longest, causal, scaling)
+        out = _varlen_attn(q, k, v=v, cu=cu, longest=longest, causal=causal, scaling=scaling)
     elif not causal:
         paths[f"nested-jagged-sdpa ({q.device.type})"] += 1
-        out = _nested_sdpa(q, k, v, cu, scaling, dropout)
+        out = _nested_sdpa(q, k, v=v, cu=cu, scaling=scaling, dropout=dropout)
     else:  # NestedTensor's SDPA takes no causal mask
         paths[f"per-sequence-sdpa ({q.device.type})"] += 1
-        out = _per_sequence_sdpa(q, k, v, cu, scaling, dropout)
+        out = _per_sequence_sdpa(q, k, v=v, cu=cu, scaling=scaling, dropout=dropout)
     return out[None], None
 
 

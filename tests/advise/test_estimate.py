@@ -38,15 +38,22 @@ def test_calibration_keeps_every_price_at_zero_or_above_and_falls_back_to_the_st
 
 
 def test_plans_priced_by_another_models_record_or_by_nothing_rank_after_the_rest():
-    counted = Estimate(1.30, ("checkpoint: counted",))
-    borrowed = Estimate(0.20, ("bf16-pure: measured (another model)",), ("bf16-pure",), tier=1)
-    assumed = Estimate(0.10, ("amp: assumed",), ("amp",), tier=2)
+    counted = Estimate(factor=1.30, sources=("checkpoint: counted",))
+    borrowed = Estimate(
+        factor=0.20,
+        sources=("bf16-pure: measured (another model)",),
+        uncertain=("bf16-pure",),
+        tier=1,
+    )
+    assumed = Estimate(factor=0.10, sources=("amp: assumed",), uncertain=("amp",), tier=2)
     assert sorted([assumed, borrowed, counted], key=lambda e: e.rank) == [
         counted,
         borrowed,
         assumed,
     ]
-    assert Estimate(1.004, ()).rank == Estimate(0.996, ()).rank  # under a percent: counting's noise
+    assert (
+        Estimate(factor=1.004, sources=()).rank == Estimate(factor=0.996, sources=()).rank
+    )  # under a percent: counting's noise
 
 
 def record(suite, run, model, device, techniques, sps, accuracy=None, **extra):
@@ -132,18 +139,18 @@ def test_a_dtypes_speed_on_a_cpu_comes_from_that_very_cpu_only(tmp_path):
 def test_a_plan_that_fits_its_card_only_after_cache_flushes_ranks_after_one_that_fits_cleanly():
     """Each flush is the allocator freeing its cache and retrying mid-step: a pause a clean fit
     never takes, so a faster plan that needs them ranks after a slower one that does not."""
-    same_accuracy = Accuracy(0.0, False, (), ())
+    same_accuracy = Accuracy(delta=0.0, outside_band=False, unknown=(), sources=())
 
     fast = Candidate(
-        Plan(()),
-        Prediction(status="ok", verdict="fits after flushes", flushes=2),
-        Estimate(0.5, ()),
-        same_accuracy,
+        plan=Plan(()),
+        predicted=Prediction(status="ok", verdict="fits after flushes", flushes=2),
+        speed=Estimate(factor=0.5, sources=()),
+        accuracy=same_accuracy,
     )
     slow = Candidate(
-        Plan(()),
-        Prediction(status="ok", verdict="fits", flushes=0),
-        Estimate(1.0, ()),
-        same_accuracy,
+        plan=Plan(()),
+        predicted=Prediction(status="ok", verdict="fits", flushes=0),
+        speed=Estimate(factor=1.0, sources=()),
+        accuracy=same_accuracy,
     )
     assert sorted([fast, slow], key=lambda c: rank(c, None)) == [slow, fast]

@@ -31,7 +31,7 @@ LM = "tests.helpers:TINY_LM"  # a causal language model of the user's
 def test_full_size_models_match_their_published_sizes(name, params, blocks):
     spec = MODELS.get(name)
     with torch.device("meta"):  # structure only: no memory, no init time
-        model = spec.build(Shapes(1, image_size=224, seq_len=512))
+        model = spec.build(Shapes(batch_size=1, image_size=224, seq_len=512))
     assert sum(p.numel() for p in model.parameters()) == params
     assert len(spec.blocks(model)) == blocks
 
@@ -40,7 +40,7 @@ def test_full_size_models_match_their_published_sizes(name, params, blocks):
 def test_tiny_models_take_their_synthetic_batch(name):
     spec = MODELS.get(name)
     image = spec.inputs == "image"
-    shapes = Shapes(6, image_size=32 if image else None, seq_len=None if image else 16)
+    shapes = Shapes(batch_size=6, image_size=32 if image else None, seq_len=None if image else 16)
     model = spec.build(shapes)
     inputs, labels = synthetic_batch(spec, shapes, seed=0, device=CPU)
     assert labels.shape == (6,) and int(labels.max()) < spec.num_classes
@@ -51,7 +51,7 @@ def test_tiny_models_take_their_synthetic_batch(name):
 
 def test_synthetic_batches_are_reproducible_from_the_seed():
     spec = MODELS.get("bert-tiny")
-    shapes = Shapes(4, seq_len=8)
+    shapes = Shapes(batch_size=4, seq_len=8)
     a, b = (synthetic_batch(spec, shapes, seed=3, device=CPU) for _ in range(2))
     assert torch.equal(a[0]["input_ids"], b[0]["input_ids"]) and torch.equal(a[1], b[1])
 
@@ -59,11 +59,11 @@ def test_synthetic_batches_are_reproducible_from_the_seed():
 @pytest.mark.parametrize(
     "name, shapes",
     [
-        ("resnet50", Shapes(1, image_size=224)),
-        ("vit-b16", Shapes(1, image_size=224)),
-        ("bert-base", Shapes(1, seq_len=128)),
-        ("vit-tiny", Shapes(1, image_size=32)),
-        ("bert-tiny", Shapes(1, seq_len=16)),
+        ("resnet50", Shapes(batch_size=1, image_size=224)),
+        ("vit-b16", Shapes(batch_size=1, image_size=224)),
+        ("bert-base", Shapes(batch_size=1, seq_len=128)),
+        ("vit-tiny", Shapes(batch_size=1, image_size=32)),
+        ("bert-tiny", Shapes(batch_size=1, seq_len=16)),
     ],
 )
 def test_blocks_found_in_the_module_tree_are_the_ones_the_registry_names(name, shapes):
@@ -77,7 +77,7 @@ def test_blocks_found_in_the_module_tree_are_the_ones_the_registry_names(name, s
 def test_a_users_model_is_named_by_import_path_and_its_blocks_found():
     spec = models.resolve("tests.helpers:IMAGE_MLP")
     assert spec.name == "image-mlp" and not spec.attention and spec.family == ""
-    assert spec.blocks(spec.build(Shapes(1, image_size=8))) == ["2.0", "2.1", "2.2"]
+    assert spec.blocks(spec.build(Shapes(batch_size=1, image_size=8))) == ["2.0", "2.1", "2.2"]
 
 
 @pytest.mark.parametrize(
@@ -99,19 +99,23 @@ def test_a_model_that_cannot_be_resolved_says_why(name, message):
 
 def test_a_model_spec_with_impossible_inputs_is_refused_where_it_is_written():
     with pytest.raises(ValueError, match="vocab_size"):
-        ModelSpec("words", lambda shapes: nn.Identity(), "tokens", num_classes=2)
+        ModelSpec(name="words", build=lambda shapes: nn.Identity(), inputs="tokens", num_classes=2)
 
 
 def test_a_language_model_is_a_token_model():
     with pytest.raises(ValueError, match="objective 'next-token' needs inputs = 'tokens'"):
         ModelSpec(
-            "pixels", lambda shapes: nn.Identity(), "image", num_classes=2, objective="next-token"
+            name="pixels",
+            build=lambda shapes: nn.Identity(),
+            inputs="image",
+            num_classes=2,
+            objective="next-token",
         )
 
 
 def test_a_language_models_loss_scores_each_position_on_the_next_token():
     lm = models.resolve(LM)
-    batch = synthetic_batch(lm, Shapes(2, seq_len=5), seed=0, device=CPU)
+    batch = synthetic_batch(lm, Shapes(batch_size=2, seq_len=5), seed=0, device=CPU)
     ids = batch[0]["input_ids"]
     assert torch.equal(batch[1], ids)  # the targets are the inputs themselves
     logits = torch.randn(2, 5, lm.vocab_size)
@@ -152,7 +156,14 @@ def test_techniques_that_need_a_layout_say_so_on_a_users_model(technique, reason
     model_spec = models.resolve(USER)
     assert (
         build(technique)
-        .unsupported(RunContext(CPU, model_spec, Shapes(2, image_size=8), 1e-3))
+        .unsupported(
+            RunContext(
+                device=CPU,
+                model_spec=model_spec,
+                shapes=Shapes(batch_size=2, image_size=8),
+                lr=1e-3,
+            )
+        )
         .startswith(reason)
     )
 

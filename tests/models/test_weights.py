@@ -12,7 +12,7 @@ from bench.models.weights import WeightsError, digest
 from bench.suite import Shapes
 from tests.helpers import spec
 
-IMAGE, TOKENS = Shapes(2, image_size=32), Shapes(2, seq_len=16)
+IMAGE, TOKENS = Shapes(batch_size=2, image_size=32), Shapes(batch_size=2, seq_len=16)
 
 
 def built(name: str, seed: int, shapes: Shapes = IMAGE) -> torch.nn.Module:

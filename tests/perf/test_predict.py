@@ -47,9 +47,9 @@ def __getattr__(name: str) -> ModelSpec:
         else {}
     )
     return ModelSpec(
-        model,
-        lambda shapes: torchvision.models.get_model(model, num_classes=10, **quiet),
-        "image",
+        name=model,
+        build=lambda shapes: torchvision.models.get_model(model, num_classes=10, **quiet),
+        inputs="image",
         num_classes=10,
     )
 

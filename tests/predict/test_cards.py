@@ -10,6 +10,7 @@ from bench import results
 from bench.predict import held, predict
 from bench.predict.cards import CARDS, H100_CONTEXT, Card, card
 from bench.predict.table import verdict
+from bench.record import Prediction
 from tests.helpers import spec
 
 MiB = 1 << 20
@@ -33,7 +34,11 @@ def test_every_verdict_is_the_allocator_replayed_under_the_cards_capacity():
     memory, with the phase and the request that failed."""
     run = spec("vit-tiny", batch_size=64, image_size=64)
     free = predict(run)
-    on = lambda capacity: predict(run, card=Card("test", capacity, True, 0, "test"))  # noqa: E731
+
+    def on(capacity: int) -> Prediction:
+        card = Card(name="test", memory=capacity, hopper=True, context=0, context_source="test")
+        return predict(run, card=card)
+
     roomy = on(free.peak_reserved_bytes)
     assert (roomy.verdict, roomy.flushes, roomy.peak_reserved_bytes) == (
         "fits",

@@ -20,7 +20,9 @@ from bench.spec import Shapes, TechniqueSpec
 from bench.techniques import build
 from tests.helpers import spec, tech
 
-PSI = sum(p.numel() for p in MODELS.get("bert-tiny").build(Shapes(8, seq_len=64)).parameters())
+PSI = sum(
+    p.numel() for p in MODELS.get("bert-tiny").build(Shapes(batch_size=8, seq_len=64)).parameters()
+)
 
 
 def _predicted(technique, nproc: int, model: str = "bert-tiny", **shape) -> dict:
@@ -58,7 +60,7 @@ def test_fsdp_gathers_parameters_in_forward_and_again_in_backward(n):
 def _padded_elements(model: str, n: int) -> tuple[int, int]:
     """FSDP2 shards each parameter along its first dimension, padded to a multiple of N rows: a
     rank's elements, and the number of parameter tensors."""
-    params = list(MODELS.get(model).build(Shapes(1, seq_len=8)).parameters())
+    params = list(MODELS.get(model).build(Shapes(batch_size=1, seq_len=8)).parameters())
     return sum(math.ceil(p.shape[0] / n) * (p.numel() // p.shape[0]) for p in params), len(params)
 
 
@@ -164,7 +166,7 @@ def test_two_d_splits_the_layers_in_a_group_and_shards_across_the_groups():
     batch."""
     two_d = _predicted(tech("fsdp", tensor_parallel=2), 8)
     tp = _predicted(tech("tensor-parallel"), 2)
-    model = MODELS.get("bert-tiny").build(Shapes(1, seq_len=8))
+    model = MODELS.get("bert-tiny").build(Shapes(batch_size=1, seq_len=8))
     split = {
         f"{n}.weight"
         for n, m in model.named_modules()
@@ -196,7 +198,7 @@ def test_llamas_attention_and_gated_mlp_are_split_and_its_heads_must_divide():
 
     run = spec("llama-tiny", (tech("tensor-parallel"),), nproc=2, batch_size=1, seq_len=8)
     out = _predicted(tech("tensor-parallel"), 2, "llama-tiny", batch_size=1, seq_len=8)
-    model = MODELS.get("llama-tiny").build(Shapes(1, seq_len=8))
+    model = MODELS.get("llama-tiny").build(Shapes(batch_size=1, seq_len=8))
     layers = sum(p.numel() for n, p in model.named_parameters() if n.endswith("proj.weight"))
     assert out.param_bytes == 4 * (sum(p.numel() for p in model.parameters()) - layers // 2)
     recipe = Recipe.of(run, torch.device("cpu"), run.cpu, world_size=2)

@@ -51,7 +51,7 @@ def runnable(run: RunSpec) -> bool:
     built = [build(t) for t in run.techniques]
     if any(t.distributed or t.unpredictable for t in built):
         return False
-    ctx = RunContext(CPU, models.resolve(run.model), run.cpu, run.lr)
+    ctx = RunContext(device=CPU, model_spec=models.resolve(run.model), shapes=run.cpu, lr=run.lr)
     return not any(t.unsupported(ctx) for t in built)
 
 

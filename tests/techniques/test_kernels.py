@@ -77,7 +77,11 @@ def test_the_env_technique_with_only_cudas_variables_is_unsupported_on_a_cpu():
     from bench.spec import Shapes
     from bench.techniques.base import RunContext, build
 
-    cpu = RunContext(torch.device("cpu"), MODELS.get("vit-tiny"), Shapes(2, image_size=32))
+    cpu = RunContext(
+        device=torch.device("cpu"),
+        model_spec=MODELS.get("vit-tiny"),
+        shapes=Shapes(batch_size=2, image_size=32),
+    )
     cuda_only = build(tech("env", vars="CUDA_LAUNCH_BLOCKING=1"))
     assert cuda_only.unsupported(cpu) == (
         "CUDA_LAUNCH_BLOCKING: read by CUDA alone; on a CPU the run would be the baseline again"

@@ -128,7 +128,7 @@ def test_missing_optional_package_gives_the_install_hint(monkeypatch):
     from bench.techniques.lowbit import AdamW8bit
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    ctx = RunContext(CPU, MODELS.get("vit-tiny"), None)
+    ctx = RunContext(device=CPU, model_spec=MODELS.get("vit-tiny"), shapes=None)
     assert "pip install torchao" in AdamW8bit().unsupported(ctx)
 
 
@@ -152,7 +152,7 @@ def test_int8_weights_on_a_model_with_no_linear_but_its_head_is_unsupported_not_
     from bench.techniques.lowbit import quantize_body_linears
 
     # as a user's CNN would be
-    convolutions = MODELS.get("resnet-tiny").build(Shapes(1, image_size=32))
+    convolutions = MODELS.get("resnet-tiny").build(Shapes(batch_size=1, image_size=32))
     with pytest.raises(
         Unsupported, match=r"no nn.Linear outside the head \(classifier, heads, fc\)"
     ):

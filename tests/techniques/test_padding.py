@@ -157,7 +157,11 @@ def test_buckets_batch_similar_lengths_and_cover_the_data() -> None:
 
 def test_nested_is_unsupported_with_its_reason() -> None:
     technique = build(tech("nested"))
-    ctx = RunContext(CPU, Recipe.of(spec("bert-tiny"), CPU).ctx.model_spec, Shapes(4, seq_len=16))
+    ctx = RunContext(
+        device=CPU,
+        model_spec=Recipe.of(spec("bert-tiny"), CPU).ctx.model_spec,
+        shapes=Shapes(batch_size=4, seq_len=16),
+    )
     assert "jagged NestedTensor" in technique.unsupported(ctx)
 
 

@@ -76,7 +76,7 @@ def test_tf32_is_unsupported_off_cuda():
     from bench.techniques import RunContext
     from bench.techniques.precision import TF32
 
-    ctx = RunContext(CPU, MODELS.get("vit-tiny"), None)
+    ctx = RunContext(device=CPU, model_spec=MODELS.get("vit-tiny"), shapes=None)
     assert "CUDA" in TF32().unsupported(ctx)
 
 

@@ -12,17 +12,19 @@ from tests.helpers import spec, tech
 
 def shared(model_name, groups, **shape):
     model_spec = MODELS.get(model_name)
-    shapes = Shapes(1, **shape)
+    shapes = Shapes(batch_size=1, **shape)
     with torch.device("meta"):
         model = model_spec.build(shapes)
     technique = CrossLayerSharing(CrossLayerSharing.Config(groups=groups))
-    technique.apply(model, RunContext(torch.device("meta"), model_spec, shapes))
+    technique.apply(
+        model, RunContext(device=torch.device("meta"), model_spec=model_spec, shapes=shapes)
+    )
     return technique.proof(1)
 
 
 def layer_params(model_name, **shape):
     with torch.device("meta"):
-        model = MODELS.get(model_name).build(Shapes(1, **shape))
+        model = MODELS.get(model_name).build(Shapes(batch_size=1, **shape))
     first = MODELS.get(model_name).blocks(model)[0]
     return sum(p.numel() for p in model.get_submodule(first).parameters())
 
