@@ -31,9 +31,8 @@ from bench.record import KEY
 from bench.suite import Fidelity, RunSpec, Shapes
 
 EVAL_BATCH = 256
-LAST_STEPS = (
-    10  # final_loss: mean training loss over the last steps, less noisy than the very last one
-)
+# final_loss: mean training loss over the last steps, less noisy than the very last one
+LAST_STEPS = 10
 
 
 def run_fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str, Any]:
@@ -217,9 +216,8 @@ def _evaluate(
     with torch.no_grad():
         for i in range(0, n, EVAL_BATCH):
             batch = test.batch(torch.arange(i, i + EVAL_BATCH) % n, device)
-            if (
-                regroup
-            ):  # the technique's batches; the labels stay the classes (a language model's too)
+            if regroup:
+                # the technique's batches; the labels stay the classes (a language model's too)
                 batch = regroup(batch)[0], batch[1]
             logits, labels = forward(runner.spec, model, techniques, batch)
             logits = _class_scores(runner.spec, logits, batch[0], classes).float()[: n - i]

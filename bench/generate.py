@@ -56,9 +56,8 @@ class Generator:
         self.phase = ""  # of the forward now running: prefill (every prompt chunk) or decode
         self._seen = 0  # tokens this step's forwards have taken
         self._cache: Any = None  # the cache of the last forward
-        self.cache_class = (
-            ""  # its class (DynamicCache, StaticCache, …): what the techniques made of it
-        )
+        # its class (DynamicCache, StaticCache, …): what the techniques made of it
+        self.cache_class = ""
         self.forwards = {PREFILL: 0, DECODE: 0}  # in the last step
         self.cache_bytes = 0  # the cache's bytes on the device at their largest, over the last step
         self.marks: list[list[Any]] = []  # per step: its start, its first decode forward's, its end

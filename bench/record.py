@@ -522,9 +522,8 @@ GROUPS = {
     "distributed": Distributed,
     "provenance": Provenance,
 }
-MEMORY_SUMMARY = (
-    "memory_summary_text"  # the worker's torch.cuda.memory_summary(); stored beside the record
-)
+# the worker's torch.cuda.memory_summary(); stored beside the record
+MEMORY_SUMMARY = "memory_summary_text"
 # The summary table's stored columns, group by group: the fields declared with column().
 COLUMNS = tuple(
     getattr(group, "prefix", "") + f.name

@@ -185,7 +185,8 @@ def writable(folder: Path, what: str, flag: str) -> None:
             for p in (
                 folder,
                 *folder.parents,
-            ):  # the empty folders it made, up to the first that was there
+            ):
+                # the empty folders it made, up to the first that was there
                 if p.is_dir() and not any(p.iterdir()):
                     p.rmdir()
                 if p == made:
@@ -262,9 +263,8 @@ def set_aside_if_unreadable(path: Path) -> None:
 
 
 LOCK = ".sweep.lock"
-PREDICTED = (
-    "predicted-gpu.csv"  # beside a suite's device folders: the whole suite predicted at GPU shapes
-)
+# beside a suite's device folders: the whole suite predicted at GPU shapes
+PREDICTED = "predicted-gpu.csv"
 # beside them too, per card: a generation's longest contexts (predict --card)
 CONTEXTS = "longest-{card}.csv"
 # Beside them too: figures measured elsewhere and published, a row each: the suite's run, the card

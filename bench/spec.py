@@ -26,9 +26,8 @@ STEP_KEYS = (
 )
 # a week: beyond it the wait's arithmetic overflows (1e10 did, at the first run)
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
-MAX_NPROC = (
-    65_536  # processes a run (or a prediction) may span: the largest clusters built, and some room
-)
+# processes a run (or a prediction) may span: the largest clusters built, and some room
+MAX_NPROC = 65_536
 
 
 @dataclass(frozen=True, kw_only=True)

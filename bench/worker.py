@@ -83,9 +83,8 @@ def measure(
     progress.say("building the model")
     trainer, batch, figures = _build(spec, recipe)
     feed = recipe.feed()
-    if (
-        launched_at is not None
-    ):  # process start, imports, prediction and build: what the device waited for
+    if launched_at is not None:
+        # process start, imports, prediction and build: what the device waited for
         figures[KEY.startup_s] = round(time.time() - launched_at, 2)
     # Warm-up: allocator, cuDNN autotune, optimizer state, compilation. The first step is timed on
     # its own, since that is where one-off costs (compilation above all) land.
@@ -353,9 +352,8 @@ def main(spec_path: str, out_path: str) -> int:
     budget = job.budget_bytes
     known: dict[str, Any] = {}  # the prediction, kept if the run fails after it
     try:
-        if (
-            budget and device.type == "cuda"
-        ):  # a smaller card: the allocator refuses past the budget
+        if budget and device.type == "cuda":
+            # a smaller card: the allocator refuses past the budget
             torch.cuda.set_per_process_memory_fraction(
                 budget / torch.cuda.get_device_properties(device).total_memory, device
             )

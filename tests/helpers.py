@@ -171,9 +171,8 @@ class Sleep(Technique):
     """Sleeps BENCH_TEST_SLEEP seconds (read at run time, so the spec and its key stay the same)."""
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
-        if pid_file := os.environ.get(
-            "BENCH_TEST_PID_FILE"
-        ):  # lets a test check the process is gone
+        if pid_file := os.environ.get("BENCH_TEST_PID_FILE"):
+            # lets a test check the process is gone
             Path(pid_file).write_text(str(os.getpid()))
         time.sleep(float(os.environ.get("BENCH_TEST_SLEEP", "0")))
         return model

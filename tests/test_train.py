@@ -51,9 +51,8 @@ class Hand:
         """One step; the mean loss, summed over the micro-batches as a loop that logs it does."""
         # the caller keeps no reference: a cast frees the batch as it came
         inputs, labels = batch.pop()
-        if isinstance(
-            inputs, dict
-        ):  # a language model's token ids: nothing to cast, lay out or split
+        if isinstance(inputs, dict):
+            # a language model's token ids: nothing to cast, lay out or split
             pieces = [(inputs, labels)]
         else:
             if self.dtype:
@@ -142,9 +141,8 @@ class Checkpointed(nn.Module):
         self.block, self.policy = block, policy or ((lambda: keep_matmuls) if selective else None)
 
     def forward(self, x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
-        if (
-            self.policy
-        ):  # PyTorch's documented recipe: keep what the policy says, recompute the rest
+        if self.policy:
+            # PyTorch's documented recipe: keep what the policy says, recompute the rest
             return checkpoint(
                 self.block,
                 x,

@@ -43,9 +43,8 @@ class Advice:
     plans: list[Candidate]  # ranked, each fitting
     search: Search
     estimator: Estimator
-    closest: Candidate | None = (
-        None  # nothing fits: the plan that saves most (None: none could be predicted)
-    )
+    # nothing fits: the plan that saves most (None: none could be predicted)
+    closest: Candidate | None = None
     needs: tuple[str, ...] = ()  # nothing fits: what the closest plan would need
     predicted: int = 0
     reused: int = 0
@@ -121,9 +120,8 @@ def advise(
             max_batch=max_batch,
         )
         strongest = _strongest(searcher, kept, predictions, estimator)
-        if strongest is None or not strongest.predicted.fits(
-            limit
-        ):  # nothing saves more: nothing fits
+        if strongest is None or not strongest.predicted.fits(limit):
+            # nothing saves more: nothing fits
             advice.closest = strongest
             if strongest is not None:
                 _needs(advice, strongest, predictions)
@@ -247,9 +245,8 @@ def _needs(advice: Advice, closest: Candidate, predictions: Predictions) -> None
         if smaller
         else "a smaller model: even a batch of one does not fit"
     )
-    if (
-        advice.device_type == "cuda" and spec.nproc == 1
-    ):  # sharded over ranks instead: the fewest that fit
+    if advice.device_type == "cuda" and spec.nproc == 1:
+        # sharded over ranks instead: the fewest that fit
         sharded = Plan((*closest.plan.options, Option.of("fsdp", "fsdp")))
         wide = replace(sharded.spec(advice.template), nproc=MOST_RANKS)
         if not problems(sharded, advice.template) and runs_at(wide, MOST_RANKS):

@@ -124,9 +124,8 @@ class Estimate:
     factor: float  # time per sample over the baseline's: 1.25 is a 0.8× throughput
     sources: tuple[str, ...]  # one line per technique: its factor, and where it came from
     uncertain: tuple[str, ...] = ()  # options priced by another model's record, or by nothing
-    tier: int = (
-        0  # 0: every figure this model's record or counted; 1: another model's record; 2: assumed
-    )
+    # 0: every figure this model's record or counted; 1: another model's record; 2: assumed
+    tier: int = 0
 
     @property
     def throughput(self) -> float:

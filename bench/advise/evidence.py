@@ -37,7 +37,8 @@ def canonical(techniques: Iterable[TechniqueSpec]) -> frozenset[str]:
             KeyError,
             ImportError,
             TypeError,
-        ):  # a user's technique that no longer imports: keep it whole
+        ):
+            # a user's technique that no longer imports: keep it whole
             defaults = {}
         labels.add(
             TechniqueSpec(
@@ -52,9 +53,8 @@ class Evidence:
     techniques."""
 
     def __init__(self, results: Path, mode: str, device: str = "") -> None:
-        self.device = (
-            device  # the device asked about, whose own records are preferred (a CPU's thread count)
-        )
+        # the device asked about, whose own records are preferred (a CPU's thread count)
+        self.device = device
         self._speed: dict[frozenset[str], list[tuple[dict[str, Any], float]]] = {}
         self._accuracy: dict[frozenset[str], list[dict[str, Any]]] = {}
         self._rates: list[dict[str, Any]] = []

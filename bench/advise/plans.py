@@ -27,9 +27,8 @@ class Option:
 
     name: str
     technique: TechniqueSpec
-    computes: str | None = (
-        None  # the dtype its kernels compute in, where it changes it ("bfloat16", "int8")
-    )
+    # the dtype its kernels compute in, where it changes it ("bfloat16", "int8")
+    computes: str | None = None
 
     @staticmethod
     def of(name: str, technique: str, computes: str | None = None, **options: Any) -> Option:

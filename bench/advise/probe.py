@@ -29,9 +29,8 @@ def time_factors(baseline: RunSpec, options: dict[str, RunSpec]) -> dict[str, fl
 
 def _median_step(spec: RunSpec) -> float | None:
     recipe = Recipe.of(spec, CPU)
-    if (
-        recipe.unsupported() or recipe.feed() is not None
-    ):  # variable-length steps differ batch to batch
+    if recipe.unsupported() or recipe.feed() is not None:
+        # variable-length steps differ batch to batch
         return None
     runner = recipe.stepper(recipe.model(spec.weights)[0])
     batch = recipe.batch()

@@ -25,9 +25,8 @@ from bench.advise.predictions import Predictions
 from bench.record import Prediction
 from bench.spec import RunSpec
 
-GUESS_MARGIN = (
-    1.0  # a plan whose guessed peak is over the budget by more than this share is not predicted
-)
+# a plan whose guessed peak is over the budget by more than this share is not predicted
+GUESS_MARGIN = 1.0
 
 
 @dataclass(kw_only=True)

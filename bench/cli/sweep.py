@@ -134,9 +134,8 @@ def _run(args: argparse.Namespace) -> int:
     records = sweep(suite, launcher, args.results, **sweep_options(args))
     table = summary(to_frame(records), suite.throughput)
     print(markdown(table))
-    if (
-        launcher.device_name
-    ):  # the answer the report opens with, for this device, where the user looks
+    if launcher.device_name:
+        # the answer the report opens with, for this device, where the user looks
         print("\n" + answer(table, launcher.device_name, len(suite.order or suite.runs)))
     # Every page the suite's records feed is kept current: the overview and results/figures.md read
     # them too.

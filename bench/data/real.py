@@ -27,9 +27,8 @@ from torch.nn import functional as F
 from bench.data.synthetic import Batch
 
 HELD_OUT = 0.2  # fraction held out when a source has no split of its own
-SPLIT_SEED = (
-    0  # the split never changes with the run's seed: every run is evaluated on the same images
-)
+# the split never changes with the run's seed: every run is evaluated on the same images
+SPLIT_SEED = 0
 PAD, CLS, SEP, FIRST_TOKEN = 0, 1, 2, 3  # digit intensity v is token FIRST_TOKEN + v
 LABEL_TOKEN = FIRST_TOKEN + 17  # for a language model, class c is token LABEL_TOKEN + c
 
@@ -52,9 +51,8 @@ class Labelled:
 
     def batch(self, index: torch.Tensor, device: torch.device) -> Batch:
         x, y = self.inputs[index].to(device), self.labels[index].to(device)
-        if (
-            x.dtype == torch.long
-        ):  # token ids; every position is real (sequences are padded only by PAD)
+        if x.dtype == torch.long:
+            # token ids; every position is real (sequences are padded only by PAD)
             return {"input_ids": x, "attention_mask": (x != PAD).long()}, y
         return x, y
 

@@ -31,9 +31,8 @@ def synthetic_batch(spec: ModelSpec, shapes: Shapes, seed: int, device: torch.de
         inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         if spec.objective == "next-token":  # a language model's targets are its own inputs
             labels = ids.clone()
-        elif (
-            spec.objective == "masked-lm"
-        ):  # DataCollatorForLanguageModeling's share of positions is scored
+        elif spec.objective == "masked-lm":
+            # DataCollatorForLanguageModeling's share of positions is scored
             chosen = torch.rand(b, shapes.seq_len, generator=g) < MLM_PROBABILITY
             labels = ids.masked_fill(~chosen, IGNORE)
     return to_device(inputs, device), labels.to(device)

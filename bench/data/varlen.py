@@ -37,9 +37,8 @@ PAD = real.PAD
 FIRST_TOKEN = 3  # synthetic sequences draw their ids from here up (0, 1, 2: padding, [CLS], [SEP])
 DIGITS_LENGTHS = (17, 43)  # [CLS] plus 16 to 42 non-zero pixels, over all 1,797 digits
 FORMS = "'uniform:LO:HI', 'lognormal:MEDIAN:SIGMA:MAX', 'digits' or 'hf:PATH'"
-SEQUENCES_PER_BATCH_SLOT = (
-    16  # the dataset holds this many batches: enough distinct ones for any pass
-)
+# the dataset holds this many batches: enough distinct ones for any pass
+SEQUENCES_PER_BATCH_SLOT = 16
 Sample = tuple[torch.Tensor, int]  # one sequence's token ids, and its label
 
 
@@ -161,9 +160,8 @@ def padded(samples: list[Sample], width: int | None, objective: str) -> Batch:
     for row, (seq, _) in enumerate(samples):
         ids[row, : len(seq)] = seq
     mask = (torch.arange(width) < torch.tensor([len(s) for s, _ in samples])[:, None]).long()
-    if (
-        objective != "classify"
-    ):  # a language model's targets are its tokens: every real one is scored
+    if objective != "classify":
+        # a language model's targets are its tokens: every real one is scored
         return {"input_ids": ids, "attention_mask": mask}, ids.masked_fill(mask == 0, IGNORE)
     return {"input_ids": ids, "attention_mask": mask}, torch.tensor([label for _, label in samples])
 

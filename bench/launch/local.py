@@ -207,9 +207,8 @@ def run_isolated(
                 | {KEY.launcher: kind}
                 | ({KEY.stderr_tail: tail} if out[KEY.status] == Status.ERROR else {})
             )
-        if failed := sorted(
-            Path(tmp).glob("out.json.rank*")
-        ):  # a rank's own record of why it stopped
+        if failed := sorted(Path(tmp).glob("out.json.rank*")):
+            # a rank's own record of why it stopped
             return json.loads(failed[0].read_text()) | {KEY.stderr_tail: tail}
         if code == -signal.SIGKILL and kills is not None and (oom_kills() or 0) > kills:
             reached = seen.get(KEY.rss_peak_bytes, 0) / 2**30

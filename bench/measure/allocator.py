@@ -152,9 +152,8 @@ class CachingAllocator:
         self._next_segment = 0
         self.allocated = self.reserved = self.peak_allocated = self.peak_reserved = 0
         self.retries = 0
-        self.largest_free_at_peak = (
-            0  # the largest cached free block when allocation peaked: fragmentation
-        )
+        # the largest cached free block when allocation peaked: fragmentation
+        self.largest_free_at_peak = 0
 
     def malloc(self, handle: Hashable, size: int, address: int | None = None) -> None:
         """Allocate ``size`` bytes under ``handle`` (freed by ``free(handle)``). ``address``: where

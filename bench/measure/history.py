@@ -20,9 +20,8 @@ from typing import Any
 
 from bench.measure.allocator import CachingAllocator
 
-MAX_ENTRIES = (
-    1_000_000  # trace entries kept (a ring buffer): a step of BERT-base makes a few thousand
-)
+# trace entries kept (a ring buffer): a step of BERT-base makes a few thousand
+MAX_ENTRIES = 1_000_000
 
 
 def start(stacks: bool) -> None:

@@ -68,18 +68,15 @@ class LiveBytes(TorchDispatchMode):
         self._peak_clock = 0
         self.current = 0
         self.peak = 0
-        self.phase_peaks: dict[
-            str, int
-        ] = {}  # each phase's own peak, from the bytes alive as it began
-        self.phase = (
-            ""  # set by the caller (forward / backward / optimizer); remembered at the peak
-        )
+        # each phase's own peak, from the bytes alive as it began
+        self.phase_peaks: dict[str, int] = {}
+        # set by the caller (forward / backward / optimizer); remembered at the peak
+        self.phase = ""
         self.peak_phase = ""
         self._history: LiveBytes | None = None  # follow()
         self._history_until = 0
-        self._carried: dict[
-            int, int
-        ] = {}  # this tracker's index → the history's, for the same storage
+        # this tracker's index → the history's, for the same storage
+        self._carried: dict[int, int] = {}
 
     @property
     def phase(self) -> str:

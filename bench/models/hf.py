@@ -40,9 +40,8 @@ SUFFIXES = {
 # Model types whose layers are named as Llama's (q/k/v/o, gate/up/down projections): lora's default
 # targets.
 LLAMA_LAYOUT = {"llama", "mistral", "qwen2", "qwen3"}
-CPU_PARAMS = (
-    2e9  # over this many parameters (8 GB of float32), a model is predicted only, as llama3-8b is
-)
+# over this many parameters (8 GB of float32), a model is predicted only, as llama3-8b is
+CPU_PARAMS = 2e9
 
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -141,9 +140,8 @@ def _build(config: Any, task: str, attention: str, dtype: torch.dtype, shapes: S
     import transformers
 
     auto = getattr(transformers, TASKS[task][0])
-    if (
-        task == "image-classification"
-    ):  # the run's images, the patch grid following; the spec's config stays
+    if task == "image-classification":
+        # the run's images, the patch grid following; the spec's config stays
         config = copy.deepcopy(config)
         config.image_size = shapes.image_size
     model = auto.from_config(config, attn_implementation=attention, dtype=dtype)

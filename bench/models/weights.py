@@ -45,9 +45,8 @@ def load_weights(model: nn.Module, path: str) -> dict[str, Any]:
     mapped = set(mapping.values())
     missing = [n for n in own if n not in mapped]
     unused = [n for n in state if n not in mapping]
-    if (
-        missing
-    ):  # in the run's log as well as its record: a partly loaded model should never go unnoticed
+    if missing:
+        # in the run's log as well as its record: a partly loaded model should never go unnoticed
         print(
             f"weights {path}: {len(mapping)} tensors loaded; {len(missing)} keep their "
             f"initialisation ({', '.join(missing[:SHOWN])}{', …' if len(missing) > SHOWN else ''})",

@@ -81,7 +81,6 @@ class Ahead:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
-        if (
-            self._pool is not None
-        ):  # predictions of runs never reached (an interrupted sweep) are dropped
+        if self._pool is not None:
+            # predictions of runs never reached (an interrupted sweep) are dropped
             stop_pool(self._pool, interrupted=kind is not None)

@@ -166,16 +166,14 @@ def cuda_autocast() -> Iterator[None]:
     """While it lasts, CPU autocast casts as CUDA's does (the registrations are undone on exit)."""
     lib, casts = Library("aten", "IMPL"), _Casts()
     try:
-        with (
-            warnings.catch_warnings()
-        ):  # overriding CPU's kernels is the point (torch 2.11 warns of it)
+        with warnings.catch_warnings():
+            # overriding CPU's kernels is the point (torch 2.11 warns of it)
             warnings.filterwarnings("ignore", "Warning only once for all operators", UserWarning)
             for name in _registered("AutocastCPU") - _registered("AutocastCUDA"):
                 lib.impl(name, fallthrough_kernel, "AutocastCPU")
             for name in _registered("AutocastCUDA"):
-                if _base(name) in LOWER and name in _registered(
-                    "AutocastCPU"
-                ):  # CPU's kernel does as CUDA's
+                if _base(name) in LOWER and name in _registered("AutocastCPU"):
+                    # CPU's kernel does as CUDA's
                     continue
                 if kernel := _kernel(name, casts):
                     lib.impl(name, kernel, "AutocastCPU")

@@ -141,9 +141,8 @@ def math_attention(
     of cuda_dropout's reach, which on a CPU tensor keeps float32 noise the size of the s×s scores
     where CUDA's fused kernel keeps a one-byte mask."""
     dtype = query.dtype
-    if (
-        attn_mask is not None and attn_mask.dtype == torch.bool
-    ):  # as SDPA converts it, before the math path
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        # as SDPA converts it, before the math path
         attn_mask = torch.where(
             attn_mask, torch.tensor(0.0, dtype=dtype), torch.tensor(-math.inf, dtype=dtype)
         )

@@ -136,9 +136,8 @@ def _fake_step(
         # backward nothing is recomputed, and a generation's step costs a minute at GPU shapes:
         # there the history's step is the one counted.
         counted_first = recipe.inference and replay is not None
-        if (
-            replay is not None
-        ):  # the first step, as the allocator sees it: where optimizer state first lands
+        if replay is not None:
+            # the first step, as the allocator sees it: where optimizer state first lands
             with ExitStack() as counting:
                 for counter in (flops, ops) if counted_first else ():
                     counting.enter_context(counter)

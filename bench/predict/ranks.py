@@ -137,9 +137,8 @@ def _setup_as_real() -> Iterator[None]:
 
     def real(fn: Any) -> Any:
         def run(*args: Any, **kwargs: Any) -> Any:
-            with (
-                _disable_current_modes()
-            ):  # the fake mode, and the modes that read its values as one
+            with _disable_current_modes():
+                # the fake mode, and the modes that read its values as one
                 return fn(*args, **kwargs)
 
         return run

@@ -47,9 +47,8 @@ def fake_host_optimizer() -> type[torch.optim.Optimizer]:
     return FakeCPUOffloadOptimizer
 
 
-PAGED_FROM = (
-    100_000  # bitsandbytes.optim.optimizer.Optimizer8bit.get_state_buffer: `p.numel() < 1e5` stay
-)
+# bitsandbytes.optim.optimizer.Optimizer8bit.get_state_buffer: `p.numel() < 1e5` stay
+PAGED_FROM = 100_000
 
 
 def paged_buffer(self: Any, p: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:

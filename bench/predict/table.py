@@ -129,9 +129,8 @@ def _row(spec: RunSpec, budget: int | None, card: Card | None) -> dict[str, Any]
         KEY.status: out.status,
     }
     row |= {k: v for k, v in asdict(out).items() if v is not None}
-    if (
-        spec.mode == "generate"
-    ):  # what a card or budget answers for a generation: its longest context
+    if spec.mode == "generate":
+        # what a card or budget answers for a generation: its longest context
         if out.ok and (budget is not None or card is not None):
             progress = lambda text: print(f"    {spec.name}: {text}", file=sys.stderr, flush=True)  # noqa: E731
             row["longest_context"] = longest_context(

@@ -229,9 +229,8 @@ def _device_section(
         blocks.append(
             Block("list", [f"**{r.run}**: {r.status}: {r.message}" for r in failed.itertuples()])
         )
-    if len(
-        no_accuracy := part[part[KEY.fidelity_error].notna()]
-    ):  # measured, but its accuracy is missing
+    if len(no_accuracy := part[part[KEY.fidelity_error].notna()]):
+        # measured, but its accuracy is missing
         blocks.append(
             Block(
                 "list",

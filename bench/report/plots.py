@@ -14,9 +14,8 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # files only; no display on CI or GPU hosts
-matplotlib.rcParams["svg.hashsalt"] = (
-    "memsave-bench"  # fixed element ids: a rebuilt report changes no file
-)
+# fixed element ids: a rebuilt report changes no file
+matplotlib.rcParams["svg.hashsalt"] = "memsave-bench"
 SVG_METADATA = {"Date": None}  # nor a timestamp
 
 import matplotlib.pyplot

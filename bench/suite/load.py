@@ -39,9 +39,8 @@ from bench.suite.techniques import check_fidelity_batch, techniques
 from bench.suite.values import check_ranges, model_spec, typed, weights
 from bench.techniques import Technique, build
 
-MAX_RUN_NAME = (
-    120  # bytes: a record's file name, its slug and digest, and '.snapshot.pickle' stay under 255
-)
+# bytes: a record's file name, its slug and digest, and '.snapshot.pickle' stay under 255
+MAX_RUN_NAME = 120
 # record fields a suite may compare
 THROUGHPUTS = (
     KEY.samples_per_s,
@@ -107,9 +106,8 @@ def load(path: str | Path) -> Suite:
     return suite
 
 
-LOAD_LIMIT_S = (
-    120  # importing a user's module and building its techniques: a hang there once waited forever
-)
+# importing a user's module and building its techniques: a hang there once waited forever
+LOAD_LIMIT_S = 120
 
 
 @contextmanager
@@ -442,9 +440,8 @@ def _shapes(
         }
         check_ranges(own_steps, f"shapes.{dev}.", problems)
         stand_in = _stand_in(table, spec, f"shapes.{dev}.model", problems)
-        if (
-            mode == "generate" and not bad
-        ):  # the context the model holds: the prompt and what follows it
+        if mode == "generate" and not bad:
+            # the context the model holds: the prompt and what follows it
             values["seq_len"] = values["prompt_len"] + values["new_tokens"]
             if values["new_tokens"] < 2:
                 problems.append(
@@ -534,9 +531,8 @@ class Entry(NamedTuple):
     where: str  # key path for messages
     fidelity: bool = True  # false: this entry skips the fidelity phase
     nproc: int | None = None  # processes, as written (None: 2 with a distributed technique, else 1)
-    lengths: dict[str, str] | None = (
-        None  # per-device length distributions from the matrix, else None
-    )
+    # per-device length distributions from the matrix, else None
+    lengths: dict[str, str] | None = None
     suffix: str = ""  # what the matrix adds to the key: "@bs16", "@seq2048", "@digits"
     seq_len: dict[str, int] | None = None  # per-device sequence lengths from the matrix, else None
 

@@ -69,25 +69,20 @@ class Step:
     technique's, in the suite's order; a field left at its default changes nothing."""
 
     micro_batches: int = 1  # the batch is split in this many, their gradients accumulated
-    prepare: Callable[[Batch], Batch] | None = (
-        None  # each batch as it enters the step (memory format, dtype)
-    )
-    context: Callable[[], AbstractContextManager[Any]] | None = (
-        None  # around each forward and its loss
-    )
+    # each batch as it enters the step (memory format, dtype)
+    prepare: Callable[[Batch], Batch] | None = None
+    # around each forward and its loss
+    context: Callable[[], AbstractContextManager[Any]] | None = None
     # Instead of the model spec's loss, on what the model returned and the labels (a loss that never
     # makes the full logits: the model returns its last hidden states then).
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     scale_loss: Callable[[torch.Tensor], torch.Tensor] | None = None  # before backward
-    optimizer_step: Callable[[torch.optim.Optimizer], None] | None = (
-        None  # instead of optimizer.step()
-    )
-    zero_grad: Callable[[torch.optim.Optimizer], None] | None = (
-        None  # instead of zero_grad(set_to_none=True)
-    )
-    after: Callable[[], None] | None = (
-        None  # once the step is complete (e.g. emptying the allocator's cache)
-    )
+    # instead of optimizer.step()
+    optimizer_step: Callable[[torch.optim.Optimizer], None] | None = None
+    # instead of zero_grad(set_to_none=True)
+    zero_grad: Callable[[torch.optim.Optimizer], None] | None = None
+    # once the step is complete (e.g. emptying the allocator's cache)
+    after: Callable[[], None] | None = None
     # Generation: keyword arguments of transformers' generate() (the cache it keeps, chunked
     # prefill).
     generation: tuple[tuple[str, Any], ...] = ()
@@ -177,9 +172,8 @@ class RunContext:
     device: torch.device
     model_spec: ModelSpec
     shapes: Shapes
-    lr: float = (
-        1e-4  # the run's learning rate (the suite's lr, or [fidelity] lr in the fidelity phase)
-    )
+    # the run's learning rate (the suite's lr, or [fidelity] lr in the fidelity phase)
+    lr: float = 1e-4
     # True in ``bench predict``: fake tensors on the CPU standing for a CUDA run. Techniques read it
     # through ``cuda`` and answer ``unsupported`` as they would on CUDA; bench.predict.stand_ins
     # does the rest.

@@ -19,9 +19,8 @@ DISTRIBUTED = frozenset({"ddp", "fsdp", "tensor-parallel"})
 
 class _Distributed(Technique):
     distributed = True
-    conflicts = (
-        DISTRIBUTED  # one parallelism technique per run; 2-D (TP inside FSDP) is an fsdp option
-    )
+    # one parallelism technique per run; 2-D (TP inside FSDP) is an fsdp option
+    conflicts = DISTRIBUTED
 
     def unsupported(self, ctx: RunContext) -> str | None:
         if ctx.world_size < 2:
@@ -314,13 +313,11 @@ def _tp_plan(model: nn.Module) -> dict[str, Any]:
             plan[f"{name}.dense"] = ColwiseParallel()
         elif kind.endswith("Output") and hasattr(module, "dense") and f"{name}.dense" not in plan:
             plan[f"{name}.dense"] = RowwiseParallel()  # the MLP's down projection (BertOutput)
-        elif all(
-            hasattr(module, k) for k in ("q_proj", "k_proj", "v_proj", "o_proj")
-        ):  # Llama's attention
+        elif all(hasattr(module, k) for k in ("q_proj", "k_proj", "v_proj", "o_proj")):
+            # Llama's attention
             pair(name, ("q_proj", "k_proj", "v_proj"), "o_proj")
-        elif all(
-            hasattr(module, k) for k in ("gate_proj", "up_proj", "down_proj")
-        ):  # Llama's gated MLP
+        elif all(hasattr(module, k) for k in ("gate_proj", "up_proj", "down_proj")):
+            # Llama's gated MLP
             pair(name, ("gate_proj", "up_proj"), "down_proj")
         elif kind == "MLPBlock":  # torchvision ViT: Linear, GELU, Dropout, Linear, Dropout
             plan |= {f"{name}.0": ColwiseParallel(), f"{name}.3": RowwiseParallel()}

@@ -138,9 +138,8 @@ class AttentionBackend(Technique):
     def _context(self) -> Iterator[None]:
         with ExitStack() as stack:
             stack.enter_context(sdpa_kernel(BACKENDS[self.config.backend]))
-            if (
-                self.ops is None
-            ):  # observe the first step only: a dispatch mode would slow the timed ones
+            if self.ops is None:
+                # observe the first step only: a dispatch mode would slow the timed ones
                 self.ops = stack.enter_context(_AttentionOps())
             try:
                 yield

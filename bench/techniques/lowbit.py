@@ -54,9 +54,8 @@ def quantize_body_linears(model: nn.Module, config: Any, freeze: bool) -> list[s
         return pick
 
     quantize_(model, config, filter_fn=body_linear)
-    if (
-        not picked
-    ):  # a model of convolutions, say: a run that quantized nothing would pass for one that did
+    if not picked:
+        # a model of convolutions, say: a run that quantized nothing would pass for one that did
         raise Unsupported(f"no nn.Linear outside the head ({', '.join(HEADS)}) to quantize")
     return picked
 

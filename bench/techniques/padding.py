@@ -317,9 +317,8 @@ def _nested_sdpa(
     def jagged(x: torch.Tensor) -> torch.Tensor:  # (sequences, heads, ragged, dim)
         return torch.nested.nested_tensor_from_jagged(x, offsets=offsets).transpose(1, 2)
 
-    with (
-        warnings.catch_warnings()
-    ):  # the CPU path converts to the strided layout inside SDPA, and says so
+    with warnings.catch_warnings():
+        # the CPU path converts to the strided layout inside SDPA, and says so
         warnings.filterwarnings(
             "ignore", message="The PyTorch API of nested tensors is in prototype stage"
         )
