@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -24,6 +26,10 @@ class Trainer:
         self.optimizer = self._optimizer(lr)
         self.policy = combined([t.step() for t in techniques])
         self.micro_batches = self.policy.micro_batches
+        # A prediction's folding of accumulation (bench.predict.fake): the micro-batches a step
+        # runs (None: all), and a call after each one's backward.
+        self.runs: int | None = None
+        self.after_micro_batch: Callable[[], None] | None = None
         self.steps = 0
         self.output_dtype: torch.dtype | None = None
 
@@ -40,7 +46,7 @@ class Trainer:
         # Rebound, as a user's loop rebinds `x = x.to(torch.bfloat16)`: the batch as it came (fp32
         # under pure bf16) is freed here rather than held through the step beside its prepared copy.
         batch = policy.prepare(batch)
-        for inputs, labels in split(batch, self.micro_batches):
+        for inputs, labels in split(batch, self.micro_batches)[: self.runs]:
             with policy.context():
                 logits, loss = self.spec.forward(self.model, inputs, labels, policy.loss)
                 loss = loss / self.micro_batches
@@ -49,6 +55,8 @@ class Trainer:
             # Kept on the device: a .item() here would synchronise CUDA inside the timed step.
             total = loss.detach() if total is None else total + loss.detach()
             policy.scale_loss(loss).backward()
+            if self.after_micro_batch is not None:
+                self.after_micro_batch()
         if policy.optimizer_step is not None:
             policy.optimizer_step(self.optimizer)
         else:

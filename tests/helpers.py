@@ -235,6 +235,23 @@ class TinyLoss(Technique):
         return Step(scale_loss=lambda loss: loss * 1e-5)
 
 
+class KeepsEveryLoss(Technique):
+    """Keeps a copy of each micro-batch's loss for the whole run, as a loop that logs its losses
+    as tensors does: the step's memory grows with its micro-batches, so no two of them stand for
+    the rest."""
+
+    def __init__(self, config: Any = None) -> None:
+        super().__init__(config)
+        self.kept: list[torch.Tensor] = []
+
+    def step(self) -> Step:
+        return Step(scale_loss=self._kept)
+
+    def _kept(self, loss: torch.Tensor) -> torch.Tensor:
+        self.kept.append(loss.detach().clone())
+        return loss
+
+
 class ZeroLearningRate(Technique):
     """Harmful on purpose: an optimizer that never moves the weights, so the model learns
     nothing."""

@@ -66,8 +66,9 @@ def split(batch: Batch, n: int) -> list[Batch]:
         return [batch]
     inputs, labels = batch
     label_parts = labels.tensor_split(n)
-    if isinstance(inputs, dict):
-        parts = [{k: v.tensor_split(n)[i] for k, v in inputs.items()} for i in range(n)]
+    if isinstance(inputs, dict):  # each input split once: n views of it, not n² made on the way
+        splits = {k: v.tensor_split(n) for k, v in inputs.items()}
+        parts = [{k: pieces[i] for k, pieces in splits.items()} for i in range(n)]
     else:
         parts = list(inputs.tensor_split(n))
     return list(zip(parts, label_parts))

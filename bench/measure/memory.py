@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from bench.measure.allocator import CachingAllocator, OutOfMemory, Replay
-from bench.measure.tracker import LiveBytes, storages
+from bench.measure.tracker import LiveBytes, NotRepeating, storages
 from bench.record import AT_PEAK as CATEGORIES
 from bench.record import KEY
 
@@ -123,6 +123,7 @@ def tracked_step(
     compiled_update: bool = False,
     reserved: Replay | None = None,
     phases: Phases | None = None,
+    repeat: int = 0,
 ) -> dict[str, int | str]:
     """One step under the live-bytes tracker: its peak, what was alive at that peak
     (``at_peak_*_bytes``, summing to the peak), and the bytes each forward leaves alive for backward
@@ -132,7 +133,8 @@ def tracked_step(
     its state is counted, its own temporaries are not. ``reserved``: what CUDA's caching allocator
     would reserve for the step, its allocations and frees replayed through bench.measure.allocator
     after those of the steps before it (``peak_reserved_bytes``), and under a capacity, whether it
-    fits (``_reserved``)."""
+    fits (``_reserved``). ``repeat``: the step's last marked part ran this many times more
+    (``LiveBytes.repeat``; NotRepeating where it does not repeat)."""
     history = reserved.history if reserved is not None else None
     done = track(
         step,
@@ -145,6 +147,8 @@ def tracked_step(
         phases=phases,
     )
     tracker = done.tracker
+    if not tracker.repeat(repeat):
+        raise NotRepeating
     at_peak = dict.fromkeys(CATEGORIES, 0)
     for label, n in tracker.at_peak().items():
         at_peak[LABELS[label]] += n

@@ -55,6 +55,10 @@ def storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
     return [t.untyped_storage()]
 
 
+class NotRepeating(Exception):
+    """A step's marked parts did not repeat (``LiveBytes.repeat``): it must be traced whole."""
+
+
 class LiveBytes(TorchDispatchMode):
     def __init__(self, device: torch.device, rounding: int | None = None) -> None:
         """``rounding``: allocation granularity to count in; CUDA's 512 bytes by default on CUDA, so
@@ -77,6 +81,7 @@ class LiveBytes(TorchDispatchMode):
         self._history_until = 0
         # this tracker's index → the history's, for the same storage
         self._carried: dict[int, int] = {}
+        self.marks: list[int] = []  # the clock where each repeated part of the step ended (mark)
 
     @property
     def phase(self) -> str:
@@ -152,6 +157,87 @@ class LiveBytes(TorchDispatchMode):
             i: history._live[key] for key, i in self._live.items() if key in history._live
         }
 
+    def mark(self) -> None:
+        """The end of a part of the step that repeats (a micro-batch, after its backward)."""
+        self.marks.append(self._clock)
+
+    def repeat(self, times: int) -> bool:
+        """Every storage's life as if the last marked part had run ``times`` times more, where it
+        provably repeats; False, and nothing changed, where it does not.
+
+        A part repeats where the last two make the same storages (bytes and label) in the same
+        order, interleaved with the same frees, each of a storage made in the same part or, at the
+        same place in order, in the one before; and where nothing either made lives past the next
+        part but into what follows them, already freed. A program that runs the same code on
+        tensors of the same shapes then makes the same storages every time, so the repeats' lives
+        are the last part's, shifted along the clock: each one's storages freed in the next part as
+        the part before's were freed in it, the last one's as the last part's were freed after it.
+        The live bytes at every point of a repeat are the last part's, so the peak and what was
+        alive at it are unchanged; only the order of allocations and frees the caching allocator
+        sees grows."""
+        if times <= 0:
+            return True
+        if len(self.marks) < 4:
+            return False
+        edges = self.marks[-4:]  # the two parts before the last, and the last
+        spans = [_span(self._lives, edges[k], edges[k + 1]) for k in range(3)]
+        patterns = [
+            self._pattern(spans[k], spans[k + 1], edges[k + 1], edges[k + 2]) for k in (0, 1)
+        ]
+        if patterns[0] is None or patterns[0] != patterns[1]:
+            return False
+        last, before, end = spans[2], spans[1], edges[3]
+        if any(self._lives[i][3] is None for i in last + before):
+            return False  # a storage of theirs still alive: its finalizer would free another
+        # the clock of the free, in the last part, of each storage the part before made there
+        freed_next = {
+            before.index(i): self._lives[i][3] for i in before if self._lives[i][3] <= end
+        }
+        period = end - edges[2]
+        shift = times * period
+        for life in self._lives:
+            if life[2] > end:
+                life[2] += shift
+            if life[3] is not None and life[3] > end:
+                life[3] += shift
+        lasting = {j: self._lives[i][3] for j, i in enumerate(last) if self._lives[i][3] > end}
+        for j in lasting:  # the last part's carried storages are now freed in the first repeat
+            self._lives[last[j]][3] = freed_next[j] + period
+        for r in range(1, times + 1):
+            for j, i in enumerate(last):
+                n, label, born, freed = self._lives[i]
+                if j in lasting:
+                    freed = lasting[j] if r == times else freed_next[j] + (r + 1) * period
+                else:
+                    freed += r * period
+                self._lives.append([n, label, born + r * period, freed])
+        self._clock += shift
+        if self._peak_clock > end:
+            self._peak_clock += shift
+        return True
+
+    def _pattern(
+        self, before: list[int], span: list[int], start: int, end: int
+    ) -> list[tuple[object, ...]] | None:
+        """A part's makes and frees in order, each free naming the storage it frees by its place
+        among those made in the part or the part before; None where it frees another, or where a
+        storage the part before made outlives this part."""
+        if any(self._lives[i][3] is None or self._lives[i][3] > end for i in before):
+            return None  # made in the part before and alive after this one: it accumulates
+        events = []
+        for i in span:
+            n, label, born, _ = self._lives[i]
+            events.append((born, ("make", n, label)))
+        place = {i: ("same", j) for j, i in enumerate(span)} | {
+            i: ("before", j) for j, i in enumerate(before)
+        }
+        for i, (_, _, _, freed) in enumerate(self._lives):
+            if freed is not None and start < freed <= end:
+                if i not in place:
+                    return None  # frees a storage made before the part before
+                events.append((freed, ("free", *place[i])))
+        return [e for _, e in sorted(events)]
+
     def replay(self, allocator: CachingAllocator) -> None:
         """Every allocation and free this tracker saw, in order, through ``allocator``: after the
         history's (``follow``), or else with the tensors it was given before its step (parameters,
@@ -205,3 +291,10 @@ class LiveBytes(TorchDispatchMode):
             if isinstance(t, torch.Tensor):
                 self._count(t)
         return out
+
+
+def _span(lives: list[list], start: int, end: int) -> list[int]:
+    """The storages made between two clocks, in the order they were made."""
+    return sorted(
+        (i for i, life in enumerate(lives) if start < life[2] <= end), key=lambda i: lives[i][2]
+    )

@@ -13,13 +13,13 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from bench.generate import Generator
 from bench.measure.allocator import Conf, Replay, cublas_workspaces
 from bench.measure.memory import optimizer_state, track, tracked_step
-from bench.measure.tracker import CUDA_BLOCK, on_host
+from bench.measure.tracker import CUDA_BLOCK, LiveBytes, NotRepeating, on_host
 from bench.models import ModelSpec
 from bench.predict import ranks
 from bench.predict.cards import CARDS, Card
@@ -38,6 +38,7 @@ from bench.recipe import Recipe, batches, tracked_steps
 from bench.record import KEY, Prediction, Status
 from bench.suite import RunSpec, Shapes
 from bench.techniques import Unsupported
+from bench.train import Trainer
 
 CPU = torch.device("cpu")
 aten = torch.ops.aten
@@ -73,7 +74,14 @@ def predict(
     try:
         with ranks.fake_group(world_size, rank):
             replay = _replay(card, recipe) if cuda and (reserved or card) else None
-            figures = _fake_step(spec, recipe, CUDA_BLOCK if cuda else 1, replay)
+            rounding = CUDA_BLOCK if cuda else 1
+            try:
+                figures = _fake_step(spec, recipe, rounding, replay, fold=True)
+            except NotRepeating:  # its micro-batches differ: every one of them is traced
+                recipe = Recipe.of(
+                    spec, CPU, shapes or spec.gpu, predicting=cuda, world_size=world_size, rank=rank
+                )
+                figures = _fake_step(spec, recipe, rounding, replay, fold=False)
     except Unsupported as exc:  # a kernel CUDA would refuse: the run would be unsupported there too
         return Prediction.failed(Status.UNSUPPORTED, str(exc))
     except Exception as exc:  # noqa: BLE001  a technique that needs real values (e.g. .item()) cannot be predicted
@@ -100,7 +108,7 @@ def _replay(card: Card | None, recipe: Recipe) -> Replay:
 
 
 def _fake_step(
-    spec: RunSpec, recipe: Recipe, rounding: int, replay: Replay | None
+    spec: RunSpec, recipe: Recipe, rounding: int, replay: Replay | None, fold: bool
 ) -> dict[str, Any]:
     ctx, techniques = recipe.ctx, recipe.techniques
     backend = next((b for t in techniques if (b := t.attention_backend())), None)
@@ -130,6 +138,8 @@ def _fake_step(
         batch = recipe.batch()
         first = lambda: runner.step(next(batches(batch, feed, 1)))  # noqa: E731
         flops, ops = flop_counter(), OpCounter()
+        more = _folded(runner, feed, ctx.world_size) if fold else 0
+        counts: list[list[int]] = []  # the counted step's, after each micro-batch
         # The FLOPs are counted on a warm-up step of their own, as the worker warms up (optimizer
         # state exists before the measured step): the counter's module tracking keeps recomputed
         # activations alive, so it stays out of the measured step and of the history. Without a
@@ -150,9 +160,11 @@ def _fake_step(
                     compiled_update=compiled_update,
                     phases=phases,
                 )
+            if not history.tracker.repeat(more):
+                raise NotRepeating
             replay = dataclasses.replace(replay, history=history.tracker)
         if not counted_first:
-            with flops, ops:
+            with flops, ops, _counting(runner, counts, flops, ops):
                 first()
         if ctx.predicting:  # the counters that first step made
             for t in host_state(runner.optimizer):
@@ -171,17 +183,73 @@ def _fake_step(
                 compiled_update=compiled_update,
                 reserved=replay,
                 phases=phases,
+                repeat=more,
             )
     if ctx.world_size > 1:
         figures |= traffic.figures() | {KEY.world_size: ctx.world_size, "rank": ctx.rank}
     if paged := sum(t.nbytes for t in optimizer_state(runner.optimizer) if is_paged(t)):
         figures["paged_bytes"] = paged
+    counted = _counts(flops, ops)
+    if more:  # the micro-batches not traced count what the last one did
+        counted = [c + more * (b - a) for c, a, b in zip(counted, *counts[-2:])]
     return {
         **figures,
-        KEY.flops_per_step: flops.get_total_flops(),
-        KEY.ops_per_step: ops.ops,
-        KEY.op_bytes_per_step: ops.bytes,
+        KEY.flops_per_step: counted[0],
+        KEY.ops_per_step: counted[1],
+        KEY.op_bytes_per_step: counted[2],
     }
+
+
+TRACED_MICRO_BATCHES = 4  # of a step's, where it has more: two to settle, two to show they repeat
+
+
+def _folded(runner: Any, feed: Any, world_size: int) -> int:
+    """How many of a training step's micro-batches a prediction leaves untraced (the runner then
+    runs TRACED_MICRO_BATCHES and marks the tracker after each): every one after the first makes
+    the tensors the one before made, adds its gradients into those the first made and frees what it
+    made, so the last traced one stands for the rest (``LiveBytes.repeat`` proves it, or the step is
+    traced whole). Not on variable-length data, whose micro-batches each have their own lengths, nor
+    over ranks, whose collectives run each micro-batch."""
+    n = getattr(runner, "micro_batches", 1)
+    if not isinstance(runner, Trainer) or n <= TRACED_MICRO_BATCHES or feed is not None:
+        return 0
+    if world_size > 1:
+        return 0
+    runner.runs = TRACED_MICRO_BATCHES
+    runner.after_micro_batch = _mark_trackers
+    return n - TRACED_MICRO_BATCHES
+
+
+def _mark_trackers() -> None:
+    """Each live-bytes tracker counting now marks the end of a micro-batch."""
+    for mode in _get_current_dispatch_mode_stack():
+        if isinstance(mode, LiveBytes):
+            mode.mark()
+
+
+def _counts(flops: FlopCounterMode, ops: OpCounter) -> list[int]:
+    return [flops.get_total_flops(), ops.ops, ops.bytes]
+
+
+@contextmanager
+def _counting(
+    runner: Any, counts: list[list[int]], flops: FlopCounterMode, ops: OpCounter
+) -> Iterator[None]:
+    """``counts`` given the counts after each micro-batch of a folded step, while it runs."""
+    marking = getattr(runner, "after_micro_batch", None)
+    if marking is None:
+        yield
+        return
+
+    def marked() -> None:
+        marking()
+        counts.append(_counts(flops, ops))
+
+    runner.after_micro_batch = marked
+    try:
+        yield
+    finally:
+        runner.after_micro_batch = marking
 
 
 class OpCounter(TorchDispatchMode):

@@ -145,3 +145,47 @@ def test_a_replay_after_its_history_starts_from_the_segments_the_history_left():
             step()
         trackers.append(tracker)
     assert [_reserved(t) for t in trackers] == [36 * MiB, 48 * MiB]
+
+
+def _parts(tracker: LiveBytes, n: int, keep_every: bool = False) -> list[torch.Tensor]:
+    """``n`` parts of a loop like accumulation's: a part makes a temporary, a carried total that
+    the next part frees, and (``keep_every``) a tensor it keeps; each marked at its end."""
+    gradient, total, kept = torch.zeros(64), None, []
+    with tracker:
+        for _ in range(n):
+            temporary = torch.ones(256)
+            gradient += temporary[:64]
+            total = temporary.sum() if total is None else total + temporary.sum()
+            del temporary
+            if keep_every:
+                kept.append(torch.zeros(32))
+            tracker.mark()
+        after = torch.zeros(512)  # what follows the loop (an optimizer step)
+        del after, total
+    return kept
+
+
+def _allocations(tracker: LiveBytes) -> list[tuple[bool, int]]:
+    return [(freeing, n) for freeing, _, n in tracker._events()]
+
+
+def test_a_loop_traced_four_times_and_repeated_is_the_loop_traced_whole():
+    whole, folded = LiveBytes(CPU), LiveBytes(CPU)
+    _parts(whole, 9)
+    _parts(folded, 4)
+    assert folded.repeat(5)
+    assert _allocations(folded) == _allocations(whole)
+    assert (folded.peak, folded.at_peak()) == (whole.peak, whole.at_peak())
+    allocators = [CachingAllocator(None), CachingAllocator(None)]
+    for tracker, allocator in zip((whole, folded), allocators):
+        tracker.replay(allocator)
+    assert allocators[0].peak_reserved == allocators[1].peak_reserved
+
+
+def test_a_loop_whose_parts_keep_what_they_make_does_not_repeat_and_is_left_alone():
+    tracker = LiveBytes(CPU)
+    kept = _parts(tracker, 4, keep_every=True)
+    lives = [list(life) for life in tracker._lives]
+    assert not tracker.repeat(5)  # its memory grows with every part: only a whole trace says how
+    assert tracker._lives == lives
+    del kept

@@ -13,7 +13,9 @@ from bench.data.synthetic import clone_batch
 from bench.generate import Generator
 from bench.infer import Inferencer
 from bench.measure.memory import tracked_step
+from bench.measure.tracker import LiveBytes
 from bench.predict import predict
+from bench.predict.cards import CARDS
 from bench.predict.fake import flop_counter
 from bench.predict.stand_ins import masks_as_real
 from bench.suite import load, select
@@ -320,3 +322,44 @@ def test_bitsandbytes_8bit_adamw_stepped_in_backward_is_predicted_exactly():
     techniques = (tech("optimizer-in-backward", optimizer="adamw-8bit"),)
     trainer = assert_predicted_exactly(spec("llama-tiny", techniques, batch_size=4, seq_len=32))
     assert trainer.proof()["optimizer-in-backward.parameters_stepped_in_backward"] > 0
+
+
+FULL = pytest.mark.full  # more of the same: make test-full
+FOLDED_ACCUMULATION = [
+    ("bert-tiny", (tech("accumulate", micro_batches=8),), None),
+    ("llama-tiny", (tech("accumulate", micro_batches=8), tech("lora")), "t4"),
+    # memory that grows with every micro-batch: traced whole, as it must be
+    ("vit-tiny", (tech("accumulate", micro_batches=8), tech("tests.helpers:KeepsEveryLoss")), None),
+    pytest.param(
+        "bert-tiny", (tech("accumulate", micro_batches=16), tech("checkpoint")), "t4", marks=FULL
+    ),
+    pytest.param(
+        "resnet-tiny",
+        (tech("accumulate", micro_batches=8), tech("amp", dtype="bfloat16")),
+        "t4",
+        marks=FULL,
+    ),
+    pytest.param(
+        "vit-tiny", (tech("accumulate", micro_batches=8), tech("offload")), None, marks=FULL
+    ),
+]
+
+
+@pytest.mark.parametrize("model, techniques, card", FOLDED_ACCUMULATION)
+def test_accumulation_traced_four_micro_batches_deep_is_predicted_as_traced_whole(
+    monkeypatch, model, techniques, card
+):
+    """Every figure, the allocator's included, to the byte: the micro-batches past the fourth
+    repeat the fourth (bench.predict.fake._folded), or the step is traced whole."""
+    run = spec(model, techniques, batch_size=16, image_size=32, seq_len=32)
+    on = CARDS[card] if card else None
+    repeats = []
+    repeat = LiveBytes.repeat
+    monkeypatch.setattr(
+        LiveBytes, "repeat", lambda self, n: repeats.append(ok := repeat(self, n)) or ok
+    )
+    folded = predict(run, card=on)
+    monkeypatch.setattr("bench.predict.fake.TRACED_MICRO_BATCHES", 1 << 30)
+    assert folded == predict(run, card=on) and folded.status == "ok"
+    keeps = "tests.helpers:KeepsEveryLoss" in {t.name for t in techniques}
+    assert (False in repeats) == keeps  # folded where it repeats, and only there
