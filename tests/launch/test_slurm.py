@@ -116,7 +116,7 @@ def test_snapshot_with_slurm_exits_2_before_anything_is_submitted(tmp_path, caps
 
 
 @pytest.mark.fault("resources")
-@pytest.mark.slow
+@pytest.mark.full  # 34 s of submitit's polling for a job that fails at once
 def test_a_job_that_fails_on_its_node_says_why_in_the_record(tmp_path):
     pytest.importorskip("submitit")
     if torch.cuda.is_available():

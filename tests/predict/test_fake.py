@@ -327,7 +327,9 @@ def test_bitsandbytes_8bit_adamw_stepped_in_backward_is_predicted_exactly():
 FULL = pytest.mark.full  # more of the same: make test-full
 FOLDED_ACCUMULATION = [
     ("bert-tiny", (tech("accumulate", micro_batches=8),), None),
-    ("llama-tiny", (tech("accumulate", micro_batches=8), tech("lora")), "t4"),
+    pytest.param(
+        "llama-tiny", (tech("accumulate", micro_batches=8), tech("lora")), "t4", marks=FULL
+    ),
     # memory that grows with every micro-batch: traced whole, as it must be
     ("vit-tiny", (tech("accumulate", micro_batches=8), tech("tests.helpers:KeepsEveryLoss")), None),
     pytest.param(

@@ -5,7 +5,7 @@ from bench.launch.local import run_isolated
 from tests.helpers import spec, tech
 
 
-@pytest.mark.slow
+@pytest.mark.full  # 30 to 50 s of Inductor compiling on a two-core CPU
 def test_compiled_run_records_compile_time_apart_and_no_tracked_peak():
     record = run_isolated(
         spec("vit-tiny", (tech("compile"),), measure_steps=3), Device("cpu", "cpu")
