@@ -12,6 +12,11 @@ from bench.registry import did_you_mean
 EXIT_BAD_INPUT = 2  # a command's exit status for input the user can fix
 
 
+def first_line(exc: BaseException) -> str:
+    """An exception's message's first line, or nothing: what a record or a prediction says of it."""
+    return (str(exc).strip().splitlines() or [""])[0]
+
+
 class BadInput(Exception):
     """A flag or value the user can fix: printed as one line."""
 

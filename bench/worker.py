@@ -23,6 +23,7 @@ import torch
 from bench import process_group, progress
 from bench.data.synthetic import Batch, samples_in
 from bench.data.varlen import Feed
+from bench.errors import first_line
 from bench.fidelity import run_fidelity
 from bench.generate import Generator
 from bench.measure import history
@@ -314,7 +315,7 @@ def _fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str, A
         return {KEY.fidelity_error: f"unsupported: {exc}"}
     except Exception as exc:  # noqa: BLE001
         traceback.print_exc()
-        return {KEY.fidelity_error: f"{type(exc).__name__}: {_first_line(exc)[:300]}"}
+        return {KEY.fidelity_error: f"{type(exc).__name__}: {first_line(exc)[:300]}"}
 
 
 def over_budget(result: dict[str, Any], budget: int) -> dict[str, Any]:
@@ -383,8 +384,8 @@ def main(spec_path: str, out_path: str) -> int:
     except Exception as exc:  # noqa: BLE001  a failed run is a result, not a crash of the sweep
         traceback.print_exc()
         status = Status.OOM if is_oom(exc) else Status.ERROR
-        first_line = (str(exc).strip().splitlines() or [""])[0][:500]
-        result = known | {KEY.status: status, KEY.message: f"{type(exc).__name__}: {first_line}"}
+        message = first_line(exc)[:500]
+        result = known | {KEY.status: status, KEY.message: f"{type(exc).__name__}: {message}"}
         if device.type == "cuda":
             result |= cuda_peaks(device) | _history_to_failure(
                 job.history if group.rank == 0 else None
@@ -424,8 +425,3 @@ def _write(path: str, record: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     sys.exit(main(*sys.argv[1:3]))
-
-
-def _first_line(exc: BaseException) -> str:
-    """An exception's message's first line, or nothing."""
-    return (str(exc).strip().splitlines() or [""])[0]

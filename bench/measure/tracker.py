@@ -187,11 +187,11 @@ class LiveBytes(TorchDispatchMode):
         if patterns[0] is None or patterns[0] != patterns[1]:
             return False
         last, before, end = spans[2], spans[1], edges[3]
-        if any(self._lives[i][3] is None for i in last + before):
+        if any(self._lives[i][3] is None for i in last):  # (_pattern: all of before's are freed)
             return False  # a storage of theirs still alive: its finalizer would free another
-        # the clock of the free, in the last part, of each storage the part before made there
+        # the clock of the free, in the last part, of each storage the part before carried into it
         freed_next = {
-            before.index(i): self._lives[i][3] for i in before if self._lives[i][3] <= end
+            j: self._lives[i][3] for j, i in enumerate(before) if self._lives[i][3] > edges[2]
         }
         period = end - edges[2]
         shift = times * period

@@ -71,13 +71,11 @@ def largest(
     (a line through two small sizes, where fixed costs hold the peak, points far past the answer,
     and a far size costs more)."""
     lo, hi = 0, limit + 1  # lo fits (0: none yet), hi does not (past the limit: assumed)
-    seen: dict[int, float] = {}
-    probed: list[int] = []
+    seen: dict[int, float] = {}  # each size probed, in order, and its figure
 
     def probe(n: int) -> None:
         nonlocal lo, hi
         seen[n] = at(n)
-        probed.append(n)
         lo, hi = (max(lo, n), hi) if seen[n] <= budget else (lo, min(hi, n))
 
     probe(1)
@@ -88,7 +86,7 @@ def largest(
     misses = 0  # guesses in a row that did not halve the bracket
     while hi - lo > 1:
         width = hi - lo
-        guess = _guess(seen, probed, lo=lo, hi=hi, budget=budget) if misses < 2 else None
+        guess = _guess(seen, lo, hi, budget) if misses < 2 else None
         if guess is None:  # no line, or the line is not converging: double, or halve the bracket
             probe(min(2 * lo, hi - 1) if hi > limit else (lo + hi) // 2)
             misses = 0
@@ -98,16 +96,12 @@ def largest(
     return lo
 
 
-def _guess(
-    seen: dict[int, float], probed: list[int], lo: int, hi: int, budget: float
-) -> int | None:
+def _guess(seen: dict[int, float], lo: int, hi: int, budget: float) -> int | None:
     """The next size to try: where the line through the bracket's ends crosses the budget, when both
     have a figure (a card's out of memory gives one above it: what was reserved and asked for then);
     else where the line through the last two sizes with a figure does."""
     ends = [(n, seen[n]) for n in (lo, hi) if math.isfinite(seen.get(n, math.inf))]
-    finite = (
-        ends if len(ends) == 2 else [(n, seen[n]) for n in probed if math.isfinite(seen[n])][-2:]
-    )
+    finite = ends if len(ends) == 2 else [p for p in seen.items() if math.isfinite(p[1])][-2:]
     if len(finite) < 2 or finite[0][1] == finite[1][1]:
         return None
     (a, pa), (b, pb) = finite

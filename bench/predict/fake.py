@@ -16,6 +16,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
+from bench.errors import first_line
 from bench.generate import Generator
 from bench.measure.allocator import Conf, Replay, cublas_workspaces
 from bench.measure.memory import optimizer_state, track, tracked_step
@@ -62,9 +63,12 @@ def predict(
     a card, ``reserved=False`` leaves that replay (and the first step it tracks) out, for searches
     that hold only the peak against a budget."""
     world_size = world_size or spec.nproc
-    recipe = Recipe.of(
-        spec, CPU, shapes or spec.gpu, predicting=cuda, world_size=world_size, rank=rank
-    )
+
+    def made() -> Recipe:  # built again for a second trace: techniques keep what they applied to
+        at = shapes or spec.gpu
+        return Recipe.of(spec, CPU, at, predicting=cuda, world_size=world_size, rank=rank)
+
+    recipe = made()
     if reason := next(
         (f"{t.name}: {t.unpredictable}" for t in recipe.techniques if t.unpredictable), None
     ):
@@ -78,15 +82,12 @@ def predict(
             try:
                 figures = _fake_step(spec, recipe, rounding, replay, fold=True)
             except NotRepeating:  # its micro-batches differ: every one of them is traced
-                recipe = Recipe.of(
-                    spec, CPU, shapes or spec.gpu, predicting=cuda, world_size=world_size, rank=rank
-                )
-                figures = _fake_step(spec, recipe, rounding, replay, fold=False)
+                figures = _fake_step(spec, made(), rounding, replay, fold=False)
     except Unsupported as exc:  # a kernel CUDA would refuse: the run would be unsupported there too
         return Prediction.failed(Status.UNSUPPORTED, str(exc))
     except Exception as exc:  # noqa: BLE001  a technique that needs real values (e.g. .item()) cannot be predicted
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
-        return Prediction.failed(Status.UNPREDICTABLE, f"{type(exc).__name__}: {first}")
+        message = f"{type(exc).__name__}: {first_line(exc)[:200]}"
+        return Prediction.failed(Status.UNPREDICTABLE, message)
     if KEY.peak_reserved_bytes in figures:
         on = card or CARDS["h100"]
         # pages of unified memory (a paged optimizer's) count for nvidia-smi while they are on the
@@ -210,14 +211,13 @@ def _folded(runner: Any, feed: Any, world_size: int) -> int:
     made, so the last traced one stands for the rest (``LiveBytes.repeat`` proves it, or the step is
     traced whole). Not on variable-length data, whose micro-batches each have their own lengths, nor
     over ranks, whose collectives run each micro-batch."""
-    n = getattr(runner, "micro_batches", 1)
-    if not isinstance(runner, Trainer) or n <= TRACED_MICRO_BATCHES or feed is not None:
+    if not isinstance(runner, Trainer) or feed is not None or world_size > 1:
         return 0
-    if world_size > 1:
+    if runner.micro_batches <= TRACED_MICRO_BATCHES:
         return 0
     runner.runs = TRACED_MICRO_BATCHES
     runner.after_micro_batch = _mark_trackers
-    return n - TRACED_MICRO_BATCHES
+    return runner.micro_batches - TRACED_MICRO_BATCHES
 
 
 def _mark_trackers() -> None:
