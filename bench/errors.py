@@ -35,14 +35,20 @@ class SuiteError(Exception):
     def __init__(self, path: Path, problems: list[str]) -> None:
         self.path, self.problems = path, problems
         lines = "\n".join(f"  {path}: {p}" for p in problems[: self.SHOWN])
-        more = f"\n  … and {len(problems) - self.SHOWN} more" if len(problems) > self.SHOWN else ""
+        if len(problems) > self.SHOWN:
+            more = f"\n  … and {len(problems) - self.SHOWN} more"
+        else:
+            more = ""
         super().__init__(f"{len(problems)} problem(s) in suite {path}:\n{lines}{more}")
 
 
 def cannot_read(path: Path, reason: str) -> SuiteError:
     """A suite file that cannot be read; where it does not exist, the suites beside it (and the one
     meant)."""
-    nearby = sorted(p.stem for p in path.parent.glob("*.toml")) if path.parent.is_dir() else []
+    if path.parent.is_dir():
+        nearby = sorted(p.stem for p in path.parent.glob("*.toml"))
+    else:
+        nearby = []
     hint = ""
     if nearby and not path.exists():
         hint = f"{did_you_mean(path.stem, nearby)}; suites in {path.parent}: {', '.join(nearby)}"

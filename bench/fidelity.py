@@ -68,8 +68,14 @@ def run_fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str
         image_size=fid.image_size if model_spec.inputs == "image" else None,
         seq_len=int(train.inputs.shape[1]) if model_spec.inputs == "tokens" else None,
     )
-    seeds = range(spec.seed, spec.seed + fid.seeds) if spec.name == spec.baseline else [spec.seed]
-    one = _inference_seed if spec.mode == "inference" else _train_seed
+    if spec.name == spec.baseline:
+        seeds = range(spec.seed, spec.seed + fid.seeds)
+    else:
+        seeds = [spec.seed]
+    if spec.mode == "inference":
+        one = _inference_seed
+    else:
+        one = _train_seed
     recipes = [
         Recipe.of(spec, device, shapes, model=stand_in, lr=fid.lr, seed=seed) for seed in seeds
     ]

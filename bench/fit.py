@@ -64,11 +64,10 @@ def fit_run(
         return _peak(out) or 0.0
 
     row: dict[str, Any] = {KEY.run: spec.name, "budget_bytes": budget, KEY.device: device.name}
-    row["predicted_largest_batch"] = (
-        largest_batch_on(spec, card, limit)
-        if card
-        else largest_batch(spec, budget, limit, device_type=device.type)
-    )
+    if card:
+        row["predicted_largest_batch"] = largest_batch_on(spec, card, limit)
+    else:
+        row["predicted_largest_batch"] = largest_batch(spec, budget, limit, device_type=device.type)
     try:
         row["measured_largest_batch"] = largest_batch(
             spec, budget, limit, peak=measured_peak, device_type=device.type
@@ -129,11 +128,10 @@ def fit_suite(
 def row_line(row: dict[str, Any]) -> str:
     if row[KEY.status] != Status.OK:
         return f"{row[KEY.status]}: {row[KEY.message]}"
-    flag = (
-        " ⚠ the prediction promises a batch that runs out of memory"
-        if row.get("promises_oom")
-        else ""
-    )
+    if row.get("promises_oom"):
+        flag = " ⚠ the prediction promises a batch that runs out of memory"
+    else:
+        flag = ""
     return (
         f"largest batch measured {row['measured_largest_batch']}, predicted "
         f"{row['predicted_largest_batch']} ({len(row['probes'])} probes){flag}"
@@ -141,7 +139,9 @@ def row_line(row: dict[str, Any]) -> str:
 
 
 def _field(device: Device) -> str:
-    return "gpu" if device.type == "cuda" else "cpu"
+    if device.type == "cuda":
+        return "gpu"
+    return "cpu"
 
 
 def _peak(out: dict[str, Any]) -> float | None:

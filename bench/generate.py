@@ -98,7 +98,9 @@ class Generator:
             torch.cuda.synchronize()
 
         def ms(a: Any, b: Any) -> float:
-            return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
+            if self.cuda:
+                return a.elapsed_time(b)
+            return (b - a) * 1e3
 
         return [(ms(start, first), ms(first, end)) for start, first, end in self.marks[-steps:]]
 
@@ -115,7 +117,10 @@ class Generator:
         tokens = kwargs.get("input_ids", args[0] if args else None)
         if tokens is None:
             tokens = kwargs["inputs_embeds"]
-        self.phase = PREFILL if self._seen < self.prompt_len else DECODE
+        if self._seen < self.prompt_len:
+            self.phase = PREFILL
+        else:
+            self.phase = DECODE
         if self.phase == DECODE and not self.forwards[DECODE]:
             self.marks[-1][1] = self._now()
         self.forwards[self.phase] += 1
@@ -125,7 +130,10 @@ class Generator:
         self._cache = kwargs.get("past_key_values") or getattr(out, "past_key_values", None)
         self.cache_class = type(self._cache).__name__
         # an offloaded cache's layers on the host are not the card's
-        device = "cuda" if self.cuda else "cpu"
+        if self.cuda:
+            device = "cuda"
+        else:
+            device = "cpu"
         held = tensor_bytes(t for t in self.cache() if t.device.type == device)
         self.cache_bytes = max(self.cache_bytes, held)
 

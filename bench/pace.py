@@ -53,7 +53,10 @@ class Pace:
             return ""
         total, quick = sum(p.seconds for p in priced), sum(p.without_fidelity for p in priced)
         sources = sorted({p.reference for p in priced})
-        where = "this device" if sources == [self.device] else "; ".join(sources)
+        if sources == [self.device]:
+            where = "this device"
+        else:
+            where = "; ".join(sources)
         medians = sum(not p.own for p in priced)
         runs = f"{len(priced)} of the {len(todo)} runs"
         if len(priced) == len(todo):
@@ -94,12 +97,17 @@ class Pace:
     def factor(self, reference: str) -> float:
         """This machine's time over the reference's, for the same runs; 1 until one is measured."""
         there = self.there.get(reference)
-        return self.here[reference] / there if there else 1.0
+        if there:
+            return self.here[reference] / there
+        return 1.0
 
     def left(self, todo: list[Task]) -> float | None:
         """Seconds the runs of ``todo`` should take here; None where a run is priced by nothing
         yet."""
-        fallback = statistics.mean(self.measured) if self.measured else None
+        if self.measured:
+            fallback = statistics.mean(self.measured)
+        else:
+            fallback = None
         total = 0.0
         for t in todo:
             if price := self.prices[id(t)]:
@@ -123,7 +131,10 @@ def _reference(
             by_device[r[KEY.device]][r[KEY.run]] = r
     if not by_device:
         return None
-    name = device if device in by_device else max(by_device, key=lambda d: (len(by_device[d]), d))
+    if device in by_device:
+        name = device
+    else:
+        name = max(by_device, key=lambda d: (len(by_device[d]), d))
     return name, by_device[name]
 
 
@@ -145,7 +156,10 @@ def _price(
     ran = [r for r in records.values() if r[KEY.status] == Status.OK]
     if not ran:
         return None
-    with_phase = [r for r in ran if r.get(KEY.fidelity_s)] if fidelity else ran
+    if fidelity:
+        with_phase = [r for r in ran if r.get(KEY.fidelity_s)]
+    else:
+        with_phase = ran
     typical = statistics.median(wall(r, fidelity) for r in with_phase or ran)
     return Price(
         seconds=typical,

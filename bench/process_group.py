@@ -66,11 +66,9 @@ def join(device_type: str, timeout_s: float) -> Group:
 
 
 def device_of(device_type: str, group: Group) -> torch.device:
-    return (
-        torch.device("cuda", group.local_rank)
-        if device_type == "cuda"
-        else torch.device(device_type)
-    )
+    if device_type == "cuda":
+        return torch.device("cuda", group.local_rank)
+    return torch.device(device_type)
 
 
 def gather(figures: dict[str, Any], group: Group) -> list[dict[str, Any]] | None:
@@ -81,7 +79,9 @@ def gather(figures: dict[str, Any], group: Group) -> list[dict[str, Any]] | None
 
     out: list[Any] = [None] * group.world_size
     dist.all_gather_object(out, figures)
-    return out if group.rank == 0 else None
+    if group.rank == 0:
+        return out
+    return None
 
 
 def leave(group: Group) -> None:

@@ -23,7 +23,10 @@ def say(phase: str, step: int | None = None, of: int | None = None) -> None:
     if not path or (phase == _last["phase"] and now - _last["at"] < EVERY_S):
         return
     _last.update(phase=phase, at=now)
-    line = phase if step is None else f"{phase}, step {step}/{of}"
+    if step is None:
+        line = phase
+    else:
+        line = f"{phase}, step {step}/{of}"
     try:
         Path(f"{path}.tmp").write_text(line)
         os.replace(f"{path}.tmp", path)

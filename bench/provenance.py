@@ -36,7 +36,9 @@ def device_name(device_type: str) -> str:
 
         pynvml.nvmlInit()
         name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
-        return name.decode() if isinstance(name, bytes) else name
+        if isinstance(name, bytes):
+            return name.decode()
+        return name
     except Exception:  # noqa: BLE001  NVML absent or unusable: ask torch instead
         return torch.cuda.get_device_name(0)
 
@@ -144,6 +146,8 @@ def _driver_version() -> str | None:
 
         pynvml.nvmlInit()
         version = pynvml.nvmlSystemGetDriverVersion()
-        return version.decode() if isinstance(version, bytes) else version
+        if isinstance(version, bytes):
+            return version.decode()
+        return version
     except Exception:  # noqa: BLE001
         return None

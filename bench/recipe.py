@@ -58,7 +58,8 @@ class Recipe:
         """The recipe of ``spec`` on ``device`` at ``shapes`` (default: the spec's for that device
         type). The fidelity phase names its stand-in ``model``, its ``lr`` and each ``seed``;
         ``predicting``: fake tensors on the CPU standing for a CUDA run."""
-        lr = spec.lr if lr is None else lr
+        if lr is None:
+            lr = spec.lr
         shapes = shapes or spec.shapes(device.type)
         ctx = RunContext(
             device=device,
@@ -105,7 +106,8 @@ class Recipe:
         """``model`` with ``techniques`` (default: the recipe's) applied, in a Trainer, an
         Inferencer for an inference run, or a Generator; the fidelity phase trains an inference
         run's plain model first (``inference=False``)."""
-        techniques = self.techniques if techniques is None else techniques
+        if techniques is None:
+            techniques = self.techniques
         if inference is False or (inference is None and self.mode == "train"):
             return Trainer(model, self.ctx.model_spec, techniques, self.ctx, self.ctx.lr)
         if self.mode == "generate":
@@ -130,7 +132,9 @@ class Recipe:
         batch-forming technique, if it has one: what it is trained and evaluated on is what it
         measured."""
         batching = self._batching()
-        return batch if batching is None else varlen.regroup(batch, batching.collate)
+        if batching is None:
+            return batch
+        return varlen.regroup(batch, batching.collate)
 
     def feed(self) -> varlen.Feed | None:
         """Where the shapes name a length distribution, the DataLoader feed every step takes its
@@ -154,7 +158,9 @@ class Recipe:
 def batches(batch: Batch, feed: varlen.Feed | None, n: int) -> Iterator[Batch]:
     """The batches of ``n`` steps: the loader's, the same ones on every pass, or the one synthetic
     batch."""
-    return feed.batches(n) if feed is not None else itertools.repeat(batch, n)
+    if feed is not None:
+        return feed.batches(n)
+    return itertools.repeat(batch, n)
 
 
 def tracked_steps(

@@ -644,7 +644,10 @@ def migrate(flat: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in flat.items() if k not in DERIVED}
     if isinstance(out.get("techniques"), str):
         label = out["techniques"]
-        out["techniques"] = [] if label == "baseline" else label.split(" + ")
+        if label == "baseline":
+            out["techniques"] = []
+        else:
+            out["techniques"] = label.split(" + ")
     return out
 
 

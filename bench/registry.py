@@ -66,4 +66,6 @@ def import_object(path: str, kind: str) -> Any:
 def did_you_mean(name: str, known: Iterable[str]) -> str:
     """ " (did you mean 'checkpoint'?)" for a typo close to a known name, else nothing."""
     close = difflib.get_close_matches(name, list(known), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    if close:
+        return f" (did you mean {close[0]!r}?)"
+    return ""

@@ -40,7 +40,9 @@ def run_stem(run: str) -> str:
     name, so that no two names ('amp bf16', 'AMP-bf16'; '🚀', '🔥') share a file and one record
     never replaces another."""
     stem = slug(run)
-    return stem if stem == run else f"{stem}~{hashlib.sha256(run.encode()).hexdigest()[:8]}"
+    if stem == run:
+        return stem
+    return f"{stem}~{hashlib.sha256(run.encode()).hexdigest()[:8]}"
 
 
 def suite_folder(results: Path, suite: str, device: str) -> Path:
@@ -56,7 +58,10 @@ def write_between(path: Path, begin: str, end: str, body: str, missing: str = ""
     as written. A page without the markers gets the part at its end (``missing``: the text of a page
     not there).
     """
-    text = path.read_text(encoding="utf-8") if path.exists() else missing
+    if path.exists():
+        text = path.read_text(encoding="utf-8")
+    else:
+        text = missing
     head, _, rest = text.partition(begin)
     write_atomic(path, head + begin + "\n" + body + "\n" + end + rest.partition(end)[2])
 
@@ -167,11 +172,10 @@ def writable(folder: Path, what: str, flag: str) -> None:
     only once it was done). Folders it made to find out are removed again: nothing is left behind by
     a command that then writes nothing."""
     refuse_dangling(folder, flag)
-    made = (
-        next((p for p in (folder, *folder.parents) if p.parent.exists()), folder)
-        if not folder.exists()
-        else None
-    )
+    if not folder.exists():
+        made = next((p for p in (folder, *folder.parents) if p.parent.exists()), folder)
+    else:
+        made = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=folder).close()
@@ -325,7 +329,10 @@ def keep_superseded(path: Path) -> Path | None:
     """Before a record is written over by a new measurement: the stored one moves to
     superseded/<run>.<stored_at>.json beside it (reports read only the folder's own records), so
     that nothing measured is lost to an edited suite, --force or a changed key."""
-    old = read(path, warn=False) if path.exists() else None
+    if path.exists():
+        old = read(path, warn=False)
+    else:
+        old = None
     if old is None:
         return None
     stamp = str(old.get(KEY.stored_at) or old.get(KEY.finished_at) or "unstamped").replace(":", "")

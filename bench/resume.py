@@ -61,7 +61,10 @@ def plan(
     when its key matches."""
     tasks = []
     for full in suite.runs:
-        spec = full if fidelity else replace(full, fidelity_gpu=None, fidelity_cpu=None)
+        if fidelity:
+            spec = full
+        else:
+            spec = replace(full, fidelity_gpu=None, fidelity_cpu=None)
         device = device_name or _measured_on(root, suite.name, device_type, full, spec)
         if device is None:
             tasks.append(

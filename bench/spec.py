@@ -90,7 +90,9 @@ class TechniqueSpec:
     @property
     def label(self) -> str:
         opts = ",".join(f"{k}={v}" for k, v in self.options)
-        return f"{self.name}({opts})" if opts else self.name
+        if opts:
+            return f"{self.name}({opts})"
+        return self.name
 
 
 HF = "hf:"  # a model built from a Hugging Face config.json: hf:PATH[#task] (bench.models.hf)
@@ -115,14 +117,18 @@ class RunSpec:
     weights: str | None = None  # a local path the model's weights are loaded from (else random)
 
     def shapes(self, device_type: str) -> Shapes:
-        return self.gpu if device_type == "cuda" else self.cpu
+        if device_type == "cuda":
+            return self.gpu
+        return self.cpu
 
     def model_on(self, device_type: str) -> str:
         """The model a run on this kind of device builds: the suite's, or the device's stand-in."""
         return self.shapes(device_type).model or self.model
 
     def fidelity(self, device_type: str) -> Fidelity | None:
-        return self.fidelity_gpu if device_type == "cuda" else self.fidelity_cpu
+        if device_type == "cuda":
+            return self.fidelity_gpu
+        return self.fidelity_cpu
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -173,7 +179,10 @@ class RunSpec:
         and the other kind of device's shapes and fidelity phase (editing ``[shapes.gpu]``
         re-measures nothing on a CPU)."""
         spec = self.to_dict()
-        other = "cpu" if device_type == "cuda" else "gpu"
+        if device_type == "cuda":
+            other = "cpu"
+        else:
+            other = "gpu"
         for key in ("timeout_s", other, f"fidelity_{other}"):
             spec.pop(key, None)
         blob = json.dumps(
@@ -200,13 +209,17 @@ def hf_config_file(name: str) -> Path:
     """The config.json an ``hf:PATH[#task]`` model names: PATH itself, or the config.json in that
     folder."""
     path = Path(name.removeprefix(HF).partition("#")[0])
-    return path / "config.json" if path.is_dir() else path
+    if path.is_dir():
+        return path / "config.json"
+    return path
 
 
 def _source_digest(module: str) -> str:
     try:
         found = importlib.util.find_spec(module)
-        return _digest(Path(found.origin)) if found and found.origin else ""
+        if found and found.origin:
+            return _digest(Path(found.origin))
+        return ""
     except (ImportError, ValueError):  # not importable here: the run itself will say why
         return ""
 

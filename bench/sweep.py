@@ -110,9 +110,10 @@ def _measure(
     todo = [t for t in tasks if t.measure]
     if never_measured_first:
         todo.sort(key=lambda t: not t.never_measured)  # stable: the suites' order within each group
-    label = (
-        (lambda t: t.spec.name) if len(suites) == 1 else (lambda t: f"{t.suite.name}/{t.spec.name}")
-    )
+    if len(suites) == 1:
+        label = lambda t: t.spec.name
+    else:
+        label = lambda t: f"{t.suite.name}/{t.spec.name}"
     for i, t in enumerate(tasks, 1):
         if not t.measure:
             print(
@@ -252,7 +253,9 @@ def _outcome(record: dict[str, Any], baseline: dict[str, Any] | None = None) -> 
 
 
 def _left(seconds: float | None) -> str:
-    return f", about {_minutes(seconds)} left" if seconds else ""
+    if seconds:
+        return f", about {_minutes(seconds)} left"
+    return ""
 
 
 def _minutes(seconds: float) -> str:

@@ -53,7 +53,10 @@ class Trainer:
             self.output_dtype = logits.dtype
             del logits  # a plain training loop would not hold the logits through backward either
             # Kept on the device: a .item() here would synchronise CUDA inside the timed step.
-            total = loss.detach() if total is None else total + loss.detach()
+            if total is None:
+                total = loss.detach()
+            else:
+                total = total + loss.detach()
             policy.scale_loss(loss).backward()
             if self.after_micro_batch is not None:
                 self.after_micro_batch()

@@ -204,7 +204,10 @@ def _timed_pass(
         figures |= overheads(figures)
         # The seed article's monitor, over the timed steps: the runner saves it beside the record.
         figures[MEMORY_SUMMARY] = torch.cuda.memory_summary(device)
-    tokens = ctx.shapes.seq_len if ctx.model_spec.inputs == "tokens" and feed is None else None
+    if ctx.model_spec.inputs == "tokens" and feed is None:
+        tokens = ctx.shapes.seq_len
+    else:
+        tokens = None
     if isinstance(trainer, Generator):
         tokens = ctx.shapes.new_tokens
         figures |= generation_figures(trainer.timings(n), samples, tokens)
@@ -247,7 +250,10 @@ def share(cpu_s: float, wall_s: float) -> dict[str, Any]:
     model's step, Python-bound, leaves its other threads idle on a quiet machine too). Its
     throughput then measures the neighbours as much as the technique: the record says so
     (``busy_machine``), and reports mark it."""
-    got = cpu_s / (wall_s * torch.get_num_threads()) if wall_s > 0 else None
+    if wall_s > 0:
+        got = cpu_s / (wall_s * torch.get_num_threads())
+    else:
+        got = None
     load = os.getloadavg()[0]
     return {
         KEY.load_average: round(load, 2),
@@ -383,7 +389,10 @@ def main(spec_path: str, out_path: str) -> int:
         result = {KEY.status: Status.UNSUPPORTED, KEY.message: str(exc)}
     except Exception as exc:  # noqa: BLE001  a failed run is a result, not a crash of the sweep
         traceback.print_exc()
-        status = Status.OOM if is_oom(exc) else Status.ERROR
+        if is_oom(exc):
+            status = Status.OOM
+        else:
+            status = Status.ERROR
         message = first_line(exc)[:500]
         result = known | {KEY.status: status, KEY.message: f"{type(exc).__name__}: {message}"}
         if device.type == "cuda":

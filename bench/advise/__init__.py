@@ -75,11 +75,10 @@ def advise(
     batch = template.shapes(device_type).batch_size
     found = axes(src.model, src.mode, nproc=nproc, batch=batch, own=src.own)
     base = Plan(tuple(o for a in found if a.required for o in a.options[:1]))  # over processes: ddp
-    rates = (
-        STATED[device_type]
-        if link_gbps is None
-        else replace(STATED[device_type], link=link_gbps * 1e9)
-    )
+    if link_gbps is None:
+        rates = STATED[device_type]
+    else:
+        rates = replace(STATED[device_type], link=link_gbps * 1e9)
     evidence = Evidence(results, src.mode, device_name(device_type) if device_type == "cpu" else "")
     model = template.model_on(device_type)
     predictions = Predictions(device_type, folder=CACHE, jobs=jobs, log=log, card=budget.card)
@@ -126,7 +125,10 @@ def advise(
             if strongest is not None:
                 _needs(advice, strongest, predictions)
         else:
-            want = 3 * top if max_batch else top
+            if max_batch:
+                want = 3 * top
+            else:
+                want = top
             search = searcher.walk(
                 kept,
                 estimator,

@@ -100,7 +100,10 @@ def calibrate(
     a = np.array([counts for _, _, counts in steps], dtype=float) / np.array(
         [[t] for _, t, _ in steps]
     )
-    columns = [(0, 1, 2), (0, 2), (0, 1), (1, 2), (0,), (2,), (1,)] if len(steps) >= 3 else [(0,)]
+    if len(steps) >= 3:
+        columns = [(0, 1, 2), (0, 2), (0, 1), (1, 2), (0,), (2,), (1,)]
+    else:
+        columns = [(0,)]
     best: tuple[float, np.ndarray] | None = None
     for cols in columns:
         x, *_ = np.linalg.lstsq(a[:, cols], np.ones(len(steps)), rcond=None)
@@ -108,8 +111,12 @@ def calibrate(
             fitted = np.zeros(3)
             fitted[list(cols)] = x
             residual = float(((a @ fitted - 1) ** 2).sum())
-            best = best if best and best[0] <= residual else (residual, fitted)
-    fitted = best[1] if best else np.array([1 / rates.flops, 0.0, 0.0])
+            if not (best and best[0] <= residual):
+                best = (residual, fitted)
+    if best:
+        fitted = best[1]
+    else:
+        fitted = np.array([1 / rates.flops, 0.0, 0.0])
     per_flop, per_op, per_byte = map(float, fitted)
     return Calibration(
         per_flop=per_flop,
@@ -159,7 +166,9 @@ class Accuracy:
 
     @property
     def points(self) -> float | None:
-        return None if self.delta is None else 100 * self.delta
+        if self.delta is None:
+            return None
+        return 100 * self.delta
 
     def demoted(self, tolerance_pt: float | None) -> bool:
         """Whether the plan ranks after every plan without such a loss: a known loss outside the
@@ -258,7 +267,10 @@ class Estimator:
         """Bytes an offloading option moves between device and host a step
         (``Technique.host_traffic``): the activations it keeps off the device, down in forward and
         up in backward; a host optimizer's gradients down and weights up."""
-        traffic = option.cls.host_traffic if option else ""
+        if option:
+            traffic = option.cls.host_traffic
+        else:
+            traffic = ""
         if traffic == "activations":
             kept_off = self.baseline.activation_bytes - predicted.activation_bytes
             return 2 * max(kept_off, 0)
@@ -293,6 +305,12 @@ class Estimator:
 
 
 def _pt(figure: Figure) -> str:
-    other = "" if figure.same_model else " (another model)"
-    band = ", outside the seed band" if figure.outside_band else ""
+    if figure.same_model:
+        other = ""
+    else:
+        other = " (another model)"
+    if figure.outside_band:
+        band = ", outside the seed band"
+    else:
+        band = ""
     return f"{100 * figure.value:+.1f} pt{band}{other}, {figure.source}"

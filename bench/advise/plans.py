@@ -61,7 +61,9 @@ class Axis:
 
     @property
     def choices(self) -> tuple[Option | None, ...]:
-        return self.options if self.required else (None, *self.options)
+        if self.required:
+            return self.options
+        return (None, *self.options)
 
 
 @dataclass(frozen=True)

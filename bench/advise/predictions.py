@@ -102,11 +102,9 @@ class Predictions:
 
     def _cached(self, key: str) -> dict[str, Any] | None:
         try:
-            return (
-                json.loads((self.folder / f"{key}.json").read_text())
-                if self.folder is not None
-                else None
-            )
+            if self.folder is not None:
+                return json.loads((self.folder / f"{key}.json").read_text())
+            return None
         except (OSError, ValueError):  # not made yet, or cut off mid-write by hand: made again
             return None
 

@@ -117,7 +117,10 @@ class Searcher:
         if not baseline.ok:
             raise RuntimeError(f"the baseline cannot be predicted: {baseline.message}")
         for (option, _), out in zip(runnable, rest):
-            why = [] if out.ok else [out.message or ""]
+            if out.ok:
+                why = []
+            else:
+                why = [out.message or ""]
             if not self._refused(option, why):
                 self.alone[option.name] = out
         for o in self.base.options:
@@ -222,7 +225,10 @@ class Searcher:
             predicted += len(batch)
             for (speed, accuracy, plan), out in zip(batch, outs):
                 if out.ok:
-                    found_in = self.search.fits if out.fits(budget) else self.search.misses
+                    if out.fits(budget):
+                        found_in = self.search.fits
+                    else:
+                        found_in = self.search.misses
                     found_in.append(
                         Candidate(plan=plan, predicted=out, speed=speed, accuracy=accuracy)
                     )

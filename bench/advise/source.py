@@ -71,7 +71,10 @@ def source(
     if path.suffix == ".toml" or path.is_file():
         raw, origin = _read(path), str(path)
         if mode and raw.get("mode", "train") != mode:
-            flag = "--train" if mode == "train" else "--infer"
+            if mode == "train":
+                flag = "--train"
+            else:
+                flag = "--infer"
             raise BadInput(
                 f"{path} is a {raw.get('mode', 'train')} suite; leave out {flag}, or name its "
                 "model instead"
@@ -108,7 +111,9 @@ def _own(raw: dict[str, Any]) -> tuple[str, ...]:
 
 
 def device_type_key(device_type: str) -> str:
-    return "gpu" if device_type == "cuda" else "cpu"
+    if device_type == "cuda":
+        return "gpu"
+    return "cpu"
 
 
 def template(header: dict[str, Any]) -> RunSpec:

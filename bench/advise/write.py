@@ -152,9 +152,18 @@ def measured(advice: Advice, records: list[dict[str, Any]]) -> str:
     ]
     for i, c in enumerate(advice.plans, 1):
         r = by_run.get(c.plan.name)
-        peak = f"{r[KEY.peak_tensor_bytes] / GIB:,.3f}" if r else "—"
-        sps = r[KEY.samples_per_s] if r else None
-        rank = speeds.index(sps) + 1 if c in fitting else "—"
+        if r:
+            peak = f"{r[KEY.peak_tensor_bytes] / GIB:,.3f}"
+        else:
+            peak = "—"
+        if r:
+            sps = r[KEY.samples_per_s]
+        else:
+            sps = None
+        if c in fitting:
+            rank = speeds.index(sps) + 1
+        else:
+            rank = "—"
         rows.append(
             f"| {i} | {c.plan.name} | {c.peak / GIB:,.3f} | {peak} | "
             f"{'yes' if c in fitting else 'no'} | {c.speed.throughput:.2f}× | "
@@ -202,7 +211,9 @@ def _batch(advice: Advice) -> int:
 
 
 def _nproc(advice: Advice) -> dict[str, int]:
-    return {"nproc": advice.template.nproc} if advice.template.nproc > 1 else {}
+    if advice.template.nproc > 1:
+        return {"nproc": advice.template.nproc}
+    return {}
 
 
 def _own_batch(advice: Advice, c: Candidate) -> dict[str, Any]:
@@ -214,7 +225,9 @@ def _own_batch(advice: Advice, c: Candidate) -> dict[str, Any]:
 
 
 def _technique(t: Any) -> Any:
-    return {"name": t.name, **dict(t.options)} if t.options else t.name
+    if t.options:
+        return {"name": t.name, **dict(t.options)}
+    return t.name
 
 
 def _accuracy(c: Candidate) -> str:
@@ -223,7 +236,10 @@ def _accuracy(c: Candidate) -> str:
         return "0.0 pt (baseline)"
     if a.points is None:
         return "not measured"
-    unmeasured = f" ({len(a.unknown)} unmeasured)" if a.unknown else ""
+    if a.unknown:
+        unmeasured = f" ({len(a.unknown)} unmeasured)"
+    else:
+        unmeasured = ""
     return f"{'⚠ ' if a.outside_band else ''}{a.points:+.1f} pt{unmeasured}"
 
 

@@ -17,7 +17,10 @@ __all__ = ["EXIT_BAD_INPUT", "interrupt", "main"]
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, os.getcwd())  # user techniques named "module:Class" import from here
     args = parser().parse_args(argv)
-    args.argv = sys.argv[1:] if argv is None else argv
+    if argv is None:
+        args.argv = sys.argv[1:]
+    else:
+        args.argv = argv
     try:
         return args.func(args)
     except SuiteError as exc:
@@ -27,11 +30,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
-        stored = (
-            ": finished runs are stored; run the same command again to resume"
-            if args.sweeping
-            else ""
-        )
+        if args.sweeping:
+            stored = ": finished runs are stored; run the same command again to resume"
+        else:
+            stored = ""
         print(f"\ninterrupted{stored}", file=sys.stderr)
         return 130
 

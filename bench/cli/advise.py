@@ -167,4 +167,6 @@ def _measure_advice(advice: object, path: Path, args: argparse.Namespace) -> int
     suite = suites.without_fidelity(suites.load(path))
     records = sweep(suite, local(args), args.results, fidelity=False)
     print(write.measured(advice, records))
-    return 0 if write.top_holds(advice, records) else 1
+    if write.top_holds(advice, records):
+        return 0
+    return 1

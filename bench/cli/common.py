@@ -35,7 +35,9 @@ def _number(text: str) -> float:
     """``float(text)`` for an ASCII number (float() too reads any script's digits), else -1: out of
     every range a flag takes."""
     try:
-        return float(text) if text.isascii() else -1.0
+        if text.isascii():
+            return float(text)
+        return -1.0
     except ValueError:
         return -1.0
 
@@ -235,7 +237,10 @@ def local(args: argparse.Namespace, torchrun: tuple[str, ...] = ()) -> Launcher:
     device = detect(args.device)
     jobs = args.predict_jobs
     if jobs is None:
-        jobs = min(4, (os.cpu_count() or 1) - 1) if device.type == "cuda" else 0
+        if device.type == "cuda":
+            jobs = min(4, (os.cpu_count() or 1) - 1)
+        else:
+            jobs = 0
     # a one-core host has no spare core
     return Local(
         device,

@@ -110,10 +110,14 @@ def _predict(args: argparse.Namespace) -> int:
     if args.card and args.budget:
         raise BadInput("--card and --budget: give one (a card's memory is its budget)")
     try:
-        budget = (
-            Budget.parse(args.budget, "cuda", reserve).bytes() if args.budget is not None else None
-        )
-        card = cards.card(args.card) if args.card else None
+        if args.budget is not None:
+            budget = Budget.parse(args.budget, "cuda", reserve).bytes()
+        else:
+            budget = None
+        if args.card:
+            card = cards.card(args.card)
+        else:
+            card = None
     except ValueError as exc:
         raise BadInput(str(exc)) from exc
     suite = selected(path, args)
@@ -202,12 +206,14 @@ def _fit(args: argparse.Namespace) -> int:
             f"--card {args.card}: a card's allocator is capped on a GPU; this is {device.name}"
         )
     try:
-        card = cards.card(args.card) if args.card else None
-        budget = (
-            card.capacity
-            if card
-            else Budget.parse(args.budget, device.type, args.reserve or RESERVE).bytes()
-        )
+        if args.card:
+            card = cards.card(args.card)
+        else:
+            card = None
+        if card:
+            budget = card.capacity
+        else:
+            budget = Budget.parse(args.budget, device.type, args.reserve or RESERVE).bytes()
     except ValueError as exc:
         raise BadInput(str(exc)) from exc
     suite = selected(path, args)
@@ -217,7 +223,9 @@ def _fit(args: argparse.Namespace) -> int:
     for r in rows:
         measured, predicted = r.get("measured_largest_batch"), r["predicted_largest_batch"]
         print(f"| {r[KEY.run]} | {measured} | {predicted} | {_fit_verdict(r)} |")
-    return 1 if any(r.get("promises_oom") or r[KEY.status] != Status.OK for r in rows) else 0
+    if any(r.get("promises_oom") or r[KEY.status] != Status.OK for r in rows):
+        return 1
+    return 0
 
 
 def _fit_verdict(row: dict[str, Any]) -> str:

@@ -50,11 +50,10 @@ def _report(args: argparse.Namespace) -> int:
 
     # A suite's name reads --results/NAME, even where ./NAME is a folder; a path (with a slash) is
     # read as given.
-    folder = (
-        Path(args.suite)
-        if "/" in args.suite and Path(args.suite).is_dir()
-        else args.results / args.suite
-    )
+    if "/" in args.suite and Path(args.suite).is_dir():
+        folder = Path(args.suite)
+    else:
+        folder = args.results / args.suite
     if folder.is_dir():
         writable(folder, "the report", "--results FOLDER (a writable copy)")
     for path in build_report(folder):
@@ -95,4 +94,6 @@ def _compare(args: argparse.Namespace) -> int:
     for line in compare.unmatched(a, b):
         print(line, file=sys.stderr)
     print(f"written: {', '.join(str(p) for p in written)}", file=sys.stderr)
-    return 1 if any(gate & set(r.split(", ")) for r in table["regression"]) else 0
+    if any(gate & set(r.split(", ")) for r in table["regression"]):
+        return 1
+    return 0

@@ -62,7 +62,9 @@ def _validate(args: argparse.Namespace) -> int:
         except SuiteError as exc:
             print(exc, file=sys.stderr)
             failed += 1
-    return EXIT_BAD_INPUT if failed else 0
+    if failed:
+        return EXIT_BAD_INPUT
+    return 0
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -90,7 +92,10 @@ def _list(args: argparse.Namespace) -> int:
     print("techniques:")
     for name in TECHNIQUES:
         cls = TECHNIQUES.get(name)
-        modes = "" if cls.modes == TRAIN else f" [{', '.join(sorted(cls.modes))}]"
+        if cls.modes == TRAIN:
+            modes = ""
+        else:
+            modes = f" [{', '.join(sorted(cls.modes))}]"
         print(f"  {name}: {cls.summary}{modes}")
         for opt, kind, default, doc in options_doc(cls):
             print(f"      {opt} ({kind}, default {default!r}): {doc}")
@@ -114,6 +119,9 @@ def _suite(args: argparse.Namespace) -> int:
     except SuiteError:
         written.unlink()  # nothing half-written
         raise
-    name = written.stem if written.parent == Path("suites") else written
+    if written.parent == Path("suites"):
+        name = written.stem
+    else:
+        name = written
     print(f"written: {written} (make predict SUITE={name}, make bench SUITE={name})")
     return 0

@@ -126,7 +126,10 @@ def _run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise BadInput(str(exc)) from exc
         # the nodes', not this machine's
-        device_type = "cuda" if args.device == "auto" else args.device
+        if args.device == "auto":
+            device_type = "cuda"
+        else:
+            device_type = args.device
         launcher = Slurm(device_type, args.results / suite.name / ".submitit", options, torchrun)
     else:
         launcher = local(args, torchrun)
@@ -142,7 +145,9 @@ def _run(args: argparse.Namespace) -> int:
     _pages(args.results, [suite.name])
     # oom, timeout and unsupported are findings about the configuration; error means something
     # broke.
-    return 1 if any(r[KEY.status] == Status.ERROR for r in records) else 0
+    if any(r[KEY.status] == Status.ERROR for r in records):
+        return 1
+    return 0
 
 
 def _first_look(suite: Suite, args: argparse.Namespace, device_type: str) -> Suite:
@@ -183,7 +188,9 @@ def _campaign(args: argparse.Namespace) -> int:
         **sweep_options(args),
     )
     _pages(args.results, [s.name for s in chosen])
-    return 1 if any(r[KEY.status] == Status.ERROR for rs in records.values() for r in rs) else 0
+    if any(r[KEY.status] == Status.ERROR for rs in records.values() for r in rs):
+        return 1
+    return 0
 
 
 def _archive_writable(archive: Path) -> None:

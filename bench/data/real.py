@@ -141,7 +141,10 @@ def _digit_pixels() -> tuple[torch.Tensor, torch.Tensor]:
 def _images(x: torch.Tensor, image_size: int) -> torch.Tensor:
     """(N, C, H, W) in [0, 1] → (N, 3, S, S), standardised to mean 0 and unit spread per channel."""
     x = F.interpolate(x, size=(image_size, image_size), mode="bilinear", align_corners=False)
-    x = x.expand(-1, 3, -1, -1) if x.shape[1] == 1 else x[:, :3]
+    if x.shape[1] == 1:
+        x = x.expand(-1, 3, -1, -1)
+    else:
+        x = x[:, :3]
     return ((x - 0.5) / 0.5).contiguous()
 
 
@@ -218,7 +221,10 @@ def _hf_tensors(
         None,
     )
     if label is None or column is None:
-        want = "image (or img)" if kind == "image" else "input_ids"
+        if kind == "image":
+            want = "image (or img)"
+        else:
+            want = "input_ids"
         raise DataError(
             f"dataset hf:{root}: columns {ds.column_names}; need {want} and label (or labels)"
         )

@@ -35,7 +35,10 @@ class Device:
 def detect(requested: str = "auto") -> Device:
     kind = requested
     if requested == "auto":
-        kind = "cuda" if torch.cuda.is_available() else "cpu"
+        if torch.cuda.is_available():
+            kind = "cuda"
+        else:
+            kind = "cpu"
     return Device(kind, device_name(kind), torch.cuda.device_count() if kind == "cuda" else 1)
 
 

@@ -66,14 +66,23 @@ class Local:
                 f"--snapshot: the allocator history is CUDA's; none is saved on {self.device.name}",
                 file=log,
             )
-        kind = self._usable(log) if todo else self.kind
+        if todo:
+            kind = self._usable(log)
+        else:
+            kind = self.kind
         revision = git_revision()
         with Ahead([t.spec for t in todo], self.device.type, self.predict_jobs) as ahead:
 
             def run(task: Task) -> dict[str, Any]:
-                shot = task.path.with_suffix(".snapshot.pickle") if self.snapshot else None
+                if self.snapshot:
+                    shot = task.path.with_suffix(".snapshot.pickle")
+                else:
+                    shot = None
                 cuda = self.device.type == "cuda" and task.path is not None
-                kept = task.path.with_suffix(".history.pickle.gz") if cuda else None
+                if cuda:
+                    kept = task.path.with_suffix(".history.pickle.gz")
+                else:
+                    kept = None
                 clock = time.monotonic()
 
                 def record(outcome: dict[str, Any]) -> dict[str, Any]:
@@ -221,7 +230,10 @@ def run_isolated(
             # The watched peak stands in only where the run measured none: a figure of its timed
             # steps stays theirs.
             return out | {KEY.launcher: kind} | (seen if out[KEY.status] == Status.OOM else {})
-        why = f"killed by signal {signal.Signals(-code).name}" if code < 0 else _exited(code)
+        if code < 0:
+            why = f"killed by signal {signal.Signals(-code).name}"
+        else:
+            why = _exited(code)
         died = _measured(out_path, Status.ERROR, f"run process died: {why}")
         return died | {KEY.stderr_tail: tail, KEY.launcher: kind}
 
@@ -288,7 +300,9 @@ def _early(out_path: Path) -> dict[str, Any] | None:
     """The run's memory and speed figures, handed over before its fidelity phase; None: it got no
     further."""
     early = out_path.with_name(out_path.name + ".measured")
-    return json.loads(early.read_text()) if early.exists() else None
+    if early.exists():
+        return json.loads(early.read_text())
+    return None
 
 
 def _tail(err_path: Path, rank_logs: Path) -> str:

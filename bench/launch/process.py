@@ -156,11 +156,9 @@ def fork_works_on_cuda(timeout_s: float = 120.0) -> str | None:
     if probe.exitcode is None:
         probe.kill()
         return f"a forked CUDA probe did not finish in {timeout_s:g} s"
-    return (
-        None
-        if probe.exitcode == 0
-        else f"a forked CUDA probe failed (exit status {probe.exitcode})"
-    )
+    if probe.exitcode == 0:
+        return None
+    return f"a forked CUDA probe failed (exit status {probe.exitcode})"
 
 
 def _cuda_probe() -> None:

@@ -28,7 +28,10 @@ def parse_options(text: str) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ValueError(f"--slurm: expected key=value pairs separated by commas, got {item!r}")
-        out[key.strip()] = int(value) if value.strip().isdigit() else value.strip()
+        if value.strip().isdigit():
+            out[key.strip()] = int(value)
+        else:
+            out[key.strip()] = value.strip()
     return out
 
 
@@ -75,7 +78,10 @@ class Slurm:
     def _defaults(self, specs: list[RunSpec]) -> dict[str, Any]:
         if not specs:
             return {}
-        gpus = max(s.nproc for s in specs) if self.device_type == "cuda" else 0
+        if self.device_type == "cuda":
+            gpus = max(s.nproc for s in specs)
+        else:
+            gpus = 0
         return {
             "timeout_min": max(1, int(max(s.timeout_s for s in specs) // 60) + 5),
             "nodes": 1,
@@ -150,4 +156,6 @@ def _reported_device(job: Any) -> str | None:
         for line in printed.splitlines()
         if line.startswith(ON_DEVICE)
     ]
-    return found[-1] if found else None
+    if found:
+        return found[-1]
+    return None

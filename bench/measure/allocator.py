@@ -110,7 +110,9 @@ def roundup_power2(size: int, divisions: int) -> int:
     if step == 0:
         return floor << 1
     rounded = size & ~(step - 1)
-    return size if rounded == size else rounded + step
+    if rounded == size:
+        return size
+    return rounded + step
 
 
 def segment_size(size: int) -> int:
@@ -250,7 +252,10 @@ class CachingAllocator:
                 )
         key, self._next_segment = self._next_segment, self._next_segment + 1
         block = Block(key, 0, wanted)
-        base = address if address is not None else UNPLACED + (key << 40)
+        if address is not None:
+            base = address
+        else:
+            base = UNPLACED + (key << 40)
         self.segments[key] = Segment(size=wanted, small=small, base=base, blocks=[block])
         self._add_free(block, small)
         self.reserved += wanted

@@ -24,7 +24,9 @@ def compute_dtype(record: dict[str, Any]) -> str:
     dtype = str(proof.get("output_dtype", "")).removeprefix("torch.")
     if dtype in ("bfloat16", "float16"):
         return dtype
-    return "tf32" if record.get(KEY.tf32_matmul) else "float32"
+    if record.get(KEY.tf32_matmul):
+        return "tf32"
+    return "float32"
 
 
 def mfu(record: dict[str, Any]) -> dict[str, Any]:

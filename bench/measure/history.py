@@ -29,7 +29,10 @@ def start(stacks: bool) -> None:
     (memory_viz)."""
     import torch
 
-    context = "all" if stacks else None
+    if stacks:
+        context = "all"
+    else:
+        context = None
     torch.cuda.memory._record_memory_history(
         "all", context=context, stacks="python", max_entries=MAX_ENTRIES
     )

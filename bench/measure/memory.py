@@ -41,7 +41,10 @@ def nvml_process_bytes(device: torch.device) -> int | None:
         return None
     try:
         pynvml.nvmlInit()
-        index = device.index if device.index is not None else torch.cuda.current_device()
+        if device.index is not None:
+            index = device.index
+        else:
+            index = torch.cuda.current_device()
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
         return next((p.usedGpuMemory for p in procs if p.pid == os.getpid()), None)
@@ -135,7 +138,10 @@ def tracked_step(
     after those of the steps before it (``peak_reserved_bytes``), and under a capacity, whether it
     fits (``_reserved``). ``repeat``: the step's last marked part ran this many times more
     (``LiveBytes.repeat``; NotRepeating where it does not repeat)."""
-    history = reserved.history if reserved is not None else None
+    if reserved is not None:
+        history = reserved.history
+    else:
+        history = None
     done = track(
         step,
         model,
@@ -152,12 +158,12 @@ def tracked_step(
     at_peak = dict.fromkeys(CATEGORIES, 0)
     for label, n in tracker.at_peak().items():
         at_peak[LABELS[label]] += n
-    generated = (
-        {f"peak_{p}_bytes": tracker.phase_peaks.get(p) for p in PHASES}
-        | {KEY.kv_cache_bytes: phases.cache_bytes}
-        if phases is not None
-        else {KEY.activation_bytes: max(done.held)}
-    )
+    if phases is not None:
+        generated = {f"peak_{p}_bytes": tracker.phase_peaks.get(p) for p in PHASES} | {
+            KEY.kv_cache_bytes: phases.cache_bytes
+        }
+    else:
+        generated = {KEY.activation_bytes: max(done.held)}
     return (
         {
             KEY.peak_tensor_bytes: tracker.peak,
@@ -209,7 +215,10 @@ def track(
     starts: list[int] = []
 
     def forward_start(*_: object) -> None:
-        tracker.phase = phases.phase if phases is not None else "forward"
+        if phases is not None:
+            tracker.phase = phases.phase
+        else:
+            tracker.phase = "forward"
         starts.append(tracker.current)
 
     def forward_end(*_: object) -> None:
@@ -231,11 +240,10 @@ def track(
 
     if optimizer is not None:
         hooks.append(optimizer.register_step_pre_hook(optimizer_start))
-    aside = (
-        patch.object(optimizer, "step", _stepped_aside(optimizer.step, tracker))
-        if compiled_update
-        else nullcontext()
-    )
+    if compiled_update:
+        aside = patch.object(optimizer, "step", _stepped_aside(optimizer.step, tracker))
+    else:
+        aside = nullcontext()
     try:
         with tracker, aside:
             step()
@@ -282,7 +290,10 @@ def _reserved(tracker: LiveBytes, replay: Replay) -> dict[str, Any]:
         "largest_free_bytes": allocator.largest_free_at_peak,
     }
     if replay.capacity is not None:
-        verdict = "fits after flushes" if allocator.retries else "fits"
+        if allocator.retries:
+            verdict = "fits after flushes"
+        else:
+            verdict = "fits"
         out |= {"verdict": verdict, "flushes": allocator.retries}
     return out
 

@@ -36,7 +36,10 @@ def summarize(
     times_ms: list[float], samples: int, tokens_per_sample: int | None
 ) -> dict[str, float]:
     """Median and spread (never a single run), and the throughput the median implies."""
-    q = statistics.quantiles(times_ms, n=4) if len(times_ms) > 1 else [times_ms[0]] * 3
+    if len(times_ms) > 1:
+        q = statistics.quantiles(times_ms, n=4)
+    else:
+        q = [times_ms[0]] * 3
     median = statistics.median(times_ms)
     out = {
         KEY.step_time_ms_median: median,

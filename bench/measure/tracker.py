@@ -207,7 +207,10 @@ class LiveBytes(TorchDispatchMode):
             for j, i in enumerate(last):
                 n, label, born, freed = self._lives[i]
                 if j in lasting:
-                    freed = lasting[j] if r == times else freed_next[j] + (r + 1) * period
+                    if r == times:
+                        freed = lasting[j]
+                    else:
+                        freed = freed_next[j] + (r + 1) * period
                 else:
                     freed += r * period
                 self._lives.append([n, label, born + r * period, freed])

@@ -126,7 +126,9 @@ class ModelSpec:
     @property
     def shape_keys(self) -> tuple[str, ...]:
         """The shape entries a suite must give for this model besides batch_size."""
-        return ("image_size",) if self.inputs == "image" else ("seq_len",)
+        if self.inputs == "image":
+            return ("image_size",)
+        return ("seq_len",)
 
     def forward(
         self,
@@ -162,7 +164,10 @@ class ModelSpec:
             )
         if self.objective == "classify":
             return F.cross_entropy(logits, labels)
-        targets = next_tokens(labels) if self.objective == "next-token" else labels
+        if self.objective == "next-token":
+            targets = next_tokens(labels)
+        else:
+            targets = labels
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
 
 
@@ -210,12 +215,14 @@ def children_of(container: str) -> Callable[[nn.Module], list[str]]:
     wrapper that holds the model (peft's, once LoRA applied), the names it gives them."""
 
     def names(model: nn.Module) -> list[str]:
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        at = (
-            next(f"{n}." for n, m in model.named_modules() if m is base)
-            if base is not model
-            else ""
-        )
+        if hasattr(model, "get_base_model"):
+            base = model.get_base_model()
+        else:
+            base = model
+        if base is not model:
+            at = next(f"{n}." for n, m in model.named_modules() if m is base)
+        else:
+            at = ""
         out = []
         for path in container.split(","):
             out += [f"{at}{path}.{n}" for n, _ in base.get_submodule(path).named_children()]

@@ -59,7 +59,10 @@ def spec(name: str) -> ModelSpec:
     _, inputs, objective = TASKS[task]
     config = _config(name)
     tokens = inputs == "tokens"
-    classes = config.num_labels if objective == "classify" else config.vocab_size
+    if objective == "classify":
+        classes = config.num_labels
+    else:
+        classes = config.vocab_size
     attention = raw.get("attn_implementation") or raw.get("_attn_implementation") or "sdpa"
     dtype = raw.get("dtype") or raw.get("torch_dtype") or "float32"
     if dtype not in DTYPES:
@@ -145,7 +148,9 @@ def _build(config: Any, task: str, attention: str, dtype: torch.dtype, shapes: S
         config = copy.deepcopy(config)
         config.image_size = shapes.image_size
     model = auto.from_config(config, attn_implementation=attention, dtype=dtype)
-    return _Logits(model) if task == "image-classification" else model
+    if task == "image-classification":
+        return _Logits(model)
+    return model
 
 
 def _params(config: Any, task: str) -> int:

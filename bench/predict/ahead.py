@@ -75,7 +75,9 @@ class Ahead:
         """The run's prediction (waiting for it if it is still being made), or None: the run makes
         its own."""
         result = self._pending.pop((spec.suite, spec.name), None)
-        return None if result is None else result.get() | {KEY.predicted_ahead: True}
+        if result is None:
+            return None
+        return result.get() | {KEY.predicted_ahead: True}
 
     def __enter__(self) -> Ahead:
         return self

@@ -248,13 +248,18 @@ def _eligible(t: Any) -> bool:
 
 
 def _first_or(t: Any, dtype: torch.dtype) -> torch.dtype:
-    return dtype if _eligible(t) else t.dtype
+    if _eligible(t):
+        return dtype
+    return t.dtype
 
 
 def _with_float32(op: torch._ops.OpOverload, slot: int, args: tuple, kwargs: dict[str, Any]) -> Any:
     """``op`` with float32 as its ``dtype`` (argument ``slot``) where the caller gave none and the
     first input is eligible."""
-    given = args[slot] if len(args) > slot else kwargs.get("dtype")
+    if len(args) > slot:
+        given = args[slot]
+    else:
+        given = kwargs.get("dtype")
     if given is not None or not _eligible(args[0]):
         return op(*args, **kwargs)
     if len(args) > slot:
@@ -290,11 +295,9 @@ class _Casts:
         )
 
     def each(self, arg: Any, dtype: torch.dtype) -> Any:
-        return (
-            [self.one(t, dtype) for t in arg]
-            if isinstance(arg, (list, tuple))
-            else self.one(arg, dtype)
-        )
+        if isinstance(arg, (list, tuple)):
+            return [self.one(t, dtype) for t in arg]
+        return self.one(arg, dtype)
 
     def one(self, t: Any, dtype: torch.dtype) -> Any:
         if not _eligible(t) or t.dtype == dtype:

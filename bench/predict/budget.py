@@ -45,7 +45,9 @@ def largest_batch(
     def predicted(batch: int, out: Prediction | None = None) -> float:
         cuda = device_type == "cuda"
         out = out or predict(spec, replace(shapes, batch_size=batch), cuda=cuda, reserved=False)
-        return out.peak_tensor_bytes if out.ok else math.inf
+        if out.ok:
+            return out.peak_tensor_bytes
+        return math.inf
 
     unit = math.lcm(1, *(build(t).batch_multiple() for t in spec.techniques))
     mine = shapes.batch_size // unit
@@ -86,13 +88,19 @@ def largest(
     misses = 0  # guesses in a row that did not halve the bracket
     while hi - lo > 1:
         width = hi - lo
-        guess = _guess(seen, lo, hi, budget) if misses < 2 else None
+        if misses < 2:
+            guess = _guess(seen, lo, hi, budget)
+        else:
+            guess = None
         if guess is None:  # no line, or the line is not converging: double, or halve the bracket
             probe(min(2 * lo, hi - 1) if hi > limit else (lo + hi) // 2)
             misses = 0
             continue
         probe(min(max(guess, lo + 1), hi - 1, grow * lo if grow else hi))
-        misses = 0 if hi - lo <= width // 2 else misses + 1
+        if hi - lo <= width // 2:
+            misses = 0
+        else:
+            misses = misses + 1
     return lo
 
 
@@ -101,7 +109,10 @@ def _guess(seen: dict[int, float], lo: int, hi: int, budget: float) -> int | Non
     have a figure (a card's out of memory gives one above it: what was reserved and asked for then);
     else where the line through the last two sizes with a figure does."""
     ends = [(n, seen[n]) for n in (lo, hi) if math.isfinite(seen.get(n, math.inf))]
-    finite = ends if len(ends) == 2 else [p for p in seen.items() if math.isfinite(p[1])][-2:]
+    if len(ends) == 2:
+        finite = ends
+    else:
+        finite = [p for p in seen.items() if math.isfinite(p[1])][-2:]
     if len(finite) < 2 or finite[0][1] == finite[1][1]:
         return None
     (a, pa), (b, pb) = finite
@@ -118,10 +129,15 @@ def largest_batch_on(
 
     def reserved(batch: int) -> float:
         mine = own is not None and batch == shapes.batch_size
-        out = own if mine else predict(spec, replace(shapes, batch_size=batch), card=card)
+        if mine:
+            out = own
+        else:
+            out = predict(spec, replace(shapes, batch_size=batch), card=card)
         if out.ok and out.verdict == "out of memory":  # above the card by what it could not hold
             return max(out.oom_reserved_bytes + out.oom_request_bytes, card.capacity + 1)
-        return out.peak_reserved_bytes if out.ok else math.inf
+        if out.ok:
+            return out.peak_reserved_bytes
+        return math.inf
 
     return largest_batch(spec, card.capacity, limit, peak=reserved)
 
@@ -152,7 +168,10 @@ def longest_context(
     search; whole generations then confirm the answer and the prompt a step longer, moving the
     answer until they agree. ``progress`` is told each length tried, as it is (minutes of work)."""
     shapes, new = spec.gpu, spec.gpu.new_tokens
-    cap = card.capacity if card is not None else budget
+    if card is not None:
+        cap = card.capacity
+    else:
+        cap = budget
     limit = (_positions(spec) - new) // step  # prompts of 1 to ``limit`` steps
     prompts = range(1, limit + 1)
     first = next(
@@ -171,8 +190,14 @@ def longest_context(
         elif card is not None:
             value = out.peak_reserved_bytes
         else:
-            value = out.peak_decode_bytes if decoding else out.peak_tensor_bytes
-        how = "whole" if tokens == new else f"{tokens} new tokens"
+            if decoding:
+                value = out.peak_decode_bytes
+            else:
+                value = out.peak_tensor_bytes
+        if tokens == new:
+            how = "whole"
+        else:
+            how = f"{tokens} new tokens"
         how += ", its decode" if decoding else ""
         progress(f"a {prompt:,}-token prompt ({how}): {'fits' if value <= cap else 'does not fit'}")
         return value
@@ -182,11 +207,9 @@ def longest_context(
     ) -> float:  # the k-th prompt from the first that runs, by its two short generations
         prompt = (first + k - 1) * step
         prefilled = peak(prompt, 2)
-        return (
-            prefilled
-            if prefilled > cap
-            else max(prefilled, peak(prompt + new - 2, 2, decoding=True))
-        )
+        if prefilled > cap:
+            return prefilled
+        return max(prefilled, peak(prompt + new - 2, 2, decoding=True))
 
     def whole(n: int) -> bool:
         return peak(n * step, new) <= cap
@@ -196,7 +219,9 @@ def longest_context(
         n -= 1
     while n < limit and whole(n + 1):
         n += 1
-    return n * step + new if n >= first else None
+    if n >= first:
+        return n * step + new
+    return None
 
 
 def _positions(spec: RunSpec) -> int:
@@ -285,7 +310,9 @@ class Budget:
         )
 
     def bytes(self, baseline_peak: int = 0) -> int:
-        return self.size if self.size is not None else int(self.share * baseline_peak)
+        if self.size is not None:
+            return self.size
+        return int(self.share * baseline_peak)
 
 
 def tensor_budget(card: str, reserve: str = RESERVE) -> int:

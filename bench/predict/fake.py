@@ -77,8 +77,14 @@ def predict(
         return Prediction.failed(Status.UNSUPPORTED, reason)
     try:
         with ranks.fake_group(world_size, rank):
-            replay = _replay(card, recipe) if cuda and (reserved or card) else None
-            rounding = CUDA_BLOCK if cuda else 1
+            if cuda and (reserved or card):
+                replay = _replay(card, recipe)
+            else:
+                replay = None
+            if cuda:
+                rounding = CUDA_BLOCK
+            else:
+                rounding = 1
             try:
                 figures = _fake_step(spec, recipe, rounding, replay, fold=True)
             except NotRepeating:  # its micro-batches differ: every one of them is traced
@@ -131,7 +137,10 @@ def _fake_step(
     ):
         model = _fake_copy(model)
         runner = recipe.stepper(model)
-        phases = runner if isinstance(runner, Generator) else None
+        if isinstance(runner, Generator):
+            phases = runner
+        else:
+            phases = None
         ranks.fake_ddp(runner.model)
         compiled_update = any(t.compiled_update for t in techniques)
         if compiled_update:
@@ -139,7 +148,10 @@ def _fake_step(
         batch = recipe.batch()
         first = lambda: runner.step(next(batches(batch, feed, 1)))  # noqa: E731
         flops, ops = flop_counter(), OpCounter()
-        more = _folded(runner, feed, ctx.world_size) if fold else 0
+        if fold:
+            more = _folded(runner, feed, ctx.world_size)
+        else:
+            more = 0
         counts: list[list[int]] = []  # the counted step's, after each micro-batch
         # The FLOPs are counted on a warm-up step of their own, as the worker warms up (optimizer
         # state exists before the measured step): the counter's module tracking keeps recomputed

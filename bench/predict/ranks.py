@@ -79,7 +79,9 @@ def _group_size(args: tuple) -> int | None:
         ):
             return dist.ProcessGroup.unbox(arg).size()
     names = [arg for arg in args if isinstance(arg, str)]
-    return dist.distributed_c10d._resolve_process_group(names[-1]).size() if names else None
+    if names:
+        return dist.distributed_c10d._resolve_process_group(names[-1]).size()
+    return None
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

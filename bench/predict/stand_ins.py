@@ -135,8 +135,14 @@ class FakeCPUOffloadOptimizer:
                 self.param_d2h_map[p] = host
                 self.optim_dict[p] = optimizer_class([host], fused=True, **kwargs)
                 p.register_post_accumulate_grad_hook(self._to_host(offload_gradients))
-        self.d_param_groups = [{"params": kept}] if kept else []
-        self.d_opt = optimizer_class(kept, **kwargs) if kept else None
+        if kept:
+            self.d_param_groups = [{"params": kept}]
+        else:
+            self.d_param_groups = []
+        if kept:
+            self.d_opt = optimizer_class(kept, **kwargs)
+        else:
+            self.d_opt = None
 
     def _to_host(self, free: bool) -> Any:
         def copy(p: torch.Tensor) -> None:
@@ -178,14 +184,14 @@ class FakeSaveOnCpu(torch.autograd.graph.saved_tensors_hooks):
 
     def __init__(self, pin_memory: bool = False, device_type: str = "cuda") -> None:
         def pack(t: torch.Tensor) -> Any:
-            return t if is_on_host(t) else _DeviceCopy(t.shape, t.dtype)
+            if is_on_host(t):
+                return t
+            return _DeviceCopy(t.shape, t.dtype)
 
         def unpack(packed: Any) -> torch.Tensor:
-            return (
-                torch.empty(packed.shape, dtype=packed.dtype)
-                if isinstance(packed, _DeviceCopy)
-                else packed
-            )
+            if isinstance(packed, _DeviceCopy):
+                return torch.empty(packed.shape, dtype=packed.dtype)
+            return packed
 
         super().__init__(pack, unpack)
 
@@ -223,7 +229,9 @@ class ScalarsReadAsOne(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in self.READS:
-            return True if args[0].dtype == torch.bool or func is aten.is_nonzero.default else 1
+            if args[0].dtype == torch.bool or func is aten.is_nonzero.default:
+                return True
+            return 1
         return func(*args, **(kwargs or {}))
 
 
@@ -274,9 +282,10 @@ def parameters_as_real() -> Iterator[None]:
     def deepcopy(t: FakeTensor, memo: dict[int, Any]) -> torch.Tensor:
         if id(t) not in memo:
             twin = t.detach().clone()
-            memo[id(t)] = (
-                nn.Parameter(twin, t.requires_grad) if isinstance(t, nn.Parameter) else twin
-            )
+            if isinstance(t, nn.Parameter):
+                memo[id(t)] = nn.Parameter(twin, t.requires_grad)
+            else:
+                memo[id(t)] = twin
         return memo[id(t)]
 
     with (
@@ -309,7 +318,9 @@ def compiled_as_eager(step: Callable[..., Any]) -> Callable[..., Any]:
     decorator) stays eager."""
 
     def eager(model: Callable[..., Any] | None = None, **_: Any) -> Any:
-        return model if model is not None else (lambda fn: fn)
+        if model is not None:
+            return model
+        return lambda fn: fn
 
     def run(*args: Any, **kwargs: Any) -> Any:
         with patch.object(torch, "compile", eager):

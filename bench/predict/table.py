@@ -152,16 +152,24 @@ def _row(spec: RunSpec, budget: int | None, card: Card | None) -> dict[str, Any]
 def _said(row: dict[str, Any]) -> str:
     if row[KEY.status] != Status.OK:
         return f"{row[KEY.status]}: {row.get(KEY.message, '')}"
-    fit = f", largest batch {row['largest_batch']}" if "largest_batch" in row else ""
+    if "largest_batch" in row:
+        fit = f", largest batch {row['largest_batch']}"
+    else:
+        fit = ""
     if "longest_context" in row:
         fit = f", longest context {_tokens(row['longest_context'])}"
     peak = row[KEY.peak_tensor_bytes] / 2**30
-    on = f"; on {row['card']}: {verdict(row)}" if row.get("card") else ""
+    if row.get("card"):
+        on = f"; on {row['card']}: {verdict(row)}"
+    else:
+        on = ""
     return f"{peak:,.2f} GiB at batch {row['batch']}, peak in {row[KEY.peak_phase]}{fit}{on}"
 
 
 def _tokens(n: int | None) -> str:
-    return "none" if n is None else f"{n:,} tokens"
+    if n is None:
+        return "none"
+    return f"{n:,} tokens"
 
 
 def verdict(row: dict[str, Any]) -> str:

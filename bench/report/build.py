@@ -74,17 +74,19 @@ def build_report(suite_dir: Path, here: str | None = None) -> list[Path]:
     """Aggregate every stored record of the suite; returns the files written (table, Markdown, HTML,
     plots). ``here``: the device the report is built for (its section first), by default this
     machine's."""
-    here = this_machine() if here is None else here
+    if here is None:
+        here = this_machine()
     records = load_records(suite_dir)
     if not records:
         path = Path("suites") / f"{suite_dir.name}.toml"
         known = sorted({p.parent.parent.name for p in suite_dir.parent.glob("*/*/*.json")})
-        hint = (
-            f"run `make bench SUITE={suite_dir.name}` first"
-            if path.exists()
-            else f"there is no suite {path} either; "
-            f"suites with records: {', '.join(known) or 'none'}"
-        )
+        if path.exists():
+            hint = f"run `make bench SUITE={suite_dir.name}` first"
+        else:
+            hint = (
+                f"there is no suite {path} either; "
+                f"suites with records: {', '.join(known) or 'none'}"
+            )
         raise FileNotFoundError(f"no records under {suite_dir}/*/; {hint}")
     throughput = suite_throughput(suite_dir.name)
     table = tables.summary(to_frame(records), throughput)
@@ -336,7 +338,10 @@ def _run_time(part: pd.DataFrame) -> str:
 
 
 def _fidelity_line(rec: dict) -> str:
-    start = f" from {rec[KEY.fidelity_weights]}" if rec.get(KEY.fidelity_weights) else ""
+    if rec.get(KEY.fidelity_weights):
+        start = f" from {rec[KEY.fidelity_weights]}"
+    else:
+        start = ""
     return (
         f"Fidelity phase: {rec[KEY.fidelity_model]}{start} on {rec[KEY.fidelity_dataset]} "
         f"({rec.get(KEY.fidelity_train_size)} training / {rec.get(KEY.fidelity_test_size)} "

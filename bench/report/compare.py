@@ -108,7 +108,9 @@ def unmatched(a: pd.DataFrame, b: pd.DataFrame) -> list[str]:
     silently."""
 
     def name(key: object) -> str:
-        return "/".join(map(str, key)) if isinstance(key, tuple) else str(key)
+        if isinstance(key, tuple):
+            return "/".join(map(str, key))
+        return str(key)
 
     return [f"only in A (not compared): {name(k)}" for k in a.index.difference(b.index)] + [
         f"only in B (not compared): {name(k)}" for k in b.index.difference(a.index)
@@ -117,11 +119,9 @@ def unmatched(a: pd.DataFrame, b: pd.DataFrame) -> list[str]:
 
 def _num(frame: pd.DataFrame, col: str) -> pd.Series:
     """A numeric column; all-NaN where no record has it."""
-    return (
-        pd.to_numeric(frame[col], errors="coerce")
-        if col in frame
-        else pd.Series(np.nan, index=frame.index)
-    )
+    if col in frame:
+        return pd.to_numeric(frame[col], errors="coerce")
+    return pd.Series(np.nan, index=frame.index)
 
 
 def _regressions(row) -> list[str]:
@@ -225,7 +225,10 @@ def side_by_side(table: pd.DataFrame, name_a: str, name_b: str, path: Path) -> N
     ]
     y = np.arange(len(table))
     fig, axes = plt.subplots(1, 2, figsize=(12, 0.35 * len(table) + 2), sharey=True)
-    unit = 2**30 if max(table["peak_a"].max(), table["peak_b"].max()) >= 2**30 else 2**20
+    if max(table["peak_a"].max(), table["peak_b"].max()) >= 2**30:
+        unit = 2**30
+    else:
+        unit = 2**20
     for ax, (col, xlabel, scale) in zip(
         axes,
         (

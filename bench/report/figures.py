@@ -65,11 +65,10 @@ def _baseline_line(part: pd.DataFrame) -> str:
     if base.empty:
         return "No baseline record on this device: ratios are absent."
     b = base.iloc[0]
-    accuracy = (
-        f", accuracy {100 * b[KEY.accuracy]:.1f}% ±{100 * b['accuracy_band']:.1f} pt"
-        if pd.notna(b[KEY.accuracy]) and pd.notna(b["accuracy_band"])
-        else ""
-    )
+    if pd.notna(b[KEY.accuracy]) and pd.notna(b["accuracy_band"]):
+        accuracy = f", accuracy {100 * b[KEY.accuracy]:.1f}% ±{100 * b['accuracy_band']:.1f} pt"
+    else:
+        accuracy = ""
     return (
         f"Baseline: batch {b[KEY.batch_size]}, peak {b['peak_bytes'] / 2**20:,.1f} MiB, "
         f"{b[KEY.samples_per_s]:,.1f} samples/s{accuracy}; torch {b[KEY.torch_version]}, revision "
@@ -79,7 +78,9 @@ def _baseline_line(part: pd.DataFrame) -> str:
 
 def _row(r: object) -> str:
     def ratio(v: float) -> str:
-        return "–" if pd.isna(v) else f"{v:.3f}"
+        if pd.isna(v):
+            return "–"
+        return f"{v:.3f}"
 
     pt = "–"
     if not pd.isna(r.accuracy_delta):

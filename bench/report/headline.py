@@ -77,11 +77,10 @@ def pick_text(row: pd.Series | None) -> str:
 def accuracy_effect(row: pd.Series) -> str:
     if pd.isna(row.get("accuracy_delta")):
         return "accuracy not measured here"
-    within = (
-        "outside the baseline's band ⚠"
-        if row.get("outside_band") is True
-        else "within the baseline's band"
-    )
+    if row.get("outside_band") is True:
+        within = "outside the baseline's band ⚠"
+    else:
+        within = "within the baseline's band"
     return (
         f"accuracy {100 * row['accuracy_delta']:+.1f} pt ({within} "
         f"±{100 * row['accuracy_band']:.1f})"
@@ -92,14 +91,18 @@ def suite_entries(name: str, suites_dir: Path = Path("suites")) -> int | None:
     """How many runs the suite file has today; None for a suite with records but no (valid) file
     here."""
     suite = suite_file(name, suites_dir)
-    return None if suite is None else len(suite.runs)
+    if suite is None:
+        return None
+    return len(suite.runs)
 
 
 def suite_throughput(name: str, suites_dir: Path = Path("suites")) -> str:
     """The figure the suite compares as throughput × (its ``throughput`` key; samples/s without a
     file)."""
     suite = suite_file(name, suites_dir)
-    return KEY.samples_per_s if suite is None else suite.throughput
+    if suite is None:
+        return KEY.samples_per_s
+    return suite.throughput
 
 
 def suite_file(name: str, suites_dir: Path = Path("suites")) -> Suite | None:
@@ -198,7 +201,10 @@ def generation_items(part: pd.DataFrame, contexts: dict[str, dict[str, int | Non
 
     def speed(run: str) -> str:
         rate, first = ok.loc[run, KEY.decode_tokens_per_s], ok.loc[run, KEY.ttft_ms_median]
-        against = f" ({rate / base:.2f}× the baseline's)" if base else ""
+        if base:
+            against = f" ({rate / base:.2f}× the baseline's)"
+        else:
+            against = ""
         return (
             f"decodes at {rate:,.0f} tokens/s here{against}, {first:,.0f} ms to the first token; "
             f"its cache {per_token[run] / 1024:,.1f} KiB a token"
@@ -238,11 +244,10 @@ def answer(table: pd.DataFrame, device: str, entries: int | None) -> str:
 def memory_figure(part: pd.DataFrame) -> str:
     """What one device's memory figures are: the CUDA allocator's peak or the tracked one, at the
     baseline's batch."""
-    peak = (
-        "allocator peak"
-        if part[KEY.device_type].iloc[0] == "cuda"
-        else "tracked peak of live tensors"
-    )
+    if part[KEY.device_type].iloc[0] == "cuda":
+        peak = "allocator peak"
+    else:
+        peak = "tracked peak of live tensors"
     batch = part.loc[part[KEY.run] == part[KEY.baseline], KEY.batch_size]
     return peak + (
         f", batch {int(batch.iloc[0])}" if len(batch) and pd.notna(batch.iloc[0]) else ""

@@ -91,11 +91,16 @@ def save(fig, path, dpi: int = 120) -> None:
 
 def byte_unit(largest: float) -> tuple[float, str]:
     """GiB for big figures, MiB for small ones, so tick labels stay readable."""
-    return (2**30, "GiB") if largest >= 2**30 else (2**20, "MiB")
+    if largest >= 2**30:
+        return (2**30, "GiB")
+    return (2**20, "MiB")
 
 
 def memory_label(device_type: str, unit: str) -> str:
-    what = "peak allocated" if device_type == "cuda" else "peak live tensors"
+    if device_type == "cuda":
+        what = "peak allocated"
+    else:
+        what = "peak live tensors"
     return f"{what} ({unit}{', CUDA allocator' if device_type == 'cuda' else ', tracked'})"
 
 
@@ -130,11 +135,10 @@ def peak_memory_bars(ax: Axes, table: pd.DataFrame, title: str) -> None:
     for y, (peak, ratio, status) in enumerate(
         zip(peaks, table["memory_vs_baseline"], table[KEY.status])
     ):
-        text = (
-            f" {peak:,.1f} ({ratio:.2f}×)"
-            if status == Status.OK and pd.notna(ratio)
-            else f" {status}"
-        )
+        if status == Status.OK and pd.notna(ratio):
+            text = f" {peak:,.1f} ({ratio:.2f}×)"
+        else:
+            text = f" {status}"
         ax.text(
             0 if pd.isna(peak) else peak,
             y,
@@ -154,7 +158,9 @@ def accuracy_class(row: pd.Series) -> str:
         return "not measured"
     if not row["outside_band"]:
         return "within band"
-    return "worse, outside band" if row["accuracy_delta"] < 0 else "better, outside band"
+    if row["accuracy_delta"] < 0:
+        return "worse, outside band"
+    return "better, outside band"
 
 
 def usable_front(memory: np.ndarray, throughput: np.ndarray, classes: np.ndarray) -> np.ndarray:
@@ -196,7 +202,10 @@ def pareto(ax: Axes, table: pd.DataFrame, title: str) -> None:
     )
     is_base = (ok[KEY.run] == ok[KEY.baseline]).to_numpy()
     for i, colour in enumerate(_colours(ok)):
-        marker = "*" if is_base[i] else ACCURACY_MARKERS[classes[i]]
+        if is_base[i]:
+            marker = "*"
+        else:
+            marker = ACCURACY_MARKERS[classes[i]]
         ax.scatter(
             x[i],
             y[i],
@@ -328,7 +337,10 @@ def breakdown_frame(table: pd.DataFrame) -> pd.DataFrame:
     the allocator's slack where measured; sorted by total, largest first."""
     # a generation's alone, and newer
     cols = [f"at_peak_{p}_bytes" for p in AT_PEAK if p != "kv_cache"]
-    have = table.dropna(subset=cols) if all(c in table for c in cols) else table.iloc[:0]
+    if all(c in table for c in cols):
+        have = table.dropna(subset=cols)
+    else:
+        have = table.iloc[:0]
     have = have[have[KEY.status] == Status.OK]
     kept = [p for p in AT_PEAK if f"at_peak_{p}_bytes" in have]
     parts = pd.DataFrame(

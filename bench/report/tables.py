@@ -58,7 +58,10 @@ def summary(df: pd.DataFrame, throughput: str = KEY.samples_per_s) -> pd.DataFra
         df[f"{name}_predicted_vs_measured"] = guess / pd.to_numeric(df[measured], errors="coerce")
     packages = sorted(c for c in df.columns if c.startswith("package."))
     extra = packages + [c for c in df.columns if c.startswith("proof.")]
-    order = df[KEY.run_index] if KEY.run_index in df else pd.Series(0, index=df.index)
+    if KEY.run_index in df:
+        order = df[KEY.run_index]
+    else:
+        order = pd.Series(0, index=df.index)
     df = df.assign(_order=order).sort_values([KEY.device, "_order", KEY.run])
     df[KEY.step_times_ms] = df.get(KEY.step_times_ms)
     df["technique"] = df.get("technique")
@@ -97,7 +100,10 @@ def savings(table: pd.DataFrame) -> pd.DataFrame:
 def _delta_cell(row: pd.Series) -> str | None:
     if pd.isna(row.get("accuracy_delta")):
         return None
-    flag = " ⚠" if row["outside_band"] else ""
+    if row["outside_band"]:
+        flag = " ⚠"
+    else:
+        flag = ""
     return f"{100 * row['accuracy_delta']:+.1f} ±{100 * row['accuracy_band']:.1f}{flag}"
 
 

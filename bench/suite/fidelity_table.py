@@ -47,7 +47,10 @@ def parse(
         problems.append(f"fidelity.{key}: unknown key; allowed: {', '.join(FIDELITY_KEYS)}")
     out: dict[str, Fidelity | None] = {}
     for dev in DEVICES:
-        own = raw.get(dev, {}) if isinstance(raw.get(dev), dict) else {}
+        if isinstance(raw.get(dev), dict):
+            own = raw.get(dev, {})
+        else:
+            own = {}
         for key in own.keys() - FIDELITY_KEYS.keys():
             problems.append(
                 f"fidelity.{dev}.{key}: unknown key; allowed: {', '.join(FIDELITY_KEYS)}"
@@ -79,7 +82,9 @@ def _device(
     """One device's settings, each problem naming the table its key was written in."""
 
     def where(key: str) -> str:
-        return f"fidelity.{dev}." if key in own else "fidelity."
+        if key in own:
+            return f"fidelity.{dev}."
+        return "fidelity."
 
     if not typed(table, "enabled", kind=bool, default=True, problems=found, where=where("enabled")):
         return None

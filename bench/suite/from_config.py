@@ -24,7 +24,10 @@ CPU_BATCH = 2
 def name_of(config: str) -> str:
     """``hf-<folder>``: the suite's (and its results folder's) name."""
     path = Path(config)
-    stem = path.name if path.is_dir() else path.parent.name or path.stem
+    if path.is_dir():
+        stem = path.name
+    else:
+        stem = path.parent.name or path.stem
     return "hf-" + (re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip("-.") or "model")
 
 
@@ -40,7 +43,10 @@ def suite_text(
     Without arguments or adapters, the baseline alone: the model fine-tuned in full."""
     from bench.suite.toml_text import to_toml
 
-    size_key = "seq_len" if inputs == "tokens" else "image_size"
+    if inputs == "tokens":
+        size_key = "seq_len"
+    else:
+        size_key = "image_size"
     size = seq_len or (SEQ_LEN if inputs == "tokens" else IMAGE_SIZE)
     cpu_size = min(size, CPU_SEQ_LEN if inputs == "tokens" else CPU_IMAGE_SIZE)
     per_device, steps = _trainer_batch(training_args)
@@ -75,14 +81,15 @@ def _trainer_batch(training_args: str | None) -> tuple[int, int]:
     them."""
     from bench.suite.training_args import load_args
 
-    args = load_args(Path(training_args), "", []) if training_args else None
+    if training_args:
+        args = load_args(Path(training_args), "", [])
+    else:
+        args = None
     per_device = (args or {}).get("per_device_train_batch_size", BATCH)
     steps = (args or {}).get("gradient_accumulation_steps", 1)
-    return (
-        (per_device, steps)
-        if isinstance(per_device, int) and isinstance(steps, int)
-        else (BATCH, 1)
-    )
+    if isinstance(per_device, int) and isinstance(steps, int):
+        return (per_device, steps)
+    return (BATCH, 1)
 
 
 def _given(training_args: str | None, adapter_config: str | None) -> str:
@@ -90,4 +97,6 @@ def _given(training_args: str | None, adapter_config: str | None) -> str:
         f"training arguments {training_args}" if training_args else "",
         f"adapters {adapter_config}" if adapter_config else "",
     ]
-    return (" (" + ", ".join(s for s in parts if s) + ")") if any(parts) else ""
+    if any(parts):
+        return " (" + ", ".join(s for s in parts if s) + ")"
+    return ""

@@ -228,7 +228,10 @@ def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
         if e.seq_len and spec.inputs != "tokens" and problem not in problems:
             problems.append(problem)
         _check_data(specs, spec, gpu=gpu, cpu=cpu, where=e.where, problems=problems)
-        base = f"{baseline}{e.suffix}" if baseline in _matrix_keys(entries) else baseline
+        if baseline in _matrix_keys(entries):
+            base = f"{baseline}{e.suffix}"
+        else:
+            base = baseline
         # The fidelity phase trains in one process: a distributed run has none.
         fid = {
             f"fidelity_{d}": fidelity.get(d) if e.fidelity and nproc == 1 else None for d in DEVICES
@@ -284,7 +287,10 @@ def _name(raw: dict[str, Any], path: Path, problems: list[str]) -> str:
     path."""
     name = typed(raw, "name", kind=str, default=path.stem, problems=problems)
     if not SUITE_NAME.fullmatch(name) or name in (".", ".."):
-        given = "name" if "name" in raw else f"name (from the file name {path.name!r})"
+        if "name" in raw:
+            given = "name"
+        else:
+            given = f"name (from the file name {path.name!r})"
         problems.append(
             f"{given}: {name!r} cannot name a folder under results/; use letters, digits, '.', '_' "
             "and '-', starting with a letter or digit, e.g. name = \"my-suite\""
@@ -358,7 +364,10 @@ def _lengths(value: Any, seq_len: int | None, where: str, problems: list[str]) -
 
 
 def _check_matrix_lengths(raw: Any, shapes: dict[str, Shapes], problems: list[str]) -> None:
-    table = raw.get("lengths") if isinstance(raw, dict) else None
+    if isinstance(raw, dict):
+        table = raw.get("lengths")
+    else:
+        table = None
     for name, per_device in table.items() if isinstance(table, dict) else ():
         for dev in DEVICES if isinstance(per_device, dict) else ():
             _lengths(
@@ -402,7 +411,10 @@ def _shapes(
         problems.append(f"shapes.{key}: unknown device; allowed: gpu, cpu")
     need: tuple[str, ...] = ()
     if spec is not None:
-        need = GENERATION_KEYS if mode == "generate" else spec.shape_keys
+        if mode == "generate":
+            need = GENERATION_KEYS
+        else:
+            need = spec.shape_keys
     out = {}
     for dev in DEVICES:
         table = raw.get(dev)
@@ -413,7 +425,10 @@ def _shapes(
             )
             continue
         allowed = ("batch_size", *need)
-        data = DATA_KEYS if spec is not None and spec.inputs == "tokens" else ()
+        if spec is not None and spec.inputs == "tokens":
+            data = DATA_KEYS
+        else:
+            data = ()
         # else: reported
         for key in (
             table.keys() - {*allowed, *STEP_KEYS, *data, "model"} if spec is not None else ()
@@ -455,7 +470,9 @@ def _shapes(
                 **_data_keys(table, values.get("seq_len"), dev, problems),
                 model=stand_in,
             )
-    return out if len(out) == len(DEVICES) else None
+    if len(out) == len(DEVICES):
+        return out
+    return None
 
 
 def _check_generation(raw: dict[str, Any], spec: ModelSpec | None, problems: list[str]) -> None:
@@ -563,11 +580,10 @@ def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:
         nproc = typed(run, "nproc", kind=int, default=None, problems=problems, where=f"{where}.")
         if nproc is not None and not 1 <= nproc <= MAX_NPROC:
             problems.append(f"{where}.nproc: must be 1 to {MAX_NPROC:,}, got {nproc}")
-        batch = (
-            _entry_batch(run["batch_size"], f"{where}.batch_size", problems)
-            if "batch_size" in run
-            else None
-        )
+        if "batch_size" in run:
+            batch = _entry_batch(run["batch_size"], f"{where}.batch_size", problems)
+        else:
+            batch = None
         techniques = run.get("techniques", [])
         if "training_args" in run:
             job = _trainer_job(run, raw, f"{where}.training_args", problems)
@@ -631,7 +647,10 @@ def _trainer_job(
         problems.append(
             f"{where}: and batch_size: the arguments give the batch; leave batch_size out"
         )
-    job = training_args.read(path, where, problems) if path is not None else None
+    if path is not None:
+        job = training_args.read(path, where, problems)
+    else:
+        job = None
     if job is None:
         return None
     if job.ignored and path not in _IGNORED_NAMED:
@@ -682,11 +701,18 @@ def _matrix(raw: Any, problems: list[str]) -> list[Entry]:
             "[...]}, [matrix.lengths], or several"
         )
         return []
-    sizes = (
-        _matrix_sizes(raw["batch_size"], "batch_size", problems) if "batch_size" in raw else [None]
-    )
-    seqs = _matrix_sizes(raw["seq_len"], "seq_len", problems) if "seq_len" in raw else [None]
-    lengths = _matrix_lengths(raw["lengths"], problems) if "lengths" in raw else [("", None)]
+    if "batch_size" in raw:
+        sizes = _matrix_sizes(raw["batch_size"], "batch_size", problems)
+    else:
+        sizes = [None]
+    if "seq_len" in raw:
+        seqs = _matrix_sizes(raw["seq_len"], "seq_len", problems)
+    else:
+        seqs = [None]
+    if "lengths" in raw:
+        lengths = _matrix_lengths(raw["lengths"], problems)
+    else:
+        lengths = [("", None)]
     if not sizes or not seqs or not lengths:
         return []
     return [
@@ -753,4 +779,6 @@ def _matrix_lengths(table: Any, problems: list[str]) -> list[tuple[str, dict[str
             )
             continue
         out.append((name, per_device))
-    return out if len(out) == len(table) else []
+    if len(out) == len(table):
+        return out
+    return []

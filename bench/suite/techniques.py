@@ -33,7 +33,9 @@ def techniques(
     before = len(problems)
     check(tuple(specs), where, batch=batch, shapes=shapes, mode=mode, problems=problems)
     ok = len(specs) == len(raw) and len(problems) == before
-    return tuple(specs) if ok else None
+    if ok:
+        return tuple(specs)
+    return None
 
 
 def check(
@@ -57,7 +59,10 @@ def check(
     for spec, technique in zip(specs, built):
         for dev in DEVICES:
             if shapes is not None and dev in shapes:
-                size = batch[dev] if batch else shapes[dev].batch_size
+                if batch:
+                    size = batch[dev]
+                else:
+                    size = shapes[dev].batch_size
                 for p in _own_problems(technique, spec.name, size):
                     problems.append(f"{where}: {spec.name} at {dev} batch_size {size}: {p}")
 
@@ -125,13 +130,13 @@ def _type_error(hint: Any, value: Any) -> str | None:
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
     if typing.get_origin(hint) is Literal:
         choices = typing.get_args(hint)
-        return (
-            None
-            if value in choices
-            else f"must be one of {', '.join(map(repr, choices))}, got {value!r}"
-        )
+        if value in choices:
+            return None
+        return f"must be one of {', '.join(map(repr, choices))}, got {value!r}"
     if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return None if math.isfinite(value) else f"must be a finite number, got {value}"
+        if math.isfinite(value):
+            return None
+        return f"must be a finite number, got {value}"
     if isinstance(value, hint) and not (hint is not bool and isinstance(value, bool)):
         return None
     return f"expected {hint.__name__}, got {type(value).__name__} {value!r}"

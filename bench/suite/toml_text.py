@@ -29,7 +29,10 @@ def to_toml(
 def _table(name: str, table: dict[str, Any]) -> list[str]:
     own = [f"{k} = {_value(v)}" for k, v in table.items() if not isinstance(v, dict)]
     # a table of tables only needs no header of its own
-    lines = ["", f"[{name}]", *own] if own else []
+    if own:
+        lines = ["", f"[{name}]", *own]
+    else:
+        lines = []
     for key, sub in table.items():
         if isinstance(sub, dict):
             lines += _table(f"{name}.{key}", sub)
@@ -38,7 +41,9 @@ def _table(name: str, table: dict[str, Any]) -> list[str]:
 
 def _value(v: Any) -> str:
     if isinstance(v, bool):
-        return "true" if v else "false"
+        if v:
+            return "true"
+        return "false"
     if isinstance(v, (int, float)):
         return repr(v)
     if isinstance(v, str):

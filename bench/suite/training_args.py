@@ -76,7 +76,9 @@ def read(path: str, where: str, problems: list[str]) -> Job | None:
     techniques += ["compile"] if args.get("torch_compile") else []
     problems += found
     ignored = tuple(sorted(k for k in args.keys() & known if k not in READ))
-    return None if found else Job(techniques, batch * steps, ignored)
+    if found:
+        return None
+    return Job(techniques, batch * steps, ignored)
 
 
 def load_args(path: Path, where: str, problems: list[str]) -> dict[str, Any] | None:
@@ -118,7 +120,9 @@ def _precision(args: dict[str, Any], where: str, found: list[str]) -> list[Any]:
         return []
     if args.get("bf16"):
         return [{"name": "amp", "dtype": "bfloat16"}]
-    return [{"name": "amp", "dtype": "float16"}] if args.get("fp16") else []
+    if args.get("fp16"):
+        return [{"name": "amp", "dtype": "float16"}]
+    return []
 
 
 def _optimizer(args: dict[str, Any], where: str, found: list[str]) -> list[Any]:
@@ -142,11 +146,9 @@ def _checkpointing(args: dict[str, Any], where: str, found: list[str]) -> list[A
         return []
     if not args.get("gradient_checkpointing"):
         return []
-    return (
-        [{"name": "checkpoint", "reentrant": True}]
-        if kwargs.get("use_reentrant")
-        else ["checkpoint"]
-    )
+    if kwargs.get("use_reentrant"):
+        return [{"name": "checkpoint", "reentrant": True}]
+    return ["checkpoint"]
 
 
 def _positive(args: dict[str, Any], key: str, default: int, where: str, found: list[str]) -> int:

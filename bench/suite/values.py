@@ -46,7 +46,9 @@ def model_spec(name: str | None, where: str, problems: list[str]) -> ModelSpec |
     """The named model's spec, or None with the reason among the problems (an unknown name, a failed
     import)."""
     try:
-        return None if name is None else models.resolve(name)
+        if name is None:
+            return None
+        return models.resolve(name)
     except KeyError as exc:
         problems.append(f"{where}: {exc.args[0]}")
         return None

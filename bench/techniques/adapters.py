@@ -84,7 +84,9 @@ class LoRA(Technique):
             found: list[str] = []
             self._peft_config(found)
             return found
-        return [] if self.config.rank >= 1 else [f"rank must be ≥ 1, got {self.config.rank}"]
+        if self.config.rank >= 1:
+            return []
+        return [f"rank must be ≥ 1, got {self.config.rank}"]
 
     def _peft_config(self, problems: list[str] | None = None) -> dict[str, Any]:
         """The LoraConfig arguments: the options, or PEFT's adapter_config.json where given (its

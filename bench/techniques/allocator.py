@@ -37,13 +37,17 @@ class AllocatorConfig(Technique):
 
     def problems(self, batch_size: int) -> list[str]:
         bad = [part for part in self.config.conf.split(",") if ":" not in part]
-        return [f"conf entries are key:value pairs separated by commas, got {bad}"] if bad else []
+        if bad:
+            return [f"conf entries are key:value pairs separated by commas, got {bad}"]
+        return []
 
     def env(self) -> dict[str, str]:
         return {"PYTORCH_CUDA_ALLOC_CONF": self.config.conf}
 
     def unsupported(self, ctx: RunContext) -> str | None:
-        return None if ctx.cuda else "a CUDA allocator setting; the CPU allocator has none"
+        if ctx.cuda:
+            return None
+        return "a CUDA allocator setting; the CPU allocator has none"
 
     def proof(self, steps: int) -> dict[str, Any]:
         return {"conf_in_process": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
@@ -90,7 +94,9 @@ class Environment(Technique):
         except ValueError as exc:
             return [f"vars: {exc}"]
         bad = [p for p in pairs if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", p)]
-        return [f"vars: expected NAME=VALUE pairs, got {bad}"] if bad or not pairs else []
+        if bad or not pairs:
+            return [f"vars: expected NAME=VALUE pairs, got {bad}"]
+        return []
 
     def env(self) -> dict[str, str]:
         return dict(pair.split("=", 1) for pair in shlex.split(self.config.vars))
@@ -126,7 +132,9 @@ class EmptyCacheEveryStep(Technique):
     summary = "`torch.cuda.empty_cache()` after every step"
 
     def unsupported(self, ctx: RunContext) -> str | None:
-        return None if ctx.cuda else "empties the CUDA caching allocator; nothing to empty on a CPU"
+        if ctx.cuda:
+            return None
+        return "empties the CUDA caching allocator; nothing to empty on a CPU"
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self.calls = 0

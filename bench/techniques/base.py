@@ -293,7 +293,10 @@ class Technique:
     # -- the hooks that change the run: read by the worker, in this order --
 
     def __init__(self, config: Any = None) -> None:
-        self.config = config if config is not None else self.Config()
+        if config is not None:
+            self.config = config
+        else:
+            self.config = self.Config()
 
     def env(self) -> dict[str, str]:
         """The run's process environment it sets, in the parent, before the process (and CUDA)
@@ -328,7 +331,9 @@ class Technique:
     def replicas(self, world_size: int) -> int:
         """How many of the ``world_size`` ranks take batches of their own (a group shares one under
         tensor parallelism): a step of the run processes that many."""
-        return world_size if self.data_parallel else 1
+        if self.data_parallel:
+            return world_size
+        return 1
 
     def step(self) -> Step:
         """What this technique changes in each step, once it is applied."""
@@ -401,12 +406,14 @@ def options_doc(cls: type[Technique]) -> list[tuple[str, str, Any, str]]:
     rows = []
     hints = typing.get_type_hints(cls.Config)
     for f in fields(cls.Config):
-        default = f.default if f.default is not MISSING else None
+        if f.default is not MISSING:
+            default = f.default
+        else:
+            default = None
         hint = hints[f.name]
-        kind = (
-            " | ".join(map(repr, typing.get_args(hint)))
-            if typing.get_origin(hint) is Literal
-            else getattr(hint, "__name__", str(hint))
-        )
+        if typing.get_origin(hint) is Literal:
+            kind = " | ".join(map(repr, typing.get_args(hint)))
+        else:
+            kind = getattr(hint, "__name__", str(hint))
         rows.append((f.name, kind, default, f.metadata.get("doc", "")))
     return rows

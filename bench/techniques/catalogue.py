@@ -50,7 +50,9 @@ def _summary(module: object) -> str:
 def expected(cls: type[Technique]) -> str:
     """The docstring's "Expected:" paragraph, without its label."""
     found = re.search(r"^Expected: (.*?)(?:\n\n|\Z)", inspect.getdoc(cls) or "", re.M | re.S)
-    return " ".join(found.group(1).split()) if found else ""
+    if found:
+        return " ".join(found.group(1).split())
+    return ""
 
 
 def write(path: Path) -> Path:

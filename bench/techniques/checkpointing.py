@@ -33,12 +33,12 @@ ATTENTION = [
 
 # The reduce-scatter that tensor (sequence) parallelism issues inside a block, where functional
 # collectives exist.
-REDUCE_SCATTER = (
-    [torch.ops._c10d_functional.reduce_scatter_tensor.default]
-    if hasattr(torch.ops, "_c10d_functional")
-    and hasattr(torch.ops._c10d_functional, "reduce_scatter_tensor")
-    else []
-)
+if hasattr(torch.ops, "_c10d_functional") and hasattr(
+    torch.ops._c10d_functional, "reduce_scatter_tensor"
+):
+    REDUCE_SCATTER = [torch.ops._c10d_functional.reduce_scatter_tensor.default]
+else:
+    REDUCE_SCATTER = []
 
 
 @TECHNIQUES.register("checkpoint")
@@ -78,7 +78,9 @@ class ActivationCheckpointing(Technique):
         )
 
     def problems(self, batch_size: int) -> list[str]:
-        return [] if self.config.every >= 1 else [f"every must be ≥ 1, got {self.config.every}"]
+        if self.config.every >= 1:
+            return []
+        return [f"every must be ≥ 1, got {self.config.every}"]
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self.blocks = ctx.model_spec.blocks(model)[:: self.config.every]
@@ -111,8 +113,14 @@ class ActivationCheckpointing(Technique):
     def proof(self, steps: int) -> dict[str, Any]:
         # 2.0 per micro-batch means every wrapped block ran forward twice: once, and once to
         # recompute.
-        per_step = self.calls / (steps * len(self.blocks)) if steps and self.blocks else 0.0
-        names = self.blocks if len(self.blocks) <= 4 else [*self.blocks[:3], "…", self.blocks[-1]]
+        if steps and self.blocks:
+            per_step = self.calls / (steps * len(self.blocks))
+        else:
+            per_step = 0.0
+        if len(self.blocks) <= 4:
+            names = self.blocks
+        else:
+            names = [*self.blocks[:3], "…", self.blocks[-1]]
         return {
             "wrapped_modules": len(self.blocks),
             "wrapped_names": ", ".join(names),
@@ -204,7 +212,9 @@ class SelectiveCheckpointing(ActivationCheckpointing):
             keep = matmuls[ctx.is_recompute] % 2 == 1  # every second matmul is recomputed
         if not ctx.is_recompute:
             self.decisions["saved" if keep else "recomputed"] += 1
-        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+        if keep:
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
 
     def proof(self, steps: int) -> dict[str, Any]:
         return super().proof(steps) | {

@@ -81,7 +81,10 @@ class DataParallel(_Distributed):
         )
 
     def parallelize(self, model: nn.Module, ctx: RunContext) -> nn.Module:
-        ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+        if ctx.device.type == "cuda":
+            ids = [ctx.device.index]
+        else:
+            ids = None
         self.model = nn.parallel.DistributedDataParallel(
             model, device_ids=ids, gradient_as_bucket_view=self.config.gradient_as_bucket_view
         )
@@ -233,7 +236,10 @@ class FullyShard(_Distributed):
         return mesh["fsdp"]
 
     def proof(self, steps: int) -> dict[str, Any]:
-        tp = {"sharded_linears": self.sharded_linears} if self.config.tensor_parallel else {}
+        if self.config.tensor_parallel:
+            tp = {"sharded_linears": self.sharded_linears}
+        else:
+            tp = {}
         return super().proof(steps) | {"sharded_modules": len(self.blocks) + 1} | tp
 
 

@@ -95,7 +95,10 @@ class KVCache(Technique):
                 return "this transformers has no fp8 quantized cache (transformers 5.23 has one)"
             return None
         if importlib.util.find_spec(BACKENDS[c.backend].split(".")[0]) is None:
-            package = "optimum-quanto" if c.backend == "quanto" else "hqq"
+            if c.backend == "quanto":
+                package = "optimum-quanto"
+            else:
+                package = "hqq"
             return f"needs {package} for the {c.backend} backend: pip install {package}"
         return None
 
@@ -133,11 +136,9 @@ class ChunkedPrefill(Technique):
         chunk: int = option(512, "tokens per prefill forward")
 
     def problems(self, batch_size: int) -> list[str]:
-        return (
-            []
-            if self.config.chunk >= 1
-            else [f"chunked-prefill: chunk must be at least 1, got {self.config.chunk}"]
-        )
+        if self.config.chunk >= 1:
+            return []
+        return [f"chunked-prefill: chunk must be at least 1, got {self.config.chunk}"]
 
     def unsupported(self, ctx: RunContext) -> str | None:
         if ctx.shapes.prompt_len is not None and self.config.chunk >= ctx.shapes.prompt_len:

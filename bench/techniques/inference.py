@@ -127,16 +127,19 @@ class _TraceOnFirstCall(nn.Module):
                 warnings.simplefilter("ignore", DeprecationWarning)
                 warnings.simplefilter("ignore", torch.jit.TracerWarning)
                 try:
-                    self.traced = (
-                        torch.jit.trace(self.model, example_kwarg_inputs=kwargs, strict=False)
-                        if kwargs
-                        else torch.jit.trace(self.model, args, strict=False)
-                    )
+                    if kwargs:
+                        self.traced = torch.jit.trace(
+                            self.model, example_kwarg_inputs=kwargs, strict=False
+                        )
+                    else:
+                        self.traced = torch.jit.trace(self.model, args, strict=False)
                 except Exception as exc:  # noqa: BLE001  any tracing failure means this model cannot be traced
                     raise Unsupported(
                         f"torch.jit.trace failed: {type(exc).__name__}: {exc}"
                     ) from exc
-        return self.traced(**kwargs) if kwargs else self.traced(*args)
+        if kwargs:
+            return self.traced(**kwargs)
+        return self.traced(*args)
 
 
 @TECHNIQUES.register("jit-trace")
@@ -161,7 +164,10 @@ class JitTrace(Technique):
         return self.wrapper
 
     def proof(self, steps: int) -> dict[str, Any]:
-        graph = self.wrapper.traced.inlined_graph if self.wrapper.traced is not None else None
+        if self.wrapper.traced is not None:
+            graph = self.wrapper.traced.inlined_graph
+        else:
+            graph = None
         return {
             "traced": graph is not None,
             "graph_nodes": sum(1 for _ in graph.nodes()) if graph else 0,

@@ -41,11 +41,9 @@ class ChannelsLast(Technique):
     summary = "NHWC weights and inputs"
 
     def unsupported(self, ctx: RunContext) -> str | None:
-        return (
-            None
-            if ctx.model_spec.inputs == "image"
-            else "channels_last applies to image models only"
-        )
+        if ctx.model_spec.inputs == "image":
+            return None
+        return "channels_last applies to image models only"
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self.model = model.to(memory_format=torch.channels_last)
@@ -154,5 +152,8 @@ class AttentionBackend(Technique):
                 ) from exc
 
     def proof(self, steps: int) -> dict[str, Any]:
-        seen = sorted(self.ops.seen) if self.ops else []
+        if self.ops:
+            seen = sorted(self.ops.seen)
+        else:
+            seen = []
         return {"kernel": ",".join(seen) or "math (decomposed)"}

@@ -52,9 +52,18 @@ class _Softmaxes(TorchFunctionMode):
     ) -> Any:
         kwargs = kwargs or {}
         if func in SOFTMAXES and torch.is_grad_enabled():
-            x = args[0] if args else kwargs.get("input")
-            dim = args[1] if len(args) > 1 else kwargs.get("dim")
-            dtype = args[SOFTMAXES[func]] if len(args) > SOFTMAXES[func] else kwargs.get("dtype")
+            if args:
+                x = args[0]
+            else:
+                x = kwargs.get("input")
+            if len(args) > 1:
+                dim = args[1]
+            else:
+                dim = kwargs.get("dim")
+            if len(args) > SOFTMAXES[func]:
+                dtype = args[SOFTMAXES[func]]
+            else:
+                dtype = kwargs.get("dtype")
             if isinstance(x, torch.Tensor) and x.requires_grad and dim is not None:
                 self.kept += 1
                 return _KeepsInput.apply(_as_softmax_takes(x, dtype), dim)

@@ -61,11 +61,9 @@ class ChunkedLoss(Technique):
         )
 
     def problems(self, batch_size: int) -> list[str]:
-        return (
-            []
-            if self.config.chunk_tokens >= 0
-            else [f"chunk_tokens must be 0 (automatic) or more, got {self.config.chunk_tokens}"]
-        )
+        if self.config.chunk_tokens >= 0:
+            return []
+        return [f"chunk_tokens must be 0 (automatic) or more, got {self.config.chunk_tokens}"]
 
     def unsupported(self, ctx: RunContext) -> str | None:
         if ctx.model_spec.objective != self.objective:
@@ -84,7 +82,10 @@ class ChunkedLoss(Technique):
         return None
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
-        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        if hasattr(model, "get_output_embeddings"):
+            head = model.get_output_embeddings()
+        else:
+            head = None
         if not isinstance(head, nn.Linear):
             raise Unsupported(
                 f"model {ctx.model_spec.name} has no linear output head (get_output_embeddings)"
@@ -96,7 +97,10 @@ class ChunkedLoss(Technique):
         )
         self.implementation = self.config.implementation
         if self.implementation == "auto":
-            self.implementation = "liger" if liger else "torch"
+            if liger:
+                self.implementation = "liger"
+            else:
+                self.implementation = "torch"
         return model
 
     def step(self) -> Step:
@@ -152,7 +156,9 @@ class _HiddenStates(nn.Module):
         self.head = head
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden if self.training else self.head(hidden)
+        if self.training:
+            return hidden
+        return self.head(hidden)
 
 
 class _ChunkedCrossEntropy(torch.autograd.Function):
@@ -173,15 +179,22 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
         counted = (targets != IGNORE).sum().clamp(min=1)
         # a copy only where they differ, as the plain head's matmul makes under autocast
         w = weight.to(hidden.dtype)
-        b = None if bias is None else bias.to(hidden.dtype)
+        if bias is None:
+            b = None
+        else:
+            b = bias.to(hidden.dtype)
         # A frozen head (LoRA's, QLoRA's) gets no weight gradient: at a 128k vocabulary it is the
         # head's size.
         grad_hidden = torch.empty_like(hidden)
-        grad_weight = (
-            torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
-        )
+        if ctx.needs_input_grad[1]:
+            grad_weight = torch.zeros_like(weight, dtype=torch.float32)
+        else:
+            grad_weight = None
         biased = bias is not None and ctx.needs_input_grad[2]
-        grad_bias = torch.zeros_like(bias, dtype=torch.float32) if biased else None
+        if biased:
+            grad_bias = torch.zeros_like(bias, dtype=torch.float32)
+        else:
+            grad_bias = None
         total = hidden.new_zeros((), dtype=torch.float32)
         for start in range(0, len(targets), size):
             h, t = hidden[start : start + size], targets[start : start + size]

@@ -35,7 +35,9 @@ class ActivationOffload(Technique):
         )
 
     def unsupported(self, ctx: RunContext) -> str | None:
-        return None if ctx.cuda else "activations already live in host memory on a CPU"
+        if ctx.cuda:
+            return None
+        return "activations already live in host memory on a CPU"
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self.packed = 0
@@ -190,18 +192,14 @@ class OverlappedOffload(Technique):
         )
 
     def problems(self, batch_size: int) -> list[str]:
-        return (
-            []
-            if self.config.min_bytes >= 0
-            else [f"min_bytes must be 0 or more, got {self.config.min_bytes}"]
-        )
+        if self.config.min_bytes >= 0:
+            return []
+        return [f"min_bytes must be 0 or more, got {self.config.min_bytes}"]
 
     def unsupported(self, ctx: RunContext) -> str | None:
-        return (
-            None
-            if ctx.cuda
-            else "copies on a side CUDA stream; on a CPU activations live in host memory already"
-        )
+        if ctx.cuda:
+            return None
+        return "copies on a side CUDA stream; on a CPU activations live in host memory already"
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self.offloaded, self.prefetched = 0, 0

@@ -140,7 +140,10 @@ class ZeroGradKeep(Technique):
         self.optimizer = optimizer
 
     def proof(self, steps: int) -> dict[str, Any]:
-        groups = self.optimizer.param_groups if steps else []
+        if steps:
+            groups = self.optimizer.param_groups
+        else:
+            groups = []
         kept = [p.grad for g in groups for p in g["params"] if p.grad is not None]
         return {"grads_kept_between_steps": len(kept)}
 
@@ -321,7 +324,10 @@ class GaLore(Technique):
         for p in model.parameters():
             if p.requires_grad:
                 projected = p.dim() == 2 and id(p) in self.in_blocks
-                rank = (self.config.rank or min(p.shape) // 4) if projected else 0
+                if projected:
+                    rank = self.config.rank or min(p.shape) // 4
+                else:
+                    rank = 0
                 groups.setdefault(rank if 0 < rank < min(p.shape) else 0, []).append(p)
         c = self.config
         self.projected = sum(len(ps) for rank, ps in groups.items() if rank)

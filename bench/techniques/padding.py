@@ -97,7 +97,9 @@ class LengthBucketing(Padding):
         )
 
     def problems(self, batch_size: int) -> list[str]:
-        return [] if self.config.pool >= 1 else [f"pool must be ≥ 1, got {self.config.pool}"]
+        if self.config.pool >= 1:
+            return []
+        return [f"pool must be ≥ 1, got {self.config.pool}"]
 
     def batching(self, ctx: RunContext) -> varlen.Batching:
         pool = self.config.pool

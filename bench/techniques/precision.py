@@ -73,7 +73,10 @@ class Amp(Technique):
         self.device_type = ctx.device.type
         self.dtype = getattr(torch, self.config.dtype)
         scaled = self.config.dtype == "float16" and self.config.scaler
-        self.scaler = torch.amp.GradScaler(self.device_type) if scaled else None
+        if scaled:
+            self.scaler = torch.amp.GradScaler(self.device_type)
+        else:
+            self.scaler = None
         return model
 
     def step(self) -> Step:
@@ -87,7 +90,10 @@ class Amp(Technique):
         self.scaler.update()
 
     def proof(self, steps: int) -> dict[str, Any]:
-        scale = self.scaler.get_scale() if self.scaler else None
+        if self.scaler:
+            scale = self.scaler.get_scale()
+        else:
+            scale = None
         return {
             "autocast_dtype": self.config.dtype,
             "grad_scaler": self.scaler is not None,
@@ -207,7 +213,10 @@ class PureBF16(Technique):
         """The 16-bit gradients as the masters' fp32 ones, the update on the masters, their new
         values rounded into the model; the fp32 gradients live for the step only."""
         for p, master in self.pairs:
-            master.grad = None if p.grad is None else p.grad.float()
+            if p.grad is None:
+                master.grad = None
+            else:
+                master.grad = p.grad.float()
         self._update(optimizer)
         with torch.no_grad():
             for p, master in self.pairs:
@@ -267,11 +276,9 @@ class PureFP16(PureBF16):
         return True
 
     def unsupported(self, ctx: RunContext) -> str | None:
-        return (
-            None
-            if ctx.cuda
-            else "float16 training is a CUDA technique; CPU kernels for it are emulated and slow"
-        )
+        if ctx.cuda:
+            return None
+        return "float16 training is a CUDA technique; CPU kernels for it are emulated and slow"
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self.scaler = torch.amp.GradScaler(ctx.device.type)
@@ -307,7 +314,9 @@ class TF32(Technique):
         enabled: bool = option(True, "allow TF32 in fp32 matmuls and cuDNN convolutions")
 
     def unsupported(self, ctx: RunContext) -> str | None:
-        return None if ctx.cuda else "TF32 is a CUDA tensor-core mode; a CPU has no such setting"
+        if ctx.cuda:
+            return None
+        return "TF32 is a CUDA tensor-core mode; a CPU has no such setting"
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         torch.backends.cuda.matmul.allow_tf32 = self.config.enabled

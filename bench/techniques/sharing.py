@@ -40,7 +40,9 @@ class CrossLayerSharing(Technique):
         groups: int = option(1, "distinct blocks per run of identical blocks (1: all share one)")
 
     def problems(self, batch_size: int) -> list[str]:
-        return [] if self.config.groups >= 1 else [f"groups must be ≥ 1, got {self.config.groups}"]
+        if self.config.groups >= 1:
+            return []
+        return [f"groups must be ≥ 1, got {self.config.groups}"]
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self.params_before = sum(p.numel() for p in model.parameters())
@@ -124,18 +126,14 @@ class SharedBasisConvolution(Technique):
         basis: int = option(4, "basis kernels per stage (a 3×3 kernel has 9 degrees of freedom)")
 
     def problems(self, batch_size: int) -> list[str]:
-        return (
-            []
-            if 1 <= self.config.basis < 9
-            else [f"basis must be between 1 and 8, got {self.config.basis}"]
-        )
+        if 1 <= self.config.basis < 9:
+            return []
+        return [f"basis must be between 1 and 8, got {self.config.basis}"]
 
     def unsupported(self, ctx: RunContext) -> str | None:
-        return (
-            None
-            if ctx.model_spec.family == "resnet"
-            else "only ResNet's stages have 3×3 convolutions"
-        )
+        if ctx.model_spec.family == "resnet":
+            return None
+        return "only ResNet's stages have 3×3 convolutions"
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self.params_before = sum(p.numel() for p in model.parameters())
