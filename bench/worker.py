@@ -59,25 +59,19 @@ def measure(
     launched_at: float | None = None,
     measured: Callable[[dict[str, Any]], None] | None = None,
     history_path: str | None = None,
-    known: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One run, phase by phase: its own prediction (unless made ahead), build, warm-up, one
     instrumented step, the timed steps, and the fidelity phase; a technique that cannot run here
     ends it as unsupported before any of them. ``launched_at``: when the sweep launched the process
     (``startup_s`` counts from there); ``measured``: handed the memory and speed figures as soon as
     they are, before the fidelity phase; ``history_path`` (CUDA): where the allocator's history,
-    from the build to the instrumented step, is saved (bench.measure.history); ``known``: given the
-    prediction once there is one, so that a run that then fails (out of memory above all) keeps what
-    was predicted for it."""
+    from the build to the instrumented step, is saved (bench.measure.history)."""
     recipe = Recipe.of(spec, device, world_size=group.world_size, rank=group.rank)
     ctx, techniques, shapes = recipe.ctx, recipe.techniques, recipe.ctx.shapes
     if reason := recipe.unsupported():
         return {KEY.status: Status.UNSUPPORTED, KEY.message: reason}
     if prediction is None:
-        progress.say("predicting its peak")
-        prediction = predict_run(spec, device.type)  # before anything real is allocated
-    if known is not None:
-        known |= prediction
+        prediction = _predicted(spec, device)
     clock = time.perf_counter()
     if device.type == "cuda" and (history_path or snapshot):
         history.start(stacks=bool(snapshot))
@@ -134,6 +128,11 @@ def measure(
         figures |= _fidelity(spec, fid, device)
         figures[KEY.fidelity_s] = round(time.perf_counter() - clock, 2)
     return {KEY.status: Status.OK, KEY.message: "", **figures}
+
+
+def _predicted(spec: RunSpec, device: torch.device) -> dict[str, Any]:
+    progress.say("predicting its peak")
+    return predict_run(spec, device.type)  # before anything real is allocated
 
 
 def _build(spec: RunSpec, recipe: Recipe) -> tuple[Stepper, Batch, dict[str, Any]]:
@@ -357,7 +356,6 @@ def main(spec_path: str, out_path: str) -> int:
     group = process_group.join(job.device_type, spec.timeout_s)
     device = process_group.device_of(job.device_type, group)
     budget = job.budget_bytes
-    known: dict[str, Any] = {}  # the prediction, kept if the run fails after it
     try:
         if budget and device.type == "cuda":
             # a smaller card: the allocator refuses past the budget
@@ -372,16 +370,17 @@ def main(spec_path: str, out_path: str) -> int:
                 lambda figures: _write(f"{out_path}.measured", figures | runtime_provenance(device))
             )
         )
+        if prediction is None:  # here, so that a run that fails after it keeps it
+            prediction = _predicted(spec, device)
         result = measure(
             spec,
             device,
-            job.snapshot if group.rank == 0 else None,
-            group,
-            prediction,
-            job.launched_at,
-            partial,
-            job.history if group.rank == 0 else None,
-            known,
+            snapshot=job.snapshot if group.rank == 0 else None,
+            group=group,
+            prediction=prediction,
+            launched_at=job.launched_at,
+            measured=partial,
+            history_path=job.history if group.rank == 0 else None,
         )
         if budget and device.type == "cpu":
             result |= over_budget(result, budget)
@@ -394,7 +393,8 @@ def main(spec_path: str, out_path: str) -> int:
         else:
             status = Status.ERROR
         message = first_line(exc)[:500]
-        result = known | {KEY.status: status, KEY.message: f"{type(exc).__name__}: {message}"}
+        failure = {KEY.status: status, KEY.message: f"{type(exc).__name__}: {message}"}
+        result = (prediction or {}) | failure  # what was predicted for it, if anything was
         if device.type == "cuda":
             result |= cuda_peaks(device) | _history_to_failure(
                 job.history if group.rank == 0 else None
