@@ -11,34 +11,7 @@ from typing import Any
 
 import torch
 
-from bench.record import KEY, Status
-
-# Figures that differ by rank: kept as rank_<name> lists; the record's own value is the largest.
-PER_RANK_MAX = (
-    KEY.peak_tensor_bytes,
-    KEY.peak_allocated_bytes,
-    KEY.peak_reserved_bytes,
-    KEY.peak_active_bytes,
-    KEY.activation_bytes,
-    KEY.param_bytes,
-    KEY.buffer_bytes,
-    KEY.gradient_bytes,
-    KEY.optimizer_state_bytes,
-    KEY.model_state_bytes,
-    KEY.nvml_process_bytes,
-    KEY.context_bytes,
-    KEY.cache_slack_bytes,
-    KEY.rss_peak_bytes,
-    KEY.step_time_ms_median,
-    KEY.step_time_ms_p25,
-    KEY.step_time_ms_p75,
-    KEY.step_time_ms_max,
-    KEY.alloc_retries,
-    KEY.cuda_ooms,
-    KEY.predicted_peak_tensor_bytes,
-)
-# Rates: the group moves at its slowest rank's pace.
-PER_RANK_MIN = (KEY.samples_per_s, KEY.tokens_per_s, KEY.step_time_ms_min)
+from bench.record import Record
 
 
 @dataclass(frozen=True)
@@ -93,18 +66,8 @@ def leave(group: Group) -> None:
 
 
 def merge(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
-    """One record: the rank with the highest peak speaks for the breakdown; every rank's figure is
-    kept."""
+    """One record of every rank's figures (``Record.merged``: how each figure folds over ranks is
+    declared where the figure is)."""
     if len(per_rank) == 1:
         return per_rank[0]
-    worst = max(
-        per_rank, key=lambda r: r.get(KEY.peak_allocated_bytes) or r.get(KEY.peak_tensor_bytes) or 0
-    )
-    out = dict(worst) | {KEY.world_size: len(per_rank), KEY.peak_rank: per_rank.index(worst)}
-    for key, pick in [(k, max) for k in PER_RANK_MAX] + [(k, min) for k in PER_RANK_MIN]:
-        values = [r.get(key) for r in per_rank]
-        if any(v is not None for v in values):
-            out[f"rank_{key}"] = values
-            out[key] = pick(v for v in values if v is not None)
-    bad = [r for r in per_rank if r.get(KEY.status) != Status.OK]
-    return out | (bad[0] if bad else {})
+    return Record.merged([Record.from_flat(r) for r in per_rank]).to_flat()

@@ -10,6 +10,7 @@ Nothing here imports the project: every layer that makes or reads records can us
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field, fields, make_dataclass
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -52,18 +53,25 @@ STATUSES = tuple(s.value for s in Status if s is not Status.UNPREDICTABLE)
 DETERMINISTIC = (Status.OK, Status.OOM, Status.UNSUPPORTED)
 
 
-def doc(text: str, default: Any = None, table: bool = False) -> Any:
+# How a run over several processes folds a figure that differs by rank into the record's own value
+# (every rank's is kept beside it as rank_<figure>): memory must fit on each device, so the largest;
+# the group moves at its slowest rank's pace, so the smallest rate.
+FOLDS = {"max": max, "min": min}
+OVER_RANKS = {"max": " (over ranks: the largest)", "min": " (over ranks: the smallest)"}
+
+
+def doc(text: str, default: Any = None, table: bool = False, ranks: str | None = None) -> Any:
     """A field with its documentation; absent (None) unless the run has the figure. ``table``: a
-    column of the reports' summary table (COLUMNS)."""
-    meta = {"doc": text, "column": table}
+    column of the reports' summary table (COLUMNS); ``ranks``: how it folds over ranks (FOLDS)."""
+    meta = {"doc": text, "column": table, "ranks": ranks}
     if isinstance(default, (list, dict)):
         return field(default_factory=type(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
-def column(text: str, default: Any = None) -> Any:
+def column(text: str, default: Any = None, ranks: str | None = None) -> Any:
     """A field that is also a column of the summary table."""
-    return doc(text, default, table=True)
+    return doc(text, default, table=True, ranks=ranks)
 
 
 @dataclass(kw_only=True)
@@ -133,7 +141,7 @@ class Memory:
     NVML's figures."""
 
     peak_tensor_bytes: int | None = column(
-        "tracked peak of live tensor storages over one instrumented step"
+        "tracked peak of live tensor storages over one instrumented step", ranks="max"
     )
     peak_phase: str | None = column(
         "where that peak fell: forward, backward or optimizer (generation: prefill or decode)"
@@ -147,13 +155,13 @@ class Memory:
     kv_cache_bytes: int | None = column(
         "generation: the key-value cache's bytes on the device after the last token (its largest)"
     )
-    activation_bytes: int | None = column("bytes a forward leaves alive for backward")
-    gradient_bytes: int | None = doc("gradients alive after backward")
-    param_bytes: int | None = doc("the model's parameters")
-    buffer_bytes: int | None = doc("the model's buffers")
-    optimizer_state_bytes: int | None = doc("the optimizer's state")
+    activation_bytes: int | None = column("bytes a forward leaves alive for backward", ranks="max")
+    gradient_bytes: int | None = doc("gradients alive after backward", ranks="max")
+    param_bytes: int | None = doc("the model's parameters", ranks="max")
+    buffer_bytes: int | None = doc("the model's buffers", ranks="max")
+    optimizer_state_bytes: int | None = doc("the optimizer's state", ranks="max")
     model_state_bytes: int | None = column(
-        "parameters + gradients + optimizer state on one rank (the ZeRO quantity)"
+        "parameters + gradients + optimizer state on one rank (the ZeRO quantity)", ranks="max"
     )
     at_peak_parameters_bytes: int | None = column("alive at the tracked peak: parameters")
     at_peak_buffers_bytes: int | None = column("alive at the tracked peak: buffers")
@@ -170,25 +178,27 @@ class Memory:
     )
     param_count: int | None = doc("parameters")
     trainable_param_count: int | None = doc("parameters that require gradients")
-    rss_peak_bytes: int | None = column("the run process's peak resident host memory")
+    rss_peak_bytes: int | None = column("the run process's peak resident host memory", ranks="max")
     peak_allocated_bytes: int | None = column(
-        "CUDA: torch.cuda.max_memory_allocated over the timed steps"
+        "CUDA: torch.cuda.max_memory_allocated over the timed steps", ranks="max"
     )
     peak_reserved_bytes: int | None = column(
-        "CUDA: the caching allocator's reserved peak over the timed steps"
+        "CUDA: the caching allocator's reserved peak over the timed steps", ranks="max"
     )
-    peak_active_bytes: int | None = doc("CUDA: the allocator's active-bytes peak")
+    peak_active_bytes: int | None = doc("CUDA: the allocator's active-bytes peak", ranks="max")
     alloc_retries: int | None = doc(
-        "CUDA: allocations retried after freeing the cache (fragmentation)"
+        "CUDA: allocations retried after freeing the cache (fragmentation)", ranks="max"
     )
-    cuda_ooms: int | None = doc("CUDA: out-of-memory errors the allocator raised")
+    cuda_ooms: int | None = doc("CUDA: out-of-memory errors the allocator raised", ranks="max")
     nvml_process_bytes: int | None = column(
-        "CUDA: what NVML charges the process (context included)"
+        "CUDA: what NVML charges the process (context included)", ranks="max"
     )
     context_bytes: int | None = column(
-        "CUDA: NVML's figure minus reserved: the context and libraries"
+        "CUDA: NVML's figure minus reserved: the context and libraries", ranks="max"
     )
-    cache_slack_bytes: int | None = column("CUDA: reserved minus allocated at their peaks")
+    cache_slack_bytes: int | None = column(
+        "CUDA: reserved minus allocated at their peaks", ranks="max"
+    )
     snapshot: str | None = doc("CUDA, --snapshot: the allocator history file beside the record")
     memory_history: str | None = doc(
         "CUDA: the allocator's own history of the run, from the build to the instrumented step, "
@@ -207,18 +217,19 @@ class Timing:
         "the first warm-up step, where one-off costs (compilation) land"
     )
     step_time_ms_median: float | None = column(
-        "median timed step (CUDA events on a GPU, wall clock on a CPU)"
+        "median timed step (CUDA events on a GPU, wall clock on a CPU)", ranks="max"
     )
-    step_time_ms_p25: float | None = column("first quartile of the timed steps")
-    step_time_ms_p75: float | None = column("third quartile of the timed steps")
-    step_time_ms_min: float | None = doc("fastest timed step")
-    step_time_ms_max: float | None = doc("slowest timed step")
+    step_time_ms_p25: float | None = column("first quartile of the timed steps", ranks="max")
+    step_time_ms_p75: float | None = column("third quartile of the timed steps", ranks="max")
+    step_time_ms_min: float | None = doc("fastest timed step", ranks="min")
+    step_time_ms_max: float | None = doc("slowest timed step", ranks="max")
     step_times_ms: list[float] | None = doc("every timed step")
     samples_per_s: float | None = column(
-        "samples a step processes (every rank's, data-parallel) over the median step"
+        "samples a step processes (every rank's, data-parallel) over the median step", ranks="min"
     )
     tokens_per_s: float | None = column(
-        "token models: tokens in the batch (padding included) per second; generation: new tokens"
+        "token models: tokens in the batch (padding included) per second; generation: new tokens",
+        ranks="min",
     )
     ttft_ms_median: float | None = column(
         "generation: median time to the first token (the prompt's prefill and its sampling)"
@@ -365,7 +376,16 @@ COMPARED = (
 _PredictedFigures = make_dataclass(
     "_PredictedFigures",
     [
-        (f.name, f.type, doc(f"predicted: {f.metadata['doc']}", table=f.name in COMPARED))
+        (
+            f.name,
+            f.type,
+            doc(
+                f"predicted: {f.metadata['doc']}",
+                table=f.name in COMPARED,
+                # each rank predicts itself: its peak is held against its own
+                ranks=f.metadata["ranks"] if f.name == "peak_tensor_bytes" else None,
+            ),
+        )
         for group in (Memory, Timing)
         for f in fields(group)
         if f.name
@@ -581,6 +601,34 @@ class Record:
         groups["distributed"].ranks = ranks
         return cls(**groups, extra=left)
 
+    @classmethod
+    def merged(cls, per_rank: list[Record]) -> Record:
+        """One record of a run over several processes: the rank with the highest peak speaks for
+        the breakdown, each field with a rule (``ranks``, FOLDS) takes it over every rank's value
+        and keeps them all, and a rank that did not end ok overrides what it has."""
+        worst = max(
+            per_rank,
+            key=lambda r: r.memory.peak_allocated_bytes or r.memory.peak_tensor_bytes or 0,
+        )
+        out = copy.deepcopy(worst)
+        out.distributed.world_size = len(per_rank)
+        out.distributed.peak_rank = per_rank.index(worst)
+        for name, group in GROUPS.items():
+            prefix = getattr(group, "prefix", "")
+            for f in fields(group):
+                if (rule := f.metadata["ranks"]) is None:
+                    continue
+                values = [getattr(getattr(r, name), f.name) for r in per_rank]
+                if any(v is not None for v in values):
+                    out.distributed.ranks[prefix + f.name] = values
+                    setattr(
+                        getattr(out, name), f.name, FOLDS[rule](v for v in values if v is not None)
+                    )
+        failed = next((r for r in per_rank if r.outcome.status != Status.OK), None)
+        if failed is None:
+            return out
+        return cls.from_flat(out.to_flat() | failed.to_flat())
+
     def to_flat(self) -> dict[str, Any]:
         """The stored form: one key per field that has a value (a figure a device cannot give is
         absent)."""
@@ -663,7 +711,7 @@ def reference() -> str:
         prefix = getattr(group, "prefix", "")
         rows = [
             f"| `{RANK_PREFIX + '<figure>' if f.name == 'ranks' else prefix + f.name}` | "
-            f"{f.metadata['doc']} |"
+            f"{f.metadata['doc']}{OVER_RANKS.get(f.metadata['ranks'], '')} |"
             for f in fields(group)
         ]
         parts.append(
