@@ -11,9 +11,9 @@ Nothing here imports the project: every layer that makes or reads records can us
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field, fields, make_dataclass
+from dataclasses import dataclass, field, fields, make_dataclass, replace
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 # stored by older records; recomputed on read
 DERIVED = (
@@ -74,8 +74,29 @@ def column(text: str, default: Any = None, ranks: str | None = None) -> Any:
     return doc(text, default, table=True, ranks=ranks)
 
 
+class Part:
+    """A group of a record's fields (the groups below): a figure it lacks is None, and is absent
+    from its stored form."""
+
+    prefix: ClassVar[str] = ""  # before each field's name in the stored record
+
+    def flat(self) -> dict[str, Any]:
+        """As a record stores it: ``<prefix><field>`` for each field that has a value."""
+        return {
+            self.prefix + f.name: v
+            for f in fields(self)  # every Part is a dataclass
+            if (v := getattr(self, f.name)) is not None
+        }
+
+    def __or__(self, other: Self) -> Self:
+        """This group with ``other``'s figures where it has them (as ``dict | dict``)."""
+        return replace(
+            self, **{f.name: v for f in fields(other) if (v := getattr(other, f.name)) is not None}
+        )
+
+
 @dataclass(kw_only=True)
-class Identity:
+class Identity(Part):
     """Which run: the suite's entry as it ran, and where."""
 
     suite: str = column("the suite's name")
@@ -115,7 +136,7 @@ class Identity:
 
 
 @dataclass(kw_only=True)
-class Outcome:
+class Outcome(Part):
     """How the run ended."""
 
     status: str = column(", ".join(STATUSES[:-1]) + " or " + STATUSES[-1])
@@ -136,7 +157,7 @@ class Outcome:
 
 
 @dataclass(kw_only=True)
-class Memory:
+class Memory(Part):
     """What was alive: the tracker's live tensor bytes (every device), the CUDA allocator's and
     NVML's figures."""
 
@@ -210,7 +231,7 @@ class Memory:
 
 
 @dataclass(kw_only=True)
-class Timing:
+class Timing(Part):
     """How fast, and where the run's time went."""
 
     first_step_ms: float | None = doc(
@@ -281,7 +302,7 @@ class Timing:
 
 
 @dataclass(kw_only=True)
-class Data:
+class Data(Part):
     """Variable-length token data (a suite's ``lengths``): what the batches carried, and what
     feeding them cost."""
 
@@ -322,7 +343,7 @@ TRACKED = (
 
 
 @dataclass(kw_only=True)
-class _PredictionOutcome:
+class _PredictionOutcome(Part):
     status: str | None = doc("ok, unsupported or unpredictable")
     message: str | None = doc("why a prediction was not made")
     ahead: bool | None = doc("made in a spare process while the device measured earlier runs")
@@ -418,14 +439,6 @@ class Prediction(_PredictedFigures):
         """What was alive at the predicted peak, by category (AT_PEAK), the empty ones left out."""
         return {p: v for p in AT_PEAK if (v := getattr(self, f"at_peak_{p}_bytes"))}
 
-    def flat(self) -> dict[str, Any]:
-        """As a record stores it: ``predicted_<field>`` for each field that has a value."""
-        return {
-            self.prefix + f.name: v
-            for f in fields(self)
-            if (v := getattr(self, f.name)) is not None
-        }
-
     def fits(self, budget: int) -> bool:
         """On a named card, its verdict (the step replayed through its allocator); else the peak
         against ``budget`` bytes for tensors."""
@@ -450,7 +463,7 @@ class Prediction(_PredictedFigures):
 
 
 @dataclass(kw_only=True)
-class FidelityResult:
+class FidelityResult(Part):
     """Does the technique change what the model learns: trained on real data, evaluated on its
     held-out split."""
 
@@ -492,7 +505,7 @@ class Distributed:
 
 
 @dataclass(kw_only=True)
-class Provenance:
+class Provenance(Part):
     """How, when and with what the run was measured."""
 
     git_revision: str | None = column(

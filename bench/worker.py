@@ -41,7 +41,7 @@ from bench.models.weights import digest
 from bench.predict import predict_run
 from bench.provenance import runtime_provenance
 from bench.recipe import Recipe, Stepper, batches, tracked_steps
-from bench.record import KEY, MEMORY_SUMMARY, Prediction, Status
+from bench.record import KEY, MEMORY_SUMMARY, Memory, Prediction, Status
 from bench.spec import Job
 from bench.suite import Fidelity, RunSpec
 from bench.techniques import RunContext, Technique, Unsupported
@@ -96,7 +96,7 @@ def measure(
         techniques=techniques,
         device=device,
         snapshot=snapshot,
-    )
+    ).flat()
     if device.type == "cuda" and history_path:
         history.save(Path(history_path))
         figures[KEY.memory_history] = Path(history_path).name
@@ -155,14 +155,14 @@ def _memory_pass(
     techniques: list[Technique],
     device: torch.device,
     snapshot: str | None,
-) -> dict[str, Any]:
+) -> Memory:
     """One instrumented step (every timed batch, on variable-length data), kept out of the timing
     since the tracker slows it; with ``snapshot``, the allocator's history up to it, with stacks, is
     saved there for pytorch.org/memory_viz."""
     progress.say("instrumented step (memory)")
     if all(t.trackable for t in techniques):
         step = tracked_steps(trainer, batch, feed, steps)
-        figures = tracked_step(
+        memory = tracked_step(
             step,
             trainer.model,
             trainer.optimizer,
@@ -171,11 +171,11 @@ def _memory_pass(
             phases=trainer if isinstance(trainer, Generator) else None,
         )
     else:  # a compiled model (torch.compile) runs no Python the tracker could see
-        figures = model_state_bytes(trainer.model, trainer.optimizer)
+        memory = model_state_bytes(trainer.model, trainer.optimizer)
     if snapshot:
         torch.cuda.memory._dump_snapshot(snapshot)
-        figures[KEY.snapshot] = Path(snapshot).name
-    return figures
+        memory.snapshot = Path(snapshot).name
+    return memory
 
 
 def _timed_pass(
@@ -198,9 +198,9 @@ def _timed_pass(
         {} if device.type == "cuda" else share(time.process_time() - cpu_clock, sum(times) / 1e3)
     )
     if device.type == "cuda":
-        figures |= cuda_peaks(device)
-        figures[KEY.nvml_process_bytes] = nvml_process_bytes(device)
-        figures |= overheads(figures)
+        memory = cuda_peaks(device)
+        memory.nvml_process_bytes = nvml_process_bytes(device)
+        figures |= (memory | overheads(memory)).flat()
         # The seed article's monitor, over the timed steps: the runner saves it beside the record.
         figures[MEMORY_SUMMARY] = torch.cuda.memory_summary(device)
     if ctx.model_spec.inputs == "tokens" and feed is None:
@@ -212,7 +212,7 @@ def _timed_pass(
         figures |= generation_figures(trainer.timings(n), samples, tokens)
     return (
         figures
-        | summarize(times, samples, tokens)
+        | summarize(times, samples, tokens).flat()
         | _warm_up_check(times, ctx.shapes.warmup_steps)
         | ({} if feed is None else loader_figures(feed, times))
         | {KEY.step_times_ms: times, KEY.rss_peak_bytes: rss_peak_bytes()}
@@ -396,7 +396,7 @@ def main(spec_path: str, out_path: str) -> int:
         failure = {KEY.status: status, KEY.message: f"{type(exc).__name__}: {message}"}
         result = (prediction or {}) | failure  # what was predicted for it, if anything was
         if device.type == "cuda":
-            result |= cuda_peaks(device) | _history_to_failure(
+            result |= cuda_peaks(device).flat() | _history_to_failure(
                 job.history if group.rank == 0 else None
             )
         if group.world_size > 1:

@@ -15,7 +15,7 @@ def test_inference_step_keeps_only_the_logits_and_needs_far_less_than_training()
     train = tracked_step(lambda: trainer.step(batch), trainer.model, trainer.optimizer, CPU)
     # Exactly the logits survive a forward without autograd (8 × 10 fp32, one 512-byte-free CPU
     # storage).
-    assert infer["activation_bytes"] == logits.numel() * logits.element_size()
-    assert infer["optimizer_state_bytes"] == 0 and infer["peak_phase"] == "forward"
-    assert infer["peak_tensor_bytes"] < train["peak_tensor_bytes"] - train["optimizer_state_bytes"]
+    assert infer.activation_bytes == logits.numel() * logits.element_size()
+    assert infer.optimizer_state_bytes == 0 and infer.peak_phase == "forward"
+    assert infer.peak_tensor_bytes < train.peak_tensor_bytes - train.optimizer_state_bytes
     assert predictor.proof()["output_dtype"] == str(torch.float32)

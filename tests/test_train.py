@@ -313,4 +313,4 @@ def test_the_harness_holds_what_a_hand_written_loop_doing_the_same_holds(name):
         CPU,
         compiled_update=compiled,
     )
-    assert ours["peak_tensor_bytes"] == theirs["peak_tensor_bytes"], (ours, theirs)
+    assert ours.peak_tensor_bytes == theirs.peak_tensor_bytes, (ours, theirs)

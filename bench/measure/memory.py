@@ -17,20 +17,20 @@ import torch
 from torch import nn
 
 from bench.measure.allocator import CachingAllocator, OutOfMemory, Replay
-from bench.measure.tracker import LiveBytes, NotRepeating, storages
+from bench.measure.tracker import LiveBytes, storages
 from bench.record import AT_PEAK as CATEGORIES
-from bench.record import KEY
+from bench.record import Memory, Prediction
 
 
-def cuda_peaks(device: torch.device) -> dict[str, int]:
+def cuda_peaks(device: torch.device) -> Memory:
     stats = torch.cuda.memory_stats(device)
-    return {
-        KEY.peak_allocated_bytes: stats["allocated_bytes.all.peak"],
-        KEY.peak_reserved_bytes: stats["reserved_bytes.all.peak"],
-        KEY.peak_active_bytes: stats["active_bytes.all.peak"],
-        KEY.alloc_retries: stats["num_alloc_retries"],
-        KEY.cuda_ooms: stats["num_ooms"],
-    }
+    return Memory(
+        peak_allocated_bytes=stats["allocated_bytes.all.peak"],
+        peak_reserved_bytes=stats["reserved_bytes.all.peak"],
+        peak_active_bytes=stats["active_bytes.all.peak"],
+        alloc_retries=stats["num_alloc_retries"],
+        cuda_ooms=stats["num_ooms"],
+    )
 
 
 def nvml_process_bytes(device: torch.device) -> int | None:
@@ -124,24 +124,11 @@ def tracked_step(
     device: torch.device,
     rounding: int | None = None,
     compiled_update: bool = False,
-    reserved: Replay | None = None,
     phases: Phases | None = None,
-    repeat: int = 0,
-) -> dict[str, int | str]:
-    """One step under the live-bytes tracker: its peak, what was alive at that peak
-    (``at_peak_*_bytes``, summing to the peak), and the bytes each forward leaves alive for backward
-    (saved activations plus the logits), the quantity checkpointing and autocast shrink; with
-    ``phases`` (generation), instead of the latter, each phase's peak and the cache's bytes.
+) -> Memory:
+    """One step under the live-bytes tracker, and its figures (``tracked_memory``).
     ``compiled_update``: the optimizer's step runs compiled code, which the tracker steps aside for;
-    its state is counted, its own temporaries are not. ``reserved``: what CUDA's caching allocator
-    would reserve for the step, its allocations and frees replayed through bench.measure.allocator
-    after those of the steps before it (``peak_reserved_bytes``), and under a capacity, whether it
-    fits (``_reserved``). ``repeat``: the step's last marked part ran this many times more
-    (``LiveBytes.repeat``; NotRepeating where it does not repeat)."""
-    if reserved is not None:
-        history = reserved.history
-    else:
-        history = None
+    its state is counted, its own temporaries are not."""
     done = track(
         step,
         model,
@@ -149,35 +136,42 @@ def tracked_step(
         device=device,
         rounding=rounding,
         compiled_update=compiled_update,
-        history=history,
         phases=phases,
     )
+    return tracked_memory(done, model, optimizer, phases)
+
+
+def tracked_memory(
+    done: Tracked,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    phases: Phases | None = None,
+) -> Memory:
+    """A tracked step's figures: its peak, what was alive at that peak (``at_peak_*_bytes``, summing
+    to the peak), and the bytes each forward leaves alive for backward (saved activations plus the
+    logits), the quantity checkpointing and autocast shrink; with ``phases`` (generation), instead
+    of the latter, each phase's peak and the cache's bytes."""
     tracker = done.tracker
-    if not tracker.repeat(repeat):
-        raise NotRepeating
     at_peak = dict.fromkeys(CATEGORIES, 0)
     for label, n in tracker.at_peak().items():
         at_peak[LABELS[label]] += n
     if phases is not None:
-        generated = {f"peak_{p}_bytes": tracker.phase_peaks.get(p) for p in PHASES} | {
-            KEY.kv_cache_bytes: phases.cache_bytes
-        }
+        generated = Memory(
+            **{f"peak_{p}_bytes": tracker.phase_peaks.get(p) for p in PHASES},
+            kv_cache_bytes=phases.cache_bytes,
+        )
     else:
-        generated = {KEY.activation_bytes: max(done.held)}
-    return (
-        {
-            KEY.peak_tensor_bytes: tracker.peak,
-            KEY.peak_phase: tracker.peak_phase,
-            **generated,
-            # What the optimizer found in .grad (absent where gradients are freed in backward, or no
-            # optimizer).
-            KEY.gradient_bytes: done.grads[-1] if done.grads else None,
-            # the cache's share where a generation has one (training and forward passes keep none)
-            **{f"at_peak_{k}_bytes": v for k, v in at_peak.items() if k != "kv_cache" or phases},
-        }
-        | model_state_bytes(model, optimizer)
-        | (_reserved(tracker, reserved) if reserved is not None else {})
+        generated = Memory(activation_bytes=max(done.held))
+    tracked = Memory(
+        peak_tensor_bytes=tracker.peak,
+        peak_phase=tracker.peak_phase,
+        # What the optimizer found in .grad (absent where gradients are freed in backward, or no
+        # optimizer).
+        gradient_bytes=done.grads[-1] if done.grads else None,
+        # the cache's share where a generation has one (training and forward passes keep none)
+        **{f"at_peak_{k}_bytes": v for k, v in at_peak.items() if k != "kv_cache" or phases},
     )
+    return tracked | generated | model_state_bytes(model, optimizer)
 
 
 @dataclass
@@ -265,10 +259,11 @@ OOM_PHASES = {
 }
 
 
-def _reserved(tracker: LiveBytes, replay: Replay) -> dict[str, Any]:
-    """The step through the caching allocator after the workspaces, under the card's capacity if
-    given: the reserved peak, and the verdict: fits, fits only after freeing the cache (each flush a
-    pause), or out of memory at a phase and request."""
+def replayed(tracker: LiveBytes, replay: Replay) -> Prediction:
+    """What CUDA's caching allocator would reserve for a tracked step, its allocations and frees
+    replayed through bench.measure.allocator after the workspaces and the steps before it: the
+    reserved peak, and under a card's capacity the verdict: fits, fits only after freeing the cache
+    (each flush a pause), or out of memory at a phase and request."""
     allocator = CachingAllocator(
         replay.capacity, replay.conf.max_split_size, replay.conf.roundup_divisions
     )
@@ -277,24 +272,24 @@ def _reserved(tracker: LiveBytes, replay: Replay) -> dict[str, Any]:
     try:
         tracker.replay(allocator)
     except OutOfMemory as exc:
-        return {  # no peaks: the step never reached its own, and the reserve here is the failure's
-            "oom_reserved_bytes": allocator.reserved,
-            "verdict": "out of memory",
-            "flushes": allocator.retries,
-            "oom_phase": OOM_PHASES.get(exc.label, exc.label),
-            "oom_request_bytes": exc.request,
-        }
-    out: dict[str, Any] = {
-        KEY.peak_allocated_bytes: allocator.peak_allocated,  # the workspaces with the tensors
-        KEY.peak_reserved_bytes: allocator.peak_reserved,
-        "largest_free_bytes": allocator.largest_free_at_peak,
-    }
+        return Prediction(  # no peaks: the step never reached its own; the reserve is the failure's
+            oom_reserved_bytes=allocator.reserved,
+            verdict="out of memory",
+            flushes=allocator.retries,
+            oom_phase=OOM_PHASES.get(exc.label, exc.label),
+            oom_request_bytes=exc.request,
+        )
+    out = Prediction(
+        peak_allocated_bytes=allocator.peak_allocated,  # the workspaces with the tensors
+        peak_reserved_bytes=allocator.peak_reserved,
+        largest_free_bytes=allocator.largest_free_at_peak,
+    )
     if replay.capacity is not None:
         if allocator.retries:
-            verdict = "fits after flushes"
+            out.verdict = "fits after flushes"
         else:
-            verdict = "fits"
-        out |= {"verdict": verdict, "flushes": allocator.retries}
+            out.verdict = "fits"
+        out.flushes = allocator.retries
     return out
 
 
@@ -310,25 +305,21 @@ def _grads(model: nn.Module) -> list[torch.Tensor]:
     return [p.grad for p in model.parameters() if p.grad is not None]
 
 
-def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, int]:
-    return {
-        KEY.param_bytes: tensor_bytes(model.parameters()),
-        KEY.buffer_bytes: tensor_bytes(model.buffers()),
-        KEY.optimizer_state_bytes: tensor_bytes(optimizer_state(optimizer)),
-    }
+def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> Memory:
+    return Memory(
+        param_bytes=tensor_bytes(model.parameters()),
+        buffer_bytes=tensor_bytes(model.buffers()),
+        optimizer_state_bytes=tensor_bytes(optimizer_state(optimizer)),
+    )
 
 
-def overheads(figures: dict[str, Any]) -> dict[str, int]:
+def overheads(memory: Memory) -> Memory:
     """CUDA memory beyond the tensors: the context and libraries (NVML's process figure minus what
     the allocator reserved) and the cache's slack (reserved minus allocated at their peaks)."""
-    out = {}
-    if (
-        figures.get(KEY.peak_reserved_bytes) is not None
-        and figures.get(KEY.peak_allocated_bytes) is not None
-    ):
-        out[KEY.cache_slack_bytes] = (
-            figures[KEY.peak_reserved_bytes] - figures[KEY.peak_allocated_bytes]
-        )
-    if figures.get(KEY.nvml_process_bytes) and figures.get(KEY.peak_reserved_bytes) is not None:
-        out[KEY.context_bytes] = figures[KEY.nvml_process_bytes] - figures[KEY.peak_reserved_bytes]
+    reserved, allocated = memory.peak_reserved_bytes, memory.peak_allocated_bytes
+    out = Memory()
+    if reserved is not None and allocated is not None:
+        out.cache_slack_bytes = reserved - allocated
+    if memory.nvml_process_bytes and reserved is not None:
+        out.context_bytes = memory.nvml_process_bytes - reserved
     return out

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from bench.record import KEY
+from bench.record import Timing
 
 
 def time_steps(step: Callable[[], object], n: int, device: torch.device) -> list[float]:
@@ -32,23 +32,21 @@ def time_steps(step: Callable[[], object], n: int, device: torch.device) -> list
     return times
 
 
-def summarize(
-    times_ms: list[float], samples: int, tokens_per_sample: int | None
-) -> dict[str, float]:
+def summarize(times_ms: list[float], samples: int, tokens_per_sample: int | None) -> Timing:
     """Median and spread (never a single run), and the throughput the median implies."""
     if len(times_ms) > 1:
         q = statistics.quantiles(times_ms, n=4)
     else:
         q = [times_ms[0]] * 3
     median = statistics.median(times_ms)
-    out = {
-        KEY.step_time_ms_median: median,
-        KEY.step_time_ms_p25: q[0],
-        KEY.step_time_ms_p75: q[2],
-        KEY.step_time_ms_min: min(times_ms),
-        KEY.step_time_ms_max: max(times_ms),
-        KEY.samples_per_s: samples / (median / 1e3),
-    }
+    out = Timing(
+        step_time_ms_median=median,
+        step_time_ms_p25=q[0],
+        step_time_ms_p75=q[2],
+        step_time_ms_min=min(times_ms),
+        step_time_ms_max=max(times_ms),
+        samples_per_s=samples / (median / 1e3),
+    )
     if tokens_per_sample:
-        out[KEY.tokens_per_s] = out[KEY.samples_per_s] * tokens_per_sample
+        out.tokens_per_s = out.samples_per_s * tokens_per_sample
     return out

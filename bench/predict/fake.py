@@ -19,7 +19,7 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry
 from bench.errors import first_line
 from bench.generate import Generator
 from bench.measure.allocator import Conf, Replay, cublas_workspaces
-from bench.measure.memory import optimizer_state, track, tracked_step
+from bench.measure.memory import optimizer_state, replayed, track, tracked_memory
 from bench.measure.tracker import CUDA_BLOCK, LiveBytes, NotRepeating, on_host
 from bench.models import ModelSpec
 from bench.predict import ranks
@@ -36,7 +36,7 @@ from bench.predict.stand_ins import (
     techniques_as_real,
 )
 from bench.recipe import Recipe, batches, tracked_steps
-from bench.record import KEY, Prediction, Status
+from bench.record import Prediction, Status
 from bench.suite import RunSpec, Shapes
 from bench.techniques import Unsupported
 from bench.train import Trainer
@@ -86,21 +86,23 @@ def predict(
             else:
                 rounding = 1
             try:
-                figures = _fake_step(spec, recipe, rounding, replay, fold=True)
+                prediction = _fake_step(spec, recipe, rounding, replay, fold=True)
             except NotRepeating:  # its micro-batches differ: every one of them is traced
-                figures = _fake_step(spec, made(), rounding, replay, fold=False)
+                prediction = _fake_step(spec, made(), rounding, replay, fold=False)
     except Unsupported as exc:  # a kernel CUDA would refuse: the run would be unsupported there too
         return Prediction.failed(Status.UNSUPPORTED, str(exc))
     except Exception as exc:  # noqa: BLE001  a technique that needs real values (e.g. .item()) cannot be predicted
         message = f"{type(exc).__name__}: {first_line(exc)[:200]}"
         return Prediction.failed(Status.UNPREDICTABLE, message)
-    if KEY.peak_reserved_bytes in figures:
+    if prediction.peak_reserved_bytes is not None:
         on = card or CARDS["h100"]
         # pages of unified memory (a paged optimizer's) count for nvidia-smi while they are on the
         # card
-        resident = figures.get("paged_bytes") or 0
-        figures[KEY.nvml_process_bytes] = figures[KEY.peak_reserved_bytes] + on.context + resident
-    return Prediction(status=Status.OK, card=card and card.name, **figures)
+        resident = prediction.paged_bytes or 0
+        prediction.nvml_process_bytes = prediction.peak_reserved_bytes + on.context + resident
+    prediction.status = Status.OK
+    prediction.card = card and card.name
+    return prediction
 
 
 def _replay(card: Card | None, recipe: Recipe) -> Replay:
@@ -116,7 +118,7 @@ def _replay(card: Card | None, recipe: Recipe) -> Replay:
 
 def _fake_step(
     spec: RunSpec, recipe: Recipe, rounding: int, replay: Replay | None, fold: bool
-) -> dict[str, Any]:
+) -> Prediction:
     ctx, techniques = recipe.ctx, recipe.techniques
     backend = next((b for t in techniques if (b := t.attention_backend())), None)
     # Pretrained weights (spec.weights) are not read: their values change no tensor's size.
@@ -187,30 +189,31 @@ def _fake_step(
         # the measured step's collectives, not the set-up's or warm-up's
         traffic = ranks.Traffic(ctx.world_size)
         with traffic if ctx.world_size > 1 else nullcontext():
-            figures = tracked_step(
+            done = track(
                 step,
                 runner.model,
                 optimizer=runner.optimizer,
                 device=CPU,
                 rounding=rounding,
                 compiled_update=compiled_update,
-                reserved=replay,
+                history=replay and replay.history,
                 phases=phases,
-                repeat=more,
             )
+    if not done.tracker.repeat(more):
+        raise NotRepeating
+    # the tracker's figures are the prediction's, by name (record.TRACKED)
+    prediction = Prediction(**tracked_memory(done, runner.model, runner.optimizer, phases).flat())
+    if replay is not None:
+        prediction |= replayed(done.tracker, replay)
     if ctx.world_size > 1:
-        figures |= traffic.figures() | {KEY.world_size: ctx.world_size, "rank": ctx.rank}
+        prediction |= Prediction(**traffic.figures(), world_size=ctx.world_size, rank=ctx.rank)
     if paged := sum(t.nbytes for t in optimizer_state(runner.optimizer) if is_paged(t)):
-        figures["paged_bytes"] = paged
+        prediction.paged_bytes = paged
     counted = _counts(flops, ops)
     if more:  # the micro-batches not traced count what the last one did
         counted = [c + more * (b - a) for c, a, b in zip(counted, *counts[-2:])]
-    return {
-        **figures,
-        KEY.flops_per_step: counted[0],
-        KEY.ops_per_step: counted[1],
-        KEY.op_bytes_per_step: counted[2],
-    }
+    prediction.flops_per_step, prediction.ops_per_step, prediction.op_bytes_per_step = counted
+    return prediction
 
 
 TRACED_MICRO_BATCHES = 4  # of a step's, where it has more: two to settle, two to show they repeat

@@ -24,9 +24,9 @@ def test_tracked_peak_agrees_with_the_allocator_within_ten_percent():
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     figures = tracked_step(lambda: trainer.step(batch), trainer.model, trainer.optimizer, GPU)
-    active = cuda_peaks(GPU)["peak_active_bytes"]
+    active = cuda_peaks(GPU).peak_active_bytes
     workspaces = sum(cublas_workspaces(torch.cuda.get_device_capability() == (9, 0), training=True))
-    assert figures["peak_tensor_bytes"] + workspaces == pytest.approx(active, rel=0.10)
+    assert figures.peak_tensor_bytes + workspaces == pytest.approx(active, rel=0.10)
 
 
 def test_cuda_event_timing_returns_one_positive_time_per_step():

@@ -51,20 +51,20 @@ def test_mlp_step_under_adam_matches_the_analytic_figures():
     model, opt, step = mlp_step(torch.optim.AdamW, foreach=False)
     figures = tracked_step(step, model, opt, CPU)
     params = MLP_PARAM_BYTES
-    assert figures["param_bytes"] == params
+    assert figures.param_bytes == params
     # exp_avg, exp_avg_sq, 4 fp32 step counters
-    assert figures["optimizer_state_bytes"] == 2 * params + 4 * 4
+    assert figures.optimizer_state_bytes == 2 * params + 4 * 4
     # Held from forward into backward: the ReLU output (ReLU saves its result, the second Linear its
     # input: one storage) and the logits. The first Linear's output is freed once ReLU has run, and
     # the input x existed before the step.
-    assert figures["activation_bytes"] == 32 * 256 * 4 + 32 * 10 * 4
+    assert figures.activation_bytes == 32 * 256 * 4 + 32 * 10 * 4
     # Here the peak comes in the optimizer step: model states, all gradients, and AdamW's
     # per-parameter temporaries (64 KiB for the first weight) outweigh the 33 KiB of activations
     # held in backward.
-    assert figures["peak_phase"] == "optimizer"
+    assert figures.peak_phase == "optimizer"
     # What was alive at that peak, exactly: the model states, and two temporaries the size of the
     # first weight (AdamW's per-parameter update); the activations were freed in backward.
-    assert {k: v for k, v in figures.items() if k.startswith("at_peak_")} == {
+    assert {k: v for k, v in figures.flat().items() if k.startswith("at_peak_")} == {
         "at_peak_parameters_bytes": params,
         "at_peak_buffers_bytes": 0,
         "at_peak_gradients_bytes": params,
@@ -73,8 +73,8 @@ def test_mlp_step_under_adam_matches_the_analytic_figures():
         "at_peak_temporaries_bytes": 2 * 64 * 256 * 4,
     }
     assert (
-        sum(v for k, v in figures.items() if k.startswith("at_peak_"))
-        == figures["peak_tensor_bytes"]
+        sum(v for k, v in figures.flat().items() if k.startswith("at_peak_"))
+        == figures.peak_tensor_bytes
     )
     x = torch.randn(32, 64)
     assert tensor_bytes([x, x[1:]]) == x.numel() * 4  # a view shares its tensor's storage
@@ -100,12 +100,13 @@ def test_at_peak_splits_what_forward_made_from_what_backward_made():
 
 def test_cuda_overheads_split_context_from_cache_slack():
     from bench.measure.memory import overheads
+    from bench.record import Memory
 
-    figures = {"peak_allocated_bytes": 700, "peak_reserved_bytes": 1000, "nvml_process_bytes": 1500}
-    assert overheads(figures) == {"cache_slack_bytes": 300, "context_bytes": 500}
-    assert overheads(
-        {"peak_allocated_bytes": 1, "peak_reserved_bytes": 2, "nvml_process_bytes": None}
-    ) == {"cache_slack_bytes": 1}
+    figures = Memory(peak_allocated_bytes=700, peak_reserved_bytes=1000, nvml_process_bytes=1500)
+    assert overheads(figures) == Memory(cache_slack_bytes=300, context_bytes=500)
+    assert overheads(Memory(peak_allocated_bytes=1, peak_reserved_bytes=2)) == Memory(
+        cache_slack_bytes=1
+    )
 
 
 MiB = 1 << 20

@@ -160,11 +160,11 @@ def test_the_harness_holds_what_transformers_trainer_holds_in_its_training_step(
     their_step()
     measured = tracked_step(lambda: ours.step(clone_batch(batch)), ours.model, ours.optimizer, CPU)
     reference = tracked_step(their_step, theirs.model, theirs.optimizer, CPU)
-    assert abs(measured["peak_tensor_bytes"] / reference["peak_tensor_bytes"] - 1) < 0.01, (
+    assert abs(measured.peak_tensor_bytes / reference.peak_tensor_bytes - 1) < 0.01, (
         measured,
         reference,
     )
-    assert measured["peak_phase"] == reference["peak_phase"]
+    assert measured.peak_phase == reference.peak_phase
 
 
 def test_weights_take_the_configs_dtype_as_transformers_5_loads_them_or_one_the_name_sets():

@@ -53,10 +53,10 @@ def test_harness_step_is_as_fast_and_as_small_as_a_hand_written_loop(benchmark):
     # Batches cloned inside the tracked step, as the worker does, so both count the batch alike.
     peak = tracked_step(
         lambda: trainer.step(clone_batch(batch)), trainer.model, trainer.optimizer, CPU
-    )["peak_tensor_bytes"]
+    ).peak_tensor_bytes
     hand = tracked_step(
         lambda: hand_loop(model, optimizer, clone_batch(batch)), model, optimizer, CPU
-    )["peak_tensor_bytes"]
+    ).peak_tensor_bytes
     print(
         f"\nthroughput harness / hand loop: {ratio:.3f}; peak memory harness / hand loop: "
         f"{peak / hand:.4f}"

@@ -200,7 +200,7 @@ def assert_predicted_exactly(run) -> Trainer | Inferencer | Generator:
         CPU,
         compiled_update=any(t.compiled_update for t in trainer.techniques),
         phases=trainer if isinstance(trainer, Generator) else None,
-    )
+    ).flat()
     fake = predict(run, run.cpu, cuda=False)
     assert fake.status == "ok", fake
     at_peak = [k for k in real if k.startswith("at_peak_")]
@@ -283,7 +283,7 @@ def test_a_model_that_computes_its_shape_from_tensor_values_is_predicted_exactly
     measured = tracked_step(
         lambda: trainer.step(clone_batch(batch)), trainer.model, trainer.optimizer, CPU
     )
-    assert predict(run, run.cpu, cuda=False).peak_tensor_bytes == measured["peak_tensor_bytes"]
+    assert predict(run, run.cpu, cuda=False).peak_tensor_bytes == measured.peak_tensor_bytes
 
 
 def test_a_transformers_without_the_fake_tensor_check_is_left_as_it_is(monkeypatch):

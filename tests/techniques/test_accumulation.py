@@ -32,5 +32,5 @@ def test_accumulation_lowers_the_peak_at_equal_global_batch():
         peaks[n] = tracked_step(
             lambda t=trainer, b=batch: t.step(b), trainer.model, trainer.optimizer, CPU
         )
-    assert peaks[4]["activation_bytes"] < peaks[1]["activation_bytes"] / 3
-    assert peaks[4]["peak_tensor_bytes"] < peaks[1]["peak_tensor_bytes"]
+    assert peaks[4].activation_bytes < peaks[1].activation_bytes / 3
+    assert peaks[4].peak_tensor_bytes < peaks[1].peak_tensor_bytes

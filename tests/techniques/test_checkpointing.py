@@ -25,14 +25,14 @@ def test_wraps_every_block_and_recomputes_it_in_backward(model, blocks):
     proof = trainer.proof()
     assert proof["checkpoint.wrapped_modules"] == blocks
     assert proof["checkpoint.block_forwards_per_step"] == 2.0  # forward, then recompute in backward
-    assert ckpt["activation_bytes"] < base["activation_bytes"]
+    assert ckpt.activation_bytes < base.activation_bytes
 
 
 def test_dense_layers_in_a_module_dict_are_found_and_wrapped():
     base, _ = held_and_trainer("tests.helpers:DENSENET")
     ckpt, trainer = held_and_trainer("tests.helpers:DENSENET", tech("checkpoint"))
     assert trainer.proof()["checkpoint.wrapped_modules"] == 5  # 3 + 2 dense layers
-    assert ckpt["activation_bytes"] < base["activation_bytes"]
+    assert ckpt.activation_bytes < base.activation_bytes
 
 
 def test_a_model_with_no_block_to_wrap_is_unsupported_with_the_reason():
@@ -63,7 +63,7 @@ def test_every_k_and_selective_sit_between_none_and_full():
         "selective": (tech("selective-checkpoint"),),
     }.items():
         figures, trainer = held_and_trainer("vit-tiny", *techniques, batch_size=32)
-        held[label] = figures["activation_bytes"]
+        held[label] = figures.activation_bytes
         if label == "every-2":
             assert trainer.proof()["checkpoint.wrapped_modules"] == 1
         if label == "selective":
@@ -120,7 +120,7 @@ def test_selective_policies_are_named_torchtitans_saving_every_other_matmul():
         trainer.step(batch)
         held[save] = tracked_step(
             lambda t=trainer, b=batch: t.step(b), trainer.model, trainer.optimizer, CPU
-        )["activation_bytes"]
+        ).activation_bytes
         proof = trainer.techniques[0].proof(1)
         if save == "torchtitan":  # 7 matmuls a layer: 4 saved, 3 recomputed, attention saved
             assert proof["saved_ops_per_step"] > 0 and proof["recomputed_ops_per_step"] > 0

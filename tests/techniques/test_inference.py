@@ -28,7 +28,7 @@ def test_half_stores_weights_in_16_bits_and_halves_their_bytes(dtype):
     base, _, _ = infer()  # (vit-tiny's head starts at zero, so its logits cannot be compared)
     half, predictor, logits = infer("vit-tiny", tech("half", dtype=dtype))
     assert {p.dtype for p in predictor.model.parameters()} == {getattr(torch, dtype)}
-    assert half["param_bytes"] * 2 == base["param_bytes"]
+    assert half.param_bytes * 2 == base.param_bytes
     assert (
         logits.dtype == getattr(torch, dtype)
         and predictor.proof()["output_dtype"] == f"torch.{dtype}"
@@ -44,7 +44,7 @@ def test_dynamic_int8_quantizes_every_body_linear_and_shrinks_their_bytes():
     assert predictor.proof()["dynamic-int8.quantized_linears"] == len(body) > 0
     body_bytes = sum(m.weight.numel() * 4 for n, m in model.named_modules() if n in body)
     # int8 instead of fp32 for those weights: 3 bytes per weight saved, less the per-channel scales.
-    assert base["param_bytes"] - quant["param_bytes"] > 0.7 * body_bytes
+    assert base.param_bytes - quant.param_bytes > 0.7 * body_bytes
     # 0.98: with AVX2 kernels only (no VNNI), int8 GEMMs sum byte pairs in saturating int16s; 0.984
     # measured there
     assert torch.nn.functional.cosine_similarity(logits.flatten(), expected.flatten(), dim=0) > 0.98
@@ -57,4 +57,4 @@ def test_jit_trace_runs_a_traced_graph_with_eager_outputs(model):
     proof = predictor.proof()
     assert proof["jit-trace.traced"] is True and proof["jit-trace.graph_nodes"] > 10
     torch.testing.assert_close(logits, expected)
-    assert figures["peak_tensor_bytes"] > 0  # the traced graph's ops still pass the tracker
+    assert figures.peak_tensor_bytes > 0  # the traced graph's ops still pass the tracker

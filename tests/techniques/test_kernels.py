@@ -30,7 +30,7 @@ def test_sdpa_records_the_kernel_that_ran_and_math_holds_the_attention_matrix():
     assert t_flash.proof()["sdpa.kernel"] == "_scaled_dot_product_flash_attention_for_cpu"
     assert t_math.proof()["sdpa.kernel"] == "math (decomposed)"
     # math keeps softmax(QKᵀ) per head for backward: 4 × 2 heads × 257² fp32 in each of 2 layers.
-    assert math["activation_bytes"] - flash["activation_bytes"] >= 2 * 4 * 2 * 257 * 257 * 4
+    assert math.activation_bytes - flash.activation_bytes >= 2 * 4 * 2 * 257 * 257 * 4
 
 
 def test_a_kernel_that_refuses_the_models_call_makes_the_run_unsupported():

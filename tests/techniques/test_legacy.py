@@ -41,7 +41,7 @@ def run(*techniques, model=BERT):
 def test_softmax_keeps_its_input_until_backward_as_torch_1_10_did(also, kept_bytes):
     today, base = run(*also)
     legacy, trainer = run(*also, tech("softmax-keeps-input"))
-    assert legacy["peak_tensor_bytes"] - today["peak_tensor_bytes"] == kept_bytes
+    assert legacy.peak_tensor_bytes - today.peak_tensor_bytes == kept_bytes
     assert trainer.proof()["softmax-keeps-input.softmaxes_keeping_input_per_step"] == LAYERS
     for ours, theirs in zip(trainer.model.parameters(), base.model.parameters()):
         # the same training

@@ -38,7 +38,7 @@ def test_lora_trains_adapters_and_head_only(model):
         < proof["lora.total_params"] / 5
     )
     assert proof["lora.adapted_layers"] == 4  # two target layers in each of two blocks
-    assert lora["optimizer_state_bytes"] < base["optimizer_state_bytes"] / 5
+    assert lora.optimizer_state_bytes < base.optimizer_state_bytes / 5
 
 
 def test_int8_weights_store_frozen_linears_in_a_quarter_of_the_bytes():
@@ -49,7 +49,7 @@ def test_int8_weights_store_frozen_linears_in_a_quarter_of_the_bytes():
     frozen_linears = trainer.proof()["int8-weights.quantized_linears"]
     # per layer q, k, v, attention out, MLP in, MLP out; plus the pooler
     assert frozen_linears == 2 * 6 + 1
-    assert int8["param_bytes"] < lora["param_bytes"]
+    assert int8.param_bytes < lora.param_bytes
 
 
 def adamw_8bit_state_bytes(numel: int) -> int:
@@ -66,7 +66,7 @@ def test_adamw_8bit_keeps_its_moments_in_a_byte_per_value():
     trainer.step(batch)
     figures = model_state_bytes(trainer.model, trainer.optimizer)
     assert trainer.proof()["adamw-8bit.optimizer"] == "torchao.optim.adam.AdamW8bit"
-    assert figures["optimizer_state_bytes"] == sum(
+    assert figures.optimizer_state_bytes == sum(
         adamw_8bit_state_bytes(p.numel()) for p in trainer.model.parameters()
     )
 
@@ -82,11 +82,11 @@ def test_adamw_8bit_step_is_tracked_with_its_state_but_not_its_compiled_temporar
     # only the first weight is 8-bit
     state = 2 * (64 * 256 + 64 * 4 + 1024) + 2 * 4 * (256 + 256 * 10 + 10) + 4 * 4
     assert state == sum(adamw_8bit_state_bytes(p.numel()) for p in model.parameters())
-    assert figures["optimizer_state_bytes"] == state
+    assert figures.optimizer_state_bytes == state
     # At backward's peak: the model states, every gradient, the hidden layer's gradient (32 × 256
     # floats) as the first weight's is made, and the loss with its gradient (4 bytes each).
-    assert figures["peak_phase"] == "backward"
-    assert {k: v for k, v in figures.items() if k.startswith("at_peak_")} == {
+    assert figures.peak_phase == "backward"
+    assert {k: v for k, v in figures.flat().items() if k.startswith("at_peak_")} == {
         "at_peak_parameters_bytes": params,
         "at_peak_buffers_bytes": 0,
         "at_peak_gradients_bytes": params,
@@ -201,11 +201,11 @@ def test_qlora_stores_every_block_linear_in_nf4_and_trains_the_adapters_only():
     assert len(nf4) == proof["qlora.nf4_linears"] == 14 and not any(p.requires_grad for p in nf4)
     held = tensor_bytes(nf4)  # the storages behind their quantized values and scales
     assert proof["qlora.nf4_bytes_per_param"] == round(held / sum(p.numel() for p in nf4), 4) < 0.55
-    assert qlora["param_bytes"] == lora["param_bytes"] - 4 * sum(p.numel() for p in nf4) + held
+    assert qlora.param_bytes == lora.param_bytes - 4 * sum(p.numel() for p in nf4) + held
     # the same adapters train
-    assert qlora["optimizer_state_bytes"] == lora["optimizer_state_bytes"]
+    assert qlora.optimizer_state_bytes == lora.optimizer_state_bytes
     run_spec = spec("llama-tiny", (tech("qlora"),), batch_size=8, seq_len=32)
-    assert predict(run_spec, cuda=False).param_bytes == qlora["param_bytes"]
+    assert predict(run_spec, cuda=False).param_bytes == qlora.param_bytes
 
 
 def test_cpu_offload_optimizer_leaves_the_device_its_small_parameters_state_only():
@@ -248,7 +248,7 @@ def test_cpu_offload_optimizer_on_a_gpu_keeps_the_offloaded_state_off_the_device
     trainer.step(batch)
     figures = tracked_step(lambda: trainer.step(batch), trainer.model, trainer.optimizer, cuda)
     # the norms' moments, a 512-byte block each
-    assert figures["optimizer_state_bytes"] <= 5 * 2 * 512
+    assert figures.optimizer_state_bytes <= 5 * 2 * 512
     assert trainer.proof()["cpu-offload-optimizer.offloaded_params"] > 0
 
 
@@ -308,12 +308,12 @@ def test_a_cast_keeps_nf4_weights_in_their_four_bits():
     # the NF4 bytes.
     pytest.importorskip("torchao")
     trainer, _ = build_trainer(spec("llama-tiny", (tech("qlora"),), batch_size=2, seq_len=16))
-    before = model_state_bytes(trainer.model, None)["param_bytes"]
+    before = model_state_bytes(trainer.model, None).param_bytes
     from bench.techniques.precision import cast_
 
     cast_(trainer.model, torch.bfloat16)
     nf4 = [p for p in trainer.model.parameters() if type(p).__name__ == "NF4Tensor"]
-    assert len(nf4) == 14 and model_state_bytes(trainer.model, None)["param_bytes"] < before
+    assert len(nf4) == 14 and model_state_bytes(trainer.model, None).param_bytes < before
 
 
 def test_lora_dropout_keeps_a_dropped_copy_of_each_adapted_input():
@@ -326,7 +326,7 @@ def test_lora_dropout_keeps_a_dropped_copy_of_each_adapted_input():
         trainer.step(batch)
         held[p] = tracked_step(
             lambda t=trainer, b=batch: t.step(b), trainer.model, trainer.optimizer, CPU
-        )["activation_bytes"]
+        ).activation_bytes
     assert held[0.1] > held[0.0]
 
 

@@ -25,7 +25,7 @@ def test_optimizer_state_bytes_per_parameter_byte(kind, impl, state_per_param):
     figures, trainer = run(tech("optimizer", kind=kind, impl=impl))
     # fp32 step scalars
     counters = 4 * len(list(trainer.model.parameters())) if kind == "adamw" else 0
-    assert figures["optimizer_state_bytes"] == state_per_param * figures["param_bytes"] + counters
+    assert figures.optimizer_state_bytes == state_per_param * figures.param_bytes + counters
     assert trainer.proof()["optimizer.optimizer"] == {"adamw": "AdamW", "sgd": "SGD"}[kind]
 
 
@@ -33,7 +33,7 @@ def test_adafactor_factors_its_second_moment():
     adamw, _ = run()
     ada, trainer = run(tech("optimizer", kind="adafactor", lr=1e-2))
     assert trainer.proof()["optimizer.optimizer"] == "Adafactor"
-    assert ada["optimizer_state_bytes"] < 0.2 * adamw["optimizer_state_bytes"]
+    assert ada.optimizer_state_bytes < 0.2 * adamw.optimizer_state_bytes
 
 
 def test_fused_adamw_is_recorded():
@@ -47,8 +47,8 @@ def test_zero_grad_keep_holds_gradients_between_steps():
     assert all(p.grad is None for p in default.model.parameters())
     assert all(p.grad is not None and not p.grad.any() for p in trainer.model.parameters())
     # The price: every gradient is alive through backward, so the peak holds all of them.
-    assert kept["at_peak_gradients_bytes"] == kept["param_bytes"] > fresh["at_peak_gradients_bytes"]
-    assert kept["peak_tensor_bytes"] > fresh["peak_tensor_bytes"]
+    assert kept.at_peak_gradients_bytes == kept.param_bytes > fresh.at_peak_gradients_bytes
+    assert kept.peak_tensor_bytes > fresh.peak_tensor_bytes
     assert trainer.proof()["zero-grad-keep.grads_kept_between_steps"] == len(
         list(trainer.model.parameters())
     )
@@ -63,8 +63,8 @@ def test_optimizer_in_backward_gives_adamw_updates_without_holding_all_gradients
         torch.testing.assert_close(a, b)
     n_params = len(list(inbwd.model.parameters()))
     assert inbwd.proof()["optimizer-in-backward.parameters_stepped_in_backward"] == n_params
-    assert fused["optimizer_state_bytes"] == base["optimizer_state_bytes"]
-    assert fused["peak_tensor_bytes"] < base["peak_tensor_bytes"]
+    assert fused.optimizer_state_bytes == base.optimizer_state_bytes
+    assert fused.peak_tensor_bytes < base.peak_tensor_bytes
 
 
 def test_optimizer_in_backward_rejects_accumulation_and_fp16_scaling(tmp_path):

@@ -136,9 +136,9 @@ def test_packing_keeps_fewer_bytes_than_padding() -> None:
         )
         trainer = recipe.stepper(recipe.model()[0])
         step = tracked_steps(trainer, recipe.batch(), recipe.feed(), 2)
-        peaks[technique] = tracked_step(step, trainer.model, trainer.optimizer, CPU)[
-            "peak_tensor_bytes"
-        ]
+        peaks[technique] = tracked_step(
+            step, trainer.model, trainer.optimizer, CPU
+        ).peak_tensor_bytes
     assert peaks["packing"] < 0.6 * peaks["pad-to-max"]
 
 

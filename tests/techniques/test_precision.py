@@ -21,10 +21,10 @@ def test_bf16_autocast_computes_in_bf16_and_saves_fewer_activation_bytes():
     base, fp32 = run()
     amp, bf16 = run(tech("amp", dtype="bfloat16"))
     assert fp32.output_dtype == torch.float32 and bf16.output_dtype == torch.bfloat16
-    assert amp["activation_bytes"] < 0.8 * base["activation_bytes"]
+    assert amp.activation_bytes < 0.8 * base.activation_bytes
     # Weights and optimizer state stay fp32: autocast only changes what the forward computes.
     assert {p.dtype for p in bf16.model.parameters()} == {torch.float32}
-    assert amp["optimizer_state_bytes"] == base["optimizer_state_bytes"]
+    assert amp.optimizer_state_bytes == base.optimizer_state_bytes
     assert bf16.proof()["amp.grad_scaler"] is False
 
 
@@ -65,9 +65,9 @@ def test_pure_bf16_halves_model_states_and_keeps_no_fp32_copy():
     base, _ = run()
     pure, trainer = run(tech("bf16"))
     assert {p.dtype for p in trainer.model.parameters()} == {torch.bfloat16}
-    assert pure["param_bytes"] * 2 == base["param_bytes"]
+    assert pure.param_bytes * 2 == base.param_bytes
     # exp_avg and exp_avg_sq follow the parameters' dtype; the step counters stay fp32 scalars.
-    assert pure["optimizer_state_bytes"] < 0.51 * base["optimizer_state_bytes"]
+    assert pure.optimizer_state_bytes < 0.51 * base.optimizer_state_bytes
     assert trainer.proof()["bf16.param_dtypes"] == "torch.bfloat16"
 
 
@@ -108,8 +108,8 @@ def test_master_weights_step_an_fp32_copy_that_keeps_updates_bf16_would_lose():
     figures = tracked_step(lambda: trainer.step(batch), trainer.model, trainer.optimizer, CPU)
     psi = sum(p.numel() for p in params)
     # and AdamW's step counters
-    assert figures["optimizer_state_bytes"] == 12 * psi + 4 * len(params)
-    assert figures["param_bytes"] == 2 * psi
+    assert figures.optimizer_state_bytes == 12 * psi + 4 * len(params)
+    assert figures.param_bytes == 2 * psi
     assert trainer.proof()["bf16.master_dtypes"] == "torch.float32"
 
 
