@@ -585,8 +585,8 @@ KEY = _Keys()
 
 @dataclass(kw_only=True)
 class Record:
-    identity: Identity
-    outcome: Outcome
+    identity: Identity = field(default_factory=Identity)
+    outcome: Outcome = field(default_factory=Outcome)
     memory: Memory = field(default_factory=Memory)
     timing: Timing = field(default_factory=Timing)
     data: Data = field(default_factory=Data)
@@ -613,6 +613,10 @@ class Record:
             groups[name] = group(**taken)
         groups["distributed"].ranks = ranks
         return cls(**groups, extra=left)
+
+    def __or__(self, other: Record) -> Record:
+        """This record with ``other``'s figures where it has them (as their stored forms' ``|``)."""
+        return Record.from_flat(self.to_flat() | other.to_flat())
 
     @classmethod
     def merged(cls, per_rank: list[Record]) -> Record:

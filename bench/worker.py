@@ -41,7 +41,16 @@ from bench.models.weights import digest
 from bench.predict import predict_run
 from bench.provenance import runtime_provenance
 from bench.recipe import Recipe, Stepper, batches, tracked_steps
-from bench.record import KEY, MEMORY_SUMMARY, Memory, Prediction, Status
+from bench.record import (
+    KEY,
+    MEMORY_SUMMARY,
+    Data,
+    Memory,
+    Outcome,
+    Record,
+    Status,
+    Timing,
+)
 from bench.spec import Job
 from bench.suite import Fidelity, RunSpec
 from bench.techniques import RunContext, Technique, Unsupported
@@ -69,26 +78,28 @@ def measure(
     recipe = Recipe.of(spec, device, world_size=group.world_size, rank=group.rank)
     ctx, techniques, shapes = recipe.ctx, recipe.techniques, recipe.ctx.shapes
     if reason := recipe.unsupported():
-        return {KEY.status: Status.UNSUPPORTED, KEY.message: reason}
+        return Outcome(status=Status.UNSUPPORTED, message=reason).flat()
     if prediction is None:
         prediction = _predicted(spec, device)
+    predicted = Record.from_flat(prediction)  # its figures, and the seconds it took
     clock = time.perf_counter()
     if device.type == "cuda" and (history_path or snapshot):
         history.start(stacks=bool(snapshot))
     progress.say("building the model")
-    trainer, batch, figures = _build(spec, recipe)
+    trainer, batch, record = _build(spec, recipe)
     feed = recipe.feed()
+    timing = Timing()
     if launched_at is not None:
         # process start, imports, prediction and build: what the device waited for
-        figures[KEY.startup_s] = round(time.time() - launched_at, 2)
+        timing.startup_s = round(time.time() - launched_at, 2)
     # Warm-up: allocator, cuDNN autotune, optimizer state, compilation. The first step is timed on
     # its own, since that is where one-off costs (compilation above all) land.
     progress.say("warm-up")
     warm = batches(batch, feed, shapes.warmup_steps)
-    figures[KEY.first_step_ms] = time_steps(lambda: trainer.step(next(warm)), 1, device)[0]
+    timing.first_step_ms = time_steps(lambda: trainer.step(next(warm)), 1, device)[0]
     for b in warm:
         trainer.step(b)
-    figures |= _memory_pass(
+    memory = _memory_pass(
         trainer,
         batch,
         feed=feed,
@@ -96,38 +107,39 @@ def measure(
         techniques=techniques,
         device=device,
         snapshot=snapshot,
-    ).flat()
+    )
     if device.type == "cuda" and history_path:
         history.save(Path(history_path))
-        figures[KEY.memory_history] = Path(history_path).name
+        memory.memory_history = Path(history_path).name
     elif device.type == "cuda" and snapshot:
         history.stop()
     # Data-parallel ranks each take their own batch: a step of the group processes that many.
     ranks = max((t.replicas(group.world_size) for t in techniques), default=1)
-    figures |= _timed_pass(trainer, batch, feed=feed, samples=samples_in(batch) * ranks, ctx=ctx)
-    p = Prediction.of(prediction)  # the step's FLOP and operator counts are the prediction's
-    counted = {KEY.flops_per_step: p.flops_per_step, KEY.ops_per_step: p.ops_per_step}
-    counted[KEY.op_bytes_per_step] = p.op_bytes_per_step
-    figures |= _counts(trainer, figures) | prediction | counted
+    timed = _timed_pass(trainer, batch, feed=feed, samples=samples_in(batch) * ranks, ctx=ctx)
+    # the step's FLOP and operator counts are the prediction's
+    timing.flops_per_step = predicted.prediction.flops_per_step
+    timing.ops_per_step = predicted.prediction.ops_per_step
+    timing.op_bytes_per_step = predicted.prediction.op_bytes_per_step
+    record |= timed | Record(memory=memory, timing=timing) | predicted
+    record |= _counts(trainer, record.memory)
     if device.type == "cuda":
-        figures |= mfu(
-            figures
-            | {
-                KEY.tf32_matmul: torch.backends.cuda.matmul.allow_tf32,
-                KEY.device: torch.cuda.get_device_name(device),
-            }
-        )
+        card = {
+            KEY.tf32_matmul: torch.backends.cuda.matmul.allow_tf32,
+            KEY.device: torch.cuda.get_device_name(device),
+        }
+        record.timing |= Timing(**mfu(record.to_flat() | card))
     # build, warm-up, instrumented and timed steps
-    figures[KEY.measure_s] = round(time.perf_counter() - clock, 2)
+    record.timing.measure_s = round(time.perf_counter() - clock, 2)
+    record.outcome |= Outcome(status=Status.OK, message="")
     if (fid := spec.fidelity(device.type)) is not None:
         if measured is not None:  # kept by the sweep if the fidelity phase is cut short
-            measured({KEY.status: Status.OK, KEY.message: "", **figures})
+            measured(record.to_flat())
         del trainer, batch  # free the measured model before training another
         progress.say("fidelity phase (accuracy)")
         clock = time.perf_counter()
-        figures |= _fidelity(spec, fid, device)
-        figures[KEY.fidelity_s] = round(time.perf_counter() - clock, 2)
-    return {KEY.status: Status.OK, KEY.message: "", **figures}
+        record |= Record.from_flat(_fidelity(spec, fid, device))
+        record.timing.fidelity_s = round(time.perf_counter() - clock, 2)
+    return record.to_flat()
 
 
 def _predicted(spec: RunSpec, device: torch.device) -> dict[str, Any]:
@@ -135,16 +147,17 @@ def _predicted(spec: RunSpec, device: torch.device) -> dict[str, Any]:
     return predict_run(spec, device.type)  # before anything real is allocated
 
 
-def _build(spec: RunSpec, recipe: Recipe) -> tuple[Stepper, Batch, dict[str, Any]]:
+def _build(spec: RunSpec, recipe: Recipe) -> tuple[Stepper, Batch, Record]:
     """The model on its device, wrapped with its techniques in a trainer (or predictor); the
     synthetic batch every step takes; and what the build reports (what loading the weights found,
     their digest)."""
     if recipe.ctx.device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed shapes: let warm-up pick the fastest kernels
     model, figures = recipe.model(spec.weights)
+    record = Record.from_flat(figures)
     if spec.weights:  # once per run: the fidelity phase loads the same file again for each seed
-        figures[KEY.weights_sha256] = digest(spec.weights)
-    return recipe.stepper(model), recipe.batch(), figures
+        record.provenance.weights_sha256 = digest(spec.weights)
+    return recipe.stepper(model), recipe.batch(), record
 
 
 def _memory_pass(
@@ -180,7 +193,7 @@ def _memory_pass(
 
 def _timed_pass(
     trainer: Stepper, batch: Batch, feed: Feed | None, samples: int, ctx: RunContext
-) -> dict[str, Any]:
+) -> Record:
     """The timed steps, and on CUDA the allocator's and NVML's figures over them alone."""
     device = ctx.device
     if device.type == "cuda":
@@ -194,55 +207,54 @@ def _timed_pass(
     times = time_steps(
         lambda: (progress.say("timed steps", next(steps), n), trainer.step(next(todo))), n, device
     )
-    figures: dict[str, Any] = (
-        {} if device.type == "cuda" else share(time.process_time() - cpu_clock, sum(times) / 1e3)
-    )
+    record = Record()
     if device.type == "cuda":
         memory = cuda_peaks(device)
         memory.nvml_process_bytes = nvml_process_bytes(device)
-        figures |= (memory | overheads(memory)).flat()
+        record.memory |= memory | overheads(memory)
         # The seed article's monitor, over the timed steps: the runner saves it beside the record.
-        figures[MEMORY_SUMMARY] = torch.cuda.memory_summary(device)
+        record.extra[MEMORY_SUMMARY] = torch.cuda.memory_summary(device)
+    else:
+        record.timing = share(time.process_time() - cpu_clock, sum(times) / 1e3)
     if ctx.model_spec.inputs == "tokens" and feed is None:
         tokens = ctx.shapes.seq_len
     else:
         tokens = None
     if isinstance(trainer, Generator):
         tokens = ctx.shapes.new_tokens
-        figures |= generation_figures(trainer.timings(n), samples, tokens)
-    return (
-        figures
-        | summarize(times, samples, tokens).flat()
-        | _warm_up_check(times, ctx.shapes.warmup_steps)
-        | ({} if feed is None else loader_figures(feed, times))
-        | {KEY.step_times_ms: times, KEY.rss_peak_bytes: rss_peak_bytes()}
-    )
+        record.timing |= generation_figures(trainer.timings(n), samples, tokens)
+    record.timing |= summarize(times, samples, tokens) | Timing(step_times_ms=times)
+    record.outcome.warning = _warm_up_check(times, ctx.shapes.warmup_steps)
+    if feed is not None:
+        record |= loader_figures(feed, times)
+    record.memory.rss_peak_bytes = rss_peak_bytes()
+    return record
 
 
 def generation_figures(
     timings: list[tuple[float, float]], sequences: int, new_tokens: int
-) -> dict[str, Any]:
+) -> Timing:
     """The time to the first token (median and quartiles over the timed steps) and the decoding
     rate: the tokens after the first, over every sequence, per second of the median step's
     decoding."""
     firsts, rests = ([t[i] for t in timings] for i in (0, 1))
     q, r = (statistics.quantiles(ms, n=4) if len(ms) > 1 else [ms[0]] * 3 for ms in (firsts, rests))
     rate = lambda ms: sequences * (new_tokens - 1) / (ms / 1e3)  # noqa: E731  the tokens after the first
-    return {
-        KEY.ttft_ms_median: statistics.median(firsts),
-        KEY.ttft_ms_p25: q[0],
-        KEY.ttft_ms_p75: q[2],
-        KEY.decode_tokens_per_s: rate(statistics.median(rests)),
-        KEY.decode_tokens_per_s_p25: rate(r[2]),  # the slower quarter's decoding
-        KEY.decode_tokens_per_s_p75: rate(r[0]),
-    }
+    return Timing(
+        ttft_ms_median=statistics.median(firsts),
+        ttft_ms_p25=q[0],
+        ttft_ms_p75=q[2],
+        decode_tokens_per_s=rate(statistics.median(rests)),
+        decode_tokens_per_s_p25=rate(r[2]),  # the slower quarter's decoding
+        decode_tokens_per_s_p75=rate(r[0]),
+    )
 
 
 # a CPU run whose process got less than this share of its threads' time over the timed steps
 BUSY = 0.75
 
 
-def share(cpu_s: float, wall_s: float) -> dict[str, Any]:
+def share(cpu_s: float, wall_s: float) -> Timing:
     """How much of the machine a CPU run's timed steps got: the CPU time of its process over the
     wall time times its threads, and the load average. The machine was busy where both say so: the
     process got under BUSY of its share while more was runnable than the machine has cores (a tiny
@@ -254,59 +266,56 @@ def share(cpu_s: float, wall_s: float) -> dict[str, Any]:
     else:
         got = None
     load = os.getloadavg()[0]
-    return {
-        KEY.load_average: round(load, 2),
-        KEY.cpu_share: None if got is None else round(got, 3),
-        KEY.busy_machine: got is not None and got < BUSY and load > (os.cpu_count() or 1),
-    }
+    return Timing(
+        load_average=round(load, 2),
+        cpu_share=None if got is None else round(got, 3),
+        busy_machine=got is not None and got < BUSY and load > (os.cpu_count() or 1),
+    )
 
 
-def loader_figures(feed: Feed, times_ms: list[float]) -> dict[str, Any]:
+def loader_figures(feed: Feed, times_ms: list[float]) -> Record:
     """What variable-length batches cost and carry over the timed steps: the tokens per second in
     the batch (padding included) and of real sequence (excluded), each batch's padding fraction, and
     the host's wait on the loader inside each step."""
     seconds = sum(times_ms) / 1e3
     real, total = (sum(column) for column in zip(*feed.tokens))
-    return {
-        KEY.tokens_per_s: total / seconds,
-        KEY.real_tokens_per_s: real / seconds,
-        KEY.padding_fraction: 1 - real / total,
-        KEY.padding_fraction_per_batch: [round(1 - r / t, 4) for r, t in feed.tokens],
-        KEY.loader_wait_ms_median: statistics.median(feed.waits_ms),
-        KEY.loader: feed.batching.name,
-        KEY.lengths: feed.shapes.lengths,
-        KEY.loader_workers: feed.shapes.loader_workers,
-    }
+    data = Data(
+        real_tokens_per_s=real / seconds,
+        padding_fraction=1 - real / total,
+        padding_fraction_per_batch=[round(1 - r / t, 4) for r, t in feed.tokens],
+        loader_wait_ms_median=statistics.median(feed.waits_ms),
+        loader=feed.batching.name,
+        lengths=feed.shapes.lengths,
+        loader_workers=feed.shapes.loader_workers,
+    )
+    return Record(timing=Timing(tokens_per_s=total / seconds), data=data)
 
 
-def _warm_up_check(times: list[float], warmup_steps: int) -> dict[str, str]:
+def _warm_up_check(times: list[float], warmup_steps: int) -> str | None:
     """A warning when the first timed step is far slower than the others: a one-off cost
     (compilation, autotuning, torchao's first update) landed in the timed steps, and warm-up was too
     short for it."""
     rest = sorted(times[1:])
     if not rest or times[0] <= SLOW_FIRST_STEP * rest[len(rest) // 2]:
-        return {}
+        return None
     median = rest[len(rest) // 2]
-    return {
-        KEY.warning: f"the first timed step took {times[0]:,.0f} ms against {median:,.0f} ms for "
-        f"the others: {warmup_steps} warm-up step(s) did not absorb a one-off cost; raise "
-        "warmup_steps"
-    }
+    return (
+        f"the first timed step took {times[0]:,.0f} ms against {median:,.0f} ms for the others: "
+        f"{warmup_steps} warm-up step(s) did not absorb a one-off cost; raise warmup_steps"
+    )
 
 
-def _counts(trainer: Stepper, figures: dict[str, Any]) -> dict[str, Any]:
+def _counts(trainer: Stepper, memory: Memory) -> Record:
     """Parameter counts, model states as the sharding formulas count them (ZeRO: 16·Ψ per rank for
     Adam, 16·Ψ/N fully sharded), and the trainer's proof that each technique took effect."""
     params = list(trainer.model.parameters())
-    return {
-        KEY.param_count: sum(p.numel() for p in params),
-        KEY.trainable_param_count: sum(p.numel() for p in params if p.requires_grad),
-        KEY.model_state_bytes: sum(
-            figures.get(k) or 0
-            for k in (KEY.param_bytes, KEY.gradient_bytes, KEY.optimizer_state_bytes)
-        ),
-        KEY.proof: trainer.proof(),
-    }
+    states = (memory.param_bytes, memory.gradient_bytes, memory.optimizer_state_bytes)
+    counted = Memory(
+        param_count=sum(p.numel() for p in params),
+        trainable_param_count=sum(p.numel() for p in params if p.requires_grad),
+        model_state_bytes=sum(b or 0 for b in states),
+    )
+    return Record(memory=counted, outcome=Outcome(proof=trainer.proof()))
 
 
 def _fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str, Any]:

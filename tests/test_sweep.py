@@ -19,6 +19,7 @@ from bench.launch import Device
 from bench.launch.local import Local, run_isolated
 from bench.pace import Pace
 from bench.provenance import device_name
+from bench.record import Timing
 from bench.report import build_report
 from bench.suite import Fidelity, Suite, load, select
 from bench.sweep import MEMORY_SUMMARY, _outcome, finish, sweep
@@ -454,8 +455,8 @@ def test_a_failed_fidelity_phase_shows_in_the_progress_line_the_table_and_the_re
 def test_a_first_timed_step_far_slower_than_the_rest_warns_that_warm_up_was_short():
     from bench.worker import _warm_up_check
 
-    assert _warm_up_check([30.0, 10.0, 11.0], 1) == {}
-    warned = _warm_up_check([900.0, 10.0, 11.0], 1)["warning"]
+    assert _warm_up_check([30.0, 10.0, 11.0], 1) is None
+    warned = _warm_up_check([900.0, 10.0, 11.0], 1)
     assert (
         warned.startswith("the first timed step took 900 ms against 11 ms")
         and "raise warmup_steps" in warned
@@ -497,8 +498,8 @@ def test_a_cpu_run_says_when_the_machine_was_busy(cpu_s, load, busy, monkeypatch
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    figures = worker.share(cpu_s, 2.0)
-    assert figures == {"load_average": load, "cpu_share": round(cpu_s / 4, 3), "busy_machine": busy}
+    timing = worker.share(cpu_s, 2.0)
+    assert timing == Timing(load_average=load, cpu_share=round(cpu_s / 4, 3), busy_machine=busy)
 
 
 def _priced_suite(tmp_path):
