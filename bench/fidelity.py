@@ -27,7 +27,7 @@ from bench.data.synthetic import Batch
 from bench.infer import forward
 from bench.models import ModelSpec
 from bench.recipe import Recipe, Stepper
-from bench.record import KEY
+from bench.record import KEY, FidelityResult
 from bench.suite import Fidelity, RunSpec, Shapes
 
 EVAL_BATCH = 256
@@ -35,7 +35,7 @@ EVAL_BATCH = 256
 LAST_STEPS = 10
 
 
-def run_fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str, Any]:
+def run_fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> FidelityResult:
     stand_in = fid.model or spec.model_on(device.type)
     model_spec = models.resolve(stand_in)
     train, test = real.load(fid.dataset, model_spec.inputs, fid.image_size)
@@ -94,7 +94,7 @@ def run_fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str
     }
     if len(results) > 1:
         out[KEY.accuracy_seeds] = [r[KEY.accuracy] for r in results]
-    return out
+    return FidelityResult(**out)
 
 
 def _train_seed(

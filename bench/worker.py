@@ -45,6 +45,7 @@ from bench.record import (
     KEY,
     MEMORY_SUMMARY,
     Data,
+    FidelityResult,
     Memory,
     Outcome,
     Record,
@@ -137,7 +138,7 @@ def measure(
         del trainer, batch  # free the measured model before training another
         progress.say("fidelity phase (accuracy)")
         clock = time.perf_counter()
-        record |= Record.from_flat(_fidelity(spec, fid, device))
+        record |= Record(fidelity=_fidelity(spec, fid, device))
         record.timing.fidelity_s = round(time.perf_counter() - clock, 2)
     return record.to_flat()
 
@@ -318,7 +319,7 @@ def _counts(trainer: Stepper, memory: Memory) -> Record:
     return Record(memory=counted, outcome=Outcome(proof=trainer.proof()))
 
 
-def _fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str, Any]:
+def _fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> FidelityResult:
     """The fidelity phase's figures; a failure there is recorded beside the measurement, never
     instead of it."""
     if device.type == "cuda":
@@ -326,10 +327,10 @@ def _fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> dict[str, A
     try:
         return run_fidelity(spec, fid, device)
     except Unsupported as exc:
-        return {KEY.fidelity_error: f"unsupported: {exc}"}
+        return FidelityResult(fidelity_error=f"unsupported: {exc}")
     except Exception as exc:  # noqa: BLE001
         traceback.print_exc()
-        return {KEY.fidelity_error: f"{type(exc).__name__}: {first_line(exc)[:300]}"}
+        return FidelityResult(fidelity_error=f"{type(exc).__name__}: {first_line(exc)[:300]}")
 
 
 def over_budget(result: dict[str, Any], budget: int) -> dict[str, Any]:
