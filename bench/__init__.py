@@ -1,4 +1,33 @@
-"""Benchmark harness for PyTorch memory-saving training techniques."""
+"""Benchmark harness for PyTorch memory-saving training techniques.
+
+A run's way from a suite file to a report, by the types it takes (every dotted name is importable
+under bench; tests/test_house.py checks that each still is):
+
+    suites/NAME.toml
+      │  suite.load: every problem in the file at once, or a Suite
+      ▼
+    spec.Suite: its runs, each a spec.RunSpec (model, spec.TechniqueSpec, spec.Shapes)
+      │  sweep.sweep through a launcher (launch.local.Local): a process per run, given a spec.Job
+      ▼
+    worker.measure, in that process (or in each of its ranks)
+      │  recipe.Recipe: the model, its techniques, a Trainer, Inferencer or Generator
+      │  predict.predict_run           → record.Prediction      the step on fake tensors, first
+      │  measure.memory.tracked_step   → record.Memory          live bytes, what the peak held
+      │  measure.timing.summarize      → record.Timing          the timed steps
+      │  fidelity.run_fidelity         → record.FidelityResult  accuracy on real data
+      ▼
+    record.Record: those groups with record.Identity, record.Outcome, record.Data,
+      │  record.Distributed and record.Provenance (a run over ranks: record.Record.merged)
+      │  record.Record.to_flat: one flat JSON object, stored by results.store
+      ▼
+    results/SUITE/DEVICE/RUN.json
+      │  results.load_records, results.to_frame: a pandas DataFrame, a row per run
+      ▼
+    report.build_report: the suite's page, Markdown and HTML, with plots; report.overview: all
+
+bench predict takes the way as far as record.Prediction and prints it (predict.table); bench advise
+ranks plans of techniques by their predictions (advise.advise).
+"""
 
 import logging
 

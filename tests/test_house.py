@@ -96,3 +96,30 @@ def test_hardly_a_call_passes_five_values_by_position():
 def test_hardly_a_line_is_over_100_characters():
     lines = [line for p in FILES for line in p.read_text(encoding="utf-8").splitlines()]
     assert sum(len(line) > 100 for line in lines) / len(lines) <= 0.02
+
+
+def test_every_name_on_the_packages_map_is_still_there():
+    # bench/__init__.py draws a run's way through the package by its modules, functions and types:
+    # a rename must redraw it.
+    import importlib
+    import re
+
+    import bench
+
+    packages = "|".join(p.stem if p.is_file() else p.name for p in BENCH.iterdir())
+    drawn = re.findall(rf"\b(?:{packages})(?:\.\w+)+", bench.__doc__)
+    missing = []
+    for name in drawn:
+        parts = name.split(".")
+        # the longest importable module, then attributes
+        for cut in range(len(parts), 0, -1):
+            try:
+                found = importlib.import_module("bench." + ".".join(parts[:cut]))
+                break
+            except ImportError:
+                continue
+        for attr in parts[cut:]:
+            found = getattr(found, attr, None)
+        if found is None:
+            missing.append(name)
+    assert len(drawn) > 20 and missing == []
