@@ -29,6 +29,7 @@ def largest_batch(
     own: Prediction | None = None,
     peak: Callable[[int], float] | None = None,
     device_type: str = "cuda",
+    progress: Callable[[str], None] = lambda _: None,
 ) -> int | None:
     """The largest batch whose predicted peak fits ``budget`` bytes (in multiples of the micro-batch
     count, so every candidate is a valid run); None if none fits. A peak is close to linear in the
@@ -39,7 +40,7 @@ def largest_batch(
     step, so a peak far from linear still gets the right answer in at most three times bisection's
     count. ``own``: the prediction at the run's own batch, if made already (the line starts from
     it). ``peak``: the peak at a batch size (inf: it does not fit), instead of the prediction at
-    ``device_type``'s shapes (``bench fit`` measures it)."""
+    ``device_type``'s shapes (``bench fit`` measures it). ``progress`` is told each batch tried."""
     shapes = spec.shapes(device_type)
 
     def predicted(batch: int, out: Prediction | None = None) -> float:
@@ -54,8 +55,11 @@ def largest_batch(
 
     def at(n: int) -> float:
         if peak is not None:
-            return peak(n * unit)
-        return predicted(n * unit, own if n == mine else None)
+            figure = peak(n * unit)
+        else:
+            figure = predicted(n * unit, own if n == mine else None)
+        progress(f"batch {n * unit:,}: {_against(figure, budget)}")
+        return figure
 
     return largest(at, budget, limit // unit, start=mine) * unit or None
 
@@ -119,12 +123,26 @@ def _guess(seen: dict[int, float], lo: int, hi: int, budget: float) -> int | Non
     return math.floor(a + (budget - pa) * (b - a) / (pb - pa))
 
 
+def _against(figure: float, budget: float) -> str:
+    if math.isinf(figure):
+        return "does not fit"
+    said = f"{figure / 2**30:,.2f} GiB"
+    if figure <= budget:
+        return f"{said}, fits"
+    return f"{said}, does not fit"
+
+
 def largest_batch_on(
-    spec: RunSpec, card: Card, limit: int = 1 << 16, own: Prediction | None = None
+    spec: RunSpec,
+    card: Card,
+    limit: int = 1 << 16,
+    own: Prediction | None = None,
+    progress: Callable[[str], None] = lambda _: None,
 ) -> int | None:
     """The largest batch the card holds: the step replayed through the caching allocator under the
     card's memory less its context, at each batch the search tries (``largest_batch``, on the
-    reserved peak). ``own``: the prediction on the card at the run's own batch, if made already."""
+    reserved peak). ``own``: the prediction on the card at the run's own batch, if made already;
+    ``progress`` is told each batch tried."""
     shapes = spec.shapes("cuda")
 
     def reserved(batch: int) -> float:
@@ -139,7 +157,7 @@ def largest_batch_on(
             return out.peak_reserved_bytes
         return math.inf
 
-    return largest_batch(spec, card.capacity, limit, peak=reserved)
+    return largest_batch(spec, card.capacity, limit, peak=reserved, progress=progress)
 
 
 CONTEXT_STEP = 256  # tokens: the longest context is found to this many

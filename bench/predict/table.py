@@ -4,7 +4,10 @@ with the measured peak beside it where a GPU measured the run, and what fits a b
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -121,8 +124,42 @@ def _indexed_row(work: tuple[int, RunSpec, int | None, Card | None]) -> tuple[in
     return index, _row(spec, budget, card)
 
 
+# A run's prediction that has taken this long says what it is doing, step by step: a 7B model's
+# first prediction alone takes a minute or more on a laptop, and the search after it several.
+SAY_AFTER_S = 5.0
+
+
+class Told:
+    """What one run's prediction is doing, on stderr: nothing while its work is quick; once it has
+    taken SAY_AFTER_S, each step it is told (every batch and length a search tries)."""
+
+    def __init__(self, run: str) -> None:
+        self.run = run
+        self.since = time.monotonic()
+
+    def __call__(self, text: str) -> None:
+        if time.monotonic() - self.since >= SAY_AFTER_S:
+            print(f"    {self.run}: {text}", file=sys.stderr, flush=True)
+
+    @contextmanager
+    def meanwhile(self, text: str) -> Iterator[None]:
+        """``text`` said once the work inside has taken SAY_AFTER_S, if it is not done by then."""
+        timer = threading.Timer(SAY_AFTER_S, self, args=(text,))
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+
+
 def _row(spec: RunSpec, budget: int | None, card: Card | None) -> dict[str, Any]:
-    out = predict(spec, card=card)
+    told = Told(spec.name)
+    doing = f"predicting its step on fake tensors at batch {spec.gpu.batch_size:,}"
+    if card is not None:
+        doing += f", its allocator replayed on the {card.name}"
+    with told.meanwhile(doing):
+        out = predict(spec, card=card)
     row: dict[str, Any] = {
         KEY.run: spec.name,
         "batch": spec.gpu.batch_size,
@@ -132,20 +169,17 @@ def _row(spec: RunSpec, budget: int | None, card: Card | None) -> dict[str, Any]
     if spec.mode == "generate":
         # what a card or budget answers for a generation: its longest context
         if out.ok and (budget is not None or card is not None):
-            progress = lambda text: print(f"    {spec.name}: {text}", file=sys.stderr, flush=True)  # noqa: E731
-            row["longest_context"] = longest_context(
-                spec, card=card, budget=budget, progress=progress
-            )
+            row["longest_context"] = longest_context(spec, card=card, budget=budget, progress=told)
         return row
     if budget is not None and out.ok:
         row["fits"] = out.peak_tensor_bytes <= budget
-        row["largest_batch"] = largest_batch(spec, budget, own=out)
+        row["largest_batch"] = largest_batch(spec, budget, own=out, progress=told)
     if budget is not None and spec.nproc > 1 and out.ok:
         if (fewest := fewest_ranks(spec, budget, own=out)) is not None:
             row["fewest_ranks"] = fewest
             row["largest_batch_there"] = largest_batch(replace(spec, nproc=fewest), budget)
     if card is not None and out.ok and spec.nproc == 1:
-        row["largest_batch"] = largest_batch_on(spec, card, own=out)
+        row["largest_batch"] = largest_batch_on(spec, card, own=out, progress=told)
     return row
 
 

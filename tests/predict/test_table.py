@@ -11,7 +11,9 @@ import pytest
 
 from bench.cli import main
 from bench.predict import table
+from bench.record import Prediction
 from bench.suite import load, select
+from tests.helpers import spec
 
 
 @pytest.mark.slow
@@ -102,9 +104,13 @@ def test_a_signal_to_the_group_stops_predict_and_its_processes(sent):
         # as in a terminal
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    # what is predicted, the budget, the first run
-    first = "".join(proc.stderr.readline() for _ in range(3))
-    assert "\n[" in first, first  # a run is done: the processes are up and predicting the others
+    # what is predicted, the budget (and on a loaded machine what a run is doing), the first run
+    first = ""
+    while not first.endswith("\n") or not first.splitlines()[-1].startswith("["):
+        line = proc.stderr.readline()
+        assert line, first
+        first += line
+    # a run is done: the processes are up and predicting the others
     os.killpg(proc.pid, sent)
     _, rest = proc.communicate(timeout=60)  # a hang fails here rather than holding the test suite
     assert proc.wait(timeout=60) == 130 and "interrupted" in rest and "Traceback" not in rest, rest
@@ -114,3 +120,43 @@ def test_a_signal_to_the_group_stops_predict_and_its_processes(sent):
         while time.monotonic() < deadline:
             os.killpg(proc.pid, 0)  # raises once nothing of the group is left
             time.sleep(0.2)
+
+
+def _linear(monkeypatch):
+    """Predictions of 10,000 bytes and 300 a sample, in no time: what a search tries is exact."""
+
+    def fake(spec, shapes=None, cuda=True, reserved=True, card=None):
+        return Prediction(
+            status="ok", peak_tensor_bytes=10_000 + 300 * (shapes or spec.gpu).batch_size
+        )
+
+    monkeypatch.setattr("bench.predict.budget.predict", fake)
+    monkeypatch.setattr(table, "predict", fake)
+
+
+def test_a_long_prediction_says_each_batch_its_search_tries(monkeypatch, capsys):
+    _linear(monkeypatch)
+    monkeypatch.setattr(table, "SAY_AFTER_S", 0.0)
+    row = table._row(spec("vit-tiny", batch_size=16, name="run"), budget=20_000, card=None)
+    tried = dict(re.findall(r"^    run: batch (\d+): (.*)$", capsys.readouterr().err, re.M))
+    assert row["largest_batch"] == 33  # 10,000 + 300 × 33 = 19,900
+    assert tried["33"].endswith(", fits") and tried["34"].endswith(", does not fit")
+
+
+def test_a_quick_prediction_says_nothing_but_its_row(monkeypatch, capsys):
+    _linear(monkeypatch)
+    table._row(spec("vit-tiny", batch_size=16, name="run"), budget=20_000, card=None)
+    assert "    run:" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("after, said", [(0.0, ["predicting"]), (3600.0, [])])
+def test_work_that_takes_long_is_said_once_it_has(after, said, monkeypatch):
+    monkeypatch.setattr(table, "SAY_AFTER_S", after)
+    heard, told = [], table.Told("run")
+    monkeypatch.setattr(table.Told, "__call__", lambda self, text: heard.append(text))
+    with told.meanwhile("predicting"):
+        deadline = time.monotonic() + 30
+        while said and not heard and time.monotonic() < deadline:  # the timer's thread, loaded
+            time.sleep(0.01)
+    time.sleep(0.05)  # a cancelled timer never speaks, however late
+    assert heard == said
