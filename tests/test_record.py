@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 from bench.record import DERIVED, KEY, STATUSES, Record, label, migrate, reference
-from bench.suite.fidelity_table import FIDELITY_KEYS
-from bench.suite.load import DATA_KEYS, GENERATION_KEYS, RUN_KEYS, TOP_KEYS
+from bench.suite.schema import TABLES
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMITTED = sorted(ROOT.glob("results/*/*/*.json"))
@@ -105,16 +104,7 @@ def test_no_module_but_the_record_spells_a_record_key_or_a_status():
     ``Status``: a misspelt one fails at import, where a string would read None. Suite-file keys of
     the same name (``model``) are the suite's; an identity digest hashes a spec under the names its
     stored records were keyed with."""
-    suite_keys = {
-        *TOP_KEYS,
-        *DATA_KEYS,
-        *RUN_KEYS,
-        *FIDELITY_KEYS,
-        *GENERATION_KEYS,
-        "batch_size",
-        "image_size",
-        "seq_len",
-    }
+    suite_keys = {key for table in TABLES.values() for key in table}
     keys = {k for k in vars(KEY) if not k.startswith("_")} - suite_keys
     found = [
         f"{rel}:{line}: {word!r}"

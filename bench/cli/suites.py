@@ -33,6 +33,13 @@ def add(sub: argparse._SubParsersAction) -> None:
             "docs"
         ),
     )
+    lst.add_argument(
+        "--keys",
+        type=Path,
+        metavar="PAGE",
+        help="rewrite the reference of a suite file's keys in PAGE (between its markers) from "
+        "bench/suite/schema.py instead: make docs",
+    )
     lst.set_defaults(func=_list)
     new = sub.add_parser(
         "suite",
@@ -72,13 +79,15 @@ def _list(args: argparse.Namespace) -> int:
     from bench.techniques import TECHNIQUES, TRAIN
     from bench.techniques.base import options_doc
 
-    if args.docs or args.held:
+    if args.docs or args.held or args.keys:
         from bench.predict import held
+        from bench.suite import schema
         from bench.techniques import catalogue
 
         for page, write in (
             (args.docs, catalogue.write),
             (args.held, lambda p: held.write(p, Path("results"))),
+            (args.keys, schema.write),
         ):
             if page:
                 print(write(page))

@@ -8,24 +8,8 @@ from typing import Any
 
 from bench.models import ModelSpec
 from bench.spec import DEVICES, Fidelity
-from bench.suite.values import check_ranges, model_spec, typed, weights
-
-FIDELITY_KEYS = {
-    "dataset": "'digits' (scikit-learn, offline), 'digit-pixels' (the same digits as "
-    "variable-length sequences of their non-zero pixels, for token models), 'imagefolder:PATH' or "
-    "'hf:PATH' (save_to_disk)",
-    "steps": "optimizer steps of training from the run's initial weights",
-    "batch_size": "training batch size",
-    "lr": "learning rate of the default AdamW optimizer",
-    "seeds": "seeds the baseline is trained with, for the noise band (at least 2)",
-    "image_size": "image side for image models (digits are upsampled from 8 px)",
-    "model": (
-        "model to train instead of the suite's (e.g. its tiny variant, so CPU runs stay short)"
-    ),
-    "weights": "pretrained weights for the phase's model (default: the suite's, when it trains the "
-    "suite's model)",
-    "enabled": "false switches the phase off (per device in [fidelity.gpu] / [fidelity.cpu])",
-}
+from bench.suite.schema import FIDELITY, read, unknown
+from bench.suite.values import check_ranges, model_spec, weights
 
 
 def parse(
@@ -40,21 +24,17 @@ def parse(
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        problems.append("fidelity: expected a table; keys: " + ", ".join(FIDELITY_KEYS))
+        problems.append("fidelity: expected a table; keys: " + ", ".join(FIDELITY))
         return {}
     shared = {k: v for k, v in raw.items() if k not in DEVICES}
-    for key in shared.keys() - FIDELITY_KEYS.keys():
-        problems.append(f"fidelity.{key}: unknown key; allowed: {', '.join(FIDELITY_KEYS)}")
+    unknown(shared, FIDELITY, "fidelity.", problems)
     out: dict[str, Fidelity | None] = {}
     for dev in DEVICES:
         if isinstance(raw.get(dev), dict):
             own = raw.get(dev, {})
         else:
             own = {}
-        for key in own.keys() - FIDELITY_KEYS.keys():
-            problems.append(
-                f"fidelity.{dev}.{key}: unknown key; allowed: {', '.join(FIDELITY_KEYS)}"
-            )
+        unknown(own, FIDELITY, f"fidelity.{dev}.", problems)
         found: list[str] = []
         out[dev] = _device(
             shared | own,
@@ -86,17 +66,10 @@ def _device(
             return f"fidelity.{dev}."
         return "fidelity."
 
-    if not typed(table, "enabled", kind=bool, default=True, problems=found, where=where("enabled")):
+    if not read(table, "enabled", FIDELITY, found, where("enabled")):
         return None
     values = {
-        f.name: typed(
-            table,
-            f.name,
-            kind=_kind(f.type),
-            default=f.default,
-            problems=found,
-            where=where(f.name),
-        )
+        f.name: read(table, f.name, FIDELITY, found, where(f.name))
         for f in fields(Fidelity)
         if f.name != "weights"
     }
@@ -112,7 +85,7 @@ def _device(
     dataset = values["dataset"]
     if not (dataset in ("digits", "digit-pixels") or dataset.startswith(("imagefolder:", "hf:"))):
         found.append(
-            f"{where('dataset')}dataset: {dataset!r} is not a dataset; {FIDELITY_KEYS['dataset']}"
+            f"{where('dataset')}dataset: {dataset!r} is not a dataset; {FIDELITY['dataset'].doc}"
         )
     elif ":" in dataset and not Path(dataset.split(":", 1)[1]).exists():
         found.append(
@@ -126,8 +99,3 @@ def _device(
             f"suite's model {spec.inputs} inputs; choose a model of the same kind"
         )
     return Fidelity(**values)
-
-
-def _kind(annotation: Any) -> type:
-    """The runtime type of a Fidelity field's annotation (``str | None`` → str)."""
-    return {"str": str, "int": int, "float": float, "str | None": str}[str(annotation)]

@@ -20,8 +20,7 @@ from typing import Any, NamedTuple
 
 from bench.data import varlen
 from bench.errors import SuiteError, cannot_read
-from bench.models import MODELS, ModelSpec
-from bench.record import KEY
+from bench.models import ModelSpec
 from bench.registry import did_you_mean
 from bench.spec import (
     DEFAULTS,
@@ -35,51 +34,14 @@ from bench.spec import (
     TechniqueSpec,
 )
 from bench.suite import fidelity_table, training_args
+from bench.suite.schema import MATRIX, RUNS, SHAPES, THROUGHPUTS, TOP, read, unknown
 from bench.suite.techniques import check_fidelity_batch, techniques
 from bench.suite.values import check_ranges, model_spec, typed, weights
 from bench.techniques import Technique, build
 
 # bytes: a record's file name, its slug and digest, and '.snapshot.pickle' stay under 255
 MAX_RUN_NAME = 120
-# record fields a suite may compare
-THROUGHPUTS = (
-    KEY.samples_per_s,
-    KEY.tokens_per_s,
-    KEY.real_tokens_per_s,
-)
 SUITE_NAME = re.compile(r"\w[\w.-]*")  # any script's letters; no separators, no leading dot
-TOP_KEYS = {
-    "name": "suite name (defaults to the file name)",
-    "description": "one line shown in reports",
-    "model": f"one of {', '.join(MODELS.names())}, 'hf:PATH' for a Hugging Face config.json (a "
-    "folder holding one), or 'module:NAME' naming your own bench.models.ModelSpec",
-    "weights": "pretrained weights loaded into the model before techniques apply: a state_dict "
-    "file (.pt, .bin, .safetensors) or a save_pretrained folder",
-    "mode": '"train" (default: training steps), "inference" (forward passes only, no gradients) or '
-    '"generate" (a causal LM\'s generate(): prompt_len and new_tokens in [shapes.*])',
-    "baseline": "name of the run (or matrix key) every run is compared with",
-    "first_look": "names (or globs) of the runs `bench run` measures on a CPU unless --all: a "
-    "first look that ends in minutes on two cores (default: every run)",
-    "seed": "integer seed for weights and data",
-    "warmup_steps": "steps before measuring, at least 1 (allocator, autotune, compile); per device "
-    "in [shapes.*]",
-    "measure_steps": "timed steps; per device in [shapes.*]",
-    "timeout_s": "seconds before a run is stopped and recorded as a timeout",
-    "lr": "learning rate of the default AdamW optimizer",
-    "shapes": "[shapes.gpu] and [shapes.cpu] tables",
-    "runs": "[[runs]] entries with name and techniques (optional: fidelity = false, nproc = N "
-    "processes, "
-    'training_args = "PATH": a transformers TrainingArguments file\'s techniques and batch)',
-    "matrix": "[matrix] with techniques = {name = [...]}, and batch_size = {gpu = [...], cpu = "
-    "[...]}, "
-    'seq_len = {gpu = [...], cpu = [...]} (token models) or [matrix.lengths] name = {gpu = "DIST", '
-    'cpu = "DIST"} (or several)',
-    "fidelity": (
-        "[fidelity] table: train on real data and report the accuracy delta (see FIDELITY_KEYS)"
-    ),
-    "throughput": f"the figure reports compare as throughput ×: one of {', '.join(THROUGHPUTS)} "
-    "(default samples_per_s; real_tokens_per_s for variable-length data, padding left out)",
-}
 
 
 def load(path: str | Path) -> Suite:
@@ -184,20 +146,17 @@ def without_fidelity(suite: Suite) -> Suite:
 
 
 def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
-    for key in raw.keys() - TOP_KEYS.keys():
-        problems.append(f"{key}: unknown key; allowed: {', '.join(TOP_KEYS)}")
+    unknown(raw, TOP, "", problems)
     name = _name(raw, path, problems)
-    model = typed(raw, "model", kind=str, default=None, problems=problems)
+    model = read(raw, "model", TOP, problems)
     if model is None:
-        problems.append(f"model: required; {TOP_KEYS['model']}")
+        problems.append(f"model: required; {TOP['model'].doc}")
     spec = model_spec(model, "model", problems)
     suite_weights = weights(raw, "", problems)
-    mode = typed(raw, "mode", kind=str, default="train", problems=problems)
+    mode = read(raw, "mode", TOP, problems)
     if mode not in MODES:
         problems.append(f"mode: {mode!r} is not a mode; allowed: {', '.join(MODES)}")
-    common = {
-        k: typed(raw, k, kind=type(v), default=v, problems=problems) for k, v in DEFAULTS.items()
-    }
+    common = {k: read(raw, k, TOP, problems) for k in DEFAULTS}
     check_ranges(common, "", problems)
     steps = {k: common.pop(k) for k in STEP_KEYS}
     shapes = _shapes(raw.get("shapes"), spec, steps=steps, problems=problems, mode=mode)
@@ -252,8 +211,8 @@ def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
                 weights=suite_weights,
             )
         )
-    description = typed(raw, "description", kind=str, default="", problems=problems)
-    throughput = typed(raw, "throughput", kind=str, default=THROUGHPUTS[0], problems=problems)
+    description = read(raw, "description", TOP, problems)
+    throughput = read(raw, "throughput", TOP, problems)
     if throughput not in THROUGHPUTS:
         problems.append(f"throughput: {throughput!r} is none of {', '.join(THROUGHPUTS)}")
     first = _first_look(raw, [r.name for r in runs], problems)
@@ -272,7 +231,7 @@ def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
 def _first_look(raw: dict[str, Any], names: list[str], problems: list[str]) -> tuple[str, ...]:
     """The runs a CPU measures unless --all: each pattern must name a run (a typo would leave it
     out)."""
-    patterns = typed(raw, "first_look", kind=list, default=[], problems=problems)
+    patterns = read(raw, "first_look", TOP, problems)
     if not all(isinstance(p, str) for p in patterns):
         problems.append(f"first_look: expected a list of run names, got {patterns!r}")
         return ()
@@ -285,7 +244,7 @@ def _first_look(raw: dict[str, Any], names: list[str], problems: list[str]) -> t
 def _name(raw: dict[str, Any], path: Path, problems: list[str]) -> str:
     """The suite's name, which names its folder under results/: a plain folder name, never a
     path."""
-    name = typed(raw, "name", kind=str, default=path.stem, problems=problems)
+    name = typed(raw, "name", kind=TOP["name"].kind, default=path.stem, problems=problems)
     if not SUITE_NAME.fullmatch(name) or name in (".", ".."):
         if "name" in raw:
             given = "name"
@@ -376,7 +335,7 @@ def _check_matrix_lengths(raw: Any, shapes: dict[str, Shapes], problems: list[st
 
 
 def _baseline(raw: dict[str, Any], entries: list[Entry], problems: list[str]) -> str | None:
-    baseline = typed(raw, "baseline", kind=str, default=None, problems=problems)
+    baseline = read(raw, "baseline", TOP, problems)
     names = {e.name for e in entries}
     if baseline is None:
         problems.append("baseline: required; the name of a run (or matrix key) to compare against")
@@ -437,12 +396,7 @@ def _shapes(
                 f"shapes.{dev}.{key}: unknown key for model {spec.name}; allowed: "
                 f"{', '.join(allowed + STEP_KEYS + data + ('model',))}"
             )
-        values = {
-            key: typed(
-                table, key, kind=int, default=None, problems=problems, where=f"shapes.{dev}."
-            )
-            for key in allowed
-        }
+        values = {key: read(table, key, SHAPES, problems, f"shapes.{dev}.") for key in allowed}
         bad = [k for k, v in values.items() if v is None or v <= 0]
         for key in bad:
             if values[key] is not None or key not in table:  # a wrong type is reported already
@@ -450,7 +404,9 @@ def _shapes(
                     f"shapes.{dev}.{key}: required positive integer, got {table.get(key)!r}"
                 )
         own_steps = {
-            k: typed(table, k, kind=int, default=v, problems=problems, where=f"shapes.{dev}.")
+            k: typed(
+                table, k, kind=SHAPES[k].kind, default=v, problems=problems, where=f"shapes.{dev}."
+            )
             for k, v in steps.items()
         }
         check_ranges(own_steps, f"shapes.{dev}.", problems)
@@ -520,14 +476,7 @@ def _data_keys(
     """A token model's data path in [shapes.*]: a length distribution, the loader's workers, pinned
     memory."""
     where = f"shapes.{dev}."
-    out = {
-        "loader_workers": typed(
-            table, "loader_workers", kind=int, default=0, problems=problems, where=where
-        ),
-        "pin_memory": typed(
-            table, "pin_memory", kind=bool, default=False, problems=problems, where=where
-        ),
-    }
+    out = {k: read(table, k, SHAPES, problems, where) for k in ("loader_workers", "pin_memory")}
     if out["loader_workers"] < 0:
         problems.append(
             f"{where}loader_workers: must be 0 (load in the step's process) or more, got "
@@ -554,9 +503,6 @@ class Entry(NamedTuple):
     seq_len: dict[str, int] | None = None  # per-device sequence lengths from the matrix, else None
 
 
-RUN_KEYS = ("name", "techniques", "fidelity", "nproc", "batch_size", "training_args")
-
-
 def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:
     entries: list[Entry] = []
     runs = raw.get("runs", [])
@@ -568,16 +514,13 @@ def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:
         if not isinstance(run, dict):
             problems.append(f"{where}: expected a table with name and techniques")
             continue
-        for key in run.keys() - set(RUN_KEYS):
-            problems.append(f"{where}.{key}: unknown key; allowed: {', '.join(RUN_KEYS)}")
-        name = typed(run, "name", kind=str, default=None, problems=problems, where=f"{where}.")
+        unknown(run, RUNS, f"{where}.", problems)
+        name = read(run, "name", RUNS, problems, f"{where}.")
         if name is None:
             problems.append(f"{where}.name: required string")
             continue
-        fidelity = typed(
-            run, "fidelity", kind=bool, default=True, problems=problems, where=f"{where}."
-        )
-        nproc = typed(run, "nproc", kind=int, default=None, problems=problems, where=f"{where}.")
+        fidelity = read(run, "fidelity", RUNS, problems, f"{where}.")
+        nproc = read(run, "nproc", RUNS, problems, f"{where}.")
         if nproc is not None and not 1 <= nproc <= MAX_NPROC:
             problems.append(f"{where}.nproc: must be 1 to {MAX_NPROC:,}, got {nproc}")
         if "batch_size" in run:
@@ -635,14 +578,7 @@ def _trainer_job(
     GPU the Trainer's (per device, times the accumulation steps); on a CPU the suite's CPU batch,
     its shapes being the CPU's own. The fields that change nothing a step holds are named once, as
     ignored."""
-    path = typed(
-        run,
-        "training_args",
-        kind=str,
-        default=None,
-        problems=problems,
-        where=where.removesuffix("training_args"),
-    )
+    path = read(run, "training_args", RUNS, problems, where.removesuffix("training_args"))
     if "batch_size" in run:
         problems.append(
             f"{where}: and batch_size: the arguments give the batch; leave batch_size out"
@@ -683,14 +619,10 @@ def _matrix(raw: Any, problems: list[str]) -> list[Entry]:
     """Every technique list at every batch size pair and every named length distribution the matrix
     gives."""
     if not isinstance(raw, dict):
-        problems.append(f"matrix: expected a table; {TOP_KEYS['matrix']}")
+        problems.append(f"matrix: expected a table; {TOP['matrix'].doc}")
         return []
-    for key in raw.keys() - {"techniques", "batch_size", "seq_len", "lengths", "fidelity"}:
-        problems.append(
-            f"matrix.{key}: unknown key; allowed: techniques, batch_size, seq_len, lengths, "
-            "fidelity"
-        )
-    fidelity = typed(raw, "fidelity", kind=bool, default=True, problems=problems, where="matrix.")
+    unknown(raw, MATRIX, "matrix.", problems)
+    fidelity = read(raw, "fidelity", MATRIX, problems, "matrix.")
     techs = raw.get("techniques")
     if not isinstance(techs, dict) or not techs:
         problems.append("matrix.techniques: required table of name = [techniques]")
