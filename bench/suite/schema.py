@@ -1,7 +1,8 @@
 """A suite file's keys, declared once: each table's keys with the type a value must have, its
 default and what it means. The loader (load.py, fidelity_table.py) reads a key's type and default
-here and refuses a key its table does not declare, naming the ones it does; docs/suites.md's key
-reference is written from here (``reference``, by ``make docs``)."""
+here and refuses a key its table does not declare, naming the ones it does; the TOML writer
+(toml_text.py) writes each table's keys in their order here; docs/suites.md's key reference is
+written from here (``reference``, by ``make docs``)."""
 
 from __future__ import annotations
 

@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from bench.suite.schema import RUNS, TOP, Key
+
 
 def to_toml(
     header: dict[str, Any], runs: list[dict[str, Any]], comments: dict[str, str] | None = None
 ) -> str:
     """A suite file: the header's keys, its tables, then one [[runs]] entry per run (with its
-    comment above)."""
+    comment above), each table's keys in the schema's order."""
+    header, runs = _ordered(header, TOP), [_ordered(run, RUNS) for run in runs]
     lines = [f"{k} = {_value(v)}" for k, v in header.items() if not isinstance(v, dict)]
     for key, table in header.items():
         if isinstance(table, dict):
@@ -24,6 +27,13 @@ def to_toml(
         ]
         lines += [f"{k} = {_value(v)}" for k, v in run.items()]
     return "\n".join(lines) + "\n"
+
+
+def _ordered(table: dict[str, Any], keys: dict[str, Key]) -> dict[str, Any]:
+    """The table's keys in the schema's order; a key it does not declare is this code's mistake."""
+    if undeclared := table.keys() - keys.keys():
+        raise ValueError(f"no suite file declares {', '.join(sorted(undeclared))} there")
+    return {k: table[k] for k in keys if k in table}
 
 
 def _table(name: str, table: dict[str, Any]) -> list[str]:

@@ -5,6 +5,7 @@ import pytest
 
 from bench.suite import load
 from bench.suite.schema import FIDELITY, RUNS, SHAPES, TOML, TOP, reference
+from bench.suite.toml_text import to_toml
 from tests.helpers import suite_problems, write_suite
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,3 +91,18 @@ def _toml(value: object) -> str:
     if isinstance(value, str):
         return f'"{value}"'
     return repr(value)
+
+
+def test_the_writer_puts_each_tables_keys_in_the_schemas_order_and_only_declared_ones(tmp_path):
+    header = {
+        "baseline": "a",
+        "shapes": {"gpu": {"batch_size": 2, "seq_len": 8}, "cpu": {"batch_size": 2, "seq_len": 8}},
+        "model": "bert-tiny",
+        "description": "written",
+    }
+    text = to_toml(header, [{"techniques": [], "name": "a"}])
+    top = [line.split(" = ")[0] for line in text.splitlines()[:3]]
+    assert top == [k for k in TOP if k in ("baseline", "model", "description")]
+    assert "[[runs]]\nname = " in text and load(write_suite(tmp_path, text)).baseline == "a"
+    with pytest.raises(ValueError, match="no suite file declares colour"):
+        to_toml(header | {"colour": "red"}, [])
