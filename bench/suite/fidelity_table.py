@@ -66,10 +66,10 @@ def _device(
             return f"fidelity.{dev}."
         return "fidelity."
 
-    if not read(table, "enabled", FIDELITY, found, where("enabled")):
+    if not read(table, "enabled", FIDELITY, found, where=where("enabled")):
         return None
     values = {
-        f.name: read(table, f.name, FIDELITY, found, where(f.name))
+        f.name: read(table, f.name, FIDELITY, found, where=where(f.name))
         for f in fields(Fidelity)
         if f.name != "weights"
     }

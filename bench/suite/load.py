@@ -396,7 +396,9 @@ def _shapes(
                 f"shapes.{dev}.{key}: unknown key for model {spec.name}; allowed: "
                 f"{', '.join(allowed + STEP_KEYS + data + ('model',))}"
             )
-        values = {key: read(table, key, SHAPES, problems, f"shapes.{dev}.") for key in allowed}
+        values = {
+            key: read(table, key, SHAPES, problems, where=f"shapes.{dev}.") for key in allowed
+        }
         bad = [k for k, v in values.items() if v is None or v <= 0]
         for key in bad:
             if values[key] is not None or key not in table:  # a wrong type is reported already
@@ -476,7 +478,9 @@ def _data_keys(
     """A token model's data path in [shapes.*]: a length distribution, the loader's workers, pinned
     memory."""
     where = f"shapes.{dev}."
-    out = {k: read(table, k, SHAPES, problems, where) for k in ("loader_workers", "pin_memory")}
+    out = {
+        k: read(table, k, SHAPES, problems, where=where) for k in ("loader_workers", "pin_memory")
+    }
     if out["loader_workers"] < 0:
         problems.append(
             f"{where}loader_workers: must be 0 (load in the step's process) or more, got "
@@ -515,12 +519,12 @@ def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:
             problems.append(f"{where}: expected a table with name and techniques")
             continue
         unknown(run, RUNS, f"{where}.", problems)
-        name = read(run, "name", RUNS, problems, f"{where}.")
+        name = read(run, "name", RUNS, problems, where=f"{where}.")
         if name is None:
             problems.append(f"{where}.name: required string")
             continue
-        fidelity = read(run, "fidelity", RUNS, problems, f"{where}.")
-        nproc = read(run, "nproc", RUNS, problems, f"{where}.")
+        fidelity = read(run, "fidelity", RUNS, problems, where=f"{where}.")
+        nproc = read(run, "nproc", RUNS, problems, where=f"{where}.")
         if nproc is not None and not 1 <= nproc <= MAX_NPROC:
             problems.append(f"{where}.nproc: must be 1 to {MAX_NPROC:,}, got {nproc}")
         if "batch_size" in run:
@@ -578,7 +582,7 @@ def _trainer_job(
     GPU the Trainer's (per device, times the accumulation steps); on a CPU the suite's CPU batch,
     its shapes being the CPU's own. The fields that change nothing a step holds are named once, as
     ignored."""
-    path = read(run, "training_args", RUNS, problems, where.removesuffix("training_args"))
+    path = read(run, "training_args", RUNS, problems, where=where.removesuffix("training_args"))
     if "batch_size" in run:
         problems.append(
             f"{where}: and batch_size: the arguments give the batch; leave batch_size out"
@@ -622,7 +626,7 @@ def _matrix(raw: Any, problems: list[str]) -> list[Entry]:
         problems.append(f"matrix: expected a table; {TOP['matrix'].doc}")
         return []
     unknown(raw, MATRIX, "matrix.", problems)
-    fidelity = read(raw, "fidelity", MATRIX, problems, "matrix.")
+    fidelity = read(raw, "fidelity", MATRIX, problems, where="matrix.")
     techs = raw.get("techniques")
     if not isinstance(techs, dict) or not techs:
         problems.append("matrix.techniques: required table of name = [techniques]")

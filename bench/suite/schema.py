@@ -196,7 +196,7 @@ TABLES = {
 
 
 def read(
-    table: dict[str, Any], name: str, keys: dict[str, Key], problems: list[str], where: str = ""
+    table: dict[str, Any], name: str, keys: dict[str, Key], problems: list[str], *, where: str = ""
 ) -> Any:
     """``table[name]`` if it has the key's type (an int is taken for a float), else its default,
     with what is wrong in ``problems``."""
