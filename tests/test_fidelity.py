@@ -40,6 +40,7 @@ def test_a_technique_that_stops_learning_falls_outside_the_band():
     assert broken.grad_cosine > 0.999  # its first gradient was right; only the update is broken
 
 
+@pytest.mark.full
 @pytest.mark.slow
 def test_bert_tiny_learns_digit_sequences_well_above_chance():
     """The token path (64 intensity tokens) learns too: BertConfig's default initialisation, sized

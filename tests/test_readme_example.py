@@ -46,6 +46,7 @@ def run_readme_suite(
     }
 
 
+@pytest.mark.full
 @pytest.mark.slow
 def test_user_technique_from_the_readme_runs_and_proves_itself(tmp_path):
     # without the fidelity phase (tests/test_fidelity.py holds it): what is asserted is the
@@ -58,6 +59,7 @@ def test_user_technique_from_the_readme_runs_and_proves_itself(tmp_path):
     assert adamw["optimizer_state_bytes"] > 2 * adamw["param_bytes"]
 
 
+@pytest.mark.full
 @pytest.mark.slow
 def test_user_model_from_the_readme_runs_with_its_blocks_found(tmp_path):
     records = run_readme_suite(tmp_path, "my_models.py", "convnext", "--no-fidelity")
