@@ -9,12 +9,11 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from bench import IMPORT_NOTES
-from bench.record import KEY
+from bench.record import KEY, Provenance
 
 
 def device_name(device_type: str) -> str:
@@ -102,29 +101,28 @@ def git_revision(root: Path | None = None) -> str:
 PACKAGES = ("torchvision", "transformers", "timm", "peft", "accelerate", "torchao", "bitsandbytes")
 
 
-def runtime_provenance(device: torch.device) -> dict[str, Any]:
+def runtime_provenance(device: torch.device) -> Provenance:
     """Read inside the run's process, after the run, so it reflects the settings the run used."""
-    out: dict[str, Any] = {
-        KEY.torch_version: torch.__version__,
-        KEY.packages: package_versions(),
-        KEY.python_version: platform.python_version(),
-        KEY.hostname: platform.node(),
-        KEY.cpu_threads: torch.get_num_threads(),
-        KEY.finished_at: datetime.now(UTC).isoformat(timespec="seconds"),
-    }
-    if IMPORT_NOTES:
-        out[KEY.package_notes] = dict(IMPORT_NOTES)
+    out = Provenance(
+        torch_version=torch.__version__,
+        packages=package_versions(),
+        python_version=platform.python_version(),
+        hostname=platform.node(),
+        cpu_threads=torch.get_num_threads(),
+        finished_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        package_notes=dict(IMPORT_NOTES) or None,
+    )
     if device.type == "cuda":
-        out |= {
-            KEY.cuda_version: torch.version.cuda,
-            KEY.cudnn_version: torch.backends.cudnn.version(),
-            KEY.driver_version: _driver_version(),
-            KEY.allocator_conf: os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+        out |= Provenance(
+            cuda_version=torch.version.cuda,
+            cudnn_version=torch.backends.cudnn.version(),
+            driver_version=_driver_version(),
+            allocator_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
             # TF32 silently changes fp32 baselines on Ampere and newer, so every CUDA record says.
-            KEY.tf32_matmul: torch.backends.cuda.matmul.allow_tf32,
-            KEY.tf32_cudnn: torch.backends.cudnn.allow_tf32,
-            KEY.cudnn_benchmark: torch.backends.cudnn.benchmark,
-        }
+            tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
+            tf32_cudnn=torch.backends.cudnn.allow_tf32,
+            cudnn_benchmark=torch.backends.cudnn.benchmark,
+        )
     return out
 
 

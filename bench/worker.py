@@ -377,7 +377,9 @@ def main(spec_path: str, out_path: str) -> int:
             if group.world_size > 1
             # a rank's figures are merged only at the end
             else (
-                lambda figures: _write(f"{out_path}.measured", figures | runtime_provenance(device))
+                lambda figures: _write(
+                    f"{out_path}.measured", figures | runtime_provenance(device).flat()
+                )
             )
         )
         if prediction is None:  # here, so that a run that fails after it keeps it
@@ -411,10 +413,10 @@ def main(spec_path: str, out_path: str) -> int:
             )
         if group.world_size > 1:
             result |= {KEY.failed_rank: group.rank, KEY.world_size: group.world_size}
-            own = result | runtime_provenance(device)
+            own = result | runtime_provenance(device).flat()
             Path(f"{out_path}.rank{group.rank}").write_text(json.dumps(own, default=str))
             return 1
-    per_rank = process_group.gather(result | runtime_provenance(device), group)
+    per_rank = process_group.gather(result | runtime_provenance(device).flat(), group)
     if per_rank is not None:
         Path(out_path).write_text(json.dumps(process_group.merge(per_rank), default=str))
     process_group.leave(group)

@@ -35,7 +35,7 @@ def test_a_record_names_the_packages_its_run_imported_and_no_others(monkeypatch)
     # Installed here (make test installs torchao), but not imported by this run: not named.
     for name in ("torchao", "bitsandbytes"):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    packages = runtime_provenance(torch.device("cpu"))["packages"]
+    packages = runtime_provenance(torch.device("cpu")).packages
     # the installed release, build tag aside
     assert torchvision.__version__.startswith(packages["torchvision"])
     assert not {"torchao", "bitsandbytes"} & set(packages) and set(packages) <= set(PACKAGES)
@@ -52,7 +52,7 @@ def test_an_optional_packages_import_warnings_stay_out_of_the_terminal_and_go_in
         "logging.getLogger('bitsandbytes.backends.cpu.ops')\nlog.warning('Failed to load CPU "
         "gemm_4bit_forward from kernels-community')\nlog.warning('a second, later "
         "warning')\nlog.error('a real "
-        "error')\nprint(runtime_provenance(torch.device('cpu'))['package_notes'])\n"
+        "error')\nprint(runtime_provenance(torch.device('cpu')).package_notes)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, check=True

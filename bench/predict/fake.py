@@ -206,7 +206,7 @@ def _fake_step(
     if replay is not None:
         prediction |= replayed(done.tracker, replay)
     if ctx.world_size > 1:
-        prediction |= Prediction(**traffic.figures(), world_size=ctx.world_size, rank=ctx.rank)
+        prediction |= traffic.figures() | Prediction(world_size=ctx.world_size, rank=ctx.rank)
     if paged := sum(t.nbytes for t in optimizer_state(runner.optimizer) if is_paged(t)):
         prediction.paged_bytes = paged
     counted = _counts(flops, ops)

@@ -21,6 +21,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from bench.record import Prediction
+
 # c10d's operators by the collective they are, and the tensor argument whose bytes that collective
 # moves.
 COLLECTIVES = {
@@ -61,12 +63,13 @@ class Traffic(TorchDispatchMode):
             self.largest = max(self.largest, size)
         return out
 
-    def figures(self) -> dict[str, int]:
+    def figures(self) -> Prediction:
         """Bytes per kind, and the largest single collective's tensors: what a rank may also hold at
         its peak on a real group, while an asynchronous collective waits for a peer."""
-        return {f"traffic_{kind}_bytes": self.bytes[kind] for kind in KINDS} | {
-            "largest_collective_bytes": self.largest
-        }
+        return Prediction(
+            **{f"traffic_{kind}_bytes": self.bytes[kind] for kind in KINDS},
+            largest_collective_bytes=self.largest,
+        )
 
 
 def _group_size(args: tuple) -> int | None:
