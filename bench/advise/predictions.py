@@ -4,10 +4,12 @@ that asking again with another budget predicts nothing twice."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from typing import Any, TextIO
@@ -21,6 +23,9 @@ from bench.predict.fake import predict
 from bench.record import Prediction
 from bench.results import write_atomic
 from bench.spec import RunSpec
+
+MAKING = ".making"  # the file whose bytes lock the predictions being made (Predictions._made_once)
+LOCK_SPAN = 2**40  # the bytes a key's lock falls among: two keys on one byte is one in a trillion
 
 
 class Predictions:
@@ -68,19 +73,39 @@ class Predictions:
         keys = [self._key(keyed(w)) for w in work]
         out: list[dict[str, Any] | None] = [self._cached(k) for k in keys]
         todo = [i for i, o in enumerate(out) if o is None]
-        self.reused += len(work) - len(todo)
-        args = [(work[i], self.device_type, self.card) for i in todo]
-        if len(todo) > 1 and self.jobs > 1:
-            self._pool = self._pool or spawn_pool(self.jobs)
-            made = self._pool.starmap(job, args)
-        else:
-            made = [job(*a) for a in args]
-        for i, result in zip(todo, made):
-            out[i] = result
-            if self.folder is not None:
-                write_atomic(self.folder / f"{keys[i]}.json", result)
+        with self._made_once([keys[i] for i in todo]):
+            for i in todo:  # made by another process while this one waited
+                out[i] = self._cached(keys[i])
+            todo = [i for i in todo if out[i] is None]
+            self.reused += len(work) - len(todo)
+            args = [(work[i], self.device_type, self.card) for i in todo]
+            if len(todo) > 1 and self.jobs > 1:
+                self._pool = self._pool or spawn_pool(self.jobs)
+                made = self._pool.starmap(job, args)
+            else:
+                made = [job(*a) for a in args]
+            for i, result in zip(todo, made):
+                out[i] = result
+                if self.folder is not None:
+                    write_atomic(self.folder / f"{keys[i]}.json", result)
         self.made += len(todo)
         return out  # type: ignore[return-value]
+
+    @contextmanager
+    def _made_once(self, keys: list[str]) -> Iterator[None]:
+        """Held while these predictions are made: another process asking for any of them (two
+        ``bench advise`` at once, the test suite's processes) waits, then finds them in the cache
+        instead of making them again. Each key locks its own byte of one file (POSIX record locks,
+        released when the process ends however it ends), taken in one order everywhere, so that no
+        two processes wait on each other."""
+        if self.folder is None or not keys:
+            yield
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with open(self.folder / MAKING, "a+") as handle:  # closing it releases every lock
+            for key in sorted(set(keys)):
+                fcntl.lockf(handle, fcntl.LOCK_EX, 1, int(key, 16) % LOCK_SPAN)
+            yield
 
     def _key(self, what: dict[str, Any]) -> str:
         for spec in what.values():
