@@ -1,0 +1,35 @@
+"""The worker's CUDA branch, on a CPU: the step runs here while the allocator's and NVML's figures
+are stood in for, so that the record a GPU run assembles is held before a GPU is lent."""
+
+import dataclasses
+
+import torch
+
+from bench import worker
+from bench.measure.timing import time_steps
+from bench.recipe import Recipe
+from bench.record import MEMORY_SUMMARY, Memory
+from tests.helpers import spec
+
+CPU = torch.device("cpu")
+
+
+def test_a_cuda_runs_timed_pass_gathers_the_allocators_figures_and_its_summary(monkeypatch):
+    recipe = Recipe.of(spec("vit-tiny", batch_size=4), CPU)
+    trainer, batch = recipe.stepper(recipe.model()[0]), recipe.batch()
+    peaks = Memory(peak_allocated_bytes=700, peak_reserved_bytes=1000, alloc_retries=0, cuda_ooms=0)
+    for name in ("synchronize", "reset_peak_memory_stats", "reset_accumulated_memory_stats"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "memory_summary", lambda *a: "the allocator's summary")
+    monkeypatch.setattr(worker, "cuda_peaks", lambda device: dataclasses.replace(peaks))
+    monkeypatch.setattr(worker, "nvml_process_bytes", lambda device: 1500)
+    monkeypatch.setattr(worker, "time_steps", lambda step, n, device: time_steps(step, n, CPU))
+    ctx = dataclasses.replace(recipe.ctx, device=torch.device("cuda"))
+    record = worker._timed_pass(trainer, batch, feed=None, samples=4, ctx=ctx)
+    assert record.memory.peak_reserved_bytes == 1000 and record.memory.nvml_process_bytes == 1500
+    assert (record.memory.cache_slack_bytes, record.memory.context_bytes) == (300, 500)
+    assert record.extra[MEMORY_SUMMARY] == "the allocator's summary"
+    # a CUDA run's timing has no CPU share, and every figure of its timed steps
+    assert record.timing.cpu_share is None and len(record.timing.step_times_ms) == 2
+    flat = record.to_flat()
+    assert flat["peak_allocated_bytes"] == 700 and flat[MEMORY_SUMMARY] == "the allocator's summary"
