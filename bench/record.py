@@ -493,7 +493,7 @@ class FidelityResult(Part):
 
 
 @dataclass
-class Distributed:
+class Distributed(Part):
     """Multi-process runs: every figure is the worst rank's (largest memory and step time, smallest
     rate)."""
 
@@ -502,6 +502,11 @@ class Distributed:
     ranks: dict[str, list[Any]] = doc(
         "each rank's figure, in rank order, stored as rank_<figure>", {}
     )
+
+    def flat(self) -> dict[str, Any]:
+        """As a record stores it, each rank's figures as rank_<figure>."""
+        own = {k: v for k, v in super().flat().items() if k != "ranks"}
+        return own | {RANK_PREFIX + k: v for k, v in self.ranks.items()}
 
 
 @dataclass(kw_only=True)
@@ -650,14 +655,8 @@ class Record:
         """The stored form: one key per field that has a value (a figure a device cannot give is
         absent)."""
         out: dict[str, Any] = {}
-        for name, group in GROUPS.items():
-            part, prefix = getattr(self, name), getattr(group, "prefix", "")
-            for f in fields(group):
-                value = getattr(part, f.name)
-                if f.name == "ranks":
-                    out |= {RANK_PREFIX + k: v for k, v in value.items()}
-                elif value is not None:
-                    out[prefix + f.name] = value
+        for name in GROUPS:
+            out |= getattr(self, name).flat()
         return out | self.extra
 
 
