@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-from bench import progress, results
+from bench import models, progress, results
 from bench.launch import Device, MeasuredThenStopped
 from bench.launch.process import Kind, Process, fork_works_on_cuda, start_server
 from bench.predict import Ahead
@@ -56,8 +56,6 @@ class Local:
         self.device_name, self.device_type = device.name, device.type
         self.snapshot = snapshot and device.type == "cuda"
         self.refused_snapshot = snapshot and not self.snapshot
-        if kind == "fork":
-            start_server()  # its imports go on while the sweep plans
 
     @contextmanager
     def running(self, todo: list[Task], log: TextIO) -> Iterator[Callable[[Task], dict[str, Any]]]:
@@ -66,6 +64,8 @@ class Local:
                 f"--snapshot: the allocator history is CUDA's; none is saved on {self.device.name}",
                 file=log,
             )
+        if todo and self.kind == "fork":  # its imports go on while the first run is predicted
+            start_server(model_imports([t.spec for t in todo], self.device.type))
         if todo:
             kind = self._usable(log)
         else:
@@ -127,6 +127,20 @@ class Local:
             print(f"warning: {why}; every run starts a fresh interpreter instead", file=log)
             return "fresh"
         return self.kind
+
+
+def model_imports(specs: list[RunSpec], device_type: str) -> set[str]:
+    """The modules the runs' models (and their fidelity phases' stand-ins) import as they are built;
+    none for a model that cannot be resolved here (its run says why)."""
+    names = {s.model_on(device_type) for s in specs}
+    names |= {f.model for s in specs if (f := s.fidelity(device_type)) and f.model}
+    imports = set()
+    for name in names:
+        try:
+            imports.update(models.resolve(name).imports)
+        except (KeyError, ImportError, ValueError):
+            pass
+    return imports
 
 
 def run_isolated(

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from multiprocessing import forkserver
 from pathlib import Path
 from typing import Literal
@@ -28,6 +29,7 @@ from typing import Literal
 Kind = Literal["fork", "fresh"]
 KINDS: tuple[Kind, ...] = ("fork", "fresh")
 PRELOAD = ["bench.launch.preload"]  # what a run imports, so that a forked one finds it imported
+PRELOAD_IMPORTS = "BENCH_PRELOAD"  # and the modules of the sweep's models, comma-separated
 # torch.cuda.is_available() through NVML: a check by the CUDA runtime would initialise its driver in
 # the server, which every forked child would inherit unusable.
 SERVER_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
@@ -81,18 +83,21 @@ class Process:
         self.wait()
 
 
-def start_server() -> None:
-    """Start the fork server now, so that its imports overlap the caller's own work."""
-    _context()
+def start_server(imports: Iterable[str] = ()) -> None:
+    """Start the fork server now, importing ``imports`` (the runs' models' modules) besides the
+    harness, so that its imports overlap the caller's own work. A server already running keeps what
+    it imported: a run that needs more imports it itself."""
+    _context(imports)
 
 
-def _context() -> multiprocessing.context.BaseContext:
-    """The fork server, started on first use with ``PRELOAD`` imported and ``SERVER_ENV`` in its
-    environment."""
+def _context(imports: Iterable[str] = ()) -> multiprocessing.context.BaseContext:
+    """The fork server, started on first use with ``PRELOAD`` and ``imports`` imported and
+    ``SERVER_ENV`` in its environment."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
-    saved = {k: os.environ.get(k) for k in SERVER_ENV}
-    os.environ.update(SERVER_ENV)
+    env = SERVER_ENV | {PRELOAD_IMPORTS: ",".join(sorted(set(imports)))}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         forkserver.ensure_running()  # a no-op while it runs; it starts with this environment
     finally:

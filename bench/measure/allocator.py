@@ -54,7 +54,7 @@ class OutOfMemory(Exception):
         self.request = request
 
 
-@dataclass
+@dataclass(eq=False)  # found in its segment by identity: a list's index() compared every field
 class Block:
     segment: int
     offset: int

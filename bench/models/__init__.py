@@ -103,6 +103,9 @@ class ModelSpec:
     # (its causal-LM loss upcasts the logits to float32 and pads the labels), rather than this
     # harness's cross-entropy.
     own_loss: bool = False
+    # The modules its build imports (torchvision's or transformers' model code): the fork server
+    # imports them once for all of a sweep's runs (bench.launch.process).
+    imports: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.inputs not in ("image", "tokens"):

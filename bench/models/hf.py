@@ -79,7 +79,16 @@ def spec(name: str) -> ModelSpec:
         objective=objective,
         cpu=_params(config, task) <= CPU_PARAMS,
         own_loss=tokens,
+        imports=(_module(config.model_type),),
     )
+
+
+def _module(model_type: str) -> str:
+    """The module of transformers that holds a model type's classes, as its Auto classes find it."""
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+
+    package = model_type_to_module_name(model_type)  # "deprecated.NAME" for a retired one
+    return f"transformers.models.{package}.modeling_{package.rpartition('.')[2]}"
 
 
 # Config fields a name may set after its task, as from_pretrained takes them.

@@ -55,7 +55,12 @@ def _bert_tiny(shapes: Shapes) -> nn.Module:
     return _bert(config, shapes)
 
 
-BERT = {"blocks": children_of("bert.encoder.layer"), "family": "bert", "attention": True}
+BERT = {
+    "blocks": children_of("bert.encoder.layer"),
+    "family": "bert",
+    "attention": True,
+    "imports": ("transformers.models.bert.modeling_bert",),
+}
 register(
     ModelSpec(
         name="bert-base",
@@ -164,6 +169,7 @@ LLAMA = {
     "attention": True,
     "blocks": children_of("model.layers"),
     "family": "llama",
+    "imports": ("transformers.models.llama.modeling_llama",),
 }
 register(
     ModelSpec(

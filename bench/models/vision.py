@@ -59,8 +59,18 @@ def _vit_tiny(shapes: Shapes) -> nn.Module:
     )
 
 
-RESNET = {"blocks": children_of("layer1,layer2,layer3,layer4"), "family": "resnet"}
-VIT = {"blocks": children_of("encoder.layers"), "family": "vit", "attention": True}
+TORCHVISION = ("torchvision.models",)
+RESNET = {
+    "blocks": children_of("layer1,layer2,layer3,layer4"),
+    "family": "resnet",
+    "imports": TORCHVISION,
+}
+VIT = {
+    "blocks": children_of("encoder.layers"),
+    "family": "vit",
+    "attention": True,
+    "imports": TORCHVISION,
+}
 register(ModelSpec(name="resnet50", build=_resnet50, inputs="image", num_classes=1000, **RESNET))
 register(
     ModelSpec(name="resnet-tiny", build=_resnet_tiny, inputs="image", num_classes=10, **RESNET)

@@ -13,6 +13,15 @@ def test_digits_as_images_keep_a_fixed_split_and_the_model_size():
     assert -1.0 <= train.inputs.min() < train.inputs.max() <= 1.0
 
 
+def test_digits_are_scikit_learns_as_load_digits_reads_them_without_importing_it():
+    from sklearn.datasets import load_digits
+
+    pixels, labels = real._digits_table()
+    digits = load_digits()
+    assert torch.equal(pixels, torch.as_tensor(digits.images, dtype=torch.float32))
+    assert torch.equal(labels, torch.as_tensor(digits.target, dtype=torch.long))
+
+
 def test_digits_as_tokens_are_intensities_between_cls_and_sep():
     train, _ = real.load("digits", "tokens", 32)
     assert train.inputs.shape == (1438, 66) and train.inputs.dtype == torch.long

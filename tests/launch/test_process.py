@@ -7,6 +7,8 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
+from multiprocessing import forkserver
 from pathlib import Path
 
 import pytest
@@ -24,20 +26,36 @@ CPU = Device("cpu", "cpu")
 def _imports_in_a_fork() -> None:
     """Exit 0 when the forked child finds what the server preloaded, without torchao and without
     CUDA."""
-    assert (
-        "transformers.models.bert.modeling_bert" in sys.modules
-        and "torchvision.models" in sys.modules
-    )
+    assert "bench.worker" in sys.modules and "transformers.models.bert.modeling_bert" in sys.modules
     # its import asks the GPU for its properties: never in the server
     assert "torchao" not in sys.modules
     assert not torch.cuda.is_initialized()
 
 
-def test_a_forked_child_finds_the_imports_done_and_cuda_untouched():
+def test_a_forked_child_finds_its_models_imports_done_and_cuda_untouched():
+    forkserver._forkserver._stop()  # a server an earlier test started has that test's imports
+    launch.start_server(local.model_imports([spec(model="bert-tiny")], "cpu"))
     child = launch._context().Process(target=_imports_in_a_fork)
     child.start()
     child.join(120)
     assert child.exitcode == 0
+
+
+def test_the_server_imports_the_modules_of_the_models_a_sweep_builds(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text('{"model_type": "gpt2", "architectures": ["GPT2ForSequenceClassification"]}')
+    cases = {
+        "resnet-tiny": {"torchvision.models"},
+        f"hf:{config}": {"transformers.models.gpt2.modeling_gpt2"},
+        "tests.helpers:NO_SUCH_MODEL": set(),  # its run says why it cannot be built
+    }
+    for model, imports in cases.items():
+        assert local.model_imports([replace(spec(), model=model)], "cpu") == imports, model
+    stand_in = replace(spec(), model="resnet-tiny", fidelity_cpu=Fidelity(model="bert-tiny"))
+    assert local.model_imports([stand_in], "cpu") == {
+        "torchvision.models",
+        "transformers.models.bert.modeling_bert",
+    }
 
 
 def test_a_forked_run_takes_the_environment_of_its_own_launch(monkeypatch):
