@@ -12,6 +12,7 @@ under bench; tests/test_house.py checks that each still is):
     worker.measure, in that process (or in each of its ranks)
       │  recipe.Recipe: the model, its techniques, a Trainer, Inferencer or Generator
       │  predict.predict_run           → record.Prediction      the step on fake tensors, first
+      │                                  (made ahead on spare cores, spec.Job carries it)
       │  measure.memory.tracked_step   → record.Memory          live bytes, what the peak held
       │  measure.timing.summarize      → record.Timing          the timed steps
       │  fidelity.run_fidelity         → record.FidelityResult  accuracy on real data

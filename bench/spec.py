@@ -10,11 +10,11 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from bench.record import KEY
+from bench.record import KEY, Record
 
 DEVICES = ("gpu", "cpu")
 MODES = ("train", "inference", "generate")
@@ -231,7 +231,7 @@ def _digest(path: Path) -> str:
         return ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Job:
     """What the launcher hands a worker process (as a JSON file): the run, where and how it is
     measured."""
@@ -239,18 +239,21 @@ class Job:
     spec: RunSpec
     device_type: str  # cuda or cpu
     snapshot: str | None = None  # where rank 0 saves the allocator's snapshot (CUDA)
-    prediction: dict[str, Any] | None = None  # made ahead: the worker skips its own
+    prediction: Record | None = None  # made ahead (its prediction and the time it took)
     launched_at: float | None = None  # the launcher's clock when it started the process
     budget_bytes: int | None = None  # more memory than this is out of memory (bench fit)
     history: str | None = None  # where rank 0 saves the allocator's history of the run (CUDA)
 
     def to_json(self) -> str:
-        return json.dumps({**asdict(self), "spec": self.spec.to_dict()})
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        made = self.prediction and self.prediction.to_flat()  # as a record stores it
+        return json.dumps(values | {"spec": self.spec.to_dict(), "prediction": made})
 
     @classmethod
     def from_json(cls, text: str) -> Job:
-        fields = json.loads(text)
-        return cls(**{**fields, "spec": RunSpec.from_dict(fields["spec"])})
+        values = json.loads(text)
+        made = values["prediction"] and Record.from_flat(values["prediction"])
+        return cls(**values | {"spec": RunSpec.from_dict(values["spec"]), "prediction": made})
 
 
 @dataclass(frozen=True, kw_only=True)

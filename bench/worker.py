@@ -65,7 +65,7 @@ def measure(
     device: torch.device,
     snapshot: str | None = None,
     group: process_group.Group = process_group.Group(),
-    prediction: dict[str, Any] | None = None,
+    prediction: Record | None = None,
     launched_at: float | None = None,
     measured: Callable[[dict[str, Any]], None] | None = None,
     history_path: str | None = None,
@@ -80,9 +80,7 @@ def measure(
     ctx, techniques, shapes = recipe.ctx, recipe.techniques, recipe.ctx.shapes
     if reason := recipe.unsupported():
         return Outcome(status=Status.UNSUPPORTED, message=reason).flat()
-    if prediction is None:
-        prediction = _predicted(spec, device)
-    predicted = Record.from_flat(prediction)  # its figures, and the seconds it took
+    predicted = prediction or _predicted(spec, device)  # its figures, and the seconds it took
     clock = time.perf_counter()
     if device.type == "cuda" and (history_path or snapshot):
         history.start(stacks=bool(snapshot))
@@ -143,7 +141,7 @@ def measure(
     return record.to_flat()
 
 
-def _predicted(spec: RunSpec, device: torch.device) -> dict[str, Any]:
+def _predicted(spec: RunSpec, device: torch.device) -> Record:
     progress.say("predicting its peak")
     return predict_run(spec, device.type)  # before anything real is allocated
 
@@ -406,7 +404,9 @@ def main(spec_path: str, out_path: str) -> int:
             status = Status.ERROR
         message = first_line(exc)[:500]
         failure = {KEY.status: status, KEY.message: f"{type(exc).__name__}: {message}"}
-        result = (prediction or {}) | failure  # what was predicted for it, if anything was
+        result = failure
+        if prediction is not None:  # what was predicted for it
+            result = prediction.to_flat() | failure
         if device.type == "cuda":
             result |= cuda_peaks(device).flat() | _history_to_failure(
                 job.history if group.rank == 0 else None

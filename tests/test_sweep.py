@@ -19,7 +19,7 @@ from bench.launch import Device
 from bench.launch.local import Local, run_isolated
 from bench.pace import Pace
 from bench.provenance import device_name
-from bench.record import Timing
+from bench.record import Prediction, Record, Status, Timing
 from bench.report import build_report
 from bench.suite import Fidelity, Suite, load, select
 from bench.sweep import MEMORY_SUMMARY, _outcome, finish, sweep
@@ -48,8 +48,9 @@ def test_a_run_that_runs_out_of_memory_is_recorded_as_oom_with_what_was_predicte
     assert record["status"] == "oom", record
     assert "memory" in record["message"]
     assert record["predicted_status"] == "ok" and record["predicted_peak_tensor_bytes"] > 0
-    ahead = {"predicted_status": "ok", "predicted_peak_tensor_bytes": 123}
-    assert run_isolated(run, CPU, prediction=ahead).items() >= ahead.items()
+    ahead = Record(prediction=Prediction(status=Status.OK, peak_tensor_bytes=123))
+    record = run_isolated(run, CPU, prediction=ahead)
+    assert record["predicted_status"] == "ok" and record["predicted_peak_tensor_bytes"] == 123
 
 
 @pytest.mark.fault("resources")

@@ -24,7 +24,7 @@ from bench.launch import Device, MeasuredThenStopped
 from bench.launch.process import Kind, Process, fork_works_on_cuda, start_server
 from bench.predict import Ahead
 from bench.provenance import git_revision
-from bench.record import KEY, Status
+from bench.record import KEY, Record, Status
 from bench.resume import Task
 from bench.spec import Job
 from bench.suite import RunSpec
@@ -149,7 +149,7 @@ def run_isolated(
     snapshot: Path | None = None,
     torchrun: tuple[str, ...] = (),
     kind: Kind = "fork",
-    prediction: dict[str, Any] | None = None,
+    prediction: Record | None = None,
     budget: int | None = None,
     heartbeat: Callable[[str], None] | None = None,
     history: Path | None = None,
@@ -173,13 +173,13 @@ def run_isolated(
             Path(tmp) / n for n in ("spec.json", "out.json", "stderr.txt", "progress.txt")
         )
         job = Job(
-            spec,
-            device.type,
-            str(snapshot) if snapshot else None,
-            prediction,
-            time.time(),
-            budget,
-            str(history) if history else None,
+            spec=spec,
+            device_type=device.type,
+            snapshot=str(snapshot) if snapshot else None,
+            prediction=prediction,
+            launched_at=time.time(),
+            budget_bytes=budget,
+            history=str(history) if history else None,
         )
         spec_path.write_text(job.to_json())
         argv = ["bench.worker", str(spec_path), str(out_path)]

@@ -13,23 +13,22 @@ import multiprocessing.pool
 import signal
 import time
 from multiprocessing.pool import AsyncResult
-from typing import Any
 
 from bench.predict.fake import predict
-from bench.record import KEY, Prediction, Status
+from bench.record import Prediction, Record, Status, Timing
 from bench.suite import RunSpec
 
 
-def predict_run(spec: RunSpec, device_type: str, rank: int = 0) -> dict[str, Any]:
+def predict_run(spec: RunSpec, device_type: str, rank: int = 0) -> Record:
     """The run's prediction at the run's shapes (as its ``rank``, over several processes), modelling
-    CUDA for a CUDA run and the CPU run exactly on a CPU, with the seconds it took; a failed
-    prediction is a status, never a cost to the measurement."""
+    CUDA for a CUDA run and the CPU run exactly on a CPU, with the seconds it took: the part of the
+    run's record it fills. A failed prediction is a status, never a cost to the measurement."""
     clock = time.perf_counter()
     try:
         out = predict(spec, spec.shapes(device_type), cuda=device_type == "cuda", rank=rank)
     except Exception as exc:  # noqa: BLE001
         out = Prediction.failed(Status.ERROR, f"{type(exc).__name__}: {exc}"[:300])
-    return out.flat() | {KEY.prediction_s: round(time.perf_counter() - clock, 2)}
+    return Record(prediction=out, timing=Timing(prediction_s=round(time.perf_counter() - clock, 2)))
 
 
 def spawn_pool(processes: int) -> multiprocessing.pool.Pool:
@@ -71,13 +70,15 @@ class Ahead:
             (s.suite, s.name): self._pool.apply_async(predict_run, (s, device_type)) for s in specs
         }
 
-    def get(self, spec: RunSpec) -> dict[str, Any] | None:
+    def get(self, spec: RunSpec) -> Record | None:
         """The run's prediction (waiting for it if it is still being made), or None: the run makes
         its own."""
         result = self._pending.pop((spec.suite, spec.name), None)
         if result is None:
             return None
-        return result.get() | {KEY.predicted_ahead: True}
+        made: Record = result.get()
+        made.prediction.ahead = True
+        return made
 
     def __enter__(self) -> Ahead:
         return self
