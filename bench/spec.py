@@ -246,14 +246,18 @@ class Job:
 
     def to_json(self) -> str:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
-        made = self.prediction and self.prediction.to_flat()  # as a record stores it
-        return json.dumps(values | {"spec": self.spec.to_dict(), "prediction": made})
+        values["spec"] = self.spec.to_dict()
+        if self.prediction is not None:  # as a record stores it
+            values["prediction"] = self.prediction.to_flat()
+        return json.dumps(values)
 
     @classmethod
     def from_json(cls, text: str) -> Job:
         values = json.loads(text)
-        made = values["prediction"] and Record.from_flat(values["prediction"])
-        return cls(**values | {"spec": RunSpec.from_dict(values["spec"]), "prediction": made})
+        values["spec"] = RunSpec.from_dict(values["spec"])
+        if values["prediction"] is not None:
+            values["prediction"] = Record.from_flat(values["prediction"])
+        return cls(**values)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -114,3 +114,20 @@ def test_no_module_but_the_record_spells_a_record_key_or_a_status():
         for line, word in _spelt(ast.parse(path.read_text()), keys)
     ]
     assert not found, found
+
+
+def test_a_job_carries_the_prediction_made_ahead_to_the_worker_as_the_record_it_fills():
+    from bench.record import Prediction, Status, Timing
+    from bench.spec import Job
+    from tests.helpers import spec
+
+    made = Record(
+        prediction=Prediction(status=Status.OK, peak_tensor_bytes=123, ahead=True),
+        timing=Timing(prediction_s=1.5),
+    )
+    job = Job(spec=spec(), device_type="cpu", prediction=made, budget_bytes=2**20)
+    again = Job.from_json(job.to_json())
+    assert again.prediction.to_flat() == made.to_flat()
+    assert again.spec == job.spec and again.budget_bytes == 2**20
+    alone = Job.from_json(Job(spec=spec(), device_type="cpu").to_json())
+    assert alone.prediction is None

@@ -64,7 +64,7 @@ class Local:
                 f"--snapshot: the allocator history is CUDA's; none is saved on {self.device.name}",
                 file=log,
             )
-        if todo and self.kind == "fork":  # its imports go on while the first run is predicted
+        if todo and self.kind == "fork":  # the server imports what these runs' models import
             start_server(model_imports([t.spec for t in todo], self.device.type))
         if todo:
             kind = self._usable(log)
