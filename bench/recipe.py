@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -164,11 +165,31 @@ def batches(batch: Batch, feed: varlen.Feed | None, n: int) -> Iterator[Batch]:
 
 
 def tracked_steps(
-    trainer: Stepper, batch: Batch, feed: varlen.Feed | None, steps: int
+    trainer: Stepper,
+    batch: Batch,
+    feed: varlen.Feed | None,
+    steps: int,
+    counted: Callable[[], AbstractContextManager[object]] = nullcontext,
 ) -> Callable[[], object]:
     """What the instrumented pass runs: one step on a fresh copy of the synthetic batch (allocated
     inside it, the batch counts as it does on CUDA), or, on variable-length data, the timed pass's
-    ``steps`` batches, whose peaks differ with their lengths."""
+    ``steps`` batches, whose peaks differ with their lengths. ``counted`` is entered around the
+    steps themselves (a prediction's counters), not the copy."""
+
     if feed is None:
-        return lambda: trainer.step(clone_batch(batch))
-    return lambda: [trainer.step(b) for b in feed.batches(steps)]
+
+        def one() -> object:
+            # handed over, not named: a name would hold the copy through a step that frees it
+            # (pure bf16 rebinds the batch to its bf16 copy)
+            fresh = [clone_batch(batch)]
+            with counted():
+                return trainer.step(fresh.pop())
+
+        return one
+    loader = feed
+
+    def loaded() -> object:
+        with counted():
+            return [trainer.step(b) for b in loader.batches(steps)]
+
+    return loaded

@@ -4,7 +4,7 @@ tracker.
 Under ``FakeTensorMode`` every operator computes shapes and dtypes but allocates nothing, so a full
 ResNet-50 step at batch 256 takes about a second on a laptop. The live-bytes tracker counts the fake
 storages exactly as it counts real ones, in CUDA's 512-byte allocation granularity, and
-``FlopCounterMode`` counts the step's FLOPs on the way.
+a counter beside it counts the FLOPs of the step it measures, by torch's formulas.
 
 Fake CUDA tensors cannot run backward without a CUDA context, so the fake tensors sit on the CPU and
 stand for CUDA ones; where the two differ the prediction assumes (see ``ASSUMPTIONS``). What it

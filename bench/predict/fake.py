@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -14,7 +14,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
-from torch.utils.flop_counter import FlopCounterMode, flop_registry
+from torch.utils.flop_counter import flop_registry, shape_wrapper
 
 from bench.errors import first_line
 from bench.generate import Generator
@@ -149,43 +149,39 @@ def _fake_step(
             runner.optimizer.step = compiled_as_eager(runner.optimizer.step)
         batch = recipe.batch()
         first = lambda: runner.step(next(batches(batch, feed, 1)))  # noqa: E731
-        flops, ops = flop_counter(), OpCounter()
         if fold:
             more = _folded(runner, feed, ctx.world_size)
         else:
             more = 0
-        counts: list[list[int]] = []  # the counted step's, after each micro-batch
-        # The FLOPs are counted on a warm-up step of their own, as the worker warms up (optimizer
-        # state exists before the measured step): the counter's module tracking keeps recomputed
-        # activations alive, so it stays out of the measured step and of the history. Without a
-        # backward nothing is recomputed, and a generation's step costs a minute at GPU shapes:
-        # there the history's step is the one counted.
-        counted_first = recipe.inference and replay is not None
         if replay is not None:
             # the first step, as the allocator sees it: where optimizer state first lands
-            with ExitStack() as counting:
-                for counter in (flops, ops) if counted_first else ():
-                    counting.enter_context(counter)
-                history = track(
-                    first,
-                    runner.model,
-                    optimizer=runner.optimizer,
-                    device=CPU,
-                    rounding=rounding,
-                    compiled_update=compiled_update,
-                    phases=phases,
-                )
+            history = track(
+                first,
+                runner.model,
+                optimizer=runner.optimizer,
+                device=CPU,
+                rounding=rounding,
+                compiled_update=compiled_update,
+                phases=phases,
+            )
             if not history.tracker.repeat(more):
                 raise NotRepeating
             replay = dataclasses.replace(replay, history=history.tracker)
-        if not counted_first:
-            with flops, ops, _counting(runner, counts, flops, ops):
-                first()
+        else:  # the worker's warm-up: optimizer state exists before the measured step
+            first()
         if ctx.predicting:  # the counters that first step made
             for t in host_state(runner.optimizer):
                 on_host(t)
-        # the batches, as in the worker
-        step = tracked_steps(runner, batch, feed, ctx.shapes.measure_steps)
+        # the batches, as in the worker; the counts are the measured steps', their batches' copies
+        # aside
+        counter, counts = StepCounter(), []
+        step = tracked_steps(
+            runner,
+            batch,
+            feed,
+            ctx.shapes.measure_steps,
+            counted=lambda: _counting(runner, counter, counts),
+        )
         # the measured step's collectives, not the set-up's or warm-up's
         traffic = ranks.Traffic(ctx.world_size)
         with traffic if ctx.world_size > 1 else nullcontext():
@@ -209,9 +205,11 @@ def _fake_step(
         prediction |= traffic.figures() | Prediction(world_size=ctx.world_size, rank=ctx.rank)
     if paged := sum(t.nbytes for t in optimizer_state(runner.optimizer) if is_paged(t)):
         prediction.paged_bytes = paged
-    counted = _counts(flops, ops)
+    counted = counter.totals()
     if more:  # the micro-batches not traced count what the last one did
         counted = [c + more * (b - a) for c, a, b in zip(counted, *counts[-2:])]
+    steps = ctx.shapes.measure_steps if feed is not None else 1  # a varlen step: their mean
+    counted = [c // steps for c in counted]
     prediction.flops_per_step, prediction.ops_per_step, prediction.op_bytes_per_step = counted
     return prediction
 
@@ -242,70 +240,6 @@ def _mark_trackers() -> None:
             mode.mark()
 
 
-def _counts(flops: FlopCounterMode, ops: OpCounter) -> list[int]:
-    return [flops.get_total_flops(), ops.ops, ops.bytes]
-
-
-@contextmanager
-def _counting(
-    runner: Any, counts: list[list[int]], flops: FlopCounterMode, ops: OpCounter
-) -> Iterator[None]:
-    """``counts`` given the counts after each micro-batch of a folded step, while it runs."""
-    marking = getattr(runner, "after_micro_batch", None)
-    if marking is None:
-        yield
-        return
-
-    def marked() -> None:
-        marking()
-        counts.append(_counts(flops, ops))
-
-    runner.after_micro_batch = marked
-    try:
-        yield
-    finally:
-        runner.after_micro_batch = marking
-
-
-class OpCounter(TorchDispatchMode):
-    """Operators dispatched, views aside (they launch nothing), and the bytes of the tensors they
-    take and make: each operator is a kernel launch with a fixed cost, and its bytes cross device
-    memory, which is what makes pointwise work (normalisation, activations, recomputing them) and
-    tiny steps slower than their FLOPs say."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops = self.bytes = 0
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        if not func.is_view:
-            self.ops += 1
-            self.bytes += sum(
-                t.nbytes
-                for t in pytree.tree_leaves((args, kwargs, out))
-                if isinstance(t, torch.Tensor)
-            )
-        return out
-
-
-def flop_counter() -> FlopCounterMode:
-    """torch's FLOP counter, counting flash attention over grouped keys (fewer key and value heads
-    than query heads, as Llama's) as the kernel runs it, each key and value head serving its group
-    of query heads. torch 2.11's formulas (the CUDA host's) refuse those shapes, which would leave
-    such a model unpredicted."""
-    query_at = {
-        aten._scaled_dot_product_flash_attention: 0,
-        aten._scaled_dot_product_flash_attention_backward: 1,
-    }
-    return FlopCounterMode(
-        display=False,
-        custom_mapping={
-            op: _keys_per_query_head(flop_registry[op], at) for op, at in query_at.items()
-        },
-    )
-
-
 def _keys_per_query_head(formula: Callable[..., int], query_at: int) -> Callable[..., int]:
     """``formula`` given shapes whose key and value (after the query, at ``query_at``) have the
     query's heads."""
@@ -318,6 +252,78 @@ def _keys_per_query_head(formula: Callable[..., int], query_at: int) -> Callable
         )
 
     return count
+
+
+# torch's formulas, and flash attention over grouped keys (fewer key and value heads than query
+# heads, as Llama's) counted as the kernel runs it, each key and value head serving its group of
+# query heads: torch 2.11's formulas (the CUDA host's) refuse those shapes, which would leave such a
+# model unpredicted.
+FLOP_FORMULAS: dict[torch._ops.OpOverloadPacket, Callable[..., int]] = {
+    **flop_registry,
+    **{
+        op: shape_wrapper(_keys_per_query_head(flop_registry[op], at))
+        for op, at in (
+            (aten._scaled_dot_product_flash_attention, 0),
+            (aten._scaled_dot_product_flash_attention_backward, 1),
+        )
+    },
+}
+
+
+@contextmanager
+def _counting(runner: Any, counter: StepCounter, counts: list[list[int]]) -> Iterator[None]:
+    """``counter`` counting a step; a folded step's counts taken after each of its micro-batches
+    into ``counts``."""
+    marking = getattr(runner, "after_micro_batch", None)
+    if marking is None:
+        with counter:
+            yield
+        return
+
+    def marked() -> None:
+        marking()
+        counts.append(counter.totals())
+
+    runner.after_micro_batch = marked
+    try:
+        with counter:
+            yield
+    finally:
+        runner.after_micro_batch = marking
+
+
+class StepCounter(TorchDispatchMode):
+    """A step's FLOPs by torch's formulas (``FLOP_FORMULAS``), its operators, views aside (they
+    launch nothing), and the bytes of the tensors they take and make: each operator is a kernel
+    launch with a fixed cost, and its bytes cross device memory, which is what makes pointwise work
+    (normalisation, activations, recomputing them) and tiny steps slower than their FLOPs say.
+
+    Unlike torch's ``FlopCounterMode`` it runs each operator as it comes: that one decomposes those
+    with a Python decomposition (batch norm's, SiLU's backward) into the operators they are made of,
+    which saves other tensors for backward, and tracks modules with hooks that keep recomputed
+    activations alive, so that a step it counts is not the step the worker measures. None of those
+    decompositions holds a matrix product, so the FLOPs are the same."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flops = self.ops = self.bytes = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if formula := FLOP_FORMULAS.get(func._overloadpacket):
+            self.flops += formula(*args, **kwargs, out_val=out)
+        if not func.is_view:
+            self.ops += 1
+            self.bytes += sum(
+                t.nbytes
+                for t in pytree.tree_leaves((args, kwargs, out))
+                if isinstance(t, torch.Tensor)
+            )
+        return out
+
+    def totals(self) -> list[int]:
+        return [self.flops, self.ops, self.bytes]
 
 
 def _meta_model(spec: ModelSpec, shapes: Shapes) -> nn.Module:

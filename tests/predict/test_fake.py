@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils.flop_counter import FlopCounterMode
 
 from bench.data.synthetic import clone_batch
 from bench.generate import Generator
@@ -16,7 +17,7 @@ from bench.measure.memory import tracked_step
 from bench.measure.tracker import LiveBytes
 from bench.predict import predict
 from bench.predict.cards import CARDS
-from bench.predict.fake import flop_counter
+from bench.predict.fake import StepCounter
 from bench.predict.stand_ins import masks_as_real
 from bench.suite import load, select
 from bench.techniques.lowbit import FP8Training
@@ -250,13 +251,13 @@ def test_generation_is_predicted_exactly_with_a_chunked_prompt_and_at_gpu_shapes
     [generation(prompt_len=64), spec("bert-tiny", mode="inference")],
     ids=["generate", "inference"],
 )
-def test_a_serving_steps_counts_taken_on_its_first_step_are_those_of_a_warm_up_of_their_own(run):
-    """Without a backward the history's step is counted instead of a warm-up step (a generation at
-    GPU shapes takes a minute a step): the same FLOPs, operators and peak."""
-    counted_apart, counted_first = predict(run, reserved=False), predict(run)
+def test_a_serving_steps_counts_are_the_measured_steps_with_or_without_the_allocators_history(run):
+    """The step before the measured one is the allocator's history, traced, or a warm-up: the
+    measured step counts the same FLOPs, operators and peak after either."""
+    warmed, traced = predict(run, reserved=False), predict(run)
     for key in ("flops_per_step", "ops_per_step", "op_bytes_per_step", "peak_tensor_bytes"):
-        assert getattr(counted_first, key) == getattr(counted_apart, key), key
-    assert counted_first.peak_reserved_bytes and counted_apart.peak_reserved_bytes is None
+        assert getattr(traced, key) == getattr(warmed, key), key
+    assert traced.peak_reserved_bytes and warmed.peak_reserved_bytes is None
 
 
 def test_techniques_that_cannot_be_predicted_say_why():
@@ -299,13 +300,36 @@ def test_flash_attention_over_grouped_keys_counts_every_query_head():
     (the scores recomputed, then four gradients) per query head, 2·s·s·d FLOPs each. torch 2.11's
     own formula refuses the shapes."""
     b, h_q, h_kv, s, d = 2, 8, 2, 64, 32
-    with FakeTensorMode(), flop_counter() as flops:
+    with FakeTensorMode(), StepCounter() as flops:
         q = torch.empty(b, h_q, s, d, dtype=torch.bfloat16, requires_grad=True)
         k, v = (torch.empty(b, h_kv, s, d, dtype=torch.bfloat16, requires_grad=True) for _ in "kv")
         out = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v)[0]
         out.backward(torch.ones_like(out))
     assert k.grad.shape == k.shape
-    assert flops.get_total_flops() == (2 + 5) * 2 * b * h_q * s * s * d
+    assert flops.flops == (2 + 5) * 2 * b * h_q * s * s * d
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        spec("resnet-tiny", (tech("amp", dtype="bfloat16"),)),  # batch norm: decomposed there
+        spec("llama-tiny", (tech("checkpoint"),)),  # SiLU's backward: decomposed there
+        spec("bert-tiny", (tech("accumulate", micro_batches=2),)),
+    ],
+    ids=["resnet-amp", "llama-checkpoint", "bert-accumulate"],
+)
+def test_a_predictions_flops_are_those_torchs_counter_counts_on_a_real_step(run):
+    """The prediction's counter runs each operator as it comes where torch's FlopCounterMode
+    decomposes some (changing what backward keeps): the FLOPs are the same, counted on a warm step
+    of the real run."""
+    trainer, batch = build_trainer(run)
+    trainer.step(clone_batch(batch))
+    with FlopCounterMode(display=False) as torchs:
+        trainer.step(clone_batch(batch))
+    with StepCounter() as ours:
+        trainer.step(clone_batch(batch))
+    assert ours.flops == torchs.get_total_flops() > 0
+    assert predict(run, cuda=False).flops_per_step == ours.flops
 
 
 def test_a_technique_declares_a_stand_in_for_a_library_call_that_fake_tensors_cannot_run():
