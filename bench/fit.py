@@ -26,7 +26,7 @@ from bench.launch.local import run_isolated
 from bench.predict import largest_batch
 from bench.predict.budget import largest_batch_on
 from bench.predict.cards import Card
-from bench.record import KEY, Status
+from bench.record import KEY, Record, Status
 from bench.suite import RunSpec
 
 CLOSE = 0.05  # how far below the measured largest batch the predicted one may lie
@@ -54,13 +54,12 @@ def fit_run(
             **{_field(device): replace(shapes, batch_size=batch, warmup_steps=1, measure_steps=1)},
         )
         out = run_isolated(probe, device, budget=budget)
-        probes.append(
-            {KEY.batch_size: batch, KEY.status: out[KEY.status], "peak_bytes": _peak(out)}
-        )
-        if out[KEY.status] == Status.OOM:
+        status = out.outcome.status
+        probes.append({KEY.batch_size: batch, KEY.status: status, "peak_bytes": _peak(out)})
+        if status == Status.OOM:
             return math.inf
-        if out[KEY.status] != Status.OK:
-            raise ProbeFailed(f"{out[KEY.status]} at batch {batch}: {out.get(KEY.message, '')}")
+        if status != Status.OK:
+            raise ProbeFailed(f"{status} at batch {batch}: {out.outcome.message or ''}")
         return _peak(out) or 0.0
 
     row: dict[str, Any] = {KEY.run: spec.name, "budget_bytes": budget, KEY.device: device.name}
@@ -144,5 +143,5 @@ def _field(device: Device) -> str:
     return "cpu"
 
 
-def _peak(out: dict[str, Any]) -> float | None:
-    return out.get(KEY.peak_allocated_bytes) or out.get(KEY.peak_tensor_bytes)
+def _peak(out: Record) -> float | None:
+    return out.memory.peak_allocated_bytes or out.memory.peak_tensor_bytes

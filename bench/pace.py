@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import results
-from bench.record import KEY, Status
+from bench.record import KEY, Record, Status
 from bench.resume import Task
 
 
@@ -73,18 +73,19 @@ class Pace:
             parts.append(f"{quick / 60:.0f} min of it without the fidelity phase (--no-fidelity)")
         return "; ".join([*parts, "--only NAMES measures some of them"])
 
-    def measure(self, task: Task, record: dict[str, Any]) -> str:
+    def measure(self, task: Task, record: Record) -> str:
         """A run measured here: its wall time against its reference's sets the pace. Returns a line
         to say where this is the first run to set it, else ''."""
-        if not record.get(KEY.wall_s):
+        took = record.timing.wall_s
+        if not took:
             return ""
-        self.measured.append(float(record[KEY.wall_s]))
+        self.measured.append(took)
         price = self.prices[id(task)]
         # A refused run takes seconds wherever it is refused: its time says nothing of the machine.
-        if price is None or not price.own or record[KEY.status] != Status.OK:
+        if price is None or not price.own or record.outcome.status != Status.OK:
             return ""
         first = price.reference not in self.here and price.reference != self.device
-        self.here[price.reference] += float(record[KEY.wall_s])
+        self.here[price.reference] += took
         self.there[price.reference] += price.seconds
         if not first:
             return ""

@@ -106,8 +106,9 @@ class Identity(Part):
     baseline: str = doc(
         "the suite's baseline run, which ratios and accuracy deltas are held against"
     )
-    techniques: list[str] = column(
-        "the techniques' labels, with their options, in the order they applied", []
+    # None, not []: a part of a record (a run's outcome) merged into its identity keeps its labels
+    techniques: list[str] | None = column(
+        "the techniques' labels, with their options, in the order they applied"
     )
     device: str = column(
         "the device's name: the CUDA card's, or the processor model, thread count and vector "

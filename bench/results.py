@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from bench.errors import BadInput
-from bench.record import KEY, STATUSES, label, migrate, problems
+from bench.record import KEY, STATUSES, Identity, Provenance, Record, label, migrate, problems
 
 if TYPE_CHECKING:
     from bench.spec import RunSpec
@@ -197,33 +197,31 @@ def writable(folder: Path, what: str, flag: str) -> None:
                     break
 
 
-def base_record(
-    spec: RunSpec, device: str, device_type: str, key: str, revision: str
-) -> dict[str, Any]:
+def base_record(spec: RunSpec, device: str, device_type: str, key: str, revision: str) -> Record:
     """What a record says of the run before it is measured: its identity, shapes and
     specification."""
     shapes = spec.shapes(device_type)
-    return {
-        KEY.suite: spec.suite,
-        KEY.run: spec.name,
-        KEY.model: spec.model_on(device_type),
-        KEY.baseline: spec.baseline,
-        KEY.techniques: [t.label for t in spec.techniques],
-        KEY.device: device,
-        KEY.device_type: device_type,
-        KEY.batch_size: shapes.batch_size,
-        KEY.image_size: shapes.image_size,
-        KEY.seq_len: shapes.seq_len,
-        KEY.prompt_len: shapes.prompt_len,
-        KEY.new_tokens: shapes.new_tokens,
-        KEY.seed: spec.seed,
-        KEY.warmup_steps: shapes.warmup_steps,
-        KEY.measure_steps: shapes.measure_steps,
-        KEY.nproc: spec.nproc,
-        KEY.git_revision: revision,
-        KEY.run_key: key,
-        KEY.spec: spec.to_dict(),
-    }
+    identity = Identity(
+        suite=spec.suite,
+        run=spec.name,
+        model=spec.model_on(device_type),
+        baseline=spec.baseline,
+        techniques=[t.label for t in spec.techniques],
+        device=device,
+        device_type=device_type,
+        batch_size=shapes.batch_size,
+        image_size=shapes.image_size,
+        seq_len=shapes.seq_len,
+        prompt_len=shapes.prompt_len,
+        new_tokens=shapes.new_tokens,
+        seed=spec.seed,
+        warmup_steps=shapes.warmup_steps,
+        measure_steps=shapes.measure_steps,
+        nproc=spec.nproc,
+        run_key=key,
+        spec=spec.to_dict(),
+    )
+    return Record(identity=identity, provenance=Provenance(git_revision=revision))
 
 
 def read(path: Path, warn: bool = True) -> dict[str, Any] | None:

@@ -144,7 +144,7 @@ def _measure(
                 MeasuredThenStopped
             ) as stop:  # its memory and speed were measured: stored, never lost
                 record, stopped = stop.record, stop
-            record[KEY.run_index] = t.suite.position(t.spec.name)
+            record.identity.run_index = t.suite.position(t.spec.name)
             paced = pace.measure(t, record)
             if not finish(record, records[t.suite.name], results_root):
                 unstored.append(label(t))
@@ -157,9 +157,10 @@ def _measure(
                     flush=True,
                 )
                 raise stopped
+            kept = records[t.suite.name][-1]  # as stored: what the reports will read
+            summary = _outcome(kept, _baseline(kept, records[t.suite.name]))
             print(
-                f"[{i}/{len(todo)}] {label(t)}: "
-                f"{_outcome(record, _baseline(record, records[t.suite.name]))}",
+                f"[{i}/{len(todo)}] {label(t)}: {summary}",
                 file=log,
                 flush=True,
             )
@@ -178,20 +179,21 @@ def _missing_snapshot(task: resume.Task, launcher: Launcher) -> str:
     return ""
 
 
-def finish(record: dict[str, Any], records: list[dict[str, Any]], results_root: Path) -> bool:
-    """Store the record atomically, in its typed form (bench.record: a figure without a value is
-    absent), and keep it with the others; returns whether it is stored under ``results_root``. What
-    is derived from several records (the accuracy delta) is left to reports."""
+def finish(record: Record, records: list[dict[str, Any]], results_root: Path) -> bool:
+    """Store the record atomically, in its stored form (a figure without a value is absent), and
+    keep that with the others; returns whether it is stored under ``results_root``. What is derived
+    from several records (the accuracy delta) is left to reports."""
     # what --force compares
-    record[KEY.stored_at] = datetime.now(UTC).isoformat(timespec="microseconds")
-    path = results.record_path(results_root, record[KEY.suite], record[KEY.device], record[KEY.run])
-    if summary := record.pop(MEMORY_SUMMARY, None):
-        record[KEY.memory_summary] = results.save_beside(path, ".memory.txt", summary)
-    record = finite(Record.from_flat(record).to_flat())
+    record.provenance.stored_at = datetime.now(UTC).isoformat(timespec="microseconds")
+    who = record.identity
+    path = results.record_path(results_root, who.suite, who.device, who.run)
+    if summary := record.extra.pop(MEMORY_SUMMARY, None):
+        record.memory.memory_summary = results.save_beside(path, ".memory.txt", summary)
+    flat = finite(record.to_flat())
     results.set_aside_if_unreadable(path)
     results.keep_superseded(path)
-    stored = results.store(path, record)
-    records.append(record)
+    stored = results.store(path, flat)
+    records.append(flat)
     return stored
 
 

@@ -16,6 +16,8 @@ import torch
 from torch import nn
 
 from bench import models
+from bench.launch import Device
+from bench.launch.local import run_isolated
 from bench.models import ModelSpec
 from bench.suite import RunSpec, Shapes, SuiteError, TechniqueSpec, load
 from bench.techniques import RunContext, Step, Technique, offer, option
@@ -85,6 +87,11 @@ def generation(
         baseline="baseline",
         **common,
     )
+
+
+def isolated(run: RunSpec, device: Device, **options: Any) -> dict[str, Any]:
+    """The run in its own process (``run_isolated``), as its record stores it."""
+    return run_isolated(run, device, **options).to_flat()
 
 
 def tech(name: str, **options: Any) -> TechniqueSpec:

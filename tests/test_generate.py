@@ -10,10 +10,9 @@ import torch
 from bench import results
 from bench.data.synthetic import clone_batch
 from bench.launch import Device
-from bench.launch.local import run_isolated
 from bench.recipe import Recipe
 from tests.conftest import CPU, build_trainer
-from tests.helpers import generation, tech
+from tests.helpers import generation, isolated, tech
 
 BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
 
@@ -84,10 +83,10 @@ def test_a_prompt_prefilled_in_chunks_takes_a_forward_per_chunk_and_holds_the_sa
 
 def test_a_generation_records_each_phases_peak_its_time_to_first_token_and_decoding_rate():
     run = generation(new_tokens=6)
-    record = run_isolated(run, Device("cpu", "cpu"))
+    record = isolated(run, Device("cpu", "cpu"))
     assert record["status"] == "ok", record
-    said = results.base_record(run, "cpu", "cpu", "key", "revision")
-    assert (said["prompt_len"], said["new_tokens"], said["seq_len"]) == (32, 6, 38)
+    said = results.base_record(run, "cpu", "cpu", "key", "revision").identity
+    assert (said.prompt_len, said.new_tokens, said.seq_len) == (32, 6, 38)
     assert record["peak_tensor_bytes"] == max(
         record["peak_prefill_bytes"], record["peak_decode_bytes"]
     )
@@ -129,8 +128,8 @@ def test_on_a_card_a_generation_is_predicted_by_phase_and_an_offloaded_cache_kee
     from bench.launch import detect
 
     gpu, shapes = detect("cuda"), {"batch_size": 4, "prompt_len": 256, "new_tokens": 8}
-    plain = run_isolated(generation(**shapes), gpu)
-    offloaded = run_isolated(generation((tech("kv-cache", kind="offloaded"),), **shapes), gpu)
+    plain = isolated(generation(**shapes), gpu)
+    offloaded = isolated(generation((tech("kv-cache", kind="offloaded"),), **shapes), gpu)
     assert plain["status"] == offloaded["status"] == "ok", (plain, offloaded)
     assert offloaded["kv_cache_bytes"] < plain["kv_cache_bytes"]
     assert plain["ttft_ms_median"] > 0 and plain["proof"]["decode_forwards"] == 7

@@ -10,12 +10,12 @@ from filelock import FileLock
 
 from bench import results
 from bench.launch import Device
-from bench.launch.local import Local, run_isolated
+from bench.launch.local import Local
 from bench.models import MODELS
 from bench.process_group import merge
 from bench.suite import Shapes, SuiteError, load
 from bench.sweep import sweep
-from tests.helpers import spec, suite_problems, tech
+from tests.helpers import isolated, spec, suite_problems, tech
 
 CPU = Device("cpu", "cpu")
 PSI = sum(
@@ -114,14 +114,14 @@ def _tp_split() -> int:
 
 @pytest.mark.slow
 def test_a_failing_rank_ends_the_run_at_once_with_its_reason():
-    record = run_isolated(spec("bert-tiny", (tech("tests.helpers:FailOnRank1"),), nproc=2), CPU)
+    record = isolated(spec("bert-tiny", (tech("tests.helpers:FailOnRank1"),), nproc=2), CPU)
     assert record["status"] == "error" and record["failed_rank"] == 1, record
     assert "rank 1 gave up" in record["message"]
 
 
 @pytest.mark.slow
 def test_a_rank_that_aborts_leaves_its_own_last_words_in_the_record():
-    record = run_isolated(spec("bert-tiny", (tech("tests.helpers:AbortOnRank1"),), nproc=2), CPU)
+    record = isolated(spec("bert-tiny", (tech("tests.helpers:AbortOnRank1"),), nproc=2), CPU)
     assert record["status"] == "error" and "run process died" in record["message"], record
     assert (
         "--- rank 1 stderr ---" in record["stderr_tail"]
@@ -130,7 +130,7 @@ def test_a_rank_that_aborts_leaves_its_own_last_words_in_the_record():
 
 
 def test_more_processes_than_gpus_is_unsupported_without_starting_anything():
-    record = run_isolated(
+    record = isolated(
         spec("bert-tiny", (tech("ddp"),), nproc=4), Device("cuda", "NVIDIA H100", count=2)
     )
     assert record == {"status": "unsupported", "message": "needs 4 GPUs per node; 2 visible"}

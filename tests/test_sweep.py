@@ -16,14 +16,14 @@ import torch
 from bench import results, resume
 from bench.errors import BadInput
 from bench.launch import Device
-from bench.launch.local import Local, run_isolated
+from bench.launch.local import Local
 from bench.pace import Pace
 from bench.provenance import device_name
 from bench.record import Prediction, Record, Status, Timing
 from bench.report import build_report
 from bench.suite import Fidelity, Suite, load, select
 from bench.sweep import MEMORY_SUMMARY, _outcome, finish, sweep
-from tests.helpers import spec, tech
+from tests.helpers import isolated, spec, tech
 
 CPU = Device("cpu", "cpu")
 
@@ -44,25 +44,25 @@ def test_a_run_that_runs_out_of_memory_is_recorded_as_oom_with_what_was_predicte
     """The prediction stays in the record: an out-of-memory run is where a verdict is held to the
     card."""
     run = spec(techniques=(tech("tests.helpers:AllocateTooMuch"),))
-    record = run_isolated(run, CPU)
+    record = isolated(run, CPU)
     assert record["status"] == "oom", record
     assert "memory" in record["message"]
     assert record["predicted_status"] == "ok" and record["predicted_peak_tensor_bytes"] > 0
     ahead = Record(prediction=Prediction(status=Status.OK, peak_tensor_bytes=123))
-    record = run_isolated(run, CPU, prediction=ahead)
+    record = isolated(run, CPU, prediction=ahead)
     assert record["predicted_status"] == "ok" and record["predicted_peak_tensor_bytes"] == 123
 
 
 @pytest.mark.fault("resources")
 def test_a_crash_by_signal_is_an_error_with_the_tail_of_its_output():
-    record = run_isolated(spec(techniques=(tech("tests.helpers:Segfault"),)), CPU)
+    record = isolated(spec(techniques=(tech("tests.helpers:Segfault"),)), CPU)
     assert record["status"] == "error"
     assert record["message"] == "run process died: killed by signal SIGSEGV"
     assert "about to crash" in record["stderr_tail"]
 
 
 def test_an_inapplicable_technique_is_unsupported_with_its_reason():
-    record = run_isolated(spec(techniques=(tech("tests.helpers:Unavailable"),)), CPU)
+    record = isolated(spec(techniques=(tech("tests.helpers:Unavailable"),)), CPU)
     assert record["status"] == "unsupported"
     assert "pip install nothing-real" in record["message"]
 
@@ -390,7 +390,7 @@ def test_a_cuda_runs_memory_summary_is_saved_beside_its_record_and_linked_from_t
         "peak_allocated_bytes": 2**20,
         MEMORY_SUMMARY: "|   PyTorch CUDA memory summary, device ID 0   |",
     }
-    finish(record, [], tmp_path)
+    finish(Record.from_flat(record), [], tmp_path)
     path = results.record_path(tmp_path, "s", "NVIDIA X", "baseline")
     assert path.with_suffix(".memory.txt").read_text().startswith("|   PyTorch CUDA memory summary")
     stored = results.read(path)
@@ -416,7 +416,7 @@ def test_a_record_that_cannot_be_written_is_kept_elsewhere_and_named(tmp_path, c
     }
     blocked = tmp_path / "results"
     blocked.write_text("a file where the results folder should be")
-    finish(record, [], blocked)
+    finish(Record.from_flat(record), [], blocked)
     (kept,) = (tmp_path / "kept").glob("bench-unsaved-s-baseline-*.json")
     assert results.read(kept)["run"] == "baseline"
     assert f"the measurement is kept in {kept}" in capsys.readouterr().err
@@ -445,7 +445,7 @@ def test_a_failed_fidelity_phase_shows_in_the_progress_line_the_table_and_the_re
     assert _outcome(record).endswith(
         "fidelity phase failed: DataError: dataset 'mnist': expected 'digits'"
     )
-    finish(record, [], tmp_path)
+    finish(Record.from_flat(record), [], tmp_path)
     build_report(tmp_path / "s")
     report = (tmp_path / "s" / "report.md").read_text()
     assert "| ok, fidelity failed |" in report
@@ -547,10 +547,12 @@ def test_the_time_left_follows_this_machines_pace_from_the_first_run_measured(tm
     todo = resume.plan(_priced_suite(tmp_path), CPU.name, tmp_path)
     pace = Pace(todo, tmp_path, CPU.name, "cpu")
     assert pace.left(todo) == 600 + 300 + 450
-    said = pace.measure(todo[0], {"status": "ok", "wall_s": 1200.0})
+    said = pace.measure(todo[0], Record.from_flat({"status": "ok", "wall_s": 1200.0}))
     assert said == f"pace: this machine took 2.00× the time {OTHER} took for a"
     assert pace.left(todo[1:]) == 2 * (300 + 450)
-    assert pace.measure(todo[1], {"status": "unsupported", "wall_s": 3.0}) == ""  # refused: no pace
+    assert (
+        pace.measure(todo[1], Record.from_flat({"status": "unsupported", "wall_s": 3.0})) == ""
+    )  # refused: no pace
     assert pace.left(todo[2:]) == 2 * 450
 
 
@@ -560,7 +562,7 @@ def test_runs_nothing_priced_are_priced_by_the_runs_measured_here(tmp_path):
     todo = resume.plan(suite, CPU.name, tmp_path)
     pace = Pace(todo, tmp_path, CPU.name, "cpu")
     assert pace.estimate_line(todo) == "" and pace.left(todo) is None
-    pace.measure(todo[0], {"status": "ok", "wall_s": 40.0})
+    pace.measure(todo[0], Record.from_flat({"status": "ok", "wall_s": 40.0}))
     assert pace.left(todo[1:]) == 80.0
 
 
@@ -578,7 +580,7 @@ def test_a_diverged_figure_is_stored_as_null_and_named(tmp_path):
         "accuracy_seeds": [0.5, float("inf")],
         "samples_per_s": 3.0,
     }
-    finish(record, [], tmp_path)
+    finish(Record.from_flat(record), [], tmp_path)
     text = results.record_path(tmp_path, "s", "cpu", "r").read_text()
     stored = json.loads(
         text, parse_constant=lambda token: pytest.fail(f"bare {token} in the record")

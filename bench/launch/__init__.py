@@ -17,11 +17,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol, TextIO
+from typing import Protocol, TextIO
 
 import torch
 
 from bench.provenance import device_name
+from bench.record import Record
 from bench.resume import Task
 
 
@@ -47,7 +48,7 @@ class MeasuredThenStopped(KeyboardInterrupt):
     measured: the sweep stores ``record`` (those figures, the phase marked interrupted) before it
     stops as an interrupt does. A launcher fills in the record as it would a finished run's."""
 
-    def __init__(self, record: dict[str, Any]) -> None:
+    def __init__(self, record: Record) -> None:
         super().__init__()
         self.record = record
 
@@ -60,4 +61,4 @@ class Launcher(Protocol):
 
     def running(
         self, todo: list[Task], log: TextIO
-    ) -> AbstractContextManager[Callable[[Task], dict[str, Any]]]: ...
+    ) -> AbstractContextManager[Callable[[Task], Record]]: ...

@@ -17,14 +17,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from bench import models, progress, results
 from bench.launch import Device, MeasuredThenStopped
 from bench.launch.process import Kind, Process, fork_works_on_cuda, start_server
 from bench.predict import Ahead
 from bench.provenance import git_revision
-from bench.record import KEY, Record, Status
+from bench.record import Outcome, Record, Status
 from bench.resume import Task
 from bench.spec import Job
 from bench.suite import RunSpec
@@ -58,7 +58,7 @@ class Local:
         self.refused_snapshot = snapshot and not self.snapshot
 
     @contextmanager
-    def running(self, todo: list[Task], log: TextIO) -> Iterator[Callable[[Task], dict[str, Any]]]:
+    def running(self, todo: list[Task], log: TextIO) -> Iterator[Callable[[Task], Record]]:
         if self.refused_snapshot:
             print(
                 f"--snapshot: the allocator history is CUDA's; none is saved on {self.device.name}",
@@ -73,7 +73,7 @@ class Local:
         revision = git_revision()
         with Ahead([t.spec for t in todo], self.device.type, self.predict_jobs) as ahead:
 
-            def run(task: Task) -> dict[str, Any]:
+            def run(task: Task) -> Record:
                 if self.snapshot:
                     shot = task.path.with_suffix(".snapshot.pickle")
                 else:
@@ -85,20 +85,18 @@ class Local:
                     kept = None
                 clock = time.monotonic()
 
-                def record(outcome: dict[str, Any]) -> dict[str, Any]:
+                def record(outcome: Record) -> Record:
                     # wall_s: the run's whole process (start-up, prediction, measurement, fidelity
                     # phase)
-                    return (
-                        results.base_record(
-                            task.spec,
-                            self.device.name,
-                            device_type=self.device.type,
-                            key=task.key,
-                            revision=revision,
-                        )
-                        | {KEY.wall_s: round(time.monotonic() - clock, 1)}
-                        | outcome
+                    base = results.base_record(
+                        task.spec,
+                        self.device.name,
+                        device_type=self.device.type,
+                        key=task.key,
+                        revision=revision,
                     )
+                    base.timing.wall_s = round(time.monotonic() - clock, 1)
+                    return base | outcome
 
                 try:
                     outcome = run_isolated(
@@ -153,7 +151,7 @@ def run_isolated(
     budget: int | None = None,
     heartbeat: Callable[[str], None] | None = None,
     history: Path | None = None,
-) -> dict[str, Any]:
+) -> Record:
     """The run in its own process (``nproc`` > 1: its own torchrun, one process per rank); a crash
     or a timeout becomes a status, never an exception, and keeps the memory and speed figures
     measured before its fidelity phase. With ``snapshot`` (CUDA), the instrumented step's memory
@@ -163,7 +161,7 @@ def run_isolated(
     the run is saved (bench.measure.history)."""
     if device.type == "cuda" and spec.nproc > device.count:
         why = f"needs {spec.nproc} GPUs per node; {device.count} visible"
-        return {KEY.status: Status.UNSUPPORTED, KEY.message: why}
+        return Record(outcome=Outcome(status=Status.UNSUPPORTED, message=why))
     own_env = {k: v for t in spec.techniques for k, v in build(t).env().items()}
     if own_env or spec.nproc > 1:
         # see bench.launch.process: a fork would start with the server's environment, or one process
@@ -193,13 +191,13 @@ def run_isolated(
                 "-m",
                 *argv,
             ]
-        kills, seen = oom_kills(), {}
+        kills = oom_kills()
         proc = Process(
             argv, os.environ | own_env | {progress.ENV: str(progress_file)}, err_path, kind
         )
         try:
-            code = _wait(
-                proc, spec.timeout_s, progress_file=progress_file, heartbeat=heartbeat, seen=seen
+            code, resident = _wait(
+                proc, spec.timeout_s, progress_file=progress_file, heartbeat=heartbeat
             )
         except subprocess.TimeoutExpired:
             proc.kill()
@@ -218,38 +216,42 @@ def run_isolated(
                 interrupted = (
                     "interrupted: stopped by Ctrl-C or SIGTERM; the same command measures it again"
                 )
-                raise MeasuredThenStopped(
-                    early | {KEY.fidelity_error: interrupted, KEY.fidelity_interrupted: True}
-                ) from stop
+                early.fidelity.fidelity_error = interrupted
+                early.fidelity.fidelity_interrupted = True
+                raise MeasuredThenStopped(early) from stop
             raise
         tail = _tail(err_path, Path(tmp) / "ranks")
         if code == 0 and out_path.exists():
-            out = json.loads(out_path.read_text())
-            return (
-                out
-                | {KEY.launcher: kind}
-                | ({KEY.stderr_tail: tail} if out[KEY.status] == Status.ERROR else {})
-            )
+            out = _read(out_path)
+            out.timing.launcher = kind
+            if out.outcome.status == Status.ERROR:
+                out.outcome.stderr_tail = tail
+            return out
         if failed := sorted(Path(tmp).glob("out.json.rank*")):
             # a rank's own record of why it stopped
-            return json.loads(failed[0].read_text()) | {KEY.stderr_tail: tail}
+            out = _read(failed[0])
+            out.outcome.stderr_tail = tail
+            return out
         if code == -signal.SIGKILL and kills is not None and (oom_kills() or 0) > kills:
-            reached = seen.get(KEY.rss_peak_bytes, 0) / 2**30
             out = _measured(
                 out_path,
                 Status.OOM,
                 "killed by the host's OOM killer (SIGKILL, and /proc/vmstat's oom_kill rose): its "
-                f"resident memory reached {reached:,.2f} GiB at the last look",
+                f"resident memory reached {(resident or 0) / 2**30:,.2f} GiB at the last look",
             )
+            out.timing.launcher = kind
             # The watched peak stands in only where the run measured none: a figure of its timed
             # steps stays theirs.
-            return out | {KEY.launcher: kind} | (seen if out[KEY.status] == Status.OOM else {})
+            if out.outcome.status == Status.OOM and resident is not None:
+                out.memory.rss_peak_bytes = resident
+            return out
         if code < 0:
             why = f"killed by signal {signal.Signals(-code).name}"
         else:
             why = _exited(code)
         died = _measured(out_path, Status.ERROR, f"run process died: {why}")
-        return died | {KEY.stderr_tail: tail, KEY.launcher: kind}
+        died.outcome.stderr_tail, died.timing.launcher = tail, kind
+        return died
 
 
 def _wait(
@@ -257,22 +259,20 @@ def _wait(
     timeout_s: float,
     progress_file: Path,
     heartbeat: Callable[[str], None] | None,
-    seen: dict[str, int],
-) -> int:
-    """The run's exit status, telling ``heartbeat`` its phase every HEARTBEAT_S and keeping the
-    highest resident memory its process reached in ``seen`` (a look every WATCH_S); TimeoutExpired
-    past the limit."""
+) -> tuple[int, int | None]:
+    """The run's exit status and the highest resident memory its process reached at a look (one
+    every WATCH_S; None: it ended before the first), telling ``heartbeat`` its phase every
+    HEARTBEAT_S; TimeoutExpired past the limit."""
     start = last = time.monotonic()
+    resident = None
     while True:
         left = timeout_s - (time.monotonic() - start)
         if left <= 0:
             raise subprocess.TimeoutExpired("run", timeout_s)
         try:
-            return proc.wait(timeout=min(left, WATCH_S))
+            return proc.wait(timeout=min(left, WATCH_S)), resident
         except subprocess.TimeoutExpired:
-            seen[KEY.rss_peak_bytes] = max(
-                seen.get(KEY.rss_peak_bytes, 0), _resident_peak(proc.pid)
-            )
+            resident = max(resident or 0, _resident_peak(proc.pid))
             if heartbeat is not None and time.monotonic() - last >= HEARTBEAT_S:
                 last, elapsed = time.monotonic(), int(time.monotonic() - start)
                 heartbeat(f"{progress.heard(progress_file)} ({elapsed // 60}m{elapsed % 60:02d}s)")
@@ -301,22 +301,28 @@ def oom_kills() -> int | None:
     return None
 
 
-def _measured(out_path: Path, status: str, message: str) -> dict[str, Any]:
+def _measured(out_path: Path, status: Status, message: str) -> Record:
     """A run stopped short: where its memory and speed were measured before the fidelity phase, it
     stays ``ok`` with those figures and the phase's failure beside them; else ``status`` with
     ``message``."""
     if (early := _early(out_path)) is not None:
-        return early | {KEY.fidelity_error: f"{status}: {message}"}
-    return {KEY.status: status, KEY.message: message}
+        early.fidelity.fidelity_error = f"{status}: {message}"
+        return early
+    return Record(outcome=Outcome(status=status, message=message))
 
 
-def _early(out_path: Path) -> dict[str, Any] | None:
+def _early(out_path: Path) -> Record | None:
     """The run's memory and speed figures, handed over before its fidelity phase; None: it got no
     further."""
     early = out_path.with_name(out_path.name + ".measured")
     if early.exists():
-        return json.loads(early.read_text())
+        return _read(early)
     return None
+
+
+def _read(path: Path) -> Record:
+    """A record the run's process wrote (bench.worker), in its stored form."""
+    return Record.from_flat(json.loads(path.read_text()))
 
 
 def _tail(err_path: Path, rank_logs: Path) -> str:

@@ -14,7 +14,7 @@ from bench import results
 from bench.launch import detect
 from bench.launch.local import run_isolated
 from bench.provenance import git_revision
-from bench.record import KEY, Status
+from bench.record import Identity, Outcome, Record, Status
 from bench.resume import Task
 from bench.suite import RunSpec
 
@@ -56,7 +56,7 @@ class Slurm:
         self.torchrun = torchrun
 
     @contextmanager
-    def running(self, todo: list[Task], log: TextIO) -> Iterator[Callable[[Task], dict[str, Any]]]:
+    def running(self, todo: list[Task], log: TextIO) -> Iterator[Callable[[Task], Record]]:
         """Every job submitted on entry; a task's record is its job's, waited for."""
         import submitit
 
@@ -97,7 +97,7 @@ ON_DEVICE = "bench: measuring on "
 
 def remote_run(
     spec_dict: dict[str, Any], device_type: str, torchrun: tuple[str, ...], revision: str
-) -> dict[str, Any]:
+) -> Record:
     """Inside the job, on its node: the record ``bench run`` would write there."""
     spec = RunSpec.from_dict(spec_dict)
     device = detect(device_type)
@@ -105,14 +105,14 @@ def remote_run(
     clock = time.monotonic()
     outcome = run_isolated(spec, device, snapshot=None, torchrun=torchrun, kind="fresh")
     key = spec.measured_key(device.name, device.type)
-    return (
-        results.base_record(spec, device.name, device_type=device.type, key=key, revision=revision)
-        | {KEY.wall_s: round(time.monotonic() - clock, 1)}
-        | outcome
+    base = results.base_record(
+        spec, device.name, device_type=device.type, key=key, revision=revision
     )
+    base.timing.wall_s = round(time.monotonic() - clock, 1)
+    return base | outcome
 
 
-def _collect(spec: RunSpec, job: Any) -> dict[str, Any]:
+def _collect(spec: RunSpec, job: Any) -> Record:
     """The job's record; a job that died (preempted, out of time, no device on its node) becomes an
     error record of the run, filed under the device its node reported (``unknown`` where it died
     before knowing it), with the error's own line and where the job's log is."""
@@ -120,20 +120,18 @@ def _collect(spec: RunSpec, job: Any) -> dict[str, Any]:
         out = job.result()
     except Exception as exc:  # noqa: BLE001  submitit re-raises the job's failure here
         device = _reported_device(job)
-        return {
-            KEY.suite: spec.suite,
-            KEY.run: spec.name,
-            KEY.device: device or "unknown",
-            KEY.status: Status.ERROR,
-            KEY.message: (
-                f"slurm job {job.job_id} failed: {_cause(str(exc))} (log: {job.paths.stderr})"
+        why = f"slurm job {job.job_id} failed: {_cause(str(exc))} (log: {job.paths.stderr})"
+        return Record(
+            identity=Identity(
+                suite=spec.suite, run=spec.name, device=device or "unknown", baseline=spec.baseline
             ),
-            KEY.baseline: spec.baseline,
-        }
+            outcome=Outcome(status=Status.ERROR, message=why),
+        )
     if not isinstance(out, list):
         return out
     # Multi-node jobs return one record per node; the node holding rank 0 has the merged one.
-    return next((r for r in out if r.get(KEY.world_size) or r[KEY.status] == Status.OK), out[0])
+    merged = (r for r in out if r.distributed.world_size or r.outcome.status == Status.OK)
+    return next(merged, out[0])
 
 
 def _cause(text: str) -> str:

@@ -16,9 +16,8 @@ import torch
 
 from bench.launch import Device, local
 from bench.launch import process as launch
-from bench.launch.local import run_isolated
 from bench.suite import Fidelity
-from tests.helpers import spec, tech
+from tests.helpers import isolated, spec, tech
 
 CPU = Device("cpu", "cpu")
 
@@ -61,21 +60,21 @@ def test_the_server_imports_the_modules_of_the_models_a_sweep_builds(tmp_path):
 def test_a_forked_run_takes_the_environment_of_its_own_launch(monkeypatch):
     launch.start_server()  # the server's environment is fixed now; the run's is set later
     monkeypatch.setenv("BENCH_PROBE", "set-after-the-server-started")
-    record = run_isolated(spec(techniques=(tech("tests.helpers:ReportEnv"),)), CPU)
+    record = isolated(spec(techniques=(tech("tests.helpers:ReportEnv"),)), CPU)
     assert record["launcher"] == "fork" and record["status"] == "ok", record
     assert record["proof"]["ReportEnv.seen"] == "set-after-the-server-started"
     assert 0 < record["startup_s"] < 120
 
 
 def test_a_technique_that_sets_the_environment_gets_a_fresh_interpreter():
-    record = run_isolated(spec(techniques=(tech("tests.helpers:EnvProbe"),)), CPU)
+    record = isolated(spec(techniques=(tech("tests.helpers:EnvProbe"),)), CPU)
     assert record["launcher"] == "fresh"
     assert record["proof"]["EnvProbe.seen"] == "set-by-technique"
 
 
 def test_a_forked_run_starts_with_its_own_peak_not_its_predecessors():
-    big = run_isolated(spec(techniques=(tech("tests.helpers:HoldHalfAGibibyte"),)), CPU)
-    small = run_isolated(spec(), CPU)
+    big = isolated(spec(techniques=(tech("tests.helpers:HoldHalfAGibibyte"),)), CPU)
+    small = isolated(spec(), CPU)
     assert big["launcher"] == small["launcher"] == "fork"
     # the half GiB stayed with its own run
     assert big["rss_peak_bytes"] - small["rss_peak_bytes"] > 2**28
@@ -84,7 +83,7 @@ def test_a_forked_run_starts_with_its_own_peak_not_its_predecessors():
 @pytest.mark.fault("resources")
 @pytest.mark.parametrize("launcher", launch.KINDS)
 def test_a_crash_or_a_hang_is_a_status_under_either_launcher(launcher, monkeypatch, tmp_path):
-    crashed = run_isolated(spec(techniques=(tech("tests.helpers:Segfault"),)), CPU, kind=launcher)
+    crashed = isolated(spec(techniques=(tech("tests.helpers:Segfault"),)), CPU, kind=launcher)
     assert crashed["message"] == "run process died: killed by signal SIGSEGV"
     assert "about to crash" in crashed["stderr_tail"]
     monkeypatch.setenv("BENCH_TEST_SLEEP", "60")
@@ -92,7 +91,7 @@ def test_a_crash_or_a_hang_is_a_status_under_either_launcher(launcher, monkeypat
     # long enough to reach the prediction: a fresh interpreter's imports took over 3 s on a busy
     # 2-core CI
     limit = 3 if launcher == "fork" else 20
-    hung = run_isolated(
+    hung = isolated(
         spec(techniques=(tech("tests.helpers:Sleep"),), timeout_s=limit), CPU, kind=launcher
     )
     assert hung["status"] == "timeout" and hung["message"].startswith(
@@ -113,11 +112,11 @@ def test_the_fork_server_refuses_a_child_that_inherited_cuda(monkeypatch):
 LAUNCH_TWO_ON_CUDA = """
 import json, torch
 from bench.launch import detect, process
-from bench.launch.local import run_isolated
+from tests.helpers import isolated
 from tests.helpers import spec
 assert process.fork_works_on_cuda() is None
 gpu = detect("cuda")  # the card's name through NVML, as a campaign reads it
-big, small = (run_isolated(spec(batch_size=n), gpu) for n in (64, 2))
+big, small = (isolated(spec(batch_size=n), gpu) for n in (64, 2))
 print(json.dumps([big["launcher"], small["launcher"], big["peak_allocated_bytes"],
                   small["peak_allocated_bytes"], torch.cuda.is_initialized()]))
 """
@@ -193,9 +192,7 @@ def test_a_long_run_says_its_phase_at_least_every_heartbeat(monkeypatch):
     monkeypatch.setattr(local, "WATCH_S", 0.5)
     monkeypatch.setenv("BENCH_TEST_SLEEP", "4")
     said = []
-    record = run_isolated(
-        spec(techniques=(tech("tests.helpers:Sleep"),)), CPU, heartbeat=said.append
-    )
+    record = isolated(spec(techniques=(tech("tests.helpers:Sleep"),)), CPU, heartbeat=said.append)
     assert record["status"] == "ok" and len(said) >= 2
     # the phase and the time so far (the technique sleeps where it is applied: its prediction and
     # its build)
@@ -216,7 +213,7 @@ def test_a_fidelity_phase_cut_short_keeps_what_was_measured_before_it():
         batch_size=2,
         fidelity_cpu=Fidelity(steps=2, seeds=1, batch_size=8),
     )
-    record = run_isolated(run, CPU)
+    record = isolated(run, CPU)
     assert (
         record["status"] == "ok" and record["peak_tensor_bytes"] > 0 and record["samples_per_s"] > 0
     )
@@ -228,7 +225,7 @@ def test_a_run_the_hosts_oom_killer_ended_is_an_oom_with_the_memory_it_reached(m
     # /proc/vmstat's oom_kill before the run and after it: the kernel killed a process
     counts = iter([7, 8])
     monkeypatch.setattr(local, "oom_kills", lambda: next(counts))
-    record = run_isolated(spec(techniques=(tech("tests.helpers:KilledByTheHost"),)), CPU)
+    record = isolated(spec(techniques=(tech("tests.helpers:KilledByTheHost"),)), CPU)
     assert record["status"] == "oom" and record["message"].startswith(
         "killed by the host's OOM killer"
     )
@@ -236,7 +233,7 @@ def test_a_run_the_hosts_oom_killer_ended_is_an_oom_with_the_memory_it_reached(m
     # no OOM kill: a SIGKILL from elsewhere stays an error
     monkeypatch.setattr(local, "oom_kills", lambda: 7)
     assert (
-        run_isolated(spec(techniques=(tech("tests.helpers:KilledByTheHost"),)), CPU)["status"]
+        isolated(spec(techniques=(tech("tests.helpers:KilledByTheHost"),)), CPU)["status"]
         == "error"
     )
 

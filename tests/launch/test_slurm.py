@@ -157,7 +157,7 @@ class DiedJob:
 def test_a_job_that_dies_after_finding_its_device_is_filed_under_that_device(tmp_path):
     (tmp_path / "jobs.toml").write_text(SUITE)
     spec = load(tmp_path / "jobs.toml").runs[0]
-    record = _collect(spec, DiedJob())
+    record = _collect(spec, DiedJob()).to_flat()
     assert record["device"] == "NVIDIA H100 80GB HBM3"
     assert (
         record["message"]

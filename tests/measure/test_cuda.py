@@ -4,12 +4,11 @@ import pytest
 import torch
 
 from bench.launch import Device
-from bench.launch.local import run_isolated
 from bench.measure.allocator import cublas_workspaces
 from bench.measure.memory import cuda_peaks, tracked_step
 from bench.measure.timing import time_steps
 from tests.conftest import build_trainer
-from tests.helpers import spec, tech
+from tests.helpers import isolated, spec, tech
 
 pytestmark = pytest.mark.cuda
 GPU = torch.device("cuda")
@@ -36,7 +35,7 @@ def test_cuda_event_timing_returns_one_positive_time_per_step():
 
 
 def test_isolated_cuda_run_records_allocator_figures_and_bf16_autocast():
-    record = run_isolated(
+    record = isolated(
         spec("vit-tiny", (tech("amp", dtype="bfloat16"),), batch_size=32, image_size=64),
         Device("cuda", torch.cuda.get_device_name(0)),
     )
@@ -50,7 +49,7 @@ def test_isolated_cuda_run_records_allocator_figures_and_bf16_autocast():
 
 
 def test_fp16_with_grad_scaler_runs_on_cuda():
-    record = run_isolated(
+    record = isolated(
         spec("vit-tiny", (tech("amp", dtype="float16"),), batch_size=16, image_size=32),
         Device("cuda", torch.cuda.get_device_name(0)),
     )
@@ -59,7 +58,7 @@ def test_fp16_with_grad_scaler_runs_on_cuda():
 
 
 def test_out_of_memory_on_cuda_is_recorded_as_oom():
-    record = run_isolated(
+    record = isolated(
         spec(techniques=(tech("tests.helpers:AllocateTooMuch"),)),
         Device("cuda", torch.cuda.get_device_name(0)),
     )
@@ -69,7 +68,7 @@ def test_out_of_memory_on_cuda_is_recorded_as_oom():
 def test_fp8_converts_linear_layers_on_hopper():
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("FP8 needs compute capability 8.9+")
-    record = run_isolated(
+    record = isolated(
         spec("bert-tiny", (tech("fp8"),), batch_size=16, seq_len=64),
         Device("cuda", torch.cuda.get_device_name(0)),
     )
@@ -79,7 +78,7 @@ def test_fp8_converts_linear_layers_on_hopper():
 
 
 def test_offload_moves_saved_tensors_to_the_host():
-    record = run_isolated(
+    record = isolated(
         spec("vit-tiny", (tech("offload"),), batch_size=32, image_size=64),
         Device("cuda", torch.cuda.get_device_name(0)),
     )
@@ -94,7 +93,7 @@ def test_offload_moves_saved_tensors_to_the_host():
 def test_autocast_is_predicted_by_cudas_op_lists():
     """ConvNeXt's layer norms take bf16 convolution outputs, which CUDA's autocast runs in float32
     (CPU's would not): what forward keeps is predicted to the byte."""
-    record = run_isolated(
+    record = isolated(
         spec("tests.helpers:CONVNEXT", (tech("amp"),), batch_size=8, image_size=64),
         Device("cuda", torch.cuda.get_device_name(0)),
     )
@@ -104,7 +103,7 @@ def test_autocast_is_predicted_by_cudas_op_lists():
 
 def test_inference_run_on_cuda_in_half_precision_with_inference_mode():
     techniques = (tech("half", dtype="float16"), tech("inference-mode"))
-    record = run_isolated(
+    record = isolated(
         spec("vit-tiny", techniques, batch_size=64, image_size=64, mode="inference"),
         Device("cuda", torch.cuda.get_device_name(0)),
     )
@@ -120,7 +119,7 @@ def test_inference_run_on_cuda_in_half_precision_with_inference_mode():
 
 
 def test_expandable_segments_reach_the_run_process():
-    record = run_isolated(
+    record = isolated(
         spec("vit-tiny", (tech("allocator", conf="expandable_segments:True"),), batch_size=16),
         Device("cuda", torch.cuda.get_device_name(0)),
     )
@@ -132,7 +131,7 @@ def test_snapshot_of_the_instrumented_step_is_saved_for_memory_viz(tmp_path):
     import pickle
 
     path = tmp_path / "run.snapshot.pickle"
-    record = run_isolated(
+    record = isolated(
         spec("vit-tiny", batch_size=16), Device("cuda", torch.cuda.get_device_name(0)), path
     )
     assert record["status"] == "ok", record

@@ -96,13 +96,10 @@ def test_a_cuda_runs_recorded_history_replays_to_the_card_block_by_block(tmp_pat
     pytest's process other tests' segments would be there already, unknown to the trace): a ViT's
     build and steps, every block where the card put it."""
     from bench.launch import detect
-    from bench.launch.local import run_isolated
-    from tests.helpers import spec
+    from tests.helpers import isolated, spec
 
     path = tmp_path / "run.history.pickle.gz"
-    record = run_isolated(
-        spec("vit-tiny", batch_size=64, image_size=64), detect("cuda"), history=path
-    )
+    record = isolated(spec("vit-tiny", batch_size=64, image_size=64), detect("cuda"), history=path)
     assert record["status"] == "ok", record
     out = history.replay(history.read(path))
     assert out.allocations > 100

@@ -8,12 +8,11 @@ from torch.nn import functional as F
 from bench import models
 from bench.data.synthetic import split, synthetic_batch
 from bench.launch import Device
-from bench.launch.local import run_isolated
 from bench.models import MODELS, ModelSpec, repeated_blocks
 from bench.suite import Shapes
 from bench.techniques import RunContext, build
 from tests.conftest import build_trainer
-from tests.helpers import spec, tech
+from tests.helpers import isolated, spec, tech
 
 CPU = torch.device("cpu")
 USER = "tests.helpers:IMAGE_MLP"  # a model of the user's, named by import path
@@ -124,7 +123,7 @@ def test_a_language_models_loss_scores_each_position_on_the_next_token():
 
 
 def test_a_users_model_runs_in_its_own_process_with_its_blocks_checkpointed():
-    record = run_isolated(spec(USER, (tech("checkpoint"),)), Device("cpu", "cpu"))
+    record = isolated(spec(USER, (tech("checkpoint"),)), Device("cpu", "cpu"))
     assert record["status"] == "ok", record
     assert record["proof"]["checkpoint.wrapped_modules"] == 3
     # which ones, not only how many

@@ -6,11 +6,10 @@ import pytest
 import torch
 
 from bench.launch import Device
-from bench.launch.local import run_isolated
 from bench.models import MODELS, build_model
 from bench.models.weights import WeightsError, digest
 from bench.suite import Shapes
-from tests.helpers import spec
+from tests.helpers import isolated, spec
 
 IMAGE, TOKENS = Shapes(batch_size=2, image_size=32), Shapes(batch_size=2, seq_len=16)
 
@@ -87,7 +86,7 @@ def test_a_run_records_the_weights_it_measured(tmp_path):
     path = tmp_path / "resnet-tiny.pt"
     torch.save(built("resnet-tiny", seed=1).state_dict(), path)
     run = spec("resnet-tiny", weights=str(path))
-    record = run_isolated(run, Device("cpu", "cpu"))
+    record = isolated(run, Device("cpu", "cpu"))
     assert record["status"] == "ok", record
     assert record["weights"] == str(path) and record["weights_loaded"] == len(torch.load(path))
     assert record["weights_sha256"] == digest(str(path))

@@ -439,7 +439,7 @@ def test_a_device_may_run_a_smaller_model_of_the_suites_kind(tmp_path):
     assert (run.model, run.cpu.model, run.gpu.model) == ("llama3-1b", "llama-tiny", None)
     assert Recipe.of(run, CPU).ctx.model_spec.name == "llama-tiny"
     assert Recipe.of(run, CPU, run.gpu, predicting=True).ctx.model_spec.name == "llama3-1b"
-    assert base_record(run, "cpu", "cpu", "k", "r")["model"] == "llama-tiny"
+    assert base_record(run, "cpu", "cpu", "k", "r").identity.model == "llama-tiny"
     assert "model" not in load(write_suite(tmp_path, GOOD)).runs[0].to_dict()["cpu"]
 
 

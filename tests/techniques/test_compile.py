@@ -1,15 +1,12 @@
 import pytest
 
 from bench.launch import Device
-from bench.launch.local import run_isolated
-from tests.helpers import spec, tech
+from tests.helpers import isolated, spec, tech
 
 
 @pytest.mark.full  # 30 to 50 s of Inductor compiling on a two-core CPU
 def test_compiled_run_records_compile_time_apart_and_no_tracked_peak():
-    record = run_isolated(
-        spec("vit-tiny", (tech("compile"),), measure_steps=3), Device("cpu", "cpu")
-    )
+    record = isolated(spec("vit-tiny", (tech("compile"),), measure_steps=3), Device("cpu", "cpu"))
     assert record["status"] == "ok", record
     assert record["proof"]["compile.compiled"] is True
     # The first step (where compilation happens) is timed apart from the steps throughput comes

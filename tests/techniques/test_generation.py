@@ -91,11 +91,11 @@ def test_int4_weights_say_where_they_run_and_that_fake_tensors_cannot_pack_them(
 def test_int4_weights_store_a_generations_linear_layers_in_4_bits_on_a_card():
     pytest.importorskip("torchao")
     from bench.launch import detect
-    from bench.launch.local import run_isolated
+    from tests.helpers import isolated
 
     half = (tech("half", dtype="bfloat16"),)
-    plain = run_isolated(generation(half), detect("cuda"))
-    int4 = run_isolated(generation((*half, tech("int4-weights", group_size=32))), detect("cuda"))
+    plain = isolated(generation(half), detect("cuda"))
+    int4 = isolated(generation((*half, tech("int4-weights", group_size=32))), detect("cuda"))
     assert plain["status"] == int4["status"] == "ok", int4
     assert int4["proof"]["int4-weights.quantized_linears"] > 0
     assert int4["param_bytes"] < plain["param_bytes"]

@@ -1,11 +1,10 @@
 import torch
 
 from bench.launch import Device
-from bench.launch.local import run_isolated
 from bench.measure.memory import tracked_step
 from bench.worker import measure
 from tests.conftest import CPU, build_trainer
-from tests.helpers import spec, tech
+from tests.helpers import isolated, spec, tech
 
 
 def run(model, *techniques, **shape):
@@ -35,7 +34,7 @@ def test_sdpa_records_the_kernel_that_ran_and_math_holds_the_attention_matrix():
 
 def test_a_kernel_that_refuses_the_models_call_makes_the_run_unsupported():
     # CPU flash attention has no dropout; BERT trains with attention dropout 0.1.
-    record = run_isolated(spec("bert-tiny", (tech("sdpa", backend="flash"),)), Device("cpu", "cpu"))
+    record = isolated(spec("bert-tiny", (tech("sdpa", backend="flash"),)), Device("cpu", "cpu"))
     assert record["status"] == "unsupported", record
     assert "flash attention refuses this model's attention call" in record["message"]
 
@@ -56,12 +55,12 @@ def test_unavailable_kernels_and_devices_are_unsupported_with_a_reason():
 
 
 def test_technique_environment_reaches_the_run_process():
-    record = run_isolated(spec("vit-tiny", (tech("tests.helpers:EnvProbe"),)), Device("cpu", "cpu"))
+    record = isolated(spec("vit-tiny", (tech("tests.helpers:EnvProbe"),)), Device("cpu", "cpu"))
     assert record["proof"]["EnvProbe.seen"] == "set-by-technique"
 
 
 def test_the_env_technique_sets_its_variables_for_a_fresh_run_process():
-    record = run_isolated(
+    record = isolated(
         spec("vit-tiny", (tech("env", vars="CUDA_LAUNCH_BLOCKING=1 BENCH_NOTE='two words'"),)),
         Device("cpu", "cpu"),
     )

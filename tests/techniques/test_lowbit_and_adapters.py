@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from bench.launch import Device
-from bench.launch.local import run_isolated
 from bench.measure.memory import model_state_bytes, tensor_bytes, tracked_step
 from bench.models import MODELS, build_model
 from bench.predict import predict
@@ -16,7 +15,7 @@ from bench.predict.cards import CARDS
 from bench.suite import load
 from bench.worker import measure
 from tests.conftest import CPU, build_trainer
-from tests.helpers import MLP_PARAM_BYTES, mlp_step, spec, suite_problems, tech
+from tests.helpers import MLP_PARAM_BYTES, isolated, mlp_step, spec, suite_problems, tech
 
 
 def run(model, *techniques):
@@ -395,7 +394,7 @@ def test_paged_adamw_8bit_is_a_cuda_technique():
 @pytest.mark.cuda
 def test_paged_adamw_8bit_pages_its_large_moments_on_cuda_as_predicted():
     pytest.importorskip("bitsandbytes")
-    record = run_isolated(
+    record = isolated(
         spec("llama-tiny", (tech("paged-adamw-8bit"),), batch_size=8, seq_len=64),
         Device("cuda", torch.cuda.get_device_name(0)),
     )
