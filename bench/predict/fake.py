@@ -174,7 +174,7 @@ def _fake_step(
                 on_host(t)
         # the batches, as in the worker; the counts are the measured steps', their batches' copies
         # aside
-        counter, counts = StepCounter(), []
+        counter, counts = StepCounter(counting=False), []
         step = tracked_steps(
             runner,
             batch,
@@ -182,9 +182,10 @@ def _fake_step(
             ctx.shapes.measure_steps,
             counted=lambda: _counting(runner, counter, counts),
         )
-        # the measured step's collectives, not the set-up's or warm-up's
+        # the measured step's collectives, not the set-up's or warm-up's; the counter beneath the
+        # tracker, which steps aside alone for an update its package compiles
         traffic = ranks.Traffic(ctx.world_size)
-        with traffic if ctx.world_size > 1 else nullcontext():
+        with traffic if ctx.world_size > 1 else nullcontext(), counter:
             done = track(
                 step,
                 runner.model,
@@ -275,21 +276,21 @@ def _counting(runner: Any, counter: StepCounter, counts: list[list[int]]) -> Ite
     """``counter`` counting a step; a folded step's counts taken after each of its micro-batches
     into ``counts``."""
     marking = getattr(runner, "after_micro_batch", None)
-    if marking is None:
-        with counter:
-            yield
-        return
 
     def marked() -> None:
-        marking()
+        if marking is not None:
+            marking()
         counts.append(counter.totals())
 
-    runner.after_micro_batch = marked
+    if marking is not None:
+        runner.after_micro_batch = marked
+    counter.counting = True
     try:
-        with counter:
-            yield
+        yield
     finally:
-        runner.after_micro_batch = marking
+        counter.counting = False
+        if marking is not None:
+            runner.after_micro_batch = marking
 
 
 class StepCounter(TorchDispatchMode):
@@ -304,13 +305,16 @@ class StepCounter(TorchDispatchMode):
     activations alive, so that a step it counts is not the step the worker measures. None of those
     decompositions holds a matrix product, so the FLOPs are the same."""
 
-    def __init__(self) -> None:
+    def __init__(self, counting: bool = True) -> None:
         super().__init__()
         self.flops = self.ops = self.bytes = 0
+        self.counting = counting  # off: what runs under it is not counted (a batch's copy)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if not self.counting:
+            return out
         if formula := FLOP_FORMULAS.get(func._overloadpacket):
             self.flops += formula(*args, **kwargs, out_val=out)
         if not func.is_view:
