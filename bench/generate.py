@@ -19,10 +19,11 @@ from torch import nn
 from bench.data.synthetic import Batch
 from bench.measure.memory import tensor_bytes
 from bench.models import ModelSpec
+from bench.record import Phase
 from bench.techniques import RunContext, Technique, applied, combined
 from bench.train import techniques_proof
 
-PREFILL, DECODE = "prefill", "decode"
+PREFILL, DECODE = Phase.PREFILL, Phase.DECODE
 
 
 def cache_tensors(cache: Any) -> list[torch.Tensor]:

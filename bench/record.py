@@ -22,15 +22,34 @@ DERIVED = (
     "outside_band",
 )
 RANK_PREFIX = "rank_"  # a multi-process run's per-rank lists: rank_<figure>
-AT_PEAK = (
-    "parameters",
-    "buffers",
-    "gradients",
-    "optimizer_state",
-    "activations",
-    "temporaries",
-    "kv_cache",
-)
+
+
+class Category(StrEnum):
+    """What a storage alive at a peak was (a record's ``at_peak_<category>_bytes``): a model state,
+    by what holds it, else what the phase that made it makes."""
+
+    PARAMETERS = "parameters"
+    BUFFERS = "buffers"
+    GRADIENTS = "gradients"
+    OPTIMIZER_STATE = "optimizer_state"
+    ACTIVATIONS = "activations"  # forward's (the batch, cloned before it, with them)
+    TEMPORARIES = "temporaries"  # backward's and the optimizer step's
+    KV_CACHE = "kv_cache"  # a generation's
+
+
+AT_PEAK = tuple(Category)  # in the order records and reports list them
+
+
+class Phase(StrEnum):
+    """Where in a step a storage was made and a peak fell (``peak_phase``): a training step's three,
+    or a generation's two forwards."""
+
+    START = ""  # before the step's first forward (the batch's copy)
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+    PREFILL = "prefill"  # the prompt, up to its first token
+    DECODE = "decode"  # each token after the first
 
 
 class Status(StrEnum):

@@ -18,8 +18,7 @@ from torch import nn
 
 from bench.measure.allocator import CachingAllocator, OutOfMemory, Replay
 from bench.measure.tracker import LiveBytes, storages
-from bench.record import AT_PEAK as CATEGORIES
-from bench.record import Memory, Prediction
+from bench.record import AT_PEAK, Category, Memory, Phase, Prediction
 
 
 def cuda_peaks(device: torch.device) -> Memory:
@@ -88,19 +87,19 @@ def _tensors_of(value: object) -> list[torch.Tensor]:
 
 # What each storage alive at the peak was: model states by what holds them, else by the phase that
 # made it (the batch, cloned before the forward, counts with the activations it feeds). The
-# tracker's labels, each in the record's at-peak category (bench.record.AT_PEAK).
-LABELS = {
-    "parameters": "parameters",
-    "buffers": "buffers",
-    "gradients": "gradients",
-    "optimizer_state": "optimizer_state",
-    "": "activations",
-    "forward": "activations",
-    "backward": "temporaries",
-    "optimizer": "temporaries",
-    "prefill": "activations",
-    "decode": "activations",
-    "kv_cache": "kv_cache",
+# tracker's labels, each in the record's at-peak category.
+CATEGORIES: dict[str, Category] = {
+    Category.PARAMETERS: Category.PARAMETERS,
+    Category.BUFFERS: Category.BUFFERS,
+    Category.GRADIENTS: Category.GRADIENTS,
+    Category.OPTIMIZER_STATE: Category.OPTIMIZER_STATE,
+    Category.KV_CACHE: Category.KV_CACHE,
+    Phase.START: Category.ACTIVATIONS,
+    Phase.FORWARD: Category.ACTIVATIONS,
+    Phase.BACKWARD: Category.TEMPORARIES,
+    Phase.OPTIMIZER: Category.TEMPORARIES,
+    Phase.PREFILL: Category.ACTIVATIONS,
+    Phase.DECODE: Category.ACTIVATIONS,
 }
 
 
@@ -114,7 +113,8 @@ class Phases(Protocol):
     def cache(self) -> list[torch.Tensor]: ...
 
 
-PHASES = ("prefill", "decode")  # a generation's, each with its own peak (peak_<phase>_bytes)
+# a generation's, each with its own peak (peak_<phase>_bytes)
+GENERATION_PHASES = (Phase.PREFILL, Phase.DECODE)
 
 
 def tracked_step(
@@ -152,12 +152,12 @@ def tracked_memory(
     logits), the quantity checkpointing and autocast shrink; with ``phases`` (generation), instead
     of the latter, each phase's peak and the cache's bytes."""
     tracker = done.tracker
-    at_peak = dict.fromkeys(CATEGORIES, 0)
+    at_peak = dict.fromkeys(AT_PEAK, 0)
     for label, n in tracker.at_peak().items():
-        at_peak[LABELS[label]] += n
+        at_peak[CATEGORIES[label]] += n
     if phases is not None:
         generated = Memory(
-            **{f"peak_{p}_bytes": tracker.phase_peaks.get(p) for p in PHASES},
+            **{f"peak_{p}_bytes": tracker.phase_peaks.get(p) for p in GENERATION_PHASES},
             kv_cache_bytes=phases.cache_bytes,
         )
     else:
@@ -169,7 +169,7 @@ def tracked_memory(
         # optimizer).
         gradient_bytes=done.grads[-1] if done.grads else None,
         # the cache's share where a generation has one (training and forward passes keep none)
-        **{f"at_peak_{k}_bytes": v for k, v in at_peak.items() if k != "kv_cache" or phases},
+        **{f"at_peak_{k}_bytes": v for k, v in at_peak.items() if k != Category.KV_CACHE or phases},
     )
     return tracked | generated | model_state_bytes(model, optimizer)
 
@@ -199,10 +199,10 @@ def track(
     as such after each); following ``history``, the tracker of the steps before
     (``LiveBytes.follow``)."""
     tracker = LiveBytes(device, rounding)
-    tracker.add(model.parameters(), "parameters")
-    tracker.add(model.buffers(), "buffers")
-    tracker.add(_grads(model), "gradients")
-    tracker.add(optimizer_state(optimizer), "optimizer_state")
+    tracker.add(model.parameters(), Category.PARAMETERS)
+    tracker.add(model.buffers(), Category.BUFFERS)
+    tracker.add(_grads(model), Category.GRADIENTS)
+    tracker.add(optimizer_state(optimizer), Category.OPTIMIZER_STATE)
     if history is not None:
         tracker.follow(history)
     done = Tracked(tracker, [], [])
@@ -212,15 +212,15 @@ def track(
         if phases is not None:
             tracker.phase = phases.phase
         else:
-            tracker.phase = "forward"
+            tracker.phase = Phase.FORWARD
         starts.append(tracker.current)
 
     def forward_end(*_: object) -> None:
         done.held.append(tracker.current - starts[-1])
         if phases is None:
-            tracker.phase = "backward"
+            tracker.phase = Phase.BACKWARD
         else:  # the phase goes on: the token is chosen after the forward
-            tracker.label(phases.cache(), "kv_cache")
+            tracker.label(phases.cache(), Category.KV_CACHE)
 
     hooks = [
         model.register_forward_pre_hook(forward_start),
@@ -228,8 +228,8 @@ def track(
     ]
 
     def optimizer_start(*_: object) -> None:
-        tracker.phase = "optimizer"
-        tracker.label(_grads(model), "gradients")
+        tracker.phase = Phase.OPTIMIZER
+        tracker.label(_grads(model), Category.GRADIENTS)
         done.grads.append(tensor_bytes(_grads(model)))
 
     if optimizer is not None:
@@ -244,18 +244,19 @@ def track(
     finally:
         for h in hooks:
             h.remove()
-    # kept past the step (no optimizer, or zero_grad keeps them)
-    tracker.label(_grads(model), "gradients")
-    tracker.label(optimizer_state(optimizer), "optimizer_state")  # made in the step (a first step)
+    # kept past the step (no optimizer, or zero_grad keeps them), and the state made in it (a first
+    # step)
+    tracker.label(_grads(model), Category.GRADIENTS)
+    tracker.label(optimizer_state(optimizer), Category.OPTIMIZER_STATE)
     return done
 
 
 # The phase an allocation the card cannot hold was made in, by what the tracker called it.
-OOM_PHASES = {
-    "": "forward",
-    "gradients": "backward",
-    "optimizer_state": "optimizer",
-    "parameters": "set-up",
+OOM_PHASES: dict[str, str] = {
+    Phase.START: Phase.FORWARD,
+    Category.GRADIENTS: Phase.BACKWARD,
+    Category.OPTIMIZER_STATE: Phase.OPTIMIZER,
+    Category.PARAMETERS: "set-up",
 }
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from bench.predict.cards import Card
 from bench.predict.fake import CPU, predict
 from bench.recipe import Recipe
-from bench.record import Prediction
+from bench.record import Phase, Prediction
 from bench.suite import RunSpec, Shapes
 from bench.techniques import build
 
@@ -201,7 +201,7 @@ def longest_context(
     def peak(prompt: int, tokens: int, decoding: bool = False) -> float:
         at = replace(shapes, prompt_len=prompt, new_tokens=tokens, seq_len=prompt + tokens)
         out = predict(spec, at, card=card, reserved=card is not None)
-        if decoding and out.verdict == "out of memory" and out.oom_phase != "decode":
+        if decoding and out.verdict == "out of memory" and out.oom_phase != Phase.DECODE:
             value = 0.0  # its own, longer prefill failed: nothing learnt of the real decode
         elif not out.ok or out.verdict == "out of memory":
             value = math.inf

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from bench.record import KEY, Status
+from bench.record import KEY, Phase, Status
 from bench.report.tables import busy_runs
 
 if TYPE_CHECKING:
@@ -256,7 +256,11 @@ def memory_figure(part: pd.DataFrame) -> str:
 
 # memory × apart by this much on a GPU and a CPU: the two stories differ, and the reader is told why
 DISAGREE = 0.2
-PHASES = {"forward": "the forward", "backward": "backward", "optimizer": "the optimizer step"}
+PHASES = {
+    Phase.FORWARD: "the forward",
+    Phase.BACKWARD: "backward",
+    Phase.OPTIMIZER: "the optimizer step",
+}
 
 
 def disagreements(table: pd.DataFrame, shown: int = 3) -> list[str]:

@@ -24,7 +24,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.lines import Line2D
 
-from bench.record import AT_PEAK, KEY, Status
+from bench.record import AT_PEAK, KEY, Category, Status
 from bench.report.tables import pareto_front
 
 BASELINE_COLOUR = "#7f7f7f"
@@ -48,14 +48,14 @@ PALETTE = [
     if len(set(c)) > 1
 ]
 BREAKDOWN_COLOURS = {
-    "parameters": "#1f77b4",
-    "buffers": "#aec7e8",
-    "gradients": "#ff7f0e",
-    "optimizer_state": "#2ca02c",
-    "activations": "#d62728",
-    "temporaries": "#9467bd",
-    "kv_cache": "#8c564b",
-    "allocator": "#c7c7c7",
+    Category.PARAMETERS: "#1f77b4",
+    Category.BUFFERS: "#aec7e8",
+    Category.GRADIENTS: "#ff7f0e",
+    Category.OPTIMIZER_STATE: "#2ca02c",
+    Category.ACTIVATIONS: "#d62728",
+    Category.TEMPORARIES: "#9467bd",
+    Category.KV_CACHE: "#8c564b",
+    "allocator": "#c7c7c7",  # what the allocator reserved beyond the tensors
 }
 # Accuracy against the baseline's noise band, as the Pareto plot's marker.
 ACCURACY_MARKERS = {
@@ -336,7 +336,7 @@ def breakdown_frame(table: pd.DataFrame) -> pd.DataFrame:
     """One row per run that has an at-peak breakdown (tracked step), columns in AT_PEAK order plus
     the allocator's slack where measured; sorted by total, largest first."""
     # a generation's alone, and newer
-    cols = [f"at_peak_{p}_bytes" for p in AT_PEAK if p != "kv_cache"]
+    cols = [f"at_peak_{p}_bytes" for p in AT_PEAK if p != Category.KV_CACHE]
     if all(c in table for c in cols):
         have = table.dropna(subset=cols)
     else:
