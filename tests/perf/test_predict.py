@@ -2,13 +2,17 @@
 loaded machine takes severalfold longer): each prediction's time against one real step of a tiny
 model on this machine."""
 
+import io
 import time
 
 import pytest
 import torchvision
 
 from bench.models import ModelSpec
+from bench.models.text import LLAMA, LLAMA3_VOCAB, _llama
 from bench.predict import predict
+from bench.predict.cards import CARDS
+from bench.predict.table import suite_table
 from bench.suite import load, select
 from tests.conftest import build_trainer
 from tests.helpers import spec, tech
@@ -33,6 +37,60 @@ def test_full_size_predictions_take_seconds():
             )
             assert out.status == "ok"
             assert took < 30  # about 2.5 s each on a quiet two-core CI machine
+
+
+# Llama-3-8B's shapes at 2 layers of its 32 (bench/models/text.py): issue 65's depth ratio
+LLAMA3_8B_2_LAYERS = ModelSpec(
+    name="llama3-8b-2-layers",
+    build=lambda shapes: _llama(
+        shapes,
+        vocab_size=LLAMA3_VOCAB,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=2,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        tie_word_embeddings=False,
+    ),
+    inputs="tokens",
+    num_classes=LLAMA3_VOCAB,
+    vocab_size=LLAMA3_VOCAB,
+    cpu=False,
+    **LLAMA,
+)
+
+
+def test_issue_65_ratios_side_by_side():
+    """Issue 65's three ratios, each pair timed in this run (its goals: depth ≤ 1.5, accumulation
+    ≤ 1.2, a --card row ≤ 2 times the row without): what each step of that issue has bought."""
+
+    def took(work) -> float:
+        start = time.perf_counter()
+        work()
+        return time.perf_counter() - start
+
+    def row(run, card=None) -> float:
+        return took(lambda: suite_table([run], {}, None, log=io.StringIO(), card=card))
+
+    llama = spec("llama3-8b", batch_size=1, seq_len=512)
+    predict(spec("bert-tiny"))  # warm: imports, kernels' first calls
+    depth = took(lambda: predict(llama)) / took(
+        lambda: predict(
+            spec("tests.perf.test_predict:LLAMA3_8B_2_LAYERS", batch_size=1, seq_len=512)
+        )
+    )
+    micro = lambda n: spec("bert-base", (tech("accumulate", micro_batches=n),), batch_size=n)  # noqa: E731
+    accumulation = took(lambda: predict(micro(128))) / took(
+        lambda: predict(spec("bert-base", batch_size=1))
+    )
+    bert = spec("bert-base", batch_size=8, seq_len=128)
+    card = row(bert, CARDS["l40s"]) / row(bert)
+    print(
+        f"\nissue 65: Llama-3-8B 32 layers ÷ 2 = {depth:.2f} (goal 1.5); 128 micro-batches ÷ 1 = "
+        f"{accumulation:.2f} (goal 1.2); bert-base's row on an L40S ÷ without a card = {card:.2f} "
+        "(goal 2)"
+    )
+    assert min(depth, accumulation, card) > 0
 
 
 def __getattr__(name: str) -> ModelSpec:
