@@ -588,7 +588,7 @@ def _trainer_job(
             f"{where}: and batch_size: the arguments give the batch; leave batch_size out"
         )
     if path is not None:
-        job = training_args.read(path, where, problems)
+        job = training_args.read(path, f"{where} {path}", problems)  # the file named: its keys
     else:
         job = None
     if job is None:

@@ -1,8 +1,10 @@
 """A run's ``training_args = "PATH"``: the TrainingArguments of a transformers ``Trainer`` job (a
 JSON file, as ``TrainingArguments.to_json_string`` writes it, or YAML, as TRL and axolotl configs
 hold it), read for the fields that change what a step holds, each becoming the technique or batch
-size it means. Every other field is listed as ignored; an unknown field, or two that contradict each
-other, is a problem naming the key."""
+size it means. A field that changes what a step holds but is not modelled yet (DeepSpeed, FSDP,
+Liger's kernels, …) is a problem naming it, never ignored; every other field changes nothing a step
+holds and is listed as ignored. An unknown field, or two that contradict each other, is a problem
+naming the key."""
 
 from __future__ import annotations
 
@@ -27,6 +29,20 @@ OPTIMIZERS: dict[str, list[Any]] = {
     "adamw_bnb_8bit": ["adamw-8bit"],
     "paged_adamw_8bit": ["paged-adamw-8bit"],
     "sgd": [{"name": "optimizer", "kind": "sgd", "momentum": 0.0, "groups": "trainer"}],
+}
+# Fields that change what a step holds, not modelled yet: a job that sets one is refused, by name
+# and why, where reading it as ignored would predict a peak several-fold off. (fsdp_config matters
+# only beside fsdp, and to_json_string writes its defaults into every file.)
+NOT_MODELLED = {
+    "deepspeed": "DeepSpeed's ZeRO shards parameters, gradients and optimizer state over the "
+    "ranks and may offload them",
+    "fsdp": "FSDP shards parameters, gradients and optimizer state over the ranks",
+    "use_liger_kernel": "Liger's kernels fuse the loss over chunks of the logits, and the norms "
+    "and MLPs",
+    "optim_target_modules": "GaLore-style optimizers keep these modules' gradients projected",
+    "auto_find_batch_size": "the Trainer halves the batch after each out-of-memory until one fits",
+    "torch_empty_cache_steps": "the allocator's cache is emptied every N steps, which changes "
+    "what is reserved",
 }
 READ = (
     "per_device_train_batch_size",
@@ -64,6 +80,12 @@ def read(path: str, where: str, problems: list[str]) -> Job | None:
         f"{where}: {key}: not a TrainingArguments field (transformers {_version()})"
         for key in sorted(args.keys() - known)
     ]
+    found += [
+        f"{where}: {key} = {args[key]!r}: changes what a step holds ({why}), which this harness "
+        "does not model yet; remove it to predict the job without it"
+        for key, why in NOT_MODELLED.items()
+        if args.get(key) not in (None, False, "", [], {})
+    ]
     techniques = (
         _precision(args, where, found)
         + _optimizer(args, where, found)
@@ -75,7 +97,9 @@ def read(path: str, where: str, problems: list[str]) -> Job | None:
     techniques += [{"name": "tf32", "enabled": True}] if args.get("tf32") else []
     techniques += ["compile"] if args.get("torch_compile") else []
     problems += found
-    ignored = tuple(sorted(k for k in args.keys() & known if k not in READ))
+    ignored = tuple(
+        sorted(k for k in args.keys() & known if k not in READ and k not in NOT_MODELLED)
+    )
     if found:
         return None
     return Job(techniques, batch * steps, ignored)

@@ -86,11 +86,27 @@ def test_transformers_4s_own_adamw_is_read_as_what_it_was(tmp_path):
             {"gradient_checkpointing_kwargs": {"preserve_rng_state": False}},
             "only use_reentrant is modelled",
         ),
+        # each changes the peak several-fold: refused by name, never read as ignored
+        (
+            {"deepspeed": "ds_config.json"},
+            "deepspeed = 'ds_config.json': changes what a step holds",
+        ),
+        ({"fsdp": "full_shard auto_wrap"}, "fsdp = 'full_shard auto_wrap': changes what a step"),
+        ({"use_liger_kernel": True}, "use_liger_kernel = True: changes what a step holds"),
     ],
 )
 def test_a_wrong_or_contradictory_field_is_a_load_error_naming_it(change, said, tmp_path):
     with pytest.raises(SuiteError, match=said):
         load(suite(tmp_path, ARGS | change))
+
+
+def test_the_fields_not_modelled_pass_at_the_defaults_transformers_writes(tmp_path):
+    """TrainingArguments.to_json_string writes every field: at its default, a field not modelled
+    (no DeepSpeed, no FSDP, fsdp_config's defaults) is no refusal."""
+    from transformers import TrainingArguments
+
+    written = json.loads(TrainingArguments(output_dir=str(tmp_path / "out")).to_json_string())
+    assert load(suite(tmp_path, written)).runs[1].gpu.batch_size == 8
 
 
 def test_arguments_and_a_batch_size_of_its_own_are_refused(tmp_path):
