@@ -1,3 +1,4 @@
+import multiprocessing.util
 import os
 import subprocess
 import sys
@@ -383,6 +384,10 @@ def test_a_sweep_that_could_not_store_a_measured_run_exits_non_zero(tmp_path, ca
     exited 0."""
     import tempfile
 
+    # multiprocessing keeps its sockets in a folder it makes under the temporary folder once per
+    # process: made under tmp_path, their paths would pass AF_UNIX's 108 characters for this
+    # process's later tests too
+    multiprocessing.util.get_temp_dir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "kept"))
     (tmp_path / "kept").mkdir()
     write = results.write_atomic

@@ -1,6 +1,7 @@
 """The runner against runs that fail in every way a real one can; each run is a real process."""
 
 import io
+import multiprocessing.util
 import os
 import signal
 import subprocess
@@ -405,6 +406,10 @@ def test_a_cuda_runs_memory_summary_is_saved_beside_its_record_and_linked_from_t
 
 @pytest.mark.fault("disk")
 def test_a_record_that_cannot_be_written_is_kept_elsewhere_and_named(tmp_path, capsys, monkeypatch):
+    # multiprocessing keeps its sockets in a folder it makes under the temporary folder once per
+    # process: made under tmp_path, their paths would pass AF_UNIX's 108 characters for this
+    # process's later tests too
+    multiprocessing.util.get_temp_dir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "kept"))
     (tmp_path / "kept").mkdir()
     record = {

@@ -66,7 +66,7 @@ def advise(
     results: Path = Path("results"),
     jobs: int = 1,
     link_gbps: float | None = None,
-    log: TextIO = sys.stderr,
+    log: TextIO | None = None,
 ) -> Advice:
     """The ``top`` cheapest plans for ``src`` whose predicted peak at ``device_type``'s shapes fits
     ``budget`` (with ``max_batch``, those fitting the largest batch); see bench.advise.search for
@@ -81,6 +81,7 @@ def advise(
         rates = replace(STATED[device_type], link=link_gbps * 1e9)
     evidence = Evidence(results, src.mode, device_name(device_type) if device_type == "cpu" else "")
     model = template.model_on(device_type)
+    log = log or sys.stderr  # as it is now, not at import
     predictions = Predictions(device_type, folder=CACHE, jobs=jobs, log=log, card=budget.card)
     try:
         calibration = _calibration(evidence, device_type, rates, predictions)

@@ -34,7 +34,7 @@ class Predictions:
         device_type: str,
         folder: Path | None,
         jobs: int,
-        log: TextIO = sys.stderr,
+        log: TextIO | None = None,
         card: Card | None = None,
     ) -> None:
         """``card``: every prediction is replayed on it (its verdict), and a largest batch is the
@@ -42,7 +42,7 @@ class Predictions:
         self.device_type = device_type
         self.folder = folder
         self.jobs = jobs
-        self.log = log
+        self.log = log or sys.stderr  # as it is now, not at import
         self.card = card
         self.made = self.reused = 0
         self._pool = None

@@ -78,14 +78,14 @@ class Searcher:
         found: list[Axis],
         predictions: Predictions,
         estimator: Callable[[dict[str, Any], dict[str, dict[str, Any]]], Estimator],
-        log: TextIO = sys.stderr,
+        log: TextIO | None = None,
         unfit: Callable[[Option], list[str]] = lambda option: [],
     ):
         self.template = template
         self.base = base
         self.axes = found
         self.predictions = predictions
-        self.log = log
+        self.log = log or sys.stderr  # as it is now, not at import
         # unfit: why an option is no plan for this device
         self.make_estimator = estimator
         self.unfit = unfit

@@ -28,7 +28,7 @@ def suite_table(
     runs: list[RunSpec],
     measured: dict[str, dict[str, Any]],
     budget: int | None,
-    log: TextIO = sys.stderr,
+    log: TextIO | None = None,
     jobs: int = 1,
     card: Card | None = None,
 ) -> pd.DataFrame:
@@ -40,6 +40,7 @@ def suite_table(
     place in the suite."""
     import pandas as pd
 
+    log = log or sys.stderr  # as it is now, not at import
     rows: list[dict[str, Any]] = [{} for _ in runs]
     for i, row in _predicted_rows(runs, budget, jobs, card):
         if (rec := measured.get(runs[i].name)) and rec.get(KEY.peak_allocated_bytes):
