@@ -28,6 +28,7 @@ OPTIMIZERS: dict[str, list[Any]] = {
     "adamw_8bit": ["adamw-8bit"],
     "adamw_bnb_8bit": ["adamw-8bit"],
     "paged_adamw_8bit": ["paged-adamw-8bit"],
+    "paged_adamw_32bit": ["paged-adamw-32bit"],
     "sgd": [{"name": "optimizer", "kind": "sgd", "momentum": 0.0, "groups": "trainer"}],
 }
 # Fields that change what a step holds, not modelled yet: a job that sets one is refused, by name

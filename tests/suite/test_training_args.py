@@ -147,6 +147,7 @@ def test_the_run_holds_what_the_trainer_holds_for_the_same_arguments(bf16, tmp_p
     }
 
 
-def test_the_trainers_paged_8bit_adamw_is_the_paged_technique(tmp_path):
-    run = load(suite(tmp_path, ARGS | {"optim": "paged_adamw_8bit"})).runs[1]
-    assert "paged-adamw-8bit" in [t.name for t in run.techniques]
+@pytest.mark.parametrize("bits", [8, 32])
+def test_the_trainers_paged_adamw_is_the_paged_technique_of_its_bits(bits, tmp_path):
+    run = load(suite(tmp_path, ARGS | {"optim": f"paged_adamw_{bits}bit"})).runs[1]
+    assert f"paged-adamw-{bits}bit" in [t.name for t in run.techniques]

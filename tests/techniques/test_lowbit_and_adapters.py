@@ -385,6 +385,22 @@ def test_paged_adamw_8bit_keeps_its_large_moments_off_the_cuda_allocator():
     assert out.nvml_process_bytes == out.peak_reserved_bytes + CARDS["h100"].context + paged
 
 
+def test_paged_adamw_32bit_keeps_its_large_float32_moments_off_the_cuda_allocator():
+    """The Trainer's paged_adamw_32bit: float32 moments for every parameter (no absmax, no code
+    book), those of parameters of 100,000 elements or more paged out of the allocator's reach."""
+    pytest.importorskip("bitsandbytes")
+    run = spec("llama-tiny", (tech("paged-adamw-32bit"),), batch_size=4, seq_len=16)
+    out = predict(run, run.cpu, cuda=True)
+    assert out.ok, out
+    sizes = [p.numel() for p in build_model(MODELS.get("llama-tiny"), run.cpu)[0].parameters()]
+    assert any(n >= 100_000 for n in sizes) and any(n < 100_000 for n in sizes)
+    assert out.at_peak_optimizer_state_bytes == sum(
+        2 * _rounded(4 * n) for n in sizes if n < 100_000
+    )
+    assert out.optimizer_state_bytes == sum(2 * 4 * n for n in sizes)
+    assert out.paged_bytes == sum(2 * 4 * n for n in sizes if n >= 100_000)
+
+
 def test_paged_adamw_8bit_is_a_cuda_technique():
     run = spec("llama-tiny", (tech("paged-adamw-8bit"),), batch_size=4, seq_len=16)
     out = predict(run, run.cpu, cuda=False)
