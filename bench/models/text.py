@@ -18,6 +18,17 @@ if TYPE_CHECKING:
     from bench.spec import Shapes
 
 NUM_LABELS = 10  # digits' ten classes (the accuracy phase trains on them)
+LLAMA3_VOCAB, TINY_VOCAB, DIGITS_VOCAB = 128_256, 32_768, 48
+# Llama-3-8B's config.json, as LlamaConfig's fields
+LLAMA3_8B = {
+    "vocab_size": LLAMA3_VOCAB,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "tie_word_embeddings": False,
+}
 
 
 def _bert(config: BertConfig, shapes: Shapes) -> nn.Module:
@@ -104,16 +115,7 @@ def _llama3_8b(shapes: Shapes) -> nn.Module:
     """Llama-3-8B's shapes (Meta's config.json): 32 layers of 4,096 with 32 query and 8 key-value
     heads, an MLP of 14,336 and a 128,256-token vocabulary; 8.03 billion parameters, random, never
     trained here."""
-    return _llama(
-        shapes,
-        vocab_size=LLAMA3_VOCAB,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        tie_word_embeddings=False,
-    )
+    return _llama(shapes, **LLAMA3_8B)
 
 
 def _llama3_1b(shapes: Shapes) -> nn.Module:
@@ -163,7 +165,6 @@ def _llama_digits(shapes: Shapes) -> nn.Module:
     )
 
 
-LLAMA3_VOCAB, TINY_VOCAB, DIGITS_VOCAB = 128_256, 32_768, 48
 LLAMA = {
     "objective": "next-token",
     "attention": True,

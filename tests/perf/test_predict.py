@@ -9,7 +9,7 @@ import pytest
 import torchvision
 
 from bench.models import ModelSpec
-from bench.models.text import LLAMA, LLAMA3_VOCAB, _llama
+from bench.models.text import LLAMA, LLAMA3_8B, LLAMA3_VOCAB, _llama
 from bench.predict import predict
 from bench.predict.cards import CARDS
 from bench.predict.table import suite_table
@@ -42,16 +42,7 @@ def test_full_size_predictions_take_seconds():
 # Llama-3-8B's shapes at 2 layers of its 32 (bench/models/text.py): issue 65's depth ratio
 LLAMA3_8B_2_LAYERS = ModelSpec(
     name="llama3-8b-2-layers",
-    build=lambda shapes: _llama(
-        shapes,
-        vocab_size=LLAMA3_VOCAB,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=2,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        tie_word_embeddings=False,
-    ),
+    build=lambda shapes: _llama(shapes, **(LLAMA3_8B | {"num_hidden_layers": 2})),
     inputs="tokens",
     num_classes=LLAMA3_VOCAB,
     vocab_size=LLAMA3_VOCAB,
