@@ -19,7 +19,7 @@ from torch.utils.flop_counter import flop_registry, shape_wrapper
 from bench.errors import first_line
 from bench.generate import Generator
 from bench.measure.allocator import Conf, Replay, cublas_workspaces
-from bench.measure.memory import optimizer_state, replayed, track, tracked_memory
+from bench.measure.memory import Tracked, optimizer_state, replayed, track, tracked_memory
 from bench.measure.tracker import CUDA_BLOCK, LiveBytes, NotRepeating, on_host
 from bench.models import ModelSpec
 from bench.predict import ranks
@@ -153,17 +153,22 @@ def _fake_step(
             more = _folded(runner, feed, ctx.world_size)
         else:
             more = 0
-        if replay is not None:
-            # the first step, as the allocator sees it: where optimizer state first lands
-            history = track(
-                first,
+
+        def traced(step: Callable[[], object], history: LiveBytes | None = None) -> Tracked:
+            return track(
+                step,
                 runner.model,
                 optimizer=runner.optimizer,
                 device=CPU,
                 rounding=rounding,
                 compiled_update=compiled_update,
+                history=history,
                 phases=phases,
             )
+
+        if replay is not None:
+            # the first step, as the allocator sees it: where optimizer state first lands
+            history = traced(first)
             if not history.tracker.repeat(more):
                 raise NotRepeating
             replay = dataclasses.replace(replay, history=history.tracker)
@@ -186,16 +191,7 @@ def _fake_step(
         # tracker, which steps aside alone for an update its package compiles
         traffic = ranks.Traffic(ctx.world_size)
         with traffic if ctx.world_size > 1 else nullcontext(), counter:
-            done = track(
-                step,
-                runner.model,
-                optimizer=runner.optimizer,
-                device=CPU,
-                rounding=rounding,
-                compiled_update=compiled_update,
-                history=replay and replay.history,
-                phases=phases,
-            )
+            done = traced(step, history=replay and replay.history)
     if not done.tracker.repeat(more):
         raise NotRepeating
     # the tracker's figures are the prediction's, by name (record.TRACKED)
@@ -276,13 +272,12 @@ def _counting(runner: Any, counter: StepCounter, counts: list[list[int]]) -> Ite
     """``counter`` counting a step; a folded step's counts taken after each of its micro-batches
     into ``counts``."""
     marking = getattr(runner, "after_micro_batch", None)
+    if marking is not None:  # a folded step
 
-    def marked() -> None:
-        if marking is not None:
+        def marked() -> None:
             marking()
-        counts.append(counter.totals())
+            counts.append(counter.totals())
 
-    if marking is not None:
         runner.after_micro_batch = marked
     counter.counting = True
     try:
