@@ -26,8 +26,10 @@ under bench; tests/test_house.py checks that each still is):
       ▼
     report.build_report: the suite's page, Markdown and HTML, with plots; report.overview: all
 
-bench predict takes the way as far as record.Prediction and prints it (predict.table); bench advise
-ranks plans of techniques by their predictions (advise.advise).
+bench predict takes the way as far as record.Prediction, a predict.table.Row per run with what a
+budget or card asked of it, and prints them; bench fit stores a fit.Fit per run, its largest batch
+probed (fit.Probe) beside the predicted one; bench advise ranks plans of techniques by their
+predictions (advise.advise) and the records' figures (record.Accuracy and the throughputs).
 """
 
 import logging

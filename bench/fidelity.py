@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,12 +28,21 @@ from bench.data.synthetic import Batch
 from bench.infer import forward
 from bench.models import ModelSpec
 from bench.recipe import Recipe, Stepper
-from bench.record import KEY, FidelityResult
+from bench.record import FidelityResult
 from bench.suite import Fidelity, RunSpec, Shapes
 
 EVAL_BATCH = 256
 # final_loss: mean training loss over the last steps, less noisy than the very last one
 LAST_STEPS = 10
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeldOut:
+    """A model evaluated on the held-out split: its accuracy, mean loss and each sample's class."""
+
+    accuracy: float
+    loss: float
+    predictions: torch.Tensor
 
 
 def run_fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> FidelityResult:
@@ -80,26 +90,22 @@ def run_fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> Fidelity
         Recipe.of(spec, device, shapes, model=stand_in, lr=fid.lr, seed=seed) for seed in seeds
     ]
     results = [one(recipe, fid, train, test, classes) for recipe in recipes]
-    out = {
-        f"fidelity_{k}" if k not in (KEY.accuracy, KEY.final_loss, KEY.grad_cosine) else k: v
-        for k, v in results[0].items()
-    }
-    out |= {
-        KEY.fidelity_model: model_spec.name,
-        KEY.fidelity_weights: fid.weights,
-        KEY.fidelity_dataset: fid.dataset,
-        KEY.fidelity_steps: fid.steps,
-        KEY.fidelity_train_size: len(train),
-        KEY.fidelity_test_size: len(test),
-    }
+    out = results[0] | FidelityResult(
+        fidelity_model=model_spec.name,
+        fidelity_weights=fid.weights,
+        fidelity_dataset=fid.dataset,
+        fidelity_steps=fid.steps,
+        fidelity_train_size=len(train),
+        fidelity_test_size=len(test),
+    )
     if len(results) > 1:
-        out[KEY.accuracy_seeds] = [r[KEY.accuracy] for r in results]
-    return FidelityResult(**out)
+        out.accuracy_seeds = [r.accuracy for r in results]
+    return out
 
 
 def _train_seed(
     recipe: Recipe, fid: Fidelity, train: real.Labelled, test: real.Labelled, classes: int
-) -> dict[str, Any]:
+) -> FidelityResult:
     model_spec, device = recipe.ctx.model_spec, recipe.ctx.device
     model = recipe.model(fid.weights)[0]
     batches = _batches(train, fid, seed=recipe.seed, device=device, model_spec=model_spec)
@@ -126,14 +132,18 @@ def _train_seed(
         progress.say(f"fidelity phase, seed {recipe.seed}", step, fid.steps)
         losses.append(trainer.step(recipe.regroup(next(batches))))
     final = torch.stack(losses[-LAST_STEPS:]).float().mean().item()
-    figures = _evaluate(trainer, test, device=device, classes=classes, regroup=recipe.regroup)
-    del figures["predictions"]
-    return figures | {KEY.final_loss: final, KEY.grad_cosine: _cosine(reference, captured)}
+    held_out = _evaluate(trainer, test, device=device, classes=classes, regroup=recipe.regroup)
+    return FidelityResult(
+        accuracy=held_out.accuracy,
+        fidelity_test_loss=held_out.loss,
+        final_loss=final,
+        grad_cosine=_cosine(reference, captured),
+    )
 
 
 def _inference_seed(
     recipe: Recipe, fid: Fidelity, train: real.Labelled, test: real.Labelled, classes: int
-) -> dict[str, Any]:
+) -> FidelityResult:
     device = recipe.ctx.device
     plain = recipe.stepper(recipe.model(fid.weights)[0], [], inference=False)
     batches = _batches(
@@ -145,10 +155,15 @@ def _inference_seed(
         losses.append(plain.step(next(batches)))
     reference = _evaluate(recipe.stepper(plain.model, []), test, device, classes)
     served = recipe.stepper(plain.model)
-    figures = _evaluate(served, test, device=device, classes=classes, regroup=recipe.regroup)
-    agree = (figures.pop("predictions") == reference["predictions"]).float().mean().item()
+    held_out = _evaluate(served, test, device=device, classes=classes, regroup=recipe.regroup)
+    agree = (held_out.predictions == reference.predictions).float().mean().item()
     final = torch.stack(losses[-LAST_STEPS:]).float().mean().item()
-    return figures | {KEY.final_loss: final, "agreement": agree}
+    return FidelityResult(
+        accuracy=held_out.accuracy,
+        fidelity_test_loss=held_out.loss,
+        final_loss=final,
+        fidelity_agreement=agree,
+    )
 
 
 def _batches(
@@ -210,7 +225,7 @@ def _evaluate(
     device: torch.device,
     classes: int,
     regroup: Callable[[Batch], Batch] | None = None,
-) -> dict[str, Any]:
+) -> HeldOut:
     """Held-out accuracy and loss over the classes, through the techniques' own batches
     (``regroup``), batch preparation and step contexts. Every batch has the same size (the last is
     padded with repeats, dropped afterwards): traced and compiled models keep the shape they were
@@ -231,8 +246,5 @@ def _evaluate(
             predictions.append(logits.argmax(dim=1).cpu())
     model.train(was_training)
     predicted = torch.cat(predictions)
-    return {
-        KEY.accuracy: (predicted == test.labels).float().mean().item(),
-        "test_loss": loss / len(test),
-        "predictions": predicted,
-    }
+    accuracy = (predicted == test.labels).float().mean().item()
+    return HeldOut(accuracy=accuracy, loss=loss / len(test), predictions=predicted)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -26,7 +26,7 @@ from bench.launch.local import run_isolated
 from bench.predict import largest_batch
 from bench.predict.budget import largest_batch_on
 from bench.predict.cards import Card
-from bench.record import KEY, Record, Status
+from bench.record import Record, Status
 from bench.suite import RunSpec
 
 CLOSE = 0.05  # how far below the measured largest batch the predicted one may lie
@@ -37,14 +37,72 @@ class ProbeFailed(Exception):
     message)."""
 
 
+@dataclass(frozen=True)
+class Probe:
+    """One batch size tried: how its run ended, and its peak (allocated on CUDA, tracked on a
+    CPU)."""
+
+    batch_size: int
+    status: Status
+    peak_bytes: float | None
+
+
+@dataclass(kw_only=True)
+class Fit:
+    """One run's largest batch under a budget, measured by probing and predicted; stored under
+    results/<suite>/<device>/fit/."""
+
+    suite: str
+    run: str
+    run_key: str
+    device: str
+    budget_bytes: int
+    predicted_largest_batch: int | None
+    measured_largest_batch: int | None = None
+    status: Status = Status.OK
+    message: str = ""
+    probes: list[Probe] = field(default_factory=list)
+
+    @property
+    def promises_oom(self) -> bool:
+        """The prediction promised a batch that ran out of memory."""
+        both = self.predicted_largest_batch is not None and self.measured_largest_batch is not None
+        return both and self.predicted_largest_batch > self.measured_largest_batch
+
+    @property
+    def close_below(self) -> bool:
+        """The prediction lies at or within CLOSE below the measured largest batch."""
+        measured, predicted = self.measured_largest_batch, self.predicted_largest_batch
+        if measured is None or predicted is None:
+            return False
+        return measured * (1 - CLOSE) <= predicted <= measured
+
+    def stored(self) -> dict[str, Any]:
+        """As its file holds it, the two verdicts with it."""
+        verdicts = {"promises_oom": self.promises_oom, "within_5pct_below": self.close_below}
+        return asdict(self) | verdicts
+
+    def line(self) -> str:
+        """The fit in words, as the progress line says it."""
+        if self.status != Status.OK:
+            return f"{self.status}: {self.message}"
+        flag = ""
+        if self.promises_oom:
+            flag = " ⚠ the prediction promises a batch that runs out of memory"
+        return (
+            f"largest batch measured {self.measured_largest_batch}, predicted "
+            f"{self.predicted_largest_batch} ({len(self.probes)} probes){flag}"
+        )
+
+
 def fit_run(
     spec: RunSpec, device: Device, budget: int, limit: int = 4096, card: Card | None = None
-) -> dict[str, Any]:
+) -> Fit:
     """One run's measured and predicted largest batch under ``budget`` bytes, and each probe taken;
     on a ``card``, the probes' allocator is capped at what the card leaves it (``budget``, its
     capacity), and the prediction is the card's verdict (bench.predict.budget.largest_batch_on)."""
     shapes = spec.shapes(device.type)
-    probes: list[dict[str, Any]] = []
+    probes: list[Probe] = []
 
     def measured_peak(batch: int) -> float:
         probe = replace(
@@ -55,38 +113,33 @@ def fit_run(
         )
         out = run_isolated(probe, device, budget=budget)
         status = out.outcome.status
-        probes.append({KEY.batch_size: batch, KEY.status: status, "peak_bytes": _peak(out)})
+        probes.append(Probe(batch, status, _peak(out)))
         if status == Status.OOM:
             return math.inf
         if status != Status.OK:
             raise ProbeFailed(f"{status} at batch {batch}: {out.outcome.message or ''}")
         return _peak(out) or 0.0
 
-    row: dict[str, Any] = {KEY.run: spec.name, "budget_bytes": budget, KEY.device: device.name}
     if card:
-        row["predicted_largest_batch"] = largest_batch_on(spec, card, limit)
+        predicted = largest_batch_on(spec, card, limit)
     else:
-        row["predicted_largest_batch"] = largest_batch(spec, budget, limit, device_type=device.type)
+        predicted = largest_batch(spec, budget, limit, device_type=device.type)
+    fit = Fit(
+        suite=spec.suite,
+        run=spec.name,
+        run_key=spec.measured_key(device.name, device.type),
+        device=device.name,
+        budget_bytes=budget,
+        predicted_largest_batch=predicted,
+        probes=probes,
+    )
     try:
-        row["measured_largest_batch"] = largest_batch(
+        fit.measured_largest_batch = largest_batch(
             spec, budget, limit, peak=measured_peak, device_type=device.type
         )
-        row[KEY.status] = Status.OK
     except ProbeFailed as exc:
-        row |= {KEY.status: Status.ERROR, KEY.message: str(exc)}
-    return row | {"probes": probes} | verdict(row)
-
-
-def verdict(row: dict[str, Any]) -> dict[str, Any]:
-    """Whether the prediction promised a batch that runs out of memory, and whether it lies close
-    below."""
-    predicted, measured = row.get("predicted_largest_batch"), row.get("measured_largest_batch")
-    if predicted is None or measured is None:
-        return {}
-    return {
-        "promises_oom": predicted > measured,
-        "within_5pct_below": measured * (1 - CLOSE) <= predicted <= measured,
-    }
+        fit.status, fit.message = Status.ERROR, str(exc)
+    return fit
 
 
 def fit_suite(
@@ -96,7 +149,7 @@ def fit_suite(
     results_root: Path,
     log: TextIO | None = None,
     card: Card | None = None,
-) -> list[dict[str, Any]]:
+) -> list[Fit]:
     """Every run fitted, each stored under results/<suite>/<device>/fit/ as it is done."""
     log = log or sys.stderr
     # before any probe: measured rows were lost to an unwritable folder
@@ -106,35 +159,19 @@ def fit_suite(
             "fit rows",
             "--results FOLDER",
         )
-    rows = []
+    fits = []
     for i, spec in enumerate(runs, 1):
         print(
             f"[{i}/{len(runs)}] {spec.name}: probing batch sizes under {budget / 2**30:.2f} GiB",
             file=log,
             flush=True,
         )
-        row = fit_run(spec, device, budget, card=card) | {
-            KEY.suite: spec.suite,
-            KEY.run_key: spec.measured_key(device.name, device.type),
-        }
+        fit = fit_run(spec, device, budget, card=card)
         folder = results.suite_folder(results_root, spec.suite, device.name) / "fit"
-        results.write_atomic(folder / f"{results.run_stem(spec.name)}@{budget}.json", row)
-        print(f"[{i}/{len(runs)}] {spec.name}: {row_line(row)}", file=log, flush=True)
-        rows.append(row)
-    return rows
-
-
-def row_line(row: dict[str, Any]) -> str:
-    if row[KEY.status] != Status.OK:
-        return f"{row[KEY.status]}: {row[KEY.message]}"
-    if row.get("promises_oom"):
-        flag = " ⚠ the prediction promises a batch that runs out of memory"
-    else:
-        flag = ""
-    return (
-        f"largest batch measured {row['measured_largest_batch']}, predicted "
-        f"{row['predicted_largest_batch']} ({len(row['probes'])} probes){flag}"
-    )
+        results.write_atomic(folder / f"{results.run_stem(spec.name)}@{budget}.json", fit.stored())
+        print(f"[{i}/{len(runs)}] {spec.name}: {fit.line()}", file=log, flush=True)
+        fits.append(fit)
+    return fits
 
 
 def _field(device: Device) -> str:

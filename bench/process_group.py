@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 import torch
 
@@ -44,13 +43,13 @@ def device_of(device_type: str, group: Group) -> torch.device:
     return torch.device(device_type)
 
 
-def gather(figures: dict[str, Any], group: Group) -> list[dict[str, Any]] | None:
+def gather(figures: Record, group: Group) -> list[Record] | None:
     """Every rank's figures, on rank 0 (None elsewhere); a group of one returns its own."""
     if group.world_size == 1:
         return [figures]
     import torch.distributed as dist
 
-    out: list[Any] = [None] * group.world_size
+    out: list[Record | None] = [None] * group.world_size
     dist.all_gather_object(out, figures)
     if group.rank == 0:
         return out
@@ -65,9 +64,9 @@ def leave(group: Group) -> None:
         dist.destroy_process_group()
 
 
-def merge(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+def merge(per_rank: list[Record]) -> Record:
     """One record of every rank's figures (``Record.merged``: how each figure folds over ranks is
-    declared where the figure is)."""
+    declared where the figure is); a run of one process is its own."""
     if len(per_rank) == 1:
         return per_rank[0]
-    return Record.merged([Record.from_flat(r) for r in per_rank]).to_flat()
+    return Record.merged(per_rank)

@@ -18,6 +18,7 @@ from bench.data import varlen
 from bench.data.synthetic import Batch, clone_batch, synthetic_batch
 from bench.generate import Generator
 from bench.infer import Inferencer
+from bench.record import Provenance
 from bench.spec import RunSpec, Shapes
 from bench.techniques import RunContext, Technique, build
 from bench.techniques.padding import PadToMax
@@ -91,7 +92,7 @@ class Recipe:
             (f"{t.name}: {r}" for t in self.techniques if (r := t.unsupported(self.ctx))), None
         )
 
-    def model(self, weights: str | None = None) -> tuple[nn.Module, dict[str, object]]:
+    def model(self, weights: str | None = None) -> tuple[nn.Module, Provenance]:
         """The plain model on the device, initialised from the seed (then ``weights``), with what
         loading found."""
         torch.manual_seed(self.seed)

@@ -52,6 +52,14 @@ class Phase(StrEnum):
     DECODE = "decode"  # each token after the first
 
 
+class DeviceType(StrEnum):
+    """What a run measured on (``device_type``): a CUDA card, or this machine's processor. Suites
+    give each its own shapes."""
+
+    CUDA = "cuda"
+    CPU = "cpu"
+
+
 class Status(StrEnum):
     """How a run (``status``) or its prediction (``predicted_status``) ended; stored as its plain
     string."""
@@ -63,6 +71,12 @@ class Status(StrEnum):
     TIMEOUT = "timeout"
     UNSUPPORTED = "unsupported"  # the technique cannot apply here, with the reason
     UNPREDICTABLE = "unpredictable"  # predictions only: fake tensors cannot stand for the technique
+
+
+def as_status(stored: str | None) -> Status | str | None:
+    """A stored status as its Status; one no Status names (another tool's) stays as it was, for
+    ``problems`` to name."""
+    return Status(stored) if stored in Status._value2member_map_ else stored
 
 
 # what a run's record may say
@@ -133,7 +147,7 @@ class Identity(Part):
         "the device's name: the CUDA card's, or the processor model, thread count and vector "
         "instructions (AVX2, AVX512…)"
     )
-    device_type: str | None = column("cuda or cpu")
+    device_type: DeviceType | None = column("cuda or cpu")
     batch_size: int | None = column("the measured steps' batch size (per rank)")
     image_size: int | None = doc("image models: the side of the square input")
     seq_len: int | None = doc(
@@ -154,12 +168,16 @@ class Identity(Part):
         "hash of spec and device: a stored record with the same key is kept on resume"
     )
 
+    def __post_init__(self) -> None:
+        known = self.device_type in DeviceType._value2member_map_
+        self.device_type = DeviceType(self.device_type) if known else self.device_type
+
 
 @dataclass(kw_only=True)
 class Outcome(Part):
     """How the run ended."""
 
-    status: str = column(", ".join(STATUSES[:-1]) + " or " + STATUSES[-1])
+    status: Status | None = column(", ".join(STATUSES[:-1]) + " or " + STATUSES[-1])
     message: str = column("empty when ok; else the reason", "")
     warning: str | None = column(
         "an ok run whose first timed step was far slower than the rest (warm-up too short)"
@@ -174,6 +192,9 @@ class Outcome(Part):
         "each technique's evidence of application, read off the live run, as <technique>.<key>; "
         "the trainer's micro_batches and output_dtype"
     )
+
+    def __post_init__(self) -> None:
+        self.status = as_status(self.status)
 
 
 @dataclass(kw_only=True)
@@ -364,7 +385,7 @@ TRACKED = (
 
 @dataclass(kw_only=True)
 class _PredictionOutcome(Part):
-    status: str | None = doc("ok, unsupported or unpredictable")
+    status: Status | None = doc("ok, unsupported or unpredictable")
     message: str | None = doc("why a prediction was not made")
     ahead: bool | None = doc("made in a spare process while the device measured earlier runs")
     world_size: int | None = doc(
@@ -451,6 +472,9 @@ class Prediction(_PredictedFigures):
 
     prefix: ClassVar[str] = "predicted_"
 
+    def __post_init__(self) -> None:
+        self.status = as_status(self.status)
+
     @property
     def ok(self) -> bool:
         return self.status == Status.OK
@@ -510,6 +534,32 @@ class FidelityResult(Part):
         "the fidelity phase was stopped by Ctrl-C or SIGTERM: the measurement is kept, and a sweep "
         "run again measures the run again"
     )
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """A run's accuracy against its baseline's first seed (same initial weights and data order),
+    and the noise band: the spread (max − min) of the baseline's accuracies over its seeds. Derived
+    when reporting, never stored (DERIVED names its columns)."""
+
+    delta: float
+    band: float
+
+    @property
+    def outside_band(self) -> bool:
+        return abs(self.delta) > self.band
+
+    @classmethod
+    def of(cls, run: FidelityResult, baseline: FidelityResult | None) -> Accuracy | None:
+        """None where either lacks an accuracy."""
+        if run.accuracy is None or baseline is None or baseline.accuracy is None:
+            return None
+        seeds = baseline.accuracy_seeds or [baseline.accuracy]
+        return cls(run.accuracy - baseline.accuracy, max(seeds) - min(seeds))
+
+    def flat(self) -> dict[str, Any]:
+        """As a report's row holds it."""
+        return dict(zip(DERIVED, (self.delta, self.band, self.outside_band), strict=True))
 
 
 @dataclass
@@ -684,6 +734,8 @@ KINDS = {
     "int": (int,),
     "float": (int, float),
     "str": (str,),
+    "Status": (str,),
+    "DeviceType": (str,),
     "bool": (bool,),
     "list": (list,),
     "dict": (dict,),

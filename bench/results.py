@@ -21,7 +21,18 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from bench.errors import BadInput
-from bench.record import KEY, STATUSES, Identity, Provenance, Record, label, migrate, problems
+from bench.record import (
+    KEY,
+    STATUSES,
+    Accuracy,
+    FidelityResult,
+    Identity,
+    Provenance,
+    Record,
+    label,
+    migrate,
+    problems,
+)
 
 if TYPE_CHECKING:
     from bench.spec import RunSpec
@@ -352,17 +363,6 @@ def load_records(suite_dir: Path) -> list[dict[str, Any]]:
     return [r for p in sorted(suite_dir.glob("*/*.json")) if (r := read(p)) is not None]
 
 
-def accuracy_vs_baseline(record: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, Any]:
-    """The accuracy delta against the baseline's first seed (same initial weights and data order),
-    and the noise band: the spread (max − min) of the baseline's accuracies over its seeds."""
-    acc, base = record.get(KEY.accuracy), (baseline or {}).get(KEY.accuracy)
-    if acc is None or base is None:
-        return {}
-    seeds = baseline.get(KEY.accuracy_seeds) or [base]
-    delta, band = acc - base, max(seeds) - min(seeds)
-    return {"accuracy_delta": delta, "accuracy_band": band, "outside_band": abs(delta) > band}
-
-
 def to_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     """One row per run, records of any age in today's form (bench.record.migrate), with what is
     derived from several of them: the accuracy delta against the baseline run on the same device.
@@ -384,11 +384,17 @@ def to_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
             KEY.techniques: label(r.get(KEY.techniques) or []),
             "technique": _first_technique(r),
         }
-        row |= accuracy_vs_baseline(r, baselines.get((r.get(KEY.suite), r[KEY.device])))
+        base = baselines.get((r.get(KEY.suite), r[KEY.device]))
+        if accuracy := Accuracy.of(_fidelity(r), base and _fidelity(base)):
+            row |= accuracy.flat()
         row |= {f"proof.{k}": v for k, v in (r.get(KEY.proof) or {}).items()}
         row |= {f"package.{k}": v for k, v in (r.get(KEY.packages) or {}).items()}
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _fidelity(record: dict[str, Any]) -> FidelityResult:
+    return Record.from_flat(record).fidelity
 
 
 def _first_technique(record: dict[str, Any]) -> str:

@@ -15,7 +15,7 @@ from bench import results, resume
 from bench.errors import NotStored
 from bench.launch import Launcher, MeasuredThenStopped
 from bench.pace import Pace
-from bench.record import KEY, MEMORY_SUMMARY, Record, Status
+from bench.record import KEY, MEMORY_SUMMARY, Accuracy, Record, Status
 from bench.suite import Suite
 
 
@@ -157,7 +157,7 @@ def _measure(
                     flush=True,
                 )
                 raise stopped
-            kept = records[t.suite.name][-1]  # as stored: what the reports will read
+            kept = Record.from_flat(records[t.suite.name][-1])  # as stored: what reports will read
             summary = _outcome(kept, _baseline(kept, records[t.suite.name]))
             print(
                 f"[{i}/{len(todo)}] {label(t)}: {summary}",
@@ -216,41 +216,43 @@ def finite(record: dict[str, Any]) -> dict[str, Any]:
     return out | ({KEY.non_finite: sorted(set(bad))} if bad else {})
 
 
-def _baseline(record: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _baseline(record: Record, records: list[dict[str, Any]]) -> Record | None:
     """The suite's baseline record on the record's device: the record itself, or one stored before
     it."""
+    who = record.identity
     return next(
         (
-            r
+            Record.from_flat(r)
             for r in reversed(records)
-            if r[KEY.run] == record[KEY.baseline] and r[KEY.device] == record[KEY.device]
+            if r[KEY.run] == who.baseline and r[KEY.device] == who.device
         ),
         None,
     )
 
 
-def _outcome(record: dict[str, Any], baseline: dict[str, Any] | None = None) -> str:
+def _outcome(record: Record, baseline: Record | None = None) -> str:
     """The progress line's summary: what a user watching the sweep wants first; the accuracy delta
     against ``baseline`` where both have an accuracy."""
-    if record[KEY.status] != Status.OK:
-        return f"{record[KEY.status]}: {record[KEY.message]}"
-    peak = record.get(KEY.peak_allocated_bytes) or record.get(KEY.peak_tensor_bytes)
+    if record.outcome.status != Status.OK:
+        return f"{record.outcome.status}: {record.outcome.message}"
+    peak = record.memory.peak_allocated_bytes or record.memory.peak_tensor_bytes
     # No peak: a compiled model runs nothing the tracker sees, and a CPU has no allocator peak. Not
     # a zero.
     parts = [
         f"peak {peak / 2**20:,.1f} MiB" if peak else "peak not tracked",
-        f"{record[KEY.samples_per_s]:,.1f} samples/s",
+        f"{record.timing.samples_per_s:,.1f} samples/s",
     ]
-    if record.get(KEY.accuracy) is not None:
-        delta = results.accuracy_vs_baseline(record, baseline).get("accuracy_delta")
-        shown = delta is not None and record[KEY.run] != record[KEY.baseline]
-        parts.append(
-            f"accuracy {record[KEY.accuracy]:.1%}" + (f" ({delta * 100:+.1f} pt)" if shown else "")
-        )
-    if record.get(KEY.fidelity_error):
-        parts.append(f"fidelity phase failed: {record[KEY.fidelity_error]}")
-    if record.get(KEY.warning):
-        parts.append(f"warning: {record[KEY.warning]}")
+    fid = record.fidelity
+    if fid.accuracy is not None:
+        shown = ""
+        accuracy = Accuracy.of(fid, baseline and baseline.fidelity)
+        if accuracy is not None and record.identity.run != record.identity.baseline:
+            shown = f" ({accuracy.delta * 100:+.1f} pt)"
+        parts.append(f"accuracy {fid.accuracy:.1%}{shown}")
+    if fid.fidelity_error:
+        parts.append(f"fidelity phase failed: {fid.fidelity_error}")
+    if record.outcome.warning:
+        parts.append(f"warning: {record.outcome.warning}")
     return "ok, " + ", ".join(parts)
 
 

@@ -16,7 +16,6 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -42,7 +41,6 @@ from bench.predict import predict_run
 from bench.provenance import runtime_provenance
 from bench.recipe import Recipe, Stepper, batches, tracked_steps
 from bench.record import (
-    KEY,
     MEMORY_SUMMARY,
     Data,
     FidelityResult,
@@ -67,9 +65,9 @@ def measure(
     group: process_group.Group = process_group.Group(),
     prediction: Record | None = None,
     launched_at: float | None = None,
-    measured: Callable[[dict[str, Any]], None] | None = None,
+    measured: Callable[[Record], None] | None = None,
     history_path: str | None = None,
-) -> dict[str, Any]:
+) -> Record:
     """One run, phase by phase: its own prediction (unless made ahead), build, warm-up, one
     instrumented step, the timed steps, and the fidelity phase; a technique that cannot run here
     ends it as unsupported before any of them. ``launched_at``: when the sweep launched the process
@@ -79,7 +77,7 @@ def measure(
     recipe = Recipe.of(spec, device, world_size=group.world_size, rank=group.rank)
     ctx, techniques, shapes = recipe.ctx, recipe.techniques, recipe.ctx.shapes
     if reason := recipe.unsupported():
-        return Outcome(status=Status.UNSUPPORTED, message=reason).flat()
+        return Record(outcome=Outcome(status=Status.UNSUPPORTED, message=reason))
     predicted = prediction or _predicted(spec, device)  # its figures, and the seconds it took
     clock = time.perf_counter()
     if device.type == "cuda" and (history_path or snapshot):
@@ -122,23 +120,20 @@ def measure(
     record |= timed | Record(memory=memory, timing=timing) | predicted
     record |= _counts(trainer, record.memory)
     if device.type == "cuda":
-        card = {
-            KEY.tf32_matmul: torch.backends.cuda.matmul.allow_tf32,
-            KEY.device: torch.cuda.get_device_name(device),
-        }
-        record.timing |= Timing(**mfu(record.to_flat() | card))
+        name, tf32 = torch.cuda.get_device_name(device), torch.backends.cuda.matmul.allow_tf32
+        record.timing |= mfu(record, name, tf32)
     # build, warm-up, instrumented and timed steps
     record.timing.measure_s = round(time.perf_counter() - clock, 2)
     record.outcome |= Outcome(status=Status.OK, message="")
     if (fid := spec.fidelity(device.type)) is not None:
         if measured is not None:  # kept by the sweep if the fidelity phase is cut short
-            measured(record.to_flat())
+            measured(record)
         del trainer, batch  # free the measured model before training another
         progress.say("fidelity phase (accuracy)")
         clock = time.perf_counter()
         record |= Record(fidelity=_fidelity(spec, fid, device))
         record.timing.fidelity_s = round(time.perf_counter() - clock, 2)
-    return record.to_flat()
+    return record
 
 
 def _predicted(spec: RunSpec, device: torch.device) -> Record:
@@ -152,8 +147,8 @@ def _build(spec: RunSpec, recipe: Recipe) -> tuple[Stepper, Batch, Record]:
     their digest)."""
     if recipe.ctx.device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed shapes: let warm-up pick the fastest kernels
-    model, figures = recipe.model(spec.weights)
-    record = Record.from_flat(figures)
+    model, loaded = recipe.model(spec.weights)
+    record = Record(provenance=loaded)
     if spec.weights:  # once per run: the fidelity phase loads the same file again for each seed
         record.provenance.weights_sha256 = digest(spec.weights)
     return recipe.stepper(model), recipe.batch(), record
@@ -333,17 +328,15 @@ def _fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> FidelityRes
         return FidelityResult(fidelity_error=f"{type(exc).__name__}: {first_line(exc)[:300]}")
 
 
-def over_budget(result: dict[str, Any], budget: int) -> dict[str, Any]:
+def over_budget(result: Record, budget: int) -> Outcome | None:
     """On a CPU, where no allocator can be limited, a budget holds against the tracked peak of live
     tensor bytes, the figure a CPU run is measured by: a run over it is out of memory as it would be
     on a card."""
-    peak = result.get(KEY.peak_tensor_bytes)
-    if result[KEY.status] != Status.OK or peak is None or peak <= budget:
-        return {}
-    return {
-        KEY.status: Status.OOM,
-        KEY.message: f"tracked peak {peak:,} bytes is over the budget of {budget:,} bytes",
-    }
+    peak = result.memory.peak_tensor_bytes
+    if result.outcome.status != Status.OK or peak is None or peak <= budget:
+        return None
+    message = f"tracked peak {peak:,} bytes is over the budget of {budget:,} bytes"
+    return Outcome(status=Status.OOM, message=message)
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -366,22 +359,18 @@ def main(spec_path: str, out_path: str) -> int:
     group = process_group.join(job.device_type, spec.timeout_s)
     device = process_group.device_of(job.device_type, group)
     budget = job.budget_bytes
+    provenance = runtime_provenance(device)
     try:
         if budget and device.type == "cuda":
             # a smaller card: the allocator refuses past the budget
             torch.cuda.set_per_process_memory_fraction(
                 budget / torch.cuda.get_device_properties(device).total_memory, device
             )
-        partial = (
-            None
-            if group.world_size > 1
-            # a rank's figures are merged only at the end
-            else (
-                lambda figures: _write(
-                    f"{out_path}.measured", figures | runtime_provenance(device).flat()
-                )
-            )
-        )
+
+        def partial(record: Record) -> None:  # kept by the sweep if the fidelity phase is cut short
+            record.provenance |= provenance
+            _write(f"{out_path}.measured", record)
+
         if prediction is None:  # here, so that a run that fails after it keeps it
             prediction = _predicted(spec, device)
         result = measure(
@@ -391,36 +380,26 @@ def main(spec_path: str, out_path: str) -> int:
             group=group,
             prediction=prediction,
             launched_at=job.launched_at,
-            measured=partial,
+            measured=partial if group.world_size == 1 else None,  # a rank's: merged at the end
             history_path=job.history if group.rank == 0 else None,
         )
-        if budget and device.type == "cpu":
-            result |= over_budget(result, budget)
+        if budget and device.type == "cpu" and (oom := over_budget(result, budget)):
+            result.outcome |= oom
     except Unsupported as exc:
-        result = {KEY.status: Status.UNSUPPORTED, KEY.message: str(exc)}
+        result = Record(outcome=Outcome(status=Status.UNSUPPORTED, message=str(exc)))
     except Exception as exc:  # noqa: BLE001  a failed run is a result, not a crash of the sweep
         traceback.print_exc()
-        if is_oom(exc):
-            status = Status.OOM
-        else:
-            status = Status.ERROR
-        message = first_line(exc)[:500]
-        failure = {KEY.status: status, KEY.message: f"{type(exc).__name__}: {message}"}
-        result = failure
-        if prediction is not None:  # what was predicted for it
-            result = prediction.to_flat() | failure
-        if device.type == "cuda":
-            result |= cuda_peaks(device).flat() | _history_to_failure(
-                job.history if group.rank == 0 else None
-            )
+        result = _failed(exc, prediction, device, job.history if group.rank == 0 else None)
         if group.world_size > 1:
-            result |= {KEY.failed_rank: group.rank, KEY.world_size: group.world_size}
-            own = result | runtime_provenance(device).flat()
-            Path(f"{out_path}.rank{group.rank}").write_text(json.dumps(own, default=str))
+            result.outcome.failed_rank = group.rank
+            result.distributed.world_size = group.world_size
+            result.provenance |= provenance
+            _write(f"{out_path}.rank{group.rank}", result)
             return 1
-    per_rank = process_group.gather(result | runtime_provenance(device).flat(), group)
+    result.provenance |= provenance
+    per_rank = process_group.gather(result, group)
     if per_rank is not None:
-        Path(out_path).write_text(json.dumps(process_group.merge(per_rank), default=str))
+        _write(out_path, process_group.merge(per_rank))
     process_group.leave(group)
     if group.world_size > 1:
         # Skip interpreter teardown: gloo's threads can still hold tensors then, and freeing them
@@ -432,17 +411,34 @@ def main(spec_path: str, out_path: str) -> int:
     return 0
 
 
-def _history_to_failure(path: str | None) -> dict[str, Any]:
+def _failed(
+    exc: Exception, prediction: Record | None, device: torch.device, history_path: str | None
+) -> Record:
+    """A run that raised: out of memory or an error, with what was predicted for it and, on CUDA,
+    the allocator's peaks and history up to the failure."""
+    status = Status.OOM if is_oom(exc) else Status.ERROR
+    message = f"{type(exc).__name__}: {first_line(exc)[:500]}"
+    result = Record(outcome=Outcome(status=status, message=message))
+    if prediction is not None:
+        result = prediction | result
+    if device.type == "cuda":
+        result |= Record(memory=cuda_peaks(device))
+        result.memory.memory_history = _history_to_failure(history_path)
+    return result
+
+
+def _history_to_failure(path: str | None) -> str | None:
     """The allocator's history up to the failure, saved as a finished run's is: an out-of-memory
     run's trace shows the request the card refused, to hold a predicted verdict against."""
     if path is None or not any(torch.cuda.memory._snapshot()["device_traces"]):  # noqa: SLF001  none recorded
-        return {}
+        return None
     history.save(Path(path))
-    return {KEY.memory_history: Path(path).name}
+    return Path(path).name
 
 
-def _write(path: str, record: dict[str, Any]) -> None:
-    Path(f"{path}.tmp").write_text(json.dumps(record, default=str))
+def _write(path: str, record: Record) -> None:
+    """The record as stored: one flat JSON object, written whole or not at all."""
+    Path(f"{path}.tmp").write_text(json.dumps(record.to_flat(), default=str))
     os.replace(f"{path}.tmp", path)
 
 

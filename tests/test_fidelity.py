@@ -6,7 +6,7 @@ import torch
 from bench.data import real
 from bench.fidelity import _batches, run_fidelity
 from bench.models import IGNORE, MODELS
-from bench.results import accuracy_vs_baseline
+from bench.record import Accuracy
 from bench.suite import Fidelity, Shapes
 from tests.helpers import TINY_LM, spec, tech
 
@@ -29,14 +29,14 @@ def test_checkpointing_without_dropout_or_batch_norm_changes_nothing():
     base, ckpt = fidelity(name="baseline"), fidelity(tech("checkpoint"))
     assert ckpt.accuracy == base.accuracy and ckpt.final_loss == base.final_loss
     assert abs(ckpt.grad_cosine - 1) < 1e-6
-    delta = accuracy_vs_baseline(ckpt.flat(), base.flat())
-    assert delta["accuracy_delta"] == 0.0 and delta["outside_band"] is False
+    delta = Accuracy.of(ckpt, base)
+    assert delta.delta == 0.0 and delta.outside_band is False
 
 
 def test_a_technique_that_stops_learning_falls_outside_the_band():
     base, broken = fidelity(name="baseline"), fidelity(tech("tests.helpers:ZeroLearningRate"))
-    delta = accuracy_vs_baseline(broken.flat(), base.flat())
-    assert delta["accuracy_delta"] < -0.2 and delta["outside_band"] is True
+    delta = Accuracy.of(broken, base)
+    assert delta.delta < -0.2 and delta.outside_band is True
     assert broken.grad_cosine > 0.999  # its first gradient was right; only the update is broken
 
 

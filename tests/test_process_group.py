@@ -13,6 +13,7 @@ from bench.launch import Device
 from bench.launch.local import Local
 from bench.models import MODELS
 from bench.process_group import merge
+from bench.record import Record
 from bench.suite import Shapes, SuiteError, load
 from bench.sweep import sweep
 from tests.helpers import isolated, spec, suite_problems, tech
@@ -151,7 +152,7 @@ def test_merge_takes_the_worst_rank_and_the_slowest_pace():
             "step_time_ms_median": 6.0,
         },
     ]
-    out = merge(ranks)
+    out = merge([Record.from_flat(r) for r in ranks]).to_flat()
     assert (
         out["peak_tensor_bytes"] == 30
         and out["peak_rank"] == 1

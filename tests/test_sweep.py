@@ -370,13 +370,17 @@ def test_a_kept_record_without_a_snapshot_says_how_to_get_one(tmp_path):
 def test_the_progress_line_shows_an_untracked_peak_as_absent_and_the_accuracy_as_it_comes():
     ok = {"status": "ok", "run": "compile", "baseline": "baseline", "samples_per_s": 3.0}
     # a compiled model: no tracked step, not 0 MiB
-    assert _outcome(ok) == "ok, peak not tracked, 3.0 samples/s"
+
+    def said(*flat: dict) -> str:
+        return _outcome(*map(Record.from_flat, flat))
+
+    assert said(ok) == "ok, peak not tracked, 3.0 samples/s"
     ran = ok | {"peak_tensor_bytes": 3 * 2**20, "accuracy": 0.8523}
     base = ran | {"run": "baseline", "accuracy": 0.869}
-    assert _outcome(ran, base) == "ok, peak 3.0 MiB, 3.0 samples/s, accuracy 85.2% (-1.7 pt)"
+    assert said(ran, base) == "ok, peak 3.0 MiB, 3.0 samples/s, accuracy 85.2% (-1.7 pt)"
     # no baseline measured yet
-    assert _outcome(ran) == "ok, peak 3.0 MiB, 3.0 samples/s, accuracy 85.2%"
-    assert _outcome(base, base).endswith("accuracy 86.9%")
+    assert said(ran) == "ok, peak 3.0 MiB, 3.0 samples/s, accuracy 85.2%"
+    assert said(base, base).endswith("accuracy 86.9%")
 
 
 def test_a_cuda_runs_memory_summary_is_saved_beside_its_record_and_linked_from_the_report(tmp_path):
@@ -447,7 +451,7 @@ def test_a_failed_fidelity_phase_shows_in_the_progress_line_the_table_and_the_re
         "peak_tensor_bytes": 2**20,
         "fidelity_error": "DataError: dataset 'mnist': expected 'digits'",
     }
-    assert _outcome(record).endswith(
+    assert _outcome(Record.from_flat(record)).endswith(
         "fidelity phase failed: DataError: dataset 'mnist': expected 'digits'"
     )
     finish(Record.from_flat(record), [], tmp_path)
@@ -467,9 +471,8 @@ def test_a_first_timed_step_far_slower_than_the_rest_warns_that_warm_up_was_shor
         warned.startswith("the first timed step took 900 ms against 11 ms")
         and "raise warmup_steps" in warned
     )
-    assert _outcome(
-        {"status": "ok", "run": "r", "baseline": "r", "samples_per_s": 1.0, "warning": warned}
-    ).endswith(f"warning: {warned}")
+    flat = {"status": "ok", "run": "r", "baseline": "r", "samples_per_s": 1.0, "warning": warned}
+    assert _outcome(Record.from_flat(flat)).endswith(f"warning: {warned}")
 
 
 @pytest.mark.fault("stored data")

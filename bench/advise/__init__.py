@@ -24,7 +24,7 @@ from bench.advise.search import Candidate, Search, Searcher
 from bench.advise.source import Source, source
 from bench.predict.budget import Budget, fewest_ranks, runs_at
 from bench.provenance import EMULATED_BF16, device_name, native_bf16
-from bench.record import KEY, Prediction
+from bench.record import Prediction
 from bench.spec import RunSpec
 
 MOST_RANKS = 8  # nothing fits: the fewest ranks fsdp would need are looked for up to a node's GPUs
@@ -186,11 +186,11 @@ def _calibration(
     """The device's seconds a FLOP and an operator, from its measured baseline steps; a record older
     than its counts is counted again (predicted at its own shapes, cached)."""
     records = evidence.baselines(device_type)
-    counts = predictions.peaks([RunSpec.from_dict(r[KEY.spec]) for r in records])
+    counts = predictions.peaks([RunSpec.from_dict(r.identity.spec) for r in records])
     steps = [
         (
-            f"{r[KEY.model]} (results/{r[KEY.suite]})",
-            r[KEY.step_time_ms_median] / 1000,
+            f"{r.identity.model} (results/{r.identity.suite})",
+            r.timing.step_time_ms_median / 1000,
             (c.flops_per_step, c.ops_per_step, c.op_bytes_per_step),
         )
         for r, c in zip(records, counts)

@@ -7,10 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
 
-from bench.record import KEY, Status, migrate
-from bench.results import accuracy_vs_baseline, load_records
+from bench.record import Accuracy, Record, Status
+from bench.results import load_records
 from bench.spec import TechniqueSpec
 from bench.techniques import resolve
 
@@ -55,41 +54,34 @@ class Evidence:
     def __init__(self, results: Path, mode: str, device: str = "") -> None:
         # the device asked about, whose own records are preferred (a CPU's thread count)
         self.device = device
-        self._speed: dict[frozenset[str], list[tuple[dict[str, Any], float]]] = {}
-        self._accuracy: dict[frozenset[str], list[dict[str, Any]]] = {}
-        self._rates: list[dict[str, Any]] = []
+        self._speed: dict[frozenset[str], list[tuple[Record, float]]] = {}
+        self._accuracy: dict[frozenset[str], list[tuple[Record, Accuracy]]] = {}
+        self._rates: list[Record] = []
         for suite in sorted(
             p for p in results.glob("*") if p.is_dir() and not p.name.startswith(".")
         ):
-            self._index(
-                [
-                    r
-                    for r in load_records(suite)
-                    if (r.get(KEY.spec) or {}).get("mode", "train") == mode
-                ]
-            )
+            stored = map(Record.from_flat, load_records(suite))
+            self._index([r for r in stored if (r.identity.spec or {}).get("mode", "train") == mode])
 
-    def _index(self, records: list[dict[str, Any]]) -> None:
+    def _index(self, records: list[Record]) -> None:
         ok = [
-            migrate(r)
+            r
             for r in records
-            if r.get(KEY.status) == Status.OK and r.get(KEY.spec) and r.get(KEY.nproc, 1) == 1
+            if r.outcome.status == Status.OK and r.identity.spec and (r.identity.nproc or 1) == 1
         ]
-        baselines = {r[KEY.device]: r for r in ok if r[KEY.run] == r.get(KEY.baseline)}
+        baselines = {r.identity.device: r for r in ok if r.identity.run == r.identity.baseline}
         for r in ok:
-            named = r[KEY.spec]["techniques"]  # the spec's own form: name and options each
+            named = r.identity.spec["techniques"]  # the spec's own form: name and options each
             key = canonical(
                 TechniqueSpec(t["name"], tuple(map(tuple, t["options"]))) for t in named
             )
-            base = baselines.get(r[KEY.device])
-            if base is not None and r.get(KEY.samples_per_s) and base.get(KEY.samples_per_s):
-                self._speed.setdefault(key, []).append(
-                    (r, r[KEY.samples_per_s] / base[KEY.samples_per_s])
-                )
-            r |= accuracy_vs_baseline(r, base)
-            if r.get("accuracy_delta") is not None:
-                self._accuracy.setdefault(key, []).append(r)
-            if not key and r.get(KEY.step_time_ms_median):
+            base = baselines.get(r.identity.device)
+            speed, base_speed = r.timing.samples_per_s, base and base.timing.samples_per_s
+            if speed and base_speed:
+                self._speed.setdefault(key, []).append((r, speed / base_speed))
+            if accuracy := Accuracy.of(r.fidelity, base and base.fidelity):
+                self._accuracy.setdefault(key, []).append((r, accuracy))
+            if not key and r.timing.step_time_ms_median:
                 self._rates.append(r)
 
     def speed(
@@ -106,40 +98,36 @@ class Evidence:
         found = [
             (r, v)
             for r, v in self._speed.get(plan, [])
-            if r.get(KEY.device_type) == device_type
-            and not (dtype and device_type == "cpu" and r[KEY.device] != self.device)
+            if r.identity.device_type == device_type
+            and not (dtype and device_type == "cpu" and r.identity.device != self.device)
         ]
         if not found:
             return None
         r, v = max(
             found,
             key=lambda f: (
-                f[0][KEY.model] == model,
-                f[0][KEY.device] == self.device,
-                f[0].get(KEY.measure_steps, 0),
+                f[0].identity.model == model,
+                f[0].identity.device == self.device,
+                f[0].identity.measure_steps or 0,
             ),
         )
-        return Figure(value=v, source=where(r), same_model=r[KEY.model] == model)
+        return Figure(value=v, source=where(r), same_model=r.identity.model == model)
 
     def accuracy(self, plan: frozenset[str], model: str) -> Figure | None:
         """The plan's accuracy delta against its baseline in the fidelity phase (a fraction), on any
         device, of the same model only: another model's task and noise say little about this
         one's."""
-        found = [r for r in self._accuracy.get(plan, []) if r[KEY.model] == model]
+        found = [(r, a) for r, a in self._accuracy.get(plan, []) if r.identity.model == model]
         if not found:
             return None
-        r = max(found, key=lambda r: r.get(KEY.device_type) == "cuda")
-        return Figure(
-            value=r["accuracy_delta"], source=where(r), outside_band=bool(r.get("outside_band"))
-        )
+        r, a = max(found, key=lambda f: f[0].identity.device_type == "cuda")
+        return Figure(value=a.delta, source=where(r), outside_band=a.outside_band)
 
-    def baselines(self, device_type: str) -> list[dict[str, Any]]:
+    def baselines(self, device_type: str) -> list[Record]:
         """The measured baseline steps (one process, no technique) on devices of ``device_type``."""
-        return [r for r in self._rates if r.get(KEY.device_type) == device_type]
+        return [r for r in self._rates if r.identity.device_type == device_type]
 
 
-def where(record: dict[str, Any]) -> str:
-    return (
-        f"{record[KEY.model]} on {record[KEY.device]} (results/{record[KEY.suite]}, "
-        f"{record[KEY.run]})"
-    )
+def where(record: Record) -> str:
+    who = record.identity
+    return f"{who.model} on {who.device} (results/{who.suite}, {who.run})"

@@ -11,7 +11,7 @@ from typing import Any
 from bench.advise import Advice
 from bench.advise.search import Candidate
 from bench.advise.source import device_type_key, loaded
-from bench.record import KEY, Status
+from bench.record import Record, Status
 from bench.results import slug, write_atomic
 from bench.suite.toml_text import to_toml
 
@@ -139,31 +139,23 @@ def suite_file(advice: Advice, command: str, folder: Path = Path("suites")) -> P
     return path
 
 
-def measured(advice: Advice, records: list[dict[str, Any]]) -> str:
+def measured(advice: Advice, records: list[Record]) -> str:
     """The listed plans as measured here: whether each fit, and the ranks by throughput, beside the
     estimates."""
-    by_run = {r[KEY.run]: r for r in records if r.get(KEY.status) == Status.OK}
+    by_run = _ok(records)
     fitting = [c for c in advice.plans if _fits(by_run.get(c.plan.name), advice.budget)]
-    speeds = sorted((by_run[c.plan.name][KEY.samples_per_s] for c in fitting), reverse=True)
+    speeds = sorted((by_run[c.plan.name].timing.samples_per_s for c in fitting), reverse=True)
     rows = [
         "| # | plan | predicted GiB | measured GiB | fits | est. throughput | measured samples/s | "
         "measured rank |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for i, c in enumerate(advice.plans, 1):
-        r = by_run.get(c.plan.name)
-        if r:
-            peak = f"{r[KEY.peak_tensor_bytes] / GIB:,.3f}"
-        else:
-            peak = "—"
-        if r:
-            sps = r[KEY.samples_per_s]
-        else:
-            sps = None
+        peak, sps, rank = "—", None, "—"
+        if r := by_run.get(c.plan.name):
+            peak, sps = f"{r.memory.peak_tensor_bytes / GIB:,.3f}", r.timing.samples_per_s
         if c in fitting:
             rank = speeds.index(sps) + 1
-        else:
-            rank = "—"
         rows.append(
             f"| {i} | {c.plan.name} | {c.peak / GIB:,.3f} | {peak} | "
             f"{'yes' if c in fitting else 'no'} | {c.speed.throughput:.2f}× | "
@@ -172,38 +164,45 @@ def measured(advice: Advice, records: list[dict[str, Any]]) -> str:
     return "\n".join(rows) + "\n\n" + verdict(advice, by_run)
 
 
-def verdict(advice: Advice, by_run: dict[str, dict[str, Any]]) -> str:
+def verdict(advice: Advice, by_run: dict[str, Record]) -> str:
     top = advice.plans[0]
     record = by_run.get(top.plan.name)
     if not _fits(record, advice.budget):
         return f"The top plan, {top.plan.name}, did not fit as measured here."
-    best = max(
-        by_run[c.plan.name][KEY.samples_per_s]
-        for c in advice.plans
-        if _fits(by_run.get(c.plan.name), advice.budget)
-    )
-    share = record[KEY.samples_per_s] / best
+    share = record.timing.samples_per_s / _best(advice, by_run)
     return (
         f"The top plan, {top.plan.name}, fits as measured here, at {share:.0%} of the best "
         "measured throughput among the listed plans that fit."
     )
 
 
-def top_holds(advice: Advice, records: list[dict[str, Any]], within: float = 0.10) -> bool:
+def top_holds(advice: Advice, records: list[Record], within: float = 0.10) -> bool:
     """Whether the measured top plan fits and its throughput is the best, or within ``within`` of
     the best, among the listed plans that fit: the check of advice on a CPU."""
-    by_run = {r[KEY.run]: r for r in records if r.get(KEY.status) == Status.OK}
-    fit = [
-        by_run[c.plan.name][KEY.samples_per_s]
+    by_run = _ok(records)
+    top = by_run.get(advice.plans[0].plan.name)
+    if not _fits(top, advice.budget):
+        return False
+    return top.timing.samples_per_s >= (1 - within) * _best(advice, by_run)
+
+
+def _ok(records: list[Record]) -> dict[str, Record]:
+    return {r.identity.run: r for r in records if r.outcome.status == Status.OK}
+
+
+def _best(advice: Advice, by_run: dict[str, Record]) -> float:
+    """The best measured throughput among the listed plans that fit."""
+    return max(
+        by_run[c.plan.name].timing.samples_per_s
         for c in advice.plans
         if _fits(by_run.get(c.plan.name), advice.budget)
-    ]
-    top = by_run.get(advice.plans[0].plan.name)
-    return _fits(top, advice.budget) and top[KEY.samples_per_s] >= (1 - within) * max(fit)
+    )
 
 
-def _fits(record: dict[str, Any] | None, budget: int) -> bool:
-    return record is not None and record.get(KEY.peak_tensor_bytes, budget + 1) <= budget
+def _fits(record: Record | None, budget: int) -> bool:
+    if record is None or record.memory.peak_tensor_bytes is None:
+        return False
+    return record.memory.peak_tensor_bytes <= budget
 
 
 def _batch(advice: Advice) -> int:

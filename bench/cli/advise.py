@@ -10,6 +10,7 @@ from pathlib import Path
 
 from bench.cli.common import JOBS, local, points, positive, refuse_unusable_flags, world_size
 from bench.errors import BadInput
+from bench.record import Record
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -165,7 +166,8 @@ def _measure_advice(advice: object, path: Path, args: argparse.Namespace) -> int
 
     args.predict_jobs, args.launcher, args.torchrun = None, "fork", ""
     suite = suites.without_fidelity(suites.load(path))
-    records = sweep(suite, local(args), args.results, fidelity=False)
+    stored = sweep(suite, local(args), args.results, fidelity=False)
+    records = [Record.from_flat(r) for r in stored]
     print(write.measured(advice, records))
     if write.top_holds(advice, records):
         return 0

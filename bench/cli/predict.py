@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from bench.cli.common import (
     JOBS,
@@ -18,8 +18,11 @@ from bench.cli.common import (
     world_size,
 )
 from bench.errors import BadInput
-from bench.record import KEY, Status
+from bench.record import Record, Status
 from bench.spec import MAX_NPROC
+
+if TYPE_CHECKING:  # imported when a command runs: torch comes with it
+    from bench.fit import Fit
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -123,12 +126,11 @@ def _predict(args: argparse.Namespace) -> int:
     suite = selected(path, args)
     if args.nproc:
         suite = suites.spanning(suite, args.nproc)
+    stored = map(Record.from_flat, load_records(args.results / suite.name))
     measured = {
-        r[KEY.run]: r
-        for r in load_records(args.results / suite.name)
-        if r.get(KEY.device_type) == "cuda"
-        and r.get(KEY.status) == Status.OK
-        and r.get(KEY.run_key)
+        r.identity.run: r
+        for r in stored
+        if r.identity.device_type == "cuda" and r.outcome.status == Status.OK and r.identity.run_key
     }
     print(
         f"{suite.name}: predicting {len(suite.runs)} runs at GPU shapes (fake tensors, nothing "
@@ -218,24 +220,24 @@ def _fit(args: argparse.Namespace) -> int:
         raise BadInput(str(exc)) from exc
     suite = selected(path, args)
     runs = [r for r in suite.runs if r.mode == "train" and r.nproc == 1]
-    rows = fit_suite(runs, device, budget, args.results, card=card)
+    fits = fit_suite(runs, device, budget, args.results, card=card)
     print("| run | measured largest batch | predicted | prediction |\n|---|---|---|---|")
-    for r in rows:
-        measured, predicted = r.get("measured_largest_batch"), r["predicted_largest_batch"]
-        print(f"| {r[KEY.run]} | {measured} | {predicted} | {_fit_verdict(r)} |")
-    if any(r.get("promises_oom") or r[KEY.status] != Status.OK for r in rows):
+    for f in fits:
+        measured, predicted = f.measured_largest_batch, f.predicted_largest_batch
+        print(f"| {f.run} | {measured} | {predicted} | {_fit_verdict(f)} |")
+    if any(f.promises_oom or f.status != Status.OK for f in fits):
         return 1
     return 0
 
 
-def _fit_verdict(row: dict[str, Any]) -> str:
+def _fit_verdict(fit: Fit) -> str:
     """How the predicted largest batch stands against the measured one."""
-    if row[KEY.status] != Status.OK:
-        return "error: " + row[KEY.message]
-    if row.get("measured_largest_batch") is None:
+    if fit.status != Status.OK:
+        return "error: " + fit.message
+    if fit.measured_largest_batch is None:
         return "nothing fits"
-    if row.get("promises_oom"):
+    if fit.promises_oom:
         return "⚠ promises an OOM"
-    if row.get("within_5pct_below"):
+    if fit.close_below:
         return "within 5% below"
     return "safe, more than 5% below"

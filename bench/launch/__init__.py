@@ -22,25 +22,27 @@ from typing import Protocol, TextIO
 import torch
 
 from bench.provenance import device_name
-from bench.record import Record
+from bench.record import DeviceType, Record
 from bench.resume import Task
 
 
 @dataclass(frozen=True)
 class Device:
-    type: str  # "cuda" or "cpu"
+    type: DeviceType
     name: str  # e.g. "NVIDIA H100 80GB HBM3", or "cpu"
     count: int = 1  # GPUs visible on this node (a run's nproc may not exceed it)
 
 
 def detect(requested: str = "auto") -> Device:
-    kind = requested
-    if requested == "auto":
-        if torch.cuda.is_available():
-            kind = "cuda"
-        else:
-            kind = "cpu"
-    return Device(kind, device_name(kind), torch.cuda.device_count() if kind == "cuda" else 1)
+    """The device asked for ("cuda", "cpu"), or with "auto" a CUDA card where one is visible."""
+    if requested != "auto":
+        kind = DeviceType(requested)
+    elif torch.cuda.is_available():
+        kind = DeviceType.CUDA
+    else:
+        kind = DeviceType.CPU
+    count = torch.cuda.device_count() if kind == DeviceType.CUDA else 1
+    return Device(kind, device_name(kind), count)
 
 
 class MeasuredThenStopped(KeyboardInterrupt):

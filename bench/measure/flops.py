@@ -3,9 +3,7 @@ use."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from bench.record import KEY
+from bench.record import Record, Timing
 
 # Dense (no sparsity) tensor-core peaks in TFLOP/s, from NVIDIA's datasheets (SXM parts).
 PEAK_TFLOPS = {
@@ -15,25 +13,25 @@ PEAK_TFLOPS = {
 }
 
 
-def compute_dtype(record: dict[str, Any]) -> str:
-    """The dtype the step's matmuls ran in, from the record: FP8, the logits' dtype, TF32, else
-    fp32."""
-    proof = record.get(KEY.proof) or {}
+def compute_dtype(record: Record, tf32: bool) -> str:
+    """The dtype the step's matmuls ran in, from the record's proof: FP8, the logits' dtype, TF32
+    (where ``tf32`` matmuls are allowed), else fp32."""
+    proof = record.outcome.proof or {}
     if any(k.startswith("fp8.") for k in proof):
         return "float8"
     dtype = str(proof.get("output_dtype", "")).removeprefix("torch.")
     if dtype in ("bfloat16", "float16"):
         return dtype
-    if record.get(KEY.tf32_matmul):
+    if tf32:
         return "tf32"
     return "float32"
 
 
-def mfu(record: dict[str, Any]) -> dict[str, Any]:
+def mfu(record: Record, card_name: str, tf32: bool) -> Timing:
     """``mfu`` where the card's peak is known: FLOPs per step / median step time / peak."""
-    flops, step_ms = record.get(KEY.flops_per_step), record.get(KEY.step_time_ms_median)
-    card = next((PEAK_TFLOPS[k] for k in PEAK_TFLOPS if k in str(record.get(KEY.device, ""))), None)
-    dtype = compute_dtype(record)
+    flops, step_ms = record.timing.flops_per_step, record.timing.step_time_ms_median
+    card = next((PEAK_TFLOPS[k] for k in PEAK_TFLOPS if k in card_name), None)
+    dtype = compute_dtype(record, tf32)
     if not (flops and step_ms and card and dtype in card):
-        return {}
-    return {KEY.mfu: flops / (step_ms / 1e3) / (card[dtype] * 1e12), KEY.mfu_dtype: dtype}
+        return Timing()
+    return Timing(mfu=flops / (step_ms / 1e3) / (card[dtype] * 1e12), mfu_dtype=dtype)

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from bench.record import Provenance
 from bench.registry import Registry, import_object
 from bench.spec import HF
 
@@ -204,13 +205,15 @@ def resolve(name: str) -> ModelSpec:
 
 def build_model(
     spec: ModelSpec, shapes: Shapes, weights: str | None = None
-) -> tuple[nn.Module, dict[str, Any]]:
+) -> tuple[nn.Module, Provenance]:
     """The model at these shapes, initialised from the current seed, then its pretrained weights if
     a path is given; with what was loaded (for the record)."""
     from bench.models.weights import load_weights
 
     model = spec.build(shapes)
-    return model, load_weights(model, weights) if weights else {}
+    if not weights:
+        return model, Provenance()
+    return model, load_weights(model, weights)
 
 
 def children_of(container: str) -> Callable[[nn.Module], list[str]]:

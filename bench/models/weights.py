@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench.record import KEY
+from bench.record import Provenance
 
 Tensors = dict[str, torch.Tensor]
 SHOWN = 5  # names of unmatched tensors kept in the record
@@ -30,7 +30,7 @@ class WeightsError(Exception):
     """A weights path that cannot be read, or that holds nothing this model can use."""
 
 
-def load_weights(model: nn.Module, path: str) -> dict[str, Any]:
+def load_weights(model: nn.Module, path: str) -> Provenance:
     """Copy the matching tensors of ``path`` into ``model``; what was loaded and what was not, for
     the record."""
     state = _read(_files(Path(path)))
@@ -52,14 +52,14 @@ def load_weights(model: nn.Module, path: str) -> dict[str, Any]:
             f"initialisation ({', '.join(missing[:SHOWN])}{', …' if len(missing) > SHOWN else ''})",
             file=sys.stderr,
         )
-    return {
-        KEY.weights: path,
-        KEY.weights_loaded: len(mapping),
-        KEY.weights_missing: len(missing),
-        KEY.weights_missing_names: missing[:SHOWN],
-        KEY.weights_unused: len(unused),
-        KEY.weights_unused_names: unused[:SHOWN],
-    }
+    return Provenance(
+        weights=path,
+        weights_loaded=len(mapping),
+        weights_missing=len(missing),
+        weights_missing_names=missing[:SHOWN],
+        weights_unused=len(unused),
+        weights_unused_names=unused[:SHOWN],
+    )
 
 
 def _files(path: Path) -> list[Path]:

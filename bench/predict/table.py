@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -17,7 +17,7 @@ from bench.predict.budget import fewest_ranks, largest_batch, largest_batch_on, 
 from bench.predict.cards import Card
 from bench.predict.fake import predict
 from bench.predict.ranks import KINDS
-from bench.record import AT_PEAK, KEY, Status
+from bench.record import AT_PEAK, KEY, Prediction, Record
 from bench.suite import RunSpec
 
 if TYPE_CHECKING:  # the table is built in the CLI only: every run's worker imports this package
@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # the table is built in the CLI only: every run's worker impo
 
 def suite_table(
     runs: list[RunSpec],
-    measured: dict[str, dict[str, Any]],
+    measured: dict[str, Record],
     budget: int | None,
     log: TextIO | None = None,
     jobs: int = 1,
@@ -43,12 +43,63 @@ def suite_table(
     log = log or sys.stderr  # as it is now, not at import
     rows: list[dict[str, Any]] = [{} for _ in runs]
     for i, row in _predicted_rows(runs, budget, jobs, card):
-        if (rec := measured.get(runs[i].name)) and rec.get(KEY.peak_allocated_bytes):
-            row["measured_bytes"] = rec[KEY.peak_allocated_bytes]
-            row["measured_on"] = rec[KEY.device]
-        rows[i] = row
-        print(f"[{i + 1}/{len(runs)}] {runs[i].name}: {_said(row)}", file=log, flush=True)
+        if (rec := measured.get(runs[i].name)) and rec.memory.peak_allocated_bytes:
+            row.measured_bytes = rec.memory.peak_allocated_bytes
+            row.measured_on = rec.identity.device
+        rows[i] = row.flat()
+        print(f"[{i + 1}/{len(runs)}] {runs[i].name}: {row.said()}", file=log, flush=True)
     return pd.DataFrame(rows)
+
+
+@dataclass(kw_only=True)
+class Row:
+    """One run's line of the table: its prediction at its batch, and what a budget or a card asked
+    of it. An answer may be None (no batch fits); ``asked`` names those that were asked, so that
+    the table has their columns."""
+
+    run: str
+    batch: int
+    prediction: Prediction
+    fits: bool | None = None  # its peak under the budget
+    largest_batch: int | None = None  # under the budget, or on the card
+    fewest_ranks: int | None = None  # a multi-process run's, under the budget
+    largest_batch_there: int | None = None  # at those ranks
+    longest_context: int | None = None  # a generation's, prompt and new tokens
+    measured_bytes: int | None = None  # a GPU's allocated peak for the run, where one measured it
+    measured_on: str | None = None
+    asked: set[str] = field(default_factory=set)
+
+    def answer(self, name: str, value: Any) -> None:
+        setattr(self, name, value)
+        self.asked.add(name)
+
+    def flat(self) -> dict[str, Any]:
+        """As the table holds it: the prediction's figures by their own names, the answers asked
+        beside them, and the verdict in words on a card."""
+        own = {KEY.run: self.run, "batch": self.batch}
+        for f in fields(self)[3:-1]:
+            if f.name in self.asked or getattr(self, f.name) is not None:
+                own[f.name] = getattr(self, f.name)
+        figures = {k: v for k, v in asdict(self.prediction).items() if v is not None}
+        if self.prediction.card and self.prediction.ok:
+            figures["said_on_card"] = verdict(self.prediction)
+        return own | figures
+
+    def said(self) -> str:
+        """The progress line's words for the row."""
+        p = self.prediction
+        if not p.ok:
+            return f"{p.status}: {p.message or ''}"
+        fit = ""
+        if "largest_batch" in self.asked:
+            fit = f", largest batch {self.largest_batch}"
+        if "longest_context" in self.asked:
+            fit = f", longest context {_tokens(self.longest_context)}"
+        on = ""
+        if p.card:
+            on = f"; on {p.card}: {verdict(p)}"
+        peak = p.peak_tensor_bytes / 2**30
+        return f"{peak:,.2f} GiB at batch {self.batch}, peak in {p.peak_phase}{fit}{on}"
 
 
 SAVED = (
@@ -103,7 +154,7 @@ def save_contexts(
 
 def _predicted_rows(
     runs: list[RunSpec], budget: int | None, jobs: int, card: Card | None
-) -> Iterator[tuple[int, dict[str, Any]]]:
+) -> Iterator[tuple[int, Row]]:
     """(index, row) for each run as it is done: here, or in spawned processes (fork is unsafe once
     torch has started threads). A process costs an import of torch (about 5 s and 1 GB), so there is
     one per run at most. Ctrl-C reaches the parent only, which stops the processes on its way
@@ -120,7 +171,7 @@ def _predicted_rows(
         stop_pool(pool, interrupted)
 
 
-def _indexed_row(work: tuple[int, RunSpec, int | None, Card | None]) -> tuple[int, dict[str, Any]]:
+def _indexed_row(work: tuple[int, RunSpec, int | None, Card | None]) -> tuple[int, Row]:
     index, spec, budget, card = work
     return index, _row(spec, budget, card)
 
@@ -154,51 +205,33 @@ class Told:
             timer.cancel()
 
 
-def _row(spec: RunSpec, budget: int | None, card: Card | None) -> dict[str, Any]:
+def _row(spec: RunSpec, budget: int | None, card: Card | None) -> Row:
     told = Told(spec.name)
     doing = f"predicting its step on fake tensors at batch {spec.gpu.batch_size:,}"
     if card is not None:
         doing += f", its allocator replayed on the {card.name}"
     with told.meanwhile(doing):
         out = predict(spec, card=card)
-    row: dict[str, Any] = {
-        KEY.run: spec.name,
-        "batch": spec.gpu.batch_size,
-        KEY.status: out.status,
-    }
-    row |= {k: v for k, v in asdict(out).items() if v is not None}
+    row = Row(run=spec.name, batch=spec.gpu.batch_size, prediction=out)
+    if not out.ok:
+        return row
     if spec.mode == "generate":
         # what a card or budget answers for a generation: its longest context
-        if out.ok and (budget is not None or card is not None):
-            row["longest_context"] = longest_context(spec, card=card, budget=budget, progress=told)
+        if budget is not None or card is not None:
+            found = longest_context(spec, card=card, budget=budget, progress=told)
+            row.answer("longest_context", found)
         return row
-    if budget is not None and out.ok:
-        row["fits"] = out.peak_tensor_bytes <= budget
-        row["largest_batch"] = largest_batch(spec, budget, own=out, progress=told)
-    if budget is not None and spec.nproc > 1 and out.ok:
+    if budget is not None:
+        row.answer("fits", out.peak_tensor_bytes <= budget)
+        row.answer("largest_batch", largest_batch(spec, budget, own=out, progress=told))
+    if budget is not None and spec.nproc > 1:
         if (fewest := fewest_ranks(spec, budget, own=out)) is not None:
-            row["fewest_ranks"] = fewest
-            row["largest_batch_there"] = largest_batch(replace(spec, nproc=fewest), budget)
-    if card is not None and out.ok and spec.nproc == 1:
-        row["largest_batch"] = largest_batch_on(spec, card, own=out, progress=told)
+            row.answer("fewest_ranks", fewest)
+            there = largest_batch(replace(spec, nproc=fewest), budget)
+            row.answer("largest_batch_there", there)
+    if card is not None and spec.nproc == 1:
+        row.answer("largest_batch", largest_batch_on(spec, card, own=out, progress=told))
     return row
-
-
-def _said(row: dict[str, Any]) -> str:
-    if row[KEY.status] != Status.OK:
-        return f"{row[KEY.status]}: {row.get(KEY.message, '')}"
-    if "largest_batch" in row:
-        fit = f", largest batch {row['largest_batch']}"
-    else:
-        fit = ""
-    if "longest_context" in row:
-        fit = f", longest context {_tokens(row['longest_context'])}"
-    peak = row[KEY.peak_tensor_bytes] / 2**30
-    if row.get("card"):
-        on = f"; on {row['card']}: {verdict(row)}"
-    else:
-        on = ""
-    return f"{peak:,.2f} GiB at batch {row['batch']}, peak in {row[KEY.peak_phase]}{fit}{on}"
 
 
 def _tokens(n: int | None) -> str:
@@ -207,19 +240,19 @@ def _tokens(n: int | None) -> str:
     return f"{n:,} tokens"
 
 
-def verdict(row: dict[str, Any]) -> str:
+def verdict(prediction: Prediction) -> str:
     """A prediction's verdict on its card, in words."""
-    if row.get("verdict") == "out of memory":
-        request = row["oom_request_bytes"] / 2**20
-        held = (row.get("oom_reserved_bytes") or 0) / 2**30
+    p = prediction
+    if p.verdict == "out of memory":
+        request = p.oom_request_bytes / 2**20
+        held = (p.oom_reserved_bytes or 0) / 2**30
         return (
-            f"out of memory in {row['oom_phase']} (a request of {request:,.0f} MiB, {held:.2f} GiB "
+            f"out of memory in {p.oom_phase} (a request of {request:,.0f} MiB, {held:.2f} GiB "
             "reserved then)"
         )
-    flushes = row.get("flushes") or 0
-    if not flushes:
+    if not p.flushes:
         return "fits"
-    return f"fits after {flushes} cache flush{'es' if flushes > 1 else ''}"
+    return f"fits after {p.flushes} cache flush{'es' if p.flushes > 1 else ''}"
 
 
 def markdown(table: pd.DataFrame, breakdown: bool = False) -> str:
@@ -268,9 +301,7 @@ def markdown(table: pd.DataFrame, breakdown: bool = False) -> str:
     show["reserved GiB"] = gib(KEY.peak_reserved_bytes)
     show["nvidia-smi GiB"] = gib(KEY.nvml_process_bytes)
     if "card" in table:
-        show[f"on {table['card'].dropna().iloc[0]}"] = [
-            verdict(r) if r[KEY.status] == Status.OK else "" for r in table.to_dict("records")
-        ]
+        show[f"on {table['card'].dropna().iloc[0]}"] = table["said_on_card"].fillna("")
     if "measured_bytes" in table:
         show["measured GiB"] = gib("measured_bytes")
         # the allocated peak, cuBLAS's workspaces with the tensors, as max_memory_allocated counts

@@ -32,8 +32,8 @@ def test_a_state_dict_file_replaces_every_tensor_and_is_recorded_with_its_digest
     # buffers too: BatchNorm's running statistics
     assert same(model.state_dict(), source, list(source))
     assert (
-        record["weights_loaded"] == len(source)
-        and record["weights_missing"] == record["weights_unused"] == 0
+        record.weights_loaded == len(source)
+        and record.weights_missing == record.weights_unused == 0
     )
     assert digest(str(path)) == hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
@@ -47,8 +47,8 @@ def test_a_save_pretrained_folder_of_the_bare_encoder_loads_under_its_prefix(tmp
     model, record = build_model(MODELS.get("bert-tiny"), TOKENS, str(tmp_path / "encoder"))
     theirs = {f"bert.{k}": v for k, v in encoder.state_dict().items()}
     assert same(model.state_dict(), theirs, list(theirs))
-    assert record["weights_missing_names"] == ["classifier.weight", "classifier.bias"]
-    assert record["weights_unused"] == 0
+    assert record.weights_missing_names == ["classifier.weight", "classifier.bias"]
+    assert record.weights_unused == 0
 
 
 def test_a_training_checkpoint_from_ddp_loads_and_a_head_of_another_size_is_left_out(tmp_path):
@@ -63,8 +63,8 @@ def test_a_training_checkpoint_from_ddp_loads_and_a_head_of_another_size_is_left
     body = [n for n in source if not n.startswith("fc.")]
     assert same(model.state_dict(), source, body)
     assert model.fc.weight.shape == (10, source["fc.weight"].shape[1])
-    assert record["weights_missing_names"] == ["fc.weight", "fc.bias"]
-    assert record["weights_unused_names"] == ["module.fc.weight", "module.fc.bias"]
+    assert record.weights_missing_names == ["fc.weight", "fc.bias"]
+    assert record.weights_unused_names == ["module.fc.weight", "module.fc.bias"]
 
 
 def test_weights_of_another_model_are_refused_naming_the_file(tmp_path):

@@ -60,7 +60,7 @@ def test_every_verdict_is_the_allocator_replayed_under_the_cards_capacity():
     # No peak beside the verdict: the reserve at the failing request is not the run's reserved peak.
     assert short.peak_reserved_bytes is None and short.nvml_process_bytes is None
     assert 0 < short.oom_reserved_bytes <= free.peak_allocated_bytes - 2 * MiB
-    said = verdict(vars(short))
+    said = verdict(short)
     assert said.startswith(f"out of memory in {short.oom_phase} (a request of ")
     assert said.endswith(" GiB reserved then)")
 
@@ -95,8 +95,4 @@ def test_every_published_figure_is_predicted_within_five_percent_on_its_card():
     root = Path(__file__).resolve().parents[2]
     found = held.published(root / "results", root / "suites")
     assert len(found) >= 6
-    assert {
-        r["run"]: round(r["predicted"] / r["published"], 3)
-        for r in found
-        if abs(r["predicted"] / r["published"] - 1) > 0.05
-    } == {}
+    assert {r.run: round(r.ratio, 3) for r in found if abs(r.ratio - 1) > 0.05} == {}

@@ -139,7 +139,7 @@ def test_a_long_prediction_says_each_batch_its_search_tries(monkeypatch, capsys)
     monkeypatch.setattr(table, "SAY_AFTER_S", 0.0)
     row = table._row(spec("vit-tiny", batch_size=16, name="run"), budget=20_000, card=None)
     tried = dict(re.findall(r"^    run: batch (\d+): (.*)$", capsys.readouterr().err, re.M))
-    assert row["largest_batch"] == 33  # 10,000 + 300 × 33 = 19,900
+    assert row.largest_batch == 33  # 10,000 + 300 × 33 = 19,900
     assert tried["33"].endswith(", fits") and tried["34"].endswith(", does not fit")
 
 

@@ -50,8 +50,8 @@ def test_unavailable_kernels_and_devices_are_unsupported_with_a_reason():
         (tech("allocator"), "vit-tiny", "CUDA allocator setting"),
         (tech("empty-cache"), "vit-tiny", "nothing to empty on a CPU"),
     ]:
-        record = measure(spec(model, (technique,)), CPU)
-        assert record["status"] == "unsupported" and reason in record["message"], record
+        outcome = measure(spec(model, (technique,)), CPU).outcome
+        assert outcome.status == "unsupported" and reason in outcome.message, outcome
 
 
 def test_technique_environment_reaches_the_run_process():

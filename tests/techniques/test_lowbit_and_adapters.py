@@ -12,6 +12,7 @@ from bench.measure.memory import model_state_bytes, tensor_bytes, tracked_step
 from bench.models import MODELS, build_model
 from bench.predict import predict
 from bench.predict.cards import CARDS
+from bench.record import AT_PEAK
 from bench.suite import load
 from bench.worker import measure
 from tests.conftest import CPU, build_trainer
@@ -98,11 +99,11 @@ def test_adamw_8bit_step_is_tracked_with_its_state_but_not_its_compiled_temporar
 def test_adamw_8bit_runs_record_a_tracked_peak_and_its_breakdown():
     pytest.importorskip("torchao")
     record = measure(spec("vit-tiny", (tech("adamw-8bit"),), batch_size=8), CPU)
-    assert record["status"] == "ok", record
-    assert record["at_peak_optimizer_state_bytes"] == record["optimizer_state_bytes"] > 0
-    assert (
-        sum(v for k, v in record.items() if k.startswith("at_peak_")) == record["peak_tensor_bytes"]
-    )
+    assert record.outcome.status == "ok", record.outcome
+    memory = record.memory
+    assert memory.at_peak_optimizer_state_bytes == memory.optimizer_state_bytes > 0
+    at_peak = [getattr(memory, f"at_peak_{c}_bytes") or 0 for c in AT_PEAK]
+    assert sum(at_peak) == memory.peak_tensor_bytes
 
 
 @pytest.mark.parametrize(
@@ -115,8 +116,8 @@ def test_adamw_8bit_runs_record_a_tracked_peak_and_its_breakdown():
 )
 def test_inapplicable_low_bit_runs_are_unsupported(technique, model, reason):
     # decided before anything runs: no process needed
-    record = measure(spec(model, (tech(technique),)), CPU)
-    assert record["status"] == "unsupported" and reason in record["message"], record
+    outcome = measure(spec(model, (tech(technique),)), CPU).outcome
+    assert outcome.status == "unsupported" and reason in outcome.message, outcome
 
 
 def test_missing_optional_package_gives_the_install_hint(monkeypatch):

@@ -226,7 +226,7 @@ def test_a_measured_run_records_what_its_batches_carried() -> None:
             lengths="uniform:4:32",
             measure_steps=3,
         )
-        figures[technique] = measure(run, CPU)
+        figures[technique] = measure(run, CPU).to_flat()
     pad, pack = figures["pad-to-max"], figures["packing"]
     assert pack["padding_fraction"] == 0 and pack["padding_fraction_per_batch"] == [0.0] * 3
     assert 0.5 < pad["padding_fraction"] < 1 and len(pad["padding_fraction_per_batch"]) == 3
