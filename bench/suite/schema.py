@@ -30,6 +30,7 @@ class Key:
     kind: type
     doc: str
     default: Any = None  # None: absent unless given (the loader says which keys are required)
+    choices: tuple[str, ...] = ()  # the values it may take, where they are few
 
 
 TOP = {
@@ -50,6 +51,7 @@ TOP = {
         '"train" (default: training steps), "inference" (forward passes only, no gradients) or '
         '"generate" (a causal LM\'s generate(): prompt_len and new_tokens in [shapes.*])',
         MODES[0],
+        MODES,
     ),
     "baseline": Key(str, "name of the run (or matrix key) every run is compared with"),
     "first_look": Key(
@@ -93,6 +95,7 @@ TOP = {
         f"the figure reports compare as throughput ×: one of {', '.join(THROUGHPUTS)} "
         "(real_tokens_per_s for variable-length data, padding left out)",
         THROUGHPUTS[0],
+        THROUGHPUTS,
     ),
 }
 # [shapes.gpu] and [shapes.cpu]: which of the model's keys a table needs depends on the model
@@ -198,10 +201,14 @@ TABLES = {
 def read(
     table: dict[str, Any], name: str, keys: dict[str, Key], problems: list[str], *, where: str = ""
 ) -> Any:
-    """``table[name]`` if it has the key's type (an int is taken for a float), else its default,
-    with what is wrong in ``problems``."""
+    """``table[name]`` if it has the key's type (an int is taken for a float) and is one of its
+    choices, else its default, with what is wrong in ``problems``."""
     key = keys[name]
-    return typed(table, name, kind=key.kind, default=key.default, problems=problems, where=where)
+    value = typed(table, name, kind=key.kind, default=key.default, problems=problems, where=where)
+    if key.choices and value not in key.choices:
+        problems.append(f"{where}{name}: {value!r} is none of {', '.join(key.choices)}")
+        return key.default
+    return value
 
 
 def unknown(table: dict[str, Any], keys: dict[str, Key], where: str, problems: list[str]) -> None:

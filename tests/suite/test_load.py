@@ -240,7 +240,8 @@ def test_techniques_must_fit_the_suite_mode(tmp_path):
     (msg,) = suite_problems(tmp_path, GOOD.replace('"checkpoint"]', '"inference-mode"]'))
     assert "inference-mode does not apply to train suites; it works in: generate, inference" in msg
     serve = GOOD.replace("model =", 'mode = "serve"\nmodel =')
-    assert "mode: 'serve' is not a mode" in suite_problems(tmp_path, serve)[0]
+    said = suite_problems(tmp_path, serve)[0]
+    assert "mode: 'serve' is none of train, inference, generate" in said
 
 
 GENERATE = """
