@@ -1,9 +1,9 @@
 """What a loaded suite is: frozen dataclasses the rest of the harness reads, and a run's identity.
 
 The ground floor: plain values that import nothing from the project but the record's field names
-(bench.record, which imports nothing of ours), so that models, data and techniques can take Shapes
-and a TechniqueSpec without reaching up to the suite loader (bench.techniques.build turns a
-TechniqueSpec into its technique)."""
+(bench.record) and where a config.json is (bench.hub), neither importing anything of ours, so that
+models, data and techniques can take Shapes and a TechniqueSpec without reaching up to the suite
+loader (bench.techniques.build turns a TechniqueSpec into its technique)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from bench.hub import config_file
 from bench.record import KEY, Record
 
 DEVICES = ("gpu", "cpu")
@@ -95,7 +96,9 @@ class TechniqueSpec:
         return self.name
 
 
-HF = "hf:"  # a model built from a Hugging Face config.json: hf:PATH[#task] (bench.models.hf)
+# a model built from a Hugging Face config.json: hf:PATH[#task] or hf:ORG/NAME[@REVISION][#task]
+# (bench.models.hf, bench.hub)
+HF = "hf:"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,12 +209,9 @@ class RunSpec:
 
 
 def hf_config_file(name: str) -> Path:
-    """The config.json an ``hf:PATH[#task]`` model names: PATH itself, or the config.json in that
-    folder."""
-    path = Path(name.removeprefix(HF).partition("#")[0])
-    if path.is_dir():
-        return path / "config.json"
-    return path
+    """The config.json an ``hf:PATH[#task]`` model names: PATH itself, the config.json in that
+    folder, or a hub repository's (``hf:ORG/NAME[@REVISION]``, bench.hub)."""
+    return config_file(name.removeprefix(HF).partition("#")[0])
 
 
 def _source_digest(module: str) -> str:

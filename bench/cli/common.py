@@ -92,8 +92,9 @@ def job_flags(p: argparse.ArgumentParser, suite: bool = True) -> None:
     p.add_argument(
         "--hf",
         metavar="PATH",
-        help="a Hugging Face config.json (or its folder): a suite of full fine-tuning against the "
-        "job the other flags give",
+        help="a Hugging Face config.json (or its folder), or a hub id ORG/NAME[@REVISION] (its "
+        "config.json from huggingface_hub's cache, else downloaded alone): a suite of full "
+        "fine-tuning against the job the other flags give",
     )
     p.add_argument(
         "--training-args",

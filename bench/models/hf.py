@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from bench.hub import HubError
 from bench.models import ModelSpec
 from bench.spec import HF, Shapes, hf_config_file
 
@@ -112,13 +113,16 @@ def _fragment(name: str) -> tuple[str, dict[str, str]]:
 
 
 def _read(name: str) -> dict[str, Any]:
-    file = hf_config_file(name)
+    try:
+        file = hf_config_file(name)
+    except HubError as exc:  # neither a file nor a folder here: read as a hub id
+        raise KeyError(f"model {name!r}: no such file or folder here; as a hub id, {exc}") from None
     try:
         return json.loads(file.read_text(encoding="utf-8"))
     except OSError as exc:
         raise KeyError(
             f"model {name!r}: cannot read {file} ({exc.strerror or exc}); give a folder holding "
-            "config.json, or the file"
+            "config.json, the file, or a Hugging Face hub id ORG/NAME"
         ) from None
     except json.JSONDecodeError as exc:
         raise KeyError(f"model {name!r}: {file} is not JSON ({exc})") from None

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from bench.hub import REPO
 from bench.spec import HF
 
 # the GPU shapes where neither the flags nor the arguments give them
@@ -22,10 +23,13 @@ CPU_BATCH = 2
 
 
 def name_of(config: str) -> str:
-    """``hf-<folder>``: the suite's (and its results folder's) name."""
+    """``hf-<folder>``, or for a hub id ``hf-<NAME>``: the suite's (and its results folder's)
+    name."""
     path = Path(config)
     if path.is_dir():
         stem = path.name
+    elif not path.exists() and (named := REPO.fullmatch(config)):
+        stem = named["repo"].partition("/")[2] + "-" + (named["revision"] or "")
     else:
         stem = path.parent.name or path.stem
     return "hf-" + (re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip("-.") or "model")

@@ -39,7 +39,8 @@ TOP = {
     "model": Key(
         str,
         f"one of {', '.join(MODELS.names())}, 'hf:PATH' for a Hugging Face config.json (a folder "
-        "holding one), or 'module:NAME' naming your own bench.models.ModelSpec",
+        "holding one) or 'hf:ORG/NAME[@REVISION]' for a hub repository's, or 'module:NAME' naming "
+        "your own bench.models.ModelSpec",
     ),
     "weights": Key(
         str,
