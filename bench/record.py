@@ -404,6 +404,10 @@ class _PredictionOutcome(Part):
         "the largest single collective's tensors: what a real rank may also hold at its peak while "
         "a collective waits for a peer"
     )
+    depth: str | None = doc(
+        "a model of many layers alike: whether its step was folded from its steps at a few layers "
+        "(bench.predict.depth) or traced whole, and why"
+    )
     card: str | None = doc("the card the step was replayed under (--card): its name")
     verdict: str | None = doc(
         "on that card: fits, fits after flushes (the allocator freed its cache and retried: each a "

@@ -152,26 +152,36 @@ def tracked_memory(
     logits), the quantity checkpointing and autocast shrink; with ``phases`` (generation), instead
     of the latter, each phase's peak and the cache's bytes."""
     tracker = done.tracker
+    if phases is not None:
+        generated = Memory(kv_cache_bytes=phases.cache_bytes)
+    else:
+        generated = Memory(activation_bytes=max(done.held))
+    # What the optimizer found in .grad (absent where gradients are freed in backward, or no
+    # optimizer).
+    grads = Memory(gradient_bytes=done.grads[-1] if done.grads else None)
+    peaks = at_peak_memory(tracker, generating=phases is not None)
+    return peaks | grads | generated | model_state_bytes(model, optimizer)
+
+
+def at_peak_memory(tracker: LiveBytes, generating: bool) -> Memory:
+    """The tracker's peak, where it fell and what was alive at it, by category; a generation's
+    peak in each of its phases."""
     at_peak = dict.fromkeys(AT_PEAK, 0)
     for label, n in tracker.at_peak().items():
         at_peak[CATEGORIES[label]] += n
-    if phases is not None:
-        generated = Memory(
-            **{f"peak_{p}_bytes": tracker.phase_peaks.get(p) for p in GENERATION_PHASES},
-            kv_cache_bytes=phases.cache_bytes,
-        )
-    else:
-        generated = Memory(activation_bytes=max(done.held))
-    tracked = Memory(
+    out = Memory(
         peak_tensor_bytes=tracker.peak,
         peak_phase=tracker.peak_phase,
-        # What the optimizer found in .grad (absent where gradients are freed in backward, or no
-        # optimizer).
-        gradient_bytes=done.grads[-1] if done.grads else None,
         # the cache's share where a generation has one (training and forward passes keep none)
-        **{f"at_peak_{k}_bytes": v for k, v in at_peak.items() if k != Category.KV_CACHE or phases},
+        **{
+            f"at_peak_{k}_bytes": v
+            for k, v in at_peak.items()
+            if k != Category.KV_CACHE or generating
+        },
     )
-    return tracked | generated | model_state_bytes(model, optimizer)
+    if generating:
+        out |= Memory(**{f"peak_{p}_bytes": tracker.phase_peaks.get(p) for p in GENERATION_PHASES})
+    return out
 
 
 @dataclass
@@ -241,6 +251,7 @@ def track(
     try:
         with tracker, aside:
             step()
+        tracker.end()
     finally:
         for h in hooks:
             h.remove()

@@ -16,6 +16,7 @@ import math
 import weakref
 from collections.abc import Hashable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import torch
 from torch.utils._python_dispatch import (
@@ -55,6 +56,23 @@ def storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
     return [t.untyped_storage()]
 
 
+MADE, FREED, PHASE, OP, UNTIL = "made", "freed", "phase", "op", "until"
+
+
+@dataclass(frozen=True)
+class Moment:
+    """One thing a tracker saw, in order (``LiveBytes.timeline``): a storage MADE or FREED (its
+    bytes, its label, and its index among the tracker's storages), an OP returning (its name as the
+    label), a PHASE beginning (its name), or the UNTIL where a following tracker took over.
+    Compared without the index: two steps that make and free the same sizes in the same order, in
+    the same operators, are the same."""
+
+    kind: str
+    n: int
+    label: str
+    index: int = field(default=-1, compare=False)
+
+
 class NotRepeating(Exception):
     """A step's marked parts did not repeat (``LiveBytes.repeat``): it must be traced whole."""
 
@@ -74,6 +92,13 @@ class LiveBytes(TorchDispatchMode):
         self.peak = 0
         # each phase's own peak, from the bytes alive as it began
         self.phase_peaks: dict[str, int] = {}
+        # (clock, phase) as each phase began: where in the order of events (bench.predict.depth)
+        self.phase_log: list[tuple[int, str]] = []
+        # (clock, operator) as each operator returned: where one ends and the next begins
+        self.op_ends: list[tuple[int, str]] = []
+        # the clock as the step ended (``track``): what is freed later is the step's teardown,
+        # whenever the garbage collector comes to it
+        self.ended: int | None = None
         # set by the caller (forward / backward / optimizer); remembered at the peak
         self.phase = ""
         self.peak_phase = ""
@@ -90,6 +115,7 @@ class LiveBytes(TorchDispatchMode):
     @phase.setter
     def phase(self, name: str) -> None:
         self._phase = name
+        self.phase_log.append((self._clock, name))
         self.phase_peaks[name] = max(self.phase_peaks.get(name, 0), self.current)
 
     def add(self, tensors: Iterable[torch.Tensor], label: str = "") -> None:
@@ -156,6 +182,20 @@ class LiveBytes(TorchDispatchMode):
         self._carried = {
             i: history._live[key] for key, i in self._live.items() if key in history._live
         }
+
+    def end(self) -> None:
+        """The step is over: what is freed after this is its teardown (``ended``)."""
+        self.ended = self._clock
+
+    @property
+    def carried(self) -> dict[int, int]:
+        """Its storages that the steps before made (``follow``): its index, and theirs."""
+        return self._carried
+
+    @property
+    def followed_until(self) -> int:
+        """The clock of the steps before (``follow``) where this one took over."""
+        return self._history_until
 
     def mark(self) -> None:
         """The end of a part of the step that repeats (a micro-batch, after its backward)."""
@@ -241,6 +281,54 @@ class LiveBytes(TorchDispatchMode):
                 events.append((freed, ("free", *place[i])))
         return [e for _, e in sorted(events)]
 
+    def timeline(self, until: int) -> list[Moment]:
+        """Every birth and death of a storage, each operator's return and each phase's beginning,
+        in the order they came, up to the clock ``until`` (the step's end, or where the step after
+        began, ``follow``), and a marker there."""
+        found = []
+        for i, (n, label, born, freed) in enumerate(self._lives):
+            found.append((born, 0, i, Moment(MADE, n, label, i)))
+            if freed is not None:
+                found.append((freed, 0, i, Moment(FREED, n, label, i)))
+        for k, (clock, name) in enumerate(self.op_ends):
+            found.append((clock, 1, k, Moment(OP, 0, name)))
+        for k, (clock, name) in enumerate(self.phase_log):  # a phase begins after its clock
+            found.append((clock, 2, k, Moment(PHASE, 0, name)))
+        found.append((until, 3, 0, Moment(UNTIL, 0, "")))
+        return [m for clock, *_, m in sorted(found, key=lambda f: f[:3]) if clock <= until]
+
+    @classmethod
+    def rebuilt(
+        cls,
+        device: torch.device,
+        moments: list[Moment],
+        history: LiveBytes | None = None,
+        carried: dict[int, int] | None = None,
+    ) -> LiveBytes:
+        """A tracker that saw ``moments`` (``timeline``'s form; each FREED names the index of the
+        MADE it frees), as counting them would have left it: its peak, the phase the peak fell in,
+        each phase's peak; following ``history`` up to its UNTIL, ``carried`` its storages that
+        are this one's (``follow``)."""
+        out = cls(device, rounding=1)
+        for m in moments:
+            if m.kind == PHASE:
+                out.phase = m.label
+            elif m.kind == MADE:
+                out._lives.append([m.n, m.label, out._tick(), None])
+                out.current += m.n
+                out.phase_peaks[out._phase] = max(out.phase_peaks[out._phase], out.current)
+                if out.current > out.peak:
+                    out.peak, out.peak_phase, out._peak_clock = out.current, out.phase, out._clock
+            elif m.kind == FREED:
+                out._lives[m.index][3] = out._tick()
+                out.current -= m.n
+            elif m.kind == UNTIL:  # where the steps after this one took over (a history's own)
+                out._history_until = out._clock
+        if history is not None:
+            out._history, out._history_until = history, history._history_until
+            out._carried = carried or {}
+        return out
+
     def replay(self, allocator: CachingAllocator) -> None:
         """Every allocation and free this tracker saw, in order, through ``allocator``: after the
         history's (``follow``), or else with the tensors it was given before its step (parameters,
@@ -293,6 +381,7 @@ class LiveBytes(TorchDispatchMode):
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 self._count(t)
+        self.op_ends.append((self._clock, func.__name__))
         return out
 
 

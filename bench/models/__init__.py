@@ -49,9 +49,16 @@ def repeated_blocks(model: nn.Module) -> list[str]:
     return sorted(found + single, key=order.__getitem__)
 
 
+# Set on a stack of layers cut to a few (bench.predict.depth): its layers are repeated blocks
+# however few are left, as they were in the whole model.
+CUT_STACK = "bench_cut_stack"
+
+
 def _runs(container: nn.Module) -> list[str]:
     """Names of the children in runs of two or more consecutive children of one class (not a
-    container)."""
+    container); every child of a stack cut short."""
+    if getattr(container, CUT_STACK, False):
+        return [name for name, _ in container.named_children()]
     runs: list[list[tuple[str, nn.Module]]] = []
     for name, child in container.named_children():
         if runs and type(runs[-1][-1][1]) is type(child):

@@ -29,6 +29,16 @@ LLAMA3_8B = {
     "num_key_value_heads": 8,
     "tie_word_embeddings": False,
 }
+# llama-tiny's: the family at a CPU's size
+LLAMA_TINY = {
+    "vocab_size": TINY_VOCAB,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "tie_word_embeddings": True,
+}
 
 
 def _bert(config: BertConfig, shapes: Shapes) -> nn.Module:
@@ -138,16 +148,7 @@ def _llama_tiny(shapes: Shapes) -> nn.Module:
     """The same family at a CPU's size, its vocabulary kept at 32,768 so that, as in the real model,
     the logits are the largest activation (batch 8 × 256 tokens: 256 MiB of float32 logits against
     4.6 million parameters)."""
-    return _llama(
-        shapes,
-        vocab_size=TINY_VOCAB,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    )
+    return _llama(shapes, **LLAMA_TINY)
 
 
 def _llama_digits(shapes: Shapes) -> nn.Module:

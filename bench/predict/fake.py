@@ -22,7 +22,7 @@ from bench.measure.allocator import Conf, Replay, cublas_workspaces
 from bench.measure.memory import Tracked, optimizer_state, replayed, track, tracked_memory
 from bench.measure.tracker import CUDA_BLOCK, LiveBytes, NotRepeating, on_host
 from bench.models import ModelSpec
-from bench.predict import ranks
+from bench.predict import depth, ranks
 from bench.predict.cards import CARDS, Card
 from bench.predict.cuda import as_cuda, host_state
 from bench.predict.stand_ins import (
@@ -85,10 +85,7 @@ def predict(
                 rounding = CUDA_BLOCK
             else:
                 rounding = 1
-            try:
-                prediction = _fake_step(spec, recipe, rounding, replay, fold=True)
-            except NotRepeating:  # its micro-batches differ: every one of them is traced
-                prediction = _fake_step(spec, made(), rounding, replay, fold=False)
+            prediction = _stepped(spec, recipe, made, rounding, replay)
     except Unsupported as exc:  # a kernel CUDA would refuse: the run would be unsupported there too
         return Prediction.failed(Status.UNSUPPORTED, str(exc))
     except Exception as exc:  # noqa: BLE001  a technique that needs real values (e.g. .item()) cannot be predicted
@@ -116,13 +113,99 @@ def _replay(card: Card | None, recipe: Recipe) -> Replay:
     )
 
 
-def _fake_step(
-    spec: RunSpec, recipe: Recipe, rounding: int, replay: Replay | None, fold: bool
+# The kinds of step that did not fold in this process, and why: a search predicts one run at many
+# batches or lengths, and a fold that fails costs its three shallow steps each time. The whole step
+# is traced for them at once (it is the same prediction either way).
+UNFOLDED: dict[tuple, str] = {}
+FOLDED = ", ".join(map(str, depth.DEPTHS[:-1])) + f" and {depth.DEPTHS[-1]} of them"
+
+
+def _stepped(
+    spec: RunSpec,
+    recipe: Recipe,
+    made: Callable[[], Recipe],
+    rounding: int,
+    replay: Replay | None,
 ) -> Prediction:
+    """The step traced whole, or, for a model of many layers alike, folded from its steps at a few
+    layers (bench.predict.depth); replayed through the allocator where ``replay`` is given."""
+    layers, why = depth.depth_of(_meta_model(recipe.ctx.model_spec, recipe.ctx.shapes))
+    if placed := [t.name for t in recipe.techniques if not t.layers_alike()]:
+        why = f"{', '.join(placed)} treats layers by their place"
+    # what decides whether a step folds, but for its shapes
+    kind = (recipe.ctx.model_spec.name, spec.techniques, recipe.mode, recipe.ctx.world_size)
+    kind += (replay is not None,)
+    why = why or UNFOLDED.get(kind, "")
+    if layers >= depth.FOLD_FROM and not why:
+        generating = recipe.mode == "generate"
+        folded = _folded_depth(spec, made, rounding, replay, layers, generating)
+        if not isinstance(folded, str):
+            prediction, tracker = folded
+            prediction.depth = f"{layers} layers, folded from steps at {FOLDED}"
+            return _replayed(prediction, tracker, replay)
+        why = UNFOLDED[kind] = folded
+    whole = _traced(spec, recipe, made, rounding, replay)
+    if layers >= depth.FOLD_FROM:
+        whole.prediction.depth = f"{layers} layers, traced whole: {why}"
+    return _replayed(whole.prediction, whole.tracker, replay)
+
+
+def _folded_depth(
+    spec: RunSpec,
+    made: Callable[[], Recipe],
+    rounding: int,
+    replay: Replay | None,
+    layers: int,
+    generating: bool,
+) -> tuple[Prediction, LiveBytes] | str:
+    """The step at ``layers`` layers folded from its shallow steps, or why it cannot be: one that
+    fails at a few layers (a technique with nothing to apply to there) is traced whole, where it
+    may not fail."""
+    shallow = []
+    for d in depth.DEPTHS:
+        try:
+            shallow.append(_traced(spec, made(), made, rounding, replay, d))
+        except Exception as exc:  # noqa: BLE001  the whole step says what it says
+            return f"at {d} layers: {type(exc).__name__}: {first_line(exc)[:200]}"
+    return depth.fold(shallow, layers, generating)
+
+
+def _traced(
+    spec: RunSpec,
+    recipe: Recipe,
+    made: Callable[[], Recipe],
+    rounding: int,
+    replay: Replay | None,
+    layers: int | None = None,
+) -> depth.Shallow:
+    """The step on fake tensors, its micro-batches folded where they repeat; at its first
+    ``layers`` layers alone where given."""
+    try:
+        return _fake_step(spec, recipe, rounding, replay, fold=True, layers=layers)
+    except NotRepeating:  # its micro-batches differ: every one of them is traced
+        return _fake_step(spec, made(), rounding, replay, fold=False, layers=layers)
+
+
+def _replayed(prediction: Prediction, tracker: LiveBytes, replay: Replay | None) -> Prediction:
+    if replay is not None:
+        prediction |= replayed(tracker, replay)
+    return prediction
+
+
+def _fake_step(
+    spec: RunSpec,
+    recipe: Recipe,
+    rounding: int,
+    replay: Replay | None,
+    fold: bool,
+    layers: int | None = None,
+) -> depth.Shallow:
     ctx, techniques = recipe.ctx, recipe.techniques
     backend = next((b for t in techniques if (b := t.attention_backend())), None)
     # Pretrained weights (spec.weights) are not read: their values change no tensor's size.
     model = _meta_model(ctx.model_spec, ctx.shapes)
+    if layers is not None:
+        depth.truncate(model, layers)
     kernels = as_cuda(backend) if ctx.predicting else nullcontext()  # a CPU run keeps CPU's kernels
     # variable-length sequences drawn with real values, before fake tensors take over
     feed = recipe.feed()
@@ -196,8 +279,6 @@ def _fake_step(
         raise NotRepeating
     # the tracker's figures are the prediction's, by name (record.TRACKED)
     prediction = Prediction(**tracked_memory(done, runner.model, runner.optimizer, phases).flat())
-    if replay is not None:
-        prediction |= replayed(done.tracker, replay)
     if ctx.world_size > 1:
         prediction |= traffic.figures() | Prediction(world_size=ctx.world_size, rank=ctx.rank)
     if paged := sum(t.nbytes for t in optimizer_state(runner.optimizer) if is_paged(t)):
@@ -208,7 +289,8 @@ def _fake_step(
     steps = ctx.shapes.measure_steps if feed is not None else 1  # a varlen step: their mean
     counted = [c // steps for c in counted]
     prediction.flops_per_step, prediction.ops_per_step, prediction.op_bytes_per_step = counted
-    return prediction
+    before = replay and replay.history
+    return depth.Shallow(prediction=prediction, tracker=done.tracker, history=before)
 
 
 TRACED_MICRO_BATCHES = 4  # of a step's, where it has more: two to settle, two to show they repeat

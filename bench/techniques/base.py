@@ -290,6 +290,12 @@ class Technique:
         CUDA picks."""
         return None
 
+    def layers_alike(self) -> bool:
+        """Whether it does to every repeated layer what it does to any: then a deep model's step is
+        predicted from a few of its layers (bench.predict.depth). False for one that treats layers
+        by their place (every k-th, shared across several)."""
+        return True
+
     # -- the hooks that change the run: read by the worker, in this order --
 
     def __init__(self, config: Any = None) -> None:
@@ -363,6 +369,7 @@ INTERFACE = {
     ),
     "what prediction needs: the tracker, bench/predict": (
         "trackable", "compiled_update", "unpredictable", "stand_ins", "attention_backend",
+        "layers_alike",
     ),
     "the hooks that change the run: the worker, in this order": (
         "env", "unsupported", "apply", "make_optimizer", "makes_optimizer", "batching", "replicas",

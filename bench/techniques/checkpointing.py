@@ -77,6 +77,9 @@ class ActivationCheckpointing(Technique):
             "the non-reentrant one PyTorch recommends",
         )
 
+    def layers_alike(self) -> bool:
+        return self.config.every == 1  # every k-th: a layer's place decides
+
     def problems(self, batch_size: int) -> list[str]:
         if self.config.every >= 1:
             return []

@@ -39,6 +39,9 @@ class CrossLayerSharing(Technique):
     class Config:
         groups: int = option(1, "distinct blocks per run of identical blocks (1: all share one)")
 
+    def layers_alike(self) -> bool:
+        return False  # layers share with their neighbours
+
     def problems(self, batch_size: int) -> list[str]:
         if self.config.groups >= 1:
             return []

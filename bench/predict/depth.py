@@ -1,0 +1,474 @@
+"""A deep model's step from three shallow ones (issue 65): a transformer is the same layer many
+times, so its step is predicted from the step at 1, 2 and 3 of its layers instead of all of them.
+
+Each step a tracker saw is a timeline (``LiveBytes.timeline``): storages made and freed, phases
+beginning. The timeline at 2 layers is the one at 1 with blocks inserted (a layer's parameters, its
+forward, its backward, its share of each optimizer operator); the fold holds only where the timeline
+at 3 layers is the one at 1 with each block inserted twice at the same place, and where every free
+of a repeated block names the storage it frees by a rule that both shallow steps obey (the same
+copy's, the copy before's or after's, the mirror copy's as backward runs the layers in reverse, the
+first's, the last's, or one made once). The step at full depth is then the one at 1 with each block
+inserted once per layer more, its frees resolved by those rules: the same timeline the whole step
+would make, its peak, breakdown and phase read off it and its allocations replayed through the
+caching allocator as the whole one's would be. Figures that are sums over layers (parameters,
+gradients, optimizer state, activations kept for backward, FLOPs, collectives' bytes) are the
+shallow steps' line through 1, 2 and 3 layers, which must be straight. A model whose layers are not
+all alike (another width, a sliding window on some, experts on some) or whose shallow steps do not
+show the pattern is traced whole, and the prediction says why.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, fields
+from difflib import SequenceMatcher
+
+import torch
+from torch import nn
+
+from bench.measure.memory import at_peak_memory
+from bench.measure.tracker import FREED, MADE, PHASE, LiveBytes, Moment
+from bench.models import CUT_STACK
+from bench.record import Prediction
+
+DEPTHS = (1, 2, 3)  # the shallow steps traced
+FOLD_FROM = 8  # layers: below, the whole step costs about as much as the three shallow ones
+CPU = torch.device("cpu")
+# what a stack's layers may differ in: the index each is told (a cache's slot)
+INDEX_NAMES = ("layer_idx", "layer_id", "layer_index", "idx")
+
+
+def stack(model: nn.Module) -> tuple[nn.Module, str] | None:
+    """The model's run of repeated layers, as (its parent, its attribute): the longest ModuleList or
+    Sequential of one class; None where none has two."""
+    found = None
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            layers = (
+                list(child.children()) if isinstance(child, nn.ModuleList | nn.Sequential) else []
+            )
+            if len(layers) >= 2 and len({type(m) for m in layers}) == 1:
+                if found is None or len(layers) > len(getattr(*found)):
+                    found = (parent, name)
+    return found
+
+
+def depth_of(model: nn.Module) -> tuple[int, str]:
+    """The model's layers, and why they cannot be folded ("" where they can): a stack of layers
+    alike, but for the index each is told, in their parameters, buffers, classes and settings."""
+    found = stack(model)
+    if found is None:
+        return 0, "no stack of repeated layers"
+    layers = list(getattr(*found).children())
+    if len({_signature(m) for m in layers}) > 1:
+        return len(layers), "its layers differ (widths, attention windows or experts)"
+    types = getattr(getattr(model, "config", None), "layer_types", None)
+    if types and len(set(types)) > 1:
+        return len(layers), f"its layers are of {len(set(types))} types ({', '.join(set(types))})"
+    return len(layers), ""
+
+
+def truncate(model: nn.Module, depth: int) -> None:
+    """The model's first ``depth`` layers alone, its config (a copy) told so: transformers' models
+    loop over config.num_hidden_layers of their layers."""
+    parent, name = stack(model)
+    layers = getattr(parent, name)
+    if isinstance(layers, nn.Sequential):
+        cut = layers[:depth]  # its children's names kept
+    else:
+        cut = nn.ModuleList(list(layers)[:depth])
+    setattr(cut, CUT_STACK, True)  # one layer left is still the repeated block techniques wrap
+    setattr(parent, name, cut)
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "num_hidden_layers"):
+        return
+    # a copy: the config is the model spec's, which builds the next model too
+    own = copy.deepcopy(config)
+    own.num_hidden_layers = depth
+    if getattr(own, "layer_types", None):
+        own.layer_types = own.layer_types[:depth]
+    for module in model.modules():
+        if getattr(module, "config", None) is config:
+            module.config = own
+
+
+def _signature(layer: nn.Module) -> tuple:
+    def settings(m: nn.Module) -> tuple:
+        return tuple(
+            sorted(
+                (k, v)
+                for k, v in vars(m).items()
+                if not k.startswith("_")
+                and k not in INDEX_NAMES
+                and isinstance(v, int | float | str | bool | type(None))
+            )
+        )
+
+    return tuple(
+        (name, type(m).__name__, settings(m))
+        + tuple((p, tuple(t.shape), t.dtype) for p, t in m.named_parameters(recurse=False))
+        + tuple((b, tuple(t.shape), t.dtype) for b, t in m.named_buffers(recurse=False))
+        for name, m in layer.named_modules()
+    )
+
+
+# Where an event of a folded timeline comes from: the shallowest step's event j, ("base", j), or
+# event e of block k's r-th copy, ("copy", k, r, e).
+Origin = tuple
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """How a tracker's timeline grows a layer at a time: the shallowest's moments, and the blocks
+    inserted into it per layer (before which of its moments, and what they hold)."""
+
+    base: list[Moment]
+    blocks: list[tuple[int, list[Moment]]]
+
+    def origins(self, copies: int) -> list[Origin]:
+        """Each moment of the timeline with ``copies`` copies of every block, by where it comes
+        from."""
+        at: dict[int, list[int]] = {}
+        for k, (pos, _) in enumerate(self.blocks):
+            at.setdefault(pos, []).append(k)
+        out: list[Origin] = []
+        for j in range(len(self.base) + 1):
+            for k in at.get(j, []):  # blocks at one place: each one's copies, in turn
+                size = len(self.blocks[k][1])
+                out += [("copy", k, r, e) for r in range(1, copies + 1) for e in range(size)]
+            if j < len(self.base):
+                out.append(("base", j))
+        return out
+
+    def slid(self, step: int) -> Pattern:
+        """The same pattern with each block slid as far as it goes towards the start (``step``
+        -1) or the end (+1): X inserted before base[p] is X turned by one before base[p - 1] where
+        base[p - 1] is X's last moment, and the same every number of copies. Which of the moments
+        alike is the layer's own and which the base's changes what the frees name, not the
+        timeline."""
+        blocks = []
+        for k, (p, x) in enumerate(self.blocks):
+            low = self.blocks[k - 1][0] if k else 0
+            high = self.blocks[k + 1][0] if k + 1 < len(self.blocks) else len(self.base)
+            while step < 0 and p > low and self.base[p - 1] == x[-1]:
+                p, x = p - 1, [self.base[p - 1], *x[:-1]]
+            while step > 0 and p < high and self.base[p] == x[0]:
+                p, x = p + 1, [*x[1:], self.base[p]]
+            blocks.append((p, x))
+        return Pattern(self.base, blocks)
+
+    def moment(self, origin: Origin) -> Moment:
+        if origin[0] == "base":
+            return self.base[origin[1]]
+        return self.blocks[origin[1]][1][origin[3]]
+
+
+def pattern(shallow: list[Moment], deeper: list[Moment], deepest: list[Moment]) -> Pattern | None:
+    """The blocks a layer inserts, where the step a layer deeper is the shallow one with them
+    inserted and the step two layers deeper the same with them inserted twice; else None.
+
+    Phase by phase: a shortest edit (difflib's) across phases may cut a layer's block where another
+    phase's moments look the same, and one that does not repeat is tried again from the end."""
+    phases = [_phases(line) for line in (shallow, deeper, deepest)]
+    if len({len(p) for p in phases}) > 1 or any(
+        a[:1] != b[:1] or a[:1] != c[:1] for a, b, c in zip(*phases)
+    ):
+        return None
+    blocks, at = [], 0
+    for a, b, c in zip(*phases):
+        found = _inserted(a, b, c) or _inserted(a[::-1], b[::-1], c[::-1], backwards=True)
+        if found is None:
+            return None
+        blocks += [(at + p, x) for p, x in found]
+        at += len(a)
+    return Pattern(shallow, blocks)
+
+
+def _phases(line: list[Moment]) -> list[list[Moment]]:
+    """The timeline cut where each phase begins."""
+    out: list[list[Moment]] = [[]]
+    for m in line:
+        if m.kind == PHASE:
+            out.append([])
+        out[-1].append(m)
+    return out
+
+
+def _inserted(
+    a: list[Moment], b: list[Moment], c: list[Moment], backwards: bool = False
+) -> list[tuple[int, list[Moment]]] | None:
+    """``b`` as ``a`` with blocks inserted, where ``c`` is ``a`` with each inserted twice; read
+    ``backwards``, the blocks are turned round and placed from the start."""
+    ops = SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+    if any(tag not in ("equal", "insert") for tag, *_ in ops):
+        return None
+    blocks = [(i1, b[j1:j2]) for tag, i1, _, j1, j2 in ops if tag == "insert"]
+    found = Pattern(a, blocks)
+    if [found.moment(o) for o in found.origins(2)] != c:
+        blocks = _pieces(a, blocks, c)
+        if blocks is None:
+            return None
+    if backwards:
+        return [(len(a) - p, x[::-1]) for p, x in reversed(blocks)]
+    return blocks
+
+
+def _pieces(
+    a: list[Moment], blocks: list[tuple[int, list[Moment]]], c: list[Moment]
+) -> list[tuple[int, list[Moment]]] | None:
+    """The blocks cut where ``c`` (``a`` with two copies of each) shows them doubled piece by piece:
+    a diff may take two places' blocks that meet (one operator's share of a layer, the next
+    one's) for one block. None where ``c`` is not ``a`` with each block's pieces doubled."""
+    out, t, done = [], 0, 0
+    for p, x in blocks:
+        if c[t : t + p - done] != a[done:p]:
+            return None
+        t, done = t + p - done, p
+        while x:
+            n = next((n for n in (len(x), *range(1, len(x))) if _doubled(c, t, x[:n])), 0)
+            if not n:
+                return None
+            out.append((p, x[:n]))
+            t, x = t + 2 * n, x[n:]
+    return out if c[t:] == a[done:] else None
+
+
+def _doubled(c: list[Moment], t: int, piece: list[Moment]) -> bool:
+    n = len(piece)
+    return c[t : t + n] == piece and c[t + n : t + 2 * n] == piece
+
+
+# A rule naming the storage a repeated moment refers to: (family, block, event, shift, where it
+# falls outside the copies: the base moment for each such place)
+Rule = tuple
+FAMILIES = ("same", "mirror", "first", "last")  # a copy relative to its own, or to the ends
+
+
+def _copy(family: str, shift: int, r: int, copies: int) -> int:
+    base = {"same": r, "mirror": copies + 1 - r, "first": 1, "last": copies}[family]
+    return base + shift
+
+
+def _outside(copy: int, copies: int) -> tuple[str, int]:
+    """A copy's place outside 1..copies: how far before the first, or after the last."""
+    if copy < 1:
+        return ("before", 1 - copy)
+    return ("after", copy - copies)
+
+
+def _target(rule: Rule, r: int, copies: int) -> Origin | None:
+    family, k, e, shift, outside = rule
+    if family == "base":
+        return ("base", e)
+    copy = _copy(family, shift, r, copies)
+    if 1 <= copy <= copies:
+        return ("copy", k, copy, e)
+    j = dict(outside).get(_outside(copy, copies))
+    return None if j is None else ("base", j)
+
+
+def _rule(family: str, k: int, e: int, shift: int, seen: list) -> Rule | None:
+    """The rule of this family and shift, where every sample obeys it: a target outside the copies
+    is the base moment each sample there names, one per place."""
+    outside: dict[tuple[str, int], int] = {}
+    for r, copies, to in seen:
+        copy = _copy(family, shift, r, copies)
+        if 1 <= copy <= copies:
+            if to != ("copy", k, copy, e):
+                return None
+        elif to[0] != "base" or outside.setdefault(_outside(copy, copies), to[1]) != to[1]:
+            return None
+    return (family, k, e, shift, tuple(sorted(outside.items())))
+
+
+def rules(samples: list[tuple[Origin, Origin, int]]) -> dict[tuple, Rule] | None:
+    """For each kind of moment (a base one, or block k's event e), the one rule every sample obeys:
+    ``samples`` are (the moment, what it refers to, the copies in its timeline). None where a kind
+    has no such rule."""
+    by_slot: dict[tuple, list[tuple[int, int, Origin]]] = {}
+    for at, to, copies in samples:
+        slot, r = _slot(at)
+        by_slot.setdefault(slot, []).append((r, copies, to))
+    found = {}
+    for slot, seen in by_slot.items():
+        if len({to for *_, to in seen}) == 1 and seen[0][2][0] == "base":
+            found[slot] = ("base", None, seen[0][2][1], 0, ())
+            continue
+        found[slot] = next(
+            (
+                rule
+                for r, copies, to in seen
+                if to[0] == "copy"
+                for family in FAMILIES
+                if r or family in ("first", "last")
+                if (rule := _rule(family, to[1], to[3], to[2] - _copy(family, 0, r, copies), seen))
+                is not None
+            ),
+            None,
+        )
+        if found[slot] is None:
+            return None
+    return found
+
+
+def samples(
+    pattern: Pattern, copies: int, moments: list[Moment]
+) -> list[tuple[Origin, Origin, int]]:
+    """Each free of a traced timeline, as (where it is, where what it frees was made, copies)."""
+    origins = pattern.origins(copies)
+    made = {m.index: o for m, o in zip(moments, origins) if m.kind == MADE}
+    return [(o, made[m.index], copies) for m, o in zip(moments, origins) if m.kind == FREED]
+
+
+def unfold(pattern: Pattern, frees: dict[tuple, Rule], copies: int) -> list[Moment] | None:
+    """The timeline with ``copies`` copies of each block, each free naming the index of the MADE it
+    frees; None where a rule names a storage not alive there."""
+    out, made, alive = [], {}, set()
+    for origin in pattern.origins(copies):
+        m = pattern.moment(origin)
+        if m.kind == MADE:
+            made[origin] = len(out)
+            alive.add(len(out))
+            out.append(dataclasses.replace(m, index=len(made) - 1))
+            continue
+        if m.kind == FREED:
+            slot, r = _slot(origin)
+            index = made.get(_target(frees[slot], r, copies))
+            if index not in alive:
+                return None
+            alive.discard(index)
+            m = dataclasses.replace(m, index=out[index].index)
+        out.append(m)
+    return out
+
+
+def _slot(origin: Origin) -> tuple[tuple, int]:
+    if origin[0] == "base":
+        return origin, 0
+    return ("copy", origin[1], origin[3]), origin[2]
+
+
+@dataclass(frozen=True)
+class Shallow:
+    """A shallow step as traced: its prediction (the replay aside), the tracker of the measured
+    step and, where the allocator is replayed, the tracker of the step before it."""
+
+    prediction: Prediction
+    tracker: LiveBytes
+    history: LiveBytes | None
+
+
+# Figures read off the folded timeline (the peak, where it fell, what was alive at it), or left to
+# the replay: every other figure is a sum over layers, the line through the shallow steps'.
+READ_OFF = {
+    "peak_tensor_bytes",
+    "peak_phase",
+    "peak_prefill_bytes",
+    "peak_decode_bytes",
+    *(f.name for f in fields(Prediction) if f.name.startswith("at_peak_")),
+}
+
+
+def fold(
+    shallow: list[Shallow], layers: int, generating: bool
+) -> tuple[Prediction, LiveBytes] | str:
+    """The step at ``layers`` layers from the steps at DEPTHS: its prediction (the replay aside) and
+    its tracker (following the step before's, where there is one), or why it cannot be folded."""
+    copies = layers - DEPTHS[0]
+    lines = [s.tracker.timeline(until=s.tracker.ended) for s in shallow]
+    measured = _unfolded(lines, copies)
+    if isinstance(measured, str):
+        return measured
+    before = carried = None
+    if shallow[0].history is not None:
+        befores = [s.history.timeline(until=s.tracker.followed_until) for s in shallow]
+        history = _unfolded(befores, copies)
+        if isinstance(history, str):
+            return "the step before: " + history
+        carried = _carried(shallow, lines, befores, copies, measured[1], history[1])
+        if carried is None:
+            return "the storages the step before hands on do not repeat with the layers"
+        before = LiveBytes.rebuilt(CPU, history[0])
+    tracker = LiveBytes.rebuilt(CPU, measured[0], history=before, carried=carried)
+    figures = _line([s.prediction for s in shallow], layers)
+    if isinstance(figures, str):
+        return figures
+    read = at_peak_memory(tracker, generating).flat()
+    return figures | Prediction(**{k: v for k, v in read.items() if k in READ_OFF}), tracker
+
+
+def _line(shallow: list[Prediction], layers: int) -> Prediction | str:
+    """Each figure but those read off the timeline: the same at every depth, or growing by the same
+    bytes (or FLOPs) a layer, continued to ``layers``."""
+    out = {}
+    for f in fields(Prediction):
+        if f.name in READ_OFF:
+            continue
+        values = [getattr(p, f.name) for p in shallow]
+        if values[0] == values[1] == values[2]:
+            out[f.name] = values[0]
+        elif all(isinstance(v, int) and not isinstance(v, bool) for v in values) and (
+            values[1] - values[0] == values[2] - values[1]
+        ):
+            out[f.name] = values[0] + (layers - DEPTHS[0]) * (values[1] - values[0])
+        else:
+            return f"{f.name} does not grow by the same amount a layer ({values})"
+    return Prediction(**out)
+
+
+def _carried(
+    shallow: list[Shallow],
+    lines: list[list[Moment]],
+    befores: list[list[Moment]],
+    copies: int,
+    measured: Pattern,
+    history: Pattern,
+) -> dict[int, int] | None:
+    """The storages the step before hands on at full depth (``LiveBytes.follow``): the measured
+    step's index of each, and the step before's; None where they do not repeat with the layers."""
+    seen, kinds = [], {}
+    for d, s, line, before in zip(DEPTHS, shallow, lines, befores):
+        n = d - DEPTHS[0]
+        made = {m.index: o for m, o in zip(line, measured.origins(n)) if m.kind == MADE}
+        made_before = {m.index: o for m, o in zip(before, history.origins(n)) if m.kind == MADE}
+        for i, origin in made.items():
+            handed = i in s.tracker.carried
+            if kinds.setdefault(_slot(origin)[0], handed) != handed:
+                return None
+            if handed:
+                seen.append((origin, made_before[s.tracker.carried[i]], n))
+    handing = rules(seen)
+    if handing is None:
+        return None
+    index_before = _made_indices(history, copies)
+    out = {}
+    for i, origin in enumerate(
+        o for o in measured.origins(copies) if measured.moment(o).kind == MADE
+    ):
+        slot, r = _slot(origin)
+        if kinds[slot]:
+            out[i] = index_before[_target(handing[slot], r, copies)]
+    return out
+
+
+def _made_indices(pattern: Pattern, copies: int) -> dict[Origin, int]:
+    """Each MADE of the unfolded timeline, by origin: its index among the storages."""
+    made = [o for o in pattern.origins(copies) if pattern.moment(o).kind == MADE]
+    return {o: i for i, o in enumerate(made)}
+
+
+def _unfolded(lines: list[list[Moment]], copies: int) -> tuple[list[Moment], Pattern] | str:
+    grown = pattern(*lines)
+    if grown is None:
+        return "a layer more does not add the same storages at the same places"
+    for found in (grown, grown.slid(-1), grown.slid(1)):
+        seen = [x for d, line in zip(DEPTHS, lines) for x in samples(found, d - DEPTHS[0], line)]
+        if (frees := rules(seen)) is not None:
+            break
+    else:
+        return "what a layer's storages free does not follow one rule"
+    out = unfold(found, frees, copies)
+    if out is None:
+        return "a layer's free names a storage already freed"
+    return out, found

@@ -1,0 +1,156 @@
+"""A deep model's step folded from its steps at 1, 2 and 3 layers (bench.predict.depth), held to the
+whole step traced layer by layer: every figure equal to the byte, the replay on a card included,
+for training with the techniques that treat every layer alike, generation and forward passes; and
+each model or technique the fold cannot prove repeating traced whole, saying why."""
+
+import dataclasses
+from dataclasses import replace
+
+import pytest
+import torch
+from torch import nn
+
+from bench.measure.tracker import FREED, MADE, Moment
+from bench.models import MODELS
+from bench.models.text import LLAMA_TINY, _llama
+from bench.predict import depth, predict
+from bench.predict.cards import CARDS
+from tests.helpers import generation, spec, tech
+
+# llama-tiny's layers, eight of them: deep enough to fold (depth.FOLD_FROM)
+LLAMA_TINY_8 = replace(
+    MODELS.get("llama-tiny"),
+    name="llama-tiny-8",
+    build=lambda shapes: _llama(shapes, **(LLAMA_TINY | {"num_hidden_layers": 8})),
+)
+DEEP = "tests.predict.test_depth:LLAMA_TINY_8"
+
+
+def both_ways(run, monkeypatch, card="rtx4090"):
+    """The run predicted folded, then traced whole."""
+    folded = predict(run, card=CARDS[card])
+    monkeypatch.setattr(depth, "FOLD_FROM", 10**9)
+    return folded, predict(run, card=CARDS[card])
+
+
+def differences(a, b) -> dict:
+    left, right = dataclasses.asdict(a), dataclasses.asdict(b)
+    return {k: (left[k], right[k]) for k in left if left[k] != right[k] and k != "depth"}
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        spec(DEEP, batch_size=2, seq_len=16),
+        spec(DEEP, (tech("checkpoint"),), batch_size=2, seq_len=16),
+        spec(DEEP, (tech("lora"),), batch_size=2, seq_len=16),
+        spec(DEEP, (tech("amp", dtype="bfloat16"),), batch_size=2, seq_len=16),
+        spec(DEEP, (tech("bf16"),), batch_size=2, seq_len=16),
+        spec(DEEP, (tech("optimizer-in-backward"),), batch_size=2, seq_len=16),
+        spec(DEEP, (tech("chunked-loss"),), batch_size=2, seq_len=16),
+        replace(generation(), model=DEEP),
+        replace(generation((tech("kv-cache", kind="static"),)), model=DEEP),
+        spec("bert-base", batch_size=2, seq_len=16, mode="inference"),
+    ],
+    ids=[
+        "plain",
+        "checkpoint",
+        "lora",
+        "amp-bf16",
+        "bf16",
+        "optimizer-in-backward",
+        "chunked-loss",
+        "generation",
+        "generation-static-cache",
+        "bert-base-inference",
+    ],
+)
+def test_a_deep_step_folded_from_three_shallow_ones_is_the_whole_step_to_the_byte(run, monkeypatch):
+    folded, whole = both_ways(run, monkeypatch)
+    assert folded.depth.endswith("layers, folded from steps at 1, 2 and 3 of them"), folded.depth
+    assert folded.ok and differences(folded, whole) == {}
+
+
+@pytest.mark.parametrize(
+    "technique, why",
+    [
+        (tech("checkpoint", every=4), "checkpoint treats layers by their place"),
+        (tech("share-layers"), "share-layers treats layers by their place"),
+    ],
+)
+def test_a_technique_that_treats_layers_by_their_place_is_traced_whole(technique, why, monkeypatch):
+    folded, whole = both_ways(spec(DEEP, (technique,), batch_size=2, seq_len=16), monkeypatch)
+    assert folded.depth == f"8 layers, traced whole: {why}"
+    assert differences(folded, whole) == {}
+
+
+def test_a_stack_of_layers_that_differ_is_not_folded():
+    alike = nn.Sequential(nn.ModuleList(nn.Linear(4, 4) for _ in range(8)))
+    assert depth.depth_of(alike) == (8, "")
+    wider = nn.Sequential(nn.ModuleList(nn.Linear(4, 4 + i % 2) for i in range(8)))
+    assert depth.depth_of(wider) == (8, "its layers differ (widths, attention windows or experts)")
+    depth.truncate(alike, 3)
+    assert len(alike[0]) == 3
+
+
+def made(n: int) -> Moment:
+    return Moment(MADE, n, "forward")
+
+
+def freed(n: int) -> Moment:
+    return Moment(FREED, n, "forward")
+
+
+def test_frees_follow_the_rule_both_shallow_steps_obey():
+    """A layer saves 8 bytes in forward and frees them in backward, last layer first: the mirror
+    copy's, as backward runs the layers in reverse."""
+    base = [made(1), made(8), freed(8), freed(1)]
+    block_forward, block_backward = [made(8)], [freed(8)]
+    steps = []
+    for layers in (1, 2, 3):
+        extra = layers - 1
+        line = [made(1), made(8), *block_forward * extra, *block_backward * extra, freed(8)]
+        line.append(freed(1))
+        steps.append(line)
+    found = depth.pattern(*steps)
+    assert found is not None and [len(x) for _, x in found.blocks] == [1, 1]
+    assert [found.moment(o) for o in found.origins(0)] == base
+    seen = [
+        sample
+        for layers, line in zip((1, 2, 3), steps, strict=True)
+        for sample in depth.samples(found, layers - 1, _indexed(line))
+    ]
+    rules = depth.rules(seen)
+    assert rules is not None
+    # four copies: the fourth layer's saved bytes are freed first
+    out = depth.unfold(found, rules, 4)
+    frees = [m.index for m in out if m.kind == FREED]
+    assert frees == [5, 4, 3, 2, 1, 0]
+
+
+def _indexed(line: list[Moment]) -> list[Moment]:
+    """Each MADE its storage's index, each FREED the index of what it frees (last made, first
+    freed, as the lines above are built)."""
+    out, alive = [], []
+    for m in line:
+        if m.kind == MADE:
+            alive.append(len([x for x in out if x.kind == MADE]))
+            out.append(dataclasses.replace(m, index=alive[-1]))
+        else:
+            out.append(dataclasses.replace(m, index=alive.pop()))
+    return out
+
+
+def test_folding_leaves_the_models_own_config_whole(monkeypatch):
+    """A config.json's model spec builds every model of the run from one config: the shallow steps
+    are cut from copies of it, and the model built after them has all its layers."""
+    from bench import models
+
+    name = "hf:suites/configs/llama-3.2-1b"
+    run = spec(name, batch_size=1, seq_len=16)
+    folded, whole = both_ways(run, monkeypatch)
+    assert folded.depth == "16 layers, folded from steps at 1, 2 and 3 of them"
+    assert differences(folded, whole) == {}
+    with torch.device("meta"):
+        built = models.resolve(name).build(run.gpu)
+    assert built.config.num_hidden_layers == len(built.model.layers) == 16
