@@ -141,6 +141,18 @@ class Pattern:
                 out.append(("base", j))
         return out
 
+    def twins(self) -> dict[int, tuple[int, int, bool]]:
+        """The base moments that are the shallowest layer's own instance of a block's, right
+        before or right after where its copies go: each, with its (block, event, after)."""
+        out = {}
+        for k, (p, x) in enumerate(self.blocks):
+            n = len(x)
+            if p >= n and self.base[p - n : p] == x:
+                out |= {p - n + e: (k, e, False) for e in range(n)}
+            elif self.base[p : p + n] == x:
+                out |= {p + e: (k, e, True) for e in range(n)}
+        return out
+
     def slid(self, step: int) -> Pattern:
         """The same pattern with each block slid as far as it goes towards the start (``step``
         -1) or the end (+1): X inserted before base[p] is X turned by one before base[p - 1] where
@@ -282,10 +294,16 @@ def _rule(family: str, k: int, e: int, shift: int, seen: list) -> Rule | None:
     return (family, k, e, shift, tuple(sorted(outside.items())))
 
 
-def rules(samples: list[tuple[Origin, Origin, int]]) -> dict[tuple, Rule] | None:
+def rules(
+    samples: list[tuple[Origin, Origin, int]],
+    twins: dict[int, tuple[int, int, bool]] | None = None,
+) -> dict[tuple, Rule] | None:
     """For each kind of moment (a base one, or block k's event e), the one rule every sample obeys:
-    ``samples`` are (the moment, what it refers to, the copies in its timeline). None where a kind
-    has no such rule."""
+    ``samples`` are (the moment, what it refers to, the copies in its timeline); ``twins``, the base
+    moments that are the shallowest layer's own instance of a block's (``Pattern.twins``), which a
+    rule may name as the copy before the first or after the last. None where a kind has no such
+    rule."""
+    twins = twins or {}
     by_slot: dict[tuple, list[tuple[int, int, Origin]]] = {}
     for at, to, copies in samples:
         slot, r = _slot(at)
@@ -298,11 +316,10 @@ def rules(samples: list[tuple[Origin, Origin, int]]) -> dict[tuple, Rule] | None
         found[slot] = next(
             (
                 rule
-                for r, copies, to in seen
-                if to[0] == "copy"
+                for r, copies, (k, copy, e) in _as_copies(seen, twins)
                 for family in FAMILIES
                 if r or family in ("first", "last")
-                if (rule := _rule(family, to[1], to[3], to[2] - _copy(family, 0, r, copies), seen))
+                if (rule := _rule(family, k, e, copy - _copy(family, 0, r, copies), seen))
                 is not None
             ),
             None,
@@ -310,6 +327,21 @@ def rules(samples: list[tuple[Origin, Origin, int]]) -> dict[tuple, Rule] | None
         if found[slot] is None:
             return None
     return found
+
+
+def _as_copies(
+    seen: list[tuple[int, int, Origin]], twins: dict[int, tuple[int, int, bool]]
+) -> list[tuple[int, int, tuple[int, int, int]]]:
+    """Each sample's target as (block, copy, event): a base twin is the copy before the first (0)
+    or after the last."""
+    out = []
+    for r, copies, to in seen:
+        if to[0] == "copy":
+            out.append((r, copies, (to[1], to[2], to[3])))
+        elif (twin := twins.get(to[1])) is not None:
+            k, e, after = twin
+            out.append((r, copies, (k, copies + 1 if after else 0, e)))
+    return out
 
 
 def samples(
@@ -438,7 +470,7 @@ def _carried(
                 return None
             if handed:
                 seen.append((origin, made_before[s.tracker.carried[i]], n))
-    handing = rules(seen)
+    handing = rules(seen, history.twins())
     if handing is None:
         return None
     index_before = _made_indices(history, copies)
@@ -464,7 +496,7 @@ def _unfolded(lines: list[list[Moment]], copies: int) -> tuple[list[Moment], Pat
         return "a layer more does not add the same storages at the same places"
     for found in (grown, grown.slid(-1), grown.slid(1)):
         seen = [x for d, line in zip(DEPTHS, lines) for x in samples(found, d - DEPTHS[0], line)]
-        if (frees := rules(seen)) is not None:
+        if (frees := rules(seen, found.twins())) is not None:
             break
     else:
         return "what a layer's storages free does not follow one rule"

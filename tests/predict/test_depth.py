@@ -51,6 +51,8 @@ def differences(a, b) -> dict:
         replace(generation(), model=DEEP),
         replace(generation((tech("kv-cache", kind="static"),)), model=DEEP),
         spec("bert-base", batch_size=2, seq_len=16, mode="inference"),
+        spec("bert-base", batch_size=2, seq_len=16),
+        spec("vit-b16", batch_size=2, image_size=32),
     ],
     ids=[
         "plain",
@@ -63,6 +65,8 @@ def differences(a, b) -> dict:
         "generation",
         "generation-static-cache",
         "bert-base-inference",
+        "bert-base",
+        "vit-b16",
     ],
 )
 def test_a_deep_step_folded_from_three_shallow_ones_is_the_whole_step_to_the_byte(run, monkeypatch):
