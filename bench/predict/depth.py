@@ -39,6 +39,10 @@ CPU = torch.device("cpu")
 INDEX_NAMES = ("layer_idx", "layer_id", "layer_index", "idx")
 
 
+class CannotFold(Exception):
+    """A shallow step that is not traced: the fold does not take it (its reason)."""
+
+
 def stack(model: nn.Module) -> tuple[nn.Module, str] | None:
     """The model's run of repeated layers, as (its parent, its attribute): the longest ModuleList or
     Sequential of one class; None where none has two."""

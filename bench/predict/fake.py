@@ -165,6 +165,8 @@ def _folded_depth(
     for d in depth.DEPTHS:
         try:
             shallow.append(_traced(spec, made(), made, rounding, replay, d))
+        except depth.CannotFold as exc:
+            return str(exc)
         except Exception as exc:  # noqa: BLE001  the whole step says what it says
             return f"at {d} layers: {type(exc).__name__}: {first_line(exc)[:200]}"
     return depth.fold(shallow, layers, generating)
@@ -236,6 +238,8 @@ def _fake_step(
             more = _folded(runner, feed, ctx.world_size)
         else:
             more = 0
+        if more and layers is not None:  # before any tracing: the whole step is traced instead
+            raise depth.CannotFold("its micro-batches are folded too")
 
         def traced(step: Callable[[], object], history: LiveBytes | None = None) -> Tracked:
             return track(
