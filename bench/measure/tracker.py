@@ -281,10 +281,11 @@ class LiveBytes(TorchDispatchMode):
                 events.append((freed, ("free", *place[i])))
         return [e for _, e in sorted(events)]
 
-    def timeline(self, until: int) -> list[Moment]:
+    def timeline(self, until: int, frees_in_birth_order: bool = False) -> list[Moment]:
         """Every birth and death of a storage, each operator's return and each phase's beginning,
         in the order they came, up to the clock ``until`` (the step's end, or where the step after
-        began, ``follow``), and a marker there."""
+        began, ``follow``), and a marker there; with ``frees_in_birth_order``, each run of frees
+        with nothing between them in the order their storages were made."""
         found = []
         for i, (n, label, born, freed) in enumerate(self._lives):
             found.append((born, 0, i, Moment(MADE, n, label, i)))
@@ -295,7 +296,10 @@ class LiveBytes(TorchDispatchMode):
         for k, (clock, name) in enumerate(self.phase_log):  # a phase begins after its clock
             found.append((clock, 2, k, Moment(PHASE, 0, name)))
         found.append((until, 3, 0, Moment(UNTIL, 0, "")))
-        return [m for clock, *_, m in sorted(found, key=lambda f: f[:3]) if clock <= until]
+        moments = [m for clock, *_, m in sorted(found, key=lambda f: f[:3]) if clock <= until]
+        if frees_in_birth_order:
+            return _frees_in_birth_order(moments)
+        return moments
 
     @classmethod
     def rebuilt(
@@ -383,6 +387,25 @@ class LiveBytes(TorchDispatchMode):
                 self._count(t)
         self.op_ends.append((self._clock, func.__name__))
         return out
+
+
+def _frees_in_birth_order(moments: list[Moment]) -> list[Moment]:
+    """Each run of frees with nothing between them (a cache cleared, a graph let go) in the order
+    their storages were made: the order a dict or the garbage collector freed them in is no order
+    a step keeps from one layer to the next, and changes nothing counted (no storage is made
+    between them, and the caching allocator's free blocks are the same whatever order they came
+    back in)."""
+    out: list[Moment] = []
+    run: list[Moment] = []
+    for m in [*moments, None]:
+        if m is not None and m.kind == FREED:
+            run.append(m)
+            continue
+        out += sorted(run, key=lambda f: f.index)
+        run = []
+        if m is not None:
+            out.append(m)
+    return out
 
 
 def _span(lives: list[list], start: int, end: int) -> list[int]:

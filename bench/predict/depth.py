@@ -410,15 +410,27 @@ def fold(
     shallow: list[Shallow], layers: int, generating: bool
 ) -> tuple[Prediction, LiveBytes] | str:
     """The step at ``layers`` layers from the steps at DEPTHS: its prediction (the replay aside) and
-    its tracker (following the step before's, where there is one), or why it cannot be folded."""
+    its tracker (following the step before's, where there is one), or why it cannot be folded. The
+    timelines are read as they came, then with each run of frees in the order its storages were
+    made (a cache cleared at once frees in its own order, no layer's)."""
+    first = _fold(shallow, layers, generating, False)
+    if not isinstance(first, str):
+        return first
+    second = _fold(shallow, layers, generating, True)
+    return first if isinstance(second, str) else second
+
+
+def _fold(
+    shallow: list[Shallow], layers: int, generating: bool, ordered: bool
+) -> tuple[Prediction, LiveBytes] | str:
     copies = layers - DEPTHS[0]
-    lines = [s.tracker.timeline(until=s.tracker.ended) for s in shallow]
+    lines = [s.tracker.timeline(s.tracker.ended, ordered) for s in shallow]
     measured = _unfolded(lines, copies)
     if isinstance(measured, str):
         return measured
     before = carried = None
     if shallow[0].history is not None:
-        befores = [s.history.timeline(until=s.tracker.followed_until) for s in shallow]
+        befores = [s.history.timeline(s.tracker.followed_until, ordered) for s in shallow]
         history = _unfolded(befores, copies)
         if isinstance(history, str):
             return "the step before: " + history
