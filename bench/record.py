@@ -73,10 +73,10 @@ class Status(StrEnum):
     UNPREDICTABLE = "unpredictable"  # predictions only: fake tensors cannot stand for the technique
 
 
-def as_status(stored: str | None) -> Status | str | None:
-    """A stored status as its Status; one no Status names (another tool's) stays as it was, for
-    ``problems`` to name."""
-    return Status(stored) if stored in Status._value2member_map_ else stored
+def as_member(kind: type[StrEnum], stored: str | None) -> StrEnum | str | None:
+    """A stored value as its member of ``kind``; one no member names (another tool's) stays as it
+    was, for ``problems`` to name."""
+    return kind(stored) if stored in kind._value2member_map_ else stored
 
 
 # what a run's record may say
@@ -169,8 +169,7 @@ class Identity(Part):
     )
 
     def __post_init__(self) -> None:
-        known = self.device_type in DeviceType._value2member_map_
-        self.device_type = DeviceType(self.device_type) if known else self.device_type
+        self.device_type = as_member(DeviceType, self.device_type)
 
 
 @dataclass(kw_only=True)
@@ -194,7 +193,7 @@ class Outcome(Part):
     )
 
     def __post_init__(self) -> None:
-        self.status = as_status(self.status)
+        self.status = as_member(Status, self.status)
 
 
 @dataclass(kw_only=True)
@@ -477,7 +476,7 @@ class Prediction(_PredictedFigures):
     prefix: ClassVar[str] = "predicted_"
 
     def __post_init__(self) -> None:
-        self.status = as_status(self.status)
+        self.status = as_member(Status, self.status)
 
     @property
     def ok(self) -> bool:

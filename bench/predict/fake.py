@@ -5,6 +5,7 @@ them behave as real ones where that changes what is counted."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -129,7 +130,9 @@ def _stepped(
 ) -> Prediction:
     """The step traced whole, or, for a model of many layers alike, folded from its steps at a few
     layers (bench.predict.depth); replayed through the allocator where ``replay`` is given."""
-    layers, why = depth.depth_of(_meta_model(recipe.ctx.model_spec, recipe.ctx.shapes))
+    # built once per model and shape but for the batch: a search asks at many batches
+    one = dataclasses.replace(recipe.ctx.shapes, batch_size=1)
+    layers, why = _depth_of(recipe.ctx.model_spec, one)
     if placed := [t.name for t in recipe.techniques if not t.layers_alike()]:
         why = f"{', '.join(placed)} treats layers by their place"
     # what decides whether a step folds, but for its shapes
@@ -170,6 +173,13 @@ def _folded_depth(
         except Exception as exc:  # noqa: BLE001  the whole step says what it says
             return f"at {d} layers: {type(exc).__name__}: {first_line(exc)[:200]}"
     return depth.fold(shallow, layers, generating)
+
+
+@functools.cache
+def _depth_of(spec: ModelSpec, shapes: Shapes) -> tuple[int, str]:
+    """The model's stack of layers and why it cannot fold (depth.depth_of), its model built on the
+    meta device once per process."""
+    return depth.depth_of(_meta_model(spec, shapes))
 
 
 def _traced(
