@@ -77,9 +77,12 @@ class Row:
         """As the table holds it: the prediction's figures by their own names, the answers asked
         beside them, and the verdict in words on a card."""
         own = {KEY.run: self.run, "batch": self.batch}
-        for f in fields(self)[3:-1]:
-            if f.name in self.asked or getattr(self, f.name) is not None:
-                own[f.name] = getattr(self, f.name)
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name not in ("run", "batch", "prediction", "asked") and (
+                f.name in self.asked or value is not None
+            ):
+                own[f.name] = value
         figures = {k: v for k, v in asdict(self.prediction).items() if v is not None}
         if self.prediction.card and self.prediction.ok:
             figures["said_on_card"] = verdict(self.prediction)
