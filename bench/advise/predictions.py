@@ -19,7 +19,7 @@ import torch
 from bench.predict.ahead import spawn_pool, stop_pool
 from bench.predict.budget import largest_batch, largest_batch_on
 from bench.predict.cards import Card
-from bench.predict.fake import predict
+from bench.predict.fake import Traced, predict
 from bench.record import Prediction
 from bench.results import write_atomic
 from bench.spec import RunSpec
@@ -152,8 +152,8 @@ def _largest(
 ) -> dict[str, Any]:
     spec, budget, own = work
     if card is not None:
-        return {"largest_batch": largest_batch_on(spec, card, own=own)}
-    return {"largest_batch": largest_batch(spec, budget, own=own, device_type=device_type)}
+        return {"largest_batch": largest_batch_on(spec, card, own=Traced(own))}
+    return {"largest_batch": largest_batch(spec, budget, own=Traced(own), device_type=device_type)}
 
 
 @cache

@@ -71,6 +71,8 @@ class Moment:
     n: int
     label: str
     index: int = field(default=-1, compare=False)
+    # its bytes before rounding to blocks (bench.predict.lines reads them at other sizes)
+    raw: int = field(default=0, compare=False)
 
 
 class NotRepeating(Exception):
@@ -86,6 +88,7 @@ class LiveBytes(TorchDispatchMode):
         self.rounding = rounding or (CUDA_BLOCK if device.type == "cuda" else 1)
         self._live: dict[int, int] = {}  # id(storage) → its index in _lives
         self._lives: list[list] = []  # [bytes, label, born, freed or None] per storage ever counted
+        self._raw: list[int] = []  # each one's bytes before rounding, in the same order
         self._clock = 0
         self._peak_clock = 0
         self.current = 0
@@ -164,6 +167,7 @@ class LiveBytes(TorchDispatchMode):
         n = math.ceil(storage.nbytes() / self.rounding) * self.rounding
         index = len(self._lives)
         self._lives.append([n, self.phase if label is None else label, self._tick(), None])
+        self._raw.append(storage.nbytes())
         self._live[key] = index
         self.current += n
         if self.current > self.phase_peaks[self._phase]:
@@ -254,6 +258,7 @@ class LiveBytes(TorchDispatchMode):
                 else:
                     freed += r * period
                 self._lives.append([n, label, born + r * period, freed])
+                self._raw.append(self._raw[i])
         self._clock += shift
         if self._peak_clock > end:
             self._peak_clock += shift
@@ -281,25 +286,35 @@ class LiveBytes(TorchDispatchMode):
                 events.append((freed, ("free", *place[i])))
         return [e for _, e in sorted(events)]
 
-    def timeline(self, until: int, frees_in_birth_order: bool = False) -> list[Moment]:
+    def timeline(self, until: int, ordered: bool = False) -> list[Moment]:
         """Every birth and death of a storage, each operator's return and each phase's beginning,
         in the order they came, up to the clock ``until`` (the step's end, or where the step after
-        began, ``follow``), and a marker there; with ``frees_in_birth_order``, each run of frees
-        with nothing between them in the order their storages were made."""
+        began, ``follow``), and a marker there; ``ordered``: each run of frees with nothing between
+        them in the order their storages were made (``frees_in_birth_order``)."""
         found = []
         for i, (n, label, born, freed) in enumerate(self._lives):
-            found.append((born, 0, i, Moment(MADE, n, label, i)))
+            found.append((born, 0, i, Moment(MADE, n, label, i, raw=self._raw[i])))
             if freed is not None:
-                found.append((freed, 0, i, Moment(FREED, n, label, i)))
+                found.append((freed, 0, i, Moment(FREED, n, label, i, raw=self._raw[i])))
         for k, (clock, name) in enumerate(self.op_ends):
             found.append((clock, 1, k, Moment(OP, 0, name)))
         for k, (clock, name) in enumerate(self.phase_log):  # a phase begins after its clock
             found.append((clock, 2, k, Moment(PHASE, 0, name)))
         found.append((until, 3, 0, Moment(UNTIL, 0, "")))
         moments = [m for clock, *_, m in sorted(found, key=lambda f: f[:3]) if clock <= until]
-        if frees_in_birth_order:
-            return _frees_in_birth_order(moments)
+        if ordered:
+            return frees_in_birth_order(moments)
         return moments
+
+    def steps(self) -> tuple[list[Moment], list[Moment] | None]:
+        """Its own timeline to the step's end (all it saw, where none was marked), and the steps
+        before's up to where it took over (None where it follows none), each storage named by its
+        index in its own tracker (``carried`` pairs them)."""
+        own = self.timeline(self._clock if self.ended is None else self.ended)
+        before = None
+        if self._history is not None:
+            before = self._history.timeline(self._history_until)
+        return own, before
 
     @classmethod
     def rebuilt(
@@ -319,6 +334,7 @@ class LiveBytes(TorchDispatchMode):
                 out.phase = m.label
             elif m.kind == MADE:
                 out._lives.append([m.n, m.label, out._tick(), None])
+                out._raw.append(m.raw)
                 out.current += m.n
                 out.phase_peaks[out._phase] = max(out.phase_peaks[out._phase], out.current)
                 if out.current > out.peak:
@@ -389,7 +405,7 @@ class LiveBytes(TorchDispatchMode):
         return out
 
 
-def _frees_in_birth_order(moments: list[Moment]) -> list[Moment]:
+def frees_in_birth_order(moments: list[Moment]) -> list[Moment]:
     """Each run of frees with nothing between them (a cache cleared, a graph let go) in the order
     their storages were made: the order a dict or the garbage collector freed them in is no order
     a step keeps from one layer to the next, and changes nothing counted (no storage is made

@@ -7,7 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from bench.predict.cards import Card
-from bench.predict.fake import CPU, predict
+from bench.predict.fake import CPU, Traced, predict
+from bench.predict.lines import Sizes
 from bench.recipe import Recipe
 from bench.record import Phase, Prediction
 from bench.suite import RunSpec, Shapes
@@ -26,10 +27,11 @@ def largest_batch(
     spec: RunSpec,
     budget: int,
     limit: int = 1 << 16,
-    own: Prediction | None = None,
+    own: Traced | None = None,
     peak: Callable[[int], float] | None = None,
     device_type: str = "cuda",
     progress: Callable[[str], None] = lambda _: None,
+    sizes: Sizes | None = None,
 ) -> int | None:
     """The largest batch whose predicted peak fits ``budget`` bytes (in multiples of the micro-batch
     count, so every candidate is a valid run); None if none fits. A peak is close to linear in the
@@ -40,28 +42,34 @@ def largest_batch(
     step, so a peak far from linear still gets the right answer in at most three times bisection's
     count. ``own``: the prediction at the run's own batch, if made already (the line starts from
     it). ``peak``: the peak at a batch size (inf: it does not fit), instead of the prediction at
-    ``device_type``'s shapes (``bench fit`` measures it). ``progress`` is told each batch tried."""
+    ``device_type``'s shapes (``bench fit`` measures it). ``progress`` is told each batch tried.
+    The predictions past the first two are read off the line through them where the step is one
+    (bench.predict.lines.Sizes, or ``sizes`` where ``peak`` reads them), and the answer read off it
+    is traced again."""
     shapes = spec.shapes(device_type)
+    if peak is None:
+        sizes = Sizes(spec, shapes, cuda=device_type == "cuda", reserved=False)
+        sizes.seed(shapes.batch_size, own)
 
-    def predicted(batch: int, out: Prediction | None = None) -> float:
-        cuda = device_type == "cuda"
-        out = out or predict(spec, replace(shapes, batch_size=batch), cuda=cuda, reserved=False)
-        if out.ok:
-            return out.peak_tensor_bytes
-        return math.inf
+        def peak(batch: int) -> float:
+            out = sizes(batch)
+            if out.ok:
+                return out.peak_tensor_bytes
+            return math.inf
 
     unit = math.lcm(1, *(build(t).batch_multiple() for t in spec.techniques))
-    mine = shapes.batch_size // unit
 
     def at(n: int) -> float:
-        if peak is not None:
-            figure = peak(n * unit)
-        else:
-            figure = predicted(n * unit, own if n == mine else None)
-        progress(f"batch {n * unit:,}: {_against(figure, budget)}")
+        figure = peak(n * unit)
+        how = sizes.said(n * unit) if sizes is not None else ""
+        progress(f"batch {n * unit:,}: {_against(figure, budget)}{how}")
         return figure
 
-    return largest(at, budget, limit // unit, start=mine) * unit or None
+    found = largest(at, budget, limit // unit, start=shapes.batch_size // unit)
+    while sizes is not None and not sizes.confirmed(max(found, 1) * unit):  # the line did not hold
+        progress(f"batch {found * unit:,} traced is not the step read off the line: all traced")
+        found = largest(at, budget, limit // unit, start=shapes.batch_size // unit)
+    return found * unit or None
 
 
 def largest(
@@ -84,11 +92,12 @@ def largest(
         seen[n] = at(n)
         lo, hi = (max(lo, n), hi) if seen[n] <= budget else (lo, min(hi, n))
 
-    probe(1)
-    if lo == 0:
-        return 0
-    if start is not None and lo < start < hi:  # far from 1, so the line through both is a good one
+    if start is not None and 1 < start <= limit:  # at hand: where it fits, so does every size below
         probe(start)
+    if lo == 0:
+        probe(1)
+        if lo == 0:
+            return 0
     misses = 0  # guesses in a row that did not halve the bracket
     while hi - lo > 1:
         width = hi - lo
@@ -136,7 +145,7 @@ def largest_batch_on(
     spec: RunSpec,
     card: Card,
     limit: int = 1 << 16,
-    own: Prediction | None = None,
+    own: Traced | None = None,
     progress: Callable[[str], None] = lambda _: None,
 ) -> int | None:
     """The largest batch the card holds: the step replayed through the caching allocator under the
@@ -144,20 +153,18 @@ def largest_batch_on(
     reserved peak). ``own``: the prediction on the card at the run's own batch, if made already;
     ``progress`` is told each batch tried."""
     shapes = spec.shapes("cuda")
+    sizes = Sizes(spec, shapes, card=card)
+    sizes.seed(shapes.batch_size, own)
 
     def reserved(batch: int) -> float:
-        mine = own is not None and batch == shapes.batch_size
-        if mine:
-            out = own
-        else:
-            out = predict(spec, replace(shapes, batch_size=batch), card=card)
+        out = sizes(batch)
         if out.ok and out.verdict == "out of memory":  # above the card by what it could not hold
             return max(out.oom_reserved_bytes + out.oom_request_bytes, card.capacity + 1)
         if out.ok:
             return out.peak_reserved_bytes
         return math.inf
 
-    return largest_batch(spec, card.capacity, limit, peak=reserved, progress=progress)
+    return largest_batch(spec, card.capacity, limit, peak=reserved, progress=progress, sizes=sizes)
 
 
 CONTEXT_STEP = 256  # tokens: the longest context is found to this many

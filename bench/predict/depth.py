@@ -407,17 +407,20 @@ READ_OFF = {
 
 
 def fold(
-    shallow: list[Shallow], layers: int, generating: bool
-) -> tuple[Prediction, LiveBytes] | str:
-    """The step at ``layers`` layers from the steps at DEPTHS: its prediction (the replay aside) and
-    its tracker (following the step before's, where there is one), or why it cannot be folded. The
-    timelines are read as they came, then with each run of frees in the order its storages were
-    made (a cache cleared at once frees in its own order, no layer's)."""
-    first = _fold(shallow, layers, generating, False)
-    if not isinstance(first, str):
-        return first
-    second = _fold(shallow, layers, generating, True)
-    return first if isinstance(second, str) else second
+    shallow: list[Shallow], layers: int, generating: bool, ordered_first: bool = False
+) -> tuple[Prediction, LiveBytes, bool] | str:
+    """The step at ``layers`` layers from the steps at DEPTHS: its prediction (the replay aside),
+    its tracker (following the step before's, where there is one) and whether its frees were read
+    in order; or why it cannot be folded. The timelines are read as they came, then with each run of
+    frees in the order its storages were made (a cache cleared at once frees in its own order, no
+    layer's); ``ordered_first``, the other way round (a search folds the same kind of step again
+    and again: the way that folded it before goes first)."""
+    found = ""
+    for ordered in (ordered_first, not ordered_first):
+        found = _fold(shallow, layers, generating, ordered)
+        if not isinstance(found, str):
+            return (*found, ordered)
+    return found
 
 
 def _fold(

@@ -8,6 +8,7 @@ import dataclasses
 import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -55,6 +56,31 @@ def predict(
     card: Card | None = None,
     reserved: bool = True,
 ) -> Prediction:
+    """``traced``'s prediction."""
+    return traced(
+        spec, shapes, cuda, world_size, rank=rank, card=card, reserved=reserved
+    ).prediction
+
+
+@dataclass(frozen=True)
+class Traced:
+    """A prediction and the tracker whose step it reads (None where the step was not traced): its
+    timeline, and the step before's where the allocator is replayed (bench.predict.lines)."""
+
+    prediction: Prediction
+    tracker: LiveBytes | None = None
+    replay: Replay | None = None  # the allocator it was replayed through (its steps aside)
+
+
+def traced(
+    spec: RunSpec,
+    shapes: Shapes | None = None,
+    cuda: bool = True,
+    world_size: int | None = None,
+    rank: int = 0,
+    card: Card | None = None,
+    reserved: bool = True,
+) -> Traced:
     """Predicted peak and breakdown of one run at ``shapes`` (default: its GPU shapes); ``cuda``
     models the CUDA allocator's granularity and CUDA-only techniques, else the CPU run as measured
     here. A run over several processes is predicted as its ``rank`` of ``world_size`` (default: the
@@ -73,9 +99,9 @@ def predict(
     if reason := next(
         (f"{t.name}: {t.unpredictable}" for t in recipe.techniques if t.unpredictable), None
     ):
-        return Prediction.failed(Status.UNPREDICTABLE, reason)
+        return Traced(Prediction.failed(Status.UNPREDICTABLE, reason))
     if reason := recipe.unsupported():
-        return Prediction.failed(Status.UNSUPPORTED, reason)
+        return Traced(Prediction.failed(Status.UNSUPPORTED, reason))
     try:
         with ranks.fake_group(world_size, rank):
             if cuda and (reserved or card):
@@ -86,12 +112,19 @@ def predict(
                 rounding = CUDA_BLOCK
             else:
                 rounding = 1
-            prediction = _stepped(spec, recipe, made, rounding, replay)
+            prediction, tracker = _stepped(spec, recipe, made, rounding, replay)
+            prediction = replayed_through(prediction, tracker, replay)
     except Unsupported as exc:  # a kernel CUDA would refuse: the run would be unsupported there too
-        return Prediction.failed(Status.UNSUPPORTED, str(exc))
+        return Traced(Prediction.failed(Status.UNSUPPORTED, str(exc)))
     except Exception as exc:  # noqa: BLE001  a technique that needs real values (e.g. .item()) cannot be predicted
         message = f"{type(exc).__name__}: {first_line(exc)[:200]}"
-        return Prediction.failed(Status.UNPREDICTABLE, message)
+        return Traced(Prediction.failed(Status.UNPREDICTABLE, message))
+    return Traced(finished(prediction, card), tracker, replay)
+
+
+def finished(prediction: Prediction, card: Card | None) -> Prediction:
+    """A step's prediction, its replay done, as the process would be: nvidia-smi's figure, the
+    card."""
     if prediction.peak_reserved_bytes is not None:
         on = card or CARDS["h100"]
         # pages of unified memory (a paged optimizer's) count for nvidia-smi while they are on the
@@ -118,6 +151,8 @@ def _replay(card: Card | None, recipe: Recipe) -> Replay:
 # batches or lengths, and a fold that fails costs its three shallow steps each time. The whole step
 # is traced for them at once (it is the same prediction either way).
 UNFOLDED: dict[tuple, str] = {}
+# The kinds of step that folded with their frees read in order (depth.fold): tried that way first.
+ORDERED: dict[tuple, bool] = {}
 FOLDED = ", ".join(map(str, depth.DEPTHS[:-1])) + f" and {depth.DEPTHS[-1]} of them"
 
 
@@ -127,9 +162,10 @@ def _stepped(
     made: Callable[[], Recipe],
     rounding: int,
     replay: Replay | None,
-) -> Prediction:
+) -> tuple[Prediction, LiveBytes]:
     """The step traced whole, or, for a model of many layers alike, folded from its steps at a few
-    layers (bench.predict.depth); replayed through the allocator where ``replay`` is given."""
+    layers (bench.predict.depth), and its tracker; where ``replay`` is given, the step before is
+    traced as the allocator replays it."""
     # built once per model and shape but for the batch: a search asks at many batches
     one = dataclasses.replace(recipe.ctx.shapes, batch_size=1)
     layers, why = _depth_of(recipe.ctx.model_spec, one)
@@ -141,16 +177,19 @@ def _stepped(
     why = why or UNFOLDED.get(kind, "")
     if layers >= depth.FOLD_FROM and not why:
         generating = recipe.mode == "generate"
-        folded = _folded_depth(spec, made, rounding, replay, layers, generating)
+        ordered = ORDERED.get(kind, False)
+        folded = _folded_depth(
+            spec, made, rounding, replay, layers, generating=generating, ordered=ordered
+        )
         if not isinstance(folded, str):
-            prediction, tracker = folded
+            prediction, tracker, ORDERED[kind] = folded
             prediction.depth = f"{layers} layers, folded from steps at {FOLDED}"
-            return _replayed(prediction, tracker, replay)
+            return prediction, tracker
         why = UNFOLDED[kind] = folded
     whole = _traced(spec, recipe, made, rounding, replay)
     if layers >= depth.FOLD_FROM:
         whole.prediction.depth = f"{layers} layers, traced whole: {why}"
-    return _replayed(whole.prediction, whole.tracker, replay)
+    return whole.prediction, whole.tracker
 
 
 def _folded_depth(
@@ -160,7 +199,8 @@ def _folded_depth(
     replay: Replay | None,
     layers: int,
     generating: bool,
-) -> tuple[Prediction, LiveBytes] | str:
+    ordered: bool,
+) -> tuple[Prediction, LiveBytes, bool] | str:
     """The step at ``layers`` layers folded from its shallow steps, or why it cannot be: one that
     fails at a few layers (a technique with nothing to apply to there) is traced whole, where it
     may not fail."""
@@ -172,7 +212,7 @@ def _folded_depth(
             return str(exc)
         except Exception as exc:  # noqa: BLE001  the whole step says what it says
             return f"at {d} layers: {type(exc).__name__}: {first_line(exc)[:200]}"
-    return depth.fold(shallow, layers, generating)
+    return depth.fold(shallow, layers, generating, ordered)
 
 
 @functools.cache
@@ -198,7 +238,9 @@ def _traced(
         return _fake_step(spec, made(), rounding, replay, fold=False, layers=layers)
 
 
-def _replayed(prediction: Prediction, tracker: LiveBytes, replay: Replay | None) -> Prediction:
+def replayed_through(
+    prediction: Prediction, tracker: LiveBytes, replay: Replay | None
+) -> Prediction:
     if replay is not None:
         prediction |= replayed(tracker, replay)
     return prediction

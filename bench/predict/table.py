@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from bench.predict.ahead import spawn_pool, stop_pool
 from bench.predict.budget import fewest_ranks, largest_batch, largest_batch_on, longest_context
 from bench.predict.cards import Card
-from bench.predict.fake import predict
+from bench.predict.fake import traced
 from bench.predict.ranks import KINDS
 from bench.record import AT_PEAK, KEY, Prediction, Record
 from bench.suite import RunSpec
@@ -214,7 +214,8 @@ def _row(spec: RunSpec, budget: int | None, card: Card | None) -> Row:
     if card is not None:
         doing += f", its allocator replayed on the {card.name}"
     with told.meanwhile(doing):
-        out = predict(spec, card=card)
+        own = traced(spec, card=card)  # its tracker: the first point of a search's line
+    out = own.prediction
     row = Row(run=spec.name, batch=spec.gpu.batch_size, prediction=out)
     if not out.ok:
         return row
@@ -226,14 +227,14 @@ def _row(spec: RunSpec, budget: int | None, card: Card | None) -> Row:
         return row
     if budget is not None:
         row.answer("fits", out.peak_tensor_bytes <= budget)
-        row.answer("largest_batch", largest_batch(spec, budget, own=out, progress=told))
+        row.answer("largest_batch", largest_batch(spec, budget, own=own, progress=told))
     if budget is not None and spec.nproc > 1:
         if (fewest := fewest_ranks(spec, budget, own=out)) is not None:
             row.answer("fewest_ranks", fewest)
             there = largest_batch(replace(spec, nproc=fewest), budget)
             row.answer("largest_batch_there", there)
     if card is not None and spec.nproc == 1:
-        row.answer("largest_batch", largest_batch_on(spec, card, own=out, progress=told))
+        row.answer("largest_batch", largest_batch_on(spec, card, own=own, progress=told))
     return row
 
 

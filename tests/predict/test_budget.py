@@ -7,6 +7,7 @@ import pytest
 
 from bench.predict import RESERVE, Budget, largest_batch, parse_size, predict, tensor_budget
 from bench.predict.budget import largest
+from bench.predict.fake import Traced, traced
 from bench.record import Prediction
 from tests.helpers import generation, spec, tech
 
@@ -18,14 +19,15 @@ def test_budget_search_finds_the_largest_batch_that_fits_in_a_handful_of_predict
     budget = predict(run, replace(run.gpu, batch_size=40)).peak_tensor_bytes
     calls = []
     monkeypatch.setattr(
-        "bench.predict.budget.predict", lambda *a, **k: calls.append(a) or predict(*a, **k)
+        "bench.predict.lines.traced", lambda *a, **k: calls.append(a) or traced(*a, **k)
     )
     best = largest_batch(run, budget)
     assert best is not None and best % 2 == 0 and best >= 40
     over = predict(run, replace(run.gpu, batch_size=best + 2)).peak_tensor_bytes
     assert predict(run, replace(run.gpu, batch_size=best)).peak_tensor_bytes <= budget < over
-    # the peak is near linear in the batch: two points, a guess and its neighbour
-    assert len(calls) <= 6
+    # traced at its own batch and the next it tries; the rest read off the line through both, the
+    # answer traced again
+    assert len(calls) == 3
     assert largest_batch(run, 1000) is None
 
 
@@ -46,16 +48,14 @@ def test_budget_search_agrees_with_trying_every_batch(monkeypatch, peak):
     run = spec("vit-tiny", batch_size=16)
     calls = []
 
-    def fake(spec, shapes, cuda=True, reserved=True):
+    def fake(spec, shapes, cuda=True, card=None, reserved=True):
         calls.append(shapes.batch_size)
         value = peak(shapes.batch_size)
-        return (
-            Prediction(status="ok", peak_tensor_bytes=value)
-            if value == value
-            else Prediction(status="unpredictable")
-        )
+        if value != value:
+            return Traced(Prediction(status="unpredictable"))
+        return Traced(Prediction(status="ok", peak_tensor_bytes=value))  # no tracker: no line
 
-    monkeypatch.setattr("bench.predict.budget.predict", fake)
+    monkeypatch.setattr("bench.predict.lines.traced", fake)
     for budget in (5_000, 10_300, 20_000, 24_567, 60_000, 10**9):
         fits = [b for b in range(1, (1 << 16) + 1) if (p := peak(b)) == p and p <= budget]
         calls.clear()

@@ -11,6 +11,7 @@ import pytest
 
 from bench.cli import main
 from bench.predict import table
+from bench.predict.fake import Traced
 from bench.record import Prediction
 from bench.suite import load, select
 from tests.helpers import spec
@@ -126,12 +127,11 @@ def _linear(monkeypatch):
     """Predictions of 10,000 bytes and 300 a sample, in no time: what a search tries is exact."""
 
     def fake(spec, shapes=None, cuda=True, reserved=True, card=None):
-        return Prediction(
-            status="ok", peak_tensor_bytes=10_000 + 300 * (shapes or spec.gpu).batch_size
-        )
+        batch = (shapes or spec.gpu).batch_size
+        return Traced(Prediction(status="ok", peak_tensor_bytes=10_000 + 300 * batch))
 
-    monkeypatch.setattr("bench.predict.budget.predict", fake)
-    monkeypatch.setattr(table, "predict", fake)
+    monkeypatch.setattr("bench.predict.lines.traced", fake)
+    monkeypatch.setattr(table, "traced", fake)
 
 
 def test_a_long_prediction_says_each_batch_its_search_tries(monkeypatch, capsys):
