@@ -56,14 +56,15 @@ def storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
     return [t.untyped_storage()]
 
 
-MADE, FREED, PHASE, OP, UNTIL = "made", "freed", "phase", "op", "until"
+MADE, FREED, PHASE, OP, MARK, UNTIL = "made", "freed", "phase", "op", "mark", "until"
 
 
 @dataclass(frozen=True)
 class Moment:
     """One thing a tracker saw, in order (``LiveBytes.timeline``): a storage MADE or FREED (its
     bytes, its label, and its index among the tracker's storages), an OP returning (its name as the
-    label), a PHASE beginning (its name), or the UNTIL where a following tracker took over.
+    label), a PHASE beginning (its name), the MARK ending a part that repeats (``mark``), or the
+    UNTIL where a following tracker took over.
     Compared without the index: two steps that make and free the same sizes in the same order, in
     the same operators, are the same."""
 
@@ -110,6 +111,8 @@ class LiveBytes(TorchDispatchMode):
         # this tracker's index → the history's, for the same storage
         self._carried: dict[int, int] = {}
         self.marks: list[int] = []  # the clock where each repeated part of the step ended (mark)
+        # a rebuilt history's clock where the steps after it took over (its timeline's UNTIL)
+        self.until: int | None = None
 
     @property
     def phase(self) -> str:
@@ -262,6 +265,14 @@ class LiveBytes(TorchDispatchMode):
         self._clock += shift
         if self._peak_clock > end:
             self._peak_clock += shift
+        if self.until is not None and self.until > end:
+            self.until += shift
+        if self.ended is not None and self.ended > end:
+            self.ended += shift
+        # what came after the last part (the optimizer's phase, its operators) comes after the
+        # repeats
+        self.phase_log = [(c + shift * (c > end), name) for c, name in self.phase_log]
+        self.op_ends = [(c + shift * (c > end), name) for c, name in self.op_ends]
         return True
 
     def _pattern(
@@ -298,9 +309,11 @@ class LiveBytes(TorchDispatchMode):
                 found.append((freed, 0, i, Moment(FREED, n, label, i, raw=self._raw[i])))
         for k, (clock, name) in enumerate(self.op_ends):
             found.append((clock, 1, k, Moment(OP, 0, name)))
+        for k, clock in enumerate(self.marks):  # a part ends before the next one's phase begins
+            found.append((clock, 2, k, Moment(MARK, 0, "")))
         for k, (clock, name) in enumerate(self.phase_log):  # a phase begins after its clock
-            found.append((clock, 2, k, Moment(PHASE, 0, name)))
-        found.append((until, 3, 0, Moment(UNTIL, 0, "")))
+            found.append((clock, 3, k, Moment(PHASE, 0, name)))
+        found.append((until, 4, 0, Moment(UNTIL, 0, "")))
         moments = [m for clock, *_, m in sorted(found, key=lambda f: f[:3]) if clock <= until]
         if ordered:
             return frees_in_birth_order(moments)
@@ -342,10 +355,12 @@ class LiveBytes(TorchDispatchMode):
             elif m.kind == FREED:
                 out._lives[m.index][3] = out._tick()
                 out.current -= m.n
+            elif m.kind == MARK:
+                out.mark()
             elif m.kind == UNTIL:  # where the steps after this one took over (a history's own)
-                out._history_until = out._clock
+                out.until = out._clock
         if history is not None:
-            out._history, out._history_until = history, history._history_until
+            out._history, out._history_until = history, history.until
             out._carried = carried or {}
         return out
 

@@ -39,10 +39,6 @@ CPU = torch.device("cpu")
 INDEX_NAMES = ("layer_idx", "layer_id", "layer_index", "idx")
 
 
-class CannotFold(Exception):
-    """A shallow step that is not traced: the fold does not take it (its reason)."""
-
-
 def stack(model: nn.Module) -> tuple[nn.Module, str] | None:
     """The model's run of repeated layers, as (its parent, its attribute): the longest ModuleList or
     Sequential of one class; None where none has two."""
@@ -393,6 +389,9 @@ class Shallow:
     prediction: Prediction
     tracker: LiveBytes
     history: LiveBytes | None
+    # its last micro-batch repeated this many times more once folded (fake._folded; the
+    # prediction's figures count them already)
+    repeats: int = 0
 
 
 # Figures read off the folded timeline (the peak, where it fell, what was alive at it), or left to
@@ -441,7 +440,11 @@ def _fold(
         if carried is None:
             return "the storages the step before hands on do not repeat with the layers"
         before = LiveBytes.rebuilt(CPU, history[0])
+        if not before.repeat(shallow[0].repeats):
+            return "the step before's micro-batches do not repeat at full depth"
     tracker = LiveBytes.rebuilt(CPU, measured[0], history=before, carried=carried)
+    if not tracker.repeat(shallow[0].repeats):
+        return "its micro-batches do not repeat at full depth"
     figures = _line([s.prediction for s in shallow], layers)
     if isinstance(figures, str):
         return figures

@@ -208,8 +208,6 @@ def _folded_depth(
     for d in depth.DEPTHS:
         try:
             shallow.append(_traced(spec, made(), made, rounding, replay, d))
-        except depth.CannotFold as exc:
-            return str(exc)
         except Exception as exc:  # noqa: BLE001  the whole step says what it says
             return f"at {d} layers: {type(exc).__name__}: {first_line(exc)[:200]}"
     return depth.fold(shallow, layers, generating, ordered)
@@ -290,8 +288,8 @@ def _fake_step(
             more = _folded(runner, feed, ctx.world_size)
         else:
             more = 0
-        if more and layers is not None:  # before any tracing: the whole step is traced instead
-            raise depth.CannotFold("its micro-batches are folded too")
+        # a shallow step's micro-batches are repeated once it is folded to full depth
+        repeats = 0 if layers is not None else more
 
         def traced(step: Callable[[], object], history: LiveBytes | None = None) -> Tracked:
             return track(
@@ -308,7 +306,7 @@ def _fake_step(
         if replay is not None:
             # the first step, as the allocator sees it: where optimizer state first lands
             history = traced(first)
-            if not history.tracker.repeat(more):
+            if not history.tracker.repeat(repeats):
                 raise NotRepeating
             replay = dataclasses.replace(replay, history=history.tracker)
         else:  # the worker's warm-up: optimizer state exists before the measured step
@@ -331,7 +329,7 @@ def _fake_step(
         traffic = ranks.Traffic(ctx.world_size)
         with traffic if ctx.world_size > 1 else nullcontext(), counter:
             done = traced(step, history=replay and replay.history)
-    if not done.tracker.repeat(more):
+    if not done.tracker.repeat(repeats):
         raise NotRepeating
     # the tracker's figures are the prediction's, by name (record.TRACKED)
     prediction = Prediction(**tracked_memory(done, runner.model, runner.optimizer, phases).flat())
@@ -346,7 +344,9 @@ def _fake_step(
     counted = [c // steps for c in counted]
     prediction.flops_per_step, prediction.ops_per_step, prediction.op_bytes_per_step = counted
     before = replay and replay.history
-    return depth.Shallow(prediction=prediction, tracker=done.tracker, history=before)
+    return depth.Shallow(
+        prediction=prediction, tracker=done.tracker, history=before, repeats=more - repeats
+    )
 
 
 TRACED_MICRO_BATCHES = 4  # of a step's, where it has more: two to settle, two to show they repeat

@@ -59,6 +59,18 @@ def differences(a, b) -> dict:
         spec("bert-base", batch_size=2, seq_len=16, mode="inference"),
         spec("bert-base", batch_size=2, seq_len=16),
         spec("vit-b16", batch_size=2, image_size=32),
+        spec(DEEP, (tech("accumulate", micro_batches=8),), batch_size=8, seq_len=16),
+        spec(
+            DEEP,
+            (
+                tech("amp", dtype="bfloat16"),
+                tech("checkpoint"),
+                tech("lora"),
+                tech("accumulate", micro_batches=6),
+            ),
+            batch_size=6,
+            seq_len=16,
+        ),
     ],
     ids=[
         "plain",
@@ -74,6 +86,8 @@ def differences(a, b) -> dict:
         "bert-base-inference",
         "bert-base",
         "vit-b16",
+        "accumulate-8",
+        "amp+checkpoint+lora+accumulate-6",
     ],
 )
 def test_a_deep_step_folded_from_three_shallow_ones_is_the_whole_step_to_the_byte(run, monkeypatch):

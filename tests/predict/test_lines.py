@@ -97,5 +97,5 @@ def test_the_largest_batch_on_a_card_is_the_one_every_batch_traced_finds(monkeyp
     run = RUNS["llama, lora"]
     card = replace(L40S, memory=2**28, context=0)
     read = largest_batch_on(run, card)
-    monkeypatch.setattr(Line, "through", staticmethod(lambda *a: None))
+    monkeypatch.setattr(Line, "through", staticmethod(lambda *a, **k: None))
     assert read == largest_batch_on(run, card)
