@@ -48,7 +48,7 @@ def largest_batch(
     is traced again."""
     shapes = spec.shapes(device_type)
     if peak is None:
-        sizes = Sizes(spec, shapes, cuda=device_type == "cuda", reserved=False)
+        sizes = Sizes.of_batch(spec, shapes, cuda=device_type == "cuda", reserved=False)
         sizes.seed(shapes.batch_size, own)
 
         def peak(batch: int) -> float:
@@ -153,7 +153,7 @@ def largest_batch_on(
     reserved peak). ``own``: the prediction on the card at the run's own batch, if made already;
     ``progress`` is told each batch tried."""
     shapes = spec.shapes("cuda")
-    sizes = Sizes(spec, shapes, card=card)
+    sizes = Sizes.of_batch(spec, shapes, card=card)
     sizes.seed(shapes.batch_size, own)
 
     def reserved(batch: int) -> float:
@@ -205,9 +205,25 @@ def longest_context(
     if not first:
         return None
 
+    def at(prompt: int, tokens: int) -> Shapes:
+        return replace(shapes, prompt_len=prompt, new_tokens=tokens, seq_len=prompt + tokens)
+
+    # the short generations past the first three read off the curve through them: attention's
+    # scores over a prompt grow as its square where no fused kernel runs
+    short = Sizes(
+        spec,
+        lambda prompt: at(prompt, 2),
+        card=card,
+        reserved=card is not None,
+        named="prompts",
+        degree=2,
+    )
+
     def peak(prompt: int, tokens: int, decoding: bool = False) -> float:
-        at = replace(shapes, prompt_len=prompt, new_tokens=tokens, seq_len=prompt + tokens)
-        out = predict(spec, at, card=card, reserved=card is not None)
+        if tokens == 2:
+            out = short(prompt)
+        else:
+            out = predict(spec, at(prompt, tokens), card=card, reserved=card is not None)
         if decoding and out.verdict == "out of memory" and out.oom_phase != Phase.DECODE:
             value = 0.0  # its own, longer prefill failed: nothing learnt of the real decode
         elif not out.ok or out.verdict == "out of memory":
@@ -224,7 +240,10 @@ def longest_context(
         else:
             how = f"{tokens} new tokens"
         how += ", its decode" if decoding else ""
-        progress(f"a {prompt:,}-token prompt ({how}): {'fits' if value <= cap else 'does not fit'}")
+        said = "fits" if value <= cap else "does not fit"
+        if tokens == 2:
+            said += short.said(prompt)
+        progress(f"a {prompt:,}-token prompt ({how}): {said}")
         return value
 
     def led(
@@ -240,6 +259,10 @@ def longest_context(
         return peak(n * step, new) <= cap
 
     n = first - 1 + largest(led, cap, limit - first + 1, grow=4)
+    read = (n * step, n * step + new - 2)  # the answer's two short generations, if read
+    while not all(short.confirmed(p) for p in read):  # the curve did not hold: all traced
+        progress(f"a {n * step:,}-token prompt traced is not the step read off the curve")
+        n = first - 1 + largest(led, cap, limit - first + 1, grow=4)
     while n >= first and not whole(n):
         n -= 1
     while n < limit and whole(n + 1):

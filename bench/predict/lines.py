@@ -14,8 +14,11 @@ again and must equal it to the byte, or the line is dropped and the search runs 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
+from bench.measure.memory import at_peak_memory
 from bench.measure.tracker import (
     CUDA_BLOCK,
     FREED,
@@ -25,6 +28,7 @@ from bench.measure.tracker import (
     frees_in_birth_order,
 )
 from bench.predict.cards import Card
+from bench.predict.depth import READ_OFF
 from bench.predict.fake import CPU, Traced, finished, replayed_through, traced
 from bench.record import Prediction
 from bench.suite import RunSpec, Shapes
@@ -97,34 +101,47 @@ def _keys(moments: tuple[Moment, ...]) -> tuple:
 
 @dataclass(frozen=True)
 class Line:
-    """Steps at any size from two traced at sizes ``a`` and ``b``: each storage's bytes before
-    rounding, ``start`` at ``a`` and ``slope`` more a unit of size."""
+    """Steps at any size from steps traced at ``sizes``: each storage's bytes before rounding, a
+    polynomial in the size through its bytes at them (a line through two; through three, a
+    parabola, as attention's scores over a prompt are), in Newton's form: its divided
+    differences, each a whole number."""
 
-    a: int
-    b: int  # the other size traced
-    shape: Timelines  # the step at ``a``: what every step on the line makes, and in what order
-    start: tuple[int, ...]
-    slope: tuple[int, ...]
+    sizes: tuple[int, ...]
+    shape: Timelines  # the step at the first size: what every step makes, and in what order
+    differences: tuple[tuple[int, ...], ...]  # per storage
     rounding: int
 
     @staticmethod
-    def through(a: int, at_a: Timelines, b: int, at_b: Timelines, rounding: int) -> Line | None:
-        """The line through two steps the same but for their bytes, where each storage's bytes
-        grow by a whole number a unit of size; else None."""
-        if a == b or not at_a.same_but_bytes(at_b):
+    def through(samples: list[tuple[int, Timelines]], rounding: int) -> Line | None:
+        """The curve through steps the same but for their bytes, where each storage's divided
+        differences are whole numbers (its bytes a polynomial in the size with whole coefficients,
+        as a tensor's are in any of its dimensions); else None."""
+        sizes = [size for size, _ in samples]
+        if len(set(sizes)) < len(sizes) or len(sizes) < 2:
             return None
-        starts = [m.raw for m in _bytes(at_a)]
-        steps = [m.raw - s for m, s in zip(_bytes(at_b), starts)]
-        if any(d % (b - a) for d in steps):
+        first = samples[0][1]
+        if not all(first.same_but_bytes(t) for _, t in samples[1:]):
             return None
-        slope = tuple(d // (b - a) for d in steps)
-        return Line(a, b, at_a, start=tuple(starts), slope=slope, rounding=rounding)
+        columns = list(zip(*([m.raw for m in _bytes(t)] for _, t in samples)))
+        differences = []
+        for ys in columns:
+            found = _divided(sizes, list(ys))
+            if found is None:
+                return None
+            differences.append(found)
+        return Line(tuple(sizes), first, tuple(differences), rounding)
 
     def at(self, size: int) -> Timelines | None:
-        """The step at ``size``; None where a storage's line falls below nothing there."""
-        raws = [s + k * (size - self.a) for s, k in zip(self.start, self.slope)]
-        if any(r < 0 for r in raws):
-            return None
+        """The step at ``size``; None where a storage's bytes fall below nothing there."""
+        raws = []
+        for d in self.differences:
+            raw, term = d[0], 1
+            for k in range(1, len(d)):
+                term *= size - self.sizes[k - 1]
+                raw += d[k] * term
+            if raw < 0:
+                return None
+            raws.append(raw)
         sized = iter(raws)
 
         def read(moments: tuple[Moment, ...]) -> tuple[Moment, ...]:
@@ -144,6 +161,21 @@ class Line:
         return Timelines(read(self.shape.measured), before, self.shape.carried)
 
 
+def _divided(xs: list[int], ys: list[int]) -> tuple[int, ...] | None:
+    """Newton's divided differences of the points, where each is a whole number; else None."""
+    out, column = [ys[0]], list(ys)
+    for level in range(1, len(xs)):
+        nxt = []
+        for i in range(len(column) - 1):
+            gap, span = column[i + 1] - column[i], xs[i + level] - xs[i]
+            if gap % span:
+                return None
+            nxt.append(gap // span)
+        column = nxt
+        out.append(column[0])
+    return tuple(out)
+
+
 def _bytes(timelines: Timelines) -> list[Moment]:
     """Each storage's MADE, the step before's then the measured step's: a line per storage."""
     return [m for m in (*(timelines.before or ()), *timelines.measured) if m.kind == MADE]
@@ -151,81 +183,88 @@ def _bytes(timelines: Timelines) -> list[Moment]:
 
 @dataclass
 class Sizes:
-    """One run's predictions at the batches a search tries: traced at the first two, then read off
-    the line through them (``Line``) and replayed through the allocator, a figure as exact as a
-    traced one's where the line holds; ``confirmed`` holds it at the search's answer."""
+    """One run's predictions at the sizes a search tries (its batch, or a generation's prompt):
+    traced at the first ``degree`` + 1, then read off the curve through them (``Line``) and
+    replayed through the allocator, a figure as exact as a traced one's where the curve holds;
+    ``confirmed`` holds it at the search's answer."""
 
     spec: RunSpec
-    shapes: Shapes
+    shaped: Callable[[int], Shapes]  # the run's shapes at a size
     cuda: bool = True
     card: Card | None = None
     reserved: bool = True  # the allocator replayed without a card too
+    named: str = "batches"  # what the sizes are, for the progress lines
+    degree: int = 1  # 2 where a size also grows a square (a prompt, under attention's scores)
     traced: dict[int, Traced] = field(default_factory=dict)
-    read: dict[int, Prediction] = field(default_factory=dict)  # the batches read off the line
+    read: dict[int, Prediction] = field(default_factory=dict)  # the sizes read off the curve
     line: Line | None = None
-    broken: bool = False  # a traced step disagreed with the line: every size is traced
+    broken: bool = False  # a traced step disagreed with the curve: every size is traced
 
-    def __call__(self, batch: int) -> Prediction:
-        if batch in self.traced:
-            return self.traced[batch].prediction
-        if batch in self.read:
-            return self.read[batch]
-        if self.line is not None and (timelines := self.line.at(batch)) is not None:
-            self.read[batch] = self._replayed(timelines)
-            return self.read[batch]
-        return self.trace(batch).prediction
+    @staticmethod
+    def of_batch(spec: RunSpec, shapes: Shapes, **options: Any) -> Sizes:
+        return Sizes(spec, lambda batch: replace(shapes, batch_size=batch), **options)
 
-    def seed(self, batch: int, own: Traced | None) -> None:
-        """A prediction at ``batch`` made already, and its tracker: the line's first point."""
+    def __call__(self, size: int) -> Prediction:
+        if size in self.traced:
+            return self.traced[size].prediction
+        if size in self.read:
+            return self.read[size]
+        if self.line is not None and (timelines := self.line.at(size)) is not None:
+            self.read[size] = self._replayed(timelines)
+            return self.read[size]
+        return self.trace(size).prediction
+
+    def seed(self, size: int, own: Traced | None) -> None:
+        """A prediction at ``size`` made already, and its tracker: the curve's first point."""
         if own is not None and own.tracker is not None and own.prediction.ok:
-            self._add(batch, own)
+            self._add(size, own)
 
-    def trace(self, batch: int) -> Traced:
+    def trace(self, size: int) -> Traced:
         found = traced(
-            self.spec,
-            replace(self.shapes, batch_size=batch),
-            self.cuda,
-            card=self.card,
-            reserved=self.reserved,
+            self.spec, self.shaped(size), self.cuda, card=self.card, reserved=self.reserved
         )
-        self._add(batch, found)
+        self._add(size, found)
         return found
 
-    def said(self, batch: int) -> str:
-        """How the figure at ``batch`` was had."""
-        if batch in self.read and self.line is not None:
-            a, b = sorted((self.line.a, self.line.b))
-            return f" (read off the line through batches {a:,} and {b:,})"
-        return ""
+    def said(self, size: int) -> str:
+        """How the figure at ``size`` was had."""
+        if size not in self.read or self.line is None:
+            return ""
+        ends = [f"{n:,}" for n in sorted(self.line.sizes)]
+        through = ", ".join(ends[:-1]) + f" and {ends[-1]}"
+        return (
+            f" (read off the {('line', 'curve')[self.degree > 1]} through {self.named} {through})"
+        )
 
-    def confirmed(self, batch: int) -> bool:
-        """Whether the step at ``batch`` (a search's answer, or 1 where none fits), if read off the
-        line, is the one a fresh trace makes; where not, the line is dropped and every size from now
-        on is traced."""
-        if batch not in self.read or self.line is None:
+    def confirmed(self, size: int) -> bool:
+        """Whether the step at ``size`` (a search's answer), if read off the curve, is the one a
+        fresh trace makes; where not, the curve is dropped and every size from now on is traced."""
+        if size not in self.read or self.line is None:
             return True
-        expected = self.line.at(batch)
-        found = self.trace(batch)
+        expected = self.line.at(size)
+        found = self.trace(size)
         same = found.tracker is not None and expected is not None
         if same and self._timelines(found.tracker).exactly() == expected.exactly():
             return True
         self.line, self.broken, self.read = None, True, {}
         return False
 
-    def _add(self, batch: int, found: Traced) -> None:
-        self.traced[batch] = found
+    def _add(self, size: int, found: Traced) -> None:
+        self.traced[size] = found
         if self.broken or self.line is not None or found.tracker is None:
             return
         if not found.prediction.ok:
             return
-        rounding = CUDA_BLOCK if self.cuda else 1
         mine = self._timelines(found.tracker)
-        for a, other in reversed(self.traced.items()):  # the latest first
-            if a != batch and other.tracker is not None and other.prediction.ok:
-                at_a = self._timelines(other.tracker)
-                if line := Line.through(a, at_a, batch, mine, rounding=rounding):
-                    self.line = line
-                    return
+        alike = [
+            (n, at_n)
+            for n, other in reversed(self.traced.items())  # the latest first
+            if n != size and other.tracker is not None and other.prediction.ok
+            if (at_n := self._timelines(other.tracker)).same_but_bytes(mine)
+        ]
+        if len(alike) >= self.degree:
+            rounding = CUDA_BLOCK if self.cuda else 1
+            self.line = Line.through([(size, mine), *alike[: self.degree]], rounding)
 
     def _timelines(self, tracker: LiveBytes) -> Timelines:
         """Its timelines as this search's steps are traced: without the step before where no
@@ -233,7 +272,11 @@ class Sizes:
         return Timelines.of(tracker, self.reserved or self.card is not None)
 
     def _replayed(self, timelines: Timelines) -> Prediction:
+        """The prediction read off a step: its peaks (a generation's in each phase) and what was
+        alive at them, and its replay."""
         tracker = timelines.tracker()
         replay = next((t.replay for t in self.traced.values() if t.replay is not None), None)
-        prediction = Prediction(peak_tensor_bytes=tracker.peak)
+        generating = self.spec.mode == "generate"
+        read = at_peak_memory(tracker, generating).flat()
+        prediction = Prediction(**{k: v for k, v in read.items() if k in READ_OFF})
         return finished(replayed_through(prediction, tracker, replay), self.card)

@@ -31,6 +31,9 @@ CONFIGS = "hf:suites/configs/"
         ("llama-3.2-3b", "causal-lm", 3_212_749_824),
         ("qwen2.5-0.5b", "causal-lm", 494_032_768),
         ("mistral-7b", "causal-lm", 7_241_732_096),
+        # Llama-3.1: 8.03B and 70.55B, as their safetensors index counts them
+        ("llama-3.1-8b", "causal-lm", 8_030_261_248),
+        ("llama-3.1-70b", "causal-lm", 70_553_706_496),
         ("bert-large-uncased#sequence-classification", "sequence-classification", 335_143_938),
         # its own head, BertForMaskedLM: the encoder and a prediction head tied to the word
         # embeddings

@@ -140,6 +140,11 @@ def test_a_short_generation_out_of_memory_in_its_own_longer_prefill_does_not_cut
         )
 
     monkeypatch.setattr(budget, "predict", fake)
+    # the short generations, which a search reads off a curve where their steps make one
+    monkeypatch.setattr(
+        "bench.predict.lines.traced",
+        lambda spec, at, cuda=True, card=None, reserved=False: Traced(fake(spec, at, card)),
+    )
     monkeypatch.setattr(budget, "_positions", lambda spec: 1 << 17)
     run = generation(new_tokens=128)
     assert budget.longest_context(run, card=rtx) == fits + 128

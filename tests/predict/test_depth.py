@@ -66,9 +66,9 @@ def differences(a, b) -> dict:
                 tech("amp", dtype="bfloat16"),
                 tech("checkpoint"),
                 tech("lora"),
-                tech("accumulate", micro_batches=6),
+                tech("accumulate", micro_batches=5),
             ),
-            batch_size=6,
+            batch_size=5,
             seq_len=16,
         ),
     ],
@@ -87,7 +87,7 @@ def differences(a, b) -> dict:
         "bert-base",
         "vit-b16",
         "accumulate-8",
-        "amp+checkpoint+lora+accumulate-6",
+        "amp+checkpoint+lora+accumulate-5",
     ],
 )
 def test_a_deep_step_folded_from_three_shallow_ones_is_the_whole_step_to_the_byte(run, monkeypatch):

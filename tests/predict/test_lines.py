@@ -9,11 +9,11 @@ import torch
 
 from bench.measure.tracker import MADE, LiveBytes
 from bench.predict import largest_batch
-from bench.predict.budget import largest_batch_on
+from bench.predict.budget import largest_batch_on, longest_context
 from bench.predict.cards import CARDS
 from bench.predict.fake import traced
 from bench.predict.lines import Line, Sizes, Timelines
-from tests.helpers import spec, tech
+from tests.helpers import generation, spec, tech
 
 L40S = CARDS["l40s"]
 RUNS = {
@@ -35,12 +35,12 @@ def test_the_step_read_off_the_line_is_the_traced_step_to_the_byte(name):
     unit = 2 if "accumulating" in name else 1
     a, b, c = (at(run, n * unit) for n in (2, 3, 7))
     line = Line.through(
-        2 * unit, Timelines.of(a.tracker), 3 * unit, Timelines.of(b.tracker), rounding=512
+        [(2 * unit, Timelines.of(a.tracker)), (3 * unit, Timelines.of(b.tracker))], 512
     )
     assert line is not None
     assert line.at(7 * unit).exactly() == Timelines.of(c.tracker).exactly()
     # read through the allocator as the traced step was: the same reserved peak and verdict
-    sizes = Sizes(run, run.gpu, card=L40S)
+    sizes = Sizes.of_batch(run, run.gpu, card=L40S)
     sizes.seed(2 * unit, a)
     sizes.seed(3 * unit, b)
     read = sizes(7 * unit)
@@ -63,18 +63,18 @@ def test_steps_that_differ_but_in_their_bytes_make_no_line():
     view there): no line through it."""
     run = spec("bert-tiny", batch_size=2)
     one, two, three = (Timelines.of(at(run, n).tracker) for n in (1, 2, 3))
-    assert Line.through(1, one, 2, two, 512) is None
-    assert Line.through(2, two, 3, three, 512) is not None
+    assert Line.through([(1, one), (2, two)], 512) is None
+    assert Line.through([(2, two), (3, three)], 512) is not None
 
 
 def test_bytes_that_do_not_grow_by_a_whole_number_a_sample_make_no_line():
     run = spec("vit-tiny", batch_size=2)
     two, four = (Timelines.of(at(run, n).tracker) for n in (2, 4))
-    assert Line.through(2, two, 4, four, 512) is not None
+    assert Line.through([(2, two), (4, four)], 512) is not None
     # read as batches 2 and 5: a storage of 2·k bytes more over three samples is no whole number
     grown = [m.raw for m in four.measured if m.kind == MADE]
     assert any((g - m.raw) % 3 for g, m in zip(grown, (m for m in two.measured if m.kind == MADE)))
-    assert Line.through(2, two, 5, four, 512) is None
+    assert Line.through([(2, two), (5, four)], 512) is None
 
 
 def test_a_line_that_does_not_hold_at_the_answer_is_dropped_and_the_search_traced(monkeypatch):
@@ -85,9 +85,9 @@ def test_a_line_that_does_not_hold_at_the_answer_is_dropped_and_the_search_trace
     truth = largest_batch(run, budget)
     through = Line.through
 
-    def off(a, at_a, b, at_b, rounding):
-        line = through(a, at_a, b, at_b, rounding=rounding)
-        return line and replace(line, a=line.a - 1)
+    def off(samples, rounding):
+        line = through(samples, rounding)
+        return line and replace(line, sizes=tuple(n - 1 for n in line.sizes))
 
     monkeypatch.setattr(Line, "through", staticmethod(off))
     assert largest_batch(run, budget) == truth
@@ -99,3 +99,35 @@ def test_the_largest_batch_on_a_card_is_the_one_every_batch_traced_finds(monkeyp
     read = largest_batch_on(run, card)
     monkeypatch.setattr(Line, "through", staticmethod(lambda *a, **k: None))
     assert read == largest_batch_on(run, card)
+
+
+def prompts(run):
+    return lambda n: replace(run.gpu, prompt_len=n, new_tokens=2, seq_len=n + 2)
+
+
+@pytest.mark.parametrize("techniques", [(), (tech("kv-cache", kind="static"),)])
+def test_a_generation_read_off_the_curve_through_three_prompts_is_the_traced_one(techniques):
+    """Attention's scores over a prompt grow as its square (llama-tiny's grouped keys take the
+    math kernel): three prompts give each storage's parabola, and a fourth read off it is the
+    traced generation to the byte."""
+    run = generation(techniques, batch_size=2, prompt_len=64, new_tokens=2)
+    sizes = Sizes(run, prompts(run), card=L40S, named="prompts", degree=2)
+    for n in (64, 128, 192):
+        sizes.trace(n)
+    assert sizes.line is not None and len(sizes.line.sizes) == 3
+    read = sizes(448)
+    fresh = traced(run, prompts(run)(448), card=L40S)
+    assert sizes.line.at(448).exactly() == Timelines.of(fresh.tracker).exactly()
+    for figure in ("peak_tensor_bytes", "peak_decode_bytes", "peak_reserved_bytes", "verdict"):
+        assert getattr(read, figure) == getattr(fresh.prediction, figure), figure
+    # through two of them, the line misses the square
+    two = Line.through([(n, Timelines.of(sizes.traced[n].tracker)) for n in (64, 128)], 512)
+    assert two is None or two.at(448).exactly() != Timelines.of(fresh.tracker).exactly()
+
+
+def test_the_longest_context_on_a_card_is_the_one_every_prompt_traced_finds(monkeypatch):
+    run = generation(batch_size=2, prompt_len=256, new_tokens=8)
+    card = replace(L40S, memory=2**27, context=0)
+    read = longest_context(run, card=card, step=64)
+    monkeypatch.setattr(Line, "through", staticmethod(lambda *a, **k: None))
+    assert read is not None and read == longest_context(run, card=card, step=64)
