@@ -54,12 +54,17 @@ class OutOfMemory(Exception):
         self.request = request
 
 
-@dataclass(eq=False)  # found in its segment by identity: a list's index() compared every field
+@dataclass(eq=False)
 class Block:
+    """A stretch of a segment, linked to the blocks beside it in address order (as
+    CUDACachingAllocator's are): a split and a merge touch its neighbours alone."""
+
     segment: int
     offset: int
     size: int
     free: bool = True
+    prev: Block | None = field(default=None, repr=False)  # each links the other: no repr
+    next: Block | None = field(default=None, repr=False)
 
 
 @dataclass(kw_only=True)
@@ -67,7 +72,6 @@ class Segment:
     size: int
     small: bool
     base: int  # its device address: of two free blocks of one size, the lower address is taken
-    blocks: list[Block] = field(default_factory=list)  # in address order, covering the segment
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,7 @@ class CachingAllocator:
         # each pool's free blocks, as the card orders them: (size, address, segment, offset)
         self._free: dict[bool, list[tuple[int, int, int, int]]] = {True: [], False: []}
         self._taken: dict[Hashable, Block] = {}  # an allocation's handle → its block
+        self._cached: dict[tuple[int, int], Block] = {}  # each free block by (segment, offset)
         self._next_segment = 0
         self.allocated = self.reserved = self.peak_allocated = self.peak_reserved = 0
         self.retries = 0
@@ -169,9 +174,10 @@ class CachingAllocator:
             block = self._new_segment(size, small, address)
         self._remove_free(block)
         if self._should_split(block, size, small):
-            rest = Block(block.segment, block.offset + size, block.size - size)
-            segment = self.segments[block.segment]
-            segment.blocks.insert(segment.blocks.index(block) + 1, rest)
+            rest = Block(block.segment, block.offset + size, block.size - size, prev=block)
+            rest.next, block.next = block.next, rest
+            if rest.next is not None:
+                rest.next.prev = rest
             self._add_free(rest, small)
             block.size = size
         block.free = False
@@ -189,30 +195,28 @@ class CachingAllocator:
         block = self._taken.pop(handle)
         self.allocated -= block.size
         block.free = True
-        segment = self.segments[block.segment]
-        i = segment.blocks.index(block)
-        for j in (i + 1, i - 1):  # merge with the free neighbours, the one after first
-            if (
-                0 <= j < len(segment.blocks)
-                and segment.blocks[j].free
-                and segment.blocks[j] is not block
-            ):
-                neighbour = segment.blocks[j]
-                self._remove_free(neighbour)
-                block.offset, block.size = (
-                    min(block.offset, neighbour.offset),
-                    block.size + neighbour.size,
-                )
-                segment.blocks.remove(neighbour)
-        self._add_free(block, segment.small)
+        after = block.next  # merged with the free neighbours, the one after first
+        if after is not None and after.free:
+            self._remove_free(after)
+            block.size += after.size
+            block.next = after.next
+            if after.next is not None:
+                after.next.prev = block
+        before = block.prev
+        if before is not None and before.free:
+            self._remove_free(before)
+            block.offset, block.size = before.offset, block.size + before.size
+            block.prev = before.prev
+            if before.prev is not None:
+                before.prev.next = block
+        self._add_free(block, self.segments[block.segment].small)
 
     def empty_cache(self) -> None:
         """torch.cuda.empty_cache: every segment wholly free is released."""
-        for key, segment in list(self.segments.items()):
-            if len(segment.blocks) == 1 and segment.blocks[0].free:
-                self._remove_free(segment.blocks[0])
-                del self.segments[key]
-                self.reserved -= segment.size
+        for block in list(self._cached.values()):
+            if block.prev is None and block.next is None:  # the whole segment
+                self._remove_free(block)
+                self.reserved -= self.segments.pop(block.segment).size
 
     def largest_free(self) -> int:
         # each pool is sorted
@@ -231,7 +235,7 @@ class CachingAllocator:
             or (size >= self.max_split and found >= size + LARGE_BUFFER)
         ):
             return None
-        return next(b for b in self.segments[segment].blocks if b.offset == offset)
+        return self._cached[segment, offset]
 
     def _should_split(self, block: Block, size: int, small: bool) -> bool:
         remaining = block.size - size
@@ -256,7 +260,7 @@ class CachingAllocator:
             base = address
         else:
             base = UNPLACED + (key << 40)
-        self.segments[key] = Segment(size=wanted, small=small, base=base, blocks=[block])
+        self.segments[key] = Segment(size=wanted, small=small, base=base)
         self._add_free(block, small)
         self.reserved += wanted
         self.peak_reserved = max(self.peak_reserved, self.reserved)
@@ -264,9 +268,12 @@ class CachingAllocator:
 
     def _add_free(self, block: Block, small: bool) -> None:
         bisect.insort(self._free[small], self._key(block))
+        self._cached[block.segment, block.offset] = block
 
     def _remove_free(self, block: Block) -> None:
-        self._free[self.segments[block.segment].small].remove(self._key(block))
+        pool, key = self._free[self.segments[block.segment].small], self._key(block)
+        del pool[bisect.bisect_left(pool, key)]
+        del self._cached[block.segment, block.offset]
 
     def _key(self, block: Block) -> tuple[int, int, int, int]:
         return (
