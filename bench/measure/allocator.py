@@ -211,6 +211,23 @@ class CachingAllocator:
                 before.prev.next = block
         self._add_free(block, self.segments[block.segment].small)
 
+    def state(self, roles: dict[Hashable, Hashable]) -> tuple:
+        """Everything that decides what it does next (its segments, its cached blocks in order, each
+        allocation's place and size, its counters), each allocation named by its role in
+        ``roles`` where it has one, else by its handle: two states equal make the same choices for
+        the same requests."""
+        taken = frozenset(
+            (roles.get(h, h), self.segments[b.segment].base + b.offset, b.size)
+            for h, b in self._taken.items()
+        )
+        segments = tuple((k, s.size) for k, s in self.segments.items())
+        free = (tuple(self._free[True]), tuple(self._free[False]))
+        return taken, segments, free, self.allocated, self.reserved, self.retries
+
+    def rename(self, handle: Hashable, to: Hashable) -> None:
+        """The allocation under ``handle`` is now ``to``'s."""
+        self._taken[to] = self._taken.pop(handle)
+
     def empty_cache(self) -> None:
         """torch.cuda.empty_cache: every segment wholly free is released."""
         for block in list(self._cached.values()):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Callable, Container, Hashable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -113,6 +113,7 @@ class LiveBytes(TorchDispatchMode):
         self.marks: list[int] = []  # the clock where each repeated part of the step ended (mark)
         # a rebuilt history's clock where the steps after it took over (its timeline's UNTIL)
         self.until: int | None = None
+        self._repeats: Repeats | None = None  # what repeat() wrote, for the replay to cut short
 
     @property
     def phase(self) -> str:
@@ -250,6 +251,7 @@ class LiveBytes(TorchDispatchMode):
         lasting = {j: self._lives[i][3] for j, i in enumerate(last) if self._lives[i][3] > end}
         for j in lasting:  # the last part's carried storages are now freed in the first repeat
             self._lives[last[j]][3] = freed_next[j] + period
+        first = len(self._lives)  # the first repeat's first storage
         for r in range(1, times + 1):
             for j, i in enumerate(last):
                 n, label, born, freed = self._lives[i]
@@ -263,6 +265,9 @@ class LiveBytes(TorchDispatchMode):
                 self._lives.append([n, label, born + r * period, freed])
                 self._raw.append(self._raw[i])
         self._clock += shift
+        # a second repeat of one tracker is replayed whole
+        repeats = Repeats(end, period, times, tuple(last), first, frozenset(lasting))
+        self._repeats = repeats if self._repeats is None else None
         if self._peak_clock > end:
             self._peak_clock += shift
         if self.until is not None and self.until > end:
@@ -370,20 +375,52 @@ class LiveBytes(TorchDispatchMode):
         kept gradients, optimizer state) allocated first, in order."""
         carried = {i: ("history", h) for i, h in self._carried.items()}
         if self._history is not None:
-            for freeing, i, n in self._history._events(self._history_until):
-                if freeing:
-                    allocator.free(("history", i))
-                else:
-                    self._history._malloc(allocator, ("history", i), n, i)
-        for freeing, i, n in self._events():
-            handle = carried.get(i, i)
-            if freeing:
-                allocator.free(handle)
-            elif i not in carried:
-                self._malloc(allocator, handle, n, i)
+            history = self._history
+            history._feed(allocator, lambda i: ("history", i), (), self._history_until)
+        self._feed(allocator, lambda i: carried.get(i, i), carried)
 
-    def _events(self, until: int | None = None) -> list[tuple[bool, int, int]]:
-        """(freeing, index, bytes) in clock order, up to ``until``."""
+    def _feed(
+        self,
+        allocator: CachingAllocator,
+        handle: Callable[[int], Hashable],
+        given: Container[int],
+        until: int | None = None,
+    ) -> None:
+        """This tracker's allocations and frees up to ``until``, in order, through ``allocator``,
+        each storage under its ``handle``; the ``given`` ones (the steps before made them) are
+        freed, not allocated. A run of repeats (``repeat``) is cut short where the allocator's state
+        at the end of one is its state at the end of one before (the storages each repeat hands on
+        to the next named by their place): every repeat asks the same, so from there the states
+        come round with that period, and whole periods are skipped, what the last skipped repeat
+        hands on renamed as the one it stands for."""
+        events, reps = self._events(until), self._repeats
+        at, boundary = 0, 0  # the next event; the next end of a repeat to look at
+        seen: dict[tuple, int] = {}  # the allocator's state at each end looked at
+        while at < len(events):
+            clock, freeing, i, n = events[at]
+            if reps is not None and boundary <= reps.times and clock > reps.end_of(boundary):
+                state = allocator.state(
+                    {handle(k): ("handed", j) for j, k in reps.handed(boundary)}
+                )
+                if state in seen:  # periodic from here: skip whole periods
+                    period = boundary - seen[state]
+                    to = boundary + (reps.times - boundary) // period * period
+                    for (_, old), (_, new) in zip(reps.handed(boundary), reps.handed(to)):
+                        allocator.rename(handle(old), handle(new))
+                    while at < len(events) and events[at][0] <= reps.end_of(to):
+                        at += 1
+                    seen, reps = {}, None  # the repeats left (under a period) replayed as they are
+                    continue
+                seen[state], boundary = boundary, boundary + 1
+                continue
+            if freeing:
+                allocator.free(handle(i))
+            elif i not in given:
+                self._malloc(allocator, handle(i), n, i)
+            at += 1
+
+    def _events(self, until: int | None = None) -> list[tuple[int, bool, int, int]]:
+        """(clock, freeing, index, bytes) in clock order, up to ``until``."""
         events = sorted(
             [(born, 0, i, n) for i, (n, _, born, _) in enumerate(self._lives)]
             + [
@@ -392,7 +429,7 @@ class LiveBytes(TorchDispatchMode):
                 if freed is not None
             ]
         )
-        return [(bool(f), i, n) for clock, f, i, n in events if until is None or clock <= until]
+        return [(c, bool(f), i, n) for c, f, i, n in events if until is None or c <= until]
 
     def _malloc(self, allocator: CachingAllocator, handle: Hashable, n: int, i: int) -> None:
         try:
@@ -418,6 +455,31 @@ class LiveBytes(TorchDispatchMode):
                 self._count(t)
         self.op_ends.append((self._clock, func.__name__))
         return out
+
+
+@dataclass(frozen=True)
+class Repeats:
+    """What ``LiveBytes.repeat`` wrote: ``times`` copies of the part that ended at the clock
+    ``end``, each ``period`` ticks long, the r-th copy of the part's j-th storage at index
+    ``first + (r - 1) * len(part) + j``; the storages at ``handing`` (their places in the part) each
+    live into the next copy."""
+
+    end: int
+    period: int
+    times: int
+    part: tuple[int, ...]  # the last traced part's storages, in the order they were made
+    first: int
+    handing: frozenset[int]
+
+    def end_of(self, r: int) -> int:
+        """The clock where the r-th copy ends (the 0th: the traced part)."""
+        return self.end + r * self.period
+
+    def handed(self, r: int) -> list[tuple[int, int]]:
+        """(place, index) of each storage the r-th copy hands on to the next."""
+        if r == 0:
+            return [(j, self.part[j]) for j in sorted(self.handing)]
+        return [(j, self.first + (r - 1) * len(self.part) + j) for j in sorted(self.handing)]
 
 
 def frees_in_birth_order(moments: list[Moment]) -> list[Moment]:

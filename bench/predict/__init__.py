@@ -12,11 +12,11 @@ counts is tensor bytes: the CUDA allocator's peak adds workspaces (cuBLAS, cuDNN
 on top.
 
 ``fake`` runs and counts the step; ``cuda`` makes it CUDA's (its kernels, and what it keeps on the
-host), ``autocast`` casts by CUDA's autocast lists; ``depth`` folds a deep model's step from its steps
-at a few layers; ``budget`` finds the largest batch under a budget or on a card, and a generation's
-longest context, ``lines`` reading the sizes a search tries off the curve through a few traced ones;
-``table`` predicts a suite, in processes, as a table; ``ahead`` makes a sweep's predictions beside
-its runs.
+host), ``autocast`` casts by CUDA's autocast lists; ``depth`` folds a deep model's step from its
+steps at a few layers; ``budget`` finds the largest batch under a budget or on a card, and a
+generation's longest context, ``lines`` reading the sizes a search tries off the curve through a few
+traced ones; ``table`` predicts a suite, in processes, as a table; ``ahead`` makes a sweep's
+predictions beside its runs.
 """
 
 from bench.predict.ahead import Ahead, predict_run
