@@ -239,6 +239,8 @@ def _traced(
 def replayed_through(
     prediction: Prediction, tracker: LiveBytes, replay: Replay | None
 ) -> Prediction:
+    """The prediction with what the allocator reserves for the tracked step, where ``replay`` says
+    how it is replayed."""
     if replay is not None:
         prediction |= replayed(tracker, replay)
     return prediction

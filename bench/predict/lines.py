@@ -196,6 +196,8 @@ class Sizes:
     named: str = "batches"  # what the sizes are, for the progress lines
     degree: int = 1  # 2 where a size also grows a square (a prompt, under attention's scores)
     traced: dict[int, Traced] = field(default_factory=dict)
+    # each traced step's timelines, where it has a tracker: a curve's candidate points
+    points: dict[int, Timelines] = field(default_factory=dict)
     read: dict[int, Prediction] = field(default_factory=dict)  # the sizes read off the curve
     line: Line | None = None
     broken: bool = False  # a traced step disagreed with the curve: every size is traced
@@ -215,8 +217,9 @@ class Sizes:
         return self.trace(size).prediction
 
     def seed(self, size: int, own: Traced | None) -> None:
-        """A prediction at ``size`` made already, and its tracker: the curve's first point."""
-        if own is not None and own.tracker is not None and own.prediction.ok:
+        """A prediction at ``size`` made already (not made again), and its tracker where it has
+        one: the curve's first point."""
+        if own is not None:
             self._add(size, own)
 
     def trace(self, size: int) -> Traced:
@@ -242,25 +245,24 @@ class Sizes:
         if size not in self.read or self.line is None:
             return True
         expected = self.line.at(size)
-        found = self.trace(size)
-        same = found.tracker is not None and expected is not None
-        if same and self._timelines(found.tracker).exactly() == expected.exactly():
+        self.trace(size)
+        found = self.points.get(size)
+        if found is not None and expected is not None and found.exactly() == expected.exactly():
             return True
         self.line, self.broken, self.read = None, True, {}
         return False
 
     def _add(self, size: int, found: Traced) -> None:
         self.traced[size] = found
-        if self.broken or self.line is not None or found.tracker is None:
+        if found.tracker is None or not found.prediction.ok:
             return
-        if not found.prediction.ok:
+        mine = self.points[size] = self._timelines(found.tracker)
+        if self.broken or self.line is not None:
             return
-        mine = self._timelines(found.tracker)
         alike = [
             (n, at_n)
-            for n, other in reversed(self.traced.items())  # the latest first
-            if n != size and other.tracker is not None and other.prediction.ok
-            if (at_n := self._timelines(other.tracker)).same_but_bytes(mine)
+            for n, at_n in reversed(self.points.items())  # the latest first
+            if n != size and at_n.same_but_bytes(mine)
         ]
         if len(alike) >= self.degree:
             rounding = CUDA_BLOCK if self.cuda else 1

@@ -11,7 +11,7 @@ from bench.measure.tracker import MADE, LiveBytes
 from bench.predict import largest_batch
 from bench.predict.budget import largest_batch_on, longest_context
 from bench.predict.cards import CARDS
-from bench.predict.fake import traced
+from bench.predict.fake import Traced, traced
 from bench.predict.lines import Line, Sizes, Timelines
 from tests.helpers import generation, spec, tech
 
@@ -96,7 +96,9 @@ def test_a_line_that_does_not_hold_at_the_answer_is_dropped_and_the_search_trace
 def test_the_largest_batch_on_a_card_is_the_one_every_batch_traced_finds(monkeypatch):
     run = RUNS["llama, lora"]
     card = replace(L40S, memory=2**28, context=0)
-    read = largest_batch_on(run, card)
+    said: list[str] = []
+    read = largest_batch_on(run, card, progress=said.append)
+    assert any("read off the line" in line for line in said), said  # the line was used
     monkeypatch.setattr(Line, "through", staticmethod(lambda *a, **k: None))
     assert read == largest_batch_on(run, card)
 
@@ -128,6 +130,20 @@ def test_a_generation_read_off_the_curve_through_three_prompts_is_the_traced_one
 def test_the_longest_context_on_a_card_is_the_one_every_prompt_traced_finds(monkeypatch):
     run = generation(batch_size=2, prompt_len=256, new_tokens=8)
     card = replace(L40S, memory=2**27, context=0)
-    read = longest_context(run, card=card, step=64)
+    said: list[str] = []
+    read = longest_context(run, card=card, step=64, progress=said.append)
+    assert any("read off the curve" in line for line in said), said  # the curve was used
     monkeypatch.setattr(Line, "through", staticmethod(lambda *a, **k: None))
     assert read is not None and read == longest_context(run, card=card, step=64)
+
+
+def test_a_prediction_made_already_is_not_made_again_even_without_its_tracker(monkeypatch):
+    """advise hands a search its cached prediction, which has no tracker: its figure is used."""
+    run = spec("vit-tiny", batch_size=4)
+    own = traced(run, card=None, reserved=False)
+    calls = []
+    monkeypatch.setattr(
+        "bench.predict.lines.traced", lambda *a, **k: calls.append(a[1]) or traced(*a, **k)
+    )
+    largest_batch(run, own.prediction.peak_tensor_bytes, own=Traced(own.prediction))
+    assert run.gpu not in calls  # the run's own batch: never traced again
