@@ -172,15 +172,20 @@ def test_the_longest_context_a_generation_holds_fits_whole_and_a_step_longer_doe
         at = replace(run.gpu, prompt_len=prompt, seq_len=prompt + 8)
         return predict(run, at, reserved=False).peak_tensor_bytes
 
-    calls = []
+    calls, shorts = [], []
     monkeypatch.setattr(
         "bench.predict.budget.predict", lambda *a, **k: calls.append(a[1]) or predict(*a, **k)
+    )
+    # the short generations are traced by the search's curve, not predicted one by one
+    monkeypatch.setattr(
+        "bench.predict.lines.traced", lambda *a, **k: shorts.append(a[1]) or traced(*a, **k)
     )
     longest = longest_context(run, budget=budget)
     assert longest is not None and (longest - 8) % 256 == 0
     assert whole(longest - 8) <= budget < whole(longest - 8 + 256)
     # 256 is not over the chunk of 300: not a run of it
-    assert min(c.prompt_len for c in calls) == 512
+    assert min(c.prompt_len for c in calls + shorts) == 512
+    assert all(c.new_tokens == 2 for c in shorts)
     assert sum(c.new_tokens == 8 for c in calls) <= 3  # whole generations only to confirm
     assert longest_context(run, budget=2**20) is None
 
