@@ -212,10 +212,9 @@ def _inserted(
 ) -> list[tuple[int, list[Moment]]] | None:
     """``b`` as ``a`` with blocks inserted, where ``c`` is ``a`` with each inserted twice; read
     ``backwards``, the blocks are turned round and placed from the start."""
-    ops = SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
-    if any(tag not in ("equal", "insert") for tag, *_ in ops):
+    blocks = _insertions(a, b)
+    if blocks is None:
         return None
-    blocks = [(i1, b[j1:j2]) for tag, i1, _, j1, j2 in ops if tag == "insert"]
     found = Pattern(a, blocks)
     if [found.moment(o) for o in found.origins(2)] != c:
         blocks = _pieces(a, blocks, c)
@@ -224,6 +223,24 @@ def _inserted(
     if backwards:
         return [(len(a) - p, x[::-1]) for p, x in reversed(blocks)]
     return blocks
+
+
+def _insertions(a: list[Moment], b: list[Moment]) -> list[tuple[int, list[Moment]]] | None:
+    """``b`` as ``a`` with blocks inserted (each before which of ``a``'s moments), by a shortest
+    edit (difflib's) of what lies between their common start and end: a diff's time grows with
+    the product of its lengths, and a phase a layer deeper is most often the same but for one
+    block; None where ``b`` is not ``a`` with blocks inserted."""
+    head = 0
+    while head < len(a) and a[head] == b[head]:
+        head += 1
+    tail = 0
+    while tail < len(a) - head and a[-1 - tail] == b[-1 - tail]:
+        tail += 1
+    middle = a[head : len(a) - tail]
+    ops = SequenceMatcher(None, middle, b[head : len(b) - tail], autojunk=False).get_opcodes()
+    if any(tag not in ("equal", "insert") for tag, *_ in ops):
+        return None
+    return [(head + i1, b[head + j1 : head + j2]) for tag, i1, _, j1, j2 in ops if tag == "insert"]
 
 
 def _pieces(
