@@ -422,65 +422,134 @@ READ_OFF = {
 }
 
 
+@dataclass(frozen=True)
+class Learnt:
+    """How a timeline grows a layer at a time: the blocks a layer inserts, and the rule each free
+    follows."""
+
+    pattern: Pattern
+    frees: dict[tuple, Rule]
+
+
+@dataclass(frozen=True)
+class Template:
+    """A fold as proven at the three depths at one size, for the same step at another (a search's
+    next batch or prompt): the measured step's and the step before's patterns and rules, the rule of
+    each storage the step before hands on, the figures that were the same at every depth, and
+    whether its frees were read in order."""
+
+    ordered: bool
+    measured: Learnt
+    history: Learnt | None
+    handing: tuple[dict[tuple, Rule], dict[tuple, bool]] | None
+    constant: frozenset[str]
+
+
 def fold(
     shallow: list[Shallow], layers: int, generating: bool, ordered_first: bool = False
-) -> tuple[Prediction, LiveBytes, bool] | str:
+) -> tuple[Prediction, LiveBytes, Template] | str:
     """The step at ``layers`` layers from the steps at DEPTHS: its prediction (the replay aside),
-    its tracker (following the step before's, where there is one) and whether its frees were read
-    in order; or why it cannot be folded. The timelines are read as they came, then with each run of
-    frees in the order its storages were made (a cache cleared at once frees in its own order, no
-    layer's); ``ordered_first``, the other way round (a search folds the same kind of step again
-    and again: the way that folded it before goes first)."""
-    found = ""
+    its tracker (following the step before's, where there is one) and the fold as proven, for the
+    same step at another size (``refold``); or why it cannot be folded. The timelines are read as
+    they came, then with each run of frees in the order its storages were made (a cache cleared at
+    once frees in its own order, no layer's); ``ordered_first``, the other way round."""
+    found: tuple[Prediction, LiveBytes, Template] | str = ""
     for ordered in (ordered_first, not ordered_first):
         found = _fold(shallow, layers, generating, ordered)
         if not isinstance(found, str):
-            return (*found, ordered)
+            return found
     return found
 
 
+def refold(
+    template: Template, shallow: list[Shallow], layers: int, generating: bool
+) -> tuple[Prediction, LiveBytes, Template] | str:
+    """The step at ``layers`` layers from its steps at the first two DEPTHS alone, where they are
+    the template's steps but for their bytes: each of their phases the shallowest step with the
+    template's blocks inserted at the template's places, every free following the template's rule,
+    every storage handed on as the template's were, each figure the template had the same at every
+    depth the same at both. The step three layers deep, traced, would prove nothing more than it
+    proved at the template's size; where the two steps differ in anything but bytes, why."""
+    return _fold(shallow, layers, generating, template.ordered, template)
+
+
 def _fold(
-    shallow: list[Shallow], layers: int, generating: bool, ordered: bool
-) -> tuple[Prediction, LiveBytes] | str:
+    shallow: list[Shallow],
+    layers: int,
+    generating: bool,
+    ordered: bool,
+    template: Template | None = None,
+) -> tuple[Prediction, LiveBytes, Template] | str:
     copies = layers - DEPTHS[0]
+    if template is not None and (template.history is None) != (shallow[0].history is None):
+        return "the template's step is replayed otherwise"
     lines = [s.tracker.timeline(s.tracker.ended, ordered) for s in shallow]
-    measured = _unfolded(lines, copies)
+    measured = _learnt(lines, template and template.measured)
     if isinstance(measured, str):
         return measured
-    before = carried = None
+    timeline = unfold(measured.pattern, measured.frees, copies)
+    if timeline is None:
+        return "a layer's free names a storage already freed"
+    before = carried = history = handing = None
     if shallow[0].history is not None:
         befores = [s.history.timeline(s.tracker.followed_until, ordered) for s in shallow]
-        history = _unfolded(befores, copies)
+        history = _learnt(befores, template and template.history)
         if isinstance(history, str):
             return "the step before: " + history
-        carried = _carried(shallow, lines, befores, copies, measured[1], history[1])
-        if carried is None:
+        handing = _handing(
+            shallow,
+            lines,
+            befores,
+            measured=measured.pattern,
+            history=history.pattern,
+            template=template,
+        )
+        if handing is None:
             return "the storages the step before hands on do not repeat with the layers"
-        before = LiveBytes.rebuilt(CPU, history[0])
+        carried = _carried(measured.pattern, history.pattern, handing, copies)
+        history_timeline = unfold(history.pattern, history.frees, copies)
+        if history_timeline is None:
+            return "the step before: a layer's free names a storage already freed"
+        before = LiveBytes.rebuilt(CPU, history_timeline)
         if not before.repeat(shallow[0].repeats):
             return "the step before's micro-batches do not repeat at full depth"
-    tracker = LiveBytes.rebuilt(CPU, measured[0], history=before, carried=carried)
+    tracker = LiveBytes.rebuilt(CPU, timeline, history=before, carried=carried)
     if not tracker.repeat(shallow[0].repeats):
         return "its micro-batches do not repeat at full depth"
-    figures = _line([s.prediction for s in shallow], layers)
+    predictions = [s.prediction for s in shallow]
+    figures = _line(predictions, layers, template and template.constant)
     if isinstance(figures, str):
         return figures
     read = at_peak_memory(tracker, generating).flat()
-    return figures | Prediction(**{k: v for k, v in read.items() if k in READ_OFF}), tracker
+    prediction = figures | Prediction(**{k: v for k, v in read.items() if k in READ_OFF})
+    proven = template or Template(
+        ordered,
+        measured,
+        history=history,
+        handing=handing,
+        constant=frozenset(_constant(predictions)),
+    )
+    return prediction, tracker, proven
 
 
-def _line(shallow: list[Prediction], layers: int) -> Prediction | str:
+def _line(
+    shallow: list[Prediction], layers: int, constant: frozenset[str] | None = None
+) -> Prediction | str:
     """Each figure but those read off the timeline: the same at every depth, or growing by the same
-    bytes (or FLOPs) a layer, continued to ``layers``."""
+    bytes (or FLOPs) a layer, continued to ``layers``. With a template's ``constant`` figures (two
+    depths, ``refold``): those the same at both, every other growing as it grew there."""
     out = {}
+    same = _constant(shallow)
     for f in fields(Prediction):
         if f.name in READ_OFF:
             continue
         values = [getattr(p, f.name) for p in shallow]
-        if values[0] == values[1] == values[2]:
+        if f.name in same and (constant is None or f.name in constant):
             out[f.name] = values[0]
+        elif constant is not None and f.name in constant:
+            return f"{f.name} is no longer the same at every depth ({values})"
         elif all(isinstance(v, int) and not isinstance(v, bool) for v in values) and (
-            values[1] - values[0] == values[2] - values[1]
+            len(values) == 2 or values[1] - values[0] == values[2] - values[1]
         ):
             out[f.name] = values[0] + (layers - DEPTHS[0]) * (values[1] - values[0])
         else:
@@ -488,17 +557,50 @@ def _line(shallow: list[Prediction], layers: int) -> Prediction | str:
     return Prediction(**out)
 
 
-def _carried(
+def _constant(shallow: list[Prediction]) -> set[str]:
+    """The figures the same at every depth."""
+    return {
+        f.name for f in fields(Prediction) if len({repr(getattr(p, f.name)) for p in shallow}) == 1
+    }
+
+
+def _handing(
     shallow: list[Shallow],
     lines: list[list[Moment]],
     befores: list[list[Moment]],
-    copies: int,
     measured: Pattern,
     history: Pattern,
-) -> dict[int, int] | None:
-    """The storages the step before hands on at full depth (``LiveBytes.follow``): the measured
-    step's index of each, and the step before's; None where they do not repeat with the layers."""
-    seen, kinds = [], {}
+    template: Template | None,
+) -> tuple[dict[tuple, Rule], dict[tuple, bool]] | None:
+    """Which kinds of storage the step before hands on (``LiveBytes.follow``), and the rule naming
+    the one each is; with a ``template``, its own where the shallow steps hand on by them. None
+    where they do not repeat with the layers."""
+    seen, kinds = _handed(shallow, lines, befores, measured=measured, history=history)
+    if kinds is None:
+        return None
+    if template is not None:
+        rules_then, kinds_then = template.handing
+        if any(kinds_then.get(k) != v for k, v in kinds.items()) or not _obeys(rules_then, seen):
+            return None
+        return template.handing
+    handing = rules(seen, history.twins())
+    if handing is None:
+        return None
+    return handing, kinds
+
+
+def _handed(
+    shallow: list[Shallow],
+    lines: list[list[Moment]],
+    befores: list[list[Moment]],
+    measured: Pattern,
+    history: Pattern,
+) -> tuple[list[tuple[Origin, Origin, int]], dict[tuple, bool] | None]:
+    """Each storage handed on, as (where the measured step has it, where the step before made it,
+    copies); and for each kind of storage whether it is handed on (None where not every one of a
+    kind is, or none)."""
+    seen: list[tuple[Origin, Origin, int]] = []
+    kinds: dict[tuple, bool] = {}
     for d, s, line, before in zip(DEPTHS, shallow, lines, befores):
         n = d - DEPTHS[0]
         made = {m.index: o for m, o in zip(line, measured.origins(n)) if m.kind == MADE}
@@ -506,12 +608,21 @@ def _carried(
         for i, origin in made.items():
             handed = i in s.tracker.carried
             if kinds.setdefault(_slot(origin)[0], handed) != handed:
-                return None
+                return seen, None
             if handed:
                 seen.append((origin, made_before[s.tracker.carried[i]], n))
-    handing = rules(seen, history.twins())
-    if handing is None:
-        return None
+    return seen, kinds
+
+
+def _carried(
+    measured: Pattern,
+    history: Pattern,
+    handing: tuple[dict[tuple, Rule], dict[tuple, bool]],
+    copies: int,
+) -> dict[int, int]:
+    """The storages the step before hands on at full depth: the measured step's index of each, and
+    the step before's."""
+    rules_of, kinds = handing
     index_before = _made_indices(history, copies)
     out = {}
     for i, origin in enumerate(
@@ -519,7 +630,7 @@ def _carried(
     ):
         slot, r = _slot(origin)
         if kinds[slot]:
-            out[i] = index_before[_target(handing[slot], r, copies)]
+            out[i] = index_before[_target(rules_of[slot], r, copies)]
     return out
 
 
@@ -529,17 +640,51 @@ def _made_indices(pattern: Pattern, copies: int) -> dict[Origin, int]:
     return {o: i for i, o in enumerate(made)}
 
 
-def _unfolded(lines: list[list[Moment]], copies: int) -> tuple[list[Moment], Pattern] | str:
+def _learnt(lines: list[list[Moment]], template: Learnt | None = None) -> Learnt | str:
+    """How the timelines at DEPTHS grow a layer at a time; with a ``template`` (two depths), the
+    same pattern and rules, where they follow it but for their bytes."""
+    if template is not None:
+        return _following(template, *lines)
     grown = pattern(*lines)
     if grown is None:
         return "a layer more does not add the same storages at the same places"
     for found in (grown, grown.slid(-1), grown.slid(1)):
         seen = [x for d, line in zip(DEPTHS, lines) for x in samples(found, d - DEPTHS[0], line)]
         if (frees := rules(seen, found.twins())) is not None:
-            break
-    else:
-        return "what a layer's storages free does not follow one rule"
-    out = unfold(found, frees, copies)
-    if out is None:
-        return "a layer's free names a storage already freed"
-    return out, found
+            return Learnt(found, frees)
+    return "what a layer's storages free does not follow one rule"
+
+
+def _following(template: Learnt, shallow: list[Moment], deeper: list[Moment]) -> Learnt | str:
+    """The template's pattern with the bytes of ``shallow`` and ``deeper`` (a layer deeper), where
+    ``deeper`` is ``shallow`` with the template's blocks inserted at its places, each moment of the
+    kind and label the template has there, and every free of both follows the template's rule."""
+    base, why = template.pattern.base, "its steps at 1 and 2 layers differ from the template's"
+    origins = template.pattern.origins(1)
+    if len(shallow) != len(base) or len(deeper) != len(origins):
+        return why
+    if any((m.kind, m.label) != (t.kind, t.label) for m, t in zip(shallow, base)):
+        return why
+    blocks: list[list[Moment]] = [[] for _ in template.pattern.blocks]
+    for origin, m in zip(origins, deeper):
+        if origin[0] == "base":
+            if shallow[origin[1]] != m:
+                return why
+            continue
+        was = template.pattern.moment(origin)
+        if (m.kind, m.label) != (was.kind, was.label):
+            return why
+        blocks[origin[1]].append(m)
+    found = Pattern(shallow, [(p, x) for (p, _), x in zip(template.pattern.blocks, blocks)])
+    seen = samples(found, 0, shallow) + samples(found, 1, deeper)
+    if not _obeys(template.frees, seen):
+        return "what a layer's storages free no longer follows the template's rules"
+    return Learnt(found, template.frees)
+
+
+def _obeys(frees: dict[tuple, Rule], seen: list[tuple[Origin, Origin, int]]) -> bool:
+    for at, to, copies in seen:
+        slot, r = _slot(at)
+        if slot not in frees or _target(frees[slot], r, copies) != to:
+            return False
+    return True

@@ -151,9 +151,11 @@ def _replay(card: Card | None, recipe: Recipe) -> Replay:
 # batches or lengths, and a fold that fails costs its three shallow steps each time. The whole step
 # is traced for them at once (it is the same prediction either way).
 UNFOLDED: dict[tuple, str] = {}
-# The kinds of step that folded with their frees read in order (depth.fold): tried that way first.
-ORDERED: dict[tuple, bool] = {}
+# Each kind of step's fold as proven at its three depths (depth.fold): at another size (a search's
+# next batch or prompt) its steps at the first two depths alone are traced and refolded by it.
+TEMPLATES: dict[tuple, depth.Template] = {}
 FOLDED = ", ".join(map(str, depth.DEPTHS[:-1])) + f" and {depth.DEPTHS[-1]} of them"
+REFOLDED = f"{' and '.join(map(str, depth.DEPTHS[:2]))} of them, as proven at {depth.DEPTHS[2]}"
 
 
 def _stepped(
@@ -177,13 +179,17 @@ def _stepped(
     why = why or UNFOLDED.get(kind, "")
     if layers >= depth.FOLD_FROM and not why:
         generating = recipe.mode == "generate"
-        ordered = ORDERED.get(kind, False)
+        template = TEMPLATES.get(kind)
         folded = _folded_depth(
-            spec, made, rounding, replay, layers, generating=generating, ordered=ordered
+            spec, made, rounding, replay, layers, generating=generating, template=template
         )
         if not isinstance(folded, str):
-            prediction, tracker, ORDERED[kind] = folded
-            prediction.depth = f"{layers} layers, folded from steps at {FOLDED}"
+            prediction, tracker, proven = folded
+            if proven is template:
+                prediction.depth = f"{layers} layers, folded from steps at {REFOLDED}"
+            else:
+                prediction.depth = f"{layers} layers, folded from steps at {FOLDED}"
+            TEMPLATES[kind] = proven
             return prediction, tracker
         why = UNFOLDED[kind] = folded
     whole = _traced(spec, recipe, made, rounding, replay)
@@ -199,17 +205,23 @@ def _folded_depth(
     replay: Replay | None,
     layers: int,
     generating: bool,
-    ordered: bool,
-) -> tuple[Prediction, LiveBytes, bool] | str:
+    template: depth.Template | None,
+) -> tuple[Prediction, LiveBytes, depth.Template] | str:
     """The step at ``layers`` layers folded from its shallow steps, or why it cannot be: one that
     fails at a few layers (a technique with nothing to apply to there) is traced whole, where it
-    may not fail."""
+    may not fail. With the ``template`` of the same kind of step at another size, its steps at the
+    first two depths are refolded by it, and where they do not follow it the third is traced."""
     shallow = []
     for d in depth.DEPTHS:
         try:
             shallow.append(_traced(spec, made(), made, rounding, replay, d))
         except Exception as exc:  # noqa: BLE001  the whole step says what it says
             return f"at {d} layers: {type(exc).__name__}: {first_line(exc)[:200]}"
+        if template is not None and len(shallow) == 2:
+            refolded = depth.refold(template, shallow, layers, generating)
+            if not isinstance(refolded, str):
+                return refolded
+    ordered = template is not None and template.ordered
     return depth.fold(shallow, layers, generating, ordered)
 
 

@@ -13,7 +13,7 @@ from torch import nn
 from bench.measure.tracker import FREED, MADE, Moment
 from bench.models import MODELS
 from bench.models.text import LLAMA_TINY, _llama
-from bench.predict import depth, predict
+from bench.predict import depth, fake, predict
 from bench.predict.cards import CARDS
 from tests.helpers import generation, spec, tech
 
@@ -26,8 +26,11 @@ LLAMA_TINY_8 = replace(
 DEEP = "tests.predict.test_depth:LLAMA_TINY_8"
 
 
-def both_ways(run, monkeypatch, card="rtx4090"):
-    """The run predicted folded, then traced whole."""
+def both_ways(run, monkeypatch, card="rtx4090", proven=False):
+    """The run predicted folded, then traced whole; its fold proven afresh at three depths unless
+    ``proven`` (a template made before is kept)."""
+    if not proven:
+        monkeypatch.setattr(fake, "TEMPLATES", {})
     folded = predict(run, card=CARDS[card])
     monkeypatch.setattr(depth, "FOLD_FROM", 10**9)
     return folded, predict(run, card=CARDS[card])
@@ -94,6 +97,60 @@ def test_a_deep_step_folded_from_three_shallow_ones_is_the_whole_step_to_the_byt
     folded, whole = both_ways(run, monkeypatch)
     assert folded.depth.endswith("layers, folded from steps at 1, 2 and 3 of them"), folded.depth
     assert folded.ok and differences(folded, whole) == {}
+
+
+def at(run, **shapes):
+    return replace(run, gpu=replace(run.gpu, **shapes))
+
+
+@pytest.mark.parametrize(
+    "run, other",
+    [
+        (spec(DEEP, batch_size=2, seq_len=16), {"batch_size": 3}),
+        (
+            spec(
+                DEEP, (tech("amp", dtype="bfloat16"), tech("checkpoint"), tech("lora")), seq_len=16
+            ),
+            {"batch_size": 5, "seq_len": 24},
+        ),
+        (
+            spec(DEEP, (tech("accumulate", micro_batches=6),), batch_size=12, seq_len=16),
+            {"batch_size": 18},
+        ),
+        (
+            replace(generation(), model=DEEP),
+            {"prompt_len": 12, "seq_len": 12 + generation().gpu.new_tokens},
+        ),
+    ],
+    ids=["plain", "amp+checkpoint+lora", "accumulate-6", "generation"],
+)
+def test_the_same_step_at_another_size_refolds_from_two_shallow_ones_to_the_byte(
+    run, other, monkeypatch
+):
+    """A search's next batch or prompt: its steps at 1 and 2 layers follow the fold proven at the
+    first size but for their bytes, and the step at 3 layers is not traced."""
+    monkeypatch.setattr(fake, "TEMPLATES", {})
+    assert predict(run, card=CARDS["rtx4090"]).depth.endswith("1, 2 and 3 of them")
+    depths = []
+    traced = fake._traced
+    monkeypatch.setattr(
+        fake, "_traced", lambda *a, **k: depths.append(a[5:] or [None]) or traced(*a, **k)
+    )
+    folded, whole = both_ways(at(run, **other), monkeypatch, proven=True)
+    assert folded.depth.endswith("layers, folded from steps at 1 and 2 of them, as proven at 3")
+    assert [d[0] for d in depths] == [1, 2, None]  # the whole step, traced to hold it to
+    assert folded.ok and differences(folded, whole) == {}
+
+
+def test_a_step_that_differs_at_another_size_but_in_bytes_is_folded_afresh(monkeypatch):
+    """BERT at batch 1 makes a backward storage fewer than at batch 2: its steps at 1 and 2 layers
+    do not follow the fold proven at batch 2, and the step at 3 layers proves its own."""
+    run = spec("bert-base", batch_size=2, seq_len=16)
+    monkeypatch.setattr(fake, "TEMPLATES", {})
+    predict(run, card=CARDS["rtx4090"])
+    folded, whole = both_ways(at(run, batch_size=1), monkeypatch, proven=True)
+    assert folded.depth == "12 layers, folded from steps at 1, 2 and 3 of them"
+    assert differences(folded, whole) == {}
 
 
 @pytest.mark.parametrize(
