@@ -14,7 +14,9 @@ caching allocator as the whole one's would be. Figures that are sums over layers
 gradients, optimizer state, activations kept for backward, FLOPs, collectives' bytes) are the
 shallow steps' line through 1, 2 and 3 layers, which must be straight. A model whose layers are not
 all alike (another width, a sliding window on some, experts on some) or whose shallow steps do not
-show the pattern is traced whole, and the prediction says why.
+show the pattern is traced whole, and the prediction says why. The same step at another size
+(``refold``) is traced at 1 and 2 layers alone where they follow the fold proven at three depths
+but for their bytes.
 """
 
 from __future__ import annotations
