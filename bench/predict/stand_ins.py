@@ -196,6 +196,12 @@ class FakeSaveOnCpu(torch.autograd.graph.saved_tensors_hooks):
         super().__init__(pack, unpack)
 
 
+def every_position_a_target(count: torch.Tensor, valid: torch.Tensor) -> int:
+    """``sft-chunked-nll``'s count of positions with a target, which fake tensors cannot read: every
+    position of the harness's data has one (its rows are whole sequences, no padding)."""
+    return valid.numel()
+
+
 class ScalerWithoutValues:
     """A GradScaler (``amp`` with float16) for fake tensors: its overflow check reads values, which
     read as 1, so the real one would take every step for an overflow and skip the optimizer (whose

@@ -51,14 +51,18 @@ def suite_text(
         size_key = "seq_len"
     else:
         size_key = "image_size"
-    size = seq_len or (SEQ_LEN if inputs == "tokens" else IMAGE_SIZE)
+    per_device, steps, max_length, loaded = _trainer_shapes(training_args)
+    # an SFTConfig's sequences are its max_length unless the flag says otherwise
+    size = seq_len or max_length or (SEQ_LEN if inputs == "tokens" else IMAGE_SIZE)
     cpu_size = min(size, CPU_SEQ_LEN if inputs == "tokens" else CPU_IMAGE_SIZE)
-    per_device, steps = _trainer_batch(training_args)
     gpu_batch = batch or per_device * steps
     # the accumulation steps divide it, as the job's own batch
     cpu_batch = min(per_device, CPU_BATCH) * steps
     header = {
-        "model": HF + config,
+        # as SFTTrainer loads a model it is given by name (float32 unless its kwargs say)
+        "model": HF
+        + config
+        + ("#" + ",".join(f"{k}={v}" for k, v in loaded.items()) if loaded else ""),
         "baseline": "baseline",
         "description": (
             f"{config}: the job{_given(training_args, adapter_config)} beside full fine-tuning"
@@ -79,21 +83,21 @@ def suite_text(
     return to_toml(header, runs)
 
 
-def _trainer_batch(training_args: str | None) -> tuple[int, int]:
-    """The job's batch per device and its accumulation steps, for the baseline to run at the job's
-    batch; the defaults where no arguments (or unreadable ones, which the loader then names) give
-    them."""
-    from bench.suite.training_args import load_args
+def _trainer_shapes(training_args: str | None) -> tuple[int, int, int | None, dict[str, str]]:
+    """The job's batch per device, its accumulation steps, and an SFTConfig's sequence length and
+    model loading, for the baseline to run at the job's shapes and weights; the defaults where no
+    arguments (or unreadable ones, which the loader then names) give them."""
+    from bench.suite.training_args import load_args, loaded_as, sequence_length
 
     if training_args:
-        args = load_args(Path(training_args), "", [])
+        args = load_args(Path(training_args), "", []) or {}
     else:
-        args = None
-    per_device = (args or {}).get("per_device_train_batch_size", BATCH)
-    steps = (args or {}).get("gradient_accumulation_steps", 1)
-    if isinstance(per_device, int) and isinstance(steps, int):
-        return (per_device, steps)
-    return (BATCH, 1)
+        args = {}
+    per_device = args.get("per_device_train_batch_size", BATCH)
+    steps = args.get("gradient_accumulation_steps", 1)
+    if not (isinstance(per_device, int) and isinstance(steps, int)):
+        per_device, steps = BATCH, 1
+    return per_device, steps, sequence_length(args), loaded_as(args)
 
 
 def _given(training_args: str | None, adapter_config: str | None) -> str:

@@ -588,11 +588,25 @@ def _trainer_job(
         job = None
     if job is None:
         return None
-    if job.ignored and path not in _IGNORED_NAMED:
+    seq_len = raw.get("shapes", {}).get("gpu", {}).get("seq_len")
+    if job.max_length and isinstance(seq_len, int) and seq_len > job.max_length:
+        problems.append(
+            f"{where} {path}: max_length = {job.max_length} (an SFTConfig's, padded to its "
+            f"multiple), shorter than the suite's seq_len = {seq_len}: TRL truncates every "
+            f"sequence to it; set seq_len = {job.max_length} or raise max_length"
+        )
+        return None
+    if (job.ignored or job.sft) and path not in _IGNORED_NAMED:
         _IGNORED_NAMED.add(path)
+        kind = (
+            "read as TRL's SFTConfig, its defaults where unset (its model_init_kwargs load a model "
+            "named by a string, as --hf does; a suite's model loads as its name says); "
+            if job.sft
+            else ""
+        )
         print(
-            f"{where} {path}: ignored, as they change nothing a step holds: "
-            f"{', '.join(job.ignored)}",
+            f"{where} {path}: {kind}ignored, as they change nothing a step holds: "
+            f"{', '.join(job.ignored) or 'none'}",
             file=sys.stderr,
         )
     cpu = raw.get("shapes", {}).get("cpu", {}).get("batch_size")

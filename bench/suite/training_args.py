@@ -4,7 +4,8 @@ hold it), read for the fields that change what a step holds, each becoming the t
 size it means. A field that changes what a step holds but is not modelled yet (DeepSpeed, FSDP,
 Liger's kernels, …) is a problem naming it, never ignored; every other field changes nothing a step
 holds and is listed as ignored. An unknown field, or two that contradict each other, is a problem
-naming the key."""
+naming the key. A file with any of TRL's SFTConfig fields is read as an SFTConfig, with TRL's
+defaults and SFTTrainer's loss."""
 
 from __future__ import annotations
 
@@ -45,11 +46,56 @@ NOT_MODELLED = {
     "torch_empty_cache_steps": "the allocator's cache is emptied every N steps, which changes "
     "what is reserved",
 }
+# TRL's SFTConfig (trl/trainer/sft_config.py and base_config.py, TRL at f2cd577): a file with any
+# of its own fields is read as one. Its defaults differ from TrainingArguments' where a step's
+# memory is concerned: checkpointing on, bf16 unless fp16, 1,024-token sequences, and a loss that
+# runs the head on chunks of positions.
+SFT_FIELDS = frozenset(
+    {
+        "model_init_kwargs",
+        "trust_remote_code",
+        "router_aux_loss_coef",
+        "chat_template_path",
+        "dataset_text_field",
+        "dataset_kwargs",
+        "dataset_num_proc",
+        "eos_token",
+        "max_length",
+        "truncation_mode",
+        "shuffle_dataset",
+        "packing",
+        "packing_strategy",
+        "padding_free",
+        "pad_to_multiple_of",
+        "eval_packing",
+        "completion_only_loss",
+        "assistant_only_loss",
+        "loss_type",
+        "activation_offloading",
+        "pad_token",
+    }
+)
+SFT_DEFAULTS = {"gradient_checkpointing": True, "max_length": 1024}
+SFT_LOSSES = {"chunked_nll": "sft-chunked-nll", "nll": "sft-nll"}
+SFT_NOT_MODELLED = {
+    "packing": "TRL packs the dataset's sequences into rows of max_length tokens and flattens a "
+    "batch's rows into one, attending on cumulative lengths",
+    "padding_free": "a batch's sequences are flattened into one row, attending on cumulative "
+    "lengths",
+    "activation_offloading": "TRL moves saved activations to the host on a side stream, keeping "
+    "the last five on the device",
+}
+# model_init_kwargs: those that load the same weights the same way, and those a model's name sets
+# (bench.models.hf) where SFTTrainer loads it by name; any other changes what a step holds
+SAME_WEIGHTS = {"trust_remote_code", "revision", "device_map", "low_cpu_mem_usage", "use_cache"}
+LOAD_DTYPES = ("float32", "bfloat16", "float16", "auto")
 READ = (
     "per_device_train_batch_size",
     "gradient_accumulation_steps",
     "gradient_checkpointing",
     "gradient_checkpointing_kwargs",
+    "activation_checkpointing",
+    "activation_checkpointing_kwargs",
     "optim",
     "bf16",
     "fp16",
@@ -66,6 +112,10 @@ class Job:
     techniques: list[Any]
     batch_size: int
     ignored: tuple[str, ...]
+    # TRL's SFTConfig: its sequences' length (max_length, rounded up to pad_to_multiple_of; None
+    # where it truncates nothing); None for a plain Trainer's arguments
+    max_length: int | None = None
+    sft: bool = False
 
 
 def read(path: str, where: str, problems: list[str]) -> Job | None:
@@ -77,33 +127,111 @@ def read(path: str, where: str, problems: list[str]) -> Job | None:
     from transformers import TrainingArguments
 
     known = {f.name for f in fields(TrainingArguments)}
+    sft = bool(args.keys() & SFT_FIELDS)
+    if sft:
+        known |= SFT_FIELDS
+        args = sft_defaults(args)
     found = [
-        f"{where}: {key}: not a TrainingArguments field (transformers {_version()})"
+        f"{where}: {key}: not a {'SFTConfig' if sft else 'TrainingArguments'} field "
+        f"(transformers {_version()})"
         for key in sorted(args.keys() - known)
     ]
+    refused = NOT_MODELLED | (SFT_NOT_MODELLED if sft else {})
     found += [
         f"{where}: {key} = {args[key]!r}: changes what a step holds ({why}), which this harness "
         "does not model yet; remove it to predict the job without it"
-        for key, why in NOT_MODELLED.items()
+        for key, why in refused.items()
         if args.get(key) not in (None, False, "", [], {})
     ]
     techniques = (
         _precision(args, where, found)
         + _optimizer(args, where, found)
         + _checkpointing(args, where, found)
+        + (_sft_loss(args, where, found) if sft else [])
     )
     steps = _positive(args, "gradient_accumulation_steps", default=1, where=where, found=found)
     batch = _positive(args, "per_device_train_batch_size", default=8, where=where, found=found)
     techniques += [{"name": "accumulate", "micro_batches": steps}] if steps > 1 else []
     techniques += [{"name": "tf32", "enabled": True}] if args.get("tf32") else []
     techniques += ["compile"] if args.get("torch_compile") else []
+    length = _sft_length(args, where, found) if sft else None
     problems += found
-    ignored = tuple(
-        sorted(k for k in args.keys() & known if k not in READ and k not in NOT_MODELLED)
-    )
+    read_here = set(READ) | set(refused) | ({"max_length", "pad_to_multiple_of"} if sft else set())
+    ignored = tuple(sorted(k for k in args.keys() & known if k not in read_here))
     if found:
         return None
-    return Job(techniques, batch * steps, ignored)
+    return Job(techniques, batch * steps, ignored, max_length=length, sft=sft)
+
+
+def sft_defaults(args: dict[str, Any]) -> dict[str, Any]:
+    """An SFTConfig's fields with TRL's defaults where they differ from TrainingArguments' and
+    change what a step holds (bf16: true unless fp16, as its __post_init__ sets it)."""
+    out = SFT_DEFAULTS | args
+    for key, default in (("bf16", not out.get("fp16")), ("loss_type", "chunked_nll")):
+        if out.get(key) is None:  # TRL's __post_init__ fills these where left None
+            out[key] = default
+    return out
+
+
+def sequence_length(args: dict[str, Any]) -> int | None:
+    """An SFTConfig's sequences' length (``Job.max_length``); None for TrainingArguments, or where
+    it truncates nothing."""
+    if not args.keys() & SFT_FIELDS:
+        return None
+    return _sft_length(sft_defaults(args), "", [])
+
+
+def loaded_as(args: dict[str, Any]) -> dict[str, str]:
+    """How SFTTrainer loads a model it is given by name (``create_model_from_path``): the fields a
+    model's name sets after its path (bench.models.hf), its dtype float32 unless model_init_kwargs
+    says otherwise ("auto": the config's). Empty for TrainingArguments."""
+    if not args.keys() & SFT_FIELDS:
+        return {}
+    init = args.get("model_init_kwargs") or {}
+    dtype = init.get("dtype") or init.get("torch_dtype") or "float32"
+    out = {} if dtype == "auto" else {"dtype": dtype}
+    if init.get("attn_implementation"):
+        out["attn_implementation"] = init["attn_implementation"]
+    return out
+
+
+def _sft_loss(args: dict[str, Any], where: str, found: list[str]) -> list[Any]:
+    """SFTTrainer's loss (``loss_type``); and its model_init_kwargs, each one that loads other
+    weights (quantized, say) a problem."""
+    init = args.get("model_init_kwargs") or {}
+    if not isinstance(init, dict):
+        found.append(f"{where}: model_init_kwargs: expected a table, got {init!r}")
+        init = {}
+    for key, value in init.items():
+        dtype = key in ("dtype", "torch_dtype") and value in (*LOAD_DTYPES, None)
+        if key not in SAME_WEIGHTS and key != "attn_implementation" and not dtype:
+            found.append(
+                f"{where}: model_init_kwargs.{key} = {value!r}: changes the weights a step holds, "
+                "which this harness does not model for a TRL job yet; remove it to predict the "
+                f"model loaded as {', '.join(LOAD_DTYPES)} weights"
+            )
+    loss = args["loss_type"]
+    if loss in SFT_LOSSES:
+        return [SFT_LOSSES[loss]]
+    found.append(
+        f"{where}: loss_type = {loss!r}: not modelled here; one of {', '.join(SFT_LOSSES)}"
+    )
+    return []
+
+
+def _sft_length(args: dict[str, Any], where: str, found: list[str]) -> int | None:
+    """The sequences' length: max_length, to which TRL truncates, padded up to a multiple of
+    pad_to_multiple_of; None where max_length is None (nothing truncated)."""
+    length, multiple = args.get("max_length"), args.get("pad_to_multiple_of")
+    for key, value in (("max_length", length), ("pad_to_multiple_of", multiple)):
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or value < 1
+        ):
+            found.append(f"{where}: {key}: expected a whole number of at least 1, got {value!r}")
+            return None
+    if length is None:
+        return None
+    return -(-length // multiple) * multiple if multiple else length
 
 
 def load_args(path: Path, where: str, problems: list[str]) -> dict[str, Any] | None:
@@ -161,19 +289,31 @@ def _optimizer(args: dict[str, Any], where: str, found: list[str]) -> list[Any]:
 def _checkpointing(args: dict[str, Any], where: str, found: list[str]) -> list[Any]:
     """gradient_checkpointing_enable wraps each decoder or encoder layer, non-reentrant unless the
     kwargs say otherwise (transformers 5's default; 4.x defaulted to reentrant, and says so in its
-    kwargs when written)."""
-    kwargs = args.get("gradient_checkpointing_kwargs") or {}
+    kwargs when written). transformers 5 names them activation_checkpointing(_kwargs), the old
+    names read where the new ones are unset."""
+    enabled, kwargs = (
+        _renamed(args, f"activation_checkpointing{end}", f"gradient_checkpointing{end}")
+        for end in ("", "_kwargs")
+    )
+    kwargs = kwargs or {}
     if not isinstance(kwargs, dict) or kwargs.keys() - {"use_reentrant"}:
         found.append(
             f"{where}: gradient_checkpointing_kwargs: only use_reentrant is modelled, got "
             f"{kwargs!r}"
         )
         return []
-    if not args.get("gradient_checkpointing"):
+    if not enabled:
         return []
     if kwargs.get("use_reentrant"):
         return [{"name": "checkpoint", "reentrant": True}]
     return ["checkpoint"]
+
+
+def _renamed(args: dict[str, Any], new: str, old: str) -> Any:
+    """A field by its new name, else its deprecated one (TrainingArguments.__post_init__)."""
+    if args.get(new) is not None:
+        return args[new]
+    return args.get(old)
 
 
 def _positive(args: dict[str, Any], key: str, default: int, where: str, found: list[str]) -> int:

@@ -17,6 +17,7 @@ from bench.techniques import (  # noqa: F401  (each module registers its techniq
     optimizers,
     padding,
     precision,
+    sft,
     sharing,
 )
 from bench.techniques.base import (

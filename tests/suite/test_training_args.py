@@ -151,3 +151,112 @@ def test_the_run_holds_what_the_trainer_holds_for_the_same_arguments(bf16, tmp_p
 def test_the_trainers_paged_adamw_is_the_paged_technique_of_its_bits(bits, tmp_path):
     run = load(suite(tmp_path, ARGS | {"optim": f"paged_adamw_{bits}bit"})).runs[1]
     assert f"paged-adamw-{bits}bit" in [t.name for t in run.techniques]
+
+
+# An SFTConfig as a TRL job writes it: TRL's own fields beside TrainingArguments'
+SFT = {
+    "output_dir": "out",
+    "per_device_train_batch_size": 2,
+    "gradient_accumulation_steps": 2,
+    "max_length": 32,
+    "dataset_text_field": "text",
+    "completion_only_loss": None,
+}
+
+
+def test_an_sftconfig_is_read_with_trls_defaults_and_its_loss(tmp_path, capsys):
+    """Checkpointing on and bf16 autocast unless said otherwise, and SFTTrainer's default loss,
+    chunked_nll; dataset and loss-mask fields change nothing a step holds."""
+    run = load(suite(tmp_path, SFT)).runs[1]
+    assert [t.label for t in run.techniques] == [
+        "amp(dtype=bfloat16)",
+        "optimizer(groups=trainer,kind=adamw)",
+        "checkpoint",
+        "sft-chunked-nll",
+        "accumulate(micro_batches=2)",
+    ]
+    err = capsys.readouterr().err
+    assert "read as TRL's SFTConfig" in err
+    assert "ignored, as they change nothing a step holds: completion_only_loss" in err
+
+
+@pytest.mark.parametrize(
+    "change, labels",
+    [
+        ({"loss_type": "nll"}, ["amp(dtype=bfloat16)", "checkpoint", "sft-nll"]),
+        ({"fp16": True}, ["amp(dtype=float16)", "checkpoint", "sft-chunked-nll"]),
+        ({"bf16": False, "gradient_checkpointing": False}, ["sft-chunked-nll"]),
+        (
+            {"bf16": None, "loss_type": None},
+            ["amp(dtype=bfloat16)", "checkpoint", "sft-chunked-nll"],
+        ),
+    ],
+)
+def test_an_sftconfigs_own_choices_are_read_as_trl_reads_them(change, labels, tmp_path):
+    run = load(suite(tmp_path, SFT | change)).runs[1]
+    assert [t.label for t in run.techniques if not t.label.startswith(("optim", "accum"))] == labels
+
+
+@pytest.mark.fault("cli values")
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        ({"max_length": 16}, "max_length = 16 .* shorter than the suite's seq_len = 32"),
+        ({"max_length": 30, "pad_to_multiple_of": 8}, "no problem"),
+        ({"max_length": 0}, "max_length: expected a whole number of at least 1"),
+        ({"loss_type": "dft"}, "loss_type = 'dft': not modelled here"),
+        ({"packing": True}, "packing = True: changes what a step holds"),
+        ({"padding_free": True}, "padding_free = True: changes what a step holds"),
+        ({"activation_offloading": True}, "activation_offloading = True: changes what a step"),
+        (
+            {"model_init_kwargs": {"quantization_config": {"load_in_4bit": True}}},
+            "model_init_kwargs.quantization_config = .*changes the weights a step holds",
+        ),
+        ({"model_init_kwargs": {"dtype": "float8"}}, "model_init_kwargs.dtype = 'float8'"),
+        ({"max_lenght": 32}, "max_lenght: not a SFTConfig field"),
+    ],
+)
+def test_an_sftconfig_field_not_modelled_or_wrong_is_a_load_error_naming_it(change, said, tmp_path):
+    if said == "no problem":  # padded up to its multiple, 32: the suite's length
+        assert load(suite(tmp_path, SFT | change)).runs[1].gpu.seq_len == 32
+        return
+    with pytest.raises(SuiteError, match=said):
+        load(suite(tmp_path, SFT | change))
+
+
+def test_a_job_from_its_files_runs_at_the_sftconfigs_max_length_and_weights(tmp_path):
+    """bench predict --hf … --training-args sft.json: the sequences are max_length tokens long,
+    the baseline's too, unless --seq-len says otherwise; the weights as SFTTrainer loads them."""
+    from bench.suite import from_config
+
+    (tmp_path / "sft.json").write_text(
+        json.dumps(SFT | {"max_length": 1000, "pad_to_multiple_of": 64})
+    )
+    text = from_config.suite_text("suites/configs/tiny-llama", str(tmp_path / "sft.json"))
+    assert "seq_len = 1024" in text
+    # loaded as SFTTrainer loads a model named by a string: float32 unless model_init_kwargs say
+    assert 'model = "hf:suites/configs/tiny-llama#dtype=float32"' in text
+    (tmp_path / "auto.json").write_text(json.dumps(SFT | {"model_init_kwargs": {"dtype": "auto"}}))
+    text = from_config.suite_text("suites/configs/tiny-llama", str(tmp_path / "auto.json"))
+    assert 'model = "hf:suites/configs/tiny-llama"' in text
+    text = from_config.suite_text(
+        "suites/configs/tiny-llama", str(tmp_path / "sft.json"), seq_len=512
+    )
+    assert "seq_len = 512" in text
+
+
+@pytest.mark.parametrize(
+    "change, checkpointed",
+    [
+        ({"gradient_checkpointing": False, "activation_checkpointing": True}, True),
+        ({"gradient_checkpointing": True, "activation_checkpointing": False}, False),
+        ({"gradient_checkpointing": True, "activation_checkpointing": None}, True),
+    ],
+)
+def test_transformers_5s_activation_checkpointing_is_read_before_its_old_name(
+    change, checkpointed, tmp_path
+):
+    """transformers 5 renamed gradient_checkpointing; the new name wins where set, as its
+    __post_init__ resolves them (a file naming only the new one was read as unchecked before)."""
+    run = load(suite(tmp_path, ARGS | change)).runs[1]
+    assert ("checkpoint" in [t.label for t in run.techniques]) is checkpointed
