@@ -76,7 +76,7 @@ def suite_text(
     if training_args:
         job["training_args"] = training_args
     if adapter_config:
-        job["techniques"] = [{"name": "lora", "config": adapter_config}]
+        job["techniques"] = [{"name": _adapter(adapter_config), "config": adapter_config}]
     runs = [{"name": "baseline", "techniques": []}] + (
         [job] if training_args or adapter_config else []
     )
@@ -98,6 +98,18 @@ def _trainer_shapes(training_args: str | None) -> tuple[int, int, int | None, di
     if not (isinstance(per_device, int) and isinstance(steps, int)):
         per_device, steps = BATCH, 1
     return per_device, steps, sequence_length(args), loaded_as(args)
+
+
+def _adapter(path: str) -> str:
+    """The technique of PEFT's adapter_config.json, by its peft_type: ia3 for IA3, else lora (whose
+    loader names any other type as not modelled)."""
+    import json
+
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "lora"  # the loader says what is wrong with it
+    return "ia3" if isinstance(raw, dict) and raw.get("peft_type") == "IA3" else "lora"
 
 
 def _given(training_args: str | None, adapter_config: str | None) -> str:

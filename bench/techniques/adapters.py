@@ -73,10 +73,15 @@ class LoRA(Technique):
             "the adapters' dtype under a 16-bit base (listed after bf16): float32, as PEFT casts "
             "them by default (autocast_adapter_dtype), or the base's",
         )
+        dora: bool = option(
+            False,
+            "use_dora: DoRA, each adapted weight's magnitude trained apart from its direction "
+            "(PEFT's, the merged weight's norm taken in every forward)",
+        )
         config: str | None = option(
             None,
-            "PEFT's own adapter_config.json: its r, lora_alpha, lora_dropout, target_modules and "
-            "modules_to_save, in place of the options above",
+            "PEFT's own adapter_config.json: its r, lora_alpha, lora_dropout, target_modules, "
+            "modules_to_save and use_dora, in place of the options above",
         )
 
     def problems(self, batch_size: int) -> list[str]:
@@ -99,6 +104,7 @@ class LoRA(Technique):
                 "lora_dropout": c.dropout,
                 "target_modules": listed(c.targets),
                 "modules_to_save": listed(c.trainable),
+                "use_dora": c.dora,
             }
         return adapter_config(c.config, problems if problems is not None else [])
 
@@ -152,9 +158,9 @@ READ = {
     "lora_dropout": "lora_dropout",
     "target_modules": "target_modules",
     "modules_to_save": "modules_to_save",
+    "use_dora": "use_dora",
 }
 NOT_MODELLED = {
-    "use_dora": False,
     "bias": "none",
     "layers_to_transform": None,
     "rank_pattern": {},
@@ -172,8 +178,10 @@ def adapter_config(path: str, problems: list[str]) -> dict[str, Any]:
         problems.append(f"config: cannot read {path} as PEFT's adapter_config.json ({exc})")
         return {}
     if not isinstance(raw, dict) or raw.get("peft_type", "LORA") != "LORA":
+        fix = " (an IA3 one is the ia3 technique's)" if isinstance(raw, dict) else ""
         problems.append(
-            f"config: {path} is not a LoRA adapter_config.json (peft_type {raw.get('peft_type')!r})"
+            f"config: {path} is not a LoRA adapter_config.json (peft_type "
+            f"{raw.get('peft_type') if isinstance(raw, dict) else None!r}){fix}"
         )
         return {}
     for key, plain in NOT_MODELLED.items():
@@ -190,6 +198,95 @@ def adapter_config(path: str, problems: list[str]) -> dict[str, Any]:
             f"config: {path}: r must be a whole number of at least 1, got {out.get('r')!r}"
         )
     return {"r": 8, "lora_alpha": 8, "lora_dropout": 0.0} | out
+
+
+@TECHNIQUES.register("ia3")
+class IA3(Technique):
+    """Freeze the base model and train IA3's vectors (peft's IA3): each adapted linear's output
+    scaled by a trained vector, a feed-forward one's input instead (arXiv:2205.05638).
+
+    Expected: one vector per adapted layer trains (Llama-3-8B: about 0.01% of its parameters), so
+    gradients and optimizer state nearly vanish, as LoRA's do; activations: what each scaling keeps
+    for backward. Accuracy: below LoRA's on most tasks, with far fewer trained parameters."""
+
+    not_advised = (
+        "trains scaling vectors only: another job, not a cheaper way to run this one (name it in a "
+        "suite)"
+    )
+    summary = (
+        "peft IA3: trained vectors scaling the adapted linears' outputs (feed-forward ones' "
+        "inputs), base frozen; PEFT's layers for the model's type, or those named"
+    )
+    adapts = True
+
+    @dataclass(frozen=True)
+    class Config:
+        targets: str | None = option(
+            None, "comma-separated linears to adapt; default: PEFT's for the model's type"
+        )
+        feedforward: str | None = option(
+            None, "of those, the feed-forward ones (their input scaled); default: PEFT's"
+        )
+        trainable: str | None = option(None, "comma-separated modules trained in full")
+        config: str | None = option(
+            None,
+            "PEFT's own IA3 adapter_config.json: its target_modules, feedforward_modules and "
+            "modules_to_save, in place of the options above",
+        )
+
+    def problems(self, batch_size: int) -> list[str]:
+        found: list[str] = []
+        self._peft_config(found)
+        return found
+
+    def _peft_config(self, problems: list[str] | None = None) -> dict[str, Any]:
+        c = self.config
+        if c.config is not None:
+            return ia3_config(c.config, problems if problems is not None else [])
+        return {
+            "target_modules": listed(c.targets) or None,
+            "feedforward_modules": listed(c.feedforward) or None,
+            "modules_to_save": listed(c.trainable) or None,
+        }
+
+    def unsupported(self, ctx: RunContext) -> str | None:
+        if importlib.util.find_spec("peft") is None:
+            return "needs peft: pip install peft (or pip install -e '.[extras]')"
+        return None
+
+    def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        from peft import IA3Config, get_peft_model
+
+        try:
+            with warnings.catch_warnings():  # as LoRA's: peft reads a deprecated alias
+                warnings.filterwarnings(
+                    "ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning
+                )
+                self.model = get_peft_model(model, IA3Config(**self._peft_config()))
+        except ValueError as exc:  # PEFT knows no layers for this model's type
+            raise Unsupported(f"IA3: {exc}; name targets = 'name,name'") from None
+        return self.model
+
+    def proof(self, steps: int) -> dict[str, Any]:
+        trainable, total = self.model.get_nb_trainable_parameters()
+        adapted = sum(hasattr(m, "ia3_l") for m in self.model.modules())
+        return {"trainable_params": trainable, "total_params": total, "adapted_layers": adapted}
+
+
+def ia3_config(path: str, problems: list[str]) -> dict[str, Any]:
+    """IA3Config's arguments from PEFT's IA3 adapter_config.json (its layers; the rest, its
+    initialisation and the base model's name, change no memory)."""
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        problems.append(f"config: cannot read {path} as PEFT's adapter_config.json ({exc})")
+        return {}
+    if not isinstance(raw, dict) or raw.get("peft_type") != "IA3":
+        kind = raw.get("peft_type") if isinstance(raw, dict) else None
+        problems.append(f"config: {path} is not an IA3 adapter_config.json (peft_type {kind!r})")
+        return {}
+    keys = ("target_modules", "feedforward_modules", "modules_to_save", "exclude_modules")
+    return {k: raw[k] for k in keys if raw.get(k) is not None}
 
 
 @TECHNIQUES.register("qlora")

@@ -260,3 +260,15 @@ def test_transformers_5s_activation_checkpointing_is_read_before_its_old_name(
     __post_init__ resolves them (a file naming only the new one was read as unchecked before)."""
     run = load(suite(tmp_path, ARGS | change)).runs[1]
     assert ("checkpoint" in [t.label for t in run.techniques]) is checkpointed
+
+
+def test_a_job_from_its_files_takes_the_adapter_its_peft_type_names(tmp_path):
+    """--adapter-config: a LoRA adapter_config.json is the lora technique's, an IA3 one ia3's."""
+    from bench.suite import from_config
+
+    for kind, name in (("LORA", "lora"), ("IA3", "ia3")):
+        (tmp_path / "adapter.json").write_text(json.dumps({"peft_type": kind}))
+        text = from_config.suite_text(
+            "suites/configs/tiny-llama", None, str(tmp_path / "adapter.json")
+        )
+        assert f'name = "{name}"' in text

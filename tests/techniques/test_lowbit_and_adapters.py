@@ -17,6 +17,7 @@ from bench.suite import load
 from bench.worker import measure
 from tests.conftest import CPU, build_trainer
 from tests.helpers import MLP_PARAM_BYTES, isolated, mlp_step, spec, suite_problems, tech
+from tests.predict.test_fake import assert_predicted_exactly
 
 
 def run(model, *techniques):
@@ -345,11 +346,57 @@ def test_peft_adapter_config_json_is_read_for_the_fields_that_change_memory(tmp_
     assert {s[0] for s in shapes} == {4}  # r = 4
     # q and v in each of the two layers
     assert trainer.techniques[0].proof(1)["adapted_layers"] == 2 * 2
-    path.write_text('{"peft_type": "LORA", "r": 4, "use_dora": true}')
+    path.write_text('{"peft_type": "LORA", "r": 4, "bias": "all"}')
     found = suite_problems(
         tmp_path, GOOD_LLAMA.replace("TECHNIQUES", f'{{ name = "lora", config = "{path}" }}')
     )
-    assert any("use_dora = True is not modelled here" in p for p in found), found
+    assert any("bias = 'all' is not modelled here" in p for p in found), found
+    path.write_text('{"peft_type": "IA3", "target_modules": ["k_proj"]}')
+    found = suite_problems(
+        tmp_path, GOOD_LLAMA.replace("TECHNIQUES", f'{{ name = "lora", config = "{path}" }}')
+    )
+    assert any("(an IA3 one is the ia3 technique's)" in p for p in found), found
+
+
+def test_dora_trains_a_magnitude_per_output_beside_the_adapters_as_its_adapter_config_says(
+    tmp_path,
+):
+    """use_dora: PEFT's DoRA, a magnitude vector per adapted linear's outputs trained beside A and
+    B; the merged weight's norm, taken in every forward, held as PEFT holds it."""
+    pytest.importorskip("peft")
+    path = tmp_path / "adapter_config.json"
+    path.write_text('{"peft_type": "LORA", "r": 4, "use_dora": true, "target_modules": ["q_proj"]}')
+    plain, dora = (
+        build_trainer(spec("llama-tiny", (t,), batch_size=2, seq_len=16))[0]
+        for t in (tech("lora", rank=4, targets="q_proj"), tech("lora", config=str(path)))
+    )
+    extra = (
+        dora.techniques[0].proof(1)["trainable_params"]
+        - plain.techniques[0].proof(1)["trainable_params"]
+    )
+    q = dora.model.get_submodule("base_model.model.model.layers.0.self_attn.q_proj")
+    assert extra == 2 * q.out_features  # one magnitude per output, in each of the two layers
+    assert_predicted_exactly(
+        spec("llama-tiny", (tech("lora", dora=True),), batch_size=2, seq_len=16)
+    )
+
+
+def test_ia3_trains_one_vector_per_adapted_linear_as_its_adapter_config_says(tmp_path):
+    """PEFT's IA3 on Llama's key, value and down projections (its defaults for the type), the
+    last a feed-forward one whose input is scaled: a vector each, nothing else trained."""
+    pytest.importorskip("peft")
+    path = tmp_path / "adapter_config.json"
+    path.write_text(
+        '{"peft_type": "IA3", "target_modules": ["k_proj", "v_proj", "down_proj"], '
+        '"feedforward_modules": ["down_proj"], "base_model_name_or_path": "x"}'
+    )
+    trainer = build_trainer(spec("llama-tiny", (tech("ia3", config=str(path)),), seq_len=16))[0]
+    layer = trainer.model.get_submodule("base_model.model.model.layers.0")
+    vectors = layer.self_attn.k_proj.out_features + layer.self_attn.v_proj.out_features
+    vectors += layer.mlp.down_proj.in_features
+    assert trainer.techniques[0].proof(1)["trainable_params"] == 2 * vectors
+    assert trainer.techniques[0].proof(1)["adapted_layers"] == 2 * 3
+    assert_predicted_exactly(spec("llama-tiny", (tech("ia3"),), batch_size=2, seq_len=16))
 
 
 def _rounded(n: int) -> int:
