@@ -64,7 +64,11 @@ def spec(name: str) -> ModelSpec:
         classes = config.num_labels
     else:
         classes = config.vocab_size
-    attention = raw.get("attn_implementation") or raw.get("_attn_implementation") or "sdpa"
+    attention = (
+        raw.get("attn_implementation")
+        or raw.get("_attn_implementation")
+        or _default_attention(config, task)
+    )
     dtype = raw.get("dtype") or raw.get("torch_dtype") or "float32"
     if dtype not in DTYPES:
         raise KeyError(f"model {name!r}: dtype {dtype!r} is none of {', '.join(DTYPES)}")
@@ -137,6 +141,19 @@ def _task(name: str, raw: dict[str, Any]) -> str:
         f"model {name!r}: its config's architectures ({raw.get('architectures')}) name no head "
         f"this harness trains; name one after the path, e.g. {name}#causal-lm ({', '.join(TASKS)})"
     )
+
+
+def _default_attention(config: Any, task: str) -> str:
+    """The attention transformers picks where none is named: SDPA where the model's class supports
+    it, else eager (BLOOM, among others, has no SDPA path)."""
+    import transformers
+
+    auto = getattr(transformers, TASKS[task][0])
+    try:
+        model_class = auto._model_mapping[type(config)]
+    except KeyError:  # the loader says the task has no such model
+        return "sdpa"
+    return "sdpa" if getattr(model_class, "_supports_sdpa", False) else "eager"
 
 
 def _config(name: str) -> Any:

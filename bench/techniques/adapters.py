@@ -111,7 +111,8 @@ class LoRA(Technique):
     def unsupported(self, ctx: RunContext) -> str | None:
         if importlib.util.find_spec("peft") is None:
             return "needs peft: pip install peft (or pip install -e '.[extras]')"
-        if self.config.targets is None and ctx.model_spec.family not in TARGETS:
+        named = self.config.targets or self._peft_config().get("target_modules")
+        if not named and ctx.model_spec.family not in TARGETS:
             return (
                 "no default layers to adapt for this model: set targets = 'name,name' (and "
                 "trainable)"

@@ -209,3 +209,32 @@ def test_every_training_technique_that_applies_to_a_shipped_tiny_config_is_predi
             continue
         applied.append(name)
     assert len(applied) >= 12, applied
+
+
+BLOOM = {
+    "architectures": ["BloomForCausalLM"],
+    "model_type": "bloom",
+    "hidden_size": 64,
+    "n_head": 4,
+    "n_layer": 2,
+    "vocab_size": 1000,
+}
+
+
+def test_a_model_without_sdpa_gets_eager_attention_and_its_adapters_where_peft_config_names_them(
+    tmp_path,
+):
+    """BLOOM has no SDPA path: transformers picks eager, and so does the harness (it forced SDPA,
+    and the baseline of PEFT's bloomz example was unpredictable). Its adapter_config names its
+    fused query_key_value, which is enough for lora without a family of default targets."""
+    (tmp_path / "config.json").write_text(json.dumps(BLOOM))
+    (tmp_path / "adapter_config.json").write_text(
+        json.dumps({"peft_type": "LORA", "r": 8, "target_modules": ["query_key_value"]})
+    )
+    name = f"hf:{tmp_path}"
+    assert models.resolve(name).attention is False
+    with torch.device("meta"):
+        built = models.resolve(name).build(spec(name, seq_len=16).gpu)
+    assert built.config._attn_implementation == "eager"
+    lora = tech("lora", config=str(tmp_path / "adapter_config.json"))
+    assert_predicted_exactly(spec(name, (lora,), batch_size=2, seq_len=16))
