@@ -55,10 +55,12 @@ def run_fidelity(spec: RunSpec, fid: Fidelity, device: torch.device) -> Fidelity
             f"dataset {fid.dataset!r}: {len(train)} training samples, fewer than [fidelity] "
             f"batch_size = {fid.batch_size}; lower batch_size or use a larger dataset"
         )
-    if model_spec.objective == "masked-lm":
+    if model_spec.objective in ("masked-lm", "seq2seq"):
+        kind = {"masked-lm": "a masked language model", "seq2seq": "an encoder-decoder"}
         raise real.DataError(
-            f"model {model_spec.name} is a masked language model: the fidelity phase has no task "
-            "for one yet (its class would be a masked token); set [fidelity] enabled = false"
+            f"model {model_spec.name} is {kind[model_spec.objective]}: the fidelity phase has no "
+            "task for one yet (its class would be a token it writes); set [fidelity] enabled = "
+            "false"
         )
     if model_spec.objective == "next-token":
         train, test = real.with_label_token(train), real.with_label_token(test)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+from torch.nn import functional as F
 
 from bench.models import IGNORE
 
@@ -35,6 +36,11 @@ def synthetic_batch(spec: ModelSpec, shapes: Shapes, seed: int, device: torch.de
             # DataCollatorForLanguageModeling's share of positions is scored
             chosen = torch.rand(b, shapes.seq_len, generator=g) < MLM_PROBABILITY
             labels = ids.masked_fill(~chosen, IGNORE)
+        elif spec.objective == "seq2seq":
+            # targets as long as the sources; the decoder reads them shifted right by one, as
+            # DataCollatorForSeq2Seq prepares them (prepare_decoder_input_ids_from_labels)
+            labels = torch.randint(0, spec.vocab_size, (b, shapes.seq_len), generator=g)
+            inputs["decoder_input_ids"] = F.pad(labels[:, :-1], (1, 0), value=0)
     return to_device(inputs, device), labels.to(device)
 
 

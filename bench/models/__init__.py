@@ -74,7 +74,7 @@ def _inside(name: str, blocks: list[str]) -> bool:
     return any(name == b or name.startswith(f"{b}.") for b in blocks)
 
 
-OBJECTIVES = ("classify", "next-token", "masked-lm")
+OBJECTIVES = ("classify", "next-token", "masked-lm", "seq2seq")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,8 +101,9 @@ class ModelSpec:
     # "classify": logits (batch, num_classes) against one label per sample. "next-token": a causal
     # language model's logits (batch, seq_len, vocab_size), each position against the next token, as
     # it trains. "masked-lm": a masked language model's logits at every position, scored where the
-    # labels are not IGNORE.
-    objective: Literal["classify", "next-token", "masked-lm"] = "classify"
+    # labels are not IGNORE. "seq2seq": an encoder-decoder's logits over its target tokens (the
+    # decoder's inputs), each against its target.
+    objective: Literal["classify", "next-token", "masked-lm", "seq2seq"] = "classify"
     # False for a model too large to build in a CPU's memory (Llama-3-8B's 32 GB of float32
     # weights): it is predicted, built on the meta device, and runs on CUDA; a CPU run of it is
     # unsupported.

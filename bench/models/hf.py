@@ -30,6 +30,7 @@ TASKS = {
     "causal-lm": ("AutoModelForCausalLM", "tokens", "next-token"),
     "sequence-classification": ("AutoModelForSequenceClassification", "tokens", "classify"),
     "masked-lm": ("AutoModelForMaskedLM", "tokens", "masked-lm"),
+    "seq2seq-lm": ("AutoModelForSeq2SeqLM", "tokens", "seq2seq"),
     "image-classification": ("AutoModelForImageClassification", "image", "classify"),
 }
 SUFFIXES = {
@@ -54,11 +55,11 @@ def spec(name: str) -> ModelSpec:
     read."""
     task, overrides = _fragment(name)
     raw = _read(name) | overrides
-    task = task or _task(name, raw)
+    config = _config(name)
+    task = task or _task(name, raw, config)
     if task not in TASKS:
         raise KeyError(f"model {name!r}: task {task!r} is none of {', '.join(TASKS)}")
     _, inputs, objective = TASKS[task]
-    config = _config(name)
     tokens = inputs == "tokens"
     if objective == "classify":
         classes = config.num_labels
@@ -132,15 +133,25 @@ def _read(name: str) -> dict[str, Any]:
         raise KeyError(f"model {name!r}: {file} is not JSON ({exc})") from None
 
 
-def _task(name: str, raw: dict[str, Any]) -> str:
+def _task(name: str, raw: dict[str, Any], config: Any) -> str:
     for architecture in raw.get("architectures") or []:
         for suffix, task in SUFFIXES.items():
             if architecture.endswith(suffix):
                 return task
+        # "…ForConditionalGeneration" names encoder-decoders (T5, BART) and vision-language models
+        # alike: an encoder-decoder is one AutoModelForSeq2SeqLM builds
+        if architecture.endswith("ForConditionalGeneration") and _seq2seq(config):
+            return "seq2seq-lm"
     raise KeyError(
         f"model {name!r}: its config's architectures ({raw.get('architectures')}) name no head "
         f"this harness trains; name one after the path, e.g. {name}#causal-lm ({', '.join(TASKS)})"
     )
+
+
+def _seq2seq(config: Any) -> bool:
+    from transformers import AutoModelForSeq2SeqLM
+
+    return type(config) in AutoModelForSeq2SeqLM._model_mapping
 
 
 def _default_attention(config: Any, task: str) -> str:

@@ -238,3 +238,22 @@ def test_a_model_without_sdpa_gets_eager_attention_and_its_adapters_where_peft_c
     assert built.config._attn_implementation == "eager"
     lora = tech("lora", config=str(tmp_path / "adapter_config.json"))
     assert_predicted_exactly(spec(name, (lora,), batch_size=2, seq_len=16))
+
+
+@pytest.mark.parametrize(
+    "techniques",
+    [(), (tech("lora", targets="q,v"),), (tech("amp", dtype="bfloat16"), tech("checkpoint"))],
+    ids=["full", "lora", "amp+checkpoint"],
+)
+def test_an_encoder_decoder_trains_on_its_targets_and_is_predicted_to_the_byte(techniques):
+    """T5ForConditionalGeneration (and BART's) is a seq2seq-lm: sources in, targets as labels and,
+    shifted right, as the decoder's inputs, its own loss; checkpointing wraps both stacks'
+    blocks."""
+    name = CONFIGS + "tiny-t5"
+    assert models.resolve(name).objective == "seq2seq"
+    run = spec(name, techniques, batch_size=2, seq_len=16)
+    trainer = assert_predicted_exactly(run)
+    if techniques and techniques[-1].name == "checkpoint":
+        assert trainer.proof()["checkpoint.wrapped_names"] == (
+            "encoder.block.0, encoder.block.1, decoder.block.0, decoder.block.1"
+        )
