@@ -385,7 +385,10 @@ TRACKED = (
 @dataclass(kw_only=True)
 class _PredictionOutcome(Part):
     status: Status | None = doc("ok, unsupported or unpredictable")
-    message: str | None = doc("why a prediction was not made")
+    message: str | None = doc(
+        "why a prediction was not made; or, made, what its figures stand for (compile's: the "
+        "eager step's)"
+    )
     ahead: bool | None = doc("made in a spare process while the device measured earlier runs")
     world_size: int | None = doc(
         "multi-process runs: the processes of the fake group the rank was predicted in"

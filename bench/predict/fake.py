@@ -119,7 +119,10 @@ def traced(
     except Exception as exc:  # noqa: BLE001  a technique that needs real values (e.g. .item()) cannot be predicted
         message = f"{type(exc).__name__}: {first_line(exc)[:200]}"
         return Traced(Prediction.failed(Status.UNPREDICTABLE, message))
-    return Traced(finished(prediction, card), tracker, replay)
+    prediction = finished(prediction, card)
+    if notes := [f"{t.name}: {t.approximate}" for t in recipe.techniques if t.approximate]:
+        prediction.message = "; ".join(notes)
+    return Traced(prediction, tracker, replay)
 
 
 def finished(prediction: Prediction, card: Card | None) -> Prediction:

@@ -196,6 +196,11 @@ class FakeSaveOnCpu(torch.autograd.graph.saved_tensors_hooks):
         super().__init__(pack, unpack)
 
 
+def left_eager(model: nn.Module, mode: str) -> None:
+    """``compile``'s call for fake tensors: dynamo cannot trace the fake step, and the prediction
+    gives the eager step's figures, saying so (``Technique.approximate``)."""
+
+
 def every_position_a_target(count: torch.Tensor, valid: torch.Tensor) -> int:
     """``sft-chunked-nll``'s count of positions with a target, which fake tensors cannot read: every
     position of the harness's data has one (its rows are whole sequences, no padding)."""

@@ -102,7 +102,8 @@ class Row:
         if p.card:
             on = f"; on {p.card}: {verdict(p)}"
         peak = p.peak_tensor_bytes / 2**30
-        return f"{peak:,.2f} GiB at batch {self.batch}, peak in {p.peak_phase}{fit}{on}"
+        note = f" ({p.message})" if p.message else ""
+        return f"{peak:,.2f} GiB at batch {self.batch}, peak in {p.peak_phase}{fit}{on}{note}"
 
 
 SAVED = (

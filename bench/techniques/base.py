@@ -280,6 +280,9 @@ class Technique:
     compiled_update: ClassVar[bool] = False
     # Why fake tensors on a CPU cannot predict this technique's CUDA memory, if they cannot.
     unpredictable: ClassVar[str] = ""
+    # What a prediction's figures stand for where fake tensors run a stand-in for it (compile: the
+    # eager step): said beside the figures, which are given, never left out.
+    approximate: ClassVar[str] = ""
     # Library calls fake tensors cannot run (they need values, streams or host memory), each
     # replaced while the run is predicted by one that makes the same tensors: {"module:attribute":
     # "module:replacement"}. The built-in ones live in bench.predict.stand_ins.
@@ -368,8 +371,8 @@ INTERFACE = {
         "axis", "offers", "not_advised", "host_traffic", "overlaps_traffic", "offered",
     ),
     "what prediction needs: the tracker, bench/predict": (
-        "trackable", "compiled_update", "unpredictable", "stand_ins", "attention_backend",
-        "layers_alike",
+        "trackable", "compiled_update", "unpredictable", "approximate", "stand_ins",
+        "attention_backend", "layers_alike",
     ),
     "the hooks that change the run: the worker, in this order": (
         "env", "unsupported", "apply", "make_optimizer", "makes_optimizer", "batching", "replicas",

@@ -18,10 +18,15 @@ class Compile(Technique):
     Expected: fused pointwise kernels save both time and the intermediate activations those ops
     would have saved for backward; compilation costs tens of seconds up front. The live-tensor
     tracker cannot see inside compiled graphs, so compiled runs have allocator figures (CUDA) but no
-    tracked peak. Accuracy: same up to rounding.
+    tracked peak; a prediction gives the eager step's figures, and says so. Accuracy: same up to
+    rounding.
     """
 
-    unpredictable = "compiled graphs fuse and free differently from eager; run it to know"
+    approximate = (
+        "the eager step's figures: a compiled step fuses kernels and frees otherwise, and usually "
+        "holds less; measure it on the card to know"
+    )
+    stand_ins = {f"{__name__}:compiled": "bench.predict.stand_ins:left_eager"}
     modes = ANY_MODE
     not_advised = "what it holds is the compiler's fusion, which fake tensors cannot predict"
     summary = "`torch.compile` (Inductor); compile time in `first_step_ms`"
@@ -34,10 +39,14 @@ class Compile(Technique):
         )
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
-        # in place: parameters, hooks and state_dict keys stay as they are
-        model.compile(mode=self.config.mode)
+        compiled(model, self.config.mode)
         self.model = model
         return model
 
     def proof(self, steps: int) -> dict[str, Any]:
         return {"mode": self.config.mode, "compiled": self.model._compiled_call_impl is not None}
+
+
+def compiled(model: nn.Module, mode: str) -> None:
+    """In place: parameters, hooks and state_dict keys stay as they are."""
+    model.compile(mode=mode)

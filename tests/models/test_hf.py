@@ -198,7 +198,7 @@ def test_every_training_technique_that_applies_to_a_shipped_tiny_config_is_predi
     for name in TECHNIQUES.registered():
         cls = TECHNIQUES.get(name)
         run = spec(CONFIGS + config, (tech(name),), batch_size=4, image_size=32, seq_len=32)
-        if "train" not in cls.modes or cls.distributed or cls.unpredictable:
+        if "train" not in cls.modes or cls.distributed or cls.unpredictable or not cls.trackable:
             continue
         if Recipe.of(run, CPU).unsupported() or (name == "packing" or "lengths" in name):
             # packing needs variable-length data (a suite's lengths), refused at load without
