@@ -279,7 +279,10 @@ def _precision(args: dict[str, Any], where: str, found: list[str]) -> list[Any]:
 
 
 def _optimizer(args: dict[str, Any], where: str, found: list[str]) -> list[Any]:
-    optim = args.get("optim", "adamw_torch")
+    """The Trainer's optimizer; where the file names none, the installed TrainingArguments'
+    default (transformers 5 on torch 2.8 or later: the fused AdamW, which holds no foreach
+    temporaries)."""
+    optim = args.get("optim") or _default("optim")
     if optim in OPTIMIZERS:
         return list(OPTIMIZERS[optim])
     found.append(f"{where}: optim = {optim!r}: not modelled here; one of {', '.join(OPTIMIZERS)}")
@@ -322,6 +325,12 @@ def _positive(args: dict[str, Any], key: str, default: int, where: str, found: l
         found.append(f"{where}: {key}: expected a whole number of at least 1, got {value!r}")
         return default
     return value
+
+
+def _default(name: str) -> Any:
+    from transformers import TrainingArguments
+
+    return next(f.default for f in fields(TrainingArguments) if f.name == name)
 
 
 def _version() -> str:

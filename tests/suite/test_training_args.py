@@ -170,7 +170,7 @@ def test_an_sftconfig_is_read_with_trls_defaults_and_its_loss(tmp_path, capsys):
     run = load(suite(tmp_path, SFT)).runs[1]
     assert [t.label for t in run.techniques] == [
         "amp(dtype=bfloat16)",
-        "optimizer(groups=trainer,kind=adamw)",
+        "optimizer(groups=trainer,impl=fused,kind=adamw)",  # the installed Trainer's default
         "checkpoint",
         "sft-chunked-nll",
         "accumulate(micro_batches=2)",
@@ -272,3 +272,17 @@ def test_a_job_from_its_files_takes_the_adapter_its_peft_type_names(tmp_path):
             "suites/configs/tiny-llama", None, str(tmp_path / "adapter.json")
         )
         assert f'name = "{name}"' in text
+
+
+def test_a_file_naming_no_optimizer_gets_the_installed_trainers_default(tmp_path):
+    """transformers 5 on torch 2.8 or later defaults to the fused AdamW (it was read as foreach's,
+    whose temporaries a fused update does not hold)."""
+    from dataclasses import fields
+
+    from transformers import TrainingArguments
+
+    default = next(f.default for f in fields(TrainingArguments) if f.name == "optim")
+    args = {k: v for k, v in ARGS.items() if k != "optim"}
+    labels = [t.label for t in load(suite(tmp_path, args)).runs[1].techniques]
+    impl = "impl=fused," if default == "adamw_torch_fused" else ""
+    assert f"optimizer(groups=trainer,{impl}kind=adamw)" in labels
