@@ -45,6 +45,11 @@ NOT_MODELLED = {
     "auto_find_batch_size": "the Trainer halves the batch after each out-of-memory until one fits",
     "torch_empty_cache_steps": "the allocator's cache is emptied every N steps, which changes "
     "what is reserved",
+    "label_smoothing_factor": "the Trainer's LabelSmoother takes the loss from the whole logits' "
+    "log-softmax, not the model's own loss",
+    "neftune_noise_alpha": "NEFTune adds noise to the embeddings' output in every forward",
+    "parallelism_config": "accelerate's tensor and context parallelism split the model and the "
+    "sequence over the ranks",
 }
 # TRL's SFTConfig (trl/trainer/sft_config.py and base_config.py, TRL at f2cd577): a file with any
 # of its own fields is read as one. Its defaults differ from TrainingArguments' where a step's
@@ -101,6 +106,8 @@ READ = (
     "fp16",
     "tf32",
     "torch_compile",
+    "torch_compile_mode",
+    "torch_compile_backend",
 )
 
 
@@ -153,7 +160,7 @@ def read(path: str, where: str, problems: list[str]) -> Job | None:
     batch = _positive(args, "per_device_train_batch_size", default=8, where=where, found=found)
     techniques += [{"name": "accumulate", "micro_batches": steps}] if steps > 1 else []
     techniques += [{"name": "tf32", "enabled": True}] if args.get("tf32") else []
-    techniques += ["compile"] if args.get("torch_compile") else []
+    techniques += _compile(args, where, found)
     length = _sft_length(args, where, found) if sft else None
     problems += found
     read_here = set(READ) | set(refused) | ({"max_length", "pad_to_multiple_of"} if sft else set())
@@ -317,6 +324,21 @@ def _renamed(args: dict[str, Any], new: str, old: str) -> Any:
     if args.get(new) is not None:
         return args[new]
     return args.get(old)
+
+
+def _compile(args: dict[str, Any], where: str, found: list[str]) -> list[Any]:
+    """torch_compile, which a compile mode or backend sets too (TrainingArguments.__post_init__);
+    Inductor's backend only."""
+    mode, backend = args.get("torch_compile_mode"), args.get("torch_compile_backend")
+    if not (args.get("torch_compile") or mode or backend):
+        return []
+    if backend not in (None, "inductor"):
+        found.append(
+            f"{where}: torch_compile_backend = {backend!r}: not modelled here; inductor (or leave "
+            "it unset)"
+        )
+        return []
+    return [{"name": "compile", "mode": mode}] if mode else ["compile"]
 
 
 def _positive(args: dict[str, Any], key: str, default: int, where: str, found: list[str]) -> int:

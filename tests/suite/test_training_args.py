@@ -93,6 +93,9 @@ def test_transformers_4s_own_adamw_is_read_as_what_it_was(tmp_path):
         ),
         ({"fsdp": "full_shard auto_wrap"}, "fsdp = 'full_shard auto_wrap': changes what a step"),
         ({"use_liger_kernel": True}, "use_liger_kernel = True: changes what a step holds"),
+        ({"label_smoothing_factor": 0.1}, "label_smoothing_factor = 0.1: changes what a step"),
+        ({"neftune_noise_alpha": 5}, "neftune_noise_alpha = 5: changes what a step holds"),
+        ({"torch_compile_backend": "eager"}, "torch_compile_backend = 'eager': not modelled"),
     ],
 )
 def test_a_wrong_or_contradictory_field_is_a_load_error_naming_it(change, said, tmp_path):
@@ -286,3 +289,9 @@ def test_a_file_naming_no_optimizer_gets_the_installed_trainers_default(tmp_path
     labels = [t.label for t in load(suite(tmp_path, args)).runs[1].techniques]
     impl = "impl=fused," if default == "adamw_torch_fused" else ""
     assert f"optimizer(groups=trainer,{impl}kind=adamw)" in labels
+
+
+def test_a_compile_mode_compiles_as_the_trainer_reads_it(tmp_path):
+    """TrainingArguments sets torch_compile where a mode or backend is given."""
+    run = load(suite(tmp_path, ARGS | {"torch_compile_mode": "max-autotune"})).runs[1]
+    assert "compile(mode=max-autotune)" in [t.label for t in run.techniques]
