@@ -31,6 +31,11 @@ OPTIMIZERS: dict[str, list[Any]] = {
     "paged_adamw_8bit": ["paged-adamw-8bit"],
     "paged_adamw_32bit": ["paged-adamw-32bit"],
     "sgd": [{"name": "optimizer", "kind": "sgd", "momentum": 0.0, "groups": "trainer"}],
+    "adagrad": [{"name": "optimizer", "kind": "adagrad", "groups": "trainer"}],
+    "rmsprop": [{"name": "optimizer", "kind": "rmsprop", "groups": "trainer"}],
+    # torchao's, in blocks of 256 (get_optimizer_cls_and_kwargs)
+    "adamw_torch_4bit": [{"name": "adamw-4bit", "block_size": 256}],
+    "adamw_torch_8bit": ["adamw-8bit"],
 }
 # Fields that change what a step holds, not modelled yet: a job that sets one is refused, by name
 # and why, where reading it as ignored would predict a peak several-fold off. (fsdp_config matters
@@ -45,6 +50,7 @@ NOT_MODELLED = {
     "auto_find_batch_size": "the Trainer halves the batch after each out-of-memory until one fits",
     "torch_empty_cache_steps": "the allocator's cache is emptied every N steps, which changes "
     "what is reserved",
+    "optim_args": "options passed to the optimizer (momentum, block sizes) change its state",
     "label_smoothing_factor": "the Trainer's LabelSmoother takes the loss from the whole logits' "
     "log-softmax, not the model's own loss",
     "neftune_noise_alpha": "NEFTune adds noise to the embeddings' output in every forward",

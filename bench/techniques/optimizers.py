@@ -41,10 +41,13 @@ class OptimizerChoice(Technique):
 
     @dataclass(frozen=True)
     class Config:
-        kind: Literal["sgd", "adamw", "adafactor", "adafactor-transformers"] = option(
+        kind: Literal[
+            "sgd", "adamw", "adafactor", "adafactor-transformers", "adagrad", "rmsprop"
+        ] = option(
             "adamw",
             "which optimizer; adafactor-transformers: transformers' own Adafactor, as its Trainer "
-            "makes it for optim = 'adafactor' (its update's temporaries are not torch's)",
+            "makes it for optim = 'adafactor' (its update's temporaries are not torch's); adagrad "
+            "and rmsprop: torch's, at their defaults, as the Trainer makes them",
         )
         impl: Literal["default", "single", "foreach", "fused"] = option(
             "default", "adamw/sgd update implementation; default lets PyTorch choose"
@@ -88,6 +91,10 @@ class OptimizerChoice(Technique):
             self.optimizer = torch.optim.SGD(params, lr=self.lr, momentum=c.momentum, **impl)
         elif c.kind == "adafactor":
             self.optimizer = torch.optim.Adafactor(params, lr=self.lr, **impl)
+        elif c.kind == "adagrad":
+            self.optimizer = torch.optim.Adagrad(params, lr=self.lr, **impl)
+        elif c.kind == "rmsprop":
+            self.optimizer = torch.optim.RMSprop(params, lr=self.lr, **impl)
         # the Trainer's own arguments for it (get_optimizer_cls_and_kwargs)
         elif c.kind == "adafactor-transformers":
             from transformers.optimization import Adafactor

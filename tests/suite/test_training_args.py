@@ -295,3 +295,22 @@ def test_a_compile_mode_compiles_as_the_trainer_reads_it(tmp_path):
     """TrainingArguments sets torch_compile where a mode or backend is given."""
     run = load(suite(tmp_path, ARGS | {"torch_compile_mode": "max-autotune"})).runs[1]
     assert "compile(mode=max-autotune)" in [t.label for t in run.techniques]
+
+
+@pytest.mark.parametrize(
+    "optim, label",
+    [
+        ("adagrad", "optimizer(groups=trainer,kind=adagrad)"),
+        ("rmsprop", "optimizer(groups=trainer,kind=rmsprop)"),
+        ("adamw_torch_4bit", "adamw-4bit(block_size=256)"),
+        ("adamw_torch_8bit", "adamw-8bit"),
+    ],
+)
+def test_the_trainers_other_optimizers_are_what_it_makes(optim, label, tmp_path):
+    run = load(suite(tmp_path, ARGS | {"optim": optim})).runs[1]
+    assert label in [t.label for t in run.techniques]
+
+
+def test_optimizer_arguments_are_refused_by_name(tmp_path):
+    with pytest.raises(SuiteError, match="optim_args = 'momentum=0.9': changes what a step"):
+        load(suite(tmp_path, ARGS | {"optim": "rmsprop", "optim_args": "momentum=0.9"}))

@@ -29,6 +29,37 @@ def test_optimizer_state_bytes_per_parameter_byte(kind, impl, state_per_param):
     assert trainer.proof()["optimizer.optimizer"] == {"adamw": "AdamW", "sgd": "SGD"}[kind]
 
 
+@pytest.mark.parametrize("kind, name", [("adagrad", "Adagrad"), ("rmsprop", "RMSprop")])
+def test_the_trainers_adagrad_and_rmsprop_keep_one_value_per_parameter_and_predict_exactly(
+    kind, name
+):
+    """optim = "adagrad" / "rmsprop": torch's at their defaults (RMSprop without momentum), each a
+    float32 value per parameter and a step counter per tensor."""
+    from tests.predict.test_fake import assert_predicted_exactly
+
+    figures, trainer = run(tech("optimizer", kind=kind))
+    counters = 4 * len(list(trainer.model.parameters()))
+    assert figures.optimizer_state_bytes == figures.param_bytes + counters
+    assert trainer.proof()["optimizer.optimizer"] == name
+    assert_predicted_exactly(spec("vit-tiny", (tech("optimizer", kind=kind),), batch_size=8))
+
+
+# torchao compiles each parameter's update (tens of seconds on the CI machine)
+@pytest.mark.full
+def test_adamw_4bit_keeps_its_moments_in_half_a_byte_each_and_predicts_exactly():
+    """torchao's AdamW4bit, as the Trainer makes it for adamw_torch_4bit (blocks of 256): two
+    4-bit moments and a float32 scale per block, on every parameter of a block's multiple."""
+    pytest.importorskip("torchao")
+    from bench.predict import predict
+    from tests.predict.test_fake import assert_predicted_exactly
+
+    four = spec("llama-tiny", (tech("adamw-4bit", block_size=256),))
+    trainer = assert_predicted_exactly(four)  # the tracker steps aside for the compiled update
+    assert trainer.proof()["adamw-4bit.optimizer"] == "AdamW4bit"
+    figures = predict(four, four.cpu, cuda=False)
+    assert figures.optimizer_state_bytes < 0.3 * figures.param_bytes
+
+
 def test_adafactor_factors_its_second_moment():
     adamw, _ = run()
     ada, trainer = run(tech("optimizer", kind="adafactor", lr=1e-2))
