@@ -466,3 +466,21 @@ def test_paged_adamw_8bit_pages_its_large_moments_on_cuda_as_predicted():
     assert record["proof"]["paged-adamw-8bit.paged_moments"] > 0
     assert record["optimizer_state_bytes"] == record["predicted_optimizer_state_bytes"]
     assert record["peak_tensor_bytes"] == record["predicted_peak_tensor_bytes"]
+
+
+def test_lora_on_the_embeddings_with_rslora_is_predicted_to_the_byte(tmp_path):
+    """target_modules naming embed_tokens: PEFT's LoRA embedding (its A and B as parameters of the
+    embedding's own); use_rslora changes the adapters' scale, not what a step holds."""
+    pytest.importorskip("peft")
+    path = tmp_path / "adapter_config.json"
+    path.write_text(
+        '{"peft_type": "LORA", "r": 4, "target_modules": ["embed_tokens", "q_proj"], '
+        '"use_rslora": true}'
+    )
+    run = spec("hf:suites/configs/tiny-llama", (tech("lora", config=str(path)),), seq_len=16)
+    trainer = assert_predicted_exactly(run)
+    embedding = trainer.model.get_submodule("base_model.model.model.embed_tokens")
+    assert {n for n, p in embedding.named_parameters() if p.requires_grad} == {
+        "lora_embedding_A.default",
+        "lora_embedding_B.default",
+    }
