@@ -94,6 +94,8 @@ class SFTChunkedNLL(Technique):
             loss, correct = loss + chunk_loss, correct + chunk_correct
             entropy = entropy + chunk_entropy
             self.chunks += 1
+        # SFTTrainer's compute_loss reads both as its logged metrics (a synchronisation each)
+        (entropy / n_valid).item(), (correct / n_valid).item()
         return loss / n_valid
 
     def _chunk(
