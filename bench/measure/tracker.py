@@ -16,7 +16,7 @@ import math
 import weakref
 from collections.abc import Callable, Container, Hashable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch.utils._python_dispatch import (
@@ -59,21 +59,42 @@ def storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
 MADE, FREED, PHASE, OP, MARK, UNTIL = "made", "freed", "phase", "op", "mark", "until"
 
 
-@dataclass(frozen=True)
 class Moment:
     """One thing a tracker saw, in order (``LiveBytes.timeline``): a storage MADE or FREED (its
     bytes, its label, and its index among the tracker's storages), an OP returning (its name as the
     label), a PHASE beginning (its name), the MARK ending a part that repeats (``mark``), or the
     UNTIL where a following tracker took over.
     Compared without the index: two steps that make and free the same sizes in the same order, in
-    the same operators, are the same."""
+    the same operators, are the same. A plain slotted class, not a dataclass: a prediction makes
+    and copies millions of them, and a frozen dataclass's ``__init__`` and ``replace`` cost
+    several times a slotted one's."""
 
-    kind: str
-    n: int
-    label: str
-    index: int = field(default=-1, compare=False)
-    # its bytes before rounding to blocks (bench.predict.lines reads them at other sizes)
-    raw: int = field(default=0, compare=False)
+    __slots__ = ("kind", "n", "label", "index", "raw")
+
+    def __init__(self, kind: str, n: int, label: str, index: int = -1, raw: int = 0) -> None:
+        self.kind, self.n, self.label = kind, n, label
+        self.index = index
+        # its bytes before rounding to blocks (bench.predict.lines reads them at other sizes)
+        self.raw = raw
+
+    def indexed(self, index: int) -> Moment:
+        """The same moment naming the storage ``index``."""
+        return Moment(self.kind, self.n, self.label, index, self.raw)
+
+    def sized(self, n: int, raw: int) -> Moment:
+        """The same moment of a storage of ``n`` bytes, ``raw`` before rounding."""
+        return Moment(self.kind, n, self.label, self.index, raw)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Moment):
+            return NotImplemented
+        return self.kind == other.kind and self.n == other.n and self.label == other.label
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.n, self.label))
+
+    def __repr__(self) -> str:
+        return f"Moment({self.kind!r}, {self.n}, {self.label!r}, {self.index}, raw={self.raw})"
 
 
 class NotRepeating(Exception):
@@ -307,19 +328,31 @@ class LiveBytes(TorchDispatchMode):
         in the order they came, up to the clock ``until`` (the step's end, or where the step after
         began, ``follow``), and a marker there; ``ordered``: each run of frees with nothing between
         them in the order their storages were made (``frees_in_birth_order``)."""
-        found = []
+        # every make and free has a clock of its own (``_tick``), so the moments fall into place
+        # by clock without a sort; operators, marks and phases share clocks, and come after the
+        # make or free at theirs, operators first (a part ends before the next phase begins)
+        stored: list[Moment | None] = [None] * (until + 1)
         for i, (n, label, born, freed) in enumerate(self._lives):
-            found.append((born, 0, i, Moment(MADE, n, label, i, raw=self._raw[i])))
-            if freed is not None:
-                found.append((freed, 0, i, Moment(FREED, n, label, i, raw=self._raw[i])))
-        for k, (clock, name) in enumerate(self.op_ends):
-            found.append((clock, 1, k, Moment(OP, 0, name)))
-        for k, clock in enumerate(self.marks):  # a part ends before the next one's phase begins
-            found.append((clock, 2, k, Moment(MARK, 0, "")))
-        for k, (clock, name) in enumerate(self.phase_log):  # a phase begins after its clock
-            found.append((clock, 3, k, Moment(PHASE, 0, name)))
-        found.append((until, 4, 0, Moment(UNTIL, 0, "")))
-        moments = [m for clock, *_, m in sorted(found, key=lambda f: f[:3]) if clock <= until]
+            if born <= until:
+                stored[born] = Moment(MADE, n, label, i, self._raw[i])
+            if freed is not None and freed <= until:
+                stored[freed] = Moment(FREED, n, label, i, self._raw[i])
+        after: dict[int, list[Moment]] = {}
+        shared = (
+            *((clock, Moment(OP, 0, name)) for clock, name in self.op_ends),
+            *((clock, Moment(MARK, 0, "")) for clock in self.marks),
+            *((clock, Moment(PHASE, 0, name)) for clock, name in self.phase_log),
+        )
+        for clock, m in shared:
+            if clock <= until:
+                after.setdefault(clock, []).append(m)
+        moments = []
+        for clock, m in enumerate(stored):
+            if m is not None:
+                moments.append(m)
+            if clock in after:
+                moments += after[clock]
+        moments.append(Moment(UNTIL, 0, ""))
         if ordered:
             return frees_in_birth_order(moments)
         return moments
@@ -494,11 +527,16 @@ def frees_in_birth_order(moments: list[Moment]) -> list[Moment]:
         if m is not None and m.kind == FREED:
             run.append(m)
             continue
-        out += sorted(run, key=lambda f: f.index)
-        run = []
+        if run:
+            out += sorted(run, key=_index) if len(run) > 1 else run
+            run = []
         if m is not None:
             out.append(m)
     return out
+
+
+def _index(m: Moment) -> int:
+    return m.index
 
 
 def _span(lives: list[list], start: int, end: int) -> list[int]:

@@ -22,7 +22,6 @@ but for their bytes.
 from __future__ import annotations
 
 import copy
-import dataclasses
 from dataclasses import dataclass, fields
 from difflib import SequenceMatcher
 
@@ -381,7 +380,7 @@ def unfold(pattern: Pattern, frees: dict[tuple, Rule], copies: int) -> list[Mome
         if m.kind == MADE:
             made[origin] = len(out)
             alive.add(len(out))
-            out.append(dataclasses.replace(m, index=len(made) - 1))
+            out.append(m.indexed(len(made) - 1))
             continue
         if m.kind == FREED:
             slot, r = _slot(origin)
@@ -389,7 +388,7 @@ def unfold(pattern: Pattern, frees: dict[tuple, Rule], copies: int) -> list[Mome
             if index not in alive:
                 return None
             alive.discard(index)
-            m = dataclasses.replace(m, index=out[index].index)
+            m = m.indexed(out[index].index)
         out.append(m)
     return out
 

@@ -85,7 +85,7 @@ def _renumbered(moments: list[Moment]) -> tuple[list[Moment], dict[int, int]]:
         if m.kind == MADE:
             placed[m.index] = len(placed)
         if m.kind in (MADE, FREED):
-            m = replace(m, index=placed[m.index])
+            m = m.indexed(placed[m.index])
         out.append(m)
     return frees_in_birth_order(out), placed
 
@@ -153,7 +153,7 @@ class Line:
                 if m.kind in (MADE, FREED):
                     raw = made[m.index]
                     n = math.ceil(raw / self.rounding) * self.rounding
-                    m = replace(m, n=n, raw=raw)
+                    m = m.sized(n, raw)
                 out.append(m)
             return tuple(out)
 

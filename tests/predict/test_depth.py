@@ -217,9 +217,9 @@ def _indexed(line: list[Moment]) -> list[Moment]:
     for m in line:
         if m.kind == MADE:
             alive.append(len([x for x in out if x.kind == MADE]))
-            out.append(dataclasses.replace(m, index=alive[-1]))
+            out.append(m.indexed(alive[-1]))
         else:
-            out.append(dataclasses.replace(m, index=alive.pop()))
+            out.append(m.indexed(alive.pop()))
     return out
 
 
