@@ -79,11 +79,11 @@ class Moment:
 
     def indexed(self, index: int) -> Moment:
         """The same moment naming the storage ``index``."""
-        return Moment(self.kind, self.n, self.label, index, self.raw)
+        return Moment(self.kind, self.n, self.label, index, raw=self.raw)
 
     def sized(self, n: int, raw: int) -> Moment:
         """The same moment of a storage of ``n`` bytes, ``raw`` before rounding."""
-        return Moment(self.kind, n, self.label, self.index, raw)
+        return Moment(self.kind, n, self.label, self.index, raw=raw)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Moment):
@@ -334,9 +334,9 @@ class LiveBytes(TorchDispatchMode):
         stored: list[Moment | None] = [None] * (until + 1)
         for i, (n, label, born, freed) in enumerate(self._lives):
             if born <= until:
-                stored[born] = Moment(MADE, n, label, i, self._raw[i])
+                stored[born] = Moment(MADE, n, label, i, raw=self._raw[i])
             if freed is not None and freed <= until:
-                stored[freed] = Moment(FREED, n, label, i, self._raw[i])
+                stored[freed] = Moment(FREED, n, label, i, raw=self._raw[i])
         after: dict[int, list[Moment]] = {}
         shared = (
             *((clock, Moment(OP, 0, name)) for clock, name in self.op_ends),

@@ -115,6 +115,11 @@ class ModelSpec:
     # The modules its build imports (torchvision's or transformers' model code): the fork server
     # imports them once for all of a sweep's runs (bench.launch.process).
     imports: tuple[str, ...] = ()
+    # What a prediction of it rests on that its figures do not show (a mixture of experts' routing),
+    # given with every prediction of it
+    note: str = ""
+    # Why its step cannot be predicted on fake tensors (a run on the card still measures it)
+    unpredictable: str = ""
 
     def __post_init__(self) -> None:
         if self.inputs not in ("image", "tokens"):

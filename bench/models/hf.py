@@ -86,7 +86,59 @@ def spec(name: str) -> ModelSpec:
         cpu=_params(config, task) <= CPU_PARAMS,
         own_loss=tokens,
         imports=(_module(config.model_type),),
+        note=_experts_note(config),
+        unpredictable=_experts_unpredictable(config),
     )
+
+
+# a config's count of experts, as the MoE families name it (Mixtral; Qwen-MoE, DeepSeek)
+EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+def _experts(config: Any) -> int:
+    """Its experts per layer (0: not a mixture of experts)."""
+    return next((getattr(config, k) for k in EXPERTS if getattr(config, k, None)), 0)
+
+
+def _grouped(config: Any) -> bool:
+    """Whether transformers runs its experts through ``grouped_mm``: its class takes
+    ``@use_experts_implementation``, whose default that is (``get_correct_experts_implementation``),
+    unless told otherwise."""
+    return "@use_experts_implementation" in _source(config.model_type)
+
+
+def _experts_note(config: Any) -> str:
+    """What a mixture of experts' prediction rests on: through ``grouped_mm`` every token's rows
+    for its top-k experts are sorted into one tensor of tokens × k rows, whichever experts the
+    router picks, so balanced and worst routing (every token to the same experts) hold the same
+    bytes."""
+    experts = _experts(config)
+    if not experts or not _grouped(config):
+        return ""
+    return (
+        f"experts: {experts} a layer, run through transformers' grouped_mm, whose tensors are the "
+        "same whatever the router picks: the figures hold for balanced and worst routing alike"
+    )
+
+
+def _experts_unpredictable(config: Any) -> str:
+    experts = _experts(config)
+    if not experts or _grouped(config):
+        return ""
+    return (
+        f"its {experts} experts a layer run in transformers' loop over the experts the router "
+        "hits, each on the tokens routed to it: tensors sized by the router's values, which fake "
+        "tensors do not have (a measured run on the card tells; models whose experts take "
+        "@use_experts_implementation, Mixtral's and Qwen-MoE's, are predicted)"
+    )
+
+
+def _source(model_type: str) -> str:
+    """The source of a model type's modelling module (where its classes' decorators are read)."""
+    import importlib
+    import inspect
+
+    return inspect.getsource(importlib.import_module(_module(model_type)))
 
 
 def _module(model_type: str) -> str:

@@ -96,9 +96,10 @@ def traced(
         return Recipe.of(spec, CPU, at, predicting=cuda, world_size=world_size, rank=rank)
 
     recipe = made()
-    if reason := next(
-        (f"{t.name}: {t.unpredictable}" for t in recipe.techniques if t.unpredictable), None
-    ):
+    model = recipe.ctx.model_spec
+    unpredictable = [f"{model.name}: {model.unpredictable}"] if model.unpredictable else []
+    unpredictable += [f"{t.name}: {t.unpredictable}" for t in recipe.techniques if t.unpredictable]
+    if reason := next(iter(unpredictable), None):
         return Traced(Prediction.failed(Status.UNPREDICTABLE, reason))
     if reason := recipe.unsupported():
         return Traced(Prediction.failed(Status.UNSUPPORTED, reason))
@@ -120,7 +121,10 @@ def traced(
         message = f"{type(exc).__name__}: {first_line(exc)[:200]}"
         return Traced(Prediction.failed(Status.UNPREDICTABLE, message))
     prediction = finished(prediction, card)
-    if notes := [f"{t.name}: {t.approximate}" for t in recipe.techniques if t.approximate]:
+    notes = [f"{t.name}: {t.approximate}" for t in recipe.techniques if t.approximate]
+    if model_note := recipe.ctx.model_spec.note:
+        notes.insert(0, model_note)
+    if notes:
         prediction.message = "; ".join(notes)
     return Traced(prediction, tracker, replay)
 

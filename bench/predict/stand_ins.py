@@ -253,13 +253,20 @@ class OutputsAsReal(TorchDispatchMode):
     CPU's kernel and cuDNN's alike. Layer norm on CUDA (``cuda``): float32 for 16-bit inputs, its
     accumulation type, where CPU's kernel keeps the input's (pure bf16 ViT-B at batch 64: 1.2 MB).
     And on CUDA, the memory-efficient attention kernel's RNG seed and offset, which it keeps on the
-    host outside CUDA-graph capture (two 512-byte blocks a layer)."""
+    host outside CUDA-graph capture (two 512-byte blocks a layer). And a grouped matrix product
+    (``_grouped_mm``, transformers' experts) in a dtype its meta kernel refuses: that kernel holds
+    every input to the checks of CUDA's fast path (bfloat16 alone, or float16 where cuBLASLt
+    serves it), while CPU's kernel and CUDA's fallback (a product per group, written into one
+    output) take any float; the output is the one both make, through the helper the meta kernel
+    shares with them."""
 
     def __init__(self, cuda: bool) -> None:
         super().__init__()
         self.cuda = cuda
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is aten._grouped_mm.default and args[0].dtype != torch.bfloat16:
+            return _grouped_mm_output(*args, **(kwargs or {}))
         out = func(*args, **(kwargs or {}))
         if func is aten._scaled_dot_product_efficient_attention.default and self.cuda:
             return out[0], out[1], on_host(out[2]), on_host(out[3])
@@ -274,6 +281,22 @@ class OutputsAsReal(TorchDispatchMode):
         else:
             return out
         return out[0], out[1].to(dtype), out[2].to(dtype)
+
+
+def _grouped_mm_output(
+    mat_a: torch.Tensor,
+    mat_b: torch.Tensor,
+    offs: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``_grouped_mm``'s output as ATen's ``create_grouped_gemm_output_tensor`` makes it for every
+    kernel (its rows padded to 16 bytes)."""
+    from torch._meta_registrations import _create_grouped_mm_output_tensor
+
+    if bias is not None:
+        raise NotImplementedError("_grouped_mm with a bias: no kernel takes one yet")
+    return _create_grouped_mm_output_tensor(mat_a, mat_b, offs, out_dtype or mat_a.dtype)
 
 
 @contextmanager

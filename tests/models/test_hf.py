@@ -39,6 +39,12 @@ CONFIGS = "hf:suites/configs/"
         # embeddings
         ("bert-large-uncased", "masked-lm", 335_174_458),
         ("vit-large-patch16-224", "image-classification", 304_326_632),
+        # mixtures of experts: Mixtral-8x7B's 46.7B, Qwen3-30B-A3B's 30.5B (their model cards)
+        ("mixtral-8x7b", "causal-lm", 46_702_792_704),
+        ("qwen3-30b-a3b", "causal-lm", 30_532_122_624),
+        # flan-t5-xl's 2.85B as its checkpoint's files count it holds the shared embedding
+        # (32,128 × 2,048) twice, the encoder's tied copy stored apart: 2.78B parameters
+        ("flan-t5-xl", "seq2seq-lm", 2_849_757_184 - 32_128 * 2_048),
     ],
 )
 def test_the_shipped_configs_build_at_their_published_sizes(name, task, params):
@@ -46,7 +52,8 @@ def test_the_shipped_configs_build_at_their_published_sizes(name, task, params):
     assert hf._params(hf._config(CONFIGS + name), task) == params
     # the 3B and 7B are predicted only, as llama3-8b is
     assert found.cpu == (params <= hf.CPU_PARAMS)
-    objective = {"causal-lm": "next-token", "masked-lm": "masked-lm"}.get(task, "classify")
+    objective = {"causal-lm": "next-token", "masked-lm": "masked-lm", "seq2seq-lm": "seq2seq"}
+    objective = objective.get(task, "classify")
     assert found.objective == objective
 
 
@@ -257,3 +264,54 @@ def test_an_encoder_decoder_trains_on_its_targets_and_is_predicted_to_the_byte(t
         assert trainer.proof()["checkpoint.wrapped_names"] == (
             "encoder.block.0, encoder.block.1, decoder.block.0, decoder.block.1"
         )
+
+
+@pytest.mark.parametrize("routing", ["balanced", "worst"])
+def test_a_mixture_of_experts_is_predicted_to_the_byte_whatever_its_router_picks(
+    routing, monkeypatch
+):
+    """Mixtral's experts run through transformers' grouped_mm: every token's rows for its top-k
+    experts in one tensor, whichever experts they are. The tracked run with its router set to
+    spread the tokens evenly, and with every token sent to the same two experts, each equals the
+    prediction (which holds no router values) to the byte, and the prediction says so."""
+    from transformers.models.mixtral import modeling_mixtral
+
+    def routed(self, hidden_states):
+        tokens = hidden_states.reshape(-1, self.hidden_dim).shape[0]
+        first = torch.arange(tokens) if routing == "balanced" else torch.zeros(tokens, dtype=int)
+        indices = torch.stack([first + k for k in range(self.top_k)], -1) % self.num_experts
+        logits = torch.zeros(tokens, self.num_experts)
+        return logits, torch.full((tokens, self.top_k), 1 / self.top_k), indices
+
+    monkeypatch.setattr(modeling_mixtral.MixtralTopKRouter, "forward", routed)
+    name = CONFIGS + "tiny-mixtral"
+    techniques = (tech("lora", targets="q_proj,v_proj"), tech("checkpoint"))
+    trainer = assert_predicted_exactly(spec(name, techniques, batch_size=4, seq_len=32))
+    assert trainer.model.base_model.model.config._experts_implementation == "grouped_mm"
+    from bench.predict import predict
+
+    note = predict(spec(name, techniques, batch_size=4, seq_len=32)).message
+    assert note.startswith("experts: 4 a layer, run through transformers' grouped_mm")
+
+
+def test_experts_run_in_transformers_loop_are_refused_by_name(tmp_path):
+    """JetMoe's experts loop over those the router hits, each on the tokens routed to it: sizes
+    that are the router's values. Its prediction says so instead of failing on a fake tensor."""
+    config = {
+        "architectures": ["JetMoeForCausalLM"],
+        "model_type": "jetmoe",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_key_value_heads": 2,
+        "kv_channels": 16,
+        "intermediate_size": 128,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "vocab_size": 1024,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    from bench.predict import predict
+
+    out = predict(spec(f"hf:{tmp_path}", batch_size=2, seq_len=16))
+    assert out.status == "unpredictable", out
+    assert "experts the router hits" in out.message
