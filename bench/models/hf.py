@@ -65,11 +65,9 @@ def spec(name: str) -> ModelSpec:
         classes = config.num_labels
     else:
         classes = config.vocab_size
-    attention = (
-        raw.get("attn_implementation")
-        or raw.get("_attn_implementation")
-        or _default_attention(config, task)
-    )
+    named = raw.get("attn_implementation") or raw.get("_attn_implementation")
+    attention = named or _default_attention(config, task)
+    picked = "as named" if named else "transformers' pick, the config naming none"
     dtype = raw.get("dtype") or raw.get("torch_dtype") or "float32"
     if dtype not in DTYPES:
         raise KeyError(f"model {name!r}: dtype {dtype!r} is none of {', '.join(DTYPES)}")
@@ -86,7 +84,7 @@ def spec(name: str) -> ModelSpec:
         cpu=_params(config, task) <= CPU_PARAMS,
         own_loss=tokens,
         imports=(_module(config.model_type),),
-        note=_experts_note(config),
+        note="; ".join(filter(None, (f"attention: {attention} ({picked})", _experts_note(config)))),
         unpredictable=_experts_unpredictable(config),
     )
 

@@ -243,6 +243,9 @@ def test_a_model_without_sdpa_gets_eager_attention_and_its_adapters_where_peft_c
     with torch.device("meta"):
         built = models.resolve(name).build(spec(name, seq_len=16).gpu)
     assert built.config._attn_implementation == "eager"
+    assert (
+        models.resolve(name).note == "attention: eager (transformers' pick, the config naming none)"
+    )
     lora = tech("lora", config=str(tmp_path / "adapter_config.json"))
     assert_predicted_exactly(spec(name, (lora,), batch_size=2, seq_len=16))
 
@@ -291,7 +294,10 @@ def test_a_mixture_of_experts_is_predicted_to_the_byte_whatever_its_router_picks
     from bench.predict import predict
 
     note = predict(spec(name, techniques, batch_size=4, seq_len=32)).message
-    assert note.startswith("experts: 4 a layer, run through transformers' grouped_mm")
+    assert note.startswith(
+        "attention: sdpa (transformers' pick, the config naming none); experts: 4 a layer, run "
+        "through transformers' grouped_mm"
+    )
 
 
 def test_experts_run_in_transformers_loop_are_refused_by_name(tmp_path):
