@@ -269,9 +269,9 @@ def test_an_encoder_decoder_trains_on_its_targets_and_is_predicted_to_the_byte(t
         )
 
 
-@pytest.mark.parametrize("routing", ["balanced", "worst"])
+@pytest.mark.parametrize("routing", ["balanced", "worst", "balanced, its auxiliary loss"])
 def test_a_mixture_of_experts_is_predicted_to_the_byte_whatever_its_router_picks(
-    routing, monkeypatch
+    routing, monkeypatch, tmp_path
 ):
     """Mixtral's experts run through transformers' grouped_mm: every token's rows for its top-k
     experts in one tensor, whichever experts they are. The tracked run with its router set to
@@ -281,13 +281,17 @@ def test_a_mixture_of_experts_is_predicted_to_the_byte_whatever_its_router_picks
 
     def routed(self, hidden_states):
         tokens = hidden_states.reshape(-1, self.hidden_dim).shape[0]
-        first = torch.arange(tokens) if routing == "balanced" else torch.zeros(tokens, dtype=int)
+        first = torch.zeros(tokens, dtype=int) if routing == "worst" else torch.arange(tokens)
         indices = torch.stack([first + k for k in range(self.top_k)], -1) % self.num_experts
         logits = torch.zeros(tokens, self.num_experts)
         return logits, torch.full((tokens, self.top_k), 1 / self.top_k), indices
 
     monkeypatch.setattr(modeling_mixtral.MixtralTopKRouter, "forward", routed)
     name = CONFIGS + "tiny-mixtral"
+    if routing.endswith("loss"):  # every layer's router logits kept for the load-balancing loss
+        config = json.loads(Path("suites/configs/tiny-mixtral/config.json").read_text())
+        (tmp_path / "config.json").write_text(json.dumps(config | {"output_router_logits": True}))
+        name = f"hf:{tmp_path}"
     techniques = (tech("lora", targets="q_proj,v_proj"), tech("checkpoint"))
     trainer = assert_predicted_exactly(spec(name, techniques, batch_size=4, seq_len=32))
     assert trainer.model.base_model.model.config._experts_implementation == "grouped_mm"
