@@ -63,6 +63,21 @@ def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
     return sum(unique.values())
 
 
+def parameter_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """The model's parameters and what each keeps beside its data to be used: a bitsandbytes 4-bit
+    weight's quantization state (its blocks' scales, themselves quantized with theirs, the code
+    books and the offset), which lives on the device with it but is no parameter or buffer."""
+    params = list(model.parameters())
+    return params + [t for p in params for t in _quant_state(getattr(p, "quant_state", None))]
+
+
+def _quant_state(state: object) -> list[torch.Tensor]:
+    if state is None:
+        return []
+    own = [t for t in vars(state).values() if torch.is_tensor(t)]
+    return own + _quant_state(getattr(state, "state2", None))
+
+
 def optimizer_state(optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
     """The optimizer's state, and the parameters it steps that are copies of the model's (fp32
     master weights, which ZeRO counts as optimizer state)."""
@@ -209,7 +224,7 @@ def track(
     as such after each); following ``history``, the tracker of the steps before
     (``LiveBytes.follow``)."""
     tracker = LiveBytes(device, rounding)
-    tracker.add(model.parameters(), Category.PARAMETERS)
+    tracker.add(parameter_tensors(model), Category.PARAMETERS)
     tracker.add(model.buffers(), Category.BUFFERS)
     tracker.add(_grads(model), Category.GRADIENTS)
     tracker.add(optimizer_state(optimizer), Category.OPTIMIZER_STATE)
@@ -319,7 +334,7 @@ def _grads(model: nn.Module) -> list[torch.Tensor]:
 
 def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> Memory:
     return Memory(
-        param_bytes=tensor_bytes(model.parameters()),
+        param_bytes=tensor_bytes(parameter_tensors(model)),
         buffer_bytes=tensor_bytes(model.buffers()),
         optimizer_state_bytes=tensor_bytes(optimizer_state(optimizer)),
     )

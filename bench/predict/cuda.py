@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 from unittest.mock import patch
 
 import torch
@@ -34,7 +35,9 @@ ASSUMPTIONS = (
     "other kernels' own workspaces are not modelled; float16's GradScaler counts its scaled loss, "
     "not its own scalars; a value read off a tensor (.item(), as Adafactor's norms) reads as 1; an "
     "optimizer update its package compiles (torchao's 8-bit AdamW) counts its state, not the "
-    "kernel's temporaries; packed sequences attend through the variable-length flash kernel; a "
+    "kernel's temporaries; a bitsandbytes 4-bit matmul dequantizes its weight past 1,536 rows, "
+    "as its CUDA kernel does, and below runs its fused kernel (the card's heuristic may dequantize "
+    "there too); packed sequences attend through the variable-length flash kernel; a "
     "generation makes exactly its new tokens (generate()'s stop check is counted, not read)"
 )
 aten = torch.ops.aten
@@ -44,7 +47,12 @@ aten = torch.ops.aten
 def as_cuda(backend: str | None) -> Iterator[None]:
     """The kernels and implementations CUDA would pick where they differ from CPU's in what they
     keep."""
-    with cuda_attention(backend), cuda_dropout(), optimizers_as_cuda(), cuda_autocast():
+    with (
+        cuda_attention(backend),
+        cuda_dropout(),
+        optimizers_as_cuda(),
+        cuda_autocast(),
+    ):
         yield
 
 
@@ -208,6 +216,114 @@ def optimizers_as_cuda() -> Iterator[None]:
         patch.object(torch_optimizer, "_foreach_supported_types", types),
     ):
         yield
+
+
+# bitsandbytes.backends.cuda.ops: past this many rows a 4-bit matmul dequantizes its weight and
+# calls F.linear (_dequant_linear_fallback); below, a per-card heuristic may pick its fused kernel
+BNB_DEQUANT_PAST_ROWS = 1536
+
+
+def matmul_4bit(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    quant_state: Any,
+    out: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``bitsandbytes.matmul_4bit`` (0.50) as CUDA runs it (the bnb-4bit technique's CUDA
+    stand-in): past 1,536 rows, its dequantize-then-matmul path, whose temporaries neither the
+    fake kernel (the output alone) nor CPU's (the same path inside one operator, unseen) show;
+    below, its fused kernel, the output alone. Run above the operator, so that the tracker counts
+    each temporary; backward dequantizes the weight again, as bitsandbytes' does."""
+    if torch.is_grad_enabled() and (A.requires_grad or (bias is not None and bias.requires_grad)):
+        return _MatMul4Bit.apply(A, B, bias, quant_state)
+    return _gemm_4bit(A, B.view(-1, 1), bias, quant_state)
+
+
+class _MatMul4Bit(torch.autograd.Function):
+    """bitsandbytes' ``MatMul4Bit``: the packed weight saved, dequantized again for the input's
+    gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, A: torch.Tensor, B: torch.Tensor, bias: Any, state: Any) -> torch.Tensor:
+        ctx.state, ctx.bias_dtype = state, None if bias is None else bias.dtype
+        ctx.save_for_backward(B.view(-1, 1))
+        return _gemm_4bit(A, B.view(-1, 1), bias, state)
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
+        from bitsandbytes import functional as bnb_functional
+
+        (B,) = ctx.saved_tensors
+        grad_bias = None
+        if ctx.needs_input_grad[2]:
+            grad_bias = grad_output.sum(0, dtype=ctx.bias_dtype)
+        grad_A = None
+        if ctx.needs_input_grad[0]:
+            weight = bnb_functional.dequantize_4bit(B, ctx.state).to(grad_output.dtype)
+            grad_A = torch.matmul(grad_output, weight)
+        return grad_A, None, grad_bias, None
+
+
+def _gemm_4bit(
+    A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None, state: Any
+) -> torch.Tensor:
+    """The kernel CUDA's ``gemm_4bit`` picks by the rows it is given."""
+    if A.numel() // A.shape[-1] > BNB_DEQUANT_PAST_ROWS:
+        return _dequant_linear(A, B, bias, state)
+    return _fused_4bit(A, B, bias, state)
+
+
+def _fused_4bit(
+    A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None, state: Any
+) -> torch.Tensor:
+    """bitsandbytes' fused ``gemm_4bit`` as MatMul4Bit calls it."""
+    nested = {}
+    absmax = state.absmax
+    if state.nested:
+        absmax = state.state2.absmax
+        nested = {
+            "absmax_8bit": state.absmax,
+            "absmax_code": state.state2.code,
+            "absmax_offset": state.offset,
+        }
+    return torch.ops.bitsandbytes.gemm_4bit.default(
+        A,
+        B,
+        shapeB=state.shape,
+        absmax=absmax,
+        blocksize=state.blocksize,
+        quant_type=state.quant_type,
+        bias=bias,
+        **nested,
+    )
+
+
+def _dequant_linear(
+    A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None, state: Any
+) -> torch.Tensor:
+    """bitsandbytes' ``_dequant_linear_fallback``, each buffer it fills made by the operator that
+    fills it: the scales' 8-bit codes back to float32 plus their offset, then the weight in the
+    input's dtype, all held through F.linear."""
+    absmax = state.absmax
+    if state.nested:
+        absmax_dq = torch.ops.bitsandbytes.dequantize_blockwise.default(
+            state.absmax,
+            absmax=state.state2.absmax,
+            code=state.state2.code,
+            blocksize=256,
+            dtype=torch.float32,
+        )
+        absmax = absmax_dq + state.offset
+    B_dq = torch.ops.bitsandbytes.dequantize_4bit.default(
+        B,
+        absmax=absmax,
+        blocksize=state.blocksize,
+        quant_type=state.quant_type,
+        shape=state.shape,
+        dtype=A.dtype,
+    )
+    return F.linear(A, B_dq, bias)
 
 
 # The scalar state optimizers make on the host (torch.tensor(0.0), no device): torch.optim's step

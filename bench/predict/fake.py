@@ -289,7 +289,7 @@ def _fake_step(
         OutputsAsReal(ctx.predicting),
         parameters_as_real(),
         masks_as_real(),
-        techniques_as_real(techniques),
+        techniques_as_real(techniques, cuda=ctx.predicting),
         generation_as_real(ctx.shapes.new_tokens) if generating else nullcontext(),
         kernels,
     ):

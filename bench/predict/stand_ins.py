@@ -26,10 +26,15 @@ aten = torch.ops.aten
 
 
 @contextmanager
-def techniques_as_real(techniques: list[Technique]) -> Iterator[None]:
+def techniques_as_real(techniques: list[Technique], cuda: bool) -> Iterator[None]:
     """The library calls the run's techniques declare fake tensors cannot run
-    (``Technique.stand_ins``), each replaced by its stand-in, which makes the same tensors."""
-    declared = {target: using for t in techniques for target, using in t.stand_ins.items()}
+    (``Technique.stand_ins``), each replaced by its stand-in, which makes the same tensors; for
+    ``cuda``, those whose CUDA kernels keep other tensors too (``Technique.cuda_stand_ins``)."""
+    declared = {
+        target: using
+        for t in techniques
+        for target, using in (t.stand_ins | (t.cuda_stand_ins if cuda else {})).items()
+    }
     with ExitStack() as stack:
         for target, using in declared.items():
             module, _, path = target.partition(":")

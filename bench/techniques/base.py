@@ -287,6 +287,9 @@ class Technique:
     # replaced while the run is predicted by one that makes the same tensors: {"module:attribute":
     # "module:replacement"}. The built-in ones live in bench.predict.stand_ins.
     stand_ins: ClassVar[dict[str, str]] = {}
+    # Library calls whose CUDA kernels keep other tensors than the CPU's and fake ones show,
+    # replaced the same way where a prediction models CUDA (bench.predict.cuda)
+    cuda_stand_ins: ClassVar[dict[str, str]] = {}
 
     def attention_backend(self) -> str | None:
         """The SDPA backend this configuration pins, which a prediction for CUDA must model; None:
@@ -372,7 +375,7 @@ INTERFACE = {
     ),
     "what prediction needs: the tracker, bench/predict": (
         "trackable", "compiled_update", "unpredictable", "approximate", "stand_ins",
-        "attention_backend", "layers_alike",
+        "cuda_stand_ins", "attention_backend", "layers_alike",
     ),
     "the hooks that change the run: the worker, in this order": (
         "env", "unsupported", "apply", "make_optimizer", "makes_optimizer", "batching", "replicas",

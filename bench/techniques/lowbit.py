@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
@@ -291,6 +291,135 @@ class Int8FrozenWeights(Technique):
 
     def proof(self, steps: int) -> dict[str, Any]:
         return {"quantized_linears": len(self.quantized)}
+
+
+@TECHNIQUES.register("bnb-4bit")
+class Bnb4bit(Technique):
+    """The model as transformers loads it with ``BitsAndBytesConfig(load_in_4bit=True)``: every
+    ``nn.Linear`` but the output head (and the modules ``skip`` names, as
+    ``llm_int8_skip_modules``) becomes a frozen bitsandbytes ``Linear4bit``, its weight quantized in
+    blocks of 64 (NF4 or FP4, ``quant_type``; with ``double_quant`` the blocks' float32 scales
+    quantized again to 8 bits in blocks of 256), computed in ``compute_dtype``. With ``prepare``
+    (QLoRA's scripts and TRL's SFTTrainer call it), peft's ``prepare_model_for_kbit_training``
+    then freezes the model and upcasts every 16-bit parameter left (norms, embeddings, head) to
+    float32. Pair with ``lora`` for QLoRA (arXiv:2305.14314).
+
+    Expected: the linears' weights from 2 bytes to about 0.5 a parameter plus their scales (4
+    bytes per 64, or about 1.1 per 64 double-quantized); each linear dequantizes its weight in
+    forward and backward, a temporary of the weight's size in ``compute_dtype``. Accuracy: the
+    frozen base loses precision; alone (no adapters) nothing but the head trains."""
+
+    modes = ANY_MODE
+    not_advised = "freezes the linear layers: with lora, it trains adapters only, another job"
+    summary = (
+        "bitsandbytes `Linear4bit` for every linear but the head, as transformers loads "
+        "`load_in_4bit` (NF4/FP4, double quantization, compute dtype), peft's k-bit casts"
+    )
+    cuda_stand_ins = {"bitsandbytes:matmul_4bit": "bench.predict.cuda:matmul_4bit"}
+
+    @dataclass(frozen=True)
+    class Config:
+        quant_type: Literal["fp4", "nf4"] = option("fp4", "the 4-bit type (transformers' default)")
+        double_quant: bool = option(False, "quantize the blocks' scales too (QLoRA's recipe)")
+        compute_dtype: Literal["float32", "bfloat16", "float16"] = option(
+            "float32", "what each linear dequantizes its weight to and computes in"
+        )
+        storage: Literal["uint8", "bfloat16", "float16", "float32"] = option(
+            "uint8", "the dtype the packed 4-bit values are stored in (bnb_4bit_quant_storage)"
+        )
+        skip: str = option("", "comma-separated module names kept as they are, besides the head")
+        prepare: bool = option(True, "peft's prepare_model_for_kbit_training casts after")
+
+    def unsupported(self, ctx: RunContext) -> str | None:
+        if not _has("bitsandbytes"):
+            return "needs bitsandbytes: pip install bitsandbytes (or pip install -e '.[extras]')"
+        return None
+
+    def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        skipped = {name for name in self.config.skip.split(",") if name}
+        self.quantized = [
+            name
+            for name, linear in list(model.named_modules())
+            if type(linear) is nn.Linear
+            and linear is not head
+            and not skipped & set(name.split("."))
+            and _to_4bit(model, name, linear, self.config)
+        ]
+        if not self.quantized:
+            raise Unsupported("no nn.Linear besides the head to quantize")
+        if self.config.prepare:
+            from peft import prepare_model_for_kbit_training
+
+            # checkpointing is the job's own choice (its checkpoint technique), as TRL passes it
+            prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        return model
+
+    def proof(self, steps: int) -> dict[str, Any]:
+        return {"bnb_4bit_linears": len(self.quantized)}
+
+
+def _to_4bit(model: nn.Module, name: str, linear: nn.Linear, config: Any) -> bool:
+    """``linear`` replaced in ``model`` by bitsandbytes' ``Linear4bit`` holding its weight
+    quantized, as transformers' loader leaves it. A fake weight (a prediction) is kept as a
+    parameter of the packed values carrying the quantization state, as ``Params4bit`` does: that
+    class wraps its data as a plain subclass, which fake tensors refuse."""
+    import bitsandbytes as bnb
+    from bitsandbytes import functional as bnb_functional
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    storage = getattr(torch, config.storage)
+    with _disable_current_modes():  # a real module on the meta device; its weight set below
+        if "dynamic" not in bnb_functional.name2qmap:  # the scales' code book, made from values
+            bnb_functional.name2qmap["dynamic"] = bnb_functional.create_dynamic_map()
+        module = bnb.nn.Linear4bit(
+            linear.in_features,
+            linear.out_features,
+            bias=linear.bias is not None,
+            compute_dtype=getattr(torch, config.compute_dtype),
+            compress_statistics=config.double_quant,
+            quant_type=config.quant_type,
+            quant_storage=storage,
+            device="meta",
+        )
+    weight = linear.weight.detach()
+    packed, state = bnb_functional.quantize_4bit(
+        weight,
+        blocksize=64,
+        compress_statistics=config.double_quant,
+        quant_type=config.quant_type,
+        quant_storage=storage,
+    )
+    if isinstance(weight, FakeTensor):
+        param = nn.Parameter(packed, requires_grad=False)
+        for key, value in {
+            "quant_state": state,
+            "quant_type": config.quant_type,
+            "blocksize": 64,
+            "compress_statistics": config.double_quant,
+            "quant_storage": storage,
+            "bnb_quantized": True,
+            "module": module,
+        }.items():
+            setattr(param, key, value)
+    else:
+        param = bnb.nn.Params4bit(
+            packed,
+            requires_grad=False,
+            quant_state=state,
+            blocksize=64,
+            compress_statistics=config.double_quant,
+            quant_type=config.quant_type,
+            quant_storage=storage,
+            bnb_quantized=True,
+            module=module,
+        )
+    module._parameters["weight"] = param
+    if linear.bias is not None:
+        module._parameters["bias"] = nn.Parameter(linear.bias.detach(), requires_grad=False)
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, module)
+    return True
 
 
 @TECHNIQUES.register("int4-weights")

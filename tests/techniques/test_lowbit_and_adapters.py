@@ -484,3 +484,80 @@ def test_lora_on_the_embeddings_with_rslora_is_predicted_to_the_byte(tmp_path):
         "lora_embedding_A.default",
         "lora_embedding_B.default",
     }
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},  # BitsAndBytesConfig's defaults: FP4, float32 compute, scales in float32
+        {"quant_type": "nf4", "double_quant": True, "compute_dtype": "bfloat16"},  # QLoRA's
+        {"quant_type": "nf4", "storage": "bfloat16", "prepare": False},
+    ],
+    ids=["defaults", "qlora", "bf16-storage"],
+)
+def test_bnb_4bit_linears_with_lora_are_predicted_to_the_byte(options):
+    """bitsandbytes' Linear4bit as transformers loads load_in_4bit, every linear but the head; the
+    tracked run and the prediction count each weight's quantization state with the parameters."""
+    run = spec(
+        "hf:suites/configs/tiny-llama",
+        (tech("bnb-4bit", **options), tech("lora")),
+        batch_size=4,
+        seq_len=32,
+    )
+    trainer = assert_predicted_exactly(run)
+    assert trainer.proof()["bnb-4bit.bnb_4bit_linears"] == 14  # 7 in each of 2 layers
+    assert type(trainer.model.base_model.model.lm_head) is torch.nn.Linear  # the head stays
+    dtypes = {p.dtype for p in trainer.model.parameters()}
+    if options.get("prepare", True):  # peft's casts: the bf16 config's norms, embeddings and head
+        assert dtypes == {torch.float32, torch.uint8}
+    else:
+        assert dtypes == {torch.float32, torch.bfloat16}  # the adapters; all else in bf16
+
+
+def test_bnb_4bit_counts_each_weights_quantization_state_as_parameter_bytes():
+    """A 256 × 512 NF4 weight double-quantized: 65,536 packed bytes, 2,048 8-bit scales, their 8
+    float32 scales, the 256-value code book they were quantized with, NF4's 16-value code book and
+    the scales' float32 offset, each a storage of its own."""
+    import bitsandbytes as bnb
+
+    from bench.measure.memory import parameter_tensors
+    from bench.techniques.lowbit import Bnb4bit, _to_4bit
+
+    holder = torch.nn.Sequential(torch.nn.Linear(256, 512, bias=False))
+    config = Bnb4bit.Config(quant_type="nf4", double_quant=True, compute_dtype="bfloat16")
+    _to_4bit(holder, "0", holder[0], config)
+    assert isinstance(holder[0], bnb.nn.Linear4bit)
+    assert tensor_bytes(parameter_tensors(holder)) == 65_536 + 2_048 + 8 * 4 + 256 * 4 + 16 * 4 + 4
+
+
+@pytest.mark.parametrize("rows, dequantized", [(1024, False), (2048, True)])
+def test_a_4bit_matmul_as_cuda_runs_it_dequantizes_its_weight_past_1536_rows(rows, dequantized):
+    """Past 1,536 rows bitsandbytes' CUDA kernel dequantizes the weight to the input's dtype (and,
+    double-quantized, the scales to float32 twice) and calls F.linear: the prediction counts those
+    temporaries, which the fake kernel does not show; below, its fused kernel makes the output
+    alone."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from bench.measure.memory import parameter_tensors
+    from bench.measure.tracker import LiveBytes
+    from bench.predict.stand_ins import techniques_as_real
+    from bench.techniques.lowbit import Bnb4bit, _to_4bit
+
+    config = Bnb4bit.Config(quant_type="nf4", double_quant=True, compute_dtype="bfloat16")
+    bnb = Bnb4bit(config)
+    with FakeTensorMode(allow_non_fake_inputs=True), techniques_as_real([bnb], cuda=True):
+        holder = torch.nn.Sequential(torch.nn.Linear(4096, 1024, bias=False))
+        _to_4bit(holder, "0", holder[0], config)
+        x = torch.empty(rows, 4096, dtype=torch.bfloat16)
+        tracker = LiveBytes(CPU)
+        held = parameter_tensors(holder)
+        tracker.add(held, "parameters")
+        with tracker:
+            holder(x)
+    assert tracker.peak - tensor_bytes(held) == output_and(rows, dequantized)
+
+
+def output_and(rows, dequantized):
+    output = rows * 1024 * 2
+    weight, scales = 1024 * 4096 * 2, 1024 * 4096 // 64 * 4
+    return output + dequantized * (weight + 2 * scales)
