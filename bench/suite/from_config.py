@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.hub import REPO
-from bench.spec import HF
+from bench.spec import HF, hf_config_file
+from bench.suite.quantized import loaded_as
 
 # the GPU shapes where neither the flags nor the arguments give them
 SEQ_LEN = 512
@@ -80,6 +81,13 @@ def suite_text(
     runs = [{"name": "baseline", "techniques": []}] + (
         [job] if training_args or adapter_config else []
     )
+    if quantized := loaded_as(hf_config_file(config), []):
+        # saved quantized: no full-precision model to fine-tune beside it, and the Trainer refuses
+        # a purely quantized one, so the job alone, adapters and all, is its own baseline
+        job["techniques"].insert(0, quantized)
+        header["baseline"] = "job"
+        header["description"] = f"{config}: the job{_given(training_args, adapter_config)}"
+        runs = [job]
     return to_toml(header, runs)
 
 

@@ -20,21 +20,25 @@ from typing import Any, NamedTuple
 
 from bench.data import varlen
 from bench.errors import SuiteError, cannot_read
+from bench.hub import HubError
 from bench.models import ModelSpec
 from bench.registry import did_you_mean
 from bench.spec import (
     DEFAULTS,
     DEVICES,
+    HF,
     MAX_NPROC,
     STEP_KEYS,
     RunSpec,
     Shapes,
     Suite,
     TechniqueSpec,
+    hf_config_file,
 )
-from bench.suite import fidelity_table, training_args
+from bench.suite import fidelity_table, quantized, training_args
 from bench.suite.schema import MATRIX, RUNS, SHAPES, TOP, read, unknown
 from bench.suite.techniques import check_fidelity_batch, techniques
+from bench.suite.toml_text import toml_value
 from bench.suite.values import check_ranges, model_spec, typed, weights
 from bench.techniques import Technique, build
 
@@ -164,11 +168,18 @@ def _build(path: Path, raw: dict[str, Any], problems: list[str]) -> Suite:
     fidelity = fidelity_table.parse(raw.get("fidelity"), model, spec, suite_weights, problems)
     if shapes is not None:
         _check_matrix_lengths(raw.get("matrix"), shapes, problems)
+    loaded = _saved_quantized(model, problems)
     runs = []
     for e in entries:
         specs = techniques(e.techniques, e.where, e.batch, shapes, mode, problems)
         if shapes is None or specs is None or spec is None or baseline is None:
             continue  # already reported; keep collecting problems from the other entries
+        if loaded and not any(t.name == loaded["name"] for t in specs):
+            problems.append(
+                f"{e.where}: model {model} is saved quantized, and loads so whatever the job says: "
+                f"name the technique its config.json's quantization_config loads it with first, "
+                f"{toml_value(loaded)}"
+            )
         check_fidelity_batch(specs, fidelity, e.where, problems)
         nproc = _nproc(e, specs, problems)
         gpu, cpu = (
@@ -500,6 +511,18 @@ class Entry(NamedTuple):
     lengths: dict[str, str] | None = None
     suffix: str = ""  # what the matrix adds to the key: "@bs16", "@seq2048", "@digits"
     seq_len: dict[str, int] | None = None  # per-device sequence lengths from the matrix, else None
+
+
+def _saved_quantized(model: str | None, problems: list[str]) -> dict[str, Any] | None:
+    """The technique a Hugging Face model's config.json loads it with (its
+    ``quantization_config``), or None."""
+    if model is None or not model.startswith(HF):
+        return None
+    try:
+        file = hf_config_file(model)
+    except HubError:  # model_spec said why
+        return None
+    return quantized.loaded_as(file, problems)
 
 
 def _entries(raw: dict[str, Any], problems: list[str]) -> list[Entry]:

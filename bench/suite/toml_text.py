@@ -15,7 +15,7 @@ def to_toml(
     """A suite file: the header's keys, its tables, then one [[runs]] entry per run (with its
     comment above), each table's keys in the schema's order."""
     header, runs = _ordered(header, TOP), [_ordered(run, RUNS) for run in runs]
-    lines = [f"{k} = {_value(v)}" for k, v in header.items() if not isinstance(v, dict)]
+    lines = [f"{k} = {toml_value(v)}" for k, v in header.items() if not isinstance(v, dict)]
     for key, table in header.items():
         if isinstance(table, dict):
             lines += _table(key, table)
@@ -25,7 +25,7 @@ def to_toml(
             *(f"# {c}" for c in (comments or {}).get(run["name"], "").splitlines()),
             "[[runs]]",
         ]
-        lines += [f"{k} = {_value(v)}" for k, v in run.items()]
+        lines += [f"{k} = {toml_value(v)}" for k, v in run.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -37,7 +37,7 @@ def _ordered(table: dict[str, Any], keys: dict[str, Key]) -> dict[str, Any]:
 
 
 def _table(name: str, table: dict[str, Any]) -> list[str]:
-    own = [f"{k} = {_value(v)}" for k, v in table.items() if not isinstance(v, dict)]
+    own = [f"{k} = {toml_value(v)}" for k, v in table.items() if not isinstance(v, dict)]
     # a table of tables only needs no header of its own
     if own:
         lines = ["", f"[{name}]", *own]
@@ -49,7 +49,7 @@ def _table(name: str, table: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _value(v: Any) -> str:
+def toml_value(v: Any) -> str:
     if isinstance(v, bool):
         if v:
             return "true"
@@ -59,7 +59,7 @@ def _value(v: Any) -> str:
     if isinstance(v, str):
         return json.dumps(v, ensure_ascii=False)  # a TOML basic string
     if isinstance(v, list):
-        return "[" + ", ".join(map(_value, v)) + "]"
+        return "[" + ", ".join(map(toml_value, v)) + "]"
     if isinstance(v, dict):
-        return "{ " + ", ".join(f"{k} = {_value(x)}" for k, x in v.items()) + " }"
+        return "{ " + ", ".join(f"{k} = {toml_value(x)}" for k, x in v.items()) + " }"
     raise TypeError(f"no TOML form for {type(v).__name__}")
