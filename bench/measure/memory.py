@@ -264,6 +264,7 @@ def track(
     else:
         aside = nullcontext()
     try:
+        tracker.begin()
         with tracker, aside:
             step()
         tracker.end()

@@ -121,8 +121,9 @@ class LiveBytes(TorchDispatchMode):
         self.phase_log: list[tuple[int, str]] = []
         # (clock, operator) as each operator returned: where one ends and the next begins
         self.op_ends: list[tuple[int, str]] = []
-        # the clock as the step ended (``track``): what is freed later is the step's teardown,
-        # whenever the garbage collector comes to it
+        # the clock as the step began and ended (``track``): what was counted before was given
+        # to it; what is freed later is its teardown, whenever the garbage collector comes to it
+        self.started: int | None = None
         self.ended: int | None = None
         # set by the caller (forward / backward / optimizer); remembered at the peak
         self.phase = ""
@@ -212,9 +213,19 @@ class LiveBytes(TorchDispatchMode):
             i: history._live[key] for key, i in self._live.items() if key in history._live
         }
 
+    def begin(self) -> None:
+        """The step begins: what was counted before it was given to it (``started``)."""
+        self.started = self._clock
+
     def end(self) -> None:
         """The step is over: what is freed after this is its teardown (``ended``)."""
         self.ended = self._clock
+
+    def after(self, history: LiveBytes, carried: dict[int, int]) -> None:
+        """Take ``history``, a rebuilt tracker of the step before (``rebuilt``), as what came
+        before this one, ``carried`` this one's storages that it made (this one's index, its)."""
+        self._history, self._history_until = history, history.until
+        self._carried = carried
 
     @property
     def carried(self) -> dict[int, int]:

@@ -22,7 +22,7 @@ from bench.errors import first_line
 from bench.generate import Generator
 from bench.measure.allocator import Conf, Replay, cublas_workspaces
 from bench.measure.memory import Tracked, optimizer_state, replayed, track, tracked_memory
-from bench.measure.tracker import CUDA_BLOCK, LiveBytes, NotRepeating, on_host
+from bench.measure.tracker import CUDA_BLOCK, FREED, MADE, LiveBytes, NotRepeating, on_host
 from bench.models import ModelSpec
 from bench.predict import depth, ranks
 from bench.predict.cards import CARDS, Card
@@ -253,6 +253,8 @@ def _traced(
         return _fake_step(spec, recipe, rounding, replay, fold=True, layers=layers)
     except NotRepeating:  # its micro-batches differ: every one of them is traced
         return _fake_step(spec, made(), rounding, replay, fold=False, layers=layers)
+    except LeftBehind:  # a generation that keeps what it made: its warm-up runs before it
+        return _fake_step(spec, made(), rounding, replay, fold=True, layers=layers, warm_up=True)
 
 
 def replayed_through(
@@ -272,7 +274,10 @@ def _fake_step(
     replay: Replay | None,
     fold: bool,
     layers: int | None = None,
+    warm_up: bool = False,
 ) -> depth.Shallow:
+    """The step on fake tensors after its warm-up step, as the worker runs them. A generation's
+    warm-up is not run (unless ``warm_up``) but read off the measured one (``_warm_up``)."""
     ctx, techniques = recipe.ctx, recipe.techniques
     backend = next((b for t in techniques if (b := t.attention_backend())), None)
     # Pretrained weights (spec.weights) are not read: their values change no tensor's size.
@@ -324,13 +329,14 @@ def _fake_step(
                 phases=phases,
             )
 
-        if replay is not None:
+        derived = generating and not warm_up
+        if replay is not None and not derived:
             # the first step, as the allocator sees it: where optimizer state first lands
             history = traced(first)
             if not history.tracker.repeat(repeats):
                 raise NotRepeating
             replay = dataclasses.replace(replay, history=history.tracker)
-        else:  # the worker's warm-up: optimizer state exists before the measured step
+        elif not derived:  # the worker's warm-up: optimizer state exists before the measured step
             first()
         if ctx.predicting:  # the counters that first step made
             for t in host_state(runner.optimizer):
@@ -352,6 +358,10 @@ def _fake_step(
             done = traced(step, history=replay and replay.history)
     if not done.tracker.repeat(repeats):
         raise NotRepeating
+    if derived:
+        history = _warm_up(done.tracker, batch)
+        if replay is not None:
+            replay = dataclasses.replace(replay, history=history)
     # the tracker's figures are the prediction's, by name (record.TRACKED)
     prediction = Prediction(**tracked_memory(done, runner.model, runner.optimizer, phases).flat())
     if ctx.world_size > 1:
@@ -368,6 +378,45 @@ def _fake_step(
     return depth.Shallow(
         prediction=prediction, tracker=done.tracker, history=before, repeats=more - repeats
     )
+
+
+class LeftBehind(Exception):
+    """A generation left alive a storage it made (a static cache kept on the model): the one after
+    it starts from more, so its warm-up must run (``_warm_up``)."""
+
+
+def _warm_up(tracker: LiveBytes, batch: Any) -> LiveBytes:
+    """The warm-up generation the worker runs before the measured one, as the allocator sees it,
+    its tracker following it (``LiveBytes.after``). Where the measured generation leaves alive
+    nothing it made, the warm-up started from what it started from, and being the same program on
+    the same tensors it made the same storages in the same order: the measured one's, but that the
+    measured step's first storages, its copy of the batch, stand for the batch itself, which the
+    worker makes before the warm-up and keeps past it. A generation is a forward per token, so
+    this halves what predicting one costs. LeftBehind where it leaves something, or its first
+    storages are not the batch's copy."""
+    made = range(tracker.started + 1, tracker._clock + 1)
+    lives = [life for life in tracker._lives if life[2] in made]
+    if any(freed is None or freed > tracker.ended for *_, freed in lives):
+        raise LeftBehind
+    copies = [t.untyped_storage().nbytes() for t in pytree.tree_leaves(batch) if torch.is_tensor(t)]
+    first = [i for i, life in enumerate(tracker._lives) if life[2] in made][: len(copies)]
+    if [tracker._raw[i] for i in first] != copies:
+        raise LeftBehind
+    copied = set(first)
+    placed: dict[int, int] = {}
+    moments = []
+    for m in tracker.timeline(tracker.ended):
+        if m.index in copied and m.kind == FREED:
+            continue  # the batch itself, made before the warm-up, lives on past it
+        if m.kind == MADE:
+            placed[m.index] = len(placed)
+        if m.kind in (MADE, FREED):
+            m = m.indexed(placed[m.index])
+        moments.append(m)
+    history = LiveBytes.rebuilt(CPU, moments)
+    given = [i for i, life in enumerate(tracker._lives) if life[2] <= tracker.started]
+    tracker.after(history, {i: placed[i] for i in given})
+    return history
 
 
 TRACED_MICRO_BATCHES = 4  # of a step's, where it has more: two to settle, two to show they repeat

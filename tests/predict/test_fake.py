@@ -247,6 +247,62 @@ def test_generation_is_predicted_exactly_with_a_chunked_prompt_and_at_gpu_shapes
     assert on_gpu.peak_tensor_bytes == on_gpu.peak_prefill_bytes and on_gpu.peak_reserved_bytes
 
 
+@pytest.mark.parametrize("left", [False, True], ids=["read-off", "left-behind"])
+def test_a_generations_warm_up_is_read_off_the_measured_one_where_it_leaves_nothing(
+    left, monkeypatch
+):
+    """The worker's warm-up generation makes what the measured one makes, the batch aside (made
+    before it, kept after it): the prediction reads it off the measured one instead of running it
+    (one generate() a trace, not two), and replays the same requests through the allocator but
+    the batch's. Where a generation leaves a storage alive, its warm-up runs, as before."""
+    from bench.predict import fake
+
+    run = generation((tech("half", dtype="bfloat16"),), batch_size=4, prompt_len=128, new_tokens=3)
+    steps = []
+    monkeypatch.setattr(Generator, "step", _counted(Generator.step, steps))
+    if left:
+        monkeypatch.setattr(fake, "_warm_up", _leaves_behind)
+    read_off = fake.traced(run)
+    assert len(steps) == 1 + left * 2  # a measured generation alone; else again, after its warm-up
+    monkeypatch.setattr(fake, "_fake_step", _with_warm_up(fake._fake_step))
+    ran = fake.traced(run)
+    batch = 4 * 128 * 8 * 2  # input_ids and attention_mask, int64
+    tensor = batch // 2
+    assert _requests(read_off.tracker._history, tensor) == _requests(ran.tracker._history, tensor)
+    theirs, ours = ran.prediction, read_off.prediction
+    assert ours.peak_reserved_bytes == theirs.peak_reserved_bytes
+    assert 0 <= ours.peak_allocated_bytes - theirs.peak_allocated_bytes <= batch
+    assert ours.peak_tensor_bytes == theirs.peak_tensor_bytes
+
+
+def _counted(step, calls):
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return step(self, *args, **kwargs)
+
+    return counted
+
+
+def _leaves_behind(tracker, batch):
+    from bench.predict.fake import LeftBehind
+
+    raise LeftBehind
+
+
+def _with_warm_up(fake_step):
+    def stepped(*args, **kwargs):
+        return fake_step(*args, **kwargs, warm_up=True)
+
+    return stepped
+
+
+def _requests(history, tensor):
+    """The sizes a tracker allocates, in order, the batch's tensors' aside: the traced warm-up
+    counts the batch it was handed where it first sees a view of it, the read-off one before it
+    begins."""
+    return [n for n, *_ in history._lives if n != tensor]
+
+
 @pytest.mark.parametrize(
     "run",
     [generation(prompt_len=64), spec("bert-tiny", mode="inference")],
