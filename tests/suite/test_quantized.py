@@ -24,7 +24,9 @@ QLORA = {
 
 def saved(tmp_path, quantization):
     config = json.loads(Path("suites/configs/tiny-llama/config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps(config | {"quantization_config": quantization}))
+    (tmp_path / "config.json").write_text(
+        json.dumps(config | {"quantization_config": quantization})
+    )
     (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 4}))
     return tmp_path
 
