@@ -31,8 +31,13 @@ def loaded_as(config_file: Path, problems: list[str]) -> dict[str, Any] | None:
     found = raw.get("quantization_config") if isinstance(raw, dict) else None
     if not found:
         return None
-    where = f"{config_file}: quantization_config"
-    if found.get("quant_method") != "bitsandbytes" or not found.get("load_in_4bit"):
+    return technique(found, f"{config_file}: quantization_config", problems)
+
+
+def technique(found: dict[str, Any], where: str, problems: list[str]) -> dict[str, Any] | None:
+    """The technique a ``BitsAndBytesConfig`` (as its ``to_dict`` writes it) loads a model with;
+    None, a problem said, for what is not modelled."""
+    if found.get("quant_method", "bitsandbytes") != "bitsandbytes" or not found.get("load_in_4bit"):
         kind = (
             "bitsandbytes 8-bit (load_in_8bit, Linear8bitLt)"
             if found.get("load_in_8bit")
@@ -43,13 +48,13 @@ def loaded_as(config_file: Path, problems: list[str]) -> dict[str, Any] | None:
             "bnb-4bit technique"
         )
         return None
-    technique: dict[str, Any] = {"name": "bnb-4bit"}
+    out: dict[str, Any] = {"name": "bnb-4bit"}
     for key, option in BNB_4BIT.items():
         if found.get(key) is not None:
             value = found[key]
-            technique[option] = (
-                str(value).removeprefix("torch.") if option in DTYPE_OPTIONS else value
-            )
+            if option in DTYPE_OPTIONS:
+                value = str(value).removeprefix("torch.")
+            out[option] = value
     if skip := found.get("llm_int8_skip_modules"):
-        technique["skip"] = ",".join(skip)
-    return technique
+        out["skip"] = ",".join(skip)
+    return out

@@ -14,6 +14,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from bench.suite import quantized
+
 # The Trainer's optimizers (its `optim` names) as this harness's techniques, the parameters in the
 # Trainer's groups: its SGD has no momentum (so no state); its Adafactor is transformers' own, whose
 # update holds other temporaries.
@@ -96,6 +98,28 @@ SFT_NOT_MODELLED = {
     "activation_offloading": "TRL moves saved activations to the host on a side stream, keeping "
     "the last five on the device",
 }
+# TRL's other trainers' configs (trl/trainer/*_config.py at f2cd577), each known by fields of its
+# own, and what their step holds that a TrainingArguments step does not
+TRL_OTHERS = {
+    "DPOConfig": {
+        "precompute_ref_log_probs",
+        "f_divergence_type",
+        "ref_model_mixup_alpha",
+        "ld_alpha",
+    },
+    "GRPOConfig": {"num_generations", "max_completion_length", "use_vllm", "steps_per_generation"},
+    "KTOConfig": {"desirable_weight", "undesirable_weight"},
+    "RewardConfig": {"center_rewards_coefficient"},
+}
+TRL_OTHER_WHY = {
+    "DPOConfig": "preference training runs each sample's chosen and rejected sequences, beside a "
+    "reference model's log-probabilities",
+    "GRPOConfig": "it generates groups of completions to each prompt and trains on their rewards, "
+    "beside a reference model",
+    "KTOConfig": "it trains on desirable and undesirable completions beside a reference model's "
+    "log-probabilities",
+    "RewardConfig": "it trains a reward model on pairs of chosen and rejected sequences",
+}
 # model_init_kwargs: those that load the same weights the same way, and those a model's name sets
 # (bench.models.hf) where SFTTrainer loads it by name; any other changes what a step holds
 SAME_WEIGHTS = {"trust_remote_code", "revision", "device_map", "low_cpu_mem_usage", "use_cache"}
@@ -136,6 +160,15 @@ def read(path: str, where: str, problems: list[str]) -> Job | None:
     sense."""
     args = load_args(Path(path), where, problems)
     if args is None:
+        return None
+    if other := next(
+        ((k, f) for k, named in TRL_OTHERS.items() if (f := args.keys() & named)), None
+    ):
+        kind, named = other
+        problems.append(
+            f"{where}: a TRL {kind} (it sets {', '.join(sorted(named))}): {TRL_OTHER_WHY[kind]}, "
+            "which this harness does not model; TrainingArguments and SFTConfig jobs are"
+        )
         return None
     from transformers import TrainingArguments
 
@@ -209,14 +242,21 @@ def loaded_as(args: dict[str, Any]) -> dict[str, str]:
 
 
 def _sft_loss(args: dict[str, Any], where: str, found: list[str]) -> list[Any]:
-    """SFTTrainer's loss (``loss_type``); and its model_init_kwargs, each one that loads other
-    weights (quantized, say) a problem."""
+    """SFTTrainer's loss (``loss_type``), after the technique its model_init_kwargs load the model
+    with (a BitsAndBytesConfig's 4 bits, as bnb-4bit); each other one that loads other weights a
+    problem."""
     init = args.get("model_init_kwargs") or {}
     if not isinstance(init, dict):
         found.append(f"{where}: model_init_kwargs: expected a table, got {init!r}")
         init = {}
+    loaded = []
+    if isinstance(init.get("quantization_config"), dict):
+        at = f"{where}: model_init_kwargs.quantization_config"
+        loaded = [t] if (t := quantized.technique(init["quantization_config"], at, found)) else []
     for key, value in init.items():
         dtype = key in ("dtype", "torch_dtype") and value in (*LOAD_DTYPES, None)
+        if key == "quantization_config" and isinstance(value, dict):
+            continue
         if key not in SAME_WEIGHTS and key != "attn_implementation" and not dtype:
             found.append(
                 f"{where}: model_init_kwargs.{key} = {value!r}: changes the weights a step holds, "
@@ -225,11 +265,11 @@ def _sft_loss(args: dict[str, Any], where: str, found: list[str]) -> list[Any]:
             )
     loss = args["loss_type"]
     if loss in SFT_LOSSES:
-        return [SFT_LOSSES[loss]]
+        return [*loaded, SFT_LOSSES[loss]]
     found.append(
         f"{where}: loss_type = {loss!r}: not modelled here; one of {', '.join(SFT_LOSSES)}"
     )
-    return []
+    return loaded
 
 
 def _sft_length(args: dict[str, Any], where: str, found: list[str]) -> int | None:

@@ -193,6 +193,25 @@ def test_an_sftconfig_is_read_with_trls_defaults_and_its_loss(tmp_path, capsys):
             {"bf16": None, "loss_type": None},
             ["amp(dtype=bfloat16)", "checkpoint", "sft-chunked-nll"],
         ),
+        (  # QLoRA's BitsAndBytesConfig, as its to_dict writes it: the model loads in 4 bits
+            {
+                "model_init_kwargs": {
+                    "quantization_config": {
+                        "quant_method": "bitsandbytes",
+                        "load_in_4bit": True,
+                        "bnb_4bit_quant_type": "nf4",
+                        "bnb_4bit_use_double_quant": True,
+                        "bnb_4bit_compute_dtype": "torch.bfloat16",
+                    }
+                }
+            },
+            [
+                "amp(dtype=bfloat16)",
+                "checkpoint",
+                "bnb-4bit(compute_dtype=bfloat16,double_quant=True,quant_type=nf4)",
+                "sft-chunked-nll",
+            ],
+        ),
     ],
 )
 def test_an_sftconfigs_own_choices_are_read_as_trl_reads_them(change, labels, tmp_path):
@@ -212,8 +231,12 @@ def test_an_sftconfigs_own_choices_are_read_as_trl_reads_them(change, labels, tm
         ({"padding_free": True}, "padding_free = True: changes what a step holds"),
         ({"activation_offloading": True}, "activation_offloading = True: changes what a step"),
         (
-            {"model_init_kwargs": {"quantization_config": {"load_in_4bit": True}}},
-            "model_init_kwargs.quantization_config = .*changes the weights a step holds",
+            {"model_init_kwargs": {"quantization_config": {"load_in_8bit": True}}},
+            "model_init_kwargs.quantization_config: bitsandbytes 8-bit .* not modelled yet",
+        ),
+        (
+            {"model_init_kwargs": {"device_map": "auto", "revision": "main", "foo": 1}},
+            "model_init_kwargs.foo = 1: changes the weights a step holds",
         ),
         ({"model_init_kwargs": {"dtype": "float8"}}, "model_init_kwargs.dtype = 'float8'"),
         ({"max_lenght": 32}, "max_lenght: not a SFTConfig field"),
@@ -314,3 +337,20 @@ def test_the_trainers_other_optimizers_are_what_it_makes(optim, label, tmp_path)
 def test_optimizer_arguments_are_refused_by_name(tmp_path):
     with pytest.raises(SuiteError, match="optim_args = 'momentum=0.9': changes what a step"):
         load(suite(tmp_path, ARGS | {"optim": "rmsprop", "optim_args": "momentum=0.9"}))
+
+
+@pytest.mark.fault("cli values")
+@pytest.mark.parametrize(
+    "fields, kind",
+    [
+        ({"beta": 0.1, "precompute_ref_log_probs": False}, "DPOConfig"),
+        ({"num_generations": 8, "max_completion_length": 256}, "GRPOConfig"),
+        ({"desirable_weight": 1.0}, "KTOConfig"),
+        ({"center_rewards_coefficient": 0.01}, "RewardConfig"),
+    ],
+)
+def test_trls_other_trainers_configs_are_refused_by_name(fields, kind, tmp_path):
+    """A DPO, GRPO, KTO or reward model's config holds what a TrainingArguments step does not (a
+    reference model, chosen and rejected sequences, generated completions): refused, named."""
+    with pytest.raises(SuiteError, match=f"a TRL {kind} .*which this harness does not model"):
+        load(suite(tmp_path, ARGS | fields))
