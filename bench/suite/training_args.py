@@ -202,7 +202,8 @@ def read(path: str, where: str, problems: list[str]) -> Job | None:
     techniques += _compile(args, where, found)
     length = _sft_length(args, where, found) if sft else None
     problems += found
-    read_here = set(READ) | set(refused) | ({"max_length", "pad_to_multiple_of"} if sft else set())
+    sft_read = {"max_length", "pad_to_multiple_of", "model_init_kwargs"}
+    read_here = set(READ) | set(refused) | (sft_read if sft else set())
     ignored = tuple(sorted(k for k in args.keys() & known if k not in read_here))
     if found:
         return None
