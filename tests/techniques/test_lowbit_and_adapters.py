@@ -561,3 +561,22 @@ def output_and(rows, dequantized):
     output = rows * 1024 * 2
     weight, scales = 1024 * 4096 * 2, 1024 * 4096 // 64 * 4
     return output + dequantized * (weight + 2 * scales)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("seq_len", [64, 512], ids=["fused", "dequantized"])
+def test_bnb_4bit_with_lora_on_cuda_is_predicted_to_the_byte(seq_len):
+    """On a card, each 4-bit linear runs bitsandbytes' CUDA kernel: past 1,536 rows (8 × 512) its
+    weight dequantized for F.linear, below its fused kernel; the prediction models both."""
+    pytest.importorskip("bitsandbytes")
+    options = {"quant_type": "nf4", "double_quant": True, "compute_dtype": "bfloat16"}
+    run = spec(
+        "hf:suites/configs/tiny-llama",
+        (tech("bnb-4bit", **options), tech("lora")),
+        batch_size=8,
+        seq_len=seq_len,
+    )
+    record = isolated(run, Device("cuda", torch.cuda.get_device_name(0)))
+    assert record["status"] == "ok", record
+    assert record["param_bytes"] == record["predicted_param_bytes"]
+    assert record["peak_tensor_bytes"] == record["predicted_peak_tensor_bytes"]
