@@ -44,6 +44,8 @@ PALETTE = [
         *matplotlib.colormaps["tab20c"].colors[2::4],
         *matplotlib.colormaps["tab20b"].colors[1::4],
         *matplotlib.colormaps["tab20c"].colors[1::4],
+        *matplotlib.colormaps["Set1"].colors,
+        *matplotlib.colormaps["Set2"].colors,
     )
     if len(set(c)) > 1
 ]
