@@ -9,7 +9,7 @@ from torch import nn
 
 from bench.data.synthetic import Batch, split
 from bench.models import ModelSpec
-from bench.techniques import RunContext, Technique, applied, combined
+from bench.techniques import RunContext, Technique, Unsupported, applied, combined
 
 
 class Trainer:
@@ -23,6 +23,11 @@ class Trainer:
     ) -> None:
         self.spec, self.techniques = spec, techniques
         self.model = applied(model, techniques, ctx).train()
+        if not any(p.requires_grad for p in self.model.parameters()):
+            # a model quantized in 4 bits and frozen, its adapters left out: the Trainer refuses it
+            raise Unsupported(
+                "nothing in the model trains once its techniques are applied: add adapters (lora)"
+            )
         self.optimizer = self._optimizer(lr)
         self.policy = combined([t.step() for t in techniques])
         self.micro_batches = self.policy.micro_batches

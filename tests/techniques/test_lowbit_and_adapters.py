@@ -580,3 +580,13 @@ def test_bnb_4bit_with_lora_on_cuda_is_predicted_to_the_byte(seq_len):
     assert record["status"] == "ok", record
     assert record["param_bytes"] == record["predicted_param_bytes"]
     assert record["peak_tensor_bytes"] == record["predicted_peak_tensor_bytes"]
+
+
+def test_a_4bit_model_prepared_without_adapters_is_unsupported_as_the_trainer_refuses_it():
+    """peft's k-bit preparation freezes every parameter: with no adapters nothing would learn."""
+    run = spec("hf:suites/configs/tiny-llama", (tech("bnb-4bit"),), batch_size=4, seq_len=32)
+    out = predict(run, run.cpu, cuda=False)
+    assert out.status == "unsupported"
+    assert out.message == (
+        "nothing in the model trains once its techniques are applied: add adapters (lora)"
+    )
