@@ -221,11 +221,37 @@ class LiveBytes(TorchDispatchMode):
         """The step is over: what is freed after this is its teardown (``ended``)."""
         self.ended = self._clock
 
-    def after(self, history: LiveBytes, carried: dict[int, int]) -> None:
-        """Take ``history``, a rebuilt tracker of the step before (``rebuilt``), as what came
-        before this one, ``carried`` this one's storages that it made (this one's index, its)."""
+    def made_in_step(self) -> list[int]:
+        """The storages the step made (after ``begin``), in the order it made them."""
+        return [i for i, life in enumerate(self._lives) if life[2] > self.started]
+
+    def outlived(self, indices: Iterable[int]) -> bool:
+        """Whether any of these storages lived past the step's end."""
+        return any(self._lives[i][3] is None or self._lives[i][3] > self.ended for i in indices)
+
+    def raw_bytes(self, indices: Iterable[int]) -> list[int]:
+        """These storages' bytes before rounding."""
+        return [self._raw[i] for i in indices]
+
+    def preceded_by_itself(self, kept: set[int]) -> LiveBytes:
+        """The same step run once before this one, as the allocator sees it (a warm-up that makes
+        what this step makes), and this one following it: a rebuilt tracker of this step's
+        moments, the ``kept`` storages never freed (made before the warm-up and held past it)."""
+        placed: dict[int, int] = {}
+        moments = []
+        for m in self.timeline(self.ended):
+            if m.kind == FREED and m.index in kept:
+                continue
+            if m.kind == MADE:
+                placed[m.index] = len(placed)
+            if m.kind in (MADE, FREED):
+                m = m.indexed(placed[m.index])
+            moments.append(m)
+        history = LiveBytes.rebuilt(torch.device(self.device_type), moments)
+        given = [i for i, life in enumerate(self._lives) if life[2] <= self.started]
         self._history, self._history_until = history, history.until
-        self._carried = carried
+        self._carried = {i: placed[i] for i in given}
+        return history
 
     @property
     def carried(self) -> dict[int, int]:

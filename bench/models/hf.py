@@ -71,6 +71,7 @@ def spec(name: str) -> ModelSpec:
     dtype = raw.get("dtype") or raw.get("torch_dtype") or "float32"
     if dtype not in DTYPES:
         raise KeyError(f"model {name!r}: dtype {dtype!r} is none of {', '.join(DTYPES)}")
+    experts_note, experts_unpredictable = _experts(config)
     built = lambda shapes: _build(config, task, attention, getattr(torch, dtype), shapes)  # noqa: E731
     return ModelSpec(
         name=name,
@@ -84,8 +85,8 @@ def spec(name: str) -> ModelSpec:
         cpu=_params(config, task) <= CPU_PARAMS,
         own_loss=tokens,
         imports=(_module(config.model_type),),
-        note="; ".join(filter(None, (f"attention: {attention} ({picked})", _experts_note(config)))),
-        unpredictable=_experts_unpredictable(config),
+        note="; ".join(filter(None, (f"attention: {attention} ({picked})", experts_note))),
+        unpredictable=experts_unpredictable,
     )
 
 
@@ -93,37 +94,24 @@ def spec(name: str) -> ModelSpec:
 EXPERTS = ("num_local_experts", "num_experts", "n_routed_experts")
 
 
-def _experts(config: Any) -> int:
-    """Its experts per layer (0: not a mixture of experts)."""
-    return next((getattr(config, k) for k in EXPERTS if getattr(config, k, None)), 0)
-
-
-def _grouped(config: Any) -> bool:
-    """Whether transformers runs its experts through ``grouped_mm``: its class takes
-    ``@use_experts_implementation``, whose default that is (``get_correct_experts_implementation``),
-    unless told otherwise."""
-    return "@use_experts_implementation" in _source(config.model_type)
-
-
-def _experts_note(config: Any) -> str:
-    """What a mixture of experts' prediction rests on: through ``grouped_mm`` every token's rows
-    for its top-k experts are sorted into one tensor of tokens × k rows, whichever experts the
+def _experts(config: Any) -> tuple[str, str]:
+    """A mixture of experts' note and why it is unpredictable ("" for either that does not apply).
+    transformers runs the experts of a class that takes ``@use_experts_implementation`` through
+    ``grouped_mm`` unless told otherwise (``get_correct_experts_implementation``): every token's
+    rows for its top-k experts sorted into one tensor of tokens × k rows, whichever experts the
     router picks, so balanced and worst routing (every token to the same experts) hold the same
-    bytes."""
-    experts = _experts(config)
-    if not experts or not _grouped(config):
-        return ""
-    return (
-        f"experts: {experts} a layer, run through transformers' grouped_mm, whose tensors are the "
-        "same whatever the router picks: the figures hold for balanced and worst routing alike"
-    )
-
-
-def _experts_unpredictable(config: Any) -> str:
-    experts = _experts(config)
-    if not experts or _grouped(config):
-        return ""
-    return (
+    bytes. Other classes loop over the experts the router hits, on tensors sized by its values."""
+    experts = next((getattr(config, k) for k in EXPERTS if getattr(config, k, None)), 0)
+    if not experts:
+        return "", ""
+    if "@use_experts_implementation" in _source(config.model_type):
+        return (
+            f"experts: {experts} a layer, run through transformers' grouped_mm, whose tensors are "
+            "the same whatever the router picks: the figures hold for balanced and worst routing "
+            "alike",
+            "",
+        )
+    return "", (
         f"its {experts} experts a layer run in transformers' loop over the experts the router "
         "hits, each on the tokens routed to it: tensors sized by the router's values, which fake "
         "tensors do not have (a measured run on the card tells; models whose experts take "

@@ -47,12 +47,7 @@ aten = torch.ops.aten
 def as_cuda(backend: str | None) -> Iterator[None]:
     """The kernels and implementations CUDA would pick where they differ from CPU's in what they
     keep."""
-    with (
-        cuda_attention(backend),
-        cuda_dropout(),
-        optimizers_as_cuda(),
-        cuda_autocast(),
-    ):
+    with cuda_attention(backend), cuda_dropout(), optimizers_as_cuda(), cuda_autocast():
         yield
 
 

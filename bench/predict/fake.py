@@ -22,7 +22,7 @@ from bench.errors import first_line
 from bench.generate import Generator
 from bench.measure.allocator import Conf, Replay, cublas_workspaces
 from bench.measure.memory import Tracked, optimizer_state, replayed, track, tracked_memory
-from bench.measure.tracker import CUDA_BLOCK, FREED, MADE, LiveBytes, NotRepeating, on_host
+from bench.measure.tracker import CUDA_BLOCK, LiveBytes, NotRepeating, on_host
 from bench.models import ModelSpec
 from bench.predict import depth, ranks
 from bench.predict.cards import CARDS, Card
@@ -122,8 +122,8 @@ def traced(
         return Traced(Prediction.failed(Status.UNPREDICTABLE, message))
     prediction = finished(prediction, card)
     notes = [f"{t.name}: {t.approximate}" for t in recipe.techniques if t.approximate]
-    if model_note := recipe.ctx.model_spec.note:
-        notes.insert(0, model_note)
+    if model.note:
+        notes.insert(0, model.note)
     if notes:
         prediction.message = "; ".join(notes)
     return Traced(prediction, tracker, replay)
@@ -387,36 +387,21 @@ class LeftBehind(Exception):
 
 def _warm_up(tracker: LiveBytes, batch: Any) -> LiveBytes:
     """The warm-up generation the worker runs before the measured one, as the allocator sees it,
-    its tracker following it (``LiveBytes.after``). Where the measured generation leaves alive
-    nothing it made, the warm-up started from what it started from, and being the same program on
-    the same tensors it made the same storages in the same order: the measured one's, but that the
-    measured step's first storages, its copy of the batch, stand for the batch itself, which the
-    worker makes before the warm-up and keeps past it. A generation is a forward per token, so
-    this halves what predicting one costs. LeftBehind where it leaves something, or its first
-    storages are not the batch's copy."""
-    made = range(tracker.started + 1, tracker._clock + 1)
-    lives = [life for life in tracker._lives if life[2] in made]
-    if any(freed is None or freed > tracker.ended for *_, freed in lives):
+    its tracker following it (``LiveBytes.preceded_by_itself``). Where the measured generation
+    leaves alive nothing it made, the warm-up started from what it started from, and being the same
+    program on the same tensors it made the same storages in the same order: the measured one's,
+    but that the measured step's first storages, its copy of the batch, stand for the batch itself,
+    which the worker makes before the warm-up and keeps past it. A generation is a forward per
+    token, so this halves what predicting one costs. LeftBehind where it leaves something, or its
+    first storages are not the batch's copy."""
+    made = tracker.made_in_step()
+    if tracker.outlived(made):
         raise LeftBehind
     copies = [t.untyped_storage().nbytes() for t in pytree.tree_leaves(batch) if torch.is_tensor(t)]
-    first = [i for i, life in enumerate(tracker._lives) if life[2] in made][: len(copies)]
-    if [tracker._raw[i] for i in first] != copies:
+    first = made[: len(copies)]
+    if tracker.raw_bytes(first) != copies:
         raise LeftBehind
-    copied = set(first)
-    placed: dict[int, int] = {}
-    moments = []
-    for m in tracker.timeline(tracker.ended):
-        if m.index in copied and m.kind == FREED:
-            continue  # the batch itself, made before the warm-up, lives on past it
-        if m.kind == MADE:
-            placed[m.index] = len(placed)
-        if m.kind in (MADE, FREED):
-            m = m.indexed(placed[m.index])
-        moments.append(m)
-    history = LiveBytes.rebuilt(CPU, moments)
-    given = [i for i, life in enumerate(tracker._lives) if life[2] <= tracker.started]
-    tracker.after(history, {i: placed[i] for i in given})
-    return history
+    return tracker.preceded_by_itself(kept=set(first))
 
 
 TRACED_MICRO_BATCHES = 4  # of a step's, where it has more: two to settle, two to show they repeat

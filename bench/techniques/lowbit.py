@@ -340,12 +340,13 @@ class Bnb4bit(Technique):
         skipped = {name for name in self.config.skip.split(",") if name}
         self.quantized = [
             name
-            for name, linear in list(model.named_modules())
+            for name, linear in model.named_modules()
             if type(linear) is nn.Linear
             and linear is not head
             and not skipped & set(name.split("."))
-            and _to_4bit(model, name, linear, self.config)
         ]
+        for name in self.quantized:
+            _to_4bit(model, name, model.get_submodule(name), self.config)
         if not self.quantized:
             raise Unsupported("no nn.Linear besides the head to quantize")
         if self.config.prepare:
@@ -359,7 +360,7 @@ class Bnb4bit(Technique):
         return {"bnb_4bit_linears": len(self.quantized)}
 
 
-def _to_4bit(model: nn.Module, name: str, linear: nn.Linear, config: Any) -> bool:
+def _to_4bit(model: nn.Module, name: str, linear: nn.Linear, config: Any) -> None:
     """``linear`` replaced in ``model`` by bitsandbytes' ``Linear4bit`` holding its weight
     quantized, as transformers' loader leaves it. A fake weight (a prediction) is kept as a
     parameter of the packed values carrying the quantization state, as ``Params4bit`` does: that
@@ -419,7 +420,6 @@ def _to_4bit(model: nn.Module, name: str, linear: nn.Linear, config: Any) -> boo
         module._parameters["bias"] = nn.Parameter(linear.bias.detach(), requires_grad=False)
     parent, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, child, module)
-    return True
 
 
 @TECHNIQUES.register("int4-weights")
