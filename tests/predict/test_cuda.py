@@ -262,6 +262,27 @@ def test_offload_brings_host_tensors_back_to_the_host_not_the_device(monkeypatch
     assert brought.peak_tensor_bytes - kept.peak_tensor_bytes == 2 * 512
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_batch_norm_saves_its_statistics_in_float32_on_cuda_and_the_weights_dtype_on_a_cpu(dtype):
+    """CUDA's own batch norm kernel (16-bit weights) saves its mean and inverse std in the input's
+    accumulation type, cuDNN's (float32 weights) in the weight's: float32 either way; a CPU's kernel
+    saves the weight's dtype. Pure bf16 ResNet-50 on the H100 kept 196 blocks more than the weight's
+    dtype gives."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from bench.predict.stand_ins import OutputsAsReal
+
+    def saved(cuda: bool) -> set[torch.dtype]:
+        with FakeTensorMode(), OutputsAsReal(cuda=cuda):
+            x, w = torch.empty(4, 256, 3, 3, dtype=dtype), torch.empty(256, dtype=dtype)
+            stats = torch.empty(256, dtype=dtype), torch.empty(256, dtype=dtype)
+            out = torch.ops.aten.native_batch_norm(x, w, w, *stats, True, 0.1, 1e-5)
+        return {out[1].dtype, out[2].dtype}
+
+    assert saved(cuda=True) == {torch.float32}
+    assert saved(cuda=False) == {dtype}
+
+
 def test_the_host_state_is_adams_step_counters_outside_fused_groups():
     params = [torch.nn.Parameter(torch.zeros(4, 4)) for _ in range(3)]
     plain, fused = torch.optim.AdamW(params[:2]), torch.optim.AdamW(params[2:], fused=True)
@@ -296,6 +317,8 @@ def test_every_h100_record_is_predicted_byte_for_byte(path):
     record = results.read(path)
     if record["status"] != "ok":
         pytest.skip(f"{record['status']}: no peak to hold the prediction to")
+    if "activation_bytes" not in record:
+        pytest.skip("compiled: the tracker sees no Python in the step, so nothing tracked to hold")
     out = predict(RunSpec.from_dict(record["spec"]))
     assert out.activation_bytes == record["activation_bytes"]
     held = 0
