@@ -77,6 +77,7 @@ def replay(snapshot: dict[str, Any], device: int = 0) -> Replayed:
     allocator = CachingAllocator()
     reserved = peak = count = misplaced = 0
     placed = None  # where the driver put the segment the card reserved for the request that follows
+    emptying = False  # within a run of segments released: one emptying of the cache
     for entry in snapshot["device_traces"][device]:
         action, addr, size = entry["action"], entry.get("addr"), entry.get("size", 0)
         if action == "alloc":
@@ -93,7 +94,12 @@ def replay(snapshot: dict[str, Any], device: int = 0) -> Replayed:
             placed, reserved = addr, reserved + size
             peak = max(peak, reserved)
         elif action in ("segment_free", "segment_unmap"):
+            # The cache emptied (empty_cache, or cuDNN's benchmark after each search for a
+            # convolution's algorithm): every wholly free segment released at once.
+            if not emptying:
+                allocator.empty_cache()
             reserved -= size
+        emptying = action in ("segment_free", "segment_unmap")
     return Replayed(
         simulated_peak_reserved=allocator.peak_reserved,
         recorded_peak_reserved=peak,
