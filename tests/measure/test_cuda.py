@@ -131,8 +131,7 @@ def test_snapshot_of_the_instrumented_step_is_saved_for_memory_viz(tmp_path):
     import pickle
 
     path = tmp_path / "run.snapshot.pickle"
-    record = isolated(
-        spec("vit-tiny", batch_size=16), Device("cuda", torch.cuda.get_device_name(0)), path
-    )
+    device = Device("cuda", torch.cuda.get_device_name(0))
+    record = isolated(spec("vit-tiny", batch_size=16), device, snapshot=path)
     assert record["status"] == "ok", record
     assert record["snapshot"] == path.name and pickle.loads(path.read_bytes())["segments"]
