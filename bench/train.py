@@ -65,6 +65,10 @@ class Trainer:
             policy.scale_loss(loss).backward()
             if self.after_micro_batch is not None:
                 self.after_micro_batch()
+        if policy.clip is not None:
+            if policy.unscale is not None:
+                policy.unscale(self.optimizer)
+            policy.clip(self.optimizer)
         if policy.optimizer_step is not None:
             policy.optimizer_step(self.optimizer)
         else:

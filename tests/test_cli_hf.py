@@ -42,7 +42,8 @@ def test_bench_suite_writes_the_jobs_suite_beside_full_fine_tuning(job, tmp_path
     assert (
         baseline.techniques == () and baseline.gpu.batch_size == 4 and baseline.gpu.seq_len == 256
     )
-    assert [t.name for t in mine.techniques] == ["optimizer", "checkpoint", "accumulate", "lora"]
+    techniques = [t.name for t in mine.techniques]
+    assert techniques == ["optimizer", "checkpoint", "accumulate", "clip-grad-norm", "lora"]
     # the accumulation steps divide both
     assert mine.gpu.batch_size == 4 and mine.cpu.batch_size % 2 == 0
     assert main(["suite", *job, "--out", str(tmp_path / "suites")]) == 2  # kept: never written over

@@ -225,6 +225,9 @@ class ScalerWithoutValues:
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         return loss * 1.0  # the real one multiplies by its scale
 
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        pass  # the real one divides the gradients in place, beside its own scalars
+
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.step()
 

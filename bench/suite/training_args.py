@@ -138,6 +138,7 @@ READ = (
     "torch_compile",
     "torch_compile_mode",
     "torch_compile_backend",
+    "max_grad_norm",
 )
 
 
@@ -200,6 +201,7 @@ def read(path: str, where: str, problems: list[str]) -> Job | None:
     techniques += [{"name": "accumulate", "micro_batches": steps}] if steps > 1 else []
     techniques += [{"name": "tf32", "enabled": True}] if args.get("tf32") else []
     techniques += _compile(args, where, found)
+    techniques += _clipping(args, where, found)
     length = _sft_length(args, where, found) if sft else None
     problems += found
     sft_read = {"max_length", "pad_to_multiple_of", "model_init_kwargs"}
@@ -386,6 +388,19 @@ def _compile(args: dict[str, Any], where: str, found: list[str]) -> list[Any]:
         )
         return []
     return [{"name": "compile", "mode": mode}] if mode else ["compile"]
+
+
+def _clipping(args: dict[str, Any], where: str, found: list[str]) -> list[Any]:
+    """The gradients' norm, which the Trainer's loop takes every step after the last backward
+    (transformers 5: clipped to max_grad_norm where positive, else taken for its logs alone) and
+    holds until the next step's."""
+    value = args.get("max_grad_norm", _default("max_grad_norm"))
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        found.append(f"{where}: max_grad_norm: expected a number, got {value!r}")
+        return []
+    if value > 0:
+        return [{"name": "clip-grad-norm", "max_norm": float(value)}]
+    return [{"name": "clip-grad-norm", "clip": False}]
 
 
 def _positive(args: dict[str, Any], key: str, default: int, where: str, found: list[str]) -> int:

@@ -77,6 +77,11 @@ class Step:
     # makes the full logits: the model returns its last hidden states then).
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     scale_loss: Callable[[torch.Tensor], torch.Tensor] | None = None  # before backward
+    # the gradients unscaled in place, where the loss was scaled: before clipping, as accelerate
+    # unscales them
+    unscale: Callable[[torch.optim.Optimizer], None] | None = None
+    # after the last backward, before the optimizer step (clipping the gradients' norm)
+    clip: Callable[[torch.optim.Optimizer], None] | None = None
     # instead of optimizer.step()
     optimizer_step: Callable[[torch.optim.Optimizer], None] | None = None
     # instead of zero_grad(set_to_none=True)
@@ -91,7 +96,8 @@ class Step:
 def combined(steps: list[Step]) -> Step:
     """The techniques' steps as one, in the suite's order: micro-batches multiply; batch
     preparation, contexts (the first outermost), loss scaling and what follows the step chain; the
-    first technique that takes the loss, the optimizer step or the zero-grad takes it."""
+    first technique that takes the loss, the unscaling, the clipping, the optimizer step or the
+    zero-grad takes it."""
 
     def chain(fns: list[Callable[[Any], Any]]) -> Callable[[Any], Any]:
         def run(x: Any) -> Any:
@@ -123,6 +129,8 @@ def combined(steps: list[Step]) -> Step:
         context=contexts,
         loss=first("loss"),
         scale_loss=chain([s.scale_loss for s in steps if s.scale_loss is not None]),
+        unscale=first("unscale"),
+        clip=first("clip"),
         optimizer_step=first("optimizer_step"),
         zero_grad=first("zero_grad"),
         after=after,

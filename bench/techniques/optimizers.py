@@ -155,6 +155,54 @@ class ZeroGradKeep(Technique):
         return {"grads_kept_between_steps": len(kept)}
 
 
+@TECHNIQUES.register("clip-grad-norm")
+class ClipGradNorm(Technique):
+    """The gradients' total norm, and the gradients scaled down to ``max_norm`` where it is larger,
+    after the last backward and before the optimizer step: ``torch.nn.utils.clip_grad_norm_``, as
+    the transformers Trainer runs it every step (``max_grad_norm``, 1.0 by default; at 0 it still
+    takes the norm for its logs, clipping nothing: ``clip = false`` here). Its gradients are those
+    of the parameters the optimizer updates (the Trainer passes the model's, and those without a
+    gradient are skipped: the same set). Where the loss is scaled (float16 autocast), the gradients
+    are unscaled first, as accelerate unscales them.
+
+    Expected: a scalar norm per gradient and their stack for a moment, and the total norm kept: the
+    Trainer holds it for its logs until the next step's clipping, so it is alive through the next
+    forward and backward (one 512-byte block on CUDA). Accuracy: clipping changes the update, not
+    what a step holds.
+    """
+
+    not_advised = "clipping bounds the update; it saves no memory"
+    summary = "`clip_grad_norm_` before each optimizer step, as the Trainer does"
+    # the update runs in backward there: no gradient is left to clip
+    conflicts = frozenset({"optimizer-in-backward"})
+
+    @dataclass(frozen=True)
+    class Config:
+        max_norm: float = option(1.0, "the largest total norm kept")
+        clip: bool = option(
+            True,
+            "false: the norm taken and nothing clipped, as the Trainer does at max_grad_norm = 0",
+        )
+
+    def problems(self, batch_size: int) -> list[str]:
+        if self.config.max_norm > 0:
+            return []
+        return [f"clip-grad-norm: max_norm must be positive, not {self.config.max_norm}"]
+
+    def step(self) -> Step:
+        return Step(clip=self._clip)
+
+    def _clip(self, optimizer: torch.optim.Optimizer) -> None:
+        self.norm = None  # the Trainer lets the last step's norm go just before it clips
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        limit = self.config.max_norm if self.config.clip else float("inf")
+        self.norm = torch.nn.utils.clip_grad_norm_(params, limit)
+
+    def proof(self, steps: int) -> dict[str, Any]:
+        norm = getattr(self, "norm", None)
+        return {"norm_kept": norm is not None and norm.dim() == 0}
+
+
 class _PerParameterState(Mapping):
     """Parameter → its own optimizer's state for it (a ChainMap would create empty entries in the
     optimizers' defaultdicts on every miss)."""

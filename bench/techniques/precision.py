@@ -83,7 +83,12 @@ class Amp(Technique):
         autocast = Step(context=lambda: torch.autocast(self.device_type, dtype=self.dtype))
         if self.scaler is None:
             return autocast
-        return replace(autocast, scale_loss=self.scaler.scale, optimizer_step=self._scaled_step)
+        return replace(
+            autocast,
+            scale_loss=self.scaler.scale,
+            unscale=self.scaler.unscale_,
+            optimizer_step=self._scaled_step,
+        )
 
     def _scaled_step(self, optimizer: torch.optim.Optimizer) -> None:
         self.scaler.step(optimizer)

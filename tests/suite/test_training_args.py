@@ -53,12 +53,25 @@ def test_the_fields_that_change_memory_become_techniques_and_the_rest_are_named(
         "optimizer(groups=trainer,kind=adafactor-transformers)",
         "checkpoint",
         "accumulate(micro_batches=2)",
+        "clip-grad-norm(max_norm=1.0)",  # the Trainer's loop, at its default max_grad_norm
     ]
     assert run.gpu.batch_size == 4  # 2 per device, accumulated twice: the step the harness measures
     assert (
         "ignored, as they change nothing a step holds: learning_rate, logging_steps, output_dir"
         in capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize(
+    "norm, kept", [(0.3, "max_norm=0.3"), (0, "clip=False"), (-1.0, "clip=False")]
+)
+def test_the_trainers_loop_takes_the_gradients_norm_clipping_where_max_grad_norm_is_positive(
+    norm, kept, tmp_path
+):
+    """transformers 5's loop takes the norm every step, clipping where max_grad_norm > 0 and else
+    taking it for its logs alone: read, never ignored."""
+    run = load(suite(tmp_path, ARGS | {"max_grad_norm": norm})).runs[1]
+    assert run.techniques[-1].label == f"clip-grad-norm({kept})"
 
 
 def test_transformers_4s_own_adamw_is_read_as_what_it_was(tmp_path):
@@ -137,9 +150,12 @@ def test_the_run_holds_what_the_trainer_holds_for_the_same_arguments(bf16, tmp_p
             theirs.training_step(
                 theirs.model, part | {"labels": labels[2 * half : 2 * half + 2].clone()}
             )
+        norm[0] = None  # the loop's grad_norm, held from one step to the next
+        norm[0] = theirs._get_grad_norm(model, grad_norm=theirs._clip_grad_norm(model))
         theirs.optimizer.step()
         theirs.optimizer.zero_grad(set_to_none=True)
 
+    norm = [None]
     ours.step(clone_batch(batch))
     their_step()
     measured = tracked_step(lambda: ours.step(clone_batch(batch)), ours.model, ours.optimizer, CPU)
@@ -177,6 +193,7 @@ def test_an_sftconfig_is_read_with_trls_defaults_and_its_loss(tmp_path, capsys):
         "checkpoint",
         "sft-chunked-nll",
         "accumulate(micro_batches=2)",
+        "clip-grad-norm(max_norm=1.0)",
     ]
     err = capsys.readouterr().err
     assert "read as TRL's SFTConfig" in err
@@ -216,7 +233,8 @@ def test_an_sftconfig_is_read_with_trls_defaults_and_its_loss(tmp_path, capsys):
 )
 def test_an_sftconfigs_own_choices_are_read_as_trl_reads_them(change, labels, tmp_path):
     run = load(suite(tmp_path, SFT | change)).runs[1]
-    assert [t.label for t in run.techniques if not t.label.startswith(("optim", "accum"))] == labels
+    own = [t.label for t in run.techniques if not t.label.startswith(("optim", "accum", "clip"))]
+    assert own == labels
 
 
 @pytest.mark.fault("cli values")

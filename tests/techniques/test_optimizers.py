@@ -167,3 +167,54 @@ def test_techniques_that_make_the_optimizer_refuse_each_other_but_not_pure_bf16(
         assert problems(tech(own), tech("bf16")) == []
         assert problems(tech(own), tech("bf16", master_weights=True)) != []
         assert problems(tech(own), tech("adamw-8bit")) != []
+
+
+@pytest.mark.parametrize("clip", [True, False])
+def test_clip_grad_norm_scales_the_gradients_to_max_norm_before_the_optimizer_steps(
+    clip, monkeypatch
+):
+    """clip = false: the norm taken for the Trainer's logs alone (max_grad_norm = 0)."""
+    seen = []
+    step = torch.optim.AdamW.step
+
+    def stepping(self, *args, **kwargs):
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        seen.append(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item())
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", stepping)
+    _, trainer = run(tech("clip-grad-norm", max_norm=1e-3, clip=clip))
+    kept = trainer.techniques[0].norm
+    assert kept.dim() == 0 and kept.item() > 1e-3  # the norm before clipping, as the Trainer logs
+    expected = 1e-3 if clip else kept.item()
+    assert abs(seen[-1] / expected - 1) < 1e-3
+    assert trainer.proof()["clip-grad-norm.norm_kept"]
+
+
+@pytest.mark.parametrize("techniques", [(), (tech("amp", dtype="float16"),)])
+def test_the_norm_kept_to_the_next_clipping_is_allocated_through_the_next_step(techniques):
+    """The Trainer holds the last step's norm (a float32 scalar) until it clips again, after the
+    next backward: on CUDA one 512-byte block more at a peak in backward, which the allocator's
+    replay counts (the tracker counts what the step makes, and this the step before made). float16
+    autocast's gradients are unscaled before they are clipped, as accelerate does."""
+    from bench.predict import predict
+
+    plain = predict(spec("vit-tiny", techniques, batch_size=8))
+    clipped = predict(spec("vit-tiny", (*techniques, tech("clip-grad-norm")), batch_size=8))
+    assert plain.peak_phase == clipped.peak_phase == "backward"
+    assert clipped.peak_allocated_bytes - plain.peak_allocated_bytes == 512
+    assert clipped.ops_per_step > plain.ops_per_step  # a norm a gradient, and their scaling
+
+
+def test_clip_grad_norm_is_predicted_exactly():
+    from tests.predict.test_fake import assert_predicted_exactly
+
+    assert_predicted_exactly(spec("bert-tiny", (tech("clip-grad-norm"),), batch_size=4))
+
+
+def test_clip_grad_norm_refuses_a_norm_that_clips_everything_away():
+    from bench.techniques import build
+
+    assert build(tech("clip-grad-norm", max_norm=0.0)).problems(8) == [
+        "clip-grad-norm: max_norm must be positive, not 0.0"
+    ]
