@@ -204,7 +204,12 @@ def _timed_pass(
     record = Record()
     if device.type == "cuda":
         memory = cuda_peaks(device)
-        memory.nvml_process_bytes = nvml_process_bytes(device)
+        if (now := nvml_process_bytes(device)) is not None:
+            # NVML reads the process as it is now, when the cache may hold less than at its peak
+            # (empty-cache empties it every step): what it holds beyond the allocator's reserve now
+            # is the context, and the process at its peak is that beside the reserve's peak.
+            context = now - torch.cuda.memory_reserved(device)
+            memory.nvml_process_bytes = context + memory.peak_reserved_bytes
         record.memory |= memory | overheads(memory)
         # The seed article's monitor, over the timed steps: the runner saves it beside the record.
         record.extra[MEMORY_SUMMARY] = torch.cuda.memory_summary(device)

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 GiB, MiB = 2**30, 2**20
 
-# NVML's process memory less the allocator's peak reserve, the largest of the 14 committed H100
-# records (742–764 MiB; tests/predict/test_cards.py holds it to them). No record yet measures
+# NVML's process memory less the allocator's peak reserve, the largest of the committed H100
+# records (758–766 MiB; tests/predict/test_cards.py holds it to them). No record yet measures
 # another family: theirs is taken to be the same, which the table says.
-H100_CONTEXT = 764 * MiB
+H100_CONTEXT = 766 * MiB
 MEASURED = "measured: NVML less reserved, committed H100 records"
 ASSUMED = "assumed: the H100 figure (no record of this family yet)"
 

@@ -76,11 +76,12 @@ def test_sizes_parse_with_binary_and_decimal_units():
 
 
 def test_a_budget_is_the_cards_memory_less_the_reserve():
-    assert tensor_budget("16GiB") == 15 * 2**30 and tensor_budget("80GB", "0") == 80 * 10**9
+    assert tensor_budget("16GiB") == 16 * 2**30 - 1280 * 2**20
+    assert tensor_budget("80GB", "0") == 80 * 10**9
     with pytest.raises(ValueError, match="--reserve 'some': expected a size"):
         tensor_budget("16GiB", "some")
     with pytest.raises(
-        ValueError, match="--reserve 1GiB leaves nothing of --budget 1GiB for tensors"
+        ValueError, match="--reserve 1280MiB leaves nothing of --budget 1GiB for tensors"
     ):
         tensor_budget("1GiB")
 
@@ -90,7 +91,14 @@ def test_the_default_reserve_holds_what_every_cuda_record_held_besides_tensors()
     share of its peak (its allocated peak less the tracked tensors'), summed, in every committed
     CUDA record."""
     records = [json.loads(p.read_text()) for p in RESULTS.glob("*/*/*.json")]
-    cuda = [r for r in records if r.get("device_type") == "cuda" and r.get("nvml_process_bytes")]
+    cuda = [
+        r
+        for r in records
+        if r.get("device_type") == "cuda"
+        and r.get("nvml_process_bytes")
+        # a compiled step has no tracked tensors to set against the allocator's peak
+        and r.get("peak_tensor_bytes")
+    ]
     assert len(cuda) >= 14
     for r in cuda:
         context = r["nvml_process_bytes"] - r["peak_reserved_bytes"]
@@ -102,7 +110,8 @@ def test_the_default_reserve_holds_what_every_cuda_record_held_besides_tensors()
 
 
 def test_every_command_reads_its_budget_one_way():
-    assert Budget.parse("16GiB", "cuda").bytes() == 15 * 2**30  # less the reserve, on a card
+    # less the reserve, on a card
+    assert Budget.parse("16GiB", "cuda").bytes() == 16 * 2**30 - 1280 * 2**20
     assert Budget.parse("16GiB", "cpu").bytes() == 16 * 2**30
     # advise: a share of the baseline's peak
     assert Budget.parse("60%", "cuda", share=True).bytes(1000) == 600

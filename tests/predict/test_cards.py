@@ -17,13 +17,19 @@ MiB = 1 << 20
 H100_RECORDS = sorted(Path(__file__).resolve().parents[2].glob("results/*/nvidia-h100*/*.json"))
 
 
+# runs whose libraries hold memory outside the allocator: shared-basis's SVD at the build runs in
+# cuSOLVER, whose handle and workspace took 98 MiB more on the H100
+OWN_CONTEXT = {"shared-basis"}
+
+
 def test_the_h100_context_is_the_largest_the_committed_records_measured():
-    """NVML's process memory less the allocator's reserved peak, in whole MiB."""
+    """NVML's process memory less the allocator's reserved peak, in whole MiB, but where a run's
+    own library holds memory beside the allocator's."""
     records = [results.read(p) for p in H100_RECORDS]
     measured = [
         r["nvml_process_bytes"] - r["peak_reserved_bytes"]
         for r in records
-        if r.get("nvml_process_bytes")
+        if r.get("nvml_process_bytes") and r["run"] not in OWN_CONTEXT
     ]
     assert len(measured) >= 10 and math.ceil(max(measured) / MiB) * MiB == H100_CONTEXT
 
