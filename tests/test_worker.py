@@ -14,7 +14,9 @@ from tests.helpers import spec
 CPU = torch.device("cpu")
 
 
-def test_a_cuda_runs_timed_pass_gathers_the_allocators_figures_and_its_summary(monkeypatch):
+def timed_pass_on_cuda(monkeypatch, nvml: int, reserved_now: int):
+    """The worker's CUDA timed pass over vit-tiny here, the allocator's peaks (700 allocated, 1000
+    reserved), NVML's reading and what is reserved as it reads stood in for."""
     recipe = Recipe.of(spec("vit-tiny", batch_size=4), CPU)
     trainer, batch = recipe.stepper(recipe.model()[0]), recipe.batch()
     peaks = Memory(peak_allocated_bytes=700, peak_reserved_bytes=1000, alloc_retries=0, cuda_ooms=0)
@@ -22,11 +24,15 @@ def test_a_cuda_runs_timed_pass_gathers_the_allocators_figures_and_its_summary(m
         monkeypatch.setattr(torch.cuda, name, lambda *a: None)
     monkeypatch.setattr(torch.cuda, "memory_summary", lambda *a: "the allocator's summary")
     monkeypatch.setattr(worker, "cuda_peaks", lambda device: dataclasses.replace(peaks))
-    monkeypatch.setattr(worker, "nvml_process_bytes", lambda device: 1500)
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 1000)
+    monkeypatch.setattr(worker, "nvml_process_bytes", lambda device: nvml)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: reserved_now)
     monkeypatch.setattr(worker, "time_steps", lambda step, n, device: time_steps(step, n, CPU))
     ctx = dataclasses.replace(recipe.ctx, device=torch.device("cuda"))
-    record = worker._timed_pass(trainer, batch, feed=None, samples=4, ctx=ctx)
+    return worker._timed_pass(trainer, batch, feed=None, samples=4, ctx=ctx)
+
+
+def test_a_cuda_runs_timed_pass_gathers_the_allocators_figures_and_its_summary(monkeypatch):
+    record = timed_pass_on_cuda(monkeypatch, nvml=1500, reserved_now=1000)
     assert record.memory.peak_reserved_bytes == 1000 and record.memory.nvml_process_bytes == 1500
     assert (record.memory.cache_slack_bytes, record.memory.context_bytes) == (300, 500)
     assert record.extra[MEMORY_SUMMARY] == "the allocator's summary"
@@ -41,16 +47,5 @@ def test_nvidia_smis_figure_is_the_process_at_its_peak_when_the_cache_was_emptie
     the context and what is still reserved (the H100's resnet/empty-cache: 1.32 GiB, against a
     13.0 GiB reserved peak): the context is what it counts beyond that, and the process at its peak
     the context beside the reserved peak."""
-    recipe = Recipe.of(spec("vit-tiny", batch_size=4), CPU)
-    trainer, batch = recipe.stepper(recipe.model()[0]), recipe.batch()
-    peaks = Memory(peak_allocated_bytes=700, peak_reserved_bytes=1000, alloc_retries=0, cuda_ooms=0)
-    for name in ("synchronize", "reset_peak_memory_stats", "reset_accumulated_memory_stats"):
-        monkeypatch.setattr(torch.cuda, name, lambda *a: None)
-    monkeypatch.setattr(torch.cuda, "memory_summary", lambda *a: "")
-    monkeypatch.setattr(worker, "cuda_peaks", lambda device: dataclasses.replace(peaks))
-    monkeypatch.setattr(worker, "nvml_process_bytes", lambda device: 800)  # 500 context, 300 kept
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 300)
-    monkeypatch.setattr(worker, "time_steps", lambda step, n, device: time_steps(step, n, CPU))
-    ctx = dataclasses.replace(recipe.ctx, device=torch.device("cuda"))
-    memory = worker._timed_pass(trainer, batch, feed=None, samples=4, ctx=ctx).memory
+    memory = timed_pass_on_cuda(monkeypatch, nvml=800, reserved_now=300).memory  # 500 context
     assert (memory.nvml_process_bytes, memory.context_bytes) == (1500, 500)
