@@ -424,12 +424,11 @@ def _failed(
     status = Status.OOM if is_oom(exc) else Status.ERROR
     message = f"{type(exc).__name__}: {first_line(exc)[:500]}"
     result = Record(outcome=Outcome(status=status, message=message))
-    if prediction is not None:
-        result = prediction | result
     if device.type == "cuda":
-        result |= Record(memory=cuda_peaks(device))
+        # the peaks first: merged after, their record's empty message would replace the reason
+        result = Record(memory=cuda_peaks(device)) | result
         result.memory.memory_history = _history_to_failure(history_path)
-    return result
+    return result if prediction is None else prediction | result
 
 
 def _history_to_failure(path: str | None) -> str | None:

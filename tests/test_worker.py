@@ -49,3 +49,17 @@ def test_nvidia_smis_figure_is_the_process_at_its_peak_when_the_cache_was_emptie
     the context beside the reserved peak."""
     memory = timed_pass_on_cuda(monkeypatch, nvml=800, reserved_now=300).memory  # 500 context
     assert (memory.nvml_process_bytes, memory.context_bytes) == (1500, 500)
+
+
+def test_a_cuda_out_of_memory_keeps_its_reason_beside_the_allocators_peaks(monkeypatch):
+    """The H200's llama/baseline of 2026-11-28 was stored with an empty message: the peaks, merged
+    after the outcome, brought their record's empty one over the allocator's reason."""
+    peaks = Memory(peak_allocated_bytes=700, peak_reserved_bytes=1000)
+    monkeypatch.setattr(worker, "cuda_peaks", lambda device: dataclasses.replace(peaks))
+    monkeypatch.setattr(worker, "_history_to_failure", lambda path: "baseline.history.pickle.gz")
+    exc = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB.\nmore")
+    record = worker._failed(exc, None, torch.device("cuda"), "baseline.history.pickle.gz")
+    reason = "OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB."
+    assert record.outcome.message == reason
+    assert (record.outcome.status, record.memory.peak_reserved_bytes) == ("oom", 1000)
+    assert record.memory.memory_history == "baseline.history.pickle.gz"
