@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from bench import results
-from bench.cli import main
+from bench.cli import main, parser
+from bench.predict import RESERVE
 from bench.report.figures import figures_page
 from bench.report.tables import summary
 from bench.results import to_frame
@@ -403,3 +404,15 @@ def test_a_sweep_that_could_not_store_a_measured_run_exits_non_zero(tmp_path, ca
     said = capsys.readouterr().err
     assert f"error: 1 measured run(s) could not be stored in {tmp_path / 'r'}: baseline" in said
     assert len(list((tmp_path / "kept").glob("bench-unsaved-smoke-baseline-*.json"))) == 1
+
+
+def test_the_reserves_default_in_every_commands_help_is_the_one_applied():
+    """The help is written where the parser is built, which does not import the predictor: a
+    default moved there (1 GiB to 1280 MiB after the ResNet-50 records) moves in the help too."""
+    helps = [
+        action.help
+        for command in parser()._subparsers._group_actions[0].choices.values()  # noqa: SLF001
+        for action in command._actions  # noqa: SLF001
+        if "--reserve" in action.option_strings
+    ]
+    assert len(helps) >= 3 and all(f"default {RESERVE}" in h for h in helps)

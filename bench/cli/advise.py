@@ -85,7 +85,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     adv.add_argument(
         "--reserve",
         default=None,
-        help="CUDA: held back from --budget for the context and workspaces (default 1GiB)",
+        help="CUDA: held back from --budget for the context and workspaces (default 1280MiB)",
     )
     adv.add_argument(
         "--link-gbps",

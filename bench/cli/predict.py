@@ -38,7 +38,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     pre.add_argument(
         "--reserve",
         help="held back from the budget for the CUDA context and the allocator's workspaces "
-        "(default 1GiB, what the H100 records needed; 0: none)",
+        "(default 1280MiB: the H100 records' context and workspaces; 0: none)",
     )
     pre.add_argument(
         "--card",
@@ -93,7 +93,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     fit.add_argument(
         "--reserve",
         default=None,
-        help="CUDA: held back for the context and workspaces (default 1GiB)",
+        help="CUDA: held back for the context and workspaces (default 1280MiB)",
     )
     fit.add_argument("--only", metavar="PATTERNS", help="comma-separated run names or globs")
     fit.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
