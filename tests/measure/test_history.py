@@ -95,8 +95,9 @@ def test_segments_released_together_are_the_cache_emptied_and_the_next_request_r
     "path", sorted(RECORDED), ids=lambda p: f"{p.parent.parent.name}/{p.name.split('.')[0]}"
 )
 def test_every_committed_gpu_trace_replays_to_the_card_block_by_block(path):
-    """The histories the H100 recorded (results/<suite>/<card>/<run>.history.pickle.gz), from the
-    build to the instrumented step: every block where the card put it, so the same reserved peak.
+    """The histories the cards recorded (results/<suite>/<card>/<run>.history.pickle.gz), from the
+    build to the instrumented step or the request refused: every block where the card put it, so
+    the same reserved peak (an out-of-memory as Llama-1B's first backward begins holds 981).
     cuDNN's benchmark empties the cache after each search (ResNet-50's warm-up: 181 segments
     released), which the replay follows. A run with expandable segments maps pages into a few
     segments that grow, which the simulator does not model (bench.measure.allocator)."""
@@ -104,7 +105,7 @@ def test_every_committed_gpu_trace_replays_to_the_card_block_by_block(path):
     if any(e["action"] == "segment_map" for e in trace["device_traces"][0]):
         pytest.skip("expandable segments: the simulator models fixed segments alone")
     out = history.replay(trace)
-    assert out.allocations > 1000
+    assert out.allocations > 500
     assert (out.misplaced, out.simulated_peak_reserved) == (0, out.recorded_peak_reserved)
 
 
