@@ -122,6 +122,8 @@ def runtime_provenance(device: torch.device) -> Provenance:
             tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
             tf32_cudnn=torch.backends.cudnn.allow_tf32,
             cudnn_benchmark=torch.backends.cudnn.benchmark,
+            # what the driver leaves CUDA of the card, less than its maker's figure: --card's memory
+            device_memory_bytes=torch.cuda.get_device_properties(device).total_memory,
         )
     return out
 

@@ -609,6 +609,10 @@ class Provenance(Part):
     cuda_version: str | None = doc("CUDA: the runtime torch was built with")
     cudnn_version: int | None = doc("CUDA: cuDNN")
     driver_version: str | None = doc("CUDA: the driver")
+    device_memory_bytes: int | None = doc(
+        "CUDA: the card's memory as CUDA sees it (torch's total_memory), less than its maker's "
+        "figure by what the driver keeps"
+    )
     allocator_conf: str | None = doc("CUDA: PYTORCH_CUDA_ALLOC_CONF as the run saw it")
     tf32_matmul: bool | None = doc(
         "CUDA: TF32 matmuls allowed (changes an fp32 baseline's speed and accuracy)"

@@ -145,9 +145,9 @@ def _predict(args: argparse.Namespace) -> int:
         )
     if card is not None:
         print(
-            f"{card.name}: {card.memory / 2**30:g} GiB less {card.context / 2**20:,.0f} MiB for "
-            f"the CUDA context ({card.context_source}): {card.capacity / 2**30:.2f} GiB for the "
-            "allocator",
+            f"{card.name}: {card.memory / 2**30:.2f} GiB as CUDA sees it ({card.memory_source}) "
+            f"less {card.context / 2**20:,.0f} MiB for the CUDA context ({card.context_source}): "
+            f"{card.capacity / 2**30:.2f} GiB for the allocator",
             file=sys.stderr,
         )
     table = suite_table(list(suite.runs), measured, budget, jobs=args.jobs, card=card)

@@ -2,11 +2,13 @@
 context."""
 
 import math
+import re
 from pathlib import Path
 
 import pytest
 
 from bench import results
+from bench.measure import history
 from bench.predict import held, predict
 from bench.predict.cards import CARDS, H100_CONTEXT, Card, card
 from bench.predict.table import verdict
@@ -14,7 +16,8 @@ from bench.record import Prediction
 from tests.helpers import spec
 
 MiB = 1 << 20
-H100_RECORDS = sorted(Path(__file__).resolve().parents[2].glob("results/*/nvidia-h100*/*.json"))
+ROOT = Path(__file__).resolve().parents[2]
+RECORDS = {name: sorted(ROOT.glob(f"results/*/nvidia-{name}*/*.json")) for name in ("h100", "h200")}
 
 
 # runs whose libraries hold memory outside the allocator: shared-basis's SVD at the build runs in
@@ -22,16 +25,41 @@ H100_RECORDS = sorted(Path(__file__).resolve().parents[2].glob("results/*/nvidia
 OWN_CONTEXT = {"shared-basis"}
 
 
-def test_the_h100_context_is_the_largest_the_committed_records_measured():
+@pytest.mark.parametrize("name", ["h100", "h200"])
+def test_a_measured_cards_context_is_the_largest_its_committed_records_measured(name):
     """NVML's process memory less the allocator's reserved peak, in whole MiB, but where a run's
     own library holds memory beside the allocator's."""
-    records = [results.read(p) for p in H100_RECORDS]
+    records = [results.read(p) for p in RECORDS[name]]
     measured = [
         r["nvml_process_bytes"] - r["peak_reserved_bytes"]
         for r in records
         if r.get("nvml_process_bytes") and r["run"] not in OWN_CONTEXT
     ]
-    assert len(measured) >= 10 and math.ceil(max(measured) / MiB) * MiB == H100_CONTEXT
+    assert len(measured) >= 6 and math.ceil(max(measured) / MiB) * MiB == CARDS[name].context
+    assert CARDS["h100"].context == H100_CONTEXT
+
+
+def test_the_h100s_memory_is_the_total_capacity_its_out_of_memory_records_state():
+    """What CUDA sees of an "80 GB" H100, as PyTorch's message prints it: 79.18 GiB, not 80."""
+    said = {
+        re.search(r"total capacity of ([\d.]+) GiB", r["message"])[1]
+        for r in map(results.read, RECORDS["h100"])
+        if "total capacity" in r.get("message", "")
+    }
+    assert said == {f"{CARDS['h100'].memory / 2**30:.2f}"} == {"79.18"}
+
+
+def test_the_h200s_memory_is_what_its_out_of_memory_history_adds_up_to():
+    """Where llama/baseline's request was refused: CUDA's free bytes, the allocator's segments then
+    and the context NVML measured in the suite's other runs, to the MiB."""
+    events = history.read(ROOT / "results/llama/nvidia-h200/baseline.history.pickle.gz")
+    reserved = 0
+    for e in events["device_traces"][0]:
+        if e["action"] == "oom":
+            break
+        reserved += {"segment_alloc": e["size"], "segment_free": -e["size"]}.get(e["action"], 0)
+    total = reserved + e["device_free"] + CARDS["h200"].context
+    assert round(total / MiB) * MiB == CARDS["h200"].memory
 
 
 def test_every_verdict_is_the_allocator_replayed_under_the_cards_capacity():
@@ -42,7 +70,14 @@ def test_every_verdict_is_the_allocator_replayed_under_the_cards_capacity():
     free = predict(run)
 
     def on(capacity: int) -> Prediction:
-        card = Card(name="test", memory=capacity, hopper=True, context=0, context_source="test")
+        card = Card(
+            name="test",
+            memory=capacity,
+            memory_source="test",
+            hopper=True,
+            context=0,
+            context_source="test",
+        )
         return predict(run, card=card)
 
     roomy = on(free.peak_reserved_bytes)
