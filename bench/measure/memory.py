@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from bench.measure.allocator import CachingAllocator, OutOfMemory, Replay
-from bench.measure.tracker import LiveBytes, storages
+from bench.measure.tracker import Kernel, LiveBytes, storages
 from bench.record import AT_PEAK, Category, Memory, Phase, Prediction
 
 
@@ -218,12 +218,13 @@ def track(
     compiled_update: bool = False,
     history: LiveBytes | None = None,
     phases: Phases | None = None,
+    kernels: dict[torch._ops.OpOverload, Kernel] | None = None,
 ) -> Tracked:
     """``step`` under a tracker that knows the model's states as such, and each phase as it begins
     (forward, backward, optimizer; or the ``phases`` of a generation's forwards, its cache labelled
     as such after each); following ``history``, the tracker of the steps before
-    (``LiveBytes.follow``)."""
-    tracker = LiveBytes(device, rounding)
+    (``LiveBytes.follow``); ``kernels``: composite kernels run as such (``LiveBytes``)."""
+    tracker = LiveBytes(device, rounding, kernels)
     tracker.add(parameter_tensors(model), Category.PARAMETERS)
     tracker.add(model.buffers(), Category.BUFFERS)
     tracker.add(_grads(model), Category.GRADIENTS)

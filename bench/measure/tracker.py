@@ -101,13 +101,27 @@ class NotRepeating(Exception):
     """A step's marked parts did not repeat (``LiveBytes.repeat``): it must be traced whole."""
 
 
+# An operator's kernel written as the operators it calls, each called through ``call`` (which counts
+# what it makes): (call, *args, **kwargs) -> the operator's outputs.
+Kernel = Callable[..., object]
+
+
 class LiveBytes(TorchDispatchMode):
-    def __init__(self, device: torch.device, rounding: int | None = None) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        rounding: int | None = None,
+        kernels: dict[torch._ops.OpOverload, Kernel] | None = None,
+    ) -> None:
         """``rounding``: allocation granularity to count in; CUDA's 512 bytes by default on CUDA, so
-        a prediction on a CPU can model the CUDA allocator too."""
+        a prediction on a CPU can model the CUDA allocator too. ``kernels``: operators whose kernel
+        on the modelled device is a composite of others, run as that composite, so that the
+        temporaries it makes and frees before it returns are counted as the allocator is asked for
+        them (a real run's tracker sees the operator whole)."""
         super().__init__()
         self.device_type = device.type
         self.rounding = rounding or (CUDA_BLOCK if device.type == "cuda" else 1)
+        self.kernels = kernels or {}
         self._live: dict[int, int] = {}  # id(storage) → its index in _lives
         self._lives: list[list] = []  # [bytes, label, born, freed or None] per storage ever counted
         self._raw: list[int] = []  # each one's bytes before rounding, in the same order
@@ -519,12 +533,19 @@ class LiveBytes(TorchDispatchMode):
         self.current -= self._lives[index][0]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        if (kernel := self.kernels.get(func)) is not None:
+            out = kernel(self._called, *args, **(kwargs or {}))
+        else:
+            out = func(*args, **(kwargs or {}))
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 self._count(t)
         self.op_ends.append((self._clock, func.__name__))
         return out
+
+    def _called(self, func: torch._ops.OpOverload, *args: object, **kwargs: object) -> object:
+        """An operator a composite kernel calls, counted as if dispatched here."""
+        return self.__torch_dispatch__(func, (), args, kwargs)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from bench.measure.tracker import CUDA_BLOCK, LiveBytes, NotRepeating, on_host
 from bench.models import ModelSpec
 from bench.predict import depth, ranks
 from bench.predict.cards import CARDS, Card
-from bench.predict.cuda import as_cuda, host_state
+from bench.predict.cuda import KERNELS, as_cuda, host_state
 from bench.predict.stand_ins import (
     OutputsAsReal,
     ScalarsReadAsOne,
@@ -327,6 +327,7 @@ def _fake_step(
                 compiled_update=compiled_update,
                 history=history,
                 phases=phases,
+                kernels=KERNELS if ctx.predicting else None,
             )
 
         derived = generating and not warm_up

@@ -4,10 +4,12 @@ from typing import Any
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from bench import models, results
+from bench.measure import history
 from bench.measure.tracker import LiveBytes
 from bench.predict import cuda, predict
 from bench.suite import RunSpec, TechniqueSpec
@@ -328,3 +330,36 @@ def test_every_h100_record_is_predicted_byte_for_byte(path):
         logits = shapes["batch_size"] * models.resolve(record["model"]).num_classes * dtype.itemsize
         held = -(-logits // 512) * 512
     assert out.peak_tensor_bytes + held == record["peak_tensor_bytes"]
+
+
+def test_safe_softmax_asks_the_allocator_for_its_kernels_temporaries_as_the_h200_recorded():
+    """The math attention path's ``_safe_softmax`` is one operator to the tracker, but its CUDA
+    kernel makes the softmax, a one-byte mask of the scores, its rows and a zero, and frees all but
+    the softmax as it returns: the H200's llama/selective-checkpoint history holds that sequence
+    (1 GiB of mask a layer), which the prediction now asks of the allocator."""
+    fake = FakeTensorMode()
+    with fake:
+        scores = torch.randn(2, 4, 64, 64)  # 128 KiB of float32 scores
+
+    def requests(kernels: dict | None) -> list[tuple[bool, int]]:
+        tracker = LiveBytes(CPU, rounding=512, kernels=kernels)
+        with fake, tracker:
+            out = torch.ops.aten._safe_softmax(scores, -1)
+        assert out.shape == scores.shape and out.dtype == scores.dtype
+        return [(freeing, n) for _, freeing, _, n in tracker._events()]
+
+    assert requests(None) == [(False, 131072)]
+    made = [(False, 131072), (False, 32768), (False, 512), (False, 512)]
+    assert requests(cuda.KERNELS) == [*made, (True, 512), (True, 512), (True, 32768)]
+    # the record: the same requests, each of the card's sizes (8 × 32 heads × 2,048²)
+    trace = history.read(RESULTS / "llama/nvidia-h200/selective-checkpoint.history.pickle.gz")
+    events = [e for e in trace["device_traces"][0] if e["action"] in ("alloc", "free_requested")]
+    at = next(i for i, e in enumerate(events) if e["size"] == 2**30)
+    kernel = [(e["action"] == "free_requested", e["size"]) for e in events[at - 1 : at + 6]]
+    rows, mask = 8 * 32 * 2048, 8 * 32 * 2048 * 2048
+    softmax = [(False, 4 * mask)]
+    assert kernel == [*softmax, (False, mask), (False, rows), (False, 4)] + [
+        (True, 4),
+        (True, rows),
+        (True, mask),
+    ]
