@@ -46,6 +46,8 @@ def test_isolated_cuda_run_records_allocator_figures_and_bf16_autocast():
     )
     assert record["proof"]["output_dtype"] == "torch.bfloat16"
     assert record["cuda_version"] and record["tf32_matmul"] in (True, False)
+    # what --card's memory is held to (bench/predict/cards.py)
+    assert record["device_memory_bytes"] == torch.cuda.get_device_properties(0).total_memory
 
 
 def test_fp16_with_grad_scaler_runs_on_cuda():
@@ -63,6 +65,8 @@ def test_out_of_memory_on_cuda_is_recorded_as_oom():
         Device("cuda", torch.cuda.get_device_name(0)),
     )
     assert record["status"] == "oom", record
+    # the allocator's reason, kept beside its peaks (the H200's first OOM records had lost it)
+    assert "CUDA out of memory" in record["message"]
 
 
 def test_fp8_converts_linear_layers_on_hopper():
