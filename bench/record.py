@@ -177,7 +177,9 @@ class Outcome(Part):
     """How the run ended."""
 
     status: Status | None = column(", ".join(STATUSES[:-1]) + " or " + STATUSES[-1])
-    message: str = column("empty when ok; else the reason", "")
+    # absent unless said: a record merged in that says nothing of the outcome (an allocator's
+    # peaks) leaves the reason a failure gave (the H200's first OOM records lost theirs to an "")
+    message: str | None = column("empty when ok; else the reason")
     warning: str | None = column(
         "an ok run whose first timed step was far slower than the rest (warm-up too short)"
     )

@@ -424,11 +424,12 @@ def _failed(
     status = Status.OOM if is_oom(exc) else Status.ERROR
     message = f"{type(exc).__name__}: {first_line(exc)[:500]}"
     result = Record(outcome=Outcome(status=status, message=message))
+    if prediction is not None:
+        result = prediction | result
     if device.type == "cuda":
-        # the peaks first: merged after, their record's empty message would replace the reason
-        result = Record(memory=cuda_peaks(device)) | result
+        result |= Record(memory=cuda_peaks(device))
         result.memory.memory_history = _history_to_failure(history_path)
-    return result if prediction is None else prediction | result
+    return result
 
 
 def _history_to_failure(path: str | None) -> str | None:

@@ -53,7 +53,8 @@ def test_nvidia_smis_figure_is_the_process_at_its_peak_when_the_cache_was_emptie
 
 def test_a_cuda_out_of_memory_keeps_its_reason_beside_the_allocators_peaks(monkeypatch):
     """The H200's llama/baseline of 2026-11-28 was stored with an empty message: the peaks, merged
-    after the outcome, brought their record's empty one over the allocator's reason."""
+    after the outcome, brought their record's default one over the allocator's reason (a message
+    is now absent unless said, as every other figure)."""
     peaks = Memory(peak_allocated_bytes=700, peak_reserved_bytes=1000)
     monkeypatch.setattr(worker, "cuda_peaks", lambda device: dataclasses.replace(peaks))
     monkeypatch.setattr(worker, "_history_to_failure", lambda path: "baseline.history.pickle.gz")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-GiB, MiB = 2**30, 2**20
+MiB = 2**20
 
 # NVML's process memory less the allocator's peak reserve, the largest of the committed H100
 # records (758–766 MiB; tests/predict/test_cards.py holds it and the H200's to them). Families no
