@@ -22,6 +22,7 @@ but for their bytes.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, fields
 from difflib import SequenceMatcher
 
@@ -300,16 +301,20 @@ def _target(rule: Rule, r: int, copies: int) -> Origin | None:
 
 def _rule(family: str, k: int, e: int, shift: int, seen: list) -> Rule | None:
     """The rule of this family and shift, where every sample obeys it: a target outside the copies
-    is the base moment each sample there names, one per place."""
+    is the base moment each sample there names, one per place. None too where no sample falls
+    inside the copies: each place outside seen once, any base moments would do, and the rule would
+    say nothing of the copies it names at full depth."""
     outside: dict[tuple[str, int], int] = {}
+    inside = False
     for r, copies, to in seen:
         copy = _copy(family, shift, r, copies)
         if 1 <= copy <= copies:
             if to != ("copy", k, copy, e):
                 return None
+            inside = True
         elif to[0] != "base" or outside.setdefault(_outside(copy, copies), to[1]) != to[1]:
             return None
-    return (family, k, e, shift, tuple(sorted(outside.items())))
+    return (family, k, e, shift, tuple(sorted(outside.items()))) if inside else None
 
 
 def rules(
@@ -321,12 +326,19 @@ def rules(
     moments that are the shallowest layer's own instance of a block's (``Pattern.twins``), which a
     rule may name as the copy before the first or after the last. None where a kind has no such
     rule."""
-    twins = twins or {}
+    found = _ruled(samples, twins or {})
+    return None if None in found.values() else found
+
+
+def _ruled(
+    samples: list[tuple[Origin, Origin, int]], twins: dict[int, tuple[int, int, bool]]
+) -> dict[tuple, Rule | None]:
+    """Each kind of moment's rule, None for a kind that has none (``rules``)."""
     by_slot: dict[tuple, list[tuple[int, int, Origin]]] = {}
     for at, to, copies in samples:
         slot, r = _slot(at)
         by_slot.setdefault(slot, []).append((r, copies, to))
-    found = {}
+    found: dict[tuple, Rule | None] = {}
     for slot, seen in by_slot.items():
         if len({to for *_, to in seen}) == 1 and seen[0][2][0] == "base":
             found[slot] = ("base", None, seen[0][2][1], 0, ())
@@ -342,8 +354,6 @@ def rules(
             ),
             None,
         )
-        if found[slot] is None:
-            return None
     return found
 
 
@@ -363,12 +373,44 @@ def _as_copies(
 
 
 def samples(
-    pattern: Pattern, copies: int, moments: list[Moment]
+    pattern: Pattern, copies: int, moments: list[Moment], sets: frozenset[tuple] = frozenset()
 ) -> list[tuple[Origin, Origin, int]]:
-    """Each free of a traced timeline, as (where it is, where what it frees was made, copies)."""
+    """Each free of a traced timeline, as (where it is, where what it frees was made, copies).
+
+    A run of frees alike (the same bytes, raw and rounded, and label, nothing between them) with a
+    kind of moment in ``sets`` is paired with what it frees as a set, each in the order of
+    ``_place``, not as they came. The timeline is the same either way, and the allocator's state
+    after the run too (a free block merges with its free neighbours whatever their order); but a
+    list of storages alike freed at once (the norms clip_grad_norm_ keeps, one per gradient, freed
+    last to first) is a run whose every place a diff may take for a layer's, and the order in which
+    they came ties its frees to the wrong layers."""
     origins = pattern.origins(copies)
     made = {m.index: o for m, o in zip(moments, origins) if m.kind == MADE}
-    return [(o, made[m.index], copies) for m, o in zip(moments, origins) if m.kind == FREED]
+    out: list[tuple[Origin, Origin, int]] = []
+    run: list[tuple[Origin, Origin]] = []
+    last = None
+    for m, o in zip(moments, origins):
+        if run and not (m.kind == FREED and m == last and m.raw == last.raw):
+            out += _paired(run, copies, sets)
+            run = []
+        if m.kind == FREED:
+            run.append((o, made[m.index]))
+        last = m
+    return out + _paired(run, copies, sets)
+
+
+def _paired(
+    run: list[tuple[Origin, Origin]], copies: int, sets: frozenset[tuple]
+) -> list[tuple[Origin, Origin, int]]:
+    if not any(_slot(at)[0] in sets for at, _ in run):
+        return [(at, to, copies) for at, to in run]
+    places = sorted((at for at, _ in run), key=_place)
+    return [(at, to, copies) for at, to in zip(places, sorted((to for _, to in run), key=_place))]
+
+
+def _place(origin: Origin) -> tuple:
+    """The base's moments first, in order, then copy by copy each block's."""
+    return (0, origin[1]) if origin[0] == "base" else (1, origin[2], origin[1], origin[3])
 
 
 def unfold(pattern: Pattern, frees: dict[tuple, Rule], copies: int) -> list[Moment] | None:
@@ -430,6 +472,8 @@ class Learnt:
 
     pattern: Pattern
     frees: dict[tuple, Rule]
+    # the kinds of moment whose runs of frees alike are read as sets (``samples``)
+    sets: frozenset[tuple] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -488,9 +532,12 @@ def _fold(
     measured = _learnt(lines, template and template.measured)
     if isinstance(measured, str):
         return measured
-    timeline = unfold(measured.pattern, measured.frees, copies)
-    if timeline is None:
-        return "a layer's free names a storage already freed"
+    rounding = shallow[0].tracker.rounding
+    timeline = _grown(
+        unfold(measured.pattern, measured.frees, copies), measured.pattern, lines, copies, rounding
+    )
+    if isinstance(timeline, str):
+        return timeline
     before = carried = history = handing = None
     if shallow[0].history is not None:
         befores = [s.history.timeline(s.tracker.followed_until, ordered) for s in shallow]
@@ -508,9 +555,15 @@ def _fold(
         if handing is None:
             return "the storages the step before hands on do not repeat with the layers"
         carried = _carried(measured.pattern, history.pattern, handing, copies)
-        history_timeline = unfold(history.pattern, history.frees, copies)
-        if history_timeline is None:
-            return "the step before: a layer's free names a storage already freed"
+        history_timeline = _grown(
+            unfold(history.pattern, history.frees, copies),
+            history.pattern,
+            befores,
+            copies,
+            rounding,
+        )
+        if isinstance(history_timeline, str):
+            return "the step before: " + history_timeline
         before = LiveBytes.rebuilt(CPU, history_timeline)
         if not before.repeat(shallow[0].repeats):
             return "the step before's micro-batches do not repeat at full depth"
@@ -531,6 +584,50 @@ def _fold(
         constant=frozenset(_constant(predictions)),
     )
     return prediction, tracker, proven
+
+
+def _grown(
+    timeline: list[Moment] | None,
+    pattern: Pattern,
+    lines: list[list[Moment]],
+    copies: int,
+    rounding: int,
+) -> list[Moment] | str:
+    """The unfolded ``timeline`` (``unfold``'s at ``copies``, one moment per origin) with each
+    storage of the base whose bytes grow with the layers grown to full depth: a stack of one norm
+    per gradient (clip_grad_norm_'s) is below one 512-byte block at three layers and over it at
+    thirty. Why not, where a layer's free names a storage already freed or a storage does not
+    grow by the same bytes each layer. Only the MADE's bytes before rounding are read
+    (``LiveBytes.rebuilt``): two frees of one block, alike to the diff, may be of other raw ones."""
+    if timeline is None:
+        return "a layer's free names a storage already freed"
+    raws = [
+        {
+            o[1]: m.raw
+            for o, m in zip(pattern.origins(d - DEPTHS[0]), line)
+            if o[0] == "base" and m.kind == MADE
+        }
+        for d, line in zip(DEPTHS, lines)
+    ]
+    growth = {}
+    for j in raws[0]:
+        steps = {deeper[j] - shallower[j] for shallower, deeper in zip(raws, raws[1:])}
+        if len(steps) > 1:
+            return "a storage's bytes do not grow by the same amount a layer"
+        if step := steps.pop():
+            growth[j] = step
+    if not growth:
+        return timeline
+    sizes: dict[int, tuple[int, int]] = {}
+    out = []
+    for origin, m in zip(pattern.origins(copies), timeline):
+        if m.kind == MADE and origin[0] == "base" and origin[1] in growth:
+            raw = m.raw + copies * growth[origin[1]]
+            sizes[m.index] = (math.ceil(raw / rounding) * rounding, raw)
+        if m.kind in (MADE, FREED) and m.index in sizes:
+            m = m.sized(*sizes[m.index])
+        out.append(m)
+    return out
 
 
 def _line(
@@ -650,10 +747,27 @@ def _learnt(lines: list[list[Moment]], template: Learnt | None = None) -> Learnt
     if grown is None:
         return "a layer more does not add the same storages at the same places"
     for found in (grown, grown.slid(-1), grown.slid(1)):
-        seen = [x for d, line in zip(DEPTHS, lines) for x in samples(found, d - DEPTHS[0], line)]
-        if (frees := rules(seen, found.twins())) is not None:
-            return Learnt(found, frees)
+        if (learnt := _ruling(found, lines)) is not None:
+            return learnt
     return "what a layer's storages free does not follow one rule"
+
+
+def _ruling(found: Pattern, lines: list[list[Moment]]) -> Learnt | None:
+    """The rule of each free of the timelines at DEPTHS as ``found`` places them: read as they came,
+    then with each run of frees alike where a kind of moment has no rule read as a set, until every
+    kind has one or the runs read so change nothing."""
+    sets: frozenset[tuple] = frozenset()
+    while True:
+        seen = [
+            x for d, line in zip(DEPTHS, lines) for x in samples(found, d - DEPTHS[0], line, sets)
+        ]
+        frees = _ruled(seen, found.twins())
+        failed = {slot for slot, rule in frees.items() if rule is None}
+        if not failed:
+            return Learnt(found, frees, sets)
+        if failed <= sets:
+            return None
+        sets |= failed
 
 
 def _following(template: Learnt, shallow: list[Moment], deeper: list[Moment]) -> Learnt | str:
@@ -677,10 +791,10 @@ def _following(template: Learnt, shallow: list[Moment], deeper: list[Moment]) ->
             return why
         blocks[origin[1]].append(m)
     found = Pattern(shallow, [(p, x) for (p, _), x in zip(template.pattern.blocks, blocks)])
-    seen = samples(found, 0, shallow) + samples(found, 1, deeper)
+    seen = samples(found, 0, shallow, template.sets) + samples(found, 1, deeper, template.sets)
     if not _obeys(template.frees, seen):
         return "what a layer's storages free no longer follows the template's rules"
-    return Learnt(found, template.frees)
+    return Learnt(found, template.frees, template.sets)
 
 
 def _obeys(frees: dict[tuple, Rule], seen: list[tuple[Origin, Origin, int]]) -> bool:

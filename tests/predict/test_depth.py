@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from bench.measure.tracker import FREED, MADE, Moment
+from bench.measure.tracker import FREED, MADE, OP, Moment
 from bench.models import MODELS
 from bench.models.text import LLAMA_TINY, _llama
 from bench.predict import depth, fake, predict
@@ -70,10 +70,12 @@ def differences(a, b) -> dict:
                 tech("checkpoint"),
                 tech("lora"),
                 tech("accumulate", micro_batches=5),
+                tech("clip-grad-norm"),
             ),
             batch_size=5,
             seq_len=16,
         ),
+        spec(DEEP, (tech("clip-grad-norm"),), batch_size=2, seq_len=16),
     ],
     ids=[
         "plain",
@@ -90,7 +92,8 @@ def differences(a, b) -> dict:
         "bert-base",
         "vit-b16",
         "accumulate-8",
-        "amp+checkpoint+lora+accumulate-5",
+        "amp+checkpoint+lora+accumulate-5+clip",  # a TrainingArguments job's techniques
+        "clip-grad-norm",
     ],
 )
 def test_a_deep_step_folded_from_three_shallow_ones_is_the_whole_step_to_the_byte(run, monkeypatch):
@@ -109,7 +112,14 @@ def at(run, **shapes):
         (spec(DEEP, batch_size=2, seq_len=16), {"batch_size": 3}),
         (
             spec(
-                DEEP, (tech("amp", dtype="bfloat16"), tech("checkpoint"), tech("lora")), seq_len=16
+                DEEP,
+                (
+                    tech("amp", dtype="bfloat16"),
+                    tech("checkpoint"),
+                    tech("lora"),
+                    tech("clip-grad-norm"),
+                ),
+                seq_len=16,
             ),
             {"batch_size": 5, "seq_len": 24},
         ),
@@ -122,7 +132,7 @@ def at(run, **shapes):
             {"prompt_len": 12, "seq_len": 12 + generation().gpu.new_tokens},
         ),
     ],
-    ids=["plain", "amp+checkpoint+lora", "accumulate-6", "generation"],
+    ids=["plain", "amp+checkpoint+lora+clip", "accumulate-6", "generation"],
 )
 def test_the_same_step_at_another_size_refolds_from_two_shallow_ones_to_the_byte(
     run, other, monkeypatch
@@ -175,12 +185,12 @@ def test_a_stack_of_layers_that_differ_is_not_folded():
     assert len(alike[0]) == 3
 
 
-def made(n: int) -> Moment:
-    return Moment(MADE, n, "forward")
+def made(n: int, raw: int = 0) -> Moment:
+    return Moment(MADE, n, "forward", raw=raw)
 
 
-def freed(n: int) -> Moment:
-    return Moment(FREED, n, "forward")
+def freed(n: int, raw: int = 0) -> Moment:
+    return Moment(FREED, n, "forward", raw=raw)
 
 
 def test_frees_follow_the_rule_both_shallow_steps_obey():
@@ -218,9 +228,48 @@ def _indexed(line: list[Moment]) -> list[Moment]:
         if m.kind == MADE:
             alive.append(len([x for x in out if x.kind == MADE]))
             out.append(m.indexed(alive[-1]))
-        else:
+        elif m.kind == FREED:
             out.append(m.indexed(alive.pop()))
+        else:
+            out.append(m)
     return out
+
+
+def _clipped(layers: int) -> list[Moment]:
+    """clip_grad_norm_ over a model of ``layers`` layers, two gradients each, with one before them
+    and two after: a norm per gradient, their stack (4 bytes a norm, one 512-byte block below 128
+    of them) and its norm; then the stack freed and the list of norms, last to first; then each
+    gradient scaled, and the total norm freed. Each storage indexed by its place among those
+    made."""
+    norms = 1 + 2 * layers + 2
+    stack = -(-4 * norms // 512) * 512
+    dev, vector_norm = Moment(OP, 0, "device"), Moment(OP, 0, "vector_norm")
+    line = [m for i in range(norms) for m in (made(512, raw=4).indexed(i), vector_norm)]
+    line += [dev] * 2 * norms + [made(stack, raw=4 * norms).indexed(norms), Moment(OP, 0, "stack")]
+    line += [made(512, raw=4).indexed(norms + 1), vector_norm]
+    line += [freed(stack, raw=4 * norms).indexed(norms)]
+    line += [freed(512, raw=4).indexed(i) for i in reversed(range(norms))]
+    line += [dev] * 2 * norms + [Moment(OP, 0, "mul_")] * norms
+    return line + [freed(512, raw=4).indexed(norms + 1)]
+
+
+def test_a_run_of_frees_alike_is_read_as_a_set_and_a_storage_growing_with_depth_grows():
+    """clip_grad_norm_'s norms, one a gradient, alike and freed last to first in one run: read as
+    they came, the frees of a layer's norms fall where the diff puts the layer's block and no rule
+    names them; read as a set, one does. Its stack of norms is one block at three layers and five
+    at 300, as the whole step's is."""
+    lines = [_clipped(layers) for layers in depth.DEPTHS]
+    learnt = depth._learnt(lines)
+    assert not isinstance(learnt, str) and learnt.sets
+    pattern = learnt.pattern
+    out = depth._grown(depth.unfold(pattern, learnt.frees, 299), pattern, lines, 299, 512)
+    assert out == _clipped(300)  # kinds, bytes and labels
+    assert [(m.n, m.raw) for m in out if m.kind == MADE and m.raw > 4] == [(2560, 4 * 603)]
+    made_raw = {m.index: m.raw for m in out if m.kind == MADE}
+    assert all(m.raw == made_raw[m.index] for m in out if m.kind == FREED)
+    # the stack first, then every norm in some order, the total norm last
+    frees = [m.index for m in out if m.kind == FREED]
+    assert frees[0] == 603 and sorted(frees[1:-1]) == list(range(603)) and frees[-1] == 604
 
 
 def test_folding_leaves_the_models_own_config_whole(monkeypatch):
