@@ -38,6 +38,76 @@ OPTIMIZERS: dict[str, list[Any]] = {
     # torchao's, in blocks of 256 (get_optimizer_cls_and_kwargs)
     "adamw_torch_4bit": [{"name": "adamw-4bit", "block_size": 256}],
     "adamw_torch_8bit": ["adamw-8bit"],
+    # bitsandbytes' Lion, its betas the Adam ones (_get_bitsandbytes_optimizer)
+    "lion_32bit": [{"name": "lion", "bits": 32}],
+    "lion_8bit": [{"name": "lion", "bits": 8}],
+    "paged_lion_32bit": [{"name": "lion", "bits": 32, "paged": True}],
+    "paged_lion_8bit": [{"name": "lion", "bits": 8, "paged": True}],
+}
+# The Trainer's other optimizers (transformers' OptimizerNames), refused: what each keeps that no
+# technique here does, and the nearest that one does.
+OPTIMIZERS_NOT_MODELLED = {
+    "adamw_torch_xla": ("torch_xla's AdamW runs on XLA devices, not CUDA", "adamw_torch"),
+    "adamw_torch_npu_fused": ("torch_npu's fused AdamW runs on Ascend NPUs", "adamw_torch_fused"),
+    "adamw_anyprecision": (
+        "torchdistx's AnyPrecisionAdamW keeps its moments, and a Kahan compensation buffer, in "
+        "the dtypes optim_args name",
+        "adamw_torch",
+    ),
+    **dict.fromkeys(
+        ("ademamix", "ademamix_8bit", "paged_ademamix_32bit", "paged_ademamix_8bit"),
+        (
+            "bitsandbytes' AdEMAMix keeps a second, slow first moment beside Adam's two",
+            "adamw_8bit",
+        ),
+    ),
+    **dict.fromkeys(
+        ("rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit"),
+        (
+            "bitsandbytes' RMSprop keeps its square average in 8 or 32 bits, as optim_args say",
+            "rmsprop",
+        ),
+    ),
+    **dict.fromkeys(
+        (
+            "galore_adamw",
+            "galore_adamw_8bit",
+            "galore_adafactor",
+            "galore_adamw_layerwise",
+            "galore_adamw_8bit_layerwise",
+            "galore_adafactor_layerwise",
+        ),
+        (
+            "galore_torch keeps the gradients of optim_target_modules projected to a rank "
+            "optim_args set, and its layerwise kinds step each parameter in backward",
+            "the galore technique in a suite",
+        ),
+    ),
+    **dict.fromkeys(
+        ("apollo_adamw", "apollo_adamw_layerwise"),
+        ("APOLLO keeps a low-rank auxiliary state for optim_target_modules", "adamw_8bit"),
+    ),
+    **dict.fromkeys(
+        ("lomo", "adalomo"),
+        (
+            "LOMO fuses the update into backward and keeps no gradients (AdaLomo a factored "
+            "second moment)",
+            "the optimizer-in-backward technique in a suite",
+        ),
+    ),
+    "grokadamw": ("GrokAdamW keeps a gradient average beside Adam's moments", "adamw_torch"),
+    **dict.fromkeys(
+        ("schedule_free_radam", "schedule_free_adamw", "schedule_free_sgd"),
+        (
+            "schedulefree keeps the z sequence beside the parameters (and the AdamW and RAdam "
+            "kinds a second moment) in place of momentum",
+            "adamw_torch",
+        ),
+    ),
+    "stable_adamw": (
+        "torch-optimi's StableAdamW, optionally with Kahan summation buffers",
+        "adamw_torch",
+    ),
 }
 # Fields that change what a step holds, not modelled yet: a job that sets one is refused, by name
 # and why, where reading it as ignored would predict a peak several-fold off. (fsdp_config matters
@@ -341,7 +411,14 @@ def _optimizer(args: dict[str, Any], where: str, found: list[str]) -> list[Any]:
     optim = args.get("optim") or _default("optim")
     if optim in OPTIMIZERS:
         return list(OPTIMIZERS[optim])
-    found.append(f"{where}: optim = {optim!r}: not modelled here; one of {', '.join(OPTIMIZERS)}")
+    if optim in OPTIMIZERS_NOT_MODELLED:
+        why, nearest = OPTIMIZERS_NOT_MODELLED[optim]
+        found.append(f"{where}: optim = {optim!r}: not modelled here: {why}; nearest: {nearest}")
+    else:
+        found.append(
+            f"{where}: optim = {optim!r}: not an optimizer the Trainer names; one of "
+            f"{', '.join(OPTIMIZERS)}"
+        )
     return []
 
 

@@ -90,7 +90,11 @@ def test_transformers_4s_own_adamw_is_read_as_what_it_was(tmp_path):
             "gradient_acumulation_steps: not a TrainingArguments field",
         ),
         ({"fp16": True}, "bf16 and fp16: both true"),
-        ({"optim": "lion_8bit"}, "optim = 'lion_8bit': not modelled here"),
+        (
+            {"optim": "galore_adamw"},
+            "optim = 'galore_adamw': not modelled here: galore_torch keeps the gradients",
+        ),
+        ({"optim": "adamw_typo"}, "optim = 'adamw_typo': not an optimizer the Trainer names"),
         (
             {"per_device_train_batch_size": 0},
             "per_device_train_batch_size: expected a whole number of at least 1",
@@ -345,11 +349,27 @@ def test_a_compile_mode_compiles_as_the_trainer_reads_it(tmp_path):
         ("rmsprop", "optimizer(groups=trainer,kind=rmsprop)"),
         ("adamw_torch_4bit", "adamw-4bit(block_size=256)"),
         ("adamw_torch_8bit", "adamw-8bit"),
+        ("lion_32bit", "lion(bits=32)"),
+        ("lion_8bit", "lion(bits=8)"),
+        ("paged_lion_8bit", "lion(bits=8,paged=True)"),
     ],
 )
 def test_the_trainers_other_optimizers_are_what_it_makes(optim, label, tmp_path):
     run = load(suite(tmp_path, ARGS | {"optim": optim})).runs[1]
     assert label in [t.label for t in run.techniques]
+
+
+def test_every_optimizer_the_installed_trainer_names_is_modelled_or_refused_with_its_reason():
+    """No optim value of the installed transformers falls to the generic refusal: each is mapped to
+    the optimizer the Trainer builds, or refused with what it keeps and the nearest one modelled."""
+    from transformers.training_args import OptimizerNames
+
+    from bench.suite.training_args import OPTIMIZERS, OPTIMIZERS_NOT_MODELLED
+
+    names = {o.value for o in OptimizerNames}
+    assert names - OPTIMIZERS.keys() - OPTIMIZERS_NOT_MODELLED.keys() == set()
+    # transformers 4.x's adamw_hf is no longer among them, and still read as what it was
+    assert OPTIMIZERS_NOT_MODELLED.keys() <= names and OPTIMIZERS.keys() - names == {"adamw_hf"}
 
 
 def test_optimizer_arguments_are_refused_by_name(tmp_path):

@@ -590,3 +590,44 @@ def test_a_4bit_model_prepared_without_adapters_is_unsupported_as_the_trainer_re
     assert out.message == (
         "nothing in the model trains once its techniques are applied: add adapters (lora)"
     )
+
+
+@pytest.mark.parametrize("bits", [32, 8])
+def test_lion_keeps_one_moment_and_is_predicted_to_the_byte(bits):
+    """bitsandbytes' Lion (the Trainer's lion_32bit, lion_8bit): one moment per parameter, float32
+    or blockwise 8-bit from 4,096 elements (a float32 absmax per 256 values, one code book shared),
+    tracked and predicted alike on the CPU."""
+    pytest.importorskip("bitsandbytes")
+    run = spec("llama-tiny", (tech("lion", bits=bits),), batch_size=4, seq_len=16)
+    trainer = assert_predicted_exactly(run)
+    sizes = [p.numel() for p in trainer.model.parameters()]
+    proof = trainer.techniques[0].proof(1)
+    moment = sum(4 * n if bits == 32 or n < 4096 else n for n in sizes)
+    assert proof["moments"] == len(sizes) and proof["moment_bytes"] == moment
+    quantized = [n for n in sizes if bits == 8 and n >= 4096]
+    codes = sum(4 * math.ceil(n / 256) for n in quantized) + (4 * 256 if quantized else 0)
+    state = model_state_bytes(trainer.model, trainer.optimizer).optimizer_state_bytes
+    assert state == moment + codes
+
+
+def test_paged_lion_is_a_cuda_technique_whose_large_moments_the_allocator_never_holds():
+    pytest.importorskip("bitsandbytes")
+    run = spec("llama-tiny", (tech("lion", paged=True),), batch_size=4, seq_len=16)
+    out = predict(run, run.cpu, cuda=False)
+    assert out.status == "unsupported" and "unified memory" in out.message
+    out = predict(run, run.cpu, cuda=True)
+    sizes = [p.numel() for p in build_model(MODELS.get("llama-tiny"), run.cpu)[0].parameters()]
+    assert out.ok and out.paged_bytes == sum(4 * n for n in sizes if n >= 100_000)
+    assert out.at_peak_optimizer_state_bytes == sum(_rounded(4 * n) for n in sizes if n < 100_000)
+
+
+@pytest.mark.cuda
+def test_lion_8bit_on_cuda_holds_its_predicted_state():
+    pytest.importorskip("bitsandbytes")
+    record = isolated(
+        spec("llama-tiny", (tech("lion", bits=8),), batch_size=8, seq_len=64),
+        Device("cuda", torch.cuda.get_device_name(0)),
+    )
+    assert record["status"] == "ok", record
+    assert record["optimizer_state_bytes"] == record["predicted_optimizer_state_bytes"]
+    assert record["peak_tensor_bytes"] == record["predicted_peak_tensor_bytes"]
