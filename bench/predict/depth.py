@@ -22,8 +22,9 @@ but for their bytes.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from difflib import SequenceMatcher
 
 import torch
@@ -301,20 +302,16 @@ def _target(rule: Rule, r: int, copies: int) -> Origin | None:
 
 def _rule(family: str, k: int, e: int, shift: int, seen: list) -> Rule | None:
     """The rule of this family and shift, where every sample obeys it: a target outside the copies
-    is the base moment each sample there names, one per place. None too where no sample falls
-    inside the copies: each place outside seen once, any base moments would do, and the rule would
-    say nothing of the copies it names at full depth."""
+    is the base moment each sample there names, one per place."""
     outside: dict[tuple[str, int], int] = {}
-    inside = False
     for r, copies, to in seen:
         copy = _copy(family, shift, r, copies)
         if 1 <= copy <= copies:
             if to != ("copy", k, copy, e):
                 return None
-            inside = True
         elif to[0] != "base" or outside.setdefault(_outside(copy, copies), to[1]) != to[1]:
             return None
-    return (family, k, e, shift, tuple(sorted(outside.items()))) if inside else None
+    return (family, k, e, shift, tuple(sorted(outside.items())))
 
 
 def rules(
@@ -474,6 +471,8 @@ class Learnt:
     frees: dict[tuple, Rule]
     # the kinds of moment whose runs of frees alike are read as sets (``samples``)
     sets: frozenset[tuple] = frozenset()
+    # the base's storages that grow with the layers, and by how many bytes a layer (``_growth``)
+    growth: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -529,21 +528,19 @@ def _fold(
     if template is not None and (template.history is None) != (shallow[0].history is None):
         return "the template's step is replayed otherwise"
     lines = [s.tracker.timeline(s.tracker.ended, ordered) for s in shallow]
-    measured = _learnt(lines, template and template.measured)
-    if isinstance(measured, str):
-        return measured
+    found = _learnt(lines, copies, template and template.measured)
+    if isinstance(found, str):
+        return found
+    measured, unfolded = found
     rounding = shallow[0].tracker.rounding
-    timeline = _grown(
-        unfold(measured.pattern, measured.frees, copies), measured.pattern, lines, copies, rounding
-    )
-    if isinstance(timeline, str):
-        return timeline
+    timeline = _grown(unfolded, measured.pattern, measured.growth, copies, rounding)
     before = carried = history = handing = None
     if shallow[0].history is not None:
         befores = [s.history.timeline(s.tracker.followed_until, ordered) for s in shallow]
-        history = _learnt(befores, template and template.history)
-        if isinstance(history, str):
-            return "the step before: " + history
+        found = _learnt(befores, copies, template and template.history)
+        if isinstance(found, str):
+            return "the step before: " + found
+        history, unfolded = found
         handing = _handing(
             shallow,
             lines,
@@ -555,15 +552,7 @@ def _fold(
         if handing is None:
             return "the storages the step before hands on do not repeat with the layers"
         carried = _carried(measured.pattern, history.pattern, handing, copies)
-        history_timeline = _grown(
-            unfold(history.pattern, history.frees, copies),
-            history.pattern,
-            befores,
-            copies,
-            rounding,
-        )
-        if isinstance(history_timeline, str):
-            return "the step before: " + history_timeline
+        history_timeline = _grown(unfolded, history.pattern, history.growth, copies, rounding)
         before = LiveBytes.rebuilt(CPU, history_timeline)
         if not before.repeat(shallow[0].repeats):
             return "the step before's micro-batches do not repeat at full depth"
@@ -586,21 +575,14 @@ def _fold(
     return prediction, tracker, proven
 
 
-def _grown(
-    timeline: list[Moment] | None,
-    pattern: Pattern,
-    lines: list[list[Moment]],
-    copies: int,
-    rounding: int,
-) -> list[Moment] | str:
-    """The unfolded ``timeline`` (``unfold``'s at ``copies``, one moment per origin) with each
-    storage of the base whose bytes grow with the layers grown to full depth: a stack of one norm
-    per gradient (clip_grad_norm_'s) is below one 512-byte block at three layers and over it at
-    thirty. Why not, where a layer's free names a storage already freed or a storage does not
-    grow by the same bytes each layer. Only the MADE's bytes before rounding are read
-    (``LiveBytes.rebuilt``): two frees of one block, alike to the diff, may be of other raw ones."""
-    if timeline is None:
-        return "a layer's free names a storage already freed"
+def _growth(
+    pattern: Pattern, lines: list[list[Moment]], growing: frozenset[int] | None = None
+) -> dict[int, int]:
+    """The storages of the base whose bytes before rounding grow with the layers, each with its
+    growth a layer: a stack of one norm per gradient (clip_grad_norm_'s) is below one 512-byte block
+    at three layers and over it at thirty. Those that grow by the same bytes at each depth traced;
+    with two depths (``refold``), those ``growing`` at the template's three. (A storage whose bytes
+    change otherwise is one the diff took for another of its block's size: kept as it is.)"""
     raws = [
         {
             o[1]: m.raw
@@ -609,13 +591,20 @@ def _grown(
         }
         for d, line in zip(DEPTHS, lines)
     ]
-    growth = {}
-    for j in raws[0]:
+    out = {}
+    for j in raws[0] if growing is None else growing:
         steps = {deeper[j] - shallower[j] for shallower, deeper in zip(raws, raws[1:])}
-        if len(steps) > 1:
-            return "a storage's bytes do not grow by the same amount a layer"
-        if step := steps.pop():
-            growth[j] = step
+        if len(steps) == 1 and (step := steps.pop()):
+            out[j] = step
+    return out
+
+
+def _grown(
+    timeline: list[Moment], pattern: Pattern, growth: dict[int, int], copies: int, rounding: int
+) -> list[Moment]:
+    """The unfolded ``timeline`` (``unfold``'s at ``copies``, one moment per origin) with each
+    storage of ``growth`` grown to full depth, its frees too (``LiveBytes.rebuilt`` reads a
+    storage's bytes before rounding at its MADE alone)."""
     if not growth:
         return timeline
     sizes: dict[int, tuple[int, int]] = {}
@@ -738,18 +727,33 @@ def _made_indices(pattern: Pattern, copies: int) -> dict[Origin, int]:
     return {o: i for i, o in enumerate(made)}
 
 
-def _learnt(lines: list[list[Moment]], template: Learnt | None = None) -> Learnt | str:
-    """How the timelines at DEPTHS grow a layer at a time; with a ``template`` (two depths), the
-    same pattern and rules, where they follow it but for their bytes."""
+def _learnt(
+    lines: list[list[Moment]], copies: int, template: Learnt | None = None
+) -> tuple[Learnt, list[Moment]] | str:
+    """How the timelines at DEPTHS grow a layer at a time, and the timeline with ``copies`` copies
+    of each block unfolded by it (``unfold``); with a ``template`` (two depths), the same pattern
+    and rules, where they follow it but for their bytes. Of the ways the blocks may be placed and
+    the frees read, the first whose rules hold at every depth traced and name a storage alive at
+    full depth: three samples a kind may fit a rule that names, deeper, a copy not yet made."""
     if template is not None:
-        return _following(template, *lines)
+        learnt = _following(template, *lines)
+        if isinstance(learnt, str):
+            return learnt
+        unfolded = unfold(learnt.pattern, learnt.frees, copies)
+        if unfolded is None:
+            return "a layer's free names a storage already freed"
+        return learnt, unfolded
     grown = pattern(*lines)
     if grown is None:
         return "a layer more does not add the same storages at the same places"
+    why = "what a layer's storages free does not follow one rule"
     for found in (grown, grown.slid(-1), grown.slid(1)):
-        if (learnt := _ruling(found, lines)) is not None:
-            return learnt
-    return "what a layer's storages free does not follow one rule"
+        if (learnt := _ruling(found, lines)) is None:
+            continue
+        if (unfolded := unfold(found, learnt.frees, copies)) is not None:
+            return dataclasses.replace(learnt, growth=_growth(found, lines)), unfolded
+        why = "a layer's free names a storage already freed"
+    return why
 
 
 def _ruling(found: Pattern, lines: list[list[Moment]]) -> Learnt | None:
@@ -794,7 +798,8 @@ def _following(template: Learnt, shallow: list[Moment], deeper: list[Moment]) ->
     seen = samples(found, 0, shallow, template.sets) + samples(found, 1, deeper, template.sets)
     if not _obeys(template.frees, seen):
         return "what a layer's storages free no longer follows the template's rules"
-    return Learnt(found, template.frees, template.sets)
+    growth = _growth(found, [shallow, deeper], frozenset(template.growth))
+    return Learnt(found, template.frees, template.sets, growth)
 
 
 def _obeys(frees: dict[tuple, Rule], seen: list[tuple[Origin, Origin, int]]) -> bool:

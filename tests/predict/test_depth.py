@@ -259,10 +259,11 @@ def test_a_run_of_frees_alike_is_read_as_a_set_and_a_storage_growing_with_depth_
     names them; read as a set, one does. Its stack of norms is one block at three layers and five
     at 300, as the whole step's is."""
     lines = [_clipped(layers) for layers in depth.DEPTHS]
-    learnt = depth._learnt(lines)
-    assert not isinstance(learnt, str) and learnt.sets
-    pattern = learnt.pattern
-    out = depth._grown(depth.unfold(pattern, learnt.frees, 299), pattern, lines, 299, 512)
+    found = depth._learnt(lines, copies=299)
+    assert not isinstance(found, str)
+    learnt, unfolded = found
+    assert learnt.sets and len(learnt.growth) == 1  # the stack, 8 bytes a layer
+    out = depth._grown(unfolded, learnt.pattern, learnt.growth, 299, 512)
     assert out == _clipped(300)  # kinds, bytes and labels
     assert [(m.n, m.raw) for m in out if m.kind == MADE and m.raw > 4] == [(2560, 4 * 603)]
     made_raw = {m.index: m.raw for m in out if m.kind == MADE}
