@@ -22,9 +22,8 @@ but for their bytes.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from difflib import SequenceMatcher
 
 import torch
@@ -751,7 +750,7 @@ def _learnt(
         if (learnt := _ruling(found, lines)) is None:
             continue
         if (unfolded := unfold(found, learnt.frees, copies)) is not None:
-            return dataclasses.replace(learnt, growth=_growth(found, lines)), unfolded
+            return replace(learnt, growth=_growth(found, lines)), unfolded
         why = "a layer's free names a storage already freed"
     return why
 
