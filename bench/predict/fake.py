@@ -180,9 +180,11 @@ def _stepped(
     layers, why = _depth_of(recipe.ctx.model_spec, one)
     if placed := [t.name for t in recipe.techniques if not t.layers_alike()]:
         why = f"{', '.join(placed)} treats layers by their place"
-    # what decides whether a step folds, but for its shapes
+    # what decides whether a step folds, and its timeline's moments, but for their bytes: a
+    # generation's new tokens are as many forwards (a search's short generations and its whole ones
+    # each keep their own template)
     kind = (recipe.ctx.model_spec.name, spec.techniques, recipe.mode, recipe.ctx.world_size)
-    kind += (replay is not None,)
+    kind += (replay is not None, recipe.mode == "generate" and recipe.ctx.shapes.new_tokens)
     why = why or UNFOLDED.get(kind, "")
     if layers >= depth.FOLD_FROM and not why:
         generating = recipe.mode == "generate"
