@@ -61,6 +61,9 @@ class Generator:
         self.cache_class = ""
         self.forwards = {PREFILL: 0, DECODE: 0}  # in the last step
         self.cache_bytes = 0  # the cache's bytes on the device at their largest, over the last step
+        self.cache_held: list[int] = []  # its device bytes after each forward of the last step
+        # the classes of the cache's layers (DynamicLayer, StaticLayer, …)
+        self.cache_layers: frozenset[str] = frozenset()
         self.marks: list[list[Any]] = []  # per step: its start, its first decode forward's, its end
         self.steps = 0
         self.generated = 0  # new tokens per sequence, in the last step
@@ -79,6 +82,7 @@ class Generator:
         """One generation from the batch's prompts; returns the sequences, prompt and new tokens."""
         inputs, _ = self.policy.prepare(batch)
         self._seen, self.cache_bytes, self.forwards = 0, 0, {PREFILL: 0, DECODE: 0}
+        self.cache_held = []
         self.marks.append([self._now(), None, None])
         with self.policy.context():
             sequences = self.model.generate(**inputs, **self.kwargs())
@@ -130,6 +134,9 @@ class Generator:
     def _end(self, _: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         self._cache = kwargs.get("past_key_values") or getattr(out, "past_key_values", None)
         self.cache_class = type(self._cache).__name__
+        self.cache_layers = frozenset(
+            type(layer).__name__ for layer in getattr(self._cache, "layers", None) or []
+        )
         # an offloaded cache's layers on the host are not the card's
         if self.cuda:
             device = "cuda"
@@ -137,6 +144,7 @@ class Generator:
             device = "cpu"
         held = tensor_bytes(t for t in self.cache() if t.device.type == device)
         self.cache_bytes = max(self.cache_bytes, held)
+        self.cache_held.append(held)
 
     def _now(self) -> Any:
         if not self.cuda:

@@ -32,9 +32,9 @@ class Trainer:
         self.policy = combined([t.step() for t in techniques])
         self.micro_batches = self.policy.micro_batches
         # A prediction's folding of accumulation (bench.predict.fake): the micro-batches a step
-        # runs (None: all), and a call after each one's backward.
+        # runs (None: all), and a call after each one's backward (where a repeated part ends).
         self.runs: int | None = None
-        self.after_micro_batch: Callable[[], None] | None = None
+        self.marking: Callable[[], None] | None = None
         self.steps = 0
         self.output_dtype: torch.dtype | None = None
 
@@ -63,8 +63,8 @@ class Trainer:
             else:
                 total = total + loss.detach()
             policy.scale_loss(loss).backward()
-            if self.after_micro_batch is not None:
-                self.after_micro_batch()
+            if self.marking is not None:
+                self.marking()
         if policy.clip is not None:
             if policy.unscale is not None:
                 policy.unscale(self.optimizer)

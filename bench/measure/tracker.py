@@ -281,7 +281,7 @@ class LiveBytes(TorchDispatchMode):
         """The end of a part of the step that repeats (a micro-batch, after its backward)."""
         self.marks.append(self._clock)
 
-    def repeat(self, times: int) -> bool:
+    def repeat(self, times: int, growing: bool = False, rounding: int | None = None) -> bool:
         """Every storage's life as if the last marked part had run ``times`` times more, where it
         provably repeats; False, and nothing changed, where it does not.
 
@@ -294,17 +294,23 @@ class LiveBytes(TorchDispatchMode):
         the part before's were freed in it, the last one's as the last part's were freed after it.
         The live bytes at every point of a repeat are the last part's, so the peak and what was
         alive at it are unchanged; only the order of allocations and frees the caching allocator
-        sees grows."""
+        sees grows.
+
+        ``growing`` (a generation's decode forwards, each attending to one token more): each
+        storage of a part may grow by the same bytes from one part to the next, as the last three
+        show (a dynamic cache's keys, the ids so far, attention's scores), and does in each repeat;
+        what follows the last part, made as the part's first storages are (the last forward), grows
+        by as much as they would have at its place, and must make nothing else. The peak is counted
+        again. Sizes grown are rounded to ``rounding`` bytes (the tracker's own by default)."""
         if times <= 0:
             return True
         if len(self.marks) < 4:
             return False
-        edges = self.marks[-4:]  # the two parts before the last, and the last
+        edges = self.marks[-4:]  # the three parts before the last mark
         spans = [_span(self._lives, edges[k], edges[k + 1]) for k in range(3)]
-        patterns = [
-            self._pattern(spans[k], spans[k + 1], edges[k + 1], edges[k + 2]) for k in (0, 1)
-        ]
-        if patterns[0] is None or patterns[0] != patterns[1]:
+        growth = self._growth(spans, edges, growing)
+        tail = self._tail(spans[2], edges[3], growth)
+        if growth is None or tail is None:
             return False
         last, before, end = spans[2], spans[1], edges[3]
         if any(self._lives[i][3] is None for i in last):  # (_pattern: all of before's are freed)
@@ -323,6 +329,7 @@ class LiveBytes(TorchDispatchMode):
         lasting = {j: self._lives[i][3] for j, i in enumerate(last) if self._lives[i][3] > end}
         for j in lasting:  # the last part's carried storages are now freed in the first repeat
             self._lives[last[j]][3] = freed_next[j] + period
+        grain = rounding or self.rounding
         first = len(self._lives)  # the first repeat's first storage
         for r in range(1, times + 1):
             for j, i in enumerate(last):
@@ -334,14 +341,15 @@ class LiveBytes(TorchDispatchMode):
                         freed = freed_next[j] + (r + 1) * period
                 else:
                     freed += r * period
+                raw = self._raw[i] + r * growth[j]
+                if growth[j]:
+                    n = math.ceil(raw / grain) * grain
                 self._lives.append([n, label, born + r * period, freed])
-                self._raw.append(self._raw[i])
+                self._raw.append(raw)
+        for i, by in tail.items():
+            self._raw[i] += times * by
+            self._lives[i][0] = math.ceil(self._raw[i] / grain) * grain
         self._clock += shift
-        # a second repeat of one tracker is replayed whole
-        repeats = Repeats(end, period, times, tuple(last), first, frozenset(lasting))
-        self._repeats = repeats if self._repeats is None else None
-        if self._peak_clock > end:
-            self._peak_clock += shift
         if self.until is not None and self.until > end:
             self.until += shift
         if self.ended is not None and self.ended > end:
@@ -350,20 +358,97 @@ class LiveBytes(TorchDispatchMode):
         # repeats
         self.phase_log = [(c + shift * (c > end), name) for c, name in self.phase_log]
         self.op_ends = [(c + shift * (c > end), name) for c, name in self.op_ends]
+        if any(growth) or tail:
+            self._repeats = None  # no two repeats alike: the replay runs every one
+            self._recount()
+            return True
+        # a second repeat of one tracker is replayed whole
+        repeats = Repeats(end, period, times, tuple(last), first, frozenset(lasting))
+        self._repeats = repeats if self._repeats is None else None
+        if self._peak_clock > end:
+            self._peak_clock += shift
         return True
 
+    def _growth(self, spans: list[list[int]], edges: list[int], growing: bool) -> list[int] | None:
+        """The bytes each storage of the last part grows by from one part to the next (none unless
+        ``growing``), where the last two parts repeat (``repeat``); else None."""
+        patterns = [
+            self._pattern(spans[k], spans[k + 1], edges[k + 1], edges[k + 2], sized=not growing)
+            for k in (0, 1)
+        ]
+        if patterns[0] is None or patterns[0] != patterns[1]:
+            return None
+        if not growing:
+            return [0] * len(spans[2])
+        labels = [[self._lives[i][1] for i in span] for span in spans]
+        if labels[0] != labels[1]:
+            return None
+        raws = [[self._raw[i] for i in span] for span in spans]
+        steps = [b - a for a, b in zip(raws[1], raws[2])]
+        if any(b - a != d for a, b, d in zip(raws[0], raws[1], steps)):
+            return None
+        return steps
+
+    def _tail(self, last: list[int], end: int, growth: list[int] | None) -> dict[int, int] | None:
+        """What follows the last part, where its parts grow: each storage it makes, made as the
+        last part's at the same place, with the bytes that one grows by; None where it makes one
+        that is not, or not one part's growth larger."""
+        if growth is None or not any(growth):
+            return {}
+        after = sorted(
+            (i for i, life in enumerate(self._lives) if life[2] > end),
+            key=lambda i: self._lives[i][2],
+        )
+        out = {}
+        for j, i in enumerate(after):
+            if self.ended is not None and self._lives[i][2] > self.ended:
+                break  # made after the step: not the step's
+            if j >= len(last) or self._lives[i][1] != self._lives[last[j]][1]:
+                return None
+            if self._raw[i] - self._raw[last[j]] != growth[j]:
+                return None
+            out[i] = growth[j]
+        return out
+
+    def _recount(self) -> None:
+        """The peak, its phase and clock, each phase's peak and the bytes alive now, counted
+        again over every storage's life (``repeat`` grew some)."""
+        changes: list[tuple[int, int]] = []
+        for n, _, born, freed in self._lives:
+            changes.append((born, n))
+            if freed is not None:
+                changes.append((freed, -n))
+        changes.sort()
+        phases = sorted(self.phase_log)
+        self.current = self.peak = self._peak_clock = 0
+        self.phase_peaks = {}
+        phase, k = "", 0
+        for clock, n in changes:
+            while k < len(phases) and phases[k][0] < clock:  # a phase set before this event
+                phase = phases[k][1]
+                self.phase_peaks[phase] = max(self.phase_peaks.get(phase, 0), self.current)
+                k += 1
+            self.current += n
+            if n > 0:
+                self.phase_peaks[phase] = max(self.phase_peaks.get(phase, 0), self.current)
+            if self.current > self.peak:
+                self.peak, self.peak_phase, self._peak_clock = self.current, phase, clock
+        for _, name in phases[k:]:
+            self.phase_peaks[name] = max(self.phase_peaks.get(name, 0), self.current)
+
     def _pattern(
-        self, before: list[int], span: list[int], start: int, end: int
+        self, before: list[int], span: list[int], start: int, end: int, sized: bool = True
     ) -> list[tuple[object, ...]] | None:
         """A part's makes and frees in order, each free naming the storage it frees by its place
-        among those made in the part or the part before; None where it frees another, or where a
-        storage the part before made outlives this part."""
+        among those made in the part or the part before, each make its bytes where ``sized``;
+        None where it frees another, or where a storage the part before made outlives this
+        part."""
         if any(self._lives[i][3] is None or self._lives[i][3] > end for i in before):
             return None  # made in the part before and alive after this one: it accumulates
         events = []
         for i in span:
             n, label, born, _ = self._lives[i]
-            events.append((born, ("make", n, label)))
+            events.append((born, ("make", n if sized else None, label)))
         place = {i: ("same", j) for j, i in enumerate(span)} | {
             i: ("before", j) for j, i in enumerate(before)
         }

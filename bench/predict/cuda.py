@@ -38,7 +38,9 @@ ASSUMPTIONS = (
     "kernel's temporaries; a bitsandbytes 4-bit matmul dequantizes its weight past 1,536 rows, "
     "as its CUDA kernel does, and below runs its fused kernel (the card's heuristic may dequantize "
     "there too); packed sequences attend through the variable-length flash kernel; a "
-    "generation makes exactly its new tokens (generate()'s stop check is counted, not read)"
+    "generation makes exactly its new tokens (generate()'s stop check is counted, not read), "
+    "its decode forwards past the fourth traced as the last three grew, a token a forward (a "
+    "dynamic or static cache's; a quantized or sliding one's are traced whole)"
 )
 aten = torch.ops.aten
 

@@ -445,9 +445,11 @@ class Shallow:
     prediction: Prediction
     tracker: LiveBytes
     history: LiveBytes | None
-    # its last micro-batch repeated this many times more once folded (fake._folded; the
-    # prediction's figures count them already)
+    # its last micro-batch (or decode forward) repeated this many times more once folded
+    # (fake._folded; the prediction's figures count them already), growing as it repeats where
+    # ``growing`` (LiveBytes.repeat)
     repeats: int = 0
+    growing: bool = False
 
 
 # Figures read off the folded timeline (the peak, where it fell, what was alive at it), or left to
@@ -553,11 +555,11 @@ def _fold(
         carried = _carried(measured.pattern, history.pattern, handing, copies)
         history_timeline = _grown(unfolded, history.pattern, history.growth, copies, rounding)
         before = LiveBytes.rebuilt(CPU, history_timeline)
-        if not before.repeat(shallow[0].repeats):
-            return "the step before's micro-batches do not repeat at full depth"
+        if not before.repeat(shallow[0].repeats, shallow[0].growing, rounding):
+            return "the step before's repeated parts do not repeat at full depth"
     tracker = LiveBytes.rebuilt(CPU, timeline, history=before, carried=carried)
-    if not tracker.repeat(shallow[0].repeats):
-        return "its micro-batches do not repeat at full depth"
+    if not tracker.repeat(shallow[0].repeats, shallow[0].growing, rounding):
+        return "its repeated parts do not repeat at full depth"
     predictions = [s.prediction for s in shallow]
     figures = _line(predictions, layers, template and template.constant)
     if isinstance(figures, str):

@@ -40,7 +40,7 @@ from bench.predict.stand_ins import (
 from bench.recipe import Recipe, batches, tracked_steps
 from bench.record import Prediction, Status
 from bench.suite import RunSpec, Shapes
-from bench.techniques import Unsupported
+from bench.techniques import RunContext, Unsupported
 from bench.train import Trainer
 
 CPU = torch.device("cpu")
@@ -290,6 +290,7 @@ def _fake_step(
     # variable-length sequences drawn with real values, before fake tensors take over
     feed = recipe.feed()
     generating = recipe.mode == "generate"
+    untraced = _untraced_decodes(ctx) if fold and generating else 0
     with (
         FakeTensorMode(allow_non_fake_inputs=True),
         ScalarsReadAsOne(),
@@ -297,7 +298,9 @@ def _fake_step(
         parameters_as_real(),
         masks_as_real(),
         techniques_as_real(techniques, cuda=ctx.predicting),
-        generation_as_real(ctx.shapes.new_tokens) if generating else nullcontext(),
+        generation_as_real(ctx.shapes.new_tokens - untraced, _mark_trackers if untraced else None)
+        if generating
+        else nullcontext(),
         kernels,
     ):
         model = _fake_copy(model)
@@ -312,7 +315,9 @@ def _fake_step(
             runner.optimizer.step = compiled_as_eager(runner.optimizer.step)
         batch = recipe.batch()
         first = lambda: runner.step(next(batches(batch, feed, 1)))  # noqa: E731
-        if fold:
+        if untraced:
+            more = untraced
+        elif fold:
             more = _folded(runner, feed, ctx.world_size)
         else:
             more = 0
@@ -336,7 +341,7 @@ def _fake_step(
         if replay is not None and not derived:
             # the first step, as the allocator sees it: where optimizer state first lands
             history = traced(first)
-            if not history.tracker.repeat(repeats):
+            if not history.tracker.repeat(repeats, growing=generating):
                 raise NotRepeating
             replay = dataclasses.replace(replay, history=history.tracker)
         elif not derived:  # the worker's warm-up: optimizer state exists before the measured step
@@ -346,20 +351,22 @@ def _fake_step(
                 on_host(t)
         # the batches, as in the worker; the counts are the measured steps', their batches' copies
         # aside
-        counter, counts = StepCounter(counting=False), []
+        counter = StepCounter(counting=False)
         step = tracked_steps(
             runner,
             batch,
             feed,
             ctx.shapes.measure_steps,
-            counted=lambda: _counting(runner, counter, counts),
+            counted=lambda: _counting(counter),
         )
         # the measured step's collectives, not the set-up's or warm-up's; the counter beneath the
         # tracker, which steps aside alone for an update its package compiles
         traffic = ranks.Traffic(ctx.world_size)
         with traffic if ctx.world_size > 1 else nullcontext(), counter:
             done = traced(step, history=replay and replay.history)
-    if not done.tracker.repeat(repeats):
+    if untraced:
+        runner.cache_bytes = _grown_cache(runner, untraced)
+    if not done.tracker.repeat(repeats, growing=generating):
         raise NotRepeating
     if derived:
         history = _warm_up(done.tracker, batch)
@@ -372,14 +379,20 @@ def _fake_step(
     if paged := sum(t.nbytes for t in optimizer_state(runner.optimizer) if is_paged(t)):
         prediction.paged_bytes = paged
     counted = counter.totals()
-    if more:  # the micro-batches not traced count what the last one did
-        counted = [c + more * (b - a) for c, a, b in zip(counted, *counts[-2:])]
+    if untraced:
+        counted = _grown_counts(counted, counter.marked, untraced)
+    elif more:  # the micro-batches not traced count what the last one did
+        counted = [c + more * (b - a) for c, a, b in zip(counted, *counter.marked[-2:])]
     steps = ctx.shapes.measure_steps if feed is not None else 1  # a varlen step: their mean
     counted = [c // steps for c in counted]
     prediction.flops_per_step, prediction.ops_per_step, prediction.op_bytes_per_step = counted
     before = replay and replay.history
     return depth.Shallow(
-        prediction=prediction, tracker=done.tracker, history=before, repeats=more - repeats
+        prediction=prediction,
+        tracker=done.tracker,
+        history=before,
+        repeats=more - repeats,
+        growing=generating,
     )
 
 
@@ -422,14 +435,63 @@ def _folded(runner: Any, feed: Any, world_size: int) -> int:
     if runner.micro_batches <= TRACED_MICRO_BATCHES:
         return 0
     runner.runs = TRACED_MICRO_BATCHES
-    runner.after_micro_batch = _mark_trackers
+    runner.marking = _mark_trackers
     return runner.micro_batches - TRACED_MICRO_BATCHES
 
 
+TRACED_DECODES = 4  # of a generation's decode forwards, where it has more: one to settle, three to
+# show how they grow
+# the cache layers whose every decode forward does what the one before did (a sliding window's
+# stops growing once full, a quantized one's quantizes its residual every so many tokens)
+GROWING_CACHES = frozenset({"DynamicLayer", "StaticLayer"})
+
+
+def _untraced_decodes(ctx: RunContext) -> int:
+    """How many of a generation's decode forwards a prediction leaves untraced: generate() runs
+    its loop past the prefill's pass for TRACED_DECODES forwards and stops, the cache sized for
+    every new token (a static one) as generate() sizes it, and the tracker marked as each pass
+    begins. Each pass after the first few makes what the one before made, a token longer where it
+    holds one per token, so the last ones traced stand for the rest (``LiveBytes.repeat``, growing,
+    proves it, or the generation is traced whole); what follows the loop makes nothing. Not over
+    ranks, whose collectives run each forward."""
+    decodes = ctx.shapes.new_tokens - 1
+    if ctx.world_size > 1 or decodes <= TRACED_DECODES:
+        return 0
+    return decodes - TRACED_DECODES
+
+
+def _grown_cache(runner: Generator, untraced: int) -> int:
+    """The cache's bytes at their largest over the whole generation, its untraced forwards grown
+    by what each of the last traced ones added; NotRepeating where they did not add the same, or
+    the cache is not one whose forwards all do (GROWING_CACHES)."""
+    held = runner.cache_held[-3:]
+    if not runner.cache_layers <= GROWING_CACHES or len(held) < 3:
+        raise NotRepeating
+    if held[2] - held[1] != held[1] - held[0]:
+        raise NotRepeating
+    return max(runner.cache_bytes, held[2] + untraced * (held[2] - held[1]))
+
+
+def _grown_counts(counted: list[int], counts: list[list[int]], untraced: int) -> list[int]:
+    """A generation's FLOPs, operators and bytes with its untraced decode forwards: the passes of
+    generate()'s loop between the last marks (``counts``) grow by the same amount each, and each
+    untraced one counts one more such amount than the one before. NotRepeating where they do not
+    grow evenly."""
+    parts = [[b - a for a, b in zip(x, y)] for x, y in zip(counts[-4:-1], counts[-3:])]
+    if len(parts) < 3:
+        raise NotRepeating
+    steps = [c - b for b, c in zip(parts[1], parts[2])]
+    if steps != [b - a for a, b in zip(parts[0], parts[1])]:
+        raise NotRepeating
+    m = untraced
+    return [c + m * last + d * m * (m + 1) // 2 for c, last, d in zip(counted, parts[2], steps)]
+
+
 def _mark_trackers() -> None:
-    """Each live-bytes tracker counting now marks the end of a micro-batch."""
+    """Each live-bytes tracker and step counter counting now marks the end of a repeated part (a
+    micro-batch, a pass of generate()'s loop)."""
     for mode in _get_current_dispatch_mode_stack():
-        if isinstance(mode, LiveBytes):
+        if isinstance(mode, LiveBytes | StepCounter):
             mode.mark()
 
 
@@ -464,24 +526,13 @@ FLOP_FORMULAS: dict[torch._ops.OpOverloadPacket, Callable[..., int]] = {
 
 
 @contextmanager
-def _counting(runner: Any, counter: StepCounter, counts: list[list[int]]) -> Iterator[None]:
-    """``counter`` counting a step; a folded step's counts taken after each of its micro-batches
-    into ``counts``."""
-    marking = getattr(runner, "after_micro_batch", None)
-    if marking is not None:  # a folded step
-
-        def marked() -> None:
-            marking()
-            counts.append(counter.totals())
-
-        runner.after_micro_batch = marked
+def _counting(counter: StepCounter) -> Iterator[None]:
+    """``counter`` counting a step (a folded one's totals taken at each mark)."""
     counter.counting = True
     try:
         yield
     finally:
         counter.counting = False
-        if marking is not None:
-            runner.after_micro_batch = marking
 
 
 class StepCounter(TorchDispatchMode):
@@ -500,6 +551,12 @@ class StepCounter(TorchDispatchMode):
         super().__init__()
         self.flops = self.ops = self.bytes = 0
         self.counting = counting  # off: what runs under it is not counted (a batch's copy)
+        self.marked: list[list[int]] = []  # the totals at each mark of the step counted
+
+    def mark(self) -> None:
+        """The end of a repeated part of the step (``_mark_trackers``): the totals so far."""
+        if self.counting:
+            self.marked.append(self.totals())
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}

@@ -377,12 +377,16 @@ def compiled_as_eager(step: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @contextmanager
-def generation_as_real(new_tokens: int) -> Iterator[None]:
+def generation_as_real(
+    new_tokens: int, marking: Callable[[], None] | None = None
+) -> Iterator[None]:
     """generate() stops when every sequence is finished, which it reads off a tensor: on fake
     tensors that reads True (ScalarsReadAsOne) and generation would stop after its first token. A
     run generates exactly ``new_tokens`` (min_new_tokens equals it), one per pass of generate()'s
     loop, so its check says so: true ``new_tokens`` times, then false, afresh for each call of
-    generate(). Its sanity checks read True too, and would warn of right-padding and negative token
+    generate(); ``marking`` is called at each check, where one pass ends and the next begins (a
+    prediction's fold of the decode forwards stops the loop early, the cache sized for every new
+    token). Its sanity checks read True too, and would warn of right-padding and negative token
     ids the real run has none of: its warnings are held back."""
     from transformers.generation.utils import GenerationMixin
     from transformers.utils import logging
@@ -394,6 +398,8 @@ def generation_as_real(new_tokens: int) -> Iterator[None]:
         return generate(self, *args, **kwargs)
 
     def unfinished(self: Any, *args: Any, **kwargs: Any) -> bool:
+        if marking is not None:
+            marking()
         left[0] -= 1
         return left[0] >= 0
 

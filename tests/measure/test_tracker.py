@@ -192,6 +192,53 @@ def test_a_loop_whose_parts_keep_what_they_make_does_not_repeat_and_is_left_alon
     del kept
 
 
+def _decodes(tracker: LiveBytes, n: int, after: int = 0) -> None:
+    """``n`` passes of a loop like generate()'s, each marked as it begins: attention's scores over
+    the cache so far, the cache and the ids a token longer (the old ones freed); the loop's last
+    check marked too, then ``after`` bytes made (none, in generate()); all freed as it returns."""
+    cache, ids = torch.zeros(1000), torch.zeros(10, dtype=torch.long)
+    with tracker:
+        for _ in range(n):
+            tracker.mark()
+            scores = torch.ones(cache.numel() // 10)
+            cache = torch.cat([cache, torch.zeros(250)])  # 1,000 bytes a token
+            ids = torch.cat([ids, torch.zeros(1, dtype=torch.long)])
+            del scores
+        tracker.mark()
+        made = [torch.zeros(after // 4)] if after else []
+    del cache, ids, made
+
+
+def test_a_loop_that_grows_by_a_token_a_pass_is_grown_to_the_loop_traced_whole():
+    """generate()'s decode forwards: each pass makes what the one before made, a token longer; the
+    last three traced show by how much, and the repeats grow by as much again each, rounded as the
+    tracker rounds, their peak counted again (it falls in the last pass, not a traced one)."""
+    whole, folded, plain = LiveBytes(CPU, 512), LiveBytes(CPU, 512), LiveBytes(CPU, 512)
+    for tracker, passes in ((whole, 14), (folded, 5), (plain, 5)):
+        _decodes(tracker, passes)
+    assert not plain.repeat(9)  # bytes that grow do not repeat unless asked to
+    assert folded.repeat(9, growing=True)
+    assert _allocations(folded) == _allocations(whole)
+    assert (folded.peak, folded.at_peak(), folded.phase_peaks) == (
+        whole.peak,
+        whole.at_peak(),
+        whole.phase_peaks,
+    )
+    assert folded._raw == whole._raw
+    allocators = [CachingAllocator(None), CachingAllocator(None)]
+    for tracker, allocator in zip((whole, folded), allocators):
+        tracker.replay(allocator)
+    assert allocators[0].peak_reserved == allocators[1].peak_reserved
+
+
+def test_a_growing_loop_followed_by_what_no_pass_makes_is_left_alone():
+    tracker = LiveBytes(CPU, 512)
+    _decodes(tracker, 5, after=4096)  # how that grows with the passes, no pass says
+    lives = [list(life) for life in tracker._lives]
+    assert not tracker.repeat(9, growing=True)
+    assert tracker._lives == lives
+
+
 class CountingAllocator(CachingAllocator):
     def __init__(self) -> None:
         super().__init__(None)

@@ -57,8 +57,9 @@ def differences(a, b) -> dict:
             batch_size=2,
             seq_len=16,
         ),
-        replace(generation(), model=DEEP),
-        replace(generation((tech("kv-cache", kind="static"),)), model=DEEP),
+        # ten new tokens: the decode forwards past the fourth grown too (fake._untraced_decodes)
+        replace(generation(new_tokens=10), model=DEEP),
+        replace(generation((tech("kv-cache", kind="static"),), new_tokens=10), model=DEEP),
         spec("bert-base", batch_size=2, seq_len=16, mode="inference"),
         spec("bert-base", batch_size=2, seq_len=16),
         spec("vit-b16", batch_size=2, image_size=32),

@@ -237,6 +237,51 @@ def test_every_generation_entry_is_predicted_exactly_in_each_phase_or_says_why_n
     assert generator.generated == run.cpu.new_tokens
 
 
+DECODES = [
+    pytest.param((), True, id="dynamic-cache"),
+    pytest.param((tech("kv-cache", kind="static"),), True, id="static-cache"),
+    pytest.param(
+        (tech("half", dtype="bfloat16"), tech("chunked-prefill", chunk=16)), True, id="chunked"
+    ),
+    pytest.param(
+        (tech("half", dtype="bfloat16"), tech("kv-cache", kind="quantized", backend="fp8")),
+        False,
+        id="fp8-cache",
+    ),
+]
+
+
+@pytest.mark.parametrize("techniques, grown", DECODES)
+def test_a_generations_decode_forwards_past_the_fourth_are_grown_from_the_last_three(
+    monkeypatch, techniques, grown
+):
+    """Every figure to the byte, the allocator's on a card and the FLOPs too: the decode forwards
+    past the fourth grow as the last three traced did (bench.predict.fake._untraced_decodes); a
+    cache whose forwards do not all do the same (a quantized one quantizes its residual every so
+    many tokens) is traced whole."""
+    from bench.measure.tracker import NotRepeating
+    from bench.predict import fake
+
+    run = generation(techniques, batch_size=2, prompt_len=40, new_tokens=11)
+    folds = []
+    original = fake._grown_cache
+
+    def spied(runner, untraced):
+        try:
+            out = original(runner, untraced)
+        except NotRepeating:
+            folds.append(False)
+            raise
+        folds.append(True)
+        return out
+
+    monkeypatch.setattr(fake, "_grown_cache", spied)
+    folded = predict(run, card=CARDS["t4"])
+    monkeypatch.setattr(fake, "_untraced_decodes", lambda ctx: 0)
+    assert folded == predict(run, card=CARDS["t4"]) and folded.status == "ok"
+    assert folds and all(folds) == grown
+
+
 def test_generation_is_predicted_exactly_with_a_chunked_prompt_and_at_gpu_shapes_by_phase():
     chunked = assert_predicted_exactly(
         generation((tech("chunked-prefill", chunk=8),), prompt_len=20)
@@ -448,7 +493,11 @@ def test_accumulation_traced_four_micro_batches_deep_is_predicted_as_traced_whol
     repeats = []
     repeat = LiveBytes.repeat
     monkeypatch.setattr(
-        LiveBytes, "repeat", lambda self, n: repeats.append(ok := repeat(self, n)) or ok
+        LiveBytes,
+        "repeat",
+        lambda self, n, *more, **options: (
+            repeats.append(ok := repeat(self, n, *more, **options)) or ok
+        ),
     )
     folded = predict(run, card=on)
     monkeypatch.setattr("bench.predict.fake.TRACED_MICRO_BATCHES", 1 << 30)
