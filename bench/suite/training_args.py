@@ -9,8 +9,9 @@ defaults and SFTTrainer's loss."""
 
 from __future__ import annotations
 
+import functools
 import json
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,139 @@ NOT_MODELLED = {
     "neftune_noise_alpha": "NEFTune adds noise to the embeddings' output in every forward",
     "parallelism_config": "accelerate's tensor and context parallelism split the model and the "
     "sequence over the ranks",
+    "use_cache": "each training forward returns a cache of every layer's keys and values, which "
+    "checkpointing then cannot free",
+    "full_determinism": "deterministic algorithms, and CUBLAS_WORKSPACE_CONFIG=:4096:8 for "
+    "cuBLAS's workspaces, change kernels' temporaries and what is reserved",
+    "debug": "underflow_overflow's hooks take the absolute maximum of every module's inputs and "
+    "outputs, a temporary the size of each",
+    "use_cpu": "the job runs on the host's CPU, not on a card",
+}
+# Fields that change nothing a step holds, by where transformers' Trainer reads them (its source,
+# transformers 5.x): a job sets them as it likes. tests/suite/test_training_args.py trains with
+# transformers' Trainer with each of them set otherwise and holds every step's peak to the byte.
+UNCHANGED: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "output_dir",
+            "num_train_epochs",
+            "max_steps",
+            "logging_strategy",
+            "logging_steps",
+            "logging_first_step",
+            "log_on_each_node",
+            "log_level",
+            "log_level_replica",
+            "logging_nan_inf_filter",
+            "disable_tqdm",
+            "report_to",
+            "run_name",
+            "project",
+            "trackio_space_id",
+            "trackio_bucket_id",
+            "trackio_static_space_id",
+            "skip_memory_metrics",
+            "do_train",
+            "do_eval",
+            "do_predict",
+            "resume_from_checkpoint",
+            "ignore_data_skip",
+            "restore_callback_states_from_checkpoint",
+            "seed",
+            "data_seed",
+            "enable_jit_checkpoint",
+            "include_num_input_tokens_seen",
+        ),
+        "the training loop's bookkeeping around its steps (how many, their logs and seeds, the "
+        "tokens counted before each): no forward, backward or update reads it",
+    ),
+    **dict.fromkeys(
+        (
+            "learning_rate",
+            "lr_scheduler_type",
+            "lr_scheduler_kwargs",
+            "warmup_steps",
+            "weight_decay",
+            "adam_beta1",
+            "adam_beta2",
+            "adam_epsilon",
+        ),
+        "values the update reads, not sizes: the optimizer keeps the same state and makes the "
+        "same temporaries (weight decay scales the parameters in place)",
+    ),
+    **dict.fromkeys(
+        (
+            "eval_strategy",
+            "eval_steps",
+            "eval_delay",
+            "eval_on_start",
+            "per_device_eval_batch_size",
+            "prediction_loss_only",
+            "eval_accumulation_steps",
+            "eval_do_concat_batches",
+            "eval_use_gather_object",
+            "include_for_metrics",
+            "batch_eval_metrics",
+            "bf16_full_eval",
+            "fp16_full_eval",
+            "metric_for_best_model",
+            "greater_is_better",
+            "load_best_model_at_end",
+        ),
+        "evaluation, which runs between training steps, not in one (its own peak, without "
+        "gradients at per_device_eval_batch_size, is not predicted here)",
+    ),
+    **dict.fromkeys(
+        (
+            "save_strategy",
+            "save_steps",
+            "save_total_limit",
+            "save_only_model",
+            "save_on_each_node",
+            "push_to_hub",
+            "hub_token",
+            "hub_private_repo",
+            "hub_model_id",
+            "hub_strategy",
+            "hub_always_push",
+            "hub_revision",
+        ),
+        "checkpoints and uploads, written between steps",
+    ),
+    **dict.fromkeys(
+        (
+            "dataloader_drop_last",
+            "dataloader_num_workers",
+            "dataloader_pin_memory",
+            "dataloader_persistent_workers",
+            "dataloader_prefetch_factor",
+            "dataloader_multiprocessing_context",
+            "dataloader_in_order",
+            "remove_unused_columns",
+            "label_names",
+            "train_sampling_strategy",
+            "length_column_name",
+        ),
+        "the host's data loading: a step takes the same batch on the card (its sequences all of "
+        "the run's length)",
+    ),
+    **dict.fromkeys(
+        (
+            "local_rank",
+            "ddp_backend",
+            "ddp_timeout",
+            "ddp_find_unused_parameters",
+            "ddp_bucket_cap_mb",
+            "ddp_broadcast_buffers",
+            "ddp_static_graph",
+            "accelerator_config",
+            "average_tokens_across_devices",
+        ),
+        "settings across processes: the job is predicted on one card, where DDP's buckets and "
+        "accelerate's batch dispatch do not run and a gather of one process is its own tensor",
+    ),
+    "fsdp_config": "read only beside fsdp, which is refused",
+    "liger_kernel_config": "read only beside use_liger_kernel, which is refused",
 }
 # TRL's SFTConfig (trl/trainer/sft_config.py and base_config.py, TRL at f2cd577): a file with any
 # of its own fields is read as one. Its defaults differ from TrainingArguments' where a step's
@@ -168,6 +302,32 @@ SFT_NOT_MODELLED = {
     "activation_offloading": "TRL moves saved activations to the host on a side stream, keeping "
     "the last five on the device",
 }
+# SFTConfig's fields that change nothing a step holds (TRL at f2cd577: where SFTTrainer reads them)
+SFT_UNCHANGED: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "dataset_text_field",
+            "dataset_kwargs",
+            "dataset_num_proc",
+            "chat_template_path",
+            "eos_token",
+            "pad_token",
+            "truncation_mode",
+            "shuffle_dataset",
+        ),
+        "the dataset's preparation before training: a step takes sequences of the run's length",
+    ),
+    **dict.fromkeys(
+        ("completion_only_loss", "assistant_only_loss"),
+        "which tokens are targets: label values, not sizes (the chunked loss runs a chunk at a "
+        "time, however many there are; the prediction counts every position a target)",
+    ),
+    "trust_remote_code": "how the model is loaded, not what it holds",
+    "router_aux_loss_coef": "the weight of a mixture of experts' balancing loss: a value",
+    "eval_packing": "evaluation, which runs between training steps, not in one",
+    "packing_strategy": "read only beside packing, which is refused",
+}
+SFT_READ = {"max_length", "pad_to_multiple_of", "model_init_kwargs", "loss_type"}
 # TRL's other trainers' configs (trl/trainer/*_config.py at f2cd577), each known by fields of its
 # own, and what their step holds that a TrainingArguments step does not
 TRL_OTHERS = {
@@ -255,6 +415,13 @@ def read(path: str, where: str, problems: list[str]) -> Job | None:
     ]
     refused = NOT_MODELLED | (SFT_NOT_MODELLED if sft else {})
     found += [
+        f"{where}: {key} = {args[key]!r}: whether it changes what a step holds is not known to "
+        f"this harness (a field of transformers {_version()} it has not classified); remove it "
+        "to predict the job without it"
+        for key in sorted(args.keys() & unclassified())
+        if args[key] != defaults()[key]
+    ]
+    found += [
         f"{where}: {key} = {args[key]!r}: changes what a step holds ({why}), which this harness "
         "does not model yet; remove it to predict the job without it"
         for key, why in refused.items()
@@ -274,12 +441,29 @@ def read(path: str, where: str, problems: list[str]) -> Job | None:
     techniques += _clipping(args, where, found)
     length = _sft_length(args, where, found) if sft else None
     problems += found
-    sft_read = {"max_length", "pad_to_multiple_of", "model_init_kwargs"}
-    read_here = set(READ) | set(refused) | (sft_read if sft else set())
+    read_here = set(READ) | set(refused) | (SFT_READ if sft else set())
     ignored = tuple(sorted(k for k in args.keys() & known if k not in read_here))
     if found:
         return None
     return Job(techniques, batch * steps, ignored, max_length=length, sft=sft)
+
+
+def unclassified() -> set[str]:
+    """The installed TrainingArguments' fields neither read, refused nor known to change nothing
+    (a field a newer transformers adds): at a value other than its default, a job is refused."""
+    return defaults().keys() - set(READ) - NOT_MODELLED.keys() - UNCHANGED.keys()
+
+
+@functools.cache
+def defaults() -> dict[str, Any]:
+    """The installed TrainingArguments' fields and their defaults."""
+    from transformers import TrainingArguments
+
+    return {
+        f.name: f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
+        for f in fields(TrainingArguments)
+        if f.init
+    }
 
 
 def sft_defaults(args: dict[str, Any]) -> dict[str, Any]:

@@ -392,3 +392,179 @@ def test_trls_other_trainers_configs_are_refused_by_name(fields, kind, tmp_path)
     reference model, chosen and rejected sequences, generated completions): refused, named."""
     with pytest.raises(SuiteError, match=f"a TRL {kind} .*which this harness does not model"):
         load(suite(tmp_path, ARGS | fields))
+
+
+# Each field the harness reads as changing nothing a step holds (training_args.UNCHANGED), set
+# otherwise than its default, as a tiny job can train with it here
+OTHERWISE = {
+    "num_train_epochs": 5.0,
+    "logging_strategy": "steps",
+    "logging_steps": 1,
+    "logging_first_step": True,
+    "log_on_each_node": False,
+    "log_level": "error",
+    "log_level_replica": "error",
+    "logging_nan_inf_filter": False,
+    "disable_tqdm": True,
+    "run_name": "other",
+    "project": "other",
+    "skip_memory_metrics": False,
+    "do_train": True,
+    "do_eval": True,
+    "do_predict": True,
+    "ignore_data_skip": True,
+    "restore_callback_states_from_checkpoint": True,
+    "seed": 7,
+    "data_seed": 7,
+    "enable_jit_checkpoint": True,
+    "include_num_input_tokens_seen": "all",
+    "learning_rate": 0.1,
+    "lr_scheduler_type": "cosine",
+    "lr_scheduler_kwargs": {"num_cycles": 0.25},
+    "warmup_steps": 1,
+    "weight_decay": 0.1,
+    "adam_beta1": 0.8,
+    "adam_beta2": 0.99,
+    "adam_epsilon": 1e-6,
+    "eval_steps": 3,
+    "eval_delay": 1,
+    "per_device_eval_batch_size": 3,
+    "prediction_loss_only": True,
+    "eval_accumulation_steps": 2,
+    "eval_do_concat_batches": False,
+    "eval_use_gather_object": True,
+    "include_for_metrics": ["inputs"],
+    "batch_eval_metrics": True,
+    "bf16_full_eval": True,
+    "metric_for_best_model": "accuracy",
+    "greater_is_better": False,
+    "save_steps": 7,
+    "save_total_limit": 1,
+    "save_only_model": True,
+    "save_on_each_node": True,
+    "hub_token": "other",
+    "hub_private_repo": True,
+    "hub_model_id": "other/other",
+    "hub_strategy": "end",
+    "hub_always_push": True,
+    "hub_revision": "other",
+    "dataloader_drop_last": True,
+    "dataloader_in_order": False,
+    "remove_unused_columns": False,
+    "label_names": ["labels"],
+    "train_sampling_strategy": "sequential",
+    "ddp_timeout": 60,
+    "ddp_find_unused_parameters": True,
+    "ddp_bucket_cap_mb": 5,
+    "ddp_broadcast_buffers": False,
+    "ddp_static_graph": True,
+    "accelerator_config": {"even_batches": False, "non_blocking": True},
+    "average_tokens_across_devices": False,
+}
+# ... and those left at their default here, each for why
+KEPT = {
+    **dict.fromkeys(("output_dir", "max_steps", "save_strategy"), "the test's own: two steps"),
+    **dict.fromkeys(
+        ("report_to", "trackio_space_id", "trackio_bucket_id", "trackio_static_space_id"),
+        "a logger's package or a network",
+    ),
+    **dict.fromkeys(("push_to_hub", "resume_from_checkpoint"), "a hub or a checkpoint"),
+    **dict.fromkeys(
+        ("eval_strategy", "eval_on_start", "load_best_model_at_end", "fp16_full_eval"),
+        "an evaluation set (and fp16_full_eval, a card)",
+    ),
+    **dict.fromkeys(
+        (
+            "dataloader_num_workers",
+            "dataloader_pin_memory",
+            "dataloader_persistent_workers",
+            "dataloader_prefetch_factor",
+            "dataloader_multiprocessing_context",
+        ),
+        "worker processes or a card: on a CPU the loader's batch is in the tracked memory, whose "
+        "workers' copies the tracker cannot see",
+    ),
+    "length_column_name": "group_by_length, which needs lengths",
+    **dict.fromkeys(("local_rank", "ddp_backend"), "a process group"),
+    "fsdp_config": "fsdp, refused",
+    "liger_kernel_config": "use_liger_kernel, refused",
+}
+
+
+def _trained(tmp_path, **otherwise) -> tuple[int, dict[str, int]]:
+    """transformers' Trainer training tiny-llama two steps of two micro-batches: the peak of what
+    it made, and what was alive then."""
+    from transformers import AutoConfig, AutoModelForCausalLM, Trainer, TrainingArguments
+
+    from bench.measure.tracker import LiveBytes
+
+    torch.manual_seed(0)
+    config = AutoConfig.from_pretrained("suites/configs/tiny-llama")
+    model = AutoModelForCausalLM.from_config(config)
+    data = [{"input_ids": torch.randint(0, config.vocab_size, (16,))} for _ in range(8)]
+    data = [d | {"labels": d["input_ids"].clone()} for d in data]
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=2,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        use_cpu=True,
+        save_strategy="no",
+        report_to="none",
+        **otherwise,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=data)
+    tracker = LiveBytes(CPU)
+    with tracker:
+        trainer.train()
+    return tracker.peak, tracker.at_peak()
+
+
+def test_the_fields_read_as_changing_nothing_change_nothing_the_trainers_steps_hold(tmp_path):
+    """The Trainer itself, trained with every such field set otherwise, holds what it holds at the
+    defaults to the byte (what it made, at its peak); a field this test cannot set here says
+    why."""
+    from bench.suite.training_args import UNCHANGED
+
+    assert OTHERWISE.keys() | KEPT.keys() == UNCHANGED.keys()
+    assert not OTHERWISE.keys() & KEPT.keys()
+    assert _trained(tmp_path, **OTHERWISE) == _trained(tmp_path)
+
+
+def test_every_field_the_installed_transformers_names_is_read_refused_or_known_to_change_nothing(
+    tmp_path,
+):
+    """A field a newer transformers adds is refused at any value but its default until it is
+    classified: a test fails here rather than a job's prediction silently."""
+    from bench.suite import training_args
+
+    assert training_args.unclassified() == set()
+    assert (
+        training_args.SFT_READ
+        | training_args.SFT_NOT_MODELLED.keys()
+        | training_args.SFT_UNCHANGED.keys()
+    ) == training_args.SFT_FIELDS
+    new = next(iter(training_args.UNCHANGED))
+    monkey = dict(training_args.UNCHANGED)
+    del monkey[new]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(training_args, "UNCHANGED", monkey)
+        with pytest.raises(SuiteError, match=f"{new} = .*not known to this harness"):
+            load(suite(tmp_path, ARGS | {new: "x"}))
+        assert load(suite(tmp_path, ARGS | {new: training_args.defaults()[new]})).runs[1]
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("use_cache", True),
+        ("full_determinism", True),
+        ("debug", "underflow_overflow"),
+        ("use_cpu", True),
+    ],
+)
+def test_the_fields_that_change_memory_in_ways_not_modelled_are_refused_by_name(
+    field, value, tmp_path
+):
+    with pytest.raises(SuiteError, match=f"{field} = .*changes what a step holds"):
+        load(suite(tmp_path, ARGS | {field: value}))
