@@ -81,10 +81,10 @@ def largest(
     grow: int | None = None,
 ) -> int:
     """The largest n from 1 to ``limit`` whose ``at(n)`` (a peak) is within ``budget``, 0 if none
-    is: the search of ``largest_batch``, in its units. ``start``: a size whose figure is at hand,
-    probed second. ``grow``: a guess goes no further than this many times the largest size that fits
-    (a line through two small sizes, where fixed costs hold the peak, points far past the answer,
-    and a far size costs more)."""
+    is: the search of ``largest_batch``, in its units. ``start``: a size whose figure is at hand
+    (the run's own, or one traced), probed first. ``grow``: a guess goes no further than this many
+    times the largest size that fits (a line through two small sizes, where fixed costs hold the
+    peak, points far past the answer, and a far size costs more)."""
     lo, hi = 0, limit + 1  # lo fits (0: none yet), hi does not (past the limit: assumed)
     seen: dict[int, float] = {}  # each size probed, in order, and its figure
 
@@ -263,7 +263,10 @@ def longest_context(
     read = (n * step, n * step + new - 2)  # the answer's two short generations, if read
     while not all(short.confirmed(p) for p in read):  # the curve did not hold: all traced
         progress(f"a {n * step:,}-token prompt traced is not the step read off the curve")
-        n = first - 1 + largest(led, cap, limit - first + 1, grow=4)
+        # searched again from the answer the curve gave, now traced (a chunked prefill's steps
+        # change with its count of chunks, which the curve's three prompts shared): the answer is
+        # most often near it, and a long prompt traced costs a forward per chunk
+        n = first - 1 + largest(led, cap, limit - first + 1, start=max(n - first + 1, 1), grow=4)
     while n >= first and not whole(n):
         n -= 1
     while n < limit and whole(n + 1):
