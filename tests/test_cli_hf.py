@@ -4,6 +4,7 @@ and a wrong combination exits 2."""
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -75,8 +76,70 @@ def test_bench_predict_takes_the_files_and_shows_the_breakdown_at_the_peak(
             "the training arguments give the batch",
         ),
         (["suite"], "--hf PATH: the Hugging Face config.json"),
+        (["predict", "--quantization-config", "q.json"], "--quantization-config goes with --hf"),
     ],
 )
 def test_a_wrong_combination_of_job_flags_exits_2_naming_it(argv, said, capsys):
     assert main(argv) == 2
     assert said in capsys.readouterr().err
+
+
+def _bnb(path, **fields) -> str:
+    """A BitsAndBytesConfig file, as transformers writes one (to_json_file)."""
+    from transformers import BitsAndBytesConfig
+
+    BitsAndBytesConfig(**fields).to_json_file(str(path))
+    return str(path)
+
+
+def test_a_bitsandbytes_config_file_loads_the_jobs_model_in_4_bits_before_its_adapters(
+    job, tmp_path
+):
+    """QLoRA as its scripts write it: the model loaded with a BitsAndBytesConfig, the adapters on
+    it; the baseline fine-tunes the model unquantized."""
+    import torch
+
+    quantized = _bnb(
+        tmp_path / "bnb.json",
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16,
+    )
+    argv = ["suite", *job, "--quantization-config", quantized, "--out", str(tmp_path / "s")]
+    assert main(argv) == 0
+    baseline, mine = load(tmp_path / "s" / "hf-tiny-llama.toml").runs
+    assert baseline.techniques == ()
+    assert [t.label for t in mine.techniques][-2:] == [
+        "bnb-4bit(compute_dtype=bfloat16,double_quant=True,quant_type=nf4,storage=uint8)",
+        f"lora(config={tmp_path / 'adapter_config.json'})",
+    ]
+
+
+@pytest.mark.fault("cli values")
+def test_a_bitsandbytes_config_file_not_modelled_or_unreadable_exits_2_naming_it(tmp_path, capsys):
+    eight = _bnb(tmp_path / "bnb8.json", load_in_8bit=True)
+    (tmp_path / "list.json").write_text("[]")
+    sft = tmp_path / "sft.json"
+    sft.write_text(
+        json.dumps(
+            {"max_length": 64, "model_init_kwargs": {"quantization_config": {"load_in_4bit": True}}}
+        )
+    )
+    four = _bnb(tmp_path / "bnb4.json", load_in_4bit=True)
+    saved = tmp_path / "saved"
+    shutil.copytree(TINY, saved)
+    config = json.loads((saved / "config.json").read_text())
+    config["quantization_config"] = json.loads(Path(four).read_text())
+    (saved / "config.json").write_text(json.dumps(config))
+    for given, said in (
+        ([eight], "bnb8.json: bitsandbytes 8-bit (load_in_8bit, Linear8bitLt) is not modelled"),
+        ([str(tmp_path / "nowhere.json")], "nowhere.json: cannot read it as JSON"),
+        ([str(tmp_path / "list.json")], "list.json: expected a JSON object"),
+        ([four, "--training-args", str(sft)], "model_init_kwargs load the model quantized"),
+        ([four, "--hf", str(saved)], "saved is saved quantized already (its config.json"),
+    ):
+        argv = ["suite", "--hf", TINY, "--quantization-config", *given, "--out", str(tmp_path)]
+        assert main(argv) == 2
+        assert said in capsys.readouterr().err
+    assert not list(tmp_path.glob("hf-*.toml"))  # nothing half-written

@@ -105,6 +105,12 @@ def job_flags(p: argparse.ArgumentParser, suite: bool = True) -> None:
         "--adapter-config", metavar="FILE", help="with --hf: the job's PEFT adapter_config.json"
     )
     p.add_argument(
+        "--quantization-config",
+        metavar="FILE",
+        help="with --hf: the BitsAndBytesConfig the job loads the model with (its to_json_file's "
+        "JSON): QLoRA's 4 bits, before the adapters",
+    )
+    p.add_argument(
         "--seq-len",
         type=positive,
         metavar="N",
@@ -122,7 +128,9 @@ def job_suite(args: argparse.Namespace, folder: Path = Path(".cache/suites")) ->
     """The suite file a command runs: the one named, or the one ``--hf`` and its flags describe,
     written to ``folder`` as hf-<model>.toml (``bench suite --hf`` writes it where it is kept)."""
     given = [
-        f for f in ("training_args", "adapter_config", "seq_len", "batch") if getattr(args, f, None)
+        f
+        for f in ("training_args", "adapter_config", "quantization_config", "seq_len", "batch")
+        if getattr(args, f, None)
     ]
     if not args.hf:
         if given:
@@ -153,6 +161,7 @@ def job_suite(args: argparse.Namespace, folder: Path = Path(".cache/suites")) ->
         args.hf,
         args.training_args,
         adapter_config=args.adapter_config,
+        quantization_config=args.quantization_config,
         seq_len=args.seq_len,
         batch=args.batch,
         inputs=inputs,

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from bench.errors import BadInput
 from bench.hub import REPO
 from bench.spec import HF, hf_config_file
 from bench.suite.quantized import loaded_as
@@ -43,9 +44,12 @@ def suite_text(
     seq_len: int | None = None,
     batch: int | None = None,
     inputs: str = "tokens",
+    quantization_config: str | None = None,
 ) -> str:
     """The suite's TOML: ``inputs`` is the model's ("tokens" or "image"), which sets the shape keys.
-    Without arguments or adapters, the baseline alone: the model fine-tuned in full."""
+    Without arguments, adapters or a quantization config, the baseline alone: the model fine-tuned
+    in full. ``quantization_config``: a BitsAndBytesConfig file the job loads the model with (the
+    baseline fine-tunes it unquantized); BadInput where it cannot be read or is not modelled."""
     from bench.suite.toml_text import to_toml
 
     if inputs == "tokens":
@@ -59,15 +63,14 @@ def suite_text(
     gpu_batch = batch or per_device * steps
     # the accumulation steps divide it, as the job's own batch
     cpu_batch = min(per_device, CPU_BATCH) * steps
+    given = _given(training_args, adapter_config, quantization_config)
     header = {
         # as SFTTrainer loads a model it is given by name (float32 unless its kwargs say)
         "model": HF
         + config
         + ("#" + ",".join(f"{k}={v}" for k, v in loaded.items()) if loaded else ""),
         "baseline": "baseline",
-        "description": (
-            f"{config}: the job{_given(training_args, adapter_config)} beside full fine-tuning"
-        ),
+        "description": f"{config}: the job{given} beside full fine-tuning",
         "shapes": {
             "gpu": {"batch_size": gpu_batch, size_key: size},
             "cpu": {"batch_size": cpu_batch, size_key: cpu_size},
@@ -76,17 +79,24 @@ def suite_text(
     job: dict[str, Any] = {"name": "job", "techniques": []}
     if training_args:
         job["training_args"] = training_args
+    if quantization_config:
+        job["techniques"] = [_quantized(quantization_config, training_args)]
     if adapter_config:
-        job["techniques"] = [{"name": _adapter(adapter_config), "config": adapter_config}]
+        job["techniques"] += [{"name": _adapter(adapter_config), "config": adapter_config}]
     runs = [{"name": "baseline", "techniques": []}] + (
-        [job] if training_args or adapter_config else []
+        [job] if training_args or adapter_config or quantization_config else []
     )
     if quantized := loaded_as(hf_config_file(config), []):
+        if quantization_config:
+            raise BadInput(
+                f"--quantization-config {quantization_config}: {config} is saved quantized "
+                "already (its config.json's quantization_config); leave the flag out"
+            )
         # saved quantized: no full-precision model to fine-tune beside it, and the Trainer refuses
         # a purely quantized one, so the job alone, adapters and all, is its own baseline
         job["techniques"].insert(0, quantized)
         header["baseline"] = "job"
-        header["description"] = f"{config}: the job{_given(training_args, adapter_config)}"
+        header["description"] = f"{config}: the job{given}"
         runs = [job]
     return to_toml(header, runs)
 
@@ -108,6 +118,35 @@ def _trainer_shapes(training_args: str | None) -> tuple[int, int, int | None, di
     return per_device, steps, sequence_length(args), loaded_as(args)
 
 
+def _quantized(path: str, training_args: str | None) -> dict[str, Any]:
+    """The technique a BitsAndBytesConfig file (as ``to_json_file`` writes it) loads the job's
+    model with; BadInput naming the file where it cannot be read, is not modelled, or an
+    SFTConfig's model_init_kwargs load the model too."""
+    import json
+
+    from bench.suite.quantized import technique
+    from bench.suite.training_args import load_args
+
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise BadInput(f"--quantization-config {path}: cannot read it as JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise BadInput(f"--quantization-config {path}: expected a JSON object, a config's fields")
+    args = (load_args(Path(training_args), "", []) or {}) if training_args else {}
+    init = args.get("model_init_kwargs")
+    if isinstance(init, dict) and init.get("quantization_config"):
+        raise BadInput(
+            f"--quantization-config {path}: the training arguments' model_init_kwargs load the "
+            "model quantized already; give one of the two"
+        )
+    problems: list[str] = []
+    found = technique(raw, f"--quantization-config {path}", problems)
+    if found is None:
+        raise BadInput("; ".join(problems))
+    return found
+
+
 def _adapter(path: str) -> str:
     """The technique of PEFT's adapter_config.json, by its peft_type: ia3 for IA3, else lora (whose
     loader names any other type as not modelled)."""
@@ -120,9 +159,12 @@ def _adapter(path: str) -> str:
     return "ia3" if isinstance(raw, dict) and raw.get("peft_type") == "IA3" else "lora"
 
 
-def _given(training_args: str | None, adapter_config: str | None) -> str:
+def _given(
+    training_args: str | None, adapter_config: str | None, quantization_config: str | None = None
+) -> str:
     parts = [
         f"training arguments {training_args}" if training_args else "",
+        f"quantized by {quantization_config}" if quantization_config else "",
         f"adapters {adapter_config}" if adapter_config else "",
     ]
     if any(parts):
