@@ -40,7 +40,7 @@ ASSUMPTIONS = (
     "there too); packed sequences attend through the variable-length flash kernel; a "
     "generation makes exactly its new tokens (generate()'s stop check is counted, not read), "
     "its decode forwards past the fourth traced as the last three grew, a token a forward (a "
-    "dynamic or static cache's; a quantized or sliding one's are traced whole)"
+    "dynamic, static or fp8 cache's; quanto's, HQQ's and a sliding window's are traced whole)"
 )
 aten = torch.ops.aten
 

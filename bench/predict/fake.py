@@ -441,9 +441,11 @@ def _folded(runner: Any, feed: Any, world_size: int) -> int:
 
 TRACED_DECODES = 4  # of a generation's decode forwards, where it has more: one to settle, three to
 # show how they grow
-# the cache layers whose every decode forward does what the one before did (a sliding window's
-# stops growing once full, a quantized one's quantizes its residual every so many tokens)
-GROWING_CACHES = frozenset({"DynamicLayer", "StaticLayer"})
+# the cache layers whose every decode forward does what the one before did, a token longer
+# (transformers' cache_utils: fp8's scale is frozen after the first update, each token appended as
+# it comes); a sliding window's stops growing once full, and quanto's and HQQ's quantize their
+# residual every so many tokens
+GROWING_CACHES = frozenset({"DynamicLayer", "StaticLayer", "Fp8QuantizedLayer"})
 
 
 def _untraced_decodes(ctx: RunContext) -> int:
