@@ -291,6 +291,8 @@ def _fake_step(
     feed = recipe.feed()
     generating = recipe.mode == "generate"
     untraced = _untraced_decodes(ctx) if fold and generating else 0
+    marking = _mark_trackers if untraced else None  # where generate()'s passes repeat
+    tokens = ctx.shapes.new_tokens - untraced
     with (
         FakeTensorMode(allow_non_fake_inputs=True),
         ScalarsReadAsOne(),
@@ -298,9 +300,7 @@ def _fake_step(
         parameters_as_real(),
         masks_as_real(),
         techniques_as_real(techniques, cuda=ctx.predicting),
-        generation_as_real(ctx.shapes.new_tokens - untraced, _mark_trackers if untraced else None)
-        if generating
-        else nullcontext(),
+        generation_as_real(tokens, marking) if generating else nullcontext(),
         kernels,
     ):
         model = _fake_copy(model)

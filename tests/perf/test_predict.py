@@ -82,6 +82,29 @@ def test_issue_65_ratios_side_by_side():
     )
 
 
+def test_a_generations_decode_forwards_grown_side_by_side(monkeypatch):
+    """llama-generate's bfloat16 entry at its GPU shapes, 128 new tokens: its decode forwards past
+    the fourth grown from the last three traced (fake._untraced_decodes) against all 127 traced,
+    each timed in this run, the two predictions equal."""
+    from bench.predict import fake
+
+    run = select(load("suites/llama-generate.toml"), ["half-bf16"]).runs[-1]
+    predict(spec("bert-tiny"))  # warm: imports, kernels' first calls
+    times, made = {}, {}
+    for way in ("grown", "traced"):
+        if way == "traced":
+            monkeypatch.setattr(fake, "_untraced_decodes", lambda ctx: 0)
+        monkeypatch.setattr(fake, "TEMPLATES", {})
+        start = time.perf_counter()
+        made[way] = predict(run)
+        times[way] = time.perf_counter() - start
+    assert made["grown"] == made["traced"] and made["grown"].ok
+    print(
+        f"\nllama-generate half-bf16, 128 new tokens: grown {times['grown']:.1f} s, traced "
+        f"{times['traced']:.1f} s: {times['traced'] / times['grown']:.1f} times faster"
+    )
+
+
 def __getattr__(name: str) -> ModelSpec:
     """``tests.perf.test_predict:TV_<name>``: torchvision's classification model ``name``, as a user
     names one."""
