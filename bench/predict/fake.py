@@ -292,7 +292,10 @@ def _fake_step(
     generating = recipe.mode == "generate"
     untraced = _untraced_decodes(ctx) if fold and generating else 0
     marking = _mark_trackers if untraced else None  # where generate()'s passes repeat
-    tokens = ctx.shapes.new_tokens - untraced
+    if generating:
+        generated = generation_as_real(ctx.shapes.new_tokens - untraced, marking)
+    else:
+        generated = nullcontext()
     with (
         FakeTensorMode(allow_non_fake_inputs=True),
         ScalarsReadAsOne(),
@@ -300,7 +303,7 @@ def _fake_step(
         parameters_as_real(),
         masks_as_real(),
         techniques_as_real(techniques, cuda=ctx.predicting),
-        generation_as_real(tokens, marking) if generating else nullcontext(),
+        generated,
         kernels,
     ):
         model = _fake_copy(model)
