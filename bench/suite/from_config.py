@@ -56,7 +56,8 @@ def suite_text(
         size_key = "seq_len"
     else:
         size_key = "image_size"
-    per_device, steps, max_length, loaded = _trainer_shapes(training_args)
+    args = _read_args(training_args)
+    per_device, steps, max_length, loaded = _trainer_shapes(args)
     # an SFTConfig's sequences are its max_length unless the flag says otherwise
     size = seq_len or max_length or (SEQ_LEN if inputs == "tokens" else IMAGE_SIZE)
     cpu_size = min(size, CPU_SEQ_LEN if inputs == "tokens" else CPU_IMAGE_SIZE)
@@ -80,7 +81,7 @@ def suite_text(
     if training_args:
         job["training_args"] = training_args
     if quantization_config:
-        job["techniques"] = [_quantized(quantization_config, training_args)]
+        job["techniques"] = [_quantized(quantization_config, args)]
     if adapter_config:
         job["techniques"] += [{"name": _adapter(adapter_config), "config": adapter_config}]
     runs = [{"name": "baseline", "techniques": []}] + (
@@ -101,16 +102,22 @@ def suite_text(
     return to_toml(header, runs)
 
 
-def _trainer_shapes(training_args: str | None) -> tuple[int, int, int | None, dict[str, str]]:
-    """The job's batch per device, its accumulation steps, and an SFTConfig's sequence length and
-    model loading, for the baseline to run at the job's shapes and weights; the defaults where no
-    arguments (or unreadable ones, which the loader then names) give them."""
-    from bench.suite.training_args import load_args, loaded_as, sequence_length
+def _read_args(training_args: str | None) -> dict[str, Any]:
+    """The job's TrainingArguments or SFTConfig as read; empty where none are given, or where they
+    cannot be read (the suite's loader then names what is wrong)."""
+    from bench.suite.training_args import load_args
 
-    if training_args:
-        args = load_args(Path(training_args), "", []) or {}
-    else:
-        args = {}
+    if not training_args:
+        return {}
+    return load_args(Path(training_args), "", []) or {}
+
+
+def _trainer_shapes(args: dict[str, Any]) -> tuple[int, int, int | None, dict[str, str]]:
+    """The job's batch per device, its accumulation steps, and an SFTConfig's sequence length and
+    model loading, for the baseline to run at the job's shapes and weights; the defaults where the
+    arguments do not give them."""
+    from bench.suite.training_args import loaded_as, sequence_length
+
     per_device = args.get("per_device_train_batch_size", BATCH)
     steps = args.get("gradient_accumulation_steps", 1)
     if not (isinstance(per_device, int) and isinstance(steps, int)):
@@ -118,14 +125,13 @@ def _trainer_shapes(training_args: str | None) -> tuple[int, int, int | None, di
     return per_device, steps, sequence_length(args), loaded_as(args)
 
 
-def _quantized(path: str, training_args: str | None) -> dict[str, Any]:
+def _quantized(path: str, args: dict[str, Any]) -> dict[str, Any]:
     """The technique a BitsAndBytesConfig file (as ``to_json_file`` writes it) loads the job's
     model with; BadInput naming the file where it cannot be read, is not modelled, or an
-    SFTConfig's model_init_kwargs load the model too."""
+    SFTConfig's model_init_kwargs (in ``args``) load the model too."""
     import json
 
     from bench.suite.quantized import technique
-    from bench.suite.training_args import load_args
 
     try:
         raw = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -133,7 +139,6 @@ def _quantized(path: str, training_args: str | None) -> dict[str, Any]:
         raise BadInput(f"--quantization-config {path}: cannot read it as JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise BadInput(f"--quantization-config {path}: expected a JSON object, a config's fields")
-    args = (load_args(Path(training_args), "", []) or {}) if training_args else {}
     init = args.get("model_init_kwargs")
     if isinstance(init, dict) and init.get("quantization_config"):
         raise BadInput(
