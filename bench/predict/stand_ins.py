@@ -70,6 +70,18 @@ def paged_buffer(self: Any, p: torch.Tensor, dtype: torch.dtype = torch.float32)
     return buffer
 
 
+def paged_double_buffer(
+    self: Any, p: torch.Tensor, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """bitsandbytes AdEMAMix's ``_get_state_double_buffer`` as on CUDA: its fast and slow first
+    moments in one buffer twice the parameter's size, paged as ``paged_buffer``'s are."""
+    buffer = torch.zeros((2, *p.size()), dtype=dtype)
+    if self.is_paged and p.numel() >= PAGED_FROM:
+        buffer.unified_memory = True
+        return on_host(buffer)
+    return buffer
+
+
 def is_paged(t: torch.Tensor) -> bool:
     """A tensor standing for CUDA unified memory (``paged_buffer``)."""
     return getattr(t, "unified_memory", False)

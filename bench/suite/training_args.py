@@ -39,11 +39,19 @@ OPTIMIZERS: dict[str, list[Any]] = {
     # torchao's, in blocks of 256 (get_optimizer_cls_and_kwargs)
     "adamw_torch_4bit": [{"name": "adamw-4bit", "block_size": 256}],
     "adamw_torch_8bit": ["adamw-8bit"],
-    # bitsandbytes' Lion, its betas the Adam ones (_get_bitsandbytes_optimizer)
+    # bitsandbytes' Lion, AdEMAMix and RMSprop as _get_bitsandbytes_optimizer builds them
     "lion_32bit": [{"name": "lion", "bits": 32}],
     "lion_8bit": [{"name": "lion", "bits": 8}],
     "paged_lion_32bit": [{"name": "lion", "bits": 32, "paged": True}],
     "paged_lion_8bit": [{"name": "lion", "bits": 8, "paged": True}],
+    "ademamix": [{"name": "ademamix", "bits": 32}],
+    "ademamix_8bit": [{"name": "ademamix", "bits": 8}],
+    "paged_ademamix_32bit": [{"name": "ademamix", "bits": 32, "paged": True}],
+    "paged_ademamix_8bit": [{"name": "ademamix", "bits": 8, "paged": True}],
+    # never paged: the Trainer passes RMSprop no is_paged
+    "rmsprop_bnb": [{"name": "rmsprop-bnb", "bits": 32}],
+    "rmsprop_bnb_8bit": [{"name": "rmsprop-bnb", "bits": 8}],
+    "rmsprop_bnb_32bit": [{"name": "rmsprop-bnb", "bits": 32}],
 }
 # The Trainer's other optimizers (transformers' OptimizerNames), refused: what each keeps that no
 # technique here does, and the nearest that one does.
@@ -54,20 +62,6 @@ OPTIMIZERS_NOT_MODELLED = {
         "torchdistx's AnyPrecisionAdamW keeps its moments, and a Kahan compensation buffer, in "
         "the dtypes optim_args name",
         "adamw_torch",
-    ),
-    **dict.fromkeys(
-        ("ademamix", "ademamix_8bit", "paged_ademamix_32bit", "paged_ademamix_8bit"),
-        (
-            "bitsandbytes' AdEMAMix keeps a second, slow first moment beside Adam's two",
-            "adamw_8bit",
-        ),
-    ),
-    **dict.fromkeys(
-        ("rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit"),
-        (
-            "bitsandbytes' RMSprop keeps its square average in 8 or 32 bits, as optim_args say",
-            "rmsprop",
-        ),
     ),
     **dict.fromkeys(
         (

@@ -548,22 +548,15 @@ def _fp8_eligible(module: nn.Module) -> bool:
     )
 
 
-@TECHNIQUES.register("lion")
-class Lion(Technique):
-    """bitsandbytes' Lion, as the Trainer builds it for ``optim="lion_32bit"``, ``"lion_8bit"``,
-    ``"paged_lion_32bit"`` and ``"paged_lion_8bit"``: ``bitsandbytes.optim.Lion`` with those bits
-    and paging, its betas the run's Adam betas (0.9, 0.999). Lion (arXiv:2302.06675) keeps one
-    moment per parameter, not Adam's two, and steps by its sign. In 8 bits the moment is blockwise
-    quantized (a float32 absmax per 256 values, and one 256-entry code book for all) for
-    parameters of 4,096 elements or more, float32 below; paged, a moment of a parameter of 100,000
-    elements or more lives in CUDA unified memory, out of the allocator's reach.
-
-    Expected: optimizer state from AdamW's 8 bytes per parameter to 4 (32 bits) or about 1 (8
-    bits). Accuracy: the Lion paper trains to AdamW's quality at a 3-10 times smaller learning rate;
-    at the same rate it is another update."""
+class BnbOptimizer(Technique):
+    """What bitsandbytes' optimizers share, as the Trainer builds them
+    (``_get_bitsandbytes_optimizer``): the trainable parameters in one group, their state in 32
+    bits or, from 4,096 elements, blockwise 8-bit (a float32 absmax per 256 values, and one
+    256-entry code book per kind of buffer, shared by every parameter); paged, a buffer of a
+    parameter of 100,000 elements or more lives in CUDA unified memory, out of the allocator's
+    reach. A subclass names its optimizer (``made``)."""
 
     not_advised = "another optimizer than AdamW, whose learning rate wants retuning"
-    summary = "bitsandbytes `Lion(optim_bits=32 or 8, is_paged=...)` (the Trainer's `lion_*`)"
     conflicts = frozenset(
         {"optimizer", "optimizer-in-backward", "adamw-8bit", "paged-adamw-8bit", "adamw-4bit"}
     )
@@ -571,14 +564,14 @@ class Lion(Technique):
 
     @dataclass(frozen=True)
     class Config:
-        bits: Literal[32, 8] = option(32, "the moment's bits: 32, or 8 blockwise")
-        paged: bool = option(False, "the large moments in CUDA unified memory (CUDA only)")
+        bits: Literal[32, 8] = option(32, "the state's bits: 32, or 8 blockwise")
+        paged: bool = option(False, "the large state in CUDA unified memory (CUDA only)")
         lr: float | None = option(None, "learning rate (default: the run's)")
 
     def unsupported(self, ctx: RunContext) -> str | None:
         if not _has("bitsandbytes"):
             return "needs bitsandbytes: pip install bitsandbytes (or pip install -e '.[extras]')"
-        if self.config.paged and not ctx.cuda:
+        if getattr(self.config, "paged", False) and not ctx.cuda:
             return "pages CUDA unified memory; on a CPU there is nothing to page (paged = false)"
         return None
 
@@ -587,22 +580,102 @@ class Lion(Technique):
         return model
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        self.optimizer = self.made([p for p in model.parameters() if p.requires_grad])
+        return self.optimizer
+
+    def made(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        raise NotImplementedError
+
+    def proof(self, steps: int) -> dict[str, Any]:
+        buffers = [
+            t
+            for s in self.optimizer.state.values()
+            for k in ("state1", "state2")
+            if (t := s.get(k)) is not None
+        ]
+        return {
+            "moments": len(buffers),
+            "moment_bytes": sum(t.nbytes for t in buffers),
+            "paged_moments": sum(bool(getattr(t, "is_paged", False)) for t in buffers),
+        }
+
+
+@TECHNIQUES.register("lion")
+class Lion(BnbOptimizer):
+    """bitsandbytes' Lion, as the Trainer builds it for ``optim="lion_32bit"``, ``"lion_8bit"``,
+    ``"paged_lion_32bit"`` and ``"paged_lion_8bit"``: ``bitsandbytes.optim.Lion`` with those bits
+    and paging, its betas the run's Adam betas (0.9, 0.999). Lion (arXiv:2302.06675) keeps one
+    moment per parameter, not Adam's two, and steps by its sign.
+
+    Expected: optimizer state from AdamW's 8 bytes per parameter to 4 (32 bits) or about 1 (8
+    bits). Accuracy: the Lion paper trains to AdamW's quality at a 3-10 times smaller learning rate;
+    at the same rate it is another update."""
+
+    summary = "bitsandbytes `Lion(optim_bits=32 or 8, is_paged=...)` (the Trainer's `lion_*`)"
+
+    def made(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
         from bitsandbytes.optim import Lion as Optimizer
 
-        params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = Optimizer(
+        return Optimizer(
             params,
             lr=self.lr,
             betas=(0.9, 0.999),  # the Trainer's adam_beta1 and adam_beta2 defaults
             optim_bits=self.config.bits,
             is_paged=self.config.paged,
         )
-        return self.optimizer
 
-    def proof(self, steps: int) -> dict[str, Any]:
-        moments = [s["state1"] for s in self.optimizer.state.values() if "state1" in s]
-        return {
-            "moments": len(moments),
-            "moment_bytes": sum(t.nbytes for t in moments),
-            "paged_moments": sum(bool(getattr(t, "is_paged", False)) for t in moments),
-        }
+
+@TECHNIQUES.register("ademamix")
+class AdEMAMix(BnbOptimizer):
+    """bitsandbytes' AdEMAMix, as the Trainer builds it for ``optim="ademamix"``,
+    ``"ademamix_8bit"``, ``"paged_ademamix_32bit"`` and ``"paged_ademamix_8bit"``: Adam's two
+    moments and a slow first moment beside the fast one (arXiv:2409.03237), the two first moments
+    in one buffer twice the parameter's size; the Trainer's betas (0.9, 0.999, 0.9999), alpha 5.
+
+    Expected: optimizer state 12 bytes per parameter in 32 bits (AdamW's 8 and 4 more), about 3 in
+    8 bits. Accuracy: the paper reaches AdamW's loss in fewer tokens; its slow moment needs
+    t_alpha and t_beta3 warm-ups on short runs, which change no tensor's size."""
+
+    summary = (
+        "bitsandbytes `AdEMAMix(optim_bits=32 or 8, is_paged=...)` (the Trainer's `*ademamix*`)"
+    )
+    stand_ins = {
+        **BnbOptimizer.stand_ins,
+        "bitsandbytes.optim.ademamix:AdEMAMix._get_state_double_buffer": (
+            "bench.predict.stand_ins:paged_double_buffer"
+        ),
+    }
+
+    def made(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        from bitsandbytes.optim import AdEMAMix as Optimizer
+
+        return Optimizer(
+            params,
+            lr=self.lr,
+            betas=(0.9, 0.999, 0.9999),  # adam_beta1, adam_beta2, and optim_args' beta3 default
+            alpha=5.0,
+            optim_bits=self.config.bits,
+            is_paged=self.config.paged,
+        )
+
+
+@TECHNIQUES.register("rmsprop-bnb")
+class RMSpropBnb(BnbOptimizer):
+    """bitsandbytes' RMSprop, as the Trainer builds it for ``optim="rmsprop_bnb"``,
+    ``"rmsprop_bnb_32bit"`` and ``"rmsprop_bnb_8bit"`` (never paged: the Trainer passes no
+    ``is_paged`` to it): the square average alone, as torch's RMSprop without momentum keeps.
+
+    Expected: optimizer state 4 bytes per parameter in 32 bits, about 1 in 8 bits. Accuracy:
+    RMSprop's, a step without momentum."""
+
+    summary = "bitsandbytes `RMSprop(optim_bits=32 or 8)` (the Trainer's `rmsprop_bnb*`)"
+
+    @dataclass(frozen=True)
+    class Config:
+        bits: Literal[32, 8] = option(32, "the square average's bits: 32, or 8 blockwise")
+        lr: float | None = option(None, "learning rate (default: the run's)")
+
+    def made(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        from bitsandbytes.optim import RMSprop as Optimizer
+
+        return Optimizer(params, lr=self.lr, optim_bits=self.config.bits)

@@ -352,6 +352,10 @@ def test_a_compile_mode_compiles_as_the_trainer_reads_it(tmp_path):
         ("lion_32bit", "lion(bits=32)"),
         ("lion_8bit", "lion(bits=8)"),
         ("paged_lion_8bit", "lion(bits=8,paged=True)"),
+        ("ademamix", "ademamix(bits=32)"),
+        ("paged_ademamix_8bit", "ademamix(bits=8,paged=True)"),
+        ("rmsprop_bnb", "rmsprop-bnb(bits=32)"),
+        ("rmsprop_bnb_8bit", "rmsprop-bnb(bits=8)"),
     ],
 )
 def test_the_trainers_other_optimizers_are_what_it_makes(optim, label, tmp_path):

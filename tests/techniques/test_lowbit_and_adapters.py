@@ -610,6 +610,54 @@ def test_lion_keeps_one_moment_and_is_predicted_to_the_byte(bits):
     assert state == moment + codes
 
 
+@pytest.mark.parametrize("bits", [32, 8])
+def test_ademamix_keeps_two_first_moments_and_a_second_and_is_predicted_to_the_byte(bits):
+    """bitsandbytes' AdEMAMix (the Trainer's ademamix, ademamix_8bit): the fast and slow first
+    moments in one buffer twice the parameter's size, and the second moment; 8-bit from 4,096
+    elements with an absmax per 256 values for each of the three, and two code books (signed for
+    the first moments, unsigned for the second)."""
+    pytest.importorskip("bitsandbytes")
+    run = spec("llama-tiny", (tech("ademamix", bits=bits),), batch_size=4, seq_len=16)
+    trainer = assert_predicted_exactly(run)
+    sizes = [p.numel() for p in trainer.model.parameters()]
+    proof = trainer.techniques[0].proof(1)
+    moments = sum(3 * (4 * n if bits == 32 or n < 4096 else n) for n in sizes)
+    assert proof["moments"] == 2 * len(sizes) and proof["moment_bytes"] == moments
+    quantized = [n for n in sizes if bits == 8 and n >= 4096]
+    codes = sum(3 * 4 * math.ceil(n / 256) for n in quantized) + (2 * 4 * 256 if quantized else 0)
+    state = model_state_bytes(trainer.model, trainer.optimizer).optimizer_state_bytes
+    assert state == moments + codes
+
+
+@pytest.mark.parametrize("bits", [32, 8])
+def test_bitsandbytes_rmsprop_keeps_its_square_average_and_is_predicted_to_the_byte(bits):
+    """bitsandbytes' RMSprop (the Trainer's rmsprop_bnb, rmsprop_bnb_8bit): the square average
+    alone, float32 or blockwise 8-bit from 4,096 elements."""
+    pytest.importorskip("bitsandbytes")
+    run = spec("llama-tiny", (tech("rmsprop-bnb", bits=bits),), batch_size=4, seq_len=16)
+    trainer = assert_predicted_exactly(run)
+    sizes = [p.numel() for p in trainer.model.parameters()]
+    moment = sum(4 * n if bits == 32 or n < 4096 else n for n in sizes)
+    assert trainer.techniques[0].proof(1)["moment_bytes"] == moment
+    quantized = [n for n in sizes if bits == 8 and n >= 4096]
+    codes = sum(4 * math.ceil(n / 256) for n in quantized) + (4 * 256 if quantized else 0)
+    state = model_state_bytes(trainer.model, trainer.optimizer).optimizer_state_bytes
+    assert state == moment + codes
+
+
+def test_paged_ademamix_keeps_its_large_double_buffer_out_of_the_allocator():
+    """Paged (the Trainer's paged_ademamix_32bit), each buffer of a parameter of 100,000 elements
+    or more is unified memory: the first moments' double buffer too, bitsandbytes' own path."""
+    pytest.importorskip("bitsandbytes")
+    run = spec("llama-tiny", (tech("ademamix", paged=True),), batch_size=4, seq_len=16)
+    assert predict(run, run.cpu, cuda=False).status == "unsupported"
+    out = predict(run, run.cpu, cuda=True)
+    sizes = [p.numel() for p in build_model(MODELS.get("llama-tiny"), run.cpu)[0].parameters()]
+    assert out.ok and out.paged_bytes == sum(12 * n for n in sizes if n >= 100_000)
+    small = sum(_rounded(8 * n) + _rounded(4 * n) for n in sizes if n < 100_000)
+    assert out.at_peak_optimizer_state_bytes == small
+
+
 def test_paged_lion_is_a_cuda_technique_whose_large_moments_the_allocator_never_holds():
     pytest.importorskip("bitsandbytes")
     run = spec("llama-tiny", (tech("lion", paged=True),), batch_size=4, seq_len=16)
@@ -619,6 +667,20 @@ def test_paged_lion_is_a_cuda_technique_whose_large_moments_the_allocator_never_
     sizes = [p.numel() for p in build_model(MODELS.get("llama-tiny"), run.cpu)[0].parameters()]
     assert out.ok and out.paged_bytes == sum(4 * n for n in sizes if n >= 100_000)
     assert out.at_peak_optimizer_state_bytes == sum(_rounded(4 * n) for n in sizes if n < 100_000)
+
+
+@pytest.mark.cuda
+def test_paged_ademamix_8bit_on_cuda_holds_its_predicted_state():
+    """Its double buffer paged by bitsandbytes' own path (``_get_state_double_buffer``), not the
+    one the other paged optimizers share: the allocator holds what the prediction says it does."""
+    pytest.importorskip("bitsandbytes")
+    record = isolated(
+        spec("llama-tiny", (tech("ademamix", bits=8, paged=True),), batch_size=8, seq_len=64),
+        Device("cuda", torch.cuda.get_device_name(0)),
+    )
+    assert record["status"] == "ok", record
+    assert record["optimizer_state_bytes"] == record["predicted_optimizer_state_bytes"]
+    assert record["peak_tensor_bytes"] == record["predicted_peak_tensor_bytes"]
 
 
 @pytest.mark.cuda
