@@ -116,9 +116,24 @@ def test_a_bitsandbytes_config_file_loads_the_jobs_model_in_4_bits_before_its_ad
     ]
 
 
+def test_an_8bit_bitsandbytes_config_file_loads_the_jobs_model_as_llm_int8(job, tmp_path):
+    """PEFT's int8 examples: the model loaded with load_in_8bit, its outlier threshold and skipped
+    modules read as transformers reads them."""
+    eight = _bnb(
+        tmp_path / "bnb8.json",
+        load_in_8bit=True,
+        llm_int8_threshold=4.0,
+        llm_int8_skip_modules=["mlp"],
+    )
+    argv = ["suite", *job, "--quantization-config", eight, "--out", str(tmp_path / "s")]
+    assert main(argv) == 0
+    _, mine = load(tmp_path / "s" / "hf-tiny-llama.toml").runs
+    assert [t.label for t in mine.techniques][-2] == "bnb-8bit(skip=mlp,threshold=4.0)"
+
+
 @pytest.mark.fault("cli values")
 def test_a_bitsandbytes_config_file_not_modelled_or_unreadable_exits_2_naming_it(tmp_path, capsys):
-    eight = _bnb(tmp_path / "bnb8.json", load_in_8bit=True)
+    eight = _bnb(tmp_path / "bnb8.json", load_in_8bit=True, llm_int8_has_fp16_weight=True)
     (tmp_path / "list.json").write_text("[]")
     sft = tmp_path / "sft.json"
     sft.write_text(
@@ -133,7 +148,7 @@ def test_a_bitsandbytes_config_file_not_modelled_or_unreadable_exits_2_naming_it
     config["quantization_config"] = json.loads(Path(four).read_text())
     (saved / "config.json").write_text(json.dumps(config))
     for given, said in (
-        ([eight], "bnb8.json: bitsandbytes 8-bit (load_in_8bit, Linear8bitLt) is not modelled"),
+        ([eight], "bnb8.json: llm_int8_has_fp16_weight = True keeps each weight in float16"),
         ([str(tmp_path / "nowhere.json")], "nowhere.json: cannot read it as JSON"),
         ([str(tmp_path / "list.json")], "list.json: expected a JSON object"),
         ([four, "--training-args", str(sft)], "model_init_kwargs load the model quantized"),

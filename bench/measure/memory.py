@@ -64,11 +64,16 @@ def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
 
 
 def parameter_tensors(model: nn.Module) -> list[torch.Tensor]:
-    """The model's parameters and what each keeps beside its data to be used: a bitsandbytes 4-bit
-    weight's quantization state (its blocks' scales, themselves quantized with theirs, the code
-    books and the offset), which lives on the device with it but is no parameter or buffer."""
+    """The model's parameters and what each keeps beside its data to be used, which lives on the
+    device with it but is no parameter or buffer: a bitsandbytes 4-bit weight's quantization state
+    (its blocks' scales, themselves quantized with theirs, the code books and the offset), and an
+    8-bit weight's absmax a row (its SCB: on the weight until its layer's first forward, on the
+    layer's state after)."""
     params = list(model.parameters())
-    return params + [t for p in params for t in _quant_state(getattr(p, "quant_state", None))]
+    states = [t for p in params for t in _quant_state(getattr(p, "quant_state", None))]
+    holders = [*params, *(getattr(m, "state", None) for m in model.modules())]
+    rows = [t for h in holders if torch.is_tensor(t := getattr(h, "SCB", None))]
+    return params + states + rows
 
 
 def _quant_state(state: object) -> list[torch.Tensor]:

@@ -37,10 +37,12 @@ ASSUMPTIONS = (
     "optimizer update its package compiles (torchao's 8-bit AdamW) counts its state, not the "
     "kernel's temporaries; a bitsandbytes 4-bit matmul dequantizes its weight past 1,536 rows, "
     "as its CUDA kernel does, and below runs its fused kernel (the card's heuristic may dequantize "
-    "there too); packed sequences attend through the variable-length flash kernel; a "
-    "generation makes exactly its new tokens (generate()'s stop check is counted, not read), "
-    "its decode forwards past the fourth traced as the last three grew, a token a forward (a "
-    "dynamic, static or fp8 cache's; quanto's, HQQ's and a sliding window's are traced whole)"
+    "there too); a bitsandbytes 8-bit matmul finds no input column past its outlier threshold "
+    "(which columns do is read off values); packed sequences attend through the variable-length "
+    "flash kernel; a generation makes exactly its new tokens (generate()'s stop check is "
+    "counted, not read), its decode forwards past the fourth traced as the last three grew, a "
+    "token a forward (a dynamic, static or fp8 cache's; quanto's, HQQ's and a sliding window's are "
+    "traced whole)"
 )
 aten = torch.ops.aten
 
@@ -347,6 +349,100 @@ def _dequant_linear(
         dtype=A.dtype,
     )
     return F.linear(A, B_dq, bias)
+
+
+def matmul_8bit(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    out: torch.Tensor | None = None,
+    state: Any = None,
+    threshold: float = 0.0,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``bitsandbytes.matmul`` (0.50) as CUDA runs it for a frozen int8 weight (the bnb-8bit
+    technique's CUDA stand-in): ``MatMul8bitLt``, whose custom kernels the fake ones show as their
+    outputs alone, here as the tensors each makes (bitsandbytes' backends/cuda/ops.py, and the
+    default composites CUDA falls to). On fake tensors bitsandbytes would take its CPU path, which
+    dequantizes the weight instead. No input column is taken for an outlier: which are is read off
+    the values, which fake tensors lack, and each would add a column of the input and a row of the
+    weight in 16 bits."""
+    if threshold > 0.0:
+        state.threshold = threshold
+    return _MatMul8bitLt.apply(A, B, bias, state)
+
+
+class _MatMul8bitLt(torch.autograd.Function):
+    """bitsandbytes' ``MatMul8bitLt`` for a frozen weight (its fast path: the input quantized by
+    rows alone): the input kept on the context for backward, which dequantizes the weight to the
+    input's dtype."""
+
+    @staticmethod
+    def forward(ctx: Any, A: torch.Tensor, B: torch.Tensor, bias: Any, state: Any) -> torch.Tensor:
+        shape = A.shape
+        if len(shape) == 3:
+            A = A.reshape(-1, shape[-1])
+        rows, row_stats = _int8_rows(A.to(torch.float16), state.threshold)
+        # int8_mixed_scaled_mm (default) with no outlier column: an empty subA, then int8_scaled_mm
+        sub = torch.empty(0, device=A.device, dtype=A.dtype) if state.threshold > 0.0 else None
+        output = _int8_scaled_mm(rows, state.CB, row_stats, state.SCB, bias, A.dtype)
+        ctx.state, ctx.grad_shape, ctx.dtype_A = state, shape, A.dtype
+        ctx.dtype_bias = None if bias is None else bias.dtype
+        ctx.tensors = (None, sub, A) if any(ctx.needs_input_grad[:2]) else (None, None, None)
+        if len(shape) == 3:
+            return output.reshape(*shape[:-1], state.CB.shape[0])
+        return output
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
+        state, grad_A, grad_bias = ctx.state, None, None
+        if ctx.needs_input_grad[2]:
+            grad_bias = grad_output.sum(0, dtype=ctx.dtype_bias)
+        if len(grad_output.shape) == 3:
+            grad_output = grad_output.reshape(-1, grad_output.shape[-1]).contiguous()
+        if ctx.needs_input_grad[0]:
+            weight = state.CB.to(ctx.dtype_A, copy=True).mul_(
+                state.SCB.unsqueeze(1).mul(1.0 / 127.0)
+            )
+            grad_A = torch.matmul(grad_output.to(ctx.dtype_A), weight).view(ctx.grad_shape)
+        return grad_A, None, grad_bias, None
+
+
+def _int8_rows(A: torch.Tensor, threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``int8_vectorwise_quant`` as its CUDA kernel runs it: the statistics and the int8 rows made
+    first, then, past a threshold, the mask of outliers (and whether there is any), the outlier
+    columns none, their zeroing in every row an empty index."""
+    row_stats = torch.empty(A.numel() // A.shape[-1], device=A.device, dtype=torch.float32)
+    rows = torch.empty(A.shape, device=A.device, dtype=torch.int8)
+    if threshold > 0.0:
+        outliers = A.abs() >= threshold
+        outliers.any()  # read on the host, which the assumption answers: none
+        columns = torch.empty(0, device=A.device, dtype=torch.int64)
+        if rows.numel() // rows.shape[-1] > 1:
+            rows[:, columns] = 0
+        del outliers
+    return rows, row_stats
+
+
+def _int8_scaled_mm(
+    A: torch.Tensor,
+    B: torch.Tensor,
+    row_stats: torch.Tensor,
+    col_stats: torch.Tensor,
+    bias: torch.Tensor | None,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """bitsandbytes' default ``int8_scaled_mm`` over its CUDA kernels: the int32 product
+    (cuBLASLt's, or in float32 where the inner dimension is not a multiple of 4), dequantized to
+    float16, the bias added where not float16, then cast to ``dtype``."""
+    product = torch.empty((*A.shape[:-1], B.shape[0]), device=A.device, dtype=torch.int32)
+    if A.shape[-1] % 4:
+        product.copy_(torch.matmul(A.float(), B.float().t()).to(torch.int32))
+    out = torch.empty_like(product, dtype=torch.float16)
+    if bias is not None and bias.dtype != torch.float16:
+        out.add_(bias)
+    cast = out.to(dtype)
+    del out  # int8_mm_dequant returns: its float16 output freed, then the product as this returns
+    return cast
 
 
 # The scalar state optimizers make on the host (torch.tensor(0.0), no device): torch.optim's step

@@ -336,28 +336,78 @@ class Bnb4bit(Technique):
         return None
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
-        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-        skipped = {name for name in self.config.skip.split(",") if name}
-        self.quantized = [
-            name
-            for name, linear in model.named_modules()
-            if type(linear) is nn.Linear
-            and linear is not head
-            and not skipped & set(name.split("."))
-        ]
-        for name in self.quantized:
-            _to_4bit(model, name, model.get_submodule(name), self.config)
-        if not self.quantized:
-            raise Unsupported("no nn.Linear besides the head to quantize")
-        if self.config.prepare:
-            from peft import prepare_model_for_kbit_training
-
-            # checkpointing is the job's own choice (its checkpoint technique), as TRL passes it
-            prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        self.quantized = _loaded_quantized(model, self.config, _to_4bit)
         return model
 
     def proof(self, steps: int) -> dict[str, Any]:
         return {"bnb_4bit_linears": len(self.quantized)}
+
+
+@TECHNIQUES.register("bnb-8bit")
+class Bnb8bit(Technique):
+    """The model as transformers loads it with ``BitsAndBytesConfig(load_in_8bit=True)``
+    (LLM.int8(), arXiv:2208.07339): every ``nn.Linear`` but the output head (and the modules
+    ``skip`` names, as ``llm_int8_skip_modules``) becomes a frozen bitsandbytes ``Linear8bitLt``,
+    its weight int8 by rows with a float32 absmax a row, ``threshold`` its outlier threshold
+    (``llm_int8_threshold``). On CUDA each linear quantizes its input by rows to int8 (a float16
+    copy first), multiplies into int32 and dequantizes to float16; backward dequantizes the weight
+    to the input's dtype. On a CPU bitsandbytes dequantizes the weight and multiplies in the
+    input's dtype instead (``MatMul8bitFp``). With ``prepare``, peft's
+    ``prepare_model_for_kbit_training`` casts as for bnb-4bit. Pair with ``lora``.
+
+    Expected: the linears' weights from 2 bytes to 1 a parameter plus 4 bytes a row; each linear's
+    int32 product, a temporary of 4 bytes per output value. Accuracy: LLM.int8's outlier columns
+    keep 16-bit precision where an input passes ``threshold``; frozen otherwise, as bnb-4bit."""
+
+    modes = ANY_MODE
+    not_advised = "freezes the linear layers: with lora, it trains adapters only, another job"
+    summary = (
+        "bitsandbytes `Linear8bitLt` for every linear but the head, as transformers loads "
+        "`load_in_8bit` (LLM.int8's threshold), peft's k-bit casts"
+    )
+    conflicts = frozenset({"bnb-4bit"})
+    cuda_stand_ins = {"bitsandbytes:matmul": "bench.predict.cuda:matmul_8bit"}
+
+    @dataclass(frozen=True)
+    class Config:
+        threshold: float = option(6.0, "the outlier threshold (llm_int8_threshold; 0: none)")
+        skip: str = option("", "comma-separated module names kept as they are, besides the head")
+        prepare: bool = option(True, "peft's prepare_model_for_kbit_training casts after")
+
+    def unsupported(self, ctx: RunContext) -> str | None:
+        if not _has("bitsandbytes"):
+            return "needs bitsandbytes: pip install bitsandbytes (or pip install -e '.[extras]')"
+        return None
+
+    def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        self.quantized = _loaded_quantized(model, self.config, _to_8bit)
+        return model
+
+    def proof(self, steps: int) -> dict[str, Any]:
+        return {"bnb_8bit_linears": len(self.quantized)}
+
+
+def _loaded_quantized(model: nn.Module, config: Any, to: Any) -> list[str]:
+    """Every ``nn.Linear`` of ``model`` but the output head and those ``config.skip`` names
+    replaced by ``to`` (a quantized layer), then, where ``config.prepare``, peft's k-bit casts, as
+    transformers loads a bitsandbytes config and QLoRA's scripts and TRL prepare it; their names."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    skipped = {name for name in config.skip.split(",") if name}
+    quantized = [
+        name
+        for name, linear in model.named_modules()
+        if type(linear) is nn.Linear and linear is not head and not skipped & set(name.split("."))
+    ]
+    for name in quantized:
+        to(model, name, model.get_submodule(name), config)
+    if not quantized:
+        raise Unsupported("no nn.Linear besides the head to quantize")
+    if config.prepare:
+        from peft import prepare_model_for_kbit_training
+
+        # checkpointing is the job's own choice (its checkpoint technique), as TRL passes it
+        prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    return quantized
 
 
 def _to_4bit(model: nn.Module, name: str, linear: nn.Linear, config: Any) -> None:
@@ -415,7 +465,44 @@ def _to_4bit(model: nn.Module, name: str, linear: nn.Linear, config: Any) -> Non
             bnb_quantized=True,
             module=module,
         )
-    module._parameters["weight"] = param
+    _installed(model, name, module, param, linear)
+
+
+def _to_8bit(model: nn.Module, name: str, linear: nn.Linear, config: Any) -> None:
+    """``linear`` replaced in ``model`` by bitsandbytes' ``Linear8bitLt`` holding its weight
+    quantized by rows (``Int8Params._quantize``: a float16 copy, then int8 and a float32 absmax a
+    row), as transformers' loader leaves it; a fake weight is a parameter of the int8 values
+    carrying the statistics, as ``_to_4bit``'s is."""
+    import bitsandbytes as bnb
+    from bitsandbytes import functional as bnb_functional
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    with _disable_current_modes():  # a real module on the meta device; its weight set below
+        module = bnb.nn.Linear8bitLt(
+            linear.in_features,
+            linear.out_features,
+            bias=linear.bias is not None,
+            has_fp16_weights=False,
+            threshold=config.threshold,
+            device="meta",
+        )
+    weight = linear.weight.detach()
+    rows, stats, _ = bnb_functional.int8_vectorwise_quant(weight.contiguous().to(torch.float16))
+    if isinstance(weight, FakeTensor):
+        param = nn.Parameter(rows, requires_grad=False)
+        param.CB, param.SCB, param.has_fp16_weights = rows, stats, False
+    else:
+        param = bnb.nn.Int8Params(
+            rows, requires_grad=False, has_fp16_weights=False, CB=rows, SCB=stats
+        )
+    _installed(model, name, module, param, linear)
+
+
+def _installed(
+    model: nn.Module, name: str, module: nn.Module, weight: nn.Parameter, linear: nn.Linear
+) -> None:
+    """``module`` in ``linear``'s place, its weight ``weight`` and its bias ``linear``'s, frozen."""
+    module._parameters["weight"] = weight
     if linear.bias is not None:
         module._parameters["bias"] = nn.Parameter(linear.bias.detach(), requires_grad=False)
     parent, _, child = name.rpartition(".")

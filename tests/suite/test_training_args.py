@@ -253,8 +253,8 @@ def test_an_sftconfigs_own_choices_are_read_as_trl_reads_them(change, labels, tm
         ({"padding_free": True}, "padding_free = True: changes what a step holds"),
         ({"activation_offloading": True}, "activation_offloading = True: changes what a step"),
         (
-            {"model_init_kwargs": {"quantization_config": {"load_in_8bit": True}}},
-            "model_init_kwargs.quantization_config: bitsandbytes 8-bit .* not modelled yet",
+            {"model_init_kwargs": {"quantization_config": {"quant_method": "awq"}}},
+            "model_init_kwargs.quantization_config: quant_method 'awq' is not modelled yet",
         ),
         (
             {"model_init_kwargs": {"device_map": "auto", "revision": "main", "foo": 1}},

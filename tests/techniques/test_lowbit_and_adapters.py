@@ -582,6 +582,102 @@ def test_bnb_4bit_with_lora_on_cuda_is_predicted_to_the_byte(seq_len):
     assert record["peak_tensor_bytes"] == record["predicted_peak_tensor_bytes"]
 
 
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"threshold": 0.0}, {"prepare": False}],
+    ids=["defaults", "no-outlier-threshold", "unprepared"],
+)
+def test_bnb_8bit_linears_with_lora_are_predicted_to_the_byte(options):
+    """bitsandbytes' Linear8bitLt as transformers loads load_in_8bit, every linear but the head:
+    the tracked run (bitsandbytes' CPU path, the weight dequantized for each matmul) and the
+    prediction count each weight's int8 rows and its absmax a row with the parameters."""
+    pytest.importorskip("bitsandbytes")
+    run = spec(
+        "hf:suites/configs/tiny-llama",
+        (tech("bnb-8bit", **options), tech("lora")),
+        batch_size=4,
+        seq_len=32,
+    )
+    trainer = assert_predicted_exactly(run)
+    assert trainer.proof()["bnb-8bit.bnb_8bit_linears"] == 14  # 7 in each of 2 layers
+    assert type(trainer.model.base_model.model.lm_head) is torch.nn.Linear  # the head stays
+    dtypes = {p.dtype for p in trainer.model.parameters()}
+    if options.get("prepare", True):
+        assert dtypes == {torch.float32, torch.int8}
+    else:
+        assert dtypes == {torch.float32, torch.bfloat16, torch.int8}
+
+
+def test_bnb_8bit_counts_each_weights_absmax_a_row_as_parameter_bytes():
+    """A 256 × 512 weight in 8 bits: 131,072 int8 values and 512 float32 absmaxes, one a row,
+    before its first forward (on the weight) and after it (on the layer's state)."""
+    import bitsandbytes as bnb
+
+    from bench.measure.memory import parameter_tensors
+    from bench.techniques.lowbit import Bnb8bit, _to_8bit
+
+    holder = torch.nn.Sequential(torch.nn.Linear(256, 512, bias=False))
+    _to_8bit(holder, "0", holder[0], Bnb8bit.Config())
+    assert isinstance(holder[0], bnb.nn.Linear8bitLt)
+    assert tensor_bytes(parameter_tensors(holder)) == 131_072 + 512 * 4
+    holder.eval()(torch.randn(3, 256))
+    assert holder[0].weight.SCB is None and holder[0].state.SCB is not None
+    assert tensor_bytes(parameter_tensors(holder)) == 131_072 + 512 * 4
+
+
+@pytest.mark.parametrize("threshold", [6.0, 0.0])
+def test_an_8bit_matmul_as_cuda_runs_it_makes_its_kernels_tensors(threshold):
+    """On CUDA, bitsandbytes' MatMul8bitLt copies a bf16 input to float16, makes its int8 rows and
+    a float32 absmax a row and, past an outlier threshold, the input's absolute values and their
+    mask; then the int32 product, its float16 dequantization and the cast back: 6 bytes per input
+    value at once with a threshold (the copy, the rows, the absolute values, the mask), else the
+    rows and the product's 8 bytes per output value. The fake kernels show their outputs alone."""
+    pytest.importorskip("bitsandbytes")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from bench.measure.memory import parameter_tensors
+    from bench.measure.tracker import LiveBytes
+    from bench.predict.stand_ins import techniques_as_real
+    from bench.techniques.lowbit import Bnb8bit, _to_8bit
+
+    config = Bnb8bit.Config(threshold=threshold)
+    rows, inputs, outputs = 64, 4096, 2048
+    with (
+        FakeTensorMode(allow_non_fake_inputs=True),
+        techniques_as_real([Bnb8bit(config)], cuda=True),
+    ):
+        holder = torch.nn.Sequential(torch.nn.Linear(inputs, outputs, bias=False)).eval()
+        _to_8bit(holder, "0", holder[0], config)
+        x = torch.empty(rows, inputs, dtype=torch.bfloat16)
+        tracker = LiveBytes(CPU)
+        held = parameter_tensors(holder)
+        tracker.add(held, "parameters")
+        with tracker:
+            holder(x)
+    at_once = (6 if threshold else 1) * rows * inputs
+    if not threshold:
+        at_once += 8 * rows * outputs
+    assert tracker.peak - tensor_bytes(held) == at_once + 4 * rows  # and the absmaxes
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("threshold", [6.0, 0.0])
+def test_bnb_8bit_with_lora_on_cuda_is_predicted_to_the_byte(threshold):
+    """On a card, each 8-bit linear runs bitsandbytes' CUDA kernels (MatMul8bitLt); random inputs
+    past a threshold of 6 are as rare as the prediction assumes them absent."""
+    pytest.importorskip("bitsandbytes")
+    run = spec(
+        "hf:suites/configs/tiny-llama",
+        (tech("bnb-8bit", threshold=threshold), tech("lora")),
+        batch_size=8,
+        seq_len=64,
+    )
+    record = isolated(run, Device("cuda", torch.cuda.get_device_name(0)))
+    assert record["status"] == "ok", record
+    assert record["param_bytes"] == record["predicted_param_bytes"]
+    assert record["peak_tensor_bytes"] == record["predicted_peak_tensor_bytes"]
+
+
 def test_a_4bit_model_prepared_without_adapters_is_unsupported_as_the_trainer_refuses_it():
     """peft's k-bit preparation freezes every parameter: with no adapters nothing would learn."""
     run = spec("hf:suites/configs/tiny-llama", (tech("bnb-4bit"),), batch_size=4, seq_len=32)
