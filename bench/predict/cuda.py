@@ -434,9 +434,11 @@ def _int8_scaled_mm(
     """bitsandbytes' default ``int8_scaled_mm`` over its CUDA kernels: the int32 product
     (cuBLASLt's, or in float32 where the inner dimension is not a multiple of 4), dequantized to
     float16, the bias added where not float16, then cast to ``dtype``."""
-    product = torch.empty((*A.shape[:-1], B.shape[0]), device=A.device, dtype=torch.int32)
     if A.shape[-1] % 4:
+        product = torch.empty((*A.shape[:-1], B.shape[0]), device=A.device, dtype=torch.int32)
         product.copy_(torch.matmul(A.float(), B.float().t()).to(torch.int32))
+    else:  # cuBLASLt's: aten's int8 product makes the same int32 output, and counts its FLOPs
+        product = torch._int_mm(A, B.t())
     out = torch.empty_like(product, dtype=torch.float16)
     if bias is not None and bias.dtype != torch.float16:
         out.add_(bias)

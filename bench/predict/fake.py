@@ -520,6 +520,7 @@ def _keys_per_query_head(formula: Callable[..., int], query_at: int) -> Callable
 # model unpredicted.
 FLOP_FORMULAS: dict[torch._ops.OpOverloadPacket, Callable[..., int]] = {
     **flop_registry,
+    aten._int_mm: flop_registry[aten.mm],  # an int8 product (bitsandbytes' 8-bit matmul on CUDA)
     **{
         op: shape_wrapper(_keys_per_query_head(flop_registry[op], at))
         for op, at in (
