@@ -299,6 +299,8 @@ def test_predict_on_a_card_gives_each_run_its_verdict_and_the_largest_batch_the_
     [
         (["--card", "rtx5090"], "--card 'rtx5090': not a card known here"),
         (["--card", "t4", "--budget", "16GiB"], "--card and --budget: give one"),
+        (["--longest"], "--longest searches the longest sequence a card holds: give --card"),
+        (["--longest", "--card", "t4"], "--longest: resnet-tiny takes no sequence"),
     ],
 )
 def test_predict_refuses_an_unknown_card_or_a_card_beside_a_budget(capsys, flags, said):

@@ -23,6 +23,7 @@ from bench.spec import MAX_NPROC
 
 if TYPE_CHECKING:  # imported when a command runs: torch comes with it
     from bench.fit import Fit
+    from bench.suite import Suite
 
 
 def add(sub: argparse._SubParsersAction) -> None:
@@ -46,6 +47,13 @@ def add(sub: argparse._SubParsersAction) -> None:
         help="a card (rtx4090, a100-80gb, h100, …): each step replayed through the caching "
         "allocator under its memory less the CUDA context: fits, fits after cache flushes, or out "
         "of memory at a phase; and the largest batch it holds",
+    )
+    pre.add_argument(
+        "--longest",
+        action="store_true",
+        help="with --card or --budget: the longest seq_len each training or forward run holds at "
+        "its batch, in steps of 256 tokens up to the model's positions (a generation suite "
+        "answers its longest context without it)",
     )
     pre.add_argument("--only", metavar="PATTERNS", help="comma-separated run names or globs")
     pre.add_argument(
@@ -101,6 +109,24 @@ def add(sub: argparse._SubParsersAction) -> None:
     fit.set_defaults(func=_fit)
 
 
+def _lengthened(suite: Suite, capped: bool) -> None:
+    """BadInput where ``--longest`` has nothing to search: no card or budget to hold a length to,
+    or a model that takes no sequence (no positions in its config)."""
+    from bench.predict.budget import positions
+
+    if not capped:
+        raise BadInput(
+            "--longest searches the longest sequence a card holds: give --card or --budget"
+        )
+    try:
+        positions(suite.runs[0])
+    except AttributeError:
+        raise BadInput(
+            f"--longest: {suite.runs[0].model} takes no sequence (its config gives no "
+            "max_position_embeddings); --card alone gives the largest batch"
+        ) from None
+
+
 def _predict(args: argparse.Namespace) -> int:
     path = job_suite(args)
     from bench import suite as suites
@@ -124,6 +150,8 @@ def _predict(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise BadInput(str(exc)) from exc
     suite = selected(path, args)
+    if args.longest:
+        _lengthened(suite, budget is not None or card is not None)
     if args.nproc:
         suite = suites.spanning(suite, args.nproc)
     stored = map(Record.from_flat, load_records(args.results / suite.name))
@@ -150,7 +178,9 @@ def _predict(args: argparse.Namespace) -> int:
             f"{card.capacity / 2**30:.2f} GiB for the allocator",
             file=sys.stderr,
         )
-    table = suite_table(list(suite.runs), measured, budget, jobs=args.jobs, card=card)
+    table = suite_table(
+        list(suite.runs), measured, budget, jobs=args.jobs, card=card, longest=args.longest
+    )
     print(markdown(table, args.breakdown))
     # a suite file, whole: its report
     if args.only is None and budget is None and card is None and not args.nproc and not args.hf:

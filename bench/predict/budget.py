@@ -158,12 +158,7 @@ def largest_batch_on(
     sizes.seed(shapes.batch_size, own)
 
     def reserved(batch: int) -> float:
-        out = sizes(batch)
-        if out.ok and out.verdict == "out of memory":  # above the card by what it could not hold
-            return max(out.oom_reserved_bytes + out.oom_request_bytes, card.capacity + 1)
-        if out.ok:
-            return out.peak_reserved_bytes
-        return math.inf
+        return _held(sizes(batch), card)
 
     return largest_batch(spec, card.capacity, limit, peak=reserved, progress=progress, sizes=sizes)
 
@@ -198,7 +193,7 @@ def longest_context(
         cap = card.capacity
     else:
         cap = budget
-    limit = (_positions(spec) - new) // step  # prompts of 1 to ``limit`` steps
+    limit = (positions(spec) - new) // step  # prompts of 1 to ``limit`` steps
     prompts = range(1, limit + 1)
     first = next(
         (n for n in prompts if runs_at(spec, shapes=replace(shapes, prompt_len=n * step))), 0
@@ -276,7 +271,63 @@ def longest_context(
     return None
 
 
-def _positions(spec: RunSpec) -> int:
+def longest_sequence(
+    spec: RunSpec,
+    card: Card | None = None,
+    budget: int | None = None,
+    step: int = CONTEXT_STEP,
+    own: Traced | None = None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> int | None:
+    """The longest ``seq_len`` a training (or forward) step holds at the run's batch, in steps of
+    ``step`` tokens up to the model's positions: on ``card``, its step replayed through the
+    allocator (the reserved peak); else its tracked peak within ``budget`` bytes. None if not even
+    ``step`` tokens fit. ``own``: the run's prediction at its own length, where that is a whole
+    number of steps (the search starts there). The lengths past the first three traced are read
+    off the curve through them (attention's scores grow as the square of the length where no fused
+    kernel runs), and the answer read off it is traced again; ``progress`` is told each length."""
+    shapes = spec.gpu
+    cap = card.capacity if card is not None else budget
+    sizes = Sizes(
+        spec,
+        lambda tokens: replace(shapes, seq_len=tokens),
+        card=card,
+        reserved=card is not None,
+        named="lengths",
+        degree=2,
+    )
+    start = None
+    if shapes.seq_len % step == 0:
+        start = shapes.seq_len // step
+        sizes.seed(shapes.seq_len, own)
+
+    def at(n: int) -> float:
+        figure = _held(sizes(n * step), card)
+        progress(f"{n * step:,} tokens: {_against(figure, cap)}{sizes.said(n * step)}")
+        return figure
+
+    limit = positions(spec) // step
+    found = largest(at, cap, limit, start=start, grow=4)
+    while not sizes.confirmed(max(found, 1) * step):  # the curve did not hold: all traced
+        progress(f"{found * step:,} tokens traced is not the step read off the curve: all traced")
+        found = largest(at, cap, limit, start=max(found, 1), grow=4)
+    return found * step or None
+
+
+def _held(out: Prediction, card: Card | None) -> float:
+    """What a prediction holds against its budget: on a card, the reserved peak (above the card by
+    what it could not hold, where it ran out of memory); else the tracked peak; inf where it was
+    not predicted."""
+    if not out.ok:
+        return math.inf
+    if card is None:
+        return out.peak_tensor_bytes
+    if out.verdict == "out of memory":
+        return max(out.oom_reserved_bytes + out.oom_request_bytes, card.capacity + 1)
+    return out.peak_reserved_bytes
+
+
+def positions(spec: RunSpec) -> int:
     """The positions the model's config gives it (max_position_embeddings), read off the model built
     on the meta device."""
     import torch

@@ -13,7 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from bench.predict.ahead import spawn_pool, stop_pool
-from bench.predict.budget import fewest_ranks, largest_batch, largest_batch_on, longest_context
+from bench.predict.budget import (
+    fewest_ranks,
+    largest_batch,
+    largest_batch_on,
+    longest_context,
+    longest_sequence,
+)
 from bench.predict.cards import Card
 from bench.predict.fake import traced
 from bench.predict.ranks import KINDS
@@ -31,18 +37,20 @@ def suite_table(
     log: TextIO | None = None,
     jobs: int = 1,
     card: Card | None = None,
+    longest: bool = False,
 ) -> pd.DataFrame:
     """One row per run: predicted peak and breakdown at GPU shapes, FLOPs, and where a GPU measured
     the run, its allocated peak and the ratio; with a budget, whether it fits and the largest batch
     that does; on a ``card``, the verdict of the step replayed through its allocator, and the
-    largest batch it holds. Runs are predicted in ``jobs`` spawned processes (each prediction is
+    largest batch it holds; ``longest``, with either, the longest sequence each training or forward
+    step holds at its batch. Runs are predicted in ``jobs`` spawned processes (each prediction is
     single-threaded Python); a progress line per run goes to ``log`` as it is done, numbered by its
     place in the suite."""
     import pandas as pd
 
     log = log or sys.stderr  # as it is now, not at import
     rows: list[dict[str, Any]] = [{} for _ in runs]
-    for i, row in _predicted_rows(runs, budget, jobs, card):
+    for i, row in _predicted_rows(runs, budget, jobs, card, longest):
         if (rec := measured.get(runs[i].name)) and rec.memory.peak_allocated_bytes:
             row.measured_bytes = rec.memory.peak_allocated_bytes
             row.measured_on = rec.identity.device
@@ -65,6 +73,7 @@ class Row:
     fewest_ranks: int | None = None  # a multi-process run's, under the budget
     largest_batch_there: int | None = None  # at those ranks
     longest_context: int | None = None  # a generation's, prompt and new tokens
+    longest_sequence: int | None = None  # a training or forward step's, at its batch
     measured_bytes: int | None = None  # a GPU's allocated peak for the run, where one measured it
     measured_on: str | None = None
     asked: set[str] = field(default_factory=set)
@@ -98,6 +107,8 @@ class Row:
             fit = f", largest batch {self.largest_batch}"
         if "longest_context" in self.asked:
             fit = f", longest context {_tokens(self.longest_context)}"
+        if "longest_sequence" in self.asked:
+            fit += f", longest sequence {_tokens(self.longest_sequence)}"
         on = ""
         if p.card:
             on = f"; on {p.card}: {verdict(p)}"
@@ -157,13 +168,14 @@ def save_contexts(
 
 
 def _predicted_rows(
-    runs: list[RunSpec], budget: int | None, jobs: int, card: Card | None
+    runs: list[RunSpec], budget: int | None, jobs: int, card: Card | None, longest: bool = False
 ) -> Iterator[tuple[int, Row]]:
     """(index, row) for each run as it is done: here, or in spawned processes (fork is unsafe once
     torch has started threads). A process costs an import of torch (about 5 s and 1 GB), so there is
     one per run at most. Ctrl-C reaches the parent only, which stops the processes on its way
     out."""
-    work, processes = [(i, spec, budget, card) for i, spec in enumerate(runs)], min(jobs, len(runs))
+    work = [(i, spec, budget, card, longest) for i, spec in enumerate(runs)]
+    processes = min(jobs, len(runs))
     if processes <= 1:
         yield from map(_indexed_row, work)
         return
@@ -175,9 +187,9 @@ def _predicted_rows(
         stop_pool(pool, interrupted)
 
 
-def _indexed_row(work: tuple[int, RunSpec, int | None, Card | None]) -> tuple[int, Row]:
-    index, spec, budget, card = work
-    return index, _row(spec, budget, card)
+def _indexed_row(work: tuple[int, RunSpec, int | None, Card | None, bool]) -> tuple[int, Row]:
+    index, spec, budget, card, longest = work
+    return index, _row(spec, budget, card, longest)
 
 
 # A run's prediction that has taken this long says what it is doing, step by step: a 7B model's
@@ -209,7 +221,7 @@ class Told:
             timer.cancel()
 
 
-def _row(spec: RunSpec, budget: int | None, card: Card | None) -> Row:
+def _row(spec: RunSpec, budget: int | None, card: Card | None, longest: bool = False) -> Row:
     told = Told(spec.name)
     doing = f"predicting its step on fake tensors at batch {spec.gpu.batch_size:,}"
     if card is not None:
@@ -236,6 +248,9 @@ def _row(spec: RunSpec, budget: int | None, card: Card | None) -> Row:
             row.answer("largest_batch_there", there)
     if card is not None and spec.nproc == 1:
         row.answer("largest_batch", largest_batch_on(spec, card, own=own, progress=told))
+    if longest and spec.nproc == 1 and spec.gpu.lengths is None:  # a varlen run's lengths are its
+        found = longest_sequence(spec, card=card, budget=budget, own=own, progress=told)
+        row.answer("longest_sequence", found)
     return row
 
 
@@ -321,6 +336,10 @@ def markdown(table: pd.DataFrame, breakdown: bool = False) -> str:
         )
     if "longest_context" in table:  # prompt and new tokens
         show["longest context"] = pd.to_numeric(table["longest_context"], errors="coerce").astype(
+            "Int64"
+        )
+    if "longest_sequence" in table:
+        show["longest sequence"] = pd.to_numeric(table["longest_sequence"], errors="coerce").astype(
             "Int64"
         )
     # multi-process entries under a budget: the fewest ranks that fit, and its batch

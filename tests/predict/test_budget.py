@@ -154,7 +154,7 @@ def test_a_short_generation_out_of_memory_in_its_own_longer_prefill_does_not_cut
         "bench.predict.lines.traced",
         lambda spec, at, cuda=True, card=None, reserved=False: Traced(fake(spec, at, card)),
     )
-    monkeypatch.setattr(budget, "_positions", lambda spec: 1 << 17)
+    monkeypatch.setattr(budget, "positions", lambda spec: 1 << 17)
     run = generation(new_tokens=128)
     assert budget.longest_context(run, card=rtx) == fits + 128
     # whole generations only confirm the answer the short ones led to
@@ -215,3 +215,33 @@ def test_a_figure_above_the_budget_narrows_the_search_as_a_card_out_of_memory_gi
         n for n in range(6_000) if peak(n) <= 2_000_000
     )
     assert len(calls) <= 8 if over(1.0) == 1.0 else len(calls) > 8, calls
+
+
+@pytest.mark.parametrize("card", [None, "tiny"], ids=["budget", "card"])
+def test_the_longest_sequence_a_step_holds_fits_and_a_step_longer_does_not(card):
+    """A training step's longest seq_len at its batch: found by the search over lengths (past three
+    traced, read off the curve through them), and held to fresh predictions either side of it, its
+    tracked peak within a budget or, on a card, its step replayed through the allocator."""
+    from bench.predict.budget import longest_sequence
+    from bench.predict.cards import Card
+
+    run = spec("llama-tiny", (tech("checkpoint"),), batch_size=4, seq_len=64)
+    step, limit = 16, 600 * 2**20
+    on = Card(name="tiny", memory=limit, memory_source="a test's", context=0) if card else None
+
+    def held(tokens: int) -> int:
+        out = predict(run, replace(run.gpu, seq_len=tokens), card=on, reserved=on is not None)
+        if on is None:
+            return out.peak_tensor_bytes
+        return math.inf if out.verdict == "out of memory" else out.peak_reserved_bytes
+
+    longest = longest_sequence(run, card=on, budget=None if on else limit, step=step)
+    assert longest is not None and longest % step == 0
+    assert held(longest) <= limit < held(longest + step)
+
+
+def test_no_sequence_fits_where_the_shortest_does_not():
+    from bench.predict.budget import longest_sequence
+
+    run = spec("llama-tiny", batch_size=4, seq_len=64)
+    assert longest_sequence(run, budget=2**20, step=16) is None
