@@ -55,6 +55,13 @@ def add(sub: argparse._SubParsersAction) -> None:
         "its batch, in steps of 256 tokens up to the model's positions (a generation suite "
         "answers its longest context without it)",
     )
+    pre.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON document on stdout in place of the table (docs/results.md; its schema "
+        "docs/predictions.schema.json): every figure, each run's answers and verdict, the "
+        "assumptions and how it was made",
+    )
     pre.add_argument("--only", metavar="PATTERNS", help="comma-separated run names or globs")
     pre.add_argument(
         "--results", type=Path, default=Path("results"), help="where GPU measurements are read from"
@@ -181,7 +188,16 @@ def _predict(args: argparse.Namespace) -> int:
     table = suite_table(
         list(suite.runs), measured, budget, jobs=args.jobs, card=card, longest=args.longest
     )
-    print(markdown(table, args.breakdown))
+    if args.json:
+        import json
+
+        from bench.predict.document import document
+        from bench.provenance import git_revision
+
+        made = document(table, suite.name, card, budget, ASSUMPTIONS, git_revision())
+        print(json.dumps(made, indent=2))
+    else:
+        print(markdown(table, args.breakdown))
     # a suite file, whole: its report
     if args.only is None and budget is None and card is None and not args.nproc and not args.hf:
         import torch

@@ -40,6 +40,12 @@ def add(sub: argparse._SubParsersAction) -> None:
         help="rewrite the reference of a suite file's keys in PAGE (between its markers) from "
         "bench/suite/schema.py instead: make docs",
     )
+    lst.add_argument(
+        "--predictions-schema",
+        type=Path,
+        metavar="FILE",
+        help="write the JSON Schema of bench predict --json's document to FILE: make docs",
+    )
     lst.set_defaults(func=_list)
     new = sub.add_parser(
         "suite",
@@ -79,8 +85,8 @@ def _list(args: argparse.Namespace) -> int:
     from bench.techniques import TECHNIQUES, TRAIN
     from bench.techniques.base import options_doc
 
-    if args.docs or args.held or args.keys:
-        from bench.predict import held
+    if args.docs or args.held or args.keys or args.predictions_schema:
+        from bench.predict import document, held
         from bench.suite import schema
         from bench.techniques import catalogue
 
@@ -88,6 +94,7 @@ def _list(args: argparse.Namespace) -> int:
             (args.docs, catalogue.write),
             (args.held, lambda p: held.write(p, Path("results"))),
             (args.keys, schema.write),
+            (args.predictions_schema, document.write_schema),
         ):
             if page:
                 print(write(page))
