@@ -83,7 +83,7 @@ list: $(DEPS) ## models and techniques with their options
 
 docs: $(DEPS) ## the generated tables of docs/: techniques (from their classes), GPU records against predictions, a suite's keys
 	$(RUN) -m bench list --docs docs/techniques.md --held docs/measuring.md --keys docs/suites.md \
-		--predictions-schema docs/predictions.schema.json
+		--predictions-schema docs/predictions.schema.json --advice-schema docs/advice.schema.json
 
 lint: $(DEPS) ## ruff's rules and its formatting over bench/ and tests/ (pyproject.toml); run by make test
 	@if $(RUN) -m ruff --version > /dev/null 2>&1; then $(RUN) -m ruff check bench tests \

@@ -68,6 +68,12 @@ def add(sub: argparse._SubParsersAction) -> None:
     )
     adv.add_argument("--top", type=positive, default=5, help="plans listed and written (default 5)")
     adv.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON document on stdout in place of the table (docs/results.md; its schema "
+        "docs/advice.schema.json): the plans, their predictions, the search, the assumptions",
+    )
+    adv.add_argument(
         "--measure",
         action="store_true",
         help="measure the listed plans here and report, predicted against measured, whether each "
@@ -108,6 +114,10 @@ def add(sub: argparse._SubParsersAction) -> None:
     adv.set_defaults(func=_advise)
 
 
+# what a plan predicted at this machine's own shapes (--device cpu) takes for granted
+CPU_ASSUMED = "each step on fake CPU tensors, counted as the tracker counts a real one here"
+
+
 def _advise(args: argparse.Namespace) -> int:
     from bench.advise import advise, source, write
     from bench.predict import RESERVE, Budget, cards
@@ -145,7 +155,17 @@ def _advise(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         link_gbps=args.link_gbps,
     )
-    print(write.table(advice))
+    if args.json:
+        import json
+
+        from bench.advise.document import document
+        from bench.predict import ASSUMPTIONS
+        from bench.provenance import git_revision
+
+        assumed = ASSUMPTIONS if args.device == "cuda" else CPU_ASSUMED
+        print(json.dumps(document(advice, assumed, git_revision()), indent=2))
+    else:
+        print(write.table(advice))
     print("\nFigures:\n" + write.sources(advice), file=sys.stderr)
     if not advice.plans:
         return 1

@@ -46,6 +46,12 @@ def add(sub: argparse._SubParsersAction) -> None:
         metavar="FILE",
         help="write the JSON Schema of bench predict --json's document to FILE: make docs",
     )
+    lst.add_argument(
+        "--advice-schema",
+        type=Path,
+        metavar="FILE",
+        help="write the JSON Schema of bench advise --json's document to FILE: make docs",
+    )
     lst.set_defaults(func=_list)
     new = sub.add_parser(
         "suite",
@@ -85,7 +91,9 @@ def _list(args: argparse.Namespace) -> int:
     from bench.techniques import TECHNIQUES, TRAIN
     from bench.techniques.base import options_doc
 
-    if args.docs or args.held or args.keys or args.predictions_schema:
+    pages = (args.docs, args.held, args.keys, args.predictions_schema, args.advice_schema)
+    if any(pages):
+        from bench.advise import document as advice
         from bench.predict import document, held
         from bench.suite import schema
         from bench.techniques import catalogue
@@ -95,6 +103,7 @@ def _list(args: argparse.Namespace) -> int:
             (args.held, lambda p: held.write(p, Path("results"))),
             (args.keys, schema.write),
             (args.predictions_schema, document.write_schema),
+            (args.advice_schema, advice.write_schema),
         ):
             if page:
                 print(write(page))

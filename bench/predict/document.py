@@ -24,6 +24,14 @@ if TYPE_CHECKING:
 
 KIND = "memsave-bench/predictions"
 VERSION = 1
+PROVENANCE_SCHEMA = {
+    "type": "object",
+    "required": ["git_revision", "torch_version", "python_version", "made"],
+    "additionalProperties": False,
+    "properties": {
+        k: {"type": "string"} for k in ("git_revision", "torch_version", "python_version", "made")
+    },
+}
 # what each Python type of a figure is in JSON
 JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean"}
 
@@ -37,8 +45,6 @@ def document(
     revision: str,
 ) -> dict[str, Any]:
     """The table as a document: one object per run, holding only what was predicted or asked."""
-    import torch
-
     runs = [
         {k: _plain(v) for k, v in row.items() if not _missing(v)}
         for row in table.to_dict("records")
@@ -50,14 +56,36 @@ def document(
         "card": None if card is None else _card(card),
         "budget_bytes": budget,
         "assumptions": assumptions,
-        "provenance": {
-            "git_revision": revision,
-            "torch_version": torch.__version__,
-            "python_version": platform.python_version(),
-            "made": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        },
+        "provenance": provenance(revision),
         "runs": runs,
     }
+
+
+def provenance(revision: str) -> dict[str, str]:
+    """How a document was made: the code's revision, torch's and Python's versions, and when."""
+    import torch
+
+    return {
+        "git_revision": revision,
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "made": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def figures(prediction: Prediction) -> dict[str, Any]:
+    """A prediction's figures by their own names, those not predicted left out."""
+    return {
+        f.name: _plain(v)
+        for f in fields(prediction)
+        if (v := getattr(prediction, f.name)) is not None
+    }
+
+
+def figures_schema() -> dict[str, Any]:
+    """What ``figures`` holds: each of the prediction's figures, typed."""
+    props = {f.name: _typed(hint) for f, hint in _hints(Prediction)}
+    return {"type": "object", "additionalProperties": False, "properties": props}
 
 
 def schema() -> dict[str, Any]:
@@ -65,10 +93,9 @@ def schema() -> dict[str, Any]:
     their own names (a record's ``predicted_*`` without the prefix), the answers a card or budget
     asked, and the verdict in words."""
     run = {f.name: _typed(hint) for f, hint in _hints(Row) if f.name not in ("prediction", "asked")}
-    run |= {f.name: _typed(hint) for f, hint in _hints(Prediction)}
+    run |= figures_schema()["properties"]
     run["said_on_card"] = {"type": "string"}
     card = {k: {"type": "integer"} for k in ("memory_bytes", "context_bytes", "capacity_bytes")}
-    provenance = ("git_revision", "torch_version", "python_version", "made")
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "bench predict --json",
@@ -87,12 +114,7 @@ def schema() -> dict[str, Any]:
             },
             "budget_bytes": {"type": ["integer", "null"]},
             "assumptions": {"type": "string"},
-            "provenance": {
-                "type": "object",
-                "required": list(provenance),
-                "additionalProperties": False,
-                "properties": {k: {"type": "string"} for k in provenance},
-            },
+            "provenance": PROVENANCE_SCHEMA,
             "runs": {
                 "type": "array",
                 "items": {

@@ -1,5 +1,5 @@
-"""``bench predict --json``'s document (bench.predict.document), held to its schema for training on a
-card, generation under a budget and a sharded entry; its committed schema is the one the code
+"""``bench predict --json``'s document (bench.predict.document), held to its schema for training on
+a card, generation under a budget and a sharded entry; its committed schema is the one the code
 writes."""
 
 import io
@@ -8,7 +8,6 @@ from pathlib import Path
 
 from bench.cli import main
 from bench.predict import suite_table
-from bench.predict.cards import card
 from bench.predict.document import KIND, document, schema
 from tests.helpers import generation, spec, tech
 
@@ -25,9 +24,13 @@ JSON_TYPES = {
 
 
 def errors(value, rule, at="$"):
-    """Where ``value`` breaks ``rule``, for the keywords the schema uses (const, type, required,
-    additionalProperties, properties, items)."""
+    """Where ``value`` breaks ``rule``, for the keywords the schemas use (anyOf, const, type,
+    required, additionalProperties, properties, items)."""
     found = []
+    if "anyOf" in rule:
+        if all(errors(value, r, at) for r in rule["anyOf"]):
+            found.append(f"{at}: {value!r} is none of its choices")
+        return found
     if "const" in rule and value != rule["const"]:
         found.append(f"{at}: {value!r} is not {rule['const']!r}")
     kinds = rule.get("type", [])
