@@ -31,7 +31,7 @@ OPTIMIZERS: dict[str, list[Any]] = {
     "adafactor": [{"name": "optimizer", "kind": "adafactor-transformers", "groups": "trainer"}],
     "adamw_8bit": ["adamw-8bit"],
     "adamw_bnb_8bit": ["adamw-8bit"],
-    "paged_adamw_8bit": ["paged-adamw-8bit"],
+    "paged_adamw_8bit": [{"name": "paged-adamw-8bit", "embeddings_32bit": True}],
     "paged_adamw_32bit": ["paged-adamw-32bit"],
     "sgd": [{"name": "optimizer", "kind": "sgd", "momentum": 0.0, "groups": "trainer"}],
     "adagrad": [{"name": "optimizer", "kind": "adagrad", "groups": "trainer"}],
@@ -39,18 +39,21 @@ OPTIMIZERS: dict[str, list[Any]] = {
     # torchao's, in blocks of 256 (get_optimizer_cls_and_kwargs)
     "adamw_torch_4bit": [{"name": "adamw-4bit", "block_size": 256}],
     "adamw_torch_8bit": ["adamw-8bit"],
-    # bitsandbytes' Lion, AdEMAMix and RMSprop as _get_bitsandbytes_optimizer builds them
+    # bitsandbytes' Lion, AdEMAMix and RMSprop as _get_bitsandbytes_optimizer builds them; in 8
+    # bits create_optimizer keeps each nn.Embedding's state in 32 (its override)
     "lion_32bit": [{"name": "lion", "bits": 32}],
-    "lion_8bit": [{"name": "lion", "bits": 8}],
+    "lion_8bit": [{"name": "lion", "bits": 8, "embeddings_32bit": True}],
     "paged_lion_32bit": [{"name": "lion", "bits": 32, "paged": True}],
-    "paged_lion_8bit": [{"name": "lion", "bits": 8, "paged": True}],
+    "paged_lion_8bit": [{"name": "lion", "bits": 8, "paged": True, "embeddings_32bit": True}],
     "ademamix": [{"name": "ademamix", "bits": 32}],
-    "ademamix_8bit": [{"name": "ademamix", "bits": 8}],
+    "ademamix_8bit": [{"name": "ademamix", "bits": 8, "embeddings_32bit": True}],
     "paged_ademamix_32bit": [{"name": "ademamix", "bits": 32, "paged": True}],
-    "paged_ademamix_8bit": [{"name": "ademamix", "bits": 8, "paged": True}],
+    "paged_ademamix_8bit": [
+        {"name": "ademamix", "bits": 8, "paged": True, "embeddings_32bit": True}
+    ],
     # never paged: the Trainer passes RMSprop no is_paged
     "rmsprop_bnb": [{"name": "rmsprop-bnb", "bits": 32}],
-    "rmsprop_bnb_8bit": [{"name": "rmsprop-bnb", "bits": 8}],
+    "rmsprop_bnb_8bit": [{"name": "rmsprop-bnb", "bits": 8, "embeddings_32bit": True}],
     "rmsprop_bnb_32bit": [{"name": "rmsprop-bnb", "bits": 32}],
 }
 # The Trainer's other optimizers (transformers' OptimizerNames), refused: what each keeps that no

@@ -197,6 +197,9 @@ class PagedAdamW8bit(Technique):
         lr: float | None = option(
             None, "learning rate (default: the run's, as the default AdamW uses)"
         )
+        embeddings_32bit: bool = option(
+            False, "as the Trainer builds it: each nn.Embedding's moments in 32 bits"
+        )
 
     def unsupported(self, ctx: RunContext) -> str | None:
         if not ctx.cuda:
@@ -217,6 +220,7 @@ class PagedAdamW8bit(Technique):
 
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = AdamW(params, lr=self.lr, optim_bits=self.bits, is_paged=True)
+        _own_overrides(self.optimizer, model, self.config.embeddings_32bit and self.bits == 8)
         return self.optimizer
 
     def proof(self, steps: int) -> dict[str, Any]:
@@ -635,6 +639,24 @@ def _fp8_eligible(module: nn.Module) -> bool:
     )
 
 
+def _own_overrides(optimizer: Any, model: nn.Module, embeddings_32bit: bool) -> None:
+    """``optimizer`` (bitsandbytes') reading its per-parameter overrides from a manager of its own,
+    holding, where ``embeddings_32bit``, the Trainer's: each ``nn.Embedding``'s weight in 32 bits
+    (``Trainer.create_optimizer`` registers it for any 8-bit bitsandbytes optimizer). bitsandbytes'
+    manager is one per process, and it keys an override by the parameter's place in its group, so
+    another optimizer's overrides would reach this one's parameter at the same place (a process
+    predicting several runs, or a test beside a Trainer's)."""
+    from bitsandbytes.optim import GlobalOptimManager
+
+    own = GlobalOptimManager.__new__(GlobalOptimManager)
+    own.initialize()
+    if embeddings_32bit:
+        for module in model.modules():
+            if isinstance(module, nn.Embedding):
+                own.register_module_override(module, "weight", {"optim_bits": 32})
+    optimizer.mng = own
+
+
 class BnbOptimizer(Technique):
     """What bitsandbytes' optimizers share, as the Trainer builds them
     (``_get_bitsandbytes_optimizer``): the trainable parameters in one group, their state in 32
@@ -654,6 +676,9 @@ class BnbOptimizer(Technique):
         bits: Literal[32, 8] = option(32, "the state's bits: 32, or 8 blockwise")
         paged: bool = option(False, "the large state in CUDA unified memory (CUDA only)")
         lr: float | None = option(None, "learning rate (default: the run's)")
+        embeddings_32bit: bool = option(
+            False, "as the Trainer builds it: each nn.Embedding's state in 32 bits where bits = 8"
+        )
 
     def unsupported(self, ctx: RunContext) -> str | None:
         if not _has("bitsandbytes"):
@@ -668,6 +693,8 @@ class BnbOptimizer(Technique):
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         self.optimizer = self.made([p for p in model.parameters() if p.requires_grad])
+        embeddings = self.config.embeddings_32bit and self.config.bits == 8
+        _own_overrides(self.optimizer, model, embeddings)
         return self.optimizer
 
     def made(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
@@ -761,6 +788,9 @@ class RMSpropBnb(BnbOptimizer):
     class Config:
         bits: Literal[32, 8] = option(32, "the square average's bits: 32, or 8 blockwise")
         lr: float | None = option(None, "learning rate (default: the run's)")
+        embeddings_32bit: bool = option(
+            False, "as the Trainer builds it: each nn.Embedding's state in 32 bits where bits = 8"
+        )
 
     def made(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
         from bitsandbytes.optim import RMSprop as Optimizer

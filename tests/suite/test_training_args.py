@@ -136,9 +136,33 @@ def test_arguments_and_a_batch_size_of_its_own_are_refused(tmp_path):
 
 @pytest.mark.parametrize("bf16", [False, True])
 def test_the_run_holds_what_the_trainer_holds_for_the_same_arguments(bf16, tmp_path):
+    measured, reference, theirs = _held_to_the_trainer(ARGS | {"bf16": bf16}, tmp_path)
+    assert type(theirs.optimizer).__name__ == "Adafactor" and torch.is_grad_enabled()
+    assert abs(measured.peak_tensor_bytes / reference.peak_tensor_bytes - 1) < 0.01, {
+        k: (measured[k], reference[k]) for k in measured if measured[k] != reference[k]
+    }
+
+
+@pytest.mark.parametrize(
+    "optim, made",
+    [("ademamix_8bit", "AdEMAMix"), ("rmsprop_bnb_8bit", "RMSprop"), ("lion_8bit", "Lion")],
+)
+def test_the_trainers_bitsandbytes_optimizers_hold_what_the_run_holds(optim, made, tmp_path):
+    """The Trainer builds each with its own arguments (_get_bitsandbytes_optimizer): the run's
+    technique keeps the same state, and the step the same peak."""
+    pytest.importorskip("bitsandbytes")
+    measured, reference, theirs = _held_to_the_trainer(ARGS | {"optim": optim}, tmp_path)
+    assert type(theirs.optimizer).__name__ == made
+    assert measured.optimizer_state_bytes == reference.optimizer_state_bytes
+    assert abs(measured.peak_tensor_bytes / reference.peak_tensor_bytes - 1) < 0.01
+
+
+def _held_to_the_trainer(args, tmp_path):
+    """The run's step and transformers' Trainer's for the same arguments, each tracked after a
+    first step: (ours, theirs, their Trainer)."""
     from transformers import Trainer, TrainingArguments
 
-    args = ARGS | {"output_dir": str(tmp_path / "out"), "bf16": bf16, "report_to": []}
+    args = args | {"output_dir": str(tmp_path / "out"), "report_to": []}
     run = load(suite(tmp_path, args)).runs[1]
     ours, batch = build_trainer(run)
     inputs, labels = batch
@@ -164,10 +188,7 @@ def test_the_run_holds_what_the_trainer_holds_for_the_same_arguments(bf16, tmp_p
     their_step()
     measured = tracked_step(lambda: ours.step(clone_batch(batch)), ours.model, ours.optimizer, CPU)
     reference = tracked_step(their_step, theirs.model, theirs.optimizer, CPU)
-    assert type(theirs.optimizer).__name__ == "Adafactor" and torch.is_grad_enabled()
-    assert abs(measured.peak_tensor_bytes / reference.peak_tensor_bytes - 1) < 0.01, {
-        k: (measured[k], reference[k]) for k in measured if measured[k] != reference[k]
-    }
+    return measured, reference, theirs
 
 
 @pytest.mark.parametrize("bits", [8, 32])
@@ -350,12 +371,12 @@ def test_a_compile_mode_compiles_as_the_trainer_reads_it(tmp_path):
         ("adamw_torch_4bit", "adamw-4bit(block_size=256)"),
         ("adamw_torch_8bit", "adamw-8bit"),
         ("lion_32bit", "lion(bits=32)"),
-        ("lion_8bit", "lion(bits=8)"),
-        ("paged_lion_8bit", "lion(bits=8,paged=True)"),
+        ("lion_8bit", "lion(bits=8,embeddings_32bit=True)"),
+        ("paged_lion_8bit", "lion(bits=8,embeddings_32bit=True,paged=True)"),
         ("ademamix", "ademamix(bits=32)"),
-        ("paged_ademamix_8bit", "ademamix(bits=8,paged=True)"),
+        ("paged_ademamix_8bit", "ademamix(bits=8,embeddings_32bit=True,paged=True)"),
         ("rmsprop_bnb", "rmsprop-bnb(bits=32)"),
-        ("rmsprop_bnb_8bit", "rmsprop-bnb(bits=8)"),
+        ("rmsprop_bnb_8bit", "rmsprop-bnb(bits=8,embeddings_32bit=True)"),
     ],
 )
 def test_the_trainers_other_optimizers_are_what_it_makes(optim, label, tmp_path):
