@@ -13,7 +13,7 @@ def test_duplicate_names_are_an_error_that_names_the_first_owner():
 
 
 def test_unknown_name_lists_the_known_ones():
-    known = "known: accumulate, activation-offload, adamw-4bit, adamw-8bit, ademamix, allocator"
+    known = "known: accumulate, activation-offload, adamw-4bit, adamw-8bit, adamw-bnb, ademamix"
     with pytest.raises(KeyError, match=f"unknown technique 'nope'; {known}"):
         TECHNIQUES.get("nope")
 

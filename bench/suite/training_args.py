@@ -29,8 +29,9 @@ OPTIMIZERS: dict[str, list[Any]] = {
     # time
     "adamw_hf": [{"name": "optimizer", "kind": "adamw", "impl": "single", "groups": "trainer"}],
     "adafactor": [{"name": "optimizer", "kind": "adafactor-transformers", "groups": "trainer"}],
-    "adamw_8bit": ["adamw-8bit"],
-    "adamw_bnb_8bit": ["adamw-8bit"],
+    # bitsandbytes' AdamW, each nn.Embedding's moments in 32 bits (create_optimizer's override)
+    "adamw_8bit": [{"name": "adamw-bnb", "bits": 8, "embeddings_32bit": True}],
+    "adamw_bnb_8bit": [{"name": "adamw-bnb", "bits": 8, "embeddings_32bit": True}],
     "paged_adamw_8bit": [{"name": "paged-adamw-8bit", "embeddings_32bit": True}],
     "paged_adamw_32bit": ["paged-adamw-32bit"],
     "sgd": [{"name": "optimizer", "kind": "sgd", "momentum": 0.0, "groups": "trainer"}],

@@ -161,7 +161,7 @@ techniques = [{ name = "accumulate", micro_batches = "two" }]
         "shapes.gpu.batch_size: required positive integer, got 0",
         "shapes.cpu.batch_size: expected int, got str 'eight'",
         "runs[0].techniques[0]: unknown technique 'warp-drive'; known: accumulate, "
-        "activation-offload, adamw-4bit, adamw-8bit, ademamix, allocator",
+        "activation-offload, adamw-4bit, adamw-8bit, adamw-bnb, ademamix",
         "runs[0].techniques[1].dtype: must be one of 'bfloat16', 'float16', got 'float8'",
         "runs[0].techniques[2].speed: unknown option of amp; allowed: dtype",
         "runs[2].techniques[0].micro_batches: expected int, got str 'two'",

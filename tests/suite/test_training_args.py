@@ -145,7 +145,12 @@ def test_the_run_holds_what_the_trainer_holds_for_the_same_arguments(bf16, tmp_p
 
 @pytest.mark.parametrize(
     "optim, made",
-    [("ademamix_8bit", "AdEMAMix"), ("rmsprop_bnb_8bit", "RMSprop"), ("lion_8bit", "Lion")],
+    [
+        ("adamw_8bit", "AdamW"),
+        ("ademamix_8bit", "AdEMAMix"),
+        ("rmsprop_bnb_8bit", "RMSprop"),
+        ("lion_8bit", "Lion"),
+    ],
 )
 def test_the_trainers_bitsandbytes_optimizers_hold_what_the_run_holds(optim, made, tmp_path):
     """The Trainer builds each with its own arguments (_get_bitsandbytes_optimizer): the run's
