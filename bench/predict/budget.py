@@ -44,10 +44,16 @@ def largest_batch(
     count. ``own``: the prediction at the run's own batch, if made already (the line starts from
     it). ``peak``: the peak at a batch size (inf: it does not fit), instead of the prediction at
     ``device_type``'s shapes (``bench fit`` measures it). ``progress`` is told each batch tried.
+    Where the run's own parameters and optimizer state alone are over the budget, no batch is.
     The predictions past the first two are read off the line through them where the step is one
     (bench.predict.lines.Sizes, or ``sizes`` where ``peak`` reads them), and the answer read off it
     is traced again."""
     shapes = spec.shapes(device_type)
+    if peak is None and own is not None and (held := _states(own.prediction)) > budget:
+        progress(
+            f"no batch fits: its parameters and optimizer state alone hold {held / 2**30:,.2f} GiB"
+        )
+        return None
     if peak is None:
         sizes = Sizes.of_batch(spec, shapes, cuda=device_type == "cuda", reserved=False)
         sizes.seed(shapes.batch_size, own)
@@ -154,6 +160,11 @@ def largest_batch_on(
     reserved peak). ``own``: the prediction on the card at the run's own batch, if made already;
     ``progress`` is told each batch tried."""
     shapes = spec.shapes("cuda")
+    if own is not None and (held := _states(own.prediction)) > card.capacity:
+        progress(
+            f"no batch fits: its parameters and optimizer state alone hold {held / 2**30:,.2f} GiB"
+        )
+        return None
     sizes = Sizes.of_batch(spec, shapes, card=card)
     sizes.seed(shapes.batch_size, own)
 
@@ -161,6 +172,14 @@ def largest_batch_on(
         return _held(sizes(batch), card)
 
     return largest_batch(spec, card.capacity, limit, peak=reserved, progress=progress, sizes=sizes)
+
+
+def _states(out: Prediction) -> int:
+    """What a step holds on the device at any batch: its parameters and optimizer state, alive from
+    its start to its end, neither sized by the batch (0 where not predicted)."""
+    if not out.ok:
+        return 0
+    return (out.at_peak_parameters_bytes or 0) + (out.at_peak_optimizer_state_bytes or 0)
 
 
 CONTEXT_STEP = 256  # tokens: the longest context is found to this many

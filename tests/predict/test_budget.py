@@ -245,3 +245,22 @@ def test_no_sequence_fits_where_the_shortest_does_not():
 
     run = spec("llama-tiny", batch_size=4, seq_len=64)
     assert longest_sequence(run, budget=2**20, step=16) is None
+
+
+def test_no_batch_fits_where_the_parameters_and_optimizer_state_alone_do_not(monkeypatch):
+    """They are alive through every step at every batch: a card or budget under them holds no
+    batch, said without tracing one (a full fine-tune of an 8B model on a 40 GB card)."""
+    from bench.predict import budget
+    from bench.predict.cards import Card
+
+    run = spec("llama-tiny", batch_size=4, seq_len=16)
+    own = traced(run, run.gpu)
+    states = own.prediction.at_peak_parameters_bytes + own.prediction.at_peak_optimizer_state_bytes
+    tiny = Card(name="tiny", memory=states - 512, memory_source="a test's", context=0)
+    said, sizes = [], []
+    monkeypatch.setattr(budget.Sizes, "__call__", lambda self, n: sizes.append(n))
+    assert budget.largest_batch_on(run, tiny, own=own, progress=said.append) is None
+    assert budget.largest_batch(run, states - 512, own=own, progress=said.append) is None
+    assert sizes == [] and all(s.startswith("no batch fits: its parameters and") for s in said)
+    # and the shortest batch, predicted, does not fit
+    assert predict(run, replace(run.gpu, batch_size=1), card=tiny).verdict == "out of memory"
