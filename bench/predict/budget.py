@@ -358,15 +358,23 @@ def positions(spec: RunSpec) -> int:
     return model.config.max_position_embeddings
 
 
-def fewest_ranks(spec: RunSpec, budget: int, own: Prediction | None = None) -> int | None:
+def fewest_ranks(
+    spec: RunSpec,
+    budget: int | None,
+    own: Prediction | None = None,
+    card: Card | None = None,
+) -> int | None:
     """The fewest processes, from 2 to the entry's nproc, over which each rank's predicted peak at
-    GPU shapes fits ``budget``; None if even nproc does not. Sharding only takes memory off a rank
-    as ranks are added, so the answer is bisected over the world sizes the entry can run at
-    (multiples of its groups, under hybrid sharding or 2-D parallelism): about log2(nproc)
-    predictions. ``own``: the prediction at nproc, if made already."""
+    GPU shapes fits ``budget``, or on ``card`` each rank's step replayed through its allocator does
+    not run out of memory; None if even nproc does not. Sharding only takes memory off a rank as
+    ranks are added, so the answer is bisected over the world sizes the entry can run at (multiples
+    of its groups, under hybrid sharding or 2-D parallelism): about log2(nproc) predictions.
+    ``own``: the prediction at nproc (on the card, where one is given), if made already."""
 
     def fits(n: int, out: Prediction | None = None) -> bool:
-        out = out or predict(replace(spec, nproc=n), reserved=False)
+        out = out or predict(replace(spec, nproc=n), card=card, reserved=card is not None)
+        if card is not None:
+            return out.ok and out.verdict != "out of memory"
         return out.ok and out.peak_tensor_bytes <= budget
 
     if not fits(spec.nproc, own):

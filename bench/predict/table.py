@@ -246,6 +246,11 @@ def _row(spec: RunSpec, budget: int | None, card: Card | None, longest: bool = F
             row.answer("fewest_ranks", fewest)
             there = largest_batch(replace(spec, nproc=fewest), budget)
             row.answer("largest_batch_there", there)
+    if card is not None and spec.nproc > 1:  # as many such cards as it needs, each rank's own
+        if (fewest := fewest_ranks(spec, None, own=out, card=card)) is not None:
+            row.answer("fewest_ranks", fewest)
+            there = largest_batch_on(replace(spec, nproc=fewest), card, progress=told)
+            row.answer("largest_batch_there", there)
     if card is not None and spec.nproc == 1:
         row.answer("largest_batch", largest_batch_on(spec, card, own=own, progress=told))
     if longest and spec.nproc == 1 and spec.gpu.lengths is None:  # a varlen run's lengths are its

@@ -143,6 +143,23 @@ def test_fewest_ranks_is_the_first_world_size_whose_rank_fits():
     assert fewest_ranks(run, peak(16) - 1) is None
 
 
+def test_on_a_card_the_fewest_ranks_are_the_first_whose_rank_the_card_holds():
+    """With a card (bench predict --card on a sharded entry): each rank's step replayed through
+    its allocator, the fewest ranks are the first world size that does not run out of memory."""
+    from dataclasses import replace
+
+    from bench.predict.budget import fewest_ranks
+    from bench.predict.cards import Card
+
+    run = spec("bert-tiny", (tech("fsdp"),), nproc=16, batch_size=1, seq_len=8)
+    reserved = lambda n: predict(replace(run, nproc=n)).peak_reserved_bytes  # noqa: E731
+    card = Card(name="tiny", memory=reserved(5), memory_source="a test's", context=0)
+    held = lambda n: predict(replace(run, nproc=n), card=card).verdict != "out of memory"  # noqa: E731
+    fewest = fewest_ranks(run, None, card=card)
+    assert 2 <= fewest <= 5 and held(fewest)
+    assert fewest == 2 or not held(fewest - 1)
+
+
 def test_hybrid_sharding_shards_within_a_group_and_replicates_across():
     """fsdp with shard_group 8 over 16 ranks: each rank holds an eighth of the model (as at 8
     ranks), gathers within its group only, and all-reduces its gradient shard across the two groups:
