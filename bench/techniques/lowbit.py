@@ -220,7 +220,7 @@ class PagedAdamW8bit(Technique):
 
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = AdamW(params, lr=self.lr, optim_bits=self.bits, is_paged=True)
-        _own_overrides(self.optimizer, model, self.config.embeddings_32bit and self.bits == 8)
+        _own_overrides(self.optimizer, model, getattr(self.config, "embeddings_32bit", False))
         return self.optimizer
 
     def proof(self, steps: int) -> dict[str, Any]:
@@ -259,6 +259,12 @@ class PagedAdamW32bit(PagedAdamW8bit):
         "CUDA)"
     )
     conflicts = frozenset({"optimizer", "optimizer-in-backward", "adamw-8bit", "paged-adamw-8bit"})
+
+    @dataclass(frozen=True)
+    class Config:  # no embeddings' override: the Trainer registers it for 8 bits alone
+        lr: float | None = option(
+            None, "learning rate (default: the run's, as the default AdamW uses)"
+        )
 
 
 @TECHNIQUES.register("int8-weights")
