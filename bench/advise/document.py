@@ -12,6 +12,7 @@ from typing import Any
 from bench.advise import Advice
 from bench.advise.search import Candidate
 from bench.predict.document import PROVENANCE_SCHEMA, figures, figures_schema, provenance
+from bench.record import KEY
 
 KIND = "memsave-bench/advice"
 VERSION = 1
@@ -27,7 +28,7 @@ def document(advice: Advice, assumptions: str, revision: str) -> dict[str, Any]:
         "version": VERSION,
         "model": advice.template.model,
         "mode": advice.source.mode,
-        "device_type": advice.device_type,
+        KEY.device_type: advice.device_type,
         "batch": advice.template.shapes(advice.device_type).batch_size,
         "budget": advice.budget_text,
         "budget_bytes": advice.budget,
@@ -46,7 +47,7 @@ def _plan(c: Candidate, budget: int) -> dict[str, Any]:
     return {
         "plan": c.plan.name,
         "techniques": [t.label for t in c.plan.techniques],
-        "peak_tensor_bytes": c.peak,
+        KEY.peak_tensor_bytes: c.peak,
         "headroom_bytes": budget - c.peak,
         "largest_batch": c.largest_batch,
         "throughput": c.speed.throughput,  # over the baseline's, estimated
@@ -68,7 +69,7 @@ def schema() -> dict[str, Any]:
         "properties": {
             "plan": {"type": "string"},
             "techniques": strings,
-            "peak_tensor_bytes": {"type": "integer"},
+            KEY.peak_tensor_bytes: {"type": "integer"},
             "headroom_bytes": {"type": "integer"},
             "largest_batch": {"type": ["integer", "null"]},
             "throughput": {"type": "number"},
@@ -94,7 +95,7 @@ def schema() -> dict[str, Any]:
             "version": {"const": VERSION},
             "model": {"type": "string"},
             "mode": {"type": "string"},
-            "device_type": {"type": "string"},
+            KEY.device_type: {"type": "string"},
             "batch": {"type": "integer"},
             "budget": {"type": "string"},
             "budget_bytes": {"type": "integer"},

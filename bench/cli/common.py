@@ -108,7 +108,7 @@ def job_flags(p: argparse.ArgumentParser, suite: bool = True) -> None:
         "--quantization-config",
         metavar="FILE",
         help="with --hf: the BitsAndBytesConfig the job loads the model with (its to_json_file's "
-        "JSON): QLoRA's 4 bits, before the adapters",
+        "JSON): QLoRA's 4 bits or LLM.int8's 8, before the adapters",
     )
     p.add_argument(
         "--seq-len",

@@ -194,7 +194,14 @@ def _predict(args: argparse.Namespace) -> int:
         from bench.predict.document import document
         from bench.provenance import git_revision
 
-        made = document(table, suite.name, card, budget, ASSUMPTIONS, git_revision())
+        made = document(
+            table,
+            suite.name,
+            card=card,
+            budget=budget,
+            assumptions=ASSUMPTIONS,
+            revision=git_revision(),
+        )
         print(json.dumps(made, indent=2))
     else:
         print(markdown(table, args.breakdown))

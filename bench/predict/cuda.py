@@ -384,7 +384,8 @@ class _MatMul8bitLt(torch.autograd.Function):
         rows, row_stats = _int8_rows(A.to(torch.float16), state.threshold)
         # int8_mixed_scaled_mm (default) with no outlier column: an empty subA, then int8_scaled_mm
         sub = torch.empty(0, device=A.device, dtype=A.dtype) if state.threshold > 0.0 else None
-        output = _int8_scaled_mm(rows, state.CB, row_stats, state.SCB, bias, A.dtype)
+        # dequantized by the rows' and the columns' absmaxes, which make nothing new
+        output = _int8_scaled_mm(rows, state.CB, bias=bias, dtype=A.dtype)
         ctx.state, ctx.grad_shape, ctx.dtype_A = state, shape, A.dtype
         ctx.dtype_bias = None if bias is None else bias.dtype
         ctx.tensors = (None, sub, A) if any(ctx.needs_input_grad[:2]) else (None, None, None)
@@ -424,12 +425,7 @@ def _int8_rows(A: torch.Tensor, threshold: float) -> tuple[torch.Tensor, torch.T
 
 
 def _int8_scaled_mm(
-    A: torch.Tensor,
-    B: torch.Tensor,
-    row_stats: torch.Tensor,
-    col_stats: torch.Tensor,
-    bias: torch.Tensor | None,
-    dtype: torch.dtype,
+    A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype
 ) -> torch.Tensor:
     """bitsandbytes' default ``int8_scaled_mm`` over its CUDA kernels: the int32 product
     (cuBLASLt's, or in float32 where the inner dimension is not a multiple of 4), dequantized to

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from bench.predict.cards import Card
 from bench.predict.table import Row
-from bench.record import Prediction
+from bench.record import KEY, Prediction
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -26,10 +26,11 @@ KIND = "memsave-bench/predictions"
 VERSION = 1
 PROVENANCE_SCHEMA = {
     "type": "object",
-    "required": ["git_revision", "torch_version", "python_version", "made"],
+    "required": [KEY.git_revision, KEY.torch_version, KEY.python_version, "made"],
     "additionalProperties": False,
     "properties": {
-        k: {"type": "string"} for k in ("git_revision", "torch_version", "python_version", "made")
+        k: {"type": "string"}
+        for k in (KEY.git_revision, KEY.torch_version, KEY.python_version, "made")
     },
 }
 # what each Python type of a figure is in JSON
@@ -52,7 +53,7 @@ def document(
     return {
         "kind": KIND,
         "version": VERSION,
-        "suite": suite,
+        KEY.suite: suite,
         "card": None if card is None else _card(card),
         "budget_bytes": budget,
         "assumptions": assumptions,
@@ -66,9 +67,9 @@ def provenance(revision: str) -> dict[str, str]:
     import torch
 
     return {
-        "git_revision": revision,
-        "torch_version": torch.__version__,
-        "python_version": platform.python_version(),
+        KEY.git_revision: revision,
+        KEY.torch_version: torch.__version__,
+        KEY.python_version: platform.python_version(),
         "made": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
 
@@ -95,17 +96,17 @@ def schema() -> dict[str, Any]:
     run = {f.name: _typed(hint) for f, hint in _hints(Row) if f.name not in ("prediction", "asked")}
     run |= figures_schema()["properties"]
     run["said_on_card"] = {"type": "string"}
-    card = {k: {"type": "integer"} for k in ("memory_bytes", "context_bytes", "capacity_bytes")}
+    card = {k: {"type": "integer"} for k in ("memory_bytes", KEY.context_bytes, "capacity_bytes")}
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "bench predict --json",
         "type": "object",
-        "required": ["kind", "version", "suite", "assumptions", "provenance", "runs"],
+        "required": ["kind", "version", KEY.suite, "assumptions", "provenance", "runs"],
         "additionalProperties": False,
         "properties": {
             "kind": {"const": KIND},
             "version": {"const": VERSION},
-            "suite": {"type": "string"},
+            KEY.suite: {"type": "string"},
             "card": {
                 "type": ["object", "null"],
                 "required": ["name", *card],
@@ -155,7 +156,7 @@ def _card(card: Card) -> dict[str, Any]:
     return {
         "name": card.name,
         "memory_bytes": card.memory,
-        "context_bytes": card.context,
+        KEY.context_bytes: card.context,
         "capacity_bytes": card.capacity,
     }
 

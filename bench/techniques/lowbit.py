@@ -475,7 +475,7 @@ def _to_4bit(model: nn.Module, name: str, linear: nn.Linear, config: Any) -> Non
             bnb_quantized=True,
             module=module,
         )
-    _installed(model, name, module, param, linear)
+    _installed(model, name, module, weight=param, linear=linear)
 
 
 def _to_8bit(model: nn.Module, name: str, linear: nn.Linear, config: Any) -> None:
@@ -505,7 +505,7 @@ def _to_8bit(model: nn.Module, name: str, linear: nn.Linear, config: Any) -> Non
         param = bnb.nn.Int8Params(
             rows, requires_grad=False, has_fp16_weights=False, CB=rows, SCB=stats
         )
-    _installed(model, name, module, param, linear)
+    _installed(model, name, module, weight=param, linear=linear)
 
 
 def _installed(
