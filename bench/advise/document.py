@@ -1,12 +1,10 @@
 """Advice as one JSON document (``bench advise --json``): the ranked plans with every figure the
 table shows and the prediction each stands on, where their speed and accuracy came from, what the
 search tried, the assumptions and how the document was made. ``schema()`` says what it holds
-(docs/advice.schema.json is written from it)."""
+(docs/advice.schema.json is written from it by make docs)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from bench.advise import Advice
@@ -108,9 +106,3 @@ def schema() -> dict[str, Any]:
             "provenance": PROVENANCE_SCHEMA,
         },
     }
-
-
-def write_schema(path: Path) -> str:
-    """``schema()`` written to ``path``; what was written."""
-    path.write_text(json.dumps(schema(), indent=2) + "\n", encoding="utf-8")
-    return str(path)

@@ -102,8 +102,8 @@ def _list(args: argparse.Namespace) -> int:
             (args.docs, catalogue.write),
             (args.held, lambda p: held.write(p, Path("results"))),
             (args.keys, schema.write),
-            (args.predictions_schema, document.write_schema),
-            (args.advice_schema, advice.write_schema),
+            (args.predictions_schema, lambda p: document.written(p, document.schema())),
+            (args.advice_schema, lambda p: document.written(p, advice.schema())),
         ):
             if page:
                 print(write(page))

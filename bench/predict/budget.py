@@ -49,7 +49,7 @@ def largest_batch(
     (bench.predict.lines.Sizes, or ``sizes`` where ``peak`` reads them), and the answer read off it
     is traced again."""
     shapes = spec.shapes(device_type)
-    if peak is None and own is not None and (held := _states(own.prediction)) > budget:
+    if own is not None and (held := _states(own.prediction)) > budget:
         progress(
             f"no batch fits: its parameters and optimizer state alone hold {held / 2**30:,.2f} GiB"
         )
@@ -59,10 +59,7 @@ def largest_batch(
         sizes.seed(shapes.batch_size, own)
 
         def peak(batch: int) -> float:
-            out = sizes(batch)
-            if out.ok:
-                return out.peak_tensor_bytes
-            return math.inf
+            return _held(sizes(batch), None)
 
     unit = math.lcm(1, *(build(t).batch_multiple() for t in spec.techniques))
 
@@ -160,18 +157,15 @@ def largest_batch_on(
     reserved peak). ``own``: the prediction on the card at the run's own batch, if made already;
     ``progress`` is told each batch tried."""
     shapes = spec.shapes("cuda")
-    if own is not None and (held := _states(own.prediction)) > card.capacity:
-        progress(
-            f"no batch fits: its parameters and optimizer state alone hold {held / 2**30:,.2f} GiB"
-        )
-        return None
     sizes = Sizes.of_batch(spec, shapes, card=card)
     sizes.seed(shapes.batch_size, own)
 
     def reserved(batch: int) -> float:
         return _held(sizes(batch), card)
 
-    return largest_batch(spec, card.capacity, limit, peak=reserved, progress=progress, sizes=sizes)
+    return largest_batch(
+        spec, card.capacity, limit, own=own, peak=reserved, progress=progress, sizes=sizes
+    )
 
 
 def _states(out: Prediction) -> int:
@@ -373,9 +367,7 @@ def fewest_ranks(
 
     def fits(n: int, out: Prediction | None = None) -> bool:
         out = out or predict(replace(spec, nproc=n), card=card, reserved=card is not None)
-        if card is not None:
-            return out.ok and out.verdict != "out of memory"
-        return out.ok and out.peak_tensor_bytes <= budget
+        return _held(out, card) <= (budget if card is None else card.capacity)
 
     if not fits(spec.nproc, own):
         return None

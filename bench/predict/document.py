@@ -129,9 +129,9 @@ def schema() -> dict[str, Any]:
     }
 
 
-def write_schema(path: Path) -> str:
-    """``schema()`` written to ``path``; what was written, for the command to say."""
-    path.write_text(json.dumps(schema(), indent=2) + "\n", encoding="utf-8")
+def written(path: Path, schema: dict[str, Any]) -> str:
+    """A JSON Schema written to ``path`` (make docs); what was written, for the command to say."""
+    path.write_text(json.dumps(schema, indent=2) + "\n", encoding="utf-8")
     return str(path)
 
 

@@ -303,8 +303,35 @@ class Int8FrozenWeights(Technique):
         return {"quantized_linears": len(self.quantized)}
 
 
+class BnbLoaded(Technique):
+    """What loading a model quantized by bitsandbytes shares, as transformers loads a
+    ``BitsAndBytesConfig``: every ``nn.Linear`` but the head and ``skip``'s replaced by the
+    subclass's layer (``layer``), then peft's k-bit casts where ``prepare``; proven by the count of
+    layers replaced (``proof_key``)."""
+
+    modes = ANY_MODE
+    not_advised = "freezes the linear layers: with lora, it trains adapters only, another job"
+    proof_key: ClassVar[str]
+
+    def unsupported(self, ctx: RunContext) -> str | None:
+        if not _has("bitsandbytes"):
+            return "needs bitsandbytes: pip install bitsandbytes (or pip install -e '.[extras]')"
+        return None
+
+    def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        self.quantized = _loaded_quantized(model, self.config, self.layer)
+        return model
+
+    @staticmethod
+    def layer(model: nn.Module, name: str, linear: nn.Linear, config: Any) -> None:
+        raise NotImplementedError
+
+    def proof(self, steps: int) -> dict[str, Any]:
+        return {self.proof_key: len(self.quantized)}
+
+
 @TECHNIQUES.register("bnb-4bit")
-class Bnb4bit(Technique):
+class Bnb4bit(BnbLoaded):
     """The model as transformers loads it with ``BitsAndBytesConfig(load_in_4bit=True)``: every
     ``nn.Linear`` but the output head (and the modules ``skip`` names, as
     ``llm_int8_skip_modules``) becomes a frozen bitsandbytes ``Linear4bit``, its weight quantized in
@@ -319,13 +346,12 @@ class Bnb4bit(Technique):
     forward and backward, a temporary of the weight's size in ``compute_dtype``. Accuracy: the
     frozen base loses precision; alone (no adapters) nothing but the head trains."""
 
-    modes = ANY_MODE
-    not_advised = "freezes the linear layers: with lora, it trains adapters only, another job"
     summary = (
         "bitsandbytes `Linear4bit` for every linear but the head, as transformers loads "
         "`load_in_4bit` (NF4/FP4, double quantization, compute dtype), peft's k-bit casts"
     )
     cuda_stand_ins = {"bitsandbytes:matmul_4bit": "bench.predict.cuda:matmul_4bit"}
+    proof_key = "bnb_4bit_linears"
 
     @dataclass(frozen=True)
     class Config:
@@ -340,21 +366,13 @@ class Bnb4bit(Technique):
         skip: str = option("", "comma-separated module names kept as they are, besides the head")
         prepare: bool = option(True, "peft's prepare_model_for_kbit_training casts after")
 
-    def unsupported(self, ctx: RunContext) -> str | None:
-        if not _has("bitsandbytes"):
-            return "needs bitsandbytes: pip install bitsandbytes (or pip install -e '.[extras]')"
-        return None
-
-    def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
-        self.quantized = _loaded_quantized(model, self.config, _to_4bit)
-        return model
-
-    def proof(self, steps: int) -> dict[str, Any]:
-        return {"bnb_4bit_linears": len(self.quantized)}
+    @staticmethod
+    def layer(model: nn.Module, name: str, linear: nn.Linear, config: Any) -> None:
+        _to_4bit(model, name, linear, config)
 
 
 @TECHNIQUES.register("bnb-8bit")
-class Bnb8bit(Technique):
+class Bnb8bit(BnbLoaded):
     """The model as transformers loads it with ``BitsAndBytesConfig(load_in_8bit=True)``
     (LLM.int8(), arXiv:2208.07339): every ``nn.Linear`` but the output head (and the modules
     ``skip`` names, as ``llm_int8_skip_modules``) becomes a frozen bitsandbytes ``Linear8bitLt``,
@@ -369,14 +387,13 @@ class Bnb8bit(Technique):
     int32 product, a temporary of 4 bytes per output value. Accuracy: LLM.int8's outlier columns
     keep 16-bit precision where an input passes ``threshold``; frozen otherwise, as bnb-4bit."""
 
-    modes = ANY_MODE
-    not_advised = "freezes the linear layers: with lora, it trains adapters only, another job"
     summary = (
         "bitsandbytes `Linear8bitLt` for every linear but the head, as transformers loads "
         "`load_in_8bit` (LLM.int8's threshold), peft's k-bit casts"
     )
     conflicts = frozenset({"bnb-4bit"})
     cuda_stand_ins = {"bitsandbytes:matmul": "bench.predict.cuda:matmul_8bit"}
+    proof_key = "bnb_8bit_linears"
 
     @dataclass(frozen=True)
     class Config:
@@ -384,17 +401,9 @@ class Bnb8bit(Technique):
         skip: str = option("", "comma-separated module names kept as they are, besides the head")
         prepare: bool = option(True, "peft's prepare_model_for_kbit_training casts after")
 
-    def unsupported(self, ctx: RunContext) -> str | None:
-        if not _has("bitsandbytes"):
-            return "needs bitsandbytes: pip install bitsandbytes (or pip install -e '.[extras]')"
-        return None
-
-    def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
-        self.quantized = _loaded_quantized(model, self.config, _to_8bit)
-        return model
-
-    def proof(self, steps: int) -> dict[str, Any]:
-        return {"bnb_8bit_linears": len(self.quantized)}
+    @staticmethod
+    def layer(model: nn.Module, name: str, linear: nn.Linear, config: Any) -> None:
+        _to_8bit(model, name, linear, config)
 
 
 def _loaded_quantized(model: nn.Module, config: Any, to: Any) -> list[str]:
