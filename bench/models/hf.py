@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from bench.hub import HubError
-from bench.models import ModelSpec
+from bench.models import ModelSpec, flash
 from bench.spec import HF, Shapes, hf_config_file
 
 # Each head: the Auto class that builds it, the model's inputs and what it is trained on.
@@ -68,6 +68,9 @@ def spec(name: str) -> ModelSpec:
     named = raw.get("attn_implementation") or raw.get("_attn_implementation")
     attention = named or _default_attention(config, task)
     picked = "as named" if named else "transformers' pick, the config naming none"
+    if attention in flash.NAMES:
+        _flash_supported(name, config, task)
+        picked += "; PyTorch's FlashAttention-2 kernel under transformers' flash path"
     dtype = raw.get("dtype") or raw.get("torch_dtype") or "float32"
     if dtype not in DTYPES:
         raise KeyError(f"model {name!r}: dtype {dtype!r} is none of {', '.join(DTYPES)}")
@@ -82,7 +85,7 @@ def spec(name: str) -> ModelSpec:
         family="llama" if config.model_type in LLAMA_LAYOUT else "",
         attention=attention == "sdpa",
         objective=objective,
-        cpu=_params(config, task) <= CPU_PARAMS,
+        cpu=_params(config, task) <= CPU_PARAMS and attention not in flash.NAMES,
         own_loss=tokens,
         imports=(_module(config.model_type),),
         note="; ".join(filter(None, (f"attention: {attention} ({picked})", experts_note))),
@@ -192,6 +195,21 @@ def _seq2seq(config: Any) -> bool:
     return type(config) in AutoModelForSeq2SeqLM._model_mapping
 
 
+def _flash_supported(name: str, config: Any, task: str) -> None:
+    """KeyError where the model's class has no flash path, as transformers refuses it."""
+    import transformers
+
+    try:
+        model_class = getattr(transformers, TASKS[task][0])._model_mapping[type(config)]
+    except KeyError:  # the loader says the task has no such model
+        return
+    if not getattr(model_class, "_supports_flash_attn", False):
+        raise KeyError(
+            f"model {name!r}: {model_class.__name__} has no FlashAttention path in transformers; "
+            "name attn_implementation = sdpa or eager"
+        )
+
+
 def _default_attention(config: Any, task: str) -> str:
     """The attention transformers picks where none is named: SDPA where the model's class supports
     it, else eager (BLOOM, among others, has no SDPA path)."""
@@ -226,6 +244,8 @@ def _build(config: Any, task: str, attention: str, dtype: torch.dtype, shapes: S
         # the run's images, the patch grid following; the spec's config stays
         config = copy.deepcopy(config)
         config.image_size = shapes.image_size
+    if attention in flash.NAMES:  # no flash_attn package: its stand-in (bench.models.flash)
+        attention = flash.register()
     model = auto.from_config(config, attn_implementation=attention, dtype=dtype)
     if task == "image-classification":
         return _Logits(model)
