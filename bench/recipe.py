@@ -85,8 +85,8 @@ class Recipe:
         spec = self.ctx.model_spec
         if not spec.cpu and self.ctx.device.type == "cpu" and not self.ctx.predicting:
             return (
-                f"model {spec.name}: too large to build in a CPU's memory; it is predicted (bench "
-                "predict) and runs on CUDA"
+                f"model {spec.name}: {spec.off_cpu}; it is predicted (bench predict) and runs on "
+                "CUDA"
             )
         return next(
             (f"{t.name}: {r}" for t in self.techniques if (r := t.unsupported(self.ctx))), None

@@ -108,6 +108,7 @@ class ModelSpec:
     # weights): it is predicted, built on the meta device, and runs on CUDA; a CPU run of it is
     # unsupported.
     cpu: bool = True
+    off_cpu: str = "too large to build in a CPU's memory"  # why not, where cpu is False
     # The model computes its own loss from the labels passed in, as transformers' Trainer calls it
     # (its causal-LM loss upcasts the logits to float32 and pads the labels), rather than this
     # harness's cross-entropy.

@@ -86,6 +86,7 @@ def spec(name: str) -> ModelSpec:
         attention=attention == "sdpa",
         objective=objective,
         cpu=_params(config, task) <= CPU_PARAMS and attention not in flash.NAMES,
+        off_cpu=_off_cpu(attention),
         own_loss=tokens,
         imports=(_module(config.model_type),),
         note="; ".join(filter(None, (f"attention: {attention} ({picked})", experts_note))),
@@ -193,6 +194,13 @@ def _seq2seq(config: Any) -> bool:
     from transformers import AutoModelForSeq2SeqLM
 
     return type(config) in AutoModelForSeq2SeqLM._model_mapping
+
+
+def _off_cpu(attention: str) -> str:
+    """Why the model is not run on a CPU, where it is not."""
+    if attention in flash.NAMES:
+        return "FlashAttention has no CPU kernel"
+    return "too large to build in a CPU's memory"
 
 
 def _flash_supported(name: str, config: Any, task: str) -> None:

@@ -10,6 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from bench import models
 from bench.launch import Device
 from bench.predict import predict
+from bench.recipe import Recipe
 from bench.suite import Shapes
 from tests.helpers import isolated, spec
 
@@ -56,6 +57,11 @@ def test_a_named_flash_attention_is_predicted_and_says_how():
 
 
 def test_a_cpu_tensor_has_no_flash_kernel_and_says_so():
+    run = spec(FLASH, batch_size=1, seq_len=8)
+    assert Recipe.of(run, torch.device("cpu")).unsupported() == (
+        f"model {FLASH}: FlashAttention has no CPU kernel; it is predicted (bench predict) and "
+        "runs on CUDA"
+    )
     model = models.resolve(FLASH).build(Shapes(batch_size=1, seq_len=8))
     with pytest.raises(RuntimeError, match="FlashAttention runs on CUDA only; name sdpa"):
         model(input_ids=torch.randint(0, 1024, (1, 8)))
