@@ -20,7 +20,7 @@ from bench.generate import Generator
 from bench.infer import Inferencer
 from bench.record import Provenance
 from bench.spec import RunSpec, Shapes
-from bench.techniques import RunContext, Technique, build
+from bench.techniques import RunContext, Technique, build, combined
 from bench.techniques.padding import PadToMax
 from bench.train import Trainer
 
@@ -122,7 +122,12 @@ class Recipe:
         shapes = self.ctx.shapes
         if self.mode == "generate":
             shapes = dataclasses.replace(shapes, seq_len=shapes.prompt_len)
-        return synthetic_batch(self.ctx.model_spec, shapes, self.seed, self.ctx.device)
+        batch = synthetic_batch(self.ctx.model_spec, shapes, self.seed, self.ctx.device)
+        if shapes.lengths is not None:  # the loader's batches are the steps' (``feed``)
+            return batch
+        parts = combined([t.step() for t in self.techniques]).micro_batches
+        formed = (t.fixed(batch, self.ctx, parts) for t in self.techniques)
+        return next((b for b in formed if b is not None), batch)
 
     def _batching(self) -> varlen.Batching | None:
         """The first technique's way of forming batches from variable-length sequences, if one has

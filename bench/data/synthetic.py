@@ -68,12 +68,16 @@ def clone_batch(batch: Batch) -> Batch:
 def split(batch: Batch, n: int) -> list[Batch]:
     """``n`` equal micro-batches along the batch dimension (n divides the batch: checked at
     load)."""
-    if n == 1:  # a packed batch is one row with its lengths beside it, whole
+    if n == 1:
         return [batch]
     inputs, labels = batch
     label_parts = labels.tensor_split(n)
     if isinstance(inputs, dict):  # each input split once: n views of it, not n² made on the way
-        splits = {k: v.tensor_split(n) for k, v in inputs.items()}
+        # (a packed batch's longest length is an int, the same for each)
+        splits = {
+            k: v.tensor_split(n) if isinstance(v, torch.Tensor) else [v] * n
+            for k, v in inputs.items()
+        }
         parts = [{k: pieces[i] for k, pieces in splits.items()} for i in range(n)]
     else:
         parts = list(inputs.tensor_split(n))
@@ -81,4 +85,7 @@ def split(batch: Batch, n: int) -> list[Batch]:
 
 
 def samples_in(batch: Batch) -> int:
+    inputs = batch[0]
+    if isinstance(inputs, dict) and "cu_seq_lens_q" in inputs:  # packed: each row's sequences
+        return inputs["cu_seq_lens_q"].numel() - inputs["input_ids"].shape[0]
     return int(batch[1].shape[0])

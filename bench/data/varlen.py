@@ -166,12 +166,33 @@ def padded(samples: list[Sample], width: int | None, objective: str) -> Batch:
     return {"input_ids": ids, "attention_mask": mask}, torch.tensor([label for _, label in samples])
 
 
-def packed(samples: list[Sample], objective: str) -> Batch:
+def packed(samples: list[Sample], objective: str, parts: int = 1) -> Batch:
     """The batch's sequences one after another in a single row, no padding: position ids restart at
     each sequence, and ``cu_seq_lens`` (cumulative lengths, as flash attention's variable-length
     path takes them) keep attention inside each. A language model's first token of each sequence
     after the first is ignored as a target, so no sequence is scored on predicting the next one's
-    start."""
+    start. ``parts``: the batch's micro-batches, each of its consecutive share of the sequences
+    packed in a row of its own, as a loader of micro-batches packs them; the rows stacked (each
+    row's cumulative lengths after the one before's, so that the micro-batches split the batch
+    evenly), which needs as many tokens in each (ValueError where not)."""
+    if parts == 1:
+        return _row(samples, objective)
+    size = len(samples) // parts
+    rows = [_row(samples[k * size : (k + 1) * size], objective) for k in range(parts)]
+    if len({inputs["input_ids"].shape[1] for inputs, _ in rows}) > 1:
+        raise ValueError(
+            "packed micro-batches of unequal tokens cannot be stacked: accumulate over packed "
+            "batches of sequences of one length"
+        )
+    inputs = {
+        k: torch.cat([r[k] for r, _ in rows]) if torch.is_tensor(v) else max(r[k] for r, _ in rows)
+        for k, v in rows[0][0].items()
+    }
+    return inputs, torch.cat([labels for _, labels in rows])
+
+
+def _row(samples: list[Sample], objective: str) -> Batch:
+    """``packed``'s single row."""
     seqs = [s for s, _ in samples]
     # Python values throughout: bench predict collates under fake tensors
     lens = [len(s) for s in seqs]

@@ -8,6 +8,7 @@ tensors; a real CPU tensor has no such kernel (a model naming it is not measured
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import torch
@@ -26,6 +27,8 @@ NAMES = frozenset(
     }
 )
 aten = torch.ops.aten
+# the kernel's calls in this process, on whole rows and on cumulative lengths (a technique's proof)
+CALLS: Counter[str] = Counter()
 
 
 def register() -> str:
@@ -65,8 +68,8 @@ def _loaded() -> None:
     utils._flash_fn, utils._flash_varlen_fn = flash_attn_func, flash_attn_varlen_func
     utils._flash_with_kvcache_fn = None
     utils._pad_fn, utils._unpad_fn = utils._pad_input, utils._unpad_input
-    utils._process_flash_kwargs_fn = utils._lazy_define_process_function(flash_attn_func)
-    utils._process_with_kvcache_kwargs_fn = None
+    utils._process_flash_kwargs_fn = utils._lazy_define_process_function(flash_attn_varlen_func)
+    utils._process_with_kvcache_kwargs_fn = dict
     utils._loaded_implementation = ATTENTION
 
 
@@ -137,6 +140,7 @@ def _kernel(
             "FlashAttention's softcap: PyTorch's FlashAttention-2 kernel has none; name eager"
         )
     q, k, v = qkv
+    CALLS["fixed" if cu[0] is None else "variable-length"] += 1
     left, right = window
     out = aten._flash_attention_forward(
         query=q,

@@ -40,7 +40,7 @@ from bench.suite.schema import MATRIX, RUNS, SHAPES, TOP, read, unknown
 from bench.suite.techniques import check_fidelity_batch, techniques
 from bench.suite.toml_text import toml_value
 from bench.suite.values import check_ranges, model_spec, typed, weights
-from bench.techniques import Technique, build
+from bench.techniques import Technique, build, combined
 
 # bytes: a record's file name, its slug and digest, and '.snapshot.pickle' stay under 255
 MAX_RUN_NAME = 120
@@ -300,12 +300,24 @@ def _check_data(
                 f"{where}: {t.name} applies to models that take {technique.inputs}; model "
                 f"{model.name} takes {model.inputs}"
             )
-        elif type(technique).batching is not Technique.batching and (
-            gpu.lengths is None or cpu.lengths is None
+        elif (
+            type(technique).batching is not Technique.batching
+            and type(technique).fixed is Technique.fixed
+            and (gpu.lengths is None or cpu.lengths is None)
         ):
             problems.append(
                 f"{where}: {t.name} forms batches from variable-length data; set lengths in "
                 "[shapes.gpu] and [shapes.cpu], or name distributions in [matrix.lengths]"
+            )
+        elif (
+            type(technique).fixed is not Technique.fixed
+            and (gpu.lengths or cpu.lengths)
+            and combined([build(s).step() for s in specs]).micro_batches > 1
+        ):
+            problems.append(
+                f"{where}: {t.name} with micro-batches on variable-length data: each micro-batch's "
+                "packed row has its own length, and rows of unequal tokens cannot be stacked; "
+                "accumulate over packed batches of fixed-shape sequences (no lengths)"
             )
 
 

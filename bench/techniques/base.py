@@ -348,6 +348,12 @@ class Technique:
         another technique or to padding to seq_len."""
         return None
 
+    def fixed(self, batch: Batch, ctx: RunContext, parts: int) -> Batch | None:
+        """A run without lengths: its fixed-shape batch (every sequence seq_len tokens) formed as
+        this technique forms batches, in ``parts`` micro-batches; None where it forms batches of
+        variable-length data alone (the loader then asks for lengths)."""
+        return None
+
     def replicas(self, world_size: int) -> int:
         """How many of the ``world_size`` ranks take batches of their own (a group shares one under
         tensor parallelism): a step of the run processes that many."""
@@ -386,8 +392,8 @@ INTERFACE = {
         "cuda_stand_ins", "attention_backend", "layers_alike",
     ),
     "the hooks that change the run: the worker, in this order": (
-        "env", "unsupported", "apply", "make_optimizer", "makes_optimizer", "batching", "replicas",
-        "step", "changes", "proof",
+        "env", "unsupported", "apply", "make_optimizer", "makes_optimizer", "batching", "fixed",
+        "replicas", "step", "changes", "proof",
     ),
 }  # fmt: skip
 

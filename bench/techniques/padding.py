@@ -14,7 +14,7 @@ import types
 import warnings
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
@@ -22,7 +22,11 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn import functional as F
 
 from bench.data import varlen
+from bench.models import flash
 from bench.techniques.base import TECHNIQUES, RunContext, Technique, Unsupported, option
+
+if TYPE_CHECKING:
+    from bench.data.synthetic import Batch
 
 FAMILY = frozenset({"pad-to-max", "dynamic-padding", "length-bucketing", "packing", "nested"})
 ATTENTION = "bench_varlen"  # the name transformers' attention interface knows packed attention by
@@ -130,14 +134,6 @@ class Packing(Padding):
         "sequence on cumulative lengths (`DataCollatorWithFlattening`)"
     )
 
-    def conflict(self, other: Technique) -> str | None:
-        if other.name == "accumulate":
-            return (
-                "a packed batch is one row, which micro-batches cannot split; accumulate over "
-                "packed batches"
-            )
-        return None
-
     def unsupported(self, ctx: RunContext) -> str | None:
         spec = ctx.model_spec
         if spec.family != "bert" and spec.objective != "next-token":
@@ -153,10 +149,23 @@ class Packing(Padding):
             functools.partial(varlen.packed, objective=ctx.model_spec.objective), name=self.name
         )
 
+    def fixed(self, batch: Batch, ctx: RunContext, parts: int) -> Batch:
+        """The batch's sequences of seq_len tokens packed (TRL's padding-free rows, as full as its
+        packing fills them), a row a micro-batch."""
+        inputs, labels = batch
+        objective = ctx.model_spec.objective
+        packed, targets = varlen.packed([(ids, 0) for ids in inputs["input_ids"]], objective, parts)
+        return packed, labels if objective == "classify" else targets  # a label a sequence
+
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         from transformers import AttentionInterface, AttentionMaskInterface
 
         self.paths: Counter[str] = Counter()
+        if model.config._attn_implementation == flash.ATTENTION:
+            # transformers' flash path runs the cumulative lengths itself, as TRL's packing has it
+            self._flash_calls = flash.CALLS["variable-length"]
+            return model
+        self._flash_calls = None
         AttentionInterface.register(
             ATTENTION, functools.partial(packed_attention, paths=self.paths)
         )
@@ -168,10 +177,14 @@ class Packing(Padding):
         return model
 
     def proof(self, steps: int) -> dict[str, Any]:
+        if self._flash_calls is not None:
+            paths = {"transformers' flash path": flash.CALLS["variable-length"] - self._flash_calls}
+        else:
+            paths = self.paths
         return {
             "collator": self.name,
-            "attention_path": ", ".join(sorted(self.paths)) or "none",
-            "attention_calls": sum(self.paths.values()),
+            "attention_path": ", ".join(sorted(p for p, n in paths.items() if n)) or "none",
+            "attention_calls": sum(paths.values()),
         }
 
 
@@ -225,13 +238,15 @@ def packed_attention(
     cu, longest = kwargs["cu_seq_lens_q"], kwargs["max_length_q"]
     causal = bool(getattr(module, "is_causal", False))
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (tokens, heads, dim)
-    if k.shape[1] != q.shape[1]:  # grouped keys: each key head serves its group of query heads
+    flashed = isinstance(q, FakeTensor) or _flash_varlen(q, dropout)
+    if k.shape[1] != q.shape[1] and not (flashed and "enable_gqa" in _varlen_params()):
+        # each key head repeated for its group of query heads, where the kernel cannot serve them
         k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
     # bench predict: the flash variable-length kernel's outputs and saved tensors
     if isinstance(q, FakeTensor):
         paths["torch.nn.attention.varlen (fake tensors)"] += 1
         out = _varlen_attn(q, k, v=v, cu=cu, longest=longest, causal=causal, scaling=scaling)
-    elif _flash_varlen(q, dropout):
+    elif flashed:
         paths["torch.nn.attention.varlen"] += 1
         out = _varlen_attn(q, k, v=v, cu=cu, longest=longest, causal=causal, scaling=scaling)
     elif not causal:
@@ -270,6 +285,8 @@ def _varlen_attn(
         extra = {"window_size": (-1, 0) if causal else (-1, -1)}
     if "scale" in params:
         extra["scale"] = scaling
+    if k.shape[1] != q.shape[1]:  # grouped keys, served as flash serves them
+        extra["enable_gqa"] = True
     return varlen_attn(q, k, v, cu, cu, longest, longest, **extra)
 
 

@@ -111,7 +111,9 @@ def test_padding_technique_without_lengths_is_refused(tmp_path):
     )
 
 
-def test_packing_with_accumulation_is_refused(tmp_path):
+def test_packing_with_accumulation_on_variable_length_data_is_refused(tmp_path):
+    """Each micro-batch's packed row has its own length; rows of fixed-shape sequences stack
+    (tests/techniques/test_padding.py)."""
     text = TOKENS.replace("seq_len = 64", 'seq_len = 64\nlengths = "digits"').replace(
         "seq_len = 512", 'seq_len = 512\nlengths = "digits"'
     )
@@ -119,8 +121,9 @@ def test_packing_with_accumulation_is_refused(tmp_path):
     text += 'techniques = ["packing", { name = "accumulate", micro_batches = 2 }]\n'
     (problem,) = suite_problems(tmp_path, text)
     assert problem.startswith(
-        "runs[1].techniques: packing and accumulate cannot be combined: a packed batch is one row"
-    )
+        "runs[1].techniques: packing with micro-batches on variable-length data: each micro-batch's packed "
+        "row has its own length"
+    ), problem
 
 
 def test_loader_workers_must_not_be_negative(tmp_path):

@@ -8,7 +8,9 @@ import torch
 from torch.nn import functional as F
 
 from bench.data import varlen
+from bench.data.synthetic import samples_in, split
 from bench.measure.memory import tracked_step
+from bench.models import IGNORE
 from bench.recipe import Recipe, tracked_steps
 from bench.spec import Shapes
 from bench.techniques import RunContext, build
@@ -140,6 +142,48 @@ def test_packing_keeps_fewer_bytes_than_padding() -> None:
             step, trainer.model, trainer.optimizer, CPU
         ).peak_tensor_bytes
     assert peaks["packing"] < 0.6 * peaks["pad-to-max"]
+
+
+def _fixed(techniques: tuple, batch_size: int = 4):
+    """A fixed-shape run (no lengths) of TINY_LM at seq_len 8, its recipe and batch."""
+    run = spec("tests.helpers:TINY_LM", techniques, batch_size=batch_size, seq_len=8, lengths=None)
+    recipe = Recipe.of(run, CPU)
+    return recipe, recipe.batch()
+
+
+def test_packing_without_lengths_packs_the_fixed_shape_rows_a_micro_batch_a_row() -> None:
+    """TRL's padding-free rows as full as its packing fills them: each micro-batch's sequences of
+    seq_len tokens in a row of its own, the rows stacked so that the micro-batches split them."""
+    _, batch = _fixed((tech("packing"), tech("accumulate", micro_batches=2)))
+    inputs, labels = batch
+    assert inputs["input_ids"].shape == labels.shape == (2, 16)
+    assert inputs["cu_seq_lens_q"].tolist() == [0, 8, 16] * 2 and inputs["max_length_q"] == 8
+    assert inputs["position_ids"][1].tolist() == list(range(8)) * 2
+    assert samples_in(batch) == 4
+    for part in split(batch, 2):
+        assert part[0]["input_ids"].shape == (1, 16) and part[0]["max_length_k"] == 8
+        assert part[0]["cu_seq_lens_k"].tolist() == [0, 8, 16]
+        assert part[1][0, 8] == IGNORE  # the second sequence's first token is no target
+
+
+def test_packed_micro_batches_accumulate_the_gradients_of_the_rows_unpacked() -> None:
+    """Each micro-batch packed in a row: the same targets, the same means, the same gradients as the
+    fixed-shape rows split into micro-batches (dropout off)."""
+    grads = {}
+    for techniques in ((), (tech("packing"),)):
+        recipe, batch = _fixed((*techniques, tech("accumulate", micro_batches=2)))
+        torch.manual_seed(0)
+        trainer = recipe.stepper(recipe.ctx.model_spec.build(recipe.ctx.shapes))
+        trainer.model.eval()
+        for inputs, labels in split(batch, 2):
+            (trainer.spec.forward(trainer.model, inputs, labels)[1] / 2).backward()
+        grads[bool(techniques)] = torch.cat([p.grad.flatten() for p in trainer.model.parameters()])
+    torch.testing.assert_close(grads[True], grads[False], rtol=1e-4, atol=1e-6)
+
+
+def test_packed_rows_of_unequal_tokens_do_not_stack() -> None:
+    with pytest.raises(ValueError, match="packed micro-batches of unequal tokens cannot be"):
+        varlen.packed(_samples(48), "next-token", parts=2)
 
 
 def test_buckets_batch_similar_lengths_and_cover_the_data() -> None:
