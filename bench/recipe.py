@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from bench.generate import Generator
 from bench.infer import Inferencer
 from bench.record import Provenance
 from bench.spec import RunSpec, Shapes
-from bench.techniques import RunContext, Technique, build, combined
+from bench.techniques import RunContext, Technique, build
 from bench.techniques.padding import PadToMax
 from bench.train import Trainer
 
@@ -125,7 +126,7 @@ class Recipe:
         batch = synthetic_batch(self.ctx.model_spec, shapes, self.seed, self.ctx.device)
         if shapes.lengths is not None:  # the loader's batches are the steps' (``feed``)
             return batch
-        parts = combined([t.step() for t in self.techniques]).micro_batches
+        parts = math.prod(t.batch_multiple() for t in self.techniques)  # its micro-batches
         formed = (t.fixed(batch, self.ctx, parts) for t in self.techniques)
         return next((b for b in formed if b is not None), batch)
 

@@ -40,7 +40,7 @@ from bench.suite.schema import MATRIX, RUNS, SHAPES, TOP, read, unknown
 from bench.suite.techniques import check_fidelity_batch, techniques
 from bench.suite.toml_text import toml_value
 from bench.suite.values import check_ranges, model_spec, typed, weights
-from bench.techniques import Technique, build, combined
+from bench.techniques import Technique, build
 
 # bytes: a record's file name, its slug and digest, and '.snapshot.pickle' stay under 255
 MAX_RUN_NAME = 120
@@ -312,7 +312,7 @@ def _check_data(
         elif (
             type(technique).fixed is not Technique.fixed
             and (gpu.lengths or cpu.lengths)
-            and combined([build(s).step() for s in specs]).micro_batches > 1
+            and any(build(s).batch_multiple() > 1 for s in specs)  # micro-batches
         ):
             problems.append(
                 f"{where}: {t.name} with micro-batches on variable-length data: each micro-batch's "

@@ -15,6 +15,7 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from bench.models import flash
 from bench.suite import quantized
 
 # The Trainer's optimizers (its `optim` names) as this harness's techniques, the parameters in the
@@ -293,10 +294,6 @@ SFT_FIELDS = frozenset(
 SFT_DEFAULTS = {"gradient_checkpointing": True, "max_length": 1024}
 SFT_LOSSES = {"chunked_nll": "sft-chunked-nll", "nll": "sft-nll"}
 SFT_NOT_MODELLED = {
-    "packing": "TRL packs the dataset's sequences into rows of max_length tokens and flattens a "
-    "batch's rows into one, attending on cumulative lengths",
-    "padding_free": "a batch's sequences are flattened into one row, attending on cumulative "
-    "lengths",
     "activation_offloading": "TRL moves saved activations to the host on a side stream, keeping "
     "the last five on the device",
 }
@@ -323,9 +320,18 @@ SFT_UNCHANGED: dict[str, str] = {
     "trust_remote_code": "how the model is loaded, not what it holds",
     "router_aux_loss_coef": "the weight of a mixture of experts' balancing loss: a value",
     "eval_packing": "evaluation, which runs between training steps, not in one",
-    "packing_strategy": "read only beside packing, which is refused",
 }
-SFT_READ = {"max_length", "pad_to_multiple_of", "model_init_kwargs", "loss_type"}
+SFT_READ = {
+    "max_length",
+    "pad_to_multiple_of",
+    "model_init_kwargs",
+    "loss_type",
+    "packing",
+    "packing_strategy",
+    "padding_free",
+}
+# the packing strategies that flatten a batch's packed rows into one (SFTTrainer's padding_free)
+FLATTENED = ("bfd", "bfd_split")
 # TRL's other trainers' configs (trl/trainer/*_config.py at f2cd577), each known by fields of its
 # own, and what their step holds that a TrainingArguments step does not
 TRL_OTHERS = {
@@ -429,7 +435,7 @@ def read(path: str, where: str, problems: list[str]) -> Job | None:
         _precision(args, where, found)
         + _optimizer(args, where, found)
         + _checkpointing(args, where, found)
-        + (_sft_loss(args, where, found) if sft else [])
+        + (_sft_loss(args, where, found) + _sft_packing(args, where, found) if sft else [])
     )
     steps = _positive(args, "gradient_accumulation_steps", default=1, where=where, found=found)
     batch = _positive(args, "per_device_train_batch_size", default=8, where=where, found=found)
@@ -525,6 +531,37 @@ def _sft_loss(args: dict[str, Any], where: str, found: list[str]) -> list[Any]:
         f"{where}: loss_type = {loss!r}: not modelled here; one of {', '.join(SFT_LOSSES)}"
     )
     return loaded
+
+
+def _sft_packing(args: dict[str, Any], where: str, found: list[str]) -> list[Any]:
+    """``packing`` where SFTTrainer flattens a batch into one row (``padding_free``, or packing by
+    best fit, which sets it): its sequences as the run's of max_length tokens each, the rows as
+    full as packing fills them. SFTTrainer asks for FlashAttention there; under any other
+    attention transformers masks the row by its position ids, which is not modelled. Wrapped
+    packing alone cuts rows of max_length across sequences: the fixed-shape step as it is."""
+    strategy = args.get("packing_strategy", "bfd")
+    if args.get("packing") and strategy not in (*FLATTENED, "wrapped"):
+        found.append(
+            f"{where}: packing_strategy = {strategy!r}: none of TRL's ({', '.join(FLATTENED)}, "
+            "wrapped)"
+        )
+        return []
+    if not (args.get("padding_free") or (args.get("packing") and strategy in FLATTENED)):
+        return []
+    named = "packing" if args.get("packing") else "padding_free"
+    if args.get("max_length") is None:
+        found.append(f"{where}: {named} with max_length = None: TRL packs to max_length; set it")
+        return []
+    init = args.get("model_init_kwargs")
+    attention = isinstance(init, dict) and init.get("attn_implementation")
+    if attention not in flash.NAMES:
+        found.append(
+            f"{where}: {named} with attention {attention or 'sdpa'} (model_init_kwargs."
+            "attn_implementation): transformers then masks the flattened row by its position "
+            "ids, which this harness does not model; set it to flash_attention_2, as TRL asks"
+        )
+        return []
+    return ["packing"]
 
 
 def _sft_length(args: dict[str, Any], where: str, found: list[str]) -> int | None:

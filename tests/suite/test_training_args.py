@@ -240,6 +240,18 @@ def test_an_sftconfig_is_read_with_trls_defaults_and_its_loss(tmp_path, capsys):
             {"bf16": None, "loss_type": None},
             ["amp(dtype=bfloat16)", "checkpoint", "sft-chunked-nll"],
         ),
+        (  # packing by best fit flattens the packed rows, as padding_free does, under flash
+            {"packing": True, "model_init_kwargs": {"attn_implementation": "flash_attention_2"}},
+            ["amp(dtype=bfloat16)", "checkpoint", "sft-chunked-nll", "packing"],
+        ),
+        (
+            {"padding_free": True, "model_init_kwargs": {"attn_implementation": "flash_attention_2"}},
+            ["amp(dtype=bfloat16)", "checkpoint", "sft-chunked-nll", "packing"],
+        ),
+        (  # wrapped rows of max_length tokens, attending across sequences: the fixed-shape step
+            {"packing": True, "packing_strategy": "wrapped"},
+            ["amp(dtype=bfloat16)", "checkpoint", "sft-chunked-nll"],
+        ),
         (  # QLoRA's BitsAndBytesConfig, as its to_dict writes it: the model loads in 4 bits
             {
                 "model_init_kwargs": {
@@ -275,8 +287,12 @@ def test_an_sftconfigs_own_choices_are_read_as_trl_reads_them(change, labels, tm
         ({"max_length": 30, "pad_to_multiple_of": 8}, "no problem"),
         ({"max_length": 0}, "max_length: expected a whole number of at least 1"),
         ({"loss_type": "dft"}, "loss_type = 'dft': not modelled here"),
-        ({"packing": True}, "packing = True: changes what a step holds"),
-        ({"padding_free": True}, "padding_free = True: changes what a step holds"),
+        ({"packing": True}, "packing with attention sdpa .* set it to flash_attention_2"),
+        (
+            {"padding_free": True, "model_init_kwargs": {"attn_implementation": "eager"}},
+            "padding_free with attention eager",
+        ),
+        ({"packing": True, "packing_strategy": "ffd"}, "packing_strategy = 'ffd': none of TRL's"),
         ({"activation_offloading": True}, "activation_offloading = True: changes what a step"),
         (
             {"model_init_kwargs": {"quantization_config": {"quant_method": "awq"}}},
@@ -317,6 +333,26 @@ def test_a_job_from_its_files_runs_at_the_sftconfigs_max_length_and_weights(tmp_
         "suites/configs/tiny-llama", str(tmp_path / "sft.json"), seq_len=512
     )
     assert "seq_len = 512" in text
+
+
+def test_a_packed_sftconfig_job_runs_trls_padding_free_rows_on_its_flash_path(tmp_path):
+    """bench predict --hf … --training-args sft.json with packing under FlashAttention: each
+    micro-batch's sequences flattened into a row, transformers' flash path attending within each
+    on their cumulative lengths, predicted."""
+    from bench.predict import predict
+    from bench.recipe import Recipe
+    from bench.suite import from_config
+
+    flashed = {"model_init_kwargs": {"attn_implementation": "flash_attention_2"}}
+    (tmp_path / "sft.json").write_text(json.dumps(SFT | flashed | {"packing": True}))
+    text = from_config.suite_text("suites/configs/tiny-llama", str(tmp_path / "sft.json"))
+    (tmp_path / "job.toml").write_text(text)
+    job = load(tmp_path / "job.toml").runs[1]
+    inputs, _ = Recipe.of(job, torch.device("cpu"), job.gpu, predicting=True).batch()
+    # two micro-batches (SFT's accumulation) of two sequences of max_length (32) in a row each
+    assert inputs["input_ids"].shape == (2, 64) and inputs["cu_seq_lens_q"].numel() == 6
+    out = predict(job)
+    assert out.ok and "flash_attention_2" in out.message, out.message
 
 
 @pytest.mark.parametrize(
