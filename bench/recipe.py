@@ -158,9 +158,12 @@ class Recipe:
             varlen.dataset_size(ctx.shapes),
             self.seed,
         )
-        return varlen.Feed(
+        feed = varlen.Feed(
             data=data, batching=batching, shapes=ctx.shapes, device=ctx.device, seed=self.seed
         )
+        if ctx.shapes.worst_step:
+            feed.worst()  # found now, on real values: a prediction collates under fake tensors
+        return feed
 
 
 def batches(batch: Batch, feed: varlen.Feed | None, n: int) -> Iterator[Batch]:

@@ -47,6 +47,9 @@ class Shapes:
     lengths: str | None = None
     loader_workers: int = 0
     pin_memory: bool = False
+    # Each pass takes the epoch's worst batch alone, the one of most padded tokens (``bench predict
+    # --worst-step``), where lengths are given; False: the loader's batches in order.
+    worst_step: bool = False
     # The model this device runs in the suite's place, of its family and smaller (a CPU's llama-tiny
     # for Llama-3-1B); None: the suite's own.
     model: str | None = None
@@ -62,6 +65,7 @@ DATA_DEFAULTS = {
     "lengths": None,
     "loader_workers": 0,
     "pin_memory": False,
+    "worst_step": False,
     "model": None,
     "prompt_len": None,
     "new_tokens": None,
@@ -201,11 +205,16 @@ class RunSpec:
         modules = sorted(
             {n.partition(":")[0] for n in names if n and ":" in n and not n.startswith(HF)}
         )
-        # an edited config.json measures again too
+        # an edited config.json measures again too, and an edited file of lengths
         configs = sorted(n for n in names if n and n.startswith(HF))
-        return {m: _source_digest(m) for m in modules} | {
-            c: _digest(hf_config_file(c)) for c in configs
-        }
+        files = sorted(
+            {s.lengths for s in (self.gpu, self.cpu) if s.lengths and s.lengths.startswith("file:")}
+        )
+        return (
+            {m: _source_digest(m) for m in modules}
+            | {c: _digest(hf_config_file(c)) for c in configs}
+            | {f: _digest(Path(f.removeprefix("file:"))) for f in files}
+        )
 
 
 def hf_config_file(name: str) -> Path:

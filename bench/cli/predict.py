@@ -56,6 +56,13 @@ def add(sub: argparse._SubParsersAction) -> None:
         "answers its longest context without it)",
     )
     pre.add_argument(
+        "--worst-step",
+        action="store_true",
+        help="each run on variable-length data predicted at its epoch's worst batch, the one of "
+        "most padded tokens as its collator forms the epoch (and, with --card or --budget, the "
+        "largest batch whose worst step fits): which step it is, and its peak",
+    )
+    pre.add_argument(
         "--json",
         action="store_true",
         help="one JSON document on stdout in place of the table (docs/results.md; its schema "
@@ -159,6 +166,13 @@ def _predict(args: argparse.Namespace) -> int:
     suite = selected(path, args)
     if args.longest:
         _lengthened(suite, budget is not None or card is not None)
+    if args.worst_step:
+        if not any(r.gpu.lengths for r in suite.runs):
+            raise BadInput(
+                f"--worst-step: no run of {suite.name} takes variable-length data (lengths in "
+                "[shapes.gpu]); every step of a fixed-shape run is alike"
+            )
+        suite = suites.worst_steps(suite)
     if args.nproc:
         suite = suites.spanning(suite, args.nproc)
     stored = map(Record.from_flat, load_records(args.results / suite.name))

@@ -8,7 +8,10 @@ Distributions, as a suite names them (``lengths`` in ``[shapes.*]`` or ``[matrix
 - ``digits``: real data, each of scikit-learn's handwritten digits as [CLS] then the positions of
   its non-zero pixels (17 to 43 tokens), with its class as label;
 - ``hf:PATH``: a local tokenised dataset (``datasets``' ``save_to_disk``, an ``input_ids`` column
-  and a label column; its train split), each row up to its last token that is not 0.
+  and a label column; its train split), each row up to its last token that is not 0;
+- ``file:PATH``: a dataset's own token lengths, one a line (a text file), or a CSV's ``length``
+  column (or its only one): as many sequences of those lengths, random ids and labels from the
+  seed.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -36,7 +40,7 @@ if TYPE_CHECKING:
 PAD = real.PAD
 FIRST_TOKEN = 3  # synthetic sequences draw their ids from here up (0, 1, 2: padding, [CLS], [SEP])
 DIGITS_LENGTHS = (17, 43)  # [CLS] plus 16 to 42 non-zero pixels, over all 1,797 digits
-FORMS = "'uniform:LO:HI', 'lognormal:MEDIAN:SIGMA:MAX', 'digits' or 'hf:PATH'"
+FORMS = "'uniform:LO:HI', 'lognormal:MEDIAN:SIGMA:MAX', 'digits', 'hf:PATH' or 'file:PATH'"
 # the dataset holds this many batches: enough distinct ones for any pass
 SEQUENCES_PER_BATCH_SLOT = 16
 Sample = tuple[torch.Tensor, int]  # one sequence's token ids, and its label
@@ -48,7 +52,7 @@ class Lengths:
 
     kind: str
     params: tuple[float, ...] = ()
-    path: str = ""  # hf: the dataset's folder
+    path: str = ""  # hf: the dataset's folder; file: the lengths' file
 
     @property
     def maximum(self) -> int:
@@ -56,6 +60,8 @@ class Lengths:
             return DIGITS_LENGTHS[1]
         if self.kind == "hf":
             return max(hf_sequences(self.path).lengths)
+        if self.kind == "file":
+            return max(file_lengths(self.path))
         return int(self.params[-1])
 
     def sample(self, n: int, generator: torch.Generator) -> list[int]:
@@ -72,8 +78,11 @@ def parse(text: str) -> Lengths:
     kind, *raw = text.split(":")
     if kind == "digits" and not raw:
         return Lengths("digits")
-    if kind == "hf" and raw and raw[0]:
-        return Lengths("hf", path=text.split(":", 1)[1])
+    if kind in ("hf", "file") and raw and raw[0]:
+        found = Lengths(kind, path=text.split(":", 1)[1])
+        if kind == "file":
+            file_lengths(found.path)  # read now: a file that cannot be is the suite's error
+        return found
     try:
         params = tuple(float(p) for p in raw)
     except ValueError:
@@ -118,20 +127,55 @@ class Sequences(Dataset):
 
 
 def sequences(lengths: Lengths, spec: ModelSpec, n: int, seed: int) -> Sequences:
+    """The dataset: ``n`` sequences drawn from a distribution, or a dataset's own (the digits, a
+    tokenised one, a file's lengths: as many as it has)."""
     if lengths.kind == "digits":
         return Sequences(real.digit_samples())
     if lengths.kind == "hf":
         return hf_sequences(lengths.path)
     g = torch.Generator().manual_seed(seed)
+    if lengths.kind == "file":
+        drawn = list(file_lengths(lengths.path))
+    else:
+        drawn = lengths.sample(n, g)
     return Sequences(
         [
             (
                 torch.randint(FIRST_TOKEN, spec.vocab_size, (k,), generator=g),
                 int(torch.randint(0, spec.num_classes, (), generator=g)),
             )
-            for k in lengths.sample(n, g)
+            for k in drawn
         ]
     )
+
+
+@functools.cache
+def file_lengths(path: str) -> tuple[int, ...]:
+    """A file's token lengths: one a line, or a CSV's ``length`` column (or its only one);
+    ValueError naming the file, the line and the fix where one is not a whole number ≥ 1."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ValueError(f"file:{path}: cannot read it ({exc.strerror or exc})") from None
+    rows = [line for line in lines if line.strip()]
+    column, first = 0, 1
+    if path.endswith(".csv") and rows:
+        header = [h.strip() for h in rows[0].split(",")]
+        if "length" not in header and len(header) > 1:
+            raise ValueError(f"file:{path}: no 'length' column among {', '.join(header)}")
+        column = header.index("length") if "length" in header else 0
+        first = 2
+    out = []
+    for number, row in enumerate(rows[first - 1 :], start=first):
+        cell = row.split(",")[column].strip()
+        if not (cell.isdigit() and int(cell) >= 1):
+            raise ValueError(
+                f"file:{path}, line {number}: {cell!r} is not a token length (a whole number ≥ 1)"
+            )
+        out.append(int(cell))
+    if not out:
+        raise ValueError(f"file:{path}: no lengths in it; one a line")
+    return tuple(out)
 
 
 @functools.cache
@@ -275,6 +319,23 @@ class Batching:
     name: str = ""
 
 
+@dataclass(frozen=True)
+class Worst:
+    """A pass's worst batch: its place (from 0) among the pass's ``steps``, and its real and
+    padded tokens."""
+
+    step: int
+    steps: int
+    real: int
+    padded: int
+
+    def said(self) -> str:
+        return (
+            f"step {self.step + 1:,} of {self.steps:,}: {self.padded:,} tokens, "
+            f"{self.real:,} of them real"
+        )
+
+
 @dataclass(kw_only=True)
 class Feed:
     """Batches from a DataLoader over ``data``, the same ones in the same order on every pass
@@ -287,22 +348,51 @@ class Feed:
     seed: int
     waits_ms: list[float] = field(default_factory=list)
     tokens: list[tuple[int, int]] = field(default_factory=list)
+    _epoch: list[list[int]] | None = field(default=None, repr=False)
+    _worst: Worst | None = field(default=None, repr=False)
 
     def loader(self) -> DataLoader:
-        g = torch.Generator().manual_seed(self.seed)
-        size = self.shapes.batch_size
         common = {
             "collate_fn": self.batching.collate,
             "num_workers": self.shapes.loader_workers,
             "pin_memory": self.shapes.pin_memory and self.device.type == "cuda",
         }
+        if self.shapes.worst_step:
+            return DataLoader(self.data, batch_sampler=[self.epoch()[self.worst().step]], **common)
+        return self._ordered(self.data, **common)
+
+    def _ordered(self, data: Dataset, **common: object) -> DataLoader:
+        """A pass over ``data`` in the order of every pass: shuffled, or by the technique's sampler,
+        from the seed."""
+        g = torch.Generator().manual_seed(self.seed)
+        size = self.shapes.batch_size
         if self.batching.sampler is not None:
             return DataLoader(
-                self.data, batch_sampler=self.batching.sampler(self.data.lengths, size, g), **common
+                data, batch_sampler=self.batching.sampler(self.data.lengths, size, g), **common
             )
         return DataLoader(
-            self.data, batch_size=size, shuffle=True, drop_last=True, generator=g, **common
+            data, batch_size=size, shuffle=True, drop_last=True, generator=g, **common
         )
+
+    def epoch(self) -> list[list[int]]:
+        """Each batch of a pass as the loader forms it: its sequences' places in the data (a loader
+        of the places themselves, drawing from the generator as the batches' loader draws)."""
+        if self._epoch is None:
+            places = self._ordered(range(len(self.data)), collate_fn=list)  # type: ignore[arg-type]
+            self._epoch = list(places)
+        return self._epoch
+
+    def worst(self) -> Worst:
+        """The pass's batch of most padded tokens (the first of them), collated as the run's
+        technique collates it: where a step's activations are largest."""
+        if self._worst is None:
+            counted = [
+                real_tokens(self.batching.collate([self.data[i] for i in indices]))
+                for indices in self.epoch()
+            ]
+            step = max(range(len(counted)), key=lambda k: counted[k][1])
+            self._worst = Worst(step, len(counted), *counted[step])
+        return self._worst
 
     def batches(self, n: int) -> Iterator[Batch]:
         """The first ``n`` batches of the pass (epochs repeat, in the same order, where ``n`` runs

@@ -21,13 +21,16 @@ from bench.predict.budget import (
     longest_sequence,
 )
 from bench.predict.cards import Card
-from bench.predict.fake import traced
+from bench.predict.fake import CPU, traced
 from bench.predict.ranks import KINDS
+from bench.recipe import Recipe
 from bench.record import AT_PEAK, KEY, Prediction, Record
 from bench.suite import RunSpec
 
 if TYPE_CHECKING:  # the table is built in the CLI only: every run's worker imports this package
     import pandas as pd
+
+    from bench.data.varlen import Worst
 
 
 def suite_table(
@@ -74,6 +77,7 @@ class Row:
     largest_batch_there: int | None = None  # at those ranks
     longest_context: int | None = None  # a generation's, prompt and new tokens
     longest_sequence: int | None = None  # a training or forward step's, at its batch
+    worst_step: str | None = None  # on variable-length data: which of the epoch's it is
     measured_bytes: int | None = None  # a GPU's allocated peak for the run, where one measured it
     measured_on: str | None = None
     asked: set[str] = field(default_factory=set)
@@ -109,6 +113,8 @@ class Row:
             fit = f", longest context {_tokens(self.longest_context)}"
         if "longest_sequence" in self.asked:
             fit += f", longest sequence {_tokens(self.longest_sequence)}"
+        if self.worst_step:
+            fit += f", worst at {self.worst_step}"
         on = ""
         if p.card:
             on = f"; on {p.card}: {verdict(p)}"
@@ -230,6 +236,8 @@ def _row(spec: RunSpec, budget: int | None, card: Card | None, longest: bool = F
         own = traced(spec, card=card)  # its tracker: the first point of a search's line
     out = own.prediction
     row = Row(run=spec.name, batch=spec.gpu.batch_size, prediction=out)
+    if spec.gpu.worst_step:
+        row.answer("worst_step", _worst(spec).said())
     if not out.ok:
         return row
     if spec.mode == "generate":
@@ -257,6 +265,13 @@ def _row(spec: RunSpec, budget: int | None, card: Card | None, longest: bool = F
         found = longest_sequence(spec, card=card, budget=budget, own=own, progress=told)
         row.answer("longest_sequence", found)
     return row
+
+
+def _worst(spec: RunSpec) -> Worst:
+    """The run's epoch at its GPU shapes, and its worst batch, as its loader forms them."""
+    feed = Recipe.of(spec, CPU, spec.gpu, predicting=True).feed()
+    assert feed is not None  # a worst step is asked of runs with lengths alone
+    return feed.worst()
 
 
 def _tokens(n: int | None) -> str:
@@ -347,6 +362,8 @@ def markdown(table: pd.DataFrame, breakdown: bool = False) -> str:
         show["longest sequence"] = pd.to_numeric(table["longest_sequence"], errors="coerce").astype(
             "Int64"
         )
+    if "worst_step" in table:  # on variable-length data: the epoch's step predicted
+        show["worst step"] = table["worst_step"].fillna("")
     # multi-process entries under a budget: the fewest ranks that fit, and its batch
     if "fewest_ranks" in table:
         show["fewest ranks"] = pd.to_numeric(table["fewest_ranks"], errors="coerce").astype("Int64")

@@ -6,7 +6,14 @@ re-exported. ``load`` reads a file; ``techniques`` and ``fidelity`` check those 
 
 from bench.errors import SuiteError
 from bench.spec import Fidelity, RunSpec, Shapes, Suite, TechniqueSpec
-from bench.suite.load import load, select, spanning, with_timeout, without_fidelity
+from bench.suite.load import (
+    load,
+    select,
+    spanning,
+    with_timeout,
+    without_fidelity,
+    worst_steps,
+)
 
 __all__ = [
     "Fidelity",
@@ -20,4 +27,5 @@ __all__ = [
     "spanning",
     "with_timeout",
     "without_fidelity",
+    "worst_steps",
 ]

@@ -133,6 +133,18 @@ def spanning(suite: Suite, nproc: int) -> Suite:
     )
 
 
+def worst_steps(suite: Suite) -> Suite:
+    """Every run on variable-length data taking its epoch's worst batch alone (``bench predict
+    --worst-step``); the others, whose steps are all alike, as they are."""
+    return replace(
+        suite,
+        runs=tuple(
+            replace(r, gpu=replace(r.gpu, worst_step=True)) if r.gpu.lengths else r
+            for r in suite.runs
+        ),
+    )
+
+
 def with_timeout(suite: Suite, seconds: float) -> Suite:
     """Every run stopped after ``seconds`` (``--timeout``): the limit is not part of a run's key, so
     a record kept before stays kept."""

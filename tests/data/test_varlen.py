@@ -68,3 +68,88 @@ def test_a_dataset_that_cannot_be_read_is_a_load_error_naming_it(tmp_path):
     assert info.value.problems[0].startswith(
         f"shapes.gpu.lengths: dataset hf:{tmp_path / 'nowhere'}:"
     )
+
+
+def test_a_file_of_lengths_is_its_own_dataset(tmp_path):
+    """One length a line, or a CSV's length column: as many sequences of those lengths."""
+    (tmp_path / "lengths.txt").write_text("5\n17\n\n3\n11\n")
+    (tmp_path / "lengths.csv").write_text("id,length\n0,5\n1,17\n2,3\n3,11\n")
+    for name in ("lengths.txt", "lengths.csv"):
+        lengths = varlen.parse(f"file:{tmp_path / name}")
+        assert lengths.maximum == 17
+        data = varlen.sequences(lengths, MODELS.get("bert-tiny"), n=100, seed=0)
+        assert data.lengths == [5, 17, 3, 11]
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ("5\nfive\n", "lengths.txt, line 2: 'five' is not a token length"),
+        ("5\n0\n", "lengths.txt, line 2: '0' is not a token length"),
+        ("\n", "lengths.txt: no lengths in it"),
+    ],
+)
+def test_a_file_of_lengths_that_is_not_one_names_the_line(text, said, tmp_path):
+    (tmp_path / "lengths.txt").write_text(text)
+    with pytest.raises(ValueError, match=said):
+        varlen.parse(f"file:{tmp_path / 'lengths.txt'}")
+    with pytest.raises(ValueError, match="cannot read it"):
+        varlen.parse(f"file:{tmp_path / 'absent.txt'}")
+
+
+def test_a_csv_without_a_length_column_names_its_columns(tmp_path):
+    (tmp_path / "lengths.csv").write_text("id,tokens\n0,5\n")
+    with pytest.raises(ValueError, match="no 'length' column among id, tokens"):
+        varlen.parse(f"file:{tmp_path / 'lengths.csv'}")
+
+
+# a long-tailed file: one sequence far longer than the rest, in a pass of 8 batches of 4
+TAIL = [8] * 13 + [60] + [8] * 18
+
+
+def _fed(tmp_path, technique: str):
+    """bert-tiny on the long-tailed file's sequences, its recipe and its feed (on this CPU)."""
+    from bench.recipe import Recipe
+    from tests.helpers import spec, tech
+
+    (tmp_path / "tail.txt").write_text("\n".join(map(str, TAIL)))
+    lengths = f"file:{tmp_path}/tail.txt"
+    run = spec("bert-tiny", (tech(technique),), batch_size=4, seq_len=64, lengths=lengths)
+    recipe = Recipe.of(run, torch.device("cpu"))
+    return run, recipe, recipe.feed()
+
+
+def test_a_pass_is_the_batches_the_loader_forms_in_their_order(tmp_path):
+    _, _, feed = _fed(tmp_path, "length-bucketing")
+    loaded = [varlen.real_tokens(b) for b in feed.batches(len(feed.epoch()))]
+    collated = [
+        varlen.real_tokens(feed.batching.collate([feed.data[i] for i in places]))
+        for places in feed.epoch()
+    ]
+    assert loaded == collated and len(loaded) == len(TAIL) // 4
+
+
+@pytest.mark.parametrize("technique", ["dynamic-padding", "length-bucketing"])
+def test_the_worst_step_is_the_one_whose_tracked_peak_is_highest(technique, tmp_path):
+    """Each step of a pass tracked as the worker tracks one (after a warm-up step): the highest
+    peak is the step the feed names worst, and a worst-step feed gives that batch alone."""
+    from dataclasses import replace
+
+    from bench.measure.memory import tracked_step
+    from bench.recipe import tracked_steps
+
+    run, recipe, feed = _fed(tmp_path, technique)
+    trainer = recipe.stepper(recipe.model()[0])
+    trainer.step(next(feed.batches(1)))
+    peaks = []
+    for k in range(len(feed.epoch())):
+        only = replace(feed, shapes=replace(feed.shapes, worst_step=True))
+        only._worst = varlen.Worst(k, len(feed.epoch()), 0, 0)
+        step = tracked_steps(trainer, recipe.batch(), only, 1)
+        peaks.append(tracked_step(step, trainer.model, trainer.optimizer, torch.device("cpu")))
+    highest = max(range(len(peaks)), key=lambda k: peaks[k].peak_tensor_bytes)
+    worst = feed.worst()
+    assert worst.step == highest and worst.padded == 4 * 60 and worst.real == 3 * 8 + 60
+    assert worst.said() == f"step {highest + 1} of 8: 240 tokens, 84 of them real"
+    alone = replace(feed, shapes=replace(feed.shapes, worst_step=True))
+    assert [varlen.real_tokens(b) for b in alone.batches(2)] == [(84, 240)] * 2

@@ -159,3 +159,35 @@ def test_work_that_takes_long_is_said_once_it_has(after, said, monkeypatch):
         while said and not heard and time.monotonic() < deadline:  # the timer's thread, loaded
             time.sleep(0.01)
     assert heard == said
+
+
+def test_worst_step_predicts_each_variable_length_run_at_its_epochs_worst_batch(tmp_path, capsys):
+    """bench predict --worst-step: a long-tailed file's worst batch named and predicted; a suite of
+    fixed-shape runs, whose steps are all alike, is refused by name (exit 2)."""
+    (tmp_path / "tail.txt").write_text("\n".join(["8"] * 13 + ["60"] + ["8"] * 18))
+    lengths = f'lengths = "file:{tmp_path}/tail.txt"'
+    suite = """model = "bert-tiny"
+baseline = "pad"
+[shapes.gpu]
+batch_size = 4
+seq_len = 64
+LENGTHS
+[shapes.cpu]
+batch_size = 4
+seq_len = 64
+LENGTHS
+[[runs]]
+name = "pad"
+techniques = ["TECHNIQUE"]
+"""
+    fixed = suite.replace("LENGTHS", "").replace("TECHNIQUE", "amp")
+    (tmp_path / "fixed.toml").write_text(fixed)
+    varying = suite.replace("LENGTHS", lengths).replace("TECHNIQUE", "dynamic-padding")
+    (tmp_path / "varlen.toml").write_text(varying)
+    common = ["--jobs", "1", "--results", str(tmp_path), "--worst-step"]
+    assert main(["predict", str(tmp_path / "fixed.toml"), *common]) == 2
+    assert "--worst-step: no run of fixed takes variable-length data" in capsys.readouterr().err
+    assert main(["predict", str(tmp_path / "varlen.toml"), *common]) == 0
+    out = capsys.readouterr()
+    assert "| worst step |" in out.out
+    assert re.search(r"\| step \d of 8: 240 tokens, 84 of them real \|", out.out)

@@ -87,7 +87,7 @@ def test_a_distribution_that_is_not_one_lists_the_forms(tmp_path):
     (problem,) = suite_problems(tmp_path, text)
     assert problem.startswith(
         "matrix.lengths.uniform.cpu: 'zipf:2' is not a length distribution; expected "
-        "'uniform:LO:HI', 'lognormal:MEDIAN:SIGMA:MAX', 'digits' or 'hf:PATH'"
+        "'uniform:LO:HI', 'lognormal:MEDIAN:SIGMA:MAX', 'digits', 'hf:PATH' or 'file:PATH'"
     )
 
 
@@ -121,8 +121,8 @@ def test_packing_with_accumulation_on_variable_length_data_is_refused(tmp_path):
     text += 'techniques = ["packing", { name = "accumulate", micro_batches = 2 }]\n'
     (problem,) = suite_problems(tmp_path, text)
     assert problem.startswith(
-        "runs[1].techniques: packing with micro-batches on variable-length data: each micro-batch's packed "
-        "row has its own length"
+        "runs[1].techniques: packing with micro-batches on variable-length data: each "
+        "micro-batch's packed row has its own length"
     ), problem
 
 

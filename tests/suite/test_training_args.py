@@ -245,7 +245,10 @@ def test_an_sftconfig_is_read_with_trls_defaults_and_its_loss(tmp_path, capsys):
             ["amp(dtype=bfloat16)", "checkpoint", "sft-chunked-nll", "packing"],
         ),
         (
-            {"padding_free": True, "model_init_kwargs": {"attn_implementation": "flash_attention_2"}},
+            {
+                "padding_free": True,
+                "model_init_kwargs": {"attn_implementation": "flash_attention_3"},
+            },
             ["amp(dtype=bfloat16)", "checkpoint", "sft-chunked-nll", "packing"],
         ),
         (  # wrapped rows of max_length tokens, attending across sequences: the fixed-shape step
