@@ -29,7 +29,7 @@ from bench.predict.cards import CARDS, Card
 from bench.predict.cuda import KERNELS, as_cuda, host_state
 from bench.predict.stand_ins import (
     OutputsAsReal,
-    ScalarsReadAsOne,
+    ScalarsRead,
     compiled_as_eager,
     generation_as_real,
     is_paged,
@@ -296,9 +296,10 @@ def _fake_step(
         generated = generation_as_real(ctx.shapes.new_tokens - untraced, marking)
     else:
         generated = nullcontext()
+    faking = FakeTensorMode(allow_non_fake_inputs=True)
     with (
-        FakeTensorMode(allow_non_fake_inputs=True),
-        ScalarsReadAsOne(),
+        faking,
+        ScalarsRead(faking),
         OutputsAsReal(ctx.predicting),
         parameters_as_real(),
         masks_as_real(),

@@ -6,6 +6,7 @@ here."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import pkgutil
 import sys
@@ -17,7 +18,9 @@ from unittest.mock import patch
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
+from torch.utils.weak import WeakTensorKeyDictionary
 
 from bench.measure.tracker import is_on_host, on_host
 from bench.techniques import Technique
@@ -250,20 +253,127 @@ class ScalerWithoutValues:
         return 1.0
 
 
-class ScalarsReadAsOne(TorchDispatchMode):
-    """Fake tensors hold no values, so reading one (``.item()``, ``bool()``) fails; an optimizer
-    that scales its step by a norm (Adafactor) would be unpredictable. Memory does not depend on
-    such a value: it reads as 1. Under ``inference_mode`` the read reaches this mode undecomposed,
-    as ``item`` or ``is_nonzero``."""
+# the integer and bool tensors whose values a prediction keeps beside their fakes, up to this many
+# elements (a batch's masks and positions; not a long context's 4-D masks)
+KEPT_NUMEL = 1 << 22
+# operators whose output's shape is read off their input's values
+VALUE_SHAPED = frozenset(
+    {aten.nonzero.default, aten.masked_select.default, aten.repeat_interleave.Tensor}
+)
+# operators that make memory without values: what is written into it later decides them
+UNINITIALISED = frozenset(
+    {
+        aten.empty.memory_format,
+        aten.empty_like.default,
+        aten.empty_strided.default,
+        aten.new_empty.default,
+        aten.new_empty_strided.default,
+    }
+)
+
+
+class ScalarsRead(TorchDispatchMode):
+    """Fake tensors hold no values, so reading one (``.item()``, ``bool()``) fails. A batch's
+    integer tensors are made from real values (its ids, its attention mask, its lengths), and what
+    is computed from them alone (the mask's check for padding, positions, a padded batch's
+    unpadding) is computed on those values too, beside the fakes: such a read is the real run's,
+    and an operator whose output's shape follows values (``nonzero``) gets the real shape. Any other
+    value read (a norm Adafactor scales by) reads as 1: memory does not depend on it. Under
+    ``inference_mode`` a read reaches this mode undecomposed, as ``item`` or ``is_nonzero``."""
 
     READS = (aten._local_scalar_dense.default, aten.item.default, aten.is_nonzero.default)
 
+    def __init__(self, fake_mode: torch._subclasses.fake_tensor.FakeTensorMode) -> None:
+        super().__init__()
+        self.fake_mode = fake_mode
+        self.values = WeakTensorKeyDictionary()
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
         if func in self.READS:
+            known = self._value(args[0])
+            if known is not None:
+                with _disable_current_modes():
+                    return func(known)
             if args[0].dtype == torch.bool or func is aten.is_nonzero.default:
                 return True
             return 1
-        return func(*args, **(kwargs or {}))
+        reals = self._reals(args, kwargs)
+        if func in VALUE_SHAPED and reals is not None:
+            with _disable_current_modes():
+                found = func(*reals[0], **reals[1])
+            out = self.fake_mode.from_tensor(found)
+            self.values[out] = found
+            return out
+        out = func(*args, **kwargs)
+        self._keep(func, (args, kwargs), reals, out)
+        return out
+
+    def _value(self, t: object) -> torch.Tensor | None:
+        if not isinstance(t, torch.Tensor):
+            return None
+        if not isinstance(t, FakeTensor):  # a real tensor (a dataset's sequence): its own values
+            return t if t.device.type == "cpu" else None
+        return self.values.get(t)
+
+    def _reals(self, args: tuple, kwargs: dict) -> tuple[list, dict] | None:
+        """The arguments with each tensor's values, None where one's are not known."""
+        for a in args:  # most operators take a fake whose values are not known first: said at once
+            first = a[0] if isinstance(a, list | tuple) and a else a
+            if isinstance(first, FakeTensor) and first not in self.values:
+                return None
+        flat, spec = tree_flatten((list(args), kwargs))
+        out = []
+        for a in flat:
+            if isinstance(a, torch.Tensor):
+                a = self._value(a)
+                if a is None:
+                    return None
+            out.append(a)
+        return tree_unflatten(out, spec)
+
+    def _keep(self, func: Any, called: tuple, reals: tuple | None, out: Any) -> None:
+        """The values of ``out``'s integer and bool tensors, where every input's are known; an
+        input written with values not known forgets its own."""
+        written = [a for a in _written(func, called) if isinstance(a, FakeTensor)]
+        if reals is None or func in UNINITIALISED:
+            for t in written:
+                self.values.pop(t, None)
+                if t._base is not None:
+                    self.values.pop(t._base, None)
+            return
+        outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        wanted = [t for t in outs if _kept(t)]
+        if not wanted and not any(t in self.values for t in written):
+            return
+        with _disable_current_modes():
+            found = func(*reals[0], **reals[1])
+        for fake, real in zip(outs, [t for t in tree_leaves(found) if isinstance(t, torch.Tensor)]):
+            if _kept(fake):
+                self.values[fake] = real
+
+
+def _kept(t: torch.Tensor) -> bool:
+    return isinstance(t, FakeTensor) and not t.is_floating_point() and t.numel() <= KEPT_NUMEL
+
+
+def _written(func: Any, called: tuple) -> list[Any]:
+    """The arguments an operator writes into (its schema's mutable ones)."""
+    args, kwargs = called
+    return [
+        args[i] if i < len(args) and not only else kwargs.get(name)
+        for i, name, only in _mutable(func)
+    ]
+
+
+@functools.cache
+def _mutable(func: Any) -> tuple[tuple[int, str, bool], ...]:
+    """An operator's arguments it writes into: (place, name, keyword only) of each."""
+    return tuple(
+        (i, arg.name, arg.kwarg_only)
+        for i, arg in enumerate(func._schema.arguments)
+        if arg.alias_info is not None and arg.alias_info.is_write
+    )
 
 
 class OutputsAsReal(TorchDispatchMode):
@@ -358,7 +468,7 @@ def parameters_as_real() -> Iterator[None]:
 def masks_as_real() -> Iterator[None]:
     """transformers takes fake tensors for tracing, and then always builds the attention mask; a
     real run without padding (every synthetic batch) skips it, so SDPA may pick flash. Here fake
-    inputs are not taken for tracing: the mask's check reads True (ScalarsReadAsOne) and the
+    inputs are not taken for tracing: the mask's check reads True (ScalarsRead) and the
     prediction takes the real run's path."""
     # imported by then if the model needs it
     utils = sys.modules.get("transformers.utils.import_utils")
@@ -393,7 +503,7 @@ def generation_as_real(
     new_tokens: int, marking: Callable[[], None] | None = None
 ) -> Iterator[None]:
     """generate() stops when every sequence is finished, which it reads off a tensor: on fake
-    tensors that reads True (ScalarsReadAsOne) and generation would stop after its first token. A
+    tensors that reads True (ScalarsRead) and generation would stop after its first token. A
     run generates exactly ``new_tokens`` (min_new_tokens equals it), one per pass of generate()'s
     loop, so its check says so: true ``new_tokens`` times, then false, afresh for each call of
     generate(); ``marking`` is called at each check, where one pass ends and the next begins (a

@@ -132,10 +132,13 @@ def test_a_pass_is_the_batches_the_loader_forms_in_their_order(tmp_path):
 @pytest.mark.parametrize("technique", ["dynamic-padding", "length-bucketing"])
 def test_the_worst_step_is_the_one_whose_tracked_peak_is_highest(technique, tmp_path):
     """Each step of a pass tracked as the worker tracks one (after a warm-up step): the highest
-    peak is the step the feed names worst, and a worst-step feed gives that batch alone."""
+    peak is the step the feed names worst, predicted to the byte (its padded attention mask
+    too: the batch's integer values are kept beside the fakes), and a worst-step feed gives that
+    batch alone."""
     from dataclasses import replace
 
     from bench.measure.memory import tracked_step
+    from bench.predict import predict
     from bench.recipe import tracked_steps
 
     run, recipe, feed = _fed(tmp_path, technique)
@@ -148,6 +151,9 @@ def test_the_worst_step_is_the_one_whose_tracked_peak_is_highest(technique, tmp_
         step = tracked_steps(trainer, recipe.batch(), only, 1)
         peaks.append(tracked_step(step, trainer.model, trainer.optimizer, torch.device("cpu")))
     highest = max(range(len(peaks)), key=lambda k: peaks[k].peak_tensor_bytes)
+    # predicted as one measured step (more hold the steps before's losses, as the worker's do)
+    alike = replace(run.cpu, worst_step=True, measure_steps=1)
+    assert predict(run, alike, cuda=False).peak_tensor_bytes == peaks[highest].peak_tensor_bytes
     worst = feed.worst()
     assert worst.step == highest and worst.padded == 4 * 60 and worst.real == 3 * 8 + 60
     assert worst.said() == f"step {highest + 1} of 8: 240 tokens, 84 of them real"
