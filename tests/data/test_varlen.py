@@ -107,14 +107,14 @@ def test_a_csv_without_a_length_column_names_its_columns(tmp_path):
 TAIL = [8] * 13 + [60] + [8] * 18
 
 
-def _fed(tmp_path, technique: str):
-    """bert-tiny on the long-tailed file's sequences, its recipe and its feed (on this CPU)."""
+def _fed(tmp_path, technique: str, model: str = "bert-tiny"):
+    """``model`` on the long-tailed file's sequences, its recipe and its feed (on this CPU)."""
     from bench.recipe import Recipe
     from tests.helpers import spec, tech
 
     (tmp_path / "tail.txt").write_text("\n".join(map(str, TAIL)))
     lengths = f"file:{tmp_path}/tail.txt"
-    run = spec("bert-tiny", (tech(technique),), batch_size=4, seq_len=64, lengths=lengths)
+    run = spec(model, (tech(technique),), batch_size=4, seq_len=64, lengths=lengths)
     recipe = Recipe.of(run, torch.device("cpu"))
     return run, recipe, recipe.feed()
 
@@ -129,8 +129,15 @@ def test_a_pass_is_the_batches_the_loader_forms_in_their_order(tmp_path):
     assert loaded == collated and len(loaded) == len(TAIL) // 4
 
 
-@pytest.mark.parametrize("technique", ["dynamic-padding", "length-bucketing"])
-def test_the_worst_step_is_the_one_whose_tracked_peak_is_highest(technique, tmp_path):
+@pytest.mark.parametrize(
+    "model, technique",
+    [
+        ("bert-tiny", "dynamic-padding"),
+        ("bert-tiny", "length-bucketing"),
+        ("hf:suites/configs/tiny-llama", "dynamic-padding"),  # a causal mask, padded
+    ],
+)
+def test_the_worst_step_is_the_one_whose_tracked_peak_is_highest(model, technique, tmp_path):
     """Each step of a pass tracked as the worker tracks one (after a warm-up step): the highest
     peak is the step the feed names worst, predicted to the byte (its padded attention mask
     too: the batch's integer values are kept beside the fakes), and a worst-step feed gives that
@@ -141,7 +148,7 @@ def test_the_worst_step_is_the_one_whose_tracked_peak_is_highest(technique, tmp_
     from bench.predict import predict
     from bench.recipe import tracked_steps
 
-    run, recipe, feed = _fed(tmp_path, technique)
+    run, recipe, feed = _fed(tmp_path, technique, model)
     trainer = recipe.stepper(recipe.model()[0])
     trainer.step(next(feed.batches(1)))
     peaks = []
