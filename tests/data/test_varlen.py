@@ -107,14 +107,16 @@ def test_a_csv_without_a_length_column_names_its_columns(tmp_path):
 TAIL = [8] * 13 + [60] + [8] * 18
 
 
-def _fed(tmp_path, technique: str, model: str = "bert-tiny"):
-    """``model`` on the long-tailed file's sequences, its recipe and its feed (on this CPU)."""
+def _fed(tmp_path, technique: str, model: str = "bert-tiny", lengths: str | None = None):
+    """``model`` on the long-tailed file's sequences (or ``lengths``, at bert-varlen's CPU shapes),
+    its run, recipe and feed (on this CPU)."""
     from bench.recipe import Recipe
     from tests.helpers import spec, tech
 
     (tmp_path / "tail.txt").write_text("\n".join(map(str, TAIL)))
-    lengths = f"file:{tmp_path}/tail.txt"
-    run = spec(model, (tech(technique),), batch_size=4, seq_len=64, lengths=lengths)
+    shapes = {"batch_size": 8, "seq_len": 128} if lengths else {"batch_size": 4, "seq_len": 64}
+    lengths = lengths or f"file:{tmp_path}/tail.txt"
+    run = spec(model, (tech(technique),), lengths=lengths, **shapes)
     recipe = Recipe.of(run, torch.device("cpu"))
     return run, recipe, recipe.feed()
 
@@ -129,26 +131,16 @@ def test_a_pass_is_the_batches_the_loader_forms_in_their_order(tmp_path):
     assert loaded == collated and len(loaded) == len(TAIL) // 4
 
 
-@pytest.mark.parametrize(
-    "model, technique",
-    [
-        ("bert-tiny", "dynamic-padding"),
-        ("bert-tiny", "length-bucketing"),
-        ("hf:suites/configs/tiny-llama", "dynamic-padding"),  # a causal mask, padded
-    ],
-)
-def test_the_worst_step_is_the_one_whose_tracked_peak_is_highest(model, technique, tmp_path):
-    """Each step of a pass tracked as the worker tracks one (after a warm-up step): the highest
-    peak is the step the feed names worst, predicted to the byte (its padded attention mask
-    too: the batch's integer values are kept beside the fakes), and a worst-step feed gives that
-    batch alone."""
+def _tracked_worst(run, recipe, feed) -> int:
+    """Each step of a pass tracked as the worker tracks one (after a warm-up step); the place of
+    the highest, held to the step the feed names worst, and to its prediction to the byte (as one
+    measured step: more hold the steps before's losses, as the worker's do)."""
     from dataclasses import replace
 
     from bench.measure.memory import tracked_step
     from bench.predict import predict
     from bench.recipe import tracked_steps
 
-    run, recipe, feed = _fed(tmp_path, technique, model)
     trainer = recipe.stepper(recipe.model()[0])
     trainer.step(next(feed.batches(1)))
     peaks = []
@@ -158,11 +150,43 @@ def test_the_worst_step_is_the_one_whose_tracked_peak_is_highest(model, techniqu
         step = tracked_steps(trainer, recipe.batch(), only, 1)
         peaks.append(tracked_step(step, trainer.model, trainer.optimizer, torch.device("cpu")))
     highest = max(range(len(peaks)), key=lambda k: peaks[k].peak_tensor_bytes)
-    # predicted as one measured step (more hold the steps before's losses, as the worker's do)
+    assert feed.worst().step == highest
     alike = replace(run.cpu, worst_step=True, measure_steps=1)
     assert predict(run, alike, cuda=False).peak_tensor_bytes == peaks[highest].peak_tensor_bytes
+    return highest
+
+
+@pytest.mark.parametrize(
+    "model, technique",
+    [
+        ("bert-tiny", "dynamic-padding"),
+        ("bert-tiny", "length-bucketing"),
+        ("hf:suites/configs/tiny-llama", "dynamic-padding"),  # a causal mask, padded
+    ],
+)
+def test_the_worst_step_is_the_one_whose_tracked_peak_is_highest(model, technique, tmp_path):
+    """The long-tailed file's worst batch (its padded attention mask too: the batch's integer
+    values are kept beside the fakes), named, and a worst-step feed gives that batch alone."""
+    from dataclasses import replace
+
+    highest = _tracked_worst(*_fed(tmp_path, technique, model))
+    _, _, feed = _fed(tmp_path, technique, model)
     worst = feed.worst()
-    assert worst.step == highest and worst.padded == 4 * 60 and worst.real == 3 * 8 + 60
+    assert worst.padded == 4 * 60 and worst.real == 3 * 8 + 60
     assert worst.said() == f"step {highest + 1} of 8: 240 tokens, 84 of them real"
     alone = replace(feed, shapes=replace(feed.shapes, worst_step=True))
     assert [varlen.real_tokens(b) for b in alone.batches(2)] == [(84, 240)] * 2
+
+
+@pytest.mark.parametrize(
+    "lengths",
+    [
+        "uniform:8:128",
+        "lognormal:18:1.27:128",
+        pytest.param("digits", marks=pytest.mark.full),  # 224 steps a pass: 20-40 s here
+    ],
+)
+def test_bert_varlens_distributions_have_their_worst_steps_predicted(lengths, tmp_path):
+    """bert-varlen's three CPU distributions at its CPU shapes, bert-tiny standing for bert-base:
+    the worst step named is the tracked one, and predicted to the byte."""
+    _tracked_worst(*_fed(tmp_path, "dynamic-padding", lengths=lengths))
