@@ -74,25 +74,18 @@ def _loaded() -> None:
 
 
 def flash_attn_func(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    dropout_p: float = 0.0,
-    softmax_scale: float | None = None,
-    causal: bool = False,
-    window_size: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
-    deterministic: bool = False,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options: Any
 ) -> torch.Tensor:
-    """flash_attn's, on (batch, tokens, heads, dim)."""
-    return _kernel(
-        (q, k, v),
-        longest=(q.shape[1], k.shape[1]),
-        dropout_p=dropout_p,
-        scale=softmax_scale,
-        causal=causal,
-        window=window_size,
-        softcap=softcap,
+    """flash_attn's, on (batch, tokens, heads, dim): the kernel with no cumulative lengths."""
+    return flash_attn_varlen_func(
+        q,
+        k,
+        v,
+        cu_seqlens_q=None,
+        cu_seqlens_k=None,
+        max_seqlen_q=q.shape[1],
+        max_seqlen_k=k.shape[1],
+        **options,
     )
 
 
@@ -100,8 +93,8 @@ def flash_attn_varlen_func(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
+    cu_seqlens_q: torch.Tensor | None,
+    cu_seqlens_k: torch.Tensor | None,
     max_seqlen_q: int,
     max_seqlen_k: int,
     dropout_p: float = 0.0,
@@ -111,49 +104,28 @@ def flash_attn_varlen_func(
     softcap: float = 0.0,
     deterministic: bool = False,
 ) -> torch.Tensor:
-    """flash_attn's, on (tokens, heads, dim) with each sequence's cumulative lengths."""
-    return _kernel(
-        (q, k, v),
-        cu=(cu_seqlens_q.to(torch.int32), cu_seqlens_k.to(torch.int32)),
-        longest=(max_seqlen_q, max_seqlen_k),
-        dropout_p=dropout_p,
-        scale=softmax_scale,
-        causal=causal,
-        window=window_size,
-        softcap=softcap,
-    )
-
-
-def _kernel(
-    qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    *,
-    longest: tuple[int, int],
-    dropout_p: float,
-    scale: float | None,
-    causal: bool,
-    window: tuple[int, int],
-    softcap: float,
-    cu: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
-) -> torch.Tensor:
+    """flash_attn's, on (tokens, heads, dim) with each sequence's cumulative lengths (or, from
+    flash_attn_func, on whole rows without them); its keywords are the ones transformers passes
+    both (its ``_lazy_define_process_function`` reads them off this signature)."""
     if softcap:
         raise NotImplementedError(
             "FlashAttention's softcap: PyTorch's FlashAttention-2 kernel has none; name eager"
         )
-    q, k, v = qkv
+    cu = [None if c is None else c.to(torch.int32) for c in (cu_seqlens_q, cu_seqlens_k)]
     CALLS["fixed" if cu[0] is None else "variable-length"] += 1
-    left, right = window
+    left, right = window_size
     out = aten._flash_attention_forward(
         query=q,
         key=k,
         value=v,
         cum_seq_q=cu[0],
         cum_seq_k=cu[1],
-        max_q=longest[0],
-        max_k=longest[1],
+        max_q=max_seqlen_q,
+        max_k=max_seqlen_k,
         dropout_p=dropout_p,
         is_causal=causal,
         return_debug_mask=False,
-        scale=scale,
+        scale=softmax_scale,
         window_size_left=None if left < 0 else left,
         window_size_right=None if right < 0 else right,
     )
