@@ -299,8 +299,7 @@ def _fake_step(
     faking = FakeTensorMode(allow_non_fake_inputs=True)
     with (
         faking,
-        ScalarsRead(faking),
-        OutputsAsReal(ctx.predicting),
+        ScalarsRead(faking, OutputsAsReal(ctx.predicting)),
         parameters_as_real(),
         masks_as_real(),
         techniques_as_real(techniques, cuda=ctx.predicting),

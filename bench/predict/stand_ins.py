@@ -283,10 +283,17 @@ class ScalarsRead(TorchDispatchMode):
 
     READS = (aten._local_scalar_dense.default, aten.item.default, aten.is_nonzero.default)
 
-    def __init__(self, fake_mode: torch._subclasses.fake_tensor.FakeTensorMode) -> None:
+    def __init__(
+        self,
+        fake_mode: torch._subclasses.fake_tensor.FakeTensorMode,
+        outputs: Callable[[Any, tuple, dict], Any] | None = None,
+    ) -> None:
         super().__init__()
         self.fake_mode = fake_mode
         self.values = WeakTensorKeyDictionary()
+        # each operator is run by ``outputs`` (OutputsAsReal): one mode, not two, between the
+        # tracker and the fakes, each mode a Python call more on every operator a step runs
+        self.outputs = outputs or _called
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -305,7 +312,7 @@ class ScalarsRead(TorchDispatchMode):
             out = self.fake_mode.from_tensor(found)
             self.values[out] = found
             return out
-        out = func(*args, **kwargs)
+        out = self.outputs(func, args, kwargs)
         self._keep(func, (args, kwargs), reals, out)
         return out
 
@@ -376,8 +383,13 @@ def _mutable(func: Any) -> tuple[tuple[int, str, bool], ...]:
     )
 
 
-class OutputsAsReal(TorchDispatchMode):
-    """Outputs as the real kernels return them, where the meta kernels fake tensors run differ in
+def _called(func: Any, args: tuple, kwargs: dict) -> Any:
+    return func(*args, **kwargs)
+
+
+class OutputsAsReal:
+    """Each operator's outputs as the real kernels return them (called by ``ScalarsRead`` for the
+    fakes' own), where the meta kernels fake tensors run differ in
     what is counted. The mean and inverse std a norm saves for backward, in the real kernel's dtype
     where the meta kernel gives the input's. Batch norm on a CPU: the weight's (float32 under
     autocast). On CUDA (``cuda``) the input's accumulation type, float32 for 16-bit inputs: cuDNN
@@ -394,13 +406,12 @@ class OutputsAsReal(TorchDispatchMode):
     shares with them."""
 
     def __init__(self, cuda: bool) -> None:
-        super().__init__()
         self.cuda = cuda
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __call__(self, func: Any, args: tuple, kwargs: dict) -> Any:
         if func is aten._grouped_mm.default and args[0].dtype != torch.bfloat16:
-            return _grouped_mm_output(*args, **(kwargs or {}))
-        out = func(*args, **(kwargs or {}))
+            return _grouped_mm_output(*args, **kwargs)
+        out = func(*args, **kwargs)
         if func is aten._scaled_dot_product_efficient_attention.default and self.cuda:
             return out[0], out[1], on_host(out[2]), on_host(out[3])
         if func is aten.native_batch_norm.default and self.cuda:

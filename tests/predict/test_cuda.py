@@ -272,10 +272,10 @@ def test_batch_norm_saves_its_statistics_in_float32_on_cuda_and_the_weights_dtyp
     dtype gives."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from bench.predict.stand_ins import OutputsAsReal
+    from bench.predict.stand_ins import OutputsAsReal, ScalarsRead
 
     def saved(cuda: bool) -> set[torch.dtype]:
-        with FakeTensorMode(), OutputsAsReal(cuda=cuda):
+        with FakeTensorMode() as faking, ScalarsRead(faking, OutputsAsReal(cuda=cuda)):
             x, w = torch.empty(4, 256, 3, 3, dtype=dtype), torch.empty(256, dtype=dtype)
             stats = torch.empty(256, dtype=dtype), torch.empty(256, dtype=dtype)
             out = torch.ops.aten.native_batch_norm(x, w, w, *stats, True, 0.1, 1e-5)
