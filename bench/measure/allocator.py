@@ -1,8 +1,7 @@
 """PyTorch's CUDA caching allocator, simulated: a step's allocations and frees, in order, replayed
 through its rules as ``c10/cuda/CUDACachingAllocator.cpp`` writes them, give what the card would
 have reserved, not only what was allocated. One stream; ``PYTORCH_CUDA_ALLOC_CONF``'s
-``max_split_size_mb`` and ``roundup_power2_divisions`` (``Conf``); expandable segments are not
-modelled.
+``max_split_size_mb``, ``roundup_power2_divisions`` and ``expandable_segments`` (``Conf``).
 
 The rules: a request is rounded up to 512 bytes. Requests up to 1 MiB come from the small pool,
 whose segments are 2 MiB; larger ones from the large pool, whose segments are 20 MiB for requests
@@ -11,7 +10,18 @@ pool that holds it (best fit), of equal sizes the one at the lowest address (Blo
 the block is split when what is left is at least 512 bytes (small pool) or more than 1 MiB (large
 pool), and a freed block merges with the free blocks beside it in its segment. Where no block fits,
 a new segment is reserved; under a memory cap, the allocator first frees every segment wholly unused
-and tries again (a retry), and raises out of memory after."""
+and tries again (a retry), and raises out of memory after.
+
+With expandable segments (Note [Expandable Segments]), each pool has one segment of virtual
+addresses (9/8 of the card's memory) backed by pages mapped as they are needed: 2 MiB ones for the
+small pool, 20 MiB for the large. Any block splits where 512 bytes or more are left. A request no
+free block holds maps pages at the lowest address where free and unmapped space together hold it
+(the free block before the unmapped tail grows into it), so what is reserved is what is mapped. A
+best fit that is the block before unmapped space gives way to the next larger block whose own size
+and unmapped space after it are smaller. Freeing the cache unmaps every whole page inside a free
+block, wherever it is, so the pages a split left free in the middle return to the driver and a
+larger request maps them again at the end: what fixed segments lose to fragmentation, this gets
+back, but for pages a block only partly covers."""
 
 from __future__ import annotations
 
@@ -29,6 +39,11 @@ MIN_LARGE_ALLOC = 10 << 20  # kMinLargeAlloc
 ROUND_LARGE = 2 << 20  # kRoundLarge: larger requests' segments round up to this
 # where a segment with no recorded address goes: above any real one, in the order made
 UNPLACED = 1 << 60
+# an expandable segment's page: each pool's (ExpandableSegment's segment_size)
+PAGE = {True: SMALL_BUFFER, False: LARGE_BUFFER}
+# an expandable segment's addresses where the card's memory is not known (a recorded history's
+# replay): more than any card has, and a request never reaches its end
+ADDRESS_SPACE = 1 << 40
 
 
 # CublasHandlePool.cpp: each cuBLAS handle takes a workspace per stream from this allocator when it
@@ -63,6 +78,7 @@ class Block:
     offset: int
     size: int
     free: bool = True
+    mapped: bool = True  # False: an expandable segment's addresses with no pages behind them
     prev: Block | None = field(default=None, repr=False)  # each links the other: no repr
     next: Block | None = field(default=None, repr=False)
 
@@ -72,6 +88,7 @@ class Segment:
     size: int
     small: bool
     base: int  # its device address: of two free blocks of one size, the lower address is taken
+    expandable: bool = False
 
 
 @dataclass(frozen=True)
@@ -81,16 +98,20 @@ class Conf:
 
     max_split_size: int | None = None  # max_split_size_mb, in bytes; None: blocks of any size split
     roundup_divisions: int = 0  # roundup_power2_divisions (one value for every size); 0 or 1: none
+    expandable: bool = False  # expandable_segments
 
     @staticmethod
     def parse(text: str) -> Conf:
-        """``"max_split_size_mb:128,roundup_power2_divisions:4"``; other settings change no
-        reservation modelled here and are left out."""
+        """``"max_split_size_mb:128,roundup_power2_divisions:4,expandable_segments:True"``; other
+        settings change no reservation modelled here and are left out."""
         found = dict(item.split(":", 1) for item in text.replace(" ", "").split(",") if ":" in item)
         split = found.get("max_split_size_mb")
         divisions = found.get("roundup_power2_divisions", "0")
         return Conf(
-            int(split) << 20 if split else None, int(divisions) if divisions.isdigit() else 0
+            int(split) << 20 if split else None,
+            int(divisions) if divisions.isdigit() else 0,
+            # CUDAAllocatorConfig reads "True" alone as on
+            expandable=found.get("expandable_segments") == "True",
         )
 
 
@@ -135,6 +156,7 @@ class Replay:
 
     workspaces: tuple[int, ...] = ()
     capacity: int | None = None
+    memory: int | None = None  # the card's, where known: an expandable segment's addresses
     conf: Conf = Conf()  # the run's PYTORCH_CUDA_ALLOC_CONF
     history: Any = None  # the steps before, as a tracker saw them (bench.measure.tracker.LiveBytes)
 
@@ -142,18 +164,28 @@ class Replay:
 class CachingAllocator:
     """``capacity``: the bytes segments may take (the card less what the process holds besides);
     None, no cap. ``max_split_size``: blocks this large or larger are never split
-    (max_split_size_mb), None: any; ``roundup_divisions``: roundup_power2_divisions (``Conf``)."""
+    (max_split_size_mb), None: any; ``roundup_divisions``: roundup_power2_divisions;
+    ``expandable``: expandable_segments (``Conf``), each segment's addresses 9/8 of ``memory``, the
+    card's (ADDRESS_SPACE where not known)."""
 
     def __init__(
         self,
         capacity: int | None = None,
         max_split_size: int | None = None,
         roundup_divisions: int = 0,
+        expandable: bool = False,
+        memory: int | None = None,
     ) -> None:
         self.capacity, self.max_split, self.divisions = capacity, max_split_size, roundup_divisions
+        self.expandable = expandable
+        self.address_space = ADDRESS_SPACE if memory is None else memory + memory // 8
         self.segments: dict[int, Segment] = {}
         # each pool's free blocks, as the card orders them: (size, address, segment, offset)
         self._free: dict[bool, list[tuple[int, int, int, int]]] = {True: [], False: []}
+        # each pool's unmapped stretches of expandable segments, by address: (address, segment,
+        # offset), and each by (segment, offset)
+        self._unmapped: dict[bool, list[tuple[int, int, int]]] = {True: [], False: []}
+        self._holes: dict[tuple[int, int], Block] = {}
         self._taken: dict[Hashable, Block] = {}  # an allocation's handle → its block
         self._cached: dict[tuple[int, int], Block] = {}  # each free block by (segment, offset)
         self._next_segment = 0
@@ -171,13 +203,11 @@ class CachingAllocator:
         small = size <= SMALL_SIZE
         block = self._best_fit(size, small)
         if block is None:
-            block = self._new_segment(size, small, address)
+            block = self._reserved_block(size, small, address)
         self._remove_free(block)
         if self._should_split(block, size, small):
-            rest = Block(block.segment, block.offset + size, block.size - size, prev=block)
-            rest.next, block.next = block.next, rest
-            if rest.next is not None:
-                rest.next.prev = rest
+            rest = Block(block.segment, block.offset + size, block.size - size)
+            self._splice(rest, block, block.next)
             self._add_free(rest, small)
             block.size = size
         block.free = False
@@ -196,14 +226,14 @@ class CachingAllocator:
         self.allocated -= block.size
         block.free = True
         after = block.next  # merged with the free neighbours, the one after first
-        if after is not None and after.free:
+        if after is not None and after.free and after.mapped:
             self._remove_free(after)
             block.size += after.size
             block.next = after.next
             if after.next is not None:
                 after.next.prev = block
         before = block.prev
-        if before is not None and before.free:
+        if before is not None and before.free and before.mapped:
             self._remove_free(before)
             block.offset, block.size = before.offset, block.size + before.size
             block.prev = before.prev
@@ -222,16 +252,21 @@ class CachingAllocator:
         )
         segments = tuple((k, s.size) for k, s in self.segments.items())
         free = (tuple(self._free[True]), tuple(self._free[False]))
-        return taken, segments, free, self.allocated, self.reserved, self.retries
+        unmapped = (tuple(self._unmapped[True]), tuple(self._unmapped[False]))
+        return taken, segments, free, unmapped, self.allocated, self.reserved, self.retries
 
     def rename(self, handle: Hashable, to: Hashable) -> None:
         """The allocation under ``handle`` is now ``to``'s."""
         self._taken[to] = self._taken.pop(handle)
 
     def empty_cache(self) -> None:
-        """torch.cuda.empty_cache: every segment wholly free is released."""
+        """torch.cuda.empty_cache (release_cached_blocks): every segment wholly free is released;
+        in an expandable one, every whole page inside a free block is unmapped, and the segment
+        released once nothing in it is mapped."""
         for block in list(self._cached.values()):
-            if block.prev is None and block.next is None:  # the whole segment
+            if self.segments[block.segment].expandable:
+                self._unmap(block)
+            elif block.prev is None and block.next is None:  # the whole segment
                 self._remove_free(block)
                 self.reserved -= self.segments.pop(block.segment).size
 
@@ -244,6 +279,8 @@ class CachingAllocator:
         i = bisect.bisect_left(pool, (size, -1, -1, -1))
         if i == len(pool):
             return None
+        if self.expandable:
+            i = self._expandable_fit(pool, i)
         found, _, segment, offset = pool[i]
         if self.max_split is not None and (
             # an oversize block is kept for large requests
@@ -254,34 +291,199 @@ class CachingAllocator:
             return None
         return self._cached[segment, offset]
 
+    def _expandable_fit(self, pool: list[tuple[int, int, int, int]], i: int) -> int:
+        """get_free_block with expandable segments: a block's size, for best fit, is what it can
+        grow to (itself and the unmapped space after it), so a fit that can grow gives way to each
+        larger block that can grow to less."""
+
+        def can_grow_to(k: int) -> int:
+            block = self._cached[pool[k][2], pool[k][3]]
+            after = block.next
+            return block.size + (after.size if after is not None and not after.mapped else 0)
+
+        while (
+            self.segments[pool[i][2]].expandable
+            and i + 1 < len(pool)
+            and can_grow_to(i + 1) < can_grow_to(i)
+        ):
+            i += 1
+        return i
+
     def _should_split(self, block: Block, size: int, small: bool) -> bool:
         remaining = block.size - size
-        if small:
+        if small or self.expandable:
             return remaining >= MIN_BLOCK
         return (self.max_split is None or size < self.max_split) and remaining > SMALL_SIZE
 
-    def _new_segment(self, size: int, small: bool, address: int | None) -> Block:
-        wanted = segment_size(size)
-        if self.capacity is not None and self.reserved + wanted > self.capacity:
+    def _reserved_block(self, size: int, small: bool, address: int | None) -> Block:
+        """A free block of at least ``size`` bytes from the driver: a new segment, or pages mapped
+        into an expandable one; where the card refuses, the cache is freed and it is asked once
+        more (a retry)."""
+        block = self._reserve(size, small, address)
+        if block is None:
             self.retries += 1
-            self.empty_cache()  # free what is cached, then try once more
-            if self.reserved + wanted > self.capacity:
-                raise OutOfMemory(
-                    f"tried to reserve {wanted:,} bytes with {self.reserved:,} of "
-                    f"{self.capacity:,} reserved",
-                    size,
-                )
+            self.empty_cache()
+            block = self._reserve(size, small, address)
+        if block is None:
+            raise OutOfMemory(
+                f"tried to reserve {self._wanted(size, small):,} bytes with {self.reserved:,} of "
+                f"{self.capacity:,} reserved",
+                size,
+            )
+        return block
+
+    def _reserve(self, size: int, small: bool, address: int | None) -> Block | None:
+        if self.expandable:
+            return self._expanded(size, small, address)
+        wanted = segment_size(size)
+        if not self._holds(wanted):
+            return None
+        block = self._segment(wanted, small, address, expandable=False)
+        self._add_free(block, small)
+        self._reserved(wanted)
+        return block
+
+    def _wanted(self, size: int, small: bool) -> int:
+        if self.expandable:
+            return PAGE[small] * math.ceil(size / PAGE[small])
+        return segment_size(size)
+
+    def _holds(self, wanted: int) -> bool:
+        return self.capacity is None or self.reserved + wanted <= self.capacity
+
+    def _reserved(self, wanted: int) -> None:
+        self.reserved += wanted
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+
+    def _segment(self, size: int, small: bool, address: int | None, expandable: bool) -> Block:
+        """A new segment of ``size`` bytes (of addresses, where ``expandable``), as one block."""
         key, self._next_segment = self._next_segment, self._next_segment + 1
-        block = Block(key, 0, wanted)
         if address is not None:
             base = address
         else:
             base = UNPLACED + (key << 40)
-        self.segments[key] = Segment(size=wanted, small=small, base=base)
-        self._add_free(block, small)
-        self.reserved += wanted
-        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        self.segments[key] = Segment(size=size, small=small, base=base, expandable=expandable)
+        return Block(key, 0, size, mapped=not expandable)
+
+    def _expanded(self, size: int, small: bool, address: int | None) -> Block | None:
+        """try_allocate_expandable_block: the free block of an expandable segment that holds
+        ``size`` bytes once the unmapped space after it is mapped, grown to hold them; None where
+        the card has no pages left for it."""
+        block = self._expandable_block(size, small, address)
+        if not block.mapped and not self._map(block, min(block.size, size)):
+            return None
+        while block.size < size:
+            after = block.next
+            assert after is not None and not after.mapped
+            if not self._map(after, min(size - block.size, after.size)):
+                return None
+            block = after  # mapped, it took in the free block before it
         return block
+
+    def _expandable_block(self, size: int, small: bool, address: int | None) -> Block:
+        """find_expandable_block: the lowest unmapped stretch (with the free block before it) whose
+        free and unmapped space together hold ``size`` bytes; else a new segment's addresses."""
+        for _, segment, offset in self._unmapped[small]:
+            block = self._holes[segment, offset]
+            if block.prev is not None and block.prev.free:
+                block = block.prev
+            room, at = 0, block
+            while at is not None and at.free and room < size:
+                room, at = room + at.size, at.next
+            if room >= size:
+                return block
+        block = self._segment(self.address_space, small, address, expandable=True)
+        self._add_hole(block, small)
+        return block
+
+    def _map(self, block: Block, size: int) -> bool:
+        """map_block: pages behind the start of an unmapped stretch, enough for ``size`` bytes,
+        merged with the free blocks beside them; False where the card has none left."""
+        small = self.segments[block.segment].small
+        mapped = PAGE[small] * math.ceil(size / PAGE[small])
+        if not self._holds(mapped):
+            return False
+        self._remove_hole(block)
+        block.mapped = True
+        if mapped < block.size:
+            rest = Block(block.segment, block.offset + mapped, block.size - mapped, mapped=False)
+            self._splice(rest, block, block.next)
+            self._add_hole(rest, small)
+            block.size = mapped
+        self._merge_free(block)
+        self._add_free(block, small)
+        self._reserved(mapped)
+        return True
+
+    def _unmap(self, block: Block) -> None:
+        """unmap_block: the whole pages inside a free block of an expandable segment returned to
+        the driver, what is left of the block on either side kept free; the segment released once
+        none of it is mapped."""
+        small = self.segments[block.segment].small
+        page = PAGE[small]
+        begin = page * math.ceil(block.offset / page)
+        end = page * ((block.offset + block.size) // page)
+        if begin >= end:
+            return
+        self._remove_free(block)
+        if begin > block.offset:
+            before = Block(block.segment, block.offset, begin - block.offset)
+            self._splice(before, block.prev, block)
+            self._add_free(before, small)
+        if end < block.offset + block.size:
+            after = Block(block.segment, end, block.offset + block.size - end)
+            self._splice(after, block, block.next)
+            self._add_free(after, small)
+        block.offset, block.size, block.mapped = begin, end - begin, False
+        self.reserved -= end - begin
+        for near in (block.prev, block.next):  # unmapped neighbours: one stretch
+            if near is not None and not near.mapped:
+                self._remove_hole(near)
+                self._absorb(block, near)
+        if block.prev is None and block.next is None:
+            del self.segments[block.segment]
+        else:
+            self._add_hole(block, small)
+
+    def _merge_free(self, block: Block) -> None:
+        """A block just mapped takes in the free mapped blocks beside it."""
+        for near in (block.prev, block.next):
+            if near is not None and near.free and near.mapped:
+                self._remove_free(near)
+                self._absorb(block, near)
+
+    @staticmethod
+    def _absorb(block: Block, near: Block) -> None:
+        """``near``, the block before or after ``block``, becomes part of it."""
+        if near is block.prev:
+            block.offset, block.prev = near.offset, near.prev
+            if near.prev is not None:
+                near.prev.next = block
+        else:
+            block.next = near.next
+            if near.next is not None:
+                near.next.prev = block
+        block.size += near.size
+
+    @staticmethod
+    def _splice(block: Block, before: Block | None, after: Block | None) -> None:
+        """``block`` placed between two blocks beside each other (either None at an end)."""
+        block.prev, block.next = before, after
+        if before is not None:
+            before.next = block
+        if after is not None:
+            after.prev = block
+
+    def _add_hole(self, block: Block, small: bool) -> None:
+        key = (self.segments[block.segment].base + block.offset, block.segment, block.offset)
+        bisect.insort(self._unmapped[small], key)
+        self._holes[block.segment, block.offset] = block
+
+    def _remove_hole(self, block: Block) -> None:
+        segment = self.segments[block.segment]
+        pool = self._unmapped[segment.small]
+        del pool[bisect.bisect_left(pool, (segment.base + block.offset, block.segment, -1))]
+        del self._holes[block.segment, block.offset]
 
     def _add_free(self, block: Block, small: bool) -> None:
         bisect.insort(self._free[small], self._key(block))

@@ -74,11 +74,13 @@ class Replayed:
 def replay(snapshot: dict[str, Any], device: int = 0) -> Replayed:
     """The device's trace, block by block, through the simulator; the card's own segments summed
     beside."""
-    allocator = CachingAllocator()
+    trace = snapshot["device_traces"][device]
+    # a run under expandable_segments maps pages where another reserves segments
+    allocator = CachingAllocator(expandable=any(e["action"] == "segment_map" for e in trace))
     reserved = peak = count = misplaced = 0
     placed = None  # where the driver put the segment the card reserved for the request that follows
     emptying = False  # within a run of segments released: one emptying of the cache
-    for entry in snapshot["device_traces"][device]:
+    for entry in trace:
         action, addr, size = entry["action"], entry.get("addr"), entry.get("size", 0)
         if action == "alloc":
             # ties between free blocks go by address, as on the card

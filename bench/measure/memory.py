@@ -299,7 +299,11 @@ def replayed(tracker: LiveBytes, replay: Replay) -> Prediction:
     reserved peak, and under a card's capacity the verdict: fits, fits only after freeing the cache
     (each flush a pause), or out of memory at a phase and request."""
     allocator = CachingAllocator(
-        replay.capacity, replay.conf.max_split_size, replay.conf.roundup_divisions
+        replay.capacity,
+        replay.conf.max_split_size,
+        replay.conf.roundup_divisions,
+        expandable=replay.conf.expandable,
+        memory=replay.memory,
     )
     for i, size in enumerate(replay.workspaces):
         allocator.malloc(("workspace", i), size)  # never freed: cuBLAS keeps its workspaces

@@ -149,8 +149,12 @@ def _replay(card: Card | None, recipe: Recipe) -> Replay:
     hopper = card is None or card.hopper
     conf = next((c for t in recipe.techniques if (c := t.env().get("PYTORCH_CUDA_ALLOC_CONF"))), "")
     workspaces = cublas_workspaces(hopper, not recipe.inference)
+    on = card or CARDS["h100"]
     return Replay(
-        workspaces=workspaces, capacity=card.capacity if card else None, conf=Conf.parse(conf)
+        workspaces=workspaces,
+        capacity=card.capacity if card else None,
+        memory=on.memory,
+        conf=Conf.parse(conf),
     )
 
 

@@ -152,3 +152,61 @@ def test_of_two_free_blocks_of_one_size_the_one_at_the_lower_address_is_taken():
     unplaced.free(1)
     unplaced.malloc(3, 12 * MiB)
     assert unplaced.address(3) == first
+
+
+def _fragmenting(a: CachingAllocator) -> None:
+    """60 MiB made and freed, then 20 and 30 MiB split off it, and the 20 freed: 30 MiB allocated,
+    20 and 10 MiB free on either side of it, 60 reserved."""
+    a.malloc("x", 60 * MiB)
+    a.free("x")
+    a.malloc("y", 20 * MiB)
+    a.malloc("z", 30 * MiB)
+    a.free("y")
+
+
+def test_fragmentation_alone_runs_fixed_segments_out_of_memory_where_expandable_ones_fit():
+    """Under an 80 MiB cap, 40 MiB asked with 30 allocated: no free block holds it, and the
+    segment it would take (40 more) is over the cap; the 60 MiB segment is split, so freeing the
+    cache releases nothing. With expandable segments the same requests map 20 MiB pages: freeing
+    the cache unmaps the free page at the head, and the pages the request needs are mapped after
+    the 10 MiB free at the end, which it grows from."""
+    fixed = CachingAllocator(capacity=80 * MiB)
+    _fragmenting(fixed)
+    with pytest.raises(OutOfMemory):
+        fixed.malloc("w", 40 * MiB)
+    assert (fixed.allocated, fixed.reserved, fixed.retries) == (30 * MiB, 60 * MiB, 1)
+    grown = CachingAllocator(capacity=80 * MiB, expandable=True)
+    _fragmenting(grown)
+    grown.malloc("w", 40 * MiB)
+    assert (grown.allocated, grown.reserved, grown.retries) == (70 * MiB, 80 * MiB, 1)
+    assert grown.address("w") - grown.address("z") == 30 * MiB  # right after z: from its free 10
+
+
+def test_an_expandable_segment_maps_whole_pages_2_mib_small_and_20_mib_large_and_splits_any_rest():
+    a = CachingAllocator(expandable=True)
+    a.malloc(1, 512)
+    a.malloc(2, 5 * MiB)
+    assert (a.reserved, len(a.segments)) == (22 * MiB, 2)
+    a.malloc(3, 15 * MiB - 512)  # 512 bytes left in the page: split off, where a segment keeps it
+    a.malloc(4, 512 + 2 * MiB)  # past the page: 20 MiB more mapped, one block across the two
+    assert (a.reserved, a.allocated) == (42 * MiB, 22 * MiB + 512)
+    assert a.address(4) - a.address(3) == 15 * MiB - 512
+    assert Conf.parse("expandable_segments:True").expandable
+    assert not Conf.parse("expandable_segments:False,max_split_size_mb:64").expandable
+
+
+def test_emptying_the_cache_unmaps_the_whole_free_pages_anywhere_in_an_expandable_segment():
+    """Three 20 MiB blocks, the middle one freed: its page is unmapped (reserved falls by it) and
+    the segment kept; once all are freed the segment is released."""
+    a = CachingAllocator(expandable=True)
+    for handle in range(3):
+        a.malloc(handle, 20 * MiB)
+    a.free(1)
+    a.empty_cache()
+    assert (a.reserved, len(a.segments)) == (40 * MiB, 1)
+    a.malloc(3, 20 * MiB)  # the hole is mapped again, not the end
+    assert (a.address(3) - a.address(0), a.reserved) == (20 * MiB, 60 * MiB)
+    for handle in (0, 2, 3):
+        a.free(handle)
+    a.empty_cache()
+    assert (a.reserved, a.segments) == (0, {})
