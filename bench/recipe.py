@@ -180,11 +180,12 @@ def tracked_steps(
     feed: varlen.Feed | None,
     steps: int,
     counted: Callable[[], AbstractContextManager[object]] = nullcontext,
+    ended: Callable[[], None] | None = None,
 ) -> Callable[[], object]:
     """What the instrumented pass runs: one step on a fresh copy of the synthetic batch (allocated
     inside it, the batch counts as it does on CUDA), or, on variable-length data, the timed pass's
-    ``steps`` batches, whose peaks differ with their lengths. ``counted`` is entered around the
-    steps themselves (a prediction's counters), not the copy."""
+    ``steps`` batches, whose peaks differ with their lengths, ``ended`` called after each.
+    ``counted`` is entered around the steps themselves (a prediction's counters), not the copy."""
 
     if feed is None:
 
@@ -199,7 +200,12 @@ def tracked_steps(
     loader = feed
 
     def loaded() -> object:
+        out = []
         with counted():
-            return [trainer.step(b) for b in loader.batches(steps)]
+            for b in loader.batches(steps):
+                out.append(trainer.step(b))
+                if ended is not None:
+                    ended()
+        return out
 
     return loaded

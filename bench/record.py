@@ -432,6 +432,15 @@ class _PredictionOutcome(Part):
         "out of memory: what the allocator held reserved when that request failed (not a peak: the "
         "step never reached its own)"
     )
+    oom_step: int | None = doc(
+        "out of memory over a whole pass of the data (--epoch): the step, from 1, whose request "
+        "failed (0: the warm-up step before the pass)"
+    )
+    epoch_steps: int | None = doc("a whole pass replayed (--epoch): its steps")
+    expandable_verdict: str | None = doc(
+        "a whole pass whose allocator settings run out of memory or flush their cache (--epoch): "
+        "the verdict with expandable_segments:True, the same pass replayed"
+    )
 
 
 # The tracked figures and the FLOPs, each documented as its measured twin, so that the two never

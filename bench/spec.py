@@ -50,6 +50,9 @@ class Shapes:
     # Each pass takes the epoch's worst batch alone, the one of most padded tokens (``bench predict
     # --worst-step``), where lengths are given; False: the loader's batches in order.
     worst_step: bool = False
+    # Each pass measures the epoch's every batch in order (``bench predict --epoch``), each step
+    # marked as it ends, so the allocator replays the whole pass: where lengths are given.
+    epoch: bool = False
     # The model this device runs in the suite's place, of its family and smaller (a CPU's llama-tiny
     # for Llama-3-1B); None: the suite's own.
     model: str | None = None
@@ -66,6 +69,7 @@ DATA_DEFAULTS = {
     "loader_workers": 0,
     "pin_memory": False,
     "worst_step": False,
+    "epoch": False,
     "model": None,
     "prompt_len": None,
     "new_tokens": None,

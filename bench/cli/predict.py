@@ -63,6 +63,14 @@ def add(sub: argparse._SubParsersAction) -> None:
         "largest batch whose worst step fits): which step it is, and its peak",
     )
     pre.add_argument(
+        "--epoch",
+        action="store_true",
+        help="each run on variable-length data predicted over a whole pass of its data, every "
+        "batch in the order its loader forms them, through one replay of the caching allocator: "
+        "with --card, the first step whose request the card cannot hold, and whether "
+        "expandable_segments would hold it",
+    )
+    pre.add_argument(
         "--json",
         action="store_true",
         help="one JSON document on stdout in place of the table (docs/results.md; its schema "
@@ -166,13 +174,17 @@ def _predict(args: argparse.Namespace) -> int:
     suite = selected(path, args)
     if args.longest:
         _lengthened(suite, budget is not None or card is not None)
-    if args.worst_step:
+    if args.worst_step and args.epoch:
+        raise BadInput("--worst-step and --epoch: one step, or all of them; give one")
+    for flag, shapes in (("--worst-step", "worst_step"), ("--epoch", "epoch")):
+        if not getattr(args, shapes):
+            continue
         if not any(r.gpu.lengths for r in suite.runs):
             raise BadInput(
-                f"--worst-step: no run of {suite.name} takes variable-length data (lengths in "
+                f"{flag}: no run of {suite.name} takes variable-length data (lengths in "
                 "[shapes.gpu]); every step of a fixed-shape run is alike"
             )
-        suite = suites.worst_steps(suite)
+        suite = suites.varlen_steps(suite, **{shapes: True})
     if args.nproc:
         suite = suites.spanning(suite, args.nproc)
     stored = map(Record.from_flat, load_records(args.results / suite.name))

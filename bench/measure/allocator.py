@@ -67,6 +67,9 @@ class OutOfMemory(Exception):
     def __init__(self, message: str, request: int) -> None:
         super().__init__(message)
         self.request = request
+        self.label = ""  # what the request was for (LiveBytes sets it)
+        self.index = -1  # the tracker's storage it was for
+        self.part = 0  # the tracker's marked part it failed in, from 1 (0: the steps before)
 
 
 @dataclass(eq=False)
@@ -157,6 +160,7 @@ class Replay:
     workspaces: tuple[int, ...] = ()
     capacity: int | None = None
     memory: int | None = None  # the card's, where known: an expandable segment's addresses
+    epoch: bool = False  # the tracker's marks end the steps of a whole pass (--epoch)
     conf: Conf = Conf()  # the run's PYTORCH_CUDA_ALLOC_CONF
     history: Any = None  # the steps before, as a tracker saw them (bench.measure.tracker.LiveBytes)
 

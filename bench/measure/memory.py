@@ -9,7 +9,7 @@ import os
 import resource
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 from unittest.mock import patch
 
@@ -297,7 +297,9 @@ def replayed(tracker: LiveBytes, replay: Replay) -> Prediction:
     """What CUDA's caching allocator would reserve for a tracked step, its allocations and frees
     replayed through bench.measure.allocator after the workspaces and the steps before it: the
     reserved peak, and under a card's capacity the verdict: fits, fits only after freeing the cache
-    (each flush a pause), or out of memory at a phase and request."""
+    (each flush a pause), or out of memory at a phase and request. Over a whole pass
+    (``replay.epoch``: the tracker marked each step's end), the step that ran out, and where the
+    pass does not simply fit, the verdict under expandable segments."""
     allocator = CachingAllocator(
         replay.capacity,
         replay.conf.max_split_size,
@@ -310,24 +312,32 @@ def replayed(tracker: LiveBytes, replay: Replay) -> Prediction:
     try:
         tracker.replay(allocator)
     except OutOfMemory as exc:
-        return Prediction(  # no peaks: the step never reached its own; the reserve is the failure's
+        out = Prediction(  # no peaks: the step never reached its own; the reserve is the failure's
             oom_reserved_bytes=allocator.reserved,
             verdict="out of memory",
             flushes=allocator.retries,
             oom_phase=OOM_PHASES.get(exc.label, exc.label),
             oom_request_bytes=exc.request,
         )
-    out = Prediction(
-        peak_allocated_bytes=allocator.peak_allocated,  # the workspaces with the tensors
-        peak_reserved_bytes=allocator.peak_reserved,
-        largest_free_bytes=allocator.largest_free_at_peak,
-    )
-    if replay.capacity is not None:
-        if allocator.retries:
-            out.verdict = "fits after flushes"
-        else:
-            out.verdict = "fits"
-        out.flushes = allocator.retries
+        if replay.epoch:
+            out.oom_step = exc.part
+    else:
+        out = Prediction(
+            peak_allocated_bytes=allocator.peak_allocated,  # the workspaces with the tensors
+            peak_reserved_bytes=allocator.peak_reserved,
+            largest_free_bytes=allocator.largest_free_at_peak,
+        )
+        if replay.capacity is not None:
+            if allocator.retries:
+                out.verdict = "fits after flushes"
+            else:
+                out.verdict = "fits"
+            out.flushes = allocator.retries
+    if replay.epoch:  # a whole pass: whether expandable segments hold what its own settings do not
+        out.epoch_steps = len(tracker.marks)
+        if out.verdict not in (None, "fits") and not replay.conf.expandable:
+            grown = replace(replay, conf=replace(replay.conf, expandable=True))
+            out.expandable_verdict = replayed(tracker, grown).verdict
     return out
 
 

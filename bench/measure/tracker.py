@@ -12,6 +12,7 @@ peak.
 
 from __future__ import annotations
 
+import bisect
 import math
 import weakref
 from collections.abc import Callable, Container, Hashable, Iterable, Iterator
@@ -546,7 +547,11 @@ class LiveBytes(TorchDispatchMode):
         if self._history is not None:
             history = self._history
             history._feed(allocator, lambda i: ("history", i), (), self._history_until)
-        self._feed(allocator, lambda i: carried.get(i, i), carried)
+        try:
+            self._feed(allocator, lambda i: carried.get(i, i), carried)
+        except OutOfMemory as exc:  # the marked part whose request failed
+            exc.part = bisect.bisect_left(self.marks, self._lives[exc.index][2]) + 1
+            raise
 
     def _feed(
         self,
@@ -605,6 +610,7 @@ class LiveBytes(TorchDispatchMode):
             allocator.malloc(handle, n)
         except OutOfMemory as exc:
             exc.label = self._lives[i][1]  # what the request was for: its phase, or what it holds
+            exc.index = i
             raise
 
     def _tick(self) -> int:

@@ -155,6 +155,7 @@ def _replay(card: Card | None, recipe: Recipe) -> Replay:
         capacity=card.capacity if card else None,
         memory=on.memory,
         conf=Conf.parse(conf),
+        epoch=recipe.ctx.shapes.epoch,
     )
 
 
@@ -322,6 +323,11 @@ def _fake_step(
             runner.optimizer.step = compiled_as_eager(runner.optimizer.step)
         batch = recipe.batch()
         first = lambda: runner.step(next(batches(batch, feed, 1)))  # noqa: E731
+        # the measured steps: on variable-length data, the timed pass's, or every one of an epoch
+        if feed is not None and ctx.shapes.epoch:
+            steps = len(feed.epoch())
+        else:
+            steps = ctx.shapes.measure_steps
         if untraced:
             more = untraced
         elif fold:
@@ -363,8 +369,9 @@ def _fake_step(
             runner,
             batch,
             feed,
-            ctx.shapes.measure_steps,
+            steps,
             counted=lambda: _counting(counter),
+            ended=_mark_trackers if ctx.shapes.epoch else None,
         )
         # the measured step's collectives, not the set-up's or warm-up's; the counter beneath the
         # tracker, which steps aside alone for an update its package compiles
@@ -390,8 +397,9 @@ def _fake_step(
         counted = _grown_counts(counted, counter.marked, untraced)
     elif more:  # the micro-batches not traced count what the last one did
         counted = [c + more * (b - a) for c, a, b in zip(counted, *counter.marked[-2:])]
-    steps = ctx.shapes.measure_steps if feed is not None else 1  # a varlen step: their mean
-    counted = [c // steps for c in counted]
+    if feed is None:
+        steps = 1
+    counted = [c // steps for c in counted]  # a varlen step: their mean
     prediction.flops_per_step, prediction.ops_per_step, prediction.op_bytes_per_step = counted
     before = replay and replay.history
     return depth.Shallow(

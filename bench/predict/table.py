@@ -238,7 +238,7 @@ def _row(spec: RunSpec, budget: int | None, card: Card | None, longest: bool = F
     row = Row(run=spec.name, batch=spec.gpu.batch_size, prediction=out)
     if spec.gpu.worst_step:
         row.answer("worst_step", _worst(spec).said())
-    if not out.ok:
+    if not out.ok or spec.gpu.epoch:  # a whole pass answers for its own batch alone
         return row
     if spec.mode == "generate":
         # what a card or budget answers for a generation: its longest context
@@ -281,18 +281,33 @@ def _tokens(n: int | None) -> str:
 
 
 def verdict(prediction: Prediction) -> str:
-    """A prediction's verdict on its card, in words."""
+    """A prediction's verdict on its card, in words: over a whole pass (--epoch), at which step;
+    and where it does not simply fit, what expandable segments would do."""
     p = prediction
     if p.verdict == "out of memory":
         request = p.oom_request_bytes / 2**20
         held = (p.oom_reserved_bytes or 0) / 2**30
-        return (
-            f"out of memory in {p.oom_phase} (a request of {request:,.0f} MiB, {held:.2f} GiB "
-            "reserved then)"
+        said = (
+            f"out of memory{_step(p)} in {p.oom_phase} (a request of {request:,.0f} MiB, "
+            f"{held:.2f} GiB reserved then)"
         )
-    if not p.flushes:
-        return "fits"
-    return f"fits after {p.flushes} cache flush{'es' if p.flushes > 1 else ''}"
+    elif not p.flushes:
+        said = "fits"
+    else:
+        said = f"fits after {p.flushes} cache flush{'es' if p.flushes > 1 else ''}"
+    if p.epoch_steps is not None and p.verdict != "out of memory":
+        said += f" for the whole epoch of {p.epoch_steps:,} steps"
+    if p.expandable_verdict is not None:
+        said += f"; with expandable_segments:True, {p.expandable_verdict}"
+    return said
+
+
+def _step(p: Prediction) -> str:
+    if p.oom_step is None:
+        return ""
+    if p.oom_step == 0:
+        return " in the warm-up step before the epoch"
+    return f" at step {p.oom_step:,} of {p.epoch_steps:,}"
 
 
 def markdown(table: pd.DataFrame, breakdown: bool = False) -> str:

@@ -10,9 +10,9 @@ from bench.suite.load import (
     load,
     select,
     spanning,
+    varlen_steps,
     with_timeout,
     without_fidelity,
-    worst_steps,
 )
 
 __all__ = [
@@ -27,5 +27,5 @@ __all__ = [
     "spanning",
     "with_timeout",
     "without_fidelity",
-    "worst_steps",
+    "varlen_steps",
 ]

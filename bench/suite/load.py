@@ -133,14 +133,14 @@ def spanning(suite: Suite, nproc: int) -> Suite:
     )
 
 
-def worst_steps(suite: Suite) -> Suite:
-    """Every run on variable-length data taking its epoch's worst batch alone (``bench predict
-    --worst-step``); the others, whose steps are all alike, as they are."""
+def varlen_steps(suite: Suite, **shapes: bool) -> Suite:
+    """Every run on variable-length data with its GPU shapes' ``shapes`` set: taking its epoch's
+    worst batch alone (``worst_step``, ``bench predict --worst-step``) or every batch of it in
+    order (``epoch``, ``--epoch``); the others, whose steps are all alike, as they are."""
     return replace(
         suite,
         runs=tuple(
-            replace(r, gpu=replace(r.gpu, worst_step=True)) if r.gpu.lengths else r
-            for r in suite.runs
+            replace(r, gpu=replace(r.gpu, **shapes)) if r.gpu.lengths else r for r in suite.runs
         ),
     )
 

@@ -511,3 +511,37 @@ def test_accumulation_traced_four_micro_batches_deep_is_predicted_as_traced_whol
     assert folded == predict(run, card=on) and folded.status == "ok"
     keeps = "tests.helpers:KeepsEveryLoss" in {t.name for t in techniques}
     assert (False in repeats) == keeps  # folded where it repeats, and only there
+
+
+@pytest.mark.full
+def test_a_pass_whose_first_step_fits_runs_out_where_fragmentation_grows_and_expandable_fits():
+    """Dynamic padding over long-tailed lengths (bert-tiny, 128 sequences of docstrings' lengths
+    up to 512 tokens): each step's activations are another size, and fixed segments reserve more
+    than expandable ones for the same tensors. On a card between the two reserved peaks, which the
+    pass's tensors fit, the first step fits alone, the whole pass (``--epoch``) runs out of memory
+    at a later step, and expandable segments are predicted to hold it."""
+    from bench.predict.cards import Card
+    from bench.predict.fake import traced
+
+    base = spec(
+        "bert-tiny",
+        (tech("dynamic-padding"),),
+        batch_size=128,
+        seq_len=512,
+        lengths="lognormal:18:1.27:512",
+        measure_steps=1,
+    )
+    run = replace(base, gpu=replace(base.gpu, epoch=True))
+    expandable = tech("allocator", conf="expandable_segments:True")
+    fixed = traced(run).prediction
+    grown = traced(replace(run, techniques=(*run.techniques, expandable))).prediction
+    assert fixed.peak_allocated_bytes == grown.peak_allocated_bytes
+    assert fixed.peak_reserved_bytes > grown.peak_reserved_bytes
+    between = (fixed.peak_reserved_bytes + grown.peak_reserved_bytes) // 2
+    assert fixed.peak_allocated_bytes < between
+    card = Card(name="between", memory=between, memory_source="test", hopper=True, context=0)
+    assert traced(base, card=card).prediction.verdict == "fits"
+    out = traced(run, card=card).prediction
+    assert (out.verdict, out.epoch_steps) == ("out of memory", 16)
+    assert out.oom_step > 1
+    assert out.expandable_verdict in ("fits", "fits after flushes")

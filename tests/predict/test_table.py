@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -161,9 +162,9 @@ def test_work_that_takes_long_is_said_once_it_has(after, said, monkeypatch):
     assert heard == said
 
 
-def test_worst_step_predicts_each_variable_length_run_at_its_epochs_worst_batch(tmp_path, capsys):
-    """bench predict --worst-step: a long-tailed file's worst batch named and predicted; a suite of
-    fixed-shape runs, whose steps are all alike, is refused by name (exit 2)."""
+def _varlen_suites(tmp_path: Path) -> tuple[Path, Path]:
+    """Two suites of bert-tiny: fixed-shape, and on a long-tailed file of lengths (32 sequences,
+    8 batches of 4)."""
     (tmp_path / "tail.txt").write_text("\n".join(["8"] * 13 + ["60"] + ["8"] * 18))
     lengths = f'lengths = "file:{tmp_path}/tail.txt"'
     suite = """model = "bert-tiny"
@@ -184,10 +185,30 @@ techniques = ["TECHNIQUE"]
     (tmp_path / "fixed.toml").write_text(fixed)
     varying = suite.replace("LENGTHS", lengths).replace("TECHNIQUE", "dynamic-padding")
     (tmp_path / "varlen.toml").write_text(varying)
+    return tmp_path / "fixed.toml", tmp_path / "varlen.toml"
+
+
+def test_worst_step_predicts_each_variable_length_run_at_its_epochs_worst_batch(tmp_path, capsys):
+    """bench predict --worst-step: a long-tailed file's worst batch named and predicted; a suite of
+    fixed-shape runs, whose steps are all alike, is refused by name (exit 2)."""
+    fixed, varying = _varlen_suites(tmp_path)
     common = ["--jobs", "1", "--results", str(tmp_path), "--worst-step"]
-    assert main(["predict", str(tmp_path / "fixed.toml"), *common]) == 2
+    assert main(["predict", str(fixed), *common]) == 2
     assert "--worst-step: no run of fixed takes variable-length data" in capsys.readouterr().err
-    assert main(["predict", str(tmp_path / "varlen.toml"), *common]) == 0
+    assert main(["predict", str(varying), *common]) == 0
     out = capsys.readouterr()
     assert "| worst step |" in out.out
     assert re.search(r"\| step \d of 8: 240 tokens, 84 of them real \|", out.out)
+
+
+def test_epoch_replays_every_step_of_a_pass_through_the_cards_allocator(tmp_path, capsys):
+    """bench predict --epoch --card: the whole pass, its 8 steps, through one allocator on the
+    card; refused by name (exit 2) for fixed-shape runs and beside --worst-step."""
+    fixed, varying = _varlen_suites(tmp_path)
+    common = ["--jobs", "1", "--results", str(tmp_path), "--card", "t4", "--epoch"]
+    assert main(["predict", str(fixed), *common]) == 2
+    assert "--epoch: no run of fixed takes variable-length data" in capsys.readouterr().err
+    assert main(["predict", str(varying), *common, "--worst-step"]) == 2
+    assert "--worst-step and --epoch" in capsys.readouterr().err
+    assert main(["predict", str(varying), *common]) == 0
+    assert "| fits for the whole epoch of 8 steps |" in capsys.readouterr().out

@@ -1,0 +1,59 @@
+"""A tracked pass replayed through the caching allocator under a card (bench.measure.memory): the
+step whose request the card cannot hold, and what expandable segments would do."""
+
+import torch
+
+from bench.measure.allocator import Conf, Replay
+from bench.measure.memory import replayed
+from bench.measure.tracker import FREED, MADE, MARK, LiveBytes, Moment
+
+MiB = 1 << 20
+
+
+def _pass(*steps: tuple[tuple[str, str, int], ...]) -> LiveBytes:
+    """A tracker that saw ``steps``, each a run of (made or freed, name, MiB), a mark after each."""
+    moments, made = [], {}
+    for step in steps:
+        for kind, name, mib in step:
+            if kind == MADE:
+                made[name] = len(made)
+            moments.append(Moment(kind, mib * MiB, name, made[name], raw=mib * MiB))
+        moments.append(Moment(MARK, 0, ""))
+    return LiveBytes.rebuilt(torch.device("cpu"), moments)
+
+
+# 60 MiB made and freed; then 20 and 30 split off it and the 20 freed, the 30 kept into the next
+# step; then 40 asked: 30 allocated, 60 reserved, and no free block of 40
+X = ((MADE, "x", 60), (FREED, "x", 60))
+YZ = ((MADE, "y", 20), (MADE, "z", 30), (FREED, "y", 20))
+W = ((MADE, "w", 40), (FREED, "w", 40), (FREED, "z", 30))
+
+
+def test_a_pass_runs_out_of_memory_at_the_step_fragmentation_fails_and_expandable_segments_fit():
+    """Under an 80 MiB cap the third step's 40 MiB needs a segment of its own, over the cap, and the
+    split 60 MiB segment cannot be released: out of memory at step 3 of 3. Expandable segments
+    unmap the free page and grow the free end into it: the same pass fits (after a flush). The same
+    steps in another order (the 40 MiB before the split) fit either way."""
+    card = Replay(capacity=80 * MiB, epoch=True)
+    out = replayed(_pass(X, YZ, W), card)
+    assert (out.verdict, out.oom_step, out.epoch_steps) == ("out of memory", 3, 3)
+    assert (out.oom_request_bytes, out.oom_reserved_bytes) == (40 * MiB, 60 * MiB)
+    assert out.expandable_verdict == "fits after flushes"
+    grown = replayed(_pass(X, YZ, W), Replay(capacity=80 * MiB, conf=Conf(expandable=True)))
+    assert (grown.verdict, grown.expandable_verdict) == ("fits after flushes", None)
+    reordered = replayed(_pass(X, (*W[:2],), (*YZ, (FREED, "z", 30))), card)
+    assert (reordered.verdict, reordered.epoch_steps, reordered.expandable_verdict) == (
+        "fits",
+        3,
+        None,
+    )
+
+
+def test_a_step_that_fits_says_nothing_of_expandable_segments_and_a_lone_step_names_no_step():
+    out = replayed(_pass(X), Replay(capacity=80 * MiB))
+    assert (out.verdict, out.oom_step, out.epoch_steps, out.expandable_verdict) == (
+        "fits",
+        None,
+        None,
+        None,
+    )
