@@ -139,3 +139,61 @@ def test_snapshot_of_the_instrumented_step_is_saved_for_memory_viz(tmp_path):
     record = isolated(spec("vit-tiny", batch_size=16), device, snapshot=path)
     assert record["status"] == "ok", record
     assert record["snapshot"] == path.name and pickle.loads(path.read_bytes())["segments"]
+
+
+FRAGMENTING = """
+import os, torch
+MiB = 1 << 20
+# 90 MiB left to the run, the rest held by a segment of its own (fixed, whatever the run's setting)
+torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+free, _ = torch.cuda.mem_get_info()
+blocker = torch.empty((free - 90 * MiB) // (2 * MiB) * 2 * MiB, dtype=torch.uint8, device="cuda")
+torch.cuda.memory._set_allocator_settings(os.environ["PYTORCH_CUDA_ALLOC_CONF"])
+x = torch.empty(60 * MiB, dtype=torch.uint8, device="cuda")
+del x
+y = torch.empty(20 * MiB, dtype=torch.uint8, device="cuda")
+z = torch.empty(30 * MiB, dtype=torch.uint8, device="cuda")
+del y
+try:
+    w = torch.empty(40 * MiB, dtype=torch.uint8, device="cuda")
+except torch.OutOfMemoryError:
+    print("out of memory")
+else:
+    print("fits")
+"""
+
+
+@pytest.mark.parametrize(
+    "conf, expected",
+    [("expandable_segments:False", "out of memory"), ("expandable_segments:True", "fits")],
+)
+def test_fragmentation_alone_runs_out_of_memory_as_the_simulator_says(conf, expected, tmp_path):
+    """tests/measure/test_allocator.py's hand-worked case on the card, in a fresh process with
+    90 MiB left to it: 60 MiB freed, 20 and 30 split off it, the 20 freed, then 40 asked. Fixed
+    segments would need 100 MiB and cannot release the split one; expandable segments unmap its
+    free page and map the 40 after the 30."""
+    import os
+    import subprocess
+    import sys
+
+    from bench.measure.allocator import CachingAllocator, Conf, OutOfMemory
+
+    env = os.environ | {"PYTORCH_CUDA_ALLOC_CONF": conf}
+    done = subprocess.run(
+        [sys.executable, "-c", FRAGMENTING], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == expected
+    simulated = CachingAllocator(capacity=90 * 2**20, expandable=Conf.parse(conf).expandable)
+    for name, mib in (("x", 60), ("y", 20), ("z", 30)):
+        simulated.malloc(name, mib * 2**20)
+        if name == "x":
+            simulated.free("x")
+    simulated.free("y")
+    try:
+        simulated.malloc("w", 40 * 2**20)
+    except OutOfMemory:
+        said = "out of memory"
+    else:
+        said = "fits"
+    assert said == expected
