@@ -437,6 +437,11 @@ class _PredictionOutcome(Part):
         "failed (0: the warm-up step before the pass)"
     )
     epoch_steps: int | None = doc("a whole pass replayed (--epoch): its steps")
+    epoch_reserved_bytes: list[int] | None = doc(
+        "a whole pass replayed (--epoch): what the allocator held reserved at the end of each "
+        "step, to the one that ran out of memory (fragmentation shows as reserved that grows "
+        "while the steps' own peaks do not)"
+    )
     expandable_verdict: str | None = doc(
         "a whole pass whose allocator settings run out of memory or flush their cache (--epoch): "
         "the verdict with expandable_segments:True, the same pass replayed"

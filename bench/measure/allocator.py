@@ -197,6 +197,11 @@ class CachingAllocator:
         self.retries = 0
         # the largest cached free block when allocation peaked: fragmentation
         self.largest_free_at_peak = 0
+        self.at_marks: list[int] = []  # what was reserved at the end of each marked part (``mark``)
+
+    def mark(self) -> None:
+        """The end of a marked part of the stream (a step of a pass): what is reserved then."""
+        self.at_marks.append(self.reserved)
 
     def malloc(self, handle: Hashable, size: int, address: int | None = None) -> None:
         """Allocate ``size`` bytes under ``handle`` (freed by ``free(handle)``). ``address``: where

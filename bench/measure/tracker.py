@@ -570,8 +570,13 @@ class LiveBytes(TorchDispatchMode):
         events, reps = self._events(until), self._repeats
         at, boundary = 0, 0  # the next event; the next end of a repeat to look at
         seen: dict[tuple, int] = {}  # the allocator's state at each end looked at
+        marks = iter(self.marks if until is None else ())  # the allocator told of each end
+        mark = next(marks, None)
         while at < len(events):
             clock, freeing, i, n = events[at]
+            while mark is not None and clock > mark:
+                allocator.mark()
+                mark = next(marks, None)
             if reps is not None and boundary <= reps.times and clock > reps.end_of(boundary):
                 state = allocator.state(
                     {handle(k): ("handed", j) for j, k in reps.handed(boundary)}
@@ -592,6 +597,9 @@ class LiveBytes(TorchDispatchMode):
             elif i not in given:
                 self._malloc(allocator, handle(i), n, i)
             at += 1
+        while mark is not None:
+            allocator.mark()
+            mark = next(marks, None)
 
     def _events(self, until: int | None = None) -> list[tuple[int, bool, int, int]]:
         """(clock, freeing, index, bytes) in clock order, up to ``until``."""

@@ -297,6 +297,11 @@ def verdict(prediction: Prediction) -> str:
         said = f"fits after {p.flushes} cache flush{'es' if p.flushes > 1 else ''}"
     if p.epoch_steps is not None and p.verdict != "out of memory":
         said += f" for the whole epoch of {p.epoch_steps:,} steps"
+    if reserved := p.epoch_reserved_bytes:  # how the pass's reserve grew
+        said += f" (reserved after step 1: {reserved[0] / 2**30:.2f} GiB"
+        if len(reserved) > 1:
+            said += f", after step {len(reserved):,}: {reserved[-1] / 2**30:.2f} GiB"
+        said += ")"
     if p.expandable_verdict is not None:
         said += f"; with expandable_segments:True, {p.expandable_verdict}"
     return said

@@ -211,4 +211,5 @@ def test_epoch_replays_every_step_of_a_pass_through_the_cards_allocator(tmp_path
     assert main(["predict", str(varying), *common, "--worst-step"]) == 2
     assert "--worst-step and --epoch" in capsys.readouterr().err
     assert main(["predict", str(varying), *common]) == 0
-    assert "| fits for the whole epoch of 8 steps |" in capsys.readouterr().out
+    said = r"\| fits for the whole epoch of 8 steps \(reserved after step 1: [\d.]+ GiB, "
+    assert re.search(said + r"after step 8: [\d.]+ GiB\) \|", capsys.readouterr().out)
