@@ -212,12 +212,16 @@ class RunSpec:
         # an edited config.json measures again too, and an edited file of lengths
         configs = sorted(n for n in names if n and n.startswith(HF))
         files = sorted(
-            {s.lengths for s in (self.gpu, self.cpu) if s.lengths and s.lengths.startswith("file:")}
+            {
+                s.lengths
+                for s in (self.gpu, self.cpu)
+                if s.lengths and s.lengths.startswith(("file:", "histogram:"))
+            }
         )
         return (
             {m: _source_digest(m) for m in modules}
             | {c: _digest(hf_config_file(c)) for c in configs}
-            | {f: _digest(Path(f.removeprefix("file:"))) for f in files}
+            | {f: _digest(Path(f.partition(":")[2])) for f in files}
         )
 
 

@@ -11,7 +11,10 @@ Distributions, as a suite names them (``lengths`` in ``[shapes.*]`` or ``[matrix
   and a label column; its train split), each row up to its last token that is not 0;
 - ``file:PATH``: a dataset's own token lengths, one a line (a text file), or a CSV's ``length``
   column (or its only one): as many sequences of those lengths, random ids and labels from the
-  seed.
+  seed;
+- ``histogram:PATH``: a dataset's lengths as a histogram, a CSV of ``length,count`` rows (each
+  length a bin's longest): the run's sequences drawn from it, each length as often as its count
+  says.
 """
 
 from __future__ import annotations
@@ -40,7 +43,10 @@ if TYPE_CHECKING:
 PAD = real.PAD
 FIRST_TOKEN = 3  # synthetic sequences draw their ids from here up (0, 1, 2: padding, [CLS], [SEP])
 DIGITS_LENGTHS = (17, 43)  # [CLS] plus 16 to 42 non-zero pixels, over all 1,797 digits
-FORMS = "'uniform:LO:HI', 'lognormal:MEDIAN:SIGMA:MAX', 'digits', 'hf:PATH' or 'file:PATH'"
+FORMS = (
+    "'uniform:LO:HI', 'lognormal:MEDIAN:SIGMA:MAX', 'digits', 'hf:PATH', 'file:PATH' or "
+    "'histogram:PATH'"
+)
 # the dataset holds this many batches: enough distinct ones for any pass
 SEQUENCES_PER_BATCH_SLOT = 16
 Sample = tuple[torch.Tensor, int]  # one sequence's token ids, and its label
@@ -62,9 +68,16 @@ class Lengths:
             return max(hf_sequences(self.path).lengths)
         if self.kind == "file":
             return max(file_lengths(self.path))
+        if self.kind == "histogram":
+            return max(length for length, _ in histogram(self.path))
         return int(self.params[-1])
 
     def sample(self, n: int, generator: torch.Generator) -> list[int]:
+        if self.kind == "histogram":
+            bins = histogram(self.path)
+            counts = torch.tensor([count for _, count in bins], dtype=torch.float64)
+            drawn = torch.multinomial(counts, n, replacement=True, generator=generator)
+            return [bins[k][0] for k in drawn.tolist()]
         if self.kind == "uniform":
             lo, hi = map(int, self.params)
             return torch.randint(lo, hi + 1, (n,), generator=generator).tolist()
@@ -78,10 +91,12 @@ def parse(text: str) -> Lengths:
     kind, *raw = text.split(":")
     if kind == "digits" and not raw:
         return Lengths("digits")
-    if kind in ("hf", "file") and raw and raw[0]:
+    if kind in ("hf", "file", "histogram") and raw and raw[0]:
         found = Lengths(kind, path=text.split(":", 1)[1])
         if kind == "file":
             file_lengths(found.path)  # read now: a file that cannot be is the suite's error
+        if kind == "histogram":
+            histogram(found.path)
         return found
     try:
         params = tuple(float(p) for p in raw)
@@ -175,6 +190,37 @@ def file_lengths(path: str) -> tuple[int, ...]:
         out.append(int(cell))
     if not out:
         raise ValueError(f"file:{path}: no lengths in it; one a line")
+    return tuple(out)
+
+
+@functools.cache
+def histogram(path: str) -> tuple[tuple[int, int], ...]:
+    """A histogram's (length, count) rows: a CSV whose first line names its ``length`` and
+    ``count`` columns; ValueError naming the file, the line and the fix where a row is not a
+    length ≥ 1 and a count ≥ 0, or where no count is above 0."""
+    try:
+        rows = [r for r in Path(path).read_text(encoding="utf-8").splitlines() if r.strip()]
+    except OSError as exc:
+        raise ValueError(f"histogram:{path}: cannot read it ({exc.strerror or exc})") from None
+    header = [h.strip() for h in rows[0].split(",")] if rows else []
+    if "length" not in header or "count" not in header:
+        raise ValueError(
+            f"histogram:{path}: its first line must name a 'length' and a 'count' column, got "
+            f"{', '.join(header) or 'nothing'}"
+        )
+    at = header.index("length"), header.index("count")
+    out = []
+    for number, row in enumerate(rows[1:], start=2):
+        cells = row.split(",")
+        length, count = (cells[k].strip() if k < len(cells) else "" for k in at)
+        if not (length.isdigit() and int(length) >= 1 and count.isdigit()):
+            raise ValueError(
+                f"histogram:{path}, line {number}: {row.strip()!r} is not a length (a whole "
+                "number ≥ 1) and its count (a whole number ≥ 0)"
+            )
+        out.append((int(length), int(count)))
+    if not any(count for _, count in out):
+        raise ValueError(f"histogram:{path}: no count above 0; a 'length,count' row per bin")
     return tuple(out)
 
 

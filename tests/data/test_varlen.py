@@ -9,7 +9,7 @@ import torch
 from bench.data import varlen
 from bench.models import MODELS
 from bench.suite import load
-from tests.helpers import write_suite
+from tests.helpers import spec, write_suite
 
 datasets = pytest.importorskip("datasets")
 
@@ -95,6 +95,40 @@ def test_a_file_of_lengths_that_is_not_one_names_the_line(text, said, tmp_path):
         varlen.parse(f"file:{tmp_path / 'lengths.txt'}")
     with pytest.raises(ValueError, match="cannot read it"):
         varlen.parse(f"file:{tmp_path / 'absent.txt'}")
+
+
+def test_a_histogram_draws_each_length_as_often_as_its_count(tmp_path):
+    """A CSV of length,count rows: the run's sequences drawn from it, a bin of count 0 never, and
+    each length near its share of 1,024 draws (the seed's, so the same every time); an edited
+    histogram measures its runs again."""
+    path = tmp_path / "hist.csv"
+    path.write_text("length,count\n16,600\n64,300\n256,100\n512,0\n")
+    lengths = varlen.parse(f"histogram:{path}")
+    assert lengths.maximum == 512  # its longest bin, as a loader would pad to
+    data = varlen.sequences(lengths, MODELS.get("bert-tiny"), n=1024, seed=0)
+    drawn = {k: data.lengths.count(k) for k in (16, 64, 256, 512)}
+    assert drawn[512] == 0 and sum(drawn.values()) == 1024
+    assert abs(drawn[16] / 1024 - 0.6) < 0.05 and abs(drawn[256] / 1024 - 0.1) < 0.03
+    assert data.lengths == varlen.sequences(lengths, MODELS.get("bert-tiny"), 1024, 0).lengths
+    run = spec("bert-tiny", lengths=f"histogram:{path}")
+    before = run.user_code()
+    path.write_text("length,count\n16,1\n")
+    assert run.user_code() != before
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ("length,n\n5,1\n", "must name a 'length' and a 'count' column, got length, n"),
+        ("length,count\n5,x\n", "line 2: '5,x' is not a length"),
+        ("length,count\n0,3\n", "line 2: '0,3' is not a length"),
+        ("length,count\n5,0\n", "no count above 0"),
+    ],
+)
+def test_a_histogram_that_is_not_one_names_the_line(text, said, tmp_path):
+    (tmp_path / "hist.csv").write_text(text)
+    with pytest.raises(ValueError, match=said):
+        varlen.parse(f"histogram:{tmp_path / 'hist.csv'}")
 
 
 def test_a_csv_without_a_length_column_names_its_columns(tmp_path):
