@@ -442,6 +442,10 @@ class _PredictionOutcome(Part):
         "step, to the one that ran out of memory (fragmentation shows as reserved that grows "
         "while the steps' own peaks do not)"
     )
+    epoch_largest_free_bytes: list[int] | None = doc(
+        "a whole pass replayed (--epoch): the largest block the allocator held cached and free "
+        "when each step's allocation peaked, to the one that ran out of memory"
+    )
     expandable_verdict: str | None = doc(
         "a whole pass whose allocator settings run out of memory or flush their cache (--epoch): "
         "the verdict with expandable_segments:True, the same pass replayed"

@@ -198,10 +198,16 @@ class CachingAllocator:
         # the largest cached free block when allocation peaked: fragmentation
         self.largest_free_at_peak = 0
         self.at_marks: list[int] = []  # what was reserved at the end of each marked part (``mark``)
+        # the largest cached free block when each marked part's allocation peaked, and the part now
+        self.free_at_marks: list[int] = []
+        self._part_peak = self._part_free = 0
 
     def mark(self) -> None:
-        """The end of a marked part of the stream (a step of a pass): what is reserved then."""
+        """The end of a marked part of the stream (a step of a pass): what is reserved then, and
+        the largest free block when the part's allocation peaked."""
         self.at_marks.append(self.reserved)
+        self.free_at_marks.append(self._part_free)
+        self._part_peak, self._part_free = self.allocated, self.largest_free()
 
     def malloc(self, handle: Hashable, size: int, address: int | None = None) -> None:
         """Allocate ``size`` bytes under ``handle`` (freed by ``free(handle)``). ``address``: where
@@ -222,6 +228,8 @@ class CachingAllocator:
         block.free = False
         self._taken[handle] = block
         self.allocated += block.size
+        if self.allocated > self._part_peak:
+            self._part_peak, self._part_free = self.allocated, self.largest_free()
         if self.allocated > self.peak_allocated:
             self.peak_allocated, self.largest_free_at_peak = self.allocated, self.largest_free()
 

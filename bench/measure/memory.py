@@ -336,6 +336,7 @@ def replayed(tracker: LiveBytes, replay: Replay) -> Prediction:
     if replay.epoch:  # a whole pass: whether expandable segments hold what its own settings do not
         out.epoch_steps = len(tracker.marks)
         out.epoch_reserved_bytes = allocator.at_marks
+        out.epoch_largest_free_bytes = allocator.free_at_marks
         if out.verdict not in (None, "fits") and not replay.conf.expandable:
             grown = replace(replay, conf=replace(replay.conf, expandable=True))
             out.expandable_verdict = replayed(tracker, grown).verdict

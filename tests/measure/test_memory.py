@@ -39,6 +39,8 @@ def test_a_pass_runs_out_of_memory_at_the_step_fragmentation_fails_and_expandabl
     assert (out.verdict, out.oom_step, out.epoch_steps) == ("out of memory", 3, 3)
     assert (out.oom_request_bytes, out.oom_reserved_bytes) == (40 * MiB, 60 * MiB)
     assert out.epoch_reserved_bytes == [60 * MiB, 60 * MiB]  # the steps before the third
+    # at each one's peak: none free beside x, then the 10 MiB after z
+    assert out.epoch_largest_free_bytes == [0, 10 * MiB]
     assert out.expandable_verdict == "fits after flushes"
     grown = replayed(_pass(X, YZ, W), Replay(capacity=80 * MiB, conf=Conf(expandable=True)))
     assert (grown.verdict, grown.expandable_verdict) == ("fits after flushes", None)
@@ -50,6 +52,7 @@ def test_a_pass_runs_out_of_memory_at_the_step_fragmentation_fails_and_expandabl
     )
     # every request split off the one 60 MiB segment: reserved stays 60 MiB
     assert reordered.epoch_reserved_bytes == [60 * MiB, 60 * MiB, 60 * MiB]
+    assert reordered.epoch_largest_free_bytes == [0, 20 * MiB, 10 * MiB]
 
 
 def test_a_step_that_fits_says_nothing_of_expandable_segments_and_a_lone_step_names_no_step():
