@@ -168,11 +168,7 @@ def sequences(lengths: Lengths, spec: ModelSpec, n: int, seed: int) -> Sequences
 def file_lengths(path: str) -> tuple[int, ...]:
     """A file's token lengths: one a line, or a CSV's ``length`` column (or its only one);
     ValueError naming the file, the line and the fix where one is not a whole number ≥ 1."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise ValueError(f"file:{path}: cannot read it ({exc.strerror or exc})") from None
-    rows = [line for line in lines if line.strip()]
+    rows = _lines("file", path)
     column, first = 0, 1
     if path.endswith(".csv") and rows:
         header = [h.strip() for h in rows[0].split(",")]
@@ -193,15 +189,22 @@ def file_lengths(path: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _lines(form: str, path: str) -> list[str]:
+    """A lengths file's lines that are not blank; ValueError naming the ``form:path`` where it
+    cannot be read."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ValueError(f"{form}:{path}: cannot read it ({exc.strerror or exc})") from None
+    return [line for line in lines if line.strip()]
+
+
 @functools.cache
 def histogram(path: str) -> tuple[tuple[int, int], ...]:
     """A histogram's (length, count) rows: a CSV whose first line names its ``length`` and
     ``count`` columns; ValueError naming the file, the line and the fix where a row is not a
     length ≥ 1 and a count ≥ 0, or where no count is above 0."""
-    try:
-        rows = [r for r in Path(path).read_text(encoding="utf-8").splitlines() if r.strip()]
-    except OSError as exc:
-        raise ValueError(f"histogram:{path}: cannot read it ({exc.strerror or exc})") from None
+    rows = _lines("histogram", path)
     header = [h.strip() for h in rows[0].split(",")] if rows else []
     if "length" not in header or "count" not in header:
         raise ValueError(

@@ -242,20 +242,7 @@ class CachingAllocator:
         block = self._taken.pop(handle)
         self.allocated -= block.size
         block.free = True
-        after = block.next  # merged with the free neighbours, the one after first
-        if after is not None and after.free and after.mapped:
-            self._remove_free(after)
-            block.size += after.size
-            block.next = after.next
-            if after.next is not None:
-                after.next.prev = block
-        before = block.prev
-        if before is not None and before.free and before.mapped:
-            self._remove_free(before)
-            block.offset, block.size = before.offset, block.size + before.size
-            block.prev = before.prev
-            if before.prev is not None:
-                before.prev.next = block
+        self._merge_free(block)
         self._add_free(block, self.segments[block.segment].small)
 
     def state(self, roles: dict[Hashable, Hashable]) -> tuple:
@@ -417,7 +404,7 @@ class CachingAllocator:
         """map_block: pages behind the start of an unmapped stretch, enough for ``size`` bytes,
         merged with the free blocks beside them; False where the card has none left."""
         small = self.segments[block.segment].small
-        mapped = PAGE[small] * math.ceil(size / PAGE[small])
+        mapped = self._wanted(size, small)
         if not self._holds(mapped):
             return False
         self._remove_hole(block)
@@ -463,7 +450,7 @@ class CachingAllocator:
             self._add_hole(block, small)
 
     def _merge_free(self, block: Block) -> None:
-        """A block just mapped takes in the free mapped blocks beside it."""
+        """A block freed or just mapped takes in the free mapped blocks beside it."""
         for near in (block.prev, block.next):
             if near is not None and near.free and near.mapped:
                 self._remove_free(near)

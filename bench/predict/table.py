@@ -238,7 +238,7 @@ def _row(spec: RunSpec, budget: int | None, card: Card | None, longest: bool = F
     row = Row(run=spec.name, batch=spec.gpu.batch_size, prediction=out)
     if spec.gpu.worst_step:
         row.answer("worst_step", _worst(spec).said())
-    if not out.ok or spec.gpu.epoch:  # a whole pass answers for its own batch alone
+    if not out.ok:
         return row
     if spec.mode == "generate":
         # what a card or budget answers for a generation: its longest context
@@ -248,6 +248,9 @@ def _row(spec: RunSpec, budget: int | None, card: Card | None, longest: bool = F
         return row
     if budget is not None:
         row.answer("fits", out.peak_tensor_bytes <= budget)
+    if spec.gpu.epoch:  # a whole pass answers for its own batch alone: no search
+        return row
+    if budget is not None:
         row.answer("largest_batch", largest_batch(spec, budget, own=own, progress=told))
     if budget is not None and spec.nproc > 1:
         if (fewest := fewest_ranks(spec, budget, own=out)) is not None:
