@@ -30,6 +30,7 @@ from torch.utils._pytree import tree_leaves
 from bench.measure.allocator import CachingAllocator, OutOfMemory
 
 CUDA_BLOCK = 512  # the caching allocator rounds every allocation up to this
+DEVICE = torch.ops.prim.device.default
 
 
 def inner_tensors(t: torch.Tensor) -> list[torch.Tensor]:
@@ -632,6 +633,8 @@ class LiveBytes(TorchDispatchMode):
         self.current -= self._lives[index][0]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is DEVICE:
+            return device_of(args[0])
         if (kernel := self.kernels.get(func)) is not None:
             out = kernel(self._called, *args, **(kwargs or {}))
         else:
@@ -645,6 +648,15 @@ class LiveBytes(TorchDispatchMode):
     def _called(self, func: torch._ops.OpOverload, *args: object, **kwargs: object) -> object:
         """An operator a composite kernel calls, counted as if dispatched here."""
         return self.__torch_dispatch__(func, (), args, kwargs)
+
+
+def device_of(t: torch.Tensor) -> torch.device:
+    """A tensor's device, asked of the modes when a fake tensor's is read (autograd's engine and
+    the model's code read it thousands of times a step): a fake one answers itself, past the modes
+    beneath, and no operator is counted, as none runs on a real device."""
+    if (fake := getattr(t, "fake_device", None)) is not None:
+        return fake
+    return DEVICE(t)
 
 
 @dataclass(frozen=True)

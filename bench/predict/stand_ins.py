@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from bench.measure.tracker import is_on_host, on_host
+from bench.measure.tracker import DEVICE, device_of, is_on_host, on_host
 from bench.techniques import Technique
 
 aten = torch.ops.aten
@@ -296,6 +296,8 @@ class ScalarsRead(TorchDispatchMode):
         self.outputs = outputs or _called
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is DEVICE:
+            return device_of(args[0])
         kwargs = kwargs or {}
         if func in self.READS:
             known = self._value(args[0])

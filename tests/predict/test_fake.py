@@ -436,18 +436,24 @@ def test_flash_attention_over_grouped_keys_counts_every_query_head():
     ],
     ids=["resnet-amp", "llama-checkpoint", "bert-accumulate"],
 )
-def test_a_predictions_flops_are_those_torchs_counter_counts_on_a_real_step(run):
+def test_a_predictions_counts_are_those_counted_on_a_real_step(run):
     """The prediction's counter runs each operator as it comes where torch's FlopCounterMode
     decomposes some (changing what backward keeps): the FLOPs are the same, counted on a warm step
-    of the real run."""
+    of the real run, and so are its operators and their bytes."""
     trainer, batch = build_trainer(run)
     trainer.step(clone_batch(batch))
     with FlopCounterMode(display=False) as torchs:
         trainer.step(clone_batch(batch))
+    counted_batch = clone_batch(batch)  # its copies are no part of the step
     with StepCounter() as ours:
-        trainer.step(clone_batch(batch))
+        trainer.step(counted_batch)
     assert ours.flops == torchs.get_total_flops() > 0
-    assert predict(run, cuda=False).flops_per_step == ours.flops
+    predicted = predict(run, cuda=False)
+    assert predicted.flops_per_step == ours.flops
+    # a fake tensor's device is asked of the modes (autograd reads it thousands of times a step),
+    # a real one's is not: it is no operator, and the counts are the real step's
+    counted = (predicted.ops_per_step, predicted.op_bytes_per_step)
+    assert counted == (ours.ops, ours.bytes), (counted, ours.totals())
 
 
 def test_a_technique_declares_a_stand_in_for_a_library_call_that_fake_tensors_cannot_run():
