@@ -280,6 +280,8 @@ LOCK = ".sweep.lock"
 PREDICTED = "predicted-gpu.csv"
 # beside them too, per card: a generation's longest contexts (predict --card)
 CONTEXTS = "longest-{card}.csv"
+# and a training suite's longest-sequence searches, each length predicted (predict --card --longest)
+CURVES = "lengths-{card}.csv"
 # Beside them too: figures measured elsewhere and published, a row each: the suite's run, the card
 # (a name of bench.predict.cards), nvidia-smi's MiB for the process, and where it was published
 # (bench.predict.held).

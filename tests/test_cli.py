@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 import torch
 
@@ -291,6 +292,18 @@ def test_predict_on_a_card_gives_each_run_its_verdict_and_the_largest_batch_the_
     assert "| on NVIDIA T4 |" in out and "| fits |" in out and "largest batch" in out
     assert "NVIDIA T4: 14.58 GiB as CUDA sees it (a published out-of-memory message" in err
     assert "less 766 MiB for the CUDA context" in err
+
+
+def test_predict_longest_on_a_card_keeps_each_length_it_tried_for_the_report(capsys, tmp_path):
+    """The search's lengths go beside the suite's records, the answer's row among them: a model of
+    512 positions that fits a T4 at every length holds all 512."""
+    config = "suites/configs/tiny-llama"
+    argv = ["predict", "--hf", config, "--card", "t4", "--longest", "--results", str(tmp_path)]
+    assert main([*argv, "--jobs", "1"]) == 0
+    assert "| 512 |" in capsys.readouterr().out
+    saved = pd.read_csv(tmp_path / "hf-tiny-llama" / "lengths-t4.csv")
+    assert set(saved["card"]) == {"NVIDIA T4"} and saved["fits"].all()
+    assert saved["seq_len"].max() == 512 == saved["longest_sequence"].iloc[0]
 
 
 @pytest.mark.fault("cli values")

@@ -22,7 +22,10 @@ from bench.record import Record, Status
 from bench.spec import MAX_NPROC
 
 if TYPE_CHECKING:  # imported when a command runs: torch comes with it
+    import pandas as pd
+
     from bench.fit import Fit
+    from bench.predict.cards import Card
     from bench.suite import Suite
 
 
@@ -244,21 +247,8 @@ def _predict(args: argparse.Namespace) -> int:
             f"\nwritten: {path} (its report shows the runs no GPU has measured yet)",
             file=sys.stderr,
         )
-    if card is not None and "longest_context" in table:  # kept for the report's first screen
-        import torch
-
-        from bench.predict.table import save_contexts
-        from bench.provenance import git_revision
-        from bench.results import CONTEXTS
-
-        where = args.results / suite.name / CONTEXTS.format(card=args.card.strip().lower())
-        path = save_contexts(
-            table, where, card=card.name, revision=git_revision(), torch_version=torch.__version__
-        )
-        print(
-            f"\nwritten: {path} (the report says which run holds the longest context)",
-            file=sys.stderr,
-        )
+    if card is not None:
+        _card_answers_saved(table, args.results / suite.name, args.card, card)
     if any(r.nproc > 1 for r in suite.runs):
         print(
             "\nRanks: each multi-process entry is predicted as rank 0 under a fake process group; "
@@ -269,6 +259,29 @@ def _predict(args: argparse.Namespace) -> int:
         )
     print(f"\nAssumed: {ASSUMPTIONS}.", file=sys.stderr)
     return 0
+
+
+def _card_answers_saved(table: pd.DataFrame, folder: Path, named: str, card: Card) -> None:
+    """What a card's searches found, kept beside the suite's records for its report: a
+    generation's longest contexts, a training step's lengths predicted on the way to its longest
+    sequence."""
+    import torch
+
+    from bench.predict.table import save_contexts, save_curves
+    from bench.provenance import git_revision
+    from bench.results import CONTEXTS, CURVES
+
+    card_name = named.strip().lower()
+    made = {"card": card, "revision": git_revision(), "torch_version": torch.__version__}
+    if "longest_context" in table:
+        path = save_contexts(table, folder / CONTEXTS.format(card=card_name), **made)
+        print(
+            f"\nwritten: {path} (the report says which run holds the longest context)",
+            file=sys.stderr,
+        )
+    if "length_curve" in table and table["length_curve"].notna().any():
+        path = save_curves(table, folder / CURVES.format(card=card_name), **made)
+        print(f"\nwritten: {path} (its report plots each length against the card)", file=sys.stderr)
 
 
 def _fit(args: argparse.Namespace) -> int:

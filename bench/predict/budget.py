@@ -291,6 +291,7 @@ def longest_sequence(
     step: int = CONTEXT_STEP,
     own: Traced | None = None,
     progress: Callable[[str], None] = lambda _: None,
+    curve: list[LengthPoint] | None = None,
 ) -> int | None:
     """The longest ``seq_len`` a training (or forward) step holds at the run's batch, in steps of
     ``step`` tokens up to the model's positions: on ``card``, its step replayed through the
@@ -298,7 +299,8 @@ def longest_sequence(
     ``step`` tokens fit. ``own``: the run's prediction at its own length, where that is a whole
     number of steps (the search starts there). The lengths past the first three traced are read
     off the curve through them (attention's scores grow as the square of the length where no fused
-    kernel runs), and the answer read off it is traced again; ``progress`` is told each length."""
+    kernel runs), and the answer read off it is traced again; ``progress`` is told each length,
+    ``curve`` given each length's figures once the search is done (the report's plot)."""
     shapes = spec.gpu
     cap = card.capacity if card is not None else budget
     sizes = Sizes(
@@ -324,7 +326,34 @@ def longest_sequence(
     while not sizes.confirmed(max(found, 1) * step):  # the curve did not hold: all traced
         progress(f"{found * step:,} tokens traced is not the step read off the curve: all traced")
         found = largest(at, cap, limit, start=max(found, 1), grow=4)
+    if curve is not None:
+        curve += [
+            LengthPoint(n, p.peak_tensor_bytes, _reserved(p, card), _held(p, card) <= cap, read)
+            for n, p, read in sizes.predicted()
+            if p.ok
+        ]
     return found * step or None
+
+
+@dataclass(frozen=True)
+class LengthPoint:
+    """A length a search predicted: the step's tracked peak; on a card, what its allocator
+    reserves (where it ran out of memory, what it had reserved and asked for then); whether it
+    fits; whether it was read off the curve or traced."""
+
+    seq_len: int
+    peak_tensor_bytes: int
+    reserved_bytes: int | None
+    fits: bool
+    read_off: bool
+
+
+def _reserved(out: Prediction, card: Card | None) -> int | None:
+    if card is None:
+        return None
+    if out.verdict == "out of memory":
+        return out.oom_reserved_bytes + out.oom_request_bytes
+    return out.peak_reserved_bytes
 
 
 def _held(out: Prediction, card: Card | None) -> float:
@@ -336,7 +365,7 @@ def _held(out: Prediction, card: Card | None) -> float:
     if card is None:
         return out.peak_tensor_bytes
     if out.verdict == "out of memory":
-        return max(out.oom_reserved_bytes + out.oom_request_bytes, card.capacity + 1)
+        return max(_reserved(out, card), card.capacity + 1)
     return out.peak_reserved_bytes
 
 

@@ -10,8 +10,9 @@ import datetime
 import json
 import math
 import platform
+import types
 import typing
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -143,13 +144,19 @@ def _hints(cls: type) -> list[tuple[Any, Any]]:
 def _typed(hint: Any) -> dict[str, Any]:
     """A figure's JSON type: its Python type's (an enum's values are strings), null allowed where
     it may be None."""
-    kinds = []
-    for t in typing.get_args(hint) or (hint,):
+    kinds, out = [], {}
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    for t in typing.get_args(hint) if union else (hint,):
         if t is type(None):
             kinds.append("null")
+        elif typing.get_origin(t) is tuple:  # of points, each an object (a curve of lengths)
+            kinds.append("array")
+            point = typing.get_args(t)[0]
+            props = {f.name: _typed(h) for f, h in _hints(point)}
+            out["items"] = {"type": "object", "additionalProperties": False, "properties": props}
         else:
             kinds.append(JSON_TYPES.get(t, "string"))
-    return {"type": kinds[0] if len(kinds) == 1 else kinds}
+    return {"type": kinds[0] if len(kinds) == 1 else kinds} | out
 
 
 def _card(card: Card) -> dict[str, Any]:
@@ -169,6 +176,8 @@ def _missing(value: Any) -> bool:
 def _plain(value: Any) -> Any:
     """A cell as JSON holds it: numpy's numbers as Python's (a whole float as an int, as pandas
     widens an integer column with gaps), an enum as its value."""
+    if isinstance(value, tuple):  # of points
+        return [asdict(p) for p in value]
     if hasattr(value, "item"):
         value = value.item()
     if isinstance(value, float) and value.is_integer():

@@ -239,6 +239,12 @@ class Sizes:
             f" (read off the {('line', 'curve')[self.degree > 1]} through {self.named} {through})"
         )
 
+    def predicted(self) -> list[tuple[int, Prediction, bool]]:
+        """Every size predicted, in order of size, and whether it was read off the curve (a size
+        traced too is the traced one)."""
+        made = self.read | {n: t.prediction for n, t in self.traced.items()}
+        return [(n, p, n not in self.traced) for n, p in sorted(made.items())]
+
     def confirmed(self, size: int) -> bool:
         """Whether the step at ``size`` (a search's answer), if read off the curve, is the one a
         fresh trace makes; where not, the curve is dropped and every size from now on is traced."""

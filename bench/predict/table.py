@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from bench.predict.ahead import spawn_pool, stop_pool
 from bench.predict.budget import (
+    LengthPoint,
     fewest_ranks,
     largest_batch,
     largest_batch_on,
@@ -77,6 +78,7 @@ class Row:
     largest_batch_there: int | None = None  # at those ranks
     longest_context: int | None = None  # a generation's, prompt and new tokens
     longest_sequence: int | None = None  # a training or forward step's, at its batch
+    length_curve: tuple[LengthPoint, ...] | None = None  # each length its search predicted
     worst_step: str | None = None  # on variable-length data: which of the epoch's it is
     measured_bytes: int | None = None  # a GPU's allocated peak for the run, where one measured it
     measured_on: str | None = None
@@ -154,7 +156,7 @@ def save(table: pd.DataFrame, path: Path, revision: str, torch_version: str) -> 
 
 
 def save_contexts(
-    table: pd.DataFrame, path: Path, card: str, revision: str, torch_version: str
+    table: pd.DataFrame, path: Path, card: Card, revision: str, torch_version: str
 ) -> Path:
     """A generation suite's longest contexts on a card, by run, merged into those predicted before
     (a run predicted again replaces its row): the report's first screen says which run holds the
@@ -164,7 +166,39 @@ def save_contexts(
     from bench.results import write_atomic
 
     rows = table[table["longest_context"].notna()][[KEY.run, "longest_context"]].assign(
-        card=card, git_revision=revision, torch_version=torch_version
+        card=card.name, git_revision=revision, torch_version=torch_version
+    )
+    if path.exists():
+        before = pd.read_csv(path)
+        rows = pd.concat([before[~before[KEY.run].isin(rows[KEY.run])], rows], ignore_index=True)
+    write_atomic(path, rows.to_csv(index=False))
+    return path
+
+
+def save_curves(
+    table: pd.DataFrame, path: Path, card: Card, revision: str, torch_version: str
+) -> Path:
+    """Each length the longest-sequence search predicted on a card, a row per run and length,
+    merged into those saved before (a run searched again replaces its rows): the report plots them
+    against the card's capacity."""
+    import pandas as pd
+
+    from bench.results import write_atomic
+
+    rows = pd.DataFrame(
+        [
+            {KEY.run: run, **asdict(point), "longest_sequence": longest}
+            for run, curve, longest in zip(
+                table[KEY.run], table["length_curve"], table["longest_sequence"]
+            )
+            if isinstance(curve, tuple)
+            for point in curve
+        ]
+    ).assign(
+        card=card.name,
+        capacity_bytes=card.capacity,
+        git_revision=revision,
+        torch_version=torch_version,
     )
     if path.exists():
         before = pd.read_csv(path)
@@ -265,8 +299,12 @@ def _row(spec: RunSpec, budget: int | None, card: Card | None, longest: bool = F
     if card is not None and spec.nproc == 1:
         row.answer("largest_batch", largest_batch_on(spec, card, own=own, progress=told))
     if longest and spec.nproc == 1 and spec.gpu.lengths is None:  # a varlen run's lengths are its
-        found = longest_sequence(spec, card=card, budget=budget, own=own, progress=told)
+        curve: list[LengthPoint] = []
+        found = longest_sequence(
+            spec, card=card, budget=budget, own=own, progress=told, curve=curve
+        )
         row.answer("longest_sequence", found)
+        row.answer("length_curve", tuple(curve))
     return row
 
 

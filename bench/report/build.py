@@ -22,7 +22,15 @@ from bench.report.headline import (
     this_machine,
 )
 from bench.report.page import Block, html_page, markdown
-from bench.results import PREDICTED, load_records, read_contexts, slug, to_frame, write_atomic
+from bench.results import (
+    CURVES,
+    PREDICTED,
+    load_records,
+    read_contexts,
+    slug,
+    to_frame,
+    write_atomic,
+)
 
 Draw = Callable[[plt.Axes, pd.DataFrame, str], None]
 
@@ -109,6 +117,9 @@ def build_report(suite_dir: Path, here: str | None = None) -> list[Path]:
     if differ := disagreements(table):
         blocks += [Block("p", "Where the GPU and the CPU disagree:"), Block("list", differ)]
     blocks += _predicted_for_gpu(suite_dir, table)
+    curves = _length_curves(suite_dir, plot_dir)
+    blocks += [block for _, block in curves]
+    written += [p for png, _ in curves if png for p in (png, png.with_suffix(".svg"))]
     for device in devices_best_first(table, here):
         part = table[table[KEY.device] == device]
         images = device_plots(plot_dir, str(device), part)
@@ -166,6 +177,39 @@ def _predicted_for_gpu(suite_dir: Path, table: pd.DataFrame) -> list[Block]:
         ),
         Block("table", shown),
     ]
+
+
+def _length_curves(suite_dir: Path, plot_dir: Path) -> list[tuple[Path | None, Block]]:
+    """Per card, each run's longest sequence and the lengths its search predicted on the way
+    (``bench predict --card NAME --longest`` saves them beside the records): a section's blocks,
+    each with the plot it shows (None for text)."""
+    out: list[tuple[Path | None, Block]] = []
+    for path in sorted(suite_dir.glob(CURVES.format(card="*"))):
+        curves = pd.read_csv(path)
+        card = str(curves["card"].iloc[0])
+        fig, ax = plt.subplots(figsize=(8, 5))
+        plots.length_curves(ax, curves, f"{suite_dir.name}: the longest sequence on {card}")
+        fig.tight_layout()
+        png = plot_dir / f"lengths-{slug(card)}.png"
+        plots.save(fig, png)
+        answers = curves.groupby(KEY.run, sort=False)["longest_sequence"].first()
+        said = [
+            f"`{run}`: {'none fits' if pd.isna(n) else f'{int(n):,} tokens'}"
+            for run, n in answers.items()
+        ]
+        how = (
+            f"predicted on fake tensors by `bench predict --card {path.stem.split('-', 1)[1]} "
+            f"--longest` (revision {str(curves[KEY.git_revision].iloc[0])[:12]}, torch "
+            f"{curves[KEY.torch_version].iloc[0]}), each step replayed through the caching "
+            "allocator; the lengths past the first three traced are read off the curve through "
+            "them, and each answer is traced again"
+        )
+        out += [
+            (None, Block("h2", f"The longest sequence on the {card}")),
+            (None, Block("p", f"At each run's batch, {how}: " + "; ".join(said) + ".")),
+            (png, Block("image", png)),
+        ]
+    return out
 
 
 def _neighbours(suite_dir: Path) -> list[tuple[str, str]]:

@@ -398,3 +398,44 @@ def predicted_vs_measured(ax: Axes, table: pd.DataFrame, title: str) -> None:
     ax.legend(loc="lower right", fontsize=7)
     ax.grid(alpha=0.3, axis="x")
     ax.set_title(title)
+
+
+def length_curves(ax: Axes, curves: pd.DataFrame, title: str) -> None:
+    """One card's longest-sequence searches (``bench predict --card --longest``): each run's
+    predicted allocated peak (solid) and reserved (dashed) at each length its search tried, the
+    capacity the card leaves its allocator as a line; a run's longest sequence is the last length
+    whose reserved stays under it, marked."""
+    capacity = int(curves["capacity_bytes"].iloc[0])
+    divisor, unit = byte_unit(capacity)
+    for run, part in curves.groupby(KEY.run, sort=False):
+        part = part.sort_values("seq_len")
+        (line,) = ax.plot(
+            part["seq_len"], part[KEY.peak_tensor_bytes] / divisor, marker="o", label=f"{run}"
+        )
+        ax.plot(
+            part["seq_len"],
+            part["reserved_bytes"] / divisor,
+            linestyle="--",
+            marker="x",
+            color=line.get_color(),
+        )
+        longest = part["longest_sequence"].iloc[0]
+        at = part[part["seq_len"] == longest]
+        if not at.empty:
+            ax.plot(
+                longest, at["reserved_bytes"].iloc[0] / divisor, "*", ms=14, color=line.get_color()
+            )
+    ax.axhline(capacity / divisor, color="black", linewidth=1)
+    ax.annotate(
+        f"{curves['card'].iloc[0]}: {capacity / divisor:,.1f} {unit} for the allocator",
+        (0, capacity / divisor),
+        xycoords=("axes fraction", "data"),
+        textcoords="offset points",
+        xytext=(4, 4),
+        fontsize=8,
+    )
+    ax.set_xlabel("sequence length (tokens) at the run's batch")
+    ax.set_ylabel(f"predicted peak ({unit}): allocated —, reserved - -")
+    ax.set_ylim(0, 1.6 * capacity / divisor)  # what is far over the card runs off the top
+    ax.legend(fontsize=7, title="★ longest sequence", title_fontsize=7)
+    ax.set_title(title)

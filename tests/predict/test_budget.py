@@ -235,9 +235,19 @@ def test_the_longest_sequence_a_step_holds_fits_and_a_step_longer_does_not(card)
             return out.peak_tensor_bytes
         return math.inf if out.verdict == "out of memory" else out.peak_reserved_bytes
 
-    longest = longest_sequence(run, card=on, budget=None if on else limit, step=step)
+    curve = []
+    longest = longest_sequence(run, card=on, budget=None if on else limit, step=step, curve=curve)
     assert longest is not None and longest % step == 0
     assert held(longest) <= limit < held(longest + step)
+    # the lengths it tried, for the report's plot: the answer the longest that fits among them
+    assert [p.seq_len for p in curve] == sorted({p.seq_len for p in curve}) and len(curve) >= 4
+    assert max(p.seq_len for p in curve if p.fits) == longest
+    answer = next(p for p in curve if p.seq_len == longest)
+    assert not answer.read_off  # traced again, to confirm the curve
+    if on is None:
+        assert answer.peak_tensor_bytes == held(longest) and answer.reserved_bytes is None
+    else:
+        assert answer.reserved_bytes == held(longest) >= answer.peak_tensor_bytes
 
 
 def test_no_sequence_fits_where_the_shortest_does_not():

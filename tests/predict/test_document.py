@@ -79,11 +79,15 @@ def test_a_generation_under_a_budget_and_a_sharded_entry_hold_to_the_schema():
     runs = [
         generation(name="generate"),
         spec("bert-tiny", (tech("fsdp"),), nproc=2, batch_size=4, seq_len=16, name="sharded"),
+        spec("bert-tiny", batch_size=4, seq_len=16, name="longest"),
     ]
-    table = suite_table(runs, {}, 2**30, log=io.StringIO())
+    table = suite_table(runs, {}, 2**30, log=io.StringIO(), longest=True)
     made = document(table, "mixed", None, 2**30, "assumed", "abc123")
     assert errors(made, schema()) == []
-    generate, sharded = made["runs"]
+    generate, sharded, longest = made["runs"]
+    assert longest["longest_sequence"] == max(
+        p["seq_len"] for p in longest["length_curve"] if p["fits"]
+    )
     assert generate["longest_context"] > 0 and generate["peak_decode_bytes"] > 0
     assert sharded["world_size"] == 2 and sharded["fewest_ranks"] == 2
     assert "longest_sequence" not in generate  # not asked: no key, not a null

@@ -250,3 +250,40 @@ def test_a_generation_suites_first_screen_names_the_longest_context_and_its_deco
         in first
     )
     assert "Smallest cache a token" not in first
+
+
+def test_a_cards_longest_sequence_search_is_plotted_against_its_capacity(tmp_path):
+    """``bench predict --card NAME --longest`` keeps each length its search predicted beside the
+    records (save_curves, merged: a run searched again replaces its rows); the report says each
+    run's answer and plots the lengths against the card's capacity."""
+    from bench.predict.budget import LengthPoint
+    from bench.predict.cards import Card
+    from bench.predict.table import save_curves
+
+    r = rec("s", "baseline", 400, 50.0)
+    results.write_atomic(results.record_path(tmp_path, "s", r["device"], r["run"]), r)
+    card = Card(name="NVIDIA Y", memory=10 * 2**30, memory_source="a test's", context=0)
+    gib = 2**30
+
+    def searched(run, longest, points):  # (tokens, allocated GiB, reserved GiB) each
+        curve = tuple(LengthPoint(n, a * gib, b * gib, b <= 10, False) for n, a, b in points)
+        return {"run": run, "longest_sequence": longest, "length_curve": curve}
+
+    path = tmp_path / "s" / results.CURVES.format(card="y")
+    first = [searched("baseline", 512, [(256, 4, 5), (512, 8, 9), (1024, 16, 11)])]
+    save_curves(pd.DataFrame(first), path, card, "abc123", "2.14")
+    again = [
+        searched("baseline", 1024, [(512, 4, 5), (1024, 8, 9), (2048, 16, 11)]),
+        searched("lora", None, [(256, 20, 11)]),
+    ]
+    save_curves(pd.DataFrame(again), path, card, "abc123", "2.14")
+    saved = pd.read_csv(path)
+    baseline = saved[saved["run"] == "baseline"]
+    assert len(saved) == 4 and set(baseline["seq_len"]) == {512, 1024, 2048}
+    build_report(tmp_path / "s")
+    text = (tmp_path / "s" / "report.md").read_text()
+    section = text[text.index("## The longest sequence on the NVIDIA Y") :].split("\n## ")[0]
+    assert "`baseline`: 1,024 tokens; `lora`: none fits." in section
+    assert "--card y --longest" in section and "revision abc123, torch 2.14" in section
+    assert "![lengths-nvidia-y](plots/lengths-nvidia-y.png)" in section
+    assert (tmp_path / "s" / "plots" / "lengths-nvidia-y.svg").exists()
