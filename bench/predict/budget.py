@@ -303,6 +303,8 @@ def longest_sequence(
     ``curve`` given each length's figures once the search is done (the report's plot)."""
     shapes = spec.gpu
     cap = card.capacity if card is not None else budget
+    most = positions(spec)
+    step = min(step, most)  # a model of fewer positions (a small BERT's 128): all of them, or none
     sizes = Sizes(
         spec,
         lambda tokens: replace(shapes, seq_len=tokens),
@@ -321,7 +323,7 @@ def longest_sequence(
         progress(f"{n * step:,} tokens: {_against(figure, cap)}{sizes.said(n * step)}")
         return figure
 
-    limit = positions(spec) // step
+    limit = most // step
     found = largest(at, cap, limit, start=start, grow=4)
     while not sizes.confirmed(max(found, 1) * step):  # the curve did not hold: all traced
         progress(f"{found * step:,} tokens traced is not the step read off the curve: all traced")
@@ -369,16 +371,27 @@ def _held(out: Prediction, card: Card | None) -> float:
     return out.peak_reserved_bytes
 
 
+# the longest sequence searched for a model whose positions are relative (T5's buckets): its config
+# sets no length, and its attention's scores, a square of the length, end any search well before
+RELATIVE_POSITIONS = 1 << 17
+
+
 def positions(spec: RunSpec) -> int:
     """The positions the model's config gives it (max_position_embeddings), read off the model built
-    on the meta device."""
+    on the meta device; ``RELATIVE_POSITIONS`` for relative ones; AttributeError where it takes no
+    sequence (a CNN)."""
     import torch
 
     from bench import models
 
     with torch.device("meta"):
         model = models.resolve(spec.gpu.model or spec.model).build(spec.gpu)
-    return model.config.max_position_embeddings
+    config = model.config
+    if getattr(config, "max_position_embeddings", None) is None and getattr(
+        config, "relative_attention_num_buckets", None
+    ):
+        return RELATIVE_POSITIONS
+    return config.max_position_embeddings
 
 
 def fewest_ranks(

@@ -5,6 +5,7 @@ and the job itself, so that its report says what the job's choices save."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,7 @@ def suite_text(
     args = _read_args(training_args)
     per_device, steps, max_length, loaded = _trainer_shapes(args)
     # an SFTConfig's sequences are its max_length unless the flag says otherwise
-    size = seq_len or max_length or (SEQ_LEN if inputs == "tokens" else IMAGE_SIZE)
+    size = seq_len or max_length or _default_size(config, inputs)
     cpu_size = min(size, CPU_SEQ_LEN if inputs == "tokens" else CPU_IMAGE_SIZE)
     gpu_batch = batch or per_device * steps
     # the accumulation steps divide it, as the job's own batch
@@ -100,6 +101,21 @@ def suite_text(
         header["description"] = f"{config}: the job{given}"
         runs = [job]
     return to_toml(header, runs)
+
+
+def _default_size(config: str, inputs: str) -> int:
+    """The sequence a job of no stated length is predicted at: ``SEQ_LEN`` tokens, or the positions
+    the config gives its model where they are fewer (a BERT of 128 learned positions cannot take
+    512); an image model's ``IMAGE_SIZE``."""
+    if inputs != "tokens":
+        return IMAGE_SIZE
+    try:
+        positions = json.loads(hf_config_file(config).read_text()).get("max_position_embeddings")
+    except (OSError, ValueError):  # the suite's loader says what is wrong with the config
+        positions = None
+    if isinstance(positions, int) and 0 < positions < SEQ_LEN:
+        return positions
+    return SEQ_LEN
 
 
 def _read_args(training_args: str | None) -> dict[str, Any]:

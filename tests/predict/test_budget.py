@@ -250,6 +250,18 @@ def test_the_longest_sequence_a_step_holds_fits_and_a_step_longer_does_not(card)
         assert answer.reserved_bytes == held(longest) >= answer.peak_tensor_bytes
 
 
+def test_a_model_of_fewer_positions_than_a_step_may_hold_them_all_and_relative_ones_never_end():
+    """A small BERT's 128 positions are one step of the search (its longest sequence was none, 128
+    being under a step of 256); T5's relative positions give no length: the search runs until the
+    step does not fit."""
+    from bench.predict.budget import RELATIVE_POSITIONS, longest_sequence, positions
+
+    bert = spec("hf:suites/configs/tiny-bert-classifier", batch_size=2, seq_len=64)
+    assert longest_sequence(bert, budget=2**30) == 128
+    t5 = spec("hf:suites/configs/tiny-t5", batch_size=2, seq_len=64)
+    assert positions(t5) == RELATIVE_POSITIONS
+
+
 def test_no_sequence_fits_where_the_shortest_does_not():
     from bench.predict.budget import longest_sequence
 
@@ -274,3 +286,43 @@ def test_no_batch_fits_where_the_parameters_and_optimizer_state_alone_do_not(mon
     assert sizes == [] and all(s.startswith("no batch fits: its parameters and") for s in said)
     # and the shortest batch, predicted, does not fit
     assert predict(run, replace(run.gpu, batch_size=1), card=tiny).verdict == "out of memory"
+
+
+SHIPPED = sorted(p.name for p in Path("suites/configs").iterdir() if p.is_dir())
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("config", SHIPPED)
+def test_the_longest_sequence_answers_on_every_shipped_config_on_a_card(config, tmp_path):
+    """Issue 67's done-when: ``bench predict --hf suites/configs/NAME --card h100 --longest``'s
+    answer for the job a config alone gives (its full fine-tune), held to the simulator: a step at
+    the answer fits the card and one a step longer does not (or the model has no more positions);
+    where none fits, the shortest step does not; a model that takes no sequence (a ViT) is
+    refused."""
+    from bench.models import resolve
+    from bench.predict.budget import CONTEXT_STEP, longest_sequence, positions
+    from bench.predict.cards import CARDS
+    from bench.suite import load
+    from bench.suite.from_config import suite_text
+
+    path = f"suites/configs/{config}"
+    written = tmp_path / "job.toml"
+    written.write_text(suite_text(path, inputs=resolve(f"hf:{path}").inputs))
+    run = load(written).runs[0]
+    if "vit" in config:
+        with pytest.raises(AttributeError):
+            positions(run)
+        return
+    card, most = CARDS["h100"], positions(run)
+    step = min(CONTEXT_STEP, most)
+
+    def fits(tokens: int) -> bool:
+        out = predict(run, replace(run.gpu, seq_len=tokens), card=card)
+        return out.ok and out.verdict != "out of memory"
+
+    longest = longest_sequence(run, card=card)
+    if longest is None:
+        assert not fits(step)
+        return
+    assert longest % step == 0 and fits(longest)
+    assert longest + step > most or not fits(longest + step)

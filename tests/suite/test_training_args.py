@@ -338,6 +338,17 @@ def test_a_job_from_its_files_runs_at_the_sftconfigs_max_length_and_weights(tmp_
     assert "seq_len = 512" in text
 
 
+def test_a_job_of_no_stated_length_runs_at_512_tokens_or_the_fewer_positions_its_model_has():
+    """A BERT of 128 learned positions cannot take 512 tokens: its job runs at 128 (it was
+    unpredictable, its position ids expanded past their buffer); a stated length stands."""
+    from bench.suite import from_config
+
+    assert "seq_len = 512" in from_config.suite_text("suites/configs/tiny-llama")
+    assert "seq_len = 128" in from_config.suite_text("suites/configs/tiny-bert-classifier")
+    text = from_config.suite_text("suites/configs/tiny-bert-classifier", seq_len=64)
+    assert "seq_len = 64" in text
+
+
 def test_a_packed_sftconfig_job_runs_trls_padding_free_rows_on_its_flash_path(tmp_path):
     """bench predict --hf … --training-args sft.json with packing under FlashAttention: each
     micro-batch's sequences flattened into a row, transformers' flash path attending within each
