@@ -9,9 +9,10 @@ Distributions, as a suite names them (``lengths`` in ``[shapes.*]`` or ``[matrix
   its non-zero pixels (17 to 43 tokens), with its class as label;
 - ``hf:PATH``: a local tokenised dataset (``datasets``' ``save_to_disk``, an ``input_ids`` column
   and a label column; its train split), each row up to its last token that is not 0;
-- ``file:PATH``: a dataset's own token lengths, one a line (a text file), or a CSV's ``length``
-  column (or its only one): as many sequences of those lengths, random ids and labels from the
-  seed;
+- ``file:PATH``: a dataset's own token lengths, one a line (a text file), a CSV's ``length``
+  column (or its only one), or a Parquet file's ``length`` column or the lengths of its
+  ``input_ids`` rows (a tokenised dataset's own file): as many sequences of those lengths, random
+  ids and labels from the seed;
 - ``histogram:PATH``: a dataset's lengths as a histogram, a CSV of ``length,count`` rows (each
   length a bin's longest): the run's sequences drawn from it, each length as often as its count
   says.
@@ -167,7 +168,10 @@ def sequences(lengths: Lengths, spec: ModelSpec, n: int, seed: int) -> Sequences
 @functools.cache
 def file_lengths(path: str) -> tuple[int, ...]:
     """A file's token lengths: one a line, or a CSV's ``length`` column (or its only one);
-    ValueError naming the file, the line and the fix where one is not a whole number ≥ 1."""
+    ValueError naming the file, the line and the fix where one is not a whole number ≥ 1. A
+    Parquet file: ``_parquet_lengths``."""
+    if path.endswith(".parquet"):
+        return _parquet_lengths(path)
     rows = _lines("file", path)
     column, first = 0, 1
     if path.endswith(".csv") and rows:
@@ -186,6 +190,43 @@ def file_lengths(path: str) -> tuple[int, ...]:
         out.append(int(cell))
     if not out:
         raise ValueError(f"file:{path}: no lengths in it; one a line")
+    return tuple(out)
+
+
+def _parquet_lengths(path: str) -> tuple[int, ...]:
+    """A Parquet file's ``length`` column, else the length of each of its ``input_ids`` rows (a
+    tokenised dataset's shard, each row as its collator gets it); ValueError naming the file, the
+    row and the fix where it cannot be read or a length is not a whole number ≥ 1."""
+    try:
+        import pyarrow
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ValueError(
+            f"file:{path}: reading Parquet needs pyarrow (pip install pyarrow; make's install has "
+            "it, with datasets)"
+        ) from None
+    try:
+        names = pq.read_schema(path).names
+        column = next((c for c in ("length", "input_ids") if c in names), None)
+        if column is None:
+            raise ValueError(
+                f"file:{path}: no 'length' or 'input_ids' column among {', '.join(names)}"
+            )
+        values = pq.read_table(path, columns=[column]).column(column)
+    except (OSError, pyarrow.ArrowException) as exc:
+        raise ValueError(f"file:{path}: cannot read it as Parquet ({exc})") from None
+    if column == "input_ids":
+        values = pc.list_value_length(values)
+    out = values.to_pylist()
+    for row, n in enumerate(out):
+        if not (isinstance(n, int) and n >= 1):
+            raise ValueError(
+                f"file:{path}, row {row} of its {column!r} column: {n!r} is not a token length "
+                "(a whole number ≥ 1)"
+            )
+    if not out:
+        raise ValueError(f"file:{path}: no rows in it")
     return tuple(out)
 
 

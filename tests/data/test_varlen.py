@@ -81,6 +81,30 @@ def test_a_file_of_lengths_is_its_own_dataset(tmp_path):
         assert data.lengths == [5, 17, 3, 11]
 
 
+def test_a_parquet_files_length_column_or_its_token_rows_are_its_lengths(tmp_path):
+    """A tokenised dataset's own shard: its ``input_ids`` rows' lengths, or a ``length`` column
+    where it has one (taken first); a file without either, or with a length below 1, names it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = {"input_ids": [[1] * 5, [2] * 17, [3] * 3, [4] * 11], "label": [0, 1, 0, 1]}
+    pq.write_table(pa.table(rows), tmp_path / "shard.parquet")
+    pq.write_table(pa.table(rows | {"length": [6, 18, 4, 12]}), tmp_path / "counted.parquet")
+    for name, expected in (("shard", [5, 17, 3, 11]), ("counted", [6, 18, 4, 12])):
+        lengths = varlen.parse(f"file:{tmp_path / name}.parquet")
+        data = varlen.sequences(lengths, MODELS.get("bert-tiny"), n=100, seed=0)
+        assert data.lengths == expected
+    pq.write_table(pa.table({"text": ["a"]}), tmp_path / "text.parquet")
+    with pytest.raises(ValueError, match="no 'length' or 'input_ids' column among text"):
+        varlen.parse(f"file:{tmp_path / 'text.parquet'}")
+    pq.write_table(pa.table({"input_ids": [[1], []]}), tmp_path / "empty.parquet")
+    with pytest.raises(ValueError, match="row 1 of its 'input_ids' column: 0 is not a token"):
+        varlen.parse(f"file:{tmp_path / 'empty.parquet'}")
+    (tmp_path / "bad.parquet").write_text("not parquet")
+    with pytest.raises(ValueError, match="cannot read it as Parquet"):
+        varlen.parse(f"file:{tmp_path / 'bad.parquet'}")
+
+
 @pytest.mark.parametrize(
     "text, said",
     [
