@@ -239,6 +239,10 @@ class Memory(Part):
     at_peak_kv_cache_bytes: int | None = column(
         "alive at the tracked peak: the key-value cache (generation)"
     )
+    step_peak_bytes: list[int] | None = doc(
+        "variable-length data: the tracked peak of each step of the instrumented pass, in order "
+        "(their largest is peak_tensor_bytes)"
+    )
     param_count: int | None = doc("parameters")
     trainable_param_count: int | None = doc("parameters that require gradients")
     rss_peak_bytes: int | None = column("the run process's peak resident host memory", ranks="max")

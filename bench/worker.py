@@ -36,6 +36,7 @@ from bench.measure.memory import (
     tracked_step,
 )
 from bench.measure.timing import summarize, time_steps
+from bench.measure.tracker import mark_trackers
 from bench.models.weights import digest
 from bench.predict import predict_run
 from bench.provenance import runtime_provenance
@@ -168,7 +169,9 @@ def _memory_pass(
     saved there for pytorch.org/memory_viz."""
     progress.say("instrumented step (memory)")
     if all(t.trackable for t in techniques):
-        step = tracked_steps(trainer, batch, feed, steps)
+        # on variable-length data, each step's peak too: the worst step, as it came
+        ended = mark_trackers if feed is not None else None
+        step = tracked_steps(trainer, batch, feed, steps, ended=ended)
         memory = tracked_step(
             step,
             trainer.model,
@@ -176,6 +179,7 @@ def _memory_pass(
             device,
             compiled_update=any(t.compiled_update for t in techniques),
             phases=trainer if isinstance(trainer, Generator) else None,
+            marked=ended is not None,
         )
     else:  # a compiled model (torch.compile) runs no Python the tracker could see
         memory = model_state_bytes(trainer.model, trainer.optimizer)

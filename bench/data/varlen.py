@@ -447,9 +447,11 @@ class Feed:
             "num_workers": self.shapes.loader_workers,
             "pin_memory": self.shapes.pin_memory and self.device.type == "cuda",
         }
+        # the pass's batches as drawn once (``epoch``): a prediction iterates the loader under fake
+        # tensors, where a draw from the generator reads no value and would shuffle otherwise
         if self.shapes.worst_step:
             return DataLoader(self.data, batch_sampler=[self.epoch()[self.worst().step]], **common)
-        return self._ordered(self.data, **common)
+        return DataLoader(self.data, batch_sampler=self.epoch(), **common)
 
     def _ordered(self, data: Dataset, **common: object) -> DataLoader:
         """A pass over ``data`` in the order of every pass: shuffled, or by the technique's sampler,

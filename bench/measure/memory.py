@@ -145,10 +145,12 @@ def tracked_step(
     rounding: int | None = None,
     compiled_update: bool = False,
     phases: Phases | None = None,
+    marked: bool = False,
 ) -> Memory:
     """One step under the live-bytes tracker, and its figures (``tracked_memory``).
     ``compiled_update``: the optimizer's step runs compiled code, which the tracker steps aside for;
-    its state is counted, its own temporaries are not."""
+    its state is counted, its own temporaries are not. ``marked``: the step is a pass of steps, each
+    marked at its end (``mark_trackers``), whose peaks are kept apart too."""
     done = track(
         step,
         model,
@@ -158,7 +160,10 @@ def tracked_step(
         compiled_update=compiled_update,
         phases=phases,
     )
-    return tracked_memory(done, model, optimizer, phases)
+    out = tracked_memory(done, model, optimizer, phases)
+    if marked:
+        out.step_peak_bytes = done.tracker.part_peaks()
+    return out
 
 
 def tracked_memory(

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import (
     TorchDispatchMode,
+    _get_current_dispatch_mode_stack,
     _pop_mode_temporarily,
     is_traceable_wrapper_subclass,
 )
@@ -282,6 +283,23 @@ class LiveBytes(TorchDispatchMode):
     def mark(self) -> None:
         """The end of a part of the step that repeats (a micro-batch, after its backward)."""
         self.marks.append(self._clock)
+
+    def part_peaks(self) -> list[int]:
+        """The live bytes' peak within each marked part, the first from the tracker's start (each
+        step of a variable-length pass, marked after each: ``mark_trackers``)."""
+        peaks, current, marks = [], 0, iter(self.marks)
+        end, highest = next(marks, None), 0
+        for clock, freeing, _, n in self._events():
+            while end is not None and clock > end:
+                peaks.append(highest)
+                end, highest = next(marks, None), current
+            if end is None:
+                break
+            current += -n if freeing else n
+            highest = max(highest, current)
+        if end is not None:
+            peaks.append(highest)
+        return peaks
 
     def repeat(self, times: int, growing: bool = False, rounding: int | None = None) -> bool:
         """Every storage's life as if the last marked part had run ``times`` times more, where it
@@ -648,6 +666,13 @@ class LiveBytes(TorchDispatchMode):
     def _called(self, func: torch._ops.OpOverload, *args: object, **kwargs: object) -> object:
         """An operator a composite kernel calls, counted as if dispatched here."""
         return self.__torch_dispatch__(func, (), args, kwargs)
+
+
+def mark_trackers() -> None:
+    """Each live-bytes tracker counting now marks the end of a part (a step of a pass)."""
+    for mode in _get_current_dispatch_mode_stack():
+        if isinstance(mode, LiveBytes):
+            mode.mark()
 
 
 def device_of(t: torch.Tensor) -> torch.device:

@@ -22,7 +22,7 @@ from bench.errors import first_line
 from bench.generate import Generator
 from bench.measure.allocator import Conf, Replay, cublas_workspaces
 from bench.measure.memory import Tracked, optimizer_state, replayed, track, tracked_memory
-from bench.measure.tracker import CUDA_BLOCK, LiveBytes, NotRepeating, on_host
+from bench.measure.tracker import CUDA_BLOCK, LiveBytes, NotRepeating, mark_trackers, on_host
 from bench.models import ModelSpec
 from bench.predict import depth, ranks
 from bench.predict.cards import CARDS, Card
@@ -292,8 +292,11 @@ def _fake_step(
     if layers is not None:
         depth.truncate(model, layers)
     kernels = as_cuda(backend) if ctx.predicting else nullcontext()  # a CPU run keeps CPU's kernels
-    # variable-length sequences drawn with real values, before fake tensors take over
+    # variable-length sequences, and the order of their pass, drawn with real values before fake
+    # tensors take over
     feed = recipe.feed()
+    if feed is not None:
+        feed.epoch()
     generating = recipe.mode == "generate"
     untraced = _untraced_decodes(ctx) if fold and generating else 0
     marking = _mark_trackers if untraced else None  # where generate()'s passes repeat
@@ -507,8 +510,9 @@ def _grown_counts(counted: list[int], counts: list[list[int]], untraced: int) ->
 def _mark_trackers() -> None:
     """Each live-bytes tracker and step counter counting now marks the end of a repeated part (a
     micro-batch, a pass of generate()'s loop)."""
+    mark_trackers()
     for mode in _get_current_dispatch_mode_stack():
-        if isinstance(mode, LiveBytes | StepCounter):
+        if isinstance(mode, StepCounter):
             mode.mark()
 
 

@@ -248,3 +248,21 @@ def test_bert_varlens_distributions_have_their_worst_steps_predicted(lengths, tm
     """bert-varlen's three CPU distributions at its CPU shapes, bert-tiny standing for bert-base:
     the worst step named is the tracked one, and predicted to the byte."""
     _tracked_worst(*_fed(tmp_path, "dynamic-padding", lengths=lengths))
+
+
+def test_a_measured_pass_records_each_steps_peak_and_the_worst_is_the_one_named(tmp_path):
+    """The worker's instrumented pass over variable-length data keeps each step's tracked peak, in
+    order: as many as the pass has steps, their largest the run's peak, at the step the loader's
+    pass names worst; the prediction of that pass is the same peak."""
+    from dataclasses import replace
+
+    from bench.worker import measure
+
+    run, _, feed = _fed(tmp_path, "dynamic-padding")
+    steps = len(feed.epoch())
+    run = replace(run, cpu=replace(run.cpu, measure_steps=steps))
+    record = measure(run, torch.device("cpu"))
+    peaks = record.memory.step_peak_bytes
+    assert len(peaks) == steps and max(peaks) == record.memory.peak_tensor_bytes
+    assert peaks.index(max(peaks)) == feed.worst().step
+    assert record.prediction.peak_tensor_bytes == record.memory.peak_tensor_bytes
