@@ -259,7 +259,9 @@ def track(
             tracker.label(phases.cache(), Category.KV_CACHE)
 
     hooks = [
-        model.register_forward_pre_hook(forward_start),
+        # before any hook of the model's own (FSDP2's root gathers its parameters in one), and
+        # after them: what they make and free is the forward's
+        model.register_forward_pre_hook(forward_start, prepend=True),
         model.register_forward_hook(forward_end),
     ]
 

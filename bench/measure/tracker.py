@@ -204,9 +204,12 @@ class LiveBytes(TorchDispatchMode):
                 self._count(inner, label)
             return
         storage = t.untyped_storage()
+        if id(storage) not in self._live:
+            self._born(storage, label)
+
+    def _born(self, storage: torch.UntypedStorage, label: str | None = None) -> None:
+        """A storage counted from now, at its bytes now, freed when it dies."""
         key = id(storage)
-        if key in self._live:
-            return
         n = math.ceil(storage.nbytes() / self.rounding) * self.rounding
         index = len(self._lives)
         self._lives.append([n, self.phase if label is None else label, self._tick(), None])
@@ -645,10 +648,40 @@ class LiveBytes(TorchDispatchMode):
         return self._clock
 
     def _free(self, key: int, index: int) -> None:
+        if self._lives[index][3] is not None:  # resized away before it died (``resized``)
+            return
         if self._live.get(key) == index:
             del self._live[key]
         self._lives[index][3] = self._tick()
         self.current -= self._lives[index][0]
+
+    def resized(self, storage: torch.UntypedStorage) -> None:
+        """``storage`` was resized in place (FSDP2 frees an unsharded parameter's storage after
+        use, resizing it to nothing, and resizes it back for the next all-gather): the bytes it
+        held are freed, those it holds now counted, as the caching allocator frees and allocates
+        them. A storage grown that this tracker never counted is one of its device's (a storage of
+        another device, a host's, is left out); one shrunk that it never counted is not its own."""
+        key = id(storage)
+        if (index := self._live.get(key)) is not None:
+            if self._raw[index] == storage.nbytes():
+                return
+            self._free(key, index)
+        elif storage.nbytes() == 0 or storage.device.type not in (self.device_type, "meta"):
+            return
+        if storage.nbytes():
+            self._born(storage)
+
+    def __enter__(self) -> LiveBytes:
+        if not _RESIZING:
+            torch.UntypedStorage.resize_ = _resize  # type: ignore[method-assign]
+        _RESIZING.append(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        _RESIZING.remove(self)
+        if not _RESIZING:
+            torch.UntypedStorage.resize_ = _RESIZE  # type: ignore[method-assign]
+        super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is DEVICE:
@@ -666,6 +699,18 @@ class LiveBytes(TorchDispatchMode):
     def _called(self, func: torch._ops.OpOverload, *args: object, **kwargs: object) -> object:
         """An operator a composite kernel calls, counted as if dispatched here."""
         return self.__torch_dispatch__(func, (), args, kwargs)
+
+
+_RESIZE = torch.UntypedStorage.resize_
+_RESIZING: list[LiveBytes] = []  # the trackers counting now: each is told of a storage resized
+
+
+def _resize(storage: torch.UntypedStorage, size: int) -> torch.UntypedStorage:
+    """``UntypedStorage.resize_`` while a tracker counts: no operator is dispatched for it."""
+    out = _RESIZE(storage, size)
+    for tracker in _RESIZING:
+        tracker.resized(storage)
+    return out
 
 
 def mark_trackers() -> None:

@@ -22,6 +22,28 @@ def test_counts_new_storages_once_and_uncounts_them_when_freed():
     assert tracker.current == 0
 
 
+def test_a_storage_resized_in_place_is_freed_and_allocated_as_the_allocator_sees_it():
+    """FSDP2 frees an unsharded parameter by resizing its storage to nothing and gathers into it
+    again by resizing it back; no operator is dispatched for either. Each resize ends the bytes the
+    storage held and counts those it holds, one life each, as the caching allocator frees and
+    allocates them; its last life ends when it dies. Outside a tracker, resize_ is torch's own."""
+    original = torch.UntypedStorage.resize_
+    tracker = LiveBytes(CPU)
+    with tracker:
+        a = torch.zeros(1000)  # 4000 bytes
+        a.untyped_storage().resize_(0)
+        assert tracker.current == 0
+        a.untyped_storage().resize_(8000)
+        assert tracker.current == 8000
+        ahead = torch.empty(0)
+        ahead.untyped_storage().resize_(2000)  # grown, never counted: its device's, from now
+        assert tracker.current == 10000
+    assert tracker.peak == 10000 and torch.UntypedStorage.resize_ is original
+    assert [life[0] for life in tracker._lives] == [4000, 8000, 0, 2000]
+    del a, ahead
+    assert tracker.current == 0
+
+
 def test_a_tensor_marked_as_on_the_host_is_not_counted():
     """A prediction's fake CPU tensors stand for CUDA ones; the few CUDA keeps on the host are
     marked so."""

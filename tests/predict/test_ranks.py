@@ -57,6 +57,22 @@ def test_fsdp_gathers_parameters_in_forward_and_again_in_backward(n):
         assert out.world_size == n
 
 
+@pytest.mark.parametrize("n", [2, 8])
+def test_fsdp_leaves_for_backward_what_the_plain_step_does_or_with_every_parameter_gathered(n):
+    """FSDP2 frees a unit's gathered parameters by resizing their storage to nothing, which no
+    operator dispatches (the tracker is told of each resize): resharding after forward, a forward
+    leaves for backward exactly the plain step's activations; keeping them, the activations and the
+    whole model's parameters, gathered (each padded to N rows)."""
+    plain = predict(spec("bert-tiny", batch_size=4, seq_len=16), cuda=False)
+    resharded = _predicted(tech("fsdp"), n)
+    kept = _predicted(tech("fsdp", reshard_after_forward=False), n)
+    assert resharded.activation_bytes == plain.activation_bytes
+    # gathered as each rank's shard is padded: N rows at a time (float32 here)
+    gathered = 4 * n * _padded_elements("bert-tiny", n)[0]
+    assert gathered >= plain.param_bytes
+    assert kept.activation_bytes == plain.activation_bytes + gathered
+
+
 def _padded_elements(model: str, n: int) -> tuple[int, int]:
     """FSDP2 shards each parameter along its first dimension, padded to a multiple of N rows: a
     rank's elements, and the number of parameter tensors."""
