@@ -165,6 +165,7 @@ def job_suite(args: argparse.Namespace, folder: Path = Path(".cache/suites")) ->
         seq_len=args.seq_len,
         batch=args.batch,
         inputs=inputs,
+        nproc=getattr(args, "nproc", None),
     )
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{from_config.name_of(args.hf)}.toml"

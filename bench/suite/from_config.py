@@ -46,11 +46,13 @@ def suite_text(
     batch: int | None = None,
     inputs: str = "tokens",
     quantization_config: str | None = None,
+    nproc: int | None = None,
 ) -> str:
     """The suite's TOML: ``inputs`` is the model's ("tokens" or "image"), which sets the shape keys.
     Without arguments, adapters or a quantization config, the baseline alone: the model fine-tuned
     in full. ``quantization_config``: a BitsAndBytesConfig file the job loads the model with (the
-    baseline fine-tunes it unquantized); BadInput where it cannot be read or is not modelled."""
+    baseline fine-tunes it unquantized); BadInput where it cannot be read or is not modelled.
+    ``nproc``: the processes a sharded job (the arguments' ``fsdp``) spans, which it needs."""
     from bench.suite.toml_text import to_toml
 
     if inputs == "tokens":
@@ -81,6 +83,13 @@ def suite_text(
     job: dict[str, Any] = {"name": "job", "techniques": []}
     if training_args:
         job["training_args"] = training_args
+    if args.get("fsdp") not in (None, False, "", []):
+        if not nproc:
+            raise BadInput(
+                f"--training-args {training_args}: fsdp shards the job over the processes its "
+                "launcher starts, which the arguments do not say: give --nproc N (8: a node of 8)"
+            )
+        job["nproc"] = nproc
     if quantization_config:
         job["techniques"] = [_quantized(quantization_config, args)]
     if adapter_config:

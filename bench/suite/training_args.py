@@ -110,12 +110,10 @@ OPTIMIZERS_NOT_MODELLED = {
     ),
 }
 # Fields that change what a step holds, not modelled yet: a job that sets one is refused, by name
-# and why, where reading it as ignored would predict a peak several-fold off. (fsdp_config matters
-# only beside fsdp, and to_json_string writes its defaults into every file.)
+# and why, where reading it as ignored would predict a peak several-fold off.
 NOT_MODELLED = {
     "deepspeed": "DeepSpeed's ZeRO shards parameters, gradients and optimizer state over the "
     "ranks and may offload them",
-    "fsdp": "FSDP shards parameters, gradients and optimizer state over the ranks",
     "use_liger_kernel": "Liger's kernels fuse the loss over chunks of the logits, and the norms "
     "and MLPs",
     "optim_target_modules": "GaLore-style optimizers keep these modules' gradients projected",
@@ -259,7 +257,6 @@ UNCHANGED: dict[str, str] = {
         "settings across processes: the job is predicted on one card, where DDP's buckets and "
         "accelerate's batch dispatch do not run and a gather of one process is its own tensor",
     ),
-    "fsdp_config": "read only beside fsdp, which is refused",
     "liger_kernel_config": "read only beside use_liger_kernel, which is refused",
 }
 # TRL's SFTConfig (trl/trainer/sft_config.py and base_config.py, TRL at f2cd577): a file with any
@@ -373,7 +370,38 @@ READ = (
     "torch_compile_mode",
     "torch_compile_backend",
     "max_grad_norm",
+    "fsdp",
+    "fsdp_config",
 )
+# fsdp_config's keys (transformers 5's _process_fsdp_args, FSDP2): those the fsdp technique takes,
+# those that change nothing a step holds, and those refused with why
+FSDP_READ = {
+    "version",
+    "reshard_after_forward",
+    "cpu_offload",
+    "auto_wrap_policy",
+    "transformer_layer_cls_to_wrap",
+    "activation_checkpointing",
+}
+FSDP_UNCHANGED = {
+    "min_num_params",  # the size-based wrap's, which is refused
+    "cpu_ram_efficient_loading",  # how weights load before training: rank 0 reads, then shards
+    "state_dict_type",  # how checkpoints are saved
+    "sync_module_states",  # FSDP1's; FSDP2 loads as cpu_ram_efficient_loading says
+    "forward_prefetch",  # FSDP1's
+    "backward_prefetch",  # FSDP1's
+    "use_orig_params",  # FSDP1's
+    "limit_all_gathers",  # FSDP1's
+    "xla",
+    "xla_fsdp_v2",
+    "xla_fsdp_grad_ckpt",
+    "xla_fsdp_settings",
+}
+FSDP_REFUSED = {
+    "activation_checkpointing_offload": "accelerate's offload_wrapper keeps each checkpointed "
+    "layer's input in host memory",
+    "ignored_modules": "the modules it names stay whole on every rank, outside the shards",
+}
 
 
 @dataclass(frozen=True)
@@ -433,6 +461,7 @@ def read(path: str, where: str, problems: list[str]) -> Job | None:
     ]
     techniques = (
         _precision(args, where, found)
+        + _fsdp(args, Path(path).parent, where, found)
         + _optimizer(args, where, found)
         + _checkpointing(args, where, found)
         + (_sft_loss(args, where, found) + _sft_packing(args, where, found) if sft else [])
@@ -616,11 +645,100 @@ def _precision(args: dict[str, Any], where: str, found: list[str]) -> list[Any]:
     if args.get("bf16") and args.get("fp16"):
         found.append(f"{where}: bf16 and fp16: both true; the Trainer takes one mixed precision")
         return []
-    if args.get("bf16"):
-        return [{"name": "amp", "dtype": "bfloat16"}]
-    if args.get("fp16"):
-        return [{"name": "amp", "dtype": "float16"}]
+    if precision := next((d for f, d in PRECISIONS if args.get(f)), None):
+        return [{"name": "amp", "dtype": precision}]
     return []
+
+
+# the Trainer's mixed precision flags, and the dtype each computes in
+PRECISIONS = (("bf16", "bfloat16"), ("fp16", "float16"))
+
+
+def _fsdp(args: dict[str, Any], folder: Path, where: str, found: list[str]) -> list[Any]:
+    """The Trainer's FSDP as transformers 5 reads it (``_process_fsdp_args``) and accelerate lays
+    it out: FSDP2 unless ``fsdp_config`` says version 1; ``fsdp`` as a string or list of options
+    (full_shard: reshard after forward; shard_grad_op: not; offload: cpu_offload; auto_wrap: the
+    default) or True, the rest in ``fsdp_config`` (a dict, or a JSON file's path, ``fsdp_`` taken
+    off its keys); mixed precision from bf16 or fp16. Each rank of the job's processes (the run's
+    nproc) is predicted. What transformers would refuse, or what changes a step's memory that the
+    fsdp technique does not take, is a problem named."""
+    fsdp = args.get("fsdp")
+    if fsdp in (None, False, "", []):
+        return []
+    config = _fsdp_config(args.get("fsdp_config"), folder, where, found)
+    if config is None:
+        return []
+    if int(config.get("version", 2)) != 2:
+        found.append(
+            f"{where}: fsdp_config.version = {config['version']!r}: FSDP1, deprecated in "
+            "transformers 5, is not modelled; FSDP2 (version 2, the default) is"
+        )
+    if isinstance(fsdp, str):
+        items = fsdp.split()
+    elif isinstance(fsdp, list):
+        items = fsdp
+    else:  # True: everything in fsdp_config
+        items = []
+    for item in items:
+        if item in ("full_shard", "shard_grad_op"):
+            config.setdefault("reshard_after_forward", item == "full_shard")
+        elif item == "offload":
+            config.setdefault("cpu_offload", True)
+        elif item != "auto_wrap":
+            found.append(
+                f"{where}: fsdp: {item!r}: not an FSDP2 option (transformers 5 takes full_shard, "
+                "shard_grad_op, offload and auto_wrap; hybrid_shard and no_shard are FSDP1's)"
+            )
+    for key in sorted(config.keys() - FSDP_READ - FSDP_UNCHANGED):
+        why = FSDP_REFUSED.get(key, "not an fsdp_config key transformers 5 reads")
+        found.append(f"{where}: fsdp_config.{key}: {why}; not modelled")
+    if (policy := config.get("auto_wrap_policy", "TRANSFORMER_BASED_WRAP")) != (
+        "TRANSFORMER_BASED_WRAP"
+    ):
+        found.append(
+            f"{where}: fsdp_config.auto_wrap_policy = {policy!r}: only TRANSFORMER_BASED_WRAP (the "
+            "default: each transformer layer a unit) is modelled"
+        )
+    checkpointed = _bool(config.get("activation_checkpointing", False))
+    if checkpointed and _renamed(args, "activation_checkpointing", "gradient_checkpointing"):
+        found.append(
+            f"{where}: fsdp_config.activation_checkpointing and gradient_checkpointing: the "
+            "Trainer refuses both at once; keep FSDP's own"
+        )
+    layers = config.get("transformer_layer_cls_to_wrap") or []
+    technique = {
+        "name": "fsdp",
+        "layout": "accelerate",
+        "reshard_after_forward": _bool(config.get("reshard_after_forward", True)),
+        "cpu_offload": _bool(config.get("cpu_offload", False)),
+        "activation_checkpointing": checkpointed,
+        "wrap": ",".join([layers] if isinstance(layers, str) else layers),
+    }
+    precision = next((d for f, d in PRECISIONS if args.get(f)), None)
+    return [technique | ({"mixed_precision": precision} if precision else {})]
+
+
+def _fsdp_config(given: Any, folder: Path, where: str, found: list[str]) -> dict[str, Any] | None:
+    """``fsdp_config`` as a dict (a JSON file's, read where given, else beside the arguments),
+    each key without its ``fsdp_`` prefix; None, the problem said, where it cannot be read."""
+    if given in (None, ""):
+        return {}
+    if isinstance(given, str):
+        path = Path(given) if Path(given).exists() else folder / given
+        try:
+            given = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            found.append(f"{where}: fsdp_config {given!r}: cannot read it as JSON ({exc})")
+            return None
+    if not isinstance(given, dict):
+        found.append(f"{where}: fsdp_config: a dict or a JSON file's path, got {given!r}")
+        return None
+    return {k.removeprefix("fsdp_"): v for k, v in given.items()}
+
+
+def _bool(value: Any) -> bool:
+    """A flag as transformers reads it (``str_to_bool``: "true", "1", True)."""
+    return str(value).lower() in ("true", "1", "yes", "y", "on", "t")
 
 
 def _optimizer(args: dict[str, Any], where: str, found: list[str]) -> list[Any]:

@@ -158,6 +158,22 @@ class FullyShard(_Distributed):
             "2-D: tensor parallelism over groups of this many ranks (e.g. 8: a node), fsdp across "
             "the groups; 0: none",
         )
+        layout: Literal["blocks", "accelerate"] = option(
+            "blocks",
+            "blocks: each repeated block, then the root; accelerate: as the Trainer's FSDP2 "
+            "(accelerate's fsdp2_prepare_model) lays out a transformers model, its reduction and "
+            "outputs in mixed_precision's dtype",
+        )
+        wrap: str = option(
+            "",
+            "layout accelerate: the classes each wrapped unit is (fsdp_config's "
+            "transformer_layer_cls_to_wrap, comma-separated); empty: the model's _no_split_modules",
+        )
+        activation_checkpointing: bool = option(
+            False,
+            "layout accelerate: each wrapped unit checkpointed first, non-reentrant (fsdp_config's "
+            "activation_checkpointing, accelerate's fsdp2_apply_ac)",
+        )
 
     @property
     def unpredictable(self) -> str:  # type: ignore[override]  an option decides it, not the class
@@ -179,6 +195,12 @@ class FullyShard(_Distributed):
                 "shard_group and tensor_parallel cannot be combined (hybrid sharding with tensor "
                 "parallelism, 3-D, is not offered); set one to 0"
             )
+        if self.config.layout == "accelerate" and self.config.tensor_parallel:
+            found.append("layout = 'accelerate' shards one dimension; set tensor_parallel to 0")
+        if self.config.layout != "accelerate" and (
+            self.config.wrap or self.config.activation_checkpointing
+        ):
+            found.append("wrap and activation_checkpointing are layout = 'accelerate''s")
         return found
 
     def replicas(self, world_size: int) -> int:
@@ -196,11 +218,21 @@ class FullyShard(_Distributed):
                 "tensor_parallel over all the processes leaves none to shard across; use "
                 "tensor-parallel"
             )
+        if missing := self._missing_classes(ctx):
+            return f"wrap: no {', '.join(missing)} in {ctx.model_spec.name}"
         if self.config.cpu_offload and not ctx.cuda:
             return (
                 "cpu_offload moves sharded states to host memory; on a CPU they are there already"
             )
         return super().unsupported(ctx)
+
+    def _missing_classes(self, ctx: RunContext) -> list[str]:
+        """The classes ``wrap`` names that the model has none of (accelerate raises on one)."""
+        if self.config.layout != "accelerate" or not self.config.wrap:
+            return []
+        with torch.device("meta"):
+            found = {type(m).__name__ for m in ctx.model_spec.build(ctx.shapes).modules()}
+        return [c for c in _names(self.config.wrap) if c not in found]
 
     def parallelize(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         from torch.distributed.fsdp import (
@@ -215,15 +247,18 @@ class FullyShard(_Distributed):
             "reshard_after_forward": self.config.reshard_after_forward,
             "offload_policy": CPUOffloadPolicy() if self.config.cpu_offload else OffloadPolicy(),
         }
+        if self.config.layout == "accelerate":
+            self.model, self.units = _as_accelerate_shards(model, kwargs, self.config)
+            return self.model
         if self.config.mixed_precision != "none":
             dtype = getattr(torch, self.config.mixed_precision)
             kwargs["mp_policy"] = MixedPrecisionPolicy(
                 param_dtype=dtype, reduce_dtype=torch.float32
             )
-        self.blocks = ctx.model_spec.blocks(model)
-        for name in self.blocks:
+        blocks = ctx.model_spec.blocks(model)
+        for name in blocks:
             fully_shard(model.get_submodule(name), **kwargs)
-        self.model = fully_shard(model, **kwargs)
+        self.model, self.units = fully_shard(model, **kwargs), len(blocks) + 1
         return self.model
 
     def _mesh(self, model: nn.Module, ctx: RunContext) -> Any:
@@ -240,7 +275,83 @@ class FullyShard(_Distributed):
             tp = {"sharded_linears": self.sharded_linears}
         else:
             tp = {}
-        return super().proof(steps) | {"sharded_modules": len(self.blocks) + 1} | tp
+        return super().proof(steps) | {"sharded_modules": self.units} | tp
+
+
+def _as_accelerate_shards(
+    model: nn.Module, kwargs: dict[str, Any], config: FullyShard.Config
+) -> tuple[nn.Module, int]:
+    """``model`` sharded as the Trainer's FSDP2 shards a transformers model (accelerate 1.x's
+    ``fsdp2_apply_ac`` and ``fsdp2_prepare_model``): with ``activation_checkpointing``, each module
+    of a wrapped class (``wrap``, else those ``_no_split_modules`` names) checkpointed first; in
+    mixed precision, every trainable parameter not in float32 upcast to it (the master copy) and
+    the policy reducing and returning in that dtype too; each module of a wrapped class, children
+    before parents; the input embeddings alone, unless tied to the output's; the final norm and the
+    output embeddings (the tied input ones too) as one unit kept gathered after forward; the root
+    left to torch's default for it (kept gathered). The root, and how many units it was cut
+    into."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    wrapped = set(_wrapped_classes(model, config.wrap))
+    if config.activation_checkpointing:
+        for name, module in _bottom_up(model)[:-1]:
+            if type(module).__name__ in wrapped:
+                model.set_submodule(name, checkpoint_wrapper(module, preserve_rng_state=False))
+    if config.mixed_precision != "none":
+        dtype = getattr(torch, config.mixed_precision)
+        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype)
+        kwargs = kwargs | {"mp_policy": policy}
+        for p in model.parameters():
+            if p.requires_grad and p.dtype != torch.float32:
+                p.data = p.data.to(torch.float32)
+    units = 0
+    for _, module in _bottom_up(model)[:-1]:
+        if type(module).__name__ in wrapped and not isinstance(module, FSDPModule):
+            fully_shard(module, **kwargs)
+            units += 1
+    embed = getattr(model, "get_input_embeddings", lambda: None)()
+    out = getattr(model, "get_output_embeddings", lambda: None)()
+    tied = embed is not None and out is not None and embed.weight is out.weight
+    if not tied and embed is not None and not isinstance(embed, FSDPModule):
+        fully_shard(embed, **kwargs)
+        units += 1
+    tail = [m for m in (_final_norm(model), *((embed,) if tied else ()), out) if m is not None]
+    if tail := [m for m in tail if not isinstance(m, FSDPModule)]:
+        fully_shard(tail, **(kwargs | {"reshard_after_forward": False}))
+        units += 1
+    root = {k: v for k, v in kwargs.items() if k != "reshard_after_forward"}
+    return fully_shard(model, **root), units + 1
+
+
+def _wrapped_classes(model: nn.Module, wrap: str) -> list[str]:
+    """The classes each unit is: ``wrap``'s names, else the model's ``_no_split_modules``."""
+    return _names(wrap) or list(getattr(model, "_no_split_modules", None) or ())
+
+
+def _names(wrap: str) -> list[str]:
+    return [name.strip() for name in wrap.split(",") if name.strip()]
+
+
+def _bottom_up(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Every module and its name, children before their parents, the model last (accelerate's
+    ``get_module_children_bottom_up``: a stack popped depth first, its order reversed)."""
+    stack, ordered = [("", model)], []
+    while stack:
+        name, current = stack.pop()
+        stack.extend((f"{name}.{n}" if name else n, m) for n, m in current.named_children())
+        ordered.append((name, current))
+    return ordered[::-1]
+
+
+def _final_norm(model: nn.Module) -> nn.Module | None:
+    """The last child of the base model whose class names a norm (accelerate's
+    ``_find_final_norm``: Llama's ``model.norm``)."""
+    prefix = getattr(model, "base_model_prefix", "")
+    base = getattr(model, prefix, None) if prefix else model
+    if not isinstance(base, nn.Module):
+        return None
+    return next((m for m in reversed(list(base.children())) if "Norm" in type(m).__name__), None)
 
 
 @TECHNIQUES.register("tensor-parallel")

@@ -108,7 +108,26 @@ def test_transformers_4s_own_adamw_is_read_as_what_it_was(tmp_path):
             {"deepspeed": "ds_config.json"},
             "deepspeed = 'ds_config.json': changes what a step holds",
         ),
-        ({"fsdp": "full_shard auto_wrap"}, "fsdp = 'full_shard auto_wrap': changes what a step"),
+        # the Trainer's FSDP2 as transformers 5 reads it: what it refuses, or the fsdp technique
+        # does not take
+        ({"fsdp": "hybrid_shard"}, "fsdp: 'hybrid_shard': not an FSDP2 option"),
+        (
+            {"fsdp": True, "fsdp_config": {"version": 1}},
+            "fsdp_config.version = 1: FSDP1, deprecated in transformers 5, is not modelled",
+        ),
+        (
+            {"fsdp": True, "fsdp_config": {"auto_wrap_policy": "SIZE_BASED_WRAP"}},
+            "only TRANSFORMER_BASED_WRAP",
+        ),
+        (
+            {"fsdp": True, "fsdp_config": {"activation_checkpointing_offload": True}},
+            "fsdp_config.activation_checkpointing_offload: accelerate's offload_wrapper",
+        ),
+        (
+            {"fsdp": True, "fsdp_config": {"activation_checkpointing": True}},
+            "the Trainer refuses both at once",
+        ),
+        ({"fsdp": True, "fsdp_config": "nowhere.json"}, "fsdp_config 'nowhere.json': cannot read"),
         ({"use_liger_kernel": True}, "use_liger_kernel = True: changes what a step holds"),
         ({"label_smoothing_factor": 0.1}, "label_smoothing_factor = 0.1: changes what a step"),
         ({"neftune_noise_alpha": 5}, "neftune_noise_alpha = 5: changes what a step holds"),
@@ -118,6 +137,52 @@ def test_transformers_4s_own_adamw_is_read_as_what_it_was(tmp_path):
 def test_a_wrong_or_contradictory_field_is_a_load_error_naming_it(change, said, tmp_path):
     with pytest.raises(SuiteError, match=said):
         load(suite(tmp_path, ARGS | change))
+
+
+@pytest.mark.parametrize(
+    "fsdp, config, expected",
+    [
+        (
+            "full_shard auto_wrap",
+            {
+                "activation_checkpointing": "true",
+                "transformer_layer_cls_to_wrap": "LlamaDecoderLayer",
+            },
+            {"reshard_after_forward": True, "activation_checkpointing": True},
+        ),
+        (["shard_grad_op", "offload"], {}, {"reshard_after_forward": False, "cpu_offload": True}),
+        # everything in a JSON file beside the arguments, keys with accelerate's fsdp_ prefix
+        (True, "fsdp.json", {"reshard_after_forward": False}),
+    ],
+)
+def test_the_trainers_fsdp_is_fsdp2_laid_out_as_accelerate_lays_it_out(
+    fsdp, config, expected, tmp_path
+):
+    """transformers 5 reads fsdp and fsdp_config into accelerate's FSDP2 plugin: the fsdp
+    technique in accelerate's layout, in the Trainer's mixed precision, over the run's processes."""
+    (tmp_path / "fsdp.json").write_text(json.dumps({"fsdp_reshard_after_forward": "false"}))
+    args = ARGS | {"gradient_checkpointing": False, "fsdp": fsdp, "fsdp_config": config}
+    run = load(suite(tmp_path, args, extra="nproc = 8\n")).runs[1]
+    (sharded,) = [t for t in run.techniques if t.name == "fsdp"]
+    defaults = {"reshard_after_forward": True, "cpu_offload": False}
+    defaults |= {"activation_checkpointing": False, "wrap": ""}
+    if isinstance(config, dict):
+        defaults["wrap"] = config.get("transformer_layer_cls_to_wrap", "")
+    wanted = {"layout": "accelerate", "mixed_precision": "bfloat16"} | defaults | expected
+    assert dict(sharded.options) == wanted
+    assert "amp(dtype=bfloat16)" in [t.label for t in run.techniques] and run.nproc == 8
+
+
+def test_a_sharded_job_from_its_files_spans_the_processes_given(tmp_path):
+    """The arguments do not say how many processes the launcher starts: --nproc does."""
+    from bench.errors import BadInput
+    from bench.suite import from_config
+
+    (tmp_path / "fsdp.json").write_text(json.dumps(ARGS | {"fsdp": "full_shard"}))
+    with pytest.raises(BadInput, match="give --nproc N"):
+        from_config.suite_text("suites/configs/tiny-llama", str(tmp_path / "fsdp.json"))
+    text = from_config.suite_text("suites/configs/tiny-llama", str(tmp_path / "fsdp.json"), nproc=8)
+    assert "nproc = 8" in text
 
 
 def test_the_fields_not_modelled_pass_at_the_defaults_transformers_writes(tmp_path):
