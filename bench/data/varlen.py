@@ -5,6 +5,10 @@ packed into one row), the bucketing sampler, and the feed that times the step's 
 Distributions, as a suite names them (``lengths`` in ``[shapes.*]`` or ``[matrix.lengths]``):
 - ``uniform:LO:HI``: lengths drawn uniformly in LO..HI;
 - ``lognormal:MEDIAN:SIGMA:MAX``: exp(N(ln MEDIAN, SIGMA)), rounded, clipped to 1..MAX;
+- a dataset known by its ``MIN``, ``MAX`` and ``MEAN`` lengths, with a shape:
+  ``triangular:MIN:MAX:MEAN`` (the triangle on MIN..MAX of that mean, its mode 3·MEAN − MIN − MAX)
+  or ``lognormal-mean:MIN:MAX:MEAN`` (a long tail: the lognormal of that mean whose 99.9th
+  percentile is MAX), rounded, clipped to MIN..MAX;
 - ``digits``: real data, each of scikit-learn's handwritten digits as [CLS] then the positions of
   its non-zero pixels (17 to 43 tokens), with its class as label;
 - ``hf:PATH``: a local tokenised dataset (``datasets``' ``save_to_disk``, an ``input_ids`` column
@@ -45,9 +49,11 @@ PAD = real.PAD
 FIRST_TOKEN = 3  # synthetic sequences draw their ids from here up (0, 1, 2: padding, [CLS], [SEP])
 DIGITS_LENGTHS = (17, 43)  # [CLS] plus 16 to 42 non-zero pixels, over all 1,797 digits
 FORMS = (
-    "'uniform:LO:HI', 'lognormal:MEDIAN:SIGMA:MAX', 'digits', 'hf:PATH', 'file:PATH' or "
-    "'histogram:PATH'"
+    "'uniform:LO:HI', 'lognormal:MEDIAN:SIGMA:MAX', 'triangular:MIN:MAX:MEAN', "
+    "'lognormal-mean:MIN:MAX:MEAN', 'digits', 'hf:PATH', 'file:PATH' or 'histogram:PATH'"
 )
+# the normal's 99.9th percentile: where lognormal-mean puts MAX
+TAIL_Z = 3.090232306167813
 # the dataset holds this many batches: enough distinct ones for any pass
 SEQUENCES_PER_BATCH_SLOT = 16
 Sample = tuple[torch.Tensor, int]  # one sequence's token ids, and its label
@@ -71,6 +77,8 @@ class Lengths:
             return max(file_lengths(self.path))
         if self.kind == "histogram":
             return max(length for length, _ in histogram(self.path))
+        if self.kind in ("triangular", "lognormal-mean"):  # MIN:MAX:MEAN
+            return int(self.params[1])
         return int(self.params[-1])
 
     def sample(self, n: int, generator: torch.Generator) -> list[int]:
@@ -82,9 +90,34 @@ class Lengths:
         if self.kind == "uniform":
             lo, hi = map(int, self.params)
             return torch.randint(lo, hi + 1, (n,), generator=generator).tolist()
-        median, sigma, top = self.params
+        if self.kind == "triangular":
+            return _triangular(*self.params, n, generator)
+        if self.kind == "lognormal-mean":
+            low, top, mean = self.params
+            sigma = lognormal_sigma(top, mean)
+            median = mean * math.exp(-(sigma**2) / 2)
+        else:
+            (median, sigma, top), low = self.params, 1
         drawn = torch.exp(math.log(median) + sigma * torch.randn(n, generator=generator))
-        return drawn.round().clamp(1, top).long().tolist()
+        return drawn.round().clamp(low, top).long().tolist()
+
+
+def _triangular(
+    low: float, top: float, mean: float, n: int, generator: torch.Generator
+) -> list[int]:
+    """``n`` lengths from the triangle on low..top whose mean is ``mean``, by its inverse CDF."""
+    mode = 3 * mean - low - top
+    u = torch.rand(n, generator=generator, dtype=torch.float64)
+    width, split = top - low, (mode - low) / (top - low)
+    rising = low + torch.sqrt(u * width * (mode - low))
+    falling = top - torch.sqrt((1 - u) * width * (top - mode))
+    return torch.where(u < split, rising, falling).round().clamp(low, top).long().tolist()
+
+
+def lognormal_sigma(top: float, mean: float) -> float:
+    """The sigma of the lognormal of ``mean`` whose 99.9th percentile is ``top``: the smaller root
+    of sigma²/2 − z·sigma + ln(top/mean) = 0 (ln top = mu + z·sigma, ln mean = mu + sigma²/2)."""
+    return TAIL_Z - math.sqrt(TAIL_Z**2 - 2 * math.log(top / mean))
 
 
 def parse(text: str) -> Lengths:
@@ -118,10 +151,34 @@ def parse(text: str) -> Lengths:
         and params[2] >= 1
     ):
         return Lengths(kind, params)
+    if kind in ("triangular", "lognormal-mean"):
+        return _by_mean(text, kind, params)
     raise ValueError(
         f"{text!r} is not a length distribution; expected {FORMS} (integers LO ≤ HI, MEDIAN > 0, "
         "SIGMA ≥ 0, MAX ≥ 1)"
     )
+
+
+def _by_mean(text: str, kind: str, params: tuple[float, ...]) -> Lengths:
+    """A ``MIN:MAX:MEAN`` form; ValueError naming what its numbers cannot make."""
+    if len(params) != 3 or not all(p.is_integer() for p in params[:2]):
+        raise ValueError(f"{text!r}: expected {kind}:MIN:MAX:MEAN, whole MIN and MAX")
+    low, top, mean = params
+    if not 1 <= low < mean < top:
+        raise ValueError(f"{text!r}: needs 1 ≤ MIN < MEAN < MAX")
+    if kind == "triangular" and not low <= 3 * mean - low - top <= top:
+        raise ValueError(
+            f"{text!r}: no triangle on {low:g}..{top:g} has a mean of {mean:g} (its mode would be "
+            f"{3 * mean - low - top:g}); a mean this near an end is a long tail: "
+            f"lognormal-mean:{low:g}:{top:g}:{mean:g}"
+        )
+    if kind == "lognormal-mean" and 2 * math.log(top / mean) > TAIL_Z**2:
+        raise ValueError(
+            f"{text!r}: a lognormal of mean {mean:g} has its 99.9th percentile at "
+            f"{mean * math.exp(TAIL_Z**2 / 2):,.0f} at most, short of MAX; give the dataset's "
+            "lengths themselves (file:PATH or histogram:PATH)"
+        )
+    return Lengths(kind, params)
 
 
 class Sequences(Dataset):

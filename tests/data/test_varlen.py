@@ -266,3 +266,37 @@ def test_a_measured_pass_records_each_steps_peak_and_the_worst_is_the_one_named(
     assert len(peaks) == steps and max(peaks) == record.memory.peak_tensor_bytes
     assert peaks.index(max(peaks)) == feed.worst().step
     assert record.prediction.peak_tensor_bytes == record.memory.peak_tensor_bytes
+
+
+@pytest.mark.parametrize(
+    "form, low, top, mean",
+    [("triangular:8:128:60", 8, 128, 60), ("lognormal-mean:4:2048:187", 4, 2048, 187)],
+)
+def test_a_dataset_known_by_its_min_max_and_mean_is_drawn_in_a_shape_of_that_mean(
+    form, low, top, mean
+):
+    """A dataset card's three numbers and a shape: every length within MIN..MAX, their mean the
+    dataset's (a triangle's exactly in expectation; a lognormal's nearly, its tail past MAX cut),
+    and a long tail where asked: the lognormal's 99.9th percentile at MAX."""
+    lengths = varlen.parse(form)
+    assert lengths.maximum == top
+    drawn = torch.tensor(lengths.sample(40_000, torch.Generator().manual_seed(0)), dtype=float)
+    assert low <= drawn.min() and drawn.max() <= top
+    assert abs(drawn.mean().item() - mean) / mean < 0.02
+    if form.startswith("lognormal"):
+        assert drawn.quantile(0.999).item() == pytest.approx(top, rel=0.1)
+        assert drawn.median().item() < mean  # a long tail: most sequences are short
+
+
+@pytest.mark.parametrize(
+    "form, said",
+    [
+        ("triangular:8:128:20", "a mean this near an end is a long tail: lognormal-mean:8:128:20"),
+        ("triangular:8:128:200", "needs 1 ≤ MIN < MEAN < MAX"),
+        ("lognormal-mean:1:100000:10", "at 1,185 at most, short of MAX"),
+        ("triangular:8.5:128:40", "whole MIN and MAX"),
+    ],
+)
+def test_min_max_and_mean_no_shape_can_have_are_refused_with_the_way_out(form, said):
+    with pytest.raises(ValueError, match=said):
+        varlen.parse(form)

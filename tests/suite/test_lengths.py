@@ -87,8 +87,8 @@ def test_a_distribution_that_is_not_one_lists_the_forms(tmp_path):
     (problem,) = suite_problems(tmp_path, text)
     assert problem.startswith(
         "matrix.lengths.uniform.cpu: 'zipf:2' is not a length distribution; expected "
-        "'uniform:LO:HI', 'lognormal:MEDIAN:SIGMA:MAX', 'digits', 'hf:PATH', 'file:PATH' or "
-        "'histogram:PATH'"
+        "'uniform:LO:HI', 'lognormal:MEDIAN:SIGMA:MAX', 'triangular:MIN:MAX:MEAN', "
+        "'lognormal-mean:MIN:MAX:MEAN', 'digits', 'hf:PATH', 'file:PATH' or 'histogram:PATH'"
     )
 
 
