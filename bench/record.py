@@ -454,6 +454,11 @@ class _PredictionOutcome(Part):
         "a whole pass whose allocator settings run out of memory or flush their cache (--epoch): "
         "the verdict with expandable_segments:True, the same pass replayed"
     )
+    split_verdict: str | None = doc(
+        "such a pass without max_split_size_mb: the largest of 512, 256, 128 and 64 MiB under "
+        "which it does better, and its verdict ('fits with max_split_size_mb:128'), or that none "
+        "does"
+    )
 
 
 # The tracked figures and the FLOPs, each documented as its measured twin, so that the two never

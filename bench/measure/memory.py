@@ -347,7 +347,25 @@ def replayed(tracker: LiveBytes, replay: Replay) -> Prediction:
         if out.verdict not in (None, "fits") and not replay.conf.expandable:
             grown = replace(replay, conf=replace(replay.conf, expandable=True))
             out.expandable_verdict = replayed(tracker, grown).verdict
+            if replay.conf.max_split_size is None:
+                out.split_verdict = _split_verdict(tracker, replay, out.verdict)
     return out
+
+
+# max_split_size_mb tried on a pass that runs out of memory or flushes, largest first: a block over
+# it is never split, so small requests do not carve up what a large one needs
+SPLITS_MB = (512, 256, 128, 64)
+BETTER = {"fits": 2, "fits after flushes": 1, "out of memory": 0}
+
+
+def _split_verdict(tracker: LiveBytes, replay: Replay, verdict: str) -> str:
+    """The largest of ``SPLITS_MB`` under which the pass does better than ``verdict``, and how."""
+    for mb in SPLITS_MB:
+        split = replace(replay, conf=replace(replay.conf, max_split_size=mb << 20))
+        found = replayed(tracker, split).verdict
+        if BETTER[found] > BETTER[verdict]:
+            return f"{found} with max_split_size_mb:{mb}"
+    return f"{verdict} with max_split_size_mb at {', '.join(map(str, SPLITS_MB))} too"
 
 
 def _stepped_aside(step: Callable[..., Any], tracker: LiveBytes) -> Callable[..., Any]:

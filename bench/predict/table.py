@@ -345,6 +345,8 @@ def verdict(prediction: Prediction) -> str:
         said += ")"
     if p.expandable_verdict is not None:
         said += f"; with expandable_segments:True, {p.expandable_verdict}"
+    if p.split_verdict is not None:
+        said += f"; {p.split_verdict}"
     return said
 
 

@@ -42,6 +42,8 @@ def test_a_pass_runs_out_of_memory_at_the_step_fragmentation_fails_and_expandabl
     # at each one's peak: none free beside x, then the 10 MiB after z
     assert out.epoch_largest_free_bytes == [0, 10 * MiB]
     assert out.expandable_verdict == "fits after flushes"
+    # every block here is under 64 MiB: a limit on which blocks split changes nothing
+    assert out.split_verdict == "out of memory with max_split_size_mb at 512, 256, 128, 64 too"
     grown = replayed(_pass(X, YZ, W), Replay(capacity=80 * MiB, conf=Conf(expandable=True)))
     assert (grown.verdict, grown.expandable_verdict) == ("fits after flushes", None)
     reordered = replayed(_pass(X, (*W[:2],), (*YZ, (FREED, "z", 30))), card)

@@ -538,3 +538,5 @@ def test_a_pass_whose_worst_step_fits_alone_runs_out_after_shorter_ones_and_expa
     assert (out.verdict, out.oom_step, out.epoch_steps) == ("out of memory", 3, 16)
     assert out.peak_tensor_bytes <= t4.capacity  # its tensors alone would fit
     assert out.expandable_verdict == "fits"
+    # blocks of 64 MiB and more kept whole: it runs, freeing the cache on the way
+    assert out.split_verdict == "fits after flushes with max_split_size_mb:64"
