@@ -243,6 +243,10 @@ class Memory(Part):
         "variable-length data: the tracked peak of each step of the instrumented pass, in order "
         "(their largest is peak_tensor_bytes)"
     )
+    step_reserved_bytes: list[int] | None = doc(
+        "CUDA, variable-length data: what the caching allocator holds after each timed step, in "
+        "order (the drift --epoch predicts)"
+    )
     param_count: int | None = doc("parameters")
     trainable_param_count: int | None = doc("parameters that require gradients")
     rss_peak_bytes: int | None = column("the run process's peak resident host memory", ranks="max")

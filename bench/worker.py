@@ -201,13 +201,23 @@ def _timed_pass(
         torch.cuda.reset_accumulated_memory_stats(device)
     todo, n = batches(batch, feed, ctx.shapes.measure_steps), ctx.shapes.measure_steps
     steps = iter(range(1, n + 1))
+    # on variable-length data, what the allocator holds after each step (read on the host, where
+    # the allocator works: no synchronisation)
+    reserved: list[int] = []
+    held = device.type == "cuda" and feed is not None
+
+    def step() -> None:
+        progress.say("timed steps", next(steps), n)
+        trainer.step(next(todo))
+        if held:
+            reserved.append(torch.cuda.memory_reserved(device))
+
     cpu_clock = time.process_time()
-    times = time_steps(
-        lambda: (progress.say("timed steps", next(steps), n), trainer.step(next(todo))), n, device
-    )
+    times = time_steps(step, n, device)
     record = Record()
     if device.type == "cuda":
         memory = cuda_peaks(device)
+        memory.step_reserved_bytes = reserved or None
         if (now := nvml_process_bytes(device)) is not None:
             # NVML reads the process as it is now, when the cache may hold less than at its peak
             # (empty-cache empties it every step): what it holds beyond the allocator's reserve now
