@@ -300,7 +300,8 @@ def test_predict_longest_on_a_card_keeps_each_length_it_tried_for_the_report(cap
     config = "suites/configs/tiny-llama"
     argv = ["predict", "--hf", config, "--card", "t4", "--longest", "--results", str(tmp_path)]
     assert main([*argv, "--jobs", "1"]) == 0
-    assert "| 512 |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| 512 |" in out and "| 512: " in out  # and the largest batch at 512 tokens
     saved = pd.read_csv(tmp_path / "hf-tiny-llama" / "lengths-t4.csv")
     assert set(saved["card"]) == {"NVIDIA T4"} and saved["fits"].all()
     assert saved["seq_len"].max() == 512 == saved["longest_sequence"].iloc[0]

@@ -245,11 +245,13 @@ def track(
     starts: list[int] = []
 
     def forward_start(*_: object) -> None:
-        if phases is not None:
-            tracker.phase = phases.phase
-        else:
+        if phases is None:
             tracker.phase = Phase.FORWARD
         starts.append(tracker.current)
+
+    def generation_phase(*_: object) -> None:  # after generate()'s own hook has named it
+        if phases is not None:
+            tracker.phase = phases.phase
 
     def forward_end(*_: object) -> None:
         done.held.append(tracker.current - starts[-1])
@@ -262,6 +264,7 @@ def track(
         # before any hook of the model's own (FSDP2's root gathers its parameters in one), and
         # after them: what they make and free is the forward's
         model.register_forward_pre_hook(forward_start, prepend=True),
+        model.register_forward_pre_hook(generation_phase),
         model.register_forward_hook(forward_end),
     ]
 

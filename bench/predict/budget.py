@@ -350,6 +350,38 @@ class LengthPoint:
     read_off: bool
 
 
+@dataclass(frozen=True)
+class BatchAt:
+    """The largest batch a card (or budget) holds at a sequence length; None where none does."""
+
+    seq_len: int
+    largest_batch: int | None
+
+
+def batches_at_lengths(
+    spec: RunSpec,
+    card: Card | None,
+    budget: int | None,
+    longest: int | None,
+    progress: Callable[[str], None] = lambda _: None,
+) -> list[BatchAt]:
+    """The largest batch at a few lengths (issue 67): the powers of two from 512 up to the model's
+    positions, the last four at most twice the longest sequence at the run's batch (its own length
+    where none fits): where a shorter sequence buys a larger batch, and a longer one costs it."""
+    most = positions(spec)
+    reach = 2 * (longest or spec.gpu.seq_len)
+    lengths = [n for n in (512 << k for k in range(9)) if n <= min(most, reach)][-4:]
+    out = []
+    for n in lengths:
+        at = replace(spec, gpu=replace(spec.gpu, seq_len=n))
+        if card is not None:
+            found = largest_batch_on(at, card, progress=progress)
+        else:
+            found = largest_batch(at, budget, progress=progress)
+        out.append(BatchAt(n, found))
+    return out
+
+
 def _reserved(out: Prediction, card: Card | None) -> int | None:
     if card is None:
         return None

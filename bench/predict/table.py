@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from bench.predict.ahead import spawn_pool, stop_pool
 from bench.predict.budget import (
+    BatchAt,
     LengthPoint,
+    batches_at_lengths,
     fewest_ranks,
     largest_batch,
     largest_batch_on,
@@ -79,6 +81,7 @@ class Row:
     longest_context: int | None = None  # a generation's, prompt and new tokens
     longest_sequence: int | None = None  # a training or forward step's, at its batch
     length_curve: tuple[LengthPoint, ...] | None = None  # each length its search predicted
+    batches_at_lengths: tuple[BatchAt, ...] | None = None  # the largest batch at a few lengths
     worst_step: str | None = None  # on variable-length data: which of the epoch's it is
     measured_bytes: int | None = None  # a GPU's allocated peak for the run, where one measured it
     measured_on: str | None = None
@@ -305,6 +308,8 @@ def _row(spec: RunSpec, budget: int | None, card: Card | None, longest: bool = F
         )
         row.answer("longest_sequence", found)
         row.answer("length_curve", tuple(curve))
+        at = batches_at_lengths(spec, card, budget, found, progress=told)
+        row.answer("batches_at_lengths", tuple(at))
     return row
 
 
@@ -425,6 +430,8 @@ def markdown(table: pd.DataFrame, breakdown: bool = False) -> str:
         show["longest sequence"] = pd.to_numeric(table["longest_sequence"], errors="coerce").astype(
             "Int64"
         )
+    if "batches_at_lengths" in table:  # "512: 64, 1,024: 30"
+        show["largest batch at lengths"] = table["batches_at_lengths"].map(_batches_said)
     if "worst_step" in table:  # on variable-length data: the epoch's step predicted
         show["worst step"] = table["worst_step"].fillna("")
     # multi-process entries under a budget: the fewest ranks that fit, and its batch
@@ -437,3 +444,9 @@ def markdown(table: pd.DataFrame, breakdown: bool = False) -> str:
     # traffic columns no entry has, or all zero
     show = show.loc[:, show.notna().any() & (show != 0).any()]
     return to_markdown(show)
+
+
+def _batches_said(found: object) -> str:
+    if not isinstance(found, tuple):
+        return ""
+    return ", ".join(f"{b.seq_len:,}: {b.largest_batch or 'none'}" for b in found)

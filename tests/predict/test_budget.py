@@ -250,6 +250,22 @@ def test_the_longest_sequence_a_step_holds_fits_and_a_step_longer_does_not(card)
         assert answer.reserved_bytes == held(longest) >= answer.peak_tensor_bytes
 
 
+def test_the_largest_batch_at_a_few_lengths_falls_as_the_sequence_grows():
+    """Beside the longest sequence, the largest batch at the powers of two from 512 to twice it:
+    each the batch search's answer at that length, none larger than a shorter length's."""
+    from bench.predict.budget import batches_at_lengths, positions
+
+    run = spec("llama-tiny", (tech("checkpoint"),), batch_size=4, seq_len=64)
+    budget = 600 * 2**20
+    found = batches_at_lengths(run, None, budget, longest=1024)
+    assert [b.seq_len for b in found] == [n for n in (512, 1024, 2048) if n <= positions(run)]
+    for b in found:
+        at = replace(run, gpu=replace(run.gpu, seq_len=b.seq_len))
+        assert b.largest_batch == largest_batch(at, budget)
+    batches = [b.largest_batch or 0 for b in found]
+    assert batches == sorted(batches, reverse=True) and batches[0] > batches[-1]
+
+
 def test_a_model_of_fewer_positions_than_a_step_may_hold_them_all_and_relative_ones_never_end():
     """A small BERT's 128 positions are one step of the search (its longest sequence was none, 128
     being under a step of 256); T5's relative positions give no length: the search runs until the

@@ -88,6 +88,9 @@ def test_a_generation_under_a_budget_and_a_sharded_entry_hold_to_the_schema():
     assert longest["longest_sequence"] == max(
         p["seq_len"] for p in longest["length_curve"] if p["fits"]
     )
+    assert longest["batches_at_lengths"] == [
+        {"seq_len": 512, "largest_batch": longest["batches_at_lengths"][0]["largest_batch"]}
+    ]
     assert generate["longest_context"] > 0 and generate["peak_decode_bytes"] > 0
     assert sharded["world_size"] == 2 and sharded["fewest_ranks"] == 2
     assert "longest_sequence" not in generate  # not asked: no key, not a null
