@@ -53,6 +53,9 @@ class Shapes:
     # Each pass measures the epoch's every batch in order (``bench predict --epoch``), each step
     # marked as it ends, so the allocator replays the whole pass: where lengths are given.
     epoch: bool = False
+    # The pass's order (bench.data.varlen.ORDERS): the loader's, from the seed, or another of the
+    # same batches, each a way a cache may be split before a long batch comes
+    epoch_order: str = "loader"
     # The model this device runs in the suite's place, of its family and smaller (a CPU's llama-tiny
     # for Llama-3-1B); None: the suite's own.
     model: str | None = None
@@ -70,6 +73,7 @@ DATA_DEFAULTS = {
     "pin_memory": False,
     "worst_step": False,
     "epoch": False,
+    "epoch_order": "loader",
     "model": None,
     "prompt_len": None,
     "new_tokens": None,

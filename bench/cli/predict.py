@@ -67,11 +67,15 @@ def add(sub: argparse._SubParsersAction) -> None:
     )
     pre.add_argument(
         "--epoch",
-        action="store_true",
+        nargs="?",
+        const="loader",
+        metavar="ORDER",
+        choices=("loader", "ascending", "descending", "longest-last", "worst"),
         help="each run on variable-length data predicted over a whole pass of its data, every "
-        "batch in the order its loader forms them, through one replay of the caching allocator: "
-        "with --card, the first step whose request the card cannot hold, and whether "
-        "expandable_segments would hold it",
+        "batch in the order its loader forms them (or ORDER: ascending, descending, longest-last, "
+        "or worst: each of those and the loader's, the one that does worst kept), through one "
+        "replay of the caching allocator: with --card, the first step whose request the card "
+        "cannot hold, and whether expandable_segments or max_split_size_mb would hold it",
     )
     pre.add_argument(
         "--json",
@@ -187,7 +191,8 @@ def _predict(args: argparse.Namespace) -> int:
                 f"{flag}: no run of {suite.name} takes variable-length data (lengths in "
                 "[shapes.gpu]); every step of a fixed-shape run is alike"
             )
-        suite = suites.varlen_steps(suite, **{shapes: True})
+        order = {"epoch_order": args.epoch} if shapes == "epoch" else {}
+        suite = suites.varlen_steps(suite, **{shapes: True}, **order)
     if args.nproc:
         suite = suites.spanning(suite, args.nproc)
     stored = map(Record.from_flat, load_records(args.results / suite.name))

@@ -54,6 +54,11 @@ FORMS = (
 )
 # the normal's 99.9th percentile: where lognormal-mean puts MAX
 TAIL_Z = 3.090232306167813
+# The orders a pass may take (``epoch_order``, ``bench predict --epoch ORDER``): the loader's, from
+# the seed; the same batches shortest first, longest first, or the loader's with its longest (those
+# padded to the most tokens) moved to the end, in the order they came: the batch that finally comes
+# is longer than any before it
+ORDERS = ("loader", "ascending", "descending", "longest-last")
 # the dataset holds this many batches: enough distinct ones for any pass
 SEQUENCES_PER_BATCH_SLOT = 16
 Sample = tuple[torch.Tensor, int]  # one sequence's token ids, and its label
@@ -528,8 +533,12 @@ class Feed:
         of the places themselves, drawing from the generator as the batches' loader draws)."""
         if self._epoch is None:
             places = self._ordered(range(len(self.data)), collate_fn=list)  # type: ignore[arg-type]
-            self._epoch = list(places)
+            self._epoch = ordered(list(places), self.shapes.epoch_order, self._padded)
         return self._epoch
+
+    def _padded(self, indices: list[int]) -> int:
+        """A batch's padded tokens, collated as the run's technique collates it."""
+        return real_tokens(self.batching.collate([self.data[i] for i in indices]))[1]
 
     def worst(self) -> Worst:
         """The pass's batch of most padded tokens (the first of them), collated as the run's
@@ -560,6 +569,25 @@ class Feed:
                     labels.to(self.device, non_blocking=True),
                 )
                 given += 1
+
+
+def ordered(
+    batches: list[list[int]], order: str, padded: Callable[[list[int]], int]
+) -> list[list[int]]:
+    """A pass's ``batches`` in ``order`` (``ORDERS``), each batch's length its ``padded`` tokens;
+    sorts are stable, ties keeping the loader's order."""
+    if order == "loader":
+        return batches
+    tokens = [padded(b) for b in batches]
+    places = range(len(batches))
+    if order == "ascending":
+        return [batches[k] for k in sorted(places, key=tokens.__getitem__)]
+    if order == "descending":
+        return [batches[k] for k in sorted(places, key=lambda k: -tokens[k])]
+    if order == "longest-last":
+        longest = max(tokens)
+        return [batches[k] for k in sorted(places, key=lambda k: tokens[k] == longest)]
+    raise ValueError(f"epoch_order {order!r}: one of {', '.join(ORDERS)}")
 
 
 def dataset_size(shapes: Shapes) -> int:

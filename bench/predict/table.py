@@ -24,7 +24,7 @@ from bench.predict.budget import (
     longest_sequence,
 )
 from bench.predict.cards import Card
-from bench.predict.fake import CPU, traced
+from bench.predict.fake import CPU, Traced, traced
 from bench.predict.ranks import KINDS
 from bench.recipe import Recipe
 from bench.record import AT_PEAK, KEY, Prediction, Record
@@ -83,6 +83,7 @@ class Row:
     length_curve: tuple[LengthPoint, ...] | None = None  # each length its search predicted
     batches_at_lengths: tuple[BatchAt, ...] | None = None  # the largest batch at a few lengths
     worst_step: str | None = None  # on variable-length data: which of the epoch's it is
+    epoch_order: str | None = None  # --epoch worst: the order of the pass that did worst
     measured_bytes: int | None = None  # a GPU's allocated peak for the run, where one measured it
     measured_on: str | None = None
     asked: set[str] = field(default_factory=set)
@@ -120,6 +121,8 @@ class Row:
             fit += f", longest sequence {_tokens(self.longest_sequence)}"
         if self.worst_step:
             fit += f", worst at {self.worst_step}"
+        if self.epoch_order:
+            fit += f", the pass's worst order {self.epoch_order}"
         on = ""
         if p.card:
             on = f"; on {p.card}: {verdict(p)}"
@@ -270,9 +273,14 @@ def _row(spec: RunSpec, budget: int | None, card: Card | None, longest: bool = F
     if card is not None:
         doing += f", its allocator replayed on the {card.name}"
     with told.meanwhile(doing):
-        own = traced(spec, card=card)  # its tracker: the first point of a search's line
+        if spec.gpu.epoch_order == WORST:
+            own, order = _worst_order(spec, card, told)
+        else:
+            own, order = traced(spec, card=card), None  # its tracker: a search's line's first point
     out = own.prediction
     row = Row(run=spec.name, batch=spec.gpu.batch_size, prediction=out)
+    if order is not None:
+        row.answer("epoch_order", order)
     if spec.gpu.worst_step:
         row.answer("worst_step", _worst(spec).said())
     if not out.ok:
@@ -311,6 +319,30 @@ def _row(spec: RunSpec, budget: int | None, card: Card | None, longest: bool = F
         at = batches_at_lengths(spec, card, budget, found, progress=told)
         row.answer("batches_at_lengths", tuple(at))
     return row
+
+
+# ``--epoch worst``: the pass in each of varlen.ORDERS, the one that does worst kept
+WORST = "worst"
+VERDICTS_WORST_FIRST = ("out of memory", "fits after flushes", "fits")
+
+
+def _worst_order(spec: RunSpec, card: Card | None, told: Told) -> tuple[Traced, str]:
+    """The run's pass in each order its batches may come (``varlen.ORDERS``), and the one that does
+    worst on the card: out of memory before fitting after flushes before fitting, then the earlier
+    step out of memory, the more flushes, the more reserved (without a card: the most reserved)."""
+    from bench.data.varlen import ORDERS
+
+    def severity(out: Prediction) -> tuple:
+        verdict = VERDICTS_WORST_FIRST.index(out.verdict) if out.verdict else len(ORDERS)
+        reserved = out.peak_reserved_bytes or out.oom_reserved_bytes or 0
+        return (not out.ok, verdict, out.oom_step or 0, -(out.flushes or 0), -reserved)
+
+    tried = {}
+    for order in ORDERS:
+        told(f"the pass in the {order} order")
+        tried[order] = traced(replace(spec, gpu=replace(spec.gpu, epoch_order=order)), card=card)
+    worst = min(tried, key=lambda o: severity(tried[o].prediction))
+    return tried[worst], worst
 
 
 def _worst(spec: RunSpec) -> Worst:
@@ -432,6 +464,8 @@ def markdown(table: pd.DataFrame, breakdown: bool = False) -> str:
         )
     if "batches_at_lengths" in table:  # "512: 64, 1,024: 30"
         show["largest batch at lengths"] = table["batches_at_lengths"].map(_batches_said)
+    if "epoch_order" in table:  # --epoch worst: the order of the pass shown
+        show["pass order"] = table["epoch_order"].fillna("")
     if "worst_step" in table:  # on variable-length data: the epoch's step predicted
         show["worst step"] = table["worst_step"].fillna("")
     # multi-process entries under a budget: the fewest ranks that fit, and its batch

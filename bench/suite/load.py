@@ -133,7 +133,7 @@ def spanning(suite: Suite, nproc: int) -> Suite:
     )
 
 
-def varlen_steps(suite: Suite, **shapes: bool) -> Suite:
+def varlen_steps(suite: Suite, **shapes: bool | str) -> Suite:
     """Every run on variable-length data with its GPU shapes' ``shapes`` set: taking its epoch's
     worst batch alone (``worst_step``, ``bench predict --worst-step``) or every batch of it in
     order (``epoch``, ``--epoch``); the others, whose steps are all alike, as they are."""

@@ -15,7 +15,7 @@ from bench.predict import table
 from bench.predict.fake import Traced
 from bench.record import Prediction
 from bench.suite import load, select
-from tests.helpers import spec
+from tests.helpers import spec, tech
 
 
 @pytest.mark.slow
@@ -213,3 +213,42 @@ def test_epoch_replays_every_step_of_a_pass_through_the_cards_allocator(tmp_path
     assert main(["predict", str(varying), *common]) == 0
     said = r"\| fits for the whole epoch of 8 steps \(reserved after step 1: [\d.]+ GiB, "
     assert re.search(said + r"after step 8: [\d.]+ GiB\) \|", capsys.readouterr().out)
+
+
+def test_epoch_worst_keeps_the_order_of_the_pass_that_does_worst(tmp_path):
+    """--epoch worst: the same batches in each order (varlen.ORDERS) and the one that does worst
+    kept, named: without a card, the one that reserves the most (bert-tiny over long-tailed
+    lengths, whose reserve drifts from step to step)."""
+    from dataclasses import replace
+
+    from bench.data.varlen import ORDERS
+    from bench.predict.fake import traced
+    from bench.predict.table import suite_table as table_of
+
+    shapes = {"batch_size": 64, "seq_len": 512, "lengths": "lognormal:18:1.27:512"}
+    run = spec("bert-tiny", (tech("dynamic-padding"),), **shapes)
+    run = replace(run, gpu=replace(run.gpu, epoch=True))
+    reserved = {
+        order: traced(replace(run, gpu=replace(run.gpu, epoch_order=order))).prediction
+        for order in ORDERS
+    }
+    assert len({tuple(p.epoch_reserved_bytes) for p in reserved.values()}) > 1  # orders differ
+    worst = max(ORDERS, key=lambda o: reserved[o].peak_reserved_bytes)
+    table = table_of(
+        [replace(run, gpu=replace(run.gpu, epoch_order="worst"))], {}, None, log=io.StringIO()
+    )
+    assert table["epoch_order"][0] == worst
+    assert table["peak_reserved_bytes"][0] == reserved[worst].peak_reserved_bytes
+
+
+def test_a_passs_orders_are_its_batches_rearranged():
+    from bench.data.varlen import ordered
+
+    batches = [[0], [1], [2], [3], [4]]
+    padded = {0: 30, 1: 90, 2: 10, 3: 90, 4: 50}.__getitem__
+    length = lambda b: padded(b[0])  # noqa: E731
+    assert ordered(batches, "loader", length) == batches
+    assert ordered(batches, "ascending", length) == [[2], [0], [4], [1], [3]]
+    assert ordered(batches, "descending", length) == [[1], [3], [4], [0], [2]]
+    # the longest, both of them, last, in the order they came
+    assert ordered(batches, "longest-last", length) == [[0], [2], [4], [1], [3]]
