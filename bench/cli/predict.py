@@ -276,16 +276,17 @@ def _card_answers_saved(table: pd.DataFrame, folder: Path, named: str, card: Car
     from bench.provenance import git_revision
     from bench.results import CONTEXTS, CURVES
 
-    card_name = named.strip().lower()
-    made = {"card": card, "revision": git_revision(), "torch_version": torch.__version__}
+    card_name, revision = named.strip().lower(), git_revision()
     if "longest_context" in table:
-        path = save_contexts(table, folder / CONTEXTS.format(card=card_name), **made)
+        where = folder / CONTEXTS.format(card=card_name)
+        path = save_contexts(table, where, card, revision=revision, torch_version=torch.__version__)
         print(
             f"\nwritten: {path} (the report says which run holds the longest context)",
             file=sys.stderr,
         )
     if "length_curve" in table and table["length_curve"].notna().any():
-        path = save_curves(table, folder / CURVES.format(card=card_name), **made)
+        where = folder / CURVES.format(card=card_name)
+        path = save_curves(table, where, card, revision=revision, torch_version=torch.__version__)
         print(f"\nwritten: {path} (its report plots each length against the card)", file=sys.stderr)
 
 

@@ -576,7 +576,7 @@ def ordered(
 ) -> list[list[int]]:
     """A pass's ``batches`` in ``order`` (``ORDERS``), each batch's length its ``padded`` tokens;
     sorts are stable, ties keeping the loader's order."""
-    if order == "loader":
+    if order == ORDERS[0]:  # the loader's own
         return batches
     tokens = [padded(b) for b in batches]
     places = range(len(batches))

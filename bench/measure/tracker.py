@@ -109,6 +109,18 @@ class NotRepeating(Exception):
 Kernel = Callable[..., object]
 
 
+_RESIZE = torch.UntypedStorage.resize_
+_RESIZING: list[LiveBytes] = []  # the trackers counting now: each is told of a storage resized
+
+
+def _resize(storage: torch.UntypedStorage, size: int) -> torch.UntypedStorage:
+    """``UntypedStorage.resize_`` while a tracker counts: no operator is dispatched for it."""
+    out = _RESIZE(storage, size)
+    for tracker in _RESIZING:
+        tracker.resized(storage)
+    return out
+
+
 class LiveBytes(TorchDispatchMode):
     def __init__(
         self,
@@ -699,18 +711,6 @@ class LiveBytes(TorchDispatchMode):
     def _called(self, func: torch._ops.OpOverload, *args: object, **kwargs: object) -> object:
         """An operator a composite kernel calls, counted as if dispatched here."""
         return self.__torch_dispatch__(func, (), args, kwargs)
-
-
-_RESIZE = torch.UntypedStorage.resize_
-_RESIZING: list[LiveBytes] = []  # the trackers counting now: each is told of a storage resized
-
-
-def _resize(storage: torch.UntypedStorage, size: int) -> torch.UntypedStorage:
-    """``UntypedStorage.resize_`` while a tracker counts: no operator is dispatched for it."""
-    out = _RESIZE(storage, size)
-    for tracker in _RESIZING:
-        tracker.resized(storage)
-    return out
 
 
 def mark_trackers() -> None:

@@ -65,6 +65,11 @@ def suite_table(
     return pd.DataFrame(rows)
 
 
+# ``--epoch worst``: the pass in each of varlen.ORDERS, the one that does worst kept
+WORST = "worst"
+VERDICTS_WORST_FIRST = ("out of memory", "fits after flushes", "fits")
+
+
 @dataclass(kw_only=True)
 class Row:
     """One run's line of the table: its prediction at its batch, and what a budget or a card asked
@@ -319,11 +324,6 @@ def _row(spec: RunSpec, budget: int | None, card: Card | None, longest: bool = F
         at = batches_at_lengths(spec, card, budget, found, progress=told)
         row.answer("batches_at_lengths", tuple(at))
     return row
-
-
-# ``--epoch worst``: the pass in each of varlen.ORDERS, the one that does worst kept
-WORST = "worst"
-VERDICTS_WORST_FIRST = ("out of memory", "fits after flushes", "fits")
 
 
 def _worst_order(spec: RunSpec, card: Card | None, told: Told) -> tuple[Traced, str]:

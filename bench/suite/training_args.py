@@ -373,6 +373,8 @@ READ = (
     "fsdp",
     "fsdp_config",
 )
+# the Trainer's mixed precision flags, and the dtype each computes in
+PRECISIONS = (("bf16", "bfloat16"), ("fp16", "float16"))
 # fsdp_config's keys (transformers 5's _process_fsdp_args, FSDP2): those the fsdp technique takes,
 # those that change nothing a step holds, and those refused with why
 FSDP_READ = {
@@ -648,10 +650,6 @@ def _precision(args: dict[str, Any], where: str, found: list[str]) -> list[Any]:
     if precision := next((d for f, d in PRECISIONS if args.get(f)), None):
         return [{"name": "amp", "dtype": precision}]
     return []
-
-
-# the Trainer's mixed precision flags, and the dtype each computes in
-PRECISIONS = (("bf16", "bfloat16"), ("fp16", "float16"))
 
 
 def _fsdp(args: dict[str, Any], folder: Path, where: str, found: list[str]) -> list[Any]:

@@ -631,7 +631,6 @@ KEPT = {
     ),
     "length_column_name": "group_by_length, which needs lengths",
     **dict.fromkeys(("local_rank", "ddp_backend"), "a process group"),
-    "fsdp_config": "fsdp, refused",
     "liger_kernel_config": "use_liger_kernel, refused",
 }
 
