@@ -53,8 +53,8 @@ class Shapes:
     # Each pass measures the epoch's every batch in order (``bench predict --epoch``), each step
     # marked as it ends, so the allocator replays the whole pass: where lengths are given.
     epoch: bool = False
-    # The pass's order (bench.data.varlen.ORDERS): the loader's, from the seed, or another of the
-    # same batches, each a way a cache may be split before a long batch comes
+    # The pass's order (``ORDERS``): the loader's, from the seed, or another of the same batches,
+    # each a way a cache may be split before a long batch comes
     epoch_order: str = "loader"
     # The model this device runs in the suite's place, of its family and smaller (a CPU's llama-tiny
     # for Llama-3-1B); None: the suite's own.
@@ -63,6 +63,13 @@ class Shapes:
     # is their sum, the context the model holds.
     prompt_len: int | None = None
     new_tokens: int | None = None
+
+
+# The orders a pass may take (``epoch_order``, ``bench predict --epoch ORDER``): the loader's, from
+# the seed; the same batches shortest first, longest first, or the loader's with its longest (those
+# padded to the most tokens) moved to the end, in the order they came: the batch that finally comes
+# is longer than any before it (bench.data.varlen.ordered)
+ORDERS = ("loader", "ascending", "descending", "longest-last")
 
 
 # Left out of a spec's key at their defaults, so that records made before these fields keep their

@@ -19,7 +19,7 @@ from bench.cli.common import (
 )
 from bench.errors import BadInput
 from bench.record import Record, Status
-from bench.spec import MAX_NPROC
+from bench.spec import MAX_NPROC, ORDERS
 
 if TYPE_CHECKING:  # imported when a command runs: torch comes with it
     import pandas as pd
@@ -70,7 +70,7 @@ def add(sub: argparse._SubParsersAction) -> None:
         nargs="?",
         const="loader",
         metavar="ORDER",
-        choices=("loader", "ascending", "descending", "longest-last", "worst"),
+        choices=(*ORDERS, "worst"),
         help="each run on variable-length data predicted over a whole pass of its data, every "
         "batch in the order its loader forms them (or ORDER: ascending, descending, longest-last, "
         "or worst: each of those and the loader's, the one that does worst kept), through one "

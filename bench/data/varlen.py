@@ -39,6 +39,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from bench.data import real
 from bench.data.synthetic import to_device
 from bench.models import IGNORE
+from bench.spec import ORDERS
 
 if TYPE_CHECKING:
     from bench.data.synthetic import Batch
@@ -54,11 +55,6 @@ FORMS = (
 )
 # the normal's 99.9th percentile: where lognormal-mean puts MAX
 TAIL_Z = 3.090232306167813
-# The orders a pass may take (``epoch_order``, ``bench predict --epoch ORDER``): the loader's, from
-# the seed; the same batches shortest first, longest first, or the loader's with its longest (those
-# padded to the most tokens) moved to the end, in the order they came: the batch that finally comes
-# is longer than any before it
-ORDERS = ("loader", "ascending", "descending", "longest-last")
 # the dataset holds this many batches: enough distinct ones for any pass
 SEQUENCES_PER_BATCH_SLOT = 16
 Sample = tuple[torch.Tensor, int]  # one sequence's token ids, and its label
@@ -533,21 +529,19 @@ class Feed:
         of the places themselves, drawing from the generator as the batches' loader draws)."""
         if self._epoch is None:
             places = self._ordered(range(len(self.data)), collate_fn=list)  # type: ignore[arg-type]
-            self._epoch = ordered(list(places), self.shapes.epoch_order, self._padded)
+            padded = lambda indices: self._tokens(indices)[1]  # noqa: E731
+            self._epoch = ordered(list(places), self.shapes.epoch_order, padded)
         return self._epoch
 
-    def _padded(self, indices: list[int]) -> int:
-        """A batch's padded tokens, collated as the run's technique collates it."""
-        return real_tokens(self.batching.collate([self.data[i] for i in indices]))[1]
+    def _tokens(self, indices: list[int]) -> tuple[int, int]:
+        """A batch's real and padded tokens, collated as the run's technique collates it."""
+        return real_tokens(self.batching.collate([self.data[i] for i in indices]))
 
     def worst(self) -> Worst:
         """The pass's batch of most padded tokens (the first of them), collated as the run's
         technique collates it: where a step's activations are largest."""
         if self._worst is None:
-            counted = [
-                real_tokens(self.batching.collate([self.data[i] for i in indices]))
-                for indices in self.epoch()
-            ]
+            counted = [self._tokens(indices) for indices in self.epoch()]
             step = max(range(len(counted)), key=lambda k: counted[k][1])
             self._worst = Worst(step, len(counted), *counted[step])
         return self._worst

@@ -358,7 +358,8 @@ def replayed(tracker: LiveBytes, replay: Replay) -> Prediction:
 # max_split_size_mb tried on a pass that runs out of memory or flushes, largest first: a block over
 # it is never split, so small requests do not carve up what a large one needs
 SPLITS_MB = (512, 256, 128, 64)
-BETTER = {"fits": 2, "fits after flushes": 1, "out of memory": 0}
+# a card's verdicts, the worst first
+VERDICTS = ("out of memory", "fits after flushes", "fits")
 
 
 def _split_verdict(tracker: LiveBytes, replay: Replay, verdict: str) -> str:
@@ -366,7 +367,7 @@ def _split_verdict(tracker: LiveBytes, replay: Replay, verdict: str) -> str:
     for mb in SPLITS_MB:
         split = replace(replay, conf=replace(replay.conf, max_split_size=mb << 20))
         found = replayed(tracker, split).verdict
-        if BETTER[found] > BETTER[verdict]:
+        if VERDICTS.index(found) > VERDICTS.index(verdict):
             return f"{found} with max_split_size_mb:{mb}"
     return f"{verdict} with max_split_size_mb at {', '.join(map(str, SPLITS_MB))} too"
 

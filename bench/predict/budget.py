@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -412,13 +413,19 @@ def positions(spec: RunSpec) -> int:
     """The positions the model's config gives it (max_position_embeddings), read off the model built
     on the meta device; ``RELATIVE_POSITIONS`` for relative ones; AttributeError where it takes no
     sequence (a CNN)."""
+    return _positions(spec.gpu.model or spec.model, spec.gpu)
+
+
+@functools.cache
+def _positions(model: str, shapes: Shapes) -> int:
+    """``positions``, its model built once per model and shapes (``--longest`` asks it for the
+    length search and for the batches at lengths; a built-in Llama's positions follow seq_len)."""
     import torch
 
     from bench import models
 
     with torch.device("meta"):
-        model = models.resolve(spec.gpu.model or spec.model).build(spec.gpu)
-    config = model.config
+        config = models.resolve(model).build(shapes).config
     if getattr(config, "max_position_embeddings", None) is None and getattr(
         config, "relative_attention_num_buckets", None
     ):

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from bench.measure.memory import VERDICTS
 from bench.predict.ahead import spawn_pool, stop_pool
 from bench.predict.budget import (
     BatchAt,
@@ -28,6 +29,7 @@ from bench.predict.fake import CPU, Traced, traced
 from bench.predict.ranks import KINDS
 from bench.recipe import Recipe
 from bench.record import AT_PEAK, KEY, Prediction, Record
+from bench.spec import ORDERS
 from bench.suite import RunSpec
 
 if TYPE_CHECKING:  # the table is built in the CLI only: every run's worker imports this package
@@ -65,9 +67,8 @@ def suite_table(
     return pd.DataFrame(rows)
 
 
-# ``--epoch worst``: the pass in each of varlen.ORDERS, the one that does worst kept
+# ``--epoch worst``: the pass in each of spec.ORDERS, the one that does worst kept
 WORST = "worst"
-VERDICTS_WORST_FIRST = ("out of memory", "fits after flushes", "fits")
 
 
 @dataclass(kw_only=True)
@@ -172,18 +173,11 @@ def save_contexts(
     """A generation suite's longest contexts on a card, by run, merged into those predicted before
     (a run predicted again replaces its row): the report's first screen says which run holds the
     longest."""
-    import pandas as pd
-
-    from bench.results import write_atomic
 
     rows = table[table["longest_context"].notna()][[KEY.run, "longest_context"]].assign(
         card=card.name, git_revision=revision, torch_version=torch_version
     )
-    if path.exists():
-        before = pd.read_csv(path)
-        rows = pd.concat([before[~before[KEY.run].isin(rows[KEY.run])], rows], ignore_index=True)
-    write_atomic(path, rows.to_csv(index=False))
-    return path
+    return _merged(rows, path)
 
 
 def save_curves(
@@ -193,8 +187,6 @@ def save_curves(
     merged into those saved before (a run searched again replaces its rows): the report plots them
     against the card's capacity."""
     import pandas as pd
-
-    from bench.results import write_atomic
 
     rows = pd.DataFrame(
         [
@@ -211,6 +203,16 @@ def save_curves(
         git_revision=revision,
         torch_version=torch_version,
     )
+    return _merged(rows, path)
+
+
+def _merged(rows: pd.DataFrame, path: Path) -> Path:
+    """``rows`` written to ``path`` over those saved there before, a run's rows replacing its old
+    ones (a run predicted again)."""
+    import pandas as pd
+
+    from bench.results import write_atomic
+
     if path.exists():
         before = pd.read_csv(path)
         rows = pd.concat([before[~before[KEY.run].isin(rows[KEY.run])], rows], ignore_index=True)
@@ -327,13 +329,12 @@ def _row(spec: RunSpec, budget: int | None, card: Card | None, longest: bool = F
 
 
 def _worst_order(spec: RunSpec, card: Card | None, told: Told) -> tuple[Traced, str]:
-    """The run's pass in each order its batches may come (``varlen.ORDERS``), and the one that does
+    """The run's pass in each order its batches may come (``spec.ORDERS``), and the one that does
     worst on the card: out of memory before fitting after flushes before fitting, then the earlier
     step out of memory, the more flushes, the more reserved (without a card: the most reserved)."""
-    from bench.data.varlen import ORDERS
 
     def severity(out: Prediction) -> tuple:
-        verdict = VERDICTS_WORST_FIRST.index(out.verdict) if out.verdict else len(ORDERS)
+        verdict = VERDICTS.index(out.verdict) if out.verdict else len(VERDICTS)
         reserved = out.peak_reserved_bytes or out.oom_reserved_bytes or 0
         return (not out.ok, verdict, out.oom_step or 0, -(out.flushes or 0), -reserved)
 

@@ -54,6 +54,7 @@ def suite_text(
     baseline fine-tunes it unquantized); BadInput where it cannot be read or is not modelled.
     ``nproc``: the processes a sharded job (the arguments' ``fsdp``) spans, which it needs."""
     from bench.suite.toml_text import to_toml
+    from bench.suite.training_args import sharded
 
     if inputs == "tokens":
         size_key = "seq_len"
@@ -83,7 +84,7 @@ def suite_text(
     job: dict[str, Any] = {"name": "job", "techniques": []}
     if training_args:
         job["training_args"] = training_args
-    if args.get("fsdp") not in (None, False, "", []):
+    if sharded(args):
         if not nproc:
             raise BadInput(
                 f"--training-args {training_args}: fsdp shards the job over the processes its "

@@ -647,7 +647,7 @@ def _precision(args: dict[str, Any], where: str, found: list[str]) -> list[Any]:
     if args.get("bf16") and args.get("fp16"):
         found.append(f"{where}: bf16 and fp16: both true; the Trainer takes one mixed precision")
         return []
-    if precision := next((d for f, d in PRECISIONS if args.get(f)), None):
+    if precision := mixed_precision(args):
         return [{"name": "amp", "dtype": precision}]
     return []
 
@@ -660,9 +660,9 @@ def _fsdp(args: dict[str, Any], folder: Path, where: str, found: list[str]) -> l
     off its keys); mixed precision from bf16 or fp16. Each rank of the job's processes (the run's
     nproc) is predicted. What transformers would refuse, or what changes a step's memory that the
     fsdp technique does not take, is a problem named."""
-    fsdp = args.get("fsdp")
-    if fsdp in (None, False, "", []):
+    if not sharded(args):
         return []
+    fsdp = args["fsdp"]
     config = _fsdp_config(args.get("fsdp_config"), folder, where, found)
     if config is None:
         return []
@@ -712,8 +712,18 @@ def _fsdp(args: dict[str, Any], folder: Path, where: str, found: list[str]) -> l
         "activation_checkpointing": checkpointed,
         "wrap": ",".join([layers] if isinstance(layers, str) else layers),
     }
-    precision = next((d for f, d in PRECISIONS if args.get(f)), None)
+    precision = mixed_precision(args)
     return [technique | ({"mixed_precision": precision} if precision else {})]
+
+
+def mixed_precision(args: dict[str, Any]) -> str | None:
+    """The dtype the Trainer's bf16 or fp16 computes in; None for neither."""
+    return next((dtype for flag, dtype in PRECISIONS if args.get(flag)), None)
+
+
+def sharded(args: dict[str, Any]) -> bool:
+    """Whether the arguments ask for the Trainer's FSDP (``fsdp`` set, as a flag or options)."""
+    return args.get("fsdp") not in (None, False, "", [])
 
 
 def _fsdp_config(given: Any, folder: Path, where: str, found: list[str]) -> dict[str, Any] | None:

@@ -221,7 +221,7 @@ def test_epoch_worst_keeps_the_order_of_the_pass_that_does_worst(tmp_path):
     lengths, whose reserve drifts from step to step)."""
     from dataclasses import replace
 
-    from bench.data.varlen import ORDERS
+    from bench.spec import ORDERS
     from bench.predict.fake import traced
     from bench.predict.table import suite_table as table_of
 
