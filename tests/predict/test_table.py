@@ -221,9 +221,9 @@ def test_epoch_worst_keeps_the_order_of_the_pass_that_does_worst(tmp_path):
     lengths, whose reserve drifts from step to step)."""
     from dataclasses import replace
 
-    from bench.spec import ORDERS
     from bench.predict.fake import traced
     from bench.predict.table import suite_table as table_of
+    from bench.spec import ORDERS
 
     shapes = {"batch_size": 64, "seq_len": 512, "lengths": "lognormal:18:1.27:512"}
     run = spec("bert-tiny", (tech("dynamic-padding"),), **shapes)
