@@ -42,8 +42,8 @@ $(VENV)/.installed: pyproject.toml
 	@echo "  [1/3] creating $(VENV)" && python3 -m venv $(VENV)
 	@echo "  [2/3] updating pip" && $(VENV)/bin/pip install --quiet --upgrade pip > $(VENV)/install.log 2>&1 \
 		|| { tail -30 $(VENV)/install.log; exit 1; }
-	@echo "  [3/3] torch, torchvision, transformers, pandas, matplotlib, scikit-learn and the extras" && \
-		$(VENV)/bin/pip install -e '.[test,extras,data,cluster]' >> $(VENV)/install.log 2>&1 \
+	@echo "  [3/3] torch, torchvision, transformers, pandas, matplotlib, scikit-learn, deepspeed and the extras" && \
+		$(VENV)/bin/pip install -e '.[test,extras,data,cluster,sharding]' >> $(VENV)/install.log 2>&1 \
 		|| { tail -30 $(VENV)/install.log; exit 1; }
 	@touch $@ && echo "  installed: $$(grep -c '' $(VENV)/install.log) lines of pip's log in $(VENV)/install.log"
 

@@ -31,6 +31,9 @@ class Trainer:
         self.optimizer = self._optimizer(lr)
         self.policy = combined([t.step() for t in techniques])
         self.micro_batches = self.policy.micro_batches
+        for t in techniques:
+            if (engine := t.engine(self.model, self.optimizer, self.micro_batches)) is not None:
+                self.model, self.optimizer = engine
         # A prediction's folding of accumulation (bench.predict.fake): the micro-batches a step
         # runs (None: all), and a call after each one's backward (where a repeated part ends).
         self.runs: int | None = None
@@ -51,7 +54,8 @@ class Trainer:
         # Rebound, as a user's loop rebinds `x = x.to(torch.bfloat16)`: the batch as it came (fp32
         # under pure bf16) is freed here rather than held through the step beside its prepared copy.
         batch = policy.prepare(batch)
-        for inputs, labels in split(batch, self.micro_batches)[: self.runs]:
+        parts = split(batch, self.micro_batches)
+        for i, (inputs, labels) in enumerate(parts[: self.runs]):
             with policy.context():
                 logits, loss = self.spec.forward(self.model, inputs, labels, policy.loss)
                 loss = loss / self.micro_batches
@@ -62,7 +66,10 @@ class Trainer:
                 total = loss.detach()
             else:
                 total = total + loss.detach()
-            policy.scale_loss(loss).backward()
+            if policy.backward is not None:
+                policy.backward(policy.scale_loss(loss), i == len(parts) - 1)
+            else:
+                policy.scale_loss(loss).backward()
             if self.marking is not None:
                 self.marking()
         if policy.clip is not None:

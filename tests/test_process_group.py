@@ -19,9 +19,8 @@ from bench.sweep import sweep
 from tests.helpers import isolated, spec, suite_problems, tech
 
 CPU = Device("cpu", "cpu")
-PSI = sum(
-    p.numel() for p in MODELS.get("bert-tiny").build(Shapes(batch_size=8, seq_len=64)).parameters()
-)
+BERT_TINY = MODELS.get("bert-tiny").build(Shapes(batch_size=8, seq_len=64))
+PSI = sum(p.numel() for p in BERT_TINY.parameters())
 ADAM_FP32 = 16  # bytes per parameter: fp32 weight 4, gradient 4, Adam's two moments 8
 # AdamW's per-parameter step counter (a 0-d float32 tensor): 41 parameter tensors
 STEP_COUNTERS = 4 * 41
@@ -34,6 +33,9 @@ MULTI_PROCESS = (
     "fsdp",
     "fsdp-keep-params",
     "fsdp-bf16",
+    "zero-1",
+    "zero-2",
+    "zero-3",
     "tensor-parallel",
 )
 
@@ -78,6 +80,17 @@ def test_per_rank_model_states_match_the_zero_formulas(dist_records):
     assert ddp == [ADAM_FP32 * PSI + STEP_COUNTERS] * 2
     for per_rank in fsdp:
         assert per_rank == pytest.approx(ADAM_FP32 * PSI / 2, rel=1e-3)
+    # DeepSpeed's ZeRO in float32: the whole parameters and a float32 master partition with Adam's
+    # moments at stages 1 and 2 (4·Ψ + 12·Ψ/N), everything partitioned at 3 (16·Ψ/N) but for the
+    # parameters under 10·hidden elements, whole on every rank
+    for run in ("zero-1", "zero-2"):
+        for per_rank in dist_records[run]["rank_model_state_bytes"]:
+            assert per_rank == pytest.approx(4 * PSI + 12 * PSI / 2, rel=1e-3)
+    whole = 4 * sum(
+        p.numel() for p in BERT_TINY.parameters() if p.numel() <= 10 * BERT_TINY.config.hidden_size
+    )
+    for per_rank in dist_records["zero-3"]["rank_model_state_bytes"]:
+        assert per_rank == pytest.approx(16 * PSI / 2 + whole, rel=1e-3)
     assert dist_records["ddp"]["proof"]["ddp.params_in_sync"] is True
     assert dist_records["fsdp"]["proof"]["fsdp.param_fraction_per_rank"] == pytest.approx(
         0.5, abs=1e-3

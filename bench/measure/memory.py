@@ -68,12 +68,14 @@ def parameter_tensors(model: nn.Module) -> list[torch.Tensor]:
     device with it but is no parameter or buffer: a bitsandbytes 4-bit weight's quantization state
     (its blocks' scales, themselves quantized with theirs, the code books and the offset), and an
     8-bit weight's absmax a row (its SCB: on the weight until its layer's first forward, on the
-    layer's state after)."""
+    layer's state after), and a DeepSpeed ZeRO-3 parameter's partition on this rank (its
+    ds_tensor, while the parameter itself is gathered for its module alone)."""
     params = list(model.parameters())
     states = [t for p in params for t in _quant_state(getattr(p, "quant_state", None))]
     holders = [*params, *(getattr(m, "state", None) for m in model.modules())]
     rows = [t for h in holders if torch.is_tensor(t := getattr(h, "SCB", None))]
-    return params + states + rows
+    partitions = [t for p in params if torch.is_tensor(t := getattr(p, "ds_tensor", None))]
+    return params + states + rows + partitions
 
 
 def _quant_state(state: object) -> list[torch.Tensor]:
@@ -274,7 +276,7 @@ def track(
         done.grads.append(tensor_bytes(_grads(model)))
 
     if optimizer is not None:
-        hooks.append(optimizer.register_step_pre_hook(optimizer_start))
+        hooks.append(_before_each_step(optimizer, optimizer_start))
     if compiled_update:
         aside = patch.object(optimizer, "step", _stepped_aside(optimizer.step, tracker))
     else:
@@ -378,6 +380,32 @@ def _stepped_aside(step: Callable[..., Any], tracker: LiveBytes) -> Callable[...
             return step(*args, **kwargs)
 
     return run
+
+
+class _Unpatched:
+    """A handle that puts an optimizer's own ``step`` back."""
+
+    def __init__(self, optimizer: Any) -> None:
+        self.optimizer = optimizer
+
+    def remove(self) -> None:
+        del self.optimizer.step
+
+
+def _before_each_step(optimizer: Any, hook: Callable[[], None]) -> Any:
+    """``hook`` called as each optimizer step begins, and the handle that removes it: torch's step
+    pre-hook, or, on an engine's optimizer that is not torch's (DeepSpeed's ZeRO), its step
+    wrapped."""
+    if hasattr(optimizer, "register_step_pre_hook"):
+        return optimizer.register_step_pre_hook(lambda *_: hook())
+    own = optimizer.step
+
+    def step(*args: Any, **kwargs: Any) -> Any:
+        hook()
+        return own(*args, **kwargs)
+
+    optimizer.step = step
+    return _Unpatched(optimizer)
 
 
 def _grads(model: nn.Module) -> list[torch.Tensor]:

@@ -10,6 +10,7 @@ broadcast or scatter S at most."""
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -120,8 +121,12 @@ def fake_group(world_size: int, rank: int) -> Iterator[None]:
     )
 
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    # as torchrun sets them for the rank (DeepSpeed's engine reads them; the node's rank is kept
+    # where a launcher gave one)
+    launched = {"RANK": str(rank), "WORLD_SIZE": str(world_size)}
+    launched["LOCAL_RANK"] = os.environ.get("LOCAL_RANK", "0")
     try:
-        with _setup_as_real():
+        with _setup_as_real(), patch.dict(os.environ, launched):
             yield
     finally:
         dist.destroy_process_group()

@@ -44,6 +44,8 @@ def techniques_as_real(techniques: list[Technique], cuda: bool) -> Iterator[None
             owner_path, _, name = path.rpartition(".")
             owner = pkgutil.resolve_name(f"{module}:{owner_path}" if owner_path else module)
             replacement = pkgutil.resolve_name(using)
+            if getattr(replacement, "wraps_original", False):
+                replacement = replacement(getattr(owner, name))
             if isinstance(inspect.getattr_static(owner, name), staticmethod):
                 replacement = staticmethod(replacement)
             stack.enter_context(patch.object(owner, name, replacement))
@@ -227,6 +229,31 @@ def every_position_a_target(count: torch.Tensor, valid: torch.Tensor) -> int:
     return valid.numel()
 
 
+# Set while a healthy step's checks run (``healthy``): every value they read off a tensor reads as 0
+# (False): no gradient is inf or NaN, no norm is invalid.
+HEALTHY: list[bool] = []
+
+
+def healthy(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``original`` (a check for overflow) as a healthy step runs it: its tensors made, every value
+    it reads read as 0, as in the real run, where no gradient overflows (read as 1, every step would
+    be skipped and the optimizer's state never made). A stand-in that wraps what it stands in for
+    (``wraps_original``)."""
+
+    @functools.wraps(original)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        HEALTHY.append(True)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            HEALTHY.pop()
+
+    return run
+
+
+healthy.wraps_original = True  # type: ignore[attr-defined]
+
+
 class ScalerWithoutValues:
     """A GradScaler (``amp`` with float16) for fake tensors: its overflow check reads values, which
     read as 1, so the real one would take every step for an overflow and skip the optimizer (whose
@@ -305,8 +332,8 @@ class ScalarsRead(TorchDispatchMode):
                 with _disable_current_modes():
                     return func(known)
             if args[0].dtype == torch.bool or func is aten.is_nonzero.default:
-                return True
-            return 1
+                return not HEALTHY
+            return 0 if HEALTHY else 1
         reals = self._reals(args, kwargs)
         if func in VALUE_SHAPED and reals is not None:
             with _disable_current_modes():

@@ -87,8 +87,9 @@ def suite_text(
     if sharded(args):
         if not nproc:
             raise BadInput(
-                f"--training-args {training_args}: fsdp shards the job over the processes its "
-                "launcher starts, which the arguments do not say: give --nproc N (8: a node of 8)"
+                f"--training-args {training_args}: fsdp or deepspeed shards the job over the "
+                "processes its launcher starts, which the arguments do not say: give --nproc N (8: "
+                "a node of 8)"
             )
         job["nproc"] = nproc
     if quantization_config:

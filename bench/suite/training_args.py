@@ -17,6 +17,7 @@ from typing import Any
 
 from bench.models import flash
 from bench.suite import quantized
+from bench.techniques.deepspeed import HIDDEN, ZERO_KEYS, imported
 
 # The Trainer's optimizers (its `optim` names) as this harness's techniques, the parameters in the
 # Trainer's groups: its SGD has no momentum (so no state); its Adafactor is transformers' own, whose
@@ -112,8 +113,6 @@ OPTIMIZERS_NOT_MODELLED = {
 # Fields that change what a step holds, not modelled yet: a job that sets one is refused, by name
 # and why, where reading it as ignored would predict a peak several-fold off.
 NOT_MODELLED = {
-    "deepspeed": "DeepSpeed's ZeRO shards parameters, gradients and optimizer state over the "
-    "ranks and may offload them",
     "use_liger_kernel": "Liger's kernels fuse the loss over chunks of the logits, and the norms "
     "and MLPs",
     "optim_target_modules": "GaLore-style optimizers keep these modules' gradients projected",
@@ -372,6 +371,7 @@ READ = (
     "max_grad_norm",
     "fsdp",
     "fsdp_config",
+    "deepspeed",
 )
 # the Trainer's mixed precision flags, and the dtype each computes in
 PRECISIONS = (("bf16", "bfloat16"), ("fp16", "float16"))
@@ -398,6 +398,73 @@ FSDP_UNCHANGED = {
     "xla_fsdp_v2",
     "xla_fsdp_grad_ckpt",
     "xla_fsdp_settings",
+}
+# ds_config's keys (DeepSpeed 0.19 under transformers 5's Trainer): those read, those that change
+# nothing a step holds (logs, the learning-rate schedule, checkpoints), and those refused with why
+DS_READ = {
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "train_batch_size",
+    "gradient_clipping",
+    "bf16",
+    "fp16",
+    "zero_optimization",
+}
+# zero_optimization's keys read when a checkpoint is saved or loaded, never in a step
+DS_ZERO_UNCHANGED = {
+    "stage3_gather_16bit_weights_on_model_save",
+    "gather_16bit_weights_on_model_save",
+    "stage3_gather_fp16_weights_on_model_save",
+    "elastic_checkpoint",
+    "load_from_fp32_weights",
+}
+DS_UNCHANGED = {
+    "steps_per_print",
+    "wall_clock_breakdown",
+    "scheduler",
+    "zero_allow_untested_optimizer",
+    "tensorboard",
+    "wandb",
+    "csv_monitor",
+    "comms_logger",
+    "flops_profiler",
+    "checkpoint",
+    "dump_state",
+}
+DS_REFUSED = {
+    "optimizer": "DeepSpeed builds its own optimizer from this section (FusedAdam, or "
+    "DeepSpeedCPUAdam under offload), not modelled; without it the engine steps the Trainer's "
+    "optim",
+    "activation_checkpointing": "DeepSpeed's own checkpointing (partitioned, possibly on the "
+    "host) is not modelled; gradient_checkpointing is",
+    "communication_data_type": "gradients reduced in another dtype than the model's",
+    "data_types": "gradients accumulated in another dtype than the model's",
+}
+# the Trainer's arguments each batch key of ds_config must agree with (train_batch_size also
+# counts the ranks, which the arguments do not give: it is checked by DeepSpeed at the run)
+DS_BATCH = {
+    "train_micro_batch_size_per_gpu": "per_device_train_batch_size",
+    "gradient_accumulation_steps": "gradient_accumulation_steps",
+}
+DS_PRECISION_KEYS = {
+    # the loss scale's values: the same tensors at any of them
+    "fp16": {
+        "enabled",
+        "auto_cast",
+        "loss_scale",
+        "loss_scale_window",
+        "initial_scale_power",
+        "hysteresis",
+        "consecutive_hysteresis",
+        "min_loss_scale",
+    },
+    "bf16": {"enabled"},
+}
+DS_OFFLOAD_TO = "device"  # an offload section's key: where to ("none", "cpu", "nvme")
+DS_OFFLOAD = {
+    "offload_optimizer": "the optimizer state and its step on the host: host memory is not "
+    "modelled yet",
+    "offload_param": "the parameters on the host: host memory is not modelled yet",
 }
 FSDP_REFUSED = {
     "activation_checkpointing_offload": "accelerate's offload_wrapper keeps each checkpointed "
@@ -461,8 +528,10 @@ def read(path: str, where: str, problems: list[str]) -> Job | None:
         for key, why in refused.items()
         if args.get(key) not in (None, False, "", [], {})
     ]
+    # under DeepSpeed its engine takes the precision and the clipping (accelerate leaves both to it)
+    engine = _deepspeed(args, Path(path).parent, where, found)
     techniques = (
-        _precision(args, where, found)
+        (engine or _precision(args, where, found))
         + _fsdp(args, Path(path).parent, where, found)
         + _optimizer(args, where, found)
         + _checkpointing(args, where, found)
@@ -473,7 +542,8 @@ def read(path: str, where: str, problems: list[str]) -> Job | None:
     techniques += [{"name": "accumulate", "micro_batches": steps}] if steps > 1 else []
     techniques += [{"name": "tf32", "enabled": True}] if args.get("tf32") else []
     techniques += _compile(args, where, found)
-    techniques += _clipping(args, where, found)
+    if not engine:
+        techniques += _clipping(args, where, found)
     length = _sft_length(args, where, found) if sft else None
     problems += found
     read_here = set(READ) | set(refused) | (SFT_READ if sft else set())
@@ -660,7 +730,7 @@ def _fsdp(args: dict[str, Any], folder: Path, where: str, found: list[str]) -> l
     off its keys); mixed precision from bf16 or fp16. Each rank of the job's processes (the run's
     nproc) is predicted. What transformers would refuse, or what changes a step's memory that the
     fsdp technique does not take, is a problem named."""
-    if not sharded(args):
+    if not _fsdp_asked(args):
         return []
     fsdp = args["fsdp"]
     config = _fsdp_config(args.get("fsdp_config"), folder, where, found)
@@ -722,26 +792,133 @@ def mixed_precision(args: dict[str, Any]) -> str | None:
 
 
 def sharded(args: dict[str, Any]) -> bool:
-    """Whether the arguments ask for the Trainer's FSDP (``fsdp`` set, as a flag or options)."""
+    """Whether the arguments ask for the Trainer's FSDP or DeepSpeed (``deepspeed``, a
+    ds_config)."""
+    return _fsdp_asked(args) or bool(args.get("deepspeed"))
+
+
+def _fsdp_asked(args: dict[str, Any]) -> bool:
+    """Whether ``fsdp`` is set, as a flag or options."""
     return args.get("fsdp") not in (None, False, "", [])
 
 
-def _fsdp_config(given: Any, folder: Path, where: str, found: list[str]) -> dict[str, Any] | None:
-    """``fsdp_config`` as a dict (a JSON file's, read where given, else beside the arguments),
-    each key without its ``fsdp_`` prefix; None, the problem said, where it cannot be read."""
-    if given in (None, ""):
+def _deepspeed(args: dict[str, Any], folder: Path, where: str, found: list[str]) -> list[Any]:
+    """The Trainer's DeepSpeed (``deepspeed``: a ds_config, a dict or a JSON file's path) as
+    transformers 5 and accelerate fill it (HfTrainerDeepSpeedConfig, DeepSpeedPlugin): each "auto"
+    from the arguments (the batch, the accumulation steps, max_grad_norm, bf16 or fp16; a section
+    left out takes the arguments' mixed precision) or, for the buckets, from the model's hidden
+    size (the technique's ``auto``, read where the model is); the Trainer's optimizer handed to the
+    engine. A key set otherwise than the arguments, or one the technique does not take at a value
+    other than DeepSpeed's default, is a problem named."""
+    if not args.get("deepspeed"):
+        return []
+    at = f"{where}: deepspeed"
+    if _fsdp_asked(args):
+        found.append(f"{at} and fsdp: the Trainer runs one engine; keep one")
+        return []
+    config = _json_table(args["deepspeed"], folder, at, found)
+    if config is None:
+        return []
+    try:
+        imported()
+        from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    except ImportError:
+        found.append(f"{at}: reading a ds_config needs deepspeed: pip install -e '.[sharding]'")
+        return []
+    for key in sorted(config.keys() - DS_READ - DS_UNCHANGED):
+        why = DS_REFUSED.get(key, "not a ds_config key this harness reads")
+        found.append(f"{at}.{key}: {why}; remove it to predict the job without it")
+    for key, arg in DS_BATCH.items():
+        value, own = config.get(key, "auto"), args.get(arg, _default(arg))
+        if value != "auto" and value != own:
+            found.append(f"{at}.{key} = {value!r}: the Trainer refuses it beside {arg} = {own!r}")
+    technique = {"name": "deepspeed"} | _ds_precision(config, args, at, found)
+    clipping = config.get("gradient_clipping", 0.0)
+    if clipping == "auto":
+        clipping = args.get("max_grad_norm", _default("max_grad_norm"))
+    technique["gradient_clipping"] = float(clipping or 0.0)
+    return [
+        technique | _zero(config.get("zero_optimization") or {}, DeepSpeedZeroConfig, at, found)
+    ]
+
+
+def _ds_precision(
+    config: dict[str, Any], args: dict[str, Any], at: str, found: list[str]
+) -> dict[str, str]:
+    """The engine's 16-bit mode: a section's ``enabled`` where set, "auto" or left out the
+    arguments' flag (accelerate's set_mixed_precision)."""
+    enabled = []
+    for section, dtype in (("bf16", "bfloat16"), ("fp16", "float16")):
+        table = config.get(section) or {}
+        for key in sorted(table.keys() - DS_PRECISION_KEYS[section]):
+            found.append(f"{at}.{section}.{key}: not modelled; remove it")
+        on = table.get("enabled", "auto")
+        if on == "auto":
+            on = args.get(section)
+        if _bool(on):
+            enabled.append(dtype)
+    if len(enabled) > 1:
+        found.append(f"{at}: bf16 and fp16 both enabled; DeepSpeed takes one")
+    if not enabled:
         return {}
+    return {"precision": enabled[0]}
+
+
+def _zero(zero: dict[str, Any], schema: Any, at: str, found: list[str]) -> dict[str, Any]:
+    """zero_optimization as the technique's options: its stage, the bucket keys it takes ("auto":
+    the model's hidden size, at stage 3 for the stage3_ ones, as the Trainer fills them), and any
+    other key only at DeepSpeed's own default (``schema``: its DeepSpeedZeroConfig)."""
+    stage = zero.get("stage", 0)
+    options: dict[str, Any] = {"stage": stage}
+    autos = []
+    defaults = {(f.alias or name): f.default for name, f in schema.model_fields.items()}
+    for key, value in sorted(zero.items()):
+        if key == "stage" or (key.startswith("stage3_") and stage != 3):
+            continue  # the Trainer fills, and DeepSpeed reads, the stage3_ keys at stage 3 alone
+        if key in ZERO_KEYS and value == "auto" and key in HIDDEN:
+            autos.append(key)
+        elif key in ZERO_KEYS and not isinstance(value, str):
+            options[key] = value
+            if not isinstance(value, bool):  # 2e8, as JSON configs write it
+                options[key] = int(value)
+        elif key in DS_OFFLOAD:
+            if (value or {}).get(DS_OFFLOAD_TO, "none") != "none":
+                found.append(f"{at}.zero_optimization.{key}: {DS_OFFLOAD[key]}")
+        elif key not in DS_ZERO_UNCHANGED and (key not in defaults or value != defaults[key]):
+            found.append(
+                f"{at}.zero_optimization.{key} = {value!r}: not modelled (DeepSpeed's default: "
+                f"{defaults.get(key, 'none')!r}); remove it to predict the job without it"
+            )
+    if autos:
+        options["auto"] = ",".join(autos)
+    return options
+
+
+def _json_table(given: Any, folder: Path, at: str, found: list[str]) -> dict[str, Any] | None:
+    """A dict given inline or as a JSON file's path (read where given, else beside the
+    arguments); None, the problem said, where it is neither."""
     if isinstance(given, str):
         path = Path(given) if Path(given).exists() else folder / given
         try:
             given = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
-            found.append(f"{where}: fsdp_config {given!r}: cannot read it as JSON ({exc})")
+            found.append(f"{at} {given!r}: cannot read it as JSON ({exc})")
             return None
     if not isinstance(given, dict):
-        found.append(f"{where}: fsdp_config: a dict or a JSON file's path, got {given!r}")
+        found.append(f"{at}: a dict or a JSON file's path, got {given!r}")
         return None
-    return {k.removeprefix("fsdp_"): v for k, v in given.items()}
+    return given
+
+
+def _fsdp_config(given: Any, folder: Path, where: str, found: list[str]) -> dict[str, Any] | None:
+    """``fsdp_config`` as a dict (``_json_table``), each key without its ``fsdp_`` prefix; None,
+    the problem said, where it cannot be read."""
+    if given in (None, ""):
+        return {}
+    table = _json_table(given, folder, f"{where}: fsdp_config", found)
+    if table is None:
+        return None
+    return {k.removeprefix("fsdp_"): v for k, v in table.items()}
 
 
 def _bool(value: Any) -> bool:

@@ -6,6 +6,7 @@ from bench.techniques import (  # noqa: F401  (each module registers its techniq
     allocator,
     checkpointing,
     compile,
+    deepspeed,
     distributed,
     generation,
     inference,

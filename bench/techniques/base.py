@@ -77,6 +77,9 @@ class Step:
     # makes the full logits: the model returns its last hidden states then).
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     scale_loss: Callable[[torch.Tensor], torch.Tensor] | None = None  # before backward
+    # instead of loss.backward(): the loss, and whether its micro-batch is the step's last (an
+    # engine that reduces the gradients at that boundary, DeepSpeed's, runs its own backward)
+    backward: Callable[[torch.Tensor, bool], None] | None = None
     # the gradients unscaled in place, where the loss was scaled: before clipping, as accelerate
     # unscales them
     unscale: Callable[[torch.optim.Optimizer], None] | None = None
@@ -129,6 +132,7 @@ def combined(steps: list[Step]) -> Step:
         context=contexts,
         loss=first("loss"),
         scale_loss=chain([s.scale_loss for s in steps if s.scale_loss is not None]),
+        backward=first("backward"),
         unscale=first("unscale"),
         clip=first("clip"),
         optimizer_step=first("optimizer_step"),
@@ -337,6 +341,14 @@ class Technique:
         AdamW."""
         return None
 
+    def engine(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, micro_batches: int
+    ) -> tuple[nn.Module, torch.optim.Optimizer] | None:
+        """An engine that takes the model and its optimizer over once both are made (DeepSpeed's),
+        as (the model it runs, the optimizer it steps), the step's ``micro_batches`` told; None:
+        no engine."""
+        return None
+
     @property
     def makes_optimizer(self) -> bool:
         """Whether ``make_optimizer`` makes one (checked at suite load: two that do cannot share a
@@ -392,8 +404,8 @@ INTERFACE = {
         "cuda_stand_ins", "attention_backend", "layers_alike",
     ),
     "the hooks that change the run: the worker, in this order": (
-        "env", "unsupported", "apply", "make_optimizer", "makes_optimizer", "batching", "fixed",
-        "replicas", "step", "changes", "proof",
+        "env", "unsupported", "apply", "make_optimizer", "makes_optimizer", "engine", "batching",
+        "fixed", "replicas", "step", "changes", "proof",
     ),
 }  # fmt: skip
 

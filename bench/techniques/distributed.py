@@ -23,12 +23,7 @@ class _Distributed(Technique):
     conflicts = DISTRIBUTED
 
     def unsupported(self, ctx: RunContext) -> str | None:
-        if ctx.world_size < 2:
-            return (
-                "needs at least 2 processes (nproc in the suite entry); this run has "
-                f"{ctx.world_size}"
-            )
-        return None
+        return too_few_processes(ctx)
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
         self.world_size = ctx.world_size
@@ -45,6 +40,15 @@ class _Distributed(Technique):
             "param_bytes_per_rank": local,
             "param_fraction_per_rank": round(local / self.full_param_bytes, 4),
         }
+
+
+def too_few_processes(ctx: RunContext) -> str | None:
+    """Why a technique over several processes cannot run in this one, if it cannot."""
+    if ctx.world_size < 2:
+        return (
+            f"needs at least 2 processes (nproc in the suite entry); this run has {ctx.world_size}"
+        )
+    return None
 
 
 def _mesh(ctx: RunContext, inner: int = 0, names: tuple[str, str] = ("replicate", "shard")):

@@ -103,10 +103,27 @@ def test_transformers_4s_own_adamw_is_read_as_what_it_was(tmp_path):
             {"gradient_checkpointing_kwargs": {"preserve_rng_state": False}},
             "only use_reentrant is modelled",
         ),
-        # each changes the peak several-fold: refused by name, never read as ignored
+        # the Trainer's DeepSpeed: what a ds_config asks that the deepspeed technique does not take
+        ({"deepspeed": "nowhere.json"}, "deepspeed 'nowhere.json': cannot read it as JSON"),
         (
-            {"deepspeed": "ds_config.json"},
-            "deepspeed = 'ds_config.json': changes what a step holds",
+            {"deepspeed": {"optimizer": {"type": "AdamW"}}},
+            "deepspeed.optimizer: DeepSpeed builds its own optimizer",
+        ),
+        (
+            {"deepspeed": {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}},
+            "offload_param: the parameters on the host: host memory is not modelled yet",
+        ),
+        (
+            {"deepspeed": {"zero_optimization": {"stage": 2, "round_robin_gradients": True}}},
+            "round_robin_gradients = True: not modelled \\(DeepSpeed's default: False\\)",
+        ),
+        (
+            {"deepspeed": {"train_micro_batch_size_per_gpu": 4}},
+            "the Trainer refuses it beside per_device_train_batch_size = 2",
+        ),
+        (
+            {"deepspeed": {"zero_optimization": {"stage": 2}}, "fsdp": "full_shard"},
+            "deepspeed and fsdp: the Trainer runs one engine",
         ),
         # the Trainer's FSDP2 as transformers 5 reads it: what it refuses, or the fsdp technique
         # does not take
@@ -128,6 +145,7 @@ def test_transformers_4s_own_adamw_is_read_as_what_it_was(tmp_path):
             "the Trainer refuses both at once",
         ),
         ({"fsdp": True, "fsdp_config": "nowhere.json"}, "fsdp_config 'nowhere.json': cannot read"),
+        # each changes the peak several-fold: refused by name, never read as ignored
         ({"use_liger_kernel": True}, "use_liger_kernel = True: changes what a step holds"),
         ({"label_smoothing_factor": 0.1}, "label_smoothing_factor = 0.1: changes what a step"),
         ({"neftune_noise_alpha": 5}, "neftune_noise_alpha = 5: changes what a step holds"),
@@ -171,6 +189,78 @@ def test_the_trainers_fsdp_is_fsdp2_laid_out_as_accelerate_lays_it_out(
     wanted = {"layout": "accelerate", "mixed_precision": "bfloat16"} | defaults | expected
     assert dict(sharded.options) == wanted
     assert "amp(dtype=bfloat16)" in [t.label for t in run.techniques] and run.nproc == 8
+
+
+# transformers' documented ZeRO-3 config (docs/source/en/deepspeed.md), but for its optimizer
+# section: every batch and bucket key "auto"
+ZERO3 = {
+    "fp16": {"enabled": "auto", "loss_scale": 0, "initial_scale_power": 16},
+    "bf16": {"enabled": "auto"},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": "auto"}},
+    "zero_optimization": {
+        "stage": 3,
+        "offload_optimizer": {"device": "none"},
+        "overlap_comm": True,
+        "contiguous_gradients": True,
+        "sub_group_size": 1e9,
+        "reduce_bucket_size": "auto",
+        "stage3_prefetch_bucket_size": "auto",
+        "stage3_param_persistence_threshold": "auto",
+        "stage3_max_live_parameters": 1e9,
+        "stage3_max_reuse_distance": 1e9,
+        "stage3_gather_16bit_weights_on_model_save": True,
+    },
+    "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto",
+    "steps_per_print": 2000,
+    "train_batch_size": "auto",
+    "train_micro_batch_size_per_gpu": "auto",
+    "wall_clock_breakdown": False,
+}
+
+
+def test_the_trainers_deepspeed_is_the_engine_with_its_auto_values_filled(tmp_path):
+    """transformers 5 fills a ds_config's "auto" values from the arguments (the batch, the
+    accumulation, max_grad_norm, bf16) and, for its buckets, from the model's hidden size; the
+    engine then takes the precision and the clipping, so neither autocast nor the Trainer's own
+    clipping runs, and steps the Trainer's optimizer."""
+    (tmp_path / "ds.json").write_text(json.dumps(ZERO3))
+    args = ARGS | {"deepspeed": "ds.json"}
+    run = load(suite(tmp_path, args, extra="nproc = 8\n")).runs[1]
+    assert [t.name for t in run.techniques] == [
+        "deepspeed",
+        "optimizer",
+        "checkpoint",
+        "accumulate",
+    ]
+    assert dict(run.techniques[0].options) == {
+        "stage": 3,
+        "precision": "bfloat16",
+        "gradient_clipping": 1.0,
+        "overlap_comm": True,
+        "contiguous_gradients": True,
+        "stage3_max_live_parameters": 10**9,
+        "stage3_max_reuse_distance": 10**9,
+        "auto": "reduce_bucket_size,stage3_param_persistence_threshold,stage3_prefetch_bucket_size",
+    }
+    assert run.nproc == 8 and run.gpu.batch_size == 4
+
+
+def test_the_trainers_auto_buckets_are_the_models_hidden_size():
+    """The "auto" buckets as HfTrainerDeepSpeedConfig.trainer_config_finalize fills them, from the
+    config's hidden_size (tiny-llama's 64)."""
+    from bench.techniques import build
+    from tests.helpers import tech
+
+    auto = "reduce_bucket_size,stage3_prefetch_bucket_size,stage3_param_persistence_threshold"
+    ds = build(tech("deepspeed", stage=3, auto=auto))
+    zero = ds.ds_config(batch_size=4, micro_batches=2, hidden=64)["zero_optimization"]
+    assert zero == {
+        "stage": 3,
+        "reduce_bucket_size": 64 * 64,
+        "stage3_prefetch_bucket_size": int(0.9 * 64 * 64),
+        "stage3_param_persistence_threshold": 640,
+    }
 
 
 def test_a_sharded_job_from_its_files_spans_the_processes_given(tmp_path):

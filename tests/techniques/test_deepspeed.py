@@ -1,0 +1,75 @@
+"""DeepSpeed's engine at its ZeRO stages: run for real over 2 gloo processes on this CPU (its CPU
+accelerator), each rank's step predicted beforehand on fake tensors under torch's fake process group
+and held to the peak it then measures; and the model states a rank holds at 8 ranks, held to
+DeepSpeed's own arithmetic (its estimate_zero2_model_states_mem_needs)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench.launch import Device
+from bench.models import MODELS
+from bench.predict import predict
+from bench.spec import Shapes
+from tests.helpers import isolated, spec, tech
+from tests.test_process_group import assert_predicted_per_rank
+
+deepspeed = pytest.importorskip("deepspeed")
+
+CPU = Device("cpu", "cpu")
+BERT_TINY = MODELS.get("bert-tiny").build(Shapes(batch_size=8, seq_len=16))
+PSI = sum(p.numel() for p in BERT_TINY.parameters())
+# the Trainer's "auto" buckets, from bert-tiny's hidden size
+AUTO = "reduce_bucket_size,stage3_prefetch_bucket_size,stage3_param_persistence_threshold"
+
+
+@pytest.mark.slow
+def test_zero_3_over_two_gloo_processes_is_each_ranks_predicted_peak():
+    """Each rank predicts its own step (its partitions, its gathers, its reduce buckets) before it
+    joins the real group, and the peak it then measures is the predicted one: to the byte in most
+    runs, a reduce bucket (16 KiB here) over where one is still in flight at the peak, as under
+    fsdp (tests/test_process_group.py: one run of three on a loaded machine). Its parameters are
+    half the model's, but for those small enough to stay whole on every rank."""
+    record = isolated(spec("bert-tiny", (tech("deepspeed", stage=3, auto=AUTO),), nproc=2), CPU)
+    assert record["status"] == "ok", record.get("stderr_tail", record)
+    assert_predicted_per_rank(record)
+    assert record["proof"]["deepspeed.zero_stage"] == 3
+    assert 0.5 < record["proof"]["deepspeed.param_fraction_per_rank"] < 0.53
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_ranks_model_states_are_deepspeeds_own_arithmetic(stage):
+    """bf16 ZeRO over 8 ranks, predicted: each rank holds the 16-bit parameters (whole at stage 2,
+    its partition at 3, none persisting whole) and its float32 master partition with Adam's two
+    moments, 12·Ψ/8. DeepSpeed's estimate for stage 2 is those with its gradient terms (16-bit and
+    float32 partitions, 6·Ψ/8) beside them. A partition is padded to whole elements per rank."""
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    options = {"stage": stage, "precision": "bfloat16", "auto": "reduce_bucket_size"}
+    options |= {"stage3_param_persistence_threshold": 0}
+    states = predict(spec("bert-tiny", (tech("deepspeed", **options),), nproc=8))
+    assert states.ok, states.message
+    partition = math.ceil(PSI / 8)
+    params = 2 * PSI if stage == 2 else 2 * partition
+    assert states.param_bytes == pytest.approx(params, abs=16)
+    adam_step = 4  # torch's AdamW counts its steps in a float32 tensor a parameter (one partition)
+    assert states.optimizer_state_bytes == 12 * partition + adam_step
+    if stage == 2:
+        _, gpu = estimate_zero2_model_states_mem_needs(PSI, 8, cpu_offload=False)
+        gradients = 6 * PSI / 8
+        assert states.param_bytes + states.optimizer_state_bytes + gradients == pytest.approx(
+            gpu, abs=64
+        )
+
+
+def test_the_engine_is_configured_as_the_options_say():
+    from bench.techniques import build
+
+    ds = build(tech("deepspeed", stage=2, precision="bfloat16", overlap_comm=True))
+    config = ds.ds_config(batch_size=8, micro_batches=4, hidden=None)
+    assert config["train_micro_batch_size_per_gpu"] == 2
+    assert config["gradient_accumulation_steps"] == 4
+    assert config["zero_optimization"] == {"stage": 2, "overlap_comm": True}
+    assert config["bf16"] == {"enabled": True} and config["fp16"] == {"enabled": False}
