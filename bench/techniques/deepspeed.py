@@ -266,7 +266,9 @@ def _forget_groups() -> None:
 
 def _accelerator(ctx: RunContext) -> Any:
     """DeepSpeed's accelerator for the run: CUDA's on a GPU, the CPU's on a CPU and on fake tensors
-    (their CPU tensors stand for CUDA's; its streams are the one stream)."""
+    (their CPU tensors stand for CUDA's; its streams are the one stream), where it takes float16
+    as CUDA's does (the CPU's refuses it, having no float16 kernels, which fake tensors do not
+    run)."""
     if ctx.device.type == "cuda" and not ctx.predicting:
         from deepspeed.accelerator.cuda_accelerator import CUDA_Accelerator
 
@@ -277,4 +279,11 @@ def _accelerator(ctx: RunContext) -> Any:
     # inference's all-reduce takes; training's collectives are torch.distributed's
     # (the package's attribute `torch` is PyTorch, not this module)
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
-    return CPU_Accelerator()
+    if not ctx.predicting:
+        return CPU_Accelerator()
+
+    class AsCuda(CPU_Accelerator):
+        def is_fp16_supported(self) -> bool:
+            return True
+
+    return AsCuda()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from bench.launch import Device
 from bench.models import MODELS
@@ -39,20 +40,23 @@ def test_zero_3_over_two_gloo_processes_is_each_ranks_predicted_peak():
     assert 0.5 < record["proof"]["deepspeed.param_fraction_per_rank"] < 0.53
 
 
-@pytest.mark.parametrize("stage", [2, 3])
-def test_a_ranks_model_states_are_deepspeeds_own_arithmetic(stage):
-    """bf16 ZeRO over 8 ranks, predicted: each rank holds the 16-bit parameters (whole at stage 2,
-    its partition at 3, none persisting whole) and its float32 master partition with Adam's two
+@pytest.mark.parametrize(
+    "stage, precision", [(1, "float16"), (2, "bfloat16"), (3, "bfloat16"), (3, "float16")]
+)
+def test_a_ranks_model_states_are_deepspeeds_own_arithmetic(stage, precision):
+    """ZeRO in 16 bits over 8 ranks, predicted (float16 as on CUDA, which DeepSpeed's CPU
+    accelerator would refuse): each rank holds the 16-bit parameters (whole at stages 1 and 2, its
+    partition at 3, none persisting whole) and its float32 master partition with Adam's two
     moments, 12·Ψ/8. DeepSpeed's estimate for stage 2 is those with its gradient terms (16-bit and
     float32 partitions, 6·Ψ/8) beside them. A partition is padded to whole elements per rank."""
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
-    options = {"stage": stage, "precision": "bfloat16", "auto": "reduce_bucket_size"}
+    options = {"stage": stage, "precision": precision, "auto": "reduce_bucket_size"}
     options |= {"stage3_param_persistence_threshold": 0}
     states = predict(spec("bert-tiny", (tech("deepspeed", **options),), nproc=8))
     assert states.ok, states.message
     partition = math.ceil(PSI / 8)
-    params = 2 * PSI if stage == 2 else 2 * partition
+    params = 2 * PSI if stage < 3 else 2 * partition
     assert states.param_bytes == pytest.approx(params, abs=16)
     adam_step = 4  # torch's AdamW counts its steps in a float32 tensor a parameter (one partition)
     assert states.optimizer_state_bytes == 12 * partition + adam_step
@@ -73,3 +77,19 @@ def test_the_engine_is_configured_as_the_options_say():
     assert config["gradient_accumulation_steps"] == 4
     assert config["zero_optimization"] == {"stage": 2, "overlap_comm": True}
     assert config["bf16"] == {"enabled": True} and config["fp16"] == {"enabled": False}
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs"
+)
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_over_two_gpus_is_each_ranks_predicted_peak(stage):
+    """The same engine under NCCL on two cards (DeepSpeed's CUDA accelerator in the run, its CPU
+    one in the prediction made before it): each rank's tracked peak against its prediction, within
+    the collectives in flight that its reduction and gather streams may hold."""
+    gpus = Device("cuda", torch.cuda.get_device_name(0), count=torch.cuda.device_count())
+    run = spec("bert-tiny", (tech("deepspeed", stage=stage, auto=AUTO),), batch_size=32, nproc=2)
+    record = isolated(run, gpus)
+    assert record["status"] == "ok", record.get("stderr_tail", record)
+    assert_predicted_per_rank(record)
