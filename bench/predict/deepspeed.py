@@ -1,13 +1,28 @@
 """DeepSpeed's calls that fake tensors cannot run as the real run does (``deepspeed``'s
 ``Technique.stand_ins``): its checks that the ranks agree read back what rank 0 broadcast, which the
-fake group never sends."""
+fake group never sends, and its fused Adam runs a kernel it compiles; and what its engine changes
+for good in the process is put back once the prediction is made."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 import torch.distributed as dist
+
+
+def restored_after(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``original`` itself, put back when the prediction ends (a stand-in that wraps what it
+    stands in for): ZeRO-3's engine swaps ``torch.nn.functional.linear`` for its own for good
+    (``memory_efficient_linear``), which the traced step takes, as the real run's does, and which
+    must not outlive it into the process's next predictions."""
+    return original
+
+
+restored_after.wraps_original = True  # type: ignore[attr-defined]
 
 
 def ranks_agreeing(ints: list[int]) -> None:
@@ -19,3 +34,13 @@ def ranks_agreeing(ints: list[int]) -> None:
     device = torch.device(get_accelerator().device_name(os.environ["LOCAL_RANK"]))
     for values in (len(ints), ints):
         dist.broadcast(torch.tensor(values, dtype=int, device=device), src=0, async_op=False)
+
+
+class FusedAdamKernel:
+    """DeepSpeed's FusedAdamBuilder for fake tensors: the kernel it would compile (CUDA's, or the
+    CPU's) updates the parameters and Adam's moments in place, in one launch over all of them, and
+    makes nothing; FusedAdam makes the moments itself beforehand (``torch.zeros_like``), as
+    traced."""
+
+    def load(self) -> SimpleNamespace:
+        return SimpleNamespace(multi_tensor_adam=lambda *args: None)

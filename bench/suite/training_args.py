@@ -402,6 +402,7 @@ FSDP_UNCHANGED = {
 # ds_config's keys (DeepSpeed 0.19 under transformers 5's Trainer): those read, those that change
 # nothing a step holds (logs, the learning-rate schedule, checkpoints), and those refused with why
 DS_READ = {
+    "optimizer",
     "train_micro_batch_size_per_gpu",
     "gradient_accumulation_steps",
     "train_batch_size",
@@ -432,9 +433,6 @@ DS_UNCHANGED = {
     "dump_state",
 }
 DS_REFUSED = {
-    "optimizer": "DeepSpeed builds its own optimizer from this section (FusedAdam, or "
-    "DeepSpeedCPUAdam under offload), not modelled; without it the engine steps the Trainer's "
-    "optim",
     "activation_checkpointing": "DeepSpeed's own checkpointing (partitioned, possibly on the "
     "host) is not modelled; gradient_checkpointing is",
     "communication_data_type": "gradients reduced in another dtype than the model's",
@@ -460,6 +458,10 @@ DS_PRECISION_KEYS = {
     },
     "bf16": {"enabled"},
 }
+# a ds_config's optimizer types DeepSpeed builds as FusedAdam (its type lowercased, as it reads it),
+# as the deepspeed technique names them, and the parameters that are values its update reads
+DS_OPTIMIZERS = {"adamw": "AdamW", "adam": "Adam"}
+DS_OPTIMIZER_PARAMS = {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "bias_correction"}
 DS_OFFLOAD_TO = "device"  # an offload section's key: where to ("none", "cpu", "nvme")
 DS_OFFLOAD = {
     "offload_optimizer": "the optimizer state and its step on the host: host memory is not "
@@ -530,10 +532,14 @@ def read(path: str, where: str, problems: list[str]) -> Job | None:
     ]
     # under DeepSpeed its engine takes the precision and the clipping (accelerate leaves both to it)
     engine = _deepspeed(args, Path(path).parent, where, found)
+    optimizer = []
+    # a ds_config's optimizer section: DeepSpeed builds its own, the Trainer's optim unused
+    if not any(t.get("optimizer", "trainer") != "trainer" for t in engine):
+        optimizer = _optimizer(args, where, found)
     techniques = (
         (engine or _precision(args, where, found))
         + _fsdp(args, Path(path).parent, where, found)
-        + _optimizer(args, where, found)
+        + optimizer
         + _checkpointing(args, where, found)
         + (_sft_loss(args, where, found) + _sft_packing(args, where, found) if sft else [])
     )
@@ -833,6 +839,8 @@ def _deepspeed(args: dict[str, Any], folder: Path, where: str, found: list[str])
         if value != "auto" and value != own:
             found.append(f"{at}.{key} = {value!r}: the Trainer refuses it beside {arg} = {own!r}")
     technique = {"name": "deepspeed"} | _ds_precision(config, args, at, found)
+    if (own := _ds_optimizer(config.get("optimizer"), at, found)) is not None:
+        technique["optimizer"] = own
     clipping = config.get("gradient_clipping", 0.0)
     if clipping == "auto":
         clipping = args.get("max_grad_norm", _default("max_grad_norm"))
@@ -840,6 +848,26 @@ def _deepspeed(args: dict[str, Any], folder: Path, where: str, found: list[str])
     return [
         technique | _zero(config.get("zero_optimization") or {}, DeepSpeedZeroConfig, at, found)
     ]
+
+
+def _ds_optimizer(section: Any, at: str, found: list[str]) -> str | None:
+    """The optimizer a ds_config's section has DeepSpeed build (the Trainer then hands it no
+    optimizer of its own, its optim unused); None where it names none."""
+    if not section:
+        return None
+    kind = str(section.get("type", "")).lower()
+    if kind not in DS_OPTIMIZERS:
+        found.append(
+            f"{at}.optimizer.type = {section.get('type')!r}: only AdamW and Adam (DeepSpeed's "
+            "FusedAdam) are modelled; without the section the engine steps the Trainer's optim"
+        )
+        return None
+    for key in sorted((section.get("params") or {}).keys() - DS_OPTIMIZER_PARAMS):
+        found.append(
+            f"{at}.optimizer.params.{key}: not modelled (torch_adam, fp32_optimizer_states: "
+            "another optimizer or other state than FusedAdam's); remove it"
+        )
+    return DS_OPTIMIZERS[kind]
 
 
 def _ds_precision(

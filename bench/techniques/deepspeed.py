@@ -100,6 +100,12 @@ class DeepSpeed(Technique):
         stage3_param_persistence_threshold: int | None = option(
             None, "parameters this small stay whole on every rank (1e5)"
         )
+        optimizer: Literal["trainer", "AdamW", "Adam"] = option(
+            "trainer",
+            "trainer: the run's optimizer handed to the engine; AdamW, Adam: a ds_config's "
+            "optimizer section, which DeepSpeed builds (FusedAdam: Adam's moments, updated in "
+            "place by one kernel)",
+        )
         auto: str = option(
             "",
             'bucket keys set from the model\'s hidden size h, as the Trainer fills an "auto" '
@@ -118,6 +124,10 @@ class DeepSpeed(Technique):
             )
             for name in (f"{cls}.has_overflow", "is_invalid_grad_norm")
         },
+        # ZeRO-3's linear, set for good in the process: the prediction's own
+        "torch.nn.functional:linear": "bench.predict.deepspeed:restored_after",
+        # its fused Adam's kernel, which updates in place and makes nothing
+        "deepspeed.ops.adam.fused_adam:FusedAdamBuilder": "bench.predict.deepspeed:FusedAdamKernel",
         **{
             f"deepspeed.runtime.zero.{m}:assert_ints_same_as_other_ranks": (
                 "bench.predict.deepspeed:ranks_agreeing"
@@ -159,11 +169,16 @@ class DeepSpeed(Technique):
         set_accelerator(_accelerator(self.ctx))
         _forget_groups()
         deepspeed.utils.logger.setLevel(QUIET)
+        if self.config.optimizer == "trainer":
+            handed: dict[str, Any] = {"optimizer": optimizer}
+        else:  # the Trainer's, where a ds_config names one (its DummyOptim): the trained ones
+            handed = {"model_parameters": [p for p in model.parameters() if p.requires_grad]}
+        config = self.ds_config(self.ctx.shapes.batch_size, micro_batches, _hidden_size(model))
         self.model, optimizer, _, _ = deepspeed.initialize(
             model=model,
-            optimizer=optimizer,
-            config=self.ds_config(self.ctx.shapes.batch_size, micro_batches, _hidden_size(model)),
+            config=config | self._own_optimizer(),
             dist_init_required=False,
+            **handed,
         )
         # its float32 partitions, which ZeRO counts as optimizer state (bench.measure.memory)
         optimizer.masters = next(
@@ -194,6 +209,18 @@ class DeepSpeed(Technique):
             "zero_allow_untested_optimizer": True,
             "steps_per_print": 1 << 62,
         }
+
+    def _own_optimizer(self) -> dict[str, Any]:
+        """The ds_config's optimizer section, where DeepSpeed builds its own: at the run's learning
+        rate (the Trainer fills "auto" ones from its arguments)."""
+        if self.config.optimizer == "trainer":
+            return {}
+        return {"optimizer": {"type": self.config.optimizer, "params": {"lr": self.ctx.lr}}}
+
+    def conflict(self, other: Technique) -> str | None:
+        if self.config.optimizer != "trainer" and other.makes_optimizer:
+            return f"optimizer = {self.config.optimizer!r} is DeepSpeed's own; leave it 'trainer'"
+        return None
 
     def step(self) -> Step:
         return Step(

@@ -106,8 +106,12 @@ def test_transformers_4s_own_adamw_is_read_as_what_it_was(tmp_path):
         # the Trainer's DeepSpeed: what a ds_config asks that the deepspeed technique does not take
         ({"deepspeed": "nowhere.json"}, "deepspeed 'nowhere.json': cannot read it as JSON"),
         (
-            {"deepspeed": {"optimizer": {"type": "AdamW"}}},
-            "deepspeed.optimizer: DeepSpeed builds its own optimizer",
+            {"deepspeed": {"optimizer": {"type": "Lamb"}}},
+            "deepspeed.optimizer.type = 'Lamb': only AdamW and Adam",
+        ),
+        (
+            {"deepspeed": {"optimizer": {"type": "AdamW", "params": {"torch_adam": True}}}},
+            "deepspeed.optimizer.params.torch_adam: not modelled",
         ),
         (
             {"deepspeed": {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}},
@@ -244,6 +248,17 @@ def test_the_trainers_deepspeed_is_the_engine_with_its_auto_values_filled(tmp_pa
         "auto": "reduce_bucket_size,stage3_param_persistence_threshold,stage3_prefetch_bucket_size",
     }
     assert run.nproc == 8 and run.gpu.batch_size == 4
+
+
+def test_a_ds_configs_optimizer_is_deepspeeds_own_and_the_trainers_optim_goes_unused(tmp_path):
+    """transformers' documented configs carry an AdamW section, its values "auto": DeepSpeed then
+    builds FusedAdam over the trained parameters and the Trainer hands it no optimizer of its
+    own (its DummyOptim), so the arguments' optim makes no technique."""
+    section = {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "weight_decay": "auto"}}
+    (tmp_path / "ds.json").write_text(json.dumps(ZERO3 | {"optimizer": section}))
+    run = load(suite(tmp_path, ARGS | {"deepspeed": "ds.json"}, extra="nproc = 8\n")).runs[1]
+    assert [t.name for t in run.techniques] == ["deepspeed", "checkpoint", "accumulate"]
+    assert dict(run.techniques[0].options)["optimizer"] == "AdamW"
 
 
 def test_the_trainers_auto_buckets_are_the_models_hidden_size():

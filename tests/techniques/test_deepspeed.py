@@ -68,6 +68,22 @@ def test_a_ranks_model_states_are_deepspeeds_own_arithmetic(stage, precision):
         )
 
 
+@pytest.mark.full
+def test_deepspeeds_own_fused_adam_over_two_gloo_processes_is_each_ranks_predicted_peak():
+    """A ds_config's AdamW section: DeepSpeed builds FusedAdam (on this CPU its CPU kernel, which it
+    compiles at first use, about a minute) and keeps Adam's moments without torch's step counter;
+    the prediction runs DeepSpeed's FusedAdam with its kernel's launch left out (it makes
+    nothing)."""
+    options = {"stage": 2, "optimizer": "AdamW", "auto": "reduce_bucket_size"}
+    record = isolated(spec("bert-tiny", (tech("deepspeed", **options),), nproc=2), CPU)
+    assert record["status"] == "ok", record.get("stderr_tail", record)
+    assert_predicted_per_rank(record)
+    # the whole parameters, a float32 master partition and the two moments (DeepSpeed pads its flat
+    # buffer to a few elements' alignment)
+    for held in record["rank_model_state_bytes"]:
+        assert held == pytest.approx(4 * PSI + 12 * PSI / 2, abs=64)
+
+
 def test_the_engine_is_configured_as_the_options_say():
     from bench.techniques import build
 
