@@ -48,11 +48,13 @@ HIDDEN = {
     "stage3_param_persistence_threshold": lambda h: 10 * h,
 }
 # where each of DeepSpeed's optimizers keeps its float32 partitions: ZeRO 1-2's, 3's, and stage 0's
-# under bf16
+# in 16 bits (whole, flat under its fused optimizer, a tensor a parameter under the others)
 MASTERS = (
     "single_partition_of_fp32_groups",
     "fp32_partitioned_groups_flat",
     "fp32_groups_flat_partition",
+    "fp32_groups_flat",
+    "fp32_groups",
 )
 # DeepSpeed's log: a line per engine setting at INFO
 QUIET = logging.WARNING
@@ -124,6 +126,11 @@ class DeepSpeed(Technique):
             )
             for name in (f"{cls}.has_overflow", "is_invalid_grad_norm")
         },
+        # stage 0's under fp16
+        **{
+            f"deepspeed.runtime.utils:CheckOverflow.{name}": "bench.predict.stand_ins:healthy"
+            for name in ("has_overflow", "check_using_norm")
+        },
         # ZeRO-3's linear, set for good in the process: the prediction's own
         "torch.nn.functional:linear": "bench.predict.deepspeed:restored_after",
         # its fused Adam's kernel, which updates in place and makes nothing
@@ -181,9 +188,8 @@ class DeepSpeed(Technique):
             **handed,
         )
         # its float32 partitions, which ZeRO counts as optimizer state (bench.measure.memory)
-        optimizer.masters = next(
-            (list(getattr(optimizer, n)) for n in MASTERS if hasattr(optimizer, n)), []
-        )
+        groups = next((getattr(optimizer, n) for n in MASTERS if hasattr(optimizer, n)), [])
+        optimizer.masters = [t for g in groups for t in (g if isinstance(g, list) else [g])]
         return self.model, optimizer
 
     def ds_config(self, batch_size: int, micro_batches: int, hidden: int | None) -> dict[str, Any]:

@@ -68,6 +68,16 @@ def test_a_ranks_model_states_are_deepspeeds_own_arithmetic(stage, precision):
         )
 
 
+def test_stage_0_in_16_bits_keeps_a_whole_float32_copy_beside_adams_moments():
+    """No ZeRO: DeepSpeed's fp16 optimizer keeps a float32 copy of every parameter, which torch's
+    AdamW steps, a step counter each: 12·Ψ on every rank, as ZeRO's paper counts stage 0."""
+    states = predict(spec("bert-tiny", (tech("deepspeed", stage=0, precision="float16"),), nproc=8))
+    assert states.ok, states.message
+    tensors = len(list(BERT_TINY.parameters()))
+    assert states.param_bytes == 2 * PSI
+    assert states.optimizer_state_bytes == 12 * PSI + 4 * tensors
+
+
 @pytest.mark.full
 def test_deepspeeds_own_fused_adam_over_two_gloo_processes_is_each_ranks_predicted_peak():
     """A ds_config's AdamW section: DeepSpeed builds FusedAdam (on this CPU its CPU kernel, which it
