@@ -10,6 +10,7 @@ import resource
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
+from types import SimpleNamespace
 from typing import Any, Protocol
 from unittest.mock import patch
 
@@ -382,20 +383,10 @@ def _stepped_aside(step: Callable[..., Any], tracker: LiveBytes) -> Callable[...
     return run
 
 
-class _Unpatched:
-    """A handle that puts an optimizer's own ``step`` back."""
-
-    def __init__(self, optimizer: Any) -> None:
-        self.optimizer = optimizer
-
-    def remove(self) -> None:
-        del self.optimizer.step
-
-
 def _before_each_step(optimizer: Any, hook: Callable[[], None]) -> Any:
     """``hook`` called as each optimizer step begins, and the handle that removes it: torch's step
     pre-hook, or, on an engine's optimizer that is not torch's (DeepSpeed's ZeRO), its step
-    wrapped."""
+    wrapped, the step it had put back as it was (a prediction's own stand-in for it included)."""
     if hasattr(optimizer, "register_step_pre_hook"):
         return optimizer.register_step_pre_hook(lambda *_: hook())
     own = optimizer.step
@@ -404,8 +395,9 @@ def _before_each_step(optimizer: Any, hook: Callable[[], None]) -> Any:
         hook()
         return own(*args, **kwargs)
 
-    optimizer.step = step
-    return _Unpatched(optimizer)
+    wrapped = patch.object(optimizer, "step", step)
+    wrapped.start()
+    return SimpleNamespace(remove=wrapped.stop)
 
 
 def _grads(model: nn.Module) -> list[torch.Tensor]:

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import nn
 
-from bench.measure.memory import tensor_bytes
+from bench.measure.memory import parameter_tensors, tensor_bytes
 from bench.techniques.base import (
     TECHNIQUES,
     RunContext,
@@ -242,22 +242,13 @@ class DeepSpeed(Technique):
         self.model.backward(loss, scale_wrt_gas=False)
 
     def proof(self, steps: int) -> dict[str, Any]:
-        held = tensor_bytes(_local(p) for p in self.model.module.parameters())
+        held = tensor_bytes(parameter_tensors(self.model.module))
         return {
             "zero_stage": self.model.zero_optimization_stage(),
             "world_size": self.ctx.world_size,
             "param_bytes_per_rank": held,
             "param_fraction_per_rank": round(held / self.full_param_bytes, 4),
         }
-
-
-def _local(p: nn.Parameter) -> torch.Tensor:
-    """A parameter as this rank holds it: its ZeRO-3 partition, unless it is one small enough to
-    persist whole on every rank."""
-    part = getattr(p, "ds_tensor", None)
-    if part is None or getattr(p, "ds_persist", False):
-        return p
-    return part
 
 
 def imported() -> ModuleType:
