@@ -226,6 +226,17 @@ class Memory(Part):
     model_state_bytes: int | None = column(
         "parameters + gradients + optimizer state on one rank (the ZeRO quantity)", ranks="max"
     )
+    host_peak_bytes: int | None = column(
+        "host memory the step holds for the device at its most (offloaded activations, an "
+        "optimizer on the host, the scalars CUDA keeps there): pageable tensors' bytes plus the "
+        "blocks the pinned host allocator holds; absent where the device is the host",
+        ranks="max",
+    )
+    host_pinned_bytes: int | None = doc(
+        "of which pinned: the caching host allocator's blocks (each a power of two, cached once "
+        "freed, never given back)",
+        ranks="max",
+    )
     at_peak_parameters_bytes: int | None = column("alive at the tracked peak: parameters")
     at_peak_buffers_bytes: int | None = column("alive at the tracked peak: buffers")
     at_peak_gradients_bytes: int | None = column("alive at the tracked peak: gradients")
@@ -263,6 +274,12 @@ class Memory(Part):
     cuda_ooms: int | None = doc("CUDA: out-of-memory errors the allocator raised", ranks="max")
     nvml_process_bytes: int | None = column(
         "CUDA: what NVML charges the process (context included)", ranks="max"
+    )
+    pinned_host_bytes: int | None = doc(
+        "CUDA: what the caching host allocator holds pinned after the timed steps "
+        "(torch.cuda.host_memory_stats' allocated_bytes): every block pinned since the process "
+        "began, the tracked host_pinned_bytes' twin",
+        ranks="max",
     )
     context_bytes: int | None = column(
         "CUDA: NVML's figure minus reserved: the context and libraries", ranks="max"
@@ -388,6 +405,8 @@ TRACKED = (
     "param_bytes",
     "buffer_bytes",
     "optimizer_state_bytes",
+    "host_peak_bytes",
+    "host_pinned_bytes",
     *(f"at_peak_{p}_bytes" for p in AT_PEAK),
 )
 

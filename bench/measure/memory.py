@@ -30,7 +30,15 @@ def cuda_peaks(device: torch.device) -> Memory:
         peak_active_bytes=stats["active_bytes.all.peak"],
         alloc_retries=stats["num_alloc_retries"],
         cuda_ooms=stats["num_ooms"],
+        pinned_host_bytes=_pinned_host_bytes(),
     )
+
+
+def _pinned_host_bytes() -> int | None:
+    """The caching host allocator's pinned blocks now (torch 2.6 on); None before any was pinned,
+    or where torch does not say."""
+    stats = getattr(torch.cuda, "host_memory_stats", dict)()
+    return stats.get("allocated_bytes.current")
 
 
 def nvml_process_bytes(device: torch.device) -> int | None:
@@ -96,6 +104,15 @@ def optimizer_state(optimizer: torch.optim.Optimizer | None) -> list[torch.Tenso
         *masters,
         *(t for state in optimizer.state.values() for v in state.values() for t in _tensors_of(v)),
     ]
+
+
+def host_tensors(optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+    """What an optimizer keeps on the host for the device (one stepping there: its
+    ``host_tensors``)."""
+    held = getattr(optimizer, "host_tensors", None)
+    if held is None:
+        return []
+    return held()
 
 
 def _tensors_of(value: object) -> list[torch.Tensor]:
@@ -188,7 +205,14 @@ def tracked_memory(
     # optimizer).
     grads = Memory(gradient_bytes=done.grads[-1] if done.grads else None)
     peaks = at_peak_memory(tracker, generating=phases is not None)
-    return peaks | grads | generated | model_state_bytes(model, optimizer)
+    return peaks | grads | generated | model_state_bytes(model, optimizer) | host_memory(tracker)
+
+
+def host_memory(tracker: LiveBytes) -> Memory:
+    """What the step held on the host for the device (bench.measure.host), where it held any."""
+    if not tracker.host.seen:
+        return Memory()
+    return Memory(host_peak_bytes=tracker.host.peak, host_pinned_bytes=tracker.host.pinned)
 
 
 def at_peak_memory(tracker: LiveBytes, generating: bool) -> Memory:
@@ -242,6 +266,7 @@ def track(
     tracker.add(model.buffers(), Category.BUFFERS)
     tracker.add(_grads(model), Category.GRADIENTS)
     tracker.add(optimizer_state(optimizer), Category.OPTIMIZER_STATE)
+    tracker.add(host_tensors(optimizer), Category.OPTIMIZER_STATE)
     if history is not None:
         tracker.follow(history)
     done = Tracked(tracker, [], [])

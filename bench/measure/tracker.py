@@ -29,6 +29,7 @@ from torch.utils._python_dispatch import (
 from torch.utils._pytree import tree_leaves
 
 from bench.measure.allocator import CachingAllocator, OutOfMemory
+from bench.measure.host import HostBytes, host_kind, is_on_host
 
 CUDA_BLOCK = 512  # the caching allocator rounds every allocation up to this
 DEVICE = torch.ops.prim.device.default
@@ -39,18 +40,6 @@ def inner_tensors(t: torch.Tensor) -> list[torch.Tensor]:
     DTensor's local shard; a DTensor also names its device mesh, which holds no data)."""
     names, _ = t.__tensor_flatten__()
     return [x for n in names if isinstance(x := getattr(t, n), torch.Tensor)]
-
-
-def on_host(t: torch.Tensor) -> torch.Tensor:
-    """Marks ``t`` as standing for a tensor the modelled device keeps on the host, so it is not
-    counted: a prediction's fake CPU tensors stand for CUDA ones, and a few of those live on the
-    host there."""
-    t.on_host = True
-    return t
-
-
-def is_on_host(t: torch.Tensor) -> bool:
-    return getattr(t, "on_host", False)
 
 
 def storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
@@ -165,6 +154,7 @@ class LiveBytes(TorchDispatchMode):
         # a rebuilt history's clock where the steps after it took over (its timeline's UNTIL)
         self.until: int | None = None
         self._repeats: Repeats | None = None  # what repeat() wrote, for the replay to cut short
+        self.host = HostBytes()  # what the step holds on the host for the device (host.py)
 
     @property
     def phase(self) -> str:
@@ -209,11 +199,15 @@ class LiveBytes(TorchDispatchMode):
             yield
 
     def _count(self, t: torch.Tensor, label: str | None = None) -> None:
-        if t.device.type != self.device_type or is_on_host(t):
-            return
         if is_traceable_wrapper_subclass(t):  # e.g. an 8-bit optimizer state: count what it wraps
-            for inner in inner_tensors(t):
-                self._count(inner, label)
+            if t.device.type == self.device_type and not is_on_host(t):
+                for inner in inner_tensors(t):
+                    self._count(inner, label)
+            return
+        if (pinned := host_kind(t, self.device_type)) is not None:
+            self.host.count(t.untyped_storage(), pinned)
+            return
+        if t.device.type != self.device_type:
             return
         storage = t.untyped_storage()
         if id(storage) not in self._live:

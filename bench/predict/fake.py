@@ -21,8 +21,9 @@ from torch.utils.flop_counter import flop_registry, shape_wrapper
 from bench.errors import first_line
 from bench.generate import Generator
 from bench.measure.allocator import Conf, Replay, cublas_workspaces
+from bench.measure.host import on_host
 from bench.measure.memory import Tracked, optimizer_state, replayed, track, tracked_memory
-from bench.measure.tracker import CUDA_BLOCK, LiveBytes, NotRepeating, mark_trackers, on_host
+from bench.measure.tracker import CUDA_BLOCK, LiveBytes, NotRepeating, mark_trackers
 from bench.models import ModelSpec
 from bench.predict import depth, ranks
 from bench.predict.cards import CARDS, Card

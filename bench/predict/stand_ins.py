@@ -22,7 +22,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from bench.measure.tracker import DEVICE, device_of, is_on_host, on_host
+from bench.measure.host import is_on_host, making_host, on_host
+from bench.measure.tracker import DEVICE, device_of
 from bench.techniques import Technique
 
 aten = torch.ops.aten
@@ -94,21 +95,22 @@ def is_paged(t: torch.Tensor) -> bool:
 
 class FakeOverlappedSaves(torch.autograd.graph.saved_tensors_hooks):
     """``activation-offload``'s hooks for fake tensors, which have no streams: a saved tensor of
-    ``min_bytes`` or more keeps only its shape and dtype once packed (its device block is free once
-    the copy is done, which is taken to be before the allocator needs it again); each unpack makes
-    its device copy, and the copy of the tensor saved before it, fetched one ahead, lives until that
-    one is unpacked."""
+    ``min_bytes`` or more is copied into pinned host memory as it is packed (its device block is
+    free once the copy is done, which is taken to be before the allocator needs it again); each
+    unpack makes its device copy, and the copy of the tensor saved before it, fetched one ahead,
+    lives until that one is unpacked. A host copy is freed once fetched, its pinned block cached
+    for the next."""
 
     def __init__(self, owner: Any) -> None:
         self.owner, self.count = owner, 0
-        self.host: dict[int, _DeviceCopy] = {}
+        self.host: dict[int, torch.Tensor] = {}
         self.fetched: dict[int, torch.Tensor] = {}
 
         def pack(t: torch.Tensor) -> Any:
             if is_on_host(t) or t.nbytes < owner.config.min_bytes or isinstance(t, nn.Parameter):
                 return t
             key, self.count = self.count, self.count + 1
-            self.host[key] = _DeviceCopy(t.shape, t.dtype)
+            self.host[key] = _host_copy(t, pinned=True)
             owner.offloaded += 1
             return key
 
@@ -126,8 +128,15 @@ class FakeOverlappedSaves(torch.autograd.graph.saved_tensors_hooks):
         super().__init__(pack, unpack)
 
     def _fetch(self, key: int) -> torch.Tensor:
-        kept = self.host.pop(key)
-        return torch.empty(kept.shape, dtype=kept.dtype)
+        host = self.host.pop(key)
+        return torch.empty(host.shape, dtype=host.dtype)
+
+
+def _host_copy(t: torch.Tensor, pinned: bool) -> torch.Tensor:
+    """The host copy of a fake tensor standing for a device one: its elements, contiguous, in host
+    memory ``pinned`` or pageable."""
+    with making_host(pinned):
+        return on_host(torch.empty(t.shape, dtype=t.dtype), pinned)
 
 
 class FakeCPUOffloadOptimizer:
@@ -151,9 +160,9 @@ class FakeCPUOffloadOptimizer:
         kept = [p for p in params if p.numel() < minimal_size]
         self.param_d2h_map, self.optim_dict = {}, {}
         for p in params:
-            if p.numel() >= minimal_size:
-                host = on_host(torch.empty_like(p))
-                host.grad = on_host(torch.empty_like(p))
+            if p.numel() >= minimal_size:  # pinned, as torchao pins them
+                host = _host_copy(p, pinned=True)
+                host.grad = _host_copy(p, pinned=True)
                 self.param_d2h_map[p] = host
                 self.optim_dict[p] = optimizer_class([host], fused=True, **kwargs)
                 p.register_post_accumulate_grad_hook(self._to_host(offload_gradients))
@@ -179,7 +188,8 @@ class FakeCPUOffloadOptimizer:
         if self.d_opt is not None:
             self.d_opt.step()
         for p, host in self.param_d2h_map.items():
-            self.optim_dict[p].step()
+            with making_host(pinned=False):  # its state: pageable, made by the host's AdamW
+                self.optim_dict[p].step()
             for value in self.optim_dict[p].state[host].values():
                 on_host(value)
             p.copy_(host)
@@ -191,29 +201,29 @@ class FakeCPUOffloadOptimizer:
             self.d_opt.zero_grad(set_to_none)
 
 
-class _DeviceCopy(NamedTuple):
-    """What is kept of an offloaded fake tensor: its host copy is no device memory."""
+class _Packed(NamedTuple):
+    """A saved tensor as ``FakeSaveOnCpu`` keeps it: its host copy, or the host tensor itself."""
 
-    shape: torch.Size
-    dtype: torch.dtype
+    tensor: torch.Tensor
+    copied: bool
 
 
 class FakeSaveOnCpu(torch.autograd.graph.saved_tensors_hooks):
     """``save_on_cpu`` for fake tensors standing for CUDA ones (the ``offload`` technique): a saved
-    tensor keeps only its shape and dtype, and unpacking it makes the device copy that save_on_cpu's
-    ``.to(device)`` makes, contiguous as the pinned copy is; one standing for a host tensor stays as
-    it is, as on CUDA, where it never reaches the device."""
+    tensor is copied into host memory, pinned or pageable as asked, and unpacking it makes the
+    device copy that save_on_cpu's ``.to(device)`` makes, contiguous as the pinned copy is; one
+    standing for a host tensor stays as it is, as on CUDA, where it never reaches the device."""
 
     def __init__(self, pin_memory: bool = False, device_type: str = "cuda") -> None:
-        def pack(t: torch.Tensor) -> Any:
+        def pack(t: torch.Tensor) -> _Packed:
             if is_on_host(t):
-                return t
-            return _DeviceCopy(t.shape, t.dtype)
+                return _Packed(t, copied=False)
+            return _Packed(_host_copy(t, pin_memory), copied=True)
 
-        def unpack(packed: Any) -> torch.Tensor:
-            if isinstance(packed, _DeviceCopy):
-                return torch.empty(packed.shape, dtype=packed.dtype)
-            return packed
+        def unpack(packed: _Packed) -> torch.Tensor:
+            if not packed.copied:
+                return packed.tensor
+            return torch.empty(packed.tensor.shape, dtype=packed.tensor.dtype)
 
         super().__init__(pack, unpack)
 

@@ -134,7 +134,29 @@ class Row:
             on = f"; on {p.card}: {verdict(p)}"
         peak = p.peak_tensor_bytes / 2**30
         note = f" ({p.message})" if p.message else ""
-        return f"{peak:,.2f} GiB at batch {self.batch}, peak in {p.peak_phase}{fit}{on}{note}"
+        return (
+            f"{peak:,.2f} GiB at batch {self.batch}, peak in {p.peak_phase}{fit}{on}"
+            f"{host_said(p)}{note}"
+        )
+
+
+HOST_SAID_FROM = 2**20  # host bytes below this are a few scalars CUDA keeps there: not said
+NODE = 8  # ranks a node holds (an 8-GPU server), for a multi-process run's host memory
+
+
+def host_said(p: Prediction) -> str:
+    """What the step holds on the host, where it holds more than a few scalars: a rank's, pinned
+    and pageable, and a node's where the run has ranks (NODE of them on a node, or fewer)."""
+    if (p.host_peak_bytes or 0) < HOST_SAID_FROM:
+        return ""
+    pinned = p.host_pinned_bytes or 0
+    said = (
+        f"; on the host {p.host_peak_bytes / 2**30:,.2f} GiB ({pinned / 2**30:,.2f} pinned, "
+        f"{(p.host_peak_bytes - pinned) / 2**30:,.2f} pageable)"
+    )
+    if (ranks := min(p.world_size or 1, NODE)) > 1:
+        said += f", {ranks * p.host_peak_bytes / 2**30:,.2f} GiB a node of {ranks} ranks"
+    return said
 
 
 SAVED = (
@@ -441,6 +463,9 @@ def markdown(table: pd.DataFrame, breakdown: bool = False) -> str:
         ).round(2)
     show["reserved GiB"] = gib(KEY.peak_reserved_bytes)
     show["nvidia-smi GiB"] = gib(KEY.nvml_process_bytes)
+    # on the host, for the device: a rank's (an offloading entry's; a few bytes of scalars else)
+    show["host GiB"] = gib(KEY.host_peak_bytes)
+    show["of it pinned GiB"] = gib(KEY.host_pinned_bytes)
     if "card" in table:
         show[f"on {table['card'].dropna().iloc[0]}"] = table["said_on_card"].fillna("")
     if "measured_bytes" in table:

@@ -160,6 +160,18 @@ class _Offloaded(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.host.zero_grad(set_to_none)
 
+    def host_tensors(self) -> list[torch.Tensor]:
+        """What torchao keeps on the host: each parameter's copy and its gradient, pinned, and the
+        host AdamW's state."""
+        copies = list(self.host.param_d2h_map.values())
+        states = [
+            v
+            for p, host in self.host.param_d2h_map.items()
+            for v in self.host.optim_dict[p].state[host].values()
+            if torch.is_tensor(v)
+        ]
+        return [*copies, *(c.grad for c in copies), *states]
+
 
 @TECHNIQUES.register("activation-offload")
 class OverlappedOffload(Technique):

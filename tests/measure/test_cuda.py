@@ -94,6 +94,32 @@ def test_offload_moves_saved_tensors_to_the_host():
     assert record["peak_tensor_bytes"] == record["predicted_peak_tensor_bytes"]
 
 
+@pytest.mark.parametrize(
+    "offload",
+    [
+        tech("offload"),
+        tech("offload", pin_memory=False),
+        tech("activation-offload"),
+        tech("cpu-offload-optimizer"),
+    ],
+    ids=["save-on-cpu-pinned", "save-on-cpu-pageable", "activation-offload", "optimizer"],
+)
+def test_the_host_memory_an_offloading_step_holds_is_the_predicted(offload):
+    """The tracker's host tally of the real step (CPU tensors in a CUDA step, pinned ones as the
+    caching host allocator rounds and caches them) is the prediction's, and the allocator's own
+    count of what it holds pinned agrees with both."""
+    record = isolated(
+        spec("vit-tiny", (offload,), batch_size=32, image_size=64),
+        Device("cuda", torch.cuda.get_device_name(0)),
+    )
+    if record["status"] == "unsupported":  # torchao missing
+        pytest.skip(record["message"])
+    assert record["status"] == "ok", record
+    assert record["host_peak_bytes"] == record["predicted_host_peak_bytes"]
+    assert record["host_pinned_bytes"] == record["predicted_host_pinned_bytes"]
+    assert record["pinned_host_bytes"] == record["host_pinned_bytes"]
+
+
 def test_autocast_is_predicted_by_cudas_op_lists():
     """ConvNeXt's layer norms take bf16 convolution outputs, which CUDA's autocast runs in float32
     (CPU's would not): what forward keeps is predicted to the byte."""

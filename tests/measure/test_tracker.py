@@ -1,8 +1,9 @@
 import torch
 
 from bench.measure.allocator import CachingAllocator
+from bench.measure.host import on_host
 from bench.measure.memory import tensor_bytes, tracked_step
-from bench.measure.tracker import LiveBytes, on_host
+from bench.measure.tracker import LiveBytes
 from tests.helpers import MLP_PARAM_BYTES, mlp_step
 
 CPU = torch.device("cpu")

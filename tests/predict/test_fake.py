@@ -14,6 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from bench.data.synthetic import clone_batch
 from bench.generate import Generator
 from bench.infer import Inferencer
+from bench.measure.host import making_host
 from bench.measure.memory import tracked_step
 from bench.measure.tracker import LiveBytes
 from bench.predict import predict
@@ -145,14 +146,17 @@ def test_fp8_predicts_exactly_what_its_real_kernels_keep_on_this_cpu(monkeypatch
 
 
 class HostOutOfSight(torch.autograd.graph.saved_tensors_hooks):
-    """save_on_cpu between this CPU and a host the tracker cannot see: the copy out is made with
-    dispatch modes off, so it is not counted; the copy back is, as the device copy save_on_cpu's
+    """save_on_cpu between this CPU and a host of its own: the copy out is made into storage the
+    tracker counts as the host's (bench.measure.host.making_host), pinned as asked, and filled with
+    dispatch modes off; the copy back is counted on the device, as the device copy save_on_cpu's
     unpack makes."""
 
     def __init__(self, pin_memory: bool) -> None:
         def pack(t: torch.Tensor) -> torch.Tensor:
+            with making_host(pin_memory):
+                host = torch.empty(t.shape, dtype=t.dtype)
             with _disable_current_modes():
-                return t.detach().contiguous().clone()
+                return host.copy_(t.detach())
 
         super().__init__(pack, torch.clone)
 
@@ -177,17 +181,19 @@ class HostOutOfSight(torch.autograd.graph.saved_tensors_hooks):
         ),
     ],
 )
+@pytest.mark.parametrize("pinned", [True, False], ids=["pinned", "pageable"])
 def test_offload_predicts_what_a_real_step_keeps_when_its_saved_tensors_leave_the_device(
-    monkeypatch, model, techniques, batch_size
+    monkeypatch, model, techniques, batch_size, pinned
 ):
-    """A CPU has no host apart from its device, so the real step here offloads to one the tracker
-    cannot see; the fake step, which keeps only each saved tensor's shape and dtype, must count the
-    same bytes: the device copies that backward unpacks, when they are made and freed."""
+    """A CPU has no host apart from its device, so the real step here offloads to one of its own
+    (HostOutOfSight); the fake step must count the same bytes on each: on the device the copies
+    that backward unpacks, when they are made and freed, and on the host each saved tensor's copy,
+    its pinned blocks as the caching host allocator holds them."""
     # refused on a CPU run
     monkeypatch.setattr(ActivationOffload, "unsupported", lambda self, ctx: None)
     monkeypatch.setattr(torch.autograd.graph, "save_on_cpu", HostOutOfSight)
     trainer = assert_predicted_exactly(
-        spec(model, (tech("offload"), *techniques), batch_size=batch_size)
+        spec(model, (tech("offload", pin_memory=pinned), *techniques), batch_size=batch_size)
     )
     assert trainer.proof()["offload.tensors_offloaded_per_step"] > 0
 
@@ -215,6 +221,8 @@ def assert_predicted_exactly(run) -> Trainer | Inferencer | Generator:
         "peak_prefill_bytes",
         "peak_decode_bytes",
         "kv_cache_bytes",
+        "host_peak_bytes",
+        "host_pinned_bytes",
         *at_peak,
     ):
         assert getattr(fake, key) == real.get(key), key

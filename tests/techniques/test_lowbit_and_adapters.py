@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from bench.launch import Device
+from bench.measure.host import pinned_block
 from bench.measure.memory import model_state_bytes, tensor_bytes, tracked_step
 from bench.models import MODELS, build_model
 from bench.predict import predict
@@ -232,6 +233,16 @@ def test_cpu_offload_optimizer_leaves_the_device_its_small_parameters_state_only
     assert out.gradient_bytes == plain.gradient_bytes
     assert freed.gradient_bytes == norms
     assert plain.peak_tensor_bytes - out.peak_tensor_bytes > 0.9 * plain.optimizer_state_bytes
+    # on the host: each large parameter's copy and gradient pinned (a power-of-two block each),
+    # and the host AdamW's float32 moments and step counter, pageable; the device AdamW's step
+    # counters are the host's too, as on CUDA
+    run = spec("llama-tiny", (), batch_size=1, seq_len=16)
+    model, _ = build_model(MODELS.get(run.model), run.shapes("cpu"))
+    large = [p for p in model.parameters() if p.numel() >= 4096]
+    pinned = sum(2 * pinned_block(p.numel() * p.element_size()) for p in large)
+    adamw = sum(2 * 4 * p.numel() + 4 for p in large)
+    assert out.host_pinned_bytes == pinned
+    assert out.host_peak_bytes == pinned + adamw + 4 * 5
     reason = Recipe.of(spec("llama-tiny", (tech("cpu-offload-optimizer"),)), CPU).unsupported()
     assert reason == (
         "cpu-offload-optimizer: the optimizer state lives in host memory on a CPU already; this "

@@ -1,0 +1,106 @@
+"""Host memory a step holds for its device: the tensors it keeps off the device (offloaded
+activations, an optimizer stepping on the host, the few scalars CUDA keeps there), counted beside
+the device's live bytes by the same tracker (tracker.LiveBytes).
+
+Pinned (page-locked) host memory comes from PyTorch's caching host allocator
+(ATen/core/CachingHostAllocator.h): each request is rounded up to the next power of two and served
+from a cached free block of exactly that size, else a new block is pinned (cudaHostAlloc); a freed
+block is cached for the next request of its size and never given back while the process runs
+(short of emptying the cache). What that allocator holds is what torch.cuda.host_memory_stats()
+calls allocated_bytes. Pageable host memory is the bytes asked for (malloc's page rounding
+aside)."""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+# The pinned flag of each making_host block now open, innermost last.
+_MAKING: list[bool] = []
+
+
+@contextmanager
+def making_host(pinned: bool) -> Iterator[None]:
+    """What the block makes stands for host memory, ``pinned`` or pageable: a prediction's fake
+    CPU tensors stand for the device's, and a stand-in making a host copy says so here (a tracker
+    counts a tensor as an operator returns it, before any mark could be set on it)."""
+    _MAKING.append(pinned)
+    try:
+        yield
+    finally:
+        _MAKING.pop()
+
+
+def on_host(t: torch.Tensor, pinned: bool = False) -> torch.Tensor:
+    """Marks ``t`` as standing for a tensor the modelled device keeps on the host (``pinned`` or
+    pageable): a prediction's fake CPU tensors stand for CUDA ones, and a few of those live on the
+    host there."""
+    t.on_host = True
+    t.pinned = pinned
+    return t
+
+
+def is_on_host(t: torch.Tensor) -> bool:
+    return getattr(t, "on_host", False)
+
+
+def host_kind(t: torch.Tensor, device_type: str) -> bool | None:
+    """Whether ``t``, counted by a tracker of ``device_type``, is host memory, and pinned (True) or
+    pageable (False); None where it is the device's own. A CPU tensor in a CUDA step is the host's;
+    in a prediction, a tensor made under ``making_host`` or marked ``on_host``."""
+    if _MAKING:
+        return _MAKING[-1]
+    if is_on_host(t):
+        return getattr(t, "pinned", False)
+    if t.device.type == "cpu" and device_type != "cpu":
+        return t.is_pinned()
+    return None
+
+
+def pinned_block(n: int) -> int:
+    """The block the caching host allocator pins for a request of ``n`` bytes: the next power of
+    two (c10::llvm::PowerOf2Ceil)."""
+    return 1 << (n - 1).bit_length()
+
+
+class HostBytes:
+    """The host memory a step holds: each storage counted once as it is first seen and uncounted
+    when freed, pinned ones through the caching host allocator's blocks (which it never frees).
+    ``current`` and ``peak``: pageable bytes alive plus pinned blocks held."""
+
+    def __init__(self) -> None:
+        self._live: dict[int, tuple[int, bool]] = {}  # id(storage) → (bytes or block, pinned)
+        self._free_blocks: Counter[int] = Counter()  # the pinned allocator's cached blocks
+        self.pinned = 0  # bytes of the blocks the pinned allocator holds, free or not
+        self.current = 0
+        self.peak = 0
+        self.seen = False  # any host storage counted
+
+    def count(self, storage: torch.UntypedStorage, pinned: bool) -> None:
+        key = id(storage)
+        if key in self._live or not (n := storage.nbytes()):
+            return
+        self.seen = True
+        if pinned:
+            n = pinned_block(n)
+            if self._free_blocks[n]:
+                self._free_blocks[n] -= 1
+            else:
+                self.pinned += n
+                self.current += n
+        else:
+            self.current += n
+        self._live[key] = (n, pinned)
+        self.peak = max(self.peak, self.current)
+        weakref.finalize(storage, self._free, key)
+
+    def _free(self, key: int) -> None:
+        n, pinned = self._live.pop(key)
+        if pinned:
+            self._free_blocks[n] += 1  # cached for the next request of its size, still held
+        else:
+            self.current -= n
