@@ -48,11 +48,17 @@ def is_on_host(t: torch.Tensor) -> bool:
     return getattr(t, "on_host", False)
 
 
-def host_kind(t: torch.Tensor, device_type: str) -> bool | None:
+def making() -> bool | None:
+    """The innermost open ``making_host``'s pinned flag; None outside any."""
+    return _MAKING[-1] if _MAKING else None
+
+
+def host_kind(t: torch.Tensor, device_type: str, made: bool = False) -> bool | None:
     """Whether ``t``, counted by a tracker of ``device_type``, is host memory, and pinned (True) or
     pageable (False); None where it is the device's own. A CPU tensor in a CUDA step is the host's;
-    in a prediction, a tensor made under ``making_host`` or marked ``on_host``."""
-    if _MAKING:
+    in a prediction, a tensor marked ``on_host``, or ``made`` (its storage new, no view of an
+    operator's input) under ``making_host``."""
+    if made and _MAKING:
         return _MAKING[-1]
     if is_on_host(t):
         return getattr(t, "pinned", False)
@@ -80,6 +86,9 @@ class HostBytes:
         self.peak = 0
         self.seen = False  # any host storage counted
 
+    def holds(self, storage: torch.UntypedStorage) -> bool:
+        return id(storage) in self._live
+
     def count(self, storage: torch.UntypedStorage, pinned: bool) -> None:
         key = id(storage)
         if key in self._live or not (n := storage.nbytes()):
@@ -104,3 +113,14 @@ class HostBytes:
             self._free_blocks[n] += 1  # cached for the next request of its size, still held
         else:
             self.current -= n
+
+
+def pinned_copy(t: torch.Tensor, make_copy: bool = True) -> torch.Tensor:
+    """A pinned host copy of ``t``, as ``Tensor.pin_memory`` makes one (its values copied where
+    ``make_copy``), counted as the host's: in a prediction, whose fake CPU tensors stand for the
+    device's, a library that pins what it keeps on the host."""
+    with making_host(pinned=True):
+        out = torch.empty_like(t)
+        if make_copy:
+            out.copy_(t)
+    return on_host(out, pinned=True)

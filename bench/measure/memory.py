@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from bench.measure.allocator import CachingAllocator, OutOfMemory, Replay
+from bench.measure.host import host_kind
 from bench.measure.tracker import Kernel, LiveBytes, storages
 from bench.record import AT_PEAK, Category, Memory, Phase, Prediction
 
@@ -265,8 +266,9 @@ def track(
     tracker.add(parameter_tensors(model), Category.PARAMETERS)
     tracker.add(model.buffers(), Category.BUFFERS)
     tracker.add(_grads(model), Category.GRADIENTS)
-    tracker.add(optimizer_state(optimizer), Category.OPTIMIZER_STATE)
+    # what the optimizer keeps on the host first: it may say so of its state as it lists it
     tracker.add(host_tensors(optimizer), Category.OPTIMIZER_STATE)
+    tracker.add(optimizer_state(optimizer), Category.OPTIMIZER_STATE)
     if history is not None:
         tracker.follow(history)
     done = Tracked(tracker, [], [])
@@ -430,10 +432,20 @@ def _grads(model: nn.Module) -> list[torch.Tensor]:
 
 
 def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> Memory:
+    """The model's states on the device: an optimizer's state it keeps on a host apart from the
+    device (its ``host_tensors``: ZeRO-Offload's partitions and moments, on CUDA) is the host's."""
+    device = next((p.device.type for p in model.parameters()), "cpu")
+    host = {
+        s._cdata
+        for t in host_tensors(optimizer)
+        if host_kind(t, device) is not None
+        for s in storages(t)
+    }
+    state = [t for t in optimizer_state(optimizer) if not {s._cdata for s in storages(t)} <= host]
     return Memory(
         param_bytes=tensor_bytes(parameter_tensors(model)),
         buffer_bytes=tensor_bytes(model.buffers()),
-        optimizer_state_bytes=tensor_bytes(optimizer_state(optimizer)),
+        optimizer_state_bytes=tensor_bytes(state),
     )
 
 

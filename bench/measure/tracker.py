@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import (
 from torch.utils._pytree import tree_leaves
 
 from bench.measure.allocator import CachingAllocator, OutOfMemory
-from bench.measure.host import HostBytes, host_kind, is_on_host
+from bench.measure.host import HostBytes, host_kind, is_on_host, making
 
 CUDA_BLOCK = 512  # the caching allocator rounds every allocation up to this
 DEVICE = torch.ops.prim.device.default
@@ -198,19 +198,20 @@ class LiveBytes(TorchDispatchMode):
             assert mode is self, "the tracker must be the innermost dispatch mode to step aside"
             yield
 
-    def _count(self, t: torch.Tensor, label: str | None = None) -> None:
+    def _count(self, t: torch.Tensor, label: str | None = None, made: bool = False) -> None:
+        """Counts ``t``'s storage where first seen: the host's (``host_kind``; ``made`` by an
+        operator, no view of its inputs) or the device's."""
         if is_traceable_wrapper_subclass(t):  # e.g. an 8-bit optimizer state: count what it wraps
             if t.device.type == self.device_type and not is_on_host(t):
                 for inner in inner_tensors(t):
-                    self._count(inner, label)
-            return
-        if (pinned := host_kind(t, self.device_type)) is not None:
-            self.host.count(t.untyped_storage(), pinned)
-            return
-        if t.device.type != self.device_type:
+                    self._count(inner, label, made)
             return
         storage = t.untyped_storage()
-        if id(storage) not in self._live:
+        if id(storage) in self._live or self.host.holds(storage):
+            return
+        if (pinned := host_kind(t, self.device_type, made)) is not None:
+            self.host.count(storage, pinned)
+        elif t.device.type == self.device_type:
             self._born(storage, label)
 
     def _born(self, storage: torch.UntypedStorage, label: str | None = None) -> None:
@@ -696,9 +697,13 @@ class LiveBytes(TorchDispatchMode):
             out = kernel(self._called, *args, **(kwargs or {}))
         else:
             out = func(*args, **(kwargs or {}))
+        given = set()
+        if making() is not None:  # what is made now may be the host's, what is viewed is not new
+            inputs = (a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor))
+            given = {id(s) for a in inputs for s in storages(a)}
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
-                self._count(t)
+                self._count(t, made=not given or id(t.untyped_storage()) not in given)
         self.op_ends.append((self._clock, func.__name__))
         return out
 

@@ -5,6 +5,7 @@ for good in the process is put back once the prediction is made."""
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -12,6 +13,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from bench.measure.host import making_host
 
 
 def restored_after(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -44,3 +47,32 @@ class FusedAdamKernel:
 
     def load(self) -> SimpleNamespace:
         return SimpleNamespace(multi_tensor_adam=lambda *args: None)
+
+
+class CPUAdamKernel:
+    """DeepSpeed's CPUAdamBuilder for fake tensors: the kernel it would compile (a minute of g++)
+    updates the partition and Adam's moments in place and makes nothing; DeepSpeedCPUAdam makes the
+    moments itself beforehand (``torch.zeros_like``), as traced."""
+
+    def load(self) -> SimpleNamespace:
+        def nothing(*_: Any) -> None:
+            return None
+
+        return SimpleNamespace(create_adam=nothing, adam_update=nothing, destroy_adam=nothing)
+
+
+def made_on_host(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``original`` with what it makes counted as pageable host memory (a CUDA prediction's fake CPU
+    tensors stand for the device's): DeepSpeed's CPU Adam making its moments beside the host's
+    partition, ZeRO-Offload's buffers for gradients accumulated on the host (their pinned copies
+    pinned, ``AsCuda.pin_memory``)."""
+
+    @functools.wraps(original)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with making_host(pinned=False):
+            return original(*args, **kwargs)
+
+    return run
+
+
+made_on_host.wraps_original = True  # type: ignore[attr-defined]

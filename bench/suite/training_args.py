@@ -464,9 +464,18 @@ DS_OPTIMIZERS = {"adamw": "AdamW", "adam": "Adam"}
 DS_OPTIMIZER_PARAMS = {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "bias_correction"}
 DS_OFFLOAD_TO = "device"  # an offload section's key: where to ("none", "cpu", "nvme")
 DS_OFFLOAD = {
-    "offload_optimizer": "the optimizer state and its step on the host: host memory is not "
+    "offload_param": "ZeRO-3's parameter partitions on the host, fetched for each module: not "
     "modelled yet",
-    "offload_param": "the parameters on the host: host memory is not modelled yet",
+}
+# offload_optimizer's keys (DeepSpeedZeroOffloadOptimizerConfig) that change nothing a step holds
+# on a CPU offload: NVMe's own, and how fast the partitions are first made
+DS_OFFLOAD_UNCHANGED = {
+    "nvme_path",
+    "buffer_count",
+    "pipeline",
+    "pipeline_read",
+    "pipeline_write",
+    "fast_init",
 }
 FSDP_REFUSED = {
     "activation_checkpointing_offload": "accelerate's offload_wrapper keeps each checkpointed "
@@ -909,6 +918,8 @@ def _zero(zero: dict[str, Any], schema: Any, at: str, found: list[str]) -> dict[
             options[key] = value
             if not isinstance(value, bool):  # 2e8, as JSON configs write it
                 options[key] = int(value)
+        elif key == "offload_optimizer":
+            options |= _offload_optimizer(value or {}, f"{at}.zero_optimization.{key}", found)
         elif key in DS_OFFLOAD:
             if (value or {}).get(DS_OFFLOAD_TO, "none") != "none":
                 found.append(f"{at}.zero_optimization.{key}: {DS_OFFLOAD[key]}")
@@ -920,6 +931,29 @@ def _zero(zero: dict[str, Any], schema: Any, at: str, found: list[str]) -> dict[
     if autos:
         options["auto"] = ",".join(autos)
     return options
+
+
+def _offload_optimizer(section: dict[str, Any], at: str, found: list[str]) -> dict[str, Any]:
+    """offload_optimizer as the technique's options: to the host ("cpu"), pinned or not; NVMe and a
+    part offloaded (``ratio``) are problems named."""
+    device = section.get(DS_OFFLOAD_TO, "none")
+    if device == "none":
+        return {}
+    if device != "cpu":
+        found.append(
+            f"{at}.device = {device!r}: the state swapped to NVMe through host buffers is not "
+            "modelled; 'cpu' is"
+        )
+        return {}
+    if (ratio := section.get("ratio", 1.0)) != 1.0:
+        found.append(
+            f"{at}.ratio = {ratio!r}: a part of the partitions stepped on the device (ZeRO-3's "
+            "partial offload) is not modelled; 1.0 is"
+        )
+    for key in sorted(set(section) - {DS_OFFLOAD_TO, "pin_memory", "ratio"} - DS_OFFLOAD_UNCHANGED):
+        found.append(f"{at}.{key}: not an offload_optimizer key DeepSpeed reads")
+    pinned = _bool(section.get("pin_memory", False))
+    return {"offload_optimizer": "cpu", "offload_pin_memory": pinned}
 
 
 def _json_table(given: Any, folder: Path, at: str, found: list[str]) -> dict[str, Any] | None:

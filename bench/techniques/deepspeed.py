@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import nn
 
+from bench.measure.host import is_on_host, on_host, pinned_copy
 from bench.measure.memory import parameter_tensors, tensor_bytes
 from bench.techniques.base import (
     TECHNIQUES,
@@ -114,6 +115,15 @@ class DeepSpeed(Technique):
             "(comma-separated: reduce_bucket_size h², stage3_prefetch_bucket_size 0.9·h², "
             "stage3_param_persistence_threshold 10·h)",
         )
+        offload_optimizer: Literal["none", "cpu"] = option(
+            "none",
+            "cpu: ZeRO-Offload, the float32 partitions, their gradients and Adam's moments on the "
+            "host, stepped there by DeepSpeed's CPU Adam (stages 1-3; the ds_config's own "
+            "optimizer)",
+        )
+        offload_pin_memory: bool = option(
+            False, "the offloaded partitions and their gradients in pinned host memory"
+        )
 
     # its overflow checks read the gradients' values, and its checks that the ranks agree what
     # rank 0 sent
@@ -126,6 +136,9 @@ class DeepSpeed(Technique):
             )
             for name in (f"{cls}.has_overflow", "is_invalid_grad_norm")
         },
+        # ZeRO-Offload's, gradient by gradient as each reaches the host
+        "deepspeed.runtime.zero.stage_1_and_2:DeepSpeedZeroOptimizer."
+        "update_offload_overflow_tracker": "bench.predict.stand_ins:healthy",
         # stage 0's under fp16
         **{
             f"deepspeed.runtime.utils:CheckOverflow.{name}": "bench.predict.stand_ins:healthy"
@@ -133,14 +146,25 @@ class DeepSpeed(Technique):
         },
         # ZeRO-3's linear, set for good in the process: the prediction's own
         "torch.nn.functional:linear": "bench.predict.deepspeed:restored_after",
-        # its fused Adam's kernel, which updates in place and makes nothing
+        # its fused Adam's kernel and its CPU Adam's, which update in place and make nothing
         "deepspeed.ops.adam.fused_adam:FusedAdamBuilder": "bench.predict.deepspeed:FusedAdamKernel",
+        "deepspeed.ops.adam.cpu_adam:CPUAdamBuilder": "bench.predict.deepspeed:CPUAdamKernel",
         **{
             f"deepspeed.runtime.zero.{m}:assert_ints_same_as_other_ranks": (
                 "bench.predict.deepspeed:ranks_agreeing"
             )
             for m in ("stage3", "partition_parameters", "partitioned_param_coordinator")
         },
+    }
+
+    # on CUDA, ZeRO-Offload's host side: what its CPU Adam and its accumulation on the host make
+    cuda_stand_ins: ClassVar[dict[str, str]] = {
+        target: "bench.predict.deepspeed:made_on_host"
+        for target in (
+            "deepspeed.ops.adam.cpu_adam:DeepSpeedCPUAdam.step",
+            "deepspeed.runtime.zero.stage_1_and_2:"
+            "DeepSpeedZeroOptimizer.async_accumulate_grad_in_cpu_via_gpu",
+        )
     }
 
     def layers_alike(self) -> bool:
@@ -154,7 +178,19 @@ class DeepSpeed(Technique):
         ]
         if self.config.stage not in (0, 1, 2, 3):
             found.append(f"stage must be 0, 1, 2 or 3, got {self.config.stage}")
+        if self.offloading and self.config.stage == 0:
+            found.append("offload_optimizer needs a ZeRO stage, 1 to 3: stage 0 offloads nothing")
+        if self.offloading and self.config.optimizer == "trainer":
+            found.append(
+                "offload_optimizer steps DeepSpeed's CPU Adam, which it builds from the "
+                "ds_config's optimizer section: set optimizer = 'AdamW' or 'Adam' (DeepSpeed, and "
+                "the Trainer, refuse a client optimizer under offload)"
+            )
         return found
+
+    @property
+    def offloading(self) -> bool:
+        return self.config.offload_optimizer != "none"
 
     def unsupported(self, ctx: RunContext) -> str | None:
         try:
@@ -190,7 +226,22 @@ class DeepSpeed(Technique):
         # its float32 partitions, which ZeRO counts as optimizer state (bench.measure.memory)
         groups = next((getattr(optimizer, n) for n in MASTERS if hasattr(optimizer, n)), [])
         optimizer.masters = [t for g in groups for t in (g if isinstance(g, list) else [g])]
+        if self.offloading:
+            optimizer.host_tensors = lambda: self._host_side(optimizer)
+            self._host_side(optimizer)
+        self.optimizer = optimizer
         return self.model, optimizer
+
+    def _host_side(self, optimizer: Any) -> list[torch.Tensor]:
+        """What ZeRO-Offload keeps on the host (``offloaded``), each said to stand for host memory
+        where fake CPU tensors stand for the device's: pageable where not pinned already
+        (``AsCuda.pin_memory`` says so of what it pins)."""
+        held = offloaded(optimizer)
+        if self.ctx.predicting:
+            for t in held:
+                if not is_on_host(t):
+                    on_host(t)
+        return held
 
     def ds_config(self, batch_size: int, micro_batches: int, hidden: int | None) -> dict[str, Any]:
         """The engine's configuration: the step's batch as the Trainer passes it, the options, the
@@ -204,6 +255,11 @@ class DeepSpeed(Technique):
                 )
             given[key] = HIDDEN[key](hidden)
         zero = {"stage": self.config.stage} | {k: v for k, v in given.items() if v is not None}
+        if self.offloading:
+            zero["offload_optimizer"] = {
+                "device": self.config.offload_optimizer,
+                "pin_memory": self.config.offload_pin_memory,
+            }
         return {
             "train_micro_batch_size_per_gpu": batch_size // micro_batches,
             "gradient_accumulation_steps": micro_batches,
@@ -243,11 +299,16 @@ class DeepSpeed(Technique):
 
     def proof(self, steps: int) -> dict[str, Any]:
         held = tensor_bytes(parameter_tensors(self.model.module))
+        # ZeRO-Offload's partitions, gradients and moments, where the host's CPU Adam steps them
+        offloaded_bytes = 0
+        if self.offloading:
+            offloaded_bytes = tensor_bytes(offloaded(self.optimizer))
         return {
             "zero_stage": self.model.zero_optimization_stage(),
             "world_size": self.ctx.world_size,
             "param_bytes_per_rank": held,
             "param_fraction_per_rank": round(held / self.full_param_bytes, 4),
+            "offloaded_bytes_per_rank": offloaded_bytes,
         }
 
 
@@ -260,6 +321,34 @@ def imported() -> ModuleType:
     import deepspeed
 
     return deepspeed
+
+
+# what ZeRO-Offload keeps on the host besides its CPU Adam's state: each group's float32 partition
+# (its gradient is its .grad); at stages 1-2 (stage_1_and_2.py) the 16-bit copy it steps back
+# through and one gradient the size of the largest parameter, staged on its way to the host; at 3
+# (stage3.py) the gradient partitions, flat, that backward reduces into
+PARTITIONS = ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat")
+OFFLOADED = (
+    *PARTITIONS,
+    "param_buffer_of_bit16_for_cpu_offload_groups",
+    "temp_grad_buffer_for_cpu_offload",
+    "grad_partitions_flat_buffer",
+)
+
+
+def offloaded(optimizer: Any) -> list[torch.Tensor]:
+    """What ZeRO-Offload keeps on the host: OFFLOADED, each partition's gradient, the buffers of
+    gradients accumulated there, and the moments DeepSpeed's CPU Adam made there."""
+    held: list[torch.Tensor] = []
+    for name in OFFLOADED:
+        value = getattr(optimizer, name, None)
+        held += value if isinstance(value, list) else [value]
+    partitions = next(getattr(optimizer, n) for n in PARTITIONS if hasattr(optimizer, n))
+    held += [g for t in partitions if (g := t.grad) is not None]
+    # micro-batches' gradients summed on the host, a buffer a parameter, kept from step to step
+    held += list(getattr(optimizer, "accumulated_grads_in_cpu", {}).values())
+    held += [v for state in optimizer.optimizer.state.values() for v in state.values()]
+    return [t for t in held if torch.is_tensor(t)]
 
 
 def _hidden_size(model: nn.Module) -> int | None:
@@ -309,5 +398,10 @@ def _accelerator(ctx: RunContext) -> Any:
     class AsCuda(CPU_Accelerator):
         def is_fp16_supported(self) -> bool:
             return True
+
+        def pin_memory(self, tensor: torch.Tensor, make_copy: bool = True, **_: Any) -> Any:
+            """A pinned host copy, as CUDA's accelerator makes one (``Tensor.pin_memory``); the
+            CPU's keeps the tensor as it is."""
+            return pinned_copy(tensor, make_copy)
 
     return AsCuda()

@@ -81,6 +81,10 @@ def test_transformers_4s_own_adamw_is_read_as_what_it_was(tmp_path):
     assert "optimizer(groups=trainer,impl=single,kind=adamw)" in [t.label for t in run.techniques]
 
 
+# a ds_config's offload_optimizer sections: to NVMe, and to the host
+NVME, HOST = {"device": "nvme"}, {"device": "cpu"}
+
+
 @pytest.mark.fault("cli values")
 @pytest.mark.parametrize(
     "change, said",
@@ -115,7 +119,29 @@ def test_transformers_4s_own_adamw_is_read_as_what_it_was(tmp_path):
         ),
         (
             {"deepspeed": {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}},
-            "offload_param: the parameters on the host: host memory is not modelled yet",
+            "offload_param: ZeRO-3's parameter partitions on the host, fetched for each module: "
+            "not modelled yet",
+        ),
+        (
+            {"deepspeed": {"zero_optimization": {"stage": 2, "offload_optimizer": NVME}}},
+            "offload_optimizer.device = 'nvme': the state swapped to NVMe",
+        ),
+        (
+            {
+                "deepspeed": {
+                    "optimizer": {"type": "AdamW"},
+                    "zero_optimization": {
+                        "stage": 3,
+                        "offload_optimizer": {"device": "cpu", "ratio": 0.3},
+                    },
+                }
+            },
+            "offload_optimizer.ratio = 0.3: a part of the partitions stepped on the device",
+        ),
+        # the Trainer, as DeepSpeed, refuses its own optimizer under offload
+        (
+            {"deepspeed": {"zero_optimization": {"stage": 2, "offload_optimizer": HOST}}},
+            "offload_optimizer steps DeepSpeed's CPU Adam",
         ),
         (
             {"deepspeed": {"zero_optimization": {"stage": 2, "round_robin_gradients": True}}},
@@ -248,6 +274,19 @@ def test_the_trainers_deepspeed_is_the_engine_with_its_auto_values_filled(tmp_pa
         "auto": "reduce_bucket_size,stage3_param_persistence_threshold,stage3_prefetch_bucket_size",
     }
     assert run.nproc == 8 and run.gpu.batch_size == 4
+
+
+def test_a_ds_configs_optimizer_offload_to_the_host_is_zero_offload_pinned_as_it_says(tmp_path):
+    """transformers' documented ZeRO-3 offload config: the optimizer's partitions, their gradients
+    and Adam's moments on the host, stepped there by DeepSpeed's CPU Adam (which the AdamW section
+    makes under offload), pinned as its pin_memory says."""
+    zero = ZERO3["zero_optimization"] | {"offload_optimizer": {"device": "cpu", "pin_memory": True}}
+    config = ZERO3 | {"zero_optimization": zero, "optimizer": {"type": "AdamW"}}
+    (tmp_path / "ds.json").write_text(json.dumps(config))
+    run = load(suite(tmp_path, ARGS | {"deepspeed": "ds.json"}, extra="nproc = 8\n")).runs[1]
+    options = dict(run.techniques[0].options)
+    assert options["offload_optimizer"] == "cpu" and options["offload_pin_memory"] is True
+    assert options["optimizer"] == "AdamW"
 
 
 def test_a_ds_configs_optimizer_is_deepspeeds_own_and_the_trainers_optim_goes_unused(tmp_path):

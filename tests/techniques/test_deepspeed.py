@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from bench.launch import Device
+from bench.measure.host import pinned_block
 from bench.models import MODELS
 from bench.predict import predict
 from bench.spec import Shapes
@@ -94,6 +95,68 @@ def test_deepspeeds_own_fused_adam_over_two_gloo_processes_is_each_ranks_predict
         assert held == pytest.approx(4 * PSI + 12 * PSI / 2, abs=64)
 
 
+@pytest.mark.full
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_offload_over_two_gloo_processes_is_each_ranks_predicted_peak(stage):
+    """ZeRO-Offload on this CPU, over two micro-batches (the gradients summed in host buffers at
+    stage 2): DeepSpeed's CPU Adam steps the float32 partitions where they are (on this CPU host and
+    device are one memory, so the real step counts both; the prediction runs DeepSpeed's code on
+    fake tensors, its CPU Adam's kernel left out, which compiles at first use, about a minute)."""
+    options = {"stage": stage, "optimizer": "AdamW", "offload_optimizer": "cpu", "auto": AUTO}
+    techniques = (tech("deepspeed", **options), tech("accumulate", micro_batches=2))
+    record = isolated(spec("bert-tiny", techniques, batch_size=16, nproc=2), CPU)
+    assert record["status"] == "ok", record.get("stderr_tail", record)
+    assert_predicted_per_rank(record)
+    assert record["proof"]["deepspeed.offloaded_bytes_per_rank"] > 16 * PSI / 2
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("pinned", [True, False], ids=["pinned", "pageable"])
+def test_zero_offload_keeps_deepspeeds_own_arithmetic_on_the_host_and_the_16_bit_rest_on_the_card(
+    stage, pinned
+):
+    """ZeRO-Offload in bf16 over 8 ranks, predicted for CUDA: the card keeps the 16-bit parameters
+    (whole at stage 2, a partition at 3: DeepSpeed's estimates' device terms, 2·Ψ and 2·Ψ/8) and no
+    optimizer state; each rank's host keeps 18 bytes a parameter of its partition: the float32
+    partition and its gradient, Adam's moments, and a 16-bit copy of the partition (stage 2's, to
+    step back through) or of its gradients (stage 3's, reduced into), which DeepSpeed's estimate
+    (16·Ψ a node) leaves out; stage 2 also stages a gradient the size of the largest parameter.
+    Pinned, each buffer but the moments (and stage 3's float32 partition) is one power-of-two block
+    of the caching host allocator."""
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    options = {"stage": stage, "precision": "bfloat16", "optimizer": "AdamW"}
+    options |= {"offload_optimizer": "cpu", "offload_pin_memory": pinned}
+    options |= {"auto": "reduce_bucket_size", "stage3_param_persistence_threshold": 0}
+    states = predict(spec("bert-tiny", (tech("deepspeed", **options),), nproc=8))
+    assert states.ok, states.message
+    part = math.ceil(PSI / 8)
+    largest = max(p.numel() for p in BERT_TINY.parameters())
+    if stage == 2:
+        # (its host term, 4·Ψ a process, is each process's float32 copy of the whole model while
+        # the engine is made, before the step)
+        _, gpu = estimate_zero2_model_states_mem_needs(PSI, 8, cpu_offload=True)
+        blocks = [4 * part, 4 * part, 2 * part, 2 * largest]  # partition, its grad, copy, staging
+        held = 18 * part + 2 * largest
+    else:
+        cpu, gpu, largest_layer = estimate_zero3_model_states_mem_needs(
+            PSI, largest, 8, cpu_offload=True, cpu_offload_params=False
+        )
+        assert cpu == 1.5 * 16 * PSI  # a node of 8: 16·Ψ, times its buffer factor
+        gpu -= largest_layer  # its allowance for one layer gathered, which the tracker sees apart
+        blocks = [4 * part, 2 * part]  # the partition's gradient, the gradient partitions
+        held = 18 * part
+    assert states.param_bytes == pytest.approx(gpu, abs=16)
+    assert states.optimizer_state_bytes == 0
+    if pinned:
+        assert states.host_pinned_bytes == sum(pinned_block(n) for n in blocks)
+        assert states.host_peak_bytes == states.host_pinned_bytes + held - sum(blocks)
+    else:
+        assert states.host_pinned_bytes == 0
+        assert states.host_peak_bytes == held
+
+
 def test_the_engine_is_configured_as_the_options_say():
     from bench.techniques import build
 
@@ -110,12 +173,20 @@ def test_the_engine_is_configured_as_the_options_say():
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs"
 )
 @pytest.mark.parametrize("stage", [2, 3])
-def test_zero_over_two_gpus_is_each_ranks_predicted_peak(stage):
+@pytest.mark.parametrize("offload", [False, True], ids=["on-device", "offload"])
+def test_zero_over_two_gpus_is_each_ranks_predicted_peak(stage, offload):
     """The same engine under NCCL on two cards (DeepSpeed's CUDA accelerator in the run, its CPU
     one in the prediction made before it): each rank's tracked peak against its prediction, within
-    the collectives in flight that its reduction and gather streams may hold."""
+    the collectives in flight that its reduction and gather streams may hold; with ZeRO-Offload
+    (pinned), the host memory the rank's step holds against its prediction too."""
     gpus = Device("cuda", torch.cuda.get_device_name(0), count=torch.cuda.device_count())
-    run = spec("bert-tiny", (tech("deepspeed", stage=stage, auto=AUTO),), batch_size=32, nproc=2)
+    options = {"stage": stage, "auto": AUTO}
+    if offload:
+        options |= {"optimizer": "AdamW", "offload_optimizer": "cpu", "offload_pin_memory": True}
+    run = spec("bert-tiny", (tech("deepspeed", **options),), batch_size=32, nproc=2)
     record = isolated(run, gpus)
     assert record["status"] == "ok", record.get("stderr_tail", record)
     assert_predicted_per_rank(record)
+    if offload:  # rank 0's, as its prediction is the record's
+        assert record["rank_host_peak_bytes"][0] == record["predicted_host_peak_bytes"]
+        assert record["rank_host_pinned_bytes"][0] == record["predicted_host_pinned_bytes"]
