@@ -182,7 +182,7 @@ def _memory_pass(
             marked=ended is not None,
         )
     else:  # a compiled model (torch.compile) runs no Python the tracker could see
-        memory = model_state_bytes(trainer.model, trainer.optimizer)
+        memory = model_state_bytes(trainer.model, trainer.optimizer, device.type)
     if snapshot:
         torch.cuda.memory._dump_snapshot(snapshot)
         memory.snapshot = Path(snapshot).name

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 # The pinned flag of each making_host block now open, innermost last.
 _MAKING: list[bool] = []
@@ -35,22 +36,67 @@ def making_host(pinned: bool) -> Iterator[None]:
         _MAKING.pop()
 
 
+# the storages marked on_host, by id, each with its pinned flag, while they live: a view of a marked
+# tensor (a sharded parameter's, of its padded shard) is the host's too
+_MARKED: dict[int, bool] = {}
+
+
+def inner_tensors(t: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors holding a wrapper subclass's data (quantized weights, 8-bit states, a
+    DTensor's local shard; a DTensor also names its device mesh, which holds no data)."""
+    names, _ = t.__tensor_flatten__()
+    return [x for n in names if isinstance(x := getattr(t, n), torch.Tensor)]
+
+
 def on_host(t: torch.Tensor, pinned: bool = False) -> torch.Tensor:
-    """Marks ``t`` as standing for a tensor the modelled device keeps on the host (``pinned`` or
-    pageable): a prediction's fake CPU tensors stand for CUDA ones, and a few of those live on the
-    host there."""
+    """Marks ``t`` and its storage (a wrapper subclass's, those of the tensors it wraps) as
+    standing for a tensor the modelled device keeps on the host (``pinned`` or pageable): a
+    prediction's fake CPU tensors stand for CUDA ones, and a few of those live on the host
+    there."""
     t.on_host = True
     t.pinned = pinned
+    if is_traceable_wrapper_subclass(t):
+        for inner in inner_tensors(t):
+            on_host(inner, pinned)
+        return t
+    storage = t.untyped_storage()
+    if id(storage) not in _MARKED:
+        weakref.finalize(storage, _MARKED.pop, id(storage), None)
+    _MARKED[id(storage)] = pinned
     return t
 
 
 def is_on_host(t: torch.Tensor) -> bool:
-    return getattr(t, "on_host", False)
+    if getattr(t, "on_host", False):
+        return True
+    if not _MARKED:
+        return False
+    if is_traceable_wrapper_subclass(t):  # a DTensor whose local shard is the host's
+        inner = inner_tensors(t)
+        return bool(inner) and all(is_on_host(x) for x in inner)
+    return _marked(t) is not None
+
+
+def marked_pinned(t: torch.Tensor) -> bool:
+    """Whether ``t`` is marked on_host as pinned memory, itself or its storage."""
+    return is_on_host(t) and bool(getattr(t, "pinned", None) or _marked(t))
+
+
+def _marked(t: torch.Tensor) -> bool | None:
+    """The pinned flag of ``t``'s storage where it is marked on_host; None where not."""
+    return _MARKED.get(id(t.untyped_storage()))
 
 
 def making() -> bool | None:
     """The innermost open ``making_host``'s pinned flag; None outside any."""
     return _MAKING[-1] if _MAKING else None
+
+
+def is_unified(t: torch.Tensor) -> bool:
+    """CUDA unified memory (a paged optimizer's state: bitsandbytes' own, marked ``is_paged``, or a
+    prediction's standing for it): neither the device allocator's nor the host's, paged in and out
+    by the driver."""
+    return getattr(t, "unified_memory", False) or getattr(t, "is_paged", False)
 
 
 def host_kind(t: torch.Tensor, device_type: str, made: bool = False) -> bool | None:
@@ -61,7 +107,7 @@ def host_kind(t: torch.Tensor, device_type: str, made: bool = False) -> bool | N
     if made and _MAKING:
         return _MAKING[-1]
     if is_on_host(t):
-        return getattr(t, "pinned", False)
+        return marked_pinned(t)
     if t.device.type == "cpu" and device_type != "cpu":
         return t.is_pinned()
     return None

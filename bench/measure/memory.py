@@ -16,9 +16,10 @@ from unittest.mock import patch
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from bench.measure.allocator import CachingAllocator, OutOfMemory, Replay
-from bench.measure.host import host_kind
+from bench.measure.host import host_kind, inner_tensors, is_unified
 from bench.measure.tracker import Kernel, LiveBytes, storages
 from bench.record import AT_PEAK, Category, Memory, Phase, Prediction
 
@@ -206,7 +207,8 @@ def tracked_memory(
     # optimizer).
     grads = Memory(gradient_bytes=done.grads[-1] if done.grads else None)
     peaks = at_peak_memory(tracker, generating=phases is not None)
-    return peaks | grads | generated | model_state_bytes(model, optimizer) | host_memory(tracker)
+    states = model_state_bytes(model, optimizer, tracker.device_type)
+    return peaks | grads | generated | states | host_memory(tracker)
 
 
 def host_memory(tracker: LiveBytes) -> Memory:
@@ -301,7 +303,7 @@ def track(
     def optimizer_start(*_: object) -> None:
         tracker.phase = Phase.OPTIMIZER
         tracker.label(_grads(model), Category.GRADIENTS)
-        done.grads.append(tensor_bytes(_grads(model)))
+        done.grads.append(device_bytes(_grads(model), tracker.device_type))
 
     if optimizer is not None:
         hooks.append(_before_each_step(optimizer, optimizer_start))
@@ -431,22 +433,34 @@ def _grads(model: nn.Module) -> list[torch.Tensor]:
     return [p.grad for p in model.parameters() if p.grad is not None]
 
 
-def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> Memory:
-    """The model's states on the device: an optimizer's state it keeps on a host apart from the
-    device (its ``host_tensors``: ZeRO-Offload's partitions and moments, on CUDA) is the host's."""
-    device = next((p.device.type for p in model.parameters()), "cpu")
-    host = {
-        s._cdata
-        for t in host_tensors(optimizer)
-        if host_kind(t, device) is not None
-        for s in storages(t)
-    }
-    state = [t for t in optimizer_state(optimizer) if not {s._cdata for s in storages(t)} <= host]
+def model_state_bytes(
+    model: nn.Module, optimizer: torch.optim.Optimizer | None, device_type: str | None = None
+) -> Memory:
+    """The model's states, parameters, buffers and the optimizer's; on a ``device_type`` with a
+    host apart (CUDA), those on the device alone: what is kept on the host (FSDP's offloaded
+    shards, ZeRO-Offload's partitions, the step counters CUDA keeps there) is the host's
+    (``host_memory``)."""
+
     return Memory(
-        param_bytes=tensor_bytes(parameter_tensors(model)),
-        buffer_bytes=tensor_bytes(model.buffers()),
-        optimizer_state_bytes=tensor_bytes(state),
+        param_bytes=device_bytes(parameter_tensors(model), device_type),
+        buffer_bytes=device_bytes(model.buffers(), device_type),
+        optimizer_state_bytes=device_bytes(optimizer_state(optimizer), device_type),
     )
+
+
+def device_bytes(tensors: Iterable[torch.Tensor], device_type: str | None) -> int:
+    """``tensor_bytes`` of those of ``tensors`` on a ``device_type`` with a host apart, not on its
+    host; of all of them where None."""
+    if device_type is None:
+        return tensor_bytes(tensors)
+    return tensor_bytes(t for t in tensors if not _on_host(t, device_type))
+
+
+def _on_host(t: torch.Tensor, device_type: str) -> bool:
+    """Whether ``t`` (a wrapper subclass: each tensor it wraps) is the host's."""
+    if is_traceable_wrapper_subclass(t):
+        return all(_on_host(x, device_type) for x in inner_tensors(t))
+    return not is_unified(t) and host_kind(t, device_type) is not None
 
 
 def overheads(memory: Memory) -> Memory:

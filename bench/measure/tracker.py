@@ -29,17 +29,10 @@ from torch.utils._python_dispatch import (
 from torch.utils._pytree import tree_leaves
 
 from bench.measure.allocator import CachingAllocator, OutOfMemory
-from bench.measure.host import HostBytes, host_kind, is_on_host, making
+from bench.measure.host import HostBytes, host_kind, inner_tensors, is_unified, making
 
 CUDA_BLOCK = 512  # the caching allocator rounds every allocation up to this
 DEVICE = torch.ops.prim.device.default
-
-
-def inner_tensors(t: torch.Tensor) -> list[torch.Tensor]:
-    """The plain tensors holding a wrapper subclass's data (quantized weights, 8-bit states, a
-    DTensor's local shard; a DTensor also names its device mesh, which holds no data)."""
-    names, _ = t.__tensor_flatten__()
-    return [x for n in names if isinstance(x := getattr(t, n), torch.Tensor)]
 
 
 def storages(t: torch.Tensor) -> list[torch.UntypedStorage]:
@@ -202,12 +195,11 @@ class LiveBytes(TorchDispatchMode):
         """Counts ``t``'s storage where first seen: the host's (``host_kind``; ``made`` by an
         operator, no view of its inputs) or the device's."""
         if is_traceable_wrapper_subclass(t):  # e.g. an 8-bit optimizer state: count what it wraps
-            if t.device.type == self.device_type and not is_on_host(t):
-                for inner in inner_tensors(t):
-                    self._count(inner, label, made)
+            for inner in inner_tensors(t):
+                self._count(inner, label, made)
             return
         storage = t.untyped_storage()
-        if id(storage) in self._live or self.host.holds(storage):
+        if id(storage) in self._live or self.host.holds(storage) or is_unified(t):
             return
         if (pinned := host_kind(t, self.device_type, made)) is not None:
             self.host.count(storage, pinned)

@@ -21,7 +21,7 @@ from torch.utils.flop_counter import flop_registry, shape_wrapper
 from bench.errors import first_line
 from bench.generate import Generator
 from bench.measure.allocator import Conf, Replay, cublas_workspaces
-from bench.measure.host import on_host
+from bench.measure.host import is_unified, on_host
 from bench.measure.memory import Tracked, optimizer_state, replayed, track, tracked_memory
 from bench.measure.tracker import CUDA_BLOCK, LiveBytes, NotRepeating, mark_trackers
 from bench.models import ModelSpec
@@ -33,7 +33,6 @@ from bench.predict.stand_ins import (
     ScalarsRead,
     compiled_as_eager,
     generation_as_real,
-    is_paged,
     masks_as_real,
     parameters_as_real,
     techniques_as_real,
@@ -394,7 +393,7 @@ def _fake_step(
     prediction = Prediction(**tracked_memory(done, runner.model, runner.optimizer, phases).flat())
     if ctx.world_size > 1:
         prediction |= traffic.figures() | Prediction(world_size=ctx.world_size, rank=ctx.rank)
-    if paged := sum(t.nbytes for t in optimizer_state(runner.optimizer) if is_paged(t)):
+    if paged := sum(t.nbytes for t in optimizer_state(runner.optimizer) if is_unified(t)):
         prediction.paged_bytes = paged
     counted = counter.totals()
     if untraced:

@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from bench.measure.host import is_on_host, making_host, on_host
+from bench.measure.host import is_on_host, making_host, marked_pinned, on_host
 from bench.measure.tracker import DEVICE, device_of
 from bench.techniques import Technique
 
@@ -69,10 +69,9 @@ def paged_buffer(self: Any, p: torch.Tensor, dtype: torch.dtype = torch.float32)
     tensor)."""
     buffer = torch.zeros_like(p, dtype=dtype)
     if self.is_paged and p.numel() >= PAGED_FROM:
-        # not is_paged, bitsandbytes' own mark: it would prefetch the pages, which a fake tensor has
-        # not
+        # (bench.measure.host.is_unified) not is_paged, bitsandbytes' own mark: it would prefetch
+        # the pages, which a fake tensor has not
         buffer.unified_memory = True
-        return on_host(buffer)
     return buffer
 
 
@@ -84,13 +83,7 @@ def paged_double_buffer(
     buffer = torch.zeros((2, *p.size()), dtype=dtype)
     if self.is_paged and p.numel() >= PAGED_FROM:
         buffer.unified_memory = True
-        return on_host(buffer)
     return buffer
-
-
-def is_paged(t: torch.Tensor) -> bool:
-    """A tensor standing for CUDA unified memory (``paged_buffer``)."""
-    return getattr(t, "unified_memory", False)
 
 
 class FakeOverlappedSaves(torch.autograd.graph.saved_tensors_hooks):
@@ -426,6 +419,10 @@ def _called(func: Any, args: tuple, kwargs: dict) -> Any:
     return func(*args, **kwargs)
 
 
+# pinning host memory, which fake tensors cannot: the pinned copy made as a tensor standing for it
+PINNING = frozenset({aten._pin_memory.default, aten.is_pinned.default})
+
+
 class OutputsAsReal:
     """Each operator's outputs as the real kernels return them (called by ``ScalarsRead`` for the
     fakes' own), where the meta kernels fake tensors run differ in
@@ -450,7 +447,13 @@ class OutputsAsReal:
     def __call__(self, func: Any, args: tuple, kwargs: dict) -> Any:
         if func is aten._grouped_mm.default and args[0].dtype != torch.bfloat16:
             return _grouped_mm_output(*args, **kwargs)
+        if func in PINNING:
+            return _pinning(func, args[0])
         out = func(*args, **kwargs)
+        if self.cuda and _on_host_alone(args):  # run where its inputs are: on the host
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor) and not is_on_host(t):
+                    on_host(t)
         if func is aten._scaled_dot_product_efficient_attention.default and self.cuda:
             return out[0], out[1], on_host(out[2]), on_host(out[3])
         if func is aten.native_batch_norm.default and self.cuda:
@@ -466,6 +469,23 @@ class OutputsAsReal:
         else:
             return out
         return out[0], out[1].to(dtype), out[2].to(dtype)
+
+
+def _pinning(func: Any, t: torch.Tensor) -> Any:
+    """``Tensor.pin_memory()``'s new pinned copy of ``t``, or whether ``t`` stands for pinned
+    memory (``is_pinned()``)."""
+    if func is aten.is_pinned.default:
+        return marked_pinned(t)
+    return on_host(torch.empty_like(t), pinned=True)
+
+
+def _on_host_alone(args: tuple) -> bool:
+    """Whether an operator's tensor arguments (a list's first, for a foreach operator's) all stand
+    for host tensors: on CUDA such an operator runs on the host and makes host tensors (an optimizer
+    stepping offloaded partitions, making their moments)."""
+    tensors = [a[0] if isinstance(a, list | tuple) and a else a for a in args]
+    tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
+    return bool(tensors) and all(is_on_host(t) for t in tensors)
 
 
 def _grouped_mm_output(

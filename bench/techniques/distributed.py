@@ -180,13 +180,17 @@ class FullyShard(_Distributed):
         )
 
     @property
-    def unpredictable(self) -> str:  # type: ignore[override]  an option decides it, not the class
-        if self.config.cpu_offload:
-            return (
-                "cpu_offload keeps the shards in pinned host memory, which fake tensors cannot "
-                "stand for"
-            )
-        return ""
+    def cuda_stand_ins(self) -> dict[str, str]:  # type: ignore[override]  as cpu_offload says
+        """With cpu_offload, FSDP2's moves between host and device as the real run makes them."""
+        if not self.config.cpu_offload:
+            return {}
+        fsdp = "torch.distributed.fsdp._fully_shard"
+        return {
+            f"{fsdp}._fsdp_param_group:foreach_reduce": "bench.predict.crossing:moving_across",
+            f"{fsdp}._fsdp_param:FSDPParam.all_gather_inputs": (
+                "bench.predict.crossing:gathered_from_host"
+            ),
+        }
 
     def problems(self, batch_size: int) -> list[str]:
         found = [

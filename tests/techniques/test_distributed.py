@@ -98,3 +98,50 @@ def test_the_accelerate_layout_is_accelerates_own(
     theirs, ours = made
     assert ours == theirs
     assert {"", "model.embed_tokens", "model.layers.0", "lm_head"} <= ours.keys()
+
+
+def test_fsdp_cpu_offload_keeps_the_model_states_on_the_host_pinned_as_fsdp2_pins_them():
+    """FSDP2's CPUOffloadPolicy, predicted for CUDA over 2 ranks: between the units' gathers the
+    card keeps no parameter, gradient or optimizer state; each rank's host keeps its padded shard of
+    each parameter (pinned at set-up) and, after backward, each gradient's shard (copied off the
+    card into pinned memory as its reduce-scatter ends), one power-of-two block each, and AdamW's
+    two float32 moments of each shard, pageable, with the temporaries of its step on the host."""
+    from bench.measure.host import pinned_block
+    from bench.models import MODELS
+    from bench.predict import predict
+    from tests.helpers import spec, tech
+
+    run = spec("bert-tiny", (tech("fsdp", cpu_offload=True),), batch_size=8, seq_len=64, nproc=2)
+    kept = predict(spec("bert-tiny", (tech("fsdp"),), batch_size=8, seq_len=64, nproc=2))
+    out = predict(run)
+    assert out.ok, out.message
+    assert (out.param_bytes, out.gradient_bytes, out.optimizer_state_bytes) == (0, 0, 0)
+    assert out.peak_tensor_bytes < kept.peak_tensor_bytes
+    model = MODELS.get("bert-tiny").build(Shapes(batch_size=8, seq_len=64))
+    shards = []  # rank 0's: the first of two chunks of each parameter's rows
+    for p in model.parameters():
+        rows = -(-p.shape[0] // 2)
+        shards.append(rows * p[0].numel() * p.element_size())
+    assert out.host_pinned_bytes == 2 * sum(pinned_block(n) for n in shards)
+    assert out.host_peak_bytes >= out.host_pinned_bytes + 2 * sum(shards)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs"
+)
+def test_fsdp_cpu_offload_over_two_gpus_is_each_ranks_predicted_peak_and_host_memory():
+    """The same offload under NCCL on two cards: each rank's tracked peak against its prediction,
+    and rank 0's host memory (its pinned shards and gradients, its optimizer's state and
+    temporaries) against rank 0's."""
+    from bench.launch import Device
+    from tests.helpers import isolated, spec, tech
+    from tests.test_process_group import assert_predicted_per_rank
+
+    gpus = Device("cuda", torch.cuda.get_device_name(0), count=torch.cuda.device_count())
+    run = spec("bert-tiny", (tech("fsdp", cpu_offload=True),), batch_size=32, nproc=2)
+    record = isolated(run, gpus)
+    assert record["status"] == "ok", record.get("stderr_tail", record)
+    assert_predicted_per_rank(record)
+    assert record["rank_host_peak_bytes"][0] == record["predicted_host_peak_bytes"]
+    assert record["rank_host_pinned_bytes"][0] == record["predicted_host_pinned_bytes"]

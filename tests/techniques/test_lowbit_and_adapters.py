@@ -229,7 +229,7 @@ def test_cpu_offload_optimizer_leaves_the_device_its_small_parameters_state_only
         )
     )
     norms = 5 * 128 * 4
-    assert out.optimizer_state_bytes == 2 * norms + 4 * 5  # and their AdamW's step counters
+    assert out.optimizer_state_bytes == 2 * norms  # their AdamW's step counters on the host
     assert out.gradient_bytes == plain.gradient_bytes
     assert freed.gradient_bytes == norms
     assert plain.peak_tensor_bytes - out.peak_tensor_bytes > 0.9 * plain.optimizer_state_bytes
