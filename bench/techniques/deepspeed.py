@@ -57,6 +57,7 @@ MASTERS = (
     "fp32_groups_flat",
     "fp32_groups",
 )
+OFFLOAD_TO = "device"  # an offload section's key: where to ("none", "cpu", "nvme")
 # DeepSpeed's log: a line per engine setting at INFO
 QUIET = logging.WARNING
 
@@ -263,7 +264,7 @@ class DeepSpeed(Technique):
         zero = {"stage": self.config.stage} | {k: v for k, v in given.items() if v is not None}
         if self.offloading:
             zero["offload_optimizer"] = {
-                "device": self.config.offload_optimizer,
+                OFFLOAD_TO: self.config.offload_optimizer,
                 "pin_memory": self.config.offload_pin_memory,
             }
         return {
