@@ -25,6 +25,9 @@ BERT_TINY = MODELS.get("bert-tiny").build(Shapes(batch_size=8, seq_len=16))
 PSI = sum(p.numel() for p in BERT_TINY.parameters())
 # the Trainer's "auto" buckets, from bert-tiny's hidden size
 AUTO = "reduce_bucket_size,stage3_prefetch_bucket_size,stage3_param_persistence_threshold"
+# a real run's limit: DeepSpeed compiles its Adam kernels at first use (a minute each on a quiet
+# machine, inside the engine's making), and parallel test workers share two cores
+STARTING = 600.0
 
 
 @pytest.mark.slow
@@ -34,7 +37,8 @@ def test_zero_3_over_two_gloo_processes_is_each_ranks_predicted_peak():
     runs, a reduce bucket (16 KiB here) over where one is still in flight at the peak, as under
     fsdp (tests/test_process_group.py: one run of three on a loaded machine). Its parameters are
     half the model's, but for those small enough to stay whole on every rank."""
-    record = isolated(spec("bert-tiny", (tech("deepspeed", stage=3, auto=AUTO),), nproc=2), CPU)
+    run = spec("bert-tiny", (tech("deepspeed", stage=3, auto=AUTO),), nproc=2, timeout_s=STARTING)
+    record = isolated(run, CPU)
     assert record["status"] == "ok", record.get("stderr_tail", record)
     assert_predicted_per_rank(record)
     assert record["proof"]["deepspeed.zero_stage"] == 3
@@ -88,7 +92,8 @@ def test_deepspeeds_own_fused_adam_over_two_gloo_processes_is_each_ranks_predict
     the prediction runs DeepSpeed's FusedAdam with its kernel's launch left out (it makes
     nothing)."""
     options = {"stage": 2, "optimizer": "AdamW", "auto": "reduce_bucket_size"}
-    record = isolated(spec("bert-tiny", (tech("deepspeed", **options),), nproc=2), CPU)
+    run = spec("bert-tiny", (tech("deepspeed", **options),), nproc=2, timeout_s=STARTING)
+    record = isolated(run, CPU)
     assert record["status"] == "ok", record.get("stderr_tail", record)
     assert_predicted_per_rank(record)
     # the whole parameters, a float32 master partition and the two moments (DeepSpeed pads its flat
@@ -106,7 +111,8 @@ def test_zero_offload_over_two_gloo_processes_is_each_ranks_predicted_peak(stage
     fake tensors, its CPU Adam's kernel left out, which compiles at first use, about a minute)."""
     options = {"stage": stage, "optimizer": "AdamW", "offload_optimizer": "cpu", "auto": AUTO}
     techniques = (tech("deepspeed", **options), tech("accumulate", micro_batches=2))
-    record = isolated(spec("bert-tiny", techniques, batch_size=16, nproc=2), CPU)
+    run = spec("bert-tiny", techniques, batch_size=16, nproc=2, timeout_s=STARTING)
+    record = isolated(run, CPU)
     assert record["status"] == "ok", record.get("stderr_tail", record)
     assert_predicted_per_rank(record)
     assert record["proof"]["deepspeed.offloaded_bytes_per_rank"] > 16 * PSI / 2
