@@ -141,7 +141,7 @@ class Row:
 
 
 HOST_SAID_FROM = 2**20  # host bytes below this are a few scalars CUDA keeps there: not said
-NODE = 8  # ranks a node holds (an 8-GPU server), for a multi-process run's host memory
+NODE = 8  # ranks a node holds (an 8-GPU server): a run's host memory a node, the nodes it needs
 
 
 def host_said(p: Prediction) -> str:
@@ -496,7 +496,9 @@ def markdown(table: pd.DataFrame, breakdown: bool = False) -> str:
         show["worst step"] = table["worst_step"].fillna("")
     # multi-process entries under a budget: the fewest ranks that fit, and its batch
     if "fewest_ranks" in table:
-        show["fewest ranks"] = pd.to_numeric(table["fewest_ranks"], errors="coerce").astype("Int64")
+        fewest = pd.to_numeric(table["fewest_ranks"], errors="coerce").astype("Int64")
+        show["fewest ranks"] = fewest
+        show[f"nodes of {NODE}"] = -(-fewest // NODE)  # servers of NODE cards those ranks fill
         show["largest batch there"] = pd.to_numeric(
             table["largest_batch_there"], errors="coerce"
         ).astype("Int64")

@@ -252,3 +252,20 @@ def test_a_passs_orders_are_its_batches_rearranged():
     assert ordered(batches, "descending", length) == [[1], [3], [4], [0], [2]]
     # the longest, both of them, last, in the order they came
     assert ordered(batches, "longest-last", length) == [[0], [2], [4], [1], [3]]
+
+
+def test_the_fewest_ranks_are_said_in_nodes_of_eight_too():
+    """A multi-process entry's fewest ranks, as the servers of eight cards they fill."""
+    import pandas as pd
+
+    from bench.predict.table import markdown
+
+    rows = [
+        {"run": r, "batch": 8, "status": "ok", "peak_tensor_bytes": 2**30, "fewest_ranks": n}
+        | {"largest_batch_there": 4}
+        for r, n in (("three", 3), ("eight", 8), ("nine", 9), ("sixty-four", 64))
+    ]
+    lines = markdown(pd.DataFrame(rows)).splitlines()
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    nodes = [line.strip("|").split("|")[header.index("nodes of 8")].strip() for line in lines[2:]]
+    assert nodes == ["1", "1", "2", "8"]
