@@ -161,12 +161,12 @@ class HostBytes:
             self.current -= n
 
 
-def pinned_copy(t: torch.Tensor, make_copy: bool = True) -> torch.Tensor:
-    """A pinned host copy of ``t``, as ``Tensor.pin_memory`` makes one (its values copied where
-    ``make_copy``), counted as the host's: in a prediction, whose fake CPU tensors stand for the
-    device's, a library that pins what it keeps on the host."""
-    with making_host(pinned=True):
-        out = torch.empty_like(t)
-        if make_copy:
+def host_copy(t: torch.Tensor, pinned: bool, values: bool = False) -> torch.Tensor:
+    """A host copy of ``t``'s elements, contiguous, in host memory ``pinned`` or pageable, its
+    values copied where ``values`` (``Tensor.pin_memory``'s): in a prediction, whose fake CPU
+    tensors stand for the device's, what a library keeps on the host."""
+    with making_host(pinned):
+        out = torch.empty(t.shape, dtype=t.dtype)
+        if values:
             out.copy_(t)
-    return on_host(out, pinned=True)
+    return on_host(out, pinned)

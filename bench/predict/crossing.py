@@ -18,8 +18,7 @@ from unittest.mock import patch
 
 import torch
 
-from bench.measure.host import is_on_host
-from bench.predict.stand_ins import _host_copy
+from bench.measure.host import host_copy, is_on_host
 
 _TO = torch.Tensor.to
 
@@ -34,7 +33,7 @@ def _moved(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     if is_on_host(self):  # a factory's output: on the device (an operator on the host
         # tensor alone would make one on the host)
         return torch.empty(self.shape, dtype=self.dtype).copy_(self)
-    return _host_copy(self, pinned=non_blocking)
+    return host_copy(self, pinned=non_blocking)
 
 
 def _moving(run: Callable[..., Any]) -> Callable[..., Any]:

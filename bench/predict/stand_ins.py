@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from bench.measure.host import is_on_host, making_host, marked_pinned, on_host
+from bench.measure.host import host_copy, is_on_host, making_host, marked_pinned, on_host
 from bench.measure.tracker import DEVICE, device_of
 from bench.techniques import Technique
 
@@ -103,7 +103,7 @@ class FakeOverlappedSaves(torch.autograd.graph.saved_tensors_hooks):
             if is_on_host(t) or t.nbytes < owner.config.min_bytes or isinstance(t, nn.Parameter):
                 return t
             key, self.count = self.count, self.count + 1
-            self.host[key] = _host_copy(t, pinned=True)
+            self.host[key] = host_copy(t, pinned=True)
             owner.offloaded += 1
             return key
 
@@ -123,13 +123,6 @@ class FakeOverlappedSaves(torch.autograd.graph.saved_tensors_hooks):
     def _fetch(self, key: int) -> torch.Tensor:
         host = self.host.pop(key)
         return torch.empty(host.shape, dtype=host.dtype)
-
-
-def _host_copy(t: torch.Tensor, pinned: bool) -> torch.Tensor:
-    """The host copy of a fake tensor standing for a device one: its elements, contiguous, in host
-    memory ``pinned`` or pageable."""
-    with making_host(pinned):
-        return on_host(torch.empty(t.shape, dtype=t.dtype), pinned)
 
 
 class FakeCPUOffloadOptimizer:
@@ -154,8 +147,8 @@ class FakeCPUOffloadOptimizer:
         self.param_d2h_map, self.optim_dict = {}, {}
         for p in params:
             if p.numel() >= minimal_size:  # pinned, as torchao pins them
-                host = _host_copy(p, pinned=True)
-                host.grad = _host_copy(p, pinned=True)
+                host = host_copy(p, pinned=True)
+                host.grad = host_copy(p, pinned=True)
                 self.param_d2h_map[p] = host
                 self.optim_dict[p] = optimizer_class([host], fused=True, **kwargs)
                 p.register_post_accumulate_grad_hook(self._to_host(offload_gradients))
@@ -211,7 +204,7 @@ class FakeSaveOnCpu(torch.autograd.graph.saved_tensors_hooks):
         def pack(t: torch.Tensor) -> _Packed:
             if is_on_host(t):
                 return _Packed(t, copied=False)
-            return _Packed(_host_copy(t, pin_memory), copied=True)
+            return _Packed(host_copy(t, pin_memory), copied=True)
 
         def unpack(packed: _Packed) -> torch.Tensor:
             if not packed.copied:

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import nn
 
-from bench.measure.host import is_on_host, on_host, pinned_copy
+from bench.measure.host import host_copy, is_on_host, on_host
 from bench.measure.memory import parameter_tensors, tensor_bytes
 from bench.techniques.base import (
     TECHNIQUES,
@@ -409,6 +409,6 @@ def _accelerator(ctx: RunContext) -> Any:
         def pin_memory(self, tensor: torch.Tensor, make_copy: bool = True, **_: Any) -> Any:
             """A pinned host copy, as CUDA's accelerator makes one (``Tensor.pin_memory``); the
             CPU's keeps the tensor as it is."""
-            return pinned_copy(tensor, make_copy)
+            return host_copy(tensor, pinned=True, values=make_copy)
 
     return AsCuda()
