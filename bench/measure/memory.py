@@ -37,8 +37,8 @@ def cuda_peaks(device: torch.device) -> Memory:
 
 
 def _pinned_host_bytes() -> int | None:
-    """The caching host allocator's pinned blocks now (torch 2.6 on); None before any was pinned,
-    or where torch does not say."""
+    """The caching host allocator's pinned blocks now (torch 2.6 on); None where CUDA is not
+    initialised, or torch does not say."""
     stats = getattr(torch.cuda, "host_memory_stats", dict)()
     return stats.get("allocated_bytes.current")
 

@@ -63,9 +63,8 @@ class CPUAdamKernel:
 
 def made_on_host(original: Callable[..., Any]) -> Callable[..., Any]:
     """``original`` with what it makes counted as pageable host memory (a CUDA prediction's fake CPU
-    tensors stand for the device's): DeepSpeed's CPU Adam making its moments beside the host's
-    partition, ZeRO-Offload's buffers for gradients accumulated on the host (their pinned copies
-    pinned, ``AsCuda.pin_memory``)."""
+    tensors stand for the device's): ZeRO-Offload's buffers for gradients accumulated on the host,
+    made on "cpu" by name (their pinned copies pinned, ``AsCuda.pin_memory``)."""
 
     @functools.wraps(original)
     def run(*args: Any, **kwargs: Any) -> Any:

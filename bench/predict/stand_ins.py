@@ -476,9 +476,14 @@ def _on_host_alone(args: tuple) -> bool:
     """Whether an operator's tensor arguments (a list's first, for a foreach operator's) all stand
     for host tensors: on CUDA such an operator runs on the host and makes host tensors (an optimizer
     stepping offloaded partitions, making their moments)."""
-    tensors = [a[0] if isinstance(a, list | tuple) and a else a for a in args]
-    tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
-    return bool(tensors) and all(is_on_host(t) for t in tensors)
+    seen = False
+    for a in args:  # on every operator a CUDA prediction runs: out at the first device tensor
+        t = a[0] if isinstance(a, list | tuple) and a else a
+        if isinstance(t, torch.Tensor):
+            if not is_on_host(t):
+                return False
+            seen = True
+    return seen
 
 
 def _grouped_mm_output(

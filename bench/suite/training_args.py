@@ -17,7 +17,7 @@ from typing import Any
 
 from bench.models import flash
 from bench.suite import quantized
-from bench.techniques.deepspeed import HIDDEN, ZERO_KEYS, imported
+from bench.techniques.deepspeed import HIDDEN, OFFLOAD_TO, ZERO_KEYS, imported
 
 # The Trainer's optimizers (its `optim` names) as this harness's techniques, the parameters in the
 # Trainer's groups: its SGD has no momentum (so no state); its Adafactor is transformers' own, whose
@@ -462,7 +462,6 @@ DS_PRECISION_KEYS = {
 # as the deepspeed technique names them, and the parameters that are values its update reads
 DS_OPTIMIZERS = {"adamw": "AdamW", "adam": "Adam"}
 DS_OPTIMIZER_PARAMS = {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "bias_correction"}
-DS_OFFLOAD_TO = "device"  # an offload section's key: where to ("none", "cpu", "nvme")
 DS_OFFLOAD = {
     "offload_param": "ZeRO-3's parameter partitions on the host, fetched for each module: not "
     "modelled yet",
@@ -921,7 +920,7 @@ def _zero(zero: dict[str, Any], schema: Any, at: str, found: list[str]) -> dict[
         elif key == "offload_optimizer":
             options |= _offload_optimizer(value or {}, f"{at}.zero_optimization.{key}", found)
         elif key in DS_OFFLOAD:
-            if (value or {}).get(DS_OFFLOAD_TO, "none") != "none":
+            if (value or {}).get(OFFLOAD_TO, "none") != "none":
                 found.append(f"{at}.zero_optimization.{key}: {DS_OFFLOAD[key]}")
         elif key not in DS_ZERO_UNCHANGED and (key not in defaults or value != defaults[key]):
             found.append(
@@ -936,7 +935,7 @@ def _zero(zero: dict[str, Any], schema: Any, at: str, found: list[str]) -> dict[
 def _offload_optimizer(section: dict[str, Any], at: str, found: list[str]) -> dict[str, Any]:
     """offload_optimizer as the technique's options: to the host ("cpu"), pinned or not; NVMe and a
     part offloaded (``ratio``) are problems named."""
-    device = section.get(DS_OFFLOAD_TO, "none")
+    device = section.get(OFFLOAD_TO, "none")
     if device == "none":
         return {}
     if device != "cpu":
@@ -950,7 +949,7 @@ def _offload_optimizer(section: dict[str, Any], at: str, found: list[str]) -> di
             f"{at}.ratio = {ratio!r}: a part of the partitions stepped on the device (ZeRO-3's "
             "partial offload) is not modelled; 1.0 is"
         )
-    for key in sorted(set(section) - {DS_OFFLOAD_TO, "pin_memory", "ratio"} - DS_OFFLOAD_UNCHANGED):
+    for key in sorted(set(section) - {OFFLOAD_TO, "pin_memory", "ratio"} - DS_OFFLOAD_UNCHANGED):
         found.append(f"{at}.{key}: not an offload_optimizer key DeepSpeed reads")
     pinned = _bool(section.get("pin_memory", False))
     return {"offload_optimizer": "cpu", "offload_pin_memory": pinned}

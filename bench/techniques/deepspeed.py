@@ -158,17 +158,12 @@ class DeepSpeed(Technique):
         },
     }
 
-    # on CUDA, ZeRO-Offload's host side: what its CPU Adam and its accumulation on the host make,
-    # and ZeRO-3's gradient partitions brought back to the device from their host buffers
+    # on CUDA, ZeRO-Offload's host side: the buffers its accumulation on the host makes (CPU Adam's
+    # moments, made from the host's partitions, are the host's as any operator on host tensors
+    # alone makes), and ZeRO-3's gradient partitions brought back to the device from the host
     cuda_stand_ins: ClassVar[dict[str, str]] = {
-        **{
-            target: "bench.predict.deepspeed:made_on_host"
-            for target in (
-                "deepspeed.ops.adam.cpu_adam:DeepSpeedCPUAdam.step",
-                "deepspeed.runtime.zero.stage_1_and_2:"
-                "DeepSpeedZeroOptimizer.async_accumulate_grad_in_cpu_via_gpu",
-            )
-        },
+        "deepspeed.runtime.zero.stage_1_and_2:DeepSpeedZeroOptimizer."
+        "async_accumulate_grad_in_cpu_via_gpu": "bench.predict.deepspeed:made_on_host",
         "deepspeed.runtime.zero.stage3:DeepSpeedZeroOptimizer_Stage3.partition_grads": (
             "bench.predict.crossing:moving_across"
         ),
