@@ -7,7 +7,8 @@ makes for fake tensors), each all-gather copying a shard to the device first, ea
 gradient shard copied to the host (pinned where the copy overlaps, ``non_blocking``), the optimizer
 stepping on the host (an operator on host tensors alone makes host tensors, ``OutputsAsReal`` too).
 DeepSpeed's ZeRO-3 offload: each gradient partition brought to the device from its host buffer
-before its norm is taken."""
+before its norm is taken; under ``offload_param``, each parameter's host partition copied to the
+device for its gather."""
 
 from __future__ import annotations
 
@@ -30,24 +31,42 @@ def _moved(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args, **kwargs)
     if device is None or device.type != "cpu" or (dtype is not None and dtype != self.dtype):
         return _TO(self, *args, **kwargs)
-    if is_on_host(self):  # a factory's output: on the device (an operator on the host
-        # tensor alone would make one on the host)
-        return torch.empty(self.shape, dtype=self.dtype).copy_(self)
+    if is_on_host(self):
+        return device_copy(self)
     return host_copy(self, pinned=non_blocking)
 
 
-def _moving(run: Callable[..., Any]) -> Callable[..., Any]:
+def _fetched(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """``Tensor.to`` where every move named is to the device (ZeRO-3's gathers name the device for
+    each partition, on the host or persisting on the device, and its gradient buffers for each,
+    on the host under ZeRO-Offload or not): a host tensor's is a copy on the device (in the dtype
+    named), any other call as it is."""
+    device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+    if device is not None and device.type == "cpu" and is_on_host(self):
+        return device_copy(self, dtype)
+    return _TO(self, *args, **kwargs)
+
+
+def device_copy(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A host tensor's copy on the device: a factory's output (an operator on the host tensor
+    alone would make one on the host)."""
+    return torch.empty(t.shape, dtype=dtype or t.dtype).copy_(t)
+
+
+def _moving(
+    run: Callable[..., Any], to: Callable[..., torch.Tensor] = _moved
+) -> Callable[..., Any]:
     @functools.wraps(run)
     def moving(*args: Any, **kwargs: Any) -> Any:
-        with patch.object(torch.Tensor, "to", _moved):
+        with patch.object(torch.Tensor, "to", to):
             return run(*args, **kwargs)
 
     return moving
 
 
 def moving_across(original: Callable[..., Any]) -> Callable[..., Any]:
-    """``original`` (FSDP2's ``foreach_reduce``, ZeRO-3's ``partition_grads``) with each move it
-    makes between host and device made."""
+    """``original`` (FSDP2's ``foreach_reduce``) with each move it makes between host and device
+    made."""
     return _moving(original)
 
 
@@ -55,6 +74,14 @@ def gathered_from_host(original: property) -> property:
     """``FSDPParam.all_gather_inputs``, each host shard copied to the device first."""
     return property(_moving(original.fget))
 
+
+def fetching(run: Callable[..., Any]) -> Callable[..., Any]:
+    """``run`` (ZeRO-3's ``partition_grads``, its gather of a module's parameters) with each host
+    tensor it moves to the device copied there."""
+    return _moving(run, to=_fetched)
+
+
+fetching.wraps_original = True  # type: ignore[attr-defined]
 
 moving_across.wraps_original = True  # type: ignore[attr-defined]
 gathered_from_host.wraps_original = True  # type: ignore[attr-defined]

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.measure.host import making_host
+from bench.measure.host import is_on_host, making_host, on_host
+from bench.predict.crossing import device_copy, fetching
 
 
 def restored_after(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -75,3 +76,62 @@ def made_on_host(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 made_on_host.wraps_original = True  # type: ignore[attr-defined]
+
+
+def partitioned_on_host(original: Callable[..., Any]) -> Callable[..., Any]:
+    """ZeRO-3's ``Init._partition_param`` under ``offload_param``: a parameter's partition, made
+    on "cpu" by name the first time (pinned by ``AsCuda.pin_memory`` where its ``pin_memory``
+    asks), stands for pageable host memory where not pinned; one small enough to persist whole
+    stays on the device."""
+
+    @functools.wraps(original)
+    def run(self: Any, param: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, param, *args, **kwargs)
+        held = getattr(param, "ds_tensor", None)
+        if held is not None and not param.ds_persist and not is_on_host(held):
+            on_host(held)
+        return out
+
+    return run
+
+
+def fetched_from_host(original: Callable[..., Any]) -> Callable[..., Any]:
+    """ZeRO-3's ``Init._convert_to_deepspeed_param`` under ``offload_param``: the gather it gives
+    each parameter copies each host partition to the device before the all-gather, as the real
+    run's ``ds_tensor.to(device)`` does (a no-op where the CPU stands for both)."""
+
+    @functools.wraps(original)
+    def run(self: Any, param: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, param, *args, **kwargs)
+        param.all_gather_coalesced = fetching(param.all_gather_coalesced)
+        return out
+
+    return run
+
+
+def masters_from_host(original: Callable[..., Any]) -> Callable[..., Any]:
+    """ZeRO-3's ``_create_fp32_partitions`` under ``offload_param``: each float32 partition is
+    made from the host's 16-bit one, on the device (``.to(device, float32)``) or, under
+    ZeRO-Offload, on the host (``.to("cpu", float32)``), which fake tensors tell apart by the
+    optimizer's flag alone."""
+
+    @functools.wraps(original)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.offload_optimizer:
+            return original(self, *args, **kwargs)
+        out = fetching(original)(self, *args, **kwargs)
+        # a float32 model's partitions serve as the masters where they are on the device: fake
+        # tensors say the host's are, where the real run's own copy is made on the device
+        masters, flats = self.fp32_partitioned_groups_flat, self.fp16_partitioned_groups_flat
+        for i, (master, flat) in enumerate(zip(masters, flats)):
+            if master is flat:
+                masters[i] = device_copy(flat).detach().requires_grad_()
+                masters[i].ds_id = flat.ds_id
+        return out
+
+    return run
+
+
+partitioned_on_host.wraps_original = True  # type: ignore[attr-defined]
+fetched_from_host.wraps_original = True  # type: ignore[attr-defined]
+masters_from_host.wraps_original = True  # type: ignore[attr-defined]

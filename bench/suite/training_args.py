@@ -462,10 +462,6 @@ DS_PRECISION_KEYS = {
 # as the deepspeed technique names them, and the parameters that are values its update reads
 DS_OPTIMIZERS = {"adamw": "AdamW", "adam": "Adam"}
 DS_OPTIMIZER_PARAMS = {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "bias_correction"}
-DS_OFFLOAD = {
-    "offload_param": "ZeRO-3's parameter partitions on the host, fetched for each module: not "
-    "modelled yet",
-}
 # offload_optimizer's keys (DeepSpeedZeroOffloadOptimizerConfig) that change nothing a step holds
 # on a CPU offload: NVMe's own, and how fast the partitions are first made
 DS_OFFLOAD_UNCHANGED = {
@@ -476,6 +472,9 @@ DS_OFFLOAD_UNCHANGED = {
     "pipeline_write",
     "fast_init",
 }
+# offload_param's (DeepSpeedZeroOffloadParamConfig): NVMe's own buffers and its share kept on the
+# host
+DS_OFFLOAD_PARAM_UNCHANGED = {"nvme_path", "buffer_count", "buffer_size", "max_in_cpu"}
 FSDP_REFUSED = {
     "activation_checkpointing_offload": "accelerate's offload_wrapper keeps each checkpointed "
     "layer's input in host memory",
@@ -919,9 +918,9 @@ def _zero(zero: dict[str, Any], schema: Any, at: str, found: list[str]) -> dict[
                 options[key] = int(value)
         elif key == "offload_optimizer":
             options |= _offload_optimizer(value or {}, f"{at}.zero_optimization.{key}", found)
-        elif key in DS_OFFLOAD:
-            if (value or {}).get(OFFLOAD_TO, "none") != "none":
-                found.append(f"{at}.zero_optimization.{key}: {DS_OFFLOAD[key]}")
+        elif key == "offload_param":
+            if stage == 3:  # DeepSpeed reads it at stage 3 alone
+                options |= _offload_param(value or {}, f"{at}.zero_optimization.{key}", found)
         elif key not in DS_ZERO_UNCHANGED and (key not in defaults or value != defaults[key]):
             found.append(
                 f"{at}.zero_optimization.{key} = {value!r}: not modelled (DeepSpeed's default: "
@@ -953,6 +952,24 @@ def _offload_optimizer(section: dict[str, Any], at: str, found: list[str]) -> di
         found.append(f"{at}.{key}: not an offload_optimizer key DeepSpeed reads")
     pinned = _bool(section.get("pin_memory", False))
     return {"offload_optimizer": "cpu", "offload_pin_memory": pinned}
+
+
+def _offload_param(section: dict[str, Any], at: str, found: list[str]) -> dict[str, Any]:
+    """offload_param as the technique's options: ZeRO-3's partitions on the host ("cpu"), each
+    pinned as first made or not; NVMe is a problem named."""
+    device = section.get(OFFLOAD_TO, "none")
+    if device == "none":
+        return {}
+    if device != "cpu":
+        found.append(
+            f"{at}.device = {device!r}: the parameters swapped in from NVMe through host buffers "
+            "are not modelled; 'cpu' is"
+        )
+        return {}
+    for key in sorted(set(section) - {OFFLOAD_TO, "pin_memory"} - DS_OFFLOAD_PARAM_UNCHANGED):
+        found.append(f"{at}.{key}: not an offload_param key DeepSpeed reads")
+    pinned = _bool(section.get("pin_memory", False))
+    return {"offload_param": "cpu", "offload_param_pin_memory": pinned}
 
 
 def _json_table(given: Any, folder: Path, at: str, found: list[str]) -> dict[str, Any] | None:

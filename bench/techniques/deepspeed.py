@@ -57,6 +57,25 @@ MASTERS = (
     "fp32_groups_flat",
     "fp32_groups",
 )
+# on CUDA (``DeepSpeed.cuda_stand_ins``)
+CUDA_STAND_INS = {
+    "deepspeed.runtime.zero.stage_1_and_2:DeepSpeedZeroOptimizer."
+    "async_accumulate_grad_in_cpu_via_gpu": "bench.predict.deepspeed:made_on_host",
+    "deepspeed.runtime.zero.stage3:DeepSpeedZeroOptimizer_Stage3.partition_grads": (
+        "bench.predict.crossing:fetching"
+    ),
+}
+PARAMS_ON_HOST = {
+    "deepspeed.runtime.zero.partition_parameters:Init._partition_param": (
+        "bench.predict.deepspeed:partitioned_on_host"
+    ),
+    "deepspeed.runtime.zero.partition_parameters:Init._convert_to_deepspeed_param": (
+        "bench.predict.deepspeed:fetched_from_host"
+    ),
+    "deepspeed.runtime.zero.stage3:DeepSpeedZeroOptimizer_Stage3._create_fp32_partitions": (
+        "bench.predict.deepspeed:masters_from_host"
+    ),
+}
 OFFLOAD_TO = "device"  # an offload section's key: where to ("none", "cpu", "nvme")
 # DeepSpeed's log: a line per engine setting at INFO
 QUIET = logging.WARNING
@@ -125,6 +144,15 @@ class DeepSpeed(Technique):
         offload_pin_memory: bool = option(
             False, "the offloaded partitions and their gradients in pinned host memory"
         )
+        offload_param: Literal["none", "cpu"] = option(
+            "none",
+            "cpu: ZeRO-3's 16-bit parameter partitions on the host (the trained ones in one pinned "
+            "flat buffer a group), each module's copied to the device for its gather (stage 3)",
+        )
+        offload_param_pin_memory: bool = option(
+            False,
+            "each partition pinned as ZeRO-3 first makes it (the flat buffers are either way)",
+        )
 
     # its overflow checks read the gradients' values, and its checks that the ranks agree what
     # rank 0 sent
@@ -158,17 +186,6 @@ class DeepSpeed(Technique):
         },
     }
 
-    # on CUDA, ZeRO-Offload's host side: the buffers its accumulation on the host makes (CPU Adam's
-    # moments, made from the host's partitions, are the host's as any operator on host tensors
-    # alone makes), and ZeRO-3's gradient partitions brought back to the device from the host
-    cuda_stand_ins: ClassVar[dict[str, str]] = {
-        "deepspeed.runtime.zero.stage_1_and_2:DeepSpeedZeroOptimizer."
-        "async_accumulate_grad_in_cpu_via_gpu": "bench.predict.deepspeed:made_on_host",
-        "deepspeed.runtime.zero.stage3:DeepSpeedZeroOptimizer_Stage3.partition_grads": (
-            "bench.predict.crossing:moving_across"
-        ),
-    }
-
     def layers_alike(self) -> bool:
         return False  # its partitions and buckets are flat buffers over every layer at once
 
@@ -182,6 +199,8 @@ class DeepSpeed(Technique):
             found.append(f"stage must be 0, 1, 2 or 3, got {self.config.stage}")
         if self.offloading and self.config.stage == 0:
             found.append("offload_optimizer needs a ZeRO stage, 1 to 3: stage 0 offloads nothing")
+        if self.offloading_params and self.config.stage != 3:
+            found.append("offload_param needs ZeRO stage 3: stages 0-2 keep whole parameters")
         if self.offloading and self.config.optimizer == "trainer":
             found.append(
                 "offload_optimizer steps DeepSpeed's CPU Adam, which it builds from the "
@@ -193,6 +212,22 @@ class DeepSpeed(Technique):
     @property
     def offloading(self) -> bool:
         return self.config.offload_optimizer != "none"
+
+    @property
+    def offloading_params(self) -> bool:
+        return self.config.offload_param != "none"
+
+    @property
+    def cuda_stand_ins(self) -> dict[str, str]:  # type: ignore[override]
+        """On CUDA, ZeRO-Offload's host side (its buffers for gradients accumulated on the host;
+        CPU Adam's moments, made from the host's partitions, are the host's as any operator on host
+        tensors alone makes) and ZeRO-3's gradient partitions brought back to the device from the
+        host; with ``offload_param``, each parameter's partition made on the host, and copied to
+        the device for each gather."""
+        found = dict(CUDA_STAND_INS)
+        if self.offloading_params:
+            found |= PARAMS_ON_HOST
+        return found
 
     def unsupported(self, ctx: RunContext) -> str | None:
         try:
@@ -262,6 +297,11 @@ class DeepSpeed(Technique):
                 OFFLOAD_TO: self.config.offload_optimizer,
                 "pin_memory": self.config.offload_pin_memory,
             }
+        if self.offloading_params:
+            zero["offload_param"] = {
+                OFFLOAD_TO: self.config.offload_param,
+                "pin_memory": self.config.offload_param_pin_memory,
+            }
         return {
             "train_micro_batch_size_per_gpu": batch_size // micro_batches,
             "gradient_accumulation_steps": micro_batches,
@@ -305,6 +345,8 @@ class DeepSpeed(Technique):
         offloaded_bytes = 0
         if self.offloading:
             offloaded_bytes = tensor_bytes(offloaded(self.optimizer))
+        if self.offloading_params:  # the parameters' partitions, whose gathers copy them over
+            offloaded_bytes += tensor_bytes(partitions_offloaded(self.model.module))
         return {
             "zero_stage": self.model.zero_optimization_stage(),
             "world_size": self.ctx.world_size,
@@ -351,6 +393,13 @@ def offloaded(optimizer: Any) -> list[torch.Tensor]:
     held += list(getattr(optimizer, "accumulated_grads_in_cpu", {}).values())
     held += [v for state in optimizer.optimizer.state.values() for v in state.values()]
     return [t for t in held if torch.is_tensor(t)]
+
+
+def partitions_offloaded(model: nn.Module) -> list[torch.Tensor]:
+    """The parameters' partitions ZeRO-3's ``offload_param`` keeps on the host: all but those
+    small enough to persist whole on the device (the trained ones' in the flat buffers the
+    optimizer made, the frozen ones' where they were first made)."""
+    return [p.ds_tensor for p in model.parameters() if not p.ds_persist]
 
 
 def _hidden_size(model: nn.Module) -> int | None:

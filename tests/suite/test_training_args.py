@@ -118,9 +118,16 @@ NVME, HOST = {"device": "nvme"}, {"device": "cpu"}
             "deepspeed.optimizer.params.torch_adam: not modelled",
         ),
         (
-            {"deepspeed": {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}},
-            "offload_param: ZeRO-3's parameter partitions on the host, fetched for each module: "
-            "not modelled yet",
+            {"deepspeed": {"zero_optimization": {"stage": 3, "offload_param": NVME}}},
+            "offload_param.device = 'nvme': the parameters swapped in from NVMe",
+        ),
+        (
+            {
+                "deepspeed": {
+                    "zero_optimization": {"stage": 3, "offload_param": HOST | {"ratio": 0.5}}
+                }
+            },
+            "offload_param.ratio: not an offload_param key DeepSpeed reads",
         ),
         (
             {"deepspeed": {"zero_optimization": {"stage": 2, "offload_optimizer": NVME}}},
@@ -287,6 +294,22 @@ def test_a_ds_configs_optimizer_offload_to_the_host_is_zero_offload_pinned_as_it
     options = dict(run.techniques[0].options)
     assert options["offload_optimizer"] == "cpu" and options["offload_pin_memory"] is True
     assert options["optimizer"] == "AdamW"
+
+
+def test_a_ds_configs_parameter_offload_to_the_host_is_read_at_stage_3_alone(tmp_path):
+    """ZeRO-Infinity's documented config offloads the parameters too: at stage 3 the partitions on
+    the host, pinned as its pin_memory says (its NVMe keys change nothing there); below stage 3
+    DeepSpeed never reads the section, and neither does the load."""
+    section = {"device": "cpu", "pin_memory": True, "buffer_count": 5, "max_in_cpu": 10**9}
+    zero = ZERO3["zero_optimization"] | {"offload_param": section}
+    (tmp_path / "ds.json").write_text(json.dumps(ZERO3 | {"zero_optimization": zero}))
+    run = load(suite(tmp_path, ARGS | {"deepspeed": "ds.json"}, extra="nproc = 8\n")).runs[1]
+    options = dict(run.techniques[0].options)
+    assert options["offload_param"] == "cpu" and options["offload_param_pin_memory"] is True
+    zero = {"stage": 2, "offload_param": section}
+    (tmp_path / "ds.json").write_text(json.dumps(ZERO3 | {"zero_optimization": zero}))
+    run = load(suite(tmp_path, ARGS | {"deepspeed": "ds.json"}, extra="nproc = 8\n")).runs[1]
+    assert "offload_param" not in dict(run.techniques[0].options)
 
 
 def test_a_ds_configs_optimizer_is_deepspeeds_own_and_the_trainers_optim_goes_unused(tmp_path):

@@ -102,20 +102,35 @@ def test_deepspeeds_own_fused_adam_over_two_gloo_processes_is_each_ranks_predict
         assert held == pytest.approx(4 * PSI + 12 * PSI / 2, abs=64)
 
 
+OFFLOAD_OPTIMIZER = {"optimizer": "AdamW", "offload_optimizer": "cpu"}
+OFFLOAD_PARAM = {"offload_param": "cpu"}
+
+
 @pytest.mark.full
-@pytest.mark.parametrize("stage", [2, 3])
-def test_zero_offload_over_two_gloo_processes_is_each_ranks_predicted_peak(stage):
+@pytest.mark.parametrize(
+    "stage, offload, held",
+    [
+        (2, OFFLOAD_OPTIMIZER, 16),
+        (3, OFFLOAD_OPTIMIZER, 16),
+        (3, OFFLOAD_PARAM, 2),
+        (3, OFFLOAD_OPTIMIZER | OFFLOAD_PARAM, 18),
+    ],
+    ids=["2-optimizer", "3-optimizer", "3-param", "3-both"],
+)
+def test_zero_offload_over_two_gloo_processes_is_each_ranks_predicted_peak(stage, offload, held):
     """ZeRO-Offload on this CPU, over two micro-batches (the gradients summed in host buffers at
-    stage 2): DeepSpeed's CPU Adam steps the float32 partitions where they are (on this CPU host and
-    device are one memory, so the real step counts both; the prediction runs DeepSpeed's code on
-    fake tensors, its CPU Adam's kernel left out, which compiles at first use, about a minute)."""
-    options = {"stage": stage, "optimizer": "AdamW", "offload_optimizer": "cpu", "auto": AUTO}
+    stage 2): DeepSpeed's CPU Adam steps the float32 partitions where they are, and under
+    ``offload_param`` ZeRO-3 gathers each module's parameters from their partitions' host buffers
+    (on this CPU host and device are one memory, so the real step counts both; the prediction runs
+    DeepSpeed's code on fake tensors, its CPU Adam's kernel left out, which compiles at first use,
+    about a minute). ``held``: at least these bytes a parameter of a rank's partition offloaded."""
+    options = {"stage": stage, "auto": AUTO} | offload
     techniques = (tech("deepspeed", **options), tech("accumulate", micro_batches=2))
     run = spec("bert-tiny", techniques, batch_size=16, nproc=2, timeout_s=STARTING)
     record = isolated(run, CPU)
     assert record["status"] == "ok", record.get("stderr_tail", record)
     assert_predicted_per_rank(record)
-    assert record["proof"]["deepspeed.offloaded_bytes_per_rank"] > 16 * PSI / 2
+    assert record["proof"]["deepspeed.offloaded_bytes_per_rank"] > held * PSI / 2
 
 
 @pytest.mark.parametrize("stage", [2, 3])
@@ -165,6 +180,48 @@ def test_zero_offload_keeps_deepspeeds_own_arithmetic_on_the_host_and_the_16_bit
         assert states.host_peak_bytes == held
 
 
+@pytest.mark.parametrize("precision", ["bfloat16", "none"])
+@pytest.mark.parametrize("optimizer", [False, True], ids=["param", "param-and-optimizer"])
+def test_zero_3_parameter_offload_keeps_the_partitions_on_the_host_and_none_on_the_card(
+    precision, optimizer
+):
+    """ZeRO-3's offload_param over 8 ranks, predicted for CUDA, against the same engine without it:
+    the card no longer keeps the rank's parameter partition, and the host keeps it in one flat
+    buffer, pinned whatever the config's pin_memory (DeepSpeed pins it itself), one power-of-two
+    block; each gather copies a module's partitions to the card first. The float32 partition (a
+    copy on the card, even of a float32 model's partitions) and Adam's moments stay where they
+    were: on the card (12·Ψ/8), or on the host under ZeRO-Offload. With both, the card keeps no
+    model state, DeepSpeed's estimate's device term (the largest layer, gathered, which the tracker
+    sees apart), and in bf16 the host 20 bytes a parameter of the partition: the estimate's 18 and
+    the 16-bit gradient partitions it leaves out."""
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+
+    options = {"stage": 3, "precision": precision}
+    options |= {"auto": "reduce_bucket_size", "stage3_param_persistence_threshold": 0}
+    if optimizer:
+        options |= OFFLOAD_OPTIMIZER | {"offload_pin_memory": True}
+    before = predict(spec("bert-tiny", (tech("deepspeed", **options),), nproc=8))
+    states = predict(spec("bert-tiny", (tech("deepspeed", **options | OFFLOAD_PARAM),), nproc=8))
+    assert states.ok, states.message
+    part = math.ceil(PSI / 8)
+    width = 2 if precision == "bfloat16" else 4
+    assert (before.param_bytes, states.param_bytes) == (width * part, 0)
+    held = 0 if optimizer else 12 * part
+    assert states.optimizer_state_bytes == before.optimizer_state_bytes == held
+    flat = pinned_block(width * part)
+    assert states.host_pinned_bytes == before.host_pinned_bytes + flat
+    assert states.host_peak_bytes == before.host_peak_bytes + flat
+    if optimizer and precision == "bfloat16":
+        largest = max(p.numel() for p in BERT_TINY.parameters())
+        cpu, gpu, largest_layer = estimate_zero3_model_states_mem_needs(PSI, largest, 8)
+        assert gpu == largest_layer
+        assert cpu == 1.5 * 18 * PSI  # a node of 8: 18·Ψ, times its buffer factor
+        blocks = [4 * part, 2 * part, 2 * part]  # the float32 gradients, the 16-bit ones, params
+        assert states.host_pinned_bytes == sum(pinned_block(n) for n in blocks)
+        assert states.host_peak_bytes == states.host_pinned_bytes + 12 * part
+        assert 12 * part + sum(blocks) == 20 * part
+
+
 def test_the_engine_is_configured_as_the_options_say():
     from bench.techniques import build
 
@@ -180,17 +237,28 @@ def test_the_engine_is_configured_as_the_options_say():
 @pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs"
 )
-@pytest.mark.parametrize("stage", [2, 3])
-@pytest.mark.parametrize("offload", [False, True], ids=["on-device", "offload"])
+@pytest.mark.parametrize(
+    "stage, offload",
+    [
+        (2, {}),
+        (3, {}),
+        (2, OFFLOAD_OPTIMIZER),
+        (3, OFFLOAD_OPTIMIZER),
+        (3, OFFLOAD_PARAM),
+        (3, OFFLOAD_OPTIMIZER | OFFLOAD_PARAM),
+    ],
+    ids=["on-device-2", "on-device-3", "offload-2", "offload-3", "param-3", "both-3"],
+)
 def test_zero_over_two_gpus_is_each_ranks_predicted_peak(stage, offload):
     """The same engine under NCCL on two cards (DeepSpeed's CUDA accelerator in the run, its CPU
     one in the prediction made before it): each rank's tracked peak against its prediction, within
     the collectives in flight that its reduction and gather streams may hold; with ZeRO-Offload
-    (pinned), the host memory the rank's step holds against its prediction too."""
+    (pinned) or ZeRO-3's parameters on the host, the host memory the rank's step holds against its
+    prediction too."""
     gpus = Device("cuda", torch.cuda.get_device_name(0), count=torch.cuda.device_count())
-    options = {"stage": stage, "auto": AUTO}
-    if offload:
-        options |= {"optimizer": "AdamW", "offload_optimizer": "cpu", "offload_pin_memory": True}
+    options = {"stage": stage, "auto": AUTO} | offload
+    if "offload_optimizer" in offload:
+        options["offload_pin_memory"] = True
     run = spec("bert-tiny", (tech("deepspeed", **options),), batch_size=32, nproc=2)
     record = isolated(run, gpus)
     assert record["status"] == "ok", record.get("stderr_tail", record)
