@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import os
 import resource
-from collections.abc import Callable, Iterable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Protocol
 from unittest.mock import patch
@@ -64,6 +65,31 @@ def nvml_process_bytes(device: torch.device) -> int | None:
 
 def rss_peak_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+STATUS, CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
+
+
+@contextmanager
+def resident_growth() -> Iterator[list[int]]:
+    """The process's resident memory's growth over the block, in the list it yields once the block
+    is done: its high-water mark over the block (Linux's, reset as the block begins by writing 5
+    to clear_refs) less what it held as the block began. Empty where the system keeps no such
+    mark."""
+    out: list[int] = []
+    try:
+        CLEAR_REFS.write_text("5")
+        before = _status_bytes("VmRSS:")
+    except (OSError, ValueError):
+        yield out
+        return
+    yield out
+    out.append(_status_bytes("VmHWM:") - before)
+
+
+def _status_bytes(field: str) -> int:
+    line = next(x for x in STATUS.read_text().splitlines() if x.startswith(field))
+    return int(line.split()[1]) * 1024  # in kB
 
 
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
@@ -172,19 +198,23 @@ def tracked_step(
     """One step under the live-bytes tracker, and its figures (``tracked_memory``).
     ``compiled_update``: the optimizer's step runs compiled code, which the tracker steps aside for;
     its state is counted, its own temporaries are not. ``marked``: the step is a pass of steps, each
-    marked at its end (``mark_trackers``), whose peaks are kept apart too."""
-    done = track(
-        step,
-        model,
-        optimizer=optimizer,
-        device=device,
-        rounding=rounding,
-        compiled_update=compiled_update,
-        phases=phases,
-    )
+    marked at its end (``mark_trackers``), whose peaks are kept apart too. On a CPU, where every
+    tensor is host memory, the peak as the process's resident memory says it too."""
+    with resident_growth() if device.type == "cpu" else nullcontext([]) as grown:
+        done = track(
+            step,
+            model,
+            optimizer=optimizer,
+            device=device,
+            rounding=rounding,
+            compiled_update=compiled_update,
+            phases=phases,
+        )
     out = tracked_memory(done, model, optimizer, phases)
     if marked:
         out.step_peak_bytes = done.tracker.part_peaks()
+    if grown:
+        out.rss_peak_tensor_bytes = done.tracker.at_start + grown[0]
     return out
 
 

@@ -136,6 +136,7 @@ class LiveBytes(TorchDispatchMode):
         # to it; what is freed later is its teardown, whenever the garbage collector comes to it
         self.started: int | None = None
         self.ended: int | None = None
+        self.at_start = 0  # the bytes given to the step
         # set by the caller (forward / backward / optimizer); remembered at the peak
         self.phase = ""
         self.peak_phase = ""
@@ -233,8 +234,10 @@ class LiveBytes(TorchDispatchMode):
         }
 
     def begin(self) -> None:
-        """The step begins: what was counted before it was given to it (``started``)."""
+        """The step begins: what was counted before it was given to it (``started``,
+        ``at_start``)."""
         self.started = self._clock
+        self.at_start = self.current
 
     def end(self) -> None:
         """The step is over: what is freed after this is its teardown (``ended``)."""

@@ -1,10 +1,14 @@
 """A tracked pass replayed through the caching allocator under a card (bench.measure.memory): the
-step whose request the card cannot hold, and what expandable segments would do."""
+step whose request the card cannot hold, and what expandable segments would do; and the resident
+memory a block grows by, which a CPU run's record sets beside its tracked peak."""
 
+import os
+
+import pytest
 import torch
 
 from bench.measure.allocator import Conf, Replay
-from bench.measure.memory import replayed
+from bench.measure.memory import replayed, resident_growth
 from bench.measure.tracker import FREED, MADE, MARK, LiveBytes, Moment
 
 MiB = 1 << 20
@@ -65,3 +69,14 @@ def test_a_step_that_fits_says_nothing_of_expandable_segments_and_a_lone_step_na
         None,
         None,
     )
+
+
+@pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="Linux's clear_refs")
+def test_resident_growth_is_the_high_water_mark_over_the_block_freed_or_not():
+    """A 64 MiB tensor made, written and freed inside the block: glibc maps it on its own (past its
+    largest mmap threshold, 32 MiB) and hands it back when freed, and the block's growth is its
+    pages all the same, as the high-water mark reset at the block's start saw them."""
+    with resident_growth() as grown:
+        held = torch.ones(16 * 2**20)
+        del held
+    assert 64 * 2**20 <= grown[0] < 72 * 2**20

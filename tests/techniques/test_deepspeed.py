@@ -180,6 +180,26 @@ def test_zero_offload_keeps_deepspeeds_own_arithmetic_on_the_host_and_the_16_bit
         assert states.host_peak_bytes == held
 
 
+@pytest.mark.full
+def test_zero_offloads_tracked_peak_is_memory_the_process_holds(monkeypatch):
+    """What an offloading step holds (on this CPU host and device are one memory: the offloaded
+    partitions, their gradients and CPU Adam's moments beside the rest) is memory the process
+    holds: each rank's tracked peak is the tensor bytes it began the step with plus its resident
+    memory's growth over the step, within 1% (pages, Python's own objects), where glibc hands each
+    tensor's pages back (its mmap threshold fixed at 64 KiB, nothing kept on trim). BERT-base, whose
+    tensors are mostly far over a page."""
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "0")
+    options = {"stage": 3, "auto": AUTO} | OFFLOAD_OPTIMIZER | OFFLOAD_PARAM
+    techniques = (tech("deepspeed", **options),)
+    run = spec("bert-base", techniques, batch_size=4, seq_len=128, nproc=2, timeout_s=STARTING)
+    record = isolated(run, CPU)
+    assert record["status"] == "ok", record.get("stderr_tail", record)
+    assert_predicted_per_rank(record)
+    tracked, resident = record["rank_peak_tensor_bytes"], record["rank_rss_peak_tensor_bytes"]
+    assert resident == pytest.approx(tracked, rel=0.01)
+
+
 @pytest.mark.parametrize("precision", ["bfloat16", "none"])
 @pytest.mark.parametrize("optimizer", [False, True], ids=["param", "param-and-optimizer"])
 def test_zero_3_parameter_offload_keeps_the_partitions_on_the_host_and_none_on_the_card(
