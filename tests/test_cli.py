@@ -1,3 +1,4 @@
+import json
 import multiprocessing.util
 import os
 import subprocess
@@ -433,3 +434,24 @@ def test_the_reserves_default_in_every_commands_help_is_the_one_applied():
         if "--reserve" in action.option_strings
     ]
     assert len(helps) >= 3 and all(f"default {RESERVE}" in h for h in helps)
+
+
+def test_predict_zero_stages_adds_a_row_for_each_other_stage(capsys):
+    """--zero-stages: a DeepSpeed entry at ZeRO-3 is predicted at 1 and 2 too, a row each, and at
+    each stage a rank holds as that stage shards: whole parameters below 3, optimizer state
+    partitioned at all three."""
+    argv = ["predict", "dist-smoke", "--only", "zero-3", "--zero-stages", "--nproc", "4"]
+    assert main([*argv, "--jobs", "1", "--json"]) == 0
+    rows = {r["run"]: r for r in json.loads(capsys.readouterr().out)["runs"]}
+    staged = [rows[name] for name in ("zero-3-zero1", "zero-3-zero2", "zero-3")]
+    assert [r["world_size"] for r in staged] == [4, 4, 4]
+    params = [r["param_bytes"] for r in staged]
+    assert params[0] == params[1] > 3 * params[2]
+    states = [r["optimizer_state_bytes"] for r in staged]
+    assert max(states) - min(states) <= 64  # partitioned at every stage (padded as each pads)
+
+
+@pytest.mark.fault("cli values")
+def test_predict_zero_stages_refuses_a_suite_without_deepspeed(capsys):
+    assert main(["predict", "smoke", "--zero-stages"]) == 2
+    assert "--zero-stages: no run of smoke uses deepspeed" in capsys.readouterr().err

@@ -102,6 +102,13 @@ def add(sub: argparse._SubParsersAction) -> None:
         f"each rank's peak and traffic under a fake process group, 2 to {MAX_NPROC:,}",
     )
     pre.add_argument(
+        "--zero-stages",
+        action="store_true",
+        help="each DeepSpeed entry at ZeRO stages 1, 2 and 3, a row each (<run>-zero<stage>; "
+        "offload_param, stage 3's alone, left out below it): with --card, the fewest such cards "
+        "at each stage",
+    )
+    pre.add_argument(
         "--breakdown",
         action="store_true",
         help="what is alive at each run's peak, by kind (parameters, gradients, optimizer state, "
@@ -195,6 +202,10 @@ def _predict(args: argparse.Namespace) -> int:
         suite = suites.varlen_steps(suite, **{shapes: True}, **order)
     if args.nproc:
         suite = suites.spanning(suite, args.nproc)
+    if args.zero_stages:
+        if not any(t.name == "deepspeed" for r in suite.runs for t in r.techniques):
+            raise BadInput(f"--zero-stages: no run of {suite.name} uses deepspeed")
+        suite = suites.zero_stages(suite)
     stored = map(Record.from_flat, load_records(args.results / suite.name))
     measured = {
         r.identity.run: r
@@ -240,7 +251,8 @@ def _predict(args: argparse.Namespace) -> int:
     else:
         print(markdown(table, args.breakdown))
     # a suite file, whole: its report
-    if args.only is None and budget is None and card is None and not args.nproc and not args.hf:
+    whole = not (args.only or args.nproc or args.hf or args.zero_stages)
+    if whole and budget is None and card is None:
         import torch
 
         from bench.predict.table import save
@@ -252,7 +264,7 @@ def _predict(args: argparse.Namespace) -> int:
             f"\nwritten: {path} (its report shows the runs no GPU has measured yet)",
             file=sys.stderr,
         )
-    if card is not None:
+    if card is not None and not args.zero_stages:  # the suite's own entries' answers alone
         _card_answers_saved(table, args.results / suite.name, args.card, card)
     if any(r.nproc > 1 for r in suite.runs):
         print(

@@ -13,6 +13,7 @@ from bench.suite.load import (
     varlen_steps,
     with_timeout,
     without_fidelity,
+    zero_stages,
 )
 
 __all__ = [
@@ -28,4 +29,5 @@ __all__ = [
     "with_timeout",
     "without_fidelity",
     "varlen_steps",
+    "zero_stages",
 ]

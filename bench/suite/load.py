@@ -133,6 +133,33 @@ def spanning(suite: Suite, nproc: int) -> Suite:
     )
 
 
+ZERO_STAGES = (1, 2, 3)  # the stages that shard: optimizer state, then gradients, then parameters
+
+
+def zero_stages(suite: Suite) -> Suite:
+    """Every DeepSpeed entry at each ZeRO stage that shards, its own and the others after it
+    (``bench predict --zero-stages``), named ``<run>-zero<stage>``: each answers the same
+    questions (with ``--card``, the fewest such cards). ``offload_param``, ZeRO-3's alone, is
+    left out below stage 3; the others run as they are."""
+    runs = []
+    for run in suite.runs:
+        runs.append(run)
+        ds = next((t for t in run.techniques if t.name == "deepspeed"), None)
+        if ds is None:
+            continue
+        options = dict(ds.options)
+        for stage in ZERO_STAGES:
+            if stage == build(ds).config.stage:
+                continue
+            own = options | {"stage": stage}
+            if stage < 3:
+                own = {k: v for k, v in own.items() if not k.startswith("offload_param")}
+            staged = TechniqueSpec(ds.name, tuple(sorted(own.items())))
+            techniques = tuple(staged if t is ds else t for t in run.techniques)
+            runs.append(replace(run, name=f"{run.name}-zero{stage}", techniques=techniques))
+    return replace(suite, runs=tuple(runs))
+
+
 def varlen_steps(suite: Suite, **shapes: bool | str) -> Suite:
     """Every run on variable-length data with its GPU shapes' ``shapes`` set: taking its epoch's
     worst batch alone (``worst_step``, ``bench predict --worst-step``) or every batch of it in

@@ -1,5 +1,6 @@
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -508,3 +509,19 @@ def test_a_first_look_is_what_a_cpu_measures_unless_all_or_only_says_otherwise(t
     assert _first_look(suite, Namespace(all=True, only=None), "cpu") is suite
     assert _first_look(suite, Namespace(all=False, only="checkpoint"), "cpu") is suite
     assert _first_look(suite, plain, "cuda") is suite  # a GPU measures every run
+
+
+def test_zero_stages_leaves_zero_3s_parameter_offload_to_stage_3():
+    """bench predict --zero-stages: a ZeRO-3 entry offloading its parameters is also predicted at
+    stages 1 and 2, which have no partitions to offload (DeepSpeed reads offload_param at 3
+    alone)."""
+    suite = suites.select(load(Path("suites/dist-smoke.toml")), ["zero-3"])
+    run = next(r for r in suite.runs if r.name == "zero-3")
+    options = dict(run.techniques[0].options) | {"offload_param": "cpu"}
+    ds = suites.TechniqueSpec("deepspeed", tuple(sorted(options.items())))
+    staged = suites.zero_stages(replace(suite, runs=(replace(run, techniques=(ds,)),))).runs
+    options = {r.name: dict(r.techniques[0].options) for r in staged}
+    assert list(options) == ["zero-3", "zero-3-zero1", "zero-3-zero2"]
+    assert [options[name]["stage"] for name in options] == [3, 1, 2]
+    assert options["zero-3"]["offload_param"] == "cpu"
+    assert not {"offload_param"} & (options["zero-3-zero1"].keys() | options["zero-3-zero2"].keys())
