@@ -5,6 +5,7 @@ and what is not modelled, to the table's reader."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,6 +18,7 @@ from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.optim import optimizer as torch_optimizer
 
+from bench.measure.host import is_on_host, making_host
 from bench.predict.autocast import cuda_autocast
 from bench.techniques import Unsupported
 
@@ -205,9 +207,49 @@ def _safe_softmax(
     return out
 
 
+def _copy(
+    call: Callable[..., Any], self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False
+) -> torch.Tensor:
+    """``copy_`` between host and device (a tensor marked on the host and one that is not) as
+    CUDA's copy kernel runs it (Copy.cu, copy_kernel_cuda): in one dtype between contiguous tensors,
+    one transfer; else through contiguous temporaries in one dtype, the conversion made on the host
+    for a blocking copy and on the device for a non-blocking one. Where that is the source's side,
+    the source is converted there (and the destination, if not contiguous, gets a buffer of its
+    own); else the destination's side takes it in the source's dtype first. The temporaries are
+    let go as the kernel returns, the last made first (C++'s locals); fake tensors run the copy
+    itself below the tracker, which makes nothing."""
+    copy = aten.copy_.default
+    from_host = is_on_host(src)
+    if is_on_host(self) == from_host or not _needs_temporaries(self, src):
+        return copy(self, src, non_blocking)
+    at_source = from_host != non_blocking  # Copy.cu's conversion device is the source's
+    dtype = self.dtype if at_source else src.dtype  # both temporaries'
+    made = []
+    if not self.is_contiguous() or (not at_source and src.dtype != self.dtype):
+        made.append(_made(call, self.shape, dtype, host=not from_host))
+    if not src.is_contiguous() or (at_source and src.dtype != self.dtype):
+        made.append(_made(call, self.shape, dtype, host=from_host))
+    while made:
+        made.pop()
+    return copy(self, src, non_blocking)
+
+
+def _made(call: Callable[..., Any], shape: torch.Size, dtype: torch.dtype, host: bool) -> Any:
+    """An empty tensor, counted as the host's (pageable) where ``host``."""
+    with making_host(pinned=False) if host else contextlib.nullcontext():
+        return call(aten.empty.memory_format, list(shape), dtype=dtype)
+
+
+def _needs_temporaries(dst: torch.Tensor, src: torch.Tensor) -> bool:
+    """copy_requires_temporaries, between host and device: any copy but one in one dtype between
+    contiguous tensors of one shape."""
+    same = dst.dtype == src.dtype and dst.shape == src.shape
+    return not (same and dst.is_contiguous() and src.is_contiguous())
+
+
 # Operators whose CUDA kernel is a composite of others: run as such, so that their temporaries are
 # asked of the allocator (bench.measure.tracker.LiveBytes)
-KERNELS = {aten._safe_softmax.default: _safe_softmax}
+KERNELS = {aten._safe_softmax.default: _safe_softmax, aten.copy_.default: _copy}
 
 
 def _repeat_heads(t: torch.Tensor, heads: int) -> torch.Tensor:

@@ -73,10 +73,11 @@ def test_a_step_that_fits_says_nothing_of_expandable_segments_and_a_lone_step_na
 
 @pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="Linux's clear_refs")
 def test_resident_growth_is_the_high_water_mark_over_the_block_freed_or_not():
-    """A 64 MiB tensor made, written and freed inside the block: glibc maps it on its own (past its
+    """A 256 MiB tensor made, written and freed inside the block: glibc maps it on its own (past its
     largest mmap threshold, 32 MiB) and hands it back when freed, and the block's growth is its
-    pages all the same, as the high-water mark reset at the block's start saw them."""
+    pages all the same, as the high-water mark reset at the block's start saw them (within what
+    else the process frees or makes meanwhile: its garbage collector, a test worker's threads)."""
     with resident_growth() as grown:
-        held = torch.ones(16 * 2**20)
+        held = torch.ones(64 * 2**20)
         del held
-    assert 64 * 2**20 <= grown[0] < 72 * 2**20
+    assert grown[0] == pytest.approx(256 * 2**20, rel=0.05)

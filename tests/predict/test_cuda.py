@@ -10,6 +10,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from bench import models, results
 from bench.measure import history
+from bench.measure.host import on_host
 from bench.measure.tracker import LiveBytes
 from bench.predict import cuda, predict
 from bench.suite import RunSpec, TechniqueSpec
@@ -363,3 +364,38 @@ def test_safe_softmax_asks_the_allocator_for_its_kernels_temporaries_as_the_h200
         (True, rows),
         (True, mask),
     ]
+
+
+@pytest.mark.parametrize(
+    "to_host, non_blocking, host, device",
+    [
+        # blocking: converted on the host, in the source's dtype from the card, the destination's
+        # from the host
+        (True, False, 4096, 0),
+        (False, False, 2048, 0),
+        # non-blocking: converted on the card, the same way round
+        (True, True, 0, 2048),
+        (False, True, 0, 4096),
+    ],
+    ids=["to-host", "to-device", "to-host-non-blocking", "to-device-non-blocking"],
+)
+def test_a_copy_across_in_another_dtype_goes_through_a_buffer_where_cuda_converts(
+    to_host, non_blocking, host, device
+):
+    """Copy.cu's copy_kernel_cuda: between host and device in another dtype (1,024 float32 elements
+    into bfloat16, or back), a contiguous buffer on the side that converts (the host for a blocking
+    copy, the device for a non-blocking one), let go as the copy returns; in one dtype, a transfer
+    alone."""
+    fake = FakeTensorMode()
+    with fake:
+        wide, narrow = torch.empty(1024), torch.empty(1024, dtype=torch.bfloat16)
+        alike = torch.empty(1024, dtype=torch.bfloat16)
+    src, dst = (wide, on_host(narrow)) if to_host else (on_host(wide), narrow)
+    tracker = LiveBytes(CPU, kernels=cuda.KERNELS)
+    tracker.add([wide, narrow, alike])
+    given = (tracker.current, tracker.host.current)
+    with fake, tracker:
+        dst.copy_(src, non_blocking=non_blocking)
+        dst.copy_(alike, non_blocking=non_blocking)  # in one dtype: a transfer alone
+    assert (tracker.host.peak - given[1], tracker.peak - given[0]) == (host, device)
+    assert (tracker.current, tracker.host.current) == given
