@@ -64,21 +64,26 @@ def nvml_process_bytes(device: torch.device) -> int | None:
 
 
 def rss_peak_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    """The process's resident peak over its life: the kernel's (in KiB on Linux), or the one
+    ``resident_growth`` read before it reset the kernel's, where larger."""
+    return max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, *_PEAKS_BEFORE)
 
 
 STATUS, CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
+_PEAKS_BEFORE: list[int] = [0]  # the high-water mark as each reset found it
 
 
 @contextmanager
 def resident_growth() -> Iterator[list[int]]:
     """The process's resident memory's growth over the block, in the list it yields once the block
     is done: its high-water mark over the block (Linux's, reset as the block begins by writing 5
-    to clear_refs) less what it held as the block began. Empty where the system keeps no such
-    mark."""
+    to clear_refs; the mark it had is kept for ``rss_peak_bytes``) less what it held as the block
+    began. Empty where the system keeps no such mark."""
     out: list[int] = []
     try:
+        peak = _status_bytes("VmHWM:")
         CLEAR_REFS.write_text("5")
+        _PEAKS_BEFORE.append(peak)
         before = _status_bytes("VmRSS:")
     except (OSError, ValueError):
         yield out

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bench.measure.allocator import Conf, Replay
-from bench.measure.memory import replayed, resident_growth
+from bench.measure.memory import replayed, resident_growth, rss_peak_bytes
 from bench.measure.tracker import FREED, MADE, MARK, LiveBytes, Moment
 
 MiB = 1 << 20
@@ -81,3 +81,15 @@ def test_resident_growth_is_the_high_water_mark_over_the_block_freed_or_not():
         held = torch.ones(64 * 2**20)
         del held
     assert grown[0] == pytest.approx(256 * 2**20, rel=0.05)
+
+
+@pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="Linux's clear_refs")
+def test_the_process_peak_outlives_the_reset_resident_growth_makes():
+    """The run's rss_peak_bytes is its process's peak over its life: a block that resets Linux's
+    high-water mark to measure itself does not take the peak before it away."""
+    held = torch.ones(64 * 2**20)  # 256 MiB, written
+    del held
+    before = rss_peak_bytes()
+    with resident_growth():
+        pass
+    assert rss_peak_bytes() >= before
