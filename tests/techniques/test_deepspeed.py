@@ -204,7 +204,8 @@ def test_zero_offloads_tracked_peak_is_memory_the_process_holds(monkeypatch):
     assert resident == pytest.approx(tracked, rel=0.01)
 
 
-@pytest.mark.parametrize("precision", ["bfloat16", "none"])
+# a float32 model's partitions (the masters a copy of them on the card): make test-full's
+@pytest.mark.parametrize("precision", ["bfloat16", pytest.param("none", marks=pytest.mark.full)])
 @pytest.mark.parametrize("optimizer", [False, True], ids=["param", "param-and-optimizer"])
 def test_zero_3_parameter_offload_keeps_the_partitions_on_the_host_and_none_on_the_card(
     precision, optimizer
