@@ -63,14 +63,14 @@ def nvml_process_bytes(device: torch.device) -> int | None:
         return None
 
 
+STATUS, CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
+_PEAKS_BEFORE: list[int] = [0]  # the high-water mark as each reset found it
+
+
 def rss_peak_bytes() -> int:
     """The process's resident peak over its life: the kernel's (in KiB on Linux), or the one
     ``resident_growth`` read before it reset the kernel's, where larger."""
     return max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, *_PEAKS_BEFORE)
-
-
-STATUS, CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
-_PEAKS_BEFORE: list[int] = [0]  # the high-water mark as each reset found it
 
 
 @contextmanager
