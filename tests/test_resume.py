@@ -126,6 +126,7 @@ def test_a_campaign_measures_runs_never_measured_here_before_the_others(tmp_path
     )
 
 
+@pytest.mark.full  # 28 s: every suite measured, reported and drawn
 def test_bench_campaign_measures_the_suites_then_writes_their_reports_and_the_figures(
     tmp_path, capsys
 ):

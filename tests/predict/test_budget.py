@@ -250,6 +250,7 @@ def test_the_longest_sequence_a_step_holds_fits_and_a_step_longer_does_not(card)
         assert answer.reserved_bytes == held(longest) >= answer.peak_tensor_bytes
 
 
+@pytest.mark.full  # 22 s of searches at four lengths
 def test_the_largest_batch_at_a_few_lengths_falls_as_the_sequence_grows():
     """Beside the longest sequence, the largest batch at the powers of two from 512 to twice it:
     each the batch search's answer at that length, none larger than a shorter length's."""

@@ -64,17 +64,20 @@ def differences(a, b) -> dict:
         spec("bert-base", batch_size=2, seq_len=16),
         spec("vit-b16", batch_size=2, image_size=32),
         spec(DEEP, (tech("accumulate", micro_batches=8),), batch_size=8, seq_len=16),
-        spec(
-            DEEP,
-            (
-                tech("amp", dtype="bfloat16"),
-                tech("checkpoint"),
-                tech("lora"),
-                tech("accumulate", micro_batches=5),
-                tech("clip-grad-norm"),
+        pytest.param(  # the longest here (33 s): make test-full's
+            spec(
+                DEEP,
+                (
+                    tech("amp", dtype="bfloat16"),
+                    tech("checkpoint"),
+                    tech("lora"),
+                    tech("accumulate", micro_batches=5),
+                    tech("clip-grad-norm"),
+                ),
+                batch_size=5,
+                seq_len=16,
             ),
-            batch_size=5,
-            seq_len=16,
+            marks=pytest.mark.full,
         ),
         spec(DEEP, (tech("clip-grad-norm"),), batch_size=2, seq_len=16),
     ],
@@ -124,9 +127,10 @@ def at(run, **shapes):
             ),
             {"batch_size": 5, "seq_len": 24},
         ),
-        (
+        pytest.param(  # 16 s: make test-full's
             spec(DEEP, (tech("accumulate", micro_batches=6),), batch_size=12, seq_len=16),
             {"batch_size": 18},
+            marks=pytest.mark.full,
         ),
         (
             replace(generation(), model=DEEP),

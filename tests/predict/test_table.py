@@ -215,28 +215,32 @@ def test_epoch_replays_every_step_of_a_pass_through_the_cards_allocator(tmp_path
     assert re.search(said + r"after step 8: [\d.]+ GiB\) \|", capsys.readouterr().out)
 
 
-def test_epoch_worst_keeps_the_order_of_the_pass_that_does_worst(tmp_path):
+def test_epoch_worst_keeps_the_order_of_the_pass_that_does_worst(monkeypatch):
     """--epoch worst: the same batches in each order (varlen.ORDERS) and the one that does worst
     kept, named: without a card, the one that reserves the most (bert-tiny over long-tailed
-    lengths, whose reserve drifts from step to step)."""
+    lengths, whose reserve drifts from step to step). Each order's pass is the one the table
+    traced, read as it traced it."""
     from dataclasses import replace
 
-    from bench.predict.fake import traced
-    from bench.predict.table import suite_table as table_of
+    from bench.predict import table as tables
     from bench.spec import ORDERS
 
     shapes = {"batch_size": 64, "seq_len": 512, "lengths": "lognormal:18:1.27:512"}
     run = spec("bert-tiny", (tech("dynamic-padding"),), **shapes)
-    run = replace(run, gpu=replace(run.gpu, epoch=True))
-    reserved = {
-        order: traced(replace(run, gpu=replace(run.gpu, epoch_order=order))).prediction
-        for order in ORDERS
-    }
+    run = replace(run, gpu=replace(run.gpu, epoch=True, epoch_order="worst"))
+    reserved = {}
+
+    def traced(spec, **options):
+        out = real(spec, **options)
+        reserved[spec.gpu.epoch_order] = out.prediction
+        return out
+
+    real = tables.traced
+    monkeypatch.setattr(tables, "traced", traced)
+    table = tables.suite_table([run], {}, None, log=io.StringIO())
+    assert set(reserved) == set(ORDERS)
     assert len({tuple(p.epoch_reserved_bytes) for p in reserved.values()}) > 1  # orders differ
     worst = max(ORDERS, key=lambda o: reserved[o].peak_reserved_bytes)
-    table = table_of(
-        [replace(run, gpu=replace(run.gpu, epoch_order="worst"))], {}, None, log=io.StringIO()
-    )
     assert table["epoch_order"][0] == worst
     assert table["peak_reserved_bytes"][0] == reserved[worst].peak_reserved_bytes
 

@@ -30,7 +30,7 @@ AUTO = "reduce_bucket_size,stage3_prefetch_bucket_size,stage3_param_persistence_
 STARTING = 600.0
 
 
-@pytest.mark.slow
+@pytest.mark.full
 def test_zero_3_over_two_gloo_processes_is_each_ranks_predicted_peak():
     """Each rank predicts its own step (its partitions, its gathers, its reduce buckets) before it
     joins the real group, and the peak it then measures is the predicted one: to the byte in most
