@@ -262,10 +262,9 @@ class Memory(Part):
     trainable_param_count: int | None = doc("parameters that require gradients")
     rss_peak_bytes: int | None = column("the run process's peak resident host memory", ranks="max")
     rss_peak_tensor_bytes: int | None = doc(
-        "a CPU run: the instrumented step's peak as the process's resident memory says it, the "
-        "tensor bytes alive as it began and its resident growth over it (Linux; within its pages "
-        "and Python's own objects where glibc hands every tensor's pages back, as "
-        "MALLOC_MMAP_THRESHOLD_=65536 MALLOC_TRIM_THRESHOLD_=0 in its environment have it)",
+        "a CPU run under MALLOC_MMAP_THRESHOLD_=65536 MALLOC_TRIM_THRESHOLD_=0 (glibc handing "
+        "every tensor's pages back): the instrumented step's peak as the process's resident memory "
+        "says it, the tensor bytes alive as it began and its resident growth over it (Linux)",
         ranks="max",
     )
     peak_allocated_bytes: int | None = column(

@@ -12,6 +12,7 @@ import torch
 
 from bench.launch import Device
 from bench.measure.host import pinned_block
+from bench.measure.memory import RESIDENT_EXACT
 from bench.models import MODELS
 from bench.predict import predict
 from bench.spec import Shapes
@@ -192,8 +193,8 @@ def test_zero_offloads_tracked_peak_is_memory_the_process_holds(monkeypatch):
     memory's growth over the step, within 1% (pages, Python's own objects), where glibc hands each
     tensor's pages back (its mmap threshold fixed at 64 KiB, nothing kept on trim). BERT-base, whose
     tensors are mostly far over a page."""
-    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
-    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "0")
+    for key, value in RESIDENT_EXACT.items():
+        monkeypatch.setenv(key, value)
     options = {"stage": 3, "auto": AUTO} | OFFLOAD_OPTIMIZER | OFFLOAD_PARAM
     techniques = (tech("deepspeed", **options),)
     run = spec("bert-base", techniques, batch_size=4, seq_len=128, nproc=2, timeout_s=STARTING)
