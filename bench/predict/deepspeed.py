@@ -125,7 +125,7 @@ def masters_from_host(original: Callable[..., Any]) -> Callable[..., Any]:
         masters, flats = self.fp32_partitioned_groups_flat, self.fp16_partitioned_groups_flat
         for i, (master, flat) in enumerate(zip(masters, flats)):
             if master is flat:
-                masters[i] = device_copy(flat).detach().requires_grad_()
+                masters[i] = device_copy(flat).requires_grad_()
                 masters[i].ds_id = flat.ds_id
         return out
 

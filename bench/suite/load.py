@@ -147,9 +147,9 @@ def zero_stages(suite: Suite) -> Suite:
         ds = next((t for t in run.techniques if t.name == "deepspeed"), None)
         if ds is None:
             continue
-        options = dict(ds.options)
+        options, own_stage = dict(ds.options), build(ds).config.stage
         for stage in ZERO_STAGES:
-            if stage == build(ds).config.stage:
+            if stage == own_stage:
                 continue
             own = options | {"stage": stage}
             if stage < 3:

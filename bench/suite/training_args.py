@@ -475,6 +475,22 @@ DS_OFFLOAD_UNCHANGED = {
 # offload_param's (DeepSpeedZeroOffloadParamConfig): NVMe's own buffers and its share kept on the
 # host
 DS_OFFLOAD_PARAM_UNCHANGED = {"nvme_path", "buffer_count", "buffer_size", "max_in_cpu"}
+# each offload section: the technique's options it sets (to where, pinned), the keys besides those
+# DeepSpeed reads (offload_optimizer's ratio, refused but at 1.0), and what NVMe would swap
+DS_OFFLOADS = {
+    "offload_optimizer": (
+        "offload_optimizer",
+        "offload_pin_memory",
+        DS_OFFLOAD_UNCHANGED | {"ratio"},
+        "the state swapped to NVMe through host buffers is",
+    ),
+    "offload_param": (
+        "offload_param",
+        "offload_param_pin_memory",
+        DS_OFFLOAD_PARAM_UNCHANGED,
+        "the parameters swapped in from NVMe through host buffers are",
+    ),
+}
 FSDP_REFUSED = {
     "activation_checkpointing_offload": "accelerate's offload_wrapper keeps each checkpointed "
     "layer's input in host memory",
@@ -916,11 +932,9 @@ def _zero(zero: dict[str, Any], schema: Any, at: str, found: list[str]) -> dict[
             options[key] = value
             if not isinstance(value, bool):  # 2e8, as JSON configs write it
                 options[key] = int(value)
-        elif key == "offload_optimizer":
-            options |= _offload_optimizer(value or {}, f"{at}.zero_optimization.{key}", found)
-        elif key == "offload_param":
-            if stage == 3:  # DeepSpeed reads it at stage 3 alone
-                options |= _offload_param(value or {}, f"{at}.zero_optimization.{key}", found)
+        elif key in DS_OFFLOADS:
+            if key != "offload_param" or stage == 3:  # DeepSpeed reads that one at stage 3 alone
+                options |= _offload(key, value or {}, f"{at}.zero_optimization.{key}", found)
         elif key not in DS_ZERO_UNCHANGED and (key not in defaults or value != defaults[key]):
             found.append(
                 f"{at}.zero_optimization.{key} = {value!r}: not modelled (DeepSpeed's default: "
@@ -931,45 +945,25 @@ def _zero(zero: dict[str, Any], schema: Any, at: str, found: list[str]) -> dict[
     return options
 
 
-def _offload_optimizer(section: dict[str, Any], at: str, found: list[str]) -> dict[str, Any]:
-    """offload_optimizer as the technique's options: to the host ("cpu"), pinned or not; NVMe and a
-    part offloaded (``ratio``) are problems named."""
+def _offload(key: str, section: dict[str, Any], at: str, found: list[str]) -> dict[str, Any]:
+    """An offload section (``DS_OFFLOADS``) as the technique's options: to the host ("cpu"), pinned
+    or not; NVMe, a part offloaded (offload_optimizer's ``ratio``) and a key DeepSpeed does not read
+    are problems named."""
+    option, pinned_option, reads, swapped = DS_OFFLOADS[key]
     device = section.get(OFFLOAD_TO, "none")
     if device == "none":
         return {}
     if device != "cpu":
-        found.append(
-            f"{at}.device = {device!r}: the state swapped to NVMe through host buffers is not "
-            "modelled; 'cpu' is"
-        )
+        found.append(f"{at}.device = {device!r}: {swapped} not modelled; 'cpu' is")
         return {}
-    if (ratio := section.get("ratio", 1.0)) != 1.0:
+    if "ratio" in reads and (ratio := section.get("ratio", 1.0)) != 1.0:
         found.append(
             f"{at}.ratio = {ratio!r}: a part of the partitions stepped on the device (ZeRO-3's "
             "partial offload) is not modelled; 1.0 is"
         )
-    for key in sorted(set(section) - {OFFLOAD_TO, "pin_memory", "ratio"} - DS_OFFLOAD_UNCHANGED):
-        found.append(f"{at}.{key}: not an offload_optimizer key DeepSpeed reads")
-    pinned = _bool(section.get("pin_memory", False))
-    return {"offload_optimizer": "cpu", "offload_pin_memory": pinned}
-
-
-def _offload_param(section: dict[str, Any], at: str, found: list[str]) -> dict[str, Any]:
-    """offload_param as the technique's options: ZeRO-3's partitions on the host ("cpu"), each
-    pinned as first made or not; NVMe is a problem named."""
-    device = section.get(OFFLOAD_TO, "none")
-    if device == "none":
-        return {}
-    if device != "cpu":
-        found.append(
-            f"{at}.device = {device!r}: the parameters swapped in from NVMe through host buffers "
-            "are not modelled; 'cpu' is"
-        )
-        return {}
-    for key in sorted(set(section) - {OFFLOAD_TO, "pin_memory"} - DS_OFFLOAD_PARAM_UNCHANGED):
-        found.append(f"{at}.{key}: not an offload_param key DeepSpeed reads")
-    pinned = _bool(section.get("pin_memory", False))
-    return {"offload_param": "cpu", "offload_param_pin_memory": pinned}
+    for unread in sorted(set(section) - {OFFLOAD_TO, "pin_memory"} - reads):
+        found.append(f"{at}.{unread}: not an {key} key DeepSpeed reads")
+    return {option: "cpu", pinned_option: _bool(section.get("pin_memory", False))}
 
 
 def _json_table(given: Any, folder: Path, at: str, found: list[str]) -> dict[str, Any] | None:
