@@ -34,7 +34,11 @@ $(foreach v,suite model budget args card nproc hf,$(if $(filter command line,$(o
 
 help: ## this list
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
-	@echo "  variables: SUITE=name (suites/NAME.toml, default smoke), HF=PATH (a config.json instead), ARGS='--force …', PYTHON=python3 (no venv)"
+	@echo "  variables: SUITE=name (suites/NAME.toml, default smoke), HF=PATH (a config.json instead), JOB=FILE (an axolotl YAML instead), ARGS='--force …', PYTHON=python3 (no venv)"
+
+# The tools whose job files --job reads, installed for their schemas and shipped configs alone (the
+# tests hold the readers to them): each pins a transformers or torchao this harness does not run.
+DOORS = axolotl==0.19.0 llamafactory==0.9.5 torchtune==0.6.1
 
 # Quiet, with its progress: pip's own output (about 280 lines) goes to .venv/install.log, shown only on failure.
 $(VENV)/.installed: pyproject.toml
@@ -45,10 +49,13 @@ $(VENV)/.installed: pyproject.toml
 	@echo "  [3/3] torch, torchvision, transformers, pandas, matplotlib, scikit-learn, deepspeed and the extras" && \
 		$(VENV)/bin/pip install -e '.[test,extras,data,cluster,sharding]' >> $(VENV)/install.log 2>&1 \
 		|| { tail -30 $(VENV)/install.log; exit 1; }
+	@echo "  and the config schemas of axolotl, LLaMA-Factory and torchtune, without their own pins" && \
+		$(VENV)/bin/pip install --no-deps $(DOORS) >> $(VENV)/install.log 2>&1 \
+		|| { tail -30 $(VENV)/install.log; exit 1; }
 	@touch $@ && echo "  installed: $$(grep -c '' $(VENV)/install.log) lines of pip's log in $(VENV)/install.log"
 
 bench: $(DEPS) ## run (or resume) SUITE, then write its table and plots (HF=config.json: that model's job instead)
-	$(RUN) -m bench run $(if $(HF),--hf $(HF),$(SUITE)) $(ARGS)
+	$(RUN) -m bench run $(if $(JOB),--job $(JOB),$(if $(HF),--hf $(HF),$(SUITE))) $(ARGS)
 
 gpu: $(DEPS) ## on a CUDA host: every default suite, runs never measured there first (resumes; ETA), then CUDA tests
 	@if [ -d wheels ]; then scripts/offline-wheels install "$(or $(PYTHON),$(VENV)/bin/python)"; fi
@@ -56,7 +63,7 @@ gpu: $(DEPS) ## on a CUDA host: every default suite, runs never measured there f
 	$(RUN) -m pytest -m cuda -p no:cacheprovider
 
 predict: $(DEPS) ## predicted peak memory of SUITE (or HF=config.json) at GPU shapes, no GPU needed (CARD=rtx4090: the verdict on it; BUDGET=16GiB: what fits; NPROC=8: per rank)
-	$(RUN) -m bench predict $(if $(HF),--hf $(HF),$(SUITE)) $(if $(CARD),--card $(CARD)) $(if $(BUDGET),--budget $(BUDGET)) $(if $(RESERVE),--reserve $(RESERVE)) \
+	$(RUN) -m bench predict $(if $(JOB),--job $(JOB),$(if $(HF),--hf $(HF),$(SUITE))) $(if $(CARD),--card $(CARD)) $(if $(BUDGET),--budget $(BUDGET)) $(if $(RESERVE),--reserve $(RESERVE)) \
 		$(if $(NPROC),--nproc $(NPROC)) $(ARGS)
 
 fit: $(DEPS) ## the largest batch of each SUITE run that really fits BUDGET=16GiB (or, on a GPU, CARD=rtx4090), measured in probes, beside the predicted one

@@ -158,3 +158,55 @@ def test_a_bitsandbytes_config_file_not_modelled_or_unreadable_exits_2_naming_it
         assert main(argv) == 2
         assert said in capsys.readouterr().err
     assert not list(tmp_path.glob("hf-*.toml"))  # nothing half-written
+
+
+def test_bench_predict_takes_an_axolotl_job_file_alone(tmp_path, capsys, monkeypatch):
+    import yaml
+
+    shutil.copytree(TINY, tmp_path / TINY)
+    monkeypatch.chdir(tmp_path)
+    job = {
+        "base_model": TINY,
+        "adapter": "lora",
+        "lora_r": 4,
+        "lora_target_modules": ["q_proj", "v_proj"],
+        "sequence_len": 64,
+        "micro_batch_size": 2,
+        "gradient_accumulation_steps": 2,
+        "gradient_checkpointing": True,
+        "datasets": [{"path": "somewhere", "type": "alpaca"}],
+    }
+    Path("job.yml").write_text(yaml.safe_dump(job))
+    assert main(["predict", "--job", "job.yml", "--jobs", "1"]) == 0
+    captured = capsys.readouterr()
+    assert "| job | 4 | ok |" in captured.out
+    assert "read as axolotl's" in captured.err and "ignored, as they change nothing" in captured.err
+    # the files it was read into, and nothing under results/
+    written = load(Path(".cache/suites/axolotl-job.toml"))
+    assert [t.name for t in written.runs[1].techniques] == [
+        "amp",
+        "optimizer",
+        "checkpoint",
+        "accumulate",
+        "clip-grad-norm",
+        "lora",
+    ]
+    assert not Path("results").exists()
+
+
+@pytest.mark.fault("cli values")
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["predict", "--job", "job.yml", "--hf", TINY], "--job and --hf: the job file gives them"),
+        (["predict", "smoke", "--job", "job.yml"], "smoke and --job: give one"),
+        (["predict", "--job", "nowhere.yml"], "--job nowhere.yml: no such file"),
+        (["predict", "--job", "args.yml"], "not a job file of a kind this harness reads"),
+    ],
+)
+def test_a_job_file_given_wrongly_exits_2_naming_it(argv, said, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("job.yml").write_text("base_model: x\nsequence_len: 64\n")
+    Path("args.yml").write_text("output_dir: out\n")
+    assert main(argv) == 2
+    assert said in capsys.readouterr().err

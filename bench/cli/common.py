@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -90,6 +91,12 @@ def job_flags(p: argparse.ArgumentParser, suite: bool = True) -> None:
             "suite", nargs="?", help="suite name (suites/NAME.toml) or path; or give --hf"
         )
     p.add_argument(
+        "--job",
+        metavar="FILE",
+        help="a whole job written for another tool, told apart by its keys (an axolotl YAML): "
+        "read into --hf's files, beside full fine-tuning",
+    )
+    p.add_argument(
         "--hf",
         metavar="PATH",
         help="a Hugging Face config.json (or its folder), or a hub id ORG/NAME[@REVISION] (its "
@@ -132,6 +139,8 @@ def job_suite(args: argparse.Namespace, folder: Path = Path(".cache/suites")) ->
         for f in ("training_args", "adapter_config", "quantization_config", "seq_len", "batch")
         if getattr(args, f, None)
     ]
+    if getattr(args, "job", None):
+        return _job_file_suite(args, given, folder)
     if not args.hf:
         if given:
             raise BadInput(
@@ -171,6 +180,49 @@ def job_suite(args: argparse.Namespace, folder: Path = Path(".cache/suites")) ->
     path = folder / f"{from_config.name_of(args.hf)}.toml"
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def _job_file_suite(args: argparse.Namespace, given: list[str], folder: Path) -> Path:
+    """The suite of ``--job FILE`` (bench.suite.job_file), its files read into those --hf's flags
+    take, written beside it; what was assumed and ignored said on stderr."""
+    if others := [f"--{f.replace('_', '-')}" for f in given] + (["--hf"] if args.hf else []):
+        raise BadInput(f"--job and {', '.join(others)}: the job file gives them; leave them out")
+    if getattr(args, "suite", None):
+        raise BadInput(f"{args.suite} and --job: give one, a suite or a job file")
+    from bench.models import resolve
+    from bench.spec import HF
+    from bench.suite import from_config, job_file
+
+    path = Path(args.job)
+    if not path.is_file():
+        raise BadInput(f"--job {path}: no such file")
+    job = job_file.read(path)
+    name = job_file.name_of(job, path)
+    try:
+        inputs = resolve(HF + job.model).inputs
+    except KeyError as exc:
+        raise BadInput(f"--job {path}: {exc.args[0] if exc.args else exc}") from None
+    training_args, adapter = job_file.written(job, folder / name)
+    text = from_config.suite_text(
+        job.model,
+        str(training_args),
+        adapter_config=adapter and str(adapter),
+        seq_len=job.seq_len,
+        inputs=inputs,
+        nproc=getattr(args, "nproc", None),
+        loaded=job.loaded,
+        techniques=job.techniques,
+        described=f"{path}: {job.kind}'s job",
+    )
+    said = "; ".join(job.assumed) + "; " if job.assumed else ""
+    print(
+        f"--job {path}: read as {job.kind}'s, into {folder / name}/; {said}ignored, as they change "
+        f"nothing a step holds: {', '.join(job.ignored) or 'none'}",
+        file=sys.stderr,
+    )
+    written = folder / f"{name}.toml"
+    written.write_text(text, encoding="utf-8")
+    return written
 
 
 def selected(path: Path, args: argparse.Namespace) -> Suite:

@@ -251,7 +251,7 @@ def _predict(args: argparse.Namespace) -> int:
     else:
         print(markdown(table, args.breakdown))
     # a suite file, whole: its report
-    whole = not (args.only or args.nproc or args.hf or args.zero_stages)
+    whole = not (args.only or args.nproc or args.hf or args.job or args.zero_stages)
     if whole and budget is None and card is None:
         import torch
 

@@ -4,6 +4,7 @@ techniques listed, and a suite written from a job's files."""
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
@@ -132,9 +133,18 @@ def _suite(args: argparse.Namespace) -> int:
     from bench.results import writable
     from bench.suite import from_config
 
-    if not args.hf:
-        raise BadInput("--hf PATH: the Hugging Face config.json (or its folder) the suite is for")
-    target = args.out / f"{from_config.name_of(args.hf)}.toml"
+    if not (args.hf or args.job):
+        raise BadInput(
+            "--hf PATH: the Hugging Face config.json (or its folder) the suite is for (or --job "
+            "FILE: a job file)"
+        )
+    if args.job:
+        from bench.suite import job_file
+
+        named = job_file.name_of(job_file.read(Path(args.job)), Path(args.job))
+    else:
+        named = from_config.name_of(args.hf)
+    target = args.out / f"{named}.toml"
     if target.exists():
         raise BadInput(f"{target} exists; edit it, or give --out another folder")
     writable(args.out, "the suite file", "--out FOLDER")
@@ -142,7 +152,8 @@ def _suite(args: argparse.Namespace) -> int:
     try:
         suites.load(written)  # every problem of the files said now, as the loader says it
     except SuiteError:
-        written.unlink()  # nothing half-written
+        written.unlink()  # nothing half-written: nor the files a job file was read into
+        shutil.rmtree(written.with_suffix(""), ignore_errors=True)
         raise
     if written.parent == Path("suites"):
         name = written.stem

@@ -47,12 +47,17 @@ def suite_text(
     inputs: str = "tokens",
     quantization_config: str | None = None,
     nproc: int | None = None,
+    loaded: dict[str, str] | None = None,
+    techniques: list[Any] | None = None,
+    described: str | None = None,
 ) -> str:
     """The suite's TOML: ``inputs`` is the model's ("tokens" or "image"), which sets the shape keys.
     Without arguments, adapters or a quantization config, the baseline alone: the model fine-tuned
     in full. ``quantization_config``: a BitsAndBytesConfig file the job loads the model with (the
     baseline fine-tunes it unquantized); BadInput where it cannot be read or is not modelled.
-    ``nproc``: the processes a sharded job (the arguments' ``fsdp``) spans, which it needs."""
+    ``nproc``: the processes a sharded job (the arguments' ``fsdp``) spans, which it needs. A job
+    file (bench.suite.job_file) gives how its tool ``loaded`` the model, the ``techniques`` that
+    load or batch it before its adapters, and how it is ``described``."""
     from bench.suite.toml_text import to_toml
     from bench.suite.training_args import sharded
 
@@ -61,7 +66,8 @@ def suite_text(
     else:
         size_key = "image_size"
     args = _read_args(training_args)
-    per_device, steps, max_length, loaded = _trainer_shapes(args)
+    per_device, steps, max_length, by_args = _trainer_shapes(args)
+    loaded = by_args | (loaded or {})
     # an SFTConfig's sequences are its max_length unless the flag says otherwise
     size = seq_len or max_length or _default_size(config, inputs)
     cpu_size = min(size, CPU_SEQ_LEN if inputs == "tokens" else CPU_IMAGE_SIZE)
@@ -75,13 +81,13 @@ def suite_text(
         + config
         + ("#" + ",".join(f"{k}={v}" for k, v in loaded.items()) if loaded else ""),
         "baseline": "baseline",
-        "description": f"{config}: the job{given} beside full fine-tuning",
+        "description": f"{described or config + ': the job' + given} beside full fine-tuning",
         "shapes": {
             "gpu": {"batch_size": gpu_batch, size_key: size},
             "cpu": {"batch_size": cpu_batch, size_key: cpu_size},
         },
     }
-    job: dict[str, Any] = {"name": "job", "techniques": []}
+    job: dict[str, Any] = {"name": "job", "techniques": list(techniques or [])}
     if training_args:
         job["training_args"] = training_args
     if sharded(args):
@@ -93,11 +99,11 @@ def suite_text(
             )
         job["nproc"] = nproc
     if quantization_config:
-        job["techniques"] = [_quantized(quantization_config, args)]
+        job["techniques"].insert(0, _quantized(quantization_config, args))
     if adapter_config:
         job["techniques"] += [{"name": _adapter(adapter_config), "config": adapter_config}]
     runs = [{"name": "baseline", "techniques": []}] + (
-        [job] if training_args or adapter_config or quantization_config else []
+        [job] if training_args or adapter_config or quantization_config or techniques else []
     )
     if quantized := loaded_as(hf_config_file(config), []):
         if quantization_config:

@@ -1,0 +1,21 @@
+"""A job written for another tool, as the --hf intake takes it (bench.suite.job_file)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Translated:
+    """A job file as the --hf intake takes it."""
+
+    kind: str  # the tool whose file it is
+    model: str  # a config.json's folder, or a hub id
+    loaded: dict[str, str]  # how the tool loads the model (dtype, attn_implementation)
+    training_args: dict[str, Any]  # the TrainingArguments the tool's trainer is given
+    adapter: dict[str, Any] | None  # PEFT's adapter_config.json, where it trains adapters
+    techniques: list[Any]  # loading and batching the arguments do not say (bnb-4bit, packing)
+    seq_len: int
+    ignored: tuple[str, ...]  # its keys that change nothing a step holds
+    assumed: tuple[str, ...]  # what it leaves to the card it runs on
