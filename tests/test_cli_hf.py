@@ -12,6 +12,7 @@ from bench.cli import main
 from bench.suite import load
 
 TINY = "suites/configs/tiny-llama"
+REPO = Path(__file__).resolve().parents[1]
 ARGS = {
     "output_dir": "out",
     "per_device_train_batch_size": 2,
@@ -202,11 +203,16 @@ def test_bench_predict_takes_an_axolotl_job_file_alone(tmp_path, capsys, monkeyp
         (["predict", "smoke", "--job", "job.yml"], "smoke and --job: give one"),
         (["predict", "--job", "nowhere.yml"], "--job nowhere.yml: no such file"),
         (["predict", "--job", "args.yml"], "not a job file of a kind this harness reads"),
+        # a Trainer's field in a LLaMA-Factory file, refused by the TrainingArguments reader
+        (["predict", "--job", "factory.yaml"], "use_liger_kernel = True: changes what a step"),
     ],
 )
 def test_a_job_file_given_wrongly_exits_2_naming_it(argv, said, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     Path("job.yml").write_text("base_model: x\nsequence_len: 64\n")
     Path("args.yml").write_text("output_dir: out\n")
+    Path("factory.yaml").write_text(
+        f"model_name_or_path: {REPO / TINY}\nstage: sft\nuse_liger_kernel: true\n"
+    )
     assert main(argv) == 2
     assert said in capsys.readouterr().err

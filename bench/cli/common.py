@@ -93,8 +93,8 @@ def job_flags(p: argparse.ArgumentParser, suite: bool = True) -> None:
     p.add_argument(
         "--job",
         metavar="FILE",
-        help="a whole job written for another tool, told apart by its keys (an axolotl YAML): "
-        "read into --hf's files, beside full fine-tuning",
+        help="a whole job written for another tool, told apart by its keys (an axolotl or "
+        "LLaMA-Factory YAML): read into --hf's files, beside full fine-tuning",
     )
     p.add_argument(
         "--hf",

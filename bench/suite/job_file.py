@@ -1,8 +1,8 @@
-"""``--job FILE``: a whole job written for another tool (an axolotl YAML), told apart by its keys
-and read into what ``--hf`` takes (bench.suite.from_config): the model and how it loads, the
-TrainingArguments, PEFT's adapter_config and the techniques that load or batch it. The files it is
-read into are written beside the suite, so that what was predicted can be read and rerun with the
-flags alone."""
+"""``--job FILE``: a whole job written for another tool (an axolotl or LLaMA-Factory YAML), told
+apart by its keys and read into what ``--hf`` takes (bench.suite.from_config): the model and how it
+loads, the TrainingArguments, PEFT's adapter_config and the techniques that load or batch it. The
+files it is read into are written beside the suite, so that what was predicted can be read and
+rerun with the flags alone."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from pathlib import Path
 from types import ModuleType
 
 from bench.errors import BadInput
-from bench.suite import axolotl
+from bench.suite import axolotl, llamafactory
 from bench.suite.translated import Translated
 
 # Each kind of job file, by name: its module (``CLAIMS``, the sets of keys a file of its kind
 # touches every one of; ``read``).
-KINDS: dict[str, ModuleType] = {axolotl.KIND: axolotl}
+KINDS: dict[str, ModuleType] = {m.KIND: m for m in (axolotl, llamafactory)}
 
 
 def read(path: Path) -> Translated:

@@ -1034,9 +1034,9 @@ def _checkpointing(args: dict[str, Any], where: str, found: list[str]) -> list[A
         return []
     if not enabled:
         return []
-    if kwargs.get("use_reentrant"):
-        return [{"name": "checkpoint", "reentrant": True}]
-    return ["checkpoint"]
+    # activation_checkpointing_enable makes a text model's embeddings' output require grad
+    reentrant = {"reentrant": True} if kwargs.get("use_reentrant") else {}
+    return [{"name": "checkpoint", "input_grads": True, **reentrant}]
 
 
 def _renamed(args: dict[str, Any], new: str, old: str) -> Any:

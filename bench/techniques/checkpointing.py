@@ -76,6 +76,12 @@ class ActivationCheckpointing(Technique):
             "the reentrant implementation (transformers 4's gradient checkpointing default), else "
             "the non-reentrant one PyTorch recommends",
         )
+        input_grads: bool = option(
+            False,
+            "a text model's embeddings' output requires grad, as transformers' "
+            "gradient_checkpointing_enable makes it (enable_input_require_grads): the reentrant "
+            "implementation needs it where only adapters train, and backward then computes it",
+        )
 
     def layers_alike(self) -> bool:
         return self.config.every == 1  # every k-th: a layer's place decides
@@ -97,6 +103,8 @@ class ActivationCheckpointing(Technique):
             wrapped = self.wrap(block)
             wrapped.register_forward_pre_hook(_own_lists)
             setattr(model.get_submodule(parent), child, wrapped)
+        if self.config.input_grads:
+            _inputs_require_grad(model)
         return model
 
     def _correct_momentum(self, block: nn.Module) -> None:
@@ -129,6 +137,14 @@ class ActivationCheckpointing(Technique):
             "wrapped_names": ", ".join(names),
             "block_forwards_per_step": per_step,
         }
+
+
+def _inputs_require_grad(model: nn.Module) -> None:
+    """transformers' ``enable_input_require_grads`` on the model's transformers model, where its
+    main input is token ids (``activation_checkpointing_enable`` calls it for those)."""
+    found = next((m for m in model.modules() if hasattr(m, "enable_input_require_grads")), None)
+    if found is not None and getattr(found, "main_input_name", None) == "input_ids":
+        found.enable_input_require_grads()
 
 
 def _own_lists(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:

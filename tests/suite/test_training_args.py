@@ -12,6 +12,9 @@ from bench.measure.memory import tracked_step
 from bench.suite import SuiteError, load
 from tests.conftest import CPU, build_trainer
 
+# the Trainer's gradient checkpointing: transformers' activation_checkpointing_enable, which makes a
+# text model's embeddings' output require grad
+CHECKPOINT = "checkpoint(input_grads=True)"
 ARGS = {
     "output_dir": "out",
     "per_device_train_batch_size": 2,
@@ -51,7 +54,7 @@ def test_the_fields_that_change_memory_become_techniques_and_the_rest_are_named(
     assert [t.label for t in run.techniques] == [
         "amp(dtype=bfloat16)",
         "optimizer(groups=trainer,kind=adafactor-transformers)",
-        "checkpoint",
+        "checkpoint(input_grads=True)",
         "accumulate(micro_batches=2)",
         "clip-grad-norm(max_norm=1.0)",  # the Trainer's loop, at its default max_grad_norm
     ]
@@ -452,7 +455,7 @@ def test_an_sftconfig_is_read_with_trls_defaults_and_its_loss(tmp_path, capsys):
     assert [t.label for t in run.techniques] == [
         "amp(dtype=bfloat16)",
         "optimizer(groups=trainer,impl=fused,kind=adamw)",  # the installed Trainer's default
-        "checkpoint",
+        "checkpoint(input_grads=True)",
         "sft-chunked-nll",
         "accumulate(micro_batches=2)",
         "clip-grad-norm(max_norm=1.0)",
@@ -465,27 +468,27 @@ def test_an_sftconfig_is_read_with_trls_defaults_and_its_loss(tmp_path, capsys):
 @pytest.mark.parametrize(
     "change, labels",
     [
-        ({"loss_type": "nll"}, ["amp(dtype=bfloat16)", "checkpoint", "sft-nll"]),
-        ({"fp16": True}, ["amp(dtype=float16)", "checkpoint", "sft-chunked-nll"]),
+        ({"loss_type": "nll"}, ["amp(dtype=bfloat16)", CHECKPOINT, "sft-nll"]),
+        ({"fp16": True}, ["amp(dtype=float16)", CHECKPOINT, "sft-chunked-nll"]),
         ({"bf16": False, "gradient_checkpointing": False}, ["sft-chunked-nll"]),
         (
             {"bf16": None, "loss_type": None},
-            ["amp(dtype=bfloat16)", "checkpoint", "sft-chunked-nll"],
+            ["amp(dtype=bfloat16)", CHECKPOINT, "sft-chunked-nll"],
         ),
         (  # packing by best fit flattens the packed rows, as padding_free does, under flash
             {"packing": True, "model_init_kwargs": {"attn_implementation": "flash_attention_2"}},
-            ["amp(dtype=bfloat16)", "checkpoint", "sft-chunked-nll", "packing"],
+            ["amp(dtype=bfloat16)", CHECKPOINT, "sft-chunked-nll", "packing"],
         ),
         (
             {
                 "padding_free": True,
                 "model_init_kwargs": {"attn_implementation": "flash_attention_3"},
             },
-            ["amp(dtype=bfloat16)", "checkpoint", "sft-chunked-nll", "packing"],
+            ["amp(dtype=bfloat16)", CHECKPOINT, "sft-chunked-nll", "packing"],
         ),
         (  # wrapped rows of max_length tokens, attending across sequences: the fixed-shape step
             {"packing": True, "packing_strategy": "wrapped"},
-            ["amp(dtype=bfloat16)", "checkpoint", "sft-chunked-nll"],
+            ["amp(dtype=bfloat16)", CHECKPOINT, "sft-chunked-nll"],
         ),
         (  # QLoRA's BitsAndBytesConfig, as its to_dict writes it: the model loads in 4 bits
             {
@@ -501,7 +504,7 @@ def test_an_sftconfig_is_read_with_trls_defaults_and_its_loss(tmp_path, capsys):
             },
             [
                 "amp(dtype=bfloat16)",
-                "checkpoint",
+                "checkpoint(input_grads=True)",
                 "bnb-4bit(compute_dtype=bfloat16,double_quant=True,quant_type=nf4)",
                 "sft-chunked-nll",
             ],
@@ -615,7 +618,7 @@ def test_transformers_5s_activation_checkpointing_is_read_before_its_old_name(
     """transformers 5 renamed gradient_checkpointing; the new name wins where set, as its
     __post_init__ resolves them (a file naming only the new one was read as unchecked before)."""
     run = load(suite(tmp_path, ARGS | change)).runs[1]
-    assert ("checkpoint" in [t.label for t in run.techniques]) is checkpointed
+    assert (CHECKPOINT in [t.label for t in run.techniques]) is checkpointed
 
 
 def test_a_job_from_its_files_takes_the_adapter_its_peft_type_names(tmp_path):

@@ -143,3 +143,19 @@ def test_a_selective_policy_that_cannot_be_built_is_refused_at_load(options, sai
     )
     found = suite_problems(tmp_path, GOOD.replace('"checkpoint"]', technique + "]"))
     assert any(said in p for p in found), found
+
+
+def test_reentrant_checkpointing_under_adapters_trains_them_once_the_inputs_require_grad():
+    """Reentrant checkpointing passes gradients only to inputs that require them: with the base
+    frozen, a Llama's layers see none unless its embeddings' output requires grad, as transformers'
+    gradient_checkpointing_enable (and LLaMA-Factory's own) makes it."""
+    model, lora = "hf:suites/configs/tiny-llama", tech("lora", rank=4)
+    trainer, batch = build_trainer(spec(model, (tech("checkpoint", reentrant=True), lora)))
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        trainer.step(batch)
+    checkpoint = tech("checkpoint", reentrant=True, input_grads=True)
+    trainer, batch = build_trainer(spec(model, (checkpoint, lora)))
+    trainer.step(batch)
+    assert trainer.proof()["checkpoint.block_forwards_per_step"] == 2.0
+    adapters = [p for name, p in trainer.model.named_parameters() if "lora_B" in name]
+    assert adapters and all(p.abs().sum() > 0 for p in adapters)  # B starts at zero
