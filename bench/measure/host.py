@@ -92,10 +92,28 @@ def making() -> bool | None:
     return _MAKING[-1] if _MAKING else None
 
 
-def is_unified(t: torch.Tensor) -> bool:
+# open making_unified blocks
+_UNIFIED: list[bool] = []
+
+
+@contextmanager
+def making_unified() -> Iterator[None]:
+    """What the block makes stands for CUDA unified memory (a stand-in making a paged optimizer's
+    state): a tracker counts a tensor as an operator returns it, before its mark is set, and would
+    have counted it the device allocator's."""
+    _UNIFIED.append(True)
+    try:
+        yield
+    finally:
+        _UNIFIED.pop()
+
+
+def is_unified(t: torch.Tensor, made: bool = False) -> bool:
     """CUDA unified memory (a paged optimizer's state: bitsandbytes' own, marked ``is_paged``, or a
-    prediction's standing for it): neither the device allocator's nor the host's, paged in and out
-    by the driver."""
+    prediction's standing for it, or ``made`` under ``making_unified``): neither the device
+    allocator's nor the host's, paged in and out by the driver."""
+    if made and _UNIFIED:
+        return True
     return getattr(t, "unified_memory", False) or getattr(t, "is_paged", False)
 
 

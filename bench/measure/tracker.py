@@ -200,7 +200,7 @@ class LiveBytes(TorchDispatchMode):
                 self._count(inner, label, made)
             return
         storage = t.untyped_storage()
-        if id(storage) in self._live or self.host.holds(storage) or is_unified(t):
+        if id(storage) in self._live or self.host.holds(storage) or is_unified(t, made):
             return
         if (pinned := host_kind(t, self.device_type, made)) is not None:
             self.host.count(storage, pinned)

@@ -22,7 +22,14 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from bench.measure.host import host_copy, is_on_host, making_host, marked_pinned, on_host
+from bench.measure.host import (
+    host_copy,
+    is_on_host,
+    making_host,
+    making_unified,
+    marked_pinned,
+    on_host,
+)
 from bench.measure.tracker import DEVICE, device_of
 from bench.techniques import Technique
 
@@ -67,11 +74,13 @@ def paged_buffer(self: Any, p: torch.Tensor, dtype: torch.dtype = torch.float32)
     100,000 elements or more is unified memory wrapped in a host tensor, which the device's
     allocator never holds (on fake CPU tensors bitsandbytes would take its CPU fallback, an ordinary
     tensor)."""
-    buffer = torch.zeros_like(p, dtype=dtype)
-    if self.is_paged and p.numel() >= PAGED_FROM:
-        # (bench.measure.host.is_unified) not is_paged, bitsandbytes' own mark: it would prefetch
-        # the pages, which a fake tensor has not
-        buffer.unified_memory = True
+    if not (self.is_paged and p.numel() >= PAGED_FROM):
+        return torch.zeros_like(p, dtype=dtype)
+    with making_unified():  # never the allocator's, in the step that makes it either
+        buffer = torch.zeros_like(p, dtype=dtype)
+    # (bench.measure.host.is_unified) not is_paged, bitsandbytes' own mark: it would prefetch the
+    # pages, which a fake tensor has not
+    buffer.unified_memory = True
     return buffer
 
 
@@ -80,9 +89,11 @@ def paged_double_buffer(
 ) -> torch.Tensor:
     """bitsandbytes AdEMAMix's ``_get_state_double_buffer`` as on CUDA: its fast and slow first
     moments in one buffer twice the parameter's size, paged as ``paged_buffer``'s are."""
-    buffer = torch.zeros((2, *p.size()), dtype=dtype)
-    if self.is_paged and p.numel() >= PAGED_FROM:
-        buffer.unified_memory = True
+    if not (self.is_paged and p.numel() >= PAGED_FROM):
+        return torch.zeros((2, *p.size()), dtype=dtype)
+    with making_unified():
+        buffer = torch.zeros((2, *p.size()), dtype=dtype)
+    buffer.unified_memory = True
     return buffer
 
 

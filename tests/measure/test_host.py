@@ -68,3 +68,24 @@ def test_a_step_with_nothing_on_the_host_says_nothing_of_it():
         x = torch.ones(100) * 2
     assert not tracker.host.seen and tracker.peak == 800  # the ones, then their double
     del x
+
+
+def test_a_paged_moment_made_inside_a_tracked_step_is_never_the_devices():
+    """bitsandbytes' paged state, made in the step that first steps the optimizer (the replayed
+    step before the measured one): counted neither as the device allocator's, which never holds it,
+    nor as the host's, though the tracker sees it made before its mark is set."""
+    from types import SimpleNamespace
+
+    from bench.measure.host import is_unified
+    from bench.predict.stand_ins import PAGED_FROM, paged_buffer
+
+    paged, plain = SimpleNamespace(is_paged=True), SimpleNamespace(is_paged=False)
+    large, under = torch.empty(PAGED_FROM), torch.empty(PAGED_FROM - 1)
+    tracker = LiveBytes(CPU)
+    with tracker:
+        moment = paged_buffer(paged, large, torch.uint8)
+        small = paged_buffer(paged, under, torch.uint8)
+        kept = paged_buffer(plain, large, torch.uint8)
+    assert is_unified(moment) and not is_unified(small) and not is_unified(kept)
+    assert tracker.peak == tracker.current == PAGED_FROM - 1 + PAGED_FROM  # small's and kept's
+    assert tracker.host.peak == 0
