@@ -34,7 +34,7 @@ $(foreach v,suite model budget args card nproc hf,$(if $(filter command line,$(o
 
 help: ## this list
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
-	@echo "  variables: SUITE=name (suites/NAME.toml, default smoke), HF=PATH (a config.json instead), JOB=FILE (an axolotl or LLaMA-Factory YAML instead), ARGS='--force …', PYTHON=python3 (no venv)"
+	@echo "  variables: SUITE=name (suites/NAME.toml, default smoke), HF=PATH (a config.json instead), JOB=FILE (an axolotl, LLaMA-Factory or torchtune YAML instead), ARGS='--force …', PYTHON=python3 (no venv)"
 
 # The tools whose job files --job reads, installed for their schemas and shipped configs alone (the
 # tests hold the readers to them): each pins a transformers or torchao this harness does not run.

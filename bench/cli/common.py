@@ -93,8 +93,8 @@ def job_flags(p: argparse.ArgumentParser, suite: bool = True) -> None:
     p.add_argument(
         "--job",
         metavar="FILE",
-        help="a whole job written for another tool, told apart by its keys (an axolotl or "
-        "LLaMA-Factory YAML): read into --hf's files, beside full fine-tuning",
+        help="a whole job written for another tool, told apart by its keys (an axolotl, "
+        "LLaMA-Factory or torchtune YAML): read into --hf's files, beside full fine-tuning",
     )
     p.add_argument(
         "--hf",
@@ -185,7 +185,8 @@ def job_suite(args: argparse.Namespace, folder: Path = Path(".cache/suites")) ->
 def _job_file_suite(args: argparse.Namespace, given: list[str], folder: Path) -> Path:
     """The suite of ``--job FILE`` (bench.suite.job_file), its files read into those --hf's flags
     take, written beside it; what was assumed and ignored said on stderr."""
-    if others := [f"--{f.replace('_', '-')}" for f in given] + (["--hf"] if args.hf else []):
+    refused = [f"--{f.replace('_', '-')}" for f in given if f != "seq_len"]
+    if others := refused + (["--hf"] if args.hf else []):
         raise BadInput(f"--job and {', '.join(others)}: the job file gives them; leave them out")
     if getattr(args, "suite", None):
         raise BadInput(f"{args.suite} and --job: give one, a suite or a job file")
@@ -205,14 +206,17 @@ def _job_file_suite(args: argparse.Namespace, given: list[str], folder: Path) ->
     training_args, adapter = job_file.written(job, folder / name)
     text = from_config.suite_text(
         job.model,
-        str(training_args),
+        training_args and str(training_args),
         adapter_config=adapter and str(adapter),
-        seq_len=job.seq_len,
+        seq_len=args.seq_len or job.seq_len,
+        batch=job.batch,
+        micro_batches=job.micro_batches,
         inputs=inputs,
         nproc=getattr(args, "nproc", None),
         loaded=job.loaded,
         techniques=job.techniques,
         described=f"{path}: {job.kind}'s job",
+        adapter_options=job.adapter_options,
     )
     said = "; ".join(job.assumed) + "; " if job.assumed else ""
     print(

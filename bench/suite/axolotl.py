@@ -236,14 +236,19 @@ def read(raw: dict[str, Any], where: str, problems: list[str]) -> Translated | N
     problems += found
     if found:
         return None
-    loaded = {"dtype": dtype} | ({"attn_implementation": attention} if attention else {})
+    techniques: list[Any] = [quantization] if quantization else []
+    if packing:
+        techniques.append("packing")
+    loaded = {"dtype": dtype}
+    if attention:
+        loaded["attn_implementation"] = attention
     return Translated(
         kind=KIND,
         model=str(model),
         loaded=loaded,
         training_args=args,
         adapter=adapter,
-        techniques=([quantization] if quantization else []) + (["packing"] if packing else []),
+        techniques=techniques,
         seq_len=seq_len,
         ignored=tuple(sorted(raw.keys() & UNCHANGED)),
         assumed=_bf16(raw)[1],

@@ -50,6 +50,8 @@ def suite_text(
     loaded: dict[str, str] | None = None,
     techniques: list[Any] | None = None,
     described: str | None = None,
+    adapter_options: dict[str, Any] | None = None,
+    micro_batches: int | None = None,
 ) -> str:
     """The suite's TOML: ``inputs`` is the model's ("tokens" or "image"), which sets the shape keys.
     Without arguments, adapters or a quantization config, the baseline alone: the model fine-tuned
@@ -57,7 +59,9 @@ def suite_text(
     baseline fine-tunes it unquantized); BadInput where it cannot be read or is not modelled.
     ``nproc``: the processes a sharded job (the arguments' ``fsdp``) spans, which it needs. A job
     file (bench.suite.job_file) gives how its tool ``loaded`` the model, the ``techniques`` that
-    load or batch it before its adapters, and how it is ``described``."""
+    load or batch it before its adapters, the ``adapter_options`` beside its adapter_config, how it
+    is ``described``, and, for a tool of its own loop, the ``micro_batches`` its ``batch`` is
+    accumulated over."""
     from bench.suite.toml_text import to_toml
     from bench.suite.training_args import sharded
 
@@ -67,6 +71,8 @@ def suite_text(
         size_key = "image_size"
     args = _read_args(training_args)
     per_device, steps, max_length, by_args = _trainer_shapes(args)
+    if micro_batches:
+        per_device, steps = (batch or BATCH) // micro_batches, micro_batches
     loaded = by_args | (loaded or {})
     # an SFTConfig's sequences are its max_length unless the flag says otherwise
     size = seq_len or max_length or _default_size(config, inputs)
@@ -101,7 +107,8 @@ def suite_text(
     if quantization_config:
         job["techniques"].insert(0, _quantized(quantization_config, args))
     if adapter_config:
-        job["techniques"] += [{"name": _adapter(adapter_config), "config": adapter_config}]
+        adapter = {"name": _adapter(adapter_config), "config": adapter_config}
+        job["techniques"] += [adapter | (adapter_options or {})]
     runs = [{"name": "baseline", "techniques": []}] + (
         [job] if training_args or adapter_config or quantization_config or techniques else []
     )

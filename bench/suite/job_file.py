@@ -1,8 +1,8 @@
-"""``--job FILE``: a whole job written for another tool (an axolotl or LLaMA-Factory YAML), told
-apart by its keys and read into what ``--hf`` takes (bench.suite.from_config): the model and how it
-loads, the TrainingArguments, PEFT's adapter_config and the techniques that load or batch it. The
-files it is read into are written beside the suite, so that what was predicted can be read and
-rerun with the flags alone."""
+"""``--job FILE``: a whole job written for another tool (an axolotl, LLaMA-Factory or torchtune
+YAML), told apart by its keys and read into what ``--hf`` takes (bench.suite.from_config): the
+model and how it loads, the TrainingArguments (or, for a tool of its own loop, the techniques they
+would have made), PEFT's adapter_config and the techniques that load or batch it. The files it is
+read into are written beside the suite, so that what was predicted can be read and rerun."""
 
 from __future__ import annotations
 
@@ -10,14 +10,15 @@ import json
 import re
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from bench.errors import BadInput
-from bench.suite import axolotl, llamafactory
+from bench.suite import axolotl, llamafactory, torchtune
 from bench.suite.translated import Translated
 
 # Each kind of job file, by name: its module (``CLAIMS``, the sets of keys a file of its kind
 # touches every one of; ``read``).
-KINDS: dict[str, ModuleType] = {m.KIND: m for m in (axolotl, llamafactory)}
+KINDS: dict[str, ModuleType] = {m.KIND: m for m in (axolotl, llamafactory, torchtune)}
 
 
 def read(path: Path) -> Translated:
@@ -49,9 +50,10 @@ def _located(job: Translated, path: Path) -> Translated:
     model = job.model
     if not Path(model).exists() and (path.parent / model).exists():
         model = str(path.parent / model)
-    args = dict(job.training_args)
-    if isinstance(ds := args.get("deepspeed"), str) and not Path(ds).is_absolute():
-        args["deepspeed"] = str(Path(ds).resolve() if Path(ds).exists() else path.parent / ds)
+    args = job.training_args
+    if args and isinstance(ds := args.get("deepspeed"), str) and not Path(ds).is_absolute():
+        located = Path(ds).resolve() if Path(ds).exists() else path.parent / ds
+        args = args | {"deepspeed": str(located)}
     return Translated(**{**vars(job), "model": model, "training_args": args})
 
 
@@ -60,14 +62,18 @@ def name_of(job: Translated, path: Path) -> str:
     return f"{job.kind}-" + (re.sub(r"[^A-Za-z0-9_.-]+", "-", path.stem).strip("-.") or "job")
 
 
-def written(job: Translated, folder: Path) -> tuple[Path, Path | None]:
+def written(job: Translated, folder: Path) -> tuple[Path | None, Path | None]:
     """The job's TrainingArguments and adapter_config written to ``folder`` (the files --hf's flags
-    take), their paths."""
+    take), their paths (None for one it has not)."""
     folder.mkdir(parents=True, exist_ok=True)
-    args = folder / "training_args.json"
-    args.write_text(json.dumps(job.training_args, indent=2) + "\n", encoding="utf-8")
-    if job.adapter is None:
-        return args, None
-    adapter = folder / "adapter_config.json"
-    adapter.write_text(json.dumps(job.adapter, indent=2) + "\n", encoding="utf-8")
-    return args, adapter
+    return (
+        _write(job.training_args, folder / "training_args.json"),
+        _write(job.adapter, folder / "adapter_config.json"),
+    )
+
+
+def _write(fields: dict[str, Any] | None, path: Path) -> Path | None:
+    if fields is None:
+        return None
+    path.write_text(json.dumps(fields, indent=2) + "\n", encoding="utf-8")
+    return path

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -13,9 +13,15 @@ class Translated:
     kind: str  # the tool whose file it is
     model: str  # a config.json's folder, or a hub id
     loaded: dict[str, str]  # how the tool loads the model (dtype, attn_implementation)
-    training_args: dict[str, Any]  # the TrainingArguments the tool's trainer is given
+    # the TrainingArguments the tool's trainer is given; None for a tool of its own loop
+    # (torchtune's recipes), whose every choice is in ``techniques``
+    training_args: dict[str, Any] | None
     adapter: dict[str, Any] | None  # PEFT's adapter_config.json, where it trains adapters
     techniques: list[Any]  # loading and batching the arguments do not say (bnb-4bit, packing)
     seq_len: int
     ignored: tuple[str, ...]  # its keys that change nothing a step holds
-    assumed: tuple[str, ...]  # what it leaves to the card it runs on
+    assumed: tuple[str, ...]  # what it leaves to the card it runs on, or reads as the nearest
+    adapter_options: dict[str, Any] = field(default_factory=dict)  # lora's, beside its config
+    # per step, and the micro-batches it is accumulated over, where no TrainingArguments say them
+    batch: int | None = None
+    micro_batches: int | None = None

@@ -225,3 +225,72 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
             for g in (grad_hidden, grad_weight, grad_bias)
         ]
         return *scaled, None, None
+
+
+@TECHNIQUES.register("chunked-output-loss")
+class ChunkedOutputLoss(Technique):
+    """torchtune's ``CEWithChunkedOutputLoss``: the output head applied to the last hidden states a
+    slice of positions at a time (``TransformerDecoder.set_num_output_chunks``), every slice's
+    logits kept in the model's dtype, and the cross-entropy summed slice by slice, each upcast to
+    float32 on its own (``compute_cross_entropy``), over the positions with a target.
+
+    Expected: the full float32 copy of the logits never exists, only one slice's, so the loss's
+    peak falls by about three quarters of the logits' float32 size against the plain loss (torchtune
+    PR 1390); log-softmax still keeps every slice's float32 output for backward. Throughput: the
+    same FLOPs. Accuracy: identical to the full cross-entropy, up to float rounding."""
+
+    not_advised = (
+        "torchtune's recipe loss, which a torchtune job names; chunked-loss (Liger's) keeps less "
+        "and is the loss advice ranks"
+    )
+    summary = (
+        "torchtune's `CEWithChunkedOutputLoss`: the head a slice of positions at a time, each "
+        "slice's logits upcast to float32 on its own for the cross-entropy"
+    )
+    conflicts = frozenset({"chunked-loss", "sft-nll", "sft-chunked-nll"})
+    inputs, objective = "tokens", "next-token"
+
+    @dataclass(frozen=True)
+    class Config:
+        chunks: int = option(8, "num_output_chunks: the slices of positions (torchtune's 8)")
+
+    def problems(self, batch_size: int) -> list[str]:
+        if self.config.chunks >= 1:
+            return []
+        return [f"chunks must be at least 1, got {self.config.chunks}"]
+
+    def unsupported(self, ctx: RunContext) -> str | None:
+        if ctx.model_spec.objective != self.objective:
+            return f"applies to next-token models; model {ctx.model_spec.name} classifies"
+        return None
+
+    def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        if not isinstance(head, nn.Linear):
+            raise Unsupported(
+                f"model {ctx.model_spec.name} has no linear output head (get_output_embeddings)"
+            )
+        model.set_output_embeddings(_HiddenStates(head))
+        self.head, self.slices = head, 0
+        return model
+
+    def step(self) -> Step:
+        return Step(loss=self._loss)
+
+    def _loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The recipe's loss: ``[head(h) for h in hidden.chunk(n, dim=1)]``, then the summed
+        float32 cross-entropy of each slice against its targets, over the targets counted."""
+        logits = [self.head(h) for h in hidden.chunk(self.config.chunks, dim=1)]
+        targets = next_tokens(labels)
+        counted = (targets != IGNORE).sum()
+        total = 0.0
+        for piece, target in zip(logits, targets.chunk(self.config.chunks, dim=1), strict=True):
+            flat = piece.reshape(-1, piece.size(-1)).float()
+            total = total + F.cross_entropy(
+                flat, target.reshape(-1), ignore_index=IGNORE, reduction="sum"
+            )
+        self.slices += len(logits)
+        return total / counted
+
+    def proof(self, steps: int) -> dict[str, Any]:
+        return {"slices_per_step": self.slices / max(steps, 1)}

@@ -220,7 +220,7 @@ class PagedAdamW8bit(Technique):
 
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = AdamW(params, lr=self.lr, optim_bits=self.bits, is_paged=True)
-        _own_overrides(self.optimizer, model, getattr(self.config, "embeddings_32bit", False))
+        own_overrides(self.optimizer, model, getattr(self.config, "embeddings_32bit", False))
         return self.optimizer
 
     def proof(self, steps: int) -> dict[str, Any]:
@@ -654,7 +654,7 @@ def _fp8_eligible(module: nn.Module) -> bool:
     )
 
 
-def _own_overrides(optimizer: Any, model: nn.Module, embeddings_32bit: bool) -> None:
+def own_overrides(optimizer: Any, model: nn.Module, embeddings_32bit: bool) -> None:
     """``optimizer`` (bitsandbytes') reading its per-parameter overrides from a manager of its own,
     holding, where ``embeddings_32bit``, the Trainer's: each ``nn.Embedding``'s weight in 32 bits
     (``Trainer.create_optimizer`` registers it for any 8-bit bitsandbytes optimizer). bitsandbytes'
@@ -709,7 +709,7 @@ class BnbOptimizer(Technique):
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         self.optimizer = self.made([p for p in model.parameters() if p.requires_grad])
         embeddings = self.config.embeddings_32bit and self.config.bits == 8
-        _own_overrides(self.optimizer, model, embeddings)
+        own_overrides(self.optimizer, model, embeddings)
         return self.optimizer
 
     def made(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:

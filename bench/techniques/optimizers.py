@@ -245,7 +245,9 @@ class OptimizerInBackward(Technique):
     Accuracy: identical to AdamW (same update, per parameter), except without gradient clipping.
     ``optimizer = "adamw-8bit"`` steps bitsandbytes' 8-bit AdamW per parameter instead (moments in a
     byte per value, as adamw-8bit keeps them): its update runs eager, so it can run inside
-    backward's hooks, where torchao's compiled one cannot.
+    backward's hooks, where torchao's compiled one cannot. ``"paged-adamw-8bit"``: bitsandbytes'
+    paged 8-bit AdamW per parameter, its large moments in CUDA unified memory (as paged-adamw-8bit
+    keeps them): torchtune's full single-device recipe (``optimizer_in_bwd``).
     """
 
     axis = "optimizer"
@@ -258,18 +260,32 @@ class OptimizerInBackward(Technique):
         lr: float | None = option(
             None, "learning rate (default: the run's, as the default AdamW uses)"
         )
-        optimizer: Literal["adamw", "adamw-8bit"] = option(
-            "adamw", "each parameter's optimizer: torch's AdamW, or bitsandbytes' 8-bit AdamW"
+        optimizer: Literal["adamw", "adamw-8bit", "paged-adamw-8bit"] = option(
+            "adamw",
+            "each parameter's optimizer: torch's AdamW, or bitsandbytes' 8-bit AdamW (paged: "
+            "PagedAdamW8bit, CUDA)",
         )
 
+    @property
+    def stand_ins(self) -> dict[str, str]:  # type: ignore[override]
+        """The paged moments' buffers, where the optimizer pages them (as paged-adamw-8bit's)."""
+        if self.config.optimizer == "paged-adamw-8bit":
+            from bench.techniques.lowbit import PagedAdamW8bit
+
+            return PagedAdamW8bit.stand_ins
+        return {}
+
     def unsupported(self, ctx: RunContext) -> str | None:
-        if (
-            self.config.optimizer == "adamw-8bit"
-            and importlib.util.find_spec("bitsandbytes") is None
-        ):
+        chosen = self.config.optimizer
+        if chosen != "adamw" and importlib.util.find_spec("bitsandbytes") is None:
             return (
-                "optimizer = adamw-8bit needs bitsandbytes: pip install bitsandbytes (or "
+                f"optimizer = {chosen} needs bitsandbytes: pip install bitsandbytes (or "
                 "'.[extras]')"
+            )
+        if chosen == "paged-adamw-8bit" and not ctx.cuda:
+            return (
+                "optimizer = paged-adamw-8bit pages CUDA unified memory; on a CPU bitsandbytes "
+                "falls back to the 8-bit AdamW of optimizer = adamw-8bit"
             )
         return None
 
@@ -290,11 +306,18 @@ class OptimizerInBackward(Technique):
         return model
 
     def _optimizer(self, param: nn.Parameter, lr: float) -> torch.optim.Optimizer:
-        if self.config.optimizer == "adamw-8bit":
-            from bitsandbytes.optim import AdamW8bit
+        if self.config.optimizer == "adamw":
+            return torch.optim.AdamW([param], lr=lr, foreach=False)
+        from bitsandbytes.optim import AdamW8bit, PagedAdamW8bit
 
-            return AdamW8bit([param], lr=lr)
-        return torch.optim.AdamW([param], lr=lr, foreach=False)
+        from bench.techniques.lowbit import own_overrides
+
+        made = {"adamw-8bit": AdamW8bit, "paged-adamw-8bit": PagedAdamW8bit}[self.config.optimizer]
+        optimizer = made([param], lr=lr)
+        # every one's parameter is the first of its group: the place the process's manager keys
+        # another optimizer's overrides by (an embedding's 32 bits, a Trainer's run before)
+        own_overrides(optimizer, nn.Module(), embeddings_32bit=False)
+        return optimizer
 
     def _step(self, param: nn.Parameter) -> None:
         self.optimizers[param].step()

@@ -124,8 +124,9 @@ def test_a_key_not_modelled_is_refused_by_name(keys, said, tmp_path):
 def test_a_file_of_no_kind_known_is_refused_with_the_kinds_known(tmp_path):
     from bench.errors import BadInput
 
+    kinds = "axolotl, llamafactory, torchtune"
     with pytest.raises(
-        BadInput, match="not a job file of a kind this harness reads \\(axolotl, llamafactory\\)"
+        BadInput, match=f"not a job file of a kind this harness reads \\({kinds}\\)"
     ):
         _read({"output_dir": "out", "per_device_train_batch_size": 2}, tmp_path)
 

@@ -97,3 +97,20 @@ def test_liger_where_it_is_missing_is_unsupported_with_the_install_hint():
     reason = Recipe.of(run, CPU).unsupported()
     assert reason.startswith("chunked-loss: Liger-Kernel")
     assert "pip install liger-kernel" in reason or "CUDA" in reason
+
+
+def test_torchtunes_chunked_output_loss_never_holds_the_whole_float32_logits():
+    """chunked-output-loss (torchtune's CEWithChunkedOutputLoss) on a bfloat16 Llama: the same loss
+    as the model's own, to bfloat16 rounding, from eight slices of positions; the tracked peak falls
+    by at least the seven eighths of the float32 copy of the logits that never exist at once."""
+    model, losses, peaks = "hf:suites/configs/tiny-llama", {}, {}
+    for name, techniques in (("plain", ()), ("sliced", (tech("chunked-output-loss"),))):
+        trainer, batch = build_trainer(spec(model, techniques, batch_size=4, seq_len=64, lr=0.0))
+        losses[name] = trainer.step(batch).item()
+        peaks[name] = tracked_step(
+            lambda t=trainer, b=batch: t.step(b), trainer.model, trainer.optimizer, CPU
+        ).peak_tensor_bytes
+    vocab = trainer.model.get_output_embeddings().head.out_features
+    assert losses["sliced"] == pytest.approx(losses["plain"], rel=1e-6)
+    assert peaks["plain"] - peaks["sliced"] >= 7 / 8 * 4 * 64 * vocab * 4
+    assert trainer.proof()["chunked-output-loss.slices_per_step"] == 8

@@ -218,3 +218,21 @@ def test_clip_grad_norm_refuses_a_norm_that_clips_everything_away():
     assert build(tech("clip-grad-norm", max_norm=0.0)).problems(8) == [
         "clip-grad-norm: max_norm must be positive, not 0.0"
     ]
+
+
+def test_optimizer_in_backward_pages_each_parameters_8bit_moments_as_torchtunes_full_recipe():
+    """optimizer-in-backward with bitsandbytes' PagedAdamW8bit per parameter (torchtune's
+    optimizer_in_bwd): predicted for CUDA, the moments of parameters of 100,000 elements or more
+    are paged off the allocator, as paged-adamw-8bit's are, and no gradient waits for a step; on a
+    CPU there is nothing to page."""
+    pytest.importorskip("bitsandbytes")
+    from bench.predict.fake import predict
+
+    inbwd = spec("llama-tiny", (tech("optimizer-in-backward", optimizer="paged-adamw-8bit"),))
+    paged = spec("llama-tiny", (tech("paged-adamw-8bit"),))
+    ours, theirs = (predict(r, r.cpu, cuda=True) for r in (inbwd, paged))
+    assert ours.ok and theirs.ok, (ours, theirs)
+    assert ours.paged_bytes == theirs.paged_bytes > 0
+    assert ours.gradient_bytes == 0 < theirs.gradient_bytes  # each freed as its step runs
+    on_cpu = predict(inbwd, inbwd.cpu, cuda=False)
+    assert on_cpu.status == "unsupported" and "unified memory" in on_cpu.message
