@@ -7,15 +7,16 @@ same job, to the byte (docs/examples/python/)."""
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from bench.errors import BadInput
-from bench.models import GIVEN, GIVEN_PREFIX, ModelSpec
+from bench.models import ModelSpec
 from bench.record import Prediction
+from bench.registry import GIVEN, GIVEN_PREFIX
 
 # each kind of input's size key in a suite, and the dimensions of a batch of it
 SIZES = {"image": ("image_size", 4), "tokens": ("seq_len", 2)}
@@ -29,11 +30,13 @@ def predict_step(
     image_size: int | None = None,
     seq_len: int | None = None,
     techniques: Sequence[str | dict[str, Any]] = (),
+    optimizer: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer] | None = None,
     card: str | None = None,
 ) -> Prediction:
     """The training step of ``model`` at the sizes of ``batch`` (its inputs first: images of
     (batch, 3, size, size), or token ids of (batch, seq_len)) or those given, on fake tensors, with
-    ``techniques`` (names, or tables of a name and options, as a suite's entry lists them); on
+    ``techniques`` (names, or tables of a name and options, as a suite's entry lists them) and
+    ``optimizer``, a function of the trainable parameters returning yours (optimizer-from); on
     ``card`` (rtx4090, a100-80gb, h100, …) replayed through its caching allocator, the verdict
     read as ``prediction.verdict``. BadInput where the sizes or techniques are not a job."""
     from bench.predict import predict
@@ -41,10 +44,15 @@ def predict_step(
     from bench.suite import load
 
     shapes = _shapes(model, batch, batch_size=batch_size, image_size=image_size, seq_len=seq_len)
-    GIVEN[model.name] = model
+    name = GIVEN_PREFIX + model.name
+    GIVEN[name] = model
+    techniques = list(techniques)
+    if optimizer is not None:
+        GIVEN[GIVEN_PREFIX + optimizer.__name__] = optimizer
+        techniques.append({"name": "optimizer-from", "factory": GIVEN_PREFIX + optimizer.__name__})
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "python.toml"
-        path.write_text(suite_text(GIVEN_PREFIX + model.name, shapes, techniques), encoding="utf-8")
+        path.write_text(suite_text(name, shapes, techniques), encoding="utf-8")
         run = load(path).runs[-1]
     try:
         chosen = card_named(card) if card else None

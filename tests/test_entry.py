@@ -33,13 +33,20 @@ def test_predict_step_is_the_clis_prediction_of_the_same_suite_to_the_byte(examp
 
     images, labels = torch.randn(256, 3, 64, 64), torch.randint(10, (256,))
     mine = predict_step(
-        example.MY_CNN, (images, labels), techniques=example.TECHNIQUES, card="h100"
+        example.MY_CNN,
+        (images, labels),
+        techniques=example.TECHNIQUES,
+        optimizer=example.make_optimizer,
+        card="h100",
     )
     argv = ["predict", str(EXAMPLE / "my_model.toml"), "--card", "h100", "--jobs", "1", "--json"]
     assert main(argv) == 0
     theirs = json.loads(capsys.readouterr().out)["runs"][0]
     figures = {f.name for f in dataclasses.fields(mine)} & theirs.keys()
     assert len(figures) > 20 and mine.verdict == "fits"
+    assert mine.optimizer_state_bytes == sum(  # SGD's momentum: a buffer a parameter
+        4 * p.numel() for p in example.build(None).parameters()
+    )
     assert {f: getattr(mine, f) for f in figures} == {f: theirs[f] for f in figures}
 
 
@@ -57,3 +64,15 @@ def test_a_job_that_is_not_one_is_refused_naming_what(example, given, said):
 
     with pytest.raises(BadInput, match=said.replace("(", "\\(").replace(")", "\\)")):
         predict_step(example.MY_CNN, **given)
+
+
+def test_techniques_that_are_not_a_job_are_the_suite_loaders_problems(example):
+    """The suite predict_step writes is loaded as bench predict loads one: every problem at once."""
+    from bench.entry import predict_step
+    from bench.errors import SuiteError
+
+    wrong = [{"name": "optimizer-from", "factory": "nowhere"}, {"name": "amp", "dtype": "int8"}]
+    with pytest.raises(SuiteError) as raised:
+        predict_step(example.MY_CNN, batch_size=8, image_size=32, techniques=wrong)
+    said = str(raised.value)
+    assert "factory must name a function as module:NAME" in said and "int8" in said

@@ -202,19 +202,10 @@ def register(spec: ModelSpec) -> ModelSpec:
     return MODELS.register(spec.name)(spec)
 
 
-# The ModelSpecs bench.entry.predict_step was given in this process, by name: a suite it writes
-# names one as "python:NAME" (a notebook's model, which no import path reaches; given again, the
-# newest)
-GIVEN: dict[str, ModelSpec] = {}
-GIVEN_PREFIX = "python:"
-
-
 def resolve(name: str) -> ModelSpec:
-    """A registered name, ``"hf:PATH"`` for a Hugging Face config.json (bench.models.hf),
-    ``"package.module:NAME"`` for a user's own ModelSpec, or ``"python:NAME"`` for one given to
-    bench.entry.predict_step."""
-    if name.startswith(GIVEN_PREFIX) and name.removeprefix(GIVEN_PREFIX) in GIVEN:
-        return GIVEN[name.removeprefix(GIVEN_PREFIX)]
+    """A registered name, ``"hf:PATH"`` for a Hugging Face config.json (bench.models.hf), or
+    ``"package.module:NAME"`` for a user's own ModelSpec (``"python:NAME"``, one given to
+    bench.entry.predict_step)."""
     if name.startswith(HF):
         from bench.models import hf
 

@@ -10,7 +10,15 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from bench.techniques.base import TECHNIQUES, RunContext, Step, Technique, offer, option
+from bench.techniques.base import (
+    TECHNIQUES,
+    RunContext,
+    Step,
+    Technique,
+    Unsupported,
+    offer,
+    option,
+)
 
 # Each implementation as torch's optimizers take it (default: torch picks, foreach on CUDA).
 IMPL_KWARGS: dict[str, dict[str, bool]] = {
@@ -231,6 +239,37 @@ class _StepsInBackward(torch.optim.Optimizer):
 
     def step(self, closure: Any = None) -> None:
         return None
+
+
+@TECHNIQUES.register("optimizer-from")
+class OptimizerFrom(Technique):
+    """Your own optimizer: ``factory`` (``"module:NAME"``) is called with the trainable parameters
+    and returns the ``torch.optim.Optimizer`` the step updates them with, in place of the default
+    AdamW. Expected: whatever state that optimizer keeps, counted as it makes it."""
+
+    not_advised = "your own optimizer, which a run names"
+    summary = "your own optimizer: `factory` (`module:NAME`) called with the trainable parameters"
+    conflicts = frozenset({"optimizer", "optimizer-in-backward", "adamw-8bit", "adamw-4bit"})
+
+    @dataclass(frozen=True)
+    class Config:
+        factory: str = option(
+            "", "module:NAME of a function of the parameters returning a torch.optim.Optimizer"
+        )
+
+    def problems(self, batch_size: int) -> list[str]:
+        if ":" in self.config.factory:
+            return []
+        return [f"factory must name a function as module:NAME, got {self.config.factory!r}"]
+
+    def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        from bench.registry import import_object
+
+        try:
+            made = import_object(self.config.factory, "optimizer factory")
+        except KeyError as exc:
+            raise Unsupported(str(exc.args[0])) from None
+        return made([p for p in model.parameters() if p.requires_grad])
 
 
 @TECHNIQUES.register("optimizer-in-backward")

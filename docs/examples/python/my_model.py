@@ -35,12 +35,23 @@ def build(shapes) -> nn.Module:
     )
 
 
+def make_optimizer(params) -> torch.optim.Optimizer:
+    """Your optimizer, made from the trainable parameters: SGD with Nesterov momentum."""
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9, nesterov=True)
+
+
 MY_CNN = ModelSpec(name="my-cnn", build=build, inputs="image", num_classes=10)
 TECHNIQUES = ["checkpoint", {"name": "amp", "dtype": "bfloat16"}]
 
 if __name__ == "__main__":
     images, labels = torch.randn(256, 3, 64, 64), torch.randint(10, (256,))
-    prediction = predict_step(MY_CNN, (images, labels), techniques=TECHNIQUES, card="rtx4090")
+    prediction = predict_step(
+        MY_CNN,
+        (images, labels),
+        techniques=TECHNIQUES,
+        optimizer=make_optimizer,
+        card="rtx4090",
+    )
     print(
         f"{prediction.status}: peak {prediction.peak_tensor_bytes / 2**30:.2f} GiB allocated, "
         f"{prediction.peak_reserved_bytes / 2**30:.2f} GiB reserved; on {prediction.card}: "
