@@ -198,8 +198,11 @@ def in_backward(model: nn.Module, eight_bit: bool = False) -> Hand:
     """PyTorch's optimizer_step_in_backward tutorial: an AdamW per parameter, stepped from its
     gradient's hook (bitsandbytes' 8-bit AdamW, with ``eight_bit``)."""
     if eight_bit:
-        from bitsandbytes.optim import AdamW8bit
+        from bitsandbytes.optim import AdamW8bit, GlobalOptimManager
 
+        # as a process of its own holds it: no override another test's optimizer registered (an
+        # embedding's 32 bits), which bitsandbytes would key to every one's first parameter
+        GlobalOptimManager.get_instance().initialize()
         steps = {p: AdamW8bit([p], lr=1e-3) for p in model.parameters()}
     else:
         steps = {p: torch.optim.AdamW([p], lr=1e-3, foreach=False) for p in model.parameters()}

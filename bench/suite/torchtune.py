@@ -64,6 +64,7 @@ IN_BACKWARD = {
 }
 LOSS = "torchtune.modules.loss.CEWithChunkedOutputLoss"
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
+DEVICE = "device"  # the recipe's key (a record's key of the same name is another)
 SEQ_LEN = 512  # where tokenizer.max_seq_len is null: the data's own lengths, which no file says
 # top-level keys read into the job
 READ = frozenset(
@@ -128,8 +129,8 @@ def read(raw: dict[str, Any], where: str, problems: list[str]) -> Translated | N
     if raw.get("clip_grad_norm") is not None:
         techniques.append({"name": "clip-grad-norm", "max_norm": float(raw["clip_grad_norm"])})
     seq_len, assumed = _length(raw, where, found)
-    if raw.get("device", "cuda") != "cuda":
-        found.append(f"{where}: device = {raw['device']!r}: predicted for a CUDA card only")
+    if (device := raw.get(DEVICE, "cuda")) != "cuda":
+        found.append(f"{where}: device = {device!r}: predicted for a CUDA card only")
     problems += found
     if found:
         return None
