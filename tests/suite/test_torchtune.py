@@ -113,6 +113,7 @@ def test_a_key_not_modelled_is_refused_by_name(change, said, tmp_path):
     assert said in str(raised.value)
 
 
+@pytest.mark.full  # 11 s of a CI core: make test reads the configs, CI's second step predicts
 def test_bench_predict_takes_a_torchtune_config_alone(tmp_path, capsys, monkeypatch):
     repo = Path(__file__).resolve().parents[2]
     (tmp_path / "suites").symlink_to(repo / "suites")
