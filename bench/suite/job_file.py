@@ -16,6 +16,8 @@ from bench.errors import BadInput
 from bench.suite import axolotl, llamafactory, torchtune
 from bench.suite.translated import Translated
 
+# the keys of the kinds' files that name a path (a model's folder, a DeepSpeed config)
+PATHS = frozenset({"base_model", "base_model_config", "model_name_or_path", "deepspeed"})
 # Each kind of job file, by name: its module (``CLAIMS``, the sets of keys a file of its kind
 # touches every one of; ``read``).
 KINDS: dict[str, ModuleType] = {m.KIND: m for m in (axolotl, llamafactory, torchtune)}
@@ -38,23 +40,24 @@ def read(path: Path) -> Translated:
             "transformers TrainingArguments file goes with --hf CONFIG --training-args FILE"
         )
     where = f"--job {path}"
-    found = known[claimed[0]].read(raw, where, problems)
+    found = known[claimed[0]].read(_located(raw, path), where, problems)
     if found is None:
         raise BadInput("\n  ".join(["the job cannot be predicted:", *problems]))
-    return _located(found, path)
+    return found
 
 
-def _located(job: Translated, path: Path) -> Translated:
-    """The job with a model (and a DeepSpeed config) named by a path relative to the file found
-    there where it is not found from here, as a tool run from the file's folder would."""
-    model = job.model
-    if not Path(model).exists() and (path.parent / model).exists():
-        model = str(path.parent / model)
-    args = job.training_args
-    if args and isinstance(ds := args.get("deepspeed"), str) and not Path(ds).is_absolute():
-        located = Path(ds).resolve() if Path(ds).exists() else path.parent / ds
-        args = args | {"deepspeed": str(located)}
-    return Translated(**{**vars(job), "model": model, "training_args": args})
+def _located(raw: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The file's fields with each path it names (PATHS) found from the file's folder where it is
+    not found from here, as the tool run from there would find it; a DeepSpeed config's made
+    absolute, as the TrainingArguments it goes into are written elsewhere."""
+    out = dict(raw)
+    for key in PATHS & raw.keys():
+        if not isinstance(named := raw[key], str) or Path(named).is_absolute():
+            continue
+        found = Path(named) if Path(named).exists() else path.parent / named
+        if found.exists():
+            out[key] = str(found.resolve() if key == "deepspeed" else found)
+    return out
 
 
 def name_of(job: Translated, path: Path) -> str:

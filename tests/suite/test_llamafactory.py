@@ -63,7 +63,9 @@ def test_a_full_fine_tune_casts_every_parameter_to_float32_unless_pure_bf16_or_z
     assert _read(full, tmp_path).adapter is None
     assert _read({**full, "pure_bf16": True, "bf16": False}, tmp_path).loaded == {}
     (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 3}}')
-    assert _read({**full, "deepspeed": str(tmp_path / "ds.json")}, tmp_path).loaded == {}
+    # named from the YAML's folder, as LLaMA-Factory run from there finds it
+    zero3 = _read({**full, "deepspeed": "ds.json"}, tmp_path)
+    assert zero3.loaded == {} and zero3.training_args["deepspeed"] == str(tmp_path / "ds.json")
 
 
 def test_checkpointing_attention_and_the_compute_dtype(tmp_path):
