@@ -114,3 +114,22 @@ def test_torchtunes_chunked_output_loss_never_holds_the_whole_float32_logits():
     assert losses["sliced"] == pytest.approx(losses["plain"], rel=1e-6)
     assert peaks["plain"] - peaks["sliced"] >= 7 / 8 * 4 * 64 * vocab * 4
     assert trainer.proof()["chunked-output-loss.slices_per_step"] == 8
+
+
+def test_chunked_output_loss_is_predicted_to_the_byte():
+    """Its step on fake tensors is the tracked step: peak, what the peak held, its phase."""
+    from tests.predict.test_fake import assert_predicted_exactly
+
+    run = spec("hf:suites/configs/tiny-llama", (tech("chunked-output-loss"),), seq_len=64)
+    assert_predicted_exactly(run)
+
+
+@pytest.mark.cuda
+def test_chunked_output_loss_on_cuda_is_its_predicted_peak():
+    from bench.launch import Device
+    from tests.helpers import isolated
+
+    run = spec("llama-tiny", (tech("chunked-output-loss"),), batch_size=8, seq_len=256)
+    record = isolated(run, Device("cuda", torch.cuda.get_device_name(0)))
+    assert record["status"] == "ok", record
+    assert record["peak_tensor_bytes"] == record["predicted_peak_tensor_bytes"]

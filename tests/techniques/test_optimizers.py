@@ -236,3 +236,21 @@ def test_optimizer_in_backward_pages_each_parameters_8bit_moments_as_torchtunes_
     assert ours.gradient_bytes == 0 < theirs.gradient_bytes  # each freed as its step runs
     on_cpu = predict(inbwd, inbwd.cpu, cuda=False)
     assert on_cpu.status == "unsupported" and "unified memory" in on_cpu.message
+
+
+@pytest.mark.cuda
+def test_optimizer_in_backward_pages_its_moments_on_cuda_as_predicted():
+    """torchtune's full recipe's optimizer on a card: the large moments paged, the allocator's peak
+    and what the optimizer keeps on the device as predicted."""
+    pytest.importorskip("bitsandbytes")
+    from bench.launch import Device
+    from tests.helpers import isolated
+
+    chosen = tech("optimizer-in-backward", optimizer="paged-adamw-8bit")
+    record = isolated(
+        spec("llama-tiny", (chosen,), batch_size=8, seq_len=64),
+        Device("cuda", torch.cuda.get_device_name(0)),
+    )
+    assert record["status"] == "ok", record
+    assert record["optimizer_state_bytes"] == record["predicted_optimizer_state_bytes"]
+    assert record["peak_tensor_bytes"] == record["predicted_peak_tensor_bytes"]
