@@ -216,3 +216,23 @@ def test_a_job_file_given_wrongly_exits_2_naming_it(argv, said, tmp_path, capsys
     )
     assert main(argv) == 2
     assert said in capsys.readouterr().err
+
+
+def test_bench_suite_keeps_nothing_of_a_job_file_its_loader_refuses(tmp_path, capsys):
+    """The suite and the files a job file was read into are written, then loaded as bench predict
+    would load them: a refusal there (the Trainer's optim not one it knows) leaves none of them."""
+    import yaml
+
+    job = {
+        "base_model": str(REPO / TINY),
+        "adapter": "lora",
+        "lora_r": 4,
+        "lora_target_linear": True,
+        "optimizer": "no_such_optim",
+        "datasets": [{"path": "somewhere", "type": "alpaca"}],
+    }
+    (tmp_path / "job.yml").write_text(yaml.safe_dump(job))
+    out = tmp_path / "suites"
+    assert main(["suite", "--job", str(tmp_path / "job.yml"), "--out", str(out)]) == 2
+    assert "no_such_optim" in capsys.readouterr().err
+    assert not out.exists() or not any(out.iterdir())
