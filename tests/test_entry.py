@@ -76,3 +76,19 @@ def test_techniques_that_are_not_a_job_are_the_suite_loaders_problems(example):
         predict_step(example.MY_CNN, batch_size=8, image_size=32, techniques=wrong)
     said = str(raised.value)
     assert "factory must name a function as module:NAME" in said and "int8" in said
+
+
+def test_your_optimizer_beside_another_technique_that_makes_one_is_refused(example):
+    """optimizer-from makes the run's optimizer: a technique that makes one too is refused at load,
+    by the check every optimizer-making technique shares."""
+    from bench.entry import predict_step
+    from bench.errors import SuiteError
+
+    with pytest.raises(SuiteError, match="optimizer-from"):
+        predict_step(
+            example.MY_CNN,
+            batch_size=8,
+            image_size=32,
+            techniques=[{"name": "optimizer", "kind": "sgd"}],
+            optimizer=example.make_optimizer,
+        )

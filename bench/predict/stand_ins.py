@@ -74,14 +74,7 @@ def paged_buffer(self: Any, p: torch.Tensor, dtype: torch.dtype = torch.float32)
     100,000 elements or more is unified memory wrapped in a host tensor, which the device's
     allocator never holds (on fake CPU tensors bitsandbytes would take its CPU fallback, an ordinary
     tensor)."""
-    if not (self.is_paged and p.numel() >= PAGED_FROM):
-        return torch.zeros_like(p, dtype=dtype)
-    with making_unified():  # never the allocator's, in the step that makes it either
-        buffer = torch.zeros_like(p, dtype=dtype)
-    # (bench.measure.host.is_unified) not is_paged, bitsandbytes' own mark: it would prefetch the
-    # pages, which a fake tensor has not
-    buffer.unified_memory = True
-    return buffer
+    return _state(self, p, lambda: torch.zeros_like(p, dtype=dtype))
 
 
 def paged_double_buffer(
@@ -89,10 +82,18 @@ def paged_double_buffer(
 ) -> torch.Tensor:
     """bitsandbytes AdEMAMix's ``_get_state_double_buffer`` as on CUDA: its fast and slow first
     moments in one buffer twice the parameter's size, paged as ``paged_buffer``'s are."""
+    return _state(self, p, lambda: torch.zeros((2, *p.size()), dtype=dtype))
+
+
+def _state(self: Any, p: torch.Tensor, made: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """A bitsandbytes optimizer's state buffer for ``p``, ``made``; paged (unified memory) where
+    the optimizer pages and ``p`` has PAGED_FROM elements or more."""
     if not (self.is_paged and p.numel() >= PAGED_FROM):
-        return torch.zeros((2, *p.size()), dtype=dtype)
-    with making_unified():
-        buffer = torch.zeros((2, *p.size()), dtype=dtype)
+        return made()
+    with making_unified():  # never the allocator's, in the step that makes it either
+        buffer = made()
+    # (bench.measure.host.is_unified) not is_paged, bitsandbytes' own mark: it would prefetch the
+    # pages, which a fake tensor has not
     buffer.unified_memory = True
     return buffer
 

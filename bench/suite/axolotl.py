@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.suite import quantized
-from bench.suite.translated import Translated
+from bench.suite.translated import Translated, whole
 
 KIND = "axolotl"
 # the keys that say a YAML is axolotl's: its model, and its batch or sequence names
@@ -232,7 +232,7 @@ def read(raw: dict[str, Any], where: str, problems: list[str]) -> Translated | N
     adapter, quantization = _adapter(raw, dtype, where, found)
     if not raw.get("adapter") and attention != "flash_attention_2":
         found += _upcast(dtype, attention, where)
-    seq_len = _whole(raw, "sequence_len", SEQUENCE_LEN, where=where, found=found)
+    seq_len = whole(raw, "sequence_len", SEQUENCE_LEN, where=where, found=found)
     problems += found
     if found:
         return None
@@ -293,10 +293,10 @@ def _attention(raw: dict[str, Any], where: str, found: list[str]) -> str | None:
 def _training_args(raw: dict[str, Any], where: str, found: list[str]) -> dict[str, Any]:
     """The TrainingArguments axolotl's builder writes for the keys that change what a step holds
     (``_set_base_training_args``: precision, checkpointing, optimizer, clipping, batch)."""
-    micro = _whole(raw, "micro_batch_size", MICRO_BATCH, where=where, found=found)
-    steps = _whole(raw, "gradient_accumulation_steps", 1, where=where, found=found)
+    micro = whole(raw, "micro_batch_size", MICRO_BATCH, where=where, found=found)
+    steps = whole(raw, "gradient_accumulation_steps", 1, where=where, found=found)
     if raw.get("batch_size") is not None:
-        total = _whole(raw, "batch_size", micro * steps, where=where, found=found)
+        total = whole(raw, "batch_size", micro * steps, where=where, found=found)
         if "gradient_accumulation_steps" in raw and total != micro * steps:
             found.append(
                 f"{where}: batch_size = {total} is not micro_batch_size × "
@@ -431,13 +431,3 @@ def _upcast(dtype: str, attention: str | None, where: str) -> list[str]:
         "keeps the norms and embeddings upcast to float32 among the other layers' 16 bits, which "
         "is not modelled; set attn_implementation: flash_attention_2 (cast back), or an adapter"
     ]
-
-
-def _whole(raw: dict[str, Any], key: str, default: int, where: str, found: list[str]) -> int:
-    value = raw.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        found.append(f"{where}: {key} = {value!r}: expected a whole number of at least 1")
-        return default
-    return value

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.suite import quantized
-from bench.suite.translated import Translated
+from bench.suite.translated import Translated, whole
 
 KIND = "llamafactory"
 # the keys that say a YAML is LLaMA-Factory's: its model's name, and its method or data
@@ -160,9 +160,7 @@ def read(raw: dict[str, Any], where: str, problems: list[str]) -> Translated | N
     loaded = _loaded(raw, full=full, zero3=zero3, where=where, found=found)
     adapter = None if full else _adapter(raw)
     bnb = _quantization(raw, model, full=full, where=where, found=found)
-    cutoff = raw.get("cutoff_len", CUTOFF_LEN)
-    if isinstance(cutoff, bool) or not isinstance(cutoff, int) or cutoff < 1:
-        found.append(f"{where}: cutoff_len = {cutoff!r}: expected a whole number of at least 1")
+    cutoff = whole(raw, "cutoff_len", CUTOFF_LEN, where=where, found=found)
     problems += found
     if found:
         return None

@@ -147,10 +147,15 @@ def _check_combination(where: str, built: list[Technique], problems: list[str]) 
     for n in sorted({n for n in names if names.count(n) > 1}):
         problems.append(f"{where}: technique {n!r} is listed twice")
     for i, a in enumerate(built):
-        for b in built[i + 1 :]:
+        for j, b in enumerate(built[i + 1 :], i + 1):
             if b.name in a.conflicts or a.name in b.conflicts:
                 problems.append(f"{where}: {a.name} and {b.name} cannot be combined; remove one")
             elif why := a.conflict(b) or b.conflict(a):
                 problems.append(f"{where}: {a.name} and {b.name} cannot be combined: {why}")
+            elif a.makes_optimizer and b.makes_optimizer:  # the step takes the first one's alone
+                problems.append(
+                    f"{where}: {names[i]} and {names[j]} cannot be combined: each makes the run's "
+                    "optimizer; remove one"
+                )
             elif why := b.follows(a):
                 problems.append(f"{where}: {b.name} after {a.name}: {why}")

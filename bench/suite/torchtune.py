@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.suite.translated import Translated
+from bench.suite.translated import Translated, whole
 
 KIND = "torchtune"
 # the keys that say a YAML is torchtune's: its model, and its recipe's other components
@@ -120,8 +120,8 @@ def read(raw: dict[str, Any], where: str, problems: list[str]) -> Translated | N
     dtype = DTYPES.get(raw.get("dtype", "bf16"))
     if dtype is None:
         found.append(f"{where}: dtype = {raw.get('dtype')!r}: torchtune trains in bf16 or fp32")
-    micro = _whole(raw, "batch_size", where=where, found=found)
-    steps = _whole(raw, "gradient_accumulation_steps", where=where, found=found)
+    micro = whole(raw, "batch_size", 1, where=where, found=found)
+    steps = whole(raw, "gradient_accumulation_steps", 1, where=where, found=found)
     techniques = _quantized(lora if quantize else None) + _optimizer(raw, steps, where, found)
     techniques += _loss(raw, where, found) + _activations(raw, where, found)
     if steps > 1:
@@ -284,11 +284,3 @@ def _table(raw: dict[str, Any], key: str) -> dict[str, Any]:
     """A component's table (``_component_`` and its arguments); empty where absent or not one."""
     found = raw.get(key)
     return found if isinstance(found, dict) else {}
-
-
-def _whole(raw: dict[str, Any], key: str, *, where: str, found: list[str]) -> int:
-    value = raw.get(key, 1)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        found.append(f"{where}: {key} = {value!r}: expected a whole number of at least 1")
-        return 1
-    return value

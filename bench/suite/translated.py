@@ -25,3 +25,15 @@ class Translated:
     # per step, and the micro-batches it is accumulated over, where no TrainingArguments say them
     batch: int | None = None
     micro_batches: int | None = None
+
+
+def whole(raw: dict[str, Any], key: str, default: int, *, where: str, found: list[str]) -> int:
+    """A job file's whole number of at least 1 at ``key`` (``default`` where absent or empty, as the
+    tools read a YAML key left blank); a problem named where it is anything else."""
+    value = raw.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        found.append(f"{where}: {key} = {value!r}: expected a whole number of at least 1")
+        return default
+    return value

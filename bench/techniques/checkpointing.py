@@ -103,8 +103,7 @@ class ActivationCheckpointing(Technique):
             wrapped = self.wrap(block)
             wrapped.register_forward_pre_hook(_own_lists)
             setattr(model.get_submodule(parent), child, wrapped)
-        if self.config.input_grads:
-            _inputs_require_grad(model)
+        self.inputs_grad = self.config.input_grads and _inputs_require_grad(model)
         return model
 
     def _correct_momentum(self, block: nn.Module) -> None:
@@ -132,19 +131,25 @@ class ActivationCheckpointing(Technique):
             names = self.blocks
         else:
             names = [*self.blocks[:3], "…", self.blocks[-1]]
-        return {
+        out = {
             "wrapped_modules": len(self.blocks),
             "wrapped_names": ", ".join(names),
             "block_forwards_per_step": per_step,
         }
+        if self.config.input_grads:  # where a text model's embeddings' output was made to
+            out["inputs_require_grad"] = self.inputs_grad
+        return out
 
 
-def _inputs_require_grad(model: nn.Module) -> None:
+def _inputs_require_grad(model: nn.Module) -> bool:
     """transformers' ``enable_input_require_grads`` on the model's transformers model, where its
-    main input is token ids (``activation_checkpointing_enable`` calls it for those)."""
+    main input is token ids (``activation_checkpointing_enable`` calls it for those); whether it
+    was."""
     found = next((m for m in model.modules() if hasattr(m, "enable_input_require_grads")), None)
-    if found is not None and getattr(found, "main_input_name", None) == "input_ids":
-        found.enable_input_require_grads()
+    if found is None or getattr(found, "main_input_name", None) != "input_ids":
+        return False
+    found.enable_input_require_grads()
+    return True
 
 
 def _own_lists(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:

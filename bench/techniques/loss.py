@@ -82,16 +82,7 @@ class ChunkedLoss(Technique):
         return None
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
-        if hasattr(model, "get_output_embeddings"):
-            head = model.get_output_embeddings()
-        else:
-            head = None
-        if not isinstance(head, nn.Linear):
-            raise Unsupported(
-                f"model {ctx.model_spec.name} has no linear output head (get_output_embeddings)"
-            )
-        model.set_output_embeddings(_HiddenStates(head))
-        self.head, self.chunks, self.largest_chunk_logits = head, 0, 0
+        self.head, self.chunks, self.largest_chunk_logits = _head_skipped(model, ctx), 0, 0
         liger = (
             importlib.util.find_spec("liger_kernel") is not None and ctx.cuda and not ctx.predicting
         )
@@ -145,6 +136,18 @@ def chunk_tokens(tokens: int, vocab: int, hidden: int) -> int:
     logits)."""
     liger = 1 << max(0, math.ceil(math.log2(math.ceil(tokens / math.ceil(vocab / hidden)))))
     return max(liger, MIN_CHUNK)
+
+
+def _head_skipped(model: nn.Module, ctx: RunContext) -> nn.Linear:
+    """The model's linear output head, which its forward now skips in training (``_HiddenStates``)
+    for a loss that applies it itself; Unsupported where it has none."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if not isinstance(head, nn.Linear):
+        raise Unsupported(
+            f"model {ctx.model_spec.name} has no linear output head (get_output_embeddings)"
+        )
+    model.set_output_embeddings(_HiddenStates(head))
+    return head
 
 
 class _HiddenStates(nn.Module):
@@ -265,13 +268,7 @@ class ChunkedOutputLoss(Technique):
         return None
 
     def apply(self, model: nn.Module, ctx: RunContext) -> nn.Module:
-        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-        if not isinstance(head, nn.Linear):
-            raise Unsupported(
-                f"model {ctx.model_spec.name} has no linear output head (get_output_embeddings)"
-            )
-        model.set_output_embeddings(_HiddenStates(head))
-        self.head, self.slices = head, 0
+        self.head, self.slices = _head_skipped(model, ctx), 0
         return model
 
     def step(self) -> Step:

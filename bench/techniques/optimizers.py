@@ -249,7 +249,6 @@ class OptimizerFrom(Technique):
 
     not_advised = "your own optimizer, which a run names"
     summary = "your own optimizer: `factory` (`module:NAME`) called with the trainable parameters"
-    conflicts = frozenset({"optimizer", "optimizer-in-backward", "adamw-8bit", "adamw-4bit"})
 
     @dataclass(frozen=True)
     class Config:

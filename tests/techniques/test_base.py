@@ -57,7 +57,10 @@ name = "baseline"
 techniques = []
 [[runs]]
 name = "mine"
-techniques = ["tests.helpers:HalfMomentumSGD", "tests.helpers:SGD"]
+techniques = ["tests.helpers:HalfMomentumSGD"]
+[[runs]]
+name = "other"
+techniques = ["tests.helpers:SGD"]
 """
 
 

@@ -157,5 +157,6 @@ def test_reentrant_checkpointing_under_adapters_trains_them_once_the_inputs_requ
     trainer, batch = build_trainer(spec(model, (checkpoint, lora)))
     trainer.step(batch)
     assert trainer.proof()["checkpoint.block_forwards_per_step"] == 2.0
+    assert trainer.proof()["checkpoint.inputs_require_grad"] is True
     adapters = [p for name, p in trainer.model.named_parameters() if "lora_B" in name]
     assert adapters and all(p.abs().sum() > 0 for p in adapters)  # B starts at zero
