@@ -117,7 +117,7 @@ def read(raw: dict[str, Any], where: str, problems: list[str]) -> Translated | N
     ]
     model = _table(raw, "model")
     config, lora, quantize = _model(model, where, found)
-    dtype = DTYPES.get(raw.get("dtype", "bf16"))
+    dtype = DTYPES.get(str(raw.get("dtype", "bf16")))
     if dtype is None:
         found.append(f"{where}: dtype = {raw.get('dtype')!r}: torchtune trains in bf16 or fp32")
     micro = whole(raw, "batch_size", 1, where=where, found=found)
@@ -126,8 +126,11 @@ def read(raw: dict[str, Any], where: str, problems: list[str]) -> Translated | N
     techniques += _loss(raw, where, found) + _activations(raw, where, found)
     if steps > 1:
         techniques.append({"name": "accumulate", "micro_batches": steps})
-    if raw.get("clip_grad_norm") is not None:
-        techniques.append({"name": "clip-grad-norm", "max_norm": float(raw["clip_grad_norm"])})
+    if (norm := raw.get("clip_grad_norm")) is not None:
+        if isinstance(norm, bool) or not isinstance(norm, int | float) or norm <= 0:
+            found.append(f"{where}: clip_grad_norm = {norm!r}: expected a positive number or null")
+        else:
+            techniques.append({"name": "clip-grad-norm", "max_norm": float(norm)})
     seq_len, assumed = _length(raw, where, found)
     if (device := raw.get(DEVICE, "cuda")) != "cuda":
         found.append(f"{where}: device = {device!r}: predicted for a CUDA card only")

@@ -105,6 +105,8 @@ def test_the_shipped_full_config_steps_paged_8bit_adamw_per_parameter_in_backwar
         ({"dtype": "fp16"}, "dtype = 'fp16'"),
         ({"my_key": 1}, "my_key: not a key of torchtune's single-device recipes"),
         ({"batch_size": 0}, "batch_size = 0"),
+        ({"clip_grad_norm": "one"}, "clip_grad_norm = 'one': expected a positive number"),
+        ({"dtype": ["bf16"]}, "dtype = ['bf16']"),
     ],
 )
 def test_a_key_not_modelled_is_refused_by_name(change, said, tmp_path):
