@@ -73,15 +73,9 @@ NOT_MODELLED = {
     "gptq": "loads GPTQ weights",
     "ddp_bucket_cap_mb": "DDP's bucket size, under a launcher's ranks",
 }
-# attention implementations axolotl takes that this harness does not model
-ATTENTION_NOT_MODELLED = (
-    "flash_attention_3",
-    "flex_attention",
-    "xformers",
-    "sage",
-    "fp8",
-    "s2_attention",
-)
+# the attention implementations axolotl takes that this harness models (its others:
+# FlashAttention-3, flex, xformers, sage, fp8, hub kernels)
+ATTENTION_MODELLED = ("eager", "sdpa", "flash_attention_2")
 # keys that change nothing a step holds (the data, evaluation, logging, saving, schedules)
 UNCHANGED = frozenset(
     {
@@ -281,7 +275,7 @@ def _attention(raw: dict[str, Any], where: str, found: list[str]) -> str | None:
     for flag, implementation in OLD_ATTENTION.items():
         if raw.get(flag):
             named = named or implementation
-    if named in ATTENTION_NOT_MODELLED or (named and "/" in named):
+    if named is not None and named not in ATTENTION_MODELLED:
         found.append(
             f"{where}: attn_implementation = {named!r}: not modelled here; flash_attention_2, "
             "sdpa or eager are"

@@ -236,7 +236,7 @@ def _loaded(
     pure_bf16 or ZeRO-3); the attention flash_attn names."""
     out = {"dtype": "float32"} if full and not raw.get("pure_bf16") and not zero3 else {}
     attention = raw.get("flash_attn", "auto")
-    if attention in ATTENTION:
+    if isinstance(attention, str) and attention in ATTENTION:
         out["attn_implementation"] = ATTENTION[attention]
     elif attention != "auto":
         found.append(

@@ -102,6 +102,7 @@ def test_batch_size_sets_the_accumulation_steps_as_normalize_config_does(tmp_pat
         ({"rl": "dpo"}, "rl = 'dpo': a preference or RL trainer"),
         ({"my_own_key": 1}, "my_own_key: not a key this harness knows of axolotl's"),
         ({"attn_implementation": "xformers"}, "attn_implementation = 'xformers': not modelled"),
+        ({"attn_implementation": "my-kernels/attn"}, "'my-kernels/attn': not modelled"),
         ({"sample_packing": True}, "sample_packing under attention sdpa"),
         ({"gradient_checkpointing": "offload"}, "gradient_checkpointing = 'offload'"),
         ({"adapter": "llama-adapter"}, "adapter = 'llama-adapter': not modelled"),
